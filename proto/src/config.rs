@@ -1,0 +1,266 @@
+//! The Edge config document (`iop-edge --config FILE`). The operator renders
+//! it into a ConfigMap; the Edge loads and validates it. Relative file paths
+//! are resolved by the loader against the config file's directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity;
+use crate::pb::AdapterKind;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeConfig {
+    pub listen: ListenConfig,
+    pub tls: EdgeTlsConfig,
+    /// SPIFFE trust domain of node identities (`spiffe://<trust_domain>/node/<name>`).
+    pub trust_domain: String,
+    /// Nodes allowed to connect. A certificate whose identity is not listed is refused.
+    #[serde(default)]
+    pub nodes: Vec<NodeEntry>,
+    #[serde(default)]
+    pub providers: Vec<ProviderEntry>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Client-facing HTTP API (OpenAI/Anthropic), admin and metrics.
+    pub http: SocketAddr,
+    /// Node-facing gRPC over mTLS.
+    pub grpc: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeTlsConfig {
+    /// CA bundle that node client certificates must chain to.
+    pub ca_file: PathBuf,
+    /// The Edge's server certificate chain (PEM).
+    pub cert_file: PathBuf,
+    /// The Edge's private key (PEM).
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderEntry {
+    /// Unique provider id; appears in admin output and metrics.
+    pub id: String,
+    /// The node (by name) that runs this provider.
+    pub node: String,
+    pub adapter: Adapter,
+    pub target: Target,
+    /// Public model names clients use to reach this provider.
+    pub models: Vec<PublicModel>,
+    /// No progress from the provider for this long ends the run as stalled.
+    /// 0 means the default (300000 ms).
+    #[serde(default)]
+    pub response_stall_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Adapter {
+    Ollama,
+    Openai,
+}
+
+impl From<Adapter> for AdapterKind {
+    fn from(a: Adapter) -> Self {
+        match a {
+            Adapter::Ollama => AdapterKind::Ollama,
+            Adapter::Openai => AdapterKind::Openai,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    /// Model name as the provider knows it.
+    pub model: String,
+    /// Provider base URL as seen from the node.
+    pub base_url: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublicModel {
+    pub name: String,
+    /// Lower is preferred. Providers sharing the lowest priority form the first group.
+    #[serde(default)]
+    pub priority: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest accepted request body.
+    #[serde(default = "Limits::default_max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+impl Limits {
+    fn default_max_body_bytes() -> usize {
+        4 * 1024 * 1024
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_body_bytes: Self::default_max_body_bytes() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config is not valid YAML for this schema: {0}")]
+    Parse(String),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), reason: reason.into() }
+}
+
+impl EdgeConfig {
+    /// Parses and validates a YAML document.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config: EdgeConfig =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).expect("the edge config always serializes")
+    }
+
+    /// Checks every cross-field rule; the error names the offending field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.trust_domain.is_empty()
+            || !self
+                .trust_domain
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        {
+            return Err(invalid("trust_domain", "must be a non-empty lowercase DNS-like name"));
+        }
+        let mut nodes = BTreeSet::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            identity::validate_name(&node.name).map_err(|e| invalid(format!("nodes[{i}].name"), e.to_string()))?;
+            if !nodes.insert(node.name.as_str()) {
+                return Err(invalid(format!("nodes[{i}].name"), format!("duplicate node `{}`", node.name)));
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let at = |f: &str| format!("providers[{i}].{f}");
+            if p.id.is_empty() || p.id.len() > 63 || !p.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+                return Err(invalid(at("id"), "must be 1-63 of [A-Za-z0-9-_.]"));
+            }
+            if !ids.insert(p.id.as_str()) {
+                return Err(invalid(at("id"), format!("duplicate provider id `{}`", p.id)));
+            }
+            if !nodes.contains(p.node.as_str()) {
+                return Err(invalid(at("node"), format!("node `{}` is not listed under nodes", p.node)));
+            }
+            if p.target.model.is_empty() {
+                return Err(invalid(at("target.model"), "must not be empty"));
+            }
+            if !(p.target.base_url.starts_with("http://") || p.target.base_url.starts_with("https://"))
+                || p.target.base_url.len() <= "https://".len()
+            {
+                return Err(invalid(at("target.base_url"), "must be an http:// or https:// URL"));
+            }
+            if p.models.is_empty() {
+                return Err(invalid(at("models"), "must name at least one public model"));
+            }
+            for (j, m) in p.models.iter().enumerate() {
+                if m.name.is_empty() || m.name.len() > 256 || m.name.chars().any(char::is_whitespace) {
+                    return Err(invalid(format!("providers[{i}].models[{j}].name"), "must be 1-256 non-whitespace characters"));
+                }
+            }
+            if p.response_stall_timeout_ms != 0 && !(1_000..=3_600_000).contains(&p.response_stall_timeout_ms) {
+                return Err(invalid(at("response_stall_timeout_ms"), "must be 0 (default) or between 1000 and 3600000"));
+            }
+        }
+        if self.limits.max_body_bytes < 1024 {
+            return Err(invalid("limits.max_body_bytes", "must be at least 1024"));
+        }
+        Ok(())
+    }
+
+    /// Public model name -> providers serving it, each with its priority.
+    pub fn model_index(&self) -> BTreeMap<&str, Vec<(u32, &ProviderEntry)>> {
+        let mut index: BTreeMap<&str, Vec<(u32, &ProviderEntry)>> = BTreeMap::new();
+        for p in &self.providers {
+            for m in &p.models {
+                index.entry(m.name.as_str()).or_default().push((m.priority, p));
+            }
+        }
+        index
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = r#"
+listen: { http: "127.0.0.1:8080", grpc: "127.0.0.1:7443" }
+tls: { ca_file: ca.pem, cert_file: edge.pem, key_file: edge-key.pem }
+trust_domain: iop.local
+nodes: [ { name: mac-1 } ]
+providers:
+  - id: p1
+    node: mac-1
+    adapter: ollama
+    target: { model: "llama3.2", base_url: "http://127.0.0.1:11434" }
+    models: [ { name: llama, priority: 0 } ]
+"#;
+
+    #[test]
+    fn valid_document_loads_with_defaults() {
+        let c = EdgeConfig::from_yaml(VALID).unwrap();
+        assert_eq!(c.providers[0].adapter, Adapter::Ollama);
+        assert_eq!(c.limits.max_body_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.model_index()["llama"].len(), 1);
+        assert_eq!(EdgeConfig::from_yaml(&c.to_yaml()).unwrap(), c);
+    }
+
+    #[test]
+    fn errors_name_the_offending_field() {
+        let cases = [
+            (VALID.replace("node: mac-1", "node: mac-2"), "providers[0].node"),
+            (VALID.replace("http://127.0.0.1:11434", "ftp://x"), "providers[0].target.base_url"),
+            (VALID.replace("name: mac-1 }", "name: Mac_1 }"), "nodes[0].name"),
+            (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
+        ];
+        for (doc, field) in cases {
+            match EdgeConfig::from_yaml(&doc) {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("expected invalid {field}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_enum_values_are_rejected() {
+        assert!(matches!(EdgeConfig::from_yaml(&VALID.replace("adapter: ollama", "adapter: vllm")), Err(ConfigError::Parse(_))));
+        assert!(matches!(EdgeConfig::from_yaml(&format!("{VALID}\nbogus: 1\n")), Err(ConfigError::Parse(_))));
+    }
+}

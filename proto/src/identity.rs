@@ -1,0 +1,85 @@
+//! Node workload identity: exactly one URI SAN `spiffe://<trust-domain>/node/<name>`
+//! in the node's client certificate (SPIFFE X509-SVID rules).
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeIdentity {
+    pub trust_domain: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("identity `{0}` is not a spiffe:// URI")]
+    NotSpiffe(String),
+    #[error("identity `{0}` does not have the form spiffe://<trust-domain>/node/<name>")]
+    NotANode(String),
+    #[error("name `{0}` is not a valid node name (1-63 of a-z, 0-9, '-', starting with a letter or digit)")]
+    InvalidName(String),
+}
+
+impl NodeIdentity {
+    pub fn new(trust_domain: impl Into<String>, name: impl Into<String>) -> Result<Self, IdentityError> {
+        let name = name.into();
+        validate_name(&name)?;
+        Ok(Self { trust_domain: trust_domain.into(), name })
+    }
+
+    pub fn uri(&self) -> String {
+        format!("spiffe://{}/node/{}", self.trust_domain, self.name)
+    }
+
+    pub fn parse(uri: &str) -> Result<Self, IdentityError> {
+        let rest = uri
+            .strip_prefix("spiffe://")
+            .ok_or_else(|| IdentityError::NotSpiffe(uri.to_string()))?;
+        let (trust_domain, path) =
+            rest.split_once('/').ok_or_else(|| IdentityError::NotANode(uri.to_string()))?;
+        let name = path
+            .strip_prefix("node/")
+            .ok_or_else(|| IdentityError::NotANode(uri.to_string()))?;
+        if trust_domain.is_empty() {
+            return Err(IdentityError::NotANode(uri.to_string()));
+        }
+        Self::new(trust_domain, name)
+    }
+}
+
+/// Node names are DNS-label-like so they are safe in URIs, Kubernetes object
+/// names and log fields.
+pub fn validate_name(name: &str) -> Result<(), IdentityError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok { Ok(()) } else { Err(IdentityError::InvalidName(name.to_string())) }
+}
+
+impl fmt::Display for NodeIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.uri())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let id = NodeIdentity::new("iop.local", "mac-1").unwrap();
+        assert_eq!(id.uri(), "spiffe://iop.local/node/mac-1");
+        assert_eq!(NodeIdentity::parse(&id.uri()).unwrap(), id);
+    }
+
+    #[test]
+    fn rejects_non_node_uris() {
+        assert!(matches!(NodeIdentity::parse("https://x/node/a"), Err(IdentityError::NotSpiffe(_))));
+        assert!(matches!(NodeIdentity::parse("spiffe://x/edge/a"), Err(IdentityError::NotANode(_))));
+        assert!(matches!(NodeIdentity::parse("spiffe:///node/a"), Err(IdentityError::NotANode(_))));
+        assert!(matches!(NodeIdentity::parse("spiffe://x/node/A_b"), Err(IdentityError::InvalidName(_))));
+        assert!(matches!(NodeIdentity::parse("spiffe://x/node/a/b"), Err(IdentityError::InvalidName(_))));
+    }
+}

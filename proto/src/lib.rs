@@ -1,0 +1,15 @@
+//! The contract both sides of the Edge-Node boundary agree on: the gRPC wire
+//! (generated from `proto/iop/v1/node_gateway.proto`), closed-enum decoding,
+//! node identities, the liveness profile, and the Edge config document (which
+//! the operator renders and the Edge loads).
+
+pub mod config;
+pub mod identity;
+pub mod liveness;
+pub mod wire;
+
+/// Generated protobuf messages and the tonic client/server for `iop.v1.NodeGateway`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("iop.v1");
+}

@@ -1,0 +1,135 @@
+//! The transport liveness profile shared by both transports. The spec fixes
+//! it at a 30 s heartbeat interval and a 45 s wait: long enough that a
+//! healthy connection survives a long prompt prefill or streaming
+//! backpressure. It is a transport constant, not a wire field and not user
+//! config; only tests shorten it (both binaries take a hidden flag).
+
+use std::time::Duration;
+
+/// Close reason when no heartbeat answer arrived within the wait.
+pub const HEARTBEAT_TIMEOUT_REASON: &str = "heartbeat_timeout";
+
+/// Wire value 0 for `response_stall_timeout_ms` means this default.
+pub const DEFAULT_RESPONSE_STALL_TIMEOUT_MS: u64 = 300_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatProfile {
+    /// How often each side sends a heartbeat.
+    pub interval: Duration,
+    /// How long a side waits for any answer before closing with `heartbeat_timeout`.
+    pub wait: Duration,
+}
+
+impl HeartbeatProfile {
+    pub const PRODUCTION: HeartbeatProfile = HeartbeatProfile {
+        interval: Duration::from_secs(30),
+        wait: Duration::from_secs(45),
+    };
+
+    /// Parses the test override `INTERVAL_MS,WAIT_MS`.
+    pub fn parse_test_override(text: &str) -> Result<Self, String> {
+        let (interval, wait) = text
+            .split_once(',')
+            .ok_or_else(|| format!("heartbeat profile `{text}` is not INTERVAL_MS,WAIT_MS"))?;
+        let parse = |s: &str| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("heartbeat profile `{text}`: `{s}` is not a number of milliseconds"))
+        };
+        let (interval, wait) = (parse(interval)?, parse(wait)?);
+        if interval == 0 || wait <= interval {
+            return Err(format!(
+                "heartbeat profile `{text}`: interval must be > 0 and wait must exceed it"
+            ));
+        }
+        Ok(Self {
+            interval: Duration::from_millis(interval),
+            wait: Duration::from_millis(wait),
+        })
+    }
+}
+
+impl Default for HeartbeatProfile {
+    fn default() -> Self {
+        Self::PRODUCTION
+    }
+}
+
+/// Tracks when the peer last answered, and decides when the wait is exceeded.
+/// Pure: the caller passes the current instant, so tests need no clock.
+#[derive(Debug, Clone)]
+pub struct HeartbeatMonitor<I> {
+    profile: HeartbeatProfile,
+    last_heard: I,
+    next_seq: u64,
+}
+
+impl<I> HeartbeatMonitor<I>
+where
+    I: Copy + Ord + std::ops::Add<Duration, Output = I>,
+{
+    pub fn new(profile: HeartbeatProfile, now: I) -> Self {
+        Self { profile, last_heard: now, next_seq: 1 }
+    }
+
+    /// Anything received from the peer proves it is alive.
+    pub fn heard(&mut self, now: I) {
+        if now > self.last_heard {
+            self.last_heard = now;
+        }
+    }
+
+    /// Sequence number for the next heartbeat we send.
+    pub fn next_ping(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// True once the peer has been silent for longer than the wait.
+    pub fn expired(&self, now: I) -> bool {
+        now > self.last_heard + self.profile.wait
+    }
+
+    pub fn deadline(&self) -> I {
+        self.last_heard + self.profile.wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn production_profile_is_30s_45s() {
+        assert_eq!(HeartbeatProfile::default().interval, Duration::from_secs(30));
+        assert_eq!(HeartbeatProfile::default().wait, Duration::from_secs(45));
+    }
+
+    #[test]
+    fn test_override_parses_and_validates() {
+        let p = HeartbeatProfile::parse_test_override("100,300").unwrap();
+        assert_eq!(p.interval, Duration::from_millis(100));
+        assert_eq!(p.wait, Duration::from_millis(300));
+        assert!(HeartbeatProfile::parse_test_override("300,100").is_err());
+        assert!(HeartbeatProfile::parse_test_override("0,100").is_err());
+        assert!(HeartbeatProfile::parse_test_override("abc").is_err());
+    }
+
+    #[test]
+    fn monitor_expires_only_after_the_wait_without_answers() {
+        let profile = HeartbeatProfile::PRODUCTION;
+        let t0 = Duration::ZERO;
+        let mut m = HeartbeatMonitor::new(profile, t0);
+        assert!(!m.expired(Duration::from_secs(45)));
+        assert!(m.expired(Duration::from_secs(46)));
+        m.heard(Duration::from_secs(40));
+        assert!(!m.expired(Duration::from_secs(80)));
+        assert!(m.expired(Duration::from_secs(86)));
+        // an out-of-order, older observation never moves the deadline back
+        m.heard(Duration::from_secs(10));
+        assert_eq!(m.deadline(), Duration::from_secs(85));
+        assert_eq!(m.next_ping(), 1);
+        assert_eq!(m.next_ping(), 2);
+    }
+}

@@ -1,0 +1,91 @@
+//! Closed-enum decoding. prost stores enums as `i32`; a value we do not know,
+//! or the zero `UNSPECIFIED` value, is never guessed at: it is a typed error.
+
+use crate::pb;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("field `{field}` has unknown enum value {value}")]
+    UnknownEnumValue { field: &'static str, value: i32 },
+    #[error("field `{field}` is unspecified")]
+    Unspecified { field: &'static str },
+    #[error("required field `{field}` is missing")]
+    MissingField { field: &'static str },
+    #[error("unexpected message: expected {expected}")]
+    UnexpectedMessage { expected: &'static str },
+}
+
+/// Decodes a wire enum, rejecting unknown values and the zero value.
+pub fn closed_enum<E>(field: &'static str, value: i32) -> Result<E, WireError>
+where
+    E: TryFrom<i32> + Into<i32> + Copy,
+{
+    if value == 0 {
+        return Err(WireError::Unspecified { field });
+    }
+    E::try_from(value).map_err(|_| WireError::UnknownEnumValue { field, value })
+}
+
+impl pb::RunEvent {
+    /// True for the three events that end a run (completed, failed, cancelled).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.event,
+            Some(
+                pb::run_event::Event::Completed(_)
+                    | pb::run_event::Event::Failed(_)
+                    | pb::run_event::Event::Cancelled(_)
+            )
+        )
+    }
+}
+
+impl pb::ExecutionFailure {
+    pub fn new(kind: pb::FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            message: message.into(),
+            provider_status: 0,
+            retry_after_ms: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_values_decode() {
+        let kind: pb::AdapterKind = closed_enum("adapter", 2).unwrap();
+        assert_eq!(kind, pb::AdapterKind::Openai);
+    }
+
+    #[test]
+    fn zero_and_unknown_values_are_typed_errors() {
+        assert_eq!(
+            closed_enum::<pb::AdapterKind>("adapter", 0),
+            Err(WireError::Unspecified { field: "adapter" })
+        );
+        assert_eq!(
+            closed_enum::<pb::AdapterKind>("adapter", 99),
+            Err(WireError::UnknownEnumValue { field: "adapter", value: 99 })
+        );
+    }
+
+    #[test]
+    fn terminal_events_are_recognised() {
+        let completed = pb::RunEvent {
+            seq: 3,
+            event: Some(pb::run_event::Event::Completed(pb::RunCompleted {
+                finish_reason: pb::FinishReason::Stop.into(),
+            })),
+        };
+        let text = pb::RunEvent {
+            seq: 2,
+            event: Some(pb::run_event::Event::Text(pb::TextDelta { text: "hi".into() })),
+        };
+        assert!(completed.is_terminal());
+        assert!(!text.is_terminal());
+    }
+}
