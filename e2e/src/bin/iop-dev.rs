@@ -1,0 +1,121 @@
+//! `iop-dev`: the whole system on one machine. Starts the mock provider (or
+//! points at a real Ollama / OpenAI-compatible server), an Edge and one Node
+//! in this process, joined by real mTLS gRPC with a throwaway dev CA, and
+//! serves the client API on 127.0.0.1:8080 until Ctrl-C / SIGTERM.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use iop_e2e::harness::{self, DevPki, ProviderSpec};
+use iop_e2e::mock_provider::{self, MockConfig};
+use iop_e2e::pki::Validity;
+use iop_proto::config::Adapter;
+use iop_proto::liveness::HeartbeatProfile;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "dev-node";
+
+#[derive(Parser)]
+#[command(name = "iop-dev", about = "Run Edge + Node + a provider locally")]
+struct Args {
+    /// Address of the client-facing HTTP API.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// Address of the node-facing gRPC listener (0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    grpc_addr: SocketAddr,
+    /// Use a real Ollama server at this URL instead of the mock provider.
+    #[arg(long, conflicts_with = "openai_base")]
+    ollama: Option<String>,
+    /// Use a real OpenAI-compatible server at this base URL (without /v1).
+    #[arg(long)]
+    openai_base: Option<String>,
+    /// Model name at the provider, also the public model name clients use.
+    /// Defaults to `mock` for the mock provider; required with --openai-base.
+    #[arg(long)]
+    model: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    iop_edge::init_logging(false);
+    iop_edge::install_crypto_provider();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iop-dev: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = CancellationToken::new();
+    let mut mock = None;
+    let (adapter, base_url, model) = match (&args.ollama, &args.openai_base) {
+        (Some(url), _) => (Adapter::Ollama, url.clone(), args.model.clone().unwrap_or_else(|| "llama3.2".into())),
+        (None, Some(url)) => {
+            let model = args.model.clone().ok_or("--openai-base needs --model NAME")?;
+            (Adapter::Openai, url.clone(), model)
+        }
+        (None, None) => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let handle = mock_provider::start(listener, MockConfig::default()).await;
+            let url = handle.base_url();
+            mock = Some(handle);
+            (Adapter::Ollama, url, args.model.clone().unwrap_or_else(|| "mock".into()))
+        }
+    };
+
+    let dir = tempfile::Builder::new().prefix("iop-dev-").tempdir()?;
+    let pki = DevPki::create(dir.path())?;
+    let node_pair = pki.node_cert(NODE, Validity::Current)?;
+    let provider = ProviderSpec {
+        id: "dev-provider".into(),
+        node: NODE.into(),
+        adapter,
+        base_url,
+        target_model: model.clone(),
+        public_model: model.clone(),
+    };
+    let config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
+    let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;
+    let (http_addr, grpc_addr, state) = (edge.http_addr(), edge.grpc_addr(), edge.state());
+    let edge_stop = shutdown.clone();
+    let edge_task = tokio::spawn(edge.serve(async move { edge_stop.cancelled().await }));
+
+    let node_config = harness::node_config(grpc_addr, &pki.ca_file, &node_pair, (200, 5_000));
+    let node_task = tokio::spawn(iop_node::run(node_config, HeartbeatProfile::default(), shutdown.clone()));
+
+    wait_ready(&state).await;
+    println!("IOP dev is up. Base URL: http://{http_addr}/v1   (model: {model})");
+    println!("Try:");
+    println!(
+        "  curl -N http://{http_addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+    );
+    println!("Press Ctrl-C to stop.");
+
+    iop_edge::shutdown_signal().await;
+    println!("iop-dev: stopping");
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), node_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(15), edge_task).await;
+    if let Some(mock) = mock {
+        mock.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until the node is ready, so the printed curl works at once.
+async fn wait_ready(state: &iop_edge::EdgeState) {
+    for _ in 0..200 {
+        if state.registry.ready_count() > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("iop-dev: warning: the node is not ready yet; requests answer 503 until it is");
+}

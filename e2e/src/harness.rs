@@ -1,0 +1,197 @@
+//! Building blocks for running IOP locally: config documents for a dev
+//! layout, and child-process helpers for the end-to-end tests and the
+//! benchmark (real binaries, real sockets, real mTLS).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use iop_proto::config::{
+    Adapter, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, NodeEntry, ProviderEntry, PublicModel, Target,
+};
+use iop_proto::identity::NodeIdentity;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::pki::{DevCa, PairFiles, Validity};
+
+pub const TRUST_DOMAIN: &str = "iop.local";
+
+/// A provider for [`edge_config`]: one provider on `node`, served under `public_model`.
+#[derive(Debug, Clone)]
+pub struct ProviderSpec {
+    pub id: String,
+    pub node: String,
+    pub adapter: Adapter,
+    pub base_url: String,
+    pub target_model: String,
+    pub public_model: String,
+}
+
+impl ProviderSpec {
+    pub fn entry(&self) -> ProviderEntry {
+        ProviderEntry {
+            id: self.id.clone(),
+            node: self.node.clone(),
+            adapter: self.adapter,
+            target: Target { model: self.target_model.clone(), base_url: self.base_url.clone() },
+            models: vec![PublicModel { name: self.public_model.clone(), priority: 0 }],
+            response_stall_timeout_ms: 0,
+        }
+    }
+}
+
+/// A dev PKI written to `dir`: CA and Edge server certificate.
+pub struct DevPki {
+    pub ca: DevCa,
+    pub dir: PathBuf,
+    pub ca_file: PathBuf,
+    pub edge: PairFiles,
+}
+
+impl DevPki {
+    pub fn create(dir: &Path) -> std::io::Result<Self> {
+        let ca = DevCa::new("IOP dev CA");
+        let ca_file = dir.join("ca.pem");
+        std::fs::write(&ca_file, ca.cert_pem())?;
+        let edge = ca.server_cert(&["localhost"]).write(dir, "edge")?;
+        Ok(Self { ca, dir: dir.to_path_buf(), ca_file, edge })
+    }
+
+    pub fn node_cert(&self, name: &str, validity: Validity) -> std::io::Result<PairFiles> {
+        let identity = NodeIdentity::new(TRUST_DOMAIN, name).expect("valid node name");
+        self.ca.node_cert(&identity, validity).write(&self.dir, &format!("node-{name}"))
+    }
+}
+
+pub fn edge_config(pki: &DevPki, http: SocketAddr, grpc: SocketAddr, nodes: &[&str], providers: &[ProviderSpec]) -> EdgeConfig {
+    EdgeConfig {
+        listen: ListenConfig { http, grpc },
+        tls: EdgeTlsConfig {
+            ca_file: pki.ca_file.clone(),
+            cert_file: pki.edge.cert.clone(),
+            key_file: pki.edge.key.clone(),
+        },
+        trust_domain: TRUST_DOMAIN.to_string(),
+        nodes: nodes.iter().map(|n| NodeEntry { name: n.to_string() }).collect(),
+        providers: providers.iter().map(ProviderSpec::entry).collect(),
+        limits: Limits::default(),
+    }
+}
+
+/// Node config pointing at `grpc` on loopback, trusting `ca_file`.
+pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_ms: (u64, u64)) -> iop_node::NodeConfig {
+    iop_node::NodeConfig {
+        edge: iop_node::config::EdgeEndpoint {
+            url: format!("https://127.0.0.1:{}", grpc.port()),
+            server_name: Some("localhost".to_string()),
+        },
+        tls: iop_node::config::NodeTlsConfig {
+            ca_file: ca_file.to_path_buf(),
+            cert_file: pair.cert.clone(),
+            key_file: pair.key.clone(),
+        },
+        reconnect: iop_node::config::ReconnectConfig { initial_backoff_ms: backoff_ms.0, max_backoff_ms: backoff_ms.1 },
+    }
+}
+
+/// Path of a workspace binary next to the running test or bench executable
+/// (`target/<profile>/`). Cargo builds a package's binaries before its
+/// integration tests; `cargo build --workspace --bins` covers the rest.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(path.exists(), "{} not built: run `cargo build --workspace --bins` first", path.display());
+    path
+}
+
+/// A child process that is killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: &'static str,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("process is running")
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill").arg(signal).arg(self.pid().to_string()).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {signal} {} failed", self.name);
+    }
+
+    /// Freezes the process (SIGSTOP): it stops answering heartbeats.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// SIGTERM, then waits for exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("-TERM");
+        tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .expect("process exits after SIGTERM")
+            .expect("wait")
+    }
+}
+
+/// Spawns `program` and returns it once a stdout line contains `ready_marker`,
+/// together with that line. Stderr is inherited so failures are visible.
+pub async fn spawn_until(name: &'static str, program: &Path, args: &[&str], ready_marker: &str) -> (Proc, String) {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {}: {e}", program.display()));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("reading stdout") {
+            if line.contains(ready_marker) {
+                return line;
+            }
+        }
+        panic!("{name} exited before printing `{ready_marker}`");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} did not print `{ready_marker}` within 30 s"));
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (Proc { child, name }, line)
+}
+
+/// Parses `key=ADDR` out of a ready line.
+pub fn addr_field(line: &str, key: &str) -> SocketAddr {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= address in `{line}`"))
+}
+
+/// Polls `condition` every 20 ms until it holds or `timeout` passes.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,1606 @@
+//! `iop-mock-provider`: a deterministic mock LLM provider that speaks both the
+//! Ollama API (`/api/*`) and the OpenAI API (`/v1/*`), with fault knobs.
+//!
+//! # Endpoints
+//!
+//! | Route                       | Answer                                                   |
+//! |-----------------------------|----------------------------------------------------------|
+//! | `GET /api/tags`             | one model, `mock`                                        |
+//! | `POST /api/chat`            | Ollama chat; NDJSON stream unless `"stream": false`      |
+//! | `GET /v1/models`            | one model, `mock`                                        |
+//! | `POST /v1/chat/completions` | OpenAI chat; SSE stream only with `"stream": true`       |
+//! | `GET /mock/stats`           | [`MockStats`] as JSON                                    |
+//! | `GET /healthz`              | `ok`                                                     |
+//!
+//! # Content
+//!
+//! The reply is `Hello from the IOP mock provider. You said: <last user message>`
+//! (the echo is cut to 200 chars), or `w1 w2 … wN` with the `words=N` knob. It is
+//! split at spaces into pieces that keep their leading space, one piece per
+//! streamed chunk. `prompt_tokens` is the number of whitespace-separated words
+//! in all messages, `completion_tokens` the number of pieces. `max_tokens`
+//! (OpenAI) / `options.num_predict` (Ollama) truncate the pieces (finish reason
+//! `length`). If the request has tools and the last message is a user message
+//! containing `call tool`, the answer is one call to the first tool with the
+//! arguments `{"query":"mock"}` instead.
+//!
+//! # Fault knobs
+//!
+//! A [`Faults`] set is merged from three sources, later ones winning: the
+//! process defaults ([`MockConfig::defaults`], command-line flags of the binary),
+//! the model name suffix after `@` (`mock@stall_after=2,chunk_delay_ms=10`; the
+//! full model string is echoed back), and the `x-mock-faults: k=v,k=v` header.
+//! Unknown knobs or bad values give a 400 in the API's error shape.
+//!
+//! | Knob                     | Effect                                                        |
+//! |--------------------------|---------------------------------------------------------------|
+//! | `headers_delay_ms=MS`    | wait before sending the response headers                      |
+//! | `first_token_delay_ms=MS`| headers go out, then wait before the first content chunk      |
+//! | `chunk_delay_ms=MS`      | wait between content chunks                                   |
+//! | `stall_after=N`          | send N content chunks, then send nothing more (until shutdown)|
+//! | `cut_after=N`            | send N content chunks, then abort the body (see below)        |
+//! | `malformed_at=N`         | the Nth (1-based) content chunk becomes `{"broken":`          |
+//! | `no_done[=BOOL]`         | OpenAI only: omit the final `data: [DONE]`                    |
+//! | `status=CODE`            | answer at once with this 4xx/5xx status and an error body     |
+//! | `retry_after=SECS`       | with `status`: add a `Retry-After` header                     |
+//! | `never_answer[=BOOL]`    | never send headers (until the client leaves or shutdown)      |
+//! | `exit[=BOOL]`            | the process exits with status 3 upon receiving the request    |
+//! | `words=N`                | the reply is `w1 w2 … wN`                                     |
+//!
+//! `stall_after` / `cut_after` with N at or beyond the number of content chunks
+//! act just before the final chunk (done line / finish reason), so the reply
+//! never completes. `cut_after` makes the body stream yield an error: hyper then
+//! drops the connection without the terminating zero-length chunk, so an
+//! HTTP/1.1 client sees an incomplete chunked body (an error), not a clean end.
+//!
+//! Non-streaming requests honour the knobs too: the delays add up
+//! (`first_token_delay_ms + chunk_delay_ms × (chunks − 1)`) before the
+//! response, and when set (any N) `stall_after` holds the response,
+//! `cut_after` sends half of the body then aborts it and `malformed_at`
+//! replaces the body with `{"broken":`.
+//!
+//! All waiting uses `tokio::time`, and streaming bodies are produced lazily, so
+//! delays and stalls are real on the wire and a client disconnect drops the
+//! body (counted in [`MockStats::aborted_streams`]).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// The only model the mock lists.
+pub const MODEL_NAME: &str = "mock";
+/// Header carrying per-request fault knobs (`k=v,k=v`).
+pub const FAULTS_HEADER: &str = "x-mock-faults";
+/// All knob names accepted by [`parse_faults`].
+pub const KNOBS: &[&str] = &[
+    "headers_delay_ms",
+    "first_token_delay_ms",
+    "chunk_delay_ms",
+    "stall_after",
+    "cut_after",
+    "malformed_at",
+    "no_done",
+    "status",
+    "retry_after",
+    "never_answer",
+    "exit",
+    "words",
+];
+
+const CREATED_AT: &str = "2026-01-01T00:00:00Z";
+const CREATED_UNIX: u64 = 1_767_225_600;
+const ECHO_LIMIT_CHARS: usize = 200;
+const TOOL_TRIGGER: &str = "call tool";
+const TOOL_CALL_ID: &str = "call_mock_0";
+const TOOL_ARGUMENTS: &str = r#"{"query":"mock"}"#;
+const MALFORMED_JSON: &str = r#"{"broken":"#;
+
+// ---------------------------------------------------------------------------
+// Fault knobs
+// ---------------------------------------------------------------------------
+
+/// Fault knobs; `None` means "not set" so that sources can be merged.
+/// Also usable as clap flags (`--stall-after 2`, `--no-done`, …).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct Faults {
+    /// Wait this many milliseconds before sending response headers.
+    #[arg(long, value_name = "MS")]
+    pub headers_delay_ms: Option<u64>,
+    /// After the headers, wait this many milliseconds before the first content chunk.
+    #[arg(long, value_name = "MS")]
+    pub first_token_delay_ms: Option<u64>,
+    /// Wait this many milliseconds between content chunks.
+    #[arg(long, value_name = "MS")]
+    pub chunk_delay_ms: Option<u64>,
+    /// Send N content chunks, then stall (connection stays open, nothing more is sent).
+    #[arg(long, value_name = "N")]
+    pub stall_after: Option<usize>,
+    /// Send N content chunks, then abort the body (no final chunk, no [DONE]).
+    #[arg(long, value_name = "N")]
+    pub cut_after: Option<usize>,
+    /// Replace the Nth (1-based) content chunk with invalid JSON.
+    #[arg(long, value_name = "N")]
+    pub malformed_at: Option<usize>,
+    /// OpenAI streams only: omit the final `data: [DONE]`.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub no_done: Option<bool>,
+    /// Answer at once with this HTTP status (400..=599) and an error body.
+    #[arg(long, value_name = "CODE")]
+    pub status: Option<u16>,
+    /// With `status`: send a `Retry-After: SECS` header.
+    #[arg(long, value_name = "SECS")]
+    pub retry_after: Option<u64>,
+    /// Never send response headers (hold until the client disconnects).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub never_answer: Option<bool>,
+    /// Exit the process (status 3) upon receiving a chat request.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub exit: Option<bool>,
+    /// Reply with `w1 w2 … wN` instead of the echo text.
+    #[arg(long, value_name = "N")]
+    pub words: Option<usize>,
+}
+
+/// A fault spec that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultError {
+    #[error("unknown fault knob `{0}` (known knobs: {known})", known = KNOBS.join(", "))]
+    UnknownKnob(String),
+    #[error("invalid value `{value}` for fault knob `{knob}`: {reason}")]
+    BadValue {
+        knob: String,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+fn bad_value(knob: &str, value: impl ToString, reason: &'static str) -> FaultError {
+    FaultError::BadValue {
+        knob: knob.to_owned(),
+        value: value.to_string(),
+        reason,
+    }
+}
+
+/// Parses `k=v,k2=v2` (flags may omit `=true`; blanks are ignored).
+pub fn parse_faults(spec: &str) -> Result<Faults, FaultError> {
+    let mut faults = Faults::default();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match item.split_once('=') {
+            Some((knob, value)) => faults.set(knob.trim(), Some(value.trim()))?,
+            None => faults.set(item, None)?,
+        }
+    }
+    faults.validate()?;
+    Ok(faults)
+}
+
+impl Faults {
+    /// `self` overridden by every knob that is set in `over`.
+    pub fn merged(&self, over: &Faults) -> Faults {
+        Faults {
+            headers_delay_ms: over.headers_delay_ms.or(self.headers_delay_ms),
+            first_token_delay_ms: over.first_token_delay_ms.or(self.first_token_delay_ms),
+            chunk_delay_ms: over.chunk_delay_ms.or(self.chunk_delay_ms),
+            stall_after: over.stall_after.or(self.stall_after),
+            cut_after: over.cut_after.or(self.cut_after),
+            malformed_at: over.malformed_at.or(self.malformed_at),
+            no_done: over.no_done.or(self.no_done),
+            status: over.status.or(self.status),
+            retry_after: over.retry_after.or(self.retry_after),
+            never_answer: over.never_answer.or(self.never_answer),
+            exit: over.exit.or(self.exit),
+            words: over.words.or(self.words),
+        }
+    }
+
+    /// Checks value ranges that the types alone do not express.
+    pub fn validate(&self) -> Result<(), FaultError> {
+        if let Some(code) = self.status
+            && !(400..=599).contains(&code)
+        {
+            return Err(bad_value("status", code, "expected an HTTP error status in 400..=599"));
+        }
+        if self.malformed_at == Some(0) {
+            return Err(bad_value("malformed_at", 0, "chunks are numbered from 1"));
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, knob: &str, value: Option<&str>) -> Result<(), FaultError> {
+        match knob {
+            "headers_delay_ms" => self.headers_delay_ms = Some(number(knob, value)?),
+            "first_token_delay_ms" => self.first_token_delay_ms = Some(number(knob, value)?),
+            "chunk_delay_ms" => self.chunk_delay_ms = Some(number(knob, value)?),
+            "stall_after" => self.stall_after = Some(number(knob, value)?),
+            "cut_after" => self.cut_after = Some(number(knob, value)?),
+            "malformed_at" => self.malformed_at = Some(number(knob, value)?),
+            "no_done" => self.no_done = Some(flag(knob, value)?),
+            "status" => self.status = Some(number(knob, value)?),
+            "retry_after" => self.retry_after = Some(number(knob, value)?),
+            "never_answer" => self.never_answer = Some(flag(knob, value)?),
+            "exit" => self.exit = Some(flag(knob, value)?),
+            "words" => self.words = Some(number(knob, value)?),
+            _ => return Err(FaultError::UnknownKnob(knob.to_owned())),
+        }
+        Ok(())
+    }
+}
+
+/// Whether a flag knob is on.
+fn on(flag: Option<bool>) -> bool {
+    flag == Some(true)
+}
+
+fn number<T: FromStr>(knob: &str, value: Option<&str>) -> Result<T, FaultError> {
+    let value = value.ok_or_else(|| bad_value(knob, "", "expected `knob=NUMBER`"))?;
+    value
+        .parse()
+        .map_err(|_| bad_value(knob, value, "expected a non-negative integer"))
+}
+
+fn flag(knob: &str, value: Option<&str>) -> Result<bool, FaultError> {
+    match value {
+        None | Some("" | "true" | "1") => Ok(true),
+        Some("false" | "0") => Ok(false),
+        Some(other) => Err(bad_value(knob, other, "expected true or false")),
+    }
+}
+
+/// Effective knobs for one request: defaults < model suffix < header.
+fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap) -> Result<Faults, String> {
+    let mut faults = defaults.clone();
+    if let Some((_, spec)) = model.split_once('@') {
+        let over = parse_faults(spec).map_err(|e| format!("model `{model}`: {e}"))?;
+        faults = faults.merged(&over);
+    }
+    for value in headers.get_all(FAULTS_HEADER) {
+        let spec = value
+            .to_str()
+            .map_err(|_| format!("{FAULTS_HEADER} header is not valid UTF-8"))?;
+        let over = parse_faults(spec).map_err(|e| format!("{FAULTS_HEADER} header: {e}"))?;
+        faults = faults.merged(&over);
+    }
+    Ok(faults)
+}
+
+// ---------------------------------------------------------------------------
+// Server, handle and stats
+// ---------------------------------------------------------------------------
+
+/// Process-wide configuration.
+#[derive(Debug, Clone, Default)]
+pub struct MockConfig {
+    /// Knobs applied to every chat request (requests can override them).
+    pub defaults: Faults,
+}
+
+/// Counters served on `GET /mock/stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MockStats {
+    /// Chat requests received (both APIs, including rejected ones).
+    pub requests_total: u64,
+    /// Streaming bodies the mock produced to their end (or to a `cut_after` abort).
+    pub completed_streams: u64,
+    /// Streaming bodies dropped (client went away) before the mock finished them.
+    pub aborted_streams: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests_total: AtomicU64,
+    completed_streams: AtomicU64,
+    aborted_streams: AtomicU64,
+    next_completion_id: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> MockStats {
+        MockStats {
+            requests_total: self.requests_total.load(Ordering::Relaxed),
+            completed_streams: self.completed_streams.load(Ordering::Relaxed),
+            aborted_streams: self.aborted_streams.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A running mock server (see [`start`]). Dropping it starts a graceful
+/// shutdown in the background; [`MockHandle::shutdown`] also waits for it.
+#[derive(Debug)]
+pub struct MockHandle {
+    pub addr: SocketAddr,
+    counters: Arc<Counters>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<io::Result<()>>,
+}
+
+impl MockHandle {
+    /// `http://ADDR`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The same counters as `GET /mock/stats`, read in-process.
+    pub fn stats(&self) -> MockStats {
+        self.counters.snapshot()
+    }
+
+    /// Stops accepting, ends stalled/held responses and waits for the server task.
+    pub async fn shutdown(self) {
+        let MockHandle { stop, task, .. } = self;
+        drop(stop);
+        if let Err(e) = task.await {
+            tracing::warn!("mock provider task failed: {e}");
+        }
+    }
+}
+
+/// Spawns the server on `listener` and returns at once.
+pub async fn start(listener: TcpListener, config: MockConfig) -> MockHandle {
+    let addr = listener
+        .local_addr()
+        .expect("mock provider listener has a local address");
+    let counters = Arc::new(Counters::default());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let signal = async move {
+        // Fires on an explicit stop and when the handle is dropped.
+        let _ = stopped.await;
+    };
+    let task = tokio::spawn(serve_with(listener, config, counters.clone(), signal));
+    MockHandle {
+        addr,
+        counters,
+        stop,
+        task,
+    }
+}
+
+/// Serves until `shutdown` completes, then shuts down gracefully (stalled and
+/// held responses are ended so that this returns promptly).
+pub async fn serve(
+    listener: TcpListener,
+    config: MockConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    serve_with(listener, config, Arc::default(), shutdown).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    config: MockConfig,
+    counters: Arc<Counters>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let (stopping_tx, stopping) = watch::channel(false);
+    let state = AppState {
+        defaults: Arc::new(config.defaults),
+        counters,
+        stopping,
+    };
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("failed to set TCP_NODELAY: {e}");
+        }
+    });
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stopping_tx.send(true);
+        })
+        .await
+}
+
+#[derive(Clone)]
+struct AppState {
+    defaults: Arc<Faults>,
+    counters: Arc<Counters>,
+    /// Becomes `true` (or closed) when the server shuts down.
+    stopping: watch::Receiver<bool>,
+}
+
+impl AppState {
+    async fn until_stopping(&self) {
+        let mut stopping = self.stopping.clone();
+        let _ = stopping.wait_for(|stop| *stop).await;
+    }
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/api/tags", get(|| async { Json(ollama::tags()) }))
+        .route("/api/chat", post(ollama_chat))
+        .route("/v1/models", get(|| async { Json(openai::models()) }))
+        .route("/v1/chat/completions", post(openai_chat))
+        .route("/mock/stats", get(stats))
+        .with_state(state)
+}
+
+async fn stats(State(state): State<AppState>) -> Json<MockStats> {
+    Json(state.counters.snapshot())
+}
+
+async fn ollama_chat(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    chat(Api::Ollama, state, headers, body).await
+}
+
+async fn openai_chat(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    chat(Api::OpenAi, state, headers, body).await
+}
+
+// ---------------------------------------------------------------------------
+// Chat handling shared by both APIs
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    model: String,
+    #[serde(default)]
+    messages: Vec<ChatMessage>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    tools: Option<Vec<Value>>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    options: Option<OllamaOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    role: String,
+    /// A string, or (OpenAI) an array of `{type:"text",text}` parts, or null.
+    #[serde(default)]
+    content: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct OllamaOptions {
+    /// Negative means "no limit" in Ollama.
+    num_predict: Option<i64>,
+}
+
+impl ChatMessage {
+    fn text(&self) -> String {
+        match &self.content {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Ollama,
+    OpenAi,
+}
+
+impl Api {
+    fn streams_by_default(self) -> bool {
+        self == Api::Ollama
+    }
+
+    /// The request's completion-length limit, in chunks.
+    fn limit(self, req: &ChatRequest) -> Option<usize> {
+        let limit = match self {
+            Api::Ollama => req
+                .options
+                .as_ref()
+                .and_then(|o| o.num_predict)
+                .and_then(|n| u64::try_from(n).ok()),
+            Api::OpenAi => req.max_completion_tokens.or(req.max_tokens),
+        };
+        limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    fn stream_content_type(self) -> &'static str {
+        match self {
+            Api::Ollama => "application/x-ndjson",
+            Api::OpenAi => "text/event-stream",
+        }
+    }
+
+    /// The wire form of a malformed content chunk.
+    fn malformed_chunk(self) -> Bytes {
+        match self {
+            Api::Ollama => Bytes::from(format!("{MALFORMED_JSON}\n")),
+            Api::OpenAi => Bytes::from(format!("data: {MALFORMED_JSON}\n\n")),
+        }
+    }
+
+    fn error(self, status: StatusCode, message: &str) -> Response {
+        let body = match self {
+            Api::Ollama => json!({ "error": message }),
+            Api::OpenAi => {
+                let kind = if status.is_server_error() {
+                    "server_error"
+                } else {
+                    "invalid_request_error"
+                };
+                json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
+            }
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Response {
+    state.counters.requests_total.fetch_add(1, Ordering::Relaxed);
+    let req: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(req) => req,
+        Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid chat request: {e}")),
+    };
+    let faults = match request_faults(&state.defaults, &req.model, &headers) {
+        Ok(faults) => faults,
+        Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
+    };
+    tracing::debug!(?api, model = %req.model, ?faults, "chat request");
+
+    if on(faults.exit) {
+        tracing::warn!("`exit` fault requested: exiting with status 3");
+        std::process::exit(3);
+    }
+    sleep_ms(faults.headers_delay_ms).await;
+    if on(faults.never_answer) {
+        state.until_stopping().await;
+        return api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down");
+    }
+    if let Some(code) = faults.status {
+        return fault_status(api, code, faults.retry_after);
+    }
+
+    let reply = Reply {
+        api,
+        id: format!(
+            "chatcmpl-mock-{}",
+            state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)
+        ),
+        plan: ReplyPlan::new(
+            &req.messages,
+            req.tools.as_deref().unwrap_or_default(),
+            api.limit(&req),
+            faults.words,
+        ),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        no_done: on(faults.no_done),
+        model: req.model,
+    };
+    if req.stream.unwrap_or(api.streams_by_default()) {
+        streaming_response(&reply, &faults, &state)
+    } else {
+        full_response(&reply, &faults, &state).await
+    }
+}
+
+fn fault_status(api: Api, code: u16, retry_after: Option<u64>) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = api.error(status, &format!("mock fault: status {code}"));
+    if let Some(secs) = retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+async fn sleep_ms(ms: Option<u64>) {
+    if let Some(ms) = ms.filter(|ms| *ms > 0) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+/// A non-streaming answer: the whole generation time passes before the
+/// response; the chunk-level knobs degrade the body as a whole.
+async fn full_response(reply: &Reply, faults: &Faults, state: &AppState) -> Response {
+    if faults.stall_after.is_some() {
+        state.until_stopping().await;
+        return reply
+            .api
+            .error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down");
+    }
+    let chunks = reply.plan.chunk_count() as u64;
+    sleep_ms(faults.first_token_delay_ms).await;
+    sleep_ms(faults.chunk_delay_ms.map(|ms| ms.saturating_mul(chunks.saturating_sub(1)))).await;
+
+    let json = header::HeaderValue::from_static("application/json");
+    if faults.malformed_at.is_some() {
+        return ([(header::CONTENT_TYPE, json)], MALFORMED_JSON).into_response();
+    }
+    let mut body = reply.full_body().to_string().into_bytes();
+    if faults.cut_after.is_some() {
+        body.truncate(body.len() / 2);
+        let cut: [io::Result<Bytes>; 2] = [Ok(body.into()), Err(io::Error::other("cut_after fault"))];
+        let body = Body::from_stream(futures_util::stream::iter(cut));
+        return ([(header::CONTENT_TYPE, json)], body).into_response();
+    }
+    ([(header::CONTENT_TYPE, json)], body).into_response()
+}
+
+fn streaming_response(reply: &Reply, faults: &Faults, state: &AppState) -> Response {
+    let steps = schedule(reply.stream_parts(), faults, reply.api.malformed_chunk());
+    let body = BodyScript::new(steps, state).into_body();
+    let headers = [
+        (header::CONTENT_TYPE, reply.api.stream_content_type()),
+        (header::CACHE_CONTROL, "no-cache"),
+    ];
+    (headers, body).into_response()
+}
+
+// ---------------------------------------------------------------------------
+// Content planning (API independent)
+// ---------------------------------------------------------------------------
+
+/// What to answer, decided once per request and rendered by either API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ReplyPlan {
+    /// Text pieces, one per streamed chunk (empty for a tool call).
+    pieces: Vec<String>,
+    tool_call: Option<ToolCall>,
+    finish: Finish,
+    usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ToolCall {
+    name: String,
+    /// `{"query":"mock"}` in two pieces, as OpenAI streams them.
+    argument_pieces: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Usage {
+    prompt: u64,
+    completion: u64,
+}
+
+impl ReplyPlan {
+    fn new(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<usize>) -> Self {
+        let prompt = messages
+            .iter()
+            .map(|m| m.text().split_whitespace().count() as u64)
+            .sum();
+        if let Some(tool_call) = requested_tool_call(messages, tools) {
+            return ReplyPlan {
+                usage: Usage {
+                    prompt,
+                    completion: tool_call.argument_pieces.len() as u64,
+                },
+                pieces: Vec::new(),
+                tool_call: Some(tool_call),
+                finish: Finish::ToolCalls,
+            };
+        }
+        let mut pieces = split_pieces(&reply_text(messages, words));
+        let finish = match limit {
+            Some(limit) if limit < pieces.len() => {
+                pieces.truncate(limit);
+                Finish::Length
+            }
+            _ => Finish::Stop,
+        };
+        ReplyPlan {
+            usage: Usage {
+                prompt,
+                completion: pieces.len() as u64,
+            },
+            pieces,
+            tool_call: None,
+            finish,
+        }
+    }
+
+    fn text(&self) -> String {
+        self.pieces.concat()
+    }
+
+    fn chunk_count(&self) -> usize {
+        match &self.tool_call {
+            Some(call) => call.argument_pieces.len(),
+            None => self.pieces.len(),
+        }
+    }
+}
+
+fn reply_text(messages: &[ChatMessage], words: Option<usize>) -> String {
+    if let Some(n) = words {
+        return (1..=n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    }
+    let last_user = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map(ChatMessage::text)
+        .unwrap_or_default();
+    let echo: String = last_user.chars().take(ECHO_LIMIT_CHARS).collect();
+    format!("Hello from the IOP mock provider. You said: {echo}")
+}
+
+/// Splits before every space (except at the start): the pieces concatenate
+/// back to `text`.
+fn split_pieces(text: &str) -> Vec<String> {
+    let mut pieces: Vec<String> = Vec::new();
+    for (i, ch) in text.char_indices() {
+        match pieces.last_mut() {
+            Some(piece) if !(ch == ' ' && i > 0) => piece.push(ch),
+            _ => pieces.push(ch.to_string()),
+        }
+    }
+    pieces
+}
+
+fn requested_tool_call(messages: &[ChatMessage], tools: &[Value]) -> Option<ToolCall> {
+    let first_tool = tools.first()?;
+    let last = messages.last()?;
+    if last.role != "user" || !last.text().contains(TOOL_TRIGGER) {
+        return None;
+    }
+    let name = first_tool
+        .pointer("/function/name")
+        .and_then(Value::as_str)
+        .unwrap_or("tool");
+    let (head, tail) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
+    Some(ToolCall {
+        name: name.to_owned(),
+        argument_pieces: vec![head.to_owned(), tail.to_owned()],
+    })
+}
+
+/// One request's answer, ready to render in its API's format.
+struct Reply {
+    api: Api,
+    /// Echoed back verbatim (including any `@knobs` suffix).
+    model: String,
+    /// OpenAI completion id.
+    id: String,
+    plan: ReplyPlan,
+    include_usage: bool,
+    no_done: bool,
+}
+
+impl Reply {
+    fn stream_parts(&self) -> Vec<Part> {
+        match self.api {
+            Api::Ollama => ollama::stream_parts(self),
+            Api::OpenAi => openai::stream_parts(self),
+        }
+    }
+
+    fn full_body(&self) -> Value {
+        match self.api {
+            Api::Ollama => ollama::full_body(self),
+            Api::OpenAi => openai::full_body(self),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Renderers
+// ---------------------------------------------------------------------------
+
+/// A rendered piece of a streaming body. Fault knobs count `Content` parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    /// Before the content (OpenAI's role chunk).
+    Lead(Bytes),
+    Content(Bytes),
+    /// After the content (done line, finish/usage chunks, `[DONE]`).
+    Tail(Bytes),
+}
+
+mod ollama {
+    use super::*;
+
+    pub(super) fn tags() -> Value {
+        json!({ "models": [{
+            "name": MODEL_NAME,
+            "model": MODEL_NAME,
+            "modified_at": CREATED_AT,
+            "size": 0,
+            "digest": MODEL_NAME,
+            "details": {},
+        }] })
+    }
+
+    pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
+        let mut parts: Vec<Part> = reply
+            .plan
+            .pieces
+            .iter()
+            .map(|piece| Part::Content(line(&chunk(reply, assistant(piece)))))
+            .collect();
+        if let Some(call) = &reply.plan.tool_call {
+            parts.push(Part::Content(line(&chunk(reply, tool_message(call)))));
+        }
+        parts.push(Part::Tail(line(&done(reply, assistant("")))));
+        parts
+    }
+
+    pub(super) fn full_body(reply: &Reply) -> Value {
+        let message = match &reply.plan.tool_call {
+            Some(call) => tool_message(call),
+            None => assistant(&reply.plan.text()),
+        };
+        done(reply, message)
+    }
+
+    fn assistant(content: &str) -> Value {
+        json!({ "role": "assistant", "content": content })
+    }
+
+    fn tool_message(call: &ToolCall) -> Value {
+        let arguments: Value =
+            serde_json::from_str(&call.argument_pieces.concat()).expect("tool arguments are JSON");
+        json!({
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{ "function": { "name": call.name, "arguments": arguments } }],
+        })
+    }
+
+    fn chunk(reply: &Reply, message: Value) -> Value {
+        json!({ "model": reply.model, "created_at": CREATED_AT, "message": message, "done": false })
+    }
+
+    fn done(reply: &Reply, message: Value) -> Value {
+        let done_reason = match reply.plan.finish {
+            Finish::Length => "length",
+            Finish::Stop | Finish::ToolCalls => "stop",
+        };
+        json!({
+            "model": reply.model,
+            "created_at": CREATED_AT,
+            "message": message,
+            "done": true,
+            "done_reason": done_reason,
+            "total_duration": 0,
+            "prompt_eval_count": reply.plan.usage.prompt,
+            "eval_count": reply.plan.usage.completion,
+        })
+    }
+
+    fn line(value: &Value) -> Bytes {
+        Bytes::from(format!("{value}\n"))
+    }
+}
+
+mod openai {
+    use super::*;
+
+    pub(super) fn models() -> Value {
+        json!({ "object": "list", "data": [{
+            "id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "iop-mock",
+        }] })
+    }
+
+    pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
+        let plan = &reply.plan;
+        let mut parts = vec![Part::Lead(event(&chunk(
+            reply,
+            json!({ "role": "assistant", "content": "" }),
+            None,
+        )))];
+        for piece in &plan.pieces {
+            parts.push(Part::Content(event(&chunk(reply, json!({ "content": piece }), None))));
+        }
+        if let Some(call) = &plan.tool_call {
+            let head = json!({ "tool_calls": [{
+                "index": 0, "id": TOOL_CALL_ID, "type": "function",
+                "function": { "name": call.name, "arguments": "" },
+            }] });
+            parts.push(Part::Content(event(&chunk(reply, head, None))));
+            for piece in &call.argument_pieces {
+                let delta = json!({ "tool_calls": [{ "index": 0, "function": { "arguments": piece } }] });
+                parts.push(Part::Content(event(&chunk(reply, delta, None))));
+            }
+        }
+        parts.push(Part::Tail(event(&chunk(reply, json!({}), Some(finish_reason(plan.finish))))));
+        if reply.include_usage {
+            parts.push(Part::Tail(event(&envelope(reply, "chat.completion.chunk", json!([]), Some(usage(plan.usage))))));
+        }
+        if !reply.no_done {
+            parts.push(Part::Tail(Bytes::from_static(b"data: [DONE]\n\n")));
+        }
+        parts
+    }
+
+    pub(super) fn full_body(reply: &Reply) -> Value {
+        let plan = &reply.plan;
+        let message = match &plan.tool_call {
+            Some(call) => json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": TOOL_CALL_ID, "type": "function",
+                    "function": { "name": call.name, "arguments": call.argument_pieces.concat() },
+                }],
+            }),
+            None => json!({ "role": "assistant", "content": plan.text() }),
+        };
+        let choices = json!([{
+            "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(plan.finish),
+        }]);
+        envelope(reply, "chat.completion", choices, Some(usage(plan.usage)))
+    }
+
+    fn chunk(reply: &Reply, delta: Value, finish: Option<&str>) -> Value {
+        let choices = json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]);
+        envelope(reply, "chat.completion.chunk", choices, None)
+    }
+
+    fn envelope(reply: &Reply, object: &str, choices: Value, usage: Option<Value>) -> Value {
+        let mut value = json!({
+            "id": reply.id,
+            "object": object,
+            "created": CREATED_UNIX,
+            "model": reply.model,
+            "choices": choices,
+        });
+        if let Some(usage) = usage {
+            value["usage"] = usage;
+        }
+        value
+    }
+
+    fn usage(usage: Usage) -> Value {
+        json!({
+            "prompt_tokens": usage.prompt,
+            "completion_tokens": usage.completion,
+            "total_tokens": usage.prompt + usage.completion,
+        })
+    }
+
+    fn finish_reason(finish: Finish) -> &'static str {
+        match finish {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
+        }
+    }
+
+    fn event(value: &Value) -> Bytes {
+        Bytes::from(format!("data: {value}\n\n"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Streaming: fault schedule and the lazy body
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    Send(Bytes),
+    Delay(Duration),
+    /// Send nothing more until the server shuts down.
+    Stall,
+    /// End the body with an error (abnormal end on the wire).
+    Cut,
+}
+
+/// Applies the chunk-level knobs to the rendered parts.
+fn schedule(parts: Vec<Part>, faults: &Faults, malformed: Bytes) -> VecDeque<Step> {
+    let mut steps = VecDeque::new();
+    let mut sent = 0usize;
+    for part in parts {
+        match part {
+            Part::Lead(bytes) => steps.push_back(Step::Send(bytes)),
+            Part::Content(bytes) => {
+                if let Some(stop) = interruption(faults, sent, false) {
+                    steps.push_back(stop);
+                    return steps;
+                }
+                let delay = if sent == 0 {
+                    faults.first_token_delay_ms
+                } else {
+                    faults.chunk_delay_ms
+                };
+                if let Some(ms) = delay.filter(|ms| *ms > 0) {
+                    steps.push_back(Step::Delay(Duration::from_millis(ms)));
+                }
+                sent += 1;
+                let bytes = if faults.malformed_at == Some(sent) {
+                    malformed.clone()
+                } else {
+                    bytes
+                };
+                steps.push_back(Step::Send(bytes));
+            }
+            Part::Tail(bytes) => {
+                if let Some(stop) = interruption(faults, sent, true) {
+                    steps.push_back(stop);
+                    return steps;
+                }
+                steps.push_back(Step::Send(bytes));
+            }
+        }
+    }
+    steps
+}
+
+/// Stall or cut once `sent` content chunks are out; at the tail a set knob
+/// always applies (the reply was shorter than N).
+fn interruption(faults: &Faults, sent: usize, at_tail: bool) -> Option<Step> {
+    let reached = |after: Option<usize>| after.is_some_and(|n| at_tail || sent >= n);
+    if reached(faults.stall_after) {
+        Some(Step::Stall)
+    } else if reached(faults.cut_after) {
+        Some(Step::Cut)
+    } else {
+        None
+    }
+}
+
+/// Counts a streaming body as completed once the mock produced all of it,
+/// or as aborted if it is dropped before that (the client went away).
+struct StreamGuard {
+    counters: Arc<Counters>,
+    finished: bool,
+}
+
+impl StreamGuard {
+    fn finish(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            self.counters.completed_streams.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.counters.aborted_streams.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The state of a lazily produced streaming body.
+struct BodyScript {
+    steps: VecDeque<Step>,
+    guard: StreamGuard,
+    state: AppState,
+}
+
+impl BodyScript {
+    fn new(steps: VecDeque<Step>, state: &AppState) -> Self {
+        BodyScript {
+            steps,
+            guard: StreamGuard {
+                counters: state.counters.clone(),
+                finished: false,
+            },
+            state: state.clone(),
+        }
+    }
+
+    fn into_body(self) -> Body {
+        Body::from_stream(futures_util::stream::unfold(self, BodyScript::next))
+    }
+
+    async fn next(mut self) -> Option<(io::Result<Bytes>, Self)> {
+        loop {
+            let Some(step) = self.steps.pop_front() else {
+                self.guard.finish();
+                return None;
+            };
+            match step {
+                Step::Delay(delay) => tokio::time::sleep(delay).await,
+                Step::Send(bytes) => {
+                    if self.steps.is_empty() {
+                        self.guard.finish();
+                    }
+                    return Some((Ok(bytes), self));
+                }
+                Step::Stall => {
+                    self.state.until_stopping().await;
+                    self.guard.finish();
+                    let error = io::Error::other("mock provider shut down during a stall");
+                    return Some((Err(error), self));
+                }
+                Step::Cut => {
+                    self.guard.finish();
+                    return Some((Err(io::Error::other("cut_after fault")), self));
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    const HELLO: &str = "Hello from the IOP mock provider. You said: ";
+
+    async fn spawn(defaults: Faults) -> MockHandle {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        start(listener, MockConfig { defaults }).await
+    }
+
+    fn client() -> reqwest::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder().no_proxy().build().unwrap()
+    }
+
+    fn chat_body(model: &str, content: &str, extra: Value) -> Value {
+        let mut body = json!({ "model": model, "messages": [{ "role": "user", "content": content }] });
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        body
+    }
+
+    async fn post(mock: &MockHandle, path: &str, body: &Value, faults: Option<&str>) -> reqwest::Response {
+        let mut req = client()
+            .post(format!("{}{path}", mock.base_url()))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(spec) = faults {
+            req = req.header(FAULTS_HEADER, spec);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn get_json(mock: &MockHandle, path: &str) -> Value {
+        let resp = client().get(format!("{}{path}", mock.base_url())).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap()
+    }
+
+    async fn json_of(resp: reqwest::Response) -> Value {
+        serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap()
+    }
+
+    /// Reads the body until its end or an error; returns the bytes and
+    /// whether the body ended abnormally.
+    async fn read_lossy(mut resp: reqwest::Response) -> (String, bool) {
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => return (String::from_utf8(body).unwrap(), false),
+                Err(_) => return (String::from_utf8(body).unwrap(), true),
+            }
+        }
+    }
+
+    fn ndjson(body: &str) -> Vec<Value> {
+        body.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// The payloads of `data: ` SSE events.
+    fn sse(body: &str) -> Vec<String> {
+        body.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").expect("data event").to_owned())
+            .collect()
+    }
+
+    /// Reads one NDJSON line from a streaming response.
+    async fn next_line(resp: &mut reqwest::Response, buf: &mut Vec<u8>) -> Option<String> {
+        loop {
+            if let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=i).collect();
+                return Some(String::from_utf8(line).unwrap().trim_end().to_owned());
+            }
+            buf.extend_from_slice(&resp.chunk().await.ok()??);
+        }
+    }
+
+    async fn wait_for_stats(mock: &MockHandle, check: impl Fn(&MockStats) -> bool) -> MockStats {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let stats: MockStats = serde_json::from_value(get_json(mock, "/mock/stats").await).unwrap();
+            if check(&stats) || Instant::now() > deadline {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn tools() -> Value {
+        json!({ "tools": [{ "type": "function", "function": { "name": "search", "parameters": {} } }] })
+    }
+
+    #[test]
+    fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
+        let faults = parse_faults(
+            "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
+             malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,",
+        )
+        .unwrap();
+        assert_eq!(
+            faults,
+            Faults {
+                headers_delay_ms: Some(1),
+                first_token_delay_ms: Some(2),
+                chunk_delay_ms: Some(3),
+                stall_after: Some(4),
+                cut_after: Some(5),
+                malformed_at: Some(6),
+                no_done: Some(true),
+                status: Some(429),
+                retry_after: Some(7),
+                never_answer: Some(false),
+                exit: Some(false),
+                words: Some(8),
+            }
+        );
+        assert_eq!(parse_faults("").unwrap(), Faults::default());
+        assert!(matches!(parse_faults("bogus=1"), Err(FaultError::UnknownKnob(k)) if k == "bogus"));
+        assert!(matches!(parse_faults("words=x"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("words"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("no_done=maybe"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("status=200"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("malformed_at=0"), Err(FaultError::BadValue { .. })));
+    }
+
+    #[test]
+    fn pieces_concatenate_to_the_text() {
+        assert_eq!(split_pieces("a b  c"), ["a", " b", " ", " c"]);
+        assert_eq!(split_pieces(" x"), [" x"]);
+        assert!(split_pieces("").is_empty());
+    }
+
+    #[tokio::test]
+    async fn listings_health_and_stats() {
+        let mock = spawn(Faults::default()).await;
+        assert_eq!(get_json(&mock, "/api/tags").await["models"][0]["name"], "mock");
+        let models = get_json(&mock, "/v1/models").await;
+        assert_eq!(models["data"][0]["id"], "mock");
+        assert_eq!(models["data"][0]["owned_by"], "iop-mock");
+        let health = client().get(format!("{}/healthz", mock.base_url())).send().await.unwrap();
+        assert_eq!(health.text().await.unwrap(), "ok");
+        assert_eq!(get_json(&mock, "/mock/stats").await, json!({
+            "requests_total": 0, "completed_streams": 0, "aborted_streams": 0,
+        }));
+        mock.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn ollama_streams_ndjson_by_default() {
+        let mock = spawn(Faults::default()).await;
+        let resp = post(&mock, "/api/chat", &chat_body("mock", "hi there", json!({})), None).await;
+        assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+        let lines = ndjson(&resp.text().await.unwrap());
+        let (last, chunks) = lines.split_last().unwrap();
+        let text: String = chunks
+            .iter()
+            .inspect(|c| assert_eq!(c["done"], false))
+            .map(|c| c["message"]["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, format!("{HELLO}hi there"));
+        assert_eq!(chunks[1]["message"]["content"], " from");
+        assert_eq!(last["done"], true);
+        assert_eq!(last["done_reason"], "stop");
+        assert_eq!(last["message"]["content"], "");
+        assert_eq!(last["prompt_eval_count"], 2);
+        assert_eq!(last["eval_count"], chunks.len());
+        let stats = wait_for_stats(&mock, |s| s.completed_streams == 1).await;
+        assert_eq!(stats, MockStats { requests_total: 1, completed_streams: 1, aborted_streams: 0 });
+    }
+
+    #[tokio::test]
+    async fn ollama_non_streaming_and_num_predict() {
+        let mock = spawn(Faults::default()).await;
+        let long = "x".repeat(300);
+        let body = chat_body("mock", &long, json!({ "stream": false }));
+        let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+        assert_eq!(reply["message"]["content"], format!("{HELLO}{}", "x".repeat(200)));
+        assert_eq!(reply["done"], true);
+        assert_eq!(reply["done_reason"], "stop");
+        assert_eq!(reply["prompt_eval_count"], 1);
+        assert_eq!(reply["eval_count"], 8);
+
+        let body = chat_body("mock@words=5", "hi", json!({ "stream": false, "options": { "num_predict": 2 } }));
+        let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+        assert_eq!(reply["model"], "mock@words=5");
+        assert_eq!(reply["message"]["content"], "w1 w2");
+        assert_eq!(reply["done_reason"], "length");
+        assert_eq!(reply["eval_count"], 2);
+    }
+
+    #[tokio::test]
+    async fn openai_stream_with_usage_and_done() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body(
+            "mock@words=3",
+            "one two three",
+            json!({ "stream": true, "stream_options": { "include_usage": true } }),
+        );
+        let resp = post(&mock, "/v1/chat/completions", &body, None).await;
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        let events = sse(&resp.text().await.unwrap());
+        assert_eq!(events.len(), 1 + 3 + 1 + 1 + 1, "{events:?}");
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        let chunks: Vec<Value> = events[..6].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        for chunk in &chunks {
+            assert_eq!(chunk["object"], "chat.completion.chunk");
+            assert_eq!(chunk["model"], "mock@words=3");
+            assert_eq!(chunk["created"], CREATED_UNIX);
+            assert!(chunk["id"].as_str().unwrap().starts_with("chatcmpl-mock-"));
+        }
+        assert_eq!(chunks[0]["choices"][0]["delta"], json!({ "role": "assistant", "content": "" }));
+        let text: String = chunks[1..4]
+            .iter()
+            .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "w1 w2 w3");
+        assert_eq!(chunks[4]["choices"][0]["delta"], json!({}));
+        assert_eq!(chunks[4]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(chunks[5]["choices"], json!([]));
+        assert_eq!(chunks[5]["usage"], json!({ "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6 }));
+    }
+
+    #[tokio::test]
+    async fn openai_non_streaming_and_max_tokens() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock", "hello world", json!({}));
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        assert_eq!(reply["object"], "chat.completion");
+        assert_eq!(reply["created"], CREATED_UNIX);
+        assert!(reply["id"].as_str().unwrap().starts_with("chatcmpl-mock-"));
+        assert_eq!(reply["choices"][0]["message"]["role"], "assistant");
+        assert_eq!(reply["choices"][0]["message"]["content"], format!("{HELLO}hello world"));
+        assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+        assert_eq!(reply["usage"], json!({ "prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11 }));
+
+        let body = chat_body("mock", "hello", json!({ "max_tokens": 3 }));
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["content"], "Hello from the");
+        assert_eq!(reply["choices"][0]["finish_reason"], "length");
+        assert_eq!(reply["usage"]["completion_tokens"], 3);
+    }
+
+    #[tokio::test]
+    async fn tool_calls_on_both_apis() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock", "please call tool now", tools());
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        let choice = &reply["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["tool_calls"][0]["id"], TOOL_CALL_ID);
+        assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "search");
+        assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], TOOL_ARGUMENTS);
+
+        let mut streaming = body.clone();
+        streaming["stream"] = json!(true);
+        let events = sse(&post(&mock, "/v1/chat/completions", &streaming, None).await.text().await.unwrap());
+        let deltas: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
+            .collect();
+        let head = &deltas[1]["delta"]["tool_calls"][0];
+        assert_eq!(head["id"], TOOL_CALL_ID);
+        assert_eq!(head["type"], "function");
+        assert_eq!(head["function"], json!({ "name": "search", "arguments": "" }));
+        let arguments: String = deltas[2..4]
+            .iter()
+            .map(|d| d["delta"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
+            .collect();
+        assert_eq!(arguments, TOOL_ARGUMENTS);
+        assert_eq!(deltas[4]["finish_reason"], "tool_calls");
+
+        let lines = ndjson(&post(&mock, "/api/chat", &body, None).await.text().await.unwrap());
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            lines[0]["message"]["tool_calls"],
+            json!([{ "function": { "name": "search", "arguments": { "query": "mock" } } }])
+        );
+        assert_eq!(lines[1]["done"], true);
+        assert_eq!(lines[1]["done_reason"], "stop");
+
+        // Without the trigger phrase, tools are ignored.
+        let body = chat_body("mock", "hello", tools());
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[tokio::test]
+    async fn knob_sources_merge_in_order() {
+        let mock = spawn(Faults { words: Some(3), ..Faults::default() }).await;
+        let words = async |model: &str, header: Option<&str>| {
+            let body = chat_body(model, "hi", json!({}));
+            let reply = json_of(post(&mock, "/v1/chat/completions", &body, header).await).await;
+            reply["usage"]["completion_tokens"].clone()
+        };
+        assert_eq!(words("mock", None).await, 3);
+        assert_eq!(words("mock@words=4", None).await, 4);
+        assert_eq!(words("mock@words=4", Some("words=5")).await, 5);
+    }
+
+    #[tokio::test]
+    async fn bad_knobs_are_400_in_the_api_shape() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock", "hi", json!({}));
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("bogus=1")).await;
+        assert_eq!(resp.status(), 400);
+        let error = json_of(resp).await;
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert!(error["error"]["message"].as_str().unwrap().contains("bogus"), "{error}");
+
+        let body = chat_body("mock@stall_after=x", "hi", json!({}));
+        let resp = post(&mock, "/api/chat", &body, None).await;
+        assert_eq!(resp.status(), 400);
+        assert!(json_of(resp).await["error"].as_str().unwrap().contains("stall_after"));
+    }
+
+    #[tokio::test]
+    async fn status_fault_with_retry_after() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock", "hi", json!({ "stream": true }));
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("status=429,retry_after=7")).await;
+        assert_eq!(resp.status(), 429);
+        assert_eq!(resp.headers()["retry-after"], "7");
+        assert!(json_of(resp).await["error"]["message"].is_string());
+
+        let resp = post(&mock, "/api/chat", &body, Some("status=503")).await;
+        assert_eq!(resp.status(), 503);
+        assert!(resp.headers().get("retry-after").is_none());
+        assert!(json_of(resp).await["error"].is_string());
+    }
+
+    #[tokio::test]
+    async fn cut_after_ends_the_body_without_done() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@cut_after=2", "hi", json!({}));
+        let (text, aborted) = read_lossy(post(&mock, "/api/chat", &body, None).await).await;
+        assert!(aborted, "the chunked body must end abnormally");
+        let lines = ndjson(&text);
+        assert_eq!(lines.len(), 2);
+        assert!(lines.iter().all(|l| l["done"] == false));
+
+        let body = chat_body("mock", "hi", json!({ "stream": true }));
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("cut_after=1")).await;
+        let (text, aborted) = read_lossy(resp).await;
+        assert!(aborted);
+        assert_eq!(sse(&text).len(), 2); // role chunk + one content chunk
+        assert!(!text.contains("[DONE]"));
+    }
+
+    #[tokio::test]
+    async fn malformed_at_replaces_one_chunk() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@words=3,malformed_at=2", "hi", json!({ "stream": true }));
+        let events = sse(&post(&mock, "/v1/chat/completions", &body, None).await.text().await.unwrap());
+        assert_eq!(events[2], MALFORMED_JSON);
+        assert!(serde_json::from_str::<Value>(&events[3]).is_ok());
+        assert_eq!(events.last().unwrap(), "[DONE]");
+
+        let body = chat_body("mock@words=3,malformed_at=1", "hi", json!({}));
+        let text = post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
+        assert_eq!(text.lines().next().unwrap(), MALFORMED_JSON);
+        assert_eq!(text.lines().count(), 4);
+    }
+
+    #[tokio::test]
+    async fn no_done_omits_only_the_done_marker() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body(
+            "mock@words=2,no_done",
+            "hi",
+            json!({ "stream": true, "stream_options": { "include_usage": true } }),
+        );
+        let events = sse(&post(&mock, "/v1/chat/completions", &body, None).await.text().await.unwrap());
+        assert_eq!(events.len(), 5);
+        assert!(events.iter().all(|e| e != "[DONE]"));
+        assert!(events[3].contains(r#""finish_reason":"stop""#));
+        assert!(events[4].contains(r#""usage""#));
+    }
+
+    #[tokio::test]
+    async fn stall_after_then_client_drop_counts_as_aborted() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@stall_after=2", "hi", json!({}));
+        let mut resp = post(&mock, "/api/chat", &body, None).await;
+        let mut buf = Vec::new();
+        for _ in 0..2 {
+            next_line(&mut resp, &mut buf).await.expect("content line");
+        }
+        let more = tokio::time::timeout(Duration::from_millis(300), next_line(&mut resp, &mut buf)).await;
+        assert!(more.is_err(), "nothing may arrive after a stall: {more:?}");
+        drop(resp);
+        let stats = wait_for_stats(&mock, |s| s.aborted_streams == 1).await;
+        assert_eq!(stats.aborted_streams, 1);
+        assert_eq!(stats.completed_streams, 0);
+    }
+
+    #[tokio::test]
+    async fn shutdown_ends_stalled_streams() {
+        let mock = spawn(Faults { stall_after: Some(0), ..Faults::default() }).await;
+        let body = chat_body("mock", "hi", json!({}));
+        let resp = post(&mock, "/api/chat", &body, None).await;
+        let reading = tokio::spawn(read_lossy(resp));
+        tokio::time::timeout(Duration::from_secs(2), mock.shutdown()).await.unwrap();
+        let (text, aborted) = reading.await.unwrap();
+        assert!(text.is_empty() && aborted);
+    }
+
+    #[tokio::test]
+    async fn delays_are_real_on_the_wire() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@words=3", "hi", json!({}));
+
+        let started = Instant::now();
+        let resp = post(&mock, "/api/chat", &body, Some("headers_delay_ms=150")).await;
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        resp.text().await.unwrap();
+
+        let started = Instant::now();
+        let faults = "first_token_delay_ms=300,chunk_delay_ms=50";
+        let mut resp = post(&mock, "/api/chat", &body, Some(faults)).await;
+        let headers_at = started.elapsed();
+        let mut buf = Vec::new();
+        next_line(&mut resp, &mut buf).await.unwrap();
+        let first_at = started.elapsed();
+        while next_line(&mut resp, &mut buf).await.is_some() {}
+        assert!(headers_at < Duration::from_millis(300), "headers before the first token: {headers_at:?}");
+        assert!(first_at >= Duration::from_millis(300));
+        assert!(started.elapsed() >= Duration::from_millis(400));
+    }
+
+    #[tokio::test]
+    async fn never_answer_sends_no_headers() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@never_answer", "hi", json!({}));
+        let result = client()
+            .post(format!("{}/v1/chat/completions", mock.base_url()))
+            .timeout(Duration::from_millis(200))
+            .body(body.to_string())
+            .send()
+            .await;
+        assert!(result.unwrap_err().is_timeout());
+        tokio::time::timeout(Duration::from_secs(2), mock.shutdown()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn non_streaming_degradations() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock", "hi", json!({}));
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("malformed_at=1")).await;
+        assert_eq!(resp.text().await.unwrap(), MALFORMED_JSON);
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("cut_after=1")).await;
+        let (text, aborted) = read_lossy(resp).await;
+        assert!(aborted && !text.is_empty() && serde_json::from_str::<Value>(&text).is_err());
+    }
+}

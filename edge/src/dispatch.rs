@@ -1,0 +1,307 @@
+//! Dispatch: hand a normalized run to the node that owns its provider and
+//! give the caller an ordered event stream that always ends in exactly one
+//! terminal event.
+//!
+//! `RunTable` maps run id -> where its events must come from (node and
+//! connection generation) and where they go (a bounded channel to the HTTP
+//! handler). Events flow node -> `RunEvents` gRPC stream -> channel ->
+//! `RunStream`. The channel is bounded, so a slow client pushes back on its
+//! own HTTP/2 stream only.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use iop_proto::pb::{self, FailureKind};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{EdgeMetrics, OutcomeLabels};
+use crate::node::registry::ReadySession;
+
+/// Events buffered per run between the node stream and the client.
+const RUN_CHANNEL_CAPACITY: usize = 32;
+
+struct RunEntry {
+    node: String,
+    generation: u64,
+    events: mpsc::Sender<pb::RunEvent>,
+    /// Cancelled when the run's connection generation is fenced.
+    fence: CancellationToken,
+    attached: bool,
+}
+
+/// Why frames on a `RunEvents` stream were not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    #[error("run is unknown or already finished")]
+    UnknownRun,
+    #[error("run belongs to another node")]
+    WrongNode,
+    #[error("run was assigned on another connection generation")]
+    FencedGeneration,
+    #[error("run already has an event stream")]
+    AlreadyAttached,
+}
+
+impl AttachError {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::UnknownRun => "unknown_run",
+            Self::WrongNode => "wrong_node",
+            Self::FencedGeneration => "fenced_generation",
+            Self::AlreadyAttached => "already_attached",
+        }
+    }
+}
+
+/// The node side's handle on an attached run.
+pub struct AttachedRun {
+    pub events: mpsc::Sender<pb::RunEvent>,
+    pub fence: CancellationToken,
+}
+
+#[derive(Default)]
+pub struct RunTable {
+    runs: Mutex<HashMap<String, RunEntry>>,
+}
+
+impl RunTable {
+    /// Binds a `RunEvents` stream opened by `node` on `generation` to its run.
+    pub fn attach(&self, run_id: &str, node: &str, generation: u64) -> Result<AttachedRun, AttachError> {
+        let mut runs = self.runs.lock().unwrap();
+        let entry = runs.get_mut(run_id).ok_or(AttachError::UnknownRun)?;
+        if entry.node != node {
+            return Err(AttachError::WrongNode);
+        }
+        if entry.generation != generation || entry.fence.is_cancelled() {
+            return Err(AttachError::FencedGeneration);
+        }
+        if entry.attached {
+            return Err(AttachError::AlreadyAttached);
+        }
+        entry.attached = true;
+        Ok(AttachedRun { events: entry.events.clone(), fence: entry.fence.clone() })
+    }
+
+    /// Fences every run bound to `node`'s `generation`: their streams end with
+    /// a transport failure and later frames for them are dropped.
+    pub fn fence_generation(&self, node: &str, generation: u64) -> usize {
+        let mut runs = self.runs.lock().unwrap();
+        let mut fenced = 0;
+        runs.retain(|_, e| {
+            if e.node == node && e.generation == generation {
+                e.fence.cancel();
+                fenced += 1;
+                false
+            } else {
+                true
+            }
+        });
+        fenced
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.runs.lock().unwrap().len()
+    }
+
+    fn remove(&self, run_id: &str) {
+        self.runs.lock().unwrap().remove(run_id);
+    }
+}
+
+/// Starts `request` on the node behind `session`.
+pub async fn start_run(
+    table: &Arc<RunTable>,
+    metrics: &Arc<EdgeMetrics>,
+    node: &str,
+    session: ReadySession,
+    request: pb::RunRequest,
+) -> Result<RunStream, pb::ExecutionFailure> {
+    let run_id = request.run_id.clone();
+    let (events, rx) = mpsc::channel(RUN_CHANNEL_CAPACITY);
+    let fence = CancellationToken::new();
+    table.runs.lock().unwrap().insert(
+        run_id.clone(),
+        RunEntry { node: node.to_string(), generation: session.generation, events, fence: fence.clone(), attached: false },
+    );
+    let stream = RunStream {
+        run_id,
+        rx,
+        fence,
+        table: table.clone(),
+        metrics: metrics.clone(),
+        control: session.control.clone(),
+        next_seq: 1,
+        finished: false,
+    };
+    let assign = pb::EdgeToNode {
+        msg: Some(pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) })),
+    };
+    if session.control.send(Ok(assign)).await.is_err() {
+        // The session ended between selection and send; `stream` drops and
+        // removes the entry.
+        return Err(pb::ExecutionFailure::new(FailureKind::TransportLost, "node connection closed before dispatch"));
+    }
+    Ok(stream)
+}
+
+/// The client side of one run. Yields events in order and always ends with
+/// exactly one terminal event. Dropping it before the terminal cancels the run
+/// on the node.
+pub struct RunStream {
+    run_id: String,
+    rx: mpsc::Receiver<pb::RunEvent>,
+    fence: CancellationToken,
+    table: Arc<RunTable>,
+    metrics: Arc<EdgeMetrics>,
+    control: crate::node::registry::ControlSender,
+    next_seq: u64,
+    finished: bool,
+}
+
+impl RunStream {
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub async fn next(&mut self) -> Option<pb::run_event::Event> {
+        if self.finished {
+            return None;
+        }
+        let event = tokio::select! {
+            biased;
+            received = self.rx.recv() => match received {
+                Some(ev) if ev.seq == self.next_seq => {
+                    self.next_seq += 1;
+                    ev.event.unwrap_or_else(|| failed(FailureKind::ProviderProtocol, "node sent an empty run event"))
+                }
+                Some(ev) => failed(
+                    FailureKind::ProviderProtocol,
+                    format!("node sent event {} where {} was expected", ev.seq, self.next_seq),
+                ),
+                None => failed(FailureKind::TransportLost, "node event stream ended before a terminal event"),
+            },
+            _ = self.fence.cancelled() => failed(FailureKind::TransportLost, "node connection closed during the run"),
+        };
+        if is_terminal(&event) {
+            self.finish(outcome(&event));
+        }
+        Some(event)
+    }
+
+    fn finish(&mut self, outcome: &'static str) {
+        self.finished = true;
+        self.table.remove(&self.run_id);
+        self.metrics.runs.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+}
+
+impl Drop for RunStream {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // The client went away (or the handler gave up) before a terminal:
+        // tell the node to stop; the run's own RunEvents stream closes too.
+        let cancel = pb::EdgeToNode {
+            msg: Some(pb::edge_to_node::Msg::Cancel(pb::Cancel {
+                run_id: self.run_id.clone(),
+                reason: pb::CancelReason::ClientDisconnected.into(),
+            })),
+        };
+        let _ = self.control.try_send(Ok(cancel));
+        self.finish("client_disconnected");
+    }
+}
+
+fn failed(kind: FailureKind, message: impl Into<String>) -> pb::run_event::Event {
+    pb::run_event::Event::Failed(pb::RunFailed { failure: Some(pb::ExecutionFailure::new(kind, message)) })
+}
+
+fn is_terminal(event: &pb::run_event::Event) -> bool {
+    use pb::run_event::Event;
+    matches!(event, Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_))
+}
+
+fn outcome(event: &pb::run_event::Event) -> &'static str {
+    use pb::run_event::Event;
+    match event {
+        Event::Completed(_) => "completed",
+        Event::Failed(f) => match f.failure.as_ref().map(|f| f.kind()) {
+            Some(FailureKind::TransportLost) => "transport_lost",
+            _ => "failed",
+        },
+        Event::Cancelled(_) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(seq: u64, t: &str) -> pb::RunEvent {
+        pb::RunEvent { seq, event: Some(pb::run_event::Event::Text(pb::TextDelta { text: t.into() })) }
+    }
+
+    async fn started(table: &Arc<RunTable>) -> (RunStream, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
+        let (control, control_rx) = mpsc::channel(8);
+        let session = ReadySession { generation: 5, control };
+        let request = pb::RunRequest { run_id: "r1".into(), ..Default::default() };
+        let stream = start_run(table, &EdgeMetrics::new(), "n1", session, request).await.unwrap();
+        (stream, control_rx)
+    }
+
+    #[tokio::test]
+    async fn attach_checks_node_generation_and_uniqueness() {
+        let table = Arc::new(RunTable::default());
+        let (_stream, _control) = started(&table).await;
+        assert_eq!(table.attach("r2", "n1", 5).err(), Some(AttachError::UnknownRun));
+        assert_eq!(table.attach("r1", "n2", 5).err(), Some(AttachError::WrongNode));
+        assert_eq!(table.attach("r1", "n1", 4).err(), Some(AttachError::FencedGeneration));
+        assert!(table.attach("r1", "n1", 5).is_ok());
+        assert_eq!(table.attach("r1", "n1", 5).err(), Some(AttachError::AlreadyAttached));
+    }
+
+    #[tokio::test]
+    async fn fencing_ends_the_run_with_transport_lost_and_refuses_late_attach() {
+        let table = Arc::new(RunTable::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        attached.events.send(text(1, "a")).await.unwrap();
+        assert_eq!(table.fence_generation("n1", 5), 1);
+        assert!(matches!(stream.next().await, Some(pb::run_event::Event::Text(_))));
+        match stream.next().await {
+            Some(pb::run_event::Event::Failed(f)) => assert_eq!(f.failure.unwrap().kind(), FailureKind::TransportLost),
+            other => panic!("expected transport failure, got {other:?}"),
+        }
+        assert!(stream.next().await.is_none(), "exactly one terminal");
+        assert!(attached.fence.is_cancelled());
+        assert_eq!(table.attach("r1", "n1", 5).err(), Some(AttachError::UnknownRun));
+    }
+
+    #[tokio::test]
+    async fn out_of_order_events_fail_the_run() {
+        let table = Arc::new(RunTable::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        attached.events.send(text(2, "skipped one")).await.unwrap();
+        match stream.next().await {
+            Some(pb::run_event::Event::Failed(f)) => assert_eq!(f.failure.unwrap().kind(), FailureKind::ProviderProtocol),
+            other => panic!("expected protocol failure, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_before_the_terminal_sends_cancel_and_frees_the_entry() {
+        let table = Arc::new(RunTable::default());
+        let (stream, mut control) = started(&table).await;
+        assert!(matches!(control.recv().await, Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(_)) }))));
+        drop(stream);
+        match control.recv().await {
+            Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::Cancel(c)) })) => assert_eq!(c.run_id, "r1"),
+            other => panic!("expected cancel, got {other:?}"),
+        }
+        assert_eq!(table.in_flight(), 0);
+    }
+}

@@ -1,0 +1,145 @@
+//! Every error a client can see, mapped once to an HTTP status and to each
+//! API's own error shape.
+
+use axum::http::StatusCode;
+use iop_proto::pb::{self, FailureKind};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed JSON, missing or wrongly typed fields.
+    #[error("{message}")]
+    InvalidRequest { message: String, param: Option<String> },
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    /// The model is known but no provider for it is on a ready node.
+    #[error("no provider for model `{0}` is available right now")]
+    NoProviderAvailable(String),
+    /// The provider or the transport failed before anything reached the client.
+    #[error("{}", .0.message)]
+    Execution(pb::ExecutionFailure),
+    #[error("internal error")]
+    Internal,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidRequest { message: message.into(), param: None }
+    }
+
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        Self::InvalidRequest { message: message.into(), param: Some(param.to_string()) }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            Self::NoProviderAvailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Execution(f) => match f.kind() {
+                FailureKind::InvalidRequest => StatusCode::BAD_REQUEST,
+                // Client errors the provider reported keep their status so the
+                // client sees the provider's reason (context length, auth, ...).
+                FailureKind::ProviderHttpStatus => match f.provider_status {
+                    s @ (400 | 401 | 403 | 404 | 413 | 422 | 429) => {
+                        StatusCode::from_u16(s as u16).unwrap_or(StatusCode::BAD_GATEWAY)
+                    }
+                    _ => StatusCode::BAD_GATEWAY,
+                },
+                FailureKind::ProviderUnreachable | FailureKind::ProviderProtocol => StatusCode::BAD_GATEWAY,
+                FailureKind::TransportLost => StatusCode::BAD_GATEWAY,
+                FailureKind::ResponseStalled => StatusCode::GATEWAY_TIMEOUT,
+                FailureKind::Internal | FailureKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
+    }
+
+    /// Seconds for a `Retry-After` header, when the client should retry later.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::NoProviderAvailable(_) => Some(1),
+            Self::Execution(f) if f.retry_after_ms > 0 => Some(f.retry_after_ms.div_ceil(1000)),
+            _ => None,
+        }
+    }
+
+    /// Stable, low-cardinality code; also the metric label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest { .. } => "invalid_request",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::ModelNotFound(_) => "model_not_found",
+            Self::NoProviderAvailable(_) => "no_provider_available",
+            Self::Internal => "internal",
+            Self::Execution(f) => match f.kind() {
+                FailureKind::ProviderUnreachable => "provider_unreachable",
+                FailureKind::ProviderHttpStatus => "provider_http_status",
+                FailureKind::ProviderProtocol => "provider_protocol",
+                FailureKind::InvalidRequest => "invalid_request",
+                FailureKind::TransportLost => "transport_lost",
+                FailureKind::ResponseStalled => "response_stalled",
+                FailureKind::Internal | FailureKind::Unspecified => "internal",
+            },
+        }
+    }
+
+    /// OpenAI error object: `{"error":{"message","type","param","code"}}`.
+    pub fn openai_body(&self) -> Value {
+        let kind = match self.status().as_u16() {
+            400 | 413 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "invalid_request_error",
+            429 => "rate_limit_error",
+            500 => "server_error",
+            _ => "api_error",
+        };
+        let param = match self {
+            Self::InvalidRequest { param, .. } => param.clone(),
+            Self::ModelNotFound(_) => Some("model".to_string()),
+            _ => None,
+        };
+        json!({ "error": { "message": self.to_string(), "type": kind, "param": param, "code": self.code() } })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(kind: FailureKind, status: u32) -> ApiError {
+        let mut f = pb::ExecutionFailure::new(kind, "boom");
+        f.provider_status = status;
+        ApiError::Execution(f)
+    }
+
+    #[test]
+    fn provider_client_errors_keep_their_status_and_server_errors_become_502() {
+        assert_eq!(failure(FailureKind::ProviderHttpStatus, 400).status(), StatusCode::BAD_REQUEST);
+        assert_eq!(failure(FailureKind::ProviderHttpStatus, 429).status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(failure(FailureKind::ProviderHttpStatus, 503).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(failure(FailureKind::ResponseStalled, 0).status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+
+    #[test]
+    fn openai_shape_names_param_and_code() {
+        let body = ApiError::ModelNotFound("x".into()).openai_body();
+        assert_eq!(body["error"]["param"], "model");
+        assert_eq!(body["error"]["code"], "model_not_found");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        let body = ApiError::invalid_param("messages", "messages must be an array").openai_body();
+        assert_eq!(body["error"]["message"], "messages must be an array");
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_seconds() {
+        let mut f = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "slow down");
+        f.provider_status = 429;
+        f.retry_after_ms = 1500;
+        assert_eq!(ApiError::Execution(f).retry_after_secs(), Some(2));
+    }
+}

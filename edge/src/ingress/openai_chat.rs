@@ -1,0 +1,1388 @@
+//! OpenAI Chat Completions <-> IOP's normalized run shape.
+//!
+//! Pure translation, no I/O: [`parse_request`] turns a request body into
+//! normalized messages, tools and options; [`ChunkRenderer`] (streaming) and
+//! [`CompletionAggregator`] (non-streaming) turn run events back into the
+//! exact OpenAI wire format.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iop_proto::pb;
+use serde_json::{Map, Value, json};
+
+use super::error::ApiError;
+
+/// JSON Schema used when a tool declares no `parameters`.
+const DEFAULT_PARAMETERS_JSON: &str = r#"{"type":"object","properties":{}}"#;
+/// OpenAI accepts at most four stop sequences.
+const MAX_STOP_SEQUENCES: usize = 4;
+
+// ---------------------------------------------------------------- request
+
+/// A validated Chat Completions request in normalized form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    pub messages: Vec<pb::ChatMessage>,
+    pub tools: Vec<pb::ToolDefinition>,
+    pub options: pb::GenerationOptions,
+}
+
+/// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
+/// with a message saying exactly what is wrong and `param` naming the field
+/// (e.g. `messages[2].role`). Unknown top-level fields are ignored (SDKs send
+/// extras such as `user`, `metadata`, `logprobs`). An explicit `null` counts
+/// as absent.
+pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::invalid("request body must be a JSON object"));
+    };
+
+    let model = non_empty_string(&obj, "model", "model")?.to_string();
+
+    let messages = match field(&obj, "messages") {
+        None => return Err(missing("messages")),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "`messages` must contain at least one message",
+            ));
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, m)| parse_message(m, i))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(type_error("messages", "an array")),
+    };
+
+    let tools = match field(&obj, "tools") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| parse_tool(t, &format!("tools[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(type_error("tools", "an array")),
+    };
+
+    // `tool_choice` ("auto", "none", "required" or {"type":"function",...}) is
+    // accepted and ignored for now: the normalized run shape has no field for
+    // it, so the provider applies its own default (normally "auto").
+
+    let stream = optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
+    let include_usage = match field(&obj, "stream_options") {
+        None => false,
+        Some(Value::Object(so)) => {
+            optional_bool(so, "include_usage", "stream_options.include_usage")?.unwrap_or(false)
+        }
+        Some(_) => return Err(type_error("stream_options", "an object")),
+    };
+
+    let options = parse_options(&obj)?;
+
+    Ok(ChatCompletionRequest {
+        model,
+        stream,
+        include_usage,
+        messages,
+        tools,
+        options,
+    })
+}
+
+fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
+    let path = format!("messages[{i}]");
+    let Value::Object(obj) = value else {
+        return Err(type_error(&path, "an object"));
+    };
+
+    let role_path = format!("{path}.role");
+    let role = match string(required(obj, "role", &role_path)?, &role_path)? {
+        "system" | "developer" => pb::Role::System,
+        "user" => pb::Role::User,
+        "assistant" => pb::Role::Assistant,
+        "tool" => pb::Role::Tool,
+        other => {
+            return Err(ApiError::invalid_param(
+                &role_path,
+                format!(
+                    "`{role_path}` has unknown role `{other}`; expected one of system, developer, user, assistant, tool"
+                ),
+            ));
+        }
+    };
+
+    let calls_path = format!("{path}.tool_calls");
+    let tool_calls = match field(obj, "tool_calls") {
+        None => Vec::new(),
+        Some(_) if role != pb::Role::Assistant => {
+            return Err(ApiError::invalid_param(
+                &calls_path,
+                format!("`{calls_path}` is only allowed on assistant messages"),
+            ));
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(j, c)| parse_tool_call(c, &format!("{calls_path}[{j}]")))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(type_error(&calls_path, "an array")),
+    };
+
+    // `name` is allowed and ignored.
+    let content_path = format!("{path}.content");
+    let content = match field(obj, "content") {
+        Some(v) => parse_content(v, &content_path)?,
+        None if role == pb::Role::Assistant && !tool_calls.is_empty() => String::new(),
+        None if role == pb::Role::Assistant => {
+            return Err(ApiError::invalid_param(
+                &content_path,
+                format!(
+                    "`{content_path}` is required unless the assistant message has `tool_calls`"
+                ),
+            ));
+        }
+        None => return Err(missing(&content_path)),
+    };
+
+    let tool_call_id = if role == pb::Role::Tool {
+        non_empty_string(obj, "tool_call_id", &format!("{path}.tool_call_id"))?.to_string()
+    } else {
+        String::new()
+    };
+
+    Ok(pb::ChatMessage {
+        role: role.into(),
+        content,
+        tool_calls,
+        tool_call_id,
+    })
+}
+
+/// A string, or an array of content parts whose text parts are joined with "\n".
+fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) if parts.is_empty() => Err(ApiError::invalid_param(
+            path,
+            format!("`{path}` must not be an empty array"),
+        )),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                let part_path = format!("{path}[{j}]");
+                let Value::Object(p) = part else {
+                    return Err(type_error(&part_path, "an object"));
+                };
+                let type_path = format!("{part_path}.type");
+                match string(required(p, "type", &type_path)?, &type_path)? {
+                    "text" => {
+                        let text_path = format!("{part_path}.text");
+                        texts.push(string(required(p, "text", &text_path)?, &text_path)?);
+                    }
+                    other => {
+                        return Err(ApiError::invalid_param(
+                            &type_path,
+                            format!("{part_path}: content part type `{other}` is not supported"),
+                        ));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(type_error(path, "a string or an array of content parts")),
+    }
+}
+
+/// `{"id","type":"function","function":{"name","arguments":<string>}}`.
+fn parse_tool_call(value: &Value, path: &str) -> Result<pb::ToolCall, ApiError> {
+    let Value::Object(obj) = value else {
+        return Err(type_error(path, "an object"));
+    };
+    let id = non_empty_string(obj, "id", &format!("{path}.id"))?.to_string();
+    expect_function_type(obj, path, false)?;
+    let function = function_object(obj, path)?;
+    let fpath = format!("{path}.function");
+    let name = non_empty_string(function, "name", &format!("{fpath}.name"))?.to_string();
+    let args_path = format!("{fpath}.arguments");
+    let arguments_json = match required(function, "arguments", &args_path)? {
+        Value::String(s) => s.clone(),
+        _ => {
+            return Err(type_error(
+                &args_path,
+                "a string (the arguments as JSON text)",
+            ));
+        }
+    };
+    Ok(pb::ToolCall {
+        id,
+        name,
+        arguments_json,
+    })
+}
+
+/// `{"type":"function","function":{"name","description"?,"parameters"?}}`.
+fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
+    let Value::Object(obj) = value else {
+        return Err(type_error(path, "an object"));
+    };
+    expect_function_type(obj, path, true)?;
+    let function = function_object(obj, path)?;
+    let fpath = format!("{path}.function");
+    let name = non_empty_string(function, "name", &format!("{fpath}.name"))?.to_string();
+    let description = match field(function, "description") {
+        None => String::new(),
+        Some(v) => string(v, &format!("{fpath}.description"))?.to_string(),
+    };
+    let parameters_json = match field(function, "parameters") {
+        None => DEFAULT_PARAMETERS_JSON.to_string(),
+        Some(v @ Value::Object(_)) => v.to_string(),
+        Some(_) => return Err(type_error(&format!("{fpath}.parameters"), "an object")),
+    };
+    Ok(pb::ToolDefinition {
+        name,
+        description,
+        parameters_json,
+    })
+}
+
+/// `type` must be "function" (the only tool type supported); `required`
+/// says whether it may be omitted.
+fn expect_function_type(
+    obj: &Map<String, Value>,
+    path: &str,
+    required_field: bool,
+) -> Result<(), ApiError> {
+    let type_path = format!("{path}.type");
+    let ty = match field(obj, "type") {
+        None if required_field => return Err(missing(&type_path)),
+        None => return Ok(()),
+        Some(v) => string(v, &type_path)?,
+    };
+    if ty != "function" {
+        return Err(ApiError::invalid_param(
+            &type_path,
+            format!("{path}: tool type `{ty}` is not supported; only `function` is"),
+        ));
+    }
+    Ok(())
+}
+
+fn function_object<'a>(
+    obj: &'a Map<String, Value>,
+    path: &str,
+) -> Result<&'a Map<String, Value>, ApiError> {
+    let fpath = format!("{path}.function");
+    match required(obj, "function", &fpath)? {
+        Value::Object(f) => Ok(f),
+        _ => Err(type_error(&fpath, "an object")),
+    }
+}
+
+fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiError> {
+    let mut options = pb::GenerationOptions::default();
+
+    // `max_completion_tokens` superseded `max_tokens`; if both are sent the newer one wins.
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if let Some(v) = field(obj, key) {
+            options.max_tokens = Some(positive_u32(v, key)?);
+        }
+    }
+    if let Some(v) = field(obj, "temperature") {
+        options.temperature = Some(number_in(v, "temperature", 0.0, 2.0)?);
+    }
+    if let Some(v) = field(obj, "top_p") {
+        options.top_p = Some(number_in(v, "top_p", 0.0, 1.0)?);
+    }
+    options.stop = match field(obj, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_STOP_SEQUENCES {
+                return Err(ApiError::invalid_param(
+                    "stop",
+                    format!("`stop` may contain at most {MAX_STOP_SEQUENCES} sequences"),
+                ));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, s)| string(s, &format!("stop[{i}]")).map(str::to_string))
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        Some(_) => return Err(type_error("stop", "a string or an array of strings")),
+    };
+    if let Some(v) = field(obj, "seed") {
+        options.seed = Some(v.as_i64().ok_or_else(|| type_error("seed", "an integer"))?);
+    }
+    if let Some(v) = field(obj, "n") {
+        match v.as_i64() {
+            None => return Err(type_error("n", "an integer")),
+            Some(1) => {}
+            Some(n) if n > 1 => return Err(ApiError::invalid_param("n", "n > 1 is not supported")),
+            Some(_) => return Err(ApiError::invalid_param("n", "`n` must be 1")),
+        }
+    }
+    Ok(options)
+}
+
+// ---------------------------------------------------------------- value helpers
+
+/// The field, with an explicit `null` treated as absent.
+fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn required<'a>(obj: &'a Map<String, Value>, key: &str, path: &str) -> Result<&'a Value, ApiError> {
+    field(obj, key).ok_or_else(|| missing(path))
+}
+
+fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ApiError> {
+    value.as_str().ok_or_else(|| type_error(path, "a string"))
+}
+
+fn non_empty_string<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<&'a str, ApiError> {
+    let s = string(required(obj, key, path)?, path)?;
+    if s.is_empty() {
+        return Err(ApiError::invalid_param(
+            path,
+            format!("`{path}` must not be empty"),
+        ));
+    }
+    Ok(s)
+}
+
+fn optional_bool(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<bool>, ApiError> {
+    field(obj, key)
+        .map(|v| v.as_bool().ok_or_else(|| type_error(path, "a boolean")))
+        .transpose()
+}
+
+fn positive_u32(value: &Value, path: &str) -> Result<u32, ApiError> {
+    if !value.is_number() {
+        return Err(type_error(path, "an integer"));
+    }
+    value
+        .as_u64()
+        .filter(|n| *n >= 1)
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| {
+            ApiError::invalid_param(
+                path,
+                format!("`{path}` must be an integer between 1 and {}", u32::MAX),
+            )
+        })
+}
+
+fn number_in(value: &Value, path: &str, min: f64, max: f64) -> Result<f32, ApiError> {
+    let n = value.as_f64().ok_or_else(|| type_error(path, "a number"))?;
+    if !(min..=max).contains(&n) {
+        return Err(ApiError::invalid_param(
+            path,
+            format!("`{path}` must be between {min} and {max}"),
+        ));
+    }
+    Ok(n as f32)
+}
+
+fn missing(path: &str) -> ApiError {
+    ApiError::invalid_param(path, format!("`{path}` is required"))
+}
+
+fn type_error(path: &str, expected: &str) -> ApiError {
+    ApiError::invalid_param(path, format!("`{path}` must be {expected}"))
+}
+
+// ---------------------------------------------------------------- response
+
+/// The identity every chunk (or the one completion object) of a response carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseMeta {
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// `id` is `chatcmpl-` followed by 32 hex digits (a v4 UUID, simple form).
+    pub fn new(model: String, created: u64) -> Self {
+        Self {
+            id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
+            created,
+            model,
+        }
+    }
+}
+
+/// Streaming renderer: one instance per response.
+#[derive(Debug)]
+pub struct ChunkRenderer {
+    meta: ResponseMeta,
+    include_usage: bool,
+    role_sent: bool,
+    /// Tool-call indices whose first piece was already sent.
+    started_calls: BTreeSet<u32>,
+    usage: Option<pb::Usage>,
+    finished: bool,
+}
+
+impl ChunkRenderer {
+    pub fn new(meta: ResponseMeta, include_usage: bool) -> Self {
+        Self {
+            meta,
+            include_usage,
+            role_sent: false,
+            started_calls: BTreeSet::new(),
+            usage: None,
+            finished: false,
+        }
+    }
+
+    /// The JSON payloads of zero or more SSE `data:` events for one run event
+    /// (the caller writes `data: <payload>\n\n`, and `data: [DONE]` after a
+    /// Completed terminal). Events after a terminal render nothing.
+    pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<String> {
+        use pb::run_event::Event;
+
+        let mut out = Vec::new();
+        if self.finished {
+            return out;
+        }
+        match event {
+            Event::Started(_) => self.ensure_role(&mut out),
+            Event::Text(t) => {
+                if !t.text.is_empty() {
+                    self.ensure_role(&mut out);
+                    out.push(self.chunk(json!({ "content": t.text }), None));
+                }
+            }
+            Event::ToolCall(d) => {
+                self.ensure_role(&mut out);
+                let first = self.started_calls.insert(d.index);
+                let mut call = Map::new();
+                call.insert("index".into(), d.index.into());
+                let id = if first && d.id.is_empty() {
+                    synthetic_call_id()
+                } else {
+                    d.id.clone()
+                };
+                if !id.is_empty() {
+                    call.insert("id".into(), id.into());
+                    call.insert("type".into(), "function".into());
+                }
+                let mut function = Map::new();
+                if !d.name.is_empty() {
+                    function.insert("name".into(), d.name.clone().into());
+                }
+                function.insert("arguments".into(), d.arguments_delta.clone().into());
+                call.insert("function".into(), function.into());
+                out.push(self.chunk(json!({ "tool_calls": [call] }), None));
+            }
+            Event::Usage(u) => self.usage = Some(*u),
+            Event::Completed(c) => {
+                self.ensure_role(&mut out);
+                out.push(self.chunk(json!({}), Some(finish_reason_str(c.finish_reason))));
+                if self.include_usage {
+                    out.push(
+                        json!({
+                            "id": self.meta.id,
+                            "object": "chat.completion.chunk",
+                            "created": self.meta.created,
+                            "model": self.meta.model,
+                            "system_fingerprint": null,
+                            "choices": [],
+                            "usage": usage_json(self.usage.as_ref()),
+                        })
+                        .to_string(),
+                    );
+                }
+                self.finished = true;
+            }
+            Event::Failed(f) => {
+                out.push(stream_error_payload(&failure_of(f)));
+                self.finished = true;
+            }
+            Event::Cancelled(_) => self.finished = true,
+        }
+        out
+    }
+
+    fn ensure_role(&mut self, out: &mut Vec<String>) {
+        if !self.role_sent {
+            self.role_sent = true;
+            out.push(self.chunk(json!({ "role": "assistant", "content": "" }), None));
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> String {
+        let mut chunk = json!({
+            "id": self.meta.id,
+            "object": "chat.completion.chunk",
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "system_fingerprint": null,
+            "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason }],
+        });
+        if self.include_usage {
+            // OpenAI marks every chunk before the final usage chunk with `usage: null`.
+            chunk["usage"] = Value::Null;
+        }
+        chunk.to_string()
+    }
+}
+
+/// Non-streaming: collects run events and produces the final `chat.completion` JSON.
+#[derive(Debug)]
+pub struct CompletionAggregator {
+    meta: ResponseMeta,
+    text: String,
+    tool_calls: BTreeMap<u32, ToolCallParts>,
+    usage: Option<pb::Usage>,
+    terminal: Option<Terminal>,
+}
+
+#[derive(Debug, Default)]
+struct ToolCallParts {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Debug)]
+enum Terminal {
+    Completed { finish_reason: i32 },
+    Failed(pb::ExecutionFailure),
+    Cancelled { reason: i32 },
+}
+
+impl CompletionAggregator {
+    pub fn new(meta: ResponseMeta) -> Self {
+        Self {
+            meta,
+            text: String::new(),
+            tool_calls: BTreeMap::new(),
+            usage: None,
+            terminal: None,
+        }
+    }
+
+    /// Events after a terminal are ignored.
+    pub fn push(&mut self, event: &pb::run_event::Event) {
+        use pb::run_event::Event;
+
+        if self.terminal.is_some() {
+            return;
+        }
+        match event {
+            Event::Started(_) => {}
+            Event::Text(t) => self.text.push_str(&t.text),
+            Event::ToolCall(d) => {
+                let call = self.tool_calls.entry(d.index).or_default();
+                if call.id.is_empty() && !d.id.is_empty() {
+                    call.id = d.id.clone();
+                }
+                if call.name.is_empty() && !d.name.is_empty() {
+                    call.name = d.name.clone();
+                }
+                call.arguments.push_str(&d.arguments_delta);
+            }
+            Event::Usage(u) => self.usage = Some(*u),
+            Event::Completed(c) => {
+                self.terminal = Some(Terminal::Completed {
+                    finish_reason: c.finish_reason,
+                })
+            }
+            Event::Failed(f) => self.terminal = Some(Terminal::Failed(failure_of(f))),
+            Event::Cancelled(c) => self.terminal = Some(Terminal::Cancelled { reason: c.reason }),
+        }
+    }
+
+    /// `Ok(body)` after a Completed terminal; `Err(ApiError::Execution(..))`
+    /// after Failed (that failure), Cancelled, or no terminal at all.
+    pub fn finish(self) -> Result<Value, ApiError> {
+        let finish_reason = match self.terminal {
+            Some(Terminal::Completed { finish_reason }) => finish_reason,
+            Some(Terminal::Failed(f)) => return Err(ApiError::Execution(f)),
+            Some(Terminal::Cancelled { reason }) => {
+                return Err(ApiError::Execution(cancelled_failure(reason)));
+            }
+            None => {
+                return Err(ApiError::Execution(pb::ExecutionFailure::new(
+                    pb::FailureKind::TransportLost,
+                    "the run ended without a terminal event",
+                )));
+            }
+        };
+
+        let tool_calls: Vec<Value> = self
+            .tool_calls
+            .into_values()
+            .map(|c| {
+                let id = if c.id.is_empty() { synthetic_call_id() } else { c.id };
+                json!({ "id": id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } })
+            })
+            .collect();
+        let content = if self.text.is_empty() && !tool_calls.is_empty() {
+            Value::Null
+        } else {
+            self.text.into()
+        };
+        let mut message = json!({ "role": "assistant", "content": content, "refusal": null });
+        if !tool_calls.is_empty() {
+            message["tool_calls"] = tool_calls.into();
+        }
+
+        Ok(json!({
+            "id": self.meta.id,
+            "object": "chat.completion",
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "system_fingerprint": null,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": finish_reason_str(finish_reason),
+            }],
+            "usage": usage_json(self.usage.as_ref()),
+        }))
+    }
+}
+
+/// SSE payload for a failure after streaming already started (OpenAI sends
+/// `data: {"error":{...}}`).
+pub fn stream_error_payload(failure: &pb::ExecutionFailure) -> String {
+    ApiError::Execution(failure.clone())
+        .openai_body()
+        .to_string()
+}
+
+/// OpenAI's finish_reason; an unspecified or unknown value renders as "stop".
+fn finish_reason_str(value: i32) -> &'static str {
+    match pb::FinishReason::try_from(value) {
+        Ok(pb::FinishReason::Length) => "length",
+        Ok(pb::FinishReason::ToolCalls) => "tool_calls",
+        Ok(pb::FinishReason::ContentFilter) => "content_filter",
+        _ => "stop",
+    }
+}
+
+fn usage_json(usage: Option<&pb::Usage>) -> Value {
+    let (prompt, completion) = usage.map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": u64::from(prompt) + u64::from(completion),
+    })
+}
+
+fn failure_of(failed: &pb::RunFailed) -> pb::ExecutionFailure {
+    failed.failure.clone().unwrap_or_else(|| {
+        pb::ExecutionFailure::new(
+            pb::FailureKind::Internal,
+            "the run failed without a failure description",
+        )
+    })
+}
+
+fn cancelled_failure(reason: i32) -> pb::ExecutionFailure {
+    match pb::CancelReason::try_from(reason) {
+        Ok(pb::CancelReason::Deadline) => pb::ExecutionFailure::new(
+            pb::FailureKind::ResponseStalled,
+            "the run was cancelled: deadline exceeded",
+        ),
+        Ok(pb::CancelReason::EdgeShutdown) => pb::ExecutionFailure::new(
+            pb::FailureKind::TransportLost,
+            "the run was cancelled: the edge is shutting down",
+        ),
+        _ => pb::ExecutionFailure::new(
+            pb::FailureKind::Internal,
+            "the run was cancelled before it completed",
+        ),
+    }
+}
+
+/// For a provider that streamed a tool call without an id (the proto says the
+/// first delta carries one; this keeps the response valid if it did not).
+fn synthetic_call_id() -> String {
+    format!("call_{}", uuid::Uuid::new_v4().simple())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::run_event::Event;
+
+    fn parse(v: Value) -> Result<ChatCompletionRequest, ApiError> {
+        parse_request(v.to_string().as_bytes())
+    }
+
+    fn meta() -> ResponseMeta {
+        ResponseMeta {
+            id: "chatcmpl-test".into(),
+            created: 1_700_000_000,
+            model: "llama".into(),
+        }
+    }
+
+    fn text(s: &str) -> Event {
+        Event::Text(pb::TextDelta { text: s.into() })
+    }
+
+    fn tool(index: u32, id: &str, name: &str, args: &str) -> Event {
+        Event::ToolCall(pb::ToolCallDelta {
+            index,
+            id: id.into(),
+            name: name.into(),
+            arguments_delta: args.into(),
+        })
+    }
+
+    fn usage(prompt: u32, completion: u32) -> Event {
+        Event::Usage(pb::Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+        })
+    }
+
+    fn completed(reason: pb::FinishReason) -> Event {
+        Event::Completed(pb::RunCompleted {
+            finish_reason: reason.into(),
+        })
+    }
+
+    fn started() -> Event {
+        Event::Started(pb::RunStarted {
+            model: "llama3.2:3b".into(),
+        })
+    }
+
+    fn render_all(renderer: &mut ChunkRenderer, events: &[Event]) -> Vec<Value> {
+        events
+            .iter()
+            .flat_map(|e| renderer.render(e))
+            .map(|p| serde_json::from_str(&p).expect("payload is JSON"))
+            .collect()
+    }
+
+    // ------------------------------------------------------------ parse
+
+    #[test]
+    fn minimal_request_parses_with_defaults() {
+        let req = parse(json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}))
+            .unwrap();
+        assert_eq!(req.model, "llama");
+        assert!(!req.stream);
+        assert!(!req.include_usage);
+        assert!(req.tools.is_empty());
+        assert_eq!(req.options, pb::GenerationOptions::default());
+        assert_eq!(
+            req.messages,
+            vec![pb::ChatMessage {
+                role: pb::Role::User.into(),
+                content: "hi".into(),
+                tool_calls: vec![],
+                tool_call_id: String::new(),
+            }]
+        );
+    }
+
+    #[test]
+    fn sdk_style_request_with_extras_parses() {
+        let req = parse(json!({
+            "model": "llama",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "system", "content": "sys", "name": "ops"},
+                {"role": "user", "content": "hi", "name": "alice"}
+            ],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_completion_tokens": 64,
+            "temperature": 0.5,
+            "top_p": 1,
+            "stop": ["\n\n", "END"],
+            "seed": -7,
+            "n": 1,
+            "user": "u-1",
+            "metadata": {"k": "v"},
+            "logprobs": false,
+            "tool_choice": "auto",
+            "presence_penalty": null,
+            "frequency_penalty": 0
+        }))
+        .unwrap();
+        assert!(req.stream);
+        assert!(req.include_usage);
+        let roles: Vec<i32> = req.messages.iter().map(|m| m.role).collect();
+        let system = i32::from(pb::Role::System);
+        assert_eq!(roles, vec![system, system, i32::from(pb::Role::User)]);
+        assert_eq!(req.options.max_tokens, Some(64));
+        assert_eq!(req.options.temperature, Some(0.5));
+        assert_eq!(req.options.top_p, Some(1.0));
+        assert_eq!(
+            req.options.stop,
+            vec!["\n\n".to_string(), "END".to_string()]
+        );
+        assert_eq!(req.options.seed, Some(-7));
+    }
+
+    #[test]
+    fn max_tokens_and_single_stop_string() {
+        let req = parse(json!({
+            "model": "m", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 10, "stop": "STOP", "stream": false, "stream_options": null
+        }))
+        .unwrap();
+        assert_eq!(req.options.max_tokens, Some(10));
+        assert_eq!(req.options.stop, vec!["STOP".to_string()]);
+    }
+
+    #[test]
+    fn text_content_parts_are_joined() {
+        let req = parse(
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "first"},
+                {"type": "text", "text": "second"}
+            ]}]}),
+        )
+        .unwrap();
+        assert_eq!(req.messages[0].content, "first\nsecond");
+    }
+
+    #[test]
+    fn tools_tool_calls_and_tool_messages_round_trip() {
+        let params = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let req = parse(json!({
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+            ],
+            "tools": [
+                {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": params, "strict": true}},
+                {"type": "function", "function": {"name": "noop"}}
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}
+        }))
+        .unwrap();
+
+        let assistant = &req.messages[1];
+        assert_eq!(assistant.role, i32::from(pb::Role::Assistant));
+        assert_eq!(assistant.content, "");
+        assert_eq!(
+            assistant.tool_calls,
+            vec![pb::ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments_json: r#"{"city":"Paris"}"#.into(),
+            }]
+        );
+        let tool_msg = &req.messages[2];
+        assert_eq!(tool_msg.role, i32::from(pb::Role::Tool));
+        assert_eq!(tool_msg.tool_call_id, "call_1");
+        assert_eq!(tool_msg.content, "sunny");
+
+        assert_eq!(req.tools.len(), 2);
+        assert_eq!(req.tools[0].name, "get_weather");
+        assert_eq!(req.tools[0].description, "Weather");
+        let parsed: Value = serde_json::from_str(&req.tools[0].parameters_json).unwrap();
+        assert_eq!(parsed, params);
+        assert_eq!(req.tools[1].description, "");
+        let parsed: Value = serde_json::from_str(&req.tools[1].parameters_json).unwrap();
+        assert_eq!(parsed, json!({"type": "object", "properties": {}}));
+    }
+
+    #[test]
+    fn malformed_and_non_object_bodies_are_rejected() {
+        let err = parse_request(b"{").unwrap_err();
+        let ApiError::InvalidRequest { message, param } = err else {
+            panic!("not InvalidRequest")
+        };
+        assert!(message.starts_with("invalid JSON: "), "{message}");
+        assert_eq!(param, None);
+
+        let err = parse_request(b"{x").unwrap_err();
+        assert!(err.to_string().contains("line 1 column 2"), "{err}");
+
+        for body in [&b"[]"[..], b"\"s\"", b"1", b"null"] {
+            assert_eq!(
+                parse_request(body).unwrap_err(),
+                ApiError::invalid("request body must be a JSON object")
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_requests_name_the_field() {
+        let user = json!({"role": "user", "content": "hi"});
+        let with = |extra: Value| {
+            let mut base = json!({"model": "m", "messages": [user.clone()]});
+            for (k, v) in extra.as_object().unwrap() {
+                base[k] = v.clone();
+            }
+            base
+        };
+        let msgs = |m: Value| with(json!({"messages": m}));
+        let cases: Vec<(Value, &str, &str)> = vec![
+            (
+                json!({"messages": [user.clone()]}),
+                "model",
+                "`model` is required",
+            ),
+            (
+                with(json!({"model": 3})),
+                "model",
+                "`model` must be a string",
+            ),
+            (
+                with(json!({"model": ""})),
+                "model",
+                "`model` must not be empty",
+            ),
+            (json!({"model": "m"}), "messages", "`messages` is required"),
+            (
+                msgs(json!([])),
+                "messages",
+                "`messages` must contain at least one message",
+            ),
+            (msgs(json!("hi")), "messages", "`messages` must be an array"),
+            (
+                msgs(json!([user.clone(), "x"])),
+                "messages[1]",
+                "`messages[1]` must be an object",
+            ),
+            (
+                msgs(json!([{"content": "x"}])),
+                "messages[0].role",
+                "`messages[0].role` is required",
+            ),
+            (
+                msgs(json!([user.clone(), user.clone(), {"role": "wizard", "content": "x"}])),
+                "messages[2].role",
+                "`messages[2].role` has unknown role `wizard`; expected one of system, developer, user, assistant, tool",
+            ),
+            (
+                msgs(json!([{"role": "user"}])),
+                "messages[0].content",
+                "`messages[0].content` is required",
+            ),
+            (
+                msgs(json!([{"role": "assistant", "content": null}])),
+                "messages[0].content",
+                "`messages[0].content` is required unless the assistant message has `tool_calls`",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": 5}])),
+                "messages[0].content",
+                "`messages[0].content` must be a string or an array of content parts",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": []}])),
+                "messages[0].content",
+                "`messages[0].content` must not be an empty array",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [
+                    {"type": "text", "text": "look"},
+                    {"type": "image_url", "image_url": {"url": "http://x"}}
+                ]}])),
+                "messages[0].content[1].type",
+                "messages[0].content[1]: content part type `image_url` is not supported",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "text"}]}])),
+                "messages[0].content[0].text",
+                "`messages[0].content[0].text` is required",
+            ),
+            (
+                msgs(json!([{"role": "tool", "content": "x"}])),
+                "messages[0].tool_call_id",
+                "`messages[0].tool_call_id` is required",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": "x", "tool_calls": []}])),
+                "messages[0].tool_calls",
+                "`messages[0].tool_calls` is only allowed on assistant messages",
+            ),
+            (
+                msgs(
+                    json!([{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
+                ),
+                "messages[0].tool_calls[0].id",
+                "`messages[0].tool_calls[0].id` is required",
+            ),
+            (
+                msgs(
+                    json!([{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}]}]),
+                ),
+                "messages[0].tool_calls[0].function.arguments",
+                "`messages[0].tool_calls[0].function.arguments` must be a string (the arguments as JSON text)",
+            ),
+            (
+                with(json!({"tools": {}})),
+                "tools",
+                "`tools` must be an array",
+            ),
+            (
+                with(json!({"tools": [{"type": "code_interpreter"}]})),
+                "tools[0].type",
+                "tools[0]: tool type `code_interpreter` is not supported; only `function` is",
+            ),
+            (
+                with(json!({"tools": [{"type": "function", "function": {"description": "d"}}]})),
+                "tools[0].function.name",
+                "`tools[0].function.name` is required",
+            ),
+            (
+                with(
+                    json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]}),
+                ),
+                "tools[0].function.parameters",
+                "`tools[0].function.parameters` must be an object",
+            ),
+            (
+                with(json!({"stream": "yes"})),
+                "stream",
+                "`stream` must be a boolean",
+            ),
+            (
+                with(json!({"stream_options": {"include_usage": 1}})),
+                "stream_options.include_usage",
+                "`stream_options.include_usage` must be a boolean",
+            ),
+            (
+                with(json!({"max_tokens": "10"})),
+                "max_tokens",
+                "`max_tokens` must be an integer",
+            ),
+            (
+                with(json!({"max_tokens": 0})),
+                "max_tokens",
+                "`max_tokens` must be an integer between 1 and 4294967295",
+            ),
+            (
+                with(json!({"max_completion_tokens": 5_000_000_000u64})),
+                "max_completion_tokens",
+                "`max_completion_tokens` must be an integer between 1 and 4294967295",
+            ),
+            (
+                with(json!({"temperature": "hot"})),
+                "temperature",
+                "`temperature` must be a number",
+            ),
+            (
+                with(json!({"temperature": 2.5})),
+                "temperature",
+                "`temperature` must be between 0 and 2",
+            ),
+            (
+                with(json!({"top_p": -0.1})),
+                "top_p",
+                "`top_p` must be between 0 and 1",
+            ),
+            (
+                with(json!({"stop": 3})),
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ),
+            (
+                with(json!({"stop": ["a", 1]})),
+                "stop[1]",
+                "`stop[1]` must be a string",
+            ),
+            (
+                with(json!({"stop": ["a", "b", "c", "d", "e"]})),
+                "stop",
+                "`stop` may contain at most 4 sequences",
+            ),
+            (
+                with(json!({"seed": 1.5})),
+                "seed",
+                "`seed` must be an integer",
+            ),
+            (with(json!({"n": 2})), "n", "n > 1 is not supported"),
+            (with(json!({"n": 0})), "n", "`n` must be 1"),
+        ];
+        for (body, want_param, want_message) in cases {
+            let err = parse(body.clone()).expect_err(&format!("should fail: {body}"));
+            assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(
+                err,
+                ApiError::invalid_param(want_param, want_message),
+                "body: {body}"
+            );
+        }
+    }
+
+    // ------------------------------------------------------------ render
+
+    #[test]
+    fn response_meta_id_is_chatcmpl_plus_32_hex() {
+        let meta = ResponseMeta::new("m".into(), 5);
+        let hex = meta.id.strip_prefix("chatcmpl-").unwrap();
+        assert_eq!(hex.len(), 32);
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(meta.id, ResponseMeta::new("m".into(), 5).id);
+    }
+
+    #[test]
+    fn streaming_text_with_usage() {
+        let mut r = ChunkRenderer::new(meta(), true);
+        let chunks = render_all(
+            &mut r,
+            &[
+                started(),
+                text("Hel"),
+                text("lo"),
+                usage(7, 2),
+                completed(pb::FinishReason::Stop),
+            ],
+        );
+        assert_eq!(chunks.len(), 5);
+        for c in &chunks {
+            assert_eq!(c["id"], "chatcmpl-test");
+            assert_eq!(c["object"], "chat.completion.chunk");
+            assert_eq!(c["created"], 1_700_000_000u64);
+            assert_eq!(c["model"], "llama");
+            assert_eq!(c["system_fingerprint"], Value::Null);
+        }
+        let choice = |i: usize| &chunks[i]["choices"][0];
+        assert_eq!(
+            choice(0)["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(choice(1)["delta"], json!({"content": "Hel"}));
+        assert_eq!(choice(2)["delta"], json!({"content": "lo"}));
+        assert_eq!(choice(3)["delta"], json!({}));
+        assert_eq!(choice(3)["finish_reason"], "stop");
+        for i in 0..3 {
+            assert_eq!(choice(i)["finish_reason"], Value::Null);
+            assert_eq!(choice(i)["index"], 0);
+            assert_eq!(choice(i)["logprobs"], Value::Null);
+        }
+        for c in &chunks[..4] {
+            let usage = c.as_object().unwrap().get("usage");
+            assert_eq!(usage, Some(&Value::Null));
+        }
+        assert_eq!(chunks[4]["choices"], json!([]));
+        assert_eq!(
+            chunks[4]["usage"],
+            json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9})
+        );
+        // Nothing after the terminal.
+        assert!(r.render(&text("late")).is_empty());
+    }
+
+    #[test]
+    fn streaming_without_include_usage_has_no_usage_key_and_role_chunk_is_implicit() {
+        let mut r = ChunkRenderer::new(meta(), false);
+        let chunks = render_all(
+            &mut r,
+            &[text("hi"), usage(1, 1), completed(pb::FinishReason::Length)],
+        );
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(chunks[1]["choices"][0]["delta"], json!({"content": "hi"}));
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+        assert!(chunks.iter().all(|c| c.get("usage").is_none()));
+    }
+
+    #[test]
+    fn streaming_usage_chunk_is_zero_without_usage_event() {
+        let mut r = ChunkRenderer::new(meta(), true);
+        let chunks = render_all(&mut r, &[completed(pb::FinishReason::ContentFilter)]);
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(chunks[1]["choices"][0]["finish_reason"], "content_filter");
+        assert_eq!(
+            chunks[2]["usage"],
+            json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+        );
+    }
+
+    #[test]
+    fn streaming_tool_call_pieces() {
+        let mut r = ChunkRenderer::new(meta(), false);
+        let chunks = render_all(
+            &mut r,
+            &[
+                started(),
+                tool(0, "call_a", "get_weather", ""),
+                tool(0, "", "", "{\"city\":"),
+                tool(0, "", "", "\"Paris\"}"),
+                tool(1, "call_b", "noop", "{}"),
+                completed(pb::FinishReason::ToolCalls),
+            ],
+        );
+        assert_eq!(chunks.len(), 6);
+        let delta = |i: usize| chunks[i]["choices"][0]["delta"].clone();
+        assert_eq!(
+            delta(1),
+            json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": ""}}]})
+        );
+        assert_eq!(
+            delta(2),
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]})
+        );
+        assert_eq!(
+            delta(3),
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]})
+        );
+        assert_eq!(
+            delta(4),
+            json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                                   "function": {"name": "noop", "arguments": "{}"}}]})
+        );
+        assert_eq!(chunks[5]["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn streaming_failure_renders_openai_error_and_cancel_renders_nothing() {
+        let failure =
+            pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "provider stalled");
+        let mut r = ChunkRenderer::new(meta(), true);
+        let out = r.render(&Event::Failed(pb::RunFailed {
+            failure: Some(failure.clone()),
+        }));
+        assert_eq!(out.len(), 1);
+        let v: Value = serde_json::from_str(&out[0]).unwrap();
+        assert_eq!(v, ApiError::Execution(failure.clone()).openai_body());
+        assert_eq!(v["error"]["message"], "provider stalled");
+        assert_eq!(v["error"]["code"], "response_stalled");
+        assert_eq!(stream_error_payload(&failure), out[0]);
+
+        let mut r = ChunkRenderer::new(meta(), true);
+        let cancelled = Event::Cancelled(pb::RunCancelled {
+            reason: pb::CancelReason::ClientDisconnected.into(),
+        });
+        assert!(r.render(&cancelled).is_empty());
+    }
+
+    #[test]
+    fn aggregates_text_tool_calls_and_usage() {
+        let mut agg = CompletionAggregator::new(meta());
+        for e in [
+            started(),
+            text("Let me "),
+            text("check."),
+            tool(1, "call_b", "noop", "{}"),
+            tool(0, "call_a", "get_weather", "{\"city\""),
+            tool(0, "", "", ":\"Paris\"}"),
+            usage(10, 5),
+            completed(pb::FinishReason::ToolCalls),
+        ] {
+            agg.push(&e);
+        }
+        let body = agg.finish().unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "id": "chatcmpl-test",
+                "object": "chat.completion",
+                "created": 1_700_000_000u64,
+                "model": "llama",
+                "system_fingerprint": null,
+                "choices": [{
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": "Let me check.",
+                        "refusal": null,
+                        "tool_calls": [
+                            {"id": "call_a", "type": "function",
+                             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                            {"id": "call_b", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+                        ]
+                    },
+                    "logprobs": null,
+                    "finish_reason": "tool_calls"
+                }],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+            })
+        );
+    }
+
+    #[test]
+    fn aggregated_tool_calls_only_have_null_content_and_text_only_has_no_tool_calls() {
+        let mut agg = CompletionAggregator::new(meta());
+        agg.push(&tool(0, "call_a", "f", "{}"));
+        agg.push(&completed(pb::FinishReason::ToolCalls));
+        let body = agg.finish().unwrap();
+        assert_eq!(body["choices"][0]["message"]["content"], Value::Null);
+
+        let mut agg = CompletionAggregator::new(meta());
+        agg.push(&text("hello"));
+        agg.push(&completed(pb::FinishReason::Stop));
+        let body = agg.finish().unwrap();
+        let message = &body["choices"][0]["message"];
+        assert_eq!(message["content"], "hello");
+        assert!(message.get("tool_calls").is_none());
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            body["usage"],
+            json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+        );
+    }
+
+    #[test]
+    fn aggregator_failed_returns_the_failure() {
+        let mut failure =
+            pb::ExecutionFailure::new(pb::FailureKind::ProviderHttpStatus, "rate limited");
+        failure.provider_status = 429;
+        let mut agg = CompletionAggregator::new(meta());
+        agg.push(&text("partial"));
+        agg.push(&Event::Failed(pb::RunFailed {
+            failure: Some(failure.clone()),
+        }));
+        agg.push(&completed(pb::FinishReason::Stop)); // ignored after the terminal
+        assert_eq!(agg.finish().unwrap_err(), ApiError::Execution(failure));
+    }
+
+    #[test]
+    fn aggregator_without_completion_is_an_execution_error() {
+        let mut agg = CompletionAggregator::new(meta());
+        agg.push(&text("partial"));
+        let Err(ApiError::Execution(f)) = agg.finish() else {
+            panic!("expected Execution error")
+        };
+        assert_eq!(f.kind(), pb::FailureKind::TransportLost);
+
+        let mut agg = CompletionAggregator::new(meta());
+        agg.push(&Event::Cancelled(pb::RunCancelled {
+            reason: pb::CancelReason::ClientDisconnected.into(),
+        }));
+        let Err(ApiError::Execution(f)) = agg.finish() else {
+            panic!("expected Execution error")
+        };
+        assert_eq!(f.kind(), pb::FailureKind::Internal);
+
+        let mut agg = CompletionAggregator::new(meta());
+        agg.push(&Event::Failed(pb::RunFailed { failure: None }));
+        let Err(ApiError::Execution(f)) = agg.finish() else {
+            panic!("expected Execution error")
+        };
+        assert_eq!(f.kind(), pb::FailureKind::Internal);
+    }
+}

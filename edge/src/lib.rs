@@ -1,0 +1,173 @@
+//! IOP Edge: the in-cluster gateway. Clients speak OpenAI (and later
+//! Anthropic) HTTP to it; it routes each request to a provider running on a
+//! node that dialed in over mTLS gRPC.
+//!
+//! Request path: `http` (ingress) -> `ingress::*` (parse/normalize) ->
+//! `route` (model -> candidates) -> `dispatch` (run table, events) ->
+//! `node` (sessions, gRPC) -> back through `ingress::*` renderers.
+
+pub mod config;
+pub mod dispatch;
+pub mod http;
+pub mod ingress;
+pub mod metrics;
+pub mod node;
+pub mod route;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iop_proto::config::EdgeConfig;
+use iop_proto::liveness::HeartbeatProfile;
+use iop_proto::pb::node_gateway_server::NodeGatewayServer;
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::RunTable;
+use crate::metrics::EdgeMetrics;
+use crate::node::commands::CommandTable;
+use crate::node::registry::{GenerationSource, NodeRegistry};
+use crate::node::tls::{AcceptPolicy, TlsSetupError};
+
+/// How long in-flight HTTP responses may take to finish after shutdown starts.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
+
+/// Shared state of one Edge process.
+pub struct EdgeState {
+    pub config: Arc<EdgeConfig>,
+    pub registry: NodeRegistry,
+    pub runs: Arc<RunTable>,
+    pub commands: CommandTable,
+    pub generations: GenerationSource,
+    pub metrics: Arc<EdgeMetrics>,
+    pub heartbeat: HeartbeatProfile,
+    pub shutting_down: CancellationToken,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error(transparent)]
+    Tls(#[from] TlsSetupError),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("server error: {0}")]
+    Serve(String),
+}
+
+/// An Edge with its listeners bound, ready to serve.
+pub struct Edge {
+    state: Arc<EdgeState>,
+    http: TcpListener,
+    grpc: TcpListener,
+    policy: Arc<AcceptPolicy>,
+}
+
+impl Edge {
+    pub async fn bind(config: EdgeConfig, heartbeat: HeartbeatProfile) -> Result<Self, EdgeError> {
+        let tls = node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)?;
+        let bind = |what, addr| async move {
+            TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { what, addr, source })
+        };
+        let http = bind("http", config.listen.http).await?;
+        let grpc = bind("grpc", config.listen.grpc).await?;
+        let policy = Arc::new(AcceptPolicy {
+            tls,
+            trust_domain: config.trust_domain.clone(),
+            allowed_nodes: config.nodes.iter().map(|n| n.name.clone()).collect(),
+        });
+        let state = Arc::new(EdgeState {
+            config: Arc::new(config),
+            registry: NodeRegistry::default(),
+            runs: Arc::new(RunTable::default()),
+            commands: CommandTable::default(),
+            generations: GenerationSource::default(),
+            metrics: EdgeMetrics::new(),
+            heartbeat,
+            shutting_down: CancellationToken::new(),
+        });
+        Ok(Self { state, http, grpc, policy })
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr().expect("bound listener has an address")
+    }
+
+    pub fn state(&self) -> Arc<EdgeState> {
+        self.state.clone()
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr().expect("bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then closes node sessions and drains
+    /// in-flight HTTP responses for a bounded time.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EdgeError> {
+        let Edge { state, http, grpc, policy } = self;
+        let stop = state.shutting_down.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stop.cancel();
+        });
+
+        let (incoming, accept_task) = node::tls::accept_loop(grpc, policy, state.metrics.clone());
+        let grpc_stop = state.shutting_down.clone();
+        let grpc_server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() }))
+            .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
+        let grpc_task = tokio::spawn(grpc_server);
+
+        let http_addr = http.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
+        let app = http::router(state.clone());
+        let http_stop = state.shutting_down.clone();
+        // TCP_NODELAY: headers and body are written separately; without it a
+        // reused connection waits on the client's delayed ACK (~40 ms).
+        let http = http.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let http_server = axum::serve(http, app).with_graceful_shutdown(async move { http_stop.cancelled().await });
+        tracing::info!(%http_addr, "edge serving");
+        let http_task = tokio::spawn(async move { http_server.await });
+
+        state.shutting_down.cancelled().await;
+        tracing::info!("edge shutting down");
+        state.registry.close_all();
+        accept_task.abort();
+        let _ = tokio::time::timeout(SHUTDOWN_DRAIN, http_task).await;
+        let _ = tokio::time::timeout(SHUTDOWN_DRAIN, grpc_task).await;
+        Ok(())
+    }
+}
+
+/// rustls needs exactly one process-wide crypto provider; IOP uses ring.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Text logs to stderr (or JSON lines), filtered by `RUST_LOG` (default info).
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,105 @@
+//! Prometheus metrics of the Edge. Every label value comes from a closed enum
+//! so cardinality is bounded: no ids, model names, paths or prompts.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Api {
+    chat_completions,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub api: Api,
+    /// "ok" or an `ApiError::code()`, a closed set.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    pub api: Api,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+pub struct EdgeMetrics {
+    registry: Registry,
+    pub http_requests: Family<RequestLabels, Counter>,
+    pub http_request_duration: Family<ApiLabels, Histogram>,
+    pub handshake_rejections: Family<ReasonLabels, Counter>,
+    pub sessions_closed: Family<ReasonLabels, Counter>,
+    pub ready_nodes: Gauge,
+    pub fenced_frames: Family<ReasonLabels, Counter>,
+    pub runs: Family<OutcomeLabels, Counter>,
+}
+
+impl EdgeMetrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("iop_edge");
+        let http_requests = Family::<RequestLabels, Counter>::default();
+        registry.register("http_requests", "Client HTTP requests by API and outcome", http_requests.clone());
+        let http_request_duration = Family::<ApiLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        registry.register(
+            "http_request_duration_seconds",
+            "Client HTTP request duration until the last byte",
+            http_request_duration.clone(),
+        );
+        let handshake_rejections = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "node_handshake_rejections",
+            "Node connections refused during the mTLS handshake or identity check",
+            handshake_rejections.clone(),
+        );
+        let sessions_closed = Family::<ReasonLabels, Counter>::default();
+        registry.register("node_sessions_closed", "Node sessions closed, by reason", sessions_closed.clone());
+        let ready_nodes = Gauge::default();
+        registry.register("ready_nodes", "Nodes whose current connection completed readiness", ready_nodes.clone());
+        let fenced_frames = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "fenced_frames",
+            "Run frames dropped because their connection generation was fenced or the run was unknown",
+            fenced_frames.clone(),
+        );
+        let runs = Family::<OutcomeLabels, Counter>::default();
+        registry.register("runs", "Runs dispatched to nodes, by terminal outcome", runs.clone());
+        Arc::new(Self {
+            registry,
+            http_requests,
+            http_request_duration,
+            handshake_rejections,
+            sessions_closed,
+            ready_nodes,
+            fenced_frames,
+            runs,
+        })
+    }
+
+    pub fn reason(&self, family: &Family<ReasonLabels, Counter>, reason: &'static str) {
+        family.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

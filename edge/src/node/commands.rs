@@ -1,0 +1,60 @@
+//! Node commands (CAPABILITIES, TRANSPORT_STATUS) sent over a node's control
+//! stream, with their results matched back by command id.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use iop_proto::pb;
+use tokio::sync::oneshot;
+
+use super::registry::ControlSender;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("node is not connected")]
+    NotConnected,
+    #[error("node did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("node connection closed before it answered")]
+    ConnectionClosed,
+}
+
+#[derive(Default)]
+pub struct CommandTable {
+    pending: Mutex<HashMap<String, oneshot::Sender<pb::NodeCommandResult>>>,
+}
+
+impl CommandTable {
+    pub async fn send(
+        &self,
+        control: &ControlSender,
+        kind: pb::CommandKind,
+        timeout: Duration,
+    ) -> Result<pb::NodeCommandResult, CommandError> {
+        let command_id = uuid::Uuid::new_v4().simple().to_string();
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(command_id.clone(), tx);
+        let msg = pb::EdgeToNode {
+            msg: Some(pb::edge_to_node::Msg::Command(pb::NodeCommand { command_id: command_id.clone(), kind: kind.into() })),
+        };
+        let result = match control.send(Ok(msg)).await {
+            Err(_) => Err(CommandError::NotConnected),
+            Ok(()) => match tokio::time::timeout(timeout, rx).await {
+                Err(_) => Err(CommandError::Timeout(timeout)),
+                Ok(Err(_)) => Err(CommandError::ConnectionClosed),
+                Ok(Ok(result)) => Ok(result),
+            },
+        };
+        self.pending.lock().unwrap().remove(&command_id);
+        result
+    }
+
+    /// Delivers a result to its waiter; results nobody waits for are dropped.
+    pub fn complete(&self, result: pb::NodeCommandResult) -> bool {
+        match self.pending.lock().unwrap().remove(&result.command_id) {
+            Some(waiter) => waiter.send(result).is_ok(),
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! Everything node-facing: the mTLS listener, the session registry, the
+//! per-connection control session and the gRPC service that ties them up.
+
+pub mod commands;
+pub mod grpc;
+pub mod registry;
+pub mod session;
+pub mod tls;

@@ -1,0 +1,229 @@
+//! `NodeRegistry`: node name -> its current session (generation, phase,
+//! provider health as reported at readiness). Pure bookkeeping behind one
+//! mutex; the session task owns the I/O.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use iop_proto::pb::{self, ProviderHealth};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Messages the Edge sends to one node's control stream.
+pub type ControlSender = mpsc::Sender<Result<pb::EdgeToNode, tonic::Status>>;
+
+/// Hands out connection generations that are unique across Edge restarts:
+/// each is `max(now in microseconds since the epoch, previous + 1)`, so a
+/// restarted Edge (whose clock moved on) never reuses a generation, and
+/// generations of one process strictly increase.
+#[derive(Debug, Default)]
+pub struct GenerationSource {
+    last: AtomicU64,
+}
+
+impl GenerationSource {
+    pub fn next(&self) -> u64 {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let mut last = self.last.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(last + 1);
+            match self.last.compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionPhase {
+    /// Register answered; waiting for NodeReady. Not dispatchable.
+    Registered,
+    /// Readiness completed on this connection: dispatchable.
+    Ready,
+}
+
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub generation: u64,
+    pub phase: SessionPhase,
+    pub connected_at_ms: u64,
+    pub control: ControlSender,
+    /// Cancelled to make the session task close this connection.
+    pub close: CancellationToken,
+    pub provider_health: HashMap<String, ProviderHealth>,
+}
+
+/// A session that is current and Ready, i.e. may receive runs.
+#[derive(Debug, Clone)]
+pub struct ReadySession {
+    pub generation: u64,
+    pub control: ControlSender,
+}
+
+#[derive(Debug, Default)]
+pub struct NodeRegistry {
+    sessions: Mutex<BTreeMap<String, Session>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeSnapshot {
+    pub name: String,
+    pub connected: bool,
+    pub phase: Option<SessionPhase>,
+    pub generation: Option<u64>,
+    pub connected_at_ms: Option<u64>,
+    pub providers: BTreeMap<String, &'static str>,
+}
+
+pub fn health_label(h: ProviderHealth) -> &'static str {
+    match h {
+        ProviderHealth::Available => "available",
+        ProviderHealth::Unavailable => "unavailable",
+        ProviderHealth::Unknown | ProviderHealth::Unspecified => "unknown",
+    }
+}
+
+impl NodeRegistry {
+    /// Installs a new current session for `node`. A previous session of the
+    /// same node is returned so the caller can fence and close it.
+    pub fn register(&self, node: &str, session: Session) -> Option<Session> {
+        self.sessions.lock().unwrap().insert(node.to_string(), session)
+    }
+
+    /// Marks the session ready, only if `generation` is still current.
+    pub fn mark_ready(&self, node: &str, generation: u64, health: HashMap<String, ProviderHealth>) -> bool {
+        let mut sessions = self.sessions.lock().unwrap();
+        match sessions.get_mut(node) {
+            Some(s) if s.generation == generation => {
+                s.phase = SessionPhase::Ready;
+                s.provider_health = health;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes the session only if it is still the current one for `node`.
+    pub fn remove(&self, node: &str, generation: u64) -> bool {
+        let mut sessions = self.sessions.lock().unwrap();
+        if sessions.get(node).is_some_and(|s| s.generation == generation) {
+            sessions.remove(node);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn is_current(&self, node: &str, generation: u64) -> bool {
+        self.sessions.lock().unwrap().get(node).is_some_and(|s| s.generation == generation)
+    }
+
+    /// The node's session if it completed readiness and the provider is not
+    /// known to be unavailable.
+    pub fn ready_for(&self, node: &str, provider_id: &str) -> Option<ReadySession> {
+        let sessions = self.sessions.lock().unwrap();
+        let s = sessions.get(node)?;
+        let provider_ok = !matches!(s.provider_health.get(provider_id), Some(ProviderHealth::Unavailable) | None);
+        (s.phase == SessionPhase::Ready && provider_ok)
+            .then(|| ReadySession { generation: s.generation, control: s.control.clone() })
+    }
+
+    /// The control channel of the node's current Ready session.
+    pub fn control_of(&self, node: &str) -> Option<ControlSender> {
+        let sessions = self.sessions.lock().unwrap();
+        sessions.get(node).filter(|s| s.phase == SessionPhase::Ready).map(|s| s.control.clone())
+    }
+
+    pub fn ready_count(&self) -> usize {
+        self.sessions.lock().unwrap().values().filter(|s| s.phase == SessionPhase::Ready).count()
+    }
+
+    /// Closes every session (edge shutdown).
+    pub fn close_all(&self) {
+        for s in self.sessions.lock().unwrap().values() {
+            s.close.cancel();
+        }
+    }
+
+    pub fn snapshot(&self, configured: &[String]) -> Vec<NodeSnapshot> {
+        let sessions = self.sessions.lock().unwrap();
+        configured
+            .iter()
+            .map(|name| {
+                let s = sessions.get(name);
+                NodeSnapshot {
+                    name: name.clone(),
+                    connected: s.is_some(),
+                    phase: s.map(|s| s.phase),
+                    generation: s.map(|s| s.generation),
+                    connected_at_ms: s.map(|s| s.connected_at_ms),
+                    providers: s
+                        .map(|s| s.provider_health.iter().map(|(k, v)| (k.clone(), health_label(*v))).collect())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(generation: u64) -> Session {
+        let (control, _rx) = mpsc::channel(1);
+        Session {
+            generation,
+            phase: SessionPhase::Registered,
+            connected_at_ms: 0,
+            control,
+            close: CancellationToken::new(),
+            provider_health: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn generations_strictly_increase() {
+        let source = GenerationSource::default();
+        let mut last = 0;
+        for _ in 0..10_000 {
+            let g = source.next();
+            assert!(g > last);
+            last = g;
+        }
+    }
+
+    #[test]
+    fn only_ready_sessions_with_available_providers_are_dispatchable() {
+        let registry = NodeRegistry::default();
+        registry.register("mac-1", session(7));
+        assert!(registry.ready_for("mac-1", "p1").is_none(), "registered is not ready");
+        let health = HashMap::from([
+            ("p1".to_string(), ProviderHealth::Available),
+            ("p2".to_string(), ProviderHealth::Unavailable),
+        ]);
+        assert!(!registry.mark_ready("mac-1", 6, health.clone()), "stale generation cannot become ready");
+        assert!(registry.mark_ready("mac-1", 7, health));
+        assert_eq!(registry.ready_for("mac-1", "p1").unwrap().generation, 7);
+        assert!(registry.ready_for("mac-1", "p2").is_none());
+        assert!(registry.ready_for("mac-1", "p3").is_none(), "a provider the node never reported is not dispatchable");
+        assert_eq!(registry.ready_count(), 1);
+    }
+
+    #[test]
+    fn a_replaced_session_is_returned_and_stale_removal_is_ignored() {
+        let registry = NodeRegistry::default();
+        assert!(registry.register("mac-1", session(1)).is_none());
+        let old = registry.register("mac-1", session(2)).unwrap();
+        assert_eq!(old.generation, 1);
+        assert!(!registry.remove("mac-1", 1), "the old session's teardown must not remove the new one");
+        assert!(registry.is_current("mac-1", 2));
+        assert!(registry.remove("mac-1", 2));
+        assert!(!registry.is_current("mac-1", 2));
+    }
+}

@@ -1,0 +1,203 @@
+//! One node control session: Register -> RegisterResponse(+config) ->
+//! NodeReady -> NodeReadyResponse, then heartbeats, run assignment (sent by
+//! dispatch through the same outbound channel), cancels and commands. When
+//! the session ends for any reason its generation is fenced.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use iop_proto::liveness::{HEARTBEAT_TIMEOUT_REASON, HeartbeatMonitor};
+use iop_proto::pb::{self, node_to_edge::Msg};
+use iop_proto::wire::closed_enum;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+
+use super::registry::{ControlSender, Session, SessionPhase};
+use super::tls::NodePeer;
+use crate::EdgeState;
+
+/// Why a session ended; the metric label and the status the node receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    HeartbeatTimeout,
+    NodeClosed,
+    TransportError,
+    ProtocolError,
+    /// A newer connection of the same node took over.
+    Replaced,
+    EdgeShutdown,
+}
+
+impl CloseReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::HeartbeatTimeout => HEARTBEAT_TIMEOUT_REASON,
+            Self::NodeClosed => "node_closed",
+            Self::TransportError => "transport_error",
+            Self::ProtocolError => "protocol_error",
+            Self::Replaced => "replaced",
+            Self::EdgeShutdown => "edge_shutdown",
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn send_now(out: &ControlSender, msg: pb::edge_to_node::Msg) {
+    // Never block the session loop on a node that stopped reading: a full
+    // outbound queue is exactly what the heartbeat wait will detect.
+    let _ = out.try_send(Ok(pb::EdgeToNode { msg: Some(msg) }));
+}
+
+/// Providers of `node` in the current config, as the node must run them.
+pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb::NodeConfigPayload {
+    pb::NodeConfigPayload {
+        providers: config
+            .providers
+            .iter()
+            .filter(|p| p.node == node)
+            .map(|p| pb::ProviderAssignment {
+                provider_id: p.id.clone(),
+                adapter: pb::AdapterKind::from(p.adapter).into(),
+                target_model: p.target.model.clone(),
+                base_url: p.target.base_url.clone(),
+                response_stall_timeout_ms: p.response_stall_timeout_ms,
+            })
+            .collect(),
+    }
+}
+
+pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<pb::NodeToEdge>, out: ControlSender) {
+    let node = peer.identity.name.clone();
+    let profile = state.heartbeat;
+
+    // Register must come first, within one heartbeat wait.
+    let register = match tokio::time::timeout(profile.wait, inbound.message()).await {
+        Ok(Ok(Some(pb::NodeToEdge { msg: Some(Msg::Register(r)) }))) => r,
+        other => {
+            let reason = match other {
+                Err(_) => CloseReason::HeartbeatTimeout,
+                Ok(Err(_)) => CloseReason::TransportError,
+                Ok(Ok(None)) => CloseReason::NodeClosed,
+                Ok(Ok(Some(_))) => CloseReason::ProtocolError,
+            };
+            state.metrics.reason(&state.metrics.sessions_closed, reason.label());
+            tracing::warn!(%node, reason = reason.label(), "node session ended before Register");
+            let _ = out.try_send(Err(Status::failed_precondition(reason.label())));
+            return;
+        }
+    };
+
+    let generation = state.generations.next();
+    let close = CancellationToken::new();
+    let session = Session {
+        generation,
+        phase: SessionPhase::Registered,
+        connected_at_ms: now_ms(),
+        control: out.clone(),
+        close: close.clone(),
+        provider_health: HashMap::new(),
+    };
+    if let Some(previous) = state.registry.register(&node, session) {
+        previous.close.cancel();
+    }
+    tracing::info!(%node, generation, version = %register.node_version, "node registered");
+    send_now(
+        &out,
+        pb::edge_to_node::Msg::RegisterResponse(pb::RegisterResponse {
+            generation,
+            config: Some(config_payload(&state.config, &node)),
+        }),
+    );
+
+    let reason = serve(&state, &node, generation, &mut inbound, &out, &close).await;
+
+    state.registry.remove(&node, generation);
+    let fenced = state.runs.fence_generation(&node, generation);
+    state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
+    state.metrics.reason(&state.metrics.sessions_closed, reason.label());
+    tracing::warn!(%node, generation, reason = reason.label(), fenced_runs = fenced, "node session closed; generation fenced");
+    let _ = out.try_send(Err(Status::unavailable(reason.label())));
+}
+
+async fn serve(
+    state: &Arc<EdgeState>,
+    node: &str,
+    generation: u64,
+    inbound: &mut Streaming<pb::NodeToEdge>,
+    out: &ControlSender,
+    close: &CancellationToken,
+) -> CloseReason {
+    let mut monitor = HeartbeatMonitor::new(state.heartbeat, Instant::now());
+    let mut ticker = tokio::time::interval(state.heartbeat.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut phase = SessionPhase::Registered;
+    loop {
+        tokio::select! {
+            _ = close.cancelled() => {
+                return if state.shutting_down.is_cancelled() { CloseReason::EdgeShutdown } else { CloseReason::Replaced };
+            }
+            _ = tokio::time::sleep_until(monitor.deadline()) => {
+                if monitor.expired(Instant::now()) {
+                    return CloseReason::HeartbeatTimeout;
+                }
+            }
+            _ = ticker.tick() => {
+                send_now(out, pb::edge_to_node::Msg::Heartbeat(pb::Heartbeat { seq: monitor.next_ping() }));
+            }
+            message = inbound.message() => {
+                let msg = match message {
+                    Ok(Some(pb::NodeToEdge { msg: Some(msg) })) => msg,
+                    Ok(Some(_)) => return CloseReason::ProtocolError,
+                    Ok(None) => return CloseReason::NodeClosed,
+                    Err(_) => return CloseReason::TransportError,
+                };
+                monitor.heard(Instant::now());
+                match (phase, msg) {
+                    (_, Msg::Heartbeat(hb)) => send_now(out, pb::edge_to_node::Msg::HeartbeatAck(pb::HeartbeatAck { seq: hb.seq })),
+                    (_, Msg::HeartbeatAck(_)) => {}
+                    (SessionPhase::Registered, Msg::Ready(ready)) if ready.generation == generation => {
+                        let Ok(health) = provider_health(&ready.providers) else {
+                            return CloseReason::ProtocolError;
+                        };
+                        if !state.registry.mark_ready(node, generation, health) {
+                            return CloseReason::Replaced;
+                        }
+                        phase = SessionPhase::Ready;
+                        state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
+                        tracing::info!(%node, generation, "node ready");
+                        send_now(out, pb::edge_to_node::Msg::ReadyResponse(pb::NodeReadyResponse { generation }));
+                    }
+                    (SessionPhase::Ready, Msg::CommandResult(result)) => {
+                        state.commands.complete(result);
+                    }
+                    (_, other) => {
+                        tracing::warn!(%node, generation, message = message_name(&other), "unexpected control message");
+                        return CloseReason::ProtocolError;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn provider_health(statuses: &[pb::ProviderStatus]) -> Result<HashMap<String, pb::ProviderHealth>, iop_proto::wire::WireError> {
+    statuses
+        .iter()
+        .map(|s| Ok((s.provider_id.clone(), closed_enum("provider_status.health", s.health)?)))
+        .collect()
+}
+
+fn message_name(msg: &Msg) -> &'static str {
+    match msg {
+        Msg::Register(_) => "register",
+        Msg::Ready(_) => "ready",
+        Msg::Heartbeat(_) => "heartbeat",
+        Msg::HeartbeatAck(_) => "heartbeat_ack",
+        Msg::CommandResult(_) => "command_result",
+    }
+}

@@ -1,0 +1,286 @@
+//! The node-facing mTLS listener. TLS is terminated here with tokio-rustls
+//! (not tonic's `ServerTlsConfig`) so that every refusal gets a typed reason,
+//! a log line and a metric, and so the node identity is parsed once per
+//! connection and handed to the gRPC service as connection info.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use iop_proto::identity::NodeIdentity;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tonic::transport::server::Connected;
+
+use crate::metrics::EdgeMetrics;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("{field}: cannot read {path}: {source}")]
+    Read { field: &'static str, path: String, source: io::Error },
+    #[error("{field}: {path} holds no usable PEM {what}")]
+    Pem { field: &'static str, path: String, what: &'static str },
+    #[error("tls: {0}")]
+    Rustls(String),
+}
+
+fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, TlsSetupError> {
+    std::fs::read(path).map_err(|source| TlsSetupError::Read { field, path: path.display().to_string(), source })
+}
+
+pub fn load_certs(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+    let pem = read(field, path)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok).collect();
+    if certs.is_empty() {
+        return Err(TlsSetupError::Pem { field, path: path.display().to_string(), what: "certificate" });
+    }
+    Ok(certs)
+}
+
+pub fn load_key(field: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
+    let pem = read(field, path)?;
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|_| TlsSetupError::Pem { field, path: path.display().to_string(), what: "private key" })
+}
+
+/// Server config that requires a client certificate chaining to `ca_file`.
+pub fn server_config(ca_file: &Path, cert_file: &Path, key_file: &Path) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let mut roots = RootCertStore::empty();
+    for ca in load_certs("tls.ca_file", ca_file)? {
+        roots.add(ca).map_err(|e| TlsSetupError::Rustls(format!("tls.ca_file: {e}")))?;
+    }
+    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+        .build()
+        .map_err(|e| TlsSetupError::Rustls(e.to_string()))?;
+    let mut config = ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(load_certs("tls.cert_file", cert_file)?, load_key("tls.key_file", key_file)?)
+        .map_err(|e| TlsSetupError::Rustls(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Why a node connection was refused before any gRPC call. The label is the
+/// metric label and the log field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeRejection {
+    #[error("no client certificate was presented")]
+    NoClientCertificate,
+    #[error("client certificate is not signed by the configured CA")]
+    UntrustedIssuer,
+    #[error("client certificate has expired")]
+    Expired,
+    #[error("client certificate is not valid yet")]
+    NotYetValid,
+    #[error("client certificate was revoked")]
+    Revoked,
+    #[error("client certificate was rejected")]
+    BadCertificate,
+    #[error("client certificate does not carry exactly one spiffe://<trust-domain>/node/<name> URI SAN")]
+    MissingIdentity,
+    #[error("client certificate belongs to another trust domain")]
+    ForeignTrustDomain,
+    #[error("node is not listed in the edge config")]
+    UnknownNode,
+    #[error("TLS handshake failed")]
+    Tls,
+    #[error("TLS handshake timed out")]
+    Timeout,
+}
+
+impl HandshakeRejection {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NoClientCertificate => "no_client_certificate",
+            Self::UntrustedIssuer => "untrusted_issuer",
+            Self::Expired => "expired",
+            Self::NotYetValid => "not_yet_valid",
+            Self::Revoked => "revoked",
+            Self::BadCertificate => "bad_certificate",
+            Self::MissingIdentity => "missing_identity",
+            Self::ForeignTrustDomain => "foreign_trust_domain",
+            Self::UnknownNode => "unknown_node",
+            Self::Tls => "tls_error",
+            Self::Timeout => "handshake_timeout",
+        }
+    }
+
+    fn from_io(err: &io::Error) -> Self {
+        let Some(tls) = err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) else {
+            return Self::Tls;
+        };
+        match tls {
+            rustls::Error::NoCertificatesPresented => Self::NoClientCertificate,
+            rustls::Error::InvalidCertificate(cert) => match cert {
+                CertificateError::UnknownIssuer | CertificateError::BadSignature => Self::UntrustedIssuer,
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => Self::Expired,
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => Self::NotYetValid,
+                CertificateError::Revoked => Self::Revoked,
+                _ => Self::BadCertificate,
+            },
+            _ => Self::Tls,
+        }
+    }
+}
+
+/// Who is on the other end of an accepted node connection; available to every
+/// gRPC call on it as `request.extensions().get::<NodePeer>()`.
+#[derive(Debug, Clone)]
+pub struct NodePeer {
+    pub identity: NodeIdentity,
+    pub remote: SocketAddr,
+}
+
+/// Maps the verified leaf certificate to a listed node identity.
+pub fn identify(
+    leaf: &CertificateDer<'_>,
+    trust_domain: &str,
+    allowed: &BTreeSet<String>,
+) -> Result<NodeIdentity, HandshakeRejection> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(leaf).map_err(|_| HandshakeRejection::BadCertificate)?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|_| HandshakeRejection::BadCertificate)?
+        .ok_or(HandshakeRejection::MissingIdentity)?;
+    let uris: Vec<&str> = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(uri) => Some(*uri),
+            _ => None,
+        })
+        .collect();
+    let [uri] = uris.as_slice() else {
+        return Err(HandshakeRejection::MissingIdentity);
+    };
+    let identity = NodeIdentity::parse(uri).map_err(|_| HandshakeRejection::MissingIdentity)?;
+    if identity.trust_domain != trust_domain {
+        return Err(HandshakeRejection::ForeignTrustDomain);
+    }
+    if !allowed.contains(&identity.name) {
+        return Err(HandshakeRejection::UnknownNode);
+    }
+    Ok(identity)
+}
+
+/// An accepted, verified and identified node connection.
+pub struct NodeConn {
+    stream: TlsStream<TcpStream>,
+    peer: NodePeer,
+}
+
+impl Connected for NodeConn {
+    type ConnectInfo = NodePeer;
+    fn connect_info(&self) -> NodePeer {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for NodeConn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for NodeConn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// What the accept loop needs to decide who may connect.
+pub struct AcceptPolicy {
+    pub tls: Arc<ServerConfig>,
+    pub trust_domain: String,
+    pub allowed_nodes: BTreeSet<String>,
+}
+
+/// Accepts TCP connections, runs the handshake and identity check off the
+/// accept loop, and yields identified connections to the gRPC server.
+pub fn accept_loop(
+    listener: TcpListener,
+    policy: Arc<AcceptPolicy>,
+    metrics: Arc<EdgeMetrics>,
+) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(16);
+    let task = tokio::spawn(async move {
+        let acceptor = TlsAcceptor::from(policy.tls.clone());
+        loop {
+            let (tcp, remote) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "node listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, policy, metrics, tx) = (acceptor.clone(), policy.clone(), metrics.clone(), tx.clone());
+            tokio::spawn(async move {
+                match handshake(&acceptor, tcp, remote, &policy).await {
+                    Ok(conn) => {
+                        tracing::info!(node = %conn.peer.identity.name, %remote, "node connection accepted");
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                    Err(reason) => {
+                        metrics.reason(&metrics.handshake_rejections, reason.label());
+                        tracing::warn!(reason = reason.label(), %remote, "node connection refused: {reason}");
+                    }
+                }
+            });
+        }
+    });
+    (rx, task)
+}
+
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+    remote: SocketAddr,
+    policy: &AcceptPolicy,
+) -> Result<NodeConn, HandshakeRejection> {
+    let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| HandshakeRejection::Timeout)?
+        .map_err(|e| HandshakeRejection::from_io(&e))?;
+    let leaf = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .ok_or(HandshakeRejection::NoClientCertificate)?;
+    let identity = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
+    Ok(NodeConn { stream, peer: NodePeer { identity, remote } })
+}

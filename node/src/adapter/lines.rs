@@ -1,0 +1,171 @@
+//! Incremental line splitting for streamed provider bodies (Ollama NDJSON and
+//! OpenAI SSE both arrive as lines cut at arbitrary network-chunk borders).
+
+use super::AdapterError;
+
+/// Longest line we buffer before declaring the provider broken. Generous: a
+/// single chunk may carry a whole tool call's arguments.
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Turns byte chunks into complete lines. A line ends at `\n`; a trailing
+/// `\r` is stripped, so `\r\n` works too. Blank lines are returned (SSE needs
+/// them); callers that do not care skip them.
+#[derive(Debug)]
+pub(crate) struct LineSplitter {
+    buf: Vec<u8>,
+    /// Start of the first line not yet returned.
+    start: usize,
+    /// Where the next search for `\n` begins (everything in `start..scan` is
+    /// known to hold no newline), so a long line split over many chunks is
+    /// scanned once.
+    scan: usize,
+    max_line: usize,
+}
+
+impl Default for LineSplitter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LineSplitter {
+    pub(crate) fn new() -> Self {
+        Self::with_max_line(MAX_LINE_BYTES)
+    }
+
+    pub(crate) fn with_max_line(max_line: usize) -> Self {
+        Self { buf: Vec::new(), start: 0, scan: 0, max_line }
+    }
+
+    /// Appends one network chunk.
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
+        if self.start > 0 && self.start >= self.buf.len() / 2 {
+            // Drop consumed bytes so the buffer never grows with the stream.
+            self.buf.drain(..self.start);
+            self.scan -= self.start;
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The next complete line (without its terminator), if one is buffered.
+    pub(crate) fn next_line(&mut self) -> Result<Option<String>, AdapterError> {
+        match self.buf[self.scan..].iter().position(|&b| b == b'\n') {
+            Some(offset) => {
+                let end = self.scan + offset;
+                let line = take_line(&self.buf[self.start..end])?;
+                self.start = end + 1;
+                self.scan = self.start;
+                Ok(Some(line))
+            }
+            None => {
+                self.scan = self.buf.len();
+                if self.buf.len() - self.start > self.max_line {
+                    return Err(AdapterError::Protocol(format!(
+                        "provider sent a line longer than {} bytes",
+                        self.max_line
+                    )));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// At end of body: the final line if it had no trailing newline. Call
+    /// after `next_line` returned `None`.
+    pub(crate) fn finish(&mut self) -> Result<Option<String>, AdapterError> {
+        if self.start >= self.buf.len() {
+            return Ok(None);
+        }
+        let line = take_line(&self.buf[self.start..])?;
+        self.start = self.buf.len();
+        self.scan = self.start;
+        Ok(Some(line))
+    }
+}
+
+fn take_line(bytes: &[u8]) -> Result<String, AdapterError> {
+    let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| AdapterError::Protocol("provider sent a line that is not valid UTF-8".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(s: &mut LineSplitter) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(line) = s.next_line().unwrap() {
+            out.push(line);
+        }
+        out
+    }
+
+    #[test]
+    fn lines_split_across_chunks_are_reassembled() {
+        let mut s = LineSplitter::new();
+        s.push(b"{\"a\":");
+        assert!(drain(&mut s).is_empty());
+        s.push(b"1}\n{\"b\"");
+        assert_eq!(drain(&mut s), vec!["{\"a\":1}"]);
+        s.push(b":2}\r\n\n{\"c\":3}\n{\"d\"");
+        assert_eq!(drain(&mut s), vec!["{\"b\":2}", "", "{\"c\":3}"]);
+        s.push(b":4}");
+        assert!(drain(&mut s).is_empty());
+        assert_eq!(s.finish().unwrap().as_deref(), Some("{\"d\":4}"));
+        assert_eq!(s.finish().unwrap(), None);
+    }
+
+    #[test]
+    fn every_split_point_gives_the_same_lines() {
+        let text = "data: {\"x\":\"h\u{e9}llo\"}\r\n\r\n: comment\ndata: [DONE]\n\nlast";
+        let bytes = text.as_bytes();
+        for cut in 0..=bytes.len() {
+            let mut s = LineSplitter::new();
+            s.push(&bytes[..cut]);
+            let mut lines = drain(&mut s);
+            s.push(&bytes[cut..]);
+            lines.extend(drain(&mut s));
+            lines.extend(s.finish().unwrap());
+            assert_eq!(
+                lines,
+                vec!["data: {\"x\":\"h\u{e9}llo\"}", "", ": comment", "data: [DONE]", "", "last"],
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn byte_at_a_time_works_and_buffer_stays_small() {
+        let mut s = LineSplitter::new();
+        let mut lines = Vec::new();
+        for _ in 0..1000 {
+            for b in b"{\"n\":1}\n" {
+                s.push(std::slice::from_ref(b));
+                lines.extend(drain(&mut s));
+            }
+        }
+        assert_eq!(lines.len(), 1000);
+        assert!(s.buf.len() < 64, "consumed bytes are released");
+    }
+
+    #[test]
+    fn trailing_newline_leaves_nothing_to_finish() {
+        let mut s = LineSplitter::new();
+        s.push(b"one\n");
+        assert_eq!(drain(&mut s), vec!["one"]);
+        assert_eq!(s.finish().unwrap(), None);
+    }
+
+    #[test]
+    fn overlong_line_and_bad_utf8_are_protocol_errors() {
+        let mut s = LineSplitter::with_max_line(8);
+        s.push(b"0123456789");
+        assert!(matches!(s.next_line(), Err(AdapterError::Protocol(_))));
+
+        let mut s = LineSplitter::new();
+        s.push(b"\xff\xfe\n");
+        assert!(matches!(s.next_line(), Err(AdapterError::Protocol(_))));
+    }
+}

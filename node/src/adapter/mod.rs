@@ -1,0 +1,675 @@
+//! Provider adapters: translate one normalized [`pb::RunRequest`] into a
+//! provider's HTTP API (Ollama native or OpenAI-compatible), stream the
+//! answer back as normalized run events, and map every failure onto the wire
+//! taxonomy ([`AdapterError::to_failure`]).
+//!
+//! The adapters always stream from the provider; the Edge aggregates for
+//! clients that did not ask for a stream. Nothing here buffers a whole
+//! response: each line is decoded and forwarded as it arrives, and dropping
+//! the [`execute`] future drops the in-flight response, which closes the
+//! provider connection.
+
+mod lines;
+mod ollama;
+mod openai;
+mod sse;
+
+#[cfg(test)]
+mod fake;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use iop_proto::pb;
+use iop_proto::wire::closed_enum;
+use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+
+use lines::LineSplitter;
+
+/// Most of a non-2xx body we read looking for the provider's error message.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+/// Longest provider error message we pass on.
+const ERROR_MESSAGE_CHARS: usize = 500;
+/// Upper bound for a health probe (it never loads a model, so this is generous).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which provider API an assignment speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AdapterKind {
+    Ollama,
+    OpenAi,
+}
+
+impl AdapterKind {
+    /// Decodes the wire enum; unspecified and unknown values are rejected.
+    pub fn from_wire(value: i32) -> Result<Self, AdapterError> {
+        match closed_enum::<pb::AdapterKind>("adapter", value) {
+            Ok(pb::AdapterKind::Ollama) => Ok(Self::Ollama),
+            Ok(pb::AdapterKind::Openai) => Ok(Self::OpenAi),
+            Ok(pb::AdapterKind::Unspecified) => {
+                Err(AdapterError::InvalidRequest("field `adapter` is unspecified".into()))
+            }
+            Err(e) => Err(AdapterError::InvalidRequest(e.to_string())),
+        }
+    }
+
+    pub fn to_wire(self) -> pb::AdapterKind {
+        match self {
+            Self::Ollama => pb::AdapterKind::Ollama,
+            Self::OpenAi => pb::AdapterKind::Openai,
+        }
+    }
+}
+
+/// One provider the edge assigned to this node, validated from pb::ProviderAssignment.
+#[derive(Debug, Clone)]
+pub struct ProviderTarget {
+    pub provider_id: String,
+    pub adapter: AdapterKind,
+    pub target_model: String,
+    /// `http(s)://host[:port][/path]`, no trailing slash.
+    pub base_url: String,
+}
+
+impl ProviderTarget {
+    /// Validates an assignment: known adapter, non-empty provider id and
+    /// model, and an `http`/`https` base URL with a host and no credentials,
+    /// query or fragment.
+    pub fn from_assignment(a: &pb::ProviderAssignment) -> Result<Self, AdapterError> {
+        let invalid =
+            |what: String| AdapterError::InvalidRequest(format!("provider assignment `{}`: {what}", a.provider_id));
+        if a.provider_id.trim().is_empty() {
+            return Err(AdapterError::InvalidRequest("provider assignment has an empty provider_id".into()));
+        }
+        let adapter = AdapterKind::from_wire(a.adapter).map_err(|e| invalid(e.detail()))?;
+        let target_model = a.target_model.trim();
+        if target_model.is_empty() {
+            return Err(invalid("target_model is empty".into()));
+        }
+        let base_url = validate_base_url(&a.base_url).map_err(invalid)?;
+        Ok(Self { provider_id: a.provider_id.clone(), adapter, target_model: target_model.to_owned(), base_url })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+}
+
+fn validate_base_url(raw: &str) -> Result<String, String> {
+    let trimmed = raw.trim().trim_end_matches('/');
+    let url = reqwest::Url::parse(trimmed).map_err(|e| format!("base_url `{raw}` is not a valid URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("base_url `{raw}` must use http or https"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("base_url `{raw}` has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("base_url must not carry credentials".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("base_url `{raw}` must not have a query or fragment"));
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// Sink for the non-terminal events of a run (Started, Text, ToolCall, Usage).
+/// The caller adds seq numbers and the terminal.
+pub type EventSink = tokio::sync::mpsc::Sender<pb::run_event::Event>;
+
+/// Why a provider call failed. [`AdapterError::to_failure`] is the single
+/// mapping onto the wire taxonomy; every message is safe to put on the wire
+/// (no prompt text, no response payload beyond the provider's own error
+/// message).
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// Connect or transport failure before or during the response.
+    #[error("provider unreachable: {0}")]
+    Unreachable(String),
+    /// The provider answered with a non-2xx status. `message` is the
+    /// provider's own error message (truncated to 500 chars) or the status text.
+    #[error("provider answered HTTP {status}: {message}")]
+    HttpStatus { status: u16, retry_after_ms: Option<u64>, message: String },
+    /// Malformed chunk, or the stream ended without its terminal.
+    #[error("provider protocol error: {0}")]
+    Protocol(String),
+    /// The request cannot be translated for the provider.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The event receiver is gone (the edge side cancelled).
+    #[error("run event receiver closed")]
+    SinkClosed,
+}
+
+impl AdapterError {
+    /// The wire failure for this error.
+    pub fn to_failure(&self) -> pb::ExecutionFailure {
+        let kind = match self {
+            Self::Unreachable(_) => pb::FailureKind::ProviderUnreachable,
+            Self::HttpStatus { .. } => pb::FailureKind::ProviderHttpStatus,
+            Self::Protocol(_) => pb::FailureKind::ProviderProtocol,
+            Self::InvalidRequest(_) => pb::FailureKind::InvalidRequest,
+            Self::SinkClosed => pb::FailureKind::Internal,
+        };
+        let mut failure = pb::ExecutionFailure::new(kind, self.to_string());
+        if let Self::HttpStatus { status, retry_after_ms, .. } = self {
+            failure.provider_status = u32::from(*status);
+            failure.retry_after_ms = retry_after_ms.unwrap_or(0);
+        }
+        failure
+    }
+
+    /// The message without the kind prefix.
+    fn detail(&self) -> String {
+        match self {
+            Self::Unreachable(m) | Self::Protocol(m) | Self::InvalidRequest(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The HTTP client the adapters share: no overall timeout (responses stream
+/// for as long as the model generates; the caller owns the stall timeout).
+pub fn http_client() -> reqwest::Client {
+    // `rustls-no-provider`: reqwest panics at build time unless a process
+    // default crypto provider is installed. Err means one already is.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let builder = || {
+        reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(90))
+    };
+    match builder().build() {
+        Ok(client) => client,
+        Err(e) => {
+            // Typically: no CA certificates on this system. Plain-HTTP
+            // providers (the common local case) still work; HTTPS ones will
+            // fail certificate verification and report Unreachable.
+            tracing::warn!(
+                error = %error_chain(&e),
+                "TLS setup with the platform's root certificates failed; HTTPS providers will be unreachable"
+            );
+            builder()
+                .tls_backend_preconfigured(fallback_tls_config())
+                .build()
+                .expect("an HTTP client with a preconfigured rustls config always builds")
+        }
+    }
+}
+
+fn fallback_tls_config() -> rustls::ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config
+}
+
+/// Runs one normalized chat request against the provider, streaming events
+/// into `sink`. Returns the finish reason on success; the caller emits the
+/// terminal event. Cancellation = dropping this future, which drops the
+/// in-flight response so the provider sees the connection close.
+///
+/// The model sent to the provider is `target.target_model` (the validated
+/// assignment); `request.stream` is ignored (we always stream).
+pub async fn execute(
+    client: &reqwest::Client,
+    target: &ProviderTarget,
+    request: &pb::RunRequest,
+    sink: &EventSink,
+) -> Result<pb::FinishReason, AdapterError> {
+    if request.adapter != 0 && request.adapter != i32::from(target.adapter.to_wire()) {
+        return Err(AdapterError::InvalidRequest(format!(
+            "run names adapter {} but provider `{}` is {:?}",
+            request.adapter, target.provider_id, target.adapter
+        )));
+    }
+    if sink.is_closed() {
+        return Err(AdapterError::SinkClosed);
+    }
+    match target.adapter {
+        AdapterKind::Ollama => {
+            let body = ollama::request_body(target, request)?;
+            let response = post_json(client, &target.url(ollama::CHAT_PATH), body).await?;
+            drive(response, ollama::Decoder::new(&target.target_model), sink).await
+        }
+        AdapterKind::OpenAi => {
+            let body = openai::request_body(target, request)?;
+            let response = post_json(client, &target.url(openai::CHAT_PATH), body).await?;
+            drive(response, openai::Decoder::new(&target.target_model), sink).await
+        }
+    }
+}
+
+/// Cheap health check that never loads a model: Ollama `GET {base}/api/tags`,
+/// OpenAI `GET {base}/v1/models`. Ok on 2xx.
+pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Result<(), AdapterError> {
+    let path = match target.adapter {
+        AdapterKind::Ollama => ollama::PROBE_PATH,
+        AdapterKind::OpenAi => openai::PROBE_PATH,
+    };
+    let url = target.url(path);
+    let response =
+        client.get(&url).timeout(PROBE_TIMEOUT).send().await.map_err(|e| transport_error(&format!("GET {url}"), e))?;
+    check_status(response).await.map(drop)
+}
+
+// ------------------------------------------------------------------ HTTP
+
+async fn post_json(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<reqwest::Response, AdapterError> {
+    let response = client
+        .post(url)
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| transport_error(&format!("POST {url}"), e))?;
+    check_status(response).await
+}
+
+/// Passes 2xx responses through; turns anything else into `HttpStatus`.
+async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, AdapterError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let retry_after_ms = response.headers().get(RETRY_AFTER).and_then(parse_retry_after);
+    let body = read_capped(response, ERROR_BODY_LIMIT).await;
+    let message = provider_error_message(&body)
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("unrecognized status").to_owned());
+    Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message })
+}
+
+/// `Retry-After` as delta-seconds, in milliseconds. HTTP-date forms are ignored.
+fn parse_retry_after(value: &HeaderValue) -> Option<u64> {
+    let seconds: u64 = value.to_str().ok()?.trim().parse().ok()?;
+    Some(seconds.saturating_mul(1000))
+}
+
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < cap {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let take = chunk.len().min(cap - body.len());
+                body.extend_from_slice(&chunk[..take]);
+            }
+            // A transport error here only costs us the message.
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body
+}
+
+/// The provider's own error message from a JSON error body: OpenAI
+/// `{"error":{"message":..}}`, Ollama `{"error":".."}`, and the common
+/// `{"message":..}` / `{"detail":..}` shapes of OpenAI-compatible servers.
+fn provider_error_message(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    error_message_in(&value)
+}
+
+fn error_message_in(value: &serde_json::Value) -> Option<String> {
+    value
+        .get("error")
+        .and_then(error_field_text)
+        .or_else(|| value.get("message").and_then(|m| m.as_str()))
+        .or_else(|| value.get("detail").and_then(|m| m.as_str()))
+        .map(str::trim)
+        .filter(|text| !text.is_empty())
+        .map(|text| truncate_chars(text, ERROR_MESSAGE_CHARS))
+}
+
+/// The text of an `"error"` field: a string, or an object's `message`.
+fn error_field_text(error: &serde_json::Value) -> Option<&str> {
+    match error {
+        serde_json::Value::String(s) => Some(s),
+        other => other.get("message").and_then(|m| m.as_str()),
+    }
+}
+
+/// An `"error"` field inside an otherwise successful stream.
+fn stream_error(error: &serde_json::Value) -> AdapterError {
+    let message = error_field_text(error).map(str::trim).filter(|text| !text.is_empty()).map_or_else(
+        || "provider reported an error mid-stream".to_owned(),
+        |text| truncate_chars(text, ERROR_MESSAGE_CHARS),
+    );
+    AdapterError::Protocol(message)
+}
+
+fn truncate_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => text[..cut].to_owned(),
+        None => text.to_owned(),
+    }
+}
+
+fn transport_error(context: &str, e: reqwest::Error) -> AdapterError {
+    // The caller names the URL; reqwest would repeat it in its Display.
+    AdapterError::Unreachable(format!("{context}: {}", error_chain(&e.without_url())))
+}
+
+/// `error: source: source…`, skipping sources whose text is already included.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+// ------------------------------------------------------------ streaming
+
+type Events = Vec<pb::run_event::Event>;
+
+/// A provider's streaming format, decoded one line at a time. Decoders are
+/// pure (no I/O), so the driver owns all awaiting.
+trait StreamDecoder {
+    /// One complete line. Pushes the events it yields; `Some` ends the run.
+    fn line(&mut self, line: &str, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError>;
+    /// The body ended without `line` having returned `Some`.
+    fn end(&mut self, out: &mut Events) -> Result<pb::FinishReason, AdapterError>;
+}
+
+async fn drive<D: StreamDecoder>(
+    response: reqwest::Response,
+    mut decoder: D,
+    sink: &EventSink,
+) -> Result<pb::FinishReason, AdapterError> {
+    let mut body = response.bytes_stream();
+    let mut lines = LineSplitter::new();
+    let mut out = Events::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| transport_error("reading the provider's response", e))?;
+        lines.push(&chunk);
+        while let Some(line) = lines.next_line()? {
+            let step = decoder.line(&line, &mut out);
+            forward(sink, &mut out).await?;
+            if let Some(reason) = step? {
+                return Ok(reason);
+            }
+        }
+    }
+    if let Some(line) = lines.finish()? {
+        let step = decoder.line(&line, &mut out);
+        forward(sink, &mut out).await?;
+        if let Some(reason) = step? {
+            return Ok(reason);
+        }
+    }
+    let end = decoder.end(&mut out);
+    forward(sink, &mut out).await?;
+    end
+}
+
+async fn forward(sink: &EventSink, events: &mut Events) -> Result<(), AdapterError> {
+    for event in events.drain(..) {
+        sink.send(event).await.map_err(|_| AdapterError::SinkClosed)?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------- shared translation
+
+fn started(model: &str) -> pb::run_event::Event {
+    pb::run_event::Event::Started(pb::RunStarted { model: model.to_owned() })
+}
+
+fn text(text: &str) -> pb::run_event::Event {
+    pb::run_event::Event::Text(pb::TextDelta { text: text.to_owned() })
+}
+
+fn tool_call(index: u32, id: &str, name: &str, arguments_delta: &str) -> pb::run_event::Event {
+    pb::run_event::Event::ToolCall(pb::ToolCallDelta {
+        index,
+        id: id.to_owned(),
+        name: name.to_owned(),
+        arguments_delta: arguments_delta.to_owned(),
+    })
+}
+
+fn usage(prompt_tokens: u64, completion_tokens: u64) -> pb::run_event::Event {
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    pb::run_event::Event::Usage(pb::Usage {
+        prompt_tokens: clamp(prompt_tokens),
+        completion_tokens: clamp(completion_tokens),
+    })
+}
+
+fn message_role(index: usize, message: &pb::ChatMessage) -> Result<pb::Role, AdapterError> {
+    closed_enum::<pb::Role>("role", message.role)
+        .map_err(|e| AdapterError::InvalidRequest(format!("messages[{index}]: {e}")))
+}
+
+/// A JSON-text field of the request, parsed. Errors name the field, never
+/// its content.
+fn parse_json_text(what: fmt::Arguments<'_>, text: &str) -> Result<serde_json::Value, AdapterError> {
+    serde_json::from_str(text)
+        .map_err(|e| AdapterError::InvalidRequest(format!("{what} is not valid JSON ({})", json_error_summary(&e))))
+}
+
+/// Tool-call arguments as a JSON object (empty text means no arguments).
+fn parse_arguments_object(what: fmt::Arguments<'_>, text: &str) -> Result<serde_json::Value, AdapterError> {
+    if text.trim().is_empty() {
+        return Ok(serde_json::Value::Object(Default::default()));
+    }
+    let value = parse_json_text(what, text)?;
+    if !value.is_object() {
+        return Err(AdapterError::InvalidRequest(format!("{what} is not a JSON object")));
+    }
+    Ok(value)
+}
+
+/// A tool's parameter schema (empty text means "no parameters").
+fn tool_parameters(index: usize, tool: &pb::ToolDefinition) -> Result<serde_json::Value, AdapterError> {
+    if tool.parameters_json.trim().is_empty() {
+        return Ok(serde_json::json!({"type": "object", "properties": {}}));
+    }
+    let value = parse_json_text(format_args!("tools[{index}].parameters_json"), &tool.parameters_json)?;
+    if !value.is_object() {
+        return Err(AdapterError::InvalidRequest(format!("tools[{index}].parameters_json is not a JSON object")));
+    }
+    Ok(value)
+}
+
+fn check_options(options: &pb::GenerationOptions) -> Result<(), AdapterError> {
+    for (name, value) in [("temperature", options.temperature), ("top_p", options.top_p)] {
+        if value.is_some_and(|v| !v.is_finite()) {
+            return Err(AdapterError::InvalidRequest(format!("options.{name} is not a finite number")));
+        }
+    }
+    Ok(())
+}
+
+/// Position and category of a JSON error, never the offending text (serde's
+/// own messages can quote payload).
+fn json_error_summary(e: &serde_json::Error) -> String {
+    let category = match e.classify() {
+        serde_json::error::Category::Io => "I/O",
+        serde_json::error::Category::Syntax => "syntax",
+        serde_json::error::Category::Data => "unexpected shape",
+        serde_json::error::Category::Eof => "truncated",
+    };
+    format!("{category} error at line {} column {}", e.line(), e.column())
+}
+
+fn to_json_body<T: serde::Serialize>(body: &T) -> Result<Vec<u8>, AdapterError> {
+    serde_json::to_vec(body).map_err(|e| {
+        AdapterError::InvalidRequest(format!("request cannot be encoded as JSON ({})", json_error_summary(&e)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{self, Reply};
+    use super::*;
+
+    fn assignment(adapter: i32, model: &str, base_url: &str) -> pb::ProviderAssignment {
+        pb::ProviderAssignment {
+            provider_id: "p1".into(),
+            adapter,
+            target_model: model.into(),
+            base_url: base_url.into(),
+            response_stall_timeout_ms: 0,
+        }
+    }
+
+    #[test]
+    fn from_assignment_accepts_and_normalizes() {
+        let t = ProviderTarget::from_assignment(&assignment(1, "llama3.2:3b", "http://127.0.0.1:11434/")).unwrap();
+        assert_eq!(t.adapter, AdapterKind::Ollama);
+        assert_eq!(t.base_url, "http://127.0.0.1:11434");
+        assert_eq!(t.target_model, "llama3.2:3b");
+        let t = ProviderTarget::from_assignment(&assignment(2, "m", "https://llm.example/openai//")).unwrap();
+        assert_eq!(t.adapter, AdapterKind::OpenAi);
+        assert_eq!(t.base_url, "https://llm.example/openai");
+    }
+
+    #[test]
+    fn from_assignment_rejects_bad_assignments() {
+        let bad = [
+            assignment(0, "m", "http://h:1"),
+            assignment(99, "m", "http://h:1"),
+            assignment(1, " ", "http://h:1"),
+            assignment(1, "m", "ftp://h:1"),
+            assignment(1, "m", "127.0.0.1:11434"),
+            assignment(1, "m", ""),
+            assignment(1, "m", "http://user:secret@h:1"),
+            assignment(1, "m", "http://h:1/?x=1"),
+            pb::ProviderAssignment { provider_id: String::new(), ..assignment(1, "m", "http://h:1") },
+        ];
+        for a in bad {
+            match ProviderTarget::from_assignment(&a) {
+                Err(AdapterError::InvalidRequest(msg)) => assert!(!msg.contains("secret"), "{msg}"),
+                other => panic!("{a:?} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn to_failure_maps_every_variant() {
+        let f = AdapterError::Unreachable("connect refused".into()).to_failure();
+        assert_eq!(f.kind(), pb::FailureKind::ProviderUnreachable);
+        assert!(f.message.contains("connect refused"));
+
+        let f = AdapterError::HttpStatus { status: 429, retry_after_ms: Some(2000), message: "slow down".into() }
+            .to_failure();
+        assert_eq!(f.kind(), pb::FailureKind::ProviderHttpStatus);
+        assert_eq!((f.provider_status, f.retry_after_ms), (429, 2000));
+        assert_eq!(f.message, "provider answered HTTP 429: slow down");
+
+        let f = AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into() }.to_failure();
+        assert_eq!((f.provider_status, f.retry_after_ms), (500, 0));
+
+        let f = AdapterError::Protocol("bad chunk".into()).to_failure();
+        assert_eq!(f.kind(), pb::FailureKind::ProviderProtocol);
+        assert_eq!((f.provider_status, f.retry_after_ms), (0, 0));
+
+        assert_eq!(AdapterError::InvalidRequest("x".into()).to_failure().kind(), pb::FailureKind::InvalidRequest);
+        assert_eq!(AdapterError::SinkClosed.to_failure().kind(), pb::FailureKind::Internal);
+    }
+
+    #[test]
+    fn retry_after_takes_delta_seconds_only() {
+        let parse = |s: &'static str| parse_retry_after(&HeaderValue::from_static(s));
+        assert_eq!(parse("2"), Some(2000));
+        assert_eq!(parse(" 0 "), Some(0));
+        assert_eq!(parse("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse("-1"), None);
+    }
+
+    #[test]
+    fn provider_error_messages_are_extracted_and_truncated() {
+        assert_eq!(
+            provider_error_message(br#"{"error":{"message":"bad model","type":"x"}}"#).as_deref(),
+            Some("bad model")
+        );
+        assert_eq!(
+            provider_error_message(br#"{"error":"model 'x' not found"}"#).as_deref(),
+            Some("model 'x' not found")
+        );
+        assert_eq!(
+            provider_error_message(br#"{"object":"error","message":"vllm says no"}"#).as_deref(),
+            Some("vllm says no")
+        );
+        assert_eq!(provider_error_message(b"<html>oops</html>"), None);
+        assert_eq!(provider_error_message(br#"{"error":{"code":1}}"#), None);
+        let long = format!(r#"{{"error":"{}"}}"#, "\u{e9}".repeat(800));
+        assert_eq!(provider_error_message(long.as_bytes()).unwrap().chars().count(), 500);
+    }
+
+    #[test]
+    fn json_errors_never_quote_payload() {
+        let e = serde_json::from_str::<u32>(r#""secret prompt""#).unwrap_err();
+        assert!(!json_error_summary(&e).contains("secret"));
+    }
+
+    #[test]
+    fn http_client_builds() {
+        let _client = http_client();
+        let _again = http_client(); // provider already installed: still fine
+        // The fallback used when the platform has no root certificates.
+        reqwest::Client::builder().tls_backend_preconfigured(fallback_tls_config()).build().unwrap();
+    }
+
+    #[tokio::test]
+    async fn probe_ok_on_2xx_and_err_otherwise() {
+        let client = http_client();
+        for (kind, path) in [(1, "/api/tags"), (2, "/v1/models")] {
+            let mut ok = fake::serve(Reply::json(200, r#"{"models":[]}"#)).await;
+            let target = ProviderTarget::from_assignment(&assignment(kind, "m", &ok.base_url)).unwrap();
+            probe(&client, &target).await.unwrap();
+            let req = ok.request().await;
+            assert_eq!((req.method.as_str(), req.path.as_str()), ("GET", path));
+
+            let down = fake::serve(Reply::json(500, r#"{"error":"boom"}"#)).await;
+            let target = ProviderTarget::from_assignment(&assignment(kind, "m", &down.base_url)).unwrap();
+            match probe(&client, &target).await {
+                Err(AdapterError::HttpStatus { status: 500, message, .. }) => assert_eq!(message, "boom"),
+                other => panic!("{other:?}"),
+            }
+
+            let target =
+                ProviderTarget::from_assignment(&assignment(kind, "m", &fake::refused_base_url().await)).unwrap();
+            assert!(matches!(probe(&client, &target).await, Err(AdapterError::Unreachable(_))));
+        }
+    }
+
+    #[tokio::test]
+    async fn execute_rejects_a_mismatched_adapter_and_a_closed_sink() {
+        let client = http_client();
+        let target = ProviderTarget::from_assignment(&assignment(1, "m", "http://127.0.0.1:9")).unwrap();
+        let request = pb::RunRequest { adapter: pb::AdapterKind::Openai.into(), ..Default::default() };
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        assert!(matches!(execute(&client, &target, &request, &tx).await, Err(AdapterError::InvalidRequest(_))));
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        drop(rx);
+        assert!(matches!(
+            execute(&client, &target, &pb::RunRequest::default(), &tx).await,
+            Err(AdapterError::SinkClosed)
+        ));
+    }
+
+    #[test]
+    fn execute_future_is_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let client = http_client();
+        let target = ProviderTarget::from_assignment(&assignment(1, "m", "http://127.0.0.1:9")).unwrap();
+        let request = pb::RunRequest::default();
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let fut = execute(&client, &target, &request, &tx);
+        assert_send(&fut);
+    }
+}

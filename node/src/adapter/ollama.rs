@@ -1,0 +1,543 @@
+//! Ollama's native chat API: `POST {base}/api/chat`, answered as NDJSON (one
+//! JSON object per line, the last one with `"done": true`).
+
+use std::collections::HashMap;
+
+use iop_proto::pb;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    AdapterError, Events, ProviderTarget, StreamDecoder, check_options, json_error_summary, message_role,
+    parse_arguments_object, stream_error, to_json_body, tool_parameters,
+};
+
+pub(super) const CHAT_PATH: &str = "/api/chat";
+pub(super) const PROBE_PATH: &str = "/api/tags";
+
+// ------------------------------------------------------------- request
+
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: Vec<Message<'a>>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    options: Option<Options<'a>>,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'static str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_name: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ToolCall<'a> {
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    arguments: Value,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ToolFunction<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    parameters: Value,
+}
+
+#[derive(Serialize)]
+struct Options<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    num_predict: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f32>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+}
+
+/// The `/api/chat` body for `request`. Always `"stream": true`.
+pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<Vec<u8>, AdapterError> {
+    // Ollama matches tool results by name, not id: remember which name each
+    // earlier assistant tool call id had.
+    let mut call_names: HashMap<&str, &str> = HashMap::new();
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, m) in request.messages.iter().enumerate() {
+        let mut message = Message { role: "", content: &m.content, tool_calls: Vec::new(), tool_name: None };
+        match message_role(i, m)? {
+            pb::Role::System => message.role = "system",
+            pb::Role::User => message.role = "user",
+            pb::Role::Assistant => {
+                message.role = "assistant";
+                for (j, call) in m.tool_calls.iter().enumerate() {
+                    let arguments = parse_arguments_object(
+                        format_args!("messages[{i}].tool_calls[{j}].arguments_json"),
+                        &call.arguments_json,
+                    )?;
+                    if !call.id.is_empty() {
+                        call_names.insert(&call.id, &call.name);
+                    }
+                    message.tool_calls.push(ToolCall { function: CallFunction { name: &call.name, arguments } });
+                }
+            }
+            pb::Role::Tool => {
+                message.role = "tool";
+                message.tool_name = call_names.get(m.tool_call_id.as_str()).copied();
+            }
+            pb::Role::Unspecified => {
+                return Err(AdapterError::InvalidRequest(format!("messages[{i}]: role is unspecified")));
+            }
+        }
+        messages.push(message);
+    }
+
+    let tools = request
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Ok(Tool {
+                kind: "function",
+                function: ToolFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: tool_parameters(i, t)?,
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, AdapterError>>()?;
+
+    let options = match &request.options {
+        Some(o) => {
+            check_options(o)?;
+            let any = o.max_tokens.is_some()
+                || o.temperature.is_some()
+                || o.top_p.is_some()
+                || !o.stop.is_empty()
+                || o.seed.is_some();
+            any.then_some(Options {
+                num_predict: o.max_tokens,
+                temperature: o.temperature,
+                top_p: o.top_p,
+                stop: &o.stop,
+                seed: o.seed,
+            })
+        }
+        None => None,
+    };
+
+    to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options })
+}
+
+// ------------------------------------------------------------ response
+
+#[derive(Deserialize)]
+struct Chunk {
+    model: Option<String>,
+    message: Option<ChunkMessage>,
+    #[serde(default)]
+    done: bool,
+    done_reason: Option<String>,
+    prompt_eval_count: Option<u64>,
+    eval_count: Option<u64>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChunkMessage {
+    content: Option<String>,
+    tool_calls: Option<Vec<ChunkToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkToolCall {
+    function: ChunkFunction,
+}
+
+#[derive(Deserialize)]
+struct ChunkFunction {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    arguments: Value,
+}
+
+/// Decodes Ollama's NDJSON chat stream.
+pub(super) struct Decoder {
+    fallback_model: String,
+    started: bool,
+    /// Tool calls emitted so far; also the next call's index and id suffix.
+    tool_calls: u32,
+}
+
+impl Decoder {
+    pub(super) fn new(model: &str) -> Self {
+        Self { fallback_model: model.to_owned(), started: false, tool_calls: 0 }
+    }
+}
+
+impl StreamDecoder for Decoder {
+    fn line(&mut self, line: &str, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError> {
+        if line.trim().is_empty() {
+            return Ok(None);
+        }
+        let chunk: Chunk = serde_json::from_str(line).map_err(|e| {
+            AdapterError::Protocol(format!("provider sent an invalid NDJSON line ({})", json_error_summary(&e)))
+        })?;
+        if let Some(error) = &chunk.error {
+            return Err(stream_error(error));
+        }
+        if !self.started {
+            self.started = true;
+            let model = chunk.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.fallback_model);
+            out.push(super::started(model));
+        }
+        if let Some(message) = &chunk.message {
+            if let Some(content) = message.content.as_deref().filter(|c| !c.is_empty()) {
+                out.push(super::text(content));
+            }
+            for call in message.tool_calls.iter().flatten() {
+                let index = self.tool_calls;
+                self.tool_calls += 1;
+                let arguments = match &call.function.arguments {
+                    Value::Null => "{}".to_owned(),
+                    // Some models hand back arguments already as JSON text.
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                out.push(super::tool_call(index, &format!("call_{index}"), &call.function.name, &arguments));
+            }
+        }
+        if !chunk.done {
+            return Ok(None);
+        }
+        out.push(super::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
+        let reason = if self.tool_calls > 0 {
+            pb::FinishReason::ToolCalls
+        } else {
+            match chunk.done_reason.as_deref() {
+                Some("length") => pb::FinishReason::Length,
+                _ => pb::FinishReason::Stop,
+            }
+        };
+        Ok(Some(reason))
+    }
+
+    fn end(&mut self, _out: &mut Events) -> Result<pb::FinishReason, AdapterError> {
+        Err(AdapterError::Protocol("stream ended before the provider's final chunk".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use iop_proto::pb::run_event::Event;
+    use serde_json::json;
+
+    use super::super::fake::{self, Reply};
+    use super::super::{AdapterKind, usage};
+    use super::*;
+
+    const NDJSON: &str = "application/x-ndjson";
+
+    fn target(base_url: &str) -> ProviderTarget {
+        fake::target(AdapterKind::Ollama, base_url)
+    }
+
+    fn started(model: &str) -> Event {
+        super::super::started(model)
+    }
+
+    fn text(t: &str) -> Event {
+        super::super::text(t)
+    }
+
+    #[tokio::test]
+    async fn streams_text_then_usage_and_stop() {
+        let mut server = fake::serve(Reply::chunks(200, NDJSON, [
+            // lines split mid-JSON across network chunks; final line has no newline
+            "{\"model\":\"llama3.2:3b\",\"created_at\":\"2024-01-01T00:00:00Z\",\"message\":{\"role\":\"assistant\",\"content\":\"Hel\"},\"done\":false}\n{\"model\":\"llama3.2:3b\",\"message\":{\"role\":\"assis",
+            "tant\",\"content\":\"lo\"},\"done\":false}\n\n",
+            "{\"model\":\"llama3.2:3b\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"prompt_eval_count\":12,\"eval_count\":2}",
+        ]))
+        .await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Stop);
+        assert_eq!(events, vec![started("llama3.2:3b"), text("Hel"), text("lo"), usage(12, 2)]);
+
+        let req = server.request().await;
+        assert_eq!((req.method.as_str(), req.path.as_str()), ("POST", "/api/chat"));
+        assert_eq!(req.content_type.as_deref(), Some("application/json"));
+        assert_eq!(
+            req.json(),
+            json!({"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "stream": true})
+        );
+    }
+
+    #[tokio::test]
+    async fn options_are_sent_and_length_is_mapped() {
+        let mut server = fake::serve(Reply::chunks(200, NDJSON, [
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"a\"},\"done\":false}\n",
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"length\",\"eval_count\":1}\n",
+        ]))
+        .await;
+        let mut request = fake::request(vec![fake::user("hi")]);
+        request.stream = false; // we stream from the provider regardless
+        request.options = Some(pb::GenerationOptions {
+            max_tokens: Some(64),
+            temperature: Some(0.7),
+            top_p: Some(0.9),
+            stop: vec!["\n\n".into()],
+            seed: Some(42),
+        });
+        let (result, events) = fake::run(&target(&server.base_url), &request).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Length);
+        assert_eq!(events.last(), Some(&usage(0, 1)));
+        let body = server.request().await.json();
+        assert_eq!(body["stream"], json!(true));
+        assert_eq!(
+            body["options"],
+            json!({"num_predict": 64, "temperature": 0.7, "top_p": 0.9, "stop": ["\n\n"], "seed": 42})
+        );
+    }
+
+    #[tokio::test]
+    async fn tool_calls_are_translated_both_ways() {
+        let mut server = fake::serve(Reply::chunks(200, NDJSON, [
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Berlin\"}}},{\"function\":{\"name\":\"get_time\",\"arguments\":{}}}]},\"done\":false}\n",
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"prompt_eval_count\":30,\"eval_count\":9}\n",
+        ]))
+        .await;
+        let request = pb::RunRequest {
+            messages: vec![
+                pb::ChatMessage { role: pb::Role::System.into(), content: "be brief".into(), ..Default::default() },
+                fake::user("weather in Paris?"),
+                pb::ChatMessage {
+                    role: pb::Role::Assistant.into(),
+                    tool_calls: vec![pb::ToolCall {
+                        id: "call_a".into(),
+                        name: "get_weather".into(),
+                        arguments_json: r#"{"city":"Paris"}"#.into(),
+                    }],
+                    ..Default::default()
+                },
+                pb::ChatMessage {
+                    role: pb::Role::Tool.into(),
+                    content: "sunny".into(),
+                    tool_call_id: "call_a".into(),
+                    ..Default::default()
+                },
+                pb::ChatMessage { role: pb::Role::Tool.into(), content: "orphan".into(), ..Default::default() },
+            ],
+            tools: vec![
+                pb::ToolDefinition {
+                    name: "get_weather".into(),
+                    description: "Current weather".into(),
+                    parameters_json: r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#
+                        .into(),
+                },
+                pb::ToolDefinition { name: "get_time".into(), ..Default::default() },
+            ],
+            ..fake::request(vec![])
+        };
+        let (result, events) = fake::run(&target(&server.base_url), &request).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
+        assert_eq!(
+            events,
+            vec![
+                started("m"),
+                super::super::tool_call(0, "call_0", "get_weather", r#"{"city":"Berlin"}"#),
+                super::super::tool_call(1, "call_1", "get_time", "{}"),
+                usage(30, 9),
+            ]
+        );
+
+        let body = server.request().await.json();
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+                {"role": "tool", "content": "orphan"},
+            ])
+        );
+        assert_eq!(
+            body["tools"],
+            json!([
+                {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+                {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn untranslatable_requests_are_rejected_before_any_call() {
+        let base = fake::refused_base_url().await;
+        let bad_args = pb::ChatMessage {
+            role: pb::Role::Assistant.into(),
+            tool_calls: vec![pb::ToolCall { id: "c".into(), name: "f".into(), arguments_json: "{secret".into() }],
+            ..Default::default()
+        };
+        let not_object = pb::ChatMessage {
+            role: pb::Role::Assistant.into(),
+            tool_calls: vec![pb::ToolCall { id: "c".into(), name: "f".into(), arguments_json: "[1]".into() }],
+            ..Default::default()
+        };
+        let no_role = pb::ChatMessage { content: "x".into(), ..Default::default() };
+        for message in [bad_args, not_object, no_role] {
+            match fake::run(&target(&base), &fake::request(vec![message])).await {
+                (Err(AdapterError::InvalidRequest(msg)), events) => {
+                    assert!(!msg.contains("secret"), "{msg}");
+                    assert!(events.is_empty());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let bad_schema = pb::RunRequest {
+            tools: vec![pb::ToolDefinition { name: "f".into(), parameters_json: "nope".into(), ..Default::default() }],
+            ..fake::request(vec![fake::user("hi")])
+        };
+        assert!(matches!(fake::run(&target(&base), &bad_schema).await.0, Err(AdapterError::InvalidRequest(_))));
+    }
+
+    #[tokio::test]
+    async fn http_429_carries_retry_after_and_provider_message() {
+        let server =
+            fake::serve(Reply::json(429, r#"{"error":"server busy, please retry"}"#).header("retry-after", "2")).await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await {
+            (Err(AdapterError::HttpStatus { status, retry_after_ms, message }), events) => {
+                assert_eq!((status, retry_after_ms), (429, Some(2000)));
+                assert_eq!(message, "server busy, please retry");
+                assert!(events.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn http_400_preserves_provider_message_and_plain_bodies_fall_back_to_status_text() {
+        let server =
+            fake::serve(Reply::json(400, r#"{"error":"model \"nope\" not found, try pulling it first"}"#)).await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(AdapterError::HttpStatus { status: 400, retry_after_ms: None, message }) => {
+                assert_eq!(message, "model \"nope\" not found, try pulling it first")
+            }
+            other => panic!("{other:?}"),
+        }
+        let server = fake::serve(Reply::chunks(503, "text/html", ["<html>echo of the prompt</html>"])).await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(AdapterError::HttpStatus { status: 503, message, .. }) => assert_eq!(message, "Service Unavailable"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_unreachable() {
+        let base = fake::refused_base_url().await;
+        match fake::run(&target(&base), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(e @ AdapterError::Unreachable(_)) => {
+                assert_eq!(e.to_failure().kind(), pb::FailureKind::ProviderUnreachable)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_line_is_a_protocol_error() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            NDJSON,
+            [
+                "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"done\":false}\n",
+                "data: {\"secret\": true\n",
+            ],
+        ))
+        .await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        match result {
+            Err(AdapterError::Protocol(msg)) => assert!(!msg.contains("secret"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(events, vec![started("m"), text("ok")]);
+    }
+
+    #[tokio::test]
+    async fn error_field_mid_stream_is_a_protocol_error_with_its_message() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            NDJSON,
+            [
+                "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"done\":false}\n",
+                "{\"error\":\"model runner has unexpectedly stopped\"}\n",
+            ],
+        ))
+        .await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(AdapterError::Protocol(msg)) => assert_eq!(msg, "model runner has unexpectedly stopped"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn stream_cut_before_done_is_a_protocol_error() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            NDJSON,
+            ["{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"partial\"},\"done\":false}\n"],
+        ))
+        .await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        match result {
+            Err(AdapterError::Protocol(msg)) => assert_eq!(msg, "stream ended before the provider's final chunk"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(events, vec![started("m"), text("partial")]);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_run_closes_the_provider_connection() {
+        fake::assert_drop_closes_connection(
+            AdapterKind::Ollama,
+            NDJSON,
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"a\"},\"done\":false}\n",
+        )
+        .await;
+    }
+
+    #[test]
+    fn decoder_unit_edge_cases() {
+        let mut d = Decoder::new("fallback");
+        let mut out = Vec::new();
+        // first line without a model name falls back to the assigned model
+        assert_eq!(d.line(r#"{"message":{"content":"x"},"done":false}"#, &mut out).unwrap(), None);
+        assert_eq!(d.line("   ", &mut out).unwrap(), None);
+        assert_eq!(d.line("42", &mut out).map_err(|e| e.to_failure().kind()), Err(pb::FailureKind::ProviderProtocol));
+        assert_eq!(d.line(r#"{"done":true,"done_reason":"unload"}"#, &mut out).unwrap(), Some(pb::FinishReason::Stop));
+        assert_eq!(out, vec![started("fallback"), text("x"), usage(0, 0)]);
+    }
+}

@@ -1,0 +1,615 @@
+//! OpenAI-compatible chat completions: `POST {base}/v1/chat/completions`
+//! with `"stream": true`, answered as server-sent events ending in
+//! `data: [DONE]`.
+
+use iop_proto::pb;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::sse::SseParser;
+use super::{
+    AdapterError, Events, ProviderTarget, StreamDecoder, check_options, json_error_summary, message_role, stream_error,
+    to_json_body, tool_parameters,
+};
+
+pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
+pub(super) const PROBE_PATH: &str = "/v1/models";
+
+// ------------------------------------------------------------- request
+
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: Vec<Message<'a>>,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f32>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'static str,
+    /// `null` only for an assistant turn that is nothing but tool calls.
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    /// JSON text, passed through as the client sent it.
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ToolFunction<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    parameters: Value,
+}
+
+/// The `/v1/chat/completions` body for `request`. Always streams, with usage.
+pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<Vec<u8>, AdapterError> {
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, m) in request.messages.iter().enumerate() {
+        let mut message = Message { role: "", content: Some(&m.content), tool_calls: Vec::new(), tool_call_id: None };
+        match message_role(i, m)? {
+            pb::Role::System => message.role = "system",
+            pb::Role::User => message.role = "user",
+            pb::Role::Assistant => {
+                message.role = "assistant";
+                message.tool_calls = m
+                    .tool_calls
+                    .iter()
+                    .map(|call| ToolCall {
+                        id: &call.id,
+                        kind: "function",
+                        function: CallFunction {
+                            name: &call.name,
+                            arguments: if call.arguments_json.trim().is_empty() { "{}" } else { &call.arguments_json },
+                        },
+                    })
+                    .collect();
+                if !message.tool_calls.is_empty() && m.content.is_empty() {
+                    message.content = None;
+                }
+            }
+            pb::Role::Tool => {
+                message.role = "tool";
+                message.tool_call_id = Some(&m.tool_call_id);
+            }
+            pb::Role::Unspecified => {
+                return Err(AdapterError::InvalidRequest(format!("messages[{i}]: role is unspecified")));
+            }
+        }
+        messages.push(message);
+    }
+
+    let tools = request
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Ok(Tool {
+                kind: "function",
+                function: ToolFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: tool_parameters(i, t)?,
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, AdapterError>>()?;
+
+    let default_options = pb::GenerationOptions::default();
+    let options = request.options.as_ref().unwrap_or(&default_options);
+    check_options(options)?;
+
+    to_json_body(&ChatBody {
+        model: &target.target_model,
+        messages,
+        stream: true,
+        stream_options: StreamOptions { include_usage: true },
+        tools,
+        max_tokens: options.max_tokens,
+        temperature: options.temperature,
+        top_p: options.top_p,
+        stop: &options.stop,
+        seed: options.seed,
+    })
+}
+
+// ------------------------------------------------------------ response
+
+#[derive(Deserialize)]
+struct Chunk {
+    model: Option<String>,
+    choices: Option<Vec<Choice>>,
+    usage: Option<ChunkUsage>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    delta: Option<Delta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    content: Option<String>,
+    tool_calls: Option<Vec<DeltaToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaToolCall {
+    index: Option<u32>,
+    id: Option<String>,
+    function: Option<DeltaFunction>,
+}
+
+#[derive(Deserialize)]
+struct DeltaFunction {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChunkUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+/// Decodes an OpenAI chat-completions SSE stream.
+pub(super) struct Decoder {
+    sse: SseParser,
+    fallback_model: String,
+    started: bool,
+    finish_reason: Option<String>,
+}
+
+impl Decoder {
+    pub(super) fn new(model: &str) -> Self {
+        Self { sse: SseParser::new(), fallback_model: model.to_owned(), started: false, finish_reason: None }
+    }
+
+    /// One SSE event's data.
+    fn data(&mut self, data: &str, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError> {
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok(None);
+        }
+        if data == "[DONE]" {
+            return self.finish("provider sent [DONE] without a finish_reason").map(Some);
+        }
+        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+            AdapterError::Protocol(format!("provider sent an invalid SSE data payload ({})", json_error_summary(&e)))
+        })?;
+        if let Some(error) = chunk.error.as_ref().filter(|e| !e.is_null()) {
+            return Err(stream_error(error));
+        }
+        if !self.started {
+            self.started = true;
+            let model = chunk.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.fallback_model);
+            out.push(super::started(model));
+        }
+        if let Some(choice) = chunk.choices.iter().flatten().next() {
+            if let Some(delta) = &choice.delta {
+                if let Some(content) = delta.content.as_deref().filter(|c| !c.is_empty()) {
+                    out.push(super::text(content));
+                }
+                for (position, call) in delta.tool_calls.iter().flatten().enumerate() {
+                    let function = call.function.as_ref();
+                    out.push(super::tool_call(
+                        call.index.unwrap_or(position as u32),
+                        call.id.as_deref().unwrap_or(""),
+                        function.and_then(|f| f.name.as_deref()).unwrap_or(""),
+                        function.and_then(|f| f.arguments.as_deref()).unwrap_or(""),
+                    ));
+                }
+            }
+            if let Some(reason) = &choice.finish_reason {
+                self.finish_reason = Some(reason.clone());
+            }
+        }
+        if let Some(usage) = &chunk.usage {
+            out.push(super::usage(usage.prompt_tokens.unwrap_or(0), usage.completion_tokens.unwrap_or(0)));
+        }
+        Ok(None)
+    }
+
+    fn finish(&self, missing: &str) -> Result<pb::FinishReason, AdapterError> {
+        match self.finish_reason.as_deref() {
+            Some(reason) => Ok(map_finish_reason(reason)),
+            None => Err(AdapterError::Protocol(missing.to_owned())),
+        }
+    }
+}
+
+fn map_finish_reason(reason: &str) -> pb::FinishReason {
+    match reason {
+        "length" => pb::FinishReason::Length,
+        "tool_calls" | "function_call" => pb::FinishReason::ToolCalls,
+        "content_filter" => pb::FinishReason::ContentFilter,
+        _ => pb::FinishReason::Stop,
+    }
+}
+
+impl StreamDecoder for Decoder {
+    fn line(&mut self, line: &str, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError> {
+        match self.sse.line(line) {
+            Some(data) => self.data(&data, out),
+            None => Ok(None),
+        }
+    }
+
+    fn end(&mut self, out: &mut Events) -> Result<pb::FinishReason, AdapterError> {
+        if let Some(data) = self.sse.finish()
+            && let Some(reason) = self.data(&data, out)?
+        {
+            return Ok(reason);
+        }
+        // A missing [DONE] after a complete answer is fine.
+        self.finish("stream ended before the provider's final chunk")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use iop_proto::pb::run_event::Event;
+    use serde_json::json;
+
+    use super::super::fake::{self, Reply};
+    use super::super::{AdapterKind, tool_call, usage};
+    use super::*;
+
+    const SSE: &str = "text/event-stream";
+
+    fn target(base_url: &str) -> ProviderTarget {
+        fake::target(AdapterKind::OpenAi, base_url)
+    }
+
+    fn started(model: &str) -> Event {
+        super::super::started(model)
+    }
+
+    fn text(t: &str) -> Event {
+        super::super::text(t)
+    }
+
+    fn content_chunk(content: &str) -> String {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c1", "object": "chat.completion.chunk", "model": "gpt-x-2024",
+                   "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
+        )
+    }
+
+    fn finish_chunk(reason: &str) -> String {
+        format!(
+            "data: {}\n\n",
+            json!({"model": "gpt-x-2024", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+        )
+    }
+
+    const USAGE_CHUNK: &str = "data: {\"model\":\"gpt-x-2024\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":3,\"total_tokens\":14}}\n\n";
+
+    #[tokio::test]
+    async fn streams_text_then_usage_and_stop() {
+        let first = content_chunk("Hel");
+        let (a, b) = first.split_at(25); // a data line split across network chunks
+        let mut server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [
+                ": keep-alive\n\n".to_owned(),
+                format!("event: message\nid: 1\nretry: 5\n{a}"),
+                b.to_owned(),
+                content_chunk("lo").replacen("data: ", "data:", 1),
+                finish_chunk("stop"),
+                USAGE_CHUNK.to_owned(),
+                "data: [DONE]\n\n".to_owned(),
+            ],
+        ))
+        .await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Stop);
+        assert_eq!(events, vec![started("gpt-x-2024"), text("Hel"), text("lo"), usage(11, 3)]);
+
+        let req = server.request().await;
+        assert_eq!((req.method.as_str(), req.path.as_str()), ("POST", "/v1/chat/completions"));
+        assert_eq!(req.content_type.as_deref(), Some("application/json"));
+        assert_eq!(
+            req.json(),
+            json!({"model": "test-model", "messages": [{"role": "user", "content": "hi"}],
+                   "stream": true, "stream_options": {"include_usage": true}})
+        );
+    }
+
+    #[tokio::test]
+    async fn options_are_sent() {
+        let mut server = fake::serve(Reply::chunks(200, SSE, [content_chunk("a"), finish_chunk("length")])).await;
+        let request = pb::RunRequest {
+            options: Some(pb::GenerationOptions {
+                max_tokens: Some(64),
+                temperature: Some(0.7),
+                top_p: Some(0.9),
+                stop: vec!["END".into()],
+                seed: Some(-3),
+            }),
+            ..fake::request(vec![fake::user("hi")])
+        };
+        let (result, _) = fake::run(&target(&server.base_url), &request).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Length);
+        let body = server.request().await.json();
+        assert_eq!(
+            (&body["max_tokens"], &body["temperature"], &body["top_p"], &body["stop"], &body["seed"]),
+            (&json!(64), &json!(0.7), &json!(0.9), &json!(["END"]), &json!(-3))
+        );
+    }
+
+    #[tokio::test]
+    async fn tool_calls_are_translated_both_ways() {
+        let call_chunk = |call: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({"model": "gpt-x", "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": null}]})
+            )
+        };
+        let mut server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [
+                call_chunk(json!({"index": 0, "id": "call_abc", "type": "function",
+                              "function": {"name": "get_weather", "arguments": ""}})),
+                call_chunk(json!({"index": 0, "function": {"arguments": "{\"city\":"}})),
+                call_chunk(json!({"index": 0, "function": {"arguments": "\"Berlin\"}"}})),
+                finish_chunk("tool_calls"),
+                "data: [DONE]\n\n".to_owned(),
+            ],
+        ))
+        .await;
+        let request = pb::RunRequest {
+            messages: vec![
+                pb::ChatMessage { role: pb::Role::System.into(), content: "be brief".into(), ..Default::default() },
+                fake::user("weather in Paris?"),
+                pb::ChatMessage {
+                    role: pb::Role::Assistant.into(),
+                    tool_calls: vec![pb::ToolCall {
+                        id: "call_1".into(),
+                        name: "get_weather".into(),
+                        arguments_json: r#"{"city":"Paris"}"#.into(),
+                    }],
+                    ..Default::default()
+                },
+                pb::ChatMessage {
+                    role: pb::Role::Tool.into(),
+                    content: "sunny".into(),
+                    tool_call_id: "call_1".into(),
+                    ..Default::default()
+                },
+            ],
+            tools: vec![pb::ToolDefinition {
+                name: "get_weather".into(),
+                description: "Current weather".into(),
+                parameters_json: r#"{"type":"object","properties":{"city":{"type":"string"}}}"#.into(),
+            }],
+            ..fake::request(vec![])
+        };
+        let (result, events) = fake::run(&target(&server.base_url), &request).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
+        assert_eq!(
+            events,
+            vec![
+                started("gpt-x"),
+                tool_call(0, "call_abc", "get_weather", ""),
+                tool_call(0, "", "", "{\"city\":"),
+                tool_call(0, "", "", "\"Berlin\"}"),
+            ]
+        );
+
+        let body = server.request().await.json();
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+            ])
+        );
+        assert_eq!(
+            body["tools"],
+            json!([{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+        );
+    }
+
+    #[tokio::test]
+    async fn http_429_carries_retry_after_and_provider_message() {
+        let server = fake::serve(
+            Reply::json(429, r#"{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}"#)
+                .header("retry-after", "2"),
+        )
+        .await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(e @ AdapterError::HttpStatus { .. }) => {
+                let AdapterError::HttpStatus { status, retry_after_ms, message } = &e else { unreachable!() };
+                assert_eq!((*status, *retry_after_ms), (429, Some(2000)));
+                assert_eq!(message, "Rate limit reached for requests");
+                let failure = e.to_failure();
+                assert_eq!((failure.provider_status, failure.retry_after_ms), (429, 2000));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn http_400_preserves_provider_message() {
+        let server = fake::serve(
+            Reply::json(400, r#"{"error":{"message":"This model's maximum context length is 8192 tokens","type":"invalid_request_error"}}"#)
+                .header("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        )
+        .await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(AdapterError::HttpStatus { status: 400, retry_after_ms: None, message }) => {
+                assert_eq!(message, "This model's maximum context length is 8192 tokens")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_unreachable() {
+        let base = fake::refused_base_url().await;
+        assert!(matches!(
+            fake::run(&target(&base), &fake::request(vec![fake::user("hi")])).await.0,
+            Err(AdapterError::Unreachable(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn malformed_data_is_a_protocol_error() {
+        let server =
+            fake::serve(Reply::chunks(200, SSE, [content_chunk("ok"), "data: {\"secret\": \n\n".to_owned()])).await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        match result {
+            Err(AdapterError::Protocol(msg)) => assert!(!msg.contains("secret"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(events, vec![started("gpt-x-2024"), text("ok")]);
+    }
+
+    #[tokio::test]
+    async fn error_chunk_is_a_protocol_error_with_its_message() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [
+                content_chunk("ok"),
+                "data: {\"error\":{\"message\":\"upstream overloaded\",\"type\":\"server_error\"}}\n\n".to_owned(),
+            ],
+        ))
+        .await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(AdapterError::Protocol(msg)) => assert_eq!(msg, "upstream overloaded"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn stream_cut_before_finish_reason_is_a_protocol_error() {
+        let server = fake::serve(Reply::chunks(200, SSE, [content_chunk("partial")])).await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        match result {
+            Err(AdapterError::Protocol(msg)) => assert_eq!(msg, "stream ended before the provider's final chunk"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(events, vec![started("gpt-x-2024"), text("partial")]);
+    }
+
+    #[tokio::test]
+    async fn done_without_finish_reason_is_a_protocol_error() {
+        let server =
+            fake::serve(Reply::chunks(200, SSE, [content_chunk("partial"), "data: [DONE]\n\n".to_owned()])).await;
+        assert!(matches!(
+            fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0,
+            Err(AdapterError::Protocol(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn missing_done_after_finish_reason_is_ok() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [
+                content_chunk("all"),
+                finish_chunk("stop"),
+                USAGE_CHUNK.trim_end().to_owned(), // last event not even blank-line terminated
+            ],
+        ))
+        .await;
+        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Stop);
+        assert_eq!(events, vec![started("gpt-x-2024"), text("all"), usage(11, 3)]);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_run_closes_the_provider_connection() {
+        fake::assert_drop_closes_connection(
+            AdapterKind::OpenAi,
+            SSE,
+            "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+        )
+        .await;
+    }
+
+    #[test]
+    fn finish_reasons_map() {
+        for (reason, expected) in [
+            ("stop", pb::FinishReason::Stop),
+            ("length", pb::FinishReason::Length),
+            ("tool_calls", pb::FinishReason::ToolCalls),
+            ("function_call", pb::FinishReason::ToolCalls),
+            ("content_filter", pb::FinishReason::ContentFilter),
+            ("eos", pb::FinishReason::Stop),
+        ] {
+            assert_eq!(map_finish_reason(reason), expected, "{reason}");
+        }
+    }
+
+    #[test]
+    fn decoder_tolerates_sparse_chunks() {
+        let mut d = Decoder::new("fallback");
+        let mut out = Vec::new();
+        for line in [
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}],\"usage\":null,\"error\":null}",
+            "",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]},\"finish_reason\":\"tool_calls\"}]}",
+            "",
+        ] {
+            assert_eq!(d.line(line, &mut out).unwrap(), None);
+        }
+        assert_eq!(d.line("data: [DONE]", &mut out).unwrap(), None, "dispatched only at the blank line");
+        assert_eq!(d.line("", &mut out).unwrap(), Some(pb::FinishReason::ToolCalls));
+        assert_eq!(out, vec![started("fallback"), tool_call(0, "", "f", "")]);
+    }
+}

@@ -1,0 +1,162 @@
+//! The node config file (`iop-node --config FILE`): where the Edge is and
+//! which certificate proves who this node is. Which providers to run comes
+//! from the Edge at registration, not from here.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub edge: EdgeEndpoint,
+    pub tls: NodeTlsConfig,
+    #[serde(default)]
+    pub reconnect: ReconnectConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeEndpoint {
+    /// The Edge's node-facing gRPC endpoint, e.g. `https://iop.example.com:7443`.
+    pub url: String,
+    /// Name the Edge's server certificate must carry; defaults to the URL's host.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTlsConfig {
+    /// CA that signed the Edge's server certificate.
+    pub ca_file: PathBuf,
+    /// This node's client certificate (URI SAN spiffe://<trust-domain>/node/<name>).
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconnectConfig {
+    /// First retry delay after a lost or refused connection.
+    #[serde(default = "ReconnectConfig::default_initial")]
+    pub initial_backoff_ms: u64,
+    /// Cap of the exponential backoff.
+    #[serde(default = "ReconnectConfig::default_max")]
+    pub max_backoff_ms: u64,
+}
+
+impl ReconnectConfig {
+    fn default_initial() -> u64 {
+        500
+    }
+    fn default_max() -> u64 {
+        30_000
+    }
+    pub fn initial(&self) -> Duration {
+        Duration::from_millis(self.initial_backoff_ms)
+    }
+    pub fn max(&self) -> Duration {
+        Duration::from_millis(self.max_backoff_ms)
+    }
+}
+
+impl Default for ReconnectConfig {
+    fn default() -> Self {
+        Self { initial_backoff_ms: Self::default_initial(), max_backoff_ms: Self::default_max() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config file {path}: {reason}")]
+    Parse { path: String, reason: String },
+    #[error("config file {path}: {field}: {reason}")]
+    Invalid { path: String, field: &'static str, reason: String },
+}
+
+impl NodeConfig {
+    /// Reads, parses and validates `path`; relative TLS paths are resolved
+    /// against the file's directory.
+    pub fn load(path: &Path) -> Result<Self, NodeConfigError> {
+        let shown = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| NodeConfigError::Read { path: shown.clone(), source })?;
+        let mut config = Self::from_yaml(&text).map_err(|e| match e {
+            NodeConfigError::Parse { reason, .. } => NodeConfigError::Parse { path: shown.clone(), reason },
+            NodeConfigError::Invalid { field, reason, .. } => NodeConfigError::Invalid { path: shown.clone(), field, reason },
+            other => other,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for file in [&mut config.tls.ca_file, &mut config.tls.cert_file, &mut config.tls.key_file] {
+            if file.is_relative() {
+                *file = base.join(&*file);
+            }
+        }
+        Ok(config)
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self, NodeConfigError> {
+        let config: NodeConfig = serde_saphyr::from_str(text)
+            .map_err(|e| NodeConfigError::Parse { path: String::new(), reason: e.to_string() })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), NodeConfigError> {
+        let invalid = |field, reason: &str| NodeConfigError::Invalid { path: String::new(), field, reason: reason.into() };
+        if self.server_name().is_none() {
+            return Err(invalid("edge.url", "must be https://HOST[:PORT]"));
+        }
+        if self.reconnect.initial_backoff_ms == 0 {
+            return Err(invalid("reconnect.initial_backoff_ms", "must be greater than 0"));
+        }
+        if self.reconnect.max_backoff_ms < self.reconnect.initial_backoff_ms {
+            return Err(invalid("reconnect.max_backoff_ms", "must be at least initial_backoff_ms"));
+        }
+        Ok(())
+    }
+
+    /// The TLS server name to verify: explicit, or the URL's host.
+    pub fn server_name(&self) -> Option<String> {
+        if let Some(name) = &self.edge.server_name {
+            return Some(name.clone());
+        }
+        let rest = self.edge.url.strip_prefix("https://")?;
+        let authority = rest.split('/').next()?;
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next()?,
+            None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+        };
+        (!host.is_empty()).then(|| host.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "edge: { url: \"https://edge.example:7443\" }\ntls: { ca_file: ca.pem, cert_file: n.pem, key_file: n-key.pem }\n";
+
+    #[test]
+    fn defaults_and_server_name_from_url() {
+        let c = NodeConfig::from_yaml(VALID).unwrap();
+        assert_eq!(c.server_name().as_deref(), Some("edge.example"));
+        assert_eq!(c.reconnect, ReconnectConfig::default());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let plain = VALID.replace("https://", "http://");
+        assert!(matches!(NodeConfig::from_yaml(&plain), Err(NodeConfigError::Invalid { field: "edge.url", .. })));
+        let backoff = format!("{VALID}reconnect: {{ initial_backoff_ms: 10, max_backoff_ms: 5 }}\n");
+        assert!(matches!(
+            NodeConfig::from_yaml(&backoff),
+            Err(NodeConfigError::Invalid { field: "reconnect.max_backoff_ms", .. })
+        ));
+        assert!(matches!(NodeConfig::from_yaml("edge: {}"), Err(NodeConfigError::Parse { .. })));
+    }
+}

@@ -1,0 +1,22 @@
+//! IOP Node: the agent on a Mac. It dials the Edge over mTLS gRPC (it sits
+//! behind NAT; the Edge never dials it), registers, checks its providers,
+//! becomes ready, and runs provider adapters for the runs the Edge assigns.
+//!
+//! Data flow: `transport` (dial, session, heartbeats) -> `run` (one run's
+//! event stream) -> `adapter` (Ollama / OpenAI-compatible HTTP).
+
+pub mod adapter;
+pub mod config;
+pub mod run;
+pub mod transport;
+
+use iop_proto::liveness::HeartbeatProfile;
+use tokio_util::sync::CancellationToken;
+
+pub use config::NodeConfig;
+pub use transport::TransportError;
+
+/// Runs the node until `shutdown` is cancelled.
+pub async fn run(config: NodeConfig, heartbeat: HeartbeatProfile, shutdown: CancellationToken) -> Result<(), TransportError> {
+    transport::supervise(config, heartbeat, shutdown).await
+}

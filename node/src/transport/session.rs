@@ -1,0 +1,245 @@
+//! One connection's control session: Register, apply the provider config,
+//! check every provider answers, NodeReady, then heartbeats, run assignment,
+//! cancel and commands until the connection ends. Runs started on a session
+//! are cancelled when it ends: their generation is fenced at the Edge anyway.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use iop_proto::liveness::HeartbeatMonitor;
+use iop_proto::liveness::HeartbeatProfile;
+use iop_proto::pb::{self, edge_to_node::Msg, node_gateway_client::NodeGatewayClient};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::sequence::SessionSequence;
+use crate::adapter::{self, ProviderTarget};
+use crate::run::{self, RunContext};
+
+/// Bound on each provider check at readiness and for CAPABILITIES.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub enum SessionEnd {
+    Shutdown,
+    ConnectFailed(String),
+    Closed { was_ready: bool, reason: String },
+}
+
+fn closed(was_ready: bool, reason: impl Into<String>) -> SessionEnd {
+    SessionEnd::Closed { was_ready, reason: reason.into() }
+}
+
+/// Providers assigned by the Edge, by id. Assignments that fail validation
+/// are kept as errors so readiness reports them unavailable.
+pub type Providers = HashMap<String, Result<ProviderTarget, String>>;
+
+pub fn apply_config(payload: &pb::NodeConfigPayload) -> Providers {
+    payload
+        .providers
+        .iter()
+        .map(|a| (a.provider_id.clone(), ProviderTarget::from_assignment(a).map_err(|e| e.to_string())))
+        .collect()
+}
+
+/// Checks every provider concurrently, each bounded by `PROBE_TIMEOUT`.
+pub async fn probe_all(http: &reqwest::Client, providers: &Providers) -> Vec<pb::ProviderStatus> {
+    let checks = providers.iter().map(|(id, target)| async move {
+        let health = match target {
+            Err(_) => pb::ProviderHealth::Unavailable,
+            Ok(target) => match tokio::time::timeout(PROBE_TIMEOUT, adapter::probe(http, target)).await {
+                Ok(Ok(())) => pb::ProviderHealth::Available,
+                Ok(Err(e)) => {
+                    tracing::warn!(provider = %id, error = %e, "provider check failed");
+                    pb::ProviderHealth::Unavailable
+                }
+                Err(_) => pb::ProviderHealth::Unknown,
+            },
+        };
+        pb::ProviderStatus { provider_id: id.clone(), health: health.into() }
+    });
+    let mut statuses = join_all(checks).await;
+    statuses.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
+    statuses
+}
+
+fn send(out: &mpsc::Sender<pb::NodeToEdge>, msg: pb::node_to_edge::Msg) -> bool {
+    // A full outbound queue means the Edge stopped reading; the heartbeat
+    // wait ends such a connection, so never block the loop on it.
+    out.try_send(pb::NodeToEdge { msg: Some(msg) }).is_ok()
+}
+
+pub async fn run(
+    mut client: NodeGatewayClient<Channel>,
+    http: reqwest::Client,
+    heartbeat: HeartbeatProfile,
+    shutdown: CancellationToken,
+) -> SessionEnd {
+    let (out, out_rx) = mpsc::channel(64);
+    send(&out, pb::node_to_edge::Msg::Register(pb::Register { node_version: env!("CARGO_PKG_VERSION").to_string() }));
+    let mut inbound = match client.control(ReceiverStream::new(out_rx)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return SessionEnd::ConnectFailed(format!("control stream refused: {}", status.message())),
+    };
+
+    // RegisterResponse within one heartbeat wait.
+    let registered = match tokio::time::timeout(heartbeat.wait, inbound.message()).await {
+        Ok(Ok(Some(pb::EdgeToNode { msg: Some(Msg::RegisterResponse(r)) }))) => r,
+        Ok(Ok(Some(_))) => return closed(false, "protocol_error: expected RegisterResponse"),
+        Ok(Ok(None)) => return closed(false, "edge closed the control stream"),
+        Ok(Err(status)) => return SessionEnd::ConnectFailed(format!("edge refused registration: {}", status.message())),
+        Err(_) => return closed(false, "no RegisterResponse within the heartbeat wait"),
+    };
+    let generation = registered.generation;
+    let providers = Arc::new(apply_config(&registered.config.unwrap_or_default()));
+    tracing::info!(generation, providers = providers.len(), "registered with the edge; checking providers");
+    let statuses = probe_all(&http, &providers).await;
+    send(&out, pb::node_to_edge::Msg::Ready(pb::NodeReady { generation, providers: statuses }));
+
+    let session = Session {
+        generation,
+        connected_at: Instant::now(),
+        providers,
+        http,
+        client,
+        runs: Arc::new(Mutex::new(HashMap::new())),
+        sequence: Arc::new(SessionSequence::default()),
+    };
+    let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
+    // Runs are bound to this connection; the Edge has fenced them already.
+    for (_, cancel) in session.runs.lock().unwrap().drain() {
+        cancel.cancel();
+    }
+    end
+}
+
+struct Session {
+    generation: u64,
+    connected_at: Instant,
+    providers: Arc<Providers>,
+    http: reqwest::Client,
+    client: NodeGatewayClient<Channel>,
+    runs: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    /// Source of `health_observation_seq` for this connection.
+    #[allow(dead_code)] // consumed by the stall watchdog's observations
+    sequence: Arc<SessionSequence>,
+}
+
+impl Session {
+    async fn serve(
+        &self,
+        inbound: &mut tonic::Streaming<pb::EdgeToNode>,
+        out: &mpsc::Sender<pb::NodeToEdge>,
+        heartbeat: HeartbeatProfile,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let mut monitor = HeartbeatMonitor::new(heartbeat, Instant::now());
+        let mut ticker = tokio::time::interval(heartbeat.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ready = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+                _ = tokio::time::sleep_until(monitor.deadline()) => {
+                    if monitor.expired(Instant::now()) {
+                        return closed(ready, iop_proto::liveness::HEARTBEAT_TIMEOUT_REASON);
+                    }
+                }
+                _ = ticker.tick() => {
+                    send(out, pb::node_to_edge::Msg::Heartbeat(pb::Heartbeat { seq: monitor.next_ping() }));
+                }
+                message = inbound.message() => {
+                    let msg = match message {
+                        Ok(Some(pb::EdgeToNode { msg: Some(msg) })) => msg,
+                        Ok(Some(_)) => return closed(ready, "protocol_error: empty control message"),
+                        Ok(None) => return closed(ready, "edge closed the control stream"),
+                        Err(status) => return closed(ready, format!("edge closed the session: {}", status.message())),
+                    };
+                    monitor.heard(Instant::now());
+                    match msg {
+                        Msg::Heartbeat(hb) => {
+                            send(out, pb::node_to_edge::Msg::HeartbeatAck(pb::HeartbeatAck { seq: hb.seq }));
+                        }
+                        Msg::HeartbeatAck(_) => {}
+                        Msg::ReadyResponse(r) if r.generation == self.generation && !ready => {
+                            ready = true;
+                            tracing::info!(generation = self.generation, "node ready");
+                        }
+                        Msg::RunAssign(assign) if ready => self.start_run(assign),
+                        Msg::Cancel(cancel) => {
+                            if let Some(token) = self.runs.lock().unwrap().remove(&cancel.run_id) {
+                                token.cancel();
+                            }
+                        }
+                        Msg::Command(command) if ready => self.answer(command, out),
+                        other => {
+                            return closed(ready, format!("protocol_error: unexpected {}", msg_name(&other)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_run(&self, assign: pb::RunAssign) {
+        let Some(request) = assign.request else { return };
+        let cancel = CancellationToken::new();
+        self.runs.lock().unwrap().insert(request.run_id.clone(), cancel.clone());
+        let ctx = RunContext {
+            client: self.client.clone(),
+            http: self.http.clone(),
+            providers: self.providers.clone(),
+            generation: self.generation,
+        };
+        let runs = self.runs.clone();
+        tokio::spawn(async move {
+            let run_id = request.run_id.clone();
+            run::execute(ctx, request, cancel).await;
+            runs.lock().unwrap().remove(&run_id);
+        });
+    }
+
+    fn answer(&self, command: pb::NodeCommand, out: &mpsc::Sender<pb::NodeToEdge>) {
+        use pb::node_command_result::Result as R;
+        let kind = iop_proto::wire::closed_enum::<pb::CommandKind>("command.kind", command.kind);
+        let out = out.clone();
+        let (http, providers) = (self.http.clone(), self.providers.clone());
+        let status = pb::TransportStatus {
+            generation: self.generation,
+            active_runs: self.runs.lock().unwrap().len() as u64,
+            connected_for_ms: self.connected_at.elapsed().as_millis() as u64,
+        };
+        // Probes can take seconds: answer off the control loop.
+        tokio::spawn(async move {
+            let result = match kind {
+                Ok(pb::CommandKind::Capabilities) => {
+                    R::Capabilities(pb::Capabilities { providers: probe_all(&http, &providers).await })
+                }
+                Ok(pb::CommandKind::TransportStatus) => R::TransportStatus(status),
+                Ok(pb::CommandKind::Unspecified) | Err(_) => R::Error(pb::CommandError {
+                    code: pb::CommandErrorCode::Unsupported.into(),
+                    message: format!("unsupported command kind {}", command.kind),
+                }),
+            };
+            let result = pb::NodeCommandResult { command_id: command.command_id, result: Some(result) };
+            let _ = out.send(pb::NodeToEdge { msg: Some(pb::node_to_edge::Msg::CommandResult(result)) }).await;
+        });
+    }
+}
+
+fn msg_name(msg: &Msg) -> &'static str {
+    match msg {
+        Msg::RegisterResponse(_) => "RegisterResponse",
+        Msg::ReadyResponse(_) => "NodeReadyResponse",
+        Msg::Heartbeat(_) => "Heartbeat",
+        Msg::HeartbeatAck(_) => "HeartbeatAck",
+        Msg::RunAssign(_) => "RunAssign before ready",
+        Msg::Cancel(_) => "Cancel",
+        Msg::Command(_) => "NodeCommand before ready",
+    }
+}
