@@ -72,6 +72,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -165,22 +167,17 @@ pub enum FaultError {
     #[error("unknown fault knob `{0}` (known knobs: {known})", known = KNOBS.join(", "))]
     UnknownKnob(String),
     #[error("invalid value `{value}` for fault knob `{knob}`: {reason}")]
-    BadValue {
-        knob: String,
-        value: String,
-        reason: &'static str,
-    },
+    BadValue { knob: String, value: String, reason: &'static str },
 }
 
 fn bad_value(knob: &str, value: impl ToString, reason: &'static str) -> FaultError {
-    FaultError::BadValue {
-        knob: knob.to_owned(),
-        value: value.to_string(),
-        reason,
-    }
+    FaultError::BadValue { knob: knob.to_owned(), value: value.to_string(), reason }
 }
 
 /// Parses `k=v,k2=v2` (flags may omit `=true`; blanks are ignored).
+///
+/// # Errors
+/// An unknown knob, a missing or unparsable value, or a value out of range.
 pub fn parse_faults(spec: &str) -> Result<Faults, FaultError> {
     let mut faults = Faults::default();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -195,6 +192,7 @@ pub fn parse_faults(spec: &str) -> Result<Faults, FaultError> {
 
 impl Faults {
     /// `self` overridden by every knob that is set in `over`.
+    #[must_use]
     pub fn merged(&self, over: &Faults) -> Faults {
         Faults {
             headers_delay_ms: over.headers_delay_ms.or(self.headers_delay_ms),
@@ -213,6 +211,9 @@ impl Faults {
     }
 
     /// Checks value ranges that the types alone do not express.
+    ///
+    /// # Errors
+    /// `status` outside 400..=599, or `malformed_at=0`.
     pub fn validate(&self) -> Result<(), FaultError> {
         if let Some(code) = self.status
             && !(400..=599).contains(&code)
@@ -252,9 +253,7 @@ fn on(flag: Option<bool>) -> bool {
 
 fn number<T: FromStr>(knob: &str, value: Option<&str>) -> Result<T, FaultError> {
     let value = value.ok_or_else(|| bad_value(knob, "", "expected `knob=NUMBER`"))?;
-    value
-        .parse()
-        .map_err(|_| bad_value(knob, value, "expected a non-negative integer"))
+    value.parse().map_err(|_| bad_value(knob, value, "expected a non-negative integer"))
 }
 
 fn flag(knob: &str, value: Option<&str>) -> Result<bool, FaultError> {
@@ -273,9 +272,7 @@ fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap) -> Result
         faults = faults.merged(&over);
     }
     for value in headers.get_all(FAULTS_HEADER) {
-        let spec = value
-            .to_str()
-            .map_err(|_| format!("{FAULTS_HEADER} header is not valid UTF-8"))?;
+        let spec = value.to_str().map_err(|_| format!("{FAULTS_HEADER} header is not valid UTF-8"))?;
         let over = parse_faults(spec).map_err(|e| format!("{FAULTS_HEADER} header: {e}"))?;
         faults = faults.merged(&over);
     }
@@ -334,11 +331,13 @@ pub struct MockHandle {
 
 impl MockHandle {
     /// `http://ADDR`, without a trailing slash.
+    #[must_use]
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// The same counters as `GET /mock/stats`, read in-process.
+    #[must_use]
     pub fn stats(&self) -> MockStats {
         self.counters.snapshot()
     }
@@ -354,10 +353,11 @@ impl MockHandle {
 }
 
 /// Spawns the server on `listener` and returns at once.
+///
+/// # Panics
+/// If the listener has no local address (it always has once bound).
 pub async fn start(listener: TcpListener, config: MockConfig) -> MockHandle {
-    let addr = listener
-        .local_addr()
-        .expect("mock provider listener has a local address");
+    let addr = listener.local_addr().expect("mock provider listener has a local address");
     let counters = Arc::new(Counters::default());
     let (stop, stopped) = oneshot::channel::<()>();
     let signal = async move {
@@ -365,16 +365,14 @@ pub async fn start(listener: TcpListener, config: MockConfig) -> MockHandle {
         let _ = stopped.await;
     };
     let task = tokio::spawn(serve_with(listener, config, counters.clone(), signal));
-    MockHandle {
-        addr,
-        counters,
-        stop,
-        task,
-    }
+    MockHandle { addr, counters, stop, task }
 }
 
 /// Serves until `shutdown` completes, then shuts down gracefully (stalled and
 /// held responses are ended so that this returns promptly).
+///
+/// # Errors
+/// Only what `axum::serve` reports (in practice none).
 pub async fn serve(
     listener: TcpListener,
     config: MockConfig,
@@ -390,11 +388,7 @@ async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let (stopping_tx, stopping) = watch::channel(false);
-    let state = AppState {
-        defaults: Arc::new(config.defaults),
-        counters,
-        stopping,
-    };
+    let state = AppState { defaults: Arc::new(config.defaults), counters, stopping };
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!("failed to set TCP_NODELAY: {e}");
@@ -488,11 +482,9 @@ impl ChatMessage {
     fn text(&self) -> String {
         match &self.content {
             Value::String(s) => s.clone(),
-            Value::Array(parts) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Value::Array(parts) => {
+                parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+            }
             _ => String::new(),
         }
     }
@@ -512,11 +504,7 @@ impl Api {
     /// The request's completion-length limit, in chunks.
     fn limit(self, req: &ChatRequest) -> Option<usize> {
         let limit = match self {
-            Api::Ollama => req
-                .options
-                .as_ref()
-                .and_then(|o| o.num_predict)
-                .and_then(|n| u64::try_from(n).ok()),
+            Api::Ollama => req.options.as_ref().and_then(|o| o.num_predict).and_then(|n| u64::try_from(n).ok()),
             Api::OpenAi => req.max_completion_tokens.or(req.max_tokens),
         };
         limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
@@ -541,11 +529,7 @@ impl Api {
         let body = match self {
             Api::Ollama => json!({ "error": message }),
             Api::OpenAi => {
-                let kind = if status.is_server_error() {
-                    "server_error"
-                } else {
-                    "invalid_request_error"
-                };
+                let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
                 json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
             }
         };
@@ -580,16 +564,8 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
 
     let reply = Reply {
         api,
-        id: format!(
-            "chatcmpl-mock-{}",
-            state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)
-        ),
-        plan: ReplyPlan::new(
-            &req.messages,
-            req.tools.as_deref().unwrap_or_default(),
-            api.limit(&req),
-            faults.words,
-        ),
+        id: format!("chatcmpl-mock-{}", state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)),
+        plan: ReplyPlan::new(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words),
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         no_done: on(faults.no_done),
         model: req.model,
@@ -605,9 +581,7 @@ fn fault_status(api: Api, code: u16, retry_after: Option<u64>) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = api.error(status, &format!("mock fault: status {code}"));
     if let Some(secs) = retry_after {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }
@@ -623,9 +597,7 @@ async fn sleep_ms(ms: Option<u64>) {
 async fn full_response(reply: &Reply, faults: &Faults, state: &AppState) -> Response {
     if faults.stall_after.is_some() {
         state.until_stopping().await;
-        return reply
-            .api
-            .error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down");
+        return reply.api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down");
     }
     let chunks = reply.plan.chunk_count() as u64;
     sleep_ms(faults.first_token_delay_ms).await;
@@ -638,8 +610,8 @@ async fn full_response(reply: &Reply, faults: &Faults, state: &AppState) -> Resp
     let mut body = reply.full_body().to_string().into_bytes();
     if faults.cut_after.is_some() {
         body.truncate(body.len() / 2);
-        let cut: [io::Result<Bytes>; 2] = [Ok(body.into()), Err(io::Error::other("cut_after fault"))];
-        let body = Body::from_stream(futures_util::stream::iter(cut));
+        let half = futures_util::stream::once(async { Ok(Bytes::from(body)) });
+        let body = Body::from_stream(half.chain(futures_util::stream::once(cut_error())));
         return ([(header::CONTENT_TYPE, json)], body).into_response();
     }
     ([(header::CONTENT_TYPE, json)], body).into_response()
@@ -648,10 +620,7 @@ async fn full_response(reply: &Reply, faults: &Faults, state: &AppState) -> Resp
 fn streaming_response(reply: &Reply, faults: &Faults, state: &AppState) -> Response {
     let steps = schedule(reply.stream_parts(), faults, reply.api.malformed_chunk());
     let body = BodyScript::new(steps, state).into_body();
-    let headers = [
-        (header::CONTENT_TYPE, reply.api.stream_content_type()),
-        (header::CACHE_CONTROL, "no-cache"),
-    ];
+    let headers = [(header::CONTENT_TYPE, reply.api.stream_content_type()), (header::CACHE_CONTROL, "no-cache")];
     (headers, body).into_response()
 }
 
@@ -691,16 +660,10 @@ struct Usage {
 
 impl ReplyPlan {
     fn new(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<usize>) -> Self {
-        let prompt = messages
-            .iter()
-            .map(|m| m.text().split_whitespace().count() as u64)
-            .sum();
+        let prompt = messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum();
         if let Some(tool_call) = requested_tool_call(messages, tools) {
             return ReplyPlan {
-                usage: Usage {
-                    prompt,
-                    completion: tool_call.argument_pieces.len() as u64,
-                },
+                usage: Usage { prompt, completion: tool_call.argument_pieces.len() as u64 },
                 pieces: Vec::new(),
                 tool_call: Some(tool_call),
                 finish: Finish::ToolCalls,
@@ -714,15 +677,7 @@ impl ReplyPlan {
             }
             _ => Finish::Stop,
         };
-        ReplyPlan {
-            usage: Usage {
-                prompt,
-                completion: pieces.len() as u64,
-            },
-            pieces,
-            tool_call: None,
-            finish,
-        }
+        ReplyPlan { usage: Usage { prompt, completion: pieces.len() as u64 }, pieces, tool_call: None, finish }
     }
 
     fn text(&self) -> String {
@@ -741,12 +696,7 @@ fn reply_text(messages: &[ChatMessage], words: Option<usize>) -> String {
     if let Some(n) = words {
         return (1..=n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
     }
-    let last_user = messages
-        .iter()
-        .rev()
-        .find(|m| m.role == "user")
-        .map(ChatMessage::text)
-        .unwrap_or_default();
+    let last_user = messages.iter().rev().find(|m| m.role == "user").map(ChatMessage::text).unwrap_or_default();
     let echo: String = last_user.chars().take(ECHO_LIMIT_CHARS).collect();
     format!("Hello from the IOP mock provider. You said: {echo}")
 }
@@ -770,15 +720,9 @@ fn requested_tool_call(messages: &[ChatMessage], tools: &[Value]) -> Option<Tool
     if last.role != "user" || !last.text().contains(TOOL_TRIGGER) {
         return None;
     }
-    let name = first_tool
-        .pointer("/function/name")
-        .and_then(Value::as_str)
-        .unwrap_or("tool");
+    let name = first_tool.pointer("/function/name").and_then(Value::as_str).unwrap_or("tool");
     let (head, tail) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
-    Some(ToolCall {
-        name: name.to_owned(),
-        argument_pieces: vec![head.to_owned(), tail.to_owned()],
-    })
+    Some(ToolCall { name: name.to_owned(), argument_pieces: vec![head.to_owned(), tail.to_owned()] })
 }
 
 /// One request's answer, ready to render in its API's format.
@@ -838,12 +782,8 @@ mod ollama {
     }
 
     pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
-        let mut parts: Vec<Part> = reply
-            .plan
-            .pieces
-            .iter()
-            .map(|piece| Part::Content(line(&chunk(reply, assistant(piece)))))
-            .collect();
+        let mut parts: Vec<Part> =
+            reply.plan.pieces.iter().map(|piece| Part::Content(line(&chunk(reply, assistant(piece))))).collect();
         if let Some(call) = &reply.plan.tool_call {
             parts.push(Part::Content(line(&chunk(reply, tool_message(call)))));
         }
@@ -864,8 +804,7 @@ mod ollama {
     }
 
     fn tool_message(call: &ToolCall) -> Value {
-        let arguments: Value =
-            serde_json::from_str(&call.argument_pieces.concat()).expect("tool arguments are JSON");
+        let arguments: Value = serde_json::from_str(&call.argument_pieces.concat()).expect("tool arguments are JSON");
         json!({
             "role": "assistant",
             "content": "",
@@ -910,11 +849,7 @@ mod openai {
 
     pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
         let plan = &reply.plan;
-        let mut parts = vec![Part::Lead(event(&chunk(
-            reply,
-            json!({ "role": "assistant", "content": "" }),
-            None,
-        )))];
+        let mut parts = vec![Part::Lead(event(&chunk(reply, json!({ "role": "assistant", "content": "" }), None)))];
         for piece in &plan.pieces {
             parts.push(Part::Content(event(&chunk(reply, json!({ "content": piece }), None))));
         }
@@ -931,7 +866,12 @@ mod openai {
         }
         parts.push(Part::Tail(event(&chunk(reply, json!({}), Some(finish_reason(plan.finish))))));
         if reply.include_usage {
-            parts.push(Part::Tail(event(&envelope(reply, "chat.completion.chunk", json!([]), Some(usage(plan.usage))))));
+            parts.push(Part::Tail(event(&envelope(
+                reply,
+                "chat.completion.chunk",
+                json!([]),
+                Some(usage(plan.usage)),
+            ))));
         }
         if !reply.no_done {
             parts.push(Part::Tail(Bytes::from_static(b"data: [DONE]\n\n")));
@@ -1024,20 +964,12 @@ fn schedule(parts: Vec<Part>, faults: &Faults, malformed: Bytes) -> VecDeque<Ste
                     steps.push_back(stop);
                     return steps;
                 }
-                let delay = if sent == 0 {
-                    faults.first_token_delay_ms
-                } else {
-                    faults.chunk_delay_ms
-                };
+                let delay = if sent == 0 { faults.first_token_delay_ms } else { faults.chunk_delay_ms };
                 if let Some(ms) = delay.filter(|ms| *ms > 0) {
                     steps.push_back(Step::Delay(Duration::from_millis(ms)));
                 }
                 sent += 1;
-                let bytes = if faults.malformed_at == Some(sent) {
-                    malformed.clone()
-                } else {
-                    bytes
-                };
+                let bytes = if faults.malformed_at == Some(sent) { malformed.clone() } else { bytes };
                 steps.push_back(Step::Send(bytes));
             }
             Part::Tail(bytes) => {
@@ -1063,6 +995,14 @@ fn interruption(faults: &Faults, sent: usize, at_tail: bool) -> Option<Step> {
     } else {
         None
     }
+}
+
+/// The error that aborts a body for `cut_after`. It is returned one scheduler
+/// turn late: hyper flushes what it has buffered while the body is pending,
+/// whereas a body error closes the connection and discards unflushed bytes.
+async fn cut_error() -> io::Result<Bytes> {
+    tokio::task::yield_now().await;
+    Err(io::Error::other("cut_after fault"))
 }
 
 /// Counts a streaming body as completed once the mock produced all of it,
@@ -1100,10 +1040,7 @@ impl BodyScript {
     fn new(steps: VecDeque<Step>, state: &AppState) -> Self {
         BodyScript {
             steps,
-            guard: StreamGuard {
-                counters: state.counters.clone(),
-                finished: false,
-            },
+            guard: StreamGuard { counters: state.counters.clone(), finished: false },
             state: state.clone(),
         }
     }
@@ -1134,7 +1071,7 @@ impl BodyScript {
                 }
                 Step::Cut => {
                     self.guard.finish();
-                    return Some((Err(io::Error::other("cut_after fault")), self));
+                    return Some((cut_error().await, self));
                 }
             }
         }
@@ -1291,9 +1228,12 @@ mod tests {
         assert_eq!(models["data"][0]["owned_by"], "iop-mock");
         let health = client().get(format!("{}/healthz", mock.base_url())).send().await.unwrap();
         assert_eq!(health.text().await.unwrap(), "ok");
-        assert_eq!(get_json(&mock, "/mock/stats").await, json!({
-            "requests_total": 0, "completed_streams": 0, "aborted_streams": 0,
-        }));
+        assert_eq!(
+            get_json(&mock, "/mock/stats").await,
+            json!({
+                "requests_total": 0, "completed_streams": 0, "aborted_streams": 0,
+            })
+        );
         mock.shutdown().await;
     }
 
@@ -1330,7 +1270,7 @@ mod tests {
         assert_eq!(reply["done"], true);
         assert_eq!(reply["done_reason"], "stop");
         assert_eq!(reply["prompt_eval_count"], 1);
-        assert_eq!(reply["eval_count"], 8);
+        assert_eq!(reply["eval_count"], 9);
 
         let body = chat_body("mock@words=5", "hi", json!({ "stream": false, "options": { "num_predict": 2 } }));
         let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
@@ -1361,10 +1301,7 @@ mod tests {
             assert!(chunk["id"].as_str().unwrap().starts_with("chatcmpl-mock-"));
         }
         assert_eq!(chunks[0]["choices"][0]["delta"], json!({ "role": "assistant", "content": "" }));
-        let text: String = chunks[1..4]
-            .iter()
-            .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
-            .collect();
+        let text: String = chunks[1..4].iter().map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap()).collect();
         assert_eq!(text, "w1 w2 w3");
         assert_eq!(chunks[4]["choices"][0]["delta"], json!({}));
         assert_eq!(chunks[4]["choices"][0]["finish_reason"], "stop");
@@ -1383,7 +1320,7 @@ mod tests {
         assert_eq!(reply["choices"][0]["message"]["role"], "assistant");
         assert_eq!(reply["choices"][0]["message"]["content"], format!("{HELLO}hello world"));
         assert_eq!(reply["choices"][0]["finish_reason"], "stop");
-        assert_eq!(reply["usage"], json!({ "prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11 }));
+        assert_eq!(reply["usage"], json!({ "prompt_tokens": 2, "completion_tokens": 10, "total_tokens": 12 }));
 
         let body = chat_body("mock", "hello", json!({ "max_tokens": 3 }));
         let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;

@@ -47,14 +47,20 @@ impl NodeGateway for GatewayService {
         };
         let attached = match self.state.runs.attach(&open.run_id, &peer.identity.name, open.generation) {
             Ok(attached) => attached,
-            Err(reason) => return Err(self.drop_stream(reason, inbound).await),
+            Err(reason) => {
+                self.count_dropped(reason);
+                return Err(self.drop_stream(reason, inbound).await);
+            }
         };
         let mut accepted = 0u64;
         loop {
             let frame = tokio::select! {
-                frame = inbound.message() => frame,
+                biased;
+                // Fenced: keep the stream open only to count what still arrives.
+                _ = attached.fence.cancelled() => return Err(self.drop_stream(AttachError::FencedGeneration, inbound).await),
                 // The client went away: end this stream so the node aborts.
                 _ = attached.events.closed() => return Err(Status::cancelled("run cancelled by the client")),
+                frame = inbound.message() => frame,
             };
             let event = match frame {
                 Ok(Some(pb::RunUplink { frame: Some(Frame::Event(event)) })) => event,
@@ -62,19 +68,16 @@ impl NodeGateway for GatewayService {
                 // Ending without a terminal: the RunStream reports it.
                 Ok(None) | Err(_) => return Ok(Response::new(pb::RunEventsAck { accepted_events: accepted })),
             };
-            if attached.fence.is_cancelled() {
-                self.state.metrics.reason(&self.state.metrics.fenced_frames, AttachError::FencedGeneration.label());
-                continue;
-            }
             let terminal = event.is_terminal();
             tokio::select! {
+                biased;
+                _ = attached.fence.cancelled() => {
+                    self.count_dropped(AttachError::FencedGeneration);
+                    return Err(self.drop_stream(AttachError::FencedGeneration, inbound).await);
+                }
                 sent = attached.events.send(event) => if sent.is_err() {
                     return Err(Status::cancelled("run cancelled by the client"));
                 },
-                _ = attached.fence.cancelled() => {
-                    self.state.metrics.reason(&self.state.metrics.fenced_frames, AttachError::FencedGeneration.label());
-                    continue;
-                }
             }
             accepted += 1;
             if terminal {
@@ -85,13 +88,15 @@ impl NodeGateway for GatewayService {
 }
 
 impl GatewayService {
-    /// Counts every frame of a stream that may not deliver (fenced generation,
-    /// unknown run, ...) until the node closes it, then refuses it.
+    fn count_dropped(&self, reason: AttachError) {
+        self.state.metrics.reason(&self.state.metrics.fenced_frames, reason.label());
+    }
+
+    /// Counts every further frame of a stream that may not deliver (fenced
+    /// generation, unknown run, ...) until the node closes it, then refuses it.
     async fn drop_stream(&self, reason: AttachError, mut inbound: Streaming<pb::RunUplink>) -> Status {
-        let metrics = &self.state.metrics;
-        metrics.reason(&metrics.fenced_frames, reason.label());
         while let Ok(Some(_)) = inbound.message().await {
-            metrics.reason(&metrics.fenced_frames, reason.label());
+            self.count_dropped(reason);
         }
         tracing::debug!(reason = reason.label(), "dropped a RunEvents stream");
         Status::failed_precondition(reason.label())

@@ -84,12 +84,11 @@ impl ProviderTarget {
             return Err(AdapterError::InvalidRequest("provider assignment has an empty provider_id".into()));
         }
         let adapter = AdapterKind::from_wire(a.adapter).map_err(|e| invalid(e.detail()))?;
-        let target_model = a.target_model.trim();
-        if target_model.is_empty() {
+        if a.target_model.trim().is_empty() {
             return Err(invalid("target_model is empty".into()));
         }
         let base_url = validate_base_url(&a.base_url).map_err(invalid)?;
-        Ok(Self { provider_id: a.provider_id.clone(), adapter, target_model: target_model.to_owned(), base_url })
+        Ok(Self { provider_id: a.provider_id.clone(), adapter, target_model: a.target_model.clone(), base_url })
     }
 
     fn url(&self, path: &str) -> String {

@@ -1,0 +1,211 @@
+//! A running stack for end-to-end tests: the mock provider, an Edge and
+//! Nodes as real child processes talking real mTLS on loopback.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use iop_e2e::harness::{self, DevPki, Proc, ProviderSpec, addr_field, bin, spawn_until, wait_until};
+use iop_e2e::pki::{PairFiles, Validity};
+use iop_proto::config::Adapter;
+use serde_json::Value;
+
+pub const NODE: &str = "mac-1";
+/// Short heartbeat profile for liveness tests (interval, wait in ms).
+pub const FAST_HEARTBEAT: &str = "100,400";
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct StackOptions {
+    pub heartbeat: Option<&'static str>,
+    pub start_node: bool,
+    pub extra_providers: Vec<ProviderSpec>,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        Self { heartbeat: None, start_node: true, extra_providers: Vec::new() }
+    }
+}
+
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub pki: DevPki,
+    pub mock: Proc,
+    pub mock_url: String,
+    pub edge: Option<Proc>,
+    pub edge_config: PathBuf,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    pub nodes: Vec<Proc>,
+    pub heartbeat: Option<&'static str>,
+    pub client: reqwest::Client,
+}
+
+pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &str, mock_url: &str) -> ProviderSpec {
+    ProviderSpec {
+        id: id.into(),
+        node: NODE.into(),
+        adapter,
+        base_url: mock_url.into(),
+        target_model: target_model.into(),
+        public_model: public_model.into(),
+    }
+}
+
+impl Stack {
+    pub async fn start(options: StackOptions) -> Stack {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let pki = DevPki::create(dir.path()).unwrap();
+        let (mock, line) =
+            spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &["--listen", "127.0.0.1:0"], "listening on").await;
+        let mock_url = line.split_whitespace().last().unwrap().to_string();
+        let mut providers = vec![
+            provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url),
+            provider("openai-mock", Adapter::Openai, "mock", "mock-openai", &mock_url),
+        ];
+        for mut p in options.extra_providers {
+            p.base_url = mock_url.clone();
+            providers.push(p);
+        }
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let config = harness::edge_config(&pki, any, any, &[NODE], &providers);
+        let edge_config = dir.path().join("edge.yaml");
+        std::fs::write(&edge_config, config.to_yaml()).unwrap();
+        let mut stack = Stack {
+            dir,
+            pki,
+            mock,
+            mock_url,
+            edge: None,
+            edge_config,
+            http: any,
+            grpc: any,
+            nodes: Vec::new(),
+            heartbeat: options.heartbeat,
+            client: reqwest::Client::new(),
+        };
+        stack.start_edge().await;
+        // Later restarts must come back on the same ports.
+        let mut pinned = config;
+        pinned.listen.http = stack.http;
+        pinned.listen.grpc = stack.grpc;
+        std::fs::write(&stack.edge_config, pinned.to_yaml()).unwrap();
+        if options.start_node {
+            let pair = stack.pki.node_cert(NODE, Validity::Current).unwrap();
+            let node = stack.spawn_node(&pair, &stack.pki.ca_file.clone());
+            stack.nodes.push(node);
+            stack.wait_node_ready(NODE).await;
+        }
+        stack
+    }
+
+    pub async fn start_edge(&mut self) {
+        let config = self.edge_config.to_str().unwrap().to_string();
+        let mut args = vec!["--config", config.as_str()];
+        if let Some(profile) = self.heartbeat {
+            args.extend(["--test-heartbeat-profile", profile]);
+        }
+        let (edge, line) = spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await;
+        self.http = addr_field(&line, "http");
+        self.grpc = addr_field(&line, "grpc");
+        self.edge = Some(edge);
+    }
+
+    /// Starts an `iop-node` with the given certificate, trusting `ca_file`.
+    pub fn spawn_node(&self, pair: &PairFiles, ca_file: &std::path::Path) -> Proc {
+        let config = harness::node_config(self.grpc, ca_file, pair, (50, 500));
+        let name = pair.cert.file_stem().unwrap().to_str().unwrap().to_string();
+        let path = self.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, serde_saphyr::to_string(&config).unwrap()).unwrap();
+        let mut command = tokio::process::Command::new(bin("iop-node"));
+        command.arg("--config").arg(&path).kill_on_drop(true);
+        if let Some(profile) = self.heartbeat {
+            command.args(["--test-heartbeat-profile", profile]);
+        }
+        Proc { child: command.spawn().expect("spawning iop-node"), name: "iop-node" }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.http, path)
+    }
+
+    pub async fn get_json(&self, path: &str) -> Value {
+        let response = self.client.get(self.url(path)).send().await.expect("GET");
+        serde_json::from_slice(&response.bytes().await.unwrap()).expect("JSON body")
+    }
+
+    pub async fn node(&self, name: &str) -> Value {
+        let nodes = self.get_json("/admin/v1/nodes").await;
+        nodes["nodes"].as_array().unwrap().iter().find(|n| n["name"] == name).cloned().expect("configured node")
+    }
+
+    /// Waits until `name` is Ready and returns its generation.
+    pub async fn wait_node_ready(&self, name: &str) -> u64 {
+        self.wait_node_ready_after(name, 0).await
+    }
+
+    /// Waits until `name` is Ready on a generation newer than `previous`.
+    pub async fn wait_node_ready_after(&self, name: &str, previous: u64) -> u64 {
+        wait_until(&format!("node {name} ready after generation {previous}"), WAIT, || async {
+            let node = self.node(name).await;
+            node["phase"] == "ready" && node["generation"].as_u64().unwrap_or(0) > previous
+        })
+        .await;
+        self.node(name).await["generation"].as_u64().unwrap()
+    }
+
+    /// Value of one sample of the Edge's /metrics, 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self.client.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse::<f64>().ok()))
+            .unwrap_or(0.0)
+    }
+
+    pub async fn wait_metric_at_least(&self, sample: &str, value: f64) {
+        wait_until(&format!("{sample} >= {value}"), WAIT, || async { self.metric(sample).await >= value }).await;
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap())
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    pub async fn mock_stats(&self) -> Value {
+        let response = self.client.get(format!("{}/mock/stats", self.mock_url)).send().await.unwrap();
+        serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+    }
+}
+
+pub async fn json_body(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body = response.bytes().await.unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&body))))
+}
+
+/// Parses an SSE body into its `data:` payloads.
+pub async fn sse_events(response: reqwest::Response) -> Vec<String> {
+    let text = response.text().await.unwrap();
+    text.split("\n\n").filter_map(|event| event.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+/// Concatenated `choices[0].delta.content` of chat completion chunks.
+pub fn streamed_text(events: &[String]) -> String {
+    events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+pub fn chat_body(model: &str, content: &str, stream: bool) -> Value {
+    serde_json::json!({ "model": model, "stream": stream, "messages": [ { "role": "user", "content": content } ] })
+}

@@ -1,0 +1,223 @@
+//! Edge-Node transport end to end: handshake to Ready, refusal of wrong
+//! certificates, Ready-gated dispatch, heartbeat timeout with generation
+//! fencing and reconnect, late frames for a fenced generation, Edge restart.
+
+mod common;
+
+use common::*;
+use iop_e2e::harness::wait_until;
+use iop_e2e::pki::{DevCa, Validity};
+use iop_proto::pb::{self, edge_to_node::Msg, node_to_edge, run_event, run_uplink::Frame};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+#[tokio::test]
+async fn node_handshakes_to_ready_and_serves() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let node = stack.node(NODE).await;
+    assert_eq!(node["connected"], true);
+    assert_eq!(node["providers"]["ollama-mock"], "available");
+    assert_eq!(node["providers"]["openai-mock"], "available");
+    assert_eq!(stack.metric("iop_edge_ready_nodes").await, 1.0);
+
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+
+    let providers = stack.get_json("/admin/v1/providers").await;
+    assert_eq!(providers["providers"][0]["dispatchable"], true);
+    let status = stack.client.post(stack.url("/admin/v1/nodes/mac-1/commands/transport_status")).send().await.unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.bytes().await.unwrap()).unwrap();
+    assert_eq!(status["generation"], node["generation"]);
+    let caps = stack.client.post(stack.url("/admin/v1/nodes/mac-1/commands/capabilities")).send().await.unwrap();
+    let caps: serde_json::Value = serde_json::from_slice(&caps.bytes().await.unwrap()).unwrap();
+    assert_eq!(caps["providers"].as_array().unwrap().len(), 2, "{caps}");
+}
+
+/// Each refused certificate: the node process keeps retrying, the Edge counts
+/// the typed reason, and nothing is registered.
+async fn assert_refused(stack: &Stack, pair: iop_e2e::pki::PairFiles, ca_file: &std::path::Path, reason: &str) {
+    let _node = stack.spawn_node(&pair, ca_file);
+    stack.wait_metric_at_least(&format!("iop_edge_node_handshake_rejections_total{{reason=\"{reason}\"}}"), 1.0).await;
+    let node = stack.node(NODE).await;
+    assert_eq!(node["connected"], false, "{node}");
+    assert_eq!(stack.get_json("/readyz").await["ready_nodes"], 0);
+}
+
+#[tokio::test]
+async fn certificate_from_another_ca_is_refused() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let rogue = DevCa::new("rogue CA");
+    let identity = iop_proto::identity::NodeIdentity::new(iop_e2e::harness::TRUST_DOMAIN, NODE).unwrap();
+    let pair = rogue.node_cert(&identity, Validity::Current).write(stack.dir.path(), "rogue").unwrap();
+    assert_refused(&stack, pair, &stack.pki.ca_file, "untrusted_issuer").await;
+}
+
+#[tokio::test]
+async fn unknown_node_identity_is_refused() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let pair = stack.pki.node_cert("stranger", Validity::Current).unwrap();
+    assert_refused(&stack, pair, &stack.pki.ca_file, "unknown_node").await;
+}
+
+#[tokio::test]
+async fn expired_certificate_is_refused() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let pair = stack.pki.node_cert(NODE, Validity::Expired).unwrap();
+    assert_refused(&stack, pair, &stack.pki.ca_file, "expired").await;
+}
+
+/// A test-controlled node speaking the wire directly (real mTLS), so the test
+/// decides exactly when it registers, becomes ready, and stops answering.
+struct FakeNode {
+    client: pb::node_gateway_client::NodeGatewayClient<tonic::transport::Channel>,
+    out: mpsc::Sender<pb::NodeToEdge>,
+    inbound: tonic::Streaming<pb::EdgeToNode>,
+    generation: u64,
+}
+
+impl FakeNode {
+    async fn register(stack: &Stack) -> FakeNode {
+        let pair = stack.pki.node_cert(NODE, Validity::Current).unwrap();
+        let config = iop_e2e::harness::node_config(stack.grpc, &stack.pki.ca_file, &pair, (50, 500));
+        let mut client = iop_node::transport::Dialer::new(&config).unwrap().connect().await.unwrap();
+        let (out, rx) = mpsc::channel(16);
+        out.send(msg(node_to_edge::Msg::Register(pb::Register { node_version: "fake".into() }))).await.unwrap();
+        let mut inbound = client.control(ReceiverStream::new(rx)).await.unwrap().into_inner();
+        let generation = match inbound.message().await.unwrap().unwrap().msg {
+            Some(Msg::RegisterResponse(r)) => r.generation,
+            other => panic!("expected RegisterResponse, got {other:?}"),
+        };
+        FakeNode { client, out, inbound, generation }
+    }
+
+    /// Sends NodeReady and returns every control message up to the
+    /// NodeReadyResponse.
+    async fn ready(&mut self) -> Vec<Msg> {
+        let providers = ["ollama-mock", "openai-mock"]
+            .map(|id| pb::ProviderStatus { provider_id: id.into(), health: pb::ProviderHealth::Available.into() })
+            .to_vec();
+        self.out.send(msg(node_to_edge::Msg::Ready(pb::NodeReady { generation: self.generation, providers }))).await.unwrap();
+        let mut seen = Vec::new();
+        loop {
+            match self.inbound.message().await.unwrap().unwrap().msg.unwrap() {
+                Msg::ReadyResponse(_) => return seen,
+                other => seen.push(other),
+            }
+        }
+    }
+
+    async fn next_run(&mut self) -> pb::RunRequest {
+        loop {
+            if let Msg::RunAssign(a) = self.inbound.message().await.unwrap().unwrap().msg.unwrap() {
+                return a.request.unwrap();
+            }
+        }
+    }
+}
+
+fn msg(m: node_to_edge::Msg) -> pb::NodeToEdge {
+    pb::NodeToEdge { msg: Some(m) }
+}
+
+fn event(seq: u64, e: run_event::Event) -> pb::RunUplink {
+    pb::RunUplink { frame: Some(Frame::Event(pb::RunEvent { seq, event: Some(e) })) }
+}
+
+#[tokio::test]
+async fn request_before_ready_is_refused_and_never_reaches_the_node() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let mut fake = FakeNode::register(&stack).await;
+    assert_eq!(stack.node(NODE).await["phase"], "registered");
+
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "no_provider_available");
+
+    // Anything the Edge had queued for this node arrives before the ready
+    // response, in order: no run may be among it.
+    let before_ready = fake.ready().await;
+    assert!(!before_ready.iter().any(|m| matches!(m, Msg::RunAssign(_))), "{before_ready:?}");
+    assert_eq!(stack.mock_stats().await["requests_total"], 0);
+}
+
+#[tokio::test]
+async fn heartbeat_timeout_fences_and_node_reconnects_with_new_generation() {
+    let stack = Stack::start(StackOptions { heartbeat: Some(FAST_HEARTBEAT), ..Default::default() }).await;
+    let first = stack.wait_node_ready(NODE).await;
+
+    stack.nodes[0].pause();
+    stack.wait_metric_at_least("iop_edge_node_sessions_closed_total{reason=\"heartbeat_timeout\"}", 1.0).await;
+    assert_eq!(stack.node(NODE).await["connected"], false);
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    assert_eq!(status, 503, "a fenced node gets no work");
+
+    stack.nodes[0].resume();
+    let second = stack.wait_node_ready_after(NODE, first).await;
+    assert!(second > first);
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "again", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn frames_for_a_fenced_generation_are_dropped_and_counted() {
+    let stack = Stack::start(StackOptions { heartbeat: Some(FAST_HEARTBEAT), start_node: false, ..Default::default() }).await;
+    let mut fake = FakeNode::register(&stack).await;
+    // Answer heartbeats until ready, then go silent.
+    fake.ready().await;
+
+    let request = tokio::spawn({
+        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
+        async move {
+            let body = serde_json::to_vec(&chat_body("mock-ollama", "hi", false)).unwrap();
+            let response = client.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
+            json_body(response).await
+        }
+    });
+    let run = fake.next_run().await;
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(pb::RunUplink { frame: Some(Frame::Open(pb::RunOpen { run_id: run.run_id.clone(), generation: fake.generation })) })
+        .await
+        .unwrap();
+    tx.send(event(1, run_event::Event::Started(pb::RunStarted { model: "mock".into() }))).await.unwrap();
+    let mut events_client = fake.client.clone();
+    let uplink = tokio::spawn(async move { events_client.run_events(ReceiverStream::new(rx)).await });
+
+    // The fake never acknowledges heartbeats: the Edge closes the session.
+    let closed = loop {
+        match fake.inbound.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("control stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(closed.message(), "heartbeat_timeout");
+
+    // The in-flight run ends with a typed transport failure.
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "transport_lost");
+
+    // Frames that still arrive for the fenced generation are dropped and counted.
+    let sample = "iop_edge_fenced_frames_total{reason=\"fenced_generation\"}";
+    let before = stack.metric(sample).await;
+    tx.send(event(2, run_event::Event::Text(pb::TextDelta { text: "late".into() }))).await.unwrap();
+    stack.wait_metric_at_least(sample, before + 1.0).await;
+    drop(tx);
+    let _ = uplink.await;
+}
+
+#[tokio::test]
+async fn node_reconnects_on_its_own_after_an_edge_restart() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    let first = stack.wait_node_ready(NODE).await;
+    let status = stack.edge.take().unwrap().terminate().await;
+    assert!(status.success(), "edge exits cleanly on SIGTERM: {status:?}");
+
+    stack.start_edge().await;
+    let second = stack.wait_node_ready_after(NODE, 0).await;
+    assert!(second > first, "generations are unique across edge restarts ({first} -> {second})");
+    wait_until("a request succeeds after the restart", WAIT, || async {
+        stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await.status() == 200
+    })
+    .await;
+}
