@@ -1,0 +1,161 @@
+//! OpenAI Chat Completions through Edge -> Node -> mock provider, over both
+//! adapters (Ollama native and OpenAI-compatible), streaming and not.
+
+mod common;
+
+use common::*;
+use iop_proto::config::Adapter;
+use serde_json::{Value, json};
+
+const EXPECTED: &str = "Hello from the IOP mock provider. You said: hi there";
+
+async fn stack() -> Stack {
+    Stack::start(StackOptions {
+        extra_providers: vec![
+            provider("ollama-429", Adapter::Ollama, "mock@status=429,retry_after=3", "mock-429", ""),
+            provider("openai-400", Adapter::Openai, "mock@status=400", "mock-400", ""),
+            provider("ollama-cut", Adapter::Ollama, "mock@cut_after=2", "mock-cut", ""),
+        ],
+        ..Default::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn non_streaming_through_both_adapters() {
+    let stack = stack().await;
+    for model in ["mock-ollama", "mock-openai"] {
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi there", false)).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["object"], "chat.completion");
+        assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        assert_eq!(body["model"], model);
+        assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+        assert_eq!(body["choices"][0]["message"]["content"], EXPECTED, "{model}");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        // The mock counts prompt words and one token per chunk.
+        assert_eq!(body["usage"]["prompt_tokens"], 2, "{model}: {body}");
+        assert_eq!(body["usage"]["completion_tokens"], 10, "{model}: {body}");
+        assert_eq!(body["usage"]["total_tokens"], 12);
+    }
+}
+
+#[tokio::test]
+async fn streaming_through_both_adapters() {
+    let stack = stack().await;
+    for model in ["mock-ollama", "mock-openai"] {
+        let mut body = chat_body(model, "hi there", true);
+        body["stream_options"] = json!({ "include_usage": true });
+        let response = stack.post("/v1/chat/completions", &body).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let events = sse_events(response).await;
+        assert_eq!(events.last().unwrap(), "[DONE]", "{model}");
+        assert_eq!(streamed_text(&events), EXPECTED, "{model}");
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let finish: Vec<_> = chunks.iter().filter_map(|c| c["choices"][0]["finish_reason"].as_str()).collect();
+        assert_eq!(finish, ["stop"], "{model}");
+        let usage = &chunks.last().unwrap()["usage"];
+        assert_eq!(usage["total_tokens"], 12, "{model}: {usage}");
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_survive_both_adapters() {
+    let stack = stack().await;
+    let tools = json!([{ "type": "function", "function": {
+        "name": "lookup", "description": "find things",
+        "parameters": { "type": "object", "properties": { "query": { "type": "string" } } } } }]);
+    for model in ["mock-ollama", "mock-openai"] {
+        let mut body = chat_body(model, "please call tool", false);
+        body["tools"] = tools.clone();
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &body).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls", "{model}: {body}");
+        let call = &body["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "lookup");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({ "query": "mock" }), "{model}");
+        assert!(!call["id"].as_str().unwrap().is_empty());
+
+        // And the answer to the tool call goes back through the same path.
+        let follow_up = json!({ "model": model, "tools": tools, "messages": [
+            { "role": "user", "content": "please call tool" },
+            { "role": "assistant", "content": null, "tool_calls": [call] },
+            { "role": "tool", "tool_call_id": call["id"], "content": "42" },
+            { "role": "user", "content": "thanks" } ] });
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &follow_up).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["choices"][0]["message"]["content"], "Hello from the IOP mock provider. You said: thanks");
+    }
+}
+
+#[tokio::test]
+async fn provider_errors_keep_their_reason_and_status() {
+    let stack = stack().await;
+    let response = stack.post("/v1/chat/completions", &chat_body("mock-429", "hi", false)).await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "3");
+    let (_, body) = json_body(response).await;
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-400", "hi", true)).await).await;
+    assert_eq!(status, 400, "a failure before the first byte is a plain HTTP error, even when streaming: {body}");
+    assert_eq!(body["error"]["code"], "provider_http_status");
+}
+
+#[tokio::test]
+async fn a_cut_stream_is_never_reported_as_success() {
+    let stack = stack().await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-cut", "hi", false)).await).await;
+    assert_eq!(status, 502, "{body}");
+
+    let events = sse_events(stack.post("/v1/chat/completions", &chat_body("mock-cut", "hi", true)).await).await;
+    assert!(!events.contains(&"[DONE]".to_string()), "{events:?}");
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(last["error"]["code"].is_string(), "the stream ends with an error event: {last}");
+}
+
+#[tokio::test]
+async fn bad_input_gets_openai_errors() {
+    let stack = stack().await;
+    let cases = [
+        (json!({ "model": "nope", "messages": [{ "role": "user", "content": "x" }] }), 404, "model_not_found"),
+        (json!({ "model": "mock-ollama" }), 400, "invalid_request"),
+        (json!({ "model": "mock-ollama", "messages": [{ "role": "wizard", "content": "x" }] }), 400, "invalid_request"),
+    ];
+    for (body, status, code) in cases {
+        let (got, response) = json_body(stack.post("/v1/chat/completions", &body).await).await;
+        assert_eq!(got, status, "{body} -> {response}");
+        assert_eq!(response["error"]["code"], code);
+        assert!(response["error"]["message"].as_str().unwrap().len() > 5);
+    }
+    let malformed = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_body(malformed).await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("JSON"), "{body}");
+
+    let huge = "x".repeat(5 * 1024 * 1024);
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", &huge, false)).await).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(stack.mock_stats().await["requests_total"], 0, "no bad request reached the provider");
+}
+
+#[tokio::test]
+async fn models_lists_public_names() {
+    let stack = stack().await;
+    let body = stack.get_json("/v1/models").await;
+    let ids: Vec<_> = body["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["mock-400", "mock-429", "mock-cut", "mock-ollama", "mock-openai"]);
+    assert_eq!(body["object"], "list");
+}
