@@ -53,9 +53,15 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
     }
 }
 
+/// A plain HTTP client for talking to the Edge and the mock.
+pub fn http_client() -> reqwest::Client {
+    // reqwest is built without a bundled crypto provider (IOP uses ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
 impl Stack {
     pub async fn start(options: StackOptions) -> Stack {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let pki = DevPki::create(dir.path()).unwrap();
         let (mock, line) =
@@ -84,7 +90,7 @@ impl Stack {
             grpc: any,
             nodes: Vec::new(),
             heartbeat: options.heartbeat,
-            client: reqwest::Client::new(),
+            client: http_client(),
         };
         stack.start_edge().await;
         // Later restarts must come back on the same ports.

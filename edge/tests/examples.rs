@@ -1,0 +1,24 @@
+//! The shipped example config loads and validates. (Being an integration
+//! test also makes `cargo test`/`nextest` build the `iop-edge` binary that
+//! the end-to-end tests run.)
+
+use std::path::Path;
+
+#[test]
+fn example_edge_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/edge.yaml");
+    let config = iop_edge::config::load(&path).expect("examples/edge.yaml is valid");
+    assert_eq!(config.nodes.len(), 2);
+    assert_eq!(config.providers.len(), 2);
+    assert!(config.tls.ca_file.is_absolute() || config.tls.ca_file.starts_with(path.parent().unwrap()));
+    let names = iop_edge::route::public_models(&config);
+    assert_eq!(names, ["llama3.2", "qwen2.5"]);
+    let llama: Vec<_> = iop_edge::route::candidates(&config, "llama3.2").unwrap().iter().map(|p| p.id.clone()).collect();
+    assert_eq!(llama, ["studio-llama", "laptop-lmstudio"]);
+}
+
+#[test]
+fn missing_config_file_is_a_clear_error() {
+    let err = iop_edge::config::load(Path::new("/nonexistent/edge.yaml")).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/edge.yaml"), "{err}");
+}
