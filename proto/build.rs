@@ -5,9 +5,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/iop/v1/node_gateway.proto";
     println!("cargo:rerun-if-changed={proto}");
     let descriptors = protox::compile([proto], ["proto"])?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
     Ok(())
 }

@@ -68,8 +68,18 @@ async fn measure(client: &reqwest::Client, url: &str, body: &[u8], first_byte: b
 fn report(what: &str, direct: Stats, gateway: Stats) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!("{what}");
-    println!("  direct   p50 {:7.3} ms  p99 {:7.3} ms  mean {:7.3} ms", ms(direct.p50), ms(direct.p99), ms(direct.mean));
-    println!("  gateway  p50 {:7.3} ms  p99 {:7.3} ms  mean {:7.3} ms", ms(gateway.p50), ms(gateway.p99), ms(gateway.mean));
+    println!(
+        "  direct   p50 {:7.3} ms  p99 {:7.3} ms  mean {:7.3} ms",
+        ms(direct.p50),
+        ms(direct.p99),
+        ms(direct.mean)
+    );
+    println!(
+        "  gateway  p50 {:7.3} ms  p99 {:7.3} ms  mean {:7.3} ms",
+        ms(gateway.p50),
+        ms(gateway.p99),
+        ms(gateway.mean)
+    );
     println!(
         "  added    p50 {:7.3} ms  ratio p50 {:.2}x  ratio mean {:.2}x",
         ms(gateway.p50) - ms(direct.p50),
@@ -82,7 +92,8 @@ fn report(what: &str, direct: Stats, gateway: Stats) {
 async fn main() {
     iop_edge::install_crypto_provider();
     let shutdown = CancellationToken::new();
-    let mock = mock_provider::start(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(), MockConfig::default()).await;
+    let mock =
+        mock_provider::start(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(), MockConfig::default()).await;
 
     let dir = tempfile::tempdir().unwrap();
     let pki = DevPki::create(dir.path()).unwrap();
@@ -96,9 +107,12 @@ async fn main() {
         public_model: "mock".into(),
     };
     let any = "127.0.0.1:0".parse().unwrap();
-    let edge = iop_edge::Edge::bind(harness::edge_config(&pki, any, any, &["bench"], &[provider]), HeartbeatProfile::default())
-        .await
-        .unwrap();
+    let edge = iop_edge::Edge::bind(
+        harness::edge_config(&pki, any, any, &["bench"], &[provider]),
+        HeartbeatProfile::default(),
+    )
+    .await
+    .unwrap();
     let (http, grpc, state) = (edge.http_addr(), edge.grpc_addr(), edge.state());
     let stop = shutdown.clone();
     tokio::spawn(edge.serve(async move { stop.cancelled().await }));
@@ -112,9 +126,11 @@ async fn main() {
     let direct_url = format!("{}/v1/chat/completions", mock.base_url());
     let gateway_url = format!("http://{http}/v1/chat/completions");
     println!("gateway overhead, concurrency 1, {SAMPLES} samples after {WARMUP} warm-up requests");
-    for (what, stream, first_byte) in
-        [("non-streaming, full response", false, false), ("streaming, full response", true, false), ("streaming, time to first byte", true, true)]
-    {
+    for (what, stream, first_byte) in [
+        ("non-streaming, full response", false, false),
+        ("streaming, full response", true, false),
+        ("streaming, time to first byte", true, true),
+    ] {
         let direct = measure(&client, &direct_url, &body("mock", stream), first_byte).await;
         let gateway = measure(&client, &gateway_url, &body("mock", stream), first_byte).await;
         report(what, stats(direct), stats(gateway));

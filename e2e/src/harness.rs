@@ -65,7 +65,13 @@ impl DevPki {
     }
 }
 
-pub fn edge_config(pki: &DevPki, http: SocketAddr, grpc: SocketAddr, nodes: &[&str], providers: &[ProviderSpec]) -> EdgeConfig {
+pub fn edge_config(
+    pki: &DevPki,
+    http: SocketAddr,
+    grpc: SocketAddr,
+    nodes: &[&str],
+    providers: &[ProviderSpec],
+) -> EdgeConfig {
     EdgeConfig {
         listen: ListenConfig { http, grpc },
         tls: EdgeTlsConfig {

@@ -43,7 +43,8 @@ impl DevCa {
         let mut params = CertificateParams::default();
         params.distinguished_name = dn(common_name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let now = OffsetDateTime::now_utc();
         params.not_before = now - Duration::hours(1);
         params.not_after = now + Duration::days(365);

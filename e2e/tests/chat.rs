@@ -25,7 +25,8 @@ async fn stack() -> Stack {
 async fn non_streaming_through_both_adapters() {
     let stack = stack().await;
     for model in ["mock-ollama", "mock-openai"] {
-        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi there", false)).await).await;
+        let (status, body) =
+            json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi there", false)).await).await;
         assert_eq!(status, 200, "{model}: {body}");
         assert_eq!(body["object"], "chat.completion");
         assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
@@ -146,7 +147,8 @@ async fn bad_input_gets_openai_errors() {
     assert!(body["error"]["message"].as_str().unwrap().contains("JSON"), "{body}");
 
     let huge = "x".repeat(5 * 1024 * 1024);
-    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", &huge, false)).await).await;
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", &huge, false)).await).await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(stack.mock_stats().await["requests_total"], 0, "no bad request reached the provider");
 }

@@ -37,10 +37,8 @@ async fn iop_dev_streams_an_answer_and_stops_cleanly() {
 /// sets IOP_REQUIRE_SDK=1 so a missing SDK fails instead of skipping.
 #[tokio::test]
 async fn official_openai_python_sdk_works_unmodified() {
-    let has_sdk = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
+    let has_sdk =
+        std::process::Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
     if !has_sdk {
         assert!(std::env::var_os("IOP_REQUIRE_SDK").is_none(), "IOP_REQUIRE_SDK is set but `import openai` fails");
         eprintln!("skipping: python3 `openai` package not installed (pip install openai)");

@@ -20,7 +20,8 @@ async fn node_handshakes_to_ready_and_serves() {
     assert_eq!(node["providers"]["openai-mock"], "available");
     assert_eq!(stack.metric("iop_edge_ready_nodes").await, 1.0);
 
-    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
 
     let providers = stack.get_json("/admin/v1/providers").await;
@@ -96,7 +97,10 @@ impl FakeNode {
         let providers = ["ollama-mock", "openai-mock"]
             .map(|id| pb::ProviderStatus { provider_id: id.into(), health: pb::ProviderHealth::Available.into() })
             .to_vec();
-        self.out.send(msg(node_to_edge::Msg::Ready(pb::NodeReady { generation: self.generation, providers }))).await.unwrap();
+        self.out
+            .send(msg(node_to_edge::Msg::Ready(pb::NodeReady { generation: self.generation, providers })))
+            .await
+            .unwrap();
         let mut seen = Vec::new();
         loop {
             match self.inbound.message().await.unwrap().unwrap().msg.unwrap() {
@@ -129,7 +133,8 @@ async fn request_before_ready_is_refused_and_never_reaches_the_node() {
     let mut fake = FakeNode::register(&stack).await;
     assert_eq!(stack.node(NODE).await["phase"], "registered");
 
-    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "no_provider_available");
 
@@ -154,13 +159,15 @@ async fn heartbeat_timeout_fences_and_node_reconnects_with_new_generation() {
     stack.nodes[0].resume();
     let second = stack.wait_node_ready_after(NODE, first).await;
     assert!(second > first);
-    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "again", false)).await).await;
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "again", false)).await).await;
     assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test]
 async fn frames_for_a_fenced_generation_are_dropped_and_counted() {
-    let stack = Stack::start(StackOptions { heartbeat: Some(FAST_HEARTBEAT), start_node: false, ..Default::default() }).await;
+    let stack =
+        Stack::start(StackOptions { heartbeat: Some(FAST_HEARTBEAT), start_node: false, ..Default::default() }).await;
     let mut fake = FakeNode::register(&stack).await;
     // Answer heartbeats until ready, then go silent.
     fake.ready().await;
@@ -175,9 +182,11 @@ async fn frames_for_a_fenced_generation_are_dropped_and_counted() {
     });
     let run = fake.next_run().await;
     let (tx, rx) = mpsc::channel(16);
-    tx.send(pb::RunUplink { frame: Some(Frame::Open(pb::RunOpen { run_id: run.run_id.clone(), generation: fake.generation })) })
-        .await
-        .unwrap();
+    tx.send(pb::RunUplink {
+        frame: Some(Frame::Open(pb::RunOpen { run_id: run.run_id.clone(), generation: fake.generation })),
+    })
+    .await
+    .unwrap();
     tx.send(event(1, run_event::Event::Started(pb::RunStarted { model: "mock".into() }))).await.unwrap();
     let mut events_client = fake.client.clone();
     let uplink = tokio::spawn(async move { events_client.run_events(ReceiverStream::new(rx)).await });

@@ -14,10 +14,10 @@ pub enum LoadError {
 }
 
 pub fn load(path: &Path) -> Result<EdgeConfig, LoadError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| LoadError::Read { path: path.display().to_string(), source })?;
-    let mut config =
-        EdgeConfig::from_yaml(&text).map_err(|source| LoadError::Invalid { path: path.display().to_string(), source })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.display().to_string(), source })?;
+    let mut config = EdgeConfig::from_yaml(&text)
+        .map_err(|source| LoadError::Invalid { path: path.display().to_string(), source })?;
     let base = path.parent().unwrap_or(Path::new("."));
     for file in [&mut config.tls.ca_file, &mut config.tls.cert_file, &mut config.tls.key_file] {
         *file = resolve(base, file);

@@ -122,7 +122,13 @@ pub async fn start_run(
     let fence = CancellationToken::new();
     table.runs.lock().unwrap().insert(
         run_id.clone(),
-        RunEntry { node: node.to_string(), generation: session.generation, events, fence: fence.clone(), attached: false },
+        RunEntry {
+            node: node.to_string(),
+            generation: session.generation,
+            events,
+            fence: fence.clone(),
+            attached: false,
+        },
     );
     let stream = RunStream {
         run_id,
@@ -134,9 +140,8 @@ pub async fn start_run(
         next_seq: 1,
         finished: false,
     };
-    let assign = pb::EdgeToNode {
-        msg: Some(pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) })),
-    };
+    let assign =
+        pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) })) };
     if session.control.send(Ok(assign)).await.is_err() {
         // The session ended between selection and send; `stream` drops and
         // removes the entry.
@@ -173,7 +178,11 @@ impl RunStream {
             received = self.rx.recv() => match received {
                 Some(ev) if ev.seq == self.next_seq => {
                     self.next_seq += 1;
-                    ev.event.unwrap_or_else(|| failed(FailureKind::ProviderProtocol, "node sent an empty run event"))
+                    match (ev.validate(), ev.event) {
+                        (Ok(()), Some(event)) => event,
+                        (Err(e), _) => failed(FailureKind::ProviderProtocol, format!("node sent an invalid run event: {e}")),
+                        (Ok(()), None) => unreachable!("validate rejects a missing event"),
+                    }
                 }
                 Some(ev) => failed(
                     FailureKind::ProviderProtocol,
@@ -287,16 +296,42 @@ mod tests {
         let attached = table.attach("r1", "n1", 5).unwrap();
         attached.events.send(text(2, "skipped one")).await.unwrap();
         match stream.next().await {
-            Some(pb::run_event::Event::Failed(f)) => assert_eq!(f.failure.unwrap().kind(), FailureKind::ProviderProtocol),
+            Some(pb::run_event::Event::Failed(f)) => {
+                assert_eq!(f.failure.unwrap().kind(), FailureKind::ProviderProtocol)
+            }
             other => panic!("expected protocol failure, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn events_with_unknown_enum_values_fail_the_run() {
+        let table = Arc::new(RunTable::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        let bogus = pb::RunEvent {
+            seq: 1,
+            event: Some(pb::run_event::Event::Completed(pb::RunCompleted { finish_reason: 77 })),
+        };
+        attached.events.send(bogus).await.unwrap();
+        match stream.next().await {
+            Some(pb::run_event::Event::Failed(f)) => {
+                let f = f.failure.unwrap();
+                assert_eq!(f.kind(), FailureKind::ProviderProtocol);
+                assert!(f.message.contains("finish_reason"), "{}", f.message);
+            }
+            other => panic!("expected protocol failure, got {other:?}"),
+        }
+        assert!(stream.next().await.is_none());
     }
 
     #[tokio::test]
     async fn dropping_before_the_terminal_sends_cancel_and_frees_the_entry() {
         let table = Arc::new(RunTable::default());
         let (stream, mut control) = started(&table).await;
-        assert!(matches!(control.recv().await, Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(_)) }))));
+        assert!(matches!(
+            control.recv().await,
+            Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(_)) }))
+        ));
         drop(stream);
         match control.recv().await {
             Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::Cancel(c)) })) => assert_eq!(c.run_id, "r1"),

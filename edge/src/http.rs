@@ -84,7 +84,8 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 
 /// Picks the first dispatchable provider for `model` and starts the run there.
 async fn start(state: &Arc<EdgeState>, model: &str, mut request: pb::RunRequest) -> Result<RunStream, ApiError> {
-    let candidates = route::candidates(&state.config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
+    let candidates =
+        route::candidates(&state.config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
     let (provider, session) = candidates
         .iter()
         .find_map(|p| state.registry.ready_for(&p.node, &p.id).map(|s| (*p, s)))
@@ -94,7 +95,9 @@ async fn start(state: &Arc<EdgeState>, model: &str, mut request: pb::RunRequest)
     request.adapter = pb::AdapterKind::from(provider.adapter).into();
     request.target_model = provider.target.model.clone();
     request.response_stall_timeout_ms = provider.response_stall_timeout_ms;
-    dispatch::start_run(&state.runs, &state.metrics, &provider.node, session, request).await.map_err(ApiError::Execution)
+    dispatch::start_run(&state.runs, &state.metrics, &provider.node, session, request)
+        .await
+        .map_err(ApiError::Execution)
 }
 
 async fn chat_completions(State(state): State<Arc<EdgeState>>, body: Body) -> Response {
@@ -105,7 +108,10 @@ async fn chat_completions(State(state): State<Arc<EdgeState>>, body: Body) -> Re
             record.outcome = "ok";
             axum::Json(body).into_response()
         }
-        Ok(ChatReply::Stream(first, run, renderer)) => sse_response(first, run, renderer, record),
+        Ok(ChatReply::Stream(stream)) => {
+            let (first, run, renderer) = *stream;
+            sse_response(first, run, renderer, record)
+        }
         Err(err) => {
             record.outcome = err.code();
             openai_error(&err)
@@ -115,7 +121,7 @@ async fn chat_completions(State(state): State<Arc<EdgeState>>, body: Body) -> Re
 
 enum ChatReply {
     Complete(serde_json::Value),
-    Stream(Event, RunStream, ChunkRenderer),
+    Stream(Box<(Event, RunStream, ChunkRenderer)>),
 }
 
 async fn chat_completions_inner(state: &Arc<EdgeState>, body: Body) -> Result<ChatReply, ApiError> {
@@ -141,7 +147,7 @@ async fn chat_completions_inner(state: &Arc<EdgeState>, body: Body) -> Result<Ch
     // before it is still an ordinary HTTP error.
     match run.next().await {
         Some(Event::Failed(failed)) => Err(ApiError::Execution(failed.failure.unwrap_or_default())),
-        Some(first) => Ok(ChatReply::Stream(first, run, ChunkRenderer::new(meta, request.include_usage))),
+        Some(first) => Ok(ChatReply::Stream(Box::new((first, run, ChunkRenderer::new(meta, request.include_usage))))),
         None => Err(ApiError::Internal),
     }
 }
@@ -216,10 +222,7 @@ async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        state.metrics.encode(),
-    )
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
 }
 
@@ -262,12 +265,16 @@ async fn admin_node_command(
         "capabilities" => pb::CommandKind::Capabilities,
         "transport_status" => pb::CommandKind::TransportStatus,
         _ => {
-            return (StatusCode::NOT_FOUND, axum::Json(json!({ "error": "command must be capabilities or transport_status" })))
+            return (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({ "error": "command must be capabilities or transport_status" })),
+            )
                 .into_response();
         }
     };
     let Some(control) = state.registry.control_of(&name) else {
-        return (StatusCode::NOT_FOUND, axum::Json(json!({ "error": CommandError::NotConnected.to_string() }))).into_response();
+        return (StatusCode::NOT_FOUND, axum::Json(json!({ "error": CommandError::NotConnected.to_string() })))
+            .into_response();
     };
     match state.commands.send(&control, kind, COMMAND_TIMEOUT).await {
         Ok(result) => axum::Json(command_json(&result)).into_response(),

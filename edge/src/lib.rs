@@ -18,10 +18,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use iop_proto::config::EdgeConfig;
 use iop_proto::liveness::HeartbeatProfile;
 use iop_proto::pb::node_gateway_server::NodeGatewayServer;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -105,7 +105,10 @@ impl Edge {
 
     /// Serves until `shutdown` resolves, then closes node sessions and drains
     /// in-flight HTTP responses for a bounded time.
-    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), EdgeError> {
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), EdgeError> {
         let Edge { state, http, grpc, policy } = self;
         let stop = state.shutting_down.clone();
         tokio::spawn(async move {

@@ -13,7 +13,8 @@ fn example_edge_config_loads() {
     assert!(config.tls.ca_file.is_absolute() || config.tls.ca_file.starts_with(path.parent().unwrap()));
     let names = iop_edge::route::public_models(&config);
     assert_eq!(names, ["llama3.2", "qwen2.5"]);
-    let llama: Vec<_> = iop_edge::route::candidates(&config, "llama3.2").unwrap().iter().map(|p| p.id.clone()).collect();
+    let llama: Vec<_> =
+        iop_edge::route::candidates(&config, "llama3.2").unwrap().iter().map(|p| p.id.clone()).collect();
     assert_eq!(llama, ["studio-llama", "laptop-lmstudio"]);
 }
 

@@ -87,7 +87,9 @@ impl NodeConfig {
             std::fs::read_to_string(path).map_err(|source| NodeConfigError::Read { path: shown.clone(), source })?;
         let mut config = Self::from_yaml(&text).map_err(|e| match e {
             NodeConfigError::Parse { reason, .. } => NodeConfigError::Parse { path: shown.clone(), reason },
-            NodeConfigError::Invalid { field, reason, .. } => NodeConfigError::Invalid { path: shown.clone(), field, reason },
+            NodeConfigError::Invalid { field, reason, .. } => {
+                NodeConfigError::Invalid { path: shown.clone(), field, reason }
+            }
             other => other,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -107,7 +109,8 @@ impl NodeConfig {
     }
 
     fn validate(&self) -> Result<(), NodeConfigError> {
-        let invalid = |field, reason: &str| NodeConfigError::Invalid { path: String::new(), field, reason: reason.into() };
+        let invalid =
+            |field, reason: &str| NodeConfigError::Invalid { path: String::new(), field, reason: reason.into() };
         if self.server_name().is_none() {
             return Err(invalid("edge.url", "must be https://HOST[:PORT]"));
         }

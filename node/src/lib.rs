@@ -17,6 +17,10 @@ pub use config::NodeConfig;
 pub use transport::TransportError;
 
 /// Runs the node until `shutdown` is cancelled.
-pub async fn run(config: NodeConfig, heartbeat: HeartbeatProfile, shutdown: CancellationToken) -> Result<(), TransportError> {
+pub async fn run(
+    config: NodeConfig,
+    heartbeat: HeartbeatProfile,
+    shutdown: CancellationToken,
+) -> Result<(), TransportError> {
     transport::supervise(config, heartbeat, shutdown).await
 }

@@ -41,13 +41,18 @@ pub enum RunRejection {
     InvalidAssignment(String),
     #[error("run does not match the provider's adapter or target")]
     TargetMismatch,
-    #[error("response_stall_timeout_ms {0} is out of range (0 for the default, or up to {MAX_RESPONSE_STALL_TIMEOUT_MS})")]
+    #[error(
+        "response_stall_timeout_ms {0} is out of range (0 for the default, or up to {MAX_RESPONSE_STALL_TIMEOUT_MS})"
+    )]
     InvalidStallTimeout(u64),
 }
 
 /// Checks a run against the assigned providers; returns its target and the
 /// effective response-stall timeout (wire 0 means the 300 s default).
-pub fn validate<'a>(providers: &'a Providers, request: &pb::RunRequest) -> Result<(&'a ProviderTarget, Duration), RunRejection> {
+pub fn validate<'a>(
+    providers: &'a Providers,
+    request: &pb::RunRequest,
+) -> Result<(&'a ProviderTarget, Duration), RunRejection> {
     let target = match providers.get(&request.provider_id) {
         None => return Err(RunRejection::UnknownProvider(request.provider_id.clone())),
         Some(Err(_)) => return Err(RunRejection::InvalidAssignment(request.provider_id.clone())),
@@ -98,17 +103,17 @@ pub async fn execute(mut ctx: RunContext, request: pb::RunRequest, cancel: Cance
 
     let outcome = match validate(&ctx.providers, &request) {
         Err(rejection) => Outcome::Rejected(rejection),
-        Ok((target, _stall_timeout)) => {
-            drive(&ctx.http, target, &request, &mut uplink, &cancel, &mut call).await
-        }
+        Ok((target, _stall_timeout)) => drive(&ctx.http, target, &request, &mut uplink, &cancel, &mut call).await,
     };
     let terminal = match outcome {
         Outcome::Finished(Ok(finish)) => Event::Completed(pb::RunCompleted { finish_reason: finish.into() }),
         Outcome::Finished(Err(e)) => Event::Failed(pb::RunFailed { failure: Some(e.to_failure()) }),
-        Outcome::Rejected(r) => {
-            Event::Failed(pb::RunFailed { failure: Some(pb::ExecutionFailure::new(FailureKind::InvalidRequest, r.to_string())) })
+        Outcome::Rejected(r) => Event::Failed(pb::RunFailed {
+            failure: Some(pb::ExecutionFailure::new(FailureKind::InvalidRequest, r.to_string())),
+        }),
+        Outcome::Cancelled => {
+            Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() })
         }
-        Outcome::Cancelled => Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() }),
         Outcome::EdgeGone => {
             tracing::debug!(run_id = %request.run_id, "edge ended the run stream");
             return;

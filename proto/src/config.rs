@@ -139,8 +139,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 impl EdgeConfig {
     /// Parses and validates a YAML document.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let config: EdgeConfig =
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let config: EdgeConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -169,7 +168,10 @@ impl EdgeConfig {
         let mut ids = BTreeSet::new();
         for (i, p) in self.providers.iter().enumerate() {
             let at = |f: &str| format!("providers[{i}].{f}");
-            if p.id.is_empty() || p.id.len() > 63 || !p.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            if p.id.is_empty()
+                || p.id.len() > 63
+                || !p.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
                 return Err(invalid(at("id"), "must be 1-63 of [A-Za-z0-9-_.]"));
             }
             if !ids.insert(p.id.as_str()) {
@@ -181,9 +183,8 @@ impl EdgeConfig {
             if p.target.model.is_empty() {
                 return Err(invalid(at("target.model"), "must not be empty"));
             }
-            if !(p.target.base_url.starts_with("http://") || p.target.base_url.starts_with("https://"))
-                || p.target.base_url.len() <= "https://".len()
-            {
+            let host = p.target.base_url.strip_prefix("http://").or_else(|| p.target.base_url.strip_prefix("https://"));
+            if host.is_none_or(|h| h.is_empty() || h.starts_with('/')) {
                 return Err(invalid(at("target.base_url"), "must be an http:// or https:// URL"));
             }
             if p.models.is_empty() {
@@ -191,11 +192,17 @@ impl EdgeConfig {
             }
             for (j, m) in p.models.iter().enumerate() {
                 if m.name.is_empty() || m.name.len() > 256 || m.name.chars().any(char::is_whitespace) {
-                    return Err(invalid(format!("providers[{i}].models[{j}].name"), "must be 1-256 non-whitespace characters"));
+                    return Err(invalid(
+                        format!("providers[{i}].models[{j}].name"),
+                        "must be 1-256 non-whitespace characters",
+                    ));
                 }
             }
             if p.response_stall_timeout_ms != 0 && !(1_000..=3_600_000).contains(&p.response_stall_timeout_ms) {
-                return Err(invalid(at("response_stall_timeout_ms"), "must be 0 (default) or between 1000 and 3600000"));
+                return Err(invalid(
+                    at("response_stall_timeout_ms"),
+                    "must be 0 (default) or between 1000 and 3600000",
+                ));
             }
         }
         if self.limits.max_body_bytes < 1024 {
@@ -247,6 +254,7 @@ providers:
         let cases = [
             (VALID.replace("node: mac-1", "node: mac-2"), "providers[0].node"),
             (VALID.replace("http://127.0.0.1:11434", "ftp://x"), "providers[0].target.base_url"),
+            (VALID.replace("http://127.0.0.1:11434", "http://"), "providers[0].target.base_url"),
             (VALID.replace("name: mac-1 }", "name: Mac_1 }"), "nodes[0].name"),
             (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
         ];
@@ -260,7 +268,10 @@ providers:
 
     #[test]
     fn unknown_fields_and_enum_values_are_rejected() {
-        assert!(matches!(EdgeConfig::from_yaml(&VALID.replace("adapter: ollama", "adapter: vllm")), Err(ConfigError::Parse(_))));
+        assert!(matches!(
+            EdgeConfig::from_yaml(&VALID.replace("adapter: ollama", "adapter: vllm")),
+            Err(ConfigError::Parse(_))
+        ));
         assert!(matches!(EdgeConfig::from_yaml(&format!("{VALID}\nbogus: 1\n")), Err(ConfigError::Parse(_))));
     }
 }

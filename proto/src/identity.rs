@@ -31,14 +31,9 @@ impl NodeIdentity {
     }
 
     pub fn parse(uri: &str) -> Result<Self, IdentityError> {
-        let rest = uri
-            .strip_prefix("spiffe://")
-            .ok_or_else(|| IdentityError::NotSpiffe(uri.to_string()))?;
-        let (trust_domain, path) =
-            rest.split_once('/').ok_or_else(|| IdentityError::NotANode(uri.to_string()))?;
-        let name = path
-            .strip_prefix("node/")
-            .ok_or_else(|| IdentityError::NotANode(uri.to_string()))?;
+        let rest = uri.strip_prefix("spiffe://").ok_or_else(|| IdentityError::NotSpiffe(uri.to_string()))?;
+        let (trust_domain, path) = rest.split_once('/').ok_or_else(|| IdentityError::NotANode(uri.to_string()))?;
+        let name = path.strip_prefix("node/").ok_or_else(|| IdentityError::NotANode(uri.to_string()))?;
         if trust_domain.is_empty() {
             return Err(IdentityError::NotANode(uri.to_string()));
         }

@@ -21,16 +21,13 @@ pub struct HeartbeatProfile {
 }
 
 impl HeartbeatProfile {
-    pub const PRODUCTION: HeartbeatProfile = HeartbeatProfile {
-        interval: Duration::from_secs(30),
-        wait: Duration::from_secs(45),
-    };
+    pub const PRODUCTION: HeartbeatProfile =
+        HeartbeatProfile { interval: Duration::from_secs(30), wait: Duration::from_secs(45) };
 
     /// Parses the test override `INTERVAL_MS,WAIT_MS`.
     pub fn parse_test_override(text: &str) -> Result<Self, String> {
-        let (interval, wait) = text
-            .split_once(',')
-            .ok_or_else(|| format!("heartbeat profile `{text}` is not INTERVAL_MS,WAIT_MS"))?;
+        let (interval, wait) =
+            text.split_once(',').ok_or_else(|| format!("heartbeat profile `{text}` is not INTERVAL_MS,WAIT_MS"))?;
         let parse = |s: &str| {
             s.trim()
                 .parse::<u64>()
@@ -38,14 +35,9 @@ impl HeartbeatProfile {
         };
         let (interval, wait) = (parse(interval)?, parse(wait)?);
         if interval == 0 || wait <= interval {
-            return Err(format!(
-                "heartbeat profile `{text}`: interval must be > 0 and wait must exceed it"
-            ));
+            return Err(format!("heartbeat profile `{text}`: interval must be > 0 and wait must exceed it"));
         }
-        Ok(Self {
-            interval: Duration::from_millis(interval),
-            wait: Duration::from_millis(wait),
-        })
+        Ok(Self { interval: Duration::from_millis(interval), wait: Duration::from_millis(wait) })
     }
 }
 

@@ -40,14 +40,28 @@ impl pb::RunEvent {
     }
 }
 
+impl pb::RunEvent {
+    /// Checks that the event is present and every enum in it is a known,
+    /// specified value. The Edge applies this to every event a node sends.
+    pub fn validate(&self) -> Result<(), WireError> {
+        use pb::run_event::Event;
+        match self.event.as_ref().ok_or(WireError::MissingField { field: "run_event.event" })? {
+            Event::Completed(c) => {
+                closed_enum::<pb::FinishReason>("completed.finish_reason", c.finish_reason).map(drop)
+            }
+            Event::Failed(f) => {
+                let failure = f.failure.as_ref().ok_or(WireError::MissingField { field: "failed.failure" })?;
+                closed_enum::<pb::FailureKind>("failure.kind", failure.kind).map(drop)
+            }
+            Event::Cancelled(c) => closed_enum::<pb::CancelReason>("cancelled.reason", c.reason).map(drop),
+            Event::Started(_) | Event::Text(_) | Event::ToolCall(_) | Event::Usage(_) => Ok(()),
+        }
+    }
+}
+
 impl pb::ExecutionFailure {
     pub fn new(kind: pb::FailureKind, message: impl Into<String>) -> Self {
-        Self {
-            kind: kind.into(),
-            message: message.into(),
-            provider_status: 0,
-            retry_after_ms: 0,
-        }
+        Self { kind: kind.into(), message: message.into(), provider_status: 0, retry_after_ms: 0 }
     }
 }
 
@@ -63,10 +77,7 @@ mod tests {
 
     #[test]
     fn zero_and_unknown_values_are_typed_errors() {
-        assert_eq!(
-            closed_enum::<pb::AdapterKind>("adapter", 0),
-            Err(WireError::Unspecified { field: "adapter" })
-        );
+        assert_eq!(closed_enum::<pb::AdapterKind>("adapter", 0), Err(WireError::Unspecified { field: "adapter" }));
         assert_eq!(
             closed_enum::<pb::AdapterKind>("adapter", 99),
             Err(WireError::UnknownEnumValue { field: "adapter", value: 99 })
@@ -81,11 +92,31 @@ mod tests {
                 finish_reason: pb::FinishReason::Stop.into(),
             })),
         };
-        let text = pb::RunEvent {
-            seq: 2,
-            event: Some(pb::run_event::Event::Text(pb::TextDelta { text: "hi".into() })),
-        };
+        let text =
+            pb::RunEvent { seq: 2, event: Some(pb::run_event::Event::Text(pb::TextDelta { text: "hi".into() })) };
         assert!(completed.is_terminal());
         assert!(!text.is_terminal());
+        assert_eq!(completed.validate(), Ok(()));
+        assert_eq!(text.validate(), Ok(()));
+    }
+
+    #[test]
+    fn events_with_unknown_enums_or_missing_parts_are_invalid() {
+        let finish = |v| pb::RunEvent {
+            seq: 1,
+            event: Some(pb::run_event::Event::Completed(pb::RunCompleted { finish_reason: v })),
+        };
+        assert_eq!(finish(0).validate(), Err(WireError::Unspecified { field: "completed.finish_reason" }));
+        assert_eq!(
+            finish(42).validate(),
+            Err(WireError::UnknownEnumValue { field: "completed.finish_reason", value: 42 })
+        );
+        let failed =
+            pb::RunEvent { seq: 1, event: Some(pb::run_event::Event::Failed(pb::RunFailed { failure: None })) };
+        assert_eq!(failed.validate(), Err(WireError::MissingField { field: "failed.failure" }));
+        assert_eq!(
+            pb::RunEvent { seq: 1, event: None }.validate(),
+            Err(WireError::MissingField { field: "run_event.event" })
+        );
     }
 }

@@ -65,7 +65,8 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let pki = DevPki::create(dir.path()).unwrap();
         let (mock, line) =
-            spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &["--listen", "127.0.0.1:0"], "listening on").await;
+            spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &["--listen", "127.0.0.1:0"], "listening on")
+                .await;
         let mock_url = line.split_whitespace().last().unwrap().to_string();
         let mut providers = vec![
             provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url),

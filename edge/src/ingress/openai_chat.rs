@@ -37,8 +37,7 @@ pub struct ChatCompletionRequest {
 /// extras such as `user`, `metadata`, `logprobs`). An explicit `null` counts
 /// as absent.
 pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
     let Value::Object(obj) = value else {
         return Err(ApiError::invalid("request body must be a JSON object"));
     };
@@ -48,16 +47,11 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
     let messages = match field(&obj, "messages") {
         None => return Err(missing("messages")),
         Some(Value::Array(items)) if items.is_empty() => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "`messages` must contain at least one message",
-            ));
+            return Err(ApiError::invalid_param("messages", "`messages` must contain at least one message"));
         }
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, m)| parse_message(m, i))
-            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(items)) => {
+            items.iter().enumerate().map(|(i, m)| parse_message(m, i)).collect::<Result<Vec<_>, _>>()?
+        }
         Some(_) => return Err(type_error("messages", "an array")),
     };
 
@@ -78,22 +72,13 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
     let stream = optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
     let include_usage = match field(&obj, "stream_options") {
         None => false,
-        Some(Value::Object(so)) => {
-            optional_bool(so, "include_usage", "stream_options.include_usage")?.unwrap_or(false)
-        }
+        Some(Value::Object(so)) => optional_bool(so, "include_usage", "stream_options.include_usage")?.unwrap_or(false),
         Some(_) => return Err(type_error("stream_options", "an object")),
     };
 
     let options = parse_options(&obj)?;
 
-    Ok(ChatCompletionRequest {
-        model,
-        stream,
-        include_usage,
-        messages,
-        tools,
-        options,
-    })
+    Ok(ChatCompletionRequest { model, stream, include_usage, messages, tools, options })
 }
 
 fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
@@ -143,9 +128,7 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
         None if role == pb::Role::Assistant => {
             return Err(ApiError::invalid_param(
                 &content_path,
-                format!(
-                    "`{content_path}` is required unless the assistant message has `tool_calls`"
-                ),
+                format!("`{content_path}` is required unless the assistant message has `tool_calls`"),
             ));
         }
         None => return Err(missing(&content_path)),
@@ -157,22 +140,16 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
         String::new()
     };
 
-    Ok(pb::ChatMessage {
-        role: role.into(),
-        content,
-        tool_calls,
-        tool_call_id,
-    })
+    Ok(pb::ChatMessage { role: role.into(), content, tool_calls, tool_call_id })
 }
 
 /// A string, or an array of content parts whose text parts are joined with "\n".
 fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
     match value {
         Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) if parts.is_empty() => Err(ApiError::invalid_param(
-            path,
-            format!("`{path}` must not be an empty array"),
-        )),
+        Value::Array(parts) if parts.is_empty() => {
+            Err(ApiError::invalid_param(path, format!("`{path}` must not be an empty array")))
+        }
         Value::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
@@ -214,17 +191,10 @@ fn parse_tool_call(value: &Value, path: &str) -> Result<pb::ToolCall, ApiError> 
     let arguments_json = match required(function, "arguments", &args_path)? {
         Value::String(s) => s.clone(),
         _ => {
-            return Err(type_error(
-                &args_path,
-                "a string (the arguments as JSON text)",
-            ));
+            return Err(type_error(&args_path, "a string (the arguments as JSON text)"));
         }
     };
-    Ok(pb::ToolCall {
-        id,
-        name,
-        arguments_json,
-    })
+    Ok(pb::ToolCall { id, name, arguments_json })
 }
 
 /// `{"type":"function","function":{"name","description"?,"parameters"?}}`.
@@ -245,20 +215,12 @@ fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError>
         Some(v @ Value::Object(_)) => v.to_string(),
         Some(_) => return Err(type_error(&format!("{fpath}.parameters"), "an object")),
     };
-    Ok(pb::ToolDefinition {
-        name,
-        description,
-        parameters_json,
-    })
+    Ok(pb::ToolDefinition { name, description, parameters_json })
 }
 
 /// `type` must be "function" (the only tool type supported); `required`
 /// says whether it may be omitted.
-fn expect_function_type(
-    obj: &Map<String, Value>,
-    path: &str,
-    required_field: bool,
-) -> Result<(), ApiError> {
+fn expect_function_type(obj: &Map<String, Value>, path: &str, required_field: bool) -> Result<(), ApiError> {
     let type_path = format!("{path}.type");
     let ty = match field(obj, "type") {
         None if required_field => return Err(missing(&type_path)),
@@ -274,10 +236,7 @@ fn expect_function_type(
     Ok(())
 }
 
-fn function_object<'a>(
-    obj: &'a Map<String, Value>,
-    path: &str,
-) -> Result<&'a Map<String, Value>, ApiError> {
+fn function_object<'a>(obj: &'a Map<String, Value>, path: &str) -> Result<&'a Map<String, Value>, ApiError> {
     let fpath = format!("{path}.function");
     match required(obj, "function", &fpath)? {
         Value::Object(f) => Ok(f),
@@ -347,29 +306,16 @@ fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ApiError> {
     value.as_str().ok_or_else(|| type_error(path, "a string"))
 }
 
-fn non_empty_string<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<&'a str, ApiError> {
+fn non_empty_string<'a>(obj: &'a Map<String, Value>, key: &str, path: &str) -> Result<&'a str, ApiError> {
     let s = string(required(obj, key, path)?, path)?;
     if s.is_empty() {
-        return Err(ApiError::invalid_param(
-            path,
-            format!("`{path}` must not be empty"),
-        ));
+        return Err(ApiError::invalid_param(path, format!("`{path}` must not be empty")));
     }
     Ok(s)
 }
 
-fn optional_bool(
-    obj: &Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<bool>, ApiError> {
-    field(obj, key)
-        .map(|v| v.as_bool().ok_or_else(|| type_error(path, "a boolean")))
-        .transpose()
+fn optional_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<bool>, ApiError> {
+    field(obj, key).map(|v| v.as_bool().ok_or_else(|| type_error(path, "a boolean"))).transpose()
 }
 
 fn positive_u32(value: &Value, path: &str) -> Result<u32, ApiError> {
@@ -380,21 +326,13 @@ fn positive_u32(value: &Value, path: &str) -> Result<u32, ApiError> {
         .as_u64()
         .filter(|n| *n >= 1)
         .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| {
-            ApiError::invalid_param(
-                path,
-                format!("`{path}` must be an integer between 1 and {}", u32::MAX),
-            )
-        })
+        .ok_or_else(|| ApiError::invalid_param(path, format!("`{path}` must be an integer between 1 and {}", u32::MAX)))
 }
 
 fn number_in(value: &Value, path: &str, min: f64, max: f64) -> Result<f32, ApiError> {
     let n = value.as_f64().ok_or_else(|| type_error(path, "a number"))?;
     if !(min..=max).contains(&n) {
-        return Err(ApiError::invalid_param(
-            path,
-            format!("`{path}` must be between {min} and {max}"),
-        ));
+        return Err(ApiError::invalid_param(path, format!("`{path}` must be between {min} and {max}")));
     }
     Ok(n as f32)
 }
@@ -421,11 +359,7 @@ pub struct ResponseMeta {
 impl ResponseMeta {
     /// `id` is `chatcmpl-` followed by 32 hex digits (a v4 UUID, simple form).
     pub fn new(model: String, created: u64) -> Self {
-        Self {
-            id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
-            created,
-            model,
-        }
+        Self { id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()), created, model }
     }
 }
 
@@ -443,14 +377,7 @@ pub struct ChunkRenderer {
 
 impl ChunkRenderer {
     pub fn new(meta: ResponseMeta, include_usage: bool) -> Self {
-        Self {
-            meta,
-            include_usage,
-            role_sent: false,
-            started_calls: BTreeSet::new(),
-            usage: None,
-            finished: false,
-        }
+        Self { meta, include_usage, role_sent: false, started_calls: BTreeSet::new(), usage: None, finished: false }
     }
 
     /// The JSON payloads of zero or more SSE `data:` events for one run event
@@ -476,11 +403,7 @@ impl ChunkRenderer {
                 let first = self.started_calls.insert(d.index);
                 let mut call = Map::new();
                 call.insert("index".into(), d.index.into());
-                let id = if first && d.id.is_empty() {
-                    synthetic_call_id()
-                } else {
-                    d.id.clone()
-                };
+                let id = if first && d.id.is_empty() { synthetic_call_id() } else { d.id.clone() };
                 if !id.is_empty() {
                     call.insert("id".into(), id.into());
                     call.insert("type".into(), "function".into());
@@ -572,13 +495,7 @@ enum Terminal {
 
 impl CompletionAggregator {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self {
-            meta,
-            text: String::new(),
-            tool_calls: BTreeMap::new(),
-            usage: None,
-            terminal: None,
-        }
+        Self { meta, text: String::new(), tool_calls: BTreeMap::new(), usage: None, terminal: None }
     }
 
     /// Events after a terminal are ignored.
@@ -602,11 +519,7 @@ impl CompletionAggregator {
                 call.arguments.push_str(&d.arguments_delta);
             }
             Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(c) => {
-                self.terminal = Some(Terminal::Completed {
-                    finish_reason: c.finish_reason,
-                })
-            }
+            Event::Completed(c) => self.terminal = Some(Terminal::Completed { finish_reason: c.finish_reason }),
             Event::Failed(f) => self.terminal = Some(Terminal::Failed(failure_of(f))),
             Event::Cancelled(c) => self.terminal = Some(Terminal::Cancelled { reason: c.reason }),
         }
@@ -637,11 +550,7 @@ impl CompletionAggregator {
                 json!({ "id": id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } })
             })
             .collect();
-        let content = if self.text.is_empty() && !tool_calls.is_empty() {
-            Value::Null
-        } else {
-            self.text.into()
-        };
+        let content = if self.text.is_empty() && !tool_calls.is_empty() { Value::Null } else { self.text.into() };
         let mut message = json!({ "role": "assistant", "content": content, "refusal": null });
         if !tool_calls.is_empty() {
             message["tool_calls"] = tool_calls.into();
@@ -667,9 +576,7 @@ impl CompletionAggregator {
 /// SSE payload for a failure after streaming already started (OpenAI sends
 /// `data: {"error":{...}}`).
 pub fn stream_error_payload(failure: &pb::ExecutionFailure) -> String {
-    ApiError::Execution(failure.clone())
-        .openai_body()
-        .to_string()
+    ApiError::Execution(failure.clone()).openai_body().to_string()
 }
 
 /// OpenAI's finish_reason; an unspecified or unknown value renders as "stop".
@@ -693,27 +600,20 @@ fn usage_json(usage: Option<&pb::Usage>) -> Value {
 
 fn failure_of(failed: &pb::RunFailed) -> pb::ExecutionFailure {
     failed.failure.clone().unwrap_or_else(|| {
-        pb::ExecutionFailure::new(
-            pb::FailureKind::Internal,
-            "the run failed without a failure description",
-        )
+        pb::ExecutionFailure::new(pb::FailureKind::Internal, "the run failed without a failure description")
     })
 }
 
 fn cancelled_failure(reason: i32) -> pb::ExecutionFailure {
     match pb::CancelReason::try_from(reason) {
-        Ok(pb::CancelReason::Deadline) => pb::ExecutionFailure::new(
-            pb::FailureKind::ResponseStalled,
-            "the run was cancelled: deadline exceeded",
-        ),
+        Ok(pb::CancelReason::Deadline) => {
+            pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "the run was cancelled: deadline exceeded")
+        }
         Ok(pb::CancelReason::EdgeShutdown) => pb::ExecutionFailure::new(
             pb::FailureKind::TransportLost,
             "the run was cancelled: the edge is shutting down",
         ),
-        _ => pb::ExecutionFailure::new(
-            pb::FailureKind::Internal,
-            "the run was cancelled before it completed",
-        ),
+        _ => pb::ExecutionFailure::new(pb::FailureKind::Internal, "the run was cancelled before it completed"),
     }
 }
 
@@ -733,11 +633,7 @@ mod tests {
     }
 
     fn meta() -> ResponseMeta {
-        ResponseMeta {
-            id: "chatcmpl-test".into(),
-            created: 1_700_000_000,
-            model: "llama".into(),
-        }
+        ResponseMeta { id: "chatcmpl-test".into(), created: 1_700_000_000, model: "llama".into() }
     }
 
     fn text(s: &str) -> Event {
@@ -745,31 +641,19 @@ mod tests {
     }
 
     fn tool(index: u32, id: &str, name: &str, args: &str) -> Event {
-        Event::ToolCall(pb::ToolCallDelta {
-            index,
-            id: id.into(),
-            name: name.into(),
-            arguments_delta: args.into(),
-        })
+        Event::ToolCall(pb::ToolCallDelta { index, id: id.into(), name: name.into(), arguments_delta: args.into() })
     }
 
     fn usage(prompt: u32, completion: u32) -> Event {
-        Event::Usage(pb::Usage {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-        })
+        Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
     }
 
     fn completed(reason: pb::FinishReason) -> Event {
-        Event::Completed(pb::RunCompleted {
-            finish_reason: reason.into(),
-        })
+        Event::Completed(pb::RunCompleted { finish_reason: reason.into() })
     }
 
     fn started() -> Event {
-        Event::Started(pb::RunStarted {
-            model: "llama3.2:3b".into(),
-        })
+        Event::Started(pb::RunStarted { model: "llama3.2:3b".into() })
     }
 
     fn render_all(renderer: &mut ChunkRenderer, events: &[Event]) -> Vec<Value> {
@@ -784,8 +668,7 @@ mod tests {
 
     #[test]
     fn minimal_request_parses_with_defaults() {
-        let req = parse(json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}))
-            .unwrap();
+        let req = parse(json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})).unwrap();
         assert_eq!(req.model, "llama");
         assert!(!req.stream);
         assert!(!req.include_usage);
@@ -835,10 +718,7 @@ mod tests {
         assert_eq!(req.options.max_tokens, Some(64));
         assert_eq!(req.options.temperature, Some(0.5));
         assert_eq!(req.options.top_p, Some(1.0));
-        assert_eq!(
-            req.options.stop,
-            vec!["\n\n".to_string(), "END".to_string()]
-        );
+        assert_eq!(req.options.stop, vec!["\n\n".to_string(), "END".to_string()]);
         assert_eq!(req.options.seed, Some(-7));
     }
 
@@ -855,12 +735,10 @@ mod tests {
 
     #[test]
     fn text_content_parts_are_joined() {
-        let req = parse(
-            json!({"model": "m", "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "first"},
-                {"type": "text", "text": "second"}
-            ]}]}),
-        )
+        let req = parse(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "first"},
+            {"type": "text", "text": "second"}
+        ]}]}))
         .unwrap();
         assert_eq!(req.messages[0].content, "first\nsecond");
     }
@@ -914,9 +792,7 @@ mod tests {
     #[test]
     fn malformed_and_non_object_bodies_are_rejected() {
         let err = parse_request(b"{").unwrap_err();
-        let ApiError::InvalidRequest { message, param } = err else {
-            panic!("not InvalidRequest")
-        };
+        let ApiError::InvalidRequest { message, param } = err else { panic!("not InvalidRequest") };
         assert!(message.starts_with("invalid JSON: "), "{message}");
         assert_eq!(param, None);
 
@@ -924,10 +800,7 @@ mod tests {
         assert!(err.to_string().contains("line 1 column 2"), "{err}");
 
         for body in [&b"[]"[..], b"\"s\"", b"1", b"null"] {
-            assert_eq!(
-                parse_request(body).unwrap_err(),
-                ApiError::invalid("request body must be a JSON object")
-            );
+            assert_eq!(parse_request(body).unwrap_err(), ApiError::invalid("request body must be a JSON object"));
         }
     }
 
@@ -943,48 +816,20 @@ mod tests {
         };
         let msgs = |m: Value| with(json!({"messages": m}));
         let cases: Vec<(Value, &str, &str)> = vec![
-            (
-                json!({"messages": [user.clone()]}),
-                "model",
-                "`model` is required",
-            ),
-            (
-                with(json!({"model": 3})),
-                "model",
-                "`model` must be a string",
-            ),
-            (
-                with(json!({"model": ""})),
-                "model",
-                "`model` must not be empty",
-            ),
+            (json!({"messages": [user.clone()]}), "model", "`model` is required"),
+            (with(json!({"model": 3})), "model", "`model` must be a string"),
+            (with(json!({"model": ""})), "model", "`model` must not be empty"),
             (json!({"model": "m"}), "messages", "`messages` is required"),
-            (
-                msgs(json!([])),
-                "messages",
-                "`messages` must contain at least one message",
-            ),
+            (msgs(json!([])), "messages", "`messages` must contain at least one message"),
             (msgs(json!("hi")), "messages", "`messages` must be an array"),
-            (
-                msgs(json!([user.clone(), "x"])),
-                "messages[1]",
-                "`messages[1]` must be an object",
-            ),
-            (
-                msgs(json!([{"content": "x"}])),
-                "messages[0].role",
-                "`messages[0].role` is required",
-            ),
+            (msgs(json!([user.clone(), "x"])), "messages[1]", "`messages[1]` must be an object"),
+            (msgs(json!([{"content": "x"}])), "messages[0].role", "`messages[0].role` is required"),
             (
                 msgs(json!([user.clone(), user.clone(), {"role": "wizard", "content": "x"}])),
                 "messages[2].role",
                 "`messages[2].role` has unknown role `wizard`; expected one of system, developer, user, assistant, tool",
             ),
-            (
-                msgs(json!([{"role": "user"}])),
-                "messages[0].content",
-                "`messages[0].content` is required",
-            ),
+            (msgs(json!([{"role": "user"}])), "messages[0].content", "`messages[0].content` is required"),
             (
                 msgs(json!([{"role": "assistant", "content": null}])),
                 "messages[0].content",
@@ -1037,11 +882,7 @@ mod tests {
                 "messages[0].tool_calls[0].function.arguments",
                 "`messages[0].tool_calls[0].function.arguments` must be a string (the arguments as JSON text)",
             ),
-            (
-                with(json!({"tools": {}})),
-                "tools",
-                "`tools` must be an array",
-            ),
+            (with(json!({"tools": {}})), "tools", "`tools` must be an array"),
             (
                 with(json!({"tools": [{"type": "code_interpreter"}]})),
                 "tools[0].type",
@@ -1053,83 +894,37 @@ mod tests {
                 "`tools[0].function.name` is required",
             ),
             (
-                with(
-                    json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]}),
-                ),
+                with(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]})),
                 "tools[0].function.parameters",
                 "`tools[0].function.parameters` must be an object",
             ),
-            (
-                with(json!({"stream": "yes"})),
-                "stream",
-                "`stream` must be a boolean",
-            ),
+            (with(json!({"stream": "yes"})), "stream", "`stream` must be a boolean"),
             (
                 with(json!({"stream_options": {"include_usage": 1}})),
                 "stream_options.include_usage",
                 "`stream_options.include_usage` must be a boolean",
             ),
-            (
-                with(json!({"max_tokens": "10"})),
-                "max_tokens",
-                "`max_tokens` must be an integer",
-            ),
-            (
-                with(json!({"max_tokens": 0})),
-                "max_tokens",
-                "`max_tokens` must be an integer between 1 and 4294967295",
-            ),
+            (with(json!({"max_tokens": "10"})), "max_tokens", "`max_tokens` must be an integer"),
+            (with(json!({"max_tokens": 0})), "max_tokens", "`max_tokens` must be an integer between 1 and 4294967295"),
             (
                 with(json!({"max_completion_tokens": 5_000_000_000u64})),
                 "max_completion_tokens",
                 "`max_completion_tokens` must be an integer between 1 and 4294967295",
             ),
-            (
-                with(json!({"temperature": "hot"})),
-                "temperature",
-                "`temperature` must be a number",
-            ),
-            (
-                with(json!({"temperature": 2.5})),
-                "temperature",
-                "`temperature` must be between 0 and 2",
-            ),
-            (
-                with(json!({"top_p": -0.1})),
-                "top_p",
-                "`top_p` must be between 0 and 1",
-            ),
-            (
-                with(json!({"stop": 3})),
-                "stop",
-                "`stop` must be a string or an array of strings",
-            ),
-            (
-                with(json!({"stop": ["a", 1]})),
-                "stop[1]",
-                "`stop[1]` must be a string",
-            ),
-            (
-                with(json!({"stop": ["a", "b", "c", "d", "e"]})),
-                "stop",
-                "`stop` may contain at most 4 sequences",
-            ),
-            (
-                with(json!({"seed": 1.5})),
-                "seed",
-                "`seed` must be an integer",
-            ),
+            (with(json!({"temperature": "hot"})), "temperature", "`temperature` must be a number"),
+            (with(json!({"temperature": 2.5})), "temperature", "`temperature` must be between 0 and 2"),
+            (with(json!({"top_p": -0.1})), "top_p", "`top_p` must be between 0 and 1"),
+            (with(json!({"stop": 3})), "stop", "`stop` must be a string or an array of strings"),
+            (with(json!({"stop": ["a", 1]})), "stop[1]", "`stop[1]` must be a string"),
+            (with(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop", "`stop` may contain at most 4 sequences"),
+            (with(json!({"seed": 1.5})), "seed", "`seed` must be an integer"),
             (with(json!({"n": 2})), "n", "n > 1 is not supported"),
             (with(json!({"n": 0})), "n", "`n` must be 1"),
         ];
         for (body, want_param, want_message) in cases {
             let err = parse(body.clone()).expect_err(&format!("should fail: {body}"));
             assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
-            assert_eq!(
-                err,
-                ApiError::invalid_param(want_param, want_message),
-                "body: {body}"
-            );
+            assert_eq!(err, ApiError::invalid_param(want_param, want_message), "body: {body}");
         }
     }
 
@@ -1147,16 +942,8 @@ mod tests {
     #[test]
     fn streaming_text_with_usage() {
         let mut r = ChunkRenderer::new(meta(), true);
-        let chunks = render_all(
-            &mut r,
-            &[
-                started(),
-                text("Hel"),
-                text("lo"),
-                usage(7, 2),
-                completed(pb::FinishReason::Stop),
-            ],
-        );
+        let chunks =
+            render_all(&mut r, &[started(), text("Hel"), text("lo"), usage(7, 2), completed(pb::FinishReason::Stop)]);
         assert_eq!(chunks.len(), 5);
         for c in &chunks {
             assert_eq!(c["id"], "chatcmpl-test");
@@ -1166,10 +953,7 @@ mod tests {
             assert_eq!(c["system_fingerprint"], Value::Null);
         }
         let choice = |i: usize| &chunks[i]["choices"][0];
-        assert_eq!(
-            choice(0)["delta"],
-            json!({"role": "assistant", "content": ""})
-        );
+        assert_eq!(choice(0)["delta"], json!({"role": "assistant", "content": ""}));
         assert_eq!(choice(1)["delta"], json!({"content": "Hel"}));
         assert_eq!(choice(2)["delta"], json!({"content": "lo"}));
         assert_eq!(choice(3)["delta"], json!({}));
@@ -1184,10 +968,7 @@ mod tests {
             assert_eq!(usage, Some(&Value::Null));
         }
         assert_eq!(chunks[4]["choices"], json!([]));
-        assert_eq!(
-            chunks[4]["usage"],
-            json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9})
-        );
+        assert_eq!(chunks[4]["usage"], json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}));
         // Nothing after the terminal.
         assert!(r.render(&text("late")).is_empty());
     }
@@ -1195,15 +976,9 @@ mod tests {
     #[test]
     fn streaming_without_include_usage_has_no_usage_key_and_role_chunk_is_implicit() {
         let mut r = ChunkRenderer::new(meta(), false);
-        let chunks = render_all(
-            &mut r,
-            &[text("hi"), usage(1, 1), completed(pb::FinishReason::Length)],
-        );
+        let chunks = render_all(&mut r, &[text("hi"), usage(1, 1), completed(pb::FinishReason::Length)]);
         assert_eq!(chunks.len(), 3);
-        assert_eq!(
-            chunks[0]["choices"][0]["delta"],
-            json!({"role": "assistant", "content": ""})
-        );
+        assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
         assert_eq!(chunks[1]["choices"][0]["delta"], json!({"content": "hi"}));
         assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
         assert!(chunks.iter().all(|c| c.get("usage").is_none()));
@@ -1215,10 +990,7 @@ mod tests {
         let chunks = render_all(&mut r, &[completed(pb::FinishReason::ContentFilter)]);
         assert_eq!(chunks.len(), 3);
         assert_eq!(chunks[1]["choices"][0]["finish_reason"], "content_filter");
-        assert_eq!(
-            chunks[2]["usage"],
-            json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
-        );
+        assert_eq!(chunks[2]["usage"], json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}));
     }
 
     #[test]
@@ -1242,14 +1014,8 @@ mod tests {
             json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
                                    "function": {"name": "get_weather", "arguments": ""}}]})
         );
-        assert_eq!(
-            delta(2),
-            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]})
-        );
-        assert_eq!(
-            delta(3),
-            json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]})
-        );
+        assert_eq!(delta(2), json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}));
+        assert_eq!(delta(3), json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}));
         assert_eq!(
             delta(4),
             json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
@@ -1260,12 +1026,9 @@ mod tests {
 
     #[test]
     fn streaming_failure_renders_openai_error_and_cancel_renders_nothing() {
-        let failure =
-            pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "provider stalled");
+        let failure = pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "provider stalled");
         let mut r = ChunkRenderer::new(meta(), true);
-        let out = r.render(&Event::Failed(pb::RunFailed {
-            failure: Some(failure.clone()),
-        }));
+        let out = r.render(&Event::Failed(pb::RunFailed { failure: Some(failure.clone()) }));
         assert_eq!(out.len(), 1);
         let v: Value = serde_json::from_str(&out[0]).unwrap();
         assert_eq!(v, ApiError::Execution(failure.clone()).openai_body());
@@ -1274,9 +1037,7 @@ mod tests {
         assert_eq!(stream_error_payload(&failure), out[0]);
 
         let mut r = ChunkRenderer::new(meta(), true);
-        let cancelled = Event::Cancelled(pb::RunCancelled {
-            reason: pb::CancelReason::ClientDisconnected.into(),
-        });
+        let cancelled = Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() });
         assert!(r.render(&cancelled).is_empty());
     }
 
@@ -1340,22 +1101,16 @@ mod tests {
         assert_eq!(message["content"], "hello");
         assert!(message.get("tool_calls").is_none());
         assert_eq!(body["choices"][0]["finish_reason"], "stop");
-        assert_eq!(
-            body["usage"],
-            json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
-        );
+        assert_eq!(body["usage"], json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}));
     }
 
     #[test]
     fn aggregator_failed_returns_the_failure() {
-        let mut failure =
-            pb::ExecutionFailure::new(pb::FailureKind::ProviderHttpStatus, "rate limited");
+        let mut failure = pb::ExecutionFailure::new(pb::FailureKind::ProviderHttpStatus, "rate limited");
         failure.provider_status = 429;
         let mut agg = CompletionAggregator::new(meta());
         agg.push(&text("partial"));
-        agg.push(&Event::Failed(pb::RunFailed {
-            failure: Some(failure.clone()),
-        }));
+        agg.push(&Event::Failed(pb::RunFailed { failure: Some(failure.clone()) }));
         agg.push(&completed(pb::FinishReason::Stop)); // ignored after the terminal
         assert_eq!(agg.finish().unwrap_err(), ApiError::Execution(failure));
     }
@@ -1364,25 +1119,17 @@ mod tests {
     fn aggregator_without_completion_is_an_execution_error() {
         let mut agg = CompletionAggregator::new(meta());
         agg.push(&text("partial"));
-        let Err(ApiError::Execution(f)) = agg.finish() else {
-            panic!("expected Execution error")
-        };
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
         assert_eq!(f.kind(), pb::FailureKind::TransportLost);
 
         let mut agg = CompletionAggregator::new(meta());
-        agg.push(&Event::Cancelled(pb::RunCancelled {
-            reason: pb::CancelReason::ClientDisconnected.into(),
-        }));
-        let Err(ApiError::Execution(f)) = agg.finish() else {
-            panic!("expected Execution error")
-        };
+        agg.push(&Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() }));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
         assert_eq!(f.kind(), pb::FailureKind::Internal);
 
         let mut agg = CompletionAggregator::new(meta());
         agg.push(&Event::Failed(pb::RunFailed { failure: None }));
-        let Err(ApiError::Execution(f)) = agg.finish() else {
-            panic!("expected Execution error")
-        };
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
         assert_eq!(f.kind(), pb::FailureKind::Internal);
     }
 }

@@ -36,7 +36,10 @@ impl CommandTable {
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(command_id.clone(), tx);
         let msg = pb::EdgeToNode {
-            msg: Some(pb::edge_to_node::Msg::Command(pb::NodeCommand { command_id: command_id.clone(), kind: kind.into() })),
+            msg: Some(pb::edge_to_node::Msg::Command(pb::NodeCommand {
+                command_id: command_id.clone(),
+                kind: kind.into(),
+            })),
         };
         let result = match control.send(Ok(msg)).await {
             Err(_) => Err(CommandError::NotConnected),

@@ -38,7 +38,10 @@ impl NodeGateway for GatewayService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn run_events(&self, request: Request<Streaming<pb::RunUplink>>) -> Result<Response<pb::RunEventsAck>, Status> {
+    async fn run_events(
+        &self,
+        request: Request<Streaming<pb::RunUplink>>,
+    ) -> Result<Response<pb::RunEventsAck>, Status> {
         let peer = peer(&request)?;
         let mut inbound = request.into_inner();
         let open = match inbound.message().await? {

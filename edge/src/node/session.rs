@@ -185,11 +185,10 @@ async fn serve(
     }
 }
 
-fn provider_health(statuses: &[pb::ProviderStatus]) -> Result<HashMap<String, pb::ProviderHealth>, iop_proto::wire::WireError> {
-    statuses
-        .iter()
-        .map(|s| Ok((s.provider_id.clone(), closed_enum("provider_status.health", s.health)?)))
-        .collect()
+fn provider_health(
+    statuses: &[pb::ProviderStatus],
+) -> Result<HashMap<String, pb::ProviderHealth>, iop_proto::wire::WireError> {
+    statuses.iter().map(|s| Ok((s.provider_id.clone(), closed_enum("provider_status.health", s.health)?))).collect()
 }
 
 fn message_name(msg: &Msg) -> &'static str {

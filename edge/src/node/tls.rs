@@ -53,8 +53,11 @@ pub fn load_certs(field: &'static str, path: &Path) -> Result<Vec<CertificateDer
 
 pub fn load_key(field: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
     let pem = read(field, path)?;
-    PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|_| TlsSetupError::Pem { field, path: path.display().to_string(), what: "private key" })
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|_| TlsSetupError::Pem {
+        field,
+        path: path.display().to_string(),
+        what: "private key",
+    })
 }
 
 /// Server config that requires a client certificate chaining to `ca_file`.
@@ -63,9 +66,8 @@ pub fn server_config(ca_file: &Path, cert_file: &Path, key_file: &Path) -> Resul
     for ca in load_certs("tls.ca_file", ca_file)? {
         roots.add(ca).map_err(|e| TlsSetupError::Rustls(format!("tls.ca_file: {e}")))?;
     }
-    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
-        .build()
-        .map_err(|e| TlsSetupError::Rustls(e.to_string()))?;
+    let verifier =
+        WebPkiClientVerifier::builder(Arc::new(roots)).build().map_err(|e| TlsSetupError::Rustls(e.to_string()))?;
     let mut config = ServerConfig::builder()
         .with_client_cert_verifier(verifier)
         .with_single_cert(load_certs("tls.cert_file", cert_file)?, load_key("tls.key_file", key_file)?)
@@ -283,4 +285,48 @@ async fn handshake(
         .ok_or(HandshakeRejection::NoClientCertificate)?;
     let identity = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
     Ok(NodeConn { stream, peer: NodePeer { identity, remote } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair, SanType};
+
+    fn leaf(sans: Vec<SanType>) -> CertificateDer<'static> {
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = sans;
+        params.self_signed(&KeyPair::generate().unwrap()).unwrap().der().clone()
+    }
+
+    fn uri(u: &str) -> SanType {
+        SanType::URI(u.try_into().unwrap())
+    }
+
+    fn allowed() -> BTreeSet<String> {
+        BTreeSet::from(["mac-1".to_string()])
+    }
+
+    #[test]
+    fn a_listed_spiffe_node_is_identified() {
+        let id = identify(&leaf(vec![uri("spiffe://iop.local/node/mac-1")]), "iop.local", &allowed()).unwrap();
+        assert_eq!(id.name, "mac-1");
+    }
+
+    #[test]
+    fn identity_rules_are_enforced_with_typed_reasons() {
+        let cases = [
+            (vec![], HandshakeRejection::MissingIdentity),
+            (vec![SanType::DnsName("mac-1".try_into().unwrap())], HandshakeRejection::MissingIdentity),
+            (
+                vec![uri("spiffe://iop.local/node/mac-1"), uri("spiffe://iop.local/node/mac-2")],
+                HandshakeRejection::MissingIdentity,
+            ),
+            (vec![uri("spiffe://iop.local/edge/mac-1")], HandshakeRejection::MissingIdentity),
+            (vec![uri("spiffe://other.domain/node/mac-1")], HandshakeRejection::ForeignTrustDomain),
+            (vec![uri("spiffe://iop.local/node/mac-9")], HandshakeRejection::UnknownNode),
+        ];
+        for (sans, expected) in cases {
+            assert_eq!(identify(&leaf(sans.clone()), "iop.local", &allowed()).err(), Some(expected), "{sans:?}");
+        }
+    }
 }

@@ -35,7 +35,11 @@ pub struct Dialer {
 impl Dialer {
     pub fn new(config: &NodeConfig) -> Result<Self, TransportError> {
         let read = |field, path: &std::path::Path| {
-            std::fs::read(path).map_err(|source| TransportError::ReadTls { field, path: path.display().to_string(), source })
+            std::fs::read(path).map_err(|source| TransportError::ReadTls {
+                field,
+                path: path.display().to_string(),
+                source,
+            })
         };
         let ca = read("tls.ca_file", &config.tls.ca_file)?;
         let cert = read("tls.cert_file", &config.tls.cert_file)?;
@@ -78,7 +82,11 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 
 /// Keeps a session with the Edge alive until `shutdown`: dial, run the
 /// session, and on any loss reconnect with capped exponential backoff.
-pub async fn supervise(config: NodeConfig, heartbeat: HeartbeatProfile, shutdown: CancellationToken) -> Result<(), TransportError> {
+pub async fn supervise(
+    config: NodeConfig,
+    heartbeat: HeartbeatProfile,
+    shutdown: CancellationToken,
+) -> Result<(), TransportError> {
     let dialer = Dialer::new(&config)?;
     let http = crate::adapter::http_client();
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());

@@ -92,7 +92,9 @@ pub async fn run(
         Ok(Ok(Some(pb::EdgeToNode { msg: Some(Msg::RegisterResponse(r)) }))) => r,
         Ok(Ok(Some(_))) => return closed(false, "protocol_error: expected RegisterResponse"),
         Ok(Ok(None)) => return closed(false, "edge closed the control stream"),
-        Ok(Err(status)) => return SessionEnd::ConnectFailed(format!("edge refused registration: {}", status.message())),
+        Ok(Err(status)) => {
+            return SessionEnd::ConnectFailed(format!("edge refused registration: {}", status.message()));
+        }
         Err(_) => return closed(false, "no RegisterResponse within the heartbeat wait"),
     };
     let generation = registered.generation;
