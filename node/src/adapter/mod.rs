@@ -472,6 +472,41 @@ fn parse_arguments_object(what: fmt::Arguments<'_>, text: &str) -> Result<serde_
 }
 
 /// A tool's parameter schema (empty text means "no parameters").
+/// A function tool as both Ollama and OpenAI-compatible servers take it.
+#[derive(serde::Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ToolFunction<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct ToolFunction<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    parameters: serde_json::Value,
+}
+
+/// The run's tools in the shape both provider APIs share.
+fn wire_tools(request: &pb::RunRequest) -> Result<Vec<Tool<'_>>, AdapterError> {
+    request
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Ok(Tool {
+                kind: "function",
+                function: ToolFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: tool_parameters(i, t)?,
+                },
+            })
+        })
+        .collect()
+}
+
 fn tool_parameters(index: usize, tool: &pb::ToolDefinition) -> Result<serde_json::Value, AdapterError> {
     if tool.parameters_json.trim().is_empty() {
         return Ok(serde_json::json!({"type": "object", "properties": {}}));

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    AdapterError, Events, ProviderTarget, StreamDecoder, check_options, json_error_summary, message_role,
-    parse_arguments_object, stream_error, to_json_body, tool_parameters,
+    AdapterError, Events, ProviderTarget, StreamDecoder, Tool, check_options, json_error_summary, message_role,
+    parse_arguments_object, stream_error, to_json_body, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/api/chat";
@@ -47,21 +47,6 @@ struct ToolCall<'a> {
 struct CallFunction<'a> {
     name: &'a str,
     arguments: Value,
-}
-
-#[derive(Serialize)]
-struct Tool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: ToolFunction<'a>,
-}
-
-#[derive(Serialize)]
-struct ToolFunction<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    description: &'a str,
-    parameters: Value,
 }
 
 #[derive(Serialize)]
@@ -113,21 +98,7 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
         messages.push(message);
     }
 
-    let tools = request
-        .tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            Ok(Tool {
-                kind: "function",
-                function: ToolFunction {
-                    name: &t.name,
-                    description: &t.description,
-                    parameters: tool_parameters(i, t)?,
-                },
-            })
-        })
-        .collect::<Result<Vec<_>, AdapterError>>()?;
+    let tools = wire_tools(request)?;
 
     let options = match &request.options {
         Some(o) => {

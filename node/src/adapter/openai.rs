@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::sse::SseParser;
 use super::{
-    AdapterError, Events, ProviderTarget, StreamDecoder, check_options, json_error_summary, message_role, stream_error,
-    to_json_body, tool_parameters,
+    AdapterError, Events, ProviderTarget, StreamDecoder, Tool, check_options, json_error_summary, message_role,
+    stream_error, to_json_body, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
@@ -68,21 +68,6 @@ struct CallFunction<'a> {
     arguments: &'a str,
 }
 
-#[derive(Serialize)]
-struct Tool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: ToolFunction<'a>,
-}
-
-#[derive(Serialize)]
-struct ToolFunction<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    description: &'a str,
-    parameters: Value,
-}
-
 /// The `/v1/chat/completions` body for `request`. Always streams, with usage.
 pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<Vec<u8>, AdapterError> {
     let mut messages = Vec::with_capacity(request.messages.len());
@@ -120,21 +105,7 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
         messages.push(message);
     }
 
-    let tools = request
-        .tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            Ok(Tool {
-                kind: "function",
-                function: ToolFunction {
-                    name: &t.name,
-                    description: &t.description,
-                    parameters: tool_parameters(i, t)?,
-                },
-            })
-        })
-        .collect::<Result<Vec<_>, AdapterError>>()?;
+    let tools = wire_tools(request)?;
 
     let default_options = pb::GenerationOptions::default();
     let options = request.options.as_ref().unwrap_or(&default_options);
