@@ -105,6 +105,7 @@ async fn main() {
         base_url: mock.base_url(),
         target_model: "mock".into(),
         public_model: "mock".into(),
+        capacity: 64,
     };
     let any = "127.0.0.1:0".parse().unwrap();
     let edge = iop_edge::Edge::bind(

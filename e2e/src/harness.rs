@@ -27,6 +27,8 @@ pub struct ProviderSpec {
     pub base_url: String,
     pub target_model: String,
     pub public_model: String,
+    /// Most concurrent runs (the Edge queues the rest).
+    pub capacity: u32,
 }
 
 impl ProviderSpec {
@@ -38,6 +40,7 @@ impl ProviderSpec {
             target: Target { model: self.target_model.clone(), base_url: self.base_url.clone() },
             models: vec![PublicModel { name: self.public_model.clone(), priority: 0 }],
             response_stall_timeout_ms: 0,
+            capacity: self.capacity,
         }
     }
 }

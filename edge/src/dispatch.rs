@@ -15,11 +15,14 @@ use iop_proto::pb::{self, FailureKind};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{LeaseGuard, ReleaseReason};
 use crate::metrics::{EdgeMetrics, OutcomeLabels};
-use crate::node::registry::ReadySession;
+use crate::node::registry::ControlSender;
 
 /// Events buffered per run between the node stream and the client.
 const RUN_CHANNEL_CAPACITY: usize = 32;
+/// How long handing a run to a node's control stream may take.
+const DISPATCH_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct RunEntry {
     node: String,
@@ -109,42 +112,45 @@ impl RunTable {
     }
 }
 
-/// Starts `request` on the node behind `session`.
+/// Starts `request` under `lease` on the node session behind `control`
+/// (which must belong to the lease's node and generation).
 pub async fn start_run(
     table: &Arc<RunTable>,
     metrics: &Arc<EdgeMetrics>,
-    node: &str,
-    session: ReadySession,
+    lease: LeaseGuard,
+    control: ControlSender,
     request: pb::RunRequest,
 ) -> Result<RunStream, pb::ExecutionFailure> {
-    let run_id = request.run_id.clone();
+    let run_id = lease.lease().run_id().to_string();
     let (events, rx) = mpsc::channel(RUN_CHANNEL_CAPACITY);
     let fence = CancellationToken::new();
     table.runs.lock().unwrap().insert(
         run_id.clone(),
         RunEntry {
-            node: node.to_string(),
-            generation: session.generation,
+            node: lease.lease().node().to_string(),
+            generation: lease.lease().generation(),
             events,
             fence: fence.clone(),
             attached: false,
         },
     );
-    let stream = RunStream {
+    let mut stream = RunStream {
         run_id,
         rx,
         fence,
         table: table.clone(),
         metrics: metrics.clone(),
-        control: session.control.clone(),
+        control: control.clone(),
+        lease,
         next_seq: 1,
         finished: false,
     };
     let assign =
         pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) })) };
-    if session.control.send(Ok(assign)).await.is_err() {
-        // The session ended between selection and send; `stream` drops and
-        // removes the entry.
+    // Bounded: a node that stopped reading is about to be fenced anyway.
+    let sent = tokio::time::timeout(DISPATCH_SEND_TIMEOUT, control.send(Ok(assign))).await;
+    if !matches!(sent, Ok(Ok(()))) {
+        stream.finish(RunOutcome::TransportLost);
         return Err(pb::ExecutionFailure::new(FailureKind::TransportLost, "node connection closed before dispatch"));
     }
     Ok(stream)
@@ -159,14 +165,22 @@ pub struct RunStream {
     fence: CancellationToken,
     table: Arc<RunTable>,
     metrics: Arc<EdgeMetrics>,
-    control: crate::node::registry::ControlSender,
+    control: ControlSender,
+    /// The provider slot this run holds; returned when the stream ends.
+    lease: LeaseGuard,
     next_seq: u64,
     finished: bool,
 }
 
 impl RunStream {
-    pub fn run_id(&self) -> &str {
-        &self.run_id
+    pub fn lease(&self) -> &crate::admission::Lease {
+        self.lease.lease()
+    }
+
+    /// The run failed before the first byte and the request moves to another
+    /// attempt: its slot is released as `retried`.
+    pub fn mark_retried(&mut self) {
+        self.lease.set_reason(ReleaseReason::Retried);
     }
 
     pub async fn next(&mut self) -> Option<pb::run_event::Event> {
@@ -193,15 +207,16 @@ impl RunStream {
             _ = self.fence.cancelled() => failed(FailureKind::TransportLost, "node connection closed during the run"),
         };
         if is_terminal(&event) {
-            self.finish(outcome(&event));
+            self.finish(RunOutcome::of(&event));
         }
         Some(event)
     }
 
-    fn finish(&mut self, outcome: &'static str) {
+    fn finish(&mut self, outcome: RunOutcome) {
         self.finished = true;
+        self.lease.set_reason(outcome.release_reason());
         self.table.remove(&self.run_id);
-        self.metrics.runs.get_or_create(&OutcomeLabels { outcome }).inc();
+        self.metrics.runs.get_or_create(&OutcomeLabels { outcome: outcome.label() }).inc();
     }
 }
 
@@ -219,7 +234,7 @@ impl Drop for RunStream {
             })),
         };
         let _ = self.control.try_send(Ok(cancel));
-        self.finish("client_disconnected");
+        self.finish(RunOutcome::ClientDisconnected);
     }
 }
 
@@ -232,16 +247,46 @@ fn is_terminal(event: &pb::run_event::Event) -> bool {
     matches!(event, Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_))
 }
 
-fn outcome(event: &pb::run_event::Event) -> &'static str {
-    use pb::run_event::Event;
-    match event {
-        Event::Completed(_) => "completed",
-        Event::Failed(f) => match f.failure.as_ref().map(|f| f.kind()) {
-            Some(FailureKind::TransportLost) => "transport_lost",
-            _ => "failed",
-        },
-        Event::Cancelled(_) => "cancelled",
-        _ => "unknown",
+/// How a run ended, as far as the Edge is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunOutcome {
+    Completed,
+    Failed,
+    TransportLost,
+    Cancelled,
+    ClientDisconnected,
+}
+
+impl RunOutcome {
+    fn of(terminal: &pb::run_event::Event) -> Self {
+        use pb::run_event::Event;
+        match terminal {
+            Event::Completed(_) => Self::Completed,
+            Event::Failed(f) if f.failure.as_ref().map(|f| f.kind()) == Some(FailureKind::TransportLost) => {
+                Self::TransportLost
+            }
+            Event::Cancelled(_) => Self::Cancelled,
+            _ => Self::Failed,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::TransportLost => "transport_lost",
+            Self::Cancelled => "cancelled",
+            Self::ClientDisconnected => "client_disconnected",
+        }
+    }
+
+    fn release_reason(self) -> ReleaseReason {
+        match self {
+            Self::Completed => ReleaseReason::Completed,
+            Self::Failed => ReleaseReason::ProviderError,
+            Self::TransportLost => ReleaseReason::NodeDisconnected,
+            Self::Cancelled | Self::ClientDisconnected => ReleaseReason::ClientDisconnected,
+        }
     }
 }
 
@@ -255,9 +300,9 @@ mod tests {
 
     async fn started(table: &Arc<RunTable>) -> (RunStream, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
         let (control, control_rx) = mpsc::channel(8);
-        let session = ReadySession { generation: 5, control };
+        let lease = crate::admission::test_support::lease("r1", "n1", 5);
         let request = pb::RunRequest { run_id: "r1".into(), ..Default::default() };
-        let stream = start_run(table, &EdgeMetrics::new(), "n1", session, request).await.unwrap();
+        let stream = start_run(table, &EdgeMetrics::new(), lease, control, request).await.unwrap();
         (stream, control_rx)
     }
 

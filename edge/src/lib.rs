@@ -6,8 +6,10 @@
 //! `route` (model -> candidates) -> `dispatch` (run table, events) ->
 //! `node` (sessions, gRPC) -> back through `ingress::*` renderers.
 
+pub mod admission;
 pub mod config;
 pub mod dispatch;
+pub mod gate;
 pub mod http;
 pub mod ingress;
 pub mod metrics;
@@ -26,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::AdmissionPool;
 use crate::dispatch::RunTable;
 use crate::metrics::EdgeMetrics;
 use crate::node::commands::CommandTable;
@@ -38,7 +41,8 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 /// Shared state of one Edge process.
 pub struct EdgeState {
     pub config: Arc<EdgeConfig>,
-    pub registry: NodeRegistry,
+    pub registry: Arc<NodeRegistry>,
+    pub admission: Arc<AdmissionPool>,
     pub runs: Arc<RunTable>,
     pub commands: CommandTable,
     pub generations: GenerationSource,
@@ -78,13 +82,17 @@ impl Edge {
             trust_domain: config.trust_domain.clone(),
             allowed_nodes: config.nodes.iter().map(|n| n.name.clone()).collect(),
         });
+        let registry = Arc::new(NodeRegistry::default());
+        let metrics = EdgeMetrics::new();
+        let admission = AdmissionPool::new(&config, registry.clone(), metrics.clone());
         let state = Arc::new(EdgeState {
             config: Arc::new(config),
-            registry: NodeRegistry::default(),
+            registry,
+            admission,
             runs: Arc::new(RunTable::default()),
             commands: CommandTable::default(),
             generations: GenerationSource::default(),
-            metrics: EdgeMetrics::new(),
+            metrics,
             heartbeat,
             shutting_down: CancellationToken::new(),
         });

@@ -14,6 +14,8 @@ use prometheus_client::registry::Registry;
 #[allow(non_camel_case_types)]
 pub enum Api {
     chat_completions,
+    responses,
+    messages,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -42,11 +44,13 @@ pub struct EdgeMetrics {
     registry: Registry,
     pub http_requests: Family<RequestLabels, Counter>,
     pub http_request_duration: Family<ApiLabels, Histogram>,
+    pub time_to_first_byte: Family<ApiLabels, Histogram>,
     pub handshake_rejections: Family<ReasonLabels, Counter>,
     pub sessions_closed: Family<ReasonLabels, Counter>,
     pub ready_nodes: Gauge,
     pub fenced_frames: Family<ReasonLabels, Counter>,
     pub runs: Family<OutcomeLabels, Counter>,
+    pub lease_releases: Family<ReasonLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -61,6 +65,14 @@ impl EdgeMetrics {
             "http_request_duration_seconds",
             "Client HTTP request duration until the last byte",
             http_request_duration.clone(),
+        );
+        let time_to_first_byte = Family::<ApiLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        registry.register(
+            "time_to_first_byte_seconds",
+            "Client HTTP request arrival until the first response byte",
+            time_to_first_byte.clone(),
         );
         let handshake_rejections = Family::<ReasonLabels, Counter>::default();
         registry.register(
@@ -80,15 +92,19 @@ impl EdgeMetrics {
         );
         let runs = Family::<OutcomeLabels, Counter>::default();
         registry.register("runs", "Runs dispatched to nodes, by terminal outcome", runs.clone());
+        let lease_releases = Family::<ReasonLabels, Counter>::default();
+        registry.register("lease_releases", "Provider slot leases released, by terminal path", lease_releases.clone());
         Arc::new(Self {
             registry,
             http_requests,
             http_request_duration,
+            time_to_first_byte,
             handshake_rejections,
             sessions_closed,
             ready_nodes,
             fenced_frames,
             runs,
+            lease_releases,
         })
     }
 

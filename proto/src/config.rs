@@ -68,6 +68,15 @@ pub struct ProviderEntry {
     /// 0 means the default (300000 ms).
     #[serde(default)]
     pub response_stall_timeout_ms: u64,
+    /// Most runs this provider executes at once; more wait in the route queue.
+    #[serde(default = "ProviderEntry::default_capacity")]
+    pub capacity: u32,
+}
+
+impl ProviderEntry {
+    fn default_capacity() -> u32 {
+        4
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,17 +119,49 @@ pub struct Limits {
     /// Largest accepted request body.
     #[serde(default = "Limits::default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Requests that may wait per route (public model) when every provider is
+    /// at capacity; beyond it clients get 429.
+    #[serde(default = "Limits::default_queue_depth")]
+    pub queue_depth: usize,
+    /// How long a request may wait in its route queue before a 503.
+    #[serde(default = "Limits::default_queue_timeout_ms")]
+    pub queue_timeout_ms: u64,
+    /// Attempts per request, counting the first (retries happen only before
+    /// the first byte reached the client).
+    #[serde(default = "Limits::default_max_attempts")]
+    pub max_attempts: u32,
+    /// Budget of one request from arrival to its last byte, across attempts.
+    #[serde(default = "Limits::default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
 }
 
 impl Limits {
     fn default_max_body_bytes() -> usize {
         4 * 1024 * 1024
     }
+    fn default_queue_depth() -> usize {
+        64
+    }
+    fn default_queue_timeout_ms() -> u64 {
+        30_000
+    }
+    fn default_max_attempts() -> u32 {
+        3
+    }
+    fn default_request_timeout_ms() -> u64 {
+        600_000
+    }
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_body_bytes: Self::default_max_body_bytes() }
+        Self {
+            max_body_bytes: Self::default_max_body_bytes(),
+            queue_depth: Self::default_queue_depth(),
+            queue_timeout_ms: Self::default_queue_timeout_ms(),
+            max_attempts: Self::default_max_attempts(),
+            request_timeout_ms: Self::default_request_timeout_ms(),
+        }
     }
 }
 
@@ -204,9 +245,22 @@ impl EdgeConfig {
                     "must be 0 (default) or between 1000 and 3600000",
                 ));
             }
+            if !(1..=1024).contains(&p.capacity) {
+                return Err(invalid(at("capacity"), "must be between 1 and 1024"));
+            }
         }
-        if self.limits.max_body_bytes < 1024 {
+        let l = &self.limits;
+        if l.max_body_bytes < 1024 {
             return Err(invalid("limits.max_body_bytes", "must be at least 1024"));
+        }
+        if l.queue_depth > 100_000 {
+            return Err(invalid("limits.queue_depth", "must be at most 100000"));
+        }
+        if !(1..=10).contains(&l.max_attempts) {
+            return Err(invalid("limits.max_attempts", "must be between 1 and 10"));
+        }
+        if l.queue_timeout_ms == 0 || l.request_timeout_ms < 1_000 {
+            return Err(invalid("limits", "queue_timeout_ms must be > 0 and request_timeout_ms at least 1000"));
         }
         Ok(())
     }

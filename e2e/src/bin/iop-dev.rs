@@ -80,6 +80,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         base_url,
         target_model: model.clone(),
         public_model: model.clone(),
+        capacity: 4,
     };
     let config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
     let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;

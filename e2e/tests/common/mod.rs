@@ -50,6 +50,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         base_url: mock_url.into(),
         target_model: target_model.into(),
         public_model: public_model.into(),
+        capacity: 4,
     }
 }
 

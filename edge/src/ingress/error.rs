@@ -17,6 +17,12 @@ pub enum ApiError {
     /// The model is known but no provider for it is on a ready node.
     #[error("no provider for model `{0}` is available right now")]
     NoProviderAvailable(String),
+    /// Every provider of the model is at capacity and its queue is full.
+    #[error("too many requests for model `{0}`: its queue is full, retry later")]
+    QueueFull(String),
+    /// The request waited its whole queue timeout without a free slot.
+    #[error("no capacity for model `{0}` became free within the queue timeout, retry later")]
+    QueueTimeout(String),
     /// The provider or the transport failed before anything reached the client.
     #[error("{}", .0.message)]
     Execution(pb::ExecutionFailure),
@@ -38,7 +44,8 @@ impl ApiError {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
-            Self::NoProviderAvailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Execution(f) => match f.kind() {
                 FailureKind::InvalidRequest => StatusCode::BAD_REQUEST,
@@ -52,7 +59,7 @@ impl ApiError {
                 },
                 FailureKind::ProviderUnreachable | FailureKind::ProviderProtocol => StatusCode::BAD_GATEWAY,
                 FailureKind::TransportLost => StatusCode::BAD_GATEWAY,
-                FailureKind::ResponseStalled => StatusCode::GATEWAY_TIMEOUT,
+                FailureKind::ResponseStalled | FailureKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                 FailureKind::Internal | FailureKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
             },
         }
@@ -61,7 +68,7 @@ impl ApiError {
     /// Seconds for a `Retry-After` header, when the client should retry later.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            Self::NoProviderAvailable(_) => Some(1),
+            Self::NoProviderAvailable(_) | Self::QueueFull(_) | Self::QueueTimeout(_) => Some(1),
             Self::Execution(f) if f.retry_after_ms > 0 => Some(f.retry_after_ms.div_ceil(1000)),
             _ => None,
         }
@@ -74,6 +81,8 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::ModelNotFound(_) => "model_not_found",
             Self::NoProviderAvailable(_) => "no_provider_available",
+            Self::QueueFull(_) => "queue_full",
+            Self::QueueTimeout(_) => "queue_timeout",
             Self::Internal => "internal",
             Self::Execution(f) => match f.kind() {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
@@ -82,6 +91,7 @@ impl ApiError {
                 FailureKind::InvalidRequest => "invalid_request",
                 FailureKind::TransportLost => "transport_lost",
                 FailureKind::ResponseStalled => "response_stalled",
+                FailureKind::DeadlineExceeded => "deadline_exceeded",
                 FailureKind::Internal | FailureKind::Unspecified => "internal",
             },
         }
@@ -104,6 +114,25 @@ impl ApiError {
             _ => None,
         };
         json!({ "error": { "message": self.to_string(), "type": kind, "param": param, "code": self.code() } })
+    }
+
+    /// Anthropic error object: `{"type":"error","error":{"type","message"}}`,
+    /// typed by HTTP status as Anthropic documents it (other 4xx are
+    /// `invalid_request_error`; 503 is `overloaded_error`, Anthropic's
+    /// retryable "try again later"; other 5xx are `api_error`).
+    pub fn anthropic_body(&self) -> Value {
+        let kind = match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            504 => "timeout_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        };
+        json!({ "type": "error", "error": { "type": kind, "message": self.to_string() } })
     }
 }
 
@@ -133,6 +162,31 @@ mod tests {
         assert_eq!(body["error"]["type"], "invalid_request_error");
         let body = ApiError::invalid_param("messages", "messages must be an array").openai_body();
         assert_eq!(body["error"]["message"], "messages must be an array");
+    }
+
+    #[test]
+    fn anthropic_shape_types_by_status() {
+        let execution = |kind: FailureKind| ApiError::Execution(pb::ExecutionFailure::new(kind, "boom"));
+        let cases: Vec<(ApiError, &str)> = vec![
+            (ApiError::invalid_param("max_tokens", "max_tokens: Field required"), "invalid_request_error"),
+            (ApiError::PayloadTooLarge { limit: 10 }, "request_too_large"),
+            (failure(FailureKind::ProviderHttpStatus, 401), "authentication_error"),
+            (failure(FailureKind::ProviderHttpStatus, 403), "permission_error"),
+            (ApiError::ModelNotFound("x".into()), "not_found_error"),
+            (failure(FailureKind::ProviderHttpStatus, 422), "invalid_request_error"),
+            (failure(FailureKind::ProviderHttpStatus, 429), "rate_limit_error"),
+            (ApiError::Internal, "api_error"),
+            (failure(FailureKind::ProviderHttpStatus, 503), "api_error"),
+            (execution(FailureKind::ProviderUnreachable), "api_error"),
+            (ApiError::NoProviderAvailable("x".into()), "overloaded_error"),
+            (execution(FailureKind::ResponseStalled), "timeout_error"),
+        ];
+        for (err, want) in cases {
+            let body = err.anthropic_body();
+            assert_eq!(body, json!({"type": "error", "error": {"type": want, "message": err.to_string()}}), "{err:?}");
+        }
+        let body = ApiError::ModelNotFound("claude-x".into()).anthropic_body();
+        assert_eq!(body["error"]["message"], "the model `claude-x` does not exist");
     }
 
     #[test]

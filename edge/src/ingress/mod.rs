@@ -1,5 +1,12 @@
 //! Client-facing APIs: parse each API into the normalized run shape and render
 //! normalized run events back into that API's wire format.
 
+pub mod anthropic_messages;
 pub mod error;
+mod json;
 pub mod openai_chat;
+mod openai_common;
+pub mod openai_responses;
+mod outcome;
+#[cfg(test)]
+mod test_events;

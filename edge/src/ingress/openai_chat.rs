@@ -11,9 +11,14 @@ use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
+use super::json::{Wording, body_object, field};
+use super::openai_common::{expect_function_type, function_call, function_definition, text_content};
+use super::outcome::{self, Terminal, failure_of, synthetic_call_id, synthetic_id, usage_pair};
 
-/// JSON Schema used when a tool declares no `parameters`.
-const DEFAULT_PARAMETERS_JSON: &str = r#"{"type":"object","properties":{}}"#;
+/// Validation messages are worded the OpenAI way.
+const JSON: Wording = Wording::OpenAi;
+/// The content part types whose text is kept.
+const TEXT_PART_TYPES: &[&str] = &["text"];
 /// OpenAI accepts at most four stop sequences.
 const MAX_STOP_SEQUENCES: usize = 4;
 
@@ -37,43 +42,33 @@ pub struct ChatCompletionRequest {
 /// extras such as `user`, `metadata`, `logprobs`). An explicit `null` counts
 /// as absent.
 pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::invalid("request body must be a JSON object"));
-    };
-
-    let model = non_empty_string(&obj, "model", "model")?.to_string();
+    let obj = body_object(body)?;
+    let model = JSON.non_empty_string(&obj, "model", "model")?.to_string();
 
     let messages = match field(&obj, "messages") {
-        None => return Err(missing("messages")),
+        None => return Err(JSON.missing("messages")),
         Some(Value::Array(items)) if items.is_empty() => {
             return Err(ApiError::invalid_param("messages", "`messages` must contain at least one message"));
         }
         Some(Value::Array(items)) => {
             items.iter().enumerate().map(|(i, m)| parse_message(m, i)).collect::<Result<Vec<_>, _>>()?
         }
-        Some(_) => return Err(type_error("messages", "an array")),
+        Some(_) => return Err(JSON.type_error("messages", "an array")),
     };
 
-    let tools = match field(&obj, "tools") {
-        None => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, t)| parse_tool(t, &format!("tools[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(_) => return Err(type_error("tools", "an array")),
-    };
+    let tools = JSON.optional_array(&obj, "tools", |i| format!("tools[{i}]"), parse_tool)?;
 
     // `tool_choice` ("auto", "none", "required" or {"type":"function",...}) is
     // accepted and ignored for now: the normalized run shape has no field for
     // it, so the provider applies its own default (normally "auto").
 
-    let stream = optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
+    let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
     let include_usage = match field(&obj, "stream_options") {
         None => false,
-        Some(Value::Object(so)) => optional_bool(so, "include_usage", "stream_options.include_usage")?.unwrap_or(false),
-        Some(_) => return Err(type_error("stream_options", "an object")),
+        Some(Value::Object(so)) => {
+            JSON.optional_bool(so, "include_usage", "stream_options.include_usage")?.unwrap_or(false)
+        }
+        Some(_) => return Err(JSON.type_error("stream_options", "an object")),
     };
 
     let options = parse_options(&obj)?;
@@ -84,11 +79,11 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
 fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
     let path = format!("messages[{i}]");
     let Value::Object(obj) = value else {
-        return Err(type_error(&path, "an object"));
+        return Err(JSON.type_error(&path, "an object"));
     };
 
     let role_path = format!("{path}.role");
-    let role = match string(required(obj, "role", &role_path)?, &role_path)? {
+    let role = match JSON.string(JSON.required(obj, "role", &role_path)?, &role_path)? {
         "system" | "developer" => pb::Role::System,
         "user" => pb::Role::User,
         "assistant" => pb::Role::Assistant,
@@ -117,13 +112,13 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
             .enumerate()
             .map(|(j, c)| parse_tool_call(c, &format!("{calls_path}[{j}]")))
             .collect::<Result<Vec<_>, _>>()?,
-        Some(_) => return Err(type_error(&calls_path, "an array")),
+        Some(_) => return Err(JSON.type_error(&calls_path, "an array")),
     };
 
     // `name` is allowed and ignored.
     let content_path = format!("{path}.content");
     let content = match field(obj, "content") {
-        Some(v) => parse_content(v, &content_path)?,
+        Some(v) => text_content(v, &content_path, TEXT_PART_TYPES)?,
         None if role == pb::Role::Assistant && !tool_calls.is_empty() => String::new(),
         None if role == pb::Role::Assistant => {
             return Err(ApiError::invalid_param(
@@ -131,11 +126,11 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
                 format!("`{content_path}` is required unless the assistant message has `tool_calls`"),
             ));
         }
-        None => return Err(missing(&content_path)),
+        None => return Err(JSON.missing(&content_path)),
     };
 
     let tool_call_id = if role == pb::Role::Tool {
-        non_empty_string(obj, "tool_call_id", &format!("{path}.tool_call_id"))?.to_string()
+        JSON.non_empty_string(obj, "tool_call_id", &format!("{path}.tool_call_id"))?.to_string()
     } else {
         String::new()
     };
@@ -143,104 +138,30 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
     Ok(pb::ChatMessage { role: role.into(), content, tool_calls, tool_call_id })
 }
 
-/// A string, or an array of content parts whose text parts are joined with "\n".
-fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
-    match value {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) if parts.is_empty() => {
-            Err(ApiError::invalid_param(path, format!("`{path}` must not be an empty array")))
-        }
-        Value::Array(parts) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (j, part) in parts.iter().enumerate() {
-                let part_path = format!("{path}[{j}]");
-                let Value::Object(p) = part else {
-                    return Err(type_error(&part_path, "an object"));
-                };
-                let type_path = format!("{part_path}.type");
-                match string(required(p, "type", &type_path)?, &type_path)? {
-                    "text" => {
-                        let text_path = format!("{part_path}.text");
-                        texts.push(string(required(p, "text", &text_path)?, &text_path)?);
-                    }
-                    other => {
-                        return Err(ApiError::invalid_param(
-                            &type_path,
-                            format!("{part_path}: content part type `{other}` is not supported"),
-                        ));
-                    }
-                }
-            }
-            Ok(texts.join("\n"))
-        }
-        _ => Err(type_error(path, "a string or an array of content parts")),
-    }
-}
-
 /// `{"id","type":"function","function":{"name","arguments":<string>}}`.
 fn parse_tool_call(value: &Value, path: &str) -> Result<pb::ToolCall, ApiError> {
     let Value::Object(obj) = value else {
-        return Err(type_error(path, "an object"));
+        return Err(JSON.type_error(path, "an object"));
     };
-    let id = non_empty_string(obj, "id", &format!("{path}.id"))?.to_string();
+    let id = JSON.non_empty_string(obj, "id", &format!("{path}.id"))?.to_string();
     expect_function_type(obj, path, false)?;
-    let function = function_object(obj, path)?;
-    let fpath = format!("{path}.function");
-    let name = non_empty_string(function, "name", &format!("{fpath}.name"))?.to_string();
-    let args_path = format!("{fpath}.arguments");
-    let arguments_json = match required(function, "arguments", &args_path)? {
-        Value::String(s) => s.clone(),
-        _ => {
-            return Err(type_error(&args_path, "a string (the arguments as JSON text)"));
-        }
-    };
-    Ok(pb::ToolCall { id, name, arguments_json })
+    function_call(id, function_object(obj, path)?, &format!("{path}.function"))
 }
 
 /// `{"type":"function","function":{"name","description"?,"parameters"?}}`.
 fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
     let Value::Object(obj) = value else {
-        return Err(type_error(path, "an object"));
+        return Err(JSON.type_error(path, "an object"));
     };
     expect_function_type(obj, path, true)?;
-    let function = function_object(obj, path)?;
-    let fpath = format!("{path}.function");
-    let name = non_empty_string(function, "name", &format!("{fpath}.name"))?.to_string();
-    let description = match field(function, "description") {
-        None => String::new(),
-        Some(v) => string(v, &format!("{fpath}.description"))?.to_string(),
-    };
-    let parameters_json = match field(function, "parameters") {
-        None => DEFAULT_PARAMETERS_JSON.to_string(),
-        Some(v @ Value::Object(_)) => v.to_string(),
-        Some(_) => return Err(type_error(&format!("{fpath}.parameters"), "an object")),
-    };
-    Ok(pb::ToolDefinition { name, description, parameters_json })
-}
-
-/// `type` must be "function" (the only tool type supported); `required`
-/// says whether it may be omitted.
-fn expect_function_type(obj: &Map<String, Value>, path: &str, required_field: bool) -> Result<(), ApiError> {
-    let type_path = format!("{path}.type");
-    let ty = match field(obj, "type") {
-        None if required_field => return Err(missing(&type_path)),
-        None => return Ok(()),
-        Some(v) => string(v, &type_path)?,
-    };
-    if ty != "function" {
-        return Err(ApiError::invalid_param(
-            &type_path,
-            format!("{path}: tool type `{ty}` is not supported; only `function` is"),
-        ));
-    }
-    Ok(())
+    function_definition(function_object(obj, path)?, &format!("{path}.function"))
 }
 
 fn function_object<'a>(obj: &'a Map<String, Value>, path: &str) -> Result<&'a Map<String, Value>, ApiError> {
     let fpath = format!("{path}.function");
-    match required(obj, "function", &fpath)? {
+    match JSON.required(obj, "function", &fpath)? {
         Value::Object(f) => Ok(f),
-        _ => Err(type_error(&fpath, "an object")),
+        _ => Err(JSON.type_error(&fpath, "an object")),
     }
 }
 
@@ -250,14 +171,14 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
     // `max_completion_tokens` superseded `max_tokens`; if both are sent the newer one wins.
     for key in ["max_tokens", "max_completion_tokens"] {
         if let Some(v) = field(obj, key) {
-            options.max_tokens = Some(positive_u32(v, key)?);
+            options.max_tokens = Some(JSON.positive_u32(v, key)?);
         }
     }
     if let Some(v) = field(obj, "temperature") {
-        options.temperature = Some(number_in(v, "temperature", 0.0, 2.0)?);
+        options.temperature = Some(JSON.number_in(v, "temperature", 0.0, 2.0)?);
     }
     if let Some(v) = field(obj, "top_p") {
-        options.top_p = Some(number_in(v, "top_p", 0.0, 1.0)?);
+        options.top_p = Some(JSON.number_in(v, "top_p", 0.0, 1.0)?);
     }
     options.stop = match field(obj, "stop") {
         None => Vec::new(),
@@ -272,77 +193,23 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
             items
                 .iter()
                 .enumerate()
-                .map(|(i, s)| string(s, &format!("stop[{i}]")).map(str::to_string))
+                .map(|(i, s)| JSON.string(s, &format!("stop[{i}]")).map(str::to_string))
                 .collect::<Result<Vec<_>, _>>()?
         }
-        Some(_) => return Err(type_error("stop", "a string or an array of strings")),
+        Some(_) => return Err(JSON.type_error("stop", "a string or an array of strings")),
     };
     if let Some(v) = field(obj, "seed") {
-        options.seed = Some(v.as_i64().ok_or_else(|| type_error("seed", "an integer"))?);
+        options.seed = Some(v.as_i64().ok_or_else(|| JSON.type_error("seed", "an integer"))?);
     }
     if let Some(v) = field(obj, "n") {
         match v.as_i64() {
-            None => return Err(type_error("n", "an integer")),
+            None => return Err(JSON.type_error("n", "an integer")),
             Some(1) => {}
             Some(n) if n > 1 => return Err(ApiError::invalid_param("n", "n > 1 is not supported")),
             Some(_) => return Err(ApiError::invalid_param("n", "`n` must be 1")),
         }
     }
     Ok(options)
-}
-
-// ---------------------------------------------------------------- value helpers
-
-/// The field, with an explicit `null` treated as absent.
-fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
-}
-
-fn required<'a>(obj: &'a Map<String, Value>, key: &str, path: &str) -> Result<&'a Value, ApiError> {
-    field(obj, key).ok_or_else(|| missing(path))
-}
-
-fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ApiError> {
-    value.as_str().ok_or_else(|| type_error(path, "a string"))
-}
-
-fn non_empty_string<'a>(obj: &'a Map<String, Value>, key: &str, path: &str) -> Result<&'a str, ApiError> {
-    let s = string(required(obj, key, path)?, path)?;
-    if s.is_empty() {
-        return Err(ApiError::invalid_param(path, format!("`{path}` must not be empty")));
-    }
-    Ok(s)
-}
-
-fn optional_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<bool>, ApiError> {
-    field(obj, key).map(|v| v.as_bool().ok_or_else(|| type_error(path, "a boolean"))).transpose()
-}
-
-fn positive_u32(value: &Value, path: &str) -> Result<u32, ApiError> {
-    if !value.is_number() {
-        return Err(type_error(path, "an integer"));
-    }
-    value
-        .as_u64()
-        .filter(|n| *n >= 1)
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| ApiError::invalid_param(path, format!("`{path}` must be an integer between 1 and {}", u32::MAX)))
-}
-
-fn number_in(value: &Value, path: &str, min: f64, max: f64) -> Result<f32, ApiError> {
-    let n = value.as_f64().ok_or_else(|| type_error(path, "a number"))?;
-    if !(min..=max).contains(&n) {
-        return Err(ApiError::invalid_param(path, format!("`{path}` must be between {min} and {max}")));
-    }
-    Ok(n as f32)
-}
-
-fn missing(path: &str) -> ApiError {
-    ApiError::invalid_param(path, format!("`{path}` is required"))
-}
-
-fn type_error(path: &str, expected: &str) -> ApiError {
-    ApiError::invalid_param(path, format!("`{path}` must be {expected}"))
 }
 
 // ---------------------------------------------------------------- response
@@ -359,7 +226,7 @@ pub struct ResponseMeta {
 impl ResponseMeta {
     /// `id` is `chatcmpl-` followed by 32 hex digits (a v4 UUID, simple form).
     pub fn new(model: String, created: u64) -> Self {
-        Self { id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()), created, model }
+        Self { id: synthetic_id("chatcmpl-"), created, model }
     }
 }
 
@@ -486,13 +353,6 @@ struct ToolCallParts {
     arguments: String,
 }
 
-#[derive(Debug)]
-enum Terminal {
-    Completed { finish_reason: i32 },
-    Failed(pb::ExecutionFailure),
-    Cancelled { reason: i32 },
-}
-
 impl CompletionAggregator {
     pub fn new(meta: ResponseMeta) -> Self {
         Self { meta, text: String::new(), tool_calls: BTreeMap::new(), usage: None, terminal: None }
@@ -519,28 +379,14 @@ impl CompletionAggregator {
                 call.arguments.push_str(&d.arguments_delta);
             }
             Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(c) => self.terminal = Some(Terminal::Completed { finish_reason: c.finish_reason }),
-            Event::Failed(f) => self.terminal = Some(Terminal::Failed(failure_of(f))),
-            Event::Cancelled(c) => self.terminal = Some(Terminal::Cancelled { reason: c.reason }),
+            Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_) => self.terminal = Terminal::of(event),
         }
     }
 
     /// `Ok(body)` after a Completed terminal; `Err(ApiError::Execution(..))`
     /// after Failed (that failure), Cancelled, or no terminal at all.
     pub fn finish(self) -> Result<Value, ApiError> {
-        let finish_reason = match self.terminal {
-            Some(Terminal::Completed { finish_reason }) => finish_reason,
-            Some(Terminal::Failed(f)) => return Err(ApiError::Execution(f)),
-            Some(Terminal::Cancelled { reason }) => {
-                return Err(ApiError::Execution(cancelled_failure(reason)));
-            }
-            None => {
-                return Err(ApiError::Execution(pb::ExecutionFailure::new(
-                    pb::FailureKind::TransportLost,
-                    "the run ended without a terminal event",
-                )));
-            }
-        };
+        let finish_reason = outcome::finish_reason(self.terminal)?;
 
         let tool_calls: Vec<Value> = self
             .tool_calls
@@ -590,7 +436,7 @@ fn finish_reason_str(value: i32) -> &'static str {
 }
 
 fn usage_json(usage: Option<&pb::Usage>) -> Value {
-    let (prompt, completion) = usage.map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+    let (prompt, completion) = usage_pair(usage);
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -598,34 +444,10 @@ fn usage_json(usage: Option<&pb::Usage>) -> Value {
     })
 }
 
-fn failure_of(failed: &pb::RunFailed) -> pb::ExecutionFailure {
-    failed.failure.clone().unwrap_or_else(|| {
-        pb::ExecutionFailure::new(pb::FailureKind::Internal, "the run failed without a failure description")
-    })
-}
-
-fn cancelled_failure(reason: i32) -> pb::ExecutionFailure {
-    match pb::CancelReason::try_from(reason) {
-        Ok(pb::CancelReason::Deadline) => {
-            pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "the run was cancelled: deadline exceeded")
-        }
-        Ok(pb::CancelReason::EdgeShutdown) => pb::ExecutionFailure::new(
-            pb::FailureKind::TransportLost,
-            "the run was cancelled: the edge is shutting down",
-        ),
-        _ => pb::ExecutionFailure::new(pb::FailureKind::Internal, "the run was cancelled before it completed"),
-    }
-}
-
-/// For a provider that streamed a tool call without an id (the proto says the
-/// first delta carries one; this keeps the response valid if it did not).
-fn synthetic_call_id() -> String {
-    format!("call_{}", uuid::Uuid::new_v4().simple())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingress::test_events::{completed, started, text, tool, usage};
     use pb::run_event::Event;
 
     fn parse(v: Value) -> Result<ChatCompletionRequest, ApiError> {
@@ -634,26 +456,6 @@ mod tests {
 
     fn meta() -> ResponseMeta {
         ResponseMeta { id: "chatcmpl-test".into(), created: 1_700_000_000, model: "llama".into() }
-    }
-
-    fn text(s: &str) -> Event {
-        Event::Text(pb::TextDelta { text: s.into() })
-    }
-
-    fn tool(index: u32, id: &str, name: &str, args: &str) -> Event {
-        Event::ToolCall(pb::ToolCallDelta { index, id: id.into(), name: name.into(), arguments_delta: args.into() })
-    }
-
-    fn usage(prompt: u32, completion: u32) -> Event {
-        Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
-    }
-
-    fn completed(reason: pb::FinishReason) -> Event {
-        Event::Completed(pb::RunCompleted { finish_reason: reason.into() })
-    }
-
-    fn started() -> Event {
-        Event::Started(pb::RunStarted { model: "llama3.2:3b".into() })
     }
 
     fn render_all(renderer: &mut ChunkRenderer, events: &[Event]) -> Vec<Value> {

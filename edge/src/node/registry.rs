@@ -133,6 +133,16 @@ impl NodeRegistry {
             .then(|| ReadySession { generation: s.generation, control: s.control.clone() })
     }
 
+    /// The control channel of `node`'s session if `generation` is still its
+    /// current, Ready connection (a lease is only good on that connection).
+    pub fn control_if_current(&self, node: &str, generation: u64) -> Option<ControlSender> {
+        let sessions = self.sessions.lock().unwrap();
+        sessions
+            .get(node)
+            .filter(|s| s.generation == generation && s.phase == SessionPhase::Ready)
+            .map(|s| s.control.clone())
+    }
+
     /// The control channel of the node's current Ready session.
     pub fn control_of(&self, node: &str) -> Option<ControlSender> {
         let sessions = self.sessions.lock().unwrap();

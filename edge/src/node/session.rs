@@ -119,6 +119,8 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
     state.registry.remove(&node, generation);
     let fenced = state.runs.fence_generation(&node, generation);
     state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
+    // Waiters queued for this node's providers fail fast or move elsewhere.
+    state.admission.drain_queues();
     state.metrics.reason(&state.metrics.sessions_closed, reason.label());
     tracing::warn!(%node, generation, reason = reason.label(), fenced_runs = fenced, "node session closed; generation fenced");
     let _ = out.try_send(Err(Status::unavailable(reason.label())));
@@ -170,6 +172,7 @@ async fn serve(
                         phase = SessionPhase::Ready;
                         state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
                         tracing::info!(%node, generation, "node ready");
+                        state.admission.drain_queues();
                         send_now(out, pb::edge_to_node::Msg::ReadyResponse(pb::NodeReadyResponse { generation }));
                     }
                     (SessionPhase::Ready, Msg::CommandResult(result)) => {

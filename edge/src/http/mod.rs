@@ -2,9 +2,11 @@
 //! Handlers are thin: parse with `ingress::*`, pick a provider with `route`,
 //! run it with `dispatch`, render with `ingress::*`.
 
+mod surface;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -17,19 +19,21 @@ use iop_proto::pb::{self, run_event::Event};
 use serde_json::json;
 
 use crate::EdgeState;
-use crate::dispatch::{self, RunStream};
+use crate::gate::{self, CommitPoint, LiveRun};
 use crate::ingress::error::ApiError;
-use crate::ingress::openai_chat::{self, ChunkRenderer, CompletionAggregator, ResponseMeta};
 use crate::metrics::{Api, ApiLabels, EdgeMetrics, RequestLabels};
 use crate::node::commands::CommandError;
 use crate::node::registry::health_label;
 use crate::route;
+use surface::{ChatCompletions, Messages, Responses, Surface};
 
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn router(state: Arc<EdgeState>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", post(api::<ChatCompletions>))
+        .route("/v1/responses", post(api::<Responses>))
+        .route("/v1/messages", post(api::<Messages>))
         .route("/v1/models", get(models))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -40,31 +44,36 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .with_state(state)
 }
 
-fn openai_error(err: &ApiError) -> Response {
-    let mut response = (err.status(), axum::Json(err.openai_body())).into_response();
+fn error_response<S: Surface>(err: &ApiError) -> Response {
+    let mut response = (err.status(), axum::Json(S::error_body(err))).into_response();
     if let Some(secs) = err.retry_after_secs() {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Records one client request's outcome and duration exactly once, when the
-/// response (streaming or not) is done or abandoned.
+/// Records one client request's outcome, time to first byte and duration
+/// exactly once, when the response (streaming or not) is done or abandoned.
 struct RequestRecord {
     metrics: Arc<EdgeMetrics>,
     api: Api,
     started: Instant,
+    first_byte: bool,
     outcome: &'static str,
 }
 
 impl RequestRecord {
     fn new(metrics: Arc<EdgeMetrics>, api: Api) -> Self {
         // Until the response finishes, a drop means the client went away.
-        Self { metrics, api, started: Instant::now(), outcome: "client_disconnected" }
+        Self { metrics, api, started: Instant::now(), first_byte: false, outcome: "client_disconnected" }
+    }
+
+    fn first_byte(&mut self) {
+        if !self.first_byte {
+            self.first_byte = true;
+            let labels = ApiLabels { api: self.api };
+            self.metrics.time_to_first_byte.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
+        }
     }
 }
 
@@ -82,122 +91,92 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::PayloadTooLarge { limit })
 }
 
-/// Picks the first dispatchable provider for `model` and starts the run there.
-async fn start(state: &Arc<EdgeState>, model: &str, mut request: pb::RunRequest) -> Result<RunStream, ApiError> {
-    let candidates =
-        route::candidates(&state.config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
-    let (provider, session) = candidates
-        .iter()
-        .find_map(|p| state.registry.ready_for(&p.node, &p.id).map(|s| (*p, s)))
-        .ok_or_else(|| ApiError::NoProviderAvailable(model.to_string()))?;
-    request.run_id = uuid::Uuid::new_v4().simple().to_string();
-    request.provider_id = provider.id.clone();
-    request.adapter = pb::AdapterKind::from(provider.adapter).into();
-    request.target_model = provider.target.model.clone();
-    request.response_stall_timeout_ms = provider.response_stall_timeout_ms;
-    dispatch::start_run(&state.runs, &state.metrics, &provider.node, session, request)
-        .await
-        .map_err(ApiError::Execution)
-}
-
-async fn chat_completions(State(state): State<Arc<EdgeState>>, body: Body) -> Response {
-    let mut record = RequestRecord::new(state.metrics.clone(), Api::chat_completions);
-    let result = chat_completions_inner(&state, body).await;
-    match result {
-        Ok(ChatReply::Complete(body)) => {
+/// One handler for every client API: parse, run through the gate, render.
+async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, body: Body) -> Response {
+    let mut record = RequestRecord::new(state.metrics.clone(), S::API);
+    match serve::<S>(&state, body).await {
+        Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
+            record.first_byte();
             axum::Json(body).into_response()
         }
-        Ok(ChatReply::Stream(stream)) => {
-            let (first, run, renderer) = *stream;
-            sse_response(first, run, renderer, record)
-        }
+        Ok(Reply::Stream(stream)) => sse_response::<S>(stream, record),
         Err(err) => {
             record.outcome = err.code();
-            openai_error(&err)
+            record.first_byte();
+            error_response::<S>(&err)
         }
     }
 }
 
-enum ChatReply {
+enum Reply<S: Surface> {
     Complete(serde_json::Value),
-    Stream(Box<(Event, RunStream, ChunkRenderer)>),
+    Stream(SseStream<S>),
 }
 
-async fn chat_completions_inner(state: &Arc<EdgeState>, body: Body) -> Result<ChatReply, ApiError> {
+async fn serve<S: Surface>(state: &Arc<EdgeState>, body: Body) -> Result<Reply<S>, ApiError> {
     let bytes = read_body(body, state.config.limits.max_body_bytes).await?;
-    let request = openai_chat::parse_request(&bytes)?;
-    let run_request = pb::RunRequest {
-        messages: request.messages,
-        tools: request.tools,
-        options: Some(request.options),
-        stream: request.stream,
-        ..Default::default()
-    };
-    let mut run = start(state, &request.model, run_request).await?;
-    let meta = ResponseMeta::new(request.model, unix_now());
-    if !request.stream {
-        let mut aggregator = CompletionAggregator::new(meta);
-        while let Some(event) = run.next().await {
-            aggregator.push(&event);
+    let parsed = S::parse(&bytes)?;
+    let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
+    let committed = gate::execute(state, &parsed.model, parsed.run, point).await?;
+    if !parsed.stream {
+        let mut collector = S::collector(parsed.context, committed.target_model);
+        for event in &committed.buffered {
+            S::collect(&mut collector, event);
         }
-        return aggregator.finish().map(ChatReply::Complete);
+        return S::finish(collector).map(Reply::Complete);
     }
-    // Nothing is committed to the client until the first event: a failure
-    // before it is still an ordinary HTTP error.
-    match run.next().await {
-        Some(Event::Failed(failed)) => Err(ApiError::Execution(failed.failure.unwrap_or_default())),
-        Some(first) => Ok(ChatReply::Stream(Box::new((first, run, ChunkRenderer::new(meta, request.include_usage))))),
-        None => Err(ApiError::Internal),
-    }
+    Ok(Reply::Stream(SseStream {
+        streamer: S::streamer(parsed.context, committed.target_model),
+        events: committed.buffered.into(),
+        rest: committed.rest,
+        frames: VecDeque::new(),
+        done: false,
+    }))
 }
 
-/// State of one SSE response body.
-struct SseState {
-    run: RunStream,
-    renderer: ChunkRenderer,
-    pending: VecDeque<Bytes>,
-    first: Option<Event>,
+/// A committed streaming response: buffered events first, then the live run.
+struct SseStream<S: Surface> {
+    streamer: S::Streamer,
+    events: VecDeque<Event>,
+    rest: Option<LiveRun>,
+    frames: VecDeque<Bytes>,
     done: bool,
-    record: RequestRecord,
 }
 
-impl SseState {
-    fn push_event(&mut self, event: &Event) {
-        for payload in self.renderer.render(event) {
-            self.pending.push_back(Bytes::from(format!("data: {payload}\n\n")));
-        }
-        match event {
-            Event::Completed(_) => {
-                self.pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                self.record.outcome = "ok";
-                self.done = true;
-            }
-            Event::Failed(f) => {
-                self.record.outcome = ApiError::Execution(f.failure.clone().unwrap_or_default()).code();
-                self.done = true;
-            }
-            Event::Cancelled(_) => self.done = true,
-            _ => {}
+impl<S: Surface> SseStream<S> {
+    async fn next_event(&mut self) -> Option<Event> {
+        match self.events.pop_front() {
+            Some(event) => Some(event),
+            None => self.rest.as_mut()?.next().await,
         }
     }
 }
 
-fn sse_response(first: Event, run: RunStream, renderer: ChunkRenderer, record: RequestRecord) -> Response {
-    let state = SseState { run, renderer, pending: VecDeque::new(), first: Some(first), done: false, record };
-    let body = stream::unfold(state, |mut s| async move {
+fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Response {
+    let body = stream::unfold((stream, record), |(mut s, mut record)| async move {
         loop {
-            if let Some(chunk) = s.pending.pop_front() {
-                return Some((Ok::<_, std::convert::Infallible>(chunk), s));
+            if let Some(frame) = s.frames.pop_front() {
+                record.first_byte();
+                return Some((Ok::<_, std::convert::Infallible>(frame), (s, record)));
             }
             if s.done {
                 return None;
             }
-            let event = match s.first.take() {
-                Some(first) => first,
-                None => s.run.next().await?,
-            };
-            s.push_event(&event);
+            let event = s.next_event().await?;
+            s.frames.extend(S::stream(&mut s.streamer, &event));
+            match &event {
+                Event::Completed(_) => {
+                    record.outcome = "ok";
+                    s.done = true;
+                }
+                Event::Failed(f) => {
+                    record.outcome = ApiError::Execution(f.failure.clone().unwrap_or_default()).code();
+                    s.done = true;
+                }
+                Event::Cancelled(_) => s.done = true,
+                _ => {}
+            }
         }
     });
     let mut response = Response::new(Body::from_stream(body));
@@ -233,6 +212,7 @@ async fn admin_nodes(State(state): State<Arc<EdgeState>>) -> Response {
 
 async fn admin_providers(State(state): State<Arc<EdgeState>>) -> Response {
     let nodes = state.registry.snapshot(&state.config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
+    let load = state.admission.snapshot();
     let providers: Vec<_> = state
         .config
         .providers
@@ -250,10 +230,18 @@ async fn admin_providers(State(state): State<Arc<EdgeState>>) -> Response {
                 "node_ready": node_ready,
                 "health": health,
                 "dispatchable": state.registry.ready_for(&p.node, &p.id).is_some(),
+                "capacity": p.capacity,
+                "in_flight": load.providers.get(&p.id).map_or(0, |l| l.in_flight),
             })
         })
         .collect();
-    axum::Json(json!({ "providers": providers, "in_flight_runs": state.runs.in_flight() })).into_response()
+    axum::Json(json!({
+        "providers": providers,
+        "queued": load.queued,
+        "in_flight_runs": state.runs.in_flight(),
+        "leases": { "acquired": load.acquired, "released": load.released, "double_releases": load.double_releases },
+    }))
+    .into_response()
 }
 
 /// Runs CAPABILITIES or TRANSPORT_STATUS on a node and returns its answer.

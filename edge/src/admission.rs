@@ -1,0 +1,751 @@
+//! Admission: per-provider capacity slots, a bounded FIFO queue per route
+//! (public model), and leases that are released exactly once.
+//!
+//! Selection is a pure function ([`choose`]) over a snapshot of candidates.
+//! Within the best priority group that has a free slot, the eligible provider
+//! with the fewest in-flight runs wins, ties broken round robin; a group at
+//! capacity spills to the next group, and only when every eligible provider
+//! is full does the request wait in its route's queue. Providers already
+//! tried by this request are avoided while any alternative is eligible.
+//!
+//! A [`LeaseGuard`] owns one slot. Its `Drop` returns the slot, so every
+//! terminal path (success, provider error, client or node disconnect,
+//! fencing, queue timeout, shutdown) releases exactly once, and records why.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iop_proto::config::{Adapter, EdgeConfig, ProviderEntry};
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::metrics::EdgeMetrics;
+use crate::node::registry::NodeRegistry;
+
+/// Immutable record of what a run was admitted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    run_id: String,
+    provider_id: String,
+    adapter: Adapter,
+    target_model: String,
+    node: String,
+    generation: u64,
+    slot: u32,
+}
+
+impl Lease {
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+    pub fn provider_id(&self) -> &str {
+        &self.provider_id
+    }
+    pub fn adapter(&self) -> Adapter {
+        self.adapter
+    }
+    pub fn target_model(&self) -> &str {
+        &self.target_model
+    }
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+/// Why a lease was released; the metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseReason {
+    Completed,
+    ProviderError,
+    ClientDisconnected,
+    /// The node's connection ended (fenced generation) during the run.
+    NodeDisconnected,
+    /// The attempt failed before the first byte and the request moved on.
+    Retried,
+    /// Granted to a waiter that had already given up (queue timeout).
+    QueueTimeout,
+    EdgeShutdown,
+}
+
+impl ReleaseReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::ProviderError => "provider_error",
+            Self::ClientDisconnected => "client_disconnected",
+            Self::NodeDisconnected => "node_disconnected",
+            Self::Retried => "retried",
+            Self::QueueTimeout => "queue_timeout",
+            Self::EdgeShutdown => "edge_shutdown",
+        }
+    }
+}
+
+/// Owns one provider slot until dropped.
+pub struct LeaseGuard {
+    lease: Lease,
+    pool: Arc<AdmissionPool>,
+    reason: ReleaseReason,
+}
+
+impl LeaseGuard {
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Records the terminal path; the slot is returned when the guard drops.
+    pub fn set_reason(&mut self, reason: ReleaseReason) {
+        self.reason = reason;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.pool.release(&self.lease, self.reason);
+    }
+}
+
+/// One candidate as the pure selection sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CandidateView {
+    pub priority: u32,
+    /// Its node's current connection is Ready and the provider is available.
+    pub eligible: bool,
+    /// Already tried by this request.
+    pub avoided: bool,
+    pub in_flight: u32,
+    pub capacity: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    Admit(usize),
+    /// Eligible providers exist but all are at capacity: queue.
+    AllBusy,
+    NoneEligible,
+}
+
+/// Picks a candidate. `rotate(priority, n)` returns the round-robin position
+/// among `n` tied candidates of that priority group.
+pub fn choose(candidates: &[CandidateView], mut rotate: impl FnMut(u32, usize) -> usize) -> Choice {
+    let usable = |avoid: bool| candidates.iter().enumerate().filter(move |(_, c)| c.eligible && !(avoid && c.avoided));
+    let avoid = usable(true).next().is_some();
+    let mut priorities: Vec<u32> = usable(avoid).map(|(_, c)| c.priority).collect();
+    if priorities.is_empty() {
+        return Choice::NoneEligible;
+    }
+    priorities.sort_unstable();
+    priorities.dedup();
+    for priority in priorities {
+        let free: Vec<(usize, u32)> = usable(avoid)
+            .filter(|(_, c)| c.priority == priority && c.in_flight < c.capacity)
+            .map(|(i, c)| (i, c.in_flight))
+            .collect();
+        let Some(least) = free.iter().map(|(_, n)| *n).min() else { continue };
+        let tied: Vec<usize> = free.iter().filter(|(_, n)| *n == least).map(|(i, _)| *i).collect();
+        return Choice::Admit(tied[rotate(priority, tied.len()) % tied.len()]);
+    }
+    Choice::AllBusy
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    #[error("no provider for this model is available")]
+    NoneEligible,
+    #[error("the queue for this model is full")]
+    QueueFull,
+    #[error("timed out waiting for capacity")]
+    QueueTimeout,
+}
+
+struct Slots {
+    capacity: u32,
+    free: Vec<u32>,
+}
+
+impl Slots {
+    fn new(capacity: u32) -> Self {
+        Self { capacity, free: (0..capacity).rev().collect() }
+    }
+    fn in_flight(&self) -> u32 {
+        self.capacity - self.free.len() as u32
+    }
+}
+
+/// A provider serving a route, with its priority for that route.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub priority: u32,
+    pub provider: ProviderEntry,
+}
+
+/// What a request asks admission for; kept by a queued waiter.
+#[derive(Debug, Clone)]
+pub struct AdmitRequest {
+    pub route: String,
+    pub run_id: String,
+    pub candidates: Arc<[Candidate]>,
+    /// Providers this request already tried.
+    pub avoid: HashSet<String>,
+}
+
+struct Waiter {
+    id: u64,
+    request: AdmitRequest,
+    grant: oneshot::Sender<LeaseGuard>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    slots: HashMap<String, Slots>,
+    queues: HashMap<String, VecDeque<Waiter>>,
+    rotation: HashMap<(String, u32), usize>,
+    next_waiter: u64,
+    acquired: u64,
+    released: u64,
+    double_releases: u64,
+}
+
+pub struct AdmissionPool {
+    state: Mutex<PoolState>,
+    registry: Arc<NodeRegistry>,
+    metrics: Arc<EdgeMetrics>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderLoad {
+    pub in_flight: u32,
+    pub capacity: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolSnapshot {
+    pub providers: HashMap<String, ProviderLoad>,
+    pub queued: HashMap<String, usize>,
+    pub acquired: u64,
+    pub released: u64,
+    pub double_releases: u64,
+}
+
+impl AdmissionPool {
+    pub fn new(config: &EdgeConfig, registry: Arc<NodeRegistry>, metrics: Arc<EdgeMetrics>) -> Arc<Self> {
+        let state = PoolState {
+            slots: config.providers.iter().map(|p| (p.id.clone(), Slots::new(p.capacity))).collect(),
+            ..Default::default()
+        };
+        Arc::new(Self { state: Mutex::new(state), registry, metrics })
+    }
+
+    /// Admits `request` now, or queues it (bounded, FIFO) for up to `wait`.
+    pub async fn admit(
+        self: &Arc<Self>,
+        request: AdmitRequest,
+        queue_depth: usize,
+        wait: Duration,
+    ) -> Result<LeaseGuard, AdmitError> {
+        let (ticket, granted) = {
+            let mut state = self.state.lock().unwrap();
+            match self.try_acquire(&mut state, &request) {
+                Attempt::Granted(lease) => {
+                    drop(state);
+                    return Ok(self.guard(lease));
+                }
+                Attempt::NoneEligible => return Err(AdmitError::NoneEligible),
+                Attempt::Busy => {}
+            }
+            let state = &mut *state;
+            let queue = state.queues.entry(request.route.clone()).or_default();
+            if queue.len() >= queue_depth {
+                return Err(AdmitError::QueueFull);
+            }
+            state.next_waiter += 1;
+            let id = state.next_waiter;
+            let route = request.route.clone();
+            let (grant, granted) = oneshot::channel();
+            queue.push_back(Waiter { id, request, grant });
+            (WaitTicket { pool: self.clone(), route, id }, granted)
+        };
+        let mut granted = granted;
+        let outcome = match tokio::time::timeout(wait, &mut granted).await {
+            Ok(Ok(guard)) => Ok(guard),
+            // The pool dropped our waiter: its providers are no longer eligible.
+            Ok(Err(_)) => Err(AdmitError::NoneEligible),
+            Err(_) => Err(AdmitError::QueueTimeout),
+        };
+        drop(ticket);
+        if outcome.is_err() {
+            // A grant may have raced the timeout; hand its slot straight back.
+            if let Ok(mut guard) = granted.try_recv() {
+                guard.set_reason(ReleaseReason::QueueTimeout);
+            }
+        }
+        outcome
+    }
+
+    fn guard(self: &Arc<Self>, lease: Lease) -> LeaseGuard {
+        LeaseGuard { lease, pool: self.clone(), reason: ReleaseReason::ClientDisconnected }
+    }
+
+    fn try_acquire(&self, state: &mut PoolState, request: &AdmitRequest) -> Attempt {
+        let generations: Vec<Option<u64>> = request
+            .candidates
+            .iter()
+            .map(|c| self.registry.ready_for(&c.provider.node, &c.provider.id).map(|s| s.generation))
+            .collect();
+        let views: Vec<CandidateView> = request
+            .candidates
+            .iter()
+            .zip(&generations)
+            .map(|(c, generation)| {
+                let slots = state.slots.get(&c.provider.id);
+                CandidateView {
+                    priority: c.priority,
+                    eligible: generation.is_some() && slots.is_some(),
+                    avoided: request.avoid.contains(&c.provider.id),
+                    in_flight: slots.map_or(0, Slots::in_flight),
+                    capacity: slots.map_or(0, |s| s.capacity),
+                }
+            })
+            .collect();
+        let rotation = &mut state.rotation;
+        let choice = choose(&views, |priority, _| {
+            let cursor = rotation.entry((request.route.clone(), priority)).or_default();
+            *cursor = cursor.wrapping_add(1);
+            *cursor - 1
+        });
+        match choice {
+            Choice::NoneEligible => Attempt::NoneEligible,
+            Choice::AllBusy => Attempt::Busy,
+            Choice::Admit(i) => {
+                let c = &request.candidates[i];
+                let slot = state
+                    .slots
+                    .get_mut(&c.provider.id)
+                    .and_then(|s| s.free.pop())
+                    .expect("chosen provider has a free slot");
+                state.acquired += 1;
+                Attempt::Granted(Lease {
+                    run_id: request.run_id.clone(),
+                    provider_id: c.provider.id.clone(),
+                    adapter: c.provider.adapter,
+                    target_model: c.provider.target.model.clone(),
+                    node: c.provider.node.clone(),
+                    generation: generations[i].expect("chosen provider is eligible"),
+                    slot,
+                })
+            }
+        }
+    }
+
+    fn release(self: &Arc<Self>, lease: &Lease, reason: ReleaseReason) {
+        let grants = {
+            let mut state = self.state.lock().unwrap();
+            match state.slots.get_mut(&lease.provider_id) {
+                Some(slots) if lease.slot < slots.capacity && !slots.free.contains(&lease.slot) => {
+                    slots.free.push(lease.slot);
+                }
+                _ => {
+                    state.double_releases += 1;
+                    tracing::error!(provider = %lease.provider_id, "lease released twice or for an unknown provider");
+                }
+            }
+            state.released += 1;
+            self.drain(&mut state)
+        };
+        self.metrics.reason(&self.metrics.lease_releases, reason.label());
+        self.deliver(grants);
+    }
+
+    /// Re-evaluates queued requests, e.g. after a node became ready.
+    pub fn drain_queues(self: &Arc<Self>) {
+        let grants = self.drain(&mut self.state.lock().unwrap());
+        self.deliver(grants);
+    }
+
+    /// Admits queue heads (FIFO per route) while capacity allows. Waiters
+    /// whose providers are no longer eligible are dropped (they see
+    /// `NoneEligible`). Returns grants to deliver outside the lock.
+    fn drain(&self, state: &mut PoolState) -> Vec<(oneshot::Sender<LeaseGuard>, Lease)> {
+        let mut grants = Vec::new();
+        let routes: Vec<String> = state.queues.keys().cloned().collect();
+        for route in routes {
+            loop {
+                let Some(head) = state.queues.get(&route).and_then(|q| q.front()).map(|w| w.request.clone()) else {
+                    break;
+                };
+                match self.try_acquire(state, &head) {
+                    Attempt::Busy => break,
+                    Attempt::NoneEligible => {
+                        state.queues.get_mut(&route).and_then(VecDeque::pop_front);
+                    }
+                    Attempt::Granted(lease) => {
+                        let waiter = state.queues.get_mut(&route).and_then(VecDeque::pop_front).expect("head exists");
+                        grants.push((waiter.grant, lease));
+                    }
+                }
+            }
+        }
+        grants
+    }
+
+    fn deliver(self: &Arc<Self>, grants: Vec<(oneshot::Sender<LeaseGuard>, Lease)>) {
+        for (grant, lease) in grants {
+            // A waiter that already left drops the guard here, which returns
+            // the slot (and may grant it to the next waiter).
+            if let Err(mut guard) = grant.send(self.guard(lease)) {
+                guard.set_reason(ReleaseReason::QueueTimeout);
+            }
+        }
+    }
+
+    fn remove_waiter(&self, route: &str, id: u64) {
+        if let Some(queue) = self.state.lock().unwrap().queues.get_mut(route) {
+            queue.retain(|w| w.id != id);
+        }
+    }
+
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let state = self.state.lock().unwrap();
+        PoolSnapshot {
+            providers: state
+                .slots
+                .iter()
+                .map(|(id, s)| (id.clone(), ProviderLoad { in_flight: s.in_flight(), capacity: s.capacity }))
+                .collect(),
+            queued: state.queues.iter().map(|(route, q)| (route.clone(), q.len())).collect(),
+            acquired: state.acquired,
+            released: state.released,
+            double_releases: state.double_releases,
+        }
+    }
+}
+
+enum Attempt {
+    Granted(Lease),
+    Busy,
+    NoneEligible,
+}
+
+/// Removes a waiter from its queue however the wait ends (grant, timeout,
+/// or the request future being dropped because the client went away).
+struct WaitTicket {
+    pool: Arc<AdmissionPool>,
+    route: String,
+    id: u64,
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        self.pool.remove_waiter(&self.route, self.id);
+    }
+}
+
+/// Leases for unit tests of modules that hold one (dispatch).
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+    use crate::node::registry::{Session, SessionPhase};
+    use iop_proto::pb::ProviderHealth;
+
+    /// A real lease on a one-provider pool whose node `node` is ready on `generation`.
+    pub fn lease(run_id: &str, node: &str, generation: u64) -> LeaseGuard {
+        let config = EdgeConfig::from_yaml(&format!(
+            r#"
+listen: {{ http: "127.0.0.1:0", grpc: "127.0.0.1:0" }}
+tls: {{ ca_file: a, cert_file: b, key_file: c }}
+trust_domain: t
+nodes: [ {{ name: {node} }} ]
+providers:
+  - {{ id: p, node: {node}, adapter: ollama, target: {{ model: m, base_url: "http://x" }}, models: [ {{ name: chat }} ] }}
+"#
+        ))
+        .unwrap();
+        let registry = Arc::new(NodeRegistry::default());
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        let close = tokio_util::sync::CancellationToken::new();
+        let provider_health = HashMap::new();
+        registry.register(
+            node,
+            Session {
+                generation,
+                phase: SessionPhase::Registered,
+                connected_at_ms: 0,
+                control,
+                close,
+                provider_health,
+            },
+        );
+        registry.mark_ready(node, generation, HashMap::from([("p".to_string(), ProviderHealth::Available)]));
+        let pool = AdmissionPool::new(&config, registry, EdgeMetrics::new());
+        let candidates: Arc<[Candidate]> =
+            Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
+        let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashSet::new() };
+        let mut state = pool.state.lock().unwrap();
+        let Attempt::Granted(lease) = pool.try_acquire(&mut state, &request) else { panic!("test pool admits") };
+        drop(state);
+        pool.guard(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::registry::{Session, SessionPhase};
+    use iop_proto::pb::ProviderHealth;
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+
+    fn view(priority: u32, in_flight: u32, capacity: u32) -> CandidateView {
+        CandidateView { priority, eligible: true, avoided: false, in_flight, capacity }
+    }
+
+    fn no_rotation(_: u32, _: usize) -> usize {
+        0
+    }
+
+    #[test]
+    fn fewest_in_flight_wins_within_the_best_group() {
+        let c = [view(0, 2, 4), view(0, 1, 4), view(1, 0, 4)];
+        assert_eq!(choose(&c, no_rotation), Choice::Admit(1));
+    }
+
+    #[test]
+    fn ties_rotate_round_robin() {
+        let c = [view(0, 1, 4), view(0, 1, 4), view(0, 3, 4)];
+        let mut cursor = 0;
+        let picks: Vec<_> = (0..4)
+            .map(|_| {
+                choose(&c, |_, _| {
+                    cursor += 1;
+                    cursor - 1
+                })
+            })
+            .collect();
+        assert_eq!(picks, [Choice::Admit(0), Choice::Admit(1), Choice::Admit(0), Choice::Admit(1)]);
+    }
+
+    #[test]
+    fn a_full_group_spills_to_the_next_and_all_full_means_busy() {
+        assert_eq!(choose(&[view(0, 4, 4), view(1, 3, 4)], no_rotation), Choice::Admit(1));
+        assert_eq!(choose(&[view(0, 4, 4), view(1, 4, 4)], no_rotation), Choice::AllBusy);
+    }
+
+    #[test]
+    fn ineligible_and_avoided_providers() {
+        let mut down = view(0, 0, 4);
+        down.eligible = false;
+        assert_eq!(choose(&[down], no_rotation), Choice::NoneEligible);
+        assert_eq!(choose(&[], no_rotation), Choice::NoneEligible);
+        let mut tried = view(0, 0, 4);
+        tried.avoided = true;
+        assert_eq!(choose(&[tried, view(1, 3, 4)], no_rotation), Choice::Admit(1), "an alternative beats a tried one");
+        assert_eq!(choose(&[tried, down], no_rotation), Choice::Admit(0), "a tried one beats nothing");
+        let mut tried_full = view(1, 4, 4);
+        tried_full.avoided = true;
+        assert_eq!(choose(&[view(0, 4, 4), tried_full], no_rotation), Choice::AllBusy);
+    }
+
+    const CONFIG: &str = r#"
+listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
+tls: { ca_file: a, cert_file: b, key_file: c }
+trust_domain: t
+nodes: [ { name: n1 }, { name: n2 } ]
+providers:
+  - { id: a, node: n1, adapter: ollama, capacity: 2, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }
+  - { id: b, node: n2, adapter: openai, capacity: 1, target: { model: m, base_url: "http://y" }, models: [ { name: chat, priority: 1 } ] }
+"#;
+
+    struct Fixture {
+        pool: Arc<AdmissionPool>,
+        registry: Arc<NodeRegistry>,
+        candidates: Arc<[Candidate]>,
+        _controls: Vec<mpsc::Receiver<Result<iop_proto::pb::EdgeToNode, tonic::Status>>>,
+    }
+
+    fn fixture() -> Fixture {
+        let config = EdgeConfig::from_yaml(CONFIG).unwrap();
+        let registry = Arc::new(NodeRegistry::default());
+        let mut controls = Vec::new();
+        for (node, provider, generation) in [("n1", "a", 10), ("n2", "b", 20)] {
+            let (control, rx) = mpsc::channel(1);
+            controls.push(rx);
+            registry.register(
+                node,
+                Session {
+                    generation,
+                    phase: SessionPhase::Registered,
+                    connected_at_ms: 0,
+                    control,
+                    close: CancellationToken::new(),
+                    provider_health: HashMap::new(),
+                },
+            );
+            registry.mark_ready(node, generation, HashMap::from([(provider.to_string(), ProviderHealth::Available)]));
+        }
+        let candidates = crate::route::candidates(&config, "chat")
+            .unwrap()
+            .into_iter()
+            .map(|p| Candidate { priority: p.models[0].priority, provider: p.clone() })
+            .collect();
+        Fixture {
+            pool: AdmissionPool::new(&config, registry.clone(), EdgeMetrics::new()),
+            registry,
+            candidates,
+            _controls: controls,
+        }
+    }
+
+    impl Fixture {
+        fn request(&self, run_id: &str) -> AdmitRequest {
+            AdmitRequest {
+                route: "chat".into(),
+                run_id: run_id.into(),
+                candidates: self.candidates.clone(),
+                avoid: HashSet::new(),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn leases_carry_the_admission_and_release_their_slot_once() {
+        let f = fixture();
+        let first = f.pool.admit(f.request("r1"), 8, Duration::from_secs(1)).await.unwrap();
+        let lease = first.lease().clone();
+        assert_eq!((lease.run_id(), lease.provider_id(), lease.node(), lease.generation()), ("r1", "a", "n1", 10));
+        assert_eq!(lease.target_model(), "m");
+        let second = f.pool.admit(f.request("r2"), 8, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(second.lease().provider_id(), "a");
+        assert_ne!(second.lease().slot(), lease.slot());
+        let third = f.pool.admit(f.request("r3"), 8, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(third.lease().provider_id(), "b", "a full group spills to the next");
+        drop((first, second, third));
+        let snap = f.pool.snapshot();
+        assert_eq!((snap.acquired, snap.released, snap.double_releases), (3, 3, 0));
+        assert!(snap.providers.values().all(|p| p.in_flight == 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_is_fifo_bounded_and_times_out() {
+        let f = fixture();
+        let held: Vec<_> = futures_util::future::join_all(
+            (0..3).map(|i| f.pool.admit(f.request(&format!("h{i}")), 2, Duration::from_secs(1))),
+        )
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+        let first = tokio::spawn({
+            let (pool, request) = (f.pool.clone(), f.request("q1"));
+            async move { pool.admit(request, 2, Duration::from_secs(5)).await }
+        });
+        let second = tokio::spawn({
+            let (pool, request) = (f.pool.clone(), f.request("q2"));
+            async move { pool.admit(request, 2, Duration::from_secs(5)).await }
+        });
+        tokio::task::yield_now().await;
+        while f.pool.snapshot().queued.get("chat") != Some(&2) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(f.pool.admit(f.request("q3"), 2, Duration::from_secs(5)).await.err(), Some(AdmitError::QueueFull));
+        let mut held = held;
+        drop(held.remove(0));
+        let granted = first.await.unwrap().unwrap();
+        assert_eq!(granted.lease().run_id(), "q1", "FIFO: the first waiter gets the first free slot");
+        assert_eq!(second.await.unwrap().err(), Some(AdmitError::QueueTimeout));
+        assert_eq!(f.pool.snapshot().queued.get("chat"), Some(&0));
+    }
+
+    #[tokio::test]
+    async fn waiters_fail_fast_when_their_providers_go_away() {
+        let f = fixture();
+        let held: Vec<_> = futures_util::future::join_all(
+            (0..3).map(|i| f.pool.admit(f.request(&format!("h{i}")), 2, Duration::from_secs(1))),
+        )
+        .await;
+        let waiter = tokio::spawn({
+            let (pool, request) = (f.pool.clone(), f.request("w"));
+            async move { pool.admit(request, 2, Duration::from_secs(30)).await }
+        });
+        while f.pool.snapshot().queued.get("chat") != Some(&1) {
+            tokio::task::yield_now().await;
+        }
+        f.registry.remove("n1", 10);
+        f.registry.remove("n2", 20);
+        drop(held);
+        assert_eq!(waiter.await.unwrap().err(), Some(AdmitError::NoneEligible));
+    }
+
+    /// Thousands of requests through mixed terminal paths: completion,
+    /// provider error, retry, node loss, queue timeout, queue full, and the
+    /// client leaving while queued or while running. Afterwards no slot is
+    /// leaked and none was released twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn randomized_terminal_paths_never_leak_or_double_release() {
+        let f = fixture();
+        let outcomes = Arc::new(Mutex::new(HashMap::<&'static str, u32>::new()));
+        let workers: Vec<_> = (0..48)
+            .map(|w| {
+                let (pool, candidates, outcomes) = (f.pool.clone(), f.candidates.clone(), outcomes.clone());
+                tokio::spawn(async move {
+                    for i in 0..70u32 {
+                        let request = AdmitRequest {
+                            route: "chat".into(),
+                            run_id: format!("w{w}-{i}"),
+                            candidates: candidates.clone(),
+                            avoid: HashSet::new(),
+                        };
+                        let seed = fastrand::u32(..);
+                        // Queue wait and client patience vary so that some
+                        // requests time out queued and some clients leave.
+                        let wait = Duration::from_millis(u64::from(seed % 4));
+                        let patience = Duration::from_millis(u64::from((seed >> 8) % 6));
+                        let outcome = match tokio::time::timeout(patience, pool.admit(request, 16, wait)).await {
+                            Err(_) => "client_left_queue",
+                            Ok(Err(AdmitError::QueueFull)) => "queue_full",
+                            Ok(Err(AdmitError::QueueTimeout)) => "queue_timeout",
+                            Ok(Err(AdmitError::NoneEligible)) => "none_eligible",
+                            Ok(Ok(mut guard)) => {
+                                let reason = [
+                                    ReleaseReason::Completed,
+                                    ReleaseReason::ProviderError,
+                                    ReleaseReason::Retried,
+                                    ReleaseReason::NodeDisconnected,
+                                    ReleaseReason::ClientDisconnected,
+                                ][(seed >> 16) as usize % 5];
+                                guard.set_reason(reason);
+                                if seed % 3 == 0 {
+                                    tokio::time::sleep(Duration::from_micros(200)).await;
+                                } else {
+                                    tokio::task::yield_now().await;
+                                }
+                                reason.label()
+                            }
+                        };
+                        *outcomes.lock().unwrap().entry(outcome).or_default() += 1;
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.await.unwrap();
+        }
+        let outcomes = outcomes.lock().unwrap().clone();
+        for path in ["completed", "provider_error", "client_disconnected", "queue_timeout", "queue_full"] {
+            assert!(outcomes.get(path).copied().unwrap_or(0) > 0, "path {path} was exercised: {outcomes:?}");
+        }
+        let snap = f.pool.snapshot();
+        assert_eq!(outcomes.values().sum::<u32>(), 48 * 70);
+        assert!(snap.acquired > 300, "the test exercised admission: {snap:?} {outcomes:?}");
+        assert_eq!(snap.acquired, snap.released, "{snap:?}");
+        assert_eq!(snap.double_releases, 0);
+        assert_eq!(snap.queued.values().sum::<usize>(), 0);
+        assert!(snap.providers.values().all(|p| p.in_flight == 0), "{snap:?}");
+    }
+}

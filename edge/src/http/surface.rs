@@ -1,0 +1,164 @@
+//! The three client APIs behind one handler: each [`Surface`] says how to
+//! parse its request, render normalized run events as its stream or its
+//! final object, frame its SSE events and shape its errors.
+
+use axum::body::Bytes;
+use iop_proto::pb::{self, run_event::Event};
+use serde_json::Value;
+
+use crate::ingress::error::ApiError;
+use crate::ingress::{anthropic_messages as messages, openai_chat as chat, openai_responses as responses};
+use crate::metrics::Api;
+
+/// What every API's parser yields.
+pub struct Parsed<C> {
+    pub model: String,
+    pub stream: bool,
+    pub run: pb::RunRequest,
+    /// Per-request data the renderers need (e.g. `include_usage`).
+    pub context: C,
+}
+
+pub trait Surface: Send + 'static {
+    const API: Api;
+    type Context: Send + 'static;
+    type Streamer: Send + 'static;
+    type Collector: Send + 'static;
+
+    fn parse(body: &[u8]) -> Result<Parsed<Self::Context>, ApiError>;
+    fn streamer(context: Self::Context, model: String) -> Self::Streamer;
+    /// Framed SSE bytes for one event (including any end-of-stream marker).
+    fn stream(streamer: &mut Self::Streamer, event: &Event) -> Vec<Bytes>;
+    fn collector(context: Self::Context, model: String) -> Self::Collector;
+    fn collect(collector: &mut Self::Collector, event: &Event);
+    fn finish(collector: Self::Collector) -> Result<Value, ApiError>;
+    fn error_body(error: &ApiError) -> Value;
+}
+
+fn data_frame(payload: &str) -> Bytes {
+    Bytes::from(format!("data: {payload}\n\n"))
+}
+
+fn event_frame((name, payload): (&str, String)) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {payload}\n\n"))
+}
+
+fn run_request(
+    messages: Vec<pb::ChatMessage>,
+    tools: Vec<pb::ToolDefinition>,
+    options: pb::GenerationOptions,
+    stream: bool,
+) -> pb::RunRequest {
+    pb::RunRequest { messages, tools, options: Some(options), stream, ..Default::default() }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// OpenAI Chat Completions: `data:`-only SSE ending in `data: [DONE]`.
+pub struct ChatCompletions;
+
+impl Surface for ChatCompletions {
+    const API: Api = Api::chat_completions;
+    type Context = bool;
+    type Streamer = chat::ChunkRenderer;
+    type Collector = chat::CompletionAggregator;
+
+    fn parse(body: &[u8]) -> Result<Parsed<bool>, ApiError> {
+        let r = chat::parse_request(body)?;
+        let run = run_request(r.messages, r.tools, r.options, r.stream);
+        Ok(Parsed { model: r.model, stream: r.stream, run, context: r.include_usage })
+    }
+    fn streamer(include_usage: bool, model: String) -> Self::Streamer {
+        chat::ChunkRenderer::new(chat::ResponseMeta::new(model, unix_now()), include_usage)
+    }
+    fn stream(streamer: &mut Self::Streamer, event: &Event) -> Vec<Bytes> {
+        let mut frames: Vec<Bytes> = streamer.render(event).iter().map(|p| data_frame(p)).collect();
+        if let Event::Completed(_) = event {
+            frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        frames
+    }
+    fn collector(_: bool, model: String) -> Self::Collector {
+        chat::CompletionAggregator::new(chat::ResponseMeta::new(model, unix_now()))
+    }
+    fn collect(collector: &mut Self::Collector, event: &Event) {
+        collector.push(event);
+    }
+    fn finish(collector: Self::Collector) -> Result<Value, ApiError> {
+        collector.finish()
+    }
+    fn error_body(error: &ApiError) -> Value {
+        error.openai_body()
+    }
+}
+
+/// OpenAI Responses: named SSE events.
+pub struct Responses;
+
+impl Surface for Responses {
+    const API: Api = Api::responses;
+    type Context = (Option<String>, Option<u32>);
+    type Streamer = responses::EventRenderer;
+    type Collector = responses::ResponseAggregator;
+
+    fn parse(body: &[u8]) -> Result<Parsed<Self::Context>, ApiError> {
+        let r = responses::parse_request(body)?;
+        let context = (r.instructions.clone(), r.options.max_tokens);
+        let run = run_request(r.messages, r.tools, r.options, r.stream);
+        Ok(Parsed { model: r.model, stream: r.stream, run, context })
+    }
+    fn streamer((instructions, max): Self::Context, model: String) -> Self::Streamer {
+        responses::EventRenderer::new(responses::ResponseMeta::new(model, unix_now(), instructions, max))
+    }
+    fn stream(streamer: &mut Self::Streamer, event: &Event) -> Vec<Bytes> {
+        streamer.render(event).into_iter().map(event_frame).collect()
+    }
+    fn collector((instructions, max): Self::Context, model: String) -> Self::Collector {
+        responses::ResponseAggregator::new(responses::ResponseMeta::new(model, unix_now(), instructions, max))
+    }
+    fn collect(collector: &mut Self::Collector, event: &Event) {
+        collector.push(event);
+    }
+    fn finish(collector: Self::Collector) -> Result<Value, ApiError> {
+        collector.finish()
+    }
+    fn error_body(error: &ApiError) -> Value {
+        error.openai_body()
+    }
+}
+
+/// Anthropic Messages: named SSE events, Anthropic error shape.
+pub struct Messages;
+
+impl Surface for Messages {
+    const API: Api = Api::messages;
+    type Context = ();
+    type Streamer = messages::EventRenderer;
+    type Collector = messages::MessageAggregator;
+
+    fn parse(body: &[u8]) -> Result<Parsed<()>, ApiError> {
+        let r = messages::parse_request(body)?;
+        let run = run_request(r.messages, r.tools, r.options, r.stream);
+        Ok(Parsed { model: r.model, stream: r.stream, run, context: () })
+    }
+    fn streamer((): (), model: String) -> Self::Streamer {
+        messages::EventRenderer::new(messages::ResponseMeta::new(model))
+    }
+    fn stream(streamer: &mut Self::Streamer, event: &Event) -> Vec<Bytes> {
+        streamer.render(event).into_iter().map(event_frame).collect()
+    }
+    fn collector((): (), model: String) -> Self::Collector {
+        messages::MessageAggregator::new(messages::ResponseMeta::new(model))
+    }
+    fn collect(collector: &mut Self::Collector, event: &Event) {
+        collector.push(event);
+    }
+    fn finish(collector: Self::Collector) -> Result<Value, ApiError> {
+        collector.finish()
+    }
+    fn error_body(error: &ApiError) -> Value {
+        error.anthropic_body()
+    }
+}

@@ -1,0 +1,1274 @@
+//! Anthropic Messages API <-> IOP's normalized run shape.
+//!
+//! Pure translation, no I/O: [`parse_request`] turns a request body into
+//! normalized messages, tools and options; [`EventRenderer`] (streaming) and
+//! [`MessageAggregator`] (non-streaming) turn run events back into the exact
+//! Anthropic wire format. Errors use [`ApiError::anthropic_body`].
+//!
+//! Anthropic's error object has no `param` field, so every validation message
+//! starts with the field path in Anthropic's own style (`messages.0.content.1:
+//! ...`); the same path is recorded as the [`ApiError::InvalidRequest`] param.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iop_proto::pb;
+use serde_json::{Map, Value, json};
+
+use super::error::ApiError;
+use super::json::{Wording, body_object, field, text_message};
+use super::outcome::{self, Terminal, failure_of, synthetic_id, usage_pair};
+
+/// Validation messages are worded the Anthropic way (path first).
+const JSON: Wording = Wording::Anthropic;
+
+// ---------------------------------------------------------------- request
+
+/// A validated Messages request in normalized form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessagesRequest {
+    pub model: String,
+    pub stream: bool,
+    /// A leading SYSTEM message (from `system`), then the conversation. A user
+    /// message carrying `tool_result` blocks becomes TOOL messages first, then
+    /// a USER message with its text (if any).
+    pub messages: Vec<pb::ChatMessage>,
+    pub tools: Vec<pb::ToolDefinition>,
+    pub options: pb::GenerationOptions,
+}
+
+/// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
+/// whose message names the field (e.g. `messages.2.role: ...`) and whose
+/// `param` is that field. Unknown top-level fields are ignored (SDKs and
+/// clients send extras such as `metadata`, `thinking`, `service_tier`). An
+/// explicit `null` counts as absent.
+pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+    let obj = body_object(body)?;
+    let model = JSON.non_empty_string(&obj, "model", "model")?.to_string();
+
+    let mut messages = Vec::new();
+    if let Some(v) = field(&obj, "system") {
+        let system = parse_text_content(v, "system")?;
+        if !system.is_empty() {
+            messages.push(text_message(pb::Role::System, system));
+        }
+    }
+    match field(&obj, "messages") {
+        None => return Err(JSON.missing("messages")),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::invalid_param("messages", "messages: at least one message is required"));
+        }
+        Some(Value::Array(items)) => {
+            for (i, m) in items.iter().enumerate() {
+                parse_message(m, i, &mut messages)?;
+            }
+        }
+        Some(_) => return Err(JSON.type_error("messages", "an array")),
+    }
+
+    let tools = JSON.optional_array(&obj, "tools", |i| format!("tools.{i}"), parse_tool)?;
+
+    // `tool_choice` ({"type":"auto"|"any"|"tool"|"none", ...}) is accepted and
+    // ignored for now: the normalized run shape has no field for it, so the
+    // provider applies its own default (normally "auto").
+
+    let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
+    let options = parse_options(&obj)?;
+
+    Ok(MessagesRequest { model, stream, messages, tools, options })
+}
+
+/// Appends the normalized message(s) for `messages[i]` to `out`.
+fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Result<(), ApiError> {
+    let path = format!("messages.{i}");
+    let Value::Object(obj) = value else {
+        return Err(JSON.type_error(&path, "an object"));
+    };
+
+    let role_path = format!("{path}.role");
+    let role = match JSON.string(JSON.required(obj, "role", &role_path)?, &role_path)? {
+        "user" => pb::Role::User,
+        "assistant" => pb::Role::Assistant,
+        other => {
+            return Err(ApiError::invalid_param(
+                &role_path,
+                format!("{role_path}: Input should be 'user' or 'assistant' (got `{other}`)"),
+            ));
+        }
+    };
+
+    let content_path = format!("{path}.content");
+    let blocks = match JSON.required(obj, "content", &content_path)? {
+        Value::String(s) => {
+            out.push(text_message(role, s.clone()));
+            return Ok(());
+        }
+        Value::Array(blocks) if blocks.is_empty() => {
+            return Err(ApiError::invalid_param(&content_path, format!("{content_path}: must not be an empty array")));
+        }
+        Value::Array(blocks) => blocks,
+        _ => return Err(JSON.type_error(&content_path, "a string or an array of content blocks")),
+    };
+
+    let mut texts: Vec<&str> = Vec::new();
+    let mut tool_calls = Vec::new();
+    let mut tool_results = Vec::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let block_path = format!("{content_path}.{j}");
+        let Value::Object(b) = block else {
+            return Err(JSON.type_error(&block_path, "an object"));
+        };
+        let type_path = format!("{block_path}.type");
+        // `cache_control` and `citations` on any block are accepted and ignored.
+        match JSON.string(JSON.required(b, "type", &type_path)?, &type_path)? {
+            "text" => texts.push(text_of(b, &block_path)?),
+            "tool_use" if role == pb::Role::Assistant => tool_calls.push(parse_tool_use(b, &block_path)?),
+            "tool_result" if role == pb::Role::User => tool_results.push(parse_tool_result(b, &block_path)?),
+            ty @ "tool_use" => return Err(block_not_allowed(&type_path, &block_path, ty, "assistant")),
+            ty @ "tool_result" => return Err(block_not_allowed(&type_path, &block_path, ty, "user")),
+            other => return Err(unsupported_block(&type_path, &block_path, other)),
+        }
+    }
+
+    match role {
+        pb::Role::Assistant => {
+            out.push(pb::ChatMessage { tool_calls, ..text_message(role, texts.join("\n")) });
+        }
+        _ => {
+            // Tool results answer the previous assistant turn, so they come
+            // first (Anthropic also requires them before any text).
+            out.extend(tool_results);
+            if !texts.is_empty() {
+                out.push(text_message(role, texts.join("\n")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `{"type":"tool_use","id","name","input":{...}}` -> a tool call whose
+/// arguments are `input` as JSON text.
+fn parse_tool_use(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, ApiError> {
+    let id = JSON.non_empty_string(obj, "id", &format!("{path}.id"))?.to_string();
+    let name = JSON.non_empty_string(obj, "name", &format!("{path}.name"))?.to_string();
+    let input_path = format!("{path}.input");
+    let arguments_json = match JSON.required(obj, "input", &input_path)? {
+        v @ Value::Object(_) => v.to_string(),
+        _ => return Err(JSON.type_error(&input_path, "an object")),
+    };
+    Ok(pb::ToolCall { id, name, arguments_json })
+}
+
+/// `{"type":"tool_result","tool_use_id","content"?: string | [text blocks],
+/// "is_error"?}` -> a TOOL message.
+fn parse_tool_result(obj: &Map<String, Value>, path: &str) -> Result<pb::ChatMessage, ApiError> {
+    let tool_call_id = JSON.non_empty_string(obj, "tool_use_id", &format!("{path}.tool_use_id"))?.to_string();
+    let content_path = format!("{path}.content");
+    let content = match field(obj, "content") {
+        None => String::new(),
+        Some(v) => parse_text_content(v, &content_path)?,
+    };
+    let is_error = JSON.optional_bool(obj, "is_error", &format!("{path}.is_error"))?.unwrap_or(false);
+    let content = if is_error { format!("Error: {content}") } else { content };
+    Ok(pb::ChatMessage { tool_call_id, ..text_message(pb::Role::Tool, content) })
+}
+
+/// A string, or an array of text blocks joined with "\n" (`system` and
+/// `tool_result` content).
+fn parse_text_content(value: &Value, path: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut texts = Vec::with_capacity(blocks.len());
+            for (j, block) in blocks.iter().enumerate() {
+                let block_path = format!("{path}.{j}");
+                let Value::Object(b) = block else {
+                    return Err(JSON.type_error(&block_path, "an object"));
+                };
+                let type_path = format!("{block_path}.type");
+                match JSON.string(JSON.required(b, "type", &type_path)?, &type_path)? {
+                    "text" => texts.push(text_of(b, &block_path)?),
+                    other => return Err(unsupported_block(&type_path, &block_path, other)),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(JSON.type_error(path, "a string or an array of text blocks")),
+    }
+}
+
+fn text_of<'a>(block: &'a Map<String, Value>, block_path: &str) -> Result<&'a str, ApiError> {
+    let text_path = format!("{block_path}.text");
+    JSON.string(JSON.required(block, "text", &text_path)?, &text_path)
+}
+
+fn unsupported_block(type_path: &str, block_path: &str, ty: &str) -> ApiError {
+    ApiError::invalid_param(type_path, format!("{block_path}: content block type `{ty}` is not supported"))
+}
+
+fn block_not_allowed(type_path: &str, block_path: &str, ty: &str, role: &str) -> ApiError {
+    ApiError::invalid_param(type_path, format!("{block_path}: `{ty}` blocks are only allowed in {role} messages"))
+}
+
+/// `{"name","description"?,"input_schema":{...},"type"?:"custom"}`. Server
+/// tools (`web_search_20250305`, `bash_20250124`, ...) run inside Anthropic's
+/// platform and cannot be offered by a local provider.
+fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
+    let Value::Object(obj) = value else {
+        return Err(JSON.type_error(path, "an object"));
+    };
+    if let Some(v) = field(obj, "type") {
+        let type_path = format!("{path}.type");
+        let ty = JSON.string(v, &type_path)?;
+        if ty != "custom" {
+            return Err(ApiError::invalid_param(
+                &type_path,
+                format!("{path}: tool type `{ty}` is not supported; only custom tools (with `input_schema`) are"),
+            ));
+        }
+    }
+    let name = JSON.non_empty_string(obj, "name", &format!("{path}.name"))?.to_string();
+    let description = match field(obj, "description") {
+        None => String::new(),
+        Some(v) => JSON.string(v, &format!("{path}.description"))?.to_string(),
+    };
+    let schema_path = format!("{path}.input_schema");
+    let parameters_json = match JSON.required(obj, "input_schema", &schema_path)? {
+        v @ Value::Object(_) => v.to_string(),
+        _ => return Err(JSON.type_error(&schema_path, "an object")),
+    };
+    Ok(pb::ToolDefinition { name, description, parameters_json })
+}
+
+fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiError> {
+    let mut options = pb::GenerationOptions {
+        // Required by the Messages API (unlike Chat Completions).
+        max_tokens: Some(JSON.positive_u32(JSON.required(obj, "max_tokens", "max_tokens")?, "max_tokens")?),
+        ..Default::default()
+    };
+    if let Some(v) = field(obj, "temperature") {
+        options.temperature = Some(JSON.number_in(v, "temperature", 0.0, 1.0)?);
+    }
+    if let Some(v) = field(obj, "top_p") {
+        options.top_p = Some(JSON.number_in(v, "top_p", 0.0, 1.0)?);
+    }
+    // `top_k` is validated and then ignored: the normalized options have no
+    // field for it, so the provider uses its own default.
+    if let Some(v) = field(obj, "top_k")
+        && v.as_u64().is_none()
+    {
+        return Err(JSON.type_error("top_k", "a non-negative integer"));
+    }
+    options.stop = match field(obj, "stop_sequences") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, s)| JSON.string(s, &format!("stop_sequences.{i}")).map(str::to_string))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(JSON.type_error("stop_sequences", "an array of strings")),
+    };
+    Ok(options)
+}
+
+// ---------------------------------------------------------------- response
+
+/// The identity a response carries (in `message_start`, or the one message object).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseMeta {
+    pub id: String,
+    /// The model name the client asked for.
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// `id` is `msg_` followed by 32 hex digits (a v4 UUID, simple form).
+    pub fn new(model: String) -> Self {
+        Self { id: synthetic_id("msg_"), model }
+    }
+}
+
+/// Streaming renderer: one instance per response.
+#[derive(Debug)]
+pub struct EventRenderer {
+    meta: ResponseMeta,
+    started: bool,
+    /// Index of the next content block.
+    next_index: u32,
+    open: Option<OpenBlock>,
+    /// Tool-call indices (the run's, not the content block's) that got a block.
+    seen_calls: BTreeSet<u32>,
+    usage: Option<pb::Usage>,
+    finished: bool,
+}
+
+#[derive(Debug)]
+enum OpenBlock {
+    Text,
+    ToolUse { call: u32, id: String },
+}
+
+impl EventRenderer {
+    pub fn new(meta: ResponseMeta) -> Self {
+        Self {
+            meta,
+            started: false,
+            next_index: 0,
+            open: None,
+            seen_calls: BTreeSet::new(),
+            usage: None,
+            finished: false,
+        }
+    }
+
+    /// Zero or more complete SSE events `(event name, JSON data)` for one run
+    /// event; the caller writes `event: <name>\ndata: <json>\n\n`. Events after
+    /// a terminal render nothing.
+    pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<(&'static str, String)> {
+        use pb::run_event::Event;
+
+        let mut out = Vec::new();
+        if self.finished {
+            return out;
+        }
+        match event {
+            Event::Started(_) => self.ensure_started(&mut out),
+            Event::Text(t) => {
+                if !t.text.is_empty() {
+                    self.ensure_started(&mut out);
+                    if !matches!(self.open, Some(OpenBlock::Text)) {
+                        self.open_block(&mut out, OpenBlock::Text, json!({ "type": "text", "text": "" }));
+                    }
+                    self.delta(&mut out, json!({ "type": "text_delta", "text": t.text }));
+                }
+            }
+            Event::ToolCall(d) => {
+                self.ensure_started(&mut out);
+                let continues_open = matches!(
+                    &self.open,
+                    Some(OpenBlock::ToolUse { call, id }) if *call == d.index && (d.id.is_empty() || d.id == *id)
+                );
+                if !continues_open {
+                    if d.id.is_empty() && self.seen_calls.contains(&d.index) {
+                        // A piece of a call whose block is already closed (the
+                        // provider interleaved calls): Anthropic blocks cannot be
+                        // reopened, so it cannot be rendered.
+                        tracing::warn!(
+                            index = d.index,
+                            "dropping a tool-call piece that arrived after its block closed"
+                        );
+                        return out;
+                    }
+                    self.seen_calls.insert(d.index);
+                    let id = if d.id.is_empty() { synthetic_tool_use_id() } else { d.id.clone() };
+                    let block = json!({ "type": "tool_use", "id": id, "name": d.name, "input": {} });
+                    self.open_block(&mut out, OpenBlock::ToolUse { call: d.index, id }, block);
+                }
+                if !d.arguments_delta.is_empty() {
+                    self.delta(&mut out, json!({ "type": "input_json_delta", "partial_json": d.arguments_delta }));
+                }
+            }
+            Event::Usage(u) => self.usage = Some(*u),
+            Event::Completed(c) => {
+                self.ensure_started(&mut out);
+                self.close_block(&mut out);
+                let (input_tokens, output_tokens) = usage_pair(self.usage.as_ref());
+                let stop_reason = stop_reason_str(c.finish_reason, !self.seen_calls.is_empty());
+                out.push((
+                    "message_delta",
+                    json!({
+                        "type": "message_delta",
+                        "delta": { "stop_reason": stop_reason, "stop_sequence": null },
+                        "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
+                    })
+                    .to_string(),
+                ));
+                out.push(("message_stop", json!({ "type": "message_stop" }).to_string()));
+                self.finished = true;
+            }
+            Event::Failed(f) => {
+                out.push(stream_error_event(&failure_of(f)));
+                self.finished = true;
+            }
+            Event::Cancelled(_) => self.finished = true,
+        }
+        out
+    }
+
+    /// The keep-alive event Anthropic sends while a response is in progress.
+    pub fn ping() -> (&'static str, String) {
+        ("ping", json!({ "type": "ping" }).to_string())
+    }
+
+    fn ensure_started(&mut self, out: &mut Vec<(&'static str, String)>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        // Input tokens are not known until the provider reports usage (normally
+        // at the end of the run), so `message_start` carries 0 and the real
+        // counts arrive in `message_delta`.
+        let message = json!({
+            "id": self.meta.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.meta.model,
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": { "input_tokens": 0, "output_tokens": 0 },
+        });
+        out.push(("message_start", json!({ "type": "message_start", "message": message }).to_string()));
+    }
+
+    /// Closes the open block (if any) and opens `content_block` at the next index.
+    fn open_block(&mut self, out: &mut Vec<(&'static str, String)>, state: OpenBlock, content_block: Value) {
+        self.close_block(out);
+        let index = self.next_index;
+        out.push((
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": index, "content_block": content_block }).to_string(),
+        ));
+        self.open = Some(state);
+    }
+
+    fn close_block(&mut self, out: &mut Vec<(&'static str, String)>) {
+        if self.open.take().is_some() {
+            out.push((
+                "content_block_stop",
+                json!({ "type": "content_block_stop", "index": self.next_index }).to_string(),
+            ));
+            self.next_index += 1;
+        }
+    }
+
+    /// A delta for the open block.
+    fn delta(&self, out: &mut Vec<(&'static str, String)>, delta: Value) {
+        out.push((
+            "content_block_delta",
+            json!({ "type": "content_block_delta", "index": self.next_index, "delta": delta }).to_string(),
+        ));
+    }
+}
+
+/// Non-streaming: collects run events and produces the final `message` JSON.
+#[derive(Debug)]
+pub struct MessageAggregator {
+    meta: ResponseMeta,
+    /// Content blocks in the order they started.
+    blocks: Vec<Block>,
+    /// Run tool-call index -> position in `blocks`.
+    calls: BTreeMap<u32, usize>,
+    usage: Option<pb::Usage>,
+    terminal: Option<Terminal>,
+}
+
+#[derive(Debug)]
+enum Block {
+    Text(String),
+    ToolUse(ToolCallParts),
+}
+
+#[derive(Debug, Default)]
+struct ToolCallParts {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+impl MessageAggregator {
+    pub fn new(meta: ResponseMeta) -> Self {
+        Self { meta, blocks: Vec::new(), calls: BTreeMap::new(), usage: None, terminal: None }
+    }
+
+    /// Events after a terminal are ignored.
+    pub fn push(&mut self, event: &pb::run_event::Event) {
+        use pb::run_event::Event;
+
+        if self.terminal.is_some() {
+            return;
+        }
+        match event {
+            Event::Started(_) => {}
+            Event::Text(t) => {
+                if t.text.is_empty() {
+                    return;
+                }
+                match self.blocks.last_mut() {
+                    Some(Block::Text(text)) => text.push_str(&t.text),
+                    _ => self.blocks.push(Block::Text(t.text.clone())),
+                }
+            }
+            Event::ToolCall(d) => {
+                // A delta continues the call with the same index unless it
+                // carries a different id (then it is a new call).
+                let pos = match self.calls.get(&d.index) {
+                    Some(&pos) if matches!(&self.blocks[pos], Block::ToolUse(c) if d.id.is_empty() || d.id == c.id) => {
+                        pos
+                    }
+                    _ => {
+                        let pos = self.blocks.len();
+                        self.blocks.push(Block::ToolUse(ToolCallParts { id: d.id.clone(), ..Default::default() }));
+                        self.calls.insert(d.index, pos);
+                        pos
+                    }
+                };
+                let Block::ToolUse(call) = &mut self.blocks[pos] else {
+                    unreachable!("calls only points at tool blocks")
+                };
+                if call.name.is_empty() && !d.name.is_empty() {
+                    call.name = d.name.clone();
+                }
+                call.arguments.push_str(&d.arguments_delta);
+            }
+            Event::Usage(u) => self.usage = Some(*u),
+            Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_) => self.terminal = Terminal::of(event),
+        }
+    }
+
+    /// `Ok(body)` after a Completed terminal; `Err(ApiError::Execution(..))`
+    /// after Failed (that failure), Cancelled, no terminal at all, or when a
+    /// tool call's arguments are not a JSON object (`ProviderProtocol`).
+    pub fn finish(self) -> Result<Value, ApiError> {
+        let finish_reason = outcome::finish_reason(self.terminal)?;
+
+        let has_tool_use = !self.calls.is_empty();
+        let content = self
+            .blocks
+            .into_iter()
+            .map(|block| match block {
+                Block::Text(text) => Ok(json!({ "type": "text", "text": text })),
+                Block::ToolUse(c) => {
+                    let input = tool_input(&c)?;
+                    let id = if c.id.is_empty() { synthetic_tool_use_id() } else { c.id };
+                    Ok(json!({ "type": "tool_use", "id": id, "name": c.name, "input": input }))
+                }
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let (input_tokens, output_tokens) = usage_pair(self.usage.as_ref());
+
+        Ok(json!({
+            "id": self.meta.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.meta.model,
+            "content": content,
+            "stop_reason": stop_reason_str(finish_reason, has_tool_use),
+            "stop_sequence": null,
+            "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
+        }))
+    }
+}
+
+/// The concatenated arguments as a JSON object; no arguments at all is `{}`.
+fn tool_input(call: &ToolCallParts) -> Result<Value, ApiError> {
+    if call.arguments.trim().is_empty() {
+        return Ok(json!({}));
+    }
+    match serde_json::from_str::<Value>(&call.arguments) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        _ => Err(ApiError::Execution(pb::ExecutionFailure::new(
+            pb::FailureKind::ProviderProtocol,
+            format!("the provider returned arguments for tool `{}` that are not a JSON object", call.name),
+        ))),
+    }
+}
+
+/// SSE event for a failure after streaming already started (Anthropic sends
+/// `event: error` with the same body as an HTTP error).
+pub fn stream_error_event(failure: &pb::ExecutionFailure) -> (&'static str, String) {
+    ("error", ApiError::Execution(failure.clone()).anthropic_body().to_string())
+}
+
+/// Anthropic's stop_reason. Stop sequences cannot be told apart from a natural
+/// stop (the run only reports Stop), so `stop_sequence` is never produced. A
+/// plain stop after tool calls is `tool_use`: some providers (e.g. Ollama)
+/// report "stop" there, and Anthropic clients loop on `stop_reason == "tool_use"`.
+fn stop_reason_str(value: i32, has_tool_use: bool) -> &'static str {
+    match pb::FinishReason::try_from(value) {
+        Ok(pb::FinishReason::Length) => "max_tokens",
+        Ok(pb::FinishReason::ToolCalls) => "tool_use",
+        Ok(pb::FinishReason::ContentFilter) => "refusal",
+        _ if has_tool_use => "tool_use",
+        _ => "end_turn",
+    }
+}
+
+/// For a provider that streamed a tool call without an id (the proto says the
+/// first delta carries one; this keeps the response valid if it did not).
+fn synthetic_tool_use_id() -> String {
+    let hex = uuid::Uuid::new_v4().simple().to_string();
+    format!("toolu_{}", &hex[..24])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingress::test_events::{completed, started, text, tool, usage};
+    use pb::run_event::Event;
+
+    fn parse(v: Value) -> Result<MessagesRequest, ApiError> {
+        parse_request(v.to_string().as_bytes())
+    }
+
+    fn meta() -> ResponseMeta {
+        ResponseMeta { id: "msg_test".into(), model: "claude-local".into() }
+    }
+
+    fn msg(role: pb::Role, content: &str) -> pb::ChatMessage {
+        text_message(role, content.into())
+    }
+
+    /// Every rendered event as (name, parsed JSON); checks that the JSON
+    /// `type` always equals the SSE event name.
+    fn render_all(renderer: &mut EventRenderer, events: &[Event]) -> Vec<(&'static str, Value)> {
+        events
+            .iter()
+            .flat_map(|e| renderer.render(e))
+            .map(|(name, payload)| {
+                let v: Value = serde_json::from_str(&payload).expect("payload is JSON");
+                assert_eq!(v["type"], name, "type of {payload}");
+                (name, v)
+            })
+            .collect()
+    }
+
+    fn names(events: &[(&'static str, Value)]) -> Vec<&'static str> {
+        events.iter().map(|(n, _)| *n).collect()
+    }
+
+    // ------------------------------------------------------------ parse
+
+    #[test]
+    fn minimal_request_parses_with_defaults() {
+        let req =
+            parse(json!({"model": "claude", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]}))
+                .unwrap();
+        assert_eq!(req.model, "claude");
+        assert!(!req.stream);
+        assert!(req.tools.is_empty());
+        assert_eq!(req.options, pb::GenerationOptions { max_tokens: Some(1024), ..Default::default() });
+        assert_eq!(req.messages, vec![msg(pb::Role::User, "hi")]);
+    }
+
+    #[test]
+    fn sdk_style_request_with_system_tools_and_tool_round_trip() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let req = parse(json!({
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 512,
+            "system": [
+                {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Use tools."}
+            ],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_02", "name": "get_time", "input": {}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_01", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "toolu_02",
+                     "content": [{"type": "text", "text": "no"}, {"type": "text", "text": "clock"}], "is_error": true},
+                    {"type": "text", "text": "Thanks!"}
+                ]},
+                {"role": "assistant", "content": "Sure."},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_03"}]}
+            ],
+            "tools": [
+                {"name": "get_weather", "description": "Weather", "input_schema": schema,
+                 "cache_control": {"type": "ephemeral"}},
+                {"type": "custom", "name": "get_time", "input_schema": {"type": "object"}}
+            ],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
+            "stream": true,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 40,
+            "stop_sequences": ["\n\nHuman:", "END"],
+            "metadata": {"user_id": "u-1"},
+            "thinking": null,
+            "service_tier": "auto"
+        }))
+        .unwrap();
+
+        assert!(req.stream);
+        assert_eq!(
+            req.options,
+            pb::GenerationOptions {
+                max_tokens: Some(512),
+                temperature: Some(0.5),
+                top_p: Some(0.9),
+                stop: vec!["\n\nHuman:".into(), "END".into()],
+                seed: None,
+            }
+        );
+        let tool_msg =
+            |id: &str, content: &str| pb::ChatMessage { tool_call_id: id.into(), ..msg(pb::Role::Tool, content) };
+        assert_eq!(
+            req.messages,
+            vec![
+                msg(pb::Role::System, "You are terse.\nUse tools."),
+                msg(pb::Role::User, "Weather in Paris?"),
+                pb::ChatMessage {
+                    tool_calls: vec![
+                        pb::ToolCall {
+                            id: "toolu_01".into(),
+                            name: "get_weather".into(),
+                            arguments_json: r#"{"city":"Paris"}"#.into(),
+                        },
+                        pb::ToolCall { id: "toolu_02".into(), name: "get_time".into(), arguments_json: "{}".into() },
+                    ],
+                    ..msg(pb::Role::Assistant, "Let me check.")
+                },
+                tool_msg("toolu_01", "sunny"),
+                tool_msg("toolu_02", "Error: no\nclock"),
+                msg(pb::Role::User, "Thanks!"),
+                msg(pb::Role::Assistant, "Sure."),
+                tool_msg("toolu_03", ""),
+            ]
+        );
+
+        assert_eq!(req.tools.len(), 2);
+        assert_eq!(req.tools[0].name, "get_weather");
+        assert_eq!(req.tools[0].description, "Weather");
+        let parsed: Value = serde_json::from_str(&req.tools[0].parameters_json).unwrap();
+        assert_eq!(parsed, schema);
+        assert_eq!(req.tools[1].description, "");
+        let parsed: Value = serde_json::from_str(&req.tools[1].parameters_json).unwrap();
+        assert_eq!(parsed, json!({"type": "object"}));
+    }
+
+    #[test]
+    fn system_string_and_empty_system() {
+        let base = |system: Value| {
+            parse(json!({
+                "model": "m", "max_tokens": 1, "system": system,
+                "messages": [{"role": "user", "content": "x"}]
+            }))
+            .unwrap()
+            .messages
+        };
+        assert_eq!(base(json!("be brief")), vec![msg(pb::Role::System, "be brief"), msg(pb::Role::User, "x")]);
+        assert_eq!(base(json!("")), vec![msg(pb::Role::User, "x")]);
+        assert_eq!(base(json!([])), vec![msg(pb::Role::User, "x")]);
+    }
+
+    #[test]
+    fn malformed_and_non_object_bodies_are_rejected() {
+        let err = parse_request(b"{").unwrap_err();
+        let ApiError::InvalidRequest { message, param } = err else { panic!("not InvalidRequest") };
+        assert!(message.starts_with("invalid JSON: "), "{message}");
+        assert_eq!(param, None);
+
+        for body in [&b"[]"[..], b"\"s\"", b"1", b"null"] {
+            assert_eq!(parse_request(body).unwrap_err(), ApiError::invalid("request body must be a JSON object"));
+        }
+    }
+
+    #[test]
+    fn invalid_requests_name_the_field() {
+        let user = json!({"role": "user", "content": "hi"});
+        let with = |extra: Value| {
+            let mut base = json!({"model": "m", "max_tokens": 16, "messages": [user.clone()]});
+            for (k, v) in extra.as_object().unwrap() {
+                base[k] = v.clone();
+            }
+            base
+        };
+        let msgs = |m: Value| with(json!({"messages": m}));
+        let cases: Vec<(Value, &str, &str)> = vec![
+            (json!({"max_tokens": 1, "messages": [user.clone()]}), "model", "model: Field required"),
+            (with(json!({"model": 3})), "model", "model: Input should be a string"),
+            (with(json!({"model": ""})), "model", "model: must not be empty"),
+            (json!({"model": "m", "messages": [user.clone()]}), "max_tokens", "max_tokens: Field required"),
+            (with(json!({"max_tokens": null})), "max_tokens", "max_tokens: Field required"),
+            (with(json!({"max_tokens": "10"})), "max_tokens", "max_tokens: Input should be an integer"),
+            (
+                with(json!({"max_tokens": 0})),
+                "max_tokens",
+                "max_tokens: Input should be an integer between 1 and 4294967295",
+            ),
+            (
+                with(json!({"max_tokens": 1.5})),
+                "max_tokens",
+                "max_tokens: Input should be an integer between 1 and 4294967295",
+            ),
+            (json!({"model": "m", "max_tokens": 1}), "messages", "messages: Field required"),
+            (msgs(json!([])), "messages", "messages: at least one message is required"),
+            (msgs(json!("hi")), "messages", "messages: Input should be an array"),
+            (msgs(json!([user.clone(), "x"])), "messages.1", "messages.1: Input should be an object"),
+            (msgs(json!([{"content": "x"}])), "messages.0.role", "messages.0.role: Field required"),
+            (
+                msgs(json!([user.clone(), {"role": "system", "content": "x"}])),
+                "messages.1.role",
+                "messages.1.role: Input should be 'user' or 'assistant' (got `system`)",
+            ),
+            (msgs(json!([{"role": "user"}])), "messages.0.content", "messages.0.content: Field required"),
+            (
+                msgs(json!([{"role": "user", "content": 5}])),
+                "messages.0.content",
+                "messages.0.content: Input should be a string or an array of content blocks",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": []}])),
+                "messages.0.content",
+                "messages.0.content: must not be an empty array",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": ["hi"]}])),
+                "messages.0.content.0",
+                "messages.0.content.0: Input should be an object",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"text": "hi"}]}])),
+                "messages.0.content.0.type",
+                "messages.0.content.0.type: Field required",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [
+                    {"type": "text", "text": "look"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                ]}])),
+                "messages.0.content.1.type",
+                "messages.0.content.1: content block type `image` is not supported",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "document", "source": {}}]}])),
+                "messages.0.content.0.type",
+                "messages.0.content.0: content block type `document` is not supported",
+            ),
+            (
+                msgs(json!([{"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hm", "signature": "s"}
+                ]}])),
+                "messages.0.content.0.type",
+                "messages.0.content.0: content block type `thinking` is not supported",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "text", "text": 1}]}])),
+                "messages.0.content.0.text",
+                "messages.0.content.0.text: Input should be a string",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}])),
+                "messages.0.content.0.type",
+                "messages.0.content.0: `tool_use` blocks are only allowed in assistant messages",
+            ),
+            (
+                msgs(json!([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}])),
+                "messages.0.content.0.type",
+                "messages.0.content.0: `tool_result` blocks are only allowed in user messages",
+            ),
+            (
+                msgs(json!([{"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}])),
+                "messages.0.content.0.id",
+                "messages.0.content.0.id: Field required",
+            ),
+            (
+                msgs(json!([{"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t", "name": "", "input": {}}
+                ]}])),
+                "messages.0.content.0.name",
+                "messages.0.content.0.name: must not be empty",
+            ),
+            (
+                msgs(json!([{"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t", "name": "f", "input": "{}"}
+                ]}])),
+                "messages.0.content.0.input",
+                "messages.0.content.0.input: Input should be an object",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}])),
+                "messages.0.content.0.tool_use_id",
+                "messages.0.content.0.tool_use_id: Field required",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 3}]}])),
+                "messages.0.content.0.content",
+                "messages.0.content.0.content: Input should be a string or an array of text blocks",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                    "content": [{"type": "image", "source": {}}]}]}])),
+                "messages.0.content.0.content.0.type",
+                "messages.0.content.0.content.0: content block type `image` is not supported",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}
+                ]}])),
+                "messages.0.content.0.is_error",
+                "messages.0.content.0.is_error: Input should be a boolean",
+            ),
+            (with(json!({"system": 1})), "system", "system: Input should be a string or an array of text blocks"),
+            (
+                with(json!({"system": [{"type": "image"}]})),
+                "system.0.type",
+                "system.0: content block type `image` is not supported",
+            ),
+            (with(json!({"tools": {}})), "tools", "tools: Input should be an array"),
+            (
+                with(json!({"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]})),
+                "tools.0.type",
+                "tools.0: tool type `web_search_20250305` is not supported; only custom tools (with `input_schema`) are",
+            ),
+            (with(json!({"tools": [{"input_schema": {}}]})), "tools.0.name", "tools.0.name: Field required"),
+            (with(json!({"tools": [{"name": "f"}]})), "tools.0.input_schema", "tools.0.input_schema: Field required"),
+            (
+                with(json!({"tools": [{"name": "f", "input_schema": "{}"}]})),
+                "tools.0.input_schema",
+                "tools.0.input_schema: Input should be an object",
+            ),
+            (
+                with(json!({"tools": [{"name": "f", "description": 2, "input_schema": {}}]})),
+                "tools.0.description",
+                "tools.0.description: Input should be a string",
+            ),
+            (with(json!({"stream": "yes"})), "stream", "stream: Input should be a boolean"),
+            (with(json!({"temperature": "hot"})), "temperature", "temperature: Input should be a number"),
+            (with(json!({"temperature": 1.5})), "temperature", "temperature: Input should be between 0 and 1"),
+            (with(json!({"top_p": -0.1})), "top_p", "top_p: Input should be between 0 and 1"),
+            (with(json!({"top_k": "5"})), "top_k", "top_k: Input should be a non-negative integer"),
+            (with(json!({"top_k": -1})), "top_k", "top_k: Input should be a non-negative integer"),
+            (
+                with(json!({"stop_sequences": "END"})),
+                "stop_sequences",
+                "stop_sequences: Input should be an array of strings",
+            ),
+            (
+                with(json!({"stop_sequences": ["a", 1]})),
+                "stop_sequences.1",
+                "stop_sequences.1: Input should be a string",
+            ),
+        ];
+        for (body, want_param, want_message) in cases {
+            let err = parse(body.clone()).expect_err(&format!("should fail: {body}"));
+            assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(err, ApiError::invalid_param(want_param, want_message), "body: {body}");
+        }
+    }
+
+    // ------------------------------------------------------------ render
+
+    #[test]
+    fn response_meta_id_is_msg_plus_32_hex_and_synthetic_tool_ids_look_like_anthropic() {
+        let meta = ResponseMeta::new("m".into());
+        let hex = meta.id.strip_prefix("msg_").unwrap();
+        assert_eq!(hex.len(), 32);
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(meta.id, ResponseMeta::new("m".into()).id);
+
+        let id = synthetic_tool_use_id();
+        let hex = id.strip_prefix("toolu_").unwrap();
+        assert_eq!(hex.len(), 24);
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn ping_event() {
+        let (name, payload) = EventRenderer::ping();
+        assert_eq!(name, "ping");
+        assert_eq!(serde_json::from_str::<Value>(&payload).unwrap(), json!({"type": "ping"}));
+    }
+
+    #[test]
+    fn streaming_text() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[started(), text("Hel"), text(""), text("lo"), usage(7, 2), completed(pb::FinishReason::Stop)],
+        );
+        assert_eq!(
+            names(&events),
+            vec![
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        let values: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
+        assert_eq!(
+            values,
+            vec![
+                &json!({"type": "message_start", "message": {
+                    "id": "msg_test", "type": "message", "role": "assistant", "content": [],
+                    "model": "claude-local", "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": 0, "output_tokens": 0}
+                }}),
+                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}),
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}}),
+                &json!({"type": "content_block_stop", "index": 0}),
+                &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                        "usage": {"input_tokens": 7, "output_tokens": 2}}),
+                &json!({"type": "message_stop"}),
+            ]
+        );
+        // Nothing after the terminal.
+        assert!(r.render(&text("late")).is_empty());
+    }
+
+    #[test]
+    fn streaming_message_start_is_implicit_and_empty_responses_are_valid() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &[text("hi"), completed(pb::FinishReason::Length)]);
+        assert_eq!(names(&events)[..2], ["message_start", "content_block_start"]);
+        assert_eq!(events[4].1["delta"]["stop_reason"], "max_tokens");
+        assert_eq!(events[4].1["usage"], json!({"input_tokens": 0, "output_tokens": 0}));
+
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &[completed(pb::FinishReason::ContentFilter)]);
+        assert_eq!(names(&events), vec!["message_start", "message_delta", "message_stop"]);
+        assert_eq!(events[1].1["delta"]["stop_reason"], "refusal");
+    }
+
+    #[test]
+    fn streaming_tool_use() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[
+                started(),
+                tool(0, "toolu_a", "get_weather", ""),
+                tool(0, "", "", "{\"city\":"),
+                tool(0, "", "", "\"Paris\"}"),
+                tool(1, "call_b", "noop", "{}"),
+                usage(20, 9),
+                completed(pb::FinishReason::ToolCalls),
+            ],
+        );
+        let values: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
+        assert_eq!(
+            values[1..],
+            [
+                &json!({"type": "content_block_start", "index": 0,
+                        "content_block": {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {}}}),
+                &json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": "{\"city\":"}}),
+                &json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}}),
+                &json!({"type": "content_block_stop", "index": 0}),
+                &json!({"type": "content_block_start", "index": 1,
+                        "content_block": {"type": "tool_use", "id": "call_b", "name": "noop", "input": {}}}),
+                &json!({"type": "content_block_delta", "index": 1,
+                        "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
+                &json!({"type": "content_block_stop", "index": 1}),
+                &json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                        "usage": {"input_tokens": 20, "output_tokens": 9}}),
+                &json!({"type": "message_stop"}),
+            ]
+        );
+    }
+
+    #[test]
+    fn streaming_text_then_tool_uses_two_blocks() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[started(), text("Checking."), tool(0, "", "lookup", "{\"q\":1}"), completed(pb::FinishReason::Stop)],
+        );
+        assert_eq!(
+            names(&events),
+            vec![
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(events[1].1["index"], 0);
+        assert_eq!(events[1].1["content_block"], json!({"type": "text", "text": ""}));
+        assert_eq!(events[3].1["index"], 0);
+        let block = &events[4].1;
+        assert_eq!(block["index"], 1);
+        assert_eq!(block["content_block"]["type"], "tool_use");
+        assert_eq!(block["content_block"]["name"], "lookup");
+        // The node gave no id: a synthetic Anthropic-style one.
+        assert!(block["content_block"]["id"].as_str().unwrap().starts_with("toolu_"));
+        assert_eq!(events[5].1["index"], 1);
+        assert_eq!(events[6].1, json!({"type": "content_block_stop", "index": 1}));
+        // A plain stop after tool calls is reported as tool_use.
+        assert_eq!(events[7].1["delta"]["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn streaming_repeated_id_continues_and_late_piece_of_closed_call_is_dropped() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[
+                tool(0, "t0", "a", "{"),
+                tool(0, "t0", "", "}"),
+                text("between"),
+                tool(0, "", "", "{\"late\":1}"),
+                completed(pb::FinishReason::ToolCalls),
+            ],
+        );
+        assert_eq!(
+            names(&events),
+            vec![
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(events[3].1["delta"]["partial_json"], "}");
+        assert_eq!(events[6].1["delta"], json!({"type": "text_delta", "text": "between"}));
+    }
+
+    #[test]
+    fn streaming_failure_renders_anthropic_error_and_cancel_renders_nothing() {
+        let failure = pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "provider stalled");
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[started(), text("par"), Event::Failed(pb::RunFailed { failure: Some(failure.clone()) })],
+        );
+        assert_eq!(names(&events), vec!["message_start", "content_block_start", "content_block_delta", "error"]);
+        assert_eq!(
+            events[3].1,
+            json!({"type": "error", "error": {"type": "timeout_error", "message": "provider stalled"}})
+        );
+        let (name, payload) = stream_error_event(&failure);
+        assert_eq!(name, "error");
+        assert_eq!(serde_json::from_str::<Value>(&payload).unwrap(), ApiError::Execution(failure).anthropic_body());
+        assert!(r.render(&completed(pb::FinishReason::Stop)).is_empty());
+
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &[Event::Failed(pb::RunFailed { failure: None })]);
+        assert_eq!(events[0].1["error"]["type"], "api_error");
+
+        let mut r = EventRenderer::new(meta());
+        render_all(&mut r, &[started()]);
+        let cancelled = Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() });
+        assert!(r.render(&cancelled).is_empty());
+        assert!(r.render(&completed(pb::FinishReason::Stop)).is_empty());
+    }
+
+    #[test]
+    fn aggregates_text_tool_use_and_usage() {
+        let mut agg = MessageAggregator::new(meta());
+        for e in [
+            started(),
+            text("Let me "),
+            text("check."),
+            tool(0, "toolu_a", "get_weather", "{\"city\""),
+            tool(1, "toolu_b", "noop", ""),
+            tool(0, "", "", ":\"Paris\"}"),
+            text("Done?"),
+            usage(10, 5),
+            completed(pb::FinishReason::ToolCalls),
+        ] {
+            agg.push(&e);
+        }
+        assert_eq!(
+            agg.finish().unwrap(),
+            json!({
+                "id": "msg_test",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-local",
+                "content": [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_b", "name": "noop", "input": {}},
+                    {"type": "text", "text": "Done?"}
+                ],
+                "stop_reason": "tool_use",
+                "stop_sequence": null,
+                "usage": {"input_tokens": 10, "output_tokens": 5}
+            })
+        );
+    }
+
+    #[test]
+    fn aggregated_text_only_and_empty_responses() {
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&text("hello"));
+        agg.push(&completed(pb::FinishReason::Stop));
+        let body = agg.finish().unwrap();
+        assert_eq!(body["content"], json!([{"type": "text", "text": "hello"}]));
+        assert_eq!(body["stop_reason"], "end_turn");
+        assert_eq!(body["usage"], json!({"input_tokens": 0, "output_tokens": 0}));
+
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&completed(pb::FinishReason::Length));
+        let body = agg.finish().unwrap();
+        assert_eq!(body["content"], json!([]));
+        assert_eq!(body["stop_reason"], "max_tokens");
+
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&tool(0, "", "f", "{}"));
+        agg.push(&completed(pb::FinishReason::Stop));
+        let body = agg.finish().unwrap();
+        assert!(body["content"][0]["id"].as_str().unwrap().starts_with("toolu_"));
+        assert_eq!(body["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn aggregated_tool_arguments_that_are_not_an_object_are_a_protocol_failure() {
+        for args in ["{\"city\":", "[1]", "\"x\""] {
+            let mut agg = MessageAggregator::new(meta());
+            agg.push(&tool(0, "toolu_a", "get_weather", args));
+            agg.push(&completed(pb::FinishReason::ToolCalls));
+            let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error for {args}") };
+            assert_eq!(f.kind(), pb::FailureKind::ProviderProtocol);
+            assert!(f.message.contains("get_weather"), "{}", f.message);
+        }
+    }
+
+    #[test]
+    fn aggregator_failed_returns_the_failure() {
+        let mut failure = pb::ExecutionFailure::new(pb::FailureKind::ProviderHttpStatus, "rate limited");
+        failure.provider_status = 429;
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&text("partial"));
+        agg.push(&Event::Failed(pb::RunFailed { failure: Some(failure.clone()) }));
+        agg.push(&completed(pb::FinishReason::Stop)); // ignored after the terminal
+        let err = agg.finish().unwrap_err();
+        assert_eq!(err, ApiError::Execution(failure));
+        assert_eq!(err.anthropic_body()["error"]["type"], "rate_limit_error");
+    }
+
+    #[test]
+    fn aggregator_without_completion_is_an_execution_error() {
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&text("partial"));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::TransportLost);
+
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() }));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::Internal);
+
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::Deadline.into() }));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::ResponseStalled);
+
+        let mut agg = MessageAggregator::new(meta());
+        agg.push(&Event::Failed(pb::RunFailed { failure: None }));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::Internal);
+    }
+}

@@ -1,0 +1,1398 @@
+//! OpenAI Responses API (`POST /v1/responses`) <-> IOP's normalized run shape.
+//!
+//! Pure translation, no I/O: [`parse_request`] turns a request body into
+//! normalized messages, tools and options; [`EventRenderer`] (streaming) and
+//! [`ResponseAggregator`] (non-streaming) turn run events back into the exact
+//! Responses wire format. Both build their output items through the same
+//! `OutputItems`, so for the same run events the streamed final response
+//! object and the non-streaming body are identical (apart from generated ids).
+//!
+//! IOP keeps no conversation state: `previous_response_id` and `conversation`
+//! are rejected, and nothing is ever stored.
+
+use std::collections::HashMap;
+
+use iop_proto::pb;
+use serde_json::{Map, Value, json};
+
+use super::error::ApiError;
+use super::json::{Wording, body_object, field, text_message};
+use super::openai_common::{expect_function_type, function_call, function_definition, text_content};
+use super::outcome::{self, Terminal, failure_of, synthetic_call_id, synthetic_id, usage_pair};
+
+/// Validation messages are worded the OpenAI way.
+const JSON: Wording = Wording::OpenAi;
+/// The content part types whose text is kept (`output_text` when a client
+/// replays earlier output).
+const TEXT_PART_TYPES: &[&str] = &["input_text", "output_text"];
+const STATEFUL_UNSUPPORTED: &str = "stateful responses are not supported: send the full input";
+
+// ---------------------------------------------------------------- request
+
+/// A validated Responses request in normalized form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponsesRequest {
+    pub model: String,
+    pub stream: bool,
+    /// `instructions` (as a leading system message) followed by the `input` items.
+    pub messages: Vec<pb::ChatMessage>,
+    pub tools: Vec<pb::ToolDefinition>,
+    pub options: pb::GenerationOptions,
+    /// Echoed back in the response object.
+    pub instructions: Option<String>,
+}
+
+/// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
+/// with a message saying exactly what is wrong and `param` naming the field
+/// (e.g. `input[2].content[0].type`). Unknown top-level fields are ignored
+/// (SDKs send extras such as `metadata`, `user`, `include`, `text`). An
+/// explicit `null` counts as absent.
+pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
+    let obj = body_object(body)?;
+    let model = JSON.non_empty_string(&obj, "model", "model")?.to_string();
+
+    // IOP keeps no conversation state, so a request that points at an earlier
+    // response or conversation cannot be honoured.
+    for key in ["previous_response_id", "conversation"] {
+        if field(&obj, key).is_some() {
+            return Err(ApiError::invalid_param(key, STATEFUL_UNSUPPORTED));
+        }
+    }
+    if JSON.optional_bool(&obj, "background", "background")? == Some(true) {
+        return Err(ApiError::invalid_param("background", "background responses are not supported"));
+    }
+    // `store` is accepted and ignored: IOP never stores responses, whatever it says.
+
+    let instructions =
+        field(&obj, "instructions").map(|v| JSON.string(v, "instructions").map(str::to_string)).transpose()?;
+    let mut messages = Vec::new();
+    if let Some(text) = instructions.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(text_message(pb::Role::System, text.to_string()));
+    }
+    match field(&obj, "input") {
+        None => return Err(JSON.missing("input")),
+        Some(Value::String(s)) => messages.push(text_message(pb::Role::User, s.clone())),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::invalid_param("input", "`input` must contain at least one item"));
+        }
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                parse_item(item, i, &mut messages)?;
+            }
+        }
+        Some(_) => return Err(JSON.type_error("input", "a string or an array of input items")),
+    }
+
+    let tools = JSON.optional_array(&obj, "tools", |i| format!("tools[{i}]"), parse_tool)?;
+
+    // `tool_choice` ("auto", "none", "required" or {"type":"function","name"})
+    // is accepted and ignored for now: the normalized run shape has no field
+    // for it, so the provider applies its own default (normally "auto").
+
+    let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
+    let options = parse_options(&obj)?;
+
+    Ok(ResponsesRequest { model, stream, messages, tools, options, instructions })
+}
+
+/// One `input` item, appended to `messages`. A `function_call` joins the
+/// assistant message right before it (consecutive calls, or the text of the
+/// same assistant turn), as Chat Completions would carry it.
+fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> Result<(), ApiError> {
+    let path = format!("input[{i}]");
+    let Value::Object(obj) = value else {
+        return Err(JSON.type_error(&path, "an object"));
+    };
+    let type_path = format!("{path}.type");
+    // Easy-input messages (`{"role","content"}`) carry no `type`.
+    let ty = match field(obj, "type") {
+        None => "message",
+        Some(v) => JSON.string(v, &type_path)?,
+    };
+    match ty {
+        "message" => messages.push(parse_message_item(obj, &path)?),
+        "function_call" => {
+            let call = parse_function_call(obj, &path)?;
+            match messages.last_mut() {
+                Some(last) if last.role == i32::from(pb::Role::Assistant) => last.tool_calls.push(call),
+                _ => messages.push(pb::ChatMessage {
+                    role: pb::Role::Assistant.into(),
+                    content: String::new(),
+                    tool_calls: vec![call],
+                    tool_call_id: String::new(),
+                }),
+            }
+        }
+        "function_call_output" => {
+            let tool_call_id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
+            let output_path = format!("{path}.output");
+            let content = text_content(JSON.required(obj, "output", &output_path)?, &output_path, TEXT_PART_TYPES)?;
+            messages.push(pb::ChatMessage {
+                role: pb::Role::Tool.into(),
+                content,
+                tool_calls: Vec::new(),
+                tool_call_id,
+            });
+        }
+        other => {
+            return Err(ApiError::invalid_param(
+                &type_path,
+                format!(
+                    "{path}: item type `{other}` is not supported; only message, function_call and function_call_output are"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `{"type":"message"?,"role","content"}`; `id` and `status` (present when a
+/// client replays earlier output items) are ignored.
+fn parse_message_item(obj: &Map<String, Value>, path: &str) -> Result<pb::ChatMessage, ApiError> {
+    let role_path = format!("{path}.role");
+    let role = match JSON.string(JSON.required(obj, "role", &role_path)?, &role_path)? {
+        "system" | "developer" => pb::Role::System,
+        "user" => pb::Role::User,
+        "assistant" => pb::Role::Assistant,
+        other => {
+            return Err(ApiError::invalid_param(
+                &role_path,
+                format!("`{role_path}` has unknown role `{other}`; expected one of system, developer, user, assistant"),
+            ));
+        }
+    };
+    let content_path = format!("{path}.content");
+    let content = text_content(JSON.required(obj, "content", &content_path)?, &content_path, TEXT_PART_TYPES)?;
+    Ok(text_message(role, content))
+}
+
+/// `{"type":"function_call","call_id","name","arguments":<string>}`; `id`
+/// and `status` are ignored.
+fn parse_function_call(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, ApiError> {
+    let id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
+    function_call(id, obj, path)
+}
+
+/// `{"type":"function","name","description"?,"parameters"?,"strict"?}`:
+/// Responses tools are flat, not nested under `function`. `strict` is ignored.
+fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
+    let Value::Object(obj) = value else {
+        return Err(JSON.type_error(path, "an object"));
+    };
+    expect_function_type(obj, path, true)?;
+    let name_path = format!("{path}.name");
+    if field(obj, "name").is_none() && field(obj, "function").is_some() {
+        return Err(ApiError::invalid_param(
+            &name_path,
+            format!(
+                "`{name_path}` is required (Responses tools are flat: put name, description and parameters next to `type`, not under `function`)"
+            ),
+        ));
+    }
+    function_definition(obj, path)
+}
+
+fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiError> {
+    let mut options = pb::GenerationOptions::default();
+    if let Some(v) = field(obj, "max_output_tokens") {
+        options.max_tokens = Some(JSON.positive_u32(v, "max_output_tokens")?);
+    }
+    if let Some(v) = field(obj, "temperature") {
+        options.temperature = Some(JSON.number_in(v, "temperature", 0.0, 2.0)?);
+    }
+    if let Some(v) = field(obj, "top_p") {
+        options.top_p = Some(JSON.number_in(v, "top_p", 0.0, 1.0)?);
+    }
+    Ok(options)
+}
+
+// ---------------------------------------------------------------- response
+
+/// What every response object of one response carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseMeta {
+    /// `resp_` followed by 32 hex digits.
+    pub id: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    pub model: String,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u32>,
+}
+
+impl ResponseMeta {
+    /// A fresh id: `resp_` followed by a v4 UUID in simple form.
+    pub fn new(model: String, created_at: u64, instructions: Option<String>, max_output_tokens: Option<u32>) -> Self {
+        Self { id: synthetic_id("resp_"), created_at, model, instructions, max_output_tokens }
+    }
+
+    /// The meta echoing `request` (model, instructions, max_output_tokens).
+    pub fn for_request(request: &ResponsesRequest, created_at: u64) -> Self {
+        Self::new(request.model.clone(), created_at, request.instructions.clone(), request.options.max_tokens)
+    }
+}
+
+/// One output item of the response, in the order the run produced them.
+#[derive(Debug)]
+enum Item {
+    Message { id: String, text: String },
+    FunctionCall { id: String, call_id: String, name: String, arguments: String },
+}
+
+impl Item {
+    /// The item as `response.output_item.added` announces it: nothing generated yet.
+    fn added_json(&self) -> Value {
+        match self {
+            Item::Message { id, .. } => {
+                json!({ "type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": [] })
+            }
+            Item::FunctionCall { id, call_id, name, .. } => json!({
+                "type": "function_call", "id": id, "call_id": call_id, "name": name,
+                "arguments": "", "status": "in_progress",
+            }),
+        }
+    }
+
+    fn to_json(&self, status: &str) -> Value {
+        match self {
+            Item::Message { id, text } => json!({
+                "type": "message", "id": id, "status": status, "role": "assistant",
+                "content": [output_text_part(text)],
+            }),
+            Item::FunctionCall { id, call_id, name, arguments } => json!({
+                "type": "function_call", "id": id, "call_id": call_id, "name": name,
+                "arguments": arguments, "status": status,
+            }),
+        }
+    }
+}
+
+fn output_text_part(text: &str) -> Value {
+    json!({ "type": "output_text", "text": text, "annotations": [] })
+}
+
+/// What one run event did to the output items (indices into `items`, which
+/// are also the `output_index` of the wire format).
+#[derive(Debug)]
+enum Step {
+    Opened(usize),
+    Delta(usize, String),
+    Closed(usize),
+}
+
+/// The output items built from run events. At most one item is open (being
+/// generated) at a time: text continues an open message, a new tool call or a
+/// text after a tool call closes the open item and opens a new one.
+#[derive(Debug, Default)]
+struct OutputItems {
+    items: Vec<Item>,
+    open: Option<usize>,
+    /// Tool-call index of the run events -> position in `items`.
+    calls: HashMap<u32, usize>,
+}
+
+impl OutputItems {
+    fn push_text(&mut self, text: &str, steps: &mut Vec<Step>) {
+        if text.is_empty() {
+            return;
+        }
+        let i = match self.open {
+            Some(i) if matches!(self.items[i], Item::Message { .. }) => i,
+            _ => {
+                self.close(steps);
+                self.open_item(Item::Message { id: synthetic_id("msg_"), text: String::new() }, steps)
+            }
+        };
+        if let Item::Message { text: t, .. } = &mut self.items[i] {
+            t.push_str(text);
+        }
+        steps.push(Step::Delta(i, text.to_string()));
+    }
+
+    fn push_tool_call(&mut self, d: &pb::ToolCallDelta, steps: &mut Vec<Step>) {
+        let i = match self.calls.get(&d.index) {
+            Some(&i) => i,
+            None => {
+                self.close(steps);
+                let call_id = if d.id.is_empty() { synthetic_call_id() } else { d.id.clone() };
+                let item = Item::FunctionCall {
+                    id: synthetic_id("fc_"),
+                    call_id,
+                    name: d.name.clone(),
+                    arguments: String::new(),
+                };
+                let i = self.open_item(item, steps);
+                self.calls.insert(d.index, i);
+                i
+            }
+        };
+        if let Item::FunctionCall { name, arguments, .. } = &mut self.items[i] {
+            if name.is_empty() {
+                name.clone_from(&d.name);
+            }
+            arguments.push_str(&d.arguments_delta);
+        }
+        // A piece for a call that was already closed (providers stream calls
+        // one after another, so this should not happen) still lands in the
+        // final response object, but gets no event: its item is already done.
+        if self.open == Some(i) && !d.arguments_delta.is_empty() {
+            steps.push(Step::Delta(i, d.arguments_delta.clone()));
+        }
+    }
+
+    fn open_item(&mut self, item: Item, steps: &mut Vec<Step>) -> usize {
+        self.items.push(item);
+        let i = self.items.len() - 1;
+        self.open = Some(i);
+        steps.push(Step::Opened(i));
+        i
+    }
+
+    fn close(&mut self, steps: &mut Vec<Step>) {
+        if let Some(i) = self.open.take() {
+            steps.push(Step::Closed(i));
+        }
+    }
+
+    /// Every item; the open one (if any) with `open_status`, the rest completed.
+    fn to_json(&self, open_status: &str) -> Vec<Value> {
+        self.items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| item.to_json(if self.open == Some(i) { open_status } else { "completed" }))
+            .collect()
+    }
+}
+
+/// Streaming renderer: one instance per response.
+#[derive(Debug)]
+pub struct EventRenderer {
+    meta: ResponseMeta,
+    output: OutputItems,
+    usage: Option<pb::Usage>,
+    next_sequence_number: u64,
+    started: bool,
+    finished: bool,
+}
+
+impl EventRenderer {
+    pub fn new(meta: ResponseMeta) -> Self {
+        Self {
+            meta,
+            output: OutputItems::default(),
+            usage: None,
+            next_sequence_number: 0,
+            started: false,
+            finished: false,
+        }
+    }
+
+    /// Zero or more `(event type, JSON payload)` pairs for one run event; the
+    /// caller writes `event: <type>\ndata: <payload>\n\n` for each. The first
+    /// call (unless Cancelled) starts with `response.created` and
+    /// `response.in_progress`. The stream ends after `response.completed`,
+    /// `response.incomplete` or `response.failed` (there is no `[DONE]`);
+    /// Cancelled renders nothing, and so does every event after a terminal.
+    pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<(&'static str, String)> {
+        use pb::run_event::Event;
+
+        if self.finished {
+            return Vec::new();
+        }
+        if let Event::Cancelled(_) = event {
+            self.finished = true;
+            return Vec::new();
+        }
+
+        let mut events: Vec<(&'static str, Value)> = Vec::new();
+        if !self.started {
+            self.started = true;
+            let response = response_json(&self.meta, "in_progress", Vec::new(), Value::Null);
+            events.push(("response.created", json!({ "response": response })));
+            events.push(("response.in_progress", json!({ "response": response })));
+        }
+        let mut steps = Vec::new();
+        match event {
+            Event::Started(_) | Event::Cancelled(_) => {}
+            Event::Text(t) => self.output.push_text(&t.text, &mut steps),
+            Event::ToolCall(d) => self.output.push_tool_call(d, &mut steps),
+            Event::Usage(u) => self.usage = Some(*u),
+            Event::Completed(_) => self.output.close(&mut steps),
+            Event::Failed(_) => {}
+        }
+        for step in steps {
+            self.step_events(step, &mut events);
+        }
+        match event {
+            Event::Completed(c) => {
+                let response = completed_response(&self.meta, &self.output, self.usage.as_ref(), c.finish_reason);
+                let kind =
+                    if response["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
+                events.push((kind, json!({ "response": response })));
+                self.finished = true;
+            }
+            Event::Failed(f) => {
+                let response = failed_response(&self.meta, &self.output, self.usage.as_ref(), &failure_of(f));
+                events.push(("response.failed", json!({ "response": response })));
+                self.finished = true;
+            }
+            _ => {}
+        }
+
+        events
+            .into_iter()
+            .map(|(kind, mut payload)| {
+                payload["type"] = kind.into();
+                payload["sequence_number"] = self.next_sequence_number.into();
+                self.next_sequence_number += 1;
+                (kind, payload.to_string())
+            })
+            .collect()
+    }
+
+    fn step_events(&self, step: Step, events: &mut Vec<(&'static str, Value)>) {
+        match step {
+            Step::Opened(i) => {
+                let item = &self.output.items[i];
+                events.push(("response.output_item.added", json!({ "output_index": i, "item": item.added_json() })));
+                if let Item::Message { id, .. } = item {
+                    events.push((
+                        "response.content_part.added",
+                        json!({ "item_id": id, "output_index": i, "content_index": 0, "part": output_text_part("") }),
+                    ));
+                }
+            }
+            Step::Delta(i, delta) => match &self.output.items[i] {
+                Item::Message { id, .. } => events.push((
+                    "response.output_text.delta",
+                    json!({ "item_id": id, "output_index": i, "content_index": 0, "delta": delta, "logprobs": [] }),
+                )),
+                Item::FunctionCall { id, .. } => events.push((
+                    "response.function_call_arguments.delta",
+                    json!({ "item_id": id, "output_index": i, "delta": delta }),
+                )),
+            },
+            Step::Closed(i) => {
+                let item = &self.output.items[i];
+                match item {
+                    Item::Message { id, text } => {
+                        events.push((
+                            "response.output_text.done",
+                            json!({
+                                "item_id": id, "output_index": i, "content_index": 0,
+                                "text": text, "logprobs": [],
+                            }),
+                        ));
+                        events.push((
+                            "response.content_part.done",
+                            json!({
+                                "item_id": id, "output_index": i, "content_index": 0,
+                                "part": output_text_part(text),
+                            }),
+                        ));
+                    }
+                    Item::FunctionCall { id, arguments, .. } => events.push((
+                        "response.function_call_arguments.done",
+                        json!({ "item_id": id, "output_index": i, "arguments": arguments }),
+                    )),
+                }
+                events.push((
+                    "response.output_item.done",
+                    json!({ "output_index": i, "item": item.to_json("completed") }),
+                ));
+            }
+        }
+    }
+}
+
+/// Non-streaming: collects run events and produces the final response object
+/// (the same object `response.completed` carries when streaming).
+#[derive(Debug)]
+pub struct ResponseAggregator {
+    meta: ResponseMeta,
+    output: OutputItems,
+    usage: Option<pb::Usage>,
+    terminal: Option<Terminal>,
+}
+
+impl ResponseAggregator {
+    pub fn new(meta: ResponseMeta) -> Self {
+        Self { meta, output: OutputItems::default(), usage: None, terminal: None }
+    }
+
+    /// Events after a terminal are ignored.
+    pub fn push(&mut self, event: &pb::run_event::Event) {
+        use pb::run_event::Event;
+
+        if self.terminal.is_some() {
+            return;
+        }
+        // The streaming steps are not needed here.
+        let mut steps = Vec::new();
+        match event {
+            Event::Started(_) => {}
+            Event::Text(t) => self.output.push_text(&t.text, &mut steps),
+            Event::ToolCall(d) => self.output.push_tool_call(d, &mut steps),
+            Event::Usage(u) => self.usage = Some(*u),
+            Event::Completed(_) => {
+                self.output.close(&mut steps);
+                self.terminal = Terminal::of(event);
+            }
+            Event::Failed(_) | Event::Cancelled(_) => self.terminal = Terminal::of(event),
+        }
+    }
+
+    /// `Ok(response object)` after a Completed terminal (status `completed`,
+    /// or `incomplete` for a length / content-filter stop);
+    /// `Err(ApiError::Execution(..))` after Failed (that failure), Cancelled,
+    /// or no terminal at all.
+    pub fn finish(self) -> Result<Value, ApiError> {
+        let finish_reason = outcome::finish_reason(self.terminal)?;
+        Ok(completed_response(&self.meta, &self.output, self.usage.as_ref(), finish_reason))
+    }
+}
+
+/// The response object. `temperature`, `top_p` and `tools` are not echoed
+/// (null / empty): the normalized run does not keep them per response.
+fn response_json(meta: &ResponseMeta, status: &str, output: Vec<Value>, usage: Value) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "response",
+        "created_at": meta.created_at,
+        "status": status,
+        "error": null,
+        "incomplete_details": null,
+        "instructions": meta.instructions,
+        "max_output_tokens": meta.max_output_tokens,
+        "model": meta.model,
+        "output": output,
+        "parallel_tool_calls": true,
+        "temperature": null,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": null,
+        "usage": usage,
+    })
+}
+
+/// The final object after a Completed terminal: `incomplete` with a reason
+/// when the provider stopped at the token limit or its content filter.
+fn completed_response(
+    meta: &ResponseMeta,
+    output: &OutputItems,
+    usage: Option<&pb::Usage>,
+    finish_reason: i32,
+) -> Value {
+    let incomplete_reason = match pb::FinishReason::try_from(finish_reason) {
+        Ok(pb::FinishReason::Length) => Some("max_output_tokens"),
+        Ok(pb::FinishReason::ContentFilter) => Some("content_filter"),
+        _ => None,
+    };
+    let status = if incomplete_reason.is_some() { "incomplete" } else { "completed" };
+    let mut response = response_json(meta, status, output.to_json("completed"), usage_json(usage));
+    if let Some(reason) = incomplete_reason {
+        response["incomplete_details"] = json!({ "reason": reason });
+    }
+    response
+}
+
+/// The object `response.failed` carries: the items so far (the one being
+/// generated as `incomplete`), usage if any was reported, and the error.
+fn failed_response(
+    meta: &ResponseMeta,
+    output: &OutputItems,
+    usage: Option<&pb::Usage>,
+    failure: &pb::ExecutionFailure,
+) -> Value {
+    let usage = if usage.is_some() { usage_json(usage) } else { Value::Null };
+    let mut response = response_json(meta, "failed", output.to_json("incomplete"), usage);
+    let error = ApiError::Execution(failure.clone());
+    response["error"] = json!({ "code": error.code(), "message": error.to_string() });
+    response
+}
+
+fn usage_json(usage: Option<&pb::Usage>) -> Value {
+    let (input, output) = usage_pair(usage);
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": { "cached_tokens": 0 },
+        "output_tokens": output,
+        "output_tokens_details": { "reasoning_tokens": 0 },
+        "total_tokens": u64::from(input) + u64::from(output),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingress::test_events::{completed, started, text, tool, usage};
+    use pb::run_event::Event;
+
+    fn parse(v: Value) -> Result<ResponsesRequest, ApiError> {
+        parse_request(v.to_string().as_bytes())
+    }
+
+    fn msg(role: pb::Role, content: &str) -> pb::ChatMessage {
+        text_message(role, content.to_string())
+    }
+
+    fn meta() -> ResponseMeta {
+        ResponseMeta {
+            id: "resp_test".into(),
+            created_at: 1_700_000_000,
+            model: "llama".into(),
+            instructions: Some("be brief".into()),
+            max_output_tokens: Some(64),
+        }
+    }
+
+    fn failed(failure: &pb::ExecutionFailure) -> Event {
+        Event::Failed(pb::RunFailed { failure: Some(failure.clone()) })
+    }
+
+    fn cancelled() -> Event {
+        Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::ClientDisconnected.into() })
+    }
+
+    /// Renders `events` with a fresh renderer and checks that every payload
+    /// names its own type and that sequence numbers count up from 0.
+    fn render_all(renderer: &mut EventRenderer, events: &[Event]) -> Vec<(&'static str, Value)> {
+        let out: Vec<(&'static str, Value)> = events
+            .iter()
+            .flat_map(|e| renderer.render(e))
+            .map(|(kind, p)| (kind, serde_json::from_str(&p).expect("payload is JSON")))
+            .collect();
+        for (i, (kind, payload)) in out.iter().enumerate() {
+            assert_eq!(payload["type"], *kind, "event {i}");
+            assert_eq!(payload["sequence_number"], i, "event {i}");
+        }
+        out
+    }
+
+    fn kinds(events: &[(&'static str, Value)]) -> Vec<&'static str> {
+        events.iter().map(|(k, _)| *k).collect()
+    }
+
+    fn assert_id(id: &Value, prefix: &str) -> String {
+        let id = id.as_str().expect("id is a string");
+        let hex = id.strip_prefix(prefix).unwrap_or_else(|| panic!("{id} lacks prefix {prefix}"));
+        assert_eq!(hex.len(), 32, "{id}");
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        id.to_string()
+    }
+
+    /// Checks the generated output item ids and replaces them with `msg_N` / `fc_N`.
+    fn scrub_item_ids(response: &mut Value) {
+        for (n, item) in response["output"].as_array_mut().unwrap().iter_mut().enumerate() {
+            let prefix = if item["type"] == "message" { "msg_" } else { "fc_" };
+            assert_id(&item["id"], prefix);
+            item["id"] = format!("{prefix}{n}").into();
+        }
+    }
+
+    fn expected_response(status: &str, output: Value, usage: Value) -> Value {
+        json!({
+            "id": "resp_test",
+            "object": "response",
+            "created_at": 1_700_000_000u64,
+            "status": status,
+            "error": null,
+            "incomplete_details": null,
+            "instructions": "be brief",
+            "max_output_tokens": 64,
+            "model": "llama",
+            "output": output,
+            "parallel_tool_calls": true,
+            "temperature": null,
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": null,
+            "usage": usage,
+        })
+    }
+
+    fn usage_value(input: u32, output: u32) -> Value {
+        json!({
+            "input_tokens": input,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input + output,
+        })
+    }
+
+    // ------------------------------------------------------------ parse
+
+    #[test]
+    fn string_input_parses_with_defaults() {
+        let req = parse(json!({"model": "llama", "input": "hi"})).unwrap();
+        assert_eq!(req.model, "llama");
+        assert!(!req.stream);
+        assert!(req.tools.is_empty());
+        assert_eq!(req.options, pb::GenerationOptions::default());
+        assert_eq!(req.instructions, None);
+        assert_eq!(req.messages, vec![msg(pb::Role::User, "hi")]);
+    }
+
+    #[test]
+    fn sdk_style_request_with_instructions_roles_and_extras_parses() {
+        let req = parse(json!({
+            "model": "llama",
+            "instructions": "be brief",
+            "input": [
+                {"role": "developer", "content": "dev rules"},
+                {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "sys"}]},
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "first"},
+                    {"type": "input_text", "text": "second"}
+                ]},
+                {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "answer", "annotations": []}]},
+                {"role": "user", "content": "thanks"}
+            ],
+            "stream": true,
+            "max_output_tokens": 128,
+            "temperature": 0.5,
+            "top_p": 1,
+            "store": true,
+            "tool_choice": "auto",
+            "parallel_tool_calls": true,
+            "metadata": {"k": "v"},
+            "user": "u-1",
+            "include": [],
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "reasoning": null,
+            "previous_response_id": null,
+            "conversation": null,
+            "background": false
+        }))
+        .unwrap();
+        assert!(req.stream);
+        assert_eq!(req.instructions.as_deref(), Some("be brief"));
+        assert_eq!(
+            req.messages,
+            vec![
+                msg(pb::Role::System, "be brief"),
+                msg(pb::Role::System, "dev rules"),
+                msg(pb::Role::System, "sys"),
+                msg(pb::Role::User, "first\nsecond"),
+                msg(pb::Role::Assistant, "answer"),
+                msg(pb::Role::User, "thanks"),
+            ]
+        );
+        assert_eq!(req.options.max_tokens, Some(128));
+        assert_eq!(req.options.temperature, Some(0.5));
+        assert_eq!(req.options.top_p, Some(1.0));
+        assert!(req.options.stop.is_empty());
+    }
+
+    #[test]
+    fn empty_instructions_are_echoed_but_add_no_message() {
+        let req = parse(json!({"model": "m", "input": "x", "instructions": ""})).unwrap();
+        assert_eq!(req.instructions.as_deref(), Some(""));
+        assert_eq!(req.messages, vec![msg(pb::Role::User, "x")]);
+    }
+
+    #[test]
+    fn function_calls_and_outputs_round_trip() {
+        // What a client sends after replaying `response.output` and adding the tool results.
+        let req = parse(json!({
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "weather in Paris and Rome?"},
+                {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
+                 "arguments": "{\"city\":\"Paris\"}", "status": "completed"},
+                {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": "{\"city\":\"Rome\"}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+                {"type": "function_call_output", "call_id": "call_2",
+                 "output": [{"type": "input_text", "text": "rainy"}]},
+                {"type": "function_call", "call_id": "call_3", "name": "noop", "arguments": "{}"}
+            ]
+        }))
+        .unwrap();
+        let call = |id: &str, name: &str, args: &str| pb::ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments_json: args.into(),
+        };
+        let tool_msg = |id: &str, content: &str| pb::ChatMessage {
+            role: pb::Role::Tool.into(),
+            content: content.into(),
+            tool_calls: vec![],
+            tool_call_id: id.into(),
+        };
+        assert_eq!(
+            req.messages,
+            vec![
+                msg(pb::Role::User, "weather in Paris and Rome?"),
+                pb::ChatMessage {
+                    role: pb::Role::Assistant.into(),
+                    content: "Let me check.".into(),
+                    tool_calls: vec![
+                        call("call_1", "get_weather", r#"{"city":"Paris"}"#),
+                        call("call_2", "get_weather", r#"{"city":"Rome"}"#),
+                    ],
+                    tool_call_id: String::new(),
+                },
+                tool_msg("call_1", "sunny"),
+                tool_msg("call_2", "rainy"),
+                pb::ChatMessage {
+                    role: pb::Role::Assistant.into(),
+                    content: String::new(),
+                    tool_calls: vec![call("call_3", "noop", "{}")],
+                    tool_call_id: String::new(),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn flat_function_tools_parse() {
+        let params = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let req = parse(json!({
+            "model": "m",
+            "input": "weather?",
+            "tools": [
+                {"type": "function", "name": "get_weather", "description": "Weather", "parameters": params, "strict": true},
+                {"type": "function", "name": "noop", "parameters": null, "strict": false}
+            ],
+            "tool_choice": {"type": "function", "name": "get_weather"}
+        }))
+        .unwrap();
+        assert_eq!(req.tools.len(), 2);
+        assert_eq!(req.tools[0].name, "get_weather");
+        assert_eq!(req.tools[0].description, "Weather");
+        let parsed: Value = serde_json::from_str(&req.tools[0].parameters_json).unwrap();
+        assert_eq!(parsed, params);
+        assert_eq!(req.tools[1].name, "noop");
+        assert_eq!(req.tools[1].description, "");
+        let parsed: Value = serde_json::from_str(&req.tools[1].parameters_json).unwrap();
+        assert_eq!(parsed, json!({"type": "object", "properties": {}}));
+    }
+
+    #[test]
+    fn malformed_and_non_object_bodies_are_rejected() {
+        let err = parse_request(b"{").unwrap_err();
+        let ApiError::InvalidRequest { message, param } = err else { panic!("not InvalidRequest") };
+        assert!(message.starts_with("invalid JSON: "), "{message}");
+        assert_eq!(param, None);
+
+        for body in [&b"[]"[..], b"\"s\"", b"1", b"null"] {
+            assert_eq!(parse_request(body).unwrap_err(), ApiError::invalid("request body must be a JSON object"));
+        }
+    }
+
+    #[test]
+    fn invalid_requests_name_the_field() {
+        let with = |extra: Value| {
+            let mut base = json!({"model": "m", "input": "hi"});
+            for (k, v) in extra.as_object().unwrap() {
+                base[k] = v.clone();
+            }
+            base
+        };
+        let input = |items: Value| with(json!({"input": items}));
+        let user = json!({"role": "user", "content": "hi"});
+        let cases: Vec<(Value, &str, &str)> = vec![
+            (json!({"input": "hi"}), "model", "`model` is required"),
+            (with(json!({"model": 3})), "model", "`model` must be a string"),
+            (with(json!({"model": ""})), "model", "`model` must not be empty"),
+            (json!({"model": "m"}), "input", "`input` is required"),
+            (with(json!({"input": null})), "input", "`input` is required"),
+            (input(json!(5)), "input", "`input` must be a string or an array of input items"),
+            (input(json!([])), "input", "`input` must contain at least one item"),
+            (input(json!([user.clone(), "x"])), "input[1]", "`input[1]` must be an object"),
+            (input(json!([{"content": "x"}])), "input[0].role", "`input[0].role` is required"),
+            (
+                input(json!([{"role": "tool", "content": "x"}])),
+                "input[0].role",
+                "`input[0].role` has unknown role `tool`; expected one of system, developer, user, assistant",
+            ),
+            (input(json!([{"type": 5, "role": "user"}])), "input[0].type", "`input[0].type` must be a string"),
+            (input(json!([{"type": "message", "role": "user"}])), "input[0].content", "`input[0].content` is required"),
+            (
+                input(json!([{"role": "user", "content": 5}])),
+                "input[0].content",
+                "`input[0].content` must be a string or an array of content parts",
+            ),
+            (
+                input(json!([{"role": "user", "content": []}])),
+                "input[0].content",
+                "`input[0].content` must not be an empty array",
+            ),
+            (
+                input(json!([{"role": "user", "content": [
+                    {"type": "input_text", "text": "look"},
+                    {"type": "input_image", "image_url": "https://x/y.png", "detail": "auto"}
+                ]}])),
+                "input[0].content[1].type",
+                "input[0].content[1]: content part type `input_image` is not supported",
+            ),
+            (
+                input(json!([user.clone(), {"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])),
+                "input[1].content[0].type",
+                "input[1].content[0]: content part type `input_file` is not supported",
+            ),
+            (
+                input(json!([{"role": "user", "content": [{"type": "input_text"}]}])),
+                "input[0].content[0].text",
+                "`input[0].content[0].text` is required",
+            ),
+            (
+                input(json!([user.clone(), {"type": "reasoning", "id": "rs_1", "summary": []}])),
+                "input[1].type",
+                "input[1]: item type `reasoning` is not supported; only message, function_call and function_call_output are",
+            ),
+            (
+                input(json!([{"type": "web_search_call", "id": "ws_1", "status": "completed"}])),
+                "input[0].type",
+                "input[0]: item type `web_search_call` is not supported; only message, function_call and function_call_output are",
+            ),
+            (
+                input(json!([{"type": "function_call", "name": "f", "arguments": "{}"}])),
+                "input[0].call_id",
+                "`input[0].call_id` is required",
+            ),
+            (
+                input(json!([{"type": "function_call", "call_id": "c", "arguments": "{}"}])),
+                "input[0].name",
+                "`input[0].name` is required",
+            ),
+            (
+                input(json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}])),
+                "input[0].arguments",
+                "`input[0].arguments` must be a string (the arguments as JSON text)",
+            ),
+            (
+                input(json!([{"type": "function_call_output", "output": "x"}])),
+                "input[0].call_id",
+                "`input[0].call_id` is required",
+            ),
+            (
+                input(json!([{"type": "function_call_output", "call_id": "c"}])),
+                "input[0].output",
+                "`input[0].output` is required",
+            ),
+            (with(json!({"instructions": 5})), "instructions", "`instructions` must be a string"),
+            (with(json!({"tools": {}})), "tools", "`tools` must be an array"),
+            (with(json!({"tools": ["f"]})), "tools[0]", "`tools[0]` must be an object"),
+            (with(json!({"tools": [{"name": "f"}]})), "tools[0].type", "`tools[0].type` is required"),
+            (
+                with(json!({"tools": [{"type": "web_search"}]})),
+                "tools[0].type",
+                "tools[0]: tool type `web_search` is not supported; only `function` is",
+            ),
+            (
+                with(
+                    json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search", "vector_store_ids": []}]}),
+                ),
+                "tools[1].type",
+                "tools[1]: tool type `file_search` is not supported; only `function` is",
+            ),
+            (with(json!({"tools": [{"type": "function"}]})), "tools[0].name", "`tools[0].name` is required"),
+            (
+                with(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+                "tools[0].name",
+                "`tools[0].name` is required (Responses tools are flat: put name, description and parameters next to `type`, not under `function`)",
+            ),
+            (
+                with(json!({"tools": [{"type": "function", "name": "f", "parameters": "{}"}]})),
+                "tools[0].parameters",
+                "`tools[0].parameters` must be an object",
+            ),
+            (
+                with(json!({"tools": [{"type": "function", "name": "f", "description": 1}]})),
+                "tools[0].description",
+                "`tools[0].description` must be a string",
+            ),
+            (with(json!({"previous_response_id": "resp_1"})), "previous_response_id", STATEFUL_UNSUPPORTED),
+            (with(json!({"conversation": "conv_1"})), "conversation", STATEFUL_UNSUPPORTED),
+            (with(json!({"conversation": {"id": "conv_1"}})), "conversation", STATEFUL_UNSUPPORTED),
+            (with(json!({"background": true})), "background", "background responses are not supported"),
+            (with(json!({"background": "yes"})), "background", "`background` must be a boolean"),
+            (with(json!({"stream": "yes"})), "stream", "`stream` must be a boolean"),
+            (with(json!({"max_output_tokens": "10"})), "max_output_tokens", "`max_output_tokens` must be an integer"),
+            (
+                with(json!({"max_output_tokens": 0})),
+                "max_output_tokens",
+                "`max_output_tokens` must be an integer between 1 and 4294967295",
+            ),
+            (with(json!({"temperature": "hot"})), "temperature", "`temperature` must be a number"),
+            (with(json!({"temperature": 2.5})), "temperature", "`temperature` must be between 0 and 2"),
+            (with(json!({"top_p": 1.5})), "top_p", "`top_p` must be between 0 and 1"),
+        ];
+        for (body, want_param, want_message) in cases {
+            let err = parse(body.clone()).expect_err(&format!("should fail: {body}"));
+            assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(err, ApiError::invalid_param(want_param, want_message), "body: {body}");
+            assert_eq!(err.openai_body()["error"]["param"], want_param);
+        }
+    }
+
+    // ------------------------------------------------------------ render
+
+    #[test]
+    fn response_meta_id_is_resp_plus_32_hex_and_echoes_the_request() {
+        let req = parse(json!({"model": "m", "input": "x", "instructions": "sys", "max_output_tokens": 9})).unwrap();
+        let meta = ResponseMeta::for_request(&req, 5);
+        assert_id(&meta.id.clone().into(), "resp_");
+        assert_eq!((meta.created_at, meta.model.as_str()), (5, "m"));
+        assert_eq!((meta.instructions.as_deref(), meta.max_output_tokens), (Some("sys"), Some(9)));
+        assert_ne!(meta.id, ResponseMeta::for_request(&req, 5).id);
+    }
+
+    #[test]
+    fn streaming_text_event_order_and_payloads() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[started(), text("Hel"), text(""), text("lo"), usage(7, 2), completed(pb::FinishReason::Stop)],
+        );
+        assert_eq!(
+            kinds(&events),
+            vec![
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let p = |i: usize| events[i].1.clone();
+        let in_progress = expected_response("in_progress", json!([]), Value::Null);
+        assert_eq!(p(0)["response"], in_progress);
+        assert_eq!(p(1)["response"], in_progress);
+
+        let item_id = assert_id(&p(2)["item"]["id"], "msg_");
+        assert_eq!(p(2)["output_index"], 0);
+        assert_eq!(
+            p(2)["item"],
+            json!({"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []})
+        );
+        let part = |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+        let located = |i: usize| (p(i)["item_id"].clone(), p(i)["output_index"].clone(), p(i)["content_index"].clone());
+        for i in 3..=7 {
+            assert_eq!(located(i), (json!(item_id), json!(0), json!(0)), "event {i}");
+        }
+        assert_eq!(p(3)["part"], part(""));
+        assert_eq!((p(4)["delta"].clone(), p(5)["delta"].clone()), (json!("Hel"), json!("lo")));
+        assert_eq!(p(6)["text"], "Hello");
+        assert_eq!(p(7)["part"], part("Hello"));
+        let done_item = json!({"type": "message", "id": item_id, "status": "completed", "role": "assistant",
+                               "content": [part("Hello")]});
+        assert_eq!(p(8)["output_index"], 0);
+        assert_eq!(p(8)["item"], done_item);
+        assert_eq!(p(9)["response"], expected_response("completed", json!([done_item]), usage_value(7, 2)));
+
+        // Nothing after the terminal.
+        assert!(r.render(&text("late")).is_empty());
+    }
+
+    #[test]
+    fn streaming_function_calls() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[
+                started(),
+                tool(0, "call_a", "get_weather", ""),
+                tool(0, "", "", "{\"city\":"),
+                tool(0, "", "", "\"Paris\"}"),
+                tool(1, "call_b", "noop", "{}"),
+                completed(pb::FinishReason::ToolCalls),
+            ],
+        );
+        assert_eq!(
+            kinds(&events),
+            vec![
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let p = |i: usize| events[i].1.clone();
+        let fc_a = assert_id(&p(2)["item"]["id"], "fc_");
+        let fc_b = assert_id(&p(7)["item"]["id"], "fc_");
+        assert_ne!(fc_a, fc_b);
+        assert_eq!(
+            p(2),
+            json!({"type": "response.output_item.added", "sequence_number": 2, "output_index": 0,
+                   "item": {"type": "function_call", "id": fc_a, "call_id": "call_a", "name": "get_weather",
+                            "arguments": "", "status": "in_progress"}})
+        );
+        assert_eq!(
+            p(3),
+            json!({"type": "response.function_call_arguments.delta", "sequence_number": 3,
+                   "item_id": fc_a, "output_index": 0, "delta": "{\"city\":"})
+        );
+        assert_eq!(p(4)["delta"], "\"Paris\"}");
+        assert_eq!(
+            p(5),
+            json!({"type": "response.function_call_arguments.done", "sequence_number": 5,
+                   "item_id": fc_a, "output_index": 0, "arguments": "{\"city\":\"Paris\"}"})
+        );
+        let done_a = json!({"type": "function_call", "id": fc_a, "call_id": "call_a", "name": "get_weather",
+                            "arguments": "{\"city\":\"Paris\"}", "status": "completed"});
+        assert_eq!((p(6)["output_index"].clone(), p(6)["item"].clone()), (json!(0), done_a.clone()));
+        assert_eq!(p(7)["output_index"], 1);
+        assert_eq!(p(7)["item"]["call_id"], "call_b");
+        assert_eq!((p(8)["item_id"].clone(), p(8)["output_index"].clone()), (json!(fc_b), json!(1)));
+        assert_eq!(p(8)["delta"], "{}");
+        assert_eq!(p(9)["arguments"], "{}");
+        let done_b = json!({"type": "function_call", "id": fc_b, "call_id": "call_b", "name": "noop",
+                            "arguments": "{}", "status": "completed"});
+        assert_eq!(p(10)["item"], done_b);
+        assert_eq!(p(11)["response"], expected_response("completed", json!([done_a, done_b]), usage_value(0, 0)));
+    }
+
+    #[test]
+    fn text_then_function_call_then_text_are_separate_items() {
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(
+            &mut r,
+            &[text("Let me check."), tool(0, "call_a", "f", "{}"), text("Done."), completed(pb::FinishReason::Stop)],
+        );
+        assert_eq!(
+            kinds(&events),
+            vec![
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                // The tool call closes the message.
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                // The text after it closes the call.
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let indices: Vec<(&str, Value)> = events
+            .iter()
+            .filter(|(k, _)| k.starts_with("response.output_item."))
+            .map(|(k, p)| (*k, p["output_index"].clone()))
+            .collect();
+        assert_eq!(
+            indices,
+            vec![
+                ("response.output_item.added", json!(0)),
+                ("response.output_item.done", json!(0)),
+                ("response.output_item.added", json!(1)),
+                ("response.output_item.done", json!(1)),
+                ("response.output_item.added", json!(2)),
+                ("response.output_item.done", json!(2)),
+            ]
+        );
+        let mut response = events.last().unwrap().1["response"].clone();
+        scrub_item_ids(&mut response);
+        let output = json!([
+            {"type": "message", "id": "msg_0", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_a", "name": "f", "arguments": "{}",
+             "status": "completed"},
+            {"type": "message", "id": "msg_2", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Done.", "annotations": []}]}
+        ]);
+        assert_eq!(response, expected_response("completed", output, usage_value(0, 0)));
+    }
+
+    #[test]
+    fn length_and_content_filter_finish_as_incomplete() {
+        for (reason, want) in
+            [(pb::FinishReason::Length, "max_output_tokens"), (pb::FinishReason::ContentFilter, "content_filter")]
+        {
+            let mut r = EventRenderer::new(meta());
+            let events = render_all(&mut r, &[text("abc"), usage(3, 64), completed(reason)]);
+            let (kind, last) = events.last().unwrap();
+            assert_eq!(*kind, "response.incomplete");
+            assert_eq!(last["response"]["status"], "incomplete");
+            assert_eq!(last["response"]["incomplete_details"], json!({"reason": want}));
+            assert_eq!(last["response"]["output"][0]["content"][0]["text"], "abc");
+            assert_eq!(last["response"]["usage"], usage_value(3, 64));
+            assert_eq!(events[events.len() - 2].0, "response.output_item.done");
+
+            let mut agg = ResponseAggregator::new(meta());
+            for e in [text("abc"), usage(3, 64), completed(reason)] {
+                agg.push(&e);
+            }
+            let body = agg.finish().unwrap();
+            assert_eq!(body["status"], "incomplete");
+            assert_eq!(body["incomplete_details"], json!({"reason": want}));
+        }
+    }
+
+    #[test]
+    fn streaming_failure_renders_response_failed() {
+        let failure = pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "provider stalled");
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &[started(), text("partial"), failed(&failure)]);
+        assert_eq!(
+            kinds(&events),
+            vec![
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.failed",
+            ]
+        );
+        let mut response = events[5].1["response"].clone();
+        scrub_item_ids(&mut response);
+        let mut want = expected_response(
+            "failed",
+            json!([{"type": "message", "id": "msg_0", "status": "incomplete", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "partial", "annotations": []}]}]),
+            Value::Null,
+        );
+        want["error"] = json!({"code": "response_stalled", "message": "provider stalled"});
+        assert_eq!(response, want);
+        assert!(r.render(&completed(pb::FinishReason::Stop)).is_empty());
+
+        // A failure before anything else still opens the stream properly.
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &[failed(&failure)]);
+        assert_eq!(kinds(&events), vec!["response.created", "response.in_progress", "response.failed"]);
+        assert_eq!(events[2].1["response"]["output"], json!([]));
+        assert_eq!(events[2].1["response"]["error"]["code"], "response_stalled");
+
+        // A Failed without a description is an internal error.
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &[Event::Failed(pb::RunFailed { failure: None })]);
+        assert_eq!(events[2].1["response"]["error"]["code"], "internal");
+    }
+
+    #[test]
+    fn cancel_renders_nothing() {
+        let mut r = EventRenderer::new(meta());
+        assert!(r.render(&cancelled()).is_empty());
+        assert!(r.render(&text("late")).is_empty());
+
+        let mut r = EventRenderer::new(meta());
+        assert_eq!(render_all(&mut r, &[text("hi")]).len(), 5);
+        assert!(r.render(&cancelled()).is_empty());
+        assert!(r.render(&completed(pb::FinishReason::Stop)).is_empty());
+    }
+
+    #[test]
+    fn aggregates_text_function_calls_and_usage() {
+        let mut agg = ResponseAggregator::new(meta());
+        for e in [
+            started(),
+            text("Let me "),
+            text("check."),
+            tool(0, "call_a", "get_weather", "{\"city\""),
+            tool(0, "", "", ":\"Paris\"}"),
+            tool(1, "", "noop", "{}"),
+            usage(10, 5),
+            completed(pb::FinishReason::ToolCalls),
+        ] {
+            agg.push(&e);
+        }
+        let mut body = agg.finish().unwrap();
+        // A call streamed without an id gets a synthetic call id.
+        assert_id(&body["output"][2]["call_id"], "call_");
+        body["output"][2]["call_id"] = "call_synthetic".into();
+        scrub_item_ids(&mut body);
+        assert_eq!(
+            body,
+            expected_response(
+                "completed",
+                json!([
+                    {"type": "message", "id": "msg_0", "status": "completed", "role": "assistant",
+                     "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+                    {"type": "function_call", "id": "fc_1", "call_id": "call_a", "name": "get_weather",
+                     "arguments": "{\"city\":\"Paris\"}", "status": "completed"},
+                    {"type": "function_call", "id": "fc_2", "call_id": "call_synthetic", "name": "noop",
+                     "arguments": "{}", "status": "completed"}
+                ]),
+                usage_value(10, 5),
+            )
+        );
+    }
+
+    #[test]
+    fn aggregate_equals_the_streamed_final_response() {
+        let run = [
+            started(),
+            text("a"),
+            tool(0, "call_a", "f", "{"),
+            tool(0, "", "", "}"),
+            usage(1, 2),
+            completed(pb::FinishReason::Stop),
+        ];
+        let mut r = EventRenderer::new(meta());
+        let mut streamed = render_all(&mut r, &run).pop().unwrap().1["response"].clone();
+        let mut agg = ResponseAggregator::new(meta());
+        run.iter().for_each(|e| agg.push(e));
+        let mut body = agg.finish().unwrap();
+        scrub_item_ids(&mut streamed);
+        scrub_item_ids(&mut body);
+        assert_eq!(body, streamed);
+        assert_eq!(body["output"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn aggregator_failed_returns_the_failure() {
+        let mut failure = pb::ExecutionFailure::new(pb::FailureKind::ProviderHttpStatus, "rate limited");
+        failure.provider_status = 429;
+        let mut agg = ResponseAggregator::new(meta());
+        agg.push(&text("partial"));
+        agg.push(&failed(&failure));
+        agg.push(&completed(pb::FinishReason::Stop)); // ignored after the terminal
+        let err = agg.finish().unwrap_err();
+        assert_eq!(err, ApiError::Execution(failure));
+        assert_eq!(err.openai_body()["error"]["code"], "provider_http_status");
+    }
+
+    #[test]
+    fn aggregator_without_completion_is_an_execution_error() {
+        let mut agg = ResponseAggregator::new(meta());
+        agg.push(&text("partial"));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::TransportLost);
+
+        let mut agg = ResponseAggregator::new(meta());
+        agg.push(&cancelled());
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::Internal);
+
+        let mut agg = ResponseAggregator::new(meta());
+        agg.push(&Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::Deadline.into() }));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::ResponseStalled);
+
+        let mut agg = ResponseAggregator::new(meta());
+        agg.push(&Event::Failed(pb::RunFailed { failure: None }));
+        let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
+        assert_eq!(f.kind(), pb::FailureKind::Internal);
+    }
+}
