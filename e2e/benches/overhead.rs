@@ -106,6 +106,7 @@ async fn main() {
         target_model: "mock".into(),
         public_model: "mock".into(),
         capacity: 64,
+        priority: 0,
     };
     let any = "127.0.0.1:0".parse().unwrap();
     let edge = iop_edge::Edge::bind(

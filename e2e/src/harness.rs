@@ -29,6 +29,8 @@ pub struct ProviderSpec {
     pub public_model: String,
     /// Most concurrent runs (the Edge queues the rest).
     pub capacity: u32,
+    /// Priority for the public model (lower is preferred).
+    pub priority: u32,
 }
 
 impl ProviderSpec {
@@ -38,7 +40,7 @@ impl ProviderSpec {
             node: self.node.clone(),
             adapter: self.adapter,
             target: Target { model: self.target_model.clone(), base_url: self.base_url.clone() },
-            models: vec![PublicModel { name: self.public_model.clone(), priority: 0 }],
+            models: vec![PublicModel { name: self.public_model.clone(), priority: self.priority }],
             response_stall_timeout_ms: 0,
             capacity: self.capacity,
         }

@@ -299,6 +299,9 @@ pub struct MockStats {
     pub completed_streams: u64,
     /// Streaming bodies dropped (client went away) before the mock finished them.
     pub aborted_streams: u64,
+    /// Bytes of streaming bodies handed to the HTTP server so far; stops
+    /// growing when a client's backpressure reaches the mock.
+    pub stream_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -306,6 +309,7 @@ struct Counters {
     requests_total: AtomicU64,
     completed_streams: AtomicU64,
     aborted_streams: AtomicU64,
+    stream_bytes: AtomicU64,
     next_completion_id: AtomicU64,
 }
 
@@ -315,6 +319,7 @@ impl Counters {
             requests_total: self.requests_total.load(Ordering::Relaxed),
             completed_streams: self.completed_streams.load(Ordering::Relaxed),
             aborted_streams: self.aborted_streams.load(Ordering::Relaxed),
+            stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -1058,6 +1063,7 @@ impl BodyScript {
             match step {
                 Step::Delay(delay) => tokio::time::sleep(delay).await,
                 Step::Send(bytes) => {
+                    self.guard.counters.stream_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
                     if self.steps.is_empty() {
                         self.guard.finish();
                     }
@@ -1231,7 +1237,7 @@ mod tests {
         assert_eq!(
             get_json(&mock, "/mock/stats").await,
             json!({
-                "requests_total": 0, "completed_streams": 0, "aborted_streams": 0,
+                "requests_total": 0, "completed_streams": 0, "aborted_streams": 0, "stream_bytes": 0,
             })
         );
         mock.shutdown().await;
@@ -1257,7 +1263,8 @@ mod tests {
         assert_eq!(last["prompt_eval_count"], 2);
         assert_eq!(last["eval_count"], chunks.len());
         let stats = wait_for_stats(&mock, |s| s.completed_streams == 1).await;
-        assert_eq!(stats, MockStats { requests_total: 1, completed_streams: 1, aborted_streams: 0 });
+        assert_eq!((stats.requests_total, stats.completed_streams, stats.aborted_streams), (1, 1, 0));
+        assert!(stats.stream_bytes > 0);
     }
 
     #[tokio::test]

@@ -33,19 +33,22 @@ async fn iop_dev_streams_an_answer_and_stops_cleanly() {
     assert!(status.success(), "iop-dev exits 0 on SIGTERM: {status:?}");
 }
 
-/// Runs only where the `openai` package is installed; CI installs it and
-/// sets IOP_REQUIRE_SDK=1 so a missing SDK fails instead of skipping.
-#[tokio::test]
-async fn official_openai_python_sdk_works_unmodified() {
-    let has_sdk =
-        std::process::Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+/// Runs an SDK script against a fresh `iop-dev`. Runs only where the Python
+/// package is installed; CI installs the SDKs and sets IOP_REQUIRE_SDK=1 so a
+/// missing SDK fails instead of skipping.
+async fn run_sdk_script(package: &str, script: &str, base_suffix: &str) {
+    let has_sdk = std::process::Command::new("python3")
+        .args(["-c", &format!("import {package}")])
+        .status()
+        .is_ok_and(|s| s.success());
     if !has_sdk {
-        assert!(std::env::var_os("IOP_REQUIRE_SDK").is_none(), "IOP_REQUIRE_SDK is set but `import openai` fails");
-        eprintln!("skipping: python3 `openai` package not installed (pip install openai)");
+        assert!(std::env::var_os("IOP_REQUIRE_SDK").is_none(), "IOP_REQUIRE_SDK is set but `import {package}` fails");
+        eprintln!("skipping: python3 `{package}` package not installed (pip install {package})");
         return;
     }
     let (_dev, base) = start_dev().await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/openai_chat.py");
+    let base = format!("{}{base_suffix}", base.trim_end_matches("/v1"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk").join(script);
     let output = tokio::process::Command::new("python3").arg(script).arg(&base).arg("mock").output().await.unwrap();
     assert!(
         output.status.success(),
@@ -53,4 +56,19 @@ async fn official_openai_python_sdk_works_unmodified() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+#[tokio::test]
+async fn official_openai_python_sdk_chat_completions() {
+    run_sdk_script("openai", "openai_chat.py", "/v1").await;
+}
+
+#[tokio::test]
+async fn official_openai_python_sdk_responses() {
+    run_sdk_script("openai", "openai_responses.py", "/v1").await;
+}
+
+#[tokio::test]
+async fn official_anthropic_python_sdk_messages() {
+    run_sdk_script("anthropic", "anthropic_messages.py", "").await;
 }

@@ -376,10 +376,7 @@ impl AdmissionPool {
         let mut grants = Vec::new();
         let routes: Vec<String> = state.queues.keys().cloned().collect();
         for route in routes {
-            loop {
-                let Some(head) = state.queues.get(&route).and_then(|q| q.front()).map(|w| w.request.clone()) else {
-                    break;
-                };
+            while let Some(head) = state.queues.get(&route).and_then(|q| q.front()).map(|w| w.request.clone()) {
                 match self.try_acquire(state, &head) {
                     Attempt::Busy => break,
                     Attempt::NoneEligible => {
@@ -720,7 +717,7 @@ providers:
                                     ReleaseReason::ClientDisconnected,
                                 ][(seed >> 16) as usize % 5];
                                 guard.set_reason(reason);
-                                if seed % 3 == 0 {
+                                if seed.is_multiple_of(3) {
                                     tokio::time::sleep(Duration::from_micros(200)).await;
                                 } else {
                                     tokio::task::yield_now().await;

@@ -147,7 +147,7 @@ pub async fn execute(
         let provider_id = lease.lease().provider_id().to_string();
         let outcome = attempt_once(state, &candidates, lease, &request, point, deadline).await;
         let failure = match outcome {
-            Attempt::Committed(committed) => return Ok(committed),
+            Attempt::Committed(committed) => return Ok(*committed),
             Attempt::Failed(failure) => failure,
         };
         if !retryable(&failure) || attempt == limits.max_attempts {
@@ -167,7 +167,7 @@ pub async fn execute(
 }
 
 enum Attempt {
-    Committed(Committed),
+    Committed(Box<Committed>),
     Failed(pb::ExecutionFailure),
 }
 
@@ -216,7 +216,7 @@ async fn attempt_once(
         buffered.push(event);
         if commit {
             let rest = (!terminal).then_some(LiveRun { run, deadline });
-            return Attempt::Committed(Committed { target_model, buffered, rest });
+            return Attempt::Committed(Box::new(Committed { target_model, buffered, rest }));
         }
     }
 }

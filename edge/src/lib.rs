@@ -35,6 +35,11 @@ use crate::node::commands::CommandTable;
 use crate::node::registry::{GenerationSource, NodeRegistry};
 use crate::node::tls::{AcceptPolicy, TlsSetupError};
 
+/// HTTP/2 receive window per run stream from a node.
+const RUN_STREAM_WINDOW: u32 = 256 * 1024;
+/// HTTP/2 receive window per node connection: 256 stalled runs' worth.
+const NODE_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+
 /// How long in-flight HTTP responses may take to finish after shutdown starts.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
@@ -128,6 +133,12 @@ impl Edge {
         let grpc_stop = state.shutting_down.clone();
         let grpc_server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            // Each run is its own HTTP/2 stream; a client that stops reading
+            // stalls only its run's stream window. The connection window is
+            // far larger so that even many stalled runs cannot exhaust it and
+            // block the node's other runs (no head-of-line blocking).
+            .initial_stream_window_size(Some(RUN_STREAM_WINDOW))
+            .initial_connection_window_size(Some(NODE_CONNECTION_WINDOW))
             .add_service(NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() }))
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
         let grpc_task = tokio::spawn(grpc_server);

@@ -81,6 +81,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         target_model: model.clone(),
         public_model: model.clone(),
         capacity: 4,
+        priority: 0,
     };
     let config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
     let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;

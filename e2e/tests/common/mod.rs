@@ -20,11 +20,12 @@ pub struct StackOptions {
     pub heartbeat: Option<&'static str>,
     pub start_node: bool,
     pub extra_providers: Vec<ProviderSpec>,
+    pub limits: Option<iop_proto::config::Limits>,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        Self { heartbeat: None, start_node: true, extra_providers: Vec::new() }
+        Self { heartbeat: None, start_node: true, extra_providers: Vec::new(), limits: None }
     }
 }
 
@@ -42,6 +43,7 @@ pub struct Stack {
     pub client: reqwest::Client,
 }
 
+/// A provider on the stack's node; `base_url` is filled in by `Stack::start`.
 pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &str, mock_url: &str) -> ProviderSpec {
     ProviderSpec {
         id: id.into(),
@@ -51,6 +53,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         target_model: target_model.into(),
         public_model: public_model.into(),
         capacity: 4,
+        priority: 0,
     }
 }
 
@@ -78,7 +81,10 @@ impl Stack {
             providers.push(p);
         }
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let config = harness::edge_config(&pki, any, any, &[NODE], &providers);
+        let mut config = harness::edge_config(&pki, any, any, &[NODE], &providers);
+        if let Some(limits) = options.limits {
+            config.limits = limits;
+        }
         let edge_config = dir.path().join("edge.yaml");
         std::fs::write(&edge_config, config.to_yaml()).unwrap();
         let mut stack = Stack {
@@ -184,6 +190,12 @@ impl Stack {
             .send()
             .await
             .expect("POST")
+    }
+
+    /// `/admin/v1/providers` entry of provider `id`.
+    pub async fn provider_admin(&self, id: &str) -> Value {
+        let all = self.get_json("/admin/v1/providers").await;
+        all["providers"].as_array().unwrap().iter().find(|p| p["id"] == id).cloned().expect("configured provider")
     }
 
     pub async fn mock_stats(&self) -> Value {

@@ -100,7 +100,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, body: Body) -> Res
             record.first_byte();
             axum::Json(body).into_response()
         }
-        Ok(Reply::Stream(stream)) => sse_response::<S>(stream, record),
+        Ok(Reply::Stream(stream)) => sse_response::<S>(*stream, record),
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
@@ -111,7 +111,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, body: Body) -> Res
 
 enum Reply<S: Surface> {
     Complete(serde_json::Value),
-    Stream(SseStream<S>),
+    Stream(Box<SseStream<S>>),
 }
 
 async fn serve<S: Surface>(state: &Arc<EdgeState>, body: Body) -> Result<Reply<S>, ApiError> {
@@ -126,13 +126,13 @@ async fn serve<S: Surface>(state: &Arc<EdgeState>, body: Body) -> Result<Reply<S
         }
         return S::finish(collector).map(Reply::Complete);
     }
-    Ok(Reply::Stream(SseStream {
+    Ok(Reply::Stream(Box::new(SseStream {
         streamer: S::streamer(parsed.context, committed.target_model),
         events: committed.buffered.into(),
         rest: committed.rest,
         frames: VecDeque::new(),
         done: false,
-    }))
+    })))
 }
 
 /// A committed streaming response: buffered events first, then the live run.

@@ -1,0 +1,56 @@
+"""The official `anthropic` Python SDK, unmodified, against IOP.
+
+usage: python3 anthropic_messages.py BASE_URL MODEL   (BASE_URL without /v1)
+"""
+import sys
+
+import anthropic
+
+base_url, model = sys.argv[1], sys.argv[2]
+client = anthropic.Anthropic(base_url=base_url, api_key="not-needed-for-iop-dev")
+expected = "Hello from the IOP mock provider. You said: hi from claude"
+messages = [{"role": "user", "content": "hi from claude"}]
+
+message = client.messages.create(model=model, max_tokens=100, system="Be brief.", messages=messages)
+assert message.content[0].text == expected, message
+assert message.stop_reason == "end_turn", message
+assert message.usage.output_tokens > 0, message.usage
+
+with client.messages.stream(model=model, max_tokens=100, messages=messages) as stream:
+    text = "".join(stream.text_stream)
+    final = stream.get_final_message()
+assert text == expected, text
+assert final.stop_reason == "end_turn", final
+
+tools = [{
+    "name": "lookup",
+    "description": "find things",
+    "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+}]
+asked = client.messages.create(
+    model=model, max_tokens=100, tools=tools, messages=[{"role": "user", "content": "please call tool"}]
+)
+assert asked.stop_reason == "tool_use", asked
+use = [block for block in asked.content if block.type == "tool_use"][0]
+assert use.name == "lookup" and use.input == {"query": "mock"}, use
+answered = client.messages.create(
+    model=model,
+    max_tokens=100,
+    tools=tools,
+    messages=[
+        {"role": "user", "content": "please call tool"},
+        {"role": "assistant", "content": asked.content},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": use.id, "content": "42"},
+            {"type": "text", "text": "thanks"},
+        ]},
+    ],
+)
+assert answered.content[0].text == "Hello from the IOP mock provider. You said: thanks", answered
+
+try:
+    client.messages.create(model="no-such-model", max_tokens=10, messages=messages)
+    raise AssertionError("unknown model must fail")
+except anthropic.NotFoundError:
+    pass
+print("anthropic sdk: ok")

@@ -1,0 +1,47 @@
+"""The official `openai` Python SDK's Responses API, unmodified, against IOP.
+
+usage: python3 openai_responses.py BASE_URL MODEL
+"""
+import sys
+
+from openai import OpenAI
+
+base_url, model = sys.argv[1], sys.argv[2]
+client = OpenAI(base_url=base_url, api_key="not-needed-for-iop-dev")
+expected = "Hello from the IOP mock provider. You said: hi from responses"
+
+response = client.responses.create(model=model, input="hi from responses", instructions="Be brief.")
+assert response.status == "completed", response
+assert response.output_text == expected, response.output_text
+assert response.usage.output_tokens > 0, response.usage
+
+text, done = "", None
+with client.responses.stream(model=model, input="hi from responses") as stream:
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            text += event.delta
+    done = stream.get_final_response()
+assert text == expected, text
+assert done.status == "completed" and done.output_text == expected, done
+
+tools = [{
+    "type": "function",
+    "name": "lookup",
+    "description": "find things",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+}]
+called = client.responses.create(model=model, input="please call tool", tools=tools)
+calls = [item for item in called.output if item.type == "function_call"]
+assert len(calls) == 1 and calls[0].name == "lookup", called.output
+follow_up = client.responses.create(
+    model=model,
+    tools=tools,
+    input=[
+        {"role": "user", "content": "please call tool"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "lookup", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "42"},
+        {"role": "user", "content": "thanks"},
+    ],
+)
+assert follow_up.output_text == "Hello from the IOP mock provider. You said: thanks", follow_up.output_text
+print("openai responses sdk: ok")

@@ -1,0 +1,232 @@
+//! Gateway execution through real processes: fallback before the first
+//! byte, no retry of client errors, 429 handling, capacity queues, lease
+//! release on every path, cancellation reaching the provider, and no
+//! head-of-line blocking between runs on one node.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use iop_e2e::harness::{ProviderSpec, wait_until};
+use iop_proto::config::{Adapter, Limits};
+use serde_json::Value;
+
+fn p(id: &str, adapter: Adapter, target: &str, public: &str, priority: u32, capacity: u32) -> ProviderSpec {
+    let mut spec = provider(id, adapter, target, public, "");
+    spec.priority = priority;
+    spec.capacity = capacity;
+    spec
+}
+
+async fn stack(providers: Vec<ProviderSpec>, limits: Option<Limits>) -> Stack {
+    Stack::start(StackOptions { extra_providers: providers, limits, ..Default::default() }).await
+}
+
+fn requests_total(stats: &Value) -> u64 {
+    stats["requests_total"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn falls_back_to_the_next_group_before_the_first_byte() {
+    let stack = stack(
+        vec![
+            p("flaky", Adapter::Ollama, "mock@status=503", "fb", 0, 4),
+            p("good", Adapter::Openai, "mock@words=3", "fb", 1, 4),
+        ],
+        None,
+    )
+    .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("fb", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "mock@words=3", "the model names the target that answered");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2 w3");
+    assert_eq!(body["usage"]["completion_tokens"], 3, "usage of the answering attempt only");
+
+    let events = sse_events(stack.post("/v1/chat/completions", &chat_body("fb", "hi", true)).await).await;
+    assert_eq!(streamed_text(&events), "w1 w2 w3");
+    stack.wait_metric_at_least("iop_edge_lease_releases_total{reason=\"retried\"}", 2.0).await;
+}
+
+#[tokio::test]
+async fn client_errors_are_returned_and_never_retried() {
+    let stack = stack(
+        vec![
+            p("strict", Adapter::Openai, "mock@status=400", "nr", 0, 4),
+            p("spare", Adapter::Openai, "mock", "nr", 1, 4),
+        ],
+        None,
+    )
+    .await;
+    let before = requests_total(&stack.mock_stats().await);
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("nr", "hi", false)).await).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(requests_total(&stack.mock_stats().await) - before, 1, "exactly one provider call");
+}
+
+#[tokio::test]
+async fn a_429_moves_to_an_alternative_at_once_and_otherwise_passes_through() {
+    let limits = Limits { request_timeout_ms: 5_000, ..Limits::default() };
+    let stack = stack(
+        vec![
+            p("limited", Adapter::Ollama, "mock@status=429,retry_after=30", "rl", 0, 4),
+            p("relief", Adapter::Ollama, "mock@words=2", "rl", 1, 4),
+            p("lonely", Adapter::Ollama, "mock@status=429,retry_after=30", "rl-only", 0, 4),
+        ],
+        Some(limits),
+    )
+    .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("rl", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2");
+
+    // Retry-After (30 s) does not fit the 5 s budget: the client gets the 429
+    // at once, with the provider's Retry-After, after a single provider call.
+    let before = requests_total(&stack.mock_stats().await);
+    let response = stack
+        .post(
+            "/v1/messages",
+            &serde_json::json!({
+                "model": "rl-only", "max_tokens": 10, "messages": [{ "role": "user", "content": "hi" }]
+            }),
+        )
+        .await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "30");
+    let (_, body) = json_body(response).await;
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert_eq!(requests_total(&stack.mock_stats().await) - before, 1, "no tight retry loop");
+}
+
+#[tokio::test]
+async fn capacity_queue_full_queue_timeout_and_release_on_disconnect() {
+    let limits = Limits { queue_depth: 1, queue_timeout_ms: 300, ..Limits::default() };
+    let stack = stack(vec![p("single", Adapter::Ollama, "mock@stall_after=1", "one", 0, 1)], Some(limits)).await;
+
+    // The first request takes the only slot and holds it (the provider stalls).
+    let holder = stack.post("/v1/chat/completions", &chat_body("one", "hi", true)).await;
+    assert_eq!(holder.status(), 200);
+    let mut holder = holder.bytes_stream();
+    holder.next().await.expect("first chunk").unwrap();
+    assert_eq!(stack.provider_admin("single").await["in_flight"], 1);
+
+    // The second waits in the queue, the third finds the queue full.
+    let queued = tokio::spawn({
+        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
+        async move {
+            let body = serde_json::to_vec(&chat_body("one", "hi", false)).unwrap();
+            let response = client.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
+            let retry_after = response.headers().get("retry-after").cloned();
+            (json_body(response).await, retry_after)
+        }
+    });
+    wait_until("one request queued", WAIT, || async {
+        stack.get_json("/admin/v1/providers").await["queued"]["one"] == 1
+    })
+    .await;
+    let full = stack.post("/v1/chat/completions", &chat_body("one", "hi", false)).await;
+    assert_eq!(full.status(), 429);
+    assert_eq!(full.headers()["retry-after"], "1");
+    assert_eq!(json_body(full).await.1["error"]["code"], "queue_full");
+
+    let ((status, body), retry_after) = queued.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "queue_timeout");
+    assert!(retry_after.is_some());
+
+    // The holder goes away: its run is cancelled at the provider and its
+    // slot released exactly once.
+    let aborted = stack.mock_stats().await["aborted_streams"].as_u64().unwrap();
+    drop(holder);
+    wait_until("the provider saw the connection close", WAIT, || async {
+        stack.mock_stats().await["aborted_streams"].as_u64().unwrap() > aborted
+    })
+    .await;
+    wait_until("the slot is free", WAIT, || async { stack.provider_admin("single").await["in_flight"] == 0 }).await;
+    let leases = &stack.get_json("/admin/v1/providers").await["leases"];
+    assert_eq!(leases["acquired"], leases["released"], "{leases}");
+    assert_eq!(leases["double_releases"], 0);
+    assert!(stack.metric("iop_edge_lease_releases_total{reason=\"client_disconnected\"}").await >= 1.0);
+}
+
+#[tokio::test]
+async fn cancelling_a_non_streaming_request_aborts_only_that_provider_request() {
+    let stack = stack(vec![p("stuck", Adapter::Openai, "mock@stall_after=1", "stuck", 0, 4)], None).await;
+    let before = stack.mock_stats().await;
+    let request = tokio::spawn({
+        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
+        async move {
+            let body = serde_json::to_vec(&chat_body("stuck", "hi", false)).unwrap();
+            client.post(url).header("content-type", "application/json").body(body).send().await
+        }
+    });
+    wait_until("the provider got the request", WAIT, || async {
+        requests_total(&stack.mock_stats().await) > requests_total(&before)
+    })
+    .await;
+    request.abort();
+    // Meanwhile another run on the same node is unaffected.
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    assert_eq!(status, 200);
+    wait_until("the provider saw the connection close", WAIT, || async {
+        stack.mock_stats().await["aborted_streams"].as_u64() > before["aborted_streams"].as_u64()
+    })
+    .await;
+    wait_until("the slot is free", WAIT, || async { stack.provider_admin("stuck").await["in_flight"] == 0 }).await;
+}
+
+#[tokio::test]
+async fn a_slow_reader_does_not_block_other_streams_on_the_node() {
+    let stack = stack(vec![p("big", Adapter::Ollama, "mock@words=200000", "big", 0, 4)], None).await;
+    // Far more output than every buffer between provider and client holds.
+    let slow = stack.post("/v1/chat/completions", &chat_body("big", "hi", true)).await;
+    let mut slow = slow.bytes_stream();
+    slow.next().await.expect("first chunk").unwrap();
+    // The slow client stops reading. Wait until its backpressure has reached
+    // the provider: every buffer on the way (client socket, Edge, the run's
+    // HTTP/2 stream, Node) is full and the mock cannot write more.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (mut last, mut unchanged) = (0, 0);
+    while unchanged < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "the slow stream never reached the provider's backpressure");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let bytes = stack.mock_stats().await["stream_bytes"].as_u64().unwrap();
+        unchanged = if bytes == last { unchanged + 1 } else { 0 };
+        last = bytes;
+    }
+    // Another stream on the same node still runs to completion.
+    for _ in 0..3 {
+        let body = chat_body("mock-openai", "hi there", true);
+        let events = tokio::time::timeout(Duration::from_secs(10), async {
+            sse_events(stack.post("/v1/chat/completions", &body).await).await
+        })
+        .await
+        .expect("a stream on the same node is not blocked by the slow one");
+        assert_eq!(streamed_text(&events), "Hello from the IOP mock provider. You said: hi there");
+    }
+    let stats = stack.mock_stats().await;
+    assert_eq!(stats["completed_streams"], 3, "the slow stream is still blocked: {stats}");
+    drop(slow);
+}
+
+#[tokio::test]
+async fn malformed_provider_output_never_reaches_the_client() {
+    let limits = Limits { max_attempts: 1, ..Limits::default() };
+    let stack = stack(vec![p("garbled", Adapter::Openai, "mock@malformed_at=2", "garbled", 0, 4)], Some(limits)).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("garbled", "hi", false)).await).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "provider_protocol");
+
+    let events = sse_events(stack.post("/v1/chat/completions", &chat_body("garbled", "hi", true)).await).await;
+    assert!(!events.contains(&"[DONE]".to_string()), "never reported as a success: {events:?}");
+    for event in &events {
+        let value: Value =
+            serde_json::from_str(event).unwrap_or_else(|_| panic!("malformed event reached the client: {event}"));
+        assert!(!event.contains("broken"), "{value}");
+    }
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "provider_protocol");
+}
