@@ -31,6 +31,7 @@ pub struct ProviderSpec {
     pub capacity: u32,
     /// Priority for the public model (lower is preferred).
     pub priority: u32,
+    pub mode: iop_proto::config::ProviderMode,
 }
 
 impl ProviderSpec {
@@ -43,6 +44,7 @@ impl ProviderSpec {
             models: vec![PublicModel { name: self.public_model.clone(), priority: self.priority }],
             response_stall_timeout_ms: 0,
             capacity: self.capacity,
+            mode: self.mode,
         }
     }
 }

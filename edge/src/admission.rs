@@ -20,7 +20,7 @@ use iop_proto::config::{Adapter, EdgeConfig, ProviderEntry};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::metrics::EdgeMetrics;
+use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
 
 /// Immutable record of what a run was admitted to.
@@ -254,6 +254,7 @@ impl AdmissionPool {
             let mut state = self.state.lock().unwrap();
             match self.try_acquire(&mut state, &request) {
                 Attempt::Granted(lease) => {
+                    self.publish(&state);
                     drop(state);
                     return Ok(self.guard(lease));
                 }
@@ -270,6 +271,7 @@ impl AdmissionPool {
             let route = request.route.clone();
             let (grant, granted) = oneshot::channel();
             queue.push_back(Waiter { id, request, grant });
+            self.publish(state);
             (WaitTicket { pool: self.clone(), route, id }, granted)
         };
         let mut granted = granted;
@@ -287,6 +289,17 @@ impl AdmissionPool {
             }
         }
         outcome
+    }
+
+    /// Mirrors slot and queue occupancy into the gauges.
+    fn publish(&self, state: &PoolState) {
+        for (provider, slots) in &state.slots {
+            let labels = ProviderLabels { provider: provider.clone() };
+            self.metrics.in_flight.get_or_create(&labels).set(i64::from(slots.in_flight()));
+        }
+        for (route, queue) in &state.queues {
+            self.metrics.queue_depth.get_or_create(&RouteLabels { route: route.clone() }).set(queue.len() as i64);
+        }
     }
 
     fn guard(self: &Arc<Self>, lease: Lease) -> LeaseGuard {
@@ -357,7 +370,9 @@ impl AdmissionPool {
                 }
             }
             state.released += 1;
-            self.drain(&mut state)
+            let grants = self.drain(&mut state);
+            self.publish(&state);
+            grants
         };
         self.metrics.reason(&self.metrics.lease_releases, reason.label());
         self.deliver(grants);
@@ -403,9 +418,11 @@ impl AdmissionPool {
     }
 
     fn remove_waiter(&self, route: &str, id: u64) {
-        if let Some(queue) = self.state.lock().unwrap().queues.get_mut(route) {
+        let mut state = self.state.lock().unwrap();
+        if let Some(queue) = state.queues.get_mut(route) {
             queue.retain(|w| w.id != id);
         }
+        self.publish(&state);
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {

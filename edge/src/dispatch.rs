@@ -1,17 +1,19 @@
-//! Dispatch: hand a normalized run to the node that owns its provider and
-//! give the caller an ordered event stream that always ends in exactly one
-//! terminal event.
+//! Dispatch: hand a run (normalized run or provider tunnel) to the node that
+//! owns its provider and give the caller an ordered stream of its frames
+//! that always ends in exactly one terminal.
 //!
-//! `RunTable` maps run id -> where its events must come from (node and
+//! `RunTable` maps id -> where its frames must come from (node and
 //! connection generation) and where they go (a bounded channel to the HTTP
-//! handler). Events flow node -> `RunEvents` gRPC stream -> channel ->
-//! `RunStream`. The channel is bounded, so a slow client pushes back on its
-//! own HTTP/2 stream only.
+//! handler). Frames flow node -> `RunEvents`/`TunnelFrames` gRPC stream ->
+//! channel -> `RunStream`. The channel is bounded, so a slow client pushes
+//! back on its own HTTP/2 stream only. Runs and tunnels share this code
+//! through [`NodeFrame`]; only their frame types differ.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use iop_proto::pb::{self, FailureKind};
+use iop_proto::wire::WireError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -24,10 +26,84 @@ const RUN_CHANNEL_CAPACITY: usize = 32;
 /// How long handing a run to a node's control stream may take.
 const DISPATCH_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-struct RunEntry {
+/// A frame type a node streams for one run: normalized `RunEvent`s or
+/// `ProviderTunnelFrame`s.
+pub trait NodeFrame: Send + 'static {
+    /// The frame's payload as the client side consumes it.
+    type Item: Send;
+    fn seq(&self) -> u64;
+    fn is_terminal(&self) -> bool;
+    fn validate(&self) -> Result<(), WireError>;
+    /// The payload of a validated frame.
+    fn into_item(self) -> Self::Item;
+    /// A synthetic terminal failure (transport loss, protocol violation).
+    fn failed(kind: FailureKind, message: String) -> Self::Item;
+    /// `Some` for terminal items.
+    fn outcome(item: &Self::Item) -> Option<RunOutcome>;
+}
+
+impl NodeFrame for pb::RunEvent {
+    type Item = pb::run_event::Event;
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn is_terminal(&self) -> bool {
+        pb::RunEvent::is_terminal(self)
+    }
+    fn validate(&self) -> Result<(), WireError> {
+        pb::RunEvent::validate(self)
+    }
+    fn into_item(self) -> Self::Item {
+        self.event.expect("validated")
+    }
+    fn failed(kind: FailureKind, message: String) -> Self::Item {
+        pb::run_event::Event::Failed(pb::RunFailed { failure: Some(pb::ExecutionFailure::new(kind, message)) })
+    }
+    fn outcome(item: &Self::Item) -> Option<RunOutcome> {
+        use pb::run_event::Event;
+        match item {
+            Event::Completed(_) => Some(RunOutcome::Completed),
+            Event::Failed(f) => Some(RunOutcome::of_failure(f)),
+            Event::Cancelled(_) => Some(RunOutcome::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+impl NodeFrame for pb::ProviderTunnelFrame {
+    type Item = pb::provider_tunnel_frame::Frame;
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn is_terminal(&self) -> bool {
+        pb::ProviderTunnelFrame::is_terminal(self)
+    }
+    fn validate(&self) -> Result<(), WireError> {
+        pb::ProviderTunnelFrame::validate(self)
+    }
+    fn into_item(self) -> Self::Item {
+        self.frame.expect("validated")
+    }
+    fn failed(kind: FailureKind, message: String) -> Self::Item {
+        pb::provider_tunnel_frame::Frame::Failed(pb::RunFailed {
+            failure: Some(pb::ExecutionFailure::new(kind, message)),
+        })
+    }
+    fn outcome(item: &Self::Item) -> Option<RunOutcome> {
+        use pb::provider_tunnel_frame::Frame;
+        match item {
+            Frame::End(_) => Some(RunOutcome::Completed),
+            Frame::Failed(f) => Some(RunOutcome::of_failure(f)),
+            Frame::Cancelled(_) => Some(RunOutcome::Cancelled),
+            Frame::Head(_) | Frame::Body(_) => None,
+        }
+    }
+}
+
+struct RunEntry<F> {
     node: String,
     generation: u64,
-    events: mpsc::Sender<pb::RunEvent>,
+    events: mpsc::Sender<F>,
     /// Cancelled when the run's connection generation is fenced.
     fence: CancellationToken,
     attached: bool,
@@ -58,19 +134,24 @@ impl AttachError {
 }
 
 /// The node side's handle on an attached run.
-pub struct AttachedRun {
-    pub events: mpsc::Sender<pb::RunEvent>,
+pub struct AttachedRun<F> {
+    pub events: mpsc::Sender<F>,
     pub fence: CancellationToken,
 }
 
-#[derive(Default)]
-pub struct RunTable {
-    runs: Mutex<HashMap<String, RunEntry>>,
+pub struct RunTable<F> {
+    runs: Mutex<HashMap<String, RunEntry<F>>>,
 }
 
-impl RunTable {
+impl<F> Default for RunTable<F> {
+    fn default() -> Self {
+        Self { runs: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<F: NodeFrame> RunTable<F> {
     /// Binds a `RunEvents` stream opened by `node` on `generation` to its run.
-    pub fn attach(&self, run_id: &str, node: &str, generation: u64) -> Result<AttachedRun, AttachError> {
+    pub fn attach(&self, run_id: &str, node: &str, generation: u64) -> Result<AttachedRun<F>, AttachError> {
         let mut runs = self.runs.lock().unwrap();
         let entry = runs.get_mut(run_id).ok_or(AttachError::UnknownRun)?;
         if entry.node != node {
@@ -112,15 +193,16 @@ impl RunTable {
     }
 }
 
-/// Starts `request` under `lease` on the node session behind `control`
+/// Starts a run under `lease` by sending `assign` (a RunAssign or
+/// TunnelAssign for the lease's run id) to the node session behind `control`
 /// (which must belong to the lease's node and generation).
-pub async fn start_run(
-    table: &Arc<RunTable>,
+pub async fn start_run<F: NodeFrame>(
+    table: &Arc<RunTable<F>>,
     metrics: &Arc<EdgeMetrics>,
     lease: LeaseGuard,
     control: ControlSender,
-    request: pb::RunRequest,
-) -> Result<RunStream, pb::ExecutionFailure> {
+    assign: pb::edge_to_node::Msg,
+) -> Result<RunStream<F>, pb::ExecutionFailure> {
     let run_id = lease.lease().run_id().to_string();
     let (events, rx) = mpsc::channel(RUN_CHANNEL_CAPACITY);
     let fence = CancellationToken::new();
@@ -145,8 +227,7 @@ pub async fn start_run(
         next_seq: 1,
         finished: false,
     };
-    let assign =
-        pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) })) };
+    let assign = pb::EdgeToNode { msg: Some(assign) };
     // Bounded: a node that stopped reading is about to be fenced anyway.
     let sent = tokio::time::timeout(DISPATCH_SEND_TIMEOUT, control.send(Ok(assign))).await;
     if !matches!(sent, Ok(Ok(()))) {
@@ -156,14 +237,14 @@ pub async fn start_run(
     Ok(stream)
 }
 
-/// The client side of one run. Yields events in order and always ends with
-/// exactly one terminal event. Dropping it before the terminal cancels the run
-/// on the node.
-pub struct RunStream {
+/// The client side of one run. Yields items in order and always ends with
+/// exactly one terminal. Dropping it before the terminal cancels the run on
+/// the node.
+pub struct RunStream<F: NodeFrame> {
     run_id: String,
-    rx: mpsc::Receiver<pb::RunEvent>,
+    rx: mpsc::Receiver<F>,
     fence: CancellationToken,
-    table: Arc<RunTable>,
+    table: Arc<RunTable<F>>,
     metrics: Arc<EdgeMetrics>,
     control: ControlSender,
     /// The provider slot this run holds; returned when the stream ends.
@@ -172,7 +253,7 @@ pub struct RunStream {
     finished: bool,
 }
 
-impl RunStream {
+impl<F: NodeFrame> RunStream<F> {
     pub fn lease(&self) -> &crate::admission::Lease {
         self.lease.lease()
     }
@@ -183,33 +264,32 @@ impl RunStream {
         self.lease.set_reason(ReleaseReason::Retried);
     }
 
-    pub async fn next(&mut self) -> Option<pb::run_event::Event> {
+    pub async fn next(&mut self) -> Option<F::Item> {
         if self.finished {
             return None;
         }
-        let event = tokio::select! {
+        let item = tokio::select! {
             biased;
             received = self.rx.recv() => match received {
-                Some(ev) if ev.seq == self.next_seq => {
+                Some(frame) if frame.seq() == self.next_seq => {
                     self.next_seq += 1;
-                    match (ev.validate(), ev.event) {
-                        (Ok(()), Some(event)) => event,
-                        (Err(e), _) => failed(FailureKind::ProviderProtocol, format!("node sent an invalid run event: {e}")),
-                        (Ok(()), None) => unreachable!("validate rejects a missing event"),
+                    match frame.validate() {
+                        Ok(()) => frame.into_item(),
+                        Err(e) => F::failed(FailureKind::ProviderProtocol, format!("node sent an invalid frame: {e}")),
                     }
                 }
-                Some(ev) => failed(
+                Some(frame) => F::failed(
                     FailureKind::ProviderProtocol,
-                    format!("node sent event {} where {} was expected", ev.seq, self.next_seq),
+                    format!("node sent frame {} where {} was expected", frame.seq(), self.next_seq),
                 ),
-                None => failed(FailureKind::TransportLost, "node event stream ended before a terminal event"),
+                None => F::failed(FailureKind::TransportLost, "node stream ended before a terminal frame".into()),
             },
-            _ = self.fence.cancelled() => failed(FailureKind::TransportLost, "node connection closed during the run"),
+            _ = self.fence.cancelled() => F::failed(FailureKind::TransportLost, "node connection closed during the run".into()),
         };
-        if is_terminal(&event) {
-            self.finish(RunOutcome::of(&event));
+        if let Some(outcome) = F::outcome(&item) {
+            self.finish(outcome);
         }
-        Some(event)
+        Some(item)
     }
 
     fn finish(&mut self, outcome: RunOutcome) {
@@ -220,7 +300,7 @@ impl RunStream {
     }
 }
 
-impl Drop for RunStream {
+impl<F: NodeFrame> Drop for RunStream<F> {
     fn drop(&mut self) {
         if self.finished {
             return;
@@ -238,18 +318,9 @@ impl Drop for RunStream {
     }
 }
 
-fn failed(kind: FailureKind, message: impl Into<String>) -> pb::run_event::Event {
-    pb::run_event::Event::Failed(pb::RunFailed { failure: Some(pb::ExecutionFailure::new(kind, message)) })
-}
-
-fn is_terminal(event: &pb::run_event::Event) -> bool {
-    use pb::run_event::Event;
-    matches!(event, Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_))
-}
-
 /// How a run ended, as far as the Edge is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RunOutcome {
+pub enum RunOutcome {
     Completed,
     Failed,
     TransportLost,
@@ -258,14 +329,9 @@ enum RunOutcome {
 }
 
 impl RunOutcome {
-    fn of(terminal: &pb::run_event::Event) -> Self {
-        use pb::run_event::Event;
-        match terminal {
-            Event::Completed(_) => Self::Completed,
-            Event::Failed(f) if f.failure.as_ref().map(|f| f.kind()) == Some(FailureKind::TransportLost) => {
-                Self::TransportLost
-            }
-            Event::Cancelled(_) => Self::Cancelled,
+    fn of_failure(failed: &pb::RunFailed) -> Self {
+        match failed.failure.as_ref().map(|f| f.kind()) {
+            Some(FailureKind::TransportLost) => Self::TransportLost,
             _ => Self::Failed,
         }
     }
@@ -298,17 +364,22 @@ mod tests {
         pb::RunEvent { seq, event: Some(pb::run_event::Event::Text(pb::TextDelta { text: t.into() })) }
     }
 
-    async fn started(table: &Arc<RunTable>) -> (RunStream, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
+    type Table = RunTable<pb::RunEvent>;
+
+    async fn started(
+        table: &Arc<Table>,
+    ) -> (RunStream<pb::RunEvent>, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
         let (control, control_rx) = mpsc::channel(8);
         let lease = crate::admission::test_support::lease("r1", "n1", 5);
         let request = pb::RunRequest { run_id: "r1".into(), ..Default::default() };
-        let stream = start_run(table, &EdgeMetrics::new(), lease, control, request).await.unwrap();
+        let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
+        let stream = start_run(table, &EdgeMetrics::new(), lease, control, assign).await.unwrap();
         (stream, control_rx)
     }
 
     #[tokio::test]
     async fn attach_checks_node_generation_and_uniqueness() {
-        let table = Arc::new(RunTable::default());
+        let table = Arc::new(Table::default());
         let (_stream, _control) = started(&table).await;
         assert_eq!(table.attach("r2", "n1", 5).err(), Some(AttachError::UnknownRun));
         assert_eq!(table.attach("r1", "n2", 5).err(), Some(AttachError::WrongNode));
@@ -319,7 +390,7 @@ mod tests {
 
     #[tokio::test]
     async fn fencing_ends_the_run_with_transport_lost_and_refuses_late_attach() {
-        let table = Arc::new(RunTable::default());
+        let table = Arc::new(Table::default());
         let (mut stream, _control) = started(&table).await;
         let attached = table.attach("r1", "n1", 5).unwrap();
         attached.events.send(text(1, "a")).await.unwrap();
@@ -336,7 +407,7 @@ mod tests {
 
     #[tokio::test]
     async fn out_of_order_events_fail_the_run() {
-        let table = Arc::new(RunTable::default());
+        let table = Arc::new(Table::default());
         let (mut stream, _control) = started(&table).await;
         let attached = table.attach("r1", "n1", 5).unwrap();
         attached.events.send(text(2, "skipped one")).await.unwrap();
@@ -350,7 +421,7 @@ mod tests {
 
     #[tokio::test]
     async fn events_with_unknown_enum_values_fail_the_run() {
-        let table = Arc::new(RunTable::default());
+        let table = Arc::new(Table::default());
         let (mut stream, _control) = started(&table).await;
         let attached = table.attach("r1", "n1", 5).unwrap();
         let bogus = pb::RunEvent {
@@ -371,7 +442,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_before_the_terminal_sends_cancel_and_frees_the_entry() {
-        let table = Arc::new(RunTable::default());
+        let table = Arc::new(Table::default());
         let (stream, mut control) = started(&table).await;
         assert!(matches!(
             control.recv().await,

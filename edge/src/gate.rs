@@ -12,19 +12,28 @@
 //! only when no untried provider is eligible and the wait fits the budget;
 //! retrying the same provider otherwise backs off exponentially, so the gate
 //! never loops tightly.
+//!
+//! An attempt on a provider in `tunnel` mode relays the client's request
+//! byte-for-byte (only `model` is rewritten to the target) when the client's
+//! API has a tunnel form; its commit point is the first body byte of a 2xx
+//! response. A provider error response is retried like a failure when it is
+//! retryable, and otherwise relayed to the client as the provider sent it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iop_proto::config::EdgeConfig;
-use iop_proto::pb::{self, FailureKind, run_event::Event};
+use axum::body::Bytes;
+use iop_proto::config::{EdgeConfig, ProviderMode};
+use iop_proto::pb::{self, FailureKind, provider_tunnel_frame::Frame, run_event::Event};
 use tokio::time::Instant;
 
 use crate::EdgeState;
+use crate::admission::LeaseGuard;
 use crate::admission::{AdmitError, AdmitRequest, Candidate};
-use crate::dispatch::{self, RunStream};
+use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
+use crate::metrics::AttemptLabels;
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,36 +44,58 @@ pub enum CommitPoint {
     Terminal,
 }
 
+/// The client's request as a provider would receive it in tunnel mode.
+#[derive(Debug, Clone)]
+pub struct TunnelForm {
+    /// Path of the same API at the provider, e.g. `/v1/chat/completions`.
+    pub path: &'static str,
+    /// The client's JSON body, as sent.
+    pub body: Bytes,
+    /// Client headers that may cross a tunnel (`wire::relayable_header`).
+    pub headers: Vec<pb::HttpHeader>,
+}
+
 /// A request whose answering attempt reached its commit point.
 pub struct Committed {
     /// The provider target that answered (the response's `model`).
     pub target_model: String,
-    /// Events up to and including the commit event.
-    pub buffered: Vec<Event>,
-    /// The rest of the run, unless `buffered` already ends with its terminal.
-    pub rest: Option<LiveRun>,
+    pub answer: Answer,
 }
 
-/// The committed run's remaining events, bounded by the request deadline.
-pub struct LiveRun {
-    run: RunStream,
+pub enum Answer {
+    Normalized {
+        /// Events up to and including the commit event.
+        buffered: Vec<Event>,
+        /// The rest of the run, unless `buffered` already ends with its terminal.
+        rest: Option<LiveRun<pb::RunEvent>>,
+    },
+    Tunnel {
+        head: pb::TunnelResponseHead,
+        /// Body bytes received before the commit.
+        buffered: Vec<Bytes>,
+        /// The rest of the body, unless the tunnel already ended.
+        rest: Option<LiveRun<pb::ProviderTunnelFrame>>,
+    },
+}
+
+/// The committed run's remaining items, bounded by the request deadline.
+pub struct LiveRun<F: NodeFrame> {
+    run: RunStream<F>,
     deadline: Instant,
 }
 
-impl LiveRun {
-    pub async fn next(&mut self) -> Option<Event> {
+impl<F: NodeFrame> LiveRun<F> {
+    pub async fn next(&mut self) -> Option<F::Item> {
         match tokio::time::timeout_at(self.deadline, self.run.next()).await {
-            Ok(event) => event,
+            Ok(item) => item,
             // Dropping the run cancels it on the node and frees its slot.
-            Err(_) => Some(deadline_failure()),
+            Err(_) => Some(deadline_failure::<F>()),
         }
     }
 }
 
-fn deadline_failure() -> Event {
-    Event::Failed(pb::RunFailed {
-        failure: Some(pb::ExecutionFailure::new(FailureKind::DeadlineExceeded, "the request's time budget ran out")),
-    })
+fn deadline_failure<F: NodeFrame>() -> F::Item {
+    F::failed(FailureKind::DeadlineExceeded, "the request's time budget ran out".into())
 }
 
 /// Providers serving `model` with their priority for it, best first.
@@ -121,6 +152,7 @@ pub async fn execute(
     state: &Arc<EdgeState>,
     model: &str,
     request: pb::RunRequest,
+    tunnel: Option<TunnelForm>,
     point: CommitPoint,
 ) -> Result<Committed, ApiError> {
     let candidates = candidates(&state.config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
@@ -145,14 +177,37 @@ pub async fn execute(
             Err(e) => return Err(last_failure.map(ApiError::Execution).unwrap_or_else(|| admit_error(e, model))),
         };
         let provider_id = lease.lease().provider_id().to_string();
-        let outcome = attempt_once(state, &candidates, lease, &request, point, deadline).await;
-        let failure = match outcome {
-            Attempt::Committed(committed) => return Ok(*committed),
-            Attempt::Failed(failure) => failure,
+        let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
+        let outcome = match (provider.map(|p| p.mode), &tunnel) {
+            (Some(ProviderMode::Tunnel), Some(form)) => attempt_tunnel(state, provider, lease, form, deadline).await,
+            _ => attempt_run(state, provider, lease, &request, point, deadline).await,
+        };
+        let count = |outcome| {
+            let labels = AttemptLabels { provider: provider_id.clone(), outcome };
+            state.metrics.attempts.get_or_create(&labels).inc();
+        };
+        let (failure, relay) = match outcome {
+            Attempt::Committed(committed) => {
+                count("committed");
+                return Ok(*committed);
+            }
+            Attempt::Failed { failure, relay } => (failure, relay),
         };
         if !retryable(&failure) || attempt == limits.max_attempts {
-            return Err(ApiError::Execution(failure));
+            // A tunnel relays the provider's own error response, already in
+            // the client's API shape.
+            return match relay {
+                Some(committed) => {
+                    count("relayed_error");
+                    Ok(*committed)
+                }
+                None => {
+                    count("failed");
+                    Err(ApiError::Execution(failure))
+                }
+            };
         }
+        count("retried");
         tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
         avoid.insert(provider_id);
         let alternative = candidates.iter().any(|c| !avoid.contains(&c.provider.id));
@@ -168,25 +223,43 @@ pub async fn execute(
 
 enum Attempt {
     Committed(Box<Committed>),
-    Failed(pb::ExecutionFailure),
+    Failed {
+        failure: pb::ExecutionFailure,
+        /// For a tunnel: the provider's error response, relayed as-is if the
+        /// request does not move on.
+        relay: Option<Box<Committed>>,
+    },
 }
 
-async fn attempt_once(
+fn failed(failure: pb::ExecutionFailure) -> Attempt {
+    Attempt::Failed { failure, relay: None }
+}
+
+/// The lease's node connection, if it is still the one admission saw.
+fn control_for(
+    state: &EdgeState,
+    lease: &LeaseGuard,
+) -> Result<crate::node::registry::ControlSender, pb::ExecutionFailure> {
+    let l = lease.lease();
+    state
+        .registry
+        .control_if_current(l.node(), l.generation())
+        .ok_or_else(|| pb::ExecutionFailure::new(FailureKind::TransportLost, "node connection closed before dispatch"))
+}
+
+async fn attempt_run(
     state: &Arc<EdgeState>,
-    candidates: &[Candidate],
-    lease: crate::admission::LeaseGuard,
+    provider: Option<&iop_proto::config::ProviderEntry>,
+    lease: LeaseGuard,
     request: &pb::RunRequest,
     point: CommitPoint,
     deadline: Instant,
 ) -> Attempt {
-    let l = lease.lease();
-    let Some(control) = state.registry.control_if_current(l.node(), l.generation()) else {
-        return Attempt::Failed(pb::ExecutionFailure::new(
-            FailureKind::TransportLost,
-            "node connection closed before dispatch",
-        ));
+    let control = match control_for(state, &lease) {
+        Ok(control) => control,
+        Err(failure) => return failed(failure),
     };
-    let provider = candidates.iter().find(|c| c.provider.id == l.provider_id()).map(|c| &c.provider);
+    let l = lease.lease();
     let mut request = request.clone();
     request.run_id = l.run_id().to_string();
     request.provider_id = l.provider_id().to_string();
@@ -196,28 +269,149 @@ async fn attempt_once(
     request.response_stall_timeout_ms = provider.map_or(0, |p| p.response_stall_timeout_ms);
     let target_model = l.target_model().to_string();
 
-    let mut run = match dispatch::start_run(&state.runs, &state.metrics, lease, control, request).await {
+    let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
+    let mut run = match dispatch::start_run(&state.runs, &state.metrics, lease, control, assign).await {
         Ok(run) => run,
-        Err(failure) => return Attempt::Failed(failure),
+        Err(failure) => return failed(failure),
     };
     let mut buffered = Vec::new();
     loop {
         let event = match tokio::time::timeout_at(deadline, run.next()).await {
-            Err(_) => return Attempt::Failed(failure_of(&deadline_failure())),
-            Ok(None) => return Attempt::Failed(pb::ExecutionFailure::new(FailureKind::Internal, "run ended twice")),
+            Err(_) => return failed(failure_of(&deadline_failure::<pb::RunEvent>())),
+            Ok(None) => return failed(pb::ExecutionFailure::new(FailureKind::Internal, "run ended twice")),
             Ok(Some(event)) => event,
         };
         if let Event::Failed(_) | Event::Cancelled(_) = &event {
             run.mark_retried();
-            return Attempt::Failed(failure_of(&event));
+            return failed(failure_of(&event));
         }
         let commit = is_commit(&event, point);
         let terminal = matches!(event, Event::Completed(_));
         buffered.push(event);
         if commit {
             let rest = (!terminal).then_some(LiveRun { run, deadline });
-            return Attempt::Committed(Box::new(Committed { target_model, buffered, rest }));
+            return Attempt::Committed(Box::new(Committed {
+                target_model,
+                answer: Answer::Normalized { buffered, rest },
+            }));
         }
+    }
+}
+
+/// Largest provider error body kept to decide about (and relay) an error.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+async fn attempt_tunnel(
+    state: &Arc<EdgeState>,
+    provider: Option<&iop_proto::config::ProviderEntry>,
+    lease: LeaseGuard,
+    form: &TunnelForm,
+    deadline: Instant,
+) -> Attempt {
+    let control = match control_for(state, &lease) {
+        Ok(control) => control,
+        Err(failure) => return failed(failure),
+    };
+    let l = lease.lease();
+    let target_model = l.target_model().to_string();
+    let body = match rewrite_model(&form.body, &target_model) {
+        Ok(body) => body,
+        Err(failure) => return failed(failure),
+    };
+    let request = pb::ProviderTunnelRequest {
+        tunnel_id: l.run_id().to_string(),
+        provider_id: l.provider_id().to_string(),
+        adapter: pb::AdapterKind::from(l.adapter()).into(),
+        target_model: target_model.clone(),
+        method: "POST".into(),
+        path: form.path.to_string(),
+        headers: form.headers.clone(),
+        body,
+        response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
+    };
+    let assign = pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { request: Some(request) });
+    let mut run = match dispatch::start_run(&state.tunnels, &state.metrics, lease, control, assign).await {
+        Ok(run) => run,
+        Err(failure) => return failed(failure),
+    };
+    let mut head: Option<pb::TunnelResponseHead> = None;
+    let mut buffered: Vec<Bytes> = Vec::new();
+    let mut buffered_len = 0;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, run.next()).await {
+            Err(_) => return failed(failure_of_frame(&deadline_failure::<pb::ProviderTunnelFrame>())),
+            Ok(None) => return failed(pb::ExecutionFailure::new(FailureKind::Internal, "tunnel ended twice")),
+            Ok(Some(frame)) => frame,
+        };
+        let commit = |head: pb::TunnelResponseHead, buffered, rest| {
+            Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })
+        };
+        match (frame, head.take()) {
+            (Frame::Head(h), None) => head = Some(h),
+            (Frame::Body(bytes), Some(h)) if (200..300).contains(&h.status) => {
+                buffered.push(Bytes::from(bytes));
+                return Attempt::Committed(commit(h, buffered, Some(LiveRun { run, deadline })));
+            }
+            (Frame::End(_), Some(h)) if (200..300).contains(&h.status) => {
+                return Attempt::Committed(commit(h, buffered, None));
+            }
+            // An error response: keep its (bounded) body to decide and relay.
+            (Frame::Body(bytes), Some(h)) => {
+                buffered_len += bytes.len();
+                buffered.push(Bytes::from(bytes));
+                if buffered_len > MAX_ERROR_BODY {
+                    return Attempt::Committed(commit(h, buffered, Some(LiveRun { run, deadline })));
+                }
+                head = Some(h);
+            }
+            (Frame::End(_), Some(h)) => {
+                run.mark_retried();
+                let failure = http_failure(&h, &buffered);
+                return Attempt::Failed { failure, relay: Some(commit(h, buffered, None)) };
+            }
+            (frame @ (Frame::Failed(_) | Frame::Cancelled(_)), _) => {
+                run.mark_retried();
+                return failed(failure_of_frame(&frame));
+            }
+            (_, _) => {
+                return failed(pb::ExecutionFailure::new(FailureKind::ProviderProtocol, "tunnel frames out of order"));
+            }
+        }
+    }
+}
+
+/// The client's JSON body with `model` set to the provider's target.
+fn rewrite_model(body: &[u8], target_model: &str) -> Result<Vec<u8>, pb::ExecutionFailure> {
+    let mut value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|_| pb::ExecutionFailure::new(FailureKind::InvalidRequest, "request body is not JSON"))?;
+    let object = value
+        .as_object_mut()
+        .ok_or_else(|| pb::ExecutionFailure::new(FailureKind::InvalidRequest, "request body is not a JSON object"))?;
+    object.insert("model".into(), serde_json::Value::String(target_model.to_string()));
+    Ok(serde_json::to_vec(&value).expect("a JSON value serializes"))
+}
+
+/// The failure a tunnelled error response stands for (for the retry decision).
+fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
+    let text: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).take(512).collect();
+    let mut failure = pb::ExecutionFailure::new(
+        FailureKind::ProviderHttpStatus,
+        format!("provider answered HTTP {}: {}", head.status, String::from_utf8_lossy(&text)),
+    );
+    failure.provider_status = head.status;
+    failure.retry_after_ms = head
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("retry-after"))
+        .and_then(|h| h.value.trim().parse::<u64>().ok())
+        .map_or(0, |secs| secs.saturating_mul(1000));
+    failure
+}
+
+fn failure_of_frame(frame: &Frame) -> pb::ExecutionFailure {
+    match frame {
+        Frame::Failed(f) => f.failure.clone().unwrap_or_else(|| pb::ExecutionFailure::new(FailureKind::Internal, "")),
+        _ => pb::ExecutionFailure::new(FailureKind::Internal, "the node cancelled the tunnel"),
     }
 }
 

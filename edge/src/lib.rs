@@ -23,7 +23,7 @@ use std::time::Duration;
 use axum::serve::ListenerExt;
 use iop_proto::config::EdgeConfig;
 use iop_proto::liveness::HeartbeatProfile;
-use iop_proto::pb::node_gateway_server::NodeGatewayServer;
+use iop_proto::pb::{self, node_gateway_server::NodeGatewayServer};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +40,9 @@ const RUN_STREAM_WINDOW: u32 = 256 * 1024;
 /// HTTP/2 receive window per node connection: 256 stalled runs' worth.
 const NODE_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
+/// Concurrent runs and tunnels one node connection may carry.
+const MAX_STREAMS_PER_NODE: u32 = 10_000;
+
 /// How long in-flight HTTP responses may take to finish after shutdown starts.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
@@ -48,7 +51,8 @@ pub struct EdgeState {
     pub config: Arc<EdgeConfig>,
     pub registry: Arc<NodeRegistry>,
     pub admission: Arc<AdmissionPool>,
-    pub runs: Arc<RunTable>,
+    pub runs: Arc<RunTable<pb::RunEvent>>,
+    pub tunnels: Arc<RunTable<pb::ProviderTunnelFrame>>,
     pub commands: CommandTable,
     pub generations: GenerationSource,
     pub metrics: Arc<EdgeMetrics>,
@@ -95,6 +99,7 @@ impl Edge {
             registry,
             admission,
             runs: Arc::new(RunTable::default()),
+            tunnels: Arc::new(RunTable::default()),
             commands: CommandTable::default(),
             generations: GenerationSource::default(),
             metrics,
@@ -139,6 +144,8 @@ impl Edge {
             // block the node's other runs (no head-of-line blocking).
             .initial_stream_window_size(Some(RUN_STREAM_WINDOW))
             .initial_connection_window_size(Some(NODE_CONNECTION_WINDOW))
+            // hyper's default (200) would silently cap concurrent runs per node.
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_NODE))
             .add_service(NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() }))
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
         let grpc_task = tokio::spawn(grpc_server);

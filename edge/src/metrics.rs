@@ -21,7 +21,29 @@ pub enum Api {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub api: Api,
+    /// A public model name from the config, or "unknown": never a name a
+    /// client made up.
+    pub route: String,
     /// "ok" or an `ApiError::code()`, a closed set.
+    pub outcome: &'static str,
+}
+
+/// A provider id or route name: both come from the config, so the label
+/// set is bounded by it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabels {
+    pub provider: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    pub provider: String,
+    /// committed | retried | failed | relayed_error
     pub outcome: &'static str,
 }
 
@@ -51,6 +73,9 @@ pub struct EdgeMetrics {
     pub fenced_frames: Family<ReasonLabels, Counter>,
     pub runs: Family<OutcomeLabels, Counter>,
     pub lease_releases: Family<ReasonLabels, Counter>,
+    pub attempts: Family<AttemptLabels, Counter>,
+    pub in_flight: Family<ProviderLabels, Gauge>,
+    pub queue_depth: Family<RouteLabels, Gauge>,
 }
 
 impl EdgeMetrics {
@@ -94,6 +119,12 @@ impl EdgeMetrics {
         registry.register("runs", "Runs dispatched to nodes, by terminal outcome", runs.clone());
         let lease_releases = Family::<ReasonLabels, Counter>::default();
         registry.register("lease_releases", "Provider slot leases released, by terminal path", lease_releases.clone());
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register("attempts", "Provider attempts by outcome", attempts.clone());
+        let in_flight = Family::<ProviderLabels, Gauge>::default();
+        registry.register("in_flight", "Runs holding a provider slot", in_flight.clone());
+        let queue_depth = Family::<RouteLabels, Gauge>::default();
+        registry.register("queue_depth", "Requests waiting for capacity, per route", queue_depth.clone());
         Arc::new(Self {
             registry,
             http_requests,
@@ -105,6 +136,9 @@ impl EdgeMetrics {
             fenced_frames,
             runs,
             lease_releases,
+            attempts,
+            in_flight,
+            queue_depth,
         })
     }
 

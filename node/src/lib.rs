@@ -3,12 +3,18 @@
 //! becomes ready, and runs provider adapters for the runs the Edge assigns.
 //!
 //! Data flow: `transport` (dial, session, heartbeats) -> `run` (one run's
-//! event stream) -> `adapter` (Ollama / OpenAI-compatible HTTP).
+//! event stream) -> `adapter` (Ollama / OpenAI-compatible HTTP), or
+//! `transport` -> `tunnel` (one provider HTTP exchange relayed as-is).
+//! `execution` holds what runs and tunnels share; `commands` the node
+//! commands that reach a provider.
 
 pub mod adapter;
+pub mod commands;
 pub mod config;
+pub mod execution;
 pub mod run;
 pub mod transport;
+pub mod tunnel;
 
 use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;

@@ -71,6 +71,21 @@ pub struct ProviderEntry {
     /// Most runs this provider executes at once; more wait in the route queue.
     #[serde(default = "ProviderEntry::default_capacity")]
     pub capacity: u32,
+    /// `normalized` (default): the Edge translates every API into a run and
+    /// the node's adapter speaks the provider's API. `tunnel`: requests whose
+    /// API the provider serves itself (OpenAI Chat Completions and Responses
+    /// against an OpenAI-compatible endpoint) are relayed byte-for-byte;
+    /// other APIs are still normalized.
+    #[serde(default)]
+    pub mode: ProviderMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderMode {
+    #[default]
+    Normalized,
+    Tunnel,
 }
 
 impl ProviderEntry {

@@ -59,6 +59,57 @@ impl pb::RunEvent {
     }
 }
 
+impl pb::ProviderTunnelFrame {
+    /// True for the frames that end a tunnel (end, failed, cancelled).
+    pub fn is_terminal(&self) -> bool {
+        use pb::provider_tunnel_frame::Frame;
+        matches!(self.frame, Some(Frame::End(_) | Frame::Failed(_) | Frame::Cancelled(_)))
+    }
+
+    /// Checks that the frame is present and its enums are known values.
+    pub fn validate(&self) -> Result<(), WireError> {
+        use pb::provider_tunnel_frame::Frame;
+        match self.frame.as_ref().ok_or(WireError::MissingField { field: "tunnel_frame.frame" })? {
+            Frame::Head(head) if head.status < 100 || head.status > 599 => {
+                Err(WireError::UnknownEnumValue { field: "head.status", value: head.status as i32 })
+            }
+            Frame::Failed(f) => {
+                let failure = f.failure.as_ref().ok_or(WireError::MissingField { field: "failed.failure" })?;
+                closed_enum::<pb::FailureKind>("failure.kind", failure.kind).map(drop)
+            }
+            Frame::Cancelled(c) => closed_enum::<pb::CancelReason>("cancelled.reason", c.reason).map(drop),
+            Frame::Head(_) | Frame::Body(_) | Frame::End(_) => Ok(()),
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1) plus the ones a relay must
+/// set itself; never forwarded through a tunnel in either direction.
+pub const HOP_BY_HOP_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+/// Credential headers a client may send to the Edge; the Edge never relays
+/// them to a provider (provider credentials are the node's business).
+pub const CREDENTIAL_HEADERS: &[&str] =
+    &["authorization", "x-api-key", "api-key", "cookie", "openai-organization", "openai-project"];
+
+/// Whether a header may cross a tunnel.
+pub fn relayable_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    !HOP_BY_HOP_HEADERS.contains(&name.as_str()) && !CREDENTIAL_HEADERS.contains(&name.as_str())
+}
+
 impl pb::ExecutionFailure {
     pub fn new(kind: pb::FailureKind, message: impl Into<String>) -> Self {
         Self { kind: kind.into(), message: message.into(), provider_status: 0, retry_after_ms: 0 }
@@ -98,6 +149,28 @@ mod tests {
         assert!(!text.is_terminal());
         assert_eq!(completed.validate(), Ok(()));
         assert_eq!(text.validate(), Ok(()));
+    }
+
+    #[test]
+    fn hop_by_hop_and_credential_headers_never_cross_a_tunnel() {
+        for name in ["Connection", "transfer-encoding", "Host", "Authorization", "x-api-key", "Content-Length"] {
+            assert!(!relayable_header(name), "{name}");
+        }
+        for name in ["content-type", "accept", "openai-beta", "x-request-id"] {
+            assert!(relayable_header(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn tunnel_frames_are_validated() {
+        use pb::provider_tunnel_frame::Frame;
+        let frame = |f| pb::ProviderTunnelFrame { seq: 1, frame: Some(f) };
+        assert!(frame(Frame::End(pb::TunnelEnd {})).is_terminal());
+        assert!(!frame(Frame::Body(vec![1])).is_terminal());
+        assert!(frame(Frame::Head(pb::TunnelResponseHead { status: 200, headers: vec![] })).validate().is_ok());
+        assert!(frame(Frame::Head(pb::TunnelResponseHead { status: 42, headers: vec![] })).validate().is_err());
+        assert!(frame(Frame::Cancelled(pb::RunCancelled { reason: 9 })).validate().is_err());
+        assert!(pb::ProviderTunnelFrame { seq: 1, frame: None }.validate().is_err());
     }
 
     #[test]

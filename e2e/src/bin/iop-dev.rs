@@ -82,6 +82,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         public_model: model.clone(),
         capacity: 4,
         priority: 0,
+        mode: Default::default(),
     };
     let config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
     let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;

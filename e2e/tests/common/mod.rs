@@ -54,6 +54,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         public_model: public_model.into(),
         capacity: 4,
         priority: 0,
+        mode: Default::default(),
     }
 }
 

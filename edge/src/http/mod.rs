@@ -2,32 +2,30 @@
 //! Handlers are thin: parse with `ingress::*`, pick a provider with `route`,
 //! run it with `dispatch`, render with `ingress::*`.
 
+mod admin;
 mod surface;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::stream;
 use iop_proto::pb::{self, run_event::Event};
+use iop_proto::wire::relayable_header;
 use serde_json::json;
 
 use crate::EdgeState;
-use crate::gate::{self, CommitPoint, LiveRun};
+use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
 use crate::metrics::{Api, ApiLabels, EdgeMetrics, RequestLabels};
-use crate::node::commands::CommandError;
-use crate::node::registry::health_label;
 use crate::route;
 use surface::{ChatCompletions, Messages, Responses, Surface};
-
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn router(state: Arc<EdgeState>) -> Router {
     Router::new()
@@ -38,9 +36,10 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/admin/v1/nodes", get(admin_nodes))
-        .route("/admin/v1/nodes/{name}/commands/{command}", post(admin_node_command))
-        .route("/admin/v1/providers", get(admin_providers))
+        .route("/admin/v1/nodes", get(admin::nodes))
+        .route("/admin/v1/nodes/{name}/commands/{command}", post(admin::node_command))
+        .route("/admin/v1/providers", get(admin::providers))
+        .route("/admin/v1/providers/{id}/ollama/{call}", get(admin::ollama_api))
         .with_state(state)
 }
 
@@ -57,6 +56,8 @@ fn error_response<S: Surface>(err: &ApiError) -> Response {
 struct RequestRecord {
     metrics: Arc<EdgeMetrics>,
     api: Api,
+    /// Set once the request named a configured model.
+    route: Option<String>,
     started: Instant,
     first_byte: bool,
     outcome: &'static str,
@@ -65,7 +66,7 @@ struct RequestRecord {
 impl RequestRecord {
     fn new(metrics: Arc<EdgeMetrics>, api: Api) -> Self {
         // Until the response finishes, a drop means the client went away.
-        Self { metrics, api, started: Instant::now(), first_byte: false, outcome: "client_disconnected" }
+        Self { metrics, api, route: None, started: Instant::now(), first_byte: false, outcome: "client_disconnected" }
     }
 
     fn first_byte(&mut self) {
@@ -79,7 +80,8 @@ impl RequestRecord {
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
-        self.metrics.http_requests.get_or_create(&RequestLabels { api: self.api, outcome: self.outcome }).inc();
+        let route = self.route.take().unwrap_or_else(|| "unknown".to_string());
+        self.metrics.http_requests.get_or_create(&RequestLabels { api: self.api, route, outcome: self.outcome }).inc();
         self.metrics
             .http_request_duration
             .get_or_create(&ApiLabels { api: self.api })
@@ -92,15 +94,19 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 }
 
 /// One handler for every client API: parse, run through the gate, render.
-async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, body: Body) -> Response {
+async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone(), S::API);
-    match serve::<S>(&state, body).await {
+    match serve::<S>(&state, headers, body, &mut record).await {
         Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
             record.first_byte();
             axum::Json(body).into_response()
         }
         Ok(Reply::Stream(stream)) => sse_response::<S>(*stream, record),
+        Ok(Reply::Tunnel(tunnel)) => {
+            let (head, buffered, rest) = *tunnel;
+            tunnel_response(head, buffered, rest, record)
+        }
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
@@ -112,34 +118,102 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, body: Body) -> Res
 enum Reply<S: Surface> {
     Complete(serde_json::Value),
     Stream(Box<SseStream<S>>),
+    Tunnel(Box<(pb::TunnelResponseHead, Vec<Bytes>, Option<LiveRun<pb::ProviderTunnelFrame>>)>),
 }
 
-async fn serve<S: Surface>(state: &Arc<EdgeState>, body: Body) -> Result<Reply<S>, ApiError> {
+async fn serve<S: Surface>(
+    state: &Arc<EdgeState>,
+    headers: HeaderMap,
+    body: Body,
+    record: &mut RequestRecord,
+) -> Result<Reply<S>, ApiError> {
     let bytes = read_body(body, state.config.limits.max_body_bytes).await?;
+    // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
+    if route::candidates(&state.config, &parsed.model).is_some() {
+        record.route = Some(parsed.model.clone());
+    }
+    let tunnel = S::TUNNEL_PATH.map(|path| TunnelForm {
+        path,
+        body: bytes.clone(),
+        headers: headers
+            .iter()
+            .filter(|(name, _)| relayable_header(name.as_str()))
+            .filter_map(|(name, value)| {
+                Some(pb::HttpHeader { name: name.to_string(), value: value.to_str().ok()?.to_string() })
+            })
+            .collect(),
+    });
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
-    let committed = gate::execute(state, &parsed.model, parsed.run, point).await?;
+    let committed = gate::execute(state, &parsed.model, parsed.run, tunnel, point).await?;
+    let (buffered, rest) = match committed.answer {
+        Answer::Tunnel { head, buffered, rest } => return Ok(Reply::Tunnel(Box::new((head, buffered, rest)))),
+        Answer::Normalized { buffered, rest } => (buffered, rest),
+    };
     if !parsed.stream {
         let mut collector = S::collector(parsed.context, committed.target_model);
-        for event in &committed.buffered {
+        for event in &buffered {
             S::collect(&mut collector, event);
         }
         return S::finish(collector).map(Reply::Complete);
     }
     Ok(Reply::Stream(Box::new(SseStream {
         streamer: S::streamer(parsed.context, committed.target_model),
-        events: committed.buffered.into(),
-        rest: committed.rest,
+        events: buffered.into(),
+        rest,
         frames: VecDeque::new(),
         done: false,
     })))
+}
+
+/// Relays a committed provider tunnel: the provider's status, headers and
+/// body bytes as they come. A failure after the commit aborts the body, so
+/// the client sees a broken response, never a complete one.
+fn tunnel_response(
+    head: pb::TunnelResponseHead,
+    buffered: Vec<Bytes>,
+    rest: Option<LiveRun<pb::ProviderTunnelFrame>>,
+    mut record: RequestRecord,
+) -> Response {
+    use pb::provider_tunnel_frame::Frame;
+    record.outcome = if head.status < 400 { "ok" } else { "provider_http_status" };
+    let status = StatusCode::from_u16(head.status as u16).unwrap_or(StatusCode::BAD_GATEWAY);
+    let state = (VecDeque::from(buffered), rest, record);
+    let body = stream::unfold(state, |(mut buffered, mut rest, mut record)| async move {
+        if let Some(chunk) = buffered.pop_front() {
+            record.first_byte();
+            return Some((Ok(chunk), (buffered, rest, record)));
+        }
+        let item = match rest.as_mut()?.next().await? {
+            Frame::Body(bytes) => Ok(Bytes::from(bytes)),
+            Frame::End(_) => return None,
+            Frame::Failed(failed) => {
+                record.outcome = ApiError::Execution(failed.failure.unwrap_or_default()).code();
+                Err(std::io::Error::other("provider tunnel failed after the response started"))
+            }
+            Frame::Cancelled(_) | Frame::Head(_) => Err(std::io::Error::other("provider tunnel broken")),
+        };
+        let end = item.is_err();
+        record.first_byte();
+        Some((item, (buffered, if end { None } else { rest }, record)))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = status;
+    for header in head.headers.iter().filter(|h| relayable_header(&h.name)) {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::try_from(header.name.as_str()), HeaderValue::try_from(header.value.as_str()))
+        {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response
 }
 
 /// A committed streaming response: buffered events first, then the live run.
 struct SseStream<S: Surface> {
     streamer: S::Streamer,
     events: VecDeque<Event>,
-    rest: Option<LiveRun>,
+    rest: Option<LiveRun<pb::RunEvent>>,
     frames: VecDeque<Bytes>,
     done: bool,
 }
@@ -203,88 +277,4 @@ async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
 async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
-}
-
-async fn admin_nodes(State(state): State<Arc<EdgeState>>) -> Response {
-    let names: Vec<String> = state.config.nodes.iter().map(|n| n.name.clone()).collect();
-    axum::Json(json!({ "nodes": state.registry.snapshot(&names) })).into_response()
-}
-
-async fn admin_providers(State(state): State<Arc<EdgeState>>) -> Response {
-    let nodes = state.registry.snapshot(&state.config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
-    let load = state.admission.snapshot();
-    let providers: Vec<_> = state
-        .config
-        .providers
-        .iter()
-        .map(|p| {
-            let node = nodes.iter().find(|n| n.name == p.node);
-            let node_ready = node.is_some_and(|n| n.phase == Some(crate::node::registry::SessionPhase::Ready));
-            let health = node.and_then(|n| n.providers.get(&p.id).copied()).unwrap_or(health_label(pb::ProviderHealth::Unknown));
-            json!({
-                "id": p.id,
-                "node": p.node,
-                "adapter": p.adapter,
-                "target_model": p.target.model,
-                "models": p.models.iter().map(|m| json!({ "name": m.name, "priority": m.priority })).collect::<Vec<_>>(),
-                "node_ready": node_ready,
-                "health": health,
-                "dispatchable": state.registry.ready_for(&p.node, &p.id).is_some(),
-                "capacity": p.capacity,
-                "in_flight": load.providers.get(&p.id).map_or(0, |l| l.in_flight),
-            })
-        })
-        .collect();
-    axum::Json(json!({
-        "providers": providers,
-        "queued": load.queued,
-        "in_flight_runs": state.runs.in_flight(),
-        "leases": { "acquired": load.acquired, "released": load.released, "double_releases": load.double_releases },
-    }))
-    .into_response()
-}
-
-/// Runs CAPABILITIES or TRANSPORT_STATUS on a node and returns its answer.
-async fn admin_node_command(
-    State(state): State<Arc<EdgeState>>,
-    Path((name, command)): Path<(String, String)>,
-) -> Response {
-    let kind = match command.as_str() {
-        "capabilities" => pb::CommandKind::Capabilities,
-        "transport_status" => pb::CommandKind::TransportStatus,
-        _ => {
-            return (
-                StatusCode::NOT_FOUND,
-                axum::Json(json!({ "error": "command must be capabilities or transport_status" })),
-            )
-                .into_response();
-        }
-    };
-    let Some(control) = state.registry.control_of(&name) else {
-        return (StatusCode::NOT_FOUND, axum::Json(json!({ "error": CommandError::NotConnected.to_string() })))
-            .into_response();
-    };
-    match state.commands.send(&control, kind, COMMAND_TIMEOUT).await {
-        Ok(result) => axum::Json(command_json(&result)).into_response(),
-        Err(e) => (StatusCode::GATEWAY_TIMEOUT, axum::Json(json!({ "error": e.to_string() }))).into_response(),
-    }
-}
-
-fn command_json(result: &pb::NodeCommandResult) -> serde_json::Value {
-    use pb::node_command_result::Result as R;
-    match &result.result {
-        Some(R::Capabilities(c)) => json!({
-            "providers": c.providers.iter().map(|p| json!({
-                "provider_id": p.provider_id,
-                "health": health_label(p.health()),
-            })).collect::<Vec<_>>()
-        }),
-        Some(R::TransportStatus(t)) => json!({
-            "generation": t.generation,
-            "active_runs": t.active_runs,
-            "connected_for_ms": t.connected_for_ms,
-        }),
-        Some(R::Error(e)) => json!({ "error": e.message, "code": e.code().as_str_name() }),
-        None => json!({ "error": "empty result" }),
-    }
 }

@@ -21,6 +21,9 @@ pub struct Parsed<C> {
 
 pub trait Surface: Send + 'static {
     const API: Api;
+    /// The same API's path at an OpenAI-compatible provider, if a provider
+    /// in `tunnel` mode can take this request as-is.
+    const TUNNEL_PATH: Option<&'static str>;
     type Context: Send + 'static;
     type Streamer: Send + 'static;
     type Collector: Send + 'static;
@@ -61,6 +64,7 @@ pub struct ChatCompletions;
 
 impl Surface for ChatCompletions {
     const API: Api = Api::chat_completions;
+    const TUNNEL_PATH: Option<&'static str> = Some("/v1/chat/completions");
     type Context = bool;
     type Streamer = chat::ChunkRenderer;
     type Collector = chat::CompletionAggregator;
@@ -99,6 +103,7 @@ pub struct Responses;
 
 impl Surface for Responses {
     const API: Api = Api::responses;
+    const TUNNEL_PATH: Option<&'static str> = Some("/v1/responses");
     type Context = (Option<String>, Option<u32>);
     type Streamer = responses::EventRenderer;
     type Collector = responses::ResponseAggregator;
@@ -134,6 +139,8 @@ pub struct Messages;
 
 impl Surface for Messages {
     const API: Api = Api::messages;
+    // No provider adapter speaks the Anthropic API: always normalized.
+    const TUNNEL_PATH: Option<&'static str> = None;
     type Context = ();
     type Streamer = messages::EventRenderer;
     type Collector = messages::MessageAggregator;

@@ -26,21 +26,18 @@ pub struct CommandTable {
 }
 
 impl CommandTable {
+    /// Sends `command` (its id is assigned here) and waits for its result.
     pub async fn send(
         &self,
         control: &ControlSender,
-        kind: pb::CommandKind,
+        mut command: pb::NodeCommand,
         timeout: Duration,
     ) -> Result<pb::NodeCommandResult, CommandError> {
         let command_id = uuid::Uuid::new_v4().simple().to_string();
+        command.command_id = command_id.clone();
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(command_id.clone(), tx);
-        let msg = pb::EdgeToNode {
-            msg: Some(pb::edge_to_node::Msg::Command(pb::NodeCommand {
-                command_id: command_id.clone(),
-                kind: kind.into(),
-            })),
-        };
+        let msg = pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::Command(command)) };
         let result = match control.send(Ok(msg)).await {
             Err(_) => Err(CommandError::NotConnected),
             Ok(()) => match tokio::time::timeout(timeout, rx).await {

@@ -1,16 +1,17 @@
 //! The `NodeGateway` gRPC service: the control stream starts a session; each
-//! `RunEvents` call carries one run's events into its `RunStream`.
+//! `RunEvents` / `TunnelFrames` call carries one run's frames into its
+//! `RunStream`.
 
 use std::sync::Arc;
 
-use iop_proto::pb::{self, node_gateway_server::NodeGateway, run_uplink::Frame};
+use iop_proto::pb::{self, node_gateway_server::NodeGateway};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::NodePeer;
 use crate::EdgeState;
-use crate::dispatch::AttachError;
+use crate::dispatch::{AttachError, NodeFrame, RunTable};
 
 /// Control messages queued per node connection.
 const CONTROL_CHANNEL_CAPACITY: usize = 256;
@@ -22,6 +23,42 @@ pub struct GatewayService {
 fn peer<T>(request: &Request<T>) -> Result<NodePeer, Status> {
     // Present on every connection the mTLS accept loop let through.
     request.extensions().get::<NodePeer>().cloned().ok_or_else(|| Status::unauthenticated("no verified node identity"))
+}
+
+/// One message of a run's uplink: the opening frame or a payload frame.
+enum Uplink<F> {
+    Open { id: String, generation: u64 },
+    Frame(F),
+    Empty,
+}
+
+trait UplinkMessage: Send + 'static {
+    type Frame: NodeFrame;
+    fn split(self) -> Uplink<Self::Frame>;
+}
+
+impl UplinkMessage for pb::RunUplink {
+    type Frame = pb::RunEvent;
+    fn split(self) -> Uplink<pb::RunEvent> {
+        use pb::run_uplink::Frame;
+        match self.frame {
+            Some(Frame::Open(o)) => Uplink::Open { id: o.run_id, generation: o.generation },
+            Some(Frame::Event(e)) => Uplink::Frame(e),
+            None => Uplink::Empty,
+        }
+    }
+}
+
+impl UplinkMessage for pb::TunnelUplink {
+    type Frame = pb::ProviderTunnelFrame;
+    fn split(self) -> Uplink<pb::ProviderTunnelFrame> {
+        use pb::tunnel_uplink::Msg;
+        match self.msg {
+            Some(Msg::Open(o)) => Uplink::Open { id: o.tunnel_id, generation: o.generation },
+            Some(Msg::Frame(f)) => Uplink::Frame(f),
+            None => Uplink::Empty,
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -43,12 +80,35 @@ impl NodeGateway for GatewayService {
         request: Request<Streaming<pb::RunUplink>>,
     ) -> Result<Response<pb::RunEventsAck>, Status> {
         let peer = peer(&request)?;
-        let mut inbound = request.into_inner();
-        let open = match inbound.message().await? {
-            Some(pb::RunUplink { frame: Some(Frame::Open(open)) }) => open,
-            _ => return Err(Status::invalid_argument("first RunEvents frame must be RunOpen")),
+        let accepted = self.relay(&self.state.runs, &peer, request.into_inner()).await?;
+        Ok(Response::new(pb::RunEventsAck { accepted_events: accepted }))
+    }
+
+    async fn tunnel_frames(
+        &self,
+        request: Request<Streaming<pb::TunnelUplink>>,
+    ) -> Result<Response<pb::TunnelAck>, Status> {
+        let peer = peer(&request)?;
+        let accepted = self.relay(&self.state.tunnels, &peer, request.into_inner()).await?;
+        Ok(Response::new(pb::TunnelAck { accepted_frames: accepted }))
+    }
+}
+
+impl GatewayService {
+    /// Carries one run's frames from its gRPC stream into its `RunStream`,
+    /// after binding the stream to the run (same node, current generation).
+    /// Returns how many frames were accepted.
+    async fn relay<U: UplinkMessage>(
+        &self,
+        table: &RunTable<U::Frame>,
+        peer: &NodePeer,
+        mut inbound: Streaming<U>,
+    ) -> Result<u64, Status> {
+        let (id, generation) = match inbound.message().await?.map(UplinkMessage::split) {
+            Some(Uplink::Open { id, generation }) => (id, generation),
+            _ => return Err(Status::invalid_argument("the first frame must open the run")),
         };
-        let attached = match self.state.runs.attach(&open.run_id, &peer.identity.name, open.generation) {
+        let attached = match table.attach(&id, &peer.identity.name, generation) {
             Ok(attached) => attached,
             Err(reason) => {
                 self.count_dropped(reason);
@@ -57,51 +117,49 @@ impl NodeGateway for GatewayService {
         };
         let mut accepted = 0u64;
         loop {
-            let frame = tokio::select! {
+            let message = tokio::select! {
                 biased;
                 // Fenced: keep the stream open only to count what still arrives.
                 _ = attached.fence.cancelled() => return Err(self.drop_stream(AttachError::FencedGeneration, inbound).await),
                 // The client went away: end this stream so the node aborts.
                 _ = attached.events.closed() => return Err(Status::cancelled("run cancelled by the client")),
-                frame = inbound.message() => frame,
+                message = inbound.message() => message,
             };
-            let event = match frame {
-                Ok(Some(pb::RunUplink { frame: Some(Frame::Event(event)) })) => event,
-                Ok(Some(_)) => return Err(Status::invalid_argument("RunEvents frames after the first must be events")),
+            let frame = match message.map(|m| m.map(UplinkMessage::split)) {
+                Ok(Some(Uplink::Frame(frame))) => frame,
+                Ok(Some(_)) => return Err(Status::invalid_argument("only the first frame may open the run")),
                 // Ending without a terminal: the RunStream reports it.
-                Ok(None) | Err(_) => return Ok(Response::new(pb::RunEventsAck { accepted_events: accepted })),
+                Ok(None) | Err(_) => return Ok(accepted),
             };
-            let terminal = event.is_terminal();
+            let terminal = frame.is_terminal();
             tokio::select! {
                 biased;
                 _ = attached.fence.cancelled() => {
                     self.count_dropped(AttachError::FencedGeneration);
                     return Err(self.drop_stream(AttachError::FencedGeneration, inbound).await);
                 }
-                sent = attached.events.send(event) => if sent.is_err() {
+                sent = attached.events.send(frame) => if sent.is_err() {
                     return Err(Status::cancelled("run cancelled by the client"));
                 },
             }
             accepted += 1;
             if terminal {
-                return Ok(Response::new(pb::RunEventsAck { accepted_events: accepted }));
+                return Ok(accepted);
             }
         }
     }
-}
 
-impl GatewayService {
     fn count_dropped(&self, reason: AttachError) {
         self.state.metrics.reason(&self.state.metrics.fenced_frames, reason.label());
     }
 
     /// Counts every further frame of a stream that may not deliver (fenced
     /// generation, unknown run, ...) until the node closes it, then refuses it.
-    async fn drop_stream(&self, reason: AttachError, mut inbound: Streaming<pb::RunUplink>) -> Status {
+    async fn drop_stream<U: UplinkMessage>(&self, reason: AttachError, mut inbound: Streaming<U>) -> Status {
         while let Ok(Some(_)) = inbound.message().await {
             self.count_dropped(reason);
         }
-        tracing::debug!(reason = reason.label(), "dropped a RunEvents stream");
+        tracing::debug!(reason = reason.label(), "dropped a node run stream");
         Status::failed_precondition(reason.label())
     }
 }

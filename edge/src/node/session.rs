@@ -117,7 +117,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
     let reason = serve(&state, &node, generation, &mut inbound, &out, &close).await;
 
     state.registry.remove(&node, generation);
-    let fenced = state.runs.fence_generation(&node, generation);
+    let fenced = state.runs.fence_generation(&node, generation) + state.tunnels.fence_generation(&node, generation);
     state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
     // Waiters queued for this node's providers fail fast or move elsewhere.
     state.admission.drain_queues();

@@ -65,11 +65,18 @@ impl Reply {
 pub(crate) struct Captured {
     pub method: String,
     pub path: String,
+    pub query: Option<String>,
     pub content_type: Option<String>,
+    /// Every request header, names lowercase, in arrival order.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Captured {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
     pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).expect("request body is JSON")
     }
@@ -103,7 +110,13 @@ pub(crate) async fn serve(reply: Reply) -> FakeProvider {
             let _ = tx.send(Captured {
                 method: parts.method.to_string(),
                 path: parts.uri.path().to_owned(),
+                query: parts.uri.query().map(str::to_owned),
                 content_type: parts.headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned),
+                headers: parts
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                    .collect(),
                 body: body.to_vec(),
             });
             reply.response()

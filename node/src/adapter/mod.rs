@@ -15,7 +15,7 @@ mod openai;
 mod sse;
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 
 use std::fmt;
 use std::sync::Arc;
@@ -91,7 +91,7 @@ impl ProviderTarget {
         Ok(Self { provider_id: a.provider_id.clone(), adapter, target_model: a.target_model.clone(), base_url })
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base_url)
     }
 }
@@ -279,7 +279,8 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
         return Ok(response);
     }
     let retry_after_ms = response.headers().get(RETRY_AFTER).and_then(parse_retry_after);
-    let body = read_capped(response, ERROR_BODY_LIMIT).await;
+    // A transport error here only costs us the message.
+    let (body, _) = read_capped(response, ERROR_BODY_LIMIT).await;
     let message = provider_error_message(&body)
         .unwrap_or_else(|| status.canonical_reason().unwrap_or("unrecognized status").to_owned());
     Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message })
@@ -291,7 +292,10 @@ fn parse_retry_after(value: &HeaderValue) -> Option<u64> {
     Some(seconds.saturating_mul(1000))
 }
 
-async fn read_capped(mut response: reqwest::Response, cap: usize) -> Vec<u8> {
+/// Reads at most `cap` bytes of the body, then drops the response (which
+/// closes the connection if more was coming). Returns what was read and the
+/// transport error that ended the read early, if one did.
+pub(crate) async fn read_capped(mut response: reqwest::Response, cap: usize) -> (Vec<u8>, Option<reqwest::Error>) {
     let mut body = Vec::new();
     while body.len() < cap {
         match response.chunk().await {
@@ -299,11 +303,11 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> Vec<u8> {
                 let take = chunk.len().min(cap - body.len());
                 body.extend_from_slice(&chunk[..take]);
             }
-            // A transport error here only costs us the message.
-            Ok(None) | Err(_) => break,
+            Ok(None) => break,
+            Err(e) => return (body, Some(e)),
         }
     }
-    body
+    (body, None)
 }
 
 /// The provider's own error message from a JSON error body: OpenAI
@@ -349,7 +353,7 @@ fn truncate_chars(text: &str, max: usize) -> String {
     }
 }
 
-fn transport_error(context: &str, e: reqwest::Error) -> AdapterError {
+pub(crate) fn transport_error(context: &str, e: reqwest::Error) -> AdapterError {
     // The caller names the URL; reqwest would repeat it in its Display.
     AdapterError::Unreachable(format!("{context}: {}", error_chain(&e.without_url())))
 }

@@ -1,7 +1,9 @@
 //! One connection's control session: Register, apply the provider config,
-//! check every provider answers, NodeReady, then heartbeats, run assignment,
-//! cancel and commands until the connection ends. Runs started on a session
-//! are cancelled when it ends: their generation is fenced at the Edge anyway.
+//! check every provider answers, NodeReady, then heartbeats, run and tunnel
+//! assignment, cancel and commands until the connection ends. Runs and
+//! tunnels share one id space (`Cancel.run_id` names either); those started
+//! on a session are cancelled when it ends: their generation is fenced at
+//! the Edge anyway.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,7 +21,10 @@ use tonic::transport::Channel;
 
 use super::sequence::SessionSequence;
 use crate::adapter::{self, ProviderTarget};
-use crate::run::{self, RunContext};
+use crate::execution::{Cancel, ExecutionContext};
+// The module only: `crate::run` is also a function.
+use crate::run::{self};
+use crate::{commands, tunnel};
 
 /// Bound on each provider check at readiness and for CAPABILITIES.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -109,13 +114,14 @@ pub async fn run(
         providers,
         http,
         client,
-        runs: Arc::new(Mutex::new(HashMap::new())),
+        executions: Arc::new(Mutex::new(HashMap::new())),
         sequence: Arc::new(SessionSequence::default()),
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
-    // Runs are bound to this connection; the Edge has fenced them already.
-    for (_, cancel) in session.runs.lock().unwrap().drain() {
-        cancel.cancel();
+    // Runs and tunnels are bound to this connection; the Edge has fenced
+    // them already, so their terminal's reason is never looked at.
+    for (_, cancel) in session.executions.lock().unwrap().drain() {
+        cancel.cancel(pb::CancelReason::ClientDisconnected);
     }
     end
 }
@@ -126,7 +132,8 @@ struct Session {
     providers: Arc<Providers>,
     http: reqwest::Client,
     client: NodeGatewayClient<Channel>,
-    runs: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    /// Running runs and tunnels by id (one id space).
+    executions: Arc<Mutex<HashMap<String, Cancel>>>,
     /// Source of `health_observation_seq` for this connection.
     #[allow(dead_code)] // consumed by the stall watchdog's observations
     sequence: Arc<SessionSequence>,
@@ -172,10 +179,24 @@ impl Session {
                             ready = true;
                             tracing::info!(generation = self.generation, "node ready");
                         }
-                        Msg::RunAssign(assign) if ready => self.start_run(assign),
+                        Msg::RunAssign(assign) if ready => {
+                            if let Some(request) = assign.request {
+                                let id = request.run_id.clone();
+                                self.spawn_execution(id, |ctx, cancel| run::execute(ctx, request, cancel));
+                            }
+                        }
+                        Msg::TunnelAssign(assign) if ready => {
+                            if let Some(request) = assign.request {
+                                let id = request.tunnel_id.clone();
+                                self.spawn_execution(id, |ctx, cancel| tunnel::execute(ctx, request, cancel));
+                            }
+                        }
                         Msg::Cancel(cancel) => {
-                            if let Some(token) = self.runs.lock().unwrap().remove(&cancel.run_id) {
-                                token.cancel();
+                            if let Some(execution) = self.executions.lock().unwrap().remove(&cancel.run_id) {
+                                // An unknown reason still cancels.
+                                let reason = iop_proto::wire::closed_enum("cancel.reason", cancel.reason)
+                                    .unwrap_or(pb::CancelReason::ClientDisconnected);
+                                execution.cancel(reason);
                             }
                         }
                         Msg::Command(command) if ready => self.answer(command, out),
@@ -188,21 +209,29 @@ impl Session {
         }
     }
 
-    fn start_run(&self, assign: pb::RunAssign) {
-        let Some(request) = assign.request else { return };
-        let cancel = CancellationToken::new();
-        self.runs.lock().unwrap().insert(request.run_id.clone(), cancel.clone());
-        let ctx = RunContext {
+    /// Starts a run or tunnel under `id`, cancellable until it ends.
+    fn spawn_execution<F, Fut>(&self, id: String, execute: F)
+    where
+        F: FnOnce(ExecutionContext, Cancel) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let cancel = Cancel::new();
+        self.executions.lock().unwrap().insert(id.clone(), cancel.clone());
+        let ctx = ExecutionContext {
             client: self.client.clone(),
             http: self.http.clone(),
             providers: self.providers.clone(),
             generation: self.generation,
         };
-        let runs = self.runs.clone();
+        let execution = execute(ctx, cancel.clone());
+        let executions = self.executions.clone();
         tokio::spawn(async move {
-            let run_id = request.run_id.clone();
-            run::execute(ctx, request, cancel).await;
-            runs.lock().unwrap().remove(&run_id);
+            execution.await;
+            let mut executions = executions.lock().unwrap();
+            // Only this execution's entry: the id may have been reassigned.
+            if executions.get(&id).is_some_and(|c| c.same(&cancel)) {
+                executions.remove(&id);
+            }
         });
     }
 
@@ -213,7 +242,7 @@ impl Session {
         let (http, providers) = (self.http.clone(), self.providers.clone());
         let status = pb::TransportStatus {
             generation: self.generation,
-            active_runs: self.runs.lock().unwrap().len() as u64,
+            active_runs: self.executions.lock().unwrap().len() as u64,
             connected_for_ms: self.connected_at.elapsed().as_millis() as u64,
         };
         // Probes can take seconds: answer off the control loop.
@@ -223,6 +252,9 @@ impl Session {
                     R::Capabilities(pb::Capabilities { providers: probe_all(&http, &providers).await })
                 }
                 Ok(pb::CommandKind::TransportStatus) => R::TransportStatus(status),
+                Ok(pb::CommandKind::OllamaApi) => {
+                    commands::ollama_api(&http, &providers, &command.provider_id, command.ollama_call).await
+                }
                 Ok(pb::CommandKind::Unspecified) | Err(_) => R::Error(pb::CommandError {
                     code: pb::CommandErrorCode::Unsupported.into(),
                     message: format!("unsupported command kind {}", command.kind),
@@ -243,5 +275,6 @@ fn msg_name(msg: &Msg) -> &'static str {
         Msg::RunAssign(_) => "RunAssign before ready",
         Msg::Cancel(_) => "Cancel",
         Msg::Command(_) => "NodeCommand before ready",
+        Msg::TunnelAssign(_) => "TunnelAssign before ready",
     }
 }

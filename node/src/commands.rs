@@ -1,0 +1,207 @@
+//! Node commands that reach a provider. OLLAMA_API runs one call from a
+//! fixed, read-only allowlist against an Ollama provider's base URL; the
+//! caller names the provider and the call, never a path, a method or a
+//! model (`show` always asks about the provider's own target model).
+
+use std::time::Duration;
+
+use iop_proto::pb::{self, CommandErrorCode, OllamaApiCall, node_command_result::Result as CommandResult};
+use iop_proto::wire::closed_enum;
+use reqwest::Method;
+use reqwest::header::{CONTENT_TYPE, HeaderValue};
+
+use crate::adapter::{self, AdapterKind};
+use crate::transport::session::Providers;
+
+/// Bound on one OLLAMA_API call, connect to last body byte.
+pub const OLLAMA_API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most of the provider's answer passed back; the rest is not read.
+pub const OLLAMA_API_BODY_LIMIT: usize = 1024 * 1024;
+
+/// Runs one OLLAMA_API command and returns its result (an error result for
+/// an unknown call, a provider that is not an assigned Ollama provider, or a
+/// provider that cannot be reached in time). Any HTTP status the provider
+/// answers is passed back as-is with its body (truncated to
+/// [`OLLAMA_API_BODY_LIMIT`]).
+pub async fn ollama_api(http: &reqwest::Client, providers: &Providers, provider_id: &str, call: i32) -> CommandResult {
+    match ollama_api_call(http, providers, provider_id, call).await {
+        Ok(result) => CommandResult::OllamaApi(result),
+        Err(error) => CommandResult::Error(error),
+    }
+}
+
+fn error(code: CommandErrorCode, message: impl Into<String>) -> pb::CommandError {
+    pb::CommandError { code: code.into(), message: message.into() }
+}
+
+/// The allowlist: method, path and whether the body names the target model.
+fn endpoint(call: OllamaApiCall) -> Option<(Method, &'static str, bool)> {
+    match call {
+        OllamaApiCall::Tags => Some((Method::GET, "/api/tags", false)),
+        OllamaApiCall::Ps => Some((Method::GET, "/api/ps", false)),
+        OllamaApiCall::Version => Some((Method::GET, "/api/version", false)),
+        OllamaApiCall::Show => Some((Method::POST, "/api/show", true)),
+        OllamaApiCall::Unspecified => None,
+    }
+}
+
+async fn ollama_api_call(
+    http: &reqwest::Client,
+    providers: &Providers,
+    provider_id: &str,
+    call: i32,
+) -> Result<pb::OllamaApiResult, pb::CommandError> {
+    let unsupported = || error(CommandErrorCode::Unsupported, format!("unsupported ollama_call {call}"));
+    let (method, path, names_model) =
+        closed_enum::<OllamaApiCall>("command.ollama_call", call).ok().and_then(endpoint).ok_or_else(unsupported)?;
+    let invalid = |why: &str| error(CommandErrorCode::InvalidTarget, format!("provider `{provider_id}` {why}"));
+    let target = match providers.get(provider_id) {
+        None => return Err(invalid("is not assigned to this node")),
+        Some(Err(_)) => return Err(invalid("has an invalid assignment")),
+        Some(Ok(target)) if target.adapter != AdapterKind::Ollama => {
+            return Err(invalid("does not use the ollama adapter"));
+        }
+        Some(Ok(target)) => target,
+    };
+    let url = target.url(path);
+    let context = format!("{method} {url}");
+    let mut request = http.request(method, &url).timeout(OLLAMA_API_TIMEOUT);
+    if names_model {
+        let body = serde_json::json!({ "model": target.target_model });
+        request = request.header(CONTENT_TYPE, HeaderValue::from_static("application/json")).body(body.to_string());
+    }
+    let exchange = async {
+        let response = request.send().await.map_err(|e| adapter::transport_error(&context, e))?;
+        let status = u32::from(response.status().as_u16());
+        match adapter::read_capped(response, OLLAMA_API_BODY_LIMIT).await {
+            (_, Some(e)) => Err(adapter::transport_error("reading the provider's answer", e)),
+            (body, None) => Ok(pb::OllamaApiResult { status, body }),
+        }
+    };
+    match tokio::time::timeout(OLLAMA_API_TIMEOUT, exchange).await {
+        Ok(Ok(result)) => Ok(result),
+        Ok(Err(e)) => Err(error(CommandErrorCode::ProviderFailed, e.to_string())),
+        Err(_) => Err(error(
+            CommandErrorCode::ProviderFailed,
+            format!("{context}: no complete answer within {} s", OLLAMA_API_TIMEOUT.as_secs()),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::ProviderTarget;
+    use crate::adapter::fake::{self, Reply};
+
+    fn providers(ollama_base: &str) -> Providers {
+        let target = |id: &str, adapter, base: &str| ProviderTarget {
+            provider_id: id.into(),
+            adapter,
+            target_model: "llama3.2:3b".into(),
+            base_url: base.into(),
+        };
+        Providers::from([
+            ("ollama".to_owned(), Ok(target("ollama", AdapterKind::Ollama, ollama_base))),
+            ("openai".to_owned(), Ok(target("openai", AdapterKind::OpenAi, ollama_base))),
+            ("broken".to_owned(), Err("bad assignment".to_owned())),
+        ])
+    }
+
+    fn expect_error(result: CommandResult, code: CommandErrorCode) -> String {
+        match result {
+            CommandResult::Error(e) if e.code() == code => e.message,
+            other => panic!("expected {code:?}, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_allowed_call_hits_its_path_and_method() {
+        let http = adapter::http_client();
+        let mut provider = fake::serve(Reply::json(200, r#"{"ok":true}"#)).await;
+        let providers = providers(&provider.base_url);
+        let calls = [
+            (OllamaApiCall::Tags, "GET", "/api/tags"),
+            (OllamaApiCall::Ps, "GET", "/api/ps"),
+            (OllamaApiCall::Version, "GET", "/api/version"),
+            (OllamaApiCall::Show, "POST", "/api/show"),
+        ];
+        for (call, method, path) in calls {
+            match ollama_api(&http, &providers, "ollama", call.into()).await {
+                CommandResult::OllamaApi(r) => assert_eq!((r.status, r.body.as_slice()), (200, &br#"{"ok":true}"#[..])),
+                other => panic!("{call:?}: {other:?}"),
+            }
+            let seen = provider.request().await;
+            assert_eq!((seen.method.as_str(), seen.path.as_str()), (method, path), "{call:?}");
+            if call == OllamaApiCall::Show {
+                assert_eq!(seen.json(), serde_json::json!({"model": "llama3.2:3b"}));
+                assert_eq!(seen.content_type.as_deref(), Some("application/json"));
+            } else {
+                assert!(seen.body.is_empty(), "{call:?} sends no body");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn provider_status_is_passed_back_as_is() {
+        let http = adapter::http_client();
+        let provider = fake::serve(Reply::json(404, r#"{"error":"model not found"}"#)).await;
+        match ollama_api(&http, &providers(&provider.base_url), "ollama", OllamaApiCall::Show.into()).await {
+            CommandResult::OllamaApi(r) => {
+                assert_eq!((r.status, r.body.as_slice()), (404, &br#"{"error":"model not found"}"#[..]))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn targets_other_than_an_assigned_ollama_provider_are_invalid() {
+        let http = adapter::http_client();
+        let mut provider = fake::serve(Reply::json(200, "{}")).await;
+        let providers = providers(&provider.base_url);
+        for id in ["openai", "broken", "unknown"] {
+            let message = expect_error(
+                ollama_api(&http, &providers, id, OllamaApiCall::Tags.into()).await,
+                CommandErrorCode::InvalidTarget,
+            );
+            assert!(message.contains(id), "{message}");
+        }
+        // Nothing reached the provider.
+        assert!(tokio::time::timeout(Duration::from_millis(20), provider.request()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn unknown_and_unspecified_calls_are_unsupported() {
+        let http = adapter::http_client();
+        let providers = providers("http://127.0.0.1:9");
+        for call in [0, 99] {
+            expect_error(ollama_api(&http, &providers, "ollama", call).await, CommandErrorCode::Unsupported);
+        }
+    }
+
+    #[tokio::test]
+    async fn unreachable_provider_is_a_provider_failure() {
+        let http = adapter::http_client();
+        let providers = providers(&fake::refused_base_url().await);
+        let message = expect_error(
+            ollama_api(&http, &providers, "ollama", OllamaApiCall::Version.into()).await,
+            CommandErrorCode::ProviderFailed,
+        );
+        assert!(message.contains("/api/version"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn oversized_bodies_are_truncated() {
+        let http = adapter::http_client();
+        let chunk = vec![b'x'; 256 * 1024];
+        let provider = fake::serve(Reply::chunks(200, "application/json", vec![chunk; 6])).await;
+        match ollama_api(&http, &providers(&provider.base_url), "ollama", OllamaApiCall::Tags.into()).await {
+            CommandResult::OllamaApi(r) => {
+                assert_eq!(r.status, 200);
+                assert_eq!(r.body.len(), OLLAMA_API_BODY_LIMIT);
+                assert!(r.body.iter().all(|&b| b == b'x'));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! What runs and tunnels share. Both are executions bound to the session that
+//! assigned them (one id space): validated against the assigned providers,
+//! given their own client-streaming call toward the Edge (first frame names
+//! the execution and its generation, later frames are numbered from seq 1,
+//! exactly one terminal ends it), and ended early by a `Cancel`, by the Edge
+//! ending the call, or by the session ending.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS;
+use iop_proto::pb::{self, node_gateway_client::NodeGatewayClient};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::adapter::ProviderTarget;
+use crate::transport::session::Providers;
+
+/// Largest accepted `response_stall_timeout_ms` (one hour).
+pub const MAX_RESPONSE_STALL_TIMEOUT_MS: u64 = 3_600_000;
+/// Frames buffered toward the Edge per execution; beyond this the HTTP/2
+/// stream's own flow control pushes back on this execution only.
+pub(crate) const UPLINK_CAPACITY: usize = 16;
+/// How long to wait for the Edge to acknowledge a finished execution's stream.
+const ACK_WAIT: Duration = Duration::from_secs(5);
+
+/// What an execution needs from its session.
+pub struct ExecutionContext {
+    pub client: NodeGatewayClient<Channel>,
+    pub http: reqwest::Client,
+    pub providers: Arc<Providers>,
+    pub generation: u64,
+}
+
+// ------------------------------------------------------------ validation
+
+/// The fields of a run or tunnel request that name its provider.
+#[derive(Debug, Clone, Copy)]
+pub struct Assigned<'r> {
+    pub provider_id: &'r str,
+    /// Wire `AdapterKind`.
+    pub adapter: i32,
+    pub target_model: &'r str,
+    pub response_stall_timeout_ms: u64,
+}
+
+impl<'r> From<&'r pb::RunRequest> for Assigned<'r> {
+    fn from(r: &'r pb::RunRequest) -> Self {
+        Self {
+            provider_id: &r.provider_id,
+            adapter: r.adapter,
+            target_model: &r.target_model,
+            response_stall_timeout_ms: r.response_stall_timeout_ms,
+        }
+    }
+}
+
+impl<'r> From<&'r pb::ProviderTunnelRequest> for Assigned<'r> {
+    fn from(r: &'r pb::ProviderTunnelRequest) -> Self {
+        Self {
+            provider_id: &r.provider_id,
+            adapter: r.adapter,
+            target_model: &r.target_model,
+            response_stall_timeout_ms: r.response_stall_timeout_ms,
+        }
+    }
+}
+
+/// Why a run or tunnel is refused before any provider call. Every message is
+/// safe to put on the wire (no payload, no path or header values).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("provider `{0}` is not assigned to this node")]
+    UnknownProvider(String),
+    #[error("provider `{0}` has an invalid assignment")]
+    InvalidAssignment(String),
+    #[error("request does not match the provider's adapter or target")]
+    TargetMismatch,
+    #[error(
+        "response_stall_timeout_ms {0} is out of range (0 for the default, or up to {MAX_RESPONSE_STALL_TIMEOUT_MS})"
+    )]
+    InvalidStallTimeout(u64),
+    /// Tunnels only: the HTTP method is not GET or POST.
+    #[error("method `{0}` is not relayed (GET or POST only)")]
+    UnsupportedMethod(String),
+    /// Tunnels only: the path could leave the provider's base URL.
+    #[error("path is not relayed: {0}")]
+    InvalidPath(&'static str),
+    /// Tunnels only: a header the provider request cannot carry.
+    #[error("header `{0}` is not a valid HTTP header")]
+    InvalidHeader(String),
+}
+
+impl Rejection {
+    pub fn to_failure(&self) -> pb::ExecutionFailure {
+        pb::ExecutionFailure::new(pb::FailureKind::InvalidRequest, self.to_string())
+    }
+}
+
+/// Checks a request against the assigned providers; returns its target and
+/// the effective response-stall timeout (wire 0 means the 300 s default).
+pub fn validate<'a>(
+    providers: &'a Providers,
+    request: Assigned<'_>,
+) -> Result<(&'a ProviderTarget, Duration), Rejection> {
+    let target = match providers.get(request.provider_id) {
+        None => return Err(Rejection::UnknownProvider(request.provider_id.to_owned())),
+        Some(Err(_)) => return Err(Rejection::InvalidAssignment(request.provider_id.to_owned())),
+        Some(Ok(target)) => target,
+    };
+    if request.adapter != i32::from(target.adapter.to_wire()) || request.target_model != target.target_model {
+        return Err(Rejection::TargetMismatch);
+    }
+    let stall_ms = match request.response_stall_timeout_ms {
+        0 => DEFAULT_RESPONSE_STALL_TIMEOUT_MS,
+        ms if ms <= MAX_RESPONSE_STALL_TIMEOUT_MS => ms,
+        ms => return Err(Rejection::InvalidStallTimeout(ms)),
+    };
+    Ok((target, Duration::from_millis(stall_ms)))
+}
+
+// ---------------------------------------------------------------- cancel
+
+/// Cancels one execution and remembers why (the first reason wins).
+#[derive(Debug, Clone, Default)]
+pub struct Cancel {
+    token: CancellationToken,
+    reason: Arc<OnceLock<pb::CancelReason>>,
+}
+
+impl Cancel {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn cancel(&self, reason: pb::CancelReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// The reason given to [`Cancel::cancel`]; `ClientDisconnected` if none was.
+    pub fn reason(&self) -> pb::CancelReason {
+        self.reason.get().copied().unwrap_or(pb::CancelReason::ClientDisconnected)
+    }
+
+    /// Whether both handles cancel the same execution.
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.reason, &other.reason)
+    }
+}
+
+// ---------------------------------------------------------------- uplink
+
+/// One frame type of a per-execution call (`RunUplink`, `TunnelUplink`).
+pub(crate) trait UplinkFrame: std::fmt::Debug + Send + 'static {
+    /// What the producer emits; the uplink adds the seq.
+    type Item: Send + 'static;
+    fn open(id: &str, generation: u64) -> Self;
+    fn numbered(seq: u64, item: Self::Item) -> Self;
+}
+
+impl UplinkFrame for pb::RunUplink {
+    type Item = pb::run_event::Event;
+
+    fn open(id: &str, generation: u64) -> Self {
+        Self { frame: Some(pb::run_uplink::Frame::Open(pb::RunOpen { run_id: id.to_owned(), generation })) }
+    }
+
+    fn numbered(seq: u64, event: Self::Item) -> Self {
+        Self { frame: Some(pb::run_uplink::Frame::Event(pb::RunEvent { seq, event: Some(event) })) }
+    }
+}
+
+impl UplinkFrame for pb::TunnelUplink {
+    type Item = pb::provider_tunnel_frame::Frame;
+
+    fn open(id: &str, generation: u64) -> Self {
+        Self { msg: Some(pb::tunnel_uplink::Msg::Open(pb::TunnelOpen { tunnel_id: id.to_owned(), generation })) }
+    }
+
+    fn numbered(seq: u64, frame: Self::Item) -> Self {
+        Self { msg: Some(pb::tunnel_uplink::Msg::Frame(pb::ProviderTunnelFrame { seq, frame: Some(frame) })) }
+    }
+}
+
+/// Numbers frames (seq 1, 2, ...) and sends them up the execution's call.
+pub(crate) struct Uplink<U> {
+    tx: mpsc::Sender<U>,
+    seq: u64,
+}
+
+impl<U: UplinkFrame> Uplink<U> {
+    pub(crate) fn new(tx: mpsc::Sender<U>) -> Self {
+        Self { tx, seq: 0 }
+    }
+
+    /// False when the call is gone (the Edge ended it).
+    pub(crate) async fn send(&mut self, item: U::Item) -> bool {
+        self.seq += 1;
+        self.tx.send(U::numbered(self.seq, item)).await.is_ok()
+    }
+
+    /// `send`, abandoned when `cancel` fires first (the Edge may have stopped
+    /// reading while keeping the call open).
+    async fn send_unless_cancelled(&mut self, item: U::Item, cancel: &Cancel) -> Option<bool> {
+        tokio::select! {
+            sent = self.send(item) => Some(sent),
+            _ = cancel.cancelled() => None,
+        }
+    }
+}
+
+/// The spawned per-execution call; it completes when the Edge answers.
+pub(crate) type Call<A> = JoinHandle<Result<tonic::Response<A>, tonic::Status>>;
+
+/// Opens an execution's call: queues the open frame and spawns `start` on
+/// the frame stream. The call is polled on its own task so frames flow
+/// independently of the producer.
+pub(crate) fn open<U, A, F, Fut>(id: &str, generation: u64, start: F) -> (Uplink<U>, Call<A>)
+where
+    U: UplinkFrame,
+    A: Send + 'static,
+    F: FnOnce(ReceiverStream<U>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<A>, tonic::Status>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(UPLINK_CAPACITY);
+    tx.try_send(U::open(id, generation)).expect("a fresh uplink has room for its open frame");
+    (Uplink::new(tx), tokio::spawn(start(ReceiverStream::new(rx))))
+}
+
+/// Closes the uplink and waits (bounded) for the Edge to answer the call.
+pub(crate) async fn await_ack<U, A>(uplink: Uplink<U>, call: Call<A>, what: &'static str, id: &str) {
+    drop(uplink);
+    match tokio::time::timeout(ACK_WAIT, call).await {
+        Ok(Ok(Ok(_))) => {}
+        Ok(Ok(Err(status))) => tracing::debug!(id, code = ?status.code(), "{what} stream refused"),
+        _ => tracing::debug!(id, "{what} stream not acknowledged"),
+    }
+}
+
+/// How [`forward`] ended.
+pub(crate) enum Driven<T> {
+    /// The producer finished; everything it emitted was forwarded.
+    Finished(T),
+    Cancelled,
+    /// The Edge ended the call (client gone or generation fenced).
+    EdgeGone,
+}
+
+/// Polls `producer` while forwarding the items it puts into `items`, until it
+/// finishes, `cancel` fires, or `edge_gone` resolves. Items emitted before
+/// the producer's result are forwarded first. Returning drops the producer,
+/// which aborts its provider request.
+pub(crate) async fn forward<U: UplinkFrame, T>(
+    producer: impl Future<Output = T>,
+    items: &mut mpsc::Receiver<U::Item>,
+    uplink: &mut Uplink<U>,
+    cancel: &Cancel,
+    edge_gone: impl Future<Output = ()>,
+) -> Driven<T> {
+    tokio::pin!(producer, edge_gone);
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Driven::Cancelled,
+            _ = &mut edge_gone => return Driven::EdgeGone,
+            Some(item) = items.recv() => match uplink.send_unless_cancelled(item, cancel).await {
+                None => return Driven::Cancelled,
+                Some(false) => return Driven::EdgeGone,
+                Some(true) => {}
+            },
+            finished = &mut producer => {
+                while let Ok(item) = items.try_recv() {
+                    match uplink.send_unless_cancelled(item, cancel).await {
+                        None => return Driven::Cancelled,
+                        Some(false) => return Driven::EdgeGone,
+                        Some(true) => {}
+                    }
+                }
+                return Driven::Finished(finished);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::AdapterKind;
+
+    fn providers() -> Providers {
+        let target = ProviderTarget {
+            provider_id: "p1".into(),
+            adapter: AdapterKind::Ollama,
+            target_model: "m".into(),
+            base_url: "http://127.0.0.1:9".into(),
+        };
+        Providers::from([("p1".to_owned(), Ok(target)), ("bad".to_owned(), Err("broken".to_owned()))])
+    }
+
+    fn assigned(provider_id: &str, adapter: pb::AdapterKind, stall: u64) -> Assigned<'_> {
+        Assigned { provider_id, adapter: adapter.into(), target_model: "m", response_stall_timeout_ms: stall }
+    }
+
+    #[test]
+    fn validate_checks_provider_target_and_stall_timeout() {
+        let providers = providers();
+        let (target, stall) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 0)).unwrap();
+        assert_eq!(target.provider_id, "p1");
+        assert_eq!(stall, Duration::from_millis(DEFAULT_RESPONSE_STALL_TIMEOUT_MS));
+        let (_, stall) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 1500)).unwrap();
+        assert_eq!(stall, Duration::from_millis(1500));
+
+        let err = |a| validate(&providers, a).unwrap_err();
+        assert_eq!(err(assigned("nope", pb::AdapterKind::Ollama, 0)), Rejection::UnknownProvider("nope".into()));
+        assert_eq!(err(assigned("bad", pb::AdapterKind::Ollama, 0)), Rejection::InvalidAssignment("bad".into()));
+        assert_eq!(err(assigned("p1", pb::AdapterKind::Openai, 0)), Rejection::TargetMismatch);
+        assert_eq!(
+            err(Assigned { target_model: "other", ..assigned("p1", pb::AdapterKind::Ollama, 0) }),
+            Rejection::TargetMismatch
+        );
+        let too_long = MAX_RESPONSE_STALL_TIMEOUT_MS + 1;
+        assert_eq!(err(assigned("p1", pb::AdapterKind::Ollama, too_long)), Rejection::InvalidStallTimeout(too_long));
+        assert_eq!(
+            err(assigned("nope", pb::AdapterKind::Ollama, 0)).to_failure().kind(),
+            pb::FailureKind::InvalidRequest
+        );
+    }
+
+    #[test]
+    fn cancel_keeps_the_first_reason() {
+        let cancel = Cancel::new();
+        assert_eq!(cancel.reason(), pb::CancelReason::ClientDisconnected);
+        assert!(!cancel.is_cancelled());
+        let clone = cancel.clone();
+        clone.cancel(pb::CancelReason::Deadline);
+        cancel.cancel(pb::CancelReason::EdgeShutdown);
+        assert!(cancel.is_cancelled());
+        assert_eq!(cancel.reason(), pb::CancelReason::Deadline);
+        assert!(cancel.same(&clone) && !cancel.same(&Cancel::new()));
+    }
+}

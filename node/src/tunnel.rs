@@ -1,0 +1,229 @@
+//! Relays one provider tunnel: an HTTP request the Edge passes through as-is
+//! to the provider (no translation), answered as a response head, the body
+//! chunk by chunk as it arrives, and exactly one terminal. Like a run it has
+//! its own `TunnelFrames` call (first frame `TunnelOpen`), is validated
+//! against the assigned providers, and ends early on a `Cancel` (terminal
+//! `Cancelled`), the Edge ending the call (no terminal), or the session
+//! ending; dropping the relay drops the provider response, so the provider
+//! sees the connection close.
+//!
+//! The node only ever talks to its configured base URL: the method is GET or
+//! POST, the path is relative to the base URL and cannot climb out of it,
+//! and hop-by-hop and credential headers are dropped in both directions
+//! (again: the Edge already did, this is defense in depth). Any provider
+//! status, 4xx/5xx included, is relayed as head + body + end: the Edge
+//! decides about retries.
+
+use bytes::Bytes;
+use iop_proto::pb::{self, provider_tunnel_frame::Frame};
+use iop_proto::wire::relayable_header;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use tokio::sync::mpsc;
+
+use crate::adapter::{self, AdapterError, ProviderTarget};
+use crate::execution::{self, Cancel, Driven, ExecutionContext, Rejection, Uplink};
+use crate::transport::session::Providers;
+
+/// Largest body frame; bigger provider chunks are split so that one frame
+/// stays small on the shared connection.
+pub const MAX_BODY_FRAME: usize = 64 * 1024;
+/// Frames buffered between the provider read and the uplink. With
+/// [`MAX_BODY_FRAME`] this bounds what one tunnel holds in memory: a slow
+/// Edge stops the provider read instead of buffering the body.
+const RELAY_CAPACITY: usize = 4;
+/// Longest method name quoted back in a rejection.
+const METHOD_CHARS: usize = 16;
+
+/// Relays `request` on its own `TunnelFrames` call until its terminal is sent
+/// (and acknowledged, bounded) or the Edge ends the call.
+pub async fn execute(ctx: ExecutionContext, request: pb::ProviderTunnelRequest, cancel: Cancel) {
+    let mut client = ctx.client.clone();
+    let tunnel_id = request.tunnel_id.clone();
+    let (mut uplink, mut call) =
+        execution::open(&tunnel_id, ctx.generation, |frames| async move { client.tunnel_frames(frames).await });
+    let edge_gone = async {
+        let _ = (&mut call).await;
+    };
+    if serve(&ctx.http, &ctx.providers, request, &mut uplink, &cancel, edge_gone).await {
+        execution::await_ack(uplink, call, "tunnel", &tunnel_id).await;
+    }
+}
+
+/// The tunnel without its gRPC call: validates, relays the provider's answer
+/// into `uplink`, and sends the terminal. Returns whether the terminal was
+/// sent (false when the Edge ended the call first).
+pub(crate) async fn serve(
+    http: &reqwest::Client,
+    providers: &Providers,
+    mut request: pb::ProviderTunnelRequest,
+    uplink: &mut Uplink<pb::TunnelUplink>,
+    cancel: &Cancel,
+    edge_gone: impl Future<Output = ()>,
+) -> bool {
+    let outcome = match prepare(providers, &request) {
+        Err(rejection) => Driven::Finished(Err(rejection.to_failure())),
+        Ok(prepared) => {
+            let body = Bytes::from(std::mem::take(&mut request.body));
+            let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
+            let relay = relay(http, prepared, body, &sink);
+            match execution::forward(relay, &mut frames, uplink, cancel, edge_gone).await {
+                Driven::Finished(result) => Driven::Finished(result.map_err(|e| e.to_failure())),
+                Driven::Cancelled => Driven::Cancelled,
+                Driven::EdgeGone => Driven::EdgeGone,
+            }
+        }
+    };
+    let terminal = match outcome {
+        Driven::Finished(Ok(())) => Frame::End(pb::TunnelEnd {}),
+        Driven::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
+        Driven::Cancelled => Frame::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
+        Driven::EdgeGone => {
+            tracing::debug!(tunnel_id = %request.tunnel_id, "edge ended the tunnel stream");
+            return false;
+        }
+    };
+    uplink.send(terminal).await
+}
+
+/// A validated tunnel request, ready to send.
+#[derive(Debug)]
+struct Prepared<'a> {
+    target: &'a ProviderTarget,
+    method: reqwest::Method,
+    url: reqwest::Url,
+    headers: HeaderMap,
+}
+
+fn prepare<'a>(providers: &'a Providers, request: &pb::ProviderTunnelRequest) -> Result<Prepared<'a>, Rejection> {
+    // The stall timeout is validated here; its watchdog is not wired yet.
+    let (target, _stall_timeout) = execution::validate(providers, request.into())?;
+    let method = match request.method.as_str() {
+        "GET" => reqwest::Method::GET,
+        "POST" => reqwest::Method::POST,
+        other => return Err(Rejection::UnsupportedMethod(other.chars().take(METHOD_CHARS).collect())),
+    };
+    let url = provider_url(&target.base_url, &request.path)?;
+    let mut headers = HeaderMap::new();
+    for header in request.headers.iter().filter(|h| relayable_header(&h.name)) {
+        let invalid = || Rejection::InvalidHeader(header.name.chars().take(64).collect());
+        let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| invalid())?;
+        let value = HeaderValue::from_str(&header.value).map_err(|_| invalid())?;
+        headers.append(name, value);
+    }
+    Ok(Prepared { target, method, url, headers })
+}
+
+/// `{base_url}{path}`, for a `path` that cannot leave the base URL: it starts
+/// with a single `/`, names no scheme, has no dot segments, no backslash, no
+/// fragment and no whitespace or control characters. The joined URL is
+/// checked to keep the base's origin and path prefix.
+fn provider_url(base_url: &str, path: &str) -> Result<reqwest::Url, Rejection> {
+    if !path.starts_with('/') {
+        return Err(Rejection::InvalidPath("it must start with `/`"));
+    }
+    if path.starts_with("//") {
+        return Err(Rejection::InvalidPath("it must not start with `//`"));
+    }
+    if path.contains("://") {
+        return Err(Rejection::InvalidPath("it must not name a scheme"));
+    }
+    if path.contains('#') {
+        return Err(Rejection::InvalidPath("it must not have a fragment"));
+    }
+    if path.contains('\\') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Rejection::InvalidPath("it has a backslash, whitespace or control character"));
+    }
+    let path_only = path.split_once('?').map_or(path, |(p, _)| p);
+    if path_only.split('/').any(is_dot_segment) {
+        return Err(Rejection::InvalidPath("it must not have `.` or `..` segments"));
+    }
+    let base = reqwest::Url::parse(base_url).map_err(|_| Rejection::InvalidPath("the base URL does not parse"))?;
+    let url = reqwest::Url::parse(&format!("{base_url}{path}"))
+        .map_err(|_| Rejection::InvalidPath("it does not form a valid URL"))?;
+    let base_path = base.path().trim_end_matches('/');
+    let stays_under_base = url.path().strip_prefix(base_path).is_some_and(|rest| rest.starts_with('/'));
+    if url.origin() != base.origin() || !stays_under_base {
+        return Err(Rejection::InvalidPath("it leaves the provider's base URL"));
+    }
+    Ok(url)
+}
+
+/// `.` or `..`, also once percent-decoded (`%2e`, and `%2f`/`%5c` taken as
+/// separators), since servers and URL parsers normalize those.
+fn is_dot_segment(segment: &str) -> bool {
+    let decoded = percent_decode(segment);
+    decoded.split(['/', '\\']).any(|part| part == "." || part == "..")
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match hex.filter(|_| bytes[i] == b'%').and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sends the request to the provider and streams its answer into `sink`: one
+/// head, then the body as it arrives in frames of at most [`MAX_BODY_FRAME`].
+/// Ok once the body is complete; the caller sends the terminal. Dropping
+/// this future drops the response, closing the provider connection.
+async fn relay(
+    http: &reqwest::Client,
+    prepared: Prepared<'_>,
+    body: Bytes,
+    sink: &mpsc::Sender<Frame>,
+) -> Result<(), AdapterError> {
+    let Prepared { target, method, url, headers } = prepared;
+    // Errors name the base URL only: the path and query are the client's.
+    let context = format!("{method} {}", target.base_url);
+    let mut builder = http.request(method, url).headers(headers);
+    if !body.is_empty() {
+        builder = builder.body(body);
+    }
+    let mut response = builder.send().await.map_err(|e| adapter::transport_error(&context, e))?;
+    let head = pb::TunnelResponseHead {
+        status: u32::from(response.status().as_u16()),
+        headers: response_headers(response.headers()),
+    };
+    emit(sink, Frame::Head(head)).await?;
+    while let Some(chunk) =
+        response.chunk().await.map_err(|e| adapter::transport_error("reading the provider's response", e))?
+    {
+        for piece in chunk.chunks(MAX_BODY_FRAME) {
+            emit(sink, Frame::Body(piece.to_vec())).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn emit(sink: &mpsc::Sender<Frame>, frame: Frame) -> Result<(), AdapterError> {
+    sink.send(frame).await.map_err(|_| AdapterError::SinkClosed)
+}
+
+/// The provider's response headers that may cross the tunnel, in order
+/// (repeated headers stay repeated). Values that are not text are dropped.
+fn response_headers(headers: &HeaderMap) -> Vec<pb::HttpHeader> {
+    headers
+        .iter()
+        .filter(|(name, _)| relayable_header(name.as_str()))
+        .filter_map(|(name, value)| {
+            let value = std::str::from_utf8(value.as_bytes()).ok()?;
+            Some(pb::HttpHeader { name: name.as_str().to_owned(), value: value.to_owned() })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,467 @@
+//! Tunnel tests against real sockets: a fake provider (adapter/fake.rs) and,
+//! for the gRPC wrapper, a fake Edge serving `TunnelFrames` over plain h2.
+
+use std::time::Duration;
+
+use iop_proto::pb::node_gateway_server::{NodeGateway, NodeGatewayServer};
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::*;
+use crate::adapter::AdapterKind;
+use crate::adapter::fake::{self, Reply};
+
+const TEST_WAIT: Duration = Duration::from_secs(5);
+
+fn providers(base_url: &str) -> Providers {
+    Providers::from([("p1".to_owned(), Ok(fake::target(AdapterKind::OpenAi, base_url)))])
+}
+
+fn header(name: &str, value: &str) -> pb::HttpHeader {
+    pb::HttpHeader { name: name.into(), value: value.into() }
+}
+
+fn tunnel_request(method: &str, path: &str) -> pb::ProviderTunnelRequest {
+    pb::ProviderTunnelRequest {
+        tunnel_id: "t1".into(),
+        provider_id: "p1".into(),
+        adapter: pb::AdapterKind::Openai.into(),
+        target_model: "test-model".into(),
+        method: method.into(),
+        path: path.into(),
+        headers: vec![header("content-type", "application/json")],
+        body: br#"{"model":"test-model","stream":true}"#.to_vec(),
+        response_stall_timeout_ms: 0,
+    }
+}
+
+/// A running `serve` whose uplink frames the test reads one by one.
+struct Relay {
+    frames: mpsc::Receiver<pb::TunnelUplink>,
+    done: tokio::task::JoinHandle<bool>,
+}
+
+impl Relay {
+    fn start(
+        providers: Providers,
+        request: pb::ProviderTunnelRequest,
+        cancel: Cancel,
+        edge_gone: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        let (tx, frames) = mpsc::channel(8);
+        let done = tokio::spawn(async move {
+            let mut uplink = Uplink::new(tx);
+            serve(&adapter::http_client(), &providers, request, &mut uplink, &cancel, edge_gone).await
+        });
+        Self { frames, done }
+    }
+
+    async fn next(&mut self) -> Option<pb::ProviderTunnelFrame> {
+        let uplink = tokio::time::timeout(TEST_WAIT, self.frames.recv()).await.expect("a frame in time")?;
+        match uplink.msg {
+            Some(pb::tunnel_uplink::Msg::Frame(frame)) => Some(frame),
+            other => panic!("serve sends frames only, got {other:?}"),
+        }
+    }
+
+    /// Every frame until the uplink closes, plus whether a terminal was sent.
+    async fn finish(mut self) -> (Vec<pb::ProviderTunnelFrame>, bool) {
+        let mut frames = Vec::new();
+        while let Some(frame) = self.next().await {
+            frames.push(frame);
+        }
+        (frames, tokio::time::timeout(TEST_WAIT, self.done).await.expect("serve ended in time").unwrap())
+    }
+}
+
+/// Runs a whole tunnel; the Edge never ends the call.
+async fn relay_all(providers: Providers, request: pb::ProviderTunnelRequest) -> Vec<pb::ProviderTunnelFrame> {
+    let (frames, terminal_sent) =
+        Relay::start(providers, request, Cancel::new(), std::future::pending()).finish().await;
+    assert!(terminal_sent);
+    assert_well_formed(&frames);
+    frames
+}
+
+/// seq 1.. without gaps, every frame valid, exactly one terminal and it is
+/// last, and a head (if any) comes first.
+fn assert_well_formed(frames: &[pb::ProviderTunnelFrame]) {
+    for (i, frame) in frames.iter().enumerate() {
+        assert_eq!(frame.seq, i as u64 + 1, "{frames:?}");
+        frame.validate().unwrap();
+        assert_eq!(frame.is_terminal(), i + 1 == frames.len(), "{frames:?}");
+        if matches!(frame.frame, Some(Frame::Head(_))) {
+            assert_eq!(i, 0, "head comes first: {frames:?}");
+        }
+    }
+}
+
+fn head(frames: &[pb::ProviderTunnelFrame]) -> &pb::TunnelResponseHead {
+    match &frames[0].frame {
+        Some(Frame::Head(head)) => head,
+        other => panic!("expected a head, got {other:?}"),
+    }
+}
+
+fn head_header<'h>(head: &'h pb::TunnelResponseHead, name: &str) -> Option<&'h str> {
+    head.headers.iter().find(|h| h.name == name).map(|h| h.value.as_str())
+}
+
+fn body(frames: &[pb::ProviderTunnelFrame]) -> Vec<u8> {
+    frames
+        .iter()
+        .filter_map(|f| match &f.frame {
+            Some(Frame::Body(bytes)) => Some(bytes.as_slice()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .concat()
+}
+
+fn failure(frame: &pb::ProviderTunnelFrame) -> &pb::ExecutionFailure {
+    match &frame.frame {
+        Some(Frame::Failed(pb::RunFailed { failure: Some(failure) })) => failure,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+// ------------------------------------------------------------- relaying
+
+#[tokio::test]
+async fn streamed_sse_is_relayed_byte_for_byte_as_head_body_end() {
+    let chunks = ["data: {\"id\":1,\"text\":\"Hel\"}\n\n", "data: {\"id\":2,\"text\":\"lo\"}\n\n", "data: [DONE]\n\n"];
+    let mut provider = fake::serve(Reply::chunks(200, "text/event-stream", chunks)).await;
+    let mut request = tunnel_request("POST", "/v1/chat/completions?trace=1");
+    request.headers.push(header("x-request-id", "r-42"));
+    let frames = relay_all(providers(&provider.base_url), request.clone()).await;
+
+    assert_eq!(head(&frames).status, 200);
+    assert_eq!(head_header(head(&frames), "content-type"), Some("text/event-stream"));
+    assert_eq!(body(&frames), chunks.concat().as_bytes());
+    assert!(matches!(frames.last().unwrap().frame, Some(Frame::End(_))));
+
+    let seen = provider.request().await;
+    assert_eq!(
+        (seen.method.as_str(), seen.path.as_str(), seen.query.as_deref()),
+        ("POST", "/v1/chat/completions", Some("trace=1"))
+    );
+    assert_eq!(seen.body, request.body);
+    assert_eq!(seen.header("content-type"), Some("application/json"));
+    assert_eq!(seen.header("x-request-id"), Some("r-42"));
+}
+
+#[tokio::test]
+async fn get_requests_are_relayed_without_a_body() {
+    let mut provider = fake::serve(Reply::json(200, r#"{"data":[]}"#)).await;
+    let mut request = tunnel_request("GET", "/v1/models");
+    request.body.clear();
+    let frames = relay_all(providers(&provider.base_url), request).await;
+    assert_eq!(body(&frames), br#"{"data":[]}"#);
+    let seen = provider.request().await;
+    assert_eq!((seen.method.as_str(), seen.path.as_str(), seen.body.len()), ("GET", "/v1/models", 0));
+}
+
+#[tokio::test]
+async fn error_statuses_are_relayed_not_failed() {
+    let error = r#"{"error":{"message":"overloaded"}}"#;
+    let provider = fake::serve(Reply::json(503, error).header("retry-after", "2")).await;
+    let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/chat/completions")).await;
+    assert_eq!(head(&frames).status, 503);
+    assert_eq!(head_header(head(&frames), "retry-after"), Some("2"));
+    assert_eq!(body(&frames), error.as_bytes());
+    assert!(matches!(frames.last().unwrap().frame, Some(Frame::End(_))));
+}
+
+#[tokio::test]
+async fn hop_by_hop_and_credential_headers_are_dropped_both_ways() {
+    let reply = Reply::chunks(200, "text/event-stream", ["data: 1\n\n", "data: 2\n\n"])
+        .header("x-provider", "yes")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-authenticate", "Basic")
+        .header("connection", "close");
+    let mut provider = fake::serve(reply).await;
+    let mut request = tunnel_request("POST", "/v1/chat/completions");
+    for (name, value) in [
+        ("Authorization", "Bearer client-secret"),
+        ("x-api-key", "client-secret"),
+        ("Cookie", "session=client-secret"),
+        ("Connection", "upgrade"),
+        ("Upgrade", "websocket"),
+        ("TE", "trailers"),
+        ("Host", "evil.example"),
+        ("Content-Length", "999"),
+        ("Transfer-Encoding", "chunked"),
+        ("OpenAI-Beta", "assistants=v2"),
+    ] {
+        request.headers.push(header(name, value));
+    }
+    let body_len = request.body.len();
+    let frames = relay_all(providers(&provider.base_url), request).await;
+
+    let seen = provider.request().await;
+    for name in ["authorization", "x-api-key", "cookie", "upgrade", "te", "transfer-encoding"] {
+        assert_eq!(seen.header(name), None, "{name} reached the provider: {:?}", seen.headers);
+    }
+    assert!(!seen.headers.iter().any(|(_, v)| v.contains("client-secret")), "{:?}", seen.headers);
+    assert_ne!(seen.header("host"), Some("evil.example"));
+    assert_ne!(seen.header("connection"), Some("upgrade"));
+    assert_eq!(seen.header("content-length"), Some(body_len.to_string().as_str()));
+    assert_eq!(seen.header("openai-beta"), Some("assistants=v2"));
+
+    let head = head(&frames);
+    assert_eq!(head_header(head, "x-provider"), Some("yes"));
+    for name in ["keep-alive", "proxy-authenticate", "connection", "transfer-encoding", "content-length"] {
+        assert_eq!(head_header(head, name), None, "{name} crossed back: {:?}", head.headers);
+    }
+}
+
+#[tokio::test]
+async fn large_provider_chunks_are_split_into_small_frames() {
+    let blob: Vec<u8> = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
+    let provider = fake::serve(Reply::chunks(200, "application/octet-stream", [blob.clone()])).await;
+    let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/files")).await;
+    let bodies: Vec<usize> = frames
+        .iter()
+        .filter_map(|f| match &f.frame {
+            Some(Frame::Body(b)) => Some(b.len()),
+            _ => None,
+        })
+        .collect();
+    assert!(bodies.len() >= 4 && bodies.iter().all(|&n| n > 0 && n <= MAX_BODY_FRAME), "{bodies:?}");
+    assert_eq!(body(&frames), blob);
+}
+
+// ------------------------------------------------------------- failures
+
+#[tokio::test]
+async fn connection_refused_is_a_single_failed_terminal() {
+    let frames = relay_all(providers(&fake::refused_base_url().await), tunnel_request("POST", "/v1/x")).await;
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    let failure = failure(&frames[0]);
+    assert_eq!(failure.kind(), pb::FailureKind::ProviderUnreachable);
+    assert!(!failure.message.contains("/v1/x"), "the path stays out of the message: {}", failure.message);
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_a_failure_after_the_head() {
+    // Promises 100 bytes, sends 5, closes: the body read fails mid-way.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0; 4096];
+        let _ = socket.read(&mut buf).await;
+        let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhello").await;
+    });
+    let frames = relay_all(providers(&base_url), tunnel_request("GET", "/v1/models")).await;
+    assert_eq!(head(&frames).status, 200);
+    assert_eq!(failure(frames.last().unwrap()).kind(), pb::FailureKind::ProviderUnreachable);
+}
+
+#[tokio::test]
+async fn invalid_requests_fail_without_reaching_the_provider() {
+    let mut provider = fake::serve(Reply::json(200, "{}")).await;
+    let with = |f: &dyn Fn(&mut pb::ProviderTunnelRequest)| {
+        let mut request = tunnel_request("POST", "/v1/chat/completions");
+        f(&mut request);
+        request
+    };
+    let cases = [
+        with(&|r| r.path = "//evil.example/x".into()),
+        with(&|r| r.path = "/../x".into()),
+        with(&|r| r.path = "http://evil.example/x".into()),
+        with(&|r| r.method = "DELETE".into()),
+        with(&|r| r.method = "get".into()),
+        with(&|r| r.provider_id = "other".into()),
+        with(&|r| r.target_model = "other-model".into()),
+        with(&|r| r.adapter = pb::AdapterKind::Ollama.into()),
+        with(&|r| r.response_stall_timeout_ms = u64::MAX),
+        with(&|r| r.headers.push(header("bad header", "x"))),
+        with(&|r| r.headers.push(header("x-ok", "line\nbreak"))),
+    ];
+    for request in cases {
+        let frames = relay_all(providers(&provider.base_url), request.clone()).await;
+        assert_eq!(frames.len(), 1, "{request:?}: {frames:?}");
+        let failure = failure(&frames[0]);
+        assert_eq!(failure.kind(), pb::FailureKind::InvalidRequest, "{request:?}");
+        assert!(!failure.message.contains("evil"), "{}", failure.message);
+    }
+    assert!(tokio::time::timeout(Duration::from_millis(20), provider.request()).await.is_err());
+}
+
+#[test]
+fn paths_cannot_leave_the_base_url() {
+    let bad = [
+        "",
+        "v1/models",
+        "//evil",
+        "//evil.example/v1",
+        "/../x",
+        "/v1/../../x",
+        "/v1/..",
+        "/./x",
+        "/%2e%2E/x",
+        "/.%2e/x",
+        "/v1/%2e%2e%2Fadmin",
+        "/v1/..%5cadmin",
+        "http://x",
+        "/v1?next=http://evil",
+        "/v1#frag",
+        "/\\evil",
+        "/v1 /x",
+        "/v1\r\nx: y",
+    ];
+    for path in bad {
+        assert!(provider_url("http://127.0.0.1:11434", path).is_err(), "{path:?} accepted");
+    }
+    let ok = |base: &str, path: &str| provider_url(base, path).unwrap().to_string();
+    assert_eq!(ok("http://127.0.0.1:11434", "/v1/models"), "http://127.0.0.1:11434/v1/models");
+    assert_eq!(ok("http://127.0.0.1:11434", "/"), "http://127.0.0.1:11434/");
+    assert_eq!(ok("http://h:1", "/api/tags?x=a..b&y=../z"), "http://h:1/api/tags?x=a..b&y=../z");
+    assert_eq!(ok("https://llm.example/openai", "/v1/models"), "https://llm.example/openai/v1/models");
+    assert_eq!(ok("http://h:1", "/v1/file..name"), "http://h:1/v1/file..name");
+    assert_eq!(ok("http://h:1", "/v1/models/org%2FModel"), "http://h:1/v1/models/org%2FModel");
+}
+
+// ------------------------------------------------- cancel and edge gone
+
+#[tokio::test]
+async fn cancel_sends_cancelled_and_closes_the_provider_connection() {
+    let (base_url, mut provider_closed) = fake::serve_hanging("text/event-stream", "data: 1\n\n").await;
+    let cancel = Cancel::new();
+    let mut relay =
+        Relay::start(providers(&base_url), tunnel_request("POST", "/v1/x"), cancel.clone(), std::future::pending());
+    assert!(matches!(relay.next().await.unwrap().frame, Some(Frame::Head(_))));
+    assert_eq!(relay.next().await.unwrap().frame, Some(Frame::Body(b"data: 1\n\n".to_vec())));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), &mut provider_closed).await.is_err(),
+        "the provider body stays open while the tunnel is alive"
+    );
+
+    cancel.cancel(pb::CancelReason::Deadline);
+    let (frames, terminal_sent) = relay.finish().await;
+    assert!(terminal_sent);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!((frames[0].seq, &frames[0].frame), (3, &Some(Frame::Cancelled(pb::RunCancelled { reason: 3 }))));
+    tokio::time::timeout(TEST_WAIT, provider_closed).await.expect("provider saw the close").unwrap();
+}
+
+#[tokio::test]
+async fn the_edge_ending_the_call_stops_the_relay_without_a_terminal() {
+    let (base_url, mut provider_closed) = fake::serve_hanging("text/event-stream", "data: 1\n\n").await;
+    let (edge_gone_tx, edge_gone) = oneshot::channel::<()>();
+    let edge_gone = async move {
+        let _ = edge_gone.await;
+    };
+    let mut relay = Relay::start(providers(&base_url), tunnel_request("POST", "/v1/x"), Cancel::new(), edge_gone);
+    assert!(matches!(relay.next().await.unwrap().frame, Some(Frame::Head(_))));
+    assert!(matches!(relay.next().await.unwrap().frame, Some(Frame::Body(_))));
+    assert!(tokio::time::timeout(Duration::from_millis(20), &mut provider_closed).await.is_err());
+
+    drop(edge_gone_tx);
+    let (frames, terminal_sent) = relay.finish().await;
+    assert!(!terminal_sent);
+    assert!(frames.is_empty(), "{frames:?}");
+    tokio::time::timeout(TEST_WAIT, provider_closed).await.expect("provider saw the close").unwrap();
+}
+
+// ------------------------------------------------------ the gRPC wrapper
+
+/// A fake Edge: records each `TunnelFrames` call; answers after the uplink
+/// ends, or after `answer_after` messages (ending the call early).
+struct FakeEdge {
+    calls: mpsc::UnboundedSender<Vec<pb::TunnelUplink>>,
+    answer_after: Option<usize>,
+}
+
+#[tonic::async_trait]
+impl NodeGateway for FakeEdge {
+    type ControlStream = ReceiverStream<Result<pb::EdgeToNode, Status>>;
+
+    async fn control(&self, _: Request<Streaming<pb::NodeToEdge>>) -> Result<Response<Self::ControlStream>, Status> {
+        Err(Status::unimplemented("control"))
+    }
+
+    async fn run_events(&self, _: Request<Streaming<pb::RunUplink>>) -> Result<Response<pb::RunEventsAck>, Status> {
+        Err(Status::unimplemented("run_events"))
+    }
+
+    async fn tunnel_frames(
+        &self,
+        request: Request<Streaming<pb::TunnelUplink>>,
+    ) -> Result<Response<pb::TunnelAck>, Status> {
+        let mut stream = request.into_inner();
+        let mut received = Vec::new();
+        while Some(received.len()) != self.answer_after {
+            match stream.message().await? {
+                Some(message) => received.push(message),
+                None => break,
+            }
+        }
+        let accepted_frames = received.len().saturating_sub(1) as u64;
+        let _ = self.calls.send(received);
+        Ok(Response::new(pb::TunnelAck { accepted_frames }))
+    }
+}
+
+async fn fake_edge(answer_after: Option<usize>) -> (NodeGatewayClient, mpsc::UnboundedReceiver<Vec<pb::TunnelUplink>>) {
+    let (calls, received) = mpsc::unbounded_channel();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = NodeGatewayServer::new(FakeEdge { calls, answer_after });
+    tokio::spawn(
+        tonic::transport::Server::builder().add_service(service).serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    (pb::node_gateway_client::NodeGatewayClient::new(channel), received)
+}
+
+type NodeGatewayClient = pb::node_gateway_client::NodeGatewayClient<tonic::transport::Channel>;
+
+fn context(client: NodeGatewayClient, providers: Providers) -> ExecutionContext {
+    ExecutionContext { client, http: adapter::http_client(), providers: std::sync::Arc::new(providers), generation: 7 }
+}
+
+fn split_call(call: Vec<pb::TunnelUplink>) -> (pb::TunnelOpen, Vec<pb::ProviderTunnelFrame>) {
+    let mut messages = call.into_iter().map(|m| m.msg.expect("a message"));
+    let Some(pb::tunnel_uplink::Msg::Open(open)) = messages.next() else { panic!("the first message is the open") };
+    let frames = messages
+        .map(|m| match m {
+            pb::tunnel_uplink::Msg::Frame(frame) => frame,
+            other => panic!("only frames after the open: {other:?}"),
+        })
+        .collect();
+    (open, frames)
+}
+
+#[tokio::test]
+async fn execute_opens_its_own_call_and_relays_through_it() {
+    let provider = fake::serve(Reply::chunks(200, "text/event-stream", ["data: a\n\n", "data: b\n\n"])).await;
+    let (client, mut calls) = fake_edge(None).await;
+    let ctx = context(client, providers(&provider.base_url));
+    let request = tunnel_request("POST", "/v1/chat/completions");
+    tokio::time::timeout(TEST_WAIT, execute(ctx, request, Cancel::new())).await.expect("tunnel ended in time");
+
+    let (open, frames) = split_call(calls.recv().await.unwrap());
+    assert_eq!(open, pb::TunnelOpen { tunnel_id: "t1".into(), generation: 7 });
+    assert_well_formed(&frames);
+    assert_eq!(head(&frames).status, 200);
+    assert_eq!(body(&frames), b"data: a\n\ndata: b\n\n");
+    assert!(matches!(frames.last().unwrap().frame, Some(Frame::End(_))));
+}
+
+#[tokio::test]
+async fn execute_stops_when_the_edge_ends_the_call() {
+    let (base_url, provider_closed) = fake::serve_hanging("text/event-stream", "data: 1\n\n").await;
+    // The Edge answers after the open and the head, then the call is over.
+    let (client, mut calls) = fake_edge(Some(2)).await;
+    let ctx = context(client, providers(&base_url));
+    tokio::time::timeout(TEST_WAIT, execute(ctx, tunnel_request("POST", "/v1/x"), Cancel::new()))
+        .await
+        .expect("tunnel stopped once the edge ended the call");
+    let (_, frames) = split_call(calls.recv().await.unwrap());
+    assert!(matches!(frames[..], [pb::ProviderTunnelFrame { seq: 1, frame: Some(Frame::Head(_)) }]), "{frames:?}");
+    tokio::time::timeout(TEST_WAIT, provider_closed).await.expect("provider saw the close").unwrap();
+}
