@@ -426,11 +426,23 @@ fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/api/tags", get(|| async { Json(ollama::tags()) }))
+        // The read-only metadata calls the Edge's OLLAMA_API command may make.
+        .route("/api/ps", get(|| async { Json(serde_json::json!({ "models": [] })) }))
+        .route("/api/version", get(|| async { Json(serde_json::json!({ "version": "0.0.0-mock" })) }))
+        .route("/api/show", post(ollama_show))
         .route("/api/chat", post(ollama_chat))
         .route("/v1/models", get(|| async { Json(openai::models()) }))
         .route("/v1/chat/completions", post(openai_chat))
         .route("/mock/stats", get(stats))
         .with_state(state)
+}
+
+/// `POST /api/show`: echoes which model was asked about.
+async fn ollama_show(body: Bytes) -> Response {
+    match serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_string)) {
+        Some(model) => Json(serde_json::json!({ "model": model, "details": { "family": "mock" } })).into_response(),
+        None => (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "model is required" }))).into_response(),
+    }
 }
 
 async fn stats(State(state): State<AppState>) -> Json<MockStats> {

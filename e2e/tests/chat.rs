@@ -12,7 +12,7 @@ const EXPECTED: &str = "Hello from the IOP mock provider. You said: hi there";
 async fn stack() -> Stack {
     Stack::start(StackOptions {
         extra_providers: vec![
-            provider("ollama-429", Adapter::Ollama, "mock@status=429,retry_after=3", "mock-429", ""),
+            provider("ollama-429", Adapter::Ollama, "mock@status=429,retry_after=1", "mock-429", ""),
             provider("openai-400", Adapter::Openai, "mock@status=400", "mock-400", ""),
             provider("ollama-cut", Adapter::Ollama, "mock@cut_after=2", "mock-cut", ""),
         ],
@@ -99,7 +99,7 @@ async fn provider_errors_keep_their_reason_and_status() {
     let stack = stack().await;
     let response = stack.post("/v1/chat/completions", &chat_body("mock-429", "hi", false)).await;
     assert_eq!(response.status(), 429);
-    assert_eq!(response.headers()["retry-after"], "3");
+    assert_eq!(response.headers()["retry-after"], "1");
     let (_, body) = json_body(response).await;
     assert_eq!(body["error"]["type"], "rate_limit_error");
 
@@ -160,4 +160,68 @@ async fn models_lists_public_names() {
     let ids: Vec<_> = body["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["mock-400", "mock-429", "mock-cut", "mock-ollama", "mock-openai"]);
     assert_eq!(body["object"], "list");
+}
+
+#[tokio::test]
+async fn responses_and_messages_through_both_adapters() {
+    let stack = stack().await;
+    for model in ["mock-ollama", "mock-openai"] {
+        let (status, body) =
+            json_body(stack.post("/v1/responses", &json!({ "model": model, "input": "hi there" })).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["status"], "completed");
+        assert_eq!(body["output"][0]["content"][0]["text"], EXPECTED, "{model}");
+        assert_eq!(body["usage"]["total_tokens"], 12);
+
+        let response =
+            stack.post("/v1/responses", &json!({ "model": model, "input": "hi there", "stream": true })).await;
+        let text = response.text().await.unwrap();
+        let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+        assert_eq!(names.first(), Some(&"response.created"), "{model}");
+        assert_eq!(names.last(), Some(&"response.completed"), "{model}");
+        assert!(names.contains(&"response.output_text.delta"));
+
+        let request =
+            json!({ "model": model, "max_tokens": 50, "messages": [{ "role": "user", "content": "hi there" }] });
+        let (status, body) = json_body(stack.post("/v1/messages", &request).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["type"], "message");
+        assert_eq!(body["content"][0]["text"], EXPECTED, "{model}");
+        assert_eq!(body["stop_reason"], "end_turn");
+
+        let mut streaming = request.clone();
+        streaming["stream"] = json!(true);
+        let text = stack.post("/v1/messages", &streaming).await.text().await.unwrap();
+        let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+        assert_eq!(names.first(), Some(&"message_start"), "{model}");
+        assert_eq!(names.last(), Some(&"message_stop"), "{model}");
+    }
+}
+
+#[tokio::test]
+async fn each_api_answers_errors_in_its_own_shape() {
+    let stack = stack().await;
+    let (status, body) = json_body(
+        stack
+            .post(
+                "/v1/messages",
+                &json!({ "model": "nope", "max_tokens": 5, "messages": [{ "role": "user", "content": "x" }] }),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("not_found_error")));
+    let (status, body) = json_body(
+        stack
+            .post("/v1/messages", &json!({ "model": "mock-ollama", "messages": [{ "role": "user", "content": "x" }] }))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_tokens"), "{body}");
+    let (status, body) = json_body(stack.post("/v1/responses", &json!({ "model": "mock-ollama" })).await).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["param"], "input", "{body}");
 }

@@ -230,3 +230,76 @@ async fn malformed_provider_output_never_reaches_the_client() {
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "provider_protocol");
 }
+
+fn tunnel(id: &str, target: &str, public: &str, priority: u32) -> ProviderSpec {
+    let mut spec = p(id, Adapter::Openai, target, public, priority, 4);
+    spec.mode = iop_proto::config::ProviderMode::Tunnel;
+    spec
+}
+
+#[tokio::test]
+async fn tunnel_mode_relays_the_providers_answer_as_sent() {
+    let stack = stack(
+        vec![
+            tunnel("tun", "mock@words=3", "tun", 0),
+            tunnel("tun-strict", "mock@status=400", "tun-strict", 0),
+            tunnel("tun-down", "mock@status=503", "tun-fb", 0),
+            p("tun-good", Adapter::Ollama, "mock@words=2", "tun-fb", 1, 4),
+        ],
+        None,
+    )
+    .await;
+    // The mock's own ids and its echo of the target model prove the body was
+    // relayed, not re-rendered by the Edge (whose ids are 32 hex digits).
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("tun", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-mock-"), "{body}");
+    assert_eq!(body["model"], "mock@words=3", "model rewritten to the target");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2 w3");
+
+    let events = sse_events(stack.post("/v1/chat/completions", &chat_body("tun", "hi", true)).await).await;
+    assert_eq!(streamed_text(&events), "w1 w2 w3");
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert!(events[0].contains("chatcmpl-mock-"), "{}", events[0]);
+
+    // A client error is relayed in the provider's own (same-API) shape.
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("tun-strict", "hi", false)).await).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], Value::Null, "the mock's error object, not the Edge's: {body}");
+
+    // A retryable provider error before the first byte still falls back.
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("tun-fb", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2");
+
+    // APIs the provider does not serve itself are still normalized.
+    let messages =
+        serde_json::json!({ "model": "tun", "max_tokens": 10, "messages": [{ "role": "user", "content": "hi" }] });
+    let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["content"][0]["text"], "w1 w2 w3");
+    let leases = &stack.get_json("/admin/v1/providers").await["leases"];
+    assert_eq!(leases["acquired"], leases["released"], "{leases}");
+}
+
+#[tokio::test]
+async fn ollama_api_command_runs_only_the_read_only_allowlist() {
+    let stack = stack(vec![], None).await;
+    for (call, check) in [("tags", "models"), ("ps", "models"), ("version", "version")] {
+        let body = stack.get_json(&format!("/admin/v1/providers/ollama-mock/ollama/{call}")).await;
+        assert_eq!(body["status"], 200, "{call}: {body}");
+        assert!(body["body"][check].is_array() || body["body"][check].is_string(), "{call}: {body}");
+    }
+    let show = stack.get_json("/admin/v1/providers/ollama-mock/ollama/show").await;
+    assert_eq!(show["body"]["model"], "mock", "show asks about the provider's own target: {show}");
+
+    let refused = stack.client.get(stack.url("/admin/v1/providers/ollama-mock/ollama/pull")).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    assert_eq!(json_body(refused).await.1["error"]["code"], "unsupported_call");
+    let wrong = stack.client.get(stack.url("/admin/v1/providers/openai-mock/ollama/tags")).send().await.unwrap();
+    assert_eq!(wrong.status(), 400);
+    assert_eq!(json_body(wrong).await.1["error"]["code"], "invalid_target");
+    let unknown = stack.client.get(stack.url("/admin/v1/providers/nope/ollama/tags")).send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+}
