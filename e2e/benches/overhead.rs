@@ -176,7 +176,7 @@ async fn bench() {
         mode: Default::default(),
     };
     let providers =
-        [spec("plain", "mock", 128), spec("words", "mock@words=50", 128), spec("hold", "mock@stall_after=1", 1100)];
+        [spec("plain", "mock", 128), spec("words", "mock@words=50", 128), spec("hold", "mock@stall_after=1", 1024)];
     let any = "127.0.0.1:0".parse().unwrap();
     let mut config = harness::edge_config(&pki, any, any, &["bench"], &providers);
     config.limits = Limits { queue_depth: 2048, ..Limits::default() };

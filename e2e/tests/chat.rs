@@ -15,6 +15,7 @@ async fn stack() -> Stack {
             provider("ollama-429", Adapter::Ollama, "mock@status=429,retry_after=1", "mock-429", ""),
             provider("openai-400", Adapter::Openai, "mock@status=400", "mock-400", ""),
             provider("ollama-cut", Adapter::Ollama, "mock@cut_after=2", "mock-cut", ""),
+            provider("openai-no-done", Adapter::Openai, "mock@no_done", "mock-no-done", ""),
         ],
         ..Default::default()
     })
@@ -121,6 +122,15 @@ async fn a_cut_stream_is_never_reported_as_success() {
 }
 
 #[tokio::test]
+async fn a_complete_answer_without_done_is_finalised() {
+    let stack = stack().await;
+    let events =
+        sse_events(stack.post("/v1/chat/completions", &chat_body("mock-no-done", "hi there", true)).await).await;
+    assert_eq!(streamed_text(&events), EXPECTED);
+    assert_eq!(events.last().unwrap(), "[DONE]", "the Edge completes the answer the provider finished");
+}
+
+#[tokio::test]
 async fn bad_input_gets_openai_errors() {
     let stack = stack().await;
     let cases = [
@@ -158,7 +168,7 @@ async fn models_lists_public_names() {
     let stack = stack().await;
     let body = stack.get_json("/v1/models").await;
     let ids: Vec<_> = body["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["mock-400", "mock-429", "mock-cut", "mock-ollama", "mock-openai"]);
+    assert_eq!(ids, ["mock-400", "mock-429", "mock-cut", "mock-no-done", "mock-ollama", "mock-openai"]);
     assert_eq!(body["object"], "list");
 }
 

@@ -104,6 +104,10 @@ impl LeaseGuard {
     pub fn set_reason(&mut self, reason: ReleaseReason) {
         self.reason = reason;
     }
+
+    pub fn reason(&self) -> ReleaseReason {
+        self.reason
+    }
 }
 
 impl Drop for LeaseGuard {

@@ -141,11 +141,24 @@ pub struct AttachedRun<F> {
 
 pub struct RunTable<F> {
     runs: Mutex<HashMap<String, RunEntry<F>>>,
+    /// Set when the Edge shuts down: runs ending from then on release their
+    /// lease as `edge_shutdown`.
+    shutting_down: std::sync::atomic::AtomicBool,
 }
 
 impl<F> Default for RunTable<F> {
     fn default() -> Self {
-        Self { runs: Mutex::new(HashMap::new()) }
+        Self { runs: Mutex::new(HashMap::new()), shutting_down: Default::default() }
+    }
+}
+
+impl<F> RunTable<F> {
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -294,7 +307,12 @@ impl<F: NodeFrame> RunStream<F> {
 
     fn finish(&mut self, outcome: RunOutcome) {
         self.finished = true;
-        self.lease.set_reason(outcome.release_reason());
+        let reason = match outcome {
+            RunOutcome::Completed => ReleaseReason::Completed,
+            _ if self.table.is_shutting_down() => ReleaseReason::EdgeShutdown,
+            other => other.release_reason(),
+        };
+        self.lease.set_reason(reason);
         self.table.remove(&self.run_id);
         self.metrics.runs.get_or_create(&OutcomeLabels { outcome: outcome.label() }).inc();
     }
@@ -438,6 +456,16 @@ mod tests {
             other => panic!("expected protocol failure, got {other:?}"),
         }
         assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn runs_cut_by_shutdown_release_as_edge_shutdown() {
+        let table = Arc::new(Table::default());
+        let (mut stream, _control) = started(&table).await;
+        table.begin_shutdown();
+        table.fence_generation("n1", 5);
+        assert!(matches!(stream.next().await, Some(pb::run_event::Event::Failed(_))));
+        assert_eq!(stream.lease.reason(), ReleaseReason::EdgeShutdown);
     }
 
     #[tokio::test]

@@ -164,6 +164,8 @@ impl Edge {
 
         state.shutting_down.cancelled().await;
         tracing::info!("edge shutting down");
+        state.runs.begin_shutdown();
+        state.tunnels.begin_shutdown();
         state.registry.close_all();
         accept_task.abort();
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, http_task).await;

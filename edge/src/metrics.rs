@@ -53,6 +53,13 @@ pub struct ApiLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRouteLabels {
+    pub api: Api,
+    /// A configured public model name or "unknown".
+    pub route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -65,7 +72,7 @@ pub struct OutcomeLabels {
 pub struct EdgeMetrics {
     registry: Registry,
     pub http_requests: Family<RequestLabels, Counter>,
-    pub http_request_duration: Family<ApiLabels, Histogram>,
+    pub http_request_duration: Family<ApiRouteLabels, Histogram>,
     pub time_to_first_byte: Family<ApiLabels, Histogram>,
     pub handshake_rejections: Family<ReasonLabels, Counter>,
     pub sessions_closed: Family<ReasonLabels, Counter>,
@@ -83,7 +90,7 @@ impl EdgeMetrics {
         let mut registry = Registry::with_prefix("iop_edge");
         let http_requests = Family::<RequestLabels, Counter>::default();
         registry.register("http_requests", "Client HTTP requests by API and outcome", http_requests.clone());
-        let http_request_duration = Family::<ApiLabels, Histogram>::new_with_constructor(|| {
+        let http_request_duration = Family::<ApiRouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.005, 2.0, 14))
         });
         registry.register(

@@ -23,7 +23,7 @@ use serde_json::json;
 use crate::EdgeState;
 use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
-use crate::metrics::{Api, ApiLabels, EdgeMetrics, RequestLabels};
+use crate::metrics::{Api, ApiLabels, ApiRouteLabels, EdgeMetrics, RequestLabels};
 use crate::route;
 use surface::{ChatCompletions, Messages, Responses, Surface};
 
@@ -81,11 +81,9 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         let route = self.route.take().unwrap_or_else(|| "unknown".to_string());
+        let labels = ApiRouteLabels { api: self.api, route: route.clone() };
+        self.metrics.http_request_duration.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
         self.metrics.http_requests.get_or_create(&RequestLabels { api: self.api, route, outcome: self.outcome }).inc();
-        self.metrics
-            .http_request_duration
-            .get_or_create(&ApiLabels { api: self.api })
-            .observe(self.started.elapsed().as_secs_f64());
     }
 }
 
