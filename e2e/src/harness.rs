@@ -32,6 +32,8 @@ pub struct ProviderSpec {
     /// Priority for the public model (lower is preferred).
     pub priority: u32,
     pub mode: iop_proto::config::ProviderMode,
+    /// 0 for the default (300 s).
+    pub stall_timeout_ms: u64,
 }
 
 impl ProviderSpec {
@@ -42,7 +44,7 @@ impl ProviderSpec {
             adapter: self.adapter,
             target: Target { model: self.target_model.clone(), base_url: self.base_url.clone() },
             models: vec![PublicModel { name: self.public_model.clone(), priority: self.priority }],
-            response_stall_timeout_ms: 0,
+            response_stall_timeout_ms: self.stall_timeout_ms,
             capacity: self.capacity,
             mode: self.mode,
         }

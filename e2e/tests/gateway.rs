@@ -303,3 +303,14 @@ async fn ollama_api_command_runs_only_the_read_only_allowlist() {
     let unknown = stack.client.get(stack.url("/admin/v1/providers/nope/ollama/tags")).send().await.unwrap();
     assert_eq!(unknown.status(), 404);
 }
+
+#[tokio::test]
+async fn a_provider_silent_past_its_stall_timeout_is_retried_elsewhere() {
+    let mut silent = p("silent", Adapter::Openai, "mock@headers_delay_ms=60000", "quiet", 0, 4);
+    silent.stall_timeout_ms = 1_000;
+    let stack = stack(vec![silent, p("chatty", Adapter::Openai, "mock@words=2", "quiet", 1, 4)], None).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("quiet", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2");
+    assert!(stack.metric("iop_edge_attempts_total{provider=\"silent\",outcome=\"retried\"}").await >= 1.0);
+}

@@ -268,6 +268,7 @@ async fn attempt_run(
     // The stall timeout travels with the request to whichever provider answers.
     request.response_stall_timeout_ms = provider.map_or(0, |p| p.response_stall_timeout_ms);
     let target_model = l.target_model().to_string();
+    let stall = stall_timeout(provider);
 
     let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
     let mut run = match dispatch::start_run(&state.runs, &state.metrics, lease, control, assign).await {
@@ -276,10 +277,12 @@ async fn attempt_run(
     };
     let mut buffered = Vec::new();
     loop {
-        let event = match tokio::time::timeout_at(deadline, run.next()).await {
-            Err(_) => return failed(failure_of(&deadline_failure::<pb::RunEvent>())),
-            Ok(None) => return failed(pb::ExecutionFailure::new(FailureKind::Internal, "run ended twice")),
-            Ok(Some(event)) => event,
+        let event = match next_before_commit(&mut run, deadline, stall).await {
+            Ok(event) => event,
+            Err(failure) => {
+                run.mark_retried();
+                return failed(failure);
+            }
         };
         if let Event::Failed(_) | Event::Cancelled(_) = &event {
             run.mark_retried();
@@ -295,6 +298,41 @@ async fn attempt_run(
                 answer: Answer::Normalized { buffered, rest },
             }));
         }
+    }
+}
+
+/// The provider's response-stall timeout (0 in config means the default).
+fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duration {
+    match provider.map_or(0, |p| p.response_stall_timeout_ms) {
+        0 => Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS),
+        ms => Duration::from_millis(ms),
+    }
+}
+
+/// The next item of a run that has not committed yet. Nothing from the
+/// provider for its response-stall timeout is a stall (retryable: nothing
+/// reached the client); the request deadline bounds everything.
+async fn next_before_commit<F: NodeFrame>(
+    run: &mut RunStream<F>,
+    deadline: Instant,
+    stall: Duration,
+) -> Result<F::Item, pb::ExecutionFailure> {
+    let stall_at = Instant::now() + stall;
+    let (until, timeout_failure) = if stall_at < deadline {
+        (
+            stall_at,
+            pb::ExecutionFailure::new(
+                FailureKind::ResponseStalled,
+                "no progress from the provider within its response-stall timeout",
+            ),
+        )
+    } else {
+        (deadline, pb::ExecutionFailure::new(FailureKind::DeadlineExceeded, "the request's time budget ran out"))
+    };
+    match tokio::time::timeout_at(until, run.next()).await {
+        Err(_) => Err(timeout_failure),
+        Ok(Some(item)) => Ok(item),
+        Ok(None) => Err(pb::ExecutionFailure::new(FailureKind::Internal, "run ended twice")),
     }
 }
 
@@ -329,6 +367,7 @@ async fn attempt_tunnel(
         body,
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
     };
+    let stall = stall_timeout(provider);
     let assign = pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { request: Some(request) });
     let mut run = match dispatch::start_run(&state.tunnels, &state.metrics, lease, control, assign).await {
         Ok(run) => run,
@@ -338,10 +377,12 @@ async fn attempt_tunnel(
     let mut buffered: Vec<Bytes> = Vec::new();
     let mut buffered_len = 0;
     loop {
-        let frame = match tokio::time::timeout_at(deadline, run.next()).await {
-            Err(_) => return failed(failure_of_frame(&deadline_failure::<pb::ProviderTunnelFrame>())),
-            Ok(None) => return failed(pb::ExecutionFailure::new(FailureKind::Internal, "tunnel ended twice")),
-            Ok(Some(frame)) => frame,
+        let frame = match next_before_commit(&mut run, deadline, stall).await {
+            Ok(frame) => frame,
+            Err(failure) => {
+                run.mark_retried();
+                return failed(failure);
+            }
         };
         let commit = |head: pb::TunnelResponseHead, buffered, rest| {
             Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })

@@ -83,6 +83,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         capacity: 4,
         priority: 0,
         mode: Default::default(),
+        stall_timeout_ms: 0,
     };
     let config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
     let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;

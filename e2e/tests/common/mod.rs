@@ -55,6 +55,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         capacity: 4,
         priority: 0,
         mode: Default::default(),
+        stall_timeout_ms: 0,
     }
 }
 
