@@ -108,6 +108,7 @@ pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_m
             key_file: pair.key.clone(),
         },
         reconnect: iop_node::config::ReconnectConfig { initial_backoff_ms: backoff_ms.0, max_backoff_ms: backoff_ms.1 },
+        metrics: None,
     }
 }
 

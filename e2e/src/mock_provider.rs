@@ -306,6 +306,13 @@ pub struct MockStats {
 
 #[derive(Debug, Default)]
 struct Counters {
+    /// When set, the metadata endpoints (`/api/tags`, `/api/show`, `/api/ps`,
+    /// `/api/version`, `/v1/models`) answer 503: health probes fail while
+    /// chat keeps its knobs. Toggled by `POST /mock/health`.
+    metadata_down: std::sync::atomic::AtomicBool,
+    /// Model names chat requests asked for; `GET /v1/models` lists them so
+    /// an exact-target probe finds the targets it was used with.
+    seen_models: std::sync::Mutex<std::collections::BTreeSet<String>>,
     requests_total: AtomicU64,
     completed_streams: AtomicU64,
     aborted_streams: AtomicU64,
@@ -430,11 +437,46 @@ fn router(state: AppState) -> Router {
         .route("/api/ps", get(|| async { Json(serde_json::json!({ "models": [] })) }))
         .route("/api/version", get(|| async { Json(serde_json::json!({ "version": "0.0.0-mock" })) }))
         .route("/api/show", post(ollama_show))
+        .route("/mock/health", post(set_health))
         .route("/api/chat", post(ollama_chat))
-        .route("/v1/models", get(|| async { Json(openai::models()) }))
+        .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(openai_chat))
         .route("/mock/stats", get(stats))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metadata_gate))
         .with_state(state)
+}
+
+/// `POST /mock/health {"healthy": bool}`: takes the metadata endpoints down
+/// or brings them back.
+async fn set_health(State(state): State<AppState>, body: Bytes) -> Response {
+    match serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["healthy"].as_bool()) {
+        Some(healthy) => {
+            state.counters.metadata_down.store(!healthy, Ordering::Relaxed);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => (StatusCode::BAD_REQUEST, "body must be {\"healthy\": true|false}").into_response(),
+    }
+}
+
+/// 503 from every metadata endpoint while `/mock/health` says unhealthy.
+async fn metadata_gate(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let metadata =
+        matches!(request.uri().path(), "/api/tags" | "/api/show" | "/api/ps" | "/api/version" | "/v1/models");
+    if metadata && state.counters.metadata_down.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "mock metadata is down" })))
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// `GET /v1/models`: the mock's own model plus every model it was asked for.
+async fn list_models(State(state): State<AppState>) -> Json<Value> {
+    let seen = state.counters.seen_models.lock().unwrap().clone();
+    Json(openai::models(seen.iter().map(String::as_str)))
 }
 
 /// `POST /api/show`: echoes which model was asked about.
@@ -560,6 +602,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         Ok(req) => req,
         Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid chat request: {e}")),
     };
+    state.counters.seen_models.lock().unwrap().insert(req.model.clone());
     let faults = match request_faults(&state.defaults, &req.model, &headers) {
         Ok(faults) => faults,
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
@@ -858,10 +901,12 @@ mod ollama {
 mod openai {
     use super::*;
 
-    pub(super) fn models() -> Value {
-        json!({ "object": "list", "data": [{
-            "id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "iop-mock",
-        }] })
+    pub(super) fn models<'a>(seen: impl Iterator<Item = &'a str>) -> Value {
+        let mut ids: Vec<&str> = std::iter::once(MODEL_NAME).chain(seen).collect();
+        ids.dedup();
+        let data: Vec<Value> =
+            ids.iter().map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "iop-mock" })).collect();
+        json!({ "object": "list", "data": data })
     }
 
     pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {

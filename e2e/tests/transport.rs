@@ -37,7 +37,7 @@ async fn node_handshakes_to_ready_and_serves() {
 /// Each refused certificate: the node process keeps retrying, the Edge counts
 /// the typed reason, and nothing is registered.
 async fn assert_refused(stack: &Stack, pair: iop_e2e::pki::PairFiles, ca_file: &std::path::Path, reason: &str) {
-    let _node = stack.spawn_node(&pair, ca_file);
+    let _node = stack.spawn_node(&pair, ca_file).await;
     stack.wait_metric_at_least(&format!("iop_edge_node_handshake_rejections_total{{reason=\"{reason}\"}}"), 1.0).await;
     let node = stack.node(NODE).await;
     assert_eq!(node["connected"], false, "{node}");
@@ -95,7 +95,11 @@ impl FakeNode {
     /// NodeReadyResponse.
     async fn ready(&mut self) -> Vec<Msg> {
         let providers = ["ollama-mock", "openai-mock"]
-            .map(|id| pb::ProviderStatus { provider_id: id.into(), health: pb::ProviderHealth::Available.into() })
+            .map(|id| pb::ProviderStatus {
+                provider_id: id.into(),
+                health: pb::ProviderHealth::Available.into(),
+                ..Default::default()
+            })
             .to_vec();
         self.out
             .send(msg(node_to_edge::Msg::Ready(pb::NodeReady { generation: self.generation, providers })))

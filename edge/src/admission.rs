@@ -12,7 +12,7 @@
 //! terminal path (success, provider error, client or node disconnect,
 //! fencing, queue timeout, shutdown) releases exactly once, and records why.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 
 use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
+use crate::overlay::HealthOverlay;
 
 /// Immutable record of what a run was admitted to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +125,9 @@ pub struct CandidateView {
     pub eligible: bool,
     /// Already tried by this request.
     pub avoided: bool,
+    /// An avoided candidate may still be chosen when nothing else is
+    /// eligible (false only after stall evidence did not clear it).
+    pub fallback_allowed: bool,
     pub in_flight: u32,
     pub capacity: u32,
 }
@@ -139,7 +143,14 @@ pub enum Choice {
 /// Picks a candidate. `rotate(priority, n)` returns the round-robin position
 /// among `n` tied candidates of that priority group.
 pub fn choose(candidates: &[CandidateView], mut rotate: impl FnMut(u32, usize) -> usize) -> Choice {
-    let usable = |avoid: bool| candidates.iter().enumerate().filter(move |(_, c)| c.eligible && !(avoid && c.avoided));
+    // First pass: untried candidates only. Second pass, when none is
+    // eligible: tried ones too, where fallback to them is allowed.
+    let usable = |strict: bool| {
+        candidates
+            .iter()
+            .enumerate()
+            .filter(move |(_, c)| c.eligible && (!c.avoided || (!strict && c.fallback_allowed)))
+    };
     let avoid = usable(true).next().is_some();
     let mut priorities: Vec<u32> = usable(avoid).map(|(_, c)| c.priority).collect();
     if priorities.is_empty() {
@@ -196,8 +207,10 @@ pub struct AdmitRequest {
     pub route: String,
     pub run_id: String,
     pub candidates: Arc<[Candidate]>,
-    /// Providers this request already tried.
-    pub avoid: HashSet<String>,
+    /// Providers this request already tried, each with whether it may be
+    /// re-selected when no alternate is eligible
+    /// (`allow_avoided_provider_fallback`).
+    pub avoid: HashMap<String, bool>,
 }
 
 struct Waiter {
@@ -220,6 +233,7 @@ struct PoolState {
 pub struct AdmissionPool {
     state: Mutex<PoolState>,
     registry: Arc<NodeRegistry>,
+    overlay: Arc<HealthOverlay>,
     metrics: Arc<EdgeMetrics>,
 }
 
@@ -239,12 +253,17 @@ pub struct PoolSnapshot {
 }
 
 impl AdmissionPool {
-    pub fn new(config: &EdgeConfig, registry: Arc<NodeRegistry>, metrics: Arc<EdgeMetrics>) -> Arc<Self> {
+    pub fn new(
+        config: &EdgeConfig,
+        registry: Arc<NodeRegistry>,
+        overlay: Arc<HealthOverlay>,
+        metrics: Arc<EdgeMetrics>,
+    ) -> Arc<Self> {
         let state = PoolState {
             slots: config.providers.iter().map(|p| (p.id.clone(), Slots::new(p.capacity))).collect(),
             ..Default::default()
         };
-        Arc::new(Self { state: Mutex::new(state), registry, metrics })
+        Arc::new(Self { state: Mutex::new(state), registry, overlay, metrics })
     }
 
     /// Admits `request` now, or queues it (bounded, FIFO) for up to `wait`.
@@ -322,10 +341,13 @@ impl AdmissionPool {
             .zip(&generations)
             .map(|(c, generation)| {
                 let slots = state.slots.get(&c.provider.id);
+                let avoided = request.avoid.get(&c.provider.id);
                 CandidateView {
                     priority: c.priority,
-                    eligible: generation.is_some() && slots.is_some(),
-                    avoided: request.avoid.contains(&c.provider.id),
+                    // The runtime overlay takes providers out of rotation.
+                    eligible: generation.is_some() && slots.is_some() && !self.overlay.is_unavailable(&c.provider.id),
+                    avoided: avoided.is_some(),
+                    fallback_allowed: avoided.copied().unwrap_or(true),
                     in_flight: slots.map_or(0, Slots::in_flight),
                     capacity: slots.map_or(0, |s| s.capacity),
                 }
@@ -501,10 +523,10 @@ providers:
             },
         );
         registry.mark_ready(node, generation, HashMap::from([("p".to_string(), ProviderHealth::Available)]));
-        let pool = AdmissionPool::new(&config, registry, EdgeMetrics::new());
+        let pool = AdmissionPool::new(&config, registry, Default::default(), EdgeMetrics::new());
         let candidates: Arc<[Candidate]> =
             Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
-        let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashSet::new() };
+        let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashMap::new() };
         let mut state = pool.state.lock().unwrap();
         let Attempt::Granted(lease) = pool.try_acquire(&mut state, &request) else { panic!("test pool admits") };
         drop(state);
@@ -521,7 +543,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     fn view(priority: u32, in_flight: u32, capacity: u32) -> CandidateView {
-        CandidateView { priority, eligible: true, avoided: false, in_flight, capacity }
+        CandidateView { priority, eligible: true, avoided: false, fallback_allowed: true, in_flight, capacity }
     }
 
     fn no_rotation(_: u32, _: usize) -> usize {
@@ -568,6 +590,10 @@ mod tests {
         let mut tried_full = view(1, 4, 4);
         tried_full.avoided = true;
         assert_eq!(choose(&[view(0, 4, 4), tried_full], no_rotation), Choice::AllBusy);
+        let mut stalled = tried;
+        stalled.fallback_allowed = false;
+        assert_eq!(choose(&[stalled, down], no_rotation), Choice::NoneEligible, "no fallback without clearance");
+        assert_eq!(choose(&[stalled, view(1, 0, 4)], no_rotation), Choice::Admit(1), "an alternate is preferred");
     }
 
     const CONFIG: &str = r#"
@@ -612,12 +638,8 @@ providers:
             .into_iter()
             .map(|p| Candidate { priority: p.models[0].priority, provider: p.clone() })
             .collect();
-        Fixture {
-            pool: AdmissionPool::new(&config, registry.clone(), EdgeMetrics::new()),
-            registry,
-            candidates,
-            _controls: controls,
-        }
+        let pool = AdmissionPool::new(&config, registry.clone(), Default::default(), EdgeMetrics::new());
+        Fixture { pool, registry, candidates, _controls: controls }
     }
 
     impl Fixture {
@@ -626,7 +648,7 @@ providers:
                 route: "chat".into(),
                 run_id: run_id.into(),
                 candidates: self.candidates.clone(),
-                avoid: HashSet::new(),
+                avoid: HashMap::new(),
             }
         }
     }
@@ -717,7 +739,7 @@ providers:
                             route: "chat".into(),
                             run_id: format!("w{w}-{i}"),
                             candidates: candidates.clone(),
-                            avoid: HashSet::new(),
+                            avoid: HashMap::new(),
                         };
                         let seed = fastrand::u32(..);
                         // Queue wait and client patience vary so that some

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{LeaseGuard, ReleaseReason};
 use crate::metrics::{EdgeMetrics, OutcomeLabels};
 use crate::node::registry::ControlSender;
+use crate::overlay::StallHandoff;
 
 /// Events buffered per run between the node stream and the client.
 const RUN_CHANNEL_CAPACITY: usize = 32;
@@ -40,6 +41,8 @@ pub trait NodeFrame: Send + 'static {
     fn failed(kind: FailureKind, message: String) -> Self::Item;
     /// `Some` for terminal items.
     fn outcome(item: &Self::Item) -> Option<RunOutcome>;
+    /// The failure a terminal item carries.
+    fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure>;
 }
 
 impl NodeFrame for pb::RunEvent {
@@ -58,6 +61,12 @@ impl NodeFrame for pb::RunEvent {
     }
     fn failed(kind: FailureKind, message: String) -> Self::Item {
         pb::run_event::Event::Failed(pb::RunFailed { failure: Some(pb::ExecutionFailure::new(kind, message)) })
+    }
+    fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure> {
+        match item {
+            pb::run_event::Event::Failed(f) => f.failure.as_mut(),
+            _ => None,
+        }
     }
     fn outcome(item: &Self::Item) -> Option<RunOutcome> {
         use pb::run_event::Event;
@@ -88,6 +97,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
         pb::provider_tunnel_frame::Frame::Failed(pb::RunFailed {
             failure: Some(pb::ExecutionFailure::new(kind, message)),
         })
+    }
+    fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure> {
+        match item {
+            pb::provider_tunnel_frame::Frame::Failed(f) => f.failure.as_mut(),
+            _ => None,
+        }
     }
     fn outcome(item: &Self::Item) -> Option<RunOutcome> {
         use pb::provider_tunnel_frame::Frame;
@@ -212,6 +227,7 @@ impl<F: NodeFrame> RunTable<F> {
 pub async fn start_run<F: NodeFrame>(
     table: &Arc<RunTable<F>>,
     metrics: &Arc<EdgeMetrics>,
+    handoff: &Arc<StallHandoff>,
     lease: LeaseGuard,
     control: ControlSender,
     assign: pb::edge_to_node::Msg,
@@ -236,6 +252,7 @@ pub async fn start_run<F: NodeFrame>(
         table: table.clone(),
         metrics: metrics.clone(),
         control: control.clone(),
+        handoff: handoff.clone(),
         lease,
         next_seq: 1,
         finished: false,
@@ -260,6 +277,7 @@ pub struct RunStream<F: NodeFrame> {
     table: Arc<RunTable<F>>,
     metrics: Arc<EdgeMetrics>,
     control: ControlSender,
+    handoff: Arc<StallHandoff>,
     /// The provider slot this run holds; returned when the stream ends.
     lease: LeaseGuard,
     next_seq: u64,
@@ -281,7 +299,7 @@ impl<F: NodeFrame> RunStream<F> {
         if self.finished {
             return None;
         }
-        let item = tokio::select! {
+        let mut item = tokio::select! {
             biased;
             received = self.rx.recv() => match received {
                 Some(frame) if frame.seq() == self.next_seq => {
@@ -299,6 +317,10 @@ impl<F: NodeFrame> RunStream<F> {
             },
             _ = self.fence.cancelled() => F::failed(FailureKind::TransportLost, "node connection closed during the run".into()),
         };
+        if let Some(failure) = F::failure_mut(&mut item) {
+            // Stall evidence from this run's own reception stream.
+            self.handoff.apply(self.lease.lease(), failure);
+        }
         if let Some(outcome) = F::outcome(&item) {
             self.finish(outcome);
         }
@@ -391,7 +413,12 @@ mod tests {
         let lease = crate::admission::test_support::lease("r1", "n1", 5);
         let request = pb::RunRequest { run_id: "r1".into(), ..Default::default() };
         let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
-        let stream = start_run(table, &EdgeMetrics::new(), lease, control, assign).await.unwrap();
+        let handoff = Arc::new(StallHandoff {
+            registry: Arc::new(crate::node::registry::NodeRegistry::default()),
+            overlay: Default::default(),
+            metrics: EdgeMetrics::new(),
+        });
+        let stream = start_run(table, &EdgeMetrics::new(), &handoff, lease, control, assign).await.unwrap();
         (stream, control_rx)
     }
 

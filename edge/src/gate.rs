@@ -19,7 +19,7 @@
 //! response. A provider error response is retried like a failure when it is
 //! retryable, and otherwise relayed to the client as the provider sent it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use crate::admission::LeaseGuard;
 use crate::admission::{AdmitError, AdmitRequest, Candidate};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
-use crate::metrics::AttemptLabels;
+use crate::metrics::{AttemptLabels, RecoveryLabels};
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,8 +159,10 @@ pub async fn execute(
     let limits = &state.config.limits;
     let deadline = Instant::now() + Duration::from_millis(limits.request_timeout_ms);
     let queue_timeout = Duration::from_millis(limits.queue_timeout_ms);
-    let mut avoid = HashSet::new();
+    let mut avoid: HashMap<String, bool> = HashMap::new();
     let mut last_failure: Option<pb::ExecutionFailure> = None;
+    // The provider whose stall this request is being replayed for, if any.
+    let mut replaying_stall_of: Option<String> = None;
 
     for attempt in 1..=limits.max_attempts {
         let admit = AdmitRequest {
@@ -189,10 +191,30 @@ pub async fn execute(
         let (failure, relay) = match outcome {
             Attempt::Committed(committed) => {
                 count("committed");
+                if let Some(stalled) = &replaying_stall_of {
+                    let result = if *stalled == provider_id { "answered_by_avoided" } else { "answered_by_alternate" };
+                    recovery_result(state, result);
+                }
                 return Ok(*committed);
             }
             Attempt::Failed { failure, relay } => (failure, relay),
         };
+        let stalled = failure.kind() == FailureKind::ResponseStalled;
+        if stalled {
+            let eligible = attempt < limits.max_attempts && Instant::now() < deadline;
+            let label = if eligible { "eligible" } else { "attempts_exhausted" };
+            state.metrics.recovery_eligibility.get_or_create(&RecoveryLabels { result: label }).inc();
+            tracing::info!(
+                target: "edge_liveness_recovery_observation",
+                eligibility = label,
+                provider_health = failure.provider_health().as_str_name(),
+                handoff = failure.recovery_handoff().as_str_name(),
+                "stall before the first byte"
+            );
+        }
+        if replaying_stall_of.is_some() && (!retryable(&failure) || attempt == limits.max_attempts) {
+            recovery_result(state, "exhausted");
+        }
         if !retryable(&failure) || attempt == limits.max_attempts {
             // A tunnel relays the provider's own error response, already in
             // the client's API shape.
@@ -209,8 +231,15 @@ pub async fn execute(
         }
         count("retried");
         tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
-        avoid.insert(provider_id);
-        let alternative = candidates.iter().any(|c| !avoid.contains(&c.provider.id));
+        // After a stall the provider may be re-selected (when no alternate
+        // is eligible) only on probe-backed `available` evidence: the
+        // provider is fine, only this request stalled.
+        let fallback = !stalled || failure.provider_health() == pb::ProviderHealth::Available;
+        if stalled {
+            replaying_stall_of = Some(provider_id.clone());
+        }
+        avoid.insert(provider_id, fallback);
+        let alternative = candidates.iter().any(|c| !avoid.contains_key(&c.provider.id));
         let delay = retry_delay(&failure, attempt, alternative);
         if Instant::now() + delay >= deadline {
             return Err(ApiError::Execution(failure));
@@ -219,6 +248,11 @@ pub async fn execute(
         last_failure = Some(failure);
     }
     Err(last_failure.map(ApiError::Execution).unwrap_or(ApiError::Internal))
+}
+
+fn recovery_result(state: &EdgeState, result: &'static str) {
+    state.metrics.recovery_results.get_or_create(&RecoveryLabels { result }).inc();
+    tracing::info!(target: "edge_liveness_recovery_observation", result, "stall replay finished");
 }
 
 enum Attempt {
@@ -271,7 +305,7 @@ async fn attempt_run(
     let stall = stall_timeout(provider);
 
     let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
-    let mut run = match dispatch::start_run(&state.runs, &state.metrics, lease, control, assign).await {
+    let mut run = match dispatch::start_run(&state.runs, &state.metrics, &state.handoff, lease, control, assign).await {
         Ok(run) => run,
         Err(failure) => return failed(failure),
     };
@@ -301,13 +335,21 @@ async fn attempt_run(
     }
 }
 
-/// The provider's response-stall timeout (0 in config means the default).
+/// The Edge's own bound on silence before the first byte: the provider's
+/// response-stall timeout (0 in config means the default) plus the time the
+/// node needs to claim the stall and join its evidence, so the node's typed
+/// stall normally arrives first; this only catches a node that went quiet.
 fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duration {
-    match provider.map_or(0, |p| p.response_stall_timeout_ms) {
-        0 => Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS),
-        ms => Duration::from_millis(ms),
-    }
+    let timeout = match provider.map_or(0, |p| p.response_stall_timeout_ms) {
+        0 => iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS,
+        ms => ms,
+    };
+    Duration::from_millis(timeout) + NODE_STALL_EVIDENCE_BUDGET
 }
+
+/// Upper bound of the node's stall evidence join (close grace and probe run
+/// concurrently, each under 5 s) plus transport slack.
+const NODE_STALL_EVIDENCE_BUDGET: Duration = Duration::from_secs(7);
 
 /// The next item of a run that has not committed yet. Nothing from the
 /// provider for its response-stall timeout is a stall (retryable: nothing
@@ -369,10 +411,11 @@ async fn attempt_tunnel(
     };
     let stall = stall_timeout(provider);
     let assign = pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { request: Some(request) });
-    let mut run = match dispatch::start_run(&state.tunnels, &state.metrics, lease, control, assign).await {
-        Ok(run) => run,
-        Err(failure) => return failed(failure),
-    };
+    let mut run =
+        match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, assign).await {
+            Ok(run) => run,
+            Err(failure) => return failed(failure),
+        };
     let mut head: Option<pb::TunnelResponseHead> = None;
     let mut buffered: Vec<Bytes> = Vec::new();
     let mut buffered_len = 0;

@@ -14,6 +14,8 @@ pub mod http;
 pub mod ingress;
 pub mod metrics;
 pub mod node;
+pub mod overlay;
+pub mod recovery;
 pub mod route;
 
 use std::net::SocketAddr;
@@ -34,6 +36,7 @@ use crate::metrics::EdgeMetrics;
 use crate::node::commands::CommandTable;
 use crate::node::registry::{GenerationSource, NodeRegistry};
 use crate::node::tls::{AcceptPolicy, TlsSetupError};
+use crate::overlay::{HealthOverlay, StallHandoff};
 
 /// HTTP/2 receive window per run stream from a node.
 const RUN_STREAM_WINDOW: u32 = 256 * 1024;
@@ -51,6 +54,11 @@ pub struct EdgeState {
     pub config: Arc<EdgeConfig>,
     pub registry: Arc<NodeRegistry>,
     pub admission: Arc<AdmissionPool>,
+    pub overlay: Arc<HealthOverlay>,
+    pub handoff: Arc<StallHandoff>,
+    /// Wakes the CAPABILITIES recovery loop (a node became ready, a provider
+    /// was lowered).
+    pub recovery: Arc<tokio::sync::Notify>,
     pub runs: Arc<RunTable<pb::RunEvent>>,
     pub tunnels: Arc<RunTable<pb::ProviderTunnelFrame>>,
     pub commands: CommandTable,
@@ -93,11 +101,17 @@ impl Edge {
         });
         let registry = Arc::new(NodeRegistry::default());
         let metrics = EdgeMetrics::new();
-        let admission = AdmissionPool::new(&config, registry.clone(), metrics.clone());
+        let overlay = Arc::new(HealthOverlay::default());
+        let admission = AdmissionPool::new(&config, registry.clone(), overlay.clone(), metrics.clone());
+        let handoff =
+            Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
         let state = Arc::new(EdgeState {
             config: Arc::new(config),
             registry,
             admission,
+            overlay,
+            handoff,
+            recovery: Arc::new(tokio::sync::Notify::new()),
             runs: Arc::new(RunTable::default()),
             tunnels: Arc::new(RunTable::default()),
             commands: CommandTable::default(),
@@ -149,6 +163,7 @@ impl Edge {
             .add_service(NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() }))
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
         let grpc_task = tokio::spawn(grpc_server);
+        let recovery_task = tokio::spawn(recovery::run(state.clone()));
 
         let http_addr = http.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
         let app = http::router(state.clone());
@@ -168,6 +183,7 @@ impl Edge {
         state.tunnels.begin_shutdown();
         state.registry.close_all();
         accept_task.abort();
+        recovery_task.abort();
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, http_task).await;
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, grpc_task).await;
         Ok(())

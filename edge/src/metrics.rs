@@ -41,6 +41,28 @@ pub struct RouteLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvidenceLabels {
+    /// stall | capabilities
+    pub source: &'static str,
+    /// available | unavailable | unknown
+    pub health: &'static str,
+    /// `overlay::Applied::label()`
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// available | unavailable
+    pub to: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecoveryLabels {
+    /// A closed set per metric (see `gate`).
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
     pub provider: String,
     /// committed | retried | failed | relayed_error
@@ -83,6 +105,10 @@ pub struct EdgeMetrics {
     pub attempts: Family<AttemptLabels, Counter>,
     pub in_flight: Family<ProviderLabels, Gauge>,
     pub queue_depth: Family<RouteLabels, Gauge>,
+    pub health_evidence: Family<EvidenceLabels, Counter>,
+    pub health_transitions: Family<TransitionLabels, Counter>,
+    pub recovery_eligibility: Family<RecoveryLabels, Counter>,
+    pub recovery_results: Family<RecoveryLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -132,6 +158,22 @@ impl EdgeMetrics {
         registry.register("in_flight", "Runs holding a provider slot", in_flight.clone());
         let queue_depth = Family::<RouteLabels, Gauge>::default();
         registry.register("queue_depth", "Requests waiting for capacity, per route", queue_depth.clone());
+        let health_evidence = Family::<EvidenceLabels, Counter>::default();
+        registry.register(
+            "provider_health_evidence",
+            "Provider health evidence received, by result",
+            health_evidence.clone(),
+        );
+        let health_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register("provider_health_transitions", "Runtime overlay transitions", health_transitions.clone());
+        let recovery_eligibility = Family::<RecoveryLabels, Counter>::default();
+        registry.register(
+            "liveness_recovery_eligibility",
+            "Stalls seen by the stream gate, by whether they could be replayed",
+            recovery_eligibility.clone(),
+        );
+        let recovery_results = Family::<RecoveryLabels, Counter>::default();
+        registry.register("liveness_recovery_results", "Outcomes of stall replays", recovery_results.clone());
         Arc::new(Self {
             registry,
             http_requests,
@@ -146,6 +188,10 @@ impl EdgeMetrics {
             attempts,
             in_flight,
             queue_depth,
+            health_evidence,
+            health_transitions,
+            recovery_eligibility,
+            recovery_results,
         })
     }
 

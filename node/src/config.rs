@@ -14,6 +14,16 @@ pub struct NodeConfig {
     pub tls: NodeTlsConfig,
     #[serde(default)]
     pub reconnect: ReconnectConfig,
+    /// Serve Prometheus metrics; off when absent.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of `GET /metrics`, e.g. `127.0.0.1:9464`.
+    pub listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -18,6 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::adapter::ProviderTarget;
+use crate::liveness::{self, Progress, StallWatchdog};
+use crate::metrics::{ExecutionKind, NodeMetrics};
+use crate::transport::sequence::SessionSequence;
 use crate::transport::session::Providers;
 
 /// Largest accepted `response_stall_timeout_ms` (one hour).
@@ -34,6 +37,22 @@ pub struct ExecutionContext {
     pub http: reqwest::Client,
     pub providers: Arc<Providers>,
     pub generation: u64,
+    pub observer: Observer,
+}
+
+/// Where an execution's liveness observations go.
+#[derive(Clone)]
+pub struct Observer {
+    /// The connection's health observation sequence; `None` on paths bound
+    /// to no connection (the key is then omitted).
+    pub sequence: Option<Arc<SessionSequence>>,
+    pub metrics: Arc<NodeMetrics>,
+}
+
+impl Observer {
+    pub fn unbound() -> Self {
+        Self { sequence: None, metrics: NodeMetrics::new() }
+    }
 }
 
 // ------------------------------------------------------------ validation
@@ -214,7 +233,7 @@ impl<U: UplinkFrame> Uplink<U> {
 
     /// `send`, abandoned when `cancel` fires first (the Edge may have stopped
     /// reading while keeping the call open).
-    async fn send_unless_cancelled(&mut self, item: U::Item, cancel: &Cancel) -> Option<bool> {
+    pub(crate) async fn send_unless_cancelled(&mut self, item: U::Item, cancel: &Cancel) -> Option<bool> {
         tokio::select! {
             sent = self.send(item) => Some(sent),
             _ = cancel.cancelled() => None,
@@ -250,6 +269,28 @@ pub(crate) async fn await_ack<U, A>(uplink: Uplink<U>, call: Call<A>, what: &'st
     }
 }
 
+/// A spawned provider task, aborted when dropped: the provider request it
+/// owns is torn down with it.
+pub(crate) struct Producer<T>(JoinHandle<T>);
+
+impl<T: Send + 'static> Producer<T> {
+    pub(crate) fn spawn(work: impl Future<Output = T> + Send + 'static) -> Self {
+        Self(tokio::spawn(work))
+    }
+
+    /// Tears the provider request down; resolves once the task returned.
+    pub(crate) async fn close(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl<T> Drop for Producer<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How [`forward`] ended.
 pub(crate) enum Driven<T> {
     /// The producer finished; everything it emitted was forwarded.
@@ -257,31 +298,52 @@ pub(crate) enum Driven<T> {
     Cancelled,
     /// The Edge ended the call (client gone or generation fenced).
     EdgeGone,
+    /// The provider was silent for the response-stall timeout. The producer
+    /// is handed back so its close can be confirmed within the close grace.
+    Stalled {
+        silent_for: Duration,
+        producer: Producer<T>,
+    },
 }
 
 /// Polls `producer` while forwarding the items it puts into `items`, until it
-/// finishes, `cancel` fires, or `edge_gone` resolves. Items emitted before
-/// the producer's result are forwarded first. Returning drops the producer,
-/// which aborts its provider request.
-pub(crate) async fn forward<U: UplinkFrame, T>(
-    producer: impl Future<Output = T>,
+/// finishes, `cancel` fires, `edge_gone` resolves, or `watchdog` claims a
+/// stall. Cancellation and the Edge ending the call take precedence over a
+/// simultaneous stall. Items emitted before the producer's result are
+/// forwarded first; items after a stall claim are dropped and counted.
+/// Time spent waiting on our own uplink (client backpressure) is not
+/// provider silence.
+pub(crate) async fn forward<U: UplinkFrame, T: Send + 'static>(
+    producer: Producer<T>,
     items: &mut mpsc::Receiver<U::Item>,
     uplink: &mut Uplink<U>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
+    watchdog: &mut StallWatchdog,
+    fenced: impl Fn(),
 ) -> Driven<T> {
-    tokio::pin!(producer, edge_gone);
+    let mut producer = producer;
+    tokio::pin!(edge_gone);
     loop {
+        let deadline = watchdog.deadline().unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return Driven::Cancelled,
             _ = &mut edge_gone => return Driven::EdgeGone,
-            Some(item) = items.recv() => match uplink.send_unless_cancelled(item, cancel).await {
-                None => return Driven::Cancelled,
-                Some(false) => return Driven::EdgeGone,
-                Some(true) => {}
-            },
-            finished = &mut producer => {
+            Some(item) = items.recv() => {
+                if watchdog.progress(tokio::time::Instant::now()) == Progress::Fenced {
+                    fenced();
+                    continue;
+                }
+                match uplink.send_unless_cancelled(item, cancel).await {
+                    None => return Driven::Cancelled,
+                    Some(false) => return Driven::EdgeGone,
+                    Some(true) => {
+                        watchdog.progress(tokio::time::Instant::now());
+                    }
+                }
+            }
+            finished = &mut producer.0 => {
                 while let Ok(item) = items.try_recv() {
                     match uplink.send_unless_cancelled(item, cancel).await {
                         None => return Driven::Cancelled,
@@ -289,10 +351,56 @@ pub(crate) async fn forward<U: UplinkFrame, T>(
                         Some(true) => {}
                     }
                 }
-                return Driven::Finished(finished);
+                watchdog.finish();
+                // A producer task only ends early by panicking.
+                return match finished {
+                    Ok(result) => Driven::Finished(result),
+                    Err(_) => Driven::EdgeGone,
+                };
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                if let Some(silent_for) = watchdog.claim(tokio::time::Instant::now()) {
+                    while items.try_recv().is_ok() {
+                        fenced();
+                    }
+                    return Driven::Stalled { silent_for, producer };
+                }
             }
         }
     }
+}
+
+/// After a stall claim: joins the close-grace fence on `producer` with the
+/// exact-target probe, records the observation, and returns the single
+/// `response_stalled` failure with its evidence and sequence.
+pub(crate) async fn stall_failure<T: Send + 'static>(
+    http: &reqwest::Client,
+    target: &ProviderTarget,
+    producer: Producer<T>,
+    silent_for: Duration,
+    observer: &Observer,
+    kind: ExecutionKind,
+) -> pb::ExecutionFailure {
+    let evidence = liveness::join_evidence(
+        producer.close(),
+        crate::adapter::probe_target(http, target),
+        liveness::CLOSE_GRACE,
+        liveness::PROBE_TIMEOUT,
+    )
+    .await;
+    let seq = observer.sequence.as_deref().map(SessionSequence::next);
+    observer.metrics.observe_stall(kind, &evidence, silent_for);
+    tracing::warn!(
+        target: "node_response_stall_observation",
+        kind = kind.label(),
+        provider_health = evidence.health.as_str_name(),
+        liveness_classification = evidence.classification.as_str_name(),
+        retryable = evidence.retryable,
+        stalled_after_ms = silent_for.as_millis() as u64,
+        health_observation_seq = seq,
+        "response stalled"
+    );
+    evidence.to_failure(silent_for, seq)
 }
 
 #[cfg(test)]

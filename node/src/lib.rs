@@ -12,6 +12,8 @@ pub mod adapter;
 pub mod commands;
 pub mod config;
 pub mod execution;
+pub mod liveness;
+pub mod metrics;
 pub mod run;
 pub mod transport;
 pub mod tunnel;
@@ -22,11 +24,20 @@ use tokio_util::sync::CancellationToken;
 pub use config::NodeConfig;
 pub use transport::TransportError;
 
-/// Runs the node until `shutdown` is cancelled.
+/// Runs the node until `shutdown` is cancelled. When `metrics.listen` is
+/// configured, `/metrics` is served there and its address printed on stdout
+/// as `iop-node metrics on http://ADDR`.
 pub async fn run(
     config: NodeConfig,
     heartbeat: HeartbeatProfile,
     shutdown: CancellationToken,
 ) -> Result<(), TransportError> {
-    transport::supervise(config, heartbeat, shutdown).await
+    let metrics = metrics::NodeMetrics::new();
+    if let Some(listen) = config.metrics.as_ref().map(|m| m.listen) {
+        let addr = metrics::serve(listen, metrics.clone())
+            .await
+            .map_err(|e| TransportError::Endpoint(format!("metrics.listen {listen}: {e}")))?;
+        println!("iop-node metrics on http://{addr}");
+    }
+    transport::supervise(config, heartbeat, metrics, shutdown).await
 }

@@ -9,7 +9,9 @@ use iop_proto::pb::{self, run_event::Event};
 use tokio::sync::mpsc;
 
 use crate::adapter;
-use crate::execution::{self, Cancel, Driven, ExecutionContext, UPLINK_CAPACITY, Uplink};
+use crate::execution::{self, Cancel, Driven, ExecutionContext, Observer, Producer, UPLINK_CAPACITY, Uplink};
+use crate::liveness::StallWatchdog;
+use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
 pub use crate::execution::{Rejection as RunRejection, validate};
@@ -23,7 +25,7 @@ pub async fn execute(ctx: ExecutionContext, request: pb::RunRequest, cancel: Can
     let edge_gone = async {
         let _ = (&mut call).await;
     };
-    if serve(&ctx.http, &ctx.providers, &request, &mut uplink, &cancel, edge_gone).await {
+    if serve(&ctx.http, &ctx.providers, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, call, "run", &request.run_id).await;
     }
 }
@@ -38,15 +40,26 @@ async fn serve(
     uplink: &mut Uplink<pb::RunUplink>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
+    observer: &Observer,
 ) -> bool {
     let outcome = match validate(providers, request.into()) {
         Err(rejection) => Driven::Finished(Err(rejection.to_failure())),
-        Ok((target, _stall_timeout)) => {
+        Ok((target, stall_timeout)) => {
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
-            let adapter = adapter::execute(http, target, request, &sink);
-            let driven = execution::forward(adapter, &mut events, uplink, cancel, edge_gone).await;
-            match driven {
+            let producer = Producer::spawn({
+                let (http, target, request) = (http.clone(), target.clone(), request.clone());
+                async move { adapter::execute(&http, &target, &request, &sink).await }
+            });
+            let mut watchdog = StallWatchdog::new(stall_timeout, tokio::time::Instant::now());
+            let fenced = || observer.metrics.fenced(ExecutionKind::run);
+            match execution::forward(producer, &mut events, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
                 Driven::Finished(result) => Driven::Finished(result.map_err(|e| e.to_failure())),
+                Driven::Stalled { silent_for, producer } => {
+                    let failure =
+                        execution::stall_failure(http, target, producer, silent_for, observer, ExecutionKind::run)
+                            .await;
+                    Driven::Finished(Err(failure))
+                }
                 Driven::Cancelled => Driven::Cancelled,
                 Driven::EdgeGone => Driven::EdgeGone,
             }
@@ -56,7 +69,7 @@ async fn serve(
         Driven::Finished(Ok(finish)) => Event::Completed(pb::RunCompleted { finish_reason: finish.into() }),
         Driven::Finished(Err(failure)) => Event::Failed(pb::RunFailed { failure: Some(failure) }),
         Driven::Cancelled => Event::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
-        Driven::EdgeGone => {
+        Driven::EdgeGone | Driven::Stalled { .. } => {
             tracing::debug!(run_id = %request.run_id, "edge ended the run stream");
             return false;
         }

@@ -21,7 +21,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 
 use crate::adapter::{self, AdapterError, ProviderTarget};
-use crate::execution::{self, Cancel, Driven, ExecutionContext, Rejection, Uplink};
+use crate::execution::{self, Cancel, Driven, ExecutionContext, Observer, Producer, Rejection, Uplink};
+use crate::liveness::StallWatchdog;
+use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
 /// Largest body frame; bigger provider chunks are split so that one frame
@@ -44,7 +46,7 @@ pub async fn execute(ctx: ExecutionContext, request: pb::ProviderTunnelRequest, 
     let edge_gone = async {
         let _ = (&mut call).await;
     };
-    if serve(&ctx.http, &ctx.providers, request, &mut uplink, &cancel, edge_gone).await {
+    if serve(&ctx.http, &ctx.providers, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, call, "tunnel", &tunnel_id).await;
     }
 }
@@ -59,15 +61,28 @@ pub(crate) async fn serve(
     uplink: &mut Uplink<pb::TunnelUplink>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
+    observer: &Observer,
 ) -> bool {
     let outcome = match prepare(providers, &request) {
         Err(rejection) => Driven::Finished(Err(rejection.to_failure())),
         Ok(prepared) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
-            let relay = relay(http, prepared, body, &sink);
-            match execution::forward(relay, &mut frames, uplink, cancel, edge_gone).await {
+            let target = prepared.target.clone();
+            let mut watchdog = StallWatchdog::new(prepared.stall_timeout, tokio::time::Instant::now());
+            let producer = Producer::spawn({
+                let http = http.clone();
+                async move { relay(&http, prepared, body, &sink).await }
+            });
+            let fenced = || observer.metrics.fenced(ExecutionKind::tunnel);
+            match execution::forward(producer, &mut frames, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
                 Driven::Finished(result) => Driven::Finished(result.map_err(|e| e.to_failure())),
+                Driven::Stalled { silent_for, producer } => {
+                    let failure =
+                        execution::stall_failure(http, &target, producer, silent_for, observer, ExecutionKind::tunnel)
+                            .await;
+                    Driven::Finished(Err(failure))
+                }
                 Driven::Cancelled => Driven::Cancelled,
                 Driven::EdgeGone => Driven::EdgeGone,
             }
@@ -77,7 +92,7 @@ pub(crate) async fn serve(
         Driven::Finished(Ok(())) => Frame::End(pb::TunnelEnd {}),
         Driven::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
         Driven::Cancelled => Frame::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
-        Driven::EdgeGone => {
+        Driven::EdgeGone | Driven::Stalled { .. } => {
             tracing::debug!(tunnel_id = %request.tunnel_id, "edge ended the tunnel stream");
             return false;
         }
@@ -87,16 +102,16 @@ pub(crate) async fn serve(
 
 /// A validated tunnel request, ready to send.
 #[derive(Debug)]
-struct Prepared<'a> {
-    target: &'a ProviderTarget,
+struct Prepared {
+    target: ProviderTarget,
     method: reqwest::Method,
     url: reqwest::Url,
     headers: HeaderMap,
+    stall_timeout: std::time::Duration,
 }
 
-fn prepare<'a>(providers: &'a Providers, request: &pb::ProviderTunnelRequest) -> Result<Prepared<'a>, Rejection> {
-    // The stall timeout is validated here; its watchdog is not wired yet.
-    let (target, _stall_timeout) = execution::validate(providers, request.into())?;
+fn prepare(providers: &Providers, request: &pb::ProviderTunnelRequest) -> Result<Prepared, Rejection> {
+    let (target, stall_timeout) = execution::validate(providers, request.into())?;
     let method = match request.method.as_str() {
         "GET" => reqwest::Method::GET,
         "POST" => reqwest::Method::POST,
@@ -110,7 +125,7 @@ fn prepare<'a>(providers: &'a Providers, request: &pb::ProviderTunnelRequest) ->
         let value = HeaderValue::from_str(&header.value).map_err(|_| invalid())?;
         headers.append(name, value);
     }
-    Ok(Prepared { target, method, url, headers })
+    Ok(Prepared { target: target.clone(), method, url, headers, stall_timeout })
 }
 
 /// `{base_url}{path}`, for a `path` that cannot leave the base URL: it starts
@@ -181,11 +196,11 @@ fn percent_decode(text: &str) -> String {
 /// this future drops the response, closing the provider connection.
 async fn relay(
     http: &reqwest::Client,
-    prepared: Prepared<'_>,
+    prepared: Prepared,
     body: Bytes,
     sink: &mpsc::Sender<Frame>,
 ) -> Result<(), AdapterError> {
-    let Prepared { target, method, url, headers } = prepared;
+    let Prepared { target, method, url, headers, .. } = prepared;
     // Errors name the base URL only: the path and query are the client's.
     let context = format!("{method} {}", target.base_url);
     let mut builder = http.request(method, url).headers(headers);

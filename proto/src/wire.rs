@@ -112,7 +112,30 @@ pub fn relayable_header(name: &str) -> bool {
 
 impl pb::ExecutionFailure {
     pub fn new(kind: pb::FailureKind, message: impl Into<String>) -> Self {
-        Self { kind: kind.into(), message: message.into(), provider_status: 0, retry_after_ms: 0 }
+        Self { kind: kind.into(), message: message.into(), ..Default::default() }
+    }
+}
+
+/// The only health/classification pairs stall evidence may carry. Anything
+/// else (unspecified, unknown values, mismatched pairs) is normalized
+/// fail-closed to unknown/health_unknown.
+pub fn evidence_pair(health: i32, classification: i32) -> (pb::ProviderHealth, pb::LivenessClassification) {
+    use pb::{LivenessClassification as C, ProviderHealth as H};
+    let health = closed_enum::<H>("provider_health", health);
+    let classification = closed_enum::<C>("liveness_classification", classification);
+    match (health, classification) {
+        (Ok(H::Available), Ok(C::RequestStalled)) => (H::Available, C::RequestStalled),
+        (Ok(H::Unavailable), Ok(C::ProviderUnhealthy)) => (H::Unavailable, C::ProviderUnhealthy),
+        _ => (H::Unknown, C::HealthUnknown),
+    }
+}
+
+/// The classification a probe verdict implies.
+pub fn classify(health: pb::ProviderHealth) -> pb::LivenessClassification {
+    match health {
+        pb::ProviderHealth::Available => pb::LivenessClassification::RequestStalled,
+        pb::ProviderHealth::Unavailable => pb::LivenessClassification::ProviderUnhealthy,
+        pb::ProviderHealth::Unknown | pb::ProviderHealth::Unspecified => pb::LivenessClassification::HealthUnknown,
     }
 }
 
@@ -149,6 +172,27 @@ mod tests {
         assert!(!text.is_terminal());
         assert_eq!(completed.validate(), Ok(()));
         assert_eq!(text.validate(), Ok(()));
+    }
+
+    #[test]
+    fn evidence_pairs_fail_closed() {
+        use pb::{LivenessClassification as C, ProviderHealth as H};
+        assert_eq!(evidence_pair(H::Available.into(), C::RequestStalled.into()), (H::Available, C::RequestStalled));
+        assert_eq!(
+            evidence_pair(H::Unavailable.into(), C::ProviderUnhealthy.into()),
+            (H::Unavailable, C::ProviderUnhealthy)
+        );
+        for (h, c) in [
+            (H::Available.into(), C::ProviderUnhealthy.into()),
+            (H::Unavailable.into(), C::RequestStalled.into()),
+            (0, 0),
+            (99, C::RequestStalled.into()),
+            (H::Available.into(), 42),
+        ] {
+            assert_eq!(evidence_pair(h, c), (H::Unknown, C::HealthUnknown), "{h} {c}");
+        }
+        assert_eq!(classify(H::Available), C::RequestStalled);
+        assert_eq!(classify(H::Unspecified), C::HealthUnknown);
     }
 
     #[test]

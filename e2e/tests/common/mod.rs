@@ -39,6 +39,8 @@ pub struct Stack {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
     pub nodes: Vec<Proc>,
+    /// `/metrics` URL of the first node.
+    pub node_metrics: Option<String>,
     pub heartbeat: Option<&'static str>,
     pub client: reqwest::Client,
 }
@@ -99,6 +101,7 @@ impl Stack {
             http: any,
             grpc: any,
             nodes: Vec::new(),
+            node_metrics: None,
             heartbeat: options.heartbeat,
             client: http_client(),
         };
@@ -110,8 +113,9 @@ impl Stack {
         std::fs::write(&stack.edge_config, pinned.to_yaml()).unwrap();
         if options.start_node {
             let pair = stack.pki.node_cert(NODE, Validity::Current).unwrap();
-            let node = stack.spawn_node(&pair, &stack.pki.ca_file.clone());
+            let (node, metrics) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
             stack.nodes.push(node);
+            stack.node_metrics = Some(metrics);
             stack.wait_node_ready(NODE).await;
         }
         stack
@@ -129,18 +133,22 @@ impl Stack {
         self.edge = Some(edge);
     }
 
-    /// Starts an `iop-node` with the given certificate, trusting `ca_file`.
-    pub fn spawn_node(&self, pair: &PairFiles, ca_file: &std::path::Path) -> Proc {
-        let config = harness::node_config(self.grpc, ca_file, pair, (50, 500));
+    /// Starts an `iop-node` with the given certificate, trusting `ca_file`,
+    /// serving its metrics on a free port (returned as a URL).
+    pub async fn spawn_node(&self, pair: &PairFiles, ca_file: &std::path::Path) -> (Proc, String) {
+        let mut config = harness::node_config(self.grpc, ca_file, pair, (50, 500));
+        config.metrics = Some(iop_node::config::MetricsConfig { listen: "127.0.0.1:0".parse().unwrap() });
         let name = pair.cert.file_stem().unwrap().to_str().unwrap().to_string();
         let path = self.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, serde_saphyr::to_string(&config).unwrap()).unwrap();
-        let mut command = tokio::process::Command::new(bin("iop-node"));
-        command.arg("--config").arg(&path).kill_on_drop(true);
+        let path = path.to_str().unwrap().to_string();
+        let mut args = vec!["--config", path.as_str()];
         if let Some(profile) = self.heartbeat {
-            command.args(["--test-heartbeat-profile", profile]);
+            args.extend(["--test-heartbeat-profile", profile]);
         }
-        Proc { child: command.spawn().expect("spawning iop-node"), name: "iop-node" }
+        let (node, line) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
+        let url = line.split_whitespace().last().unwrap().to_string();
+        (node, format!("{url}/metrics"))
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -174,7 +182,12 @@ impl Stack {
 
     /// Value of one sample of the Edge's /metrics, 0 when absent.
     pub async fn metric(&self, sample: &str) -> f64 {
-        let text = self.client.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        self.metric_at(&self.url("/metrics"), sample).await
+    }
+
+    /// Value of one sample of the metrics at `url`, 0 when absent.
+    pub async fn metric_at(&self, url: &str, sample: &str) -> f64 {
+        let text = self.client.get(url).send().await.unwrap().text().await.unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse::<f64>().ok()))
             .unwrap_or(0.0)

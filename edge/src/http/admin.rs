@@ -95,6 +95,8 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 "health": health,
                 "dispatchable": state.registry.ready_for(&p.node, &p.id).is_some(),
                 "capacity": p.capacity,
+                // The runtime overlay (absent until evidence arrived).
+                "overlay": state.overlay.get(&p.id),
                 "in_flight": load.providers.get(&p.id).map_or(0, |l| l.in_flight),
             })
         })

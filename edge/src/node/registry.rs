@@ -119,6 +119,10 @@ impl NodeRegistry {
         }
     }
 
+    pub fn current_generation(&self, node: &str) -> Option<u64> {
+        self.sessions.lock().unwrap().get(node).map(|s| s.generation)
+    }
+
     pub fn is_current(&self, node: &str, generation: u64) -> bool {
         self.sessions.lock().unwrap().get(node).is_some_and(|s| s.generation == generation)
     }

@@ -173,6 +173,8 @@ async fn serve(
                         state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
                         tracing::info!(%node, generation, "node ready");
                         state.admission.drain_queues();
+                        // A reconnect is a chance to recover lowered providers.
+                        state.recovery.notify_one();
                         send_now(out, pb::edge_to_node::Msg::ReadyResponse(pb::NodeReadyResponse { generation }));
                     }
                     (SessionPhase::Ready, Msg::CommandResult(result)) => {

@@ -248,6 +248,38 @@ pub async fn execute(
 
 /// Cheap health check that never loads a model: Ollama `GET {base}/api/tags`,
 /// OpenAI `GET {base}/v1/models`. Ok on 2xx.
+/// The exact-target health probe used after a stall and for CAPABILITIES:
+/// does the provider answer and know this target model? A metadata call,
+/// never a generation, so it never loads a model: Ollama `POST /api/show`
+/// for the target, OpenAI-compatible `GET /v1/models` listing the target.
+/// Errors and unknown targets are `Unavailable`; the caller bounds the time
+/// (a probe that does not finish is `Unknown`).
+pub async fn probe_target(client: &reqwest::Client, target: &ProviderTarget) -> pb::ProviderHealth {
+    let request = match target.adapter {
+        AdapterKind::Ollama => client
+            .post(target.url("/api/show"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::json!({ "model": target.target_model }).to_string()),
+        AdapterKind::OpenAi => client.get(target.url(openai::PROBE_PATH)),
+    };
+    let Ok(response) = request.send().await else { return pb::ProviderHealth::Unavailable };
+    if !response.status().is_success() {
+        return pb::ProviderHealth::Unavailable;
+    }
+    match target.adapter {
+        AdapterKind::Ollama => pb::ProviderHealth::Available,
+        AdapterKind::OpenAi => {
+            let (body, _) = read_capped(response, 1024 * 1024).await;
+            let listed = serde_json::from_slice::<serde_json::Value>(&body).ok().is_some_and(|v| {
+                v["data"]
+                    .as_array()
+                    .is_some_and(|models| models.iter().any(|m| m["id"] == target.target_model.as_str()))
+            });
+            if listed { pb::ProviderHealth::Available } else { pb::ProviderHealth::Unavailable }
+        }
+    }
+}
+
 pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Result<(), AdapterError> {
     let path = match target.adapter {
         AdapterKind::Ollama => ollama::PROBE_PATH,

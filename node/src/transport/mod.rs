@@ -13,8 +13,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::config::NodeConfig;
+use crate::metrics::NodeMetrics;
 use backoff::Backoff;
 use session::SessionEnd;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -85,6 +87,7 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 pub async fn supervise(
     config: NodeConfig,
     heartbeat: HeartbeatProfile,
+    metrics: Arc<NodeMetrics>,
     shutdown: CancellationToken,
 ) -> Result<(), TransportError> {
     let dialer = Dialer::new(&config)?;
@@ -92,7 +95,7 @@ pub async fn supervise(
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
     loop {
         let end = match dialer.connect().await {
-            Ok(client) => session::run(client, http.clone(), heartbeat, shutdown.clone()).await,
+            Ok(client) => session::run(client, http.clone(), metrics.clone(), heartbeat, shutdown.clone()).await,
             Err(e) => SessionEnd::ConnectFailed(e.to_string()),
         };
         match &end {

@@ -21,7 +21,8 @@ use tonic::transport::Channel;
 
 use super::sequence::SessionSequence;
 use crate::adapter::{self, ProviderTarget};
-use crate::execution::{Cancel, ExecutionContext};
+use crate::execution::{Cancel, ExecutionContext, Observer};
+use crate::metrics::NodeMetrics;
 // The module only: `crate::run` is also a function.
 use crate::run::{self};
 use crate::{commands, tunnel};
@@ -66,9 +67,49 @@ pub async fn probe_all(http: &reqwest::Client, providers: &Providers) -> Vec<pb:
                 Err(_) => pb::ProviderHealth::Unknown,
             },
         };
-        pb::ProviderStatus { provider_id: id.clone(), health: health.into() }
+        status(id, target.as_ref().ok(), health)
     });
     let mut statuses = join_all(checks).await;
+    statuses.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
+    statuses
+}
+
+fn status(id: &str, target: Option<&ProviderTarget>, health: pb::ProviderHealth) -> pb::ProviderStatus {
+    pb::ProviderStatus {
+        provider_id: id.to_string(),
+        health: health.into(),
+        adapter: target.map_or(0, |t| t.adapter.to_wire().into()),
+        target_model: target.map(|t| t.target_model.clone()).unwrap_or_default(),
+        health_observation_seq: None,
+    }
+}
+
+/// CAPABILITIES: the same bounded exact-target probe a stall runs, for every
+/// provider, each answer carrying the next session sequence.
+pub async fn capabilities(
+    http: &reqwest::Client,
+    providers: &Providers,
+    sequence: &SessionSequence,
+) -> Vec<pb::ProviderStatus> {
+    let checks = providers.iter().map(|(id, target)| async move {
+        let health = match target {
+            Err(_) => pb::ProviderHealth::Unavailable,
+            Ok(target) => tokio::time::timeout(crate::liveness::PROBE_TIMEOUT, adapter::probe_target(http, target))
+                .await
+                .unwrap_or(pb::ProviderHealth::Unknown),
+        };
+        (id, target.as_ref().ok(), health)
+    });
+    let mut statuses: Vec<pb::ProviderStatus> = join_all(checks)
+        .await
+        .into_iter()
+        .map(|(id, target, health)| {
+            let mut status = status(id, target, health);
+            // Sequenced once the observation is final.
+            status.health_observation_seq = Some(sequence.next());
+            status
+        })
+        .collect();
     statuses.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
     statuses
 }
@@ -82,6 +123,7 @@ fn send(out: &mpsc::Sender<pb::NodeToEdge>, msg: pb::node_to_edge::Msg) -> bool 
 pub async fn run(
     mut client: NodeGatewayClient<Channel>,
     http: reqwest::Client,
+    metrics: Arc<NodeMetrics>,
     heartbeat: HeartbeatProfile,
     shutdown: CancellationToken,
 ) -> SessionEnd {
@@ -116,6 +158,7 @@ pub async fn run(
         client,
         executions: Arc::new(Mutex::new(HashMap::new())),
         sequence: Arc::new(SessionSequence::default()),
+        metrics,
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -135,8 +178,8 @@ struct Session {
     /// Running runs and tunnels by id (one id space).
     executions: Arc<Mutex<HashMap<String, Cancel>>>,
     /// Source of `health_observation_seq` for this connection.
-    #[allow(dead_code)] // consumed by the stall watchdog's observations
     sequence: Arc<SessionSequence>,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl Session {
@@ -222,6 +265,7 @@ impl Session {
             http: self.http.clone(),
             providers: self.providers.clone(),
             generation: self.generation,
+            observer: Observer { sequence: Some(self.sequence.clone()), metrics: self.metrics.clone() },
         };
         let execution = execute(ctx, cancel.clone());
         let executions = self.executions.clone();
@@ -239,7 +283,7 @@ impl Session {
         use pb::node_command_result::Result as R;
         let kind = iop_proto::wire::closed_enum::<pb::CommandKind>("command.kind", command.kind);
         let out = out.clone();
-        let (http, providers) = (self.http.clone(), self.providers.clone());
+        let (http, providers, sequence) = (self.http.clone(), self.providers.clone(), self.sequence.clone());
         let status = pb::TransportStatus {
             generation: self.generation,
             active_runs: self.executions.lock().unwrap().len() as u64,
@@ -249,7 +293,7 @@ impl Session {
         tokio::spawn(async move {
             let result = match kind {
                 Ok(pb::CommandKind::Capabilities) => {
-                    R::Capabilities(pb::Capabilities { providers: probe_all(&http, &providers).await })
+                    R::Capabilities(pb::Capabilities { providers: capabilities(&http, &providers, &sequence).await })
                 }
                 Ok(pb::CommandKind::TransportStatus) => R::TransportStatus(status),
                 Ok(pb::CommandKind::OllamaApi) => {

@@ -52,7 +52,8 @@ impl Relay {
         let (tx, frames) = mpsc::channel(8);
         let done = tokio::spawn(async move {
             let mut uplink = Uplink::new(tx);
-            serve(&adapter::http_client(), &providers, request, &mut uplink, &cancel, edge_gone).await
+            serve(&adapter::http_client(), &providers, request, &mut uplink, &cancel, edge_gone, &Observer::unbound())
+                .await
         });
         Self { frames, done }
     }
@@ -421,7 +422,13 @@ async fn fake_edge(answer_after: Option<usize>) -> (NodeGatewayClient, mpsc::Unb
 type NodeGatewayClient = pb::node_gateway_client::NodeGatewayClient<tonic::transport::Channel>;
 
 fn context(client: NodeGatewayClient, providers: Providers) -> ExecutionContext {
-    ExecutionContext { client, http: adapter::http_client(), providers: std::sync::Arc::new(providers), generation: 7 }
+    ExecutionContext {
+        client,
+        http: adapter::http_client(),
+        providers: std::sync::Arc::new(providers),
+        generation: 7,
+        observer: Observer::unbound(),
+    }
 }
 
 fn split_call(call: Vec<pb::TunnelUplink>) -> (pb::TunnelOpen, Vec<pb::ProviderTunnelFrame>) {

@@ -1,0 +1,117 @@
+//! Node metrics (Prometheus, served on `metrics.listen` when configured).
+//! Label values come from closed enums only: no provider ids, run ids,
+//! prompts or payload bytes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iop_proto::pb;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::liveness::StallEvidence;
+
+/// Which kind of execution an observation belongs to.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ExecutionKind {
+    run,
+    tunnel,
+}
+
+impl ExecutionKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::run => "run",
+            Self::tunnel => "tunnel",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Classification {
+    request_stalled,
+    provider_unhealthy,
+    health_unknown,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StallLabels {
+    pub kind: ExecutionKind,
+    pub classification: Classification,
+    pub retryable: bool,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: ExecutionKind,
+}
+
+pub struct NodeMetrics {
+    registry: Registry,
+    stalls: Family<StallLabels, Counter>,
+    stall_duration: Family<KindLabels, Histogram>,
+    fenced_output: Family<KindLabels, Counter>,
+}
+
+impl NodeMetrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("iop_node");
+        let stalls = Family::<StallLabels, Counter>::default();
+        registry.register("response_stalls", "Provider responses that stalled, by evidence", stalls.clone());
+        let stall_duration =
+            Family::<KindLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.5, 2.0, 14)));
+        registry.register(
+            "response_stall_duration_seconds",
+            "Provider silence when a stall was claimed",
+            stall_duration.clone(),
+        );
+        let fenced_output = Family::<KindLabels, Counter>::default();
+        registry.register("stall_fenced_output", "Provider output dropped after a stall claim", fenced_output.clone());
+        Arc::new(Self { registry, stalls, stall_duration, fenced_output })
+    }
+
+    pub fn observe_stall(&self, kind: ExecutionKind, evidence: &StallEvidence, silent_for: Duration) {
+        let classification = match evidence.classification {
+            pb::LivenessClassification::RequestStalled => Classification::request_stalled,
+            pb::LivenessClassification::ProviderUnhealthy => Classification::provider_unhealthy,
+            pb::LivenessClassification::HealthUnknown | pb::LivenessClassification::Unspecified => {
+                Classification::health_unknown
+            }
+        };
+        self.stalls.get_or_create(&StallLabels { kind, classification, retryable: evidence.retryable }).inc();
+        self.stall_duration.get_or_create(&KindLabels { kind }).observe(silent_for.as_secs_f64());
+    }
+
+    pub fn fenced(&self, kind: ExecutionKind) {
+        self.fenced_output.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until the process ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<NodeMetrics>) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move { metrics.encode() }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(bound)
+}
