@@ -11,4 +11,5 @@ fn example_node_config_loads() {
     assert_eq!(config.server_name().as_deref(), Some("iop.example.com"));
     assert!(config.tls.cert_file.starts_with(path.parent().unwrap()));
     assert_eq!(config.reconnect.max_backoff_ms, 30_000);
+    assert_eq!(config.metrics.unwrap().listen.port(), 9464);
 }
