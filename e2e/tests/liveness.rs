@@ -108,15 +108,9 @@ async fn an_unhealthy_provider_leaves_rotation_and_returns_when_healthy() {
     let mut flaky = p("flaky", Adapter::Ollama, "mock@first_token_delay_ms=30000", "rot", 0, STALL_MS);
     flaky.base_url = mock2_url.clone();
     let mut stack = stack(vec![p("steady", Adapter::Ollama, "mock@words=3", "rot", 1, 0)], None).await;
-    // Providers listed in extra_providers get the main mock's URL; add
-    // `flaky` on the second mock by restarting with an explicit config.
-    drop(stack.edge.take());
-    let mut config: iop_proto::config::EdgeConfig =
-        iop_proto::config::EdgeConfig::from_yaml(&std::fs::read_to_string(&stack.edge_config).unwrap()).unwrap();
-    config.providers.push(flaky.entry());
-    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
-    stack.start_edge().await;
-    stack.wait_node_ready_after(NODE, 0).await;
+    // Providers listed in extra_providers get the main mock's URL; `flaky`
+    // lives on the second mock.
+    stack.restart_edge_with(|config| config.providers.push(flaky.entry())).await;
 
     let client = http_client();
     client.post(format!("{mock2_url}/mock/health")).body(r#"{"healthy":false}"#).send().await.unwrap();
@@ -287,4 +281,46 @@ async fn metric_labels_are_closed_sets() {
         }
     }
     assert!(checked > 20, "the scrape had labelled samples ({checked})");
+}
+
+#[tokio::test]
+async fn a_killed_provider_is_classified_unhealthy_leaves_rotation_and_returns() {
+    let spawn_mock = |listen: String| async move {
+        let bin = iop_e2e::harness::bin("iop-mock-provider");
+        iop_e2e::harness::spawn_until("iop-mock-provider", &bin, &["--listen", &listen], "listening on").await
+    };
+    let (mock2, line) = spawn_mock("127.0.0.1:0".into()).await;
+    let mock2_url = line.split_whitespace().last().unwrap().to_string();
+    let mut stack = stack(vec![p("backup", Adapter::Openai, "mock@words=3", "killed", 1, 0)], None).await;
+    let mut doomed = p("doomed", Adapter::Ollama, "mock", "killed", 0, STALL_MS);
+    doomed.base_url = mock2_url.clone();
+    stack.restart_edge_with(|config| config.providers.push(doomed.entry())).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("killed", "hi", false)).await).await;
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Hello from the IOP mock provider. You said: hi",
+        "{status} {body}"
+    );
+
+    // The provider process dies: the next request is answered by the backup,
+    // and the probe-backed evidence takes the dead provider out of rotation.
+    let status = mock2.terminate().await;
+    assert!(status.success());
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("killed", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2 w3");
+    assert_eq!(stack.provider_admin("doomed").await["overlay"]["state"], "unavailable");
+
+    // It comes back on the same address: CAPABILITIES recovery returns it.
+    let (_mock2, _) = spawn_mock(mock2_url.trim_start_matches("http://").to_string()).await;
+    wait_until("the provider recovers", WAIT, || async {
+        stack.provider_admin("doomed").await["overlay"]["state"] == "available"
+    })
+    .await;
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("killed", "again", false)).await).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Hello from the IOP mock provider. You said: again",
+        "back in rotation"
+    );
 }

@@ -46,6 +46,7 @@ pub struct OverlayEntry {
 /// Where evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// A run's terminal evidence (stall or unreachable provider).
     Stall,
     Capabilities,
 }
@@ -199,11 +200,17 @@ pub struct StallHandoff {
 }
 
 impl StallHandoff {
-    /// Validates and applies a stall terminal received for `lease` (the
+    /// Validates and applies a terminal carrying health evidence (a stall, or
+    /// an unreachable provider the node probed) received for `lease` (the
     /// frames already came through the run's attached stream, so reception
     /// node and generation are the lease's). Annotates the failure.
     pub fn apply(&self, lease: &Lease, failure: &mut pb::ExecutionFailure) {
-        if failure.kind() != FailureKind::ResponseStalled {
+        let carries_evidence = match failure.kind() {
+            FailureKind::ResponseStalled => true,
+            FailureKind::ProviderUnreachable => failure.provider_health != 0,
+            _ => false,
+        };
+        if !carries_evidence {
             return;
         }
         let (health, classification) =

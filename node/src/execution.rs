@@ -370,6 +370,26 @@ pub(crate) async fn forward<U: UplinkFrame, T: Send + 'static>(
     }
 }
 
+/// A provider that could not be reached is probed (bounded) so the failure
+/// carries sequenced health evidence like a stall does: a killed provider is
+/// classified unhealthy and the Edge takes it out of rotation.
+pub(crate) async fn unreachable_evidence(
+    http: &reqwest::Client,
+    target: &ProviderTarget,
+    failure: &mut pb::ExecutionFailure,
+    observer: &Observer,
+) {
+    if failure.kind() != pb::FailureKind::ProviderUnreachable {
+        return;
+    }
+    let health = tokio::time::timeout(liveness::PROBE_TIMEOUT, crate::adapter::probe_target(http, target))
+        .await
+        .unwrap_or(pb::ProviderHealth::Unknown);
+    failure.provider_health = health.into();
+    failure.liveness_classification = iop_proto::wire::classify(health).into();
+    failure.health_observation_seq = observer.sequence.as_deref().map(SessionSequence::next);
+}
+
 /// After a stall claim: joins the close-grace fence on `producer` with the
 /// exact-target probe, records the observation, and returns the single
 /// `response_stalled` failure with its evidence and sequence.

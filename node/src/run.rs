@@ -53,7 +53,12 @@ async fn serve(
             let mut watchdog = StallWatchdog::new(stall_timeout, tokio::time::Instant::now());
             let fenced = || observer.metrics.fenced(ExecutionKind::run);
             match execution::forward(producer, &mut events, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
-                Driven::Finished(result) => Driven::Finished(result.map_err(|e| e.to_failure())),
+                Driven::Finished(Ok(finish)) => Driven::Finished(Ok(finish)),
+                Driven::Finished(Err(e)) => {
+                    let mut failure = e.to_failure();
+                    execution::unreachable_evidence(http, target, &mut failure, observer).await;
+                    Driven::Finished(Err(failure))
+                }
                 Driven::Stalled { silent_for, producer } => {
                     let failure =
                         execution::stall_failure(http, target, producer, silent_for, observer, ExecutionKind::run)

@@ -76,7 +76,12 @@ pub(crate) async fn serve(
             });
             let fenced = || observer.metrics.fenced(ExecutionKind::tunnel);
             match execution::forward(producer, &mut frames, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
-                Driven::Finished(result) => Driven::Finished(result.map_err(|e| e.to_failure())),
+                Driven::Finished(Ok(())) => Driven::Finished(Ok(())),
+                Driven::Finished(Err(e)) => {
+                    let mut failure = e.to_failure();
+                    execution::unreachable_evidence(http, &target, &mut failure, observer).await;
+                    Driven::Finished(Err(failure))
+                }
                 Driven::Stalled { silent_for, producer } => {
                     let failure =
                         execution::stall_failure(http, &target, producer, silent_for, observer, ExecutionKind::tunnel)

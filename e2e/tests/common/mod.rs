@@ -133,6 +133,20 @@ impl Stack {
         self.edge = Some(edge);
     }
 
+    /// Stops the Edge, edits its config, starts it again on the same ports
+    /// and waits for the node to be ready on it.
+    pub async fn restart_edge_with(&mut self, edit: impl FnOnce(&mut iop_proto::config::EdgeConfig)) {
+        if let Some(edge) = self.edge.take() {
+            edge.terminate().await;
+        }
+        let text = std::fs::read_to_string(&self.edge_config).unwrap();
+        let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
+        edit(&mut config);
+        std::fs::write(&self.edge_config, config.to_yaml()).unwrap();
+        self.start_edge().await;
+        self.wait_node_ready_after(NODE, 0).await;
+    }
+
     /// Starts an `iop-node` with the given certificate, trusting `ca_file`,
     /// serving its metrics on a free port (returned as a URL).
     pub async fn spawn_node(&self, pair: &PairFiles, ca_file: &std::path::Path) -> (Proc, String) {
