@@ -1,0 +1,128 @@
+{{/*
+Chart name, truncated to fit a DNS label.
+*/}}
+{{- define "iop.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Name prefix of every resource: the release name, or "<release>-<chart>" when the release
+name does not contain the chart name. Truncated so that "<fullname>-operator" still fits.
+*/}}
+{{- define "iop.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 48 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 48 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "iop.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every resource.
+*/}}
+{{- define "iop.labels" -}}
+helm.sh/chart: {{ include "iop.chart" . }}
+app.kubernetes.io/name: {{ include "iop.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: iop
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "iop.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "iop.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Edge: names and labels. */}}
+{{- define "iop.edge.fullname" -}}
+{{- printf "%s-edge" (include "iop.fullname" .) }}
+{{- end }}
+
+{{- define "iop.edge.grpcName" -}}
+{{- printf "%s-edge-grpc" (include "iop.fullname" .) }}
+{{- end }}
+
+{{- define "iop.edge.selectorLabels" -}}
+{{ include "iop.selectorLabels" . }}
+app.kubernetes.io/component: edge
+{{- end }}
+
+{{- define "iop.edge.labels" -}}
+{{ include "iop.labels" . }}
+app.kubernetes.io/component: edge
+{{- end }}
+
+{{- define "iop.edge.serviceAccountName" -}}
+{{- if .Values.edge.serviceAccount.create }}
+{{- default (include "iop.edge.fullname" .) .Values.edge.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.edge.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "iop.edge.image" -}}
+{{- printf "%s:%s" .Values.edge.image.repository (default .Chart.AppVersion .Values.edge.image.tag) }}
+{{- end }}
+
+{{/* Operator: names and labels. */}}
+{{- define "iop.operator.fullname" -}}
+{{- printf "%s-operator" (include "iop.fullname" .) }}
+{{- end }}
+
+{{- define "iop.operator.selectorLabels" -}}
+{{ include "iop.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "iop.operator.labels" -}}
+{{ include "iop.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "iop.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "iop.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "iop.operator.image" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{/*
+Names on the Edge server certificate: the in-cluster names of both Services, the host of
+edge.grpcService.publicUrl and edge.grpcService.serverNames.
+*/}}
+{{- define "iop.edge.serverNames" -}}
+{{- $grpc := include "iop.edge.grpcName" . }}
+{{- $http := include "iop.edge.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list $grpc (printf "%s.%s" $grpc $ns) (printf "%s.%s.svc" $grpc $ns) $http (printf "%s.%s" $http $ns) (printf "%s.%s.svc" $http $ns) }}
+{{- with .Values.edge.grpcService.publicUrl }}
+{{- $host := regexReplaceAll ":[0-9]+$" (urlParse .).host "" | trimPrefix "[" | trimSuffix "]" }}
+{{- $names = append $names $host }}
+{{- end }}
+{{- concat $names .Values.edge.grpcService.serverNames | uniq | join "," }}
+{{- end }}
+
+{{/*
+Whether the ServiceMonitor is rendered: the value AND the Prometheus Operator API.
+*/}}
+{{- define "iop.serviceMonitor.enabled" -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}

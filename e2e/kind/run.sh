@@ -1,0 +1,362 @@
+#!/usr/bin/env bash
+# Kubernetes end-to-end test of IOP on a kind cluster. Needs Docker, kind, kubectl, helm,
+# cargo, curl, openssl and python3 with PyYAML; see e2e/kind/README.md.
+#
+#   1. creates a kind cluster whose node port IOP_KIND_GRPC_PORT is published on 127.0.0.1,
+#   2. builds the Edge and operator images (Dockerfile) and loads them into the cluster,
+#   3. applies crds/, installs charts/iop (node gRPC as NodePort, namespace under the restricted
+#      Pod Security Standard) and applies examples/k8s/,
+#   4. waits for the operator to render the Edge config and the Edge to become ready,
+#   5. makes the node bundle (Secret iop-node-<node> with kubectl, `iop-operator node-bundle`),
+#   6. runs iop-mock-provider and iop-node on this host (cargo build), the node dialing the
+#      Edge through the published node port,
+#   7. sends chat requests through the Edge (kubectl port-forward) and asserts the mock's
+#      answer, and that `kubectl get providers` shows HEALTH available,
+#   8. stops the mock provider and asserts HEALTH turns unavailable.
+# Every wait is bounded; the cluster and the host processes are removed on exit (also on
+# failure, after collecting diagnostics into IOP_KIND_WORK_DIR/diagnostics).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+
+CLUSTER=${IOP_KIND_CLUSTER:-iop-e2e}
+NAMESPACE=${IOP_KIND_NAMESPACE:-iop}
+RELEASE=${IOP_KIND_RELEASE:-iop}
+IMAGE_TAG=${IOP_KIND_IMAGE_TAG:-e2e}
+# Node image for `kind create cluster` (empty: the kind release's default).
+KIND_NODE_IMAGE=${IOP_KIND_NODE_IMAGE:-}
+# Node port of the Edge's gRPC Service, published by kind on 127.0.0.1 of this host.
+GRPC_PORT=${IOP_KIND_GRPC_PORT:-30743}
+# Local port of the `kubectl port-forward` to the Edge's HTTP API.
+HTTP_PORT=${IOP_KIND_HTTP_PORT:-18080}
+# Seconds for each wait (rollouts, config rendering, health changes).
+TIMEOUT=${IOP_KIND_TIMEOUT:-180}
+# 1: keep the cluster afterwards, and reuse an existing cluster of that name.
+KEEP=${IOP_KIND_KEEP:-0}
+# 1: install the chart with its NetworkPolicies on (kindnet enforces them).
+NETWORK_POLICY=${IOP_KIND_NETWORK_POLICY:-1}
+# Which provider of the rendered Edge config to test (empty: the first normalized ollama one).
+PROVIDER=${IOP_KIND_PROVIDER:-}
+WORK=${IOP_KIND_WORK_DIR:-$ROOT/target/kind-e2e}
+CARGO_TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+
+EDGE_IMAGE=iop-edge:$IMAGE_TAG
+OPERATOR_IMAGE=iop-operator:$IMAGE_TAG
+EDGE=$RELEASE-edge
+OPERATOR=$RELEASE-operator
+[[ $RELEASE == *iop* ]] || { EDGE=$RELEASE-iop-edge; OPERATOR=$RELEASE-iop-operator; }
+CONFIG_MAP=iop-edge-config
+EDGE_TLS_SECRET=iop-edge-tls
+
+log() { printf '\n[kind-e2e %(%H:%M:%S)T] %s\n' -1 "$*"; }
+die() { printf '[kind-e2e] FAIL: %s\n' "$*" >&2; exit 1; }
+k() { kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" "$@"; }
+exists() { k get "$@" -o name >/dev/null 2>&1; }
+
+# Runs "$@" every 2 s until it succeeds, at most TIMEOUT seconds; $1 says what it waits for.
+wait_for() {
+  local what=$1 deadline=$((SECONDS + TIMEOUT))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || die "timed out after ${TIMEOUT}s waiting for $what"
+    sleep 2
+  done
+}
+
+pids=()   # background processes of this script (node, port-forward)
+MOCK_PID=
+created_cluster=0
+cleanup() {
+  local rc=$?
+  set +e
+  if ((rc != 0)); then
+    log "failed (exit $rc): collecting diagnostics in ${WORK#"$ROOT"/}/diagnostics"
+    collect_diagnostics
+  fi
+  [[ -z $MOCK_PID ]] || pids+=("$MOCK_PID")
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" 2>/dev/null
+  done
+  # The node's private key is only for this throwaway cluster, but keep it out of artifacts.
+  rm -rf "$WORK/bundle"
+  if ((created_cluster)) && [[ $KEEP != 1 ]]; then
+    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1
+  elif [[ $KEEP == 1 ]]; then
+    log "kept cluster kind-$CLUSTER (kind delete cluster --name $CLUSTER)"
+  fi
+  exit "$rc"
+}
+
+collect_diagnostics() {
+  local d=$WORK/diagnostics
+  mkdir -p "$d"
+  k get all,providers,nodecatalogs,workspacetemplates,configmaps,leases,events -o wide >"$d/objects.txt" 2>&1
+  k get secrets >"$d/secrets.txt" 2>&1
+  k get providers,nodecatalogs,workspacetemplates -o yaml >"$d/iop-objects.yaml" 2>&1
+  k get configmap "$CONFIG_MAP" -o yaml >"$d/edge-config.yaml" 2>&1
+  k describe pods >"$d/pods.txt" 2>&1
+  k logs "deployment/$OPERATOR" --all-containers --tail=-1 >"$d/operator.log" 2>&1
+  k logs "deployment/$EDGE" --all-containers --tail=-1 >"$d/edge.log" 2>&1
+  k logs "deployment/$EDGE" --all-containers --previous >"$d/edge-previous.log" 2>&1
+  cp "$WORK"/*.log "$d/" 2>/dev/null
+  local f
+  for f in objects.txt operator.log edge.log node.log mock-provider.log; do
+    [[ -s $d/$f ]] || continue
+    echo "----- $f (last 40 lines)" >&2
+    tail -n 40 "$d/$f" >&2
+  done
+}
+
+need() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (see e2e/kind/README.md)"
+  done
+}
+
+# --- 0. prerequisites ----------------------------------------------------------------
+need docker kind kubectl helm cargo curl openssl python3
+docker info >/dev/null 2>&1 || die "docker is not running (this test needs a container engine)"
+python3 -c 'import yaml' 2>/dev/null || die "python3 lacks PyYAML (apt-get install python3-yaml)"
+compgen -G "crds/*.yaml" >/dev/null || die "crds/ has no CRD YAML (generate it: iop-operator crds)"
+compgen -G "examples/k8s/*.yaml" >/dev/null || die "examples/k8s/ has no example objects"
+mkdir -p "$WORK"
+rm -rf "$WORK/diagnostics" "$WORK/bundle" "$WORK"/*.log
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- 1. cluster ----------------------------------------------------------------------
+if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  [[ $KEEP == 1 ]] || die "a kind cluster named $CLUSTER exists (delete it, or set IOP_KIND_KEEP=1 to reuse it)"
+  log "reusing kind cluster $CLUSTER"
+else
+  log "creating kind cluster $CLUSTER"
+  cat >"$WORK/kind.yaml" <<EOF
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+  - role: control-plane
+    extraPortMappings:
+      # The Edge's node gRPC NodePort, reachable from this host as 127.0.0.1:$GRPC_PORT.
+      - containerPort: $GRPC_PORT
+        hostPort: $GRPC_PORT
+        listenAddress: 127.0.0.1
+        protocol: TCP
+EOF
+  created_cluster=1
+  kind create cluster --name "$CLUSTER" --config "$WORK/kind.yaml" --wait "${TIMEOUT}s" \
+    ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"}
+fi
+
+# --- 2. images and host binaries -----------------------------------------------------
+log "building $EDGE_IMAGE and $OPERATOR_IMAGE"
+docker build --target edge -t "$EDGE_IMAGE" .
+docker build --target operator -t "$OPERATOR_IMAGE" .
+kind load docker-image --name "$CLUSTER" "$EDGE_IMAGE" "$OPERATOR_IMAGE"
+
+log "building iop-node, iop-mock-provider and iop-operator (node-bundle) for this host"
+cargo build --locked -p iop-node -p iop-e2e -p iop-operator \
+  --bin iop-node --bin iop-mock-provider --bin iop-operator
+NODE_BIN=$CARGO_TARGET/debug/iop-node
+MOCK_BIN=$CARGO_TARGET/debug/iop-mock-provider
+OPERATOR_BIN=$CARGO_TARGET/debug/iop-operator
+
+# --- 3. CRDs, chart, example objects -------------------------------------------------
+log "applying crds/"
+kubectl --context "kind-$CLUSTER" apply -f crds/
+kubectl --context "kind-$CLUSTER" wait --for condition=Established --timeout="${TIMEOUT}s" \
+  crd/providers.iop.dev crd/nodecatalogs.iop.dev crd/workspacetemplates.iop.dev
+
+# The namespace enforces the restricted Pod Security Standard: a chart pod that breaks it
+# is refused by the API server and its rollout times out.
+kubectl --context "kind-$CLUSTER" create namespace "$NAMESPACE" --dry-run=client -o yaml \
+  | kubectl --context "kind-$CLUSTER" apply -f -
+kubectl --context "kind-$CLUSTER" label namespace "$NAMESPACE" --overwrite \
+  pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/warn=restricted
+
+log "installing charts/iop as $RELEASE in namespace $NAMESPACE"
+helm upgrade --install "$RELEASE" charts/iop \
+  --kube-context "kind-$CLUSTER" --namespace "$NAMESPACE" \
+  --set edge.image.repository=iop-edge --set-string edge.image.tag="$IMAGE_TAG" \
+  --set edge.image.pullPolicy=Never \
+  --set operator.image.repository=iop-operator --set-string operator.image.tag="$IMAGE_TAG" \
+  --set operator.image.pullPolicy=Never \
+  --set edge.grpcService.type=NodePort --set edge.grpcService.nodePort="$GRPC_PORT" \
+  --set edge.grpcService.publicUrl="https://localhost:$GRPC_PORT" \
+  --set edge.logFormat=text \
+  --set networkPolicy.enabled="$([[ $NETWORK_POLICY == 1 ]] && echo true || echo false)"
+k rollout status "deployment/$OPERATOR" --timeout="${TIMEOUT}s"
+
+log "applying examples/k8s/"
+k apply -f examples/k8s/
+
+# --- 4. rendered config, Edge rollout ------------------------------------------------
+edge_config() { k get configmap "$CONFIG_MAP" -o jsonpath='{.data.edge\.yaml}' 2>/dev/null; }
+config_has_providers() {
+  edge_config | python3 -c 'import sys, yaml; c = yaml.safe_load(sys.stdin) or {}; sys.exit(0 if c.get("providers") else 1)' 2>/dev/null
+}
+log "waiting for the operator to render ConfigMap $CONFIG_MAP with the example providers"
+wait_for "ConfigMap $CONFIG_MAP with providers" config_has_providers
+wait_for "Secret $EDGE_TLS_SECRET" exists secret "$EDGE_TLS_SECRET"
+k rollout status "deployment/$EDGE" --timeout="${TIMEOUT}s"
+edge_config >"$WORK/edge.yaml"
+
+# The provider under test: id, node, base URL on the node, first public model name.
+read -r PROVIDER NODE BASE_URL MODEL < <(python3 - "$WORK/edge.yaml" "$PROVIDER" <<'PY'
+import sys, yaml
+config = yaml.safe_load(open(sys.argv[1]))
+wanted = sys.argv[2]
+providers = config["providers"]
+if wanted:
+    providers = [p for p in providers if p["id"] == wanted]
+else:
+    # The mock speaks the whole Ollama API: prefer a normalized ollama provider.
+    providers.sort(key=lambda p: (p["adapter"] != "ollama" or p.get("mode", "normalized") != "normalized"))
+if not providers:
+    sys.exit(f"provider {wanted!r} is not in the rendered Edge config")
+p = providers[0]
+print(p["id"], p["node"], p["target"]["base_url"], p["models"][0]["name"])
+PY
+) || die "could not read a provider from the rendered Edge config"
+MOCK_ADDR=${BASE_URL#*://}
+MOCK_ADDR=${MOCK_ADDR%%/*}
+case $MOCK_ADDR in
+  127.0.0.1:* | localhost:*) ;;
+  *) die "provider $PROVIDER targets $BASE_URL; the mock runs on this host, so pick a provider on 127.0.0.1 (IOP_KIND_PROVIDER)" ;;
+esac
+log "testing provider $PROVIDER (node $NODE, model $MODEL, target $BASE_URL)"
+
+# --- 5. node bundle ------------------------------------------------------------------
+# As a user does (NOTES.txt): the node's Secret with kubectl, then `iop-operator node-bundle`.
+NODE_SECRET=iop-node-$NODE
+log "node bundle of $NODE: Secret $NODE_SECRET, then iop-operator node-bundle"
+wait_for "Secret $NODE_SECRET" exists secret "$NODE_SECRET"
+secret_dir=$WORK/bundle/secret
+mkdir -p "$secret_dir"
+chmod 0700 "$WORK/bundle" "$secret_dir"
+for key in ca.pem node.pem node-key.pem; do
+  k get secret "$NODE_SECRET" -o jsonpath="{.data.${key//./\\.}}" | base64 -d >"$secret_dir/$key"
+  [[ -s $secret_dir/$key ]] || die "Secret $NODE_SECRET has no key $key"
+done
+# The node dials 127.0.0.1 (the published node port) and verifies a name on the Edge
+# certificate: localhost (the chart adds the host of edge.grpcService.publicUrl), else the
+# in-cluster Service name. -text, not -ext: LibreSSL (macOS) has no -ext.
+k get secret "$EDGE_TLS_SECRET" -o jsonpath='{.data.edge\.pem}' | base64 -d >"$WORK/edge.pem"
+mapfile -t edge_names < <(openssl x509 -in "$WORK/edge.pem" -noout -text | grep -o 'DNS:[^,[:space:]]*' | cut -d: -f2)
+SERVER_NAME=
+for name in localhost "$EDGE-grpc.$NAMESPACE.svc" "${edge_names[@]}"; do
+  if printf '%s\n' "${edge_names[@]}" | grep -qx -- "$name"; then
+    SERVER_NAME=$name
+    break
+  fi
+done
+[[ -n $SERVER_NAME ]] || die "the Edge certificate has no DNS name (SANs: ${edge_names[*]:-none})"
+"$OPERATOR_BIN" node-bundle "$NODE" --edge-url "https://127.0.0.1:$GRPC_PORT" --server-name "$SERVER_NAME" \
+  --ca "$secret_dir/ca.pem" --cert "$secret_dir/node.pem" --key "$secret_dir/node-key.pem" \
+  --out "$WORK/bundle/$NODE"
+NODE_CONFIG=$WORK/bundle/$NODE/node.yaml
+[[ -s $NODE_CONFIG ]] || die "iop-operator node-bundle wrote no $NODE_CONFIG"
+
+# --- 6. mock provider and node on this host -----------------------------------------
+log "starting iop-mock-provider on $MOCK_ADDR and iop-node $NODE"
+"$MOCK_BIN" --listen "$MOCK_ADDR" >"$WORK/mock-provider.log" 2>&1 &
+MOCK_PID=$!
+wait_for "the mock provider" curl -fsS -o /dev/null "http://$MOCK_ADDR/healthz"
+"$NODE_BIN" --config "$NODE_CONFIG" >"$WORK/node.log" 2>&1 &
+pids+=("$!")
+
+# Not through k(): $! must be kubectl itself, not a subshell, so cleanup can stop it.
+kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" port-forward "service/$EDGE" "$HTTP_PORT:8080" \
+  >"$WORK/port-forward.log" 2>&1 &
+pids+=("$!")
+EDGE_URL=http://127.0.0.1:$HTTP_PORT
+wait_for "the Edge HTTP API through port-forward" curl -fsS -o /dev/null "$EDGE_URL/healthz"
+
+dispatchable() {
+  curl -fsS "$EDGE_URL/admin/v1/providers" | python3 -c '
+import json, sys
+ids = {p["id"]: p for p in json.load(sys.stdin)["providers"]}
+sys.exit(0 if ids.get(sys.argv[1], {}).get("dispatchable") else 1)' "$PROVIDER"
+}
+log "waiting for node $NODE to register and provider $PROVIDER to be dispatchable"
+wait_for "provider $PROVIDER dispatchable on the Edge" dispatchable
+
+# --- 7. requests through the Edge, health available ----------------------------------
+chat() { # chat STREAM -> prints the HTTP status, body in $WORK/chat.out
+  curl -sS -o "$WORK/chat.out" -w '%{http_code}' --max-time 60 "$EDGE_URL/v1/chat/completions" \
+    -H 'content-type: application/json' \
+    -d "{\"model\":\"$MODEL\",\"stream\":$1,\"messages\":[{\"role\":\"user\",\"content\":\"hello from kind\"}]}" || true
+}
+log "chat request (JSON) through the Edge"
+status=$(chat false)
+[[ $status == 200 ]] || die "chat returned HTTP $status: $(cat "$WORK/chat.out")"
+grep -q 'Hello from the IOP mock provider. You said: hello from kind' "$WORK/chat.out" \
+  || die "unexpected chat answer: $(cat "$WORK/chat.out")"
+log "chat request (SSE stream) through the Edge"
+status=$(chat true)
+[[ $status == 200 ]] || die "streamed chat returned HTTP $status: $(cat "$WORK/chat.out")"
+grep -q '^data: \[DONE\]' "$WORK/chat.out" || die "the stream did not end with [DONE]: $(cat "$WORK/chat.out")"
+
+# HEALTH of the provider as `kubectl get providers` prints it: the text under the HEALTH
+# header, up to the next column (an empty cell prints as <empty>).
+provider_health() {
+  k get providers 2>/dev/null | python3 -c '
+import re, sys
+lines = sys.stdin.read().splitlines()
+if not lines:
+    sys.exit("kubectl get providers printed nothing")
+cols = [(m.group(), m.start()) for m in re.finditer(r"\S+", lines[0])]
+names = [name for name, _ in cols]
+if "HEALTH" not in names:
+    sys.exit("kubectl get providers has no HEALTH column: " + lines[0])
+i = names.index("HEALTH")
+start, end = cols[i][1], (cols[i + 1][1] if i + 1 < len(cols) else None)
+provider = sys.argv[1]
+# The object named like the provider id (or its last segment, should the id be qualified).
+for line in lines[1:]:
+    name = line.split()[0]
+    if provider == name or provider.endswith(("/" + name, "." + name)):
+        print(line[start:end].strip() or "<empty>")
+        sys.exit(0)
+print("<missing>")' "$PROVIDER"
+}
+last_health=
+health_is() { # health_is REGEX: the provider's HEALTH matches (case-insensitive)
+  local health
+  health=$(provider_health) || return 1
+  if [[ $health != "$last_health" ]]; then
+    echo "  kubectl get providers: $PROVIDER HEALTH=$health"
+    last_health=$health
+  fi
+  [[ ${health,,} =~ $1 ]]
+}
+log "waiting for kubectl get providers to show $PROVIDER HEALTH available"
+wait_for "$PROVIDER HEALTH available" health_is '^available$'
+k get providers
+
+# --- 8. mock provider gone: health unavailable ---------------------------------------
+log "stopping the mock provider"
+kill "$MOCK_PID"
+wait "$MOCK_PID" 2>/dev/null || true
+MOCK_PID=
+status=$(chat false)
+[[ $status != 200 ]] || die "chat succeeded with the mock provider stopped"
+echo "  chat with the provider down: HTTP $status"
+# Traffic goes on while we wait (a failed run is health evidence too, besides the node's probes).
+last_chat=$SECONDS
+unhealthy() {
+  if ((SECONDS - last_chat >= 10)); then
+    chat false >/dev/null
+    last_chat=$SECONDS
+  fi
+  health_is '^(unavailable|unhealthy)$'
+}
+log "waiting for kubectl get providers to show $PROVIDER HEALTH unavailable"
+wait_for "$PROVIDER HEALTH unavailable" unhealthy
+k get providers
+
+log "PASS: kind e2e (chat through the Edge; $PROVIDER available, then unavailable)"

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Validates rendered Kubernetes manifests (multi-document YAML on stdin).
+
+1. Every object against the Kubernetes JSON schema of --kubernetes-version, strictly
+   (kubernetes-validate, as a library). A kind it has no schema for fails, except the
+   CRD-typed kinds listed in CRD_SCHEMAS, which are checked against the schema here.
+2. What a schema cannot see: selectors that match no pods, ports that do not exist,
+   ServiceAccounts and Roles that are not rendered, pods that hold an API token without
+   needing one, containers outside the restricted Pod Security Standard.
+
+Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and jsonschema).
+"""
+
+import argparse
+import sys
+
+import jsonschema
+import yaml
+from kubernetes_validate import utils as kv
+
+# The fields of monitoring.coreos.com/v1 ServiceMonitor the chart uses (from the Prometheus
+# Operator API); unknown fields fail, like kubernetes-validate --strict.
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "action": {"type": "string"},
+        "modulus": {"type": "integer"},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "sourceLabels": {"type": "array", "items": {"type": "string"}},
+        "targetLabel": {"type": "string"},
+    },
+}
+_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array", "items": {"type": "object"}},
+    },
+}
+SERVICE_MONITOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "selector": _LABEL_SELECTOR,
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "targetPort": {"type": ["integer", "string"]},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                            "interval": _DURATION,
+                            "scrapeTimeout": _DURATION,
+                            "honorLabels": {"type": "boolean"},
+                            "relabelings": {"type": "array", "items": _RELABEL},
+                            "metricRelabelings": {"type": "array", "items": _RELABEL},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR}
+
+
+def name_of(obj):
+    return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+
+
+def matches(selector, labels):
+    """A matchLabels selector (the only form the chart uses) against a label set."""
+    if not selector:
+        return False
+    if set(selector) - {"matchLabels"} and "matchLabels" in selector:
+        raise ValueError(f"unsupported selector {selector}")
+    wanted = selector.get("matchLabels", selector)
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def check(objects, version):
+    errors = []
+
+    def fail(obj, message):
+        errors.append(f"{name_of(obj)}: {message}")
+
+    by_kind = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+        try:
+            kv.validate(obj, version, True)
+        except kv.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            fail(obj, f"schema (Kubernetes {e.version}): {path}: {e.message}")
+        except kv.SchemaNotFoundError:
+            schema = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+            if schema is None:
+                fail(obj, f"no schema for {obj['apiVersion']} {obj['kind']} (add it to CRD_SCHEMAS)")
+                continue
+            for e in jsonschema.Draft202012Validator(schema).iter_errors(obj):
+                fail(obj, f"schema (CRD): {'.'.join(str(p) for p in e.path)}: {e.message}")
+
+    deployments = by_kind.get("Deployment", [])
+    accounts = {o["metadata"]["name"]: o for o in by_kind.get("ServiceAccount", [])}
+    roles = {(o["kind"], o["metadata"]["name"]) for o in by_kind.get("Role", []) + by_kind.get("ClusterRole", [])}
+    bound_accounts = set()
+    for binding in by_kind.get("RoleBinding", []) + by_kind.get("ClusterRoleBinding", []):
+        ref = binding["roleRef"]
+        if (ref["kind"], ref["name"]) not in roles:
+            fail(binding, f"roleRef {ref['kind']}/{ref['name']} is not rendered")
+        for subject in binding.get("subjects", []):
+            if subject["kind"] == "ServiceAccount":
+                bound_accounts.add(subject["name"])
+                if subject["name"] not in accounts:
+                    fail(binding, f"subject ServiceAccount/{subject['name']} is not rendered")
+
+    def pods_matching(selector):
+        return [d for d in deployments if matches(selector, d["spec"]["template"]["metadata"].get("labels", {}))]
+
+    def container_ports(deployment):
+        return {
+            p.get("name"): p["containerPort"]
+            for c in deployment["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
+
+    for d in deployments:
+        template = d["spec"]["template"]
+        pod = template["spec"]
+        if not matches(d["spec"]["selector"], template["metadata"].get("labels", {})):
+            fail(d, "spec.selector does not match the pod template labels")
+        account = pod.get("serviceAccountName", "default")
+        if account not in accounts:
+            fail(d, f"serviceAccountName {account} is not rendered")
+        elif account not in bound_accounts:
+            sa_mounts = accounts[account].get("automountServiceAccountToken", True)
+            if pod.get("automountServiceAccountToken", sa_mounts) is not False:
+                fail(d, "has no API rights but mounts a ServiceAccount token")
+        psc = pod.get("securityContext", {})
+        if psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            fail(d, "pod seccompProfile is not RuntimeDefault")
+        volumes = {v["name"] for v in pod.get("volumes", [])}
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c.get("securityContext", {})
+            if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+                fail(d, f"container {c['name']}: runAsNonRoot is not true")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                fail(d, f"container {c['name']}: allowPrivilegeEscalation is not false")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                fail(d, f"container {c['name']}: readOnlyRootFilesystem is not true")
+            if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+                fail(d, f"container {c['name']}: capabilities do not drop ALL")
+            if sc.get("privileged"):
+                fail(d, f"container {c['name']}: privileged")
+            if not c.get("resources", {}).get("requests"):
+                fail(d, f"container {c['name']}: no resource requests")
+            image = c.get("image", "")
+            if ":" not in image.rsplit("/", 1)[-1] or image.endswith(":"):
+                fail(d, f"container {c['name']}: image {image!r} has no tag")
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in volumes:
+                    fail(d, f"container {c['name']}: volumeMount {m['name']} has no volume")
+            names = {p.get("name") for p in c.get("ports", [])}
+            if "http" in names and not (c.get("livenessProbe") and c.get("readinessProbe")):
+                fail(d, f"container {c['name']}: serves http without liveness and readiness probes")
+
+    services = by_kind.get("Service", [])
+    for s in services:
+        targets = pods_matching({"matchLabels": s["spec"].get("selector", {})})
+        if len(targets) != 1:
+            fail(s, f"selector matches {len(targets)} Deployments, want 1")
+            continue
+        ports = container_ports(targets[0])
+        for p in s["spec"]["ports"]:
+            target = p.get("targetPort", p["port"])
+            if isinstance(target, str) and target not in ports:
+                fail(s, f"targetPort {target} is not a container port of {name_of(targets[0])}")
+            if isinstance(target, int) and target not in ports.values():
+                fail(s, f"targetPort {target} is not a container port of {name_of(targets[0])}")
+            if "nodePort" in p and s["spec"].get("type") not in ("NodePort", "LoadBalancer"):
+                fail(s, "nodePort on a Service that is not NodePort/LoadBalancer")
+
+    for pdb in by_kind.get("PodDisruptionBudget", []):
+        if not pods_matching(pdb["spec"]["selector"]):
+            fail(pdb, "selector matches no Deployment")
+
+    for np in by_kind.get("NetworkPolicy", []):
+        targets = pods_matching(np["spec"]["podSelector"])
+        if not targets:
+            fail(np, "podSelector matches no Deployment")
+            continue
+        ports = container_ports(targets[0])
+        for rule in np["spec"].get("ingress", []):
+            for p in rule.get("ports", []):
+                if isinstance(p.get("port"), str) and p["port"] not in ports:
+                    fail(np, f"ingress port {p['port']} is not a container port")
+            for peer in rule.get("from", []):
+                if set(peer) == {"podSelector"} and not pods_matching(peer["podSelector"]):
+                    fail(np, f"ingress peer {peer} matches no Deployment")
+        for rule in np["spec"].get("egress", []):
+            for peer in rule.get("to", []):
+                if set(peer) == {"podSelector"} and not pods_matching(peer["podSelector"]):
+                    fail(np, f"egress peer {peer} matches no Deployment")
+
+    for sm in by_kind.get("ServiceMonitor", []):
+        selected = [s for s in services if matches(sm["spec"]["selector"], s["metadata"].get("labels", {}))]
+        if len(selected) != 1:
+            fail(sm, f"selector matches {len(selected)} Services, want 1")
+            continue
+        port_names = {p.get("name") for p in selected[0]["spec"]["ports"]}
+        for e in sm["spec"]["endpoints"]:
+            if e.get("port") not in port_names:
+                fail(sm, f"endpoint port {e.get('port')} is not a port of {name_of(selected[0])}")
+
+    return errors, by_kind
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubernetes-version", required=True)
+    parser.add_argument("--require-kind", action="append", default=[])
+    parser.add_argument("--forbid-kind", action="append", default=[])
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+
+    objects = [o for o in yaml.safe_load_all(sys.stdin) if o]
+    errors, by_kind = check(objects, args.kubernetes_version)
+    for kind in args.require_kind:
+        if kind not in by_kind:
+            errors.append(f"no {kind} was rendered")
+    for kind in args.forbid_kind:
+        if kind in by_kind:
+            errors.append(f"a {kind} was rendered")
+    for e in errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    if errors:
+        return 1
+    if not args.quiet:
+        kinds = ", ".join(f"{k} {len(v)}" for k, v in sorted(by_kind.items()))
+        print(f"validate-manifests: {len(objects)} objects ok against Kubernetes {args.kubernetes_version} ({kinds})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
