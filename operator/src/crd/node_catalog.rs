@@ -1,0 +1,139 @@
+//! `NodeCatalog`: one node (a Mac running `iop-node`). Its name is the node's
+//! name, so its identity is `spiffe://<trust-domain>/node/<metadata.name>`;
+//! the operator issues its client certificate and lists it in the Edge
+//! config. Deleting it removes the identity, and the Edge closes the node's
+//! connection on reload.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One IOP node and the workspaces it offers.
+#[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "iop.dev",
+    version = "v1alpha1",
+    kind = "NodeCatalog",
+    namespaced,
+    status = "NodeCatalogStatus",
+    category = "iop",
+    validation = Rule::new(
+        "size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')"
+    )
+    .message("the name is the node identity: 1-63 of a-z, 0-9 and '-', starting and ending with a letter or digit"),
+    doc = "One IOP node (its name is the node identity) and the workspaces it offers.",
+    printcolumn(
+        name = "Connected",
+        type_ = "boolean",
+        json_path = ".status.connected",
+        description = "A session to the Edge is open",
+    ),
+    printcolumn(
+        name = "Generation",
+        type_ = "integer",
+        json_path = ".status.generation",
+        description = "Edge connection generation",
+    ),
+    printcolumn(
+        name = "Cert-Expiry",
+        type_ = "string",
+        json_path = ".status.certificate.notAfter",
+        description = "Client certificate expiry",
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCatalogSpec {
+    #[serde(default)]
+    pub certificate: CertificateSettings,
+    /// Workspaces the node offers, by opaque reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["ref"]))]
+    pub workspaces: Vec<Workspace>,
+}
+
+/// The node's client certificate (an X509-SVID issued by the operator's CA).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.renewBeforeHours < self.validityHours",
+    "message": "renewBeforeHours must be less than validityHours",
+    "fieldPath": ".renewBeforeHours",
+}]))]
+pub struct CertificateSettings {
+    /// Lifetime of each issued certificate.
+    #[serde(default = "CertificateSettings::default_validity_hours")]
+    #[schemars(range(min = 1, max = 8760))]
+    pub validity_hours: u32,
+    /// A new certificate is issued this long before the current one expires.
+    #[serde(default = "CertificateSettings::default_renew_before_hours")]
+    #[schemars(range(min = 0, max = 8759))]
+    pub renew_before_hours: u32,
+}
+
+impl CertificateSettings {
+    fn default_validity_hours() -> u32 {
+        720
+    }
+    fn default_renew_before_hours() -> u32 {
+        240
+    }
+}
+
+impl Default for CertificateSettings {
+    fn default() -> Self {
+        Self { validity_hours: Self::default_validity_hours(), renew_before_hours: Self::default_renew_before_hours() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Workspace {
+    /// Opaque reference clients use; never a path.
+    #[serde(rename = "ref")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"))]
+    pub reference: String,
+    /// Absolute root directory on the node.
+    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/[^\x00]*$"))]
+    pub root_path: String,
+    /// Name of the `WorkspaceTemplate` (same namespace) that says what may be done in it.
+    #[schemars(length(min = 1, max = 253))]
+    pub template: String,
+}
+
+/// Written by the operator only: connection state mirrors the Edge's
+/// sessions (`iop-operator/status`); certificate fields come from issuance
+/// (`iop-operator/certs`); conditions and `observedGeneration` from reconcile
+/// (`iop-operator/config`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCatalogStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected: Option<bool>,
+    /// Generation of the current (or last) Edge connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// When `connected` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// Version the node reported at registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<CertificateStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateStatus {
+    /// Serial number, lowercase hex.
+    pub serial: String,
+    /// RFC 3339 expiry of the current client certificate.
+    pub not_after: Time,
+}

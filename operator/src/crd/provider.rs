@@ -1,0 +1,227 @@
+//! `Provider`: one model served by one node, and how the Edge routes to it.
+//! Each valid `Provider` becomes one `providers[]` entry of the Edge config
+//! (its id is the object's name).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A model on a node (`NodeCatalog`), published to clients under one or more
+/// public model names.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "iop.dev",
+    version = "v1alpha1",
+    kind = "Provider",
+    namespaced,
+    status = "ProviderStatus",
+    category = "iop",
+    validation = Rule::new("size(self.metadata.name) <= 63")
+        .message("the name is the provider id in the Edge config: at most 63 characters"),
+    doc = "A model served by one IOP node, published to clients under public model names.",
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.node", description = "NodeCatalog that runs it"),
+    printcolumn(
+        name = "Model",
+        type_ = "string",
+        json_path = ".spec.target.model",
+        description = "Model name at the provider",
+    ),
+    printcolumn(
+        name = "Health",
+        type_ = "string",
+        json_path = ".status.health",
+        description = "Live health reported by the Edge",
+    ),
+    printcolumn(
+        name = "Classification",
+        type_ = "string",
+        json_path = ".status.classification",
+        description = "Liveness classification of the last health evidence",
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Public",
+        type_ = "string",
+        json_path = ".spec.models[*].name",
+        description = "Public model names",
+        priority = 1,
+    ),
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.credentialSecretRef) || self.adapter == 'openai'",
+    "message": "credentialSecretRef applies only to the openai adapter (ollama takes no API key)",
+    "fieldPath": ".credentialSecretRef",
+}]))]
+pub struct ProviderSpec {
+    /// Name of the `NodeCatalog` (same namespace) whose node runs this provider.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub node: String,
+    /// How the node talks to the provider: `ollama`, or `openai` for any
+    /// OpenAI-compatible server.
+    pub adapter: Adapter,
+    pub target: ProviderTarget,
+    /// Public model names clients send as `model`. Lower priority is
+    /// preferred; providers sharing a name and the lowest priority share load.
+    #[schemars(
+        length(min = 1, max = 32),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub models: Vec<PublicModel>,
+    /// Most runs this provider executes at once; more wait in the route queue.
+    #[serde(default = "default_capacity")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub capacity: u32,
+    /// Queue limits. The Edge queues per public model, not per provider, so
+    /// the operator takes the Edge-wide limit from the largest value any valid
+    /// provider asks for; omitted values use the operator's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueLimits>,
+    /// No progress from the provider for this long ends a run as stalled.
+    /// 0 means the default (300000 ms); otherwise 1000 to 3600000.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == 0 || (self >= 1000 && self <= 3600000)",
+        "message": "must be 0 (default) or between 1000 and 3600000",
+    }]))]
+    pub response_stall_timeout_ms: u64,
+    /// `normalized` (default): the Edge translates every API into a run.
+    /// `tunnel`: requests in an API the provider serves itself are relayed
+    /// byte-for-byte; other APIs are still normalized.
+    #[serde(default)]
+    pub mode: ProviderMode,
+    /// Secret key holding the provider API key (openai adapter only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_secret_ref: Option<SecretKeyRef>,
+}
+
+fn default_capacity() -> u32 {
+    4
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Adapter {
+    Ollama,
+    Openai,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderMode {
+    #[default]
+    Normalized,
+    Tunnel,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderTarget {
+    /// Model name as the provider knows it, e.g. `llama3.2:3b`.
+    #[schemars(length(min = 1, max = 256))]
+    pub model: String,
+    /// Provider base URL as seen from the node: http(s)://host[:port][/path],
+    /// without credentials, query or fragment.
+    #[schemars(length(max = 2048), regex(pattern = r"^https?://[^/@?#\s]+(/[^?#\s]*)?$"))]
+    pub base_url: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicModel {
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^\S+$"))]
+    pub name: String,
+    /// Lower is preferred.
+    #[serde(default)]
+    #[schemars(range(max = 1000))]
+    pub priority: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueLimits {
+    /// Requests that may wait per public model when every provider is busy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100000))]
+    pub depth: Option<u32>,
+    /// How long a request may wait in the queue before it fails with 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600000))]
+    pub timeout_ms: Option<u64>,
+}
+
+/// A key of a Secret in the same namespace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Written by the operator only. The health fields mirror the Edge's overlay
+/// (field manager `iop-operator/status`); `conditions` and
+/// `observedGeneration` come from reconcile (`iop-operator/config`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<Health>,
+    /// Liveness classification of the node's last health evidence (paired
+    /// with `health`: available/request_stalled, unavailable/provider_unhealthy,
+    /// unknown/health_unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classification: Option<Classification>,
+    /// The node session's health observation sequence of the last update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_observation_sequence: Option<u64>,
+    /// The node connection generation the health belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// When `health` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Available,
+    Unavailable,
+    Unknown,
+}
+
+/// The node's liveness classification pairs: `available`/`request_stalled`,
+/// `unavailable`/`provider_unhealthy`, `unknown`/`health_unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Classification {
+    RequestStalled,
+    ProviderUnhealthy,
+    HealthUnknown,
+}
+
+impl From<Adapter> for iop_proto::config::Adapter {
+    fn from(a: Adapter) -> Self {
+        match a {
+            Adapter::Ollama => Self::Ollama,
+            Adapter::Openai => Self::Openai,
+        }
+    }
+}
+
+impl From<ProviderMode> for iop_proto::config::ProviderMode {
+    fn from(m: ProviderMode) -> Self {
+        match m {
+            ProviderMode::Normalized => Self::Normalized,
+            ProviderMode::Tunnel => Self::Tunnel,
+        }
+    }
+}

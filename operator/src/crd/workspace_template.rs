@@ -1,0 +1,147 @@
+//! `WorkspaceTemplate`: what may be done inside a workspace that refers to it
+//! (operations, fixed command templates, environment names, limits).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Operations, commands, environment names and limits of a workspace.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "iop.dev",
+    version = "v1alpha1",
+    kind = "WorkspaceTemplate",
+    namespaced,
+    status = "WorkspaceTemplateStatus",
+    category = "iop",
+    doc = "What may be done inside a workspace: operations, command templates, environment names, limits.",
+    printcolumn(
+        name = "Operations",
+        type_ = "string",
+        json_path = ".spec.operations",
+        description = "Allowed operations"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.commands) && size(self.commands) > 0) == ('command' in self.operations)",
+    "message": "commands are required with the command operation and allowed only with it",
+    "fieldPath": ".commands",
+}]))]
+pub struct WorkspaceTemplateSpec {
+    /// Allowed operations.
+    #[schemars(length(min = 1, max = 5), extend("x-kubernetes-list-type" = "set"))]
+    pub operations: Vec<Operation>,
+    /// Fixed command templates, run without a shell; clients name them by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    pub commands: Vec<CommandTemplate>,
+    /// Names of environment variables a command may inherit from the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 128),
+        extend("x-kubernetes-list-type" = "set"),
+        inner(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"), length(max = 128))
+    )]
+    pub env_allowlist: Vec<String>,
+    #[serde(default)]
+    pub limits: WorkspaceLimits,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    Read,
+    List,
+    Write,
+    Delete,
+    Command,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandTemplate {
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"))]
+    pub id: String,
+    /// Program and arguments, passed verbatim; the program is resolved on the node.
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 4096)))]
+    pub argv: Vec<String>,
+    /// The command's process group is killed after this long.
+    #[serde(default = "CommandTemplate::default_timeout_ms")]
+    #[schemars(range(min = 1000, max = 3600000))]
+    pub timeout_ms: u64,
+}
+
+impl CommandTemplate {
+    fn default_timeout_ms() -> u64 {
+        60_000
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceLimits {
+    /// Largest file a read or write may move.
+    #[serde(default = "WorkspaceLimits::default_max_file_bytes")]
+    #[schemars(range(min = 1, max = 1073741824))]
+    pub max_file_bytes: u64,
+    /// Most entries one list returns (the rest is truncated).
+    #[serde(default = "WorkspaceLimits::default_max_list_entries")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_list_entries: u32,
+    /// Shared stdout+stderr cap of one command.
+    #[serde(default = "WorkspaceLimits::default_max_output_bytes")]
+    #[schemars(range(min = 1, max = 67108864))]
+    pub max_output_bytes: u64,
+    /// Tool calls per stage of one request.
+    #[serde(default = "WorkspaceLimits::default_max_iterations")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_iterations: u32,
+    /// Wall-clock budget of one request's workspace use.
+    #[serde(default = "WorkspaceLimits::default_wall_clock_ms")]
+    #[schemars(range(min = 1000, max = 86400000))]
+    pub wall_clock_ms: u64,
+}
+
+impl WorkspaceLimits {
+    fn default_max_file_bytes() -> u64 {
+        16 * 1024 * 1024
+    }
+    fn default_max_list_entries() -> u32 {
+        1000
+    }
+    fn default_max_output_bytes() -> u64 {
+        1024 * 1024
+    }
+    fn default_max_iterations() -> u32 {
+        32
+    }
+    fn default_wall_clock_ms() -> u64 {
+        600_000
+    }
+}
+
+impl Default for WorkspaceLimits {
+    fn default() -> Self {
+        Self {
+            max_file_bytes: Self::default_max_file_bytes(),
+            max_list_entries: Self::default_max_list_entries(),
+            max_output_bytes: Self::default_max_output_bytes(),
+            max_iterations: Self::default_max_iterations(),
+            wall_clock_ms: Self::default_wall_clock_ms(),
+        }
+    }
+}
+
+/// Written by reconcile (`iop-operator/config`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceTemplateStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

@@ -1,0 +1,237 @@
+//! Build stage (pure): from every object of a namespace and the operator's
+//! settings to the desired Edge config ConfigMap and the status each object
+//! should carry. Invalid objects are left out and reported; they never stop
+//! the others from being rendered.
+
+use std::collections::BTreeMap;
+
+use iop_proto::config::{ConfigError, EdgeConfig, Limits};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+
+use super::conditions::{self, READY, Status};
+use super::validate::{self, ACCEPTED, Invalid, Reason};
+use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot};
+use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
+
+/// Condition of a NodeCatalog saying whether all its workspaces refer to
+/// ready templates. Workspace problems never take the node itself out.
+pub const WORKSPACES_READY: &str = "WorkspacesReady";
+
+/// Everything the apply stage writes for one namespace. Fields are public so
+/// apply can destructure it without `..`, proving each part is written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    /// The rendered config (also inside `config_map`).
+    pub config: EdgeConfig,
+    /// `iop-edge-config`, key `edge.yaml`, owned by every Provider and NodeCatalog.
+    pub config_map: ConfigMap,
+    /// Status fields owned by reconcile (conditions, observedGeneration).
+    pub providers: Vec<StatusUpdate<ProviderStatus>>,
+    pub nodes: Vec<StatusUpdate<NodeCatalogStatus>>,
+    pub templates: Vec<StatusUpdate<WorkspaceTemplateStatus>>,
+    /// Objects left out of the config, and why (for events and logs).
+    pub excluded: Vec<Excluded>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusUpdate<S> {
+    pub name: String,
+    pub status: S,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excluded {
+    pub kind: &'static str,
+    pub name: String,
+    pub reason: Reason,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The operator's own settings do not make a valid Edge config.
+    #[error("operator settings are invalid: {0}")]
+    Settings(ConfigError),
+    /// Objects that passed validation together still broke an Edge rule; the
+    /// old config stays in place. A bug: validation must catch every rule.
+    #[error("rendered Edge config is invalid: {0}")]
+    Config(ConfigError),
+}
+
+/// Builds the desired state of `snapshot.namespace` at `now`.
+///
+/// Edge-wide queue limits: the Edge queues per public model, not per
+/// provider, so `limits.queue_depth` and `limits.queue_timeout_ms` are the
+/// maximum over valid Providers of each one's `spec.queue` value, where a
+/// Provider that sets none counts with the operator default. With no valid
+/// Provider they are the operator defaults. No provider gets less than it
+/// asked for; a provider cannot lower the limit for the others.
+pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result<Prepared, BuildError> {
+    let mut config = EdgeConfig {
+        listen: settings.listen.clone(),
+        tls: settings.tls.clone(),
+        trust_domain: settings.trust_domain.clone(),
+        nodes: Vec::new(),
+        providers: Vec::new(),
+        limits: settings.limits.clone(),
+    };
+    config.validate().map_err(BuildError::Settings)?;
+    let mut excluded = Vec::new();
+    let mut exclude = |kind: &'static str, name: &str, e: &Invalid| {
+        excluded.push(Excluded { kind, name: name.to_string(), reason: e.reason, message: e.message.clone() });
+    };
+
+    let mut templates = Vec::new();
+    let mut template_ready = BTreeMap::new();
+    for t in sorted(&snapshot.templates) {
+        let verdict = validate::workspace_template(t);
+        if let Err(e) = &verdict {
+            exclude("WorkspaceTemplate", &t.name_any(), e);
+        }
+        // A template being deleted is "absent" to its workspaces, not "not ready".
+        if !matches!(&verdict, Err(Invalid { reason: Reason::Deleting, .. })) {
+            template_ready.insert(t.meta().name.as_deref().unwrap_or_default(), verdict.is_ok());
+        }
+        let current = t.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        let generation = t.metadata.generation;
+        templates.push(StatusUpdate {
+            name: t.name_any(),
+            status: WorkspaceTemplateStatus {
+                conditions: vec![ready(current, verdict.as_ref().err(), "accepted", generation, now)],
+                observed_generation: generation,
+            },
+        });
+    }
+
+    let mut nodes = Vec::new();
+    let mut node_ready = BTreeMap::new();
+    for n in sorted(&snapshot.nodes) {
+        let verdict = validate::node_catalog(n, &template_ready);
+        let current = n.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        let generation = n.metadata.generation;
+        let mut conds = Vec::with_capacity(2);
+        match &verdict {
+            Ok((entry, problems)) => {
+                config.nodes.push(entry.clone());
+                conds.push(ready(current, None, "rendered into the Edge config", generation, now));
+                conds.push(workspaces_ready(current, problems, generation, now));
+            }
+            Err(e) => {
+                exclude("NodeCatalog", &n.name_any(), e);
+                conds.push(ready(current, Some(e), "", generation, now));
+            }
+        }
+        // A node being deleted is "absent" to its providers, not "not ready".
+        if !matches!(&verdict, Err(Invalid { reason: Reason::Deleting, .. })) {
+            node_ready.insert(n.meta().name.as_deref().unwrap_or_default(), verdict.is_ok());
+        }
+        nodes.push(StatusUpdate {
+            name: n.name_any(),
+            status: NodeCatalogStatus { conditions: conds, observed_generation: generation, ..Default::default() },
+        });
+    }
+
+    let mut providers = Vec::new();
+    let mut queue = None::<(usize, u64)>;
+    for p in sorted(&snapshot.providers) {
+        let verdict = validate::provider(p, &node_ready, settings);
+        match &verdict {
+            Ok(entry) => {
+                config.providers.push(entry.clone());
+                let asked = p.spec.queue.clone().unwrap_or_default();
+                let depth = asked.depth.map_or(settings.limits.queue_depth, |d| d as usize);
+                let timeout = asked.timeout_ms.unwrap_or(settings.limits.queue_timeout_ms);
+                queue = Some(queue.map_or((depth, timeout), |(d, t)| (d.max(depth), t.max(timeout))));
+            }
+            Err(e) => exclude("Provider", &p.name_any(), e),
+        }
+        let current = p.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        let generation = p.metadata.generation;
+        providers.push(StatusUpdate {
+            name: p.name_any(),
+            status: ProviderStatus {
+                conditions: vec![ready(
+                    current,
+                    verdict.as_ref().err(),
+                    "rendered into the Edge config",
+                    generation,
+                    now,
+                )],
+                observed_generation: generation,
+                ..Default::default()
+            },
+        });
+    }
+    if let Some((depth, timeout)) = queue {
+        config.limits = Limits { queue_depth: depth, queue_timeout_ms: timeout, ..settings.limits.clone() };
+    }
+    config.validate().map_err(BuildError::Config)?;
+
+    let config_map = config_map(snapshot, &config);
+    Ok(Prepared { config, config_map, providers, nodes, templates, excluded })
+}
+
+fn sorted<K: Resource>(objects: &[K]) -> Vec<&K> {
+    let mut objects: Vec<&K> = objects.iter().collect();
+    objects.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    objects
+}
+
+fn ready(
+    current: &[Condition],
+    error: Option<&Invalid>,
+    ok: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    match error {
+        None => conditions::next(current, READY, Status::True, ACCEPTED, ok, generation, now),
+        Some(e) => conditions::next(current, READY, Status::False, e.reason.as_str(), &e.message, generation, now),
+    }
+}
+
+fn workspaces_ready(current: &[Condition], problems: &[Invalid], generation: Option<i64>, now: Timestamp) -> Condition {
+    match problems.first() {
+        None => conditions::next(current, WORKSPACES_READY, Status::True, ACCEPTED, "", generation, now),
+        Some(first) => {
+            let message = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
+            conditions::next(current, WORKSPACES_READY, Status::False, first.reason.as_str(), message, generation, now)
+        }
+    }
+}
+
+fn config_map(snapshot: &Snapshot, config: &EdgeConfig) -> ConfigMap {
+    let owners = sorted(&snapshot.providers)
+        .into_iter()
+        .filter_map(|p| p.owner_ref(&()))
+        .chain(sorted(&snapshot.nodes).into_iter().filter_map(|n| n.owner_ref(&())))
+        .collect::<Vec<_>>();
+    let labels = [
+        ("app.kubernetes.io/name", "iop"),
+        ("app.kubernetes.io/component", "edge-config"),
+        ("app.kubernetes.io/managed-by", "iop-operator"),
+    ];
+    let yaml = format!(
+        "# Rendered by iop-operator from the Provider and NodeCatalog objects of namespace `{}`.\n\
+         # Edits are overwritten; change those objects instead.\n{}",
+        snapshot.namespace,
+        config.to_yaml()
+    );
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(CONFIG_MAP_NAME.to_string()),
+            namespace: Some(snapshot.namespace.clone()),
+            labels: Some(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            owner_references: (!owners.is_empty()).then_some(owners),
+            ..Default::default()
+        },
+        data: Some([(CONFIG_KEY.to_string(), yaml)].into()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,246 @@
+use iop_proto::config::EdgeConfig;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::*;
+use crate::crd::provider::QueueLimits;
+use crate::reconcile::fixtures::{NS, at, node, node_with_workspace, provider, settings, snapshot, template};
+
+fn ready_of(conditions: &[Condition]) -> (&str, &str) {
+    let c = conditions.iter().find(|c| c.type_ == READY).expect("a Ready condition");
+    (c.status.as_str(), c.reason.as_str())
+}
+
+fn provider_ready<'a>(p: &'a Prepared, name: &str) -> (&'a str, &'a str) {
+    ready_of(&p.providers.iter().find(|u| u.name == name).unwrap().status.conditions)
+}
+
+#[test]
+fn renders_one_valid_config_map_from_the_namespace() {
+    let s = snapshot(
+        vec![provider("b-provider", "mac-1"), provider("a-provider", "mac-2")],
+        vec![node("mac-2"), node("mac-1")],
+        vec![],
+    );
+    let prepared = build(&s, &settings(), at(1000)).unwrap();
+
+    // Sorted by name whatever the read order, so unchanged objects render byte-identical configs.
+    assert_eq!(prepared.config.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["mac-1", "mac-2"]);
+    assert_eq!(
+        prepared.config.providers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+        ["a-provider", "b-provider"]
+    );
+    assert_eq!(prepared.config.trust_domain, "iop.example");
+    assert_eq!(prepared.config.tls.ca_file, std::path::Path::new("/etc/iop/tls/ca.pem"));
+    assert_eq!(prepared.config.tls.cert_file, std::path::Path::new("/etc/iop/tls/edge.pem"));
+    assert_eq!(prepared.config.tls.key_file, std::path::Path::new("/etc/iop/tls/edge-key.pem"));
+    assert!(prepared.excluded.is_empty());
+
+    let cm = &prepared.config_map;
+    assert_eq!(cm.metadata.name.as_deref(), Some(CONFIG_MAP_NAME));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some(NS));
+    let yaml = &cm.data.as_ref().unwrap()[CONFIG_KEY];
+    assert_eq!(
+        EdgeConfig::from_yaml(yaml).unwrap(),
+        prepared.config,
+        "the ConfigMap holds the config the Edge will load"
+    );
+
+    let owners: Vec<(&str, &str)> =
+        cm.metadata.owner_references.as_ref().unwrap().iter().map(|o| (o.kind.as_str(), o.name.as_str())).collect();
+    assert_eq!(
+        owners,
+        [("Provider", "a-provider"), ("Provider", "b-provider"), ("NodeCatalog", "mac-1"), ("NodeCatalog", "mac-2")]
+    );
+    assert!(
+        cm.metadata.owner_references.as_ref().unwrap().iter().all(|o| o.api_version == "iop.dev/v1alpha1"
+            && o.uid == format!("uid-{}", o.name)
+            && o.controller.is_none())
+    );
+
+    let shuffled = snapshot(
+        vec![provider("a-provider", "mac-2"), provider("b-provider", "mac-1")],
+        vec![node("mac-1"), node("mac-2")],
+        vec![],
+    );
+    assert_eq!(build(&shuffled, &settings(), at(1000)).unwrap(), prepared);
+}
+
+#[test]
+fn one_bad_object_never_breaks_the_others() {
+    let mut bad_capacity = provider("bad-capacity", "mac-1");
+    bad_capacity.spec.capacity = 0;
+    let s = snapshot(
+        vec![
+            provider("good", "mac-1"),
+            bad_capacity,
+            provider("orphan", "no-such-node"),
+            provider("on-bad-node", "Bad.Node"),
+        ],
+        vec![node("mac-1"), node("Bad.Node")],
+        vec![],
+    );
+    let prepared = build(&s, &settings(), at(1000)).unwrap();
+    assert_eq!(prepared.config.providers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["good"]);
+    assert_eq!(prepared.config.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["mac-1"]);
+
+    assert_eq!(provider_ready(&prepared, "good"), ("True", "Accepted"));
+    assert_eq!(provider_ready(&prepared, "bad-capacity"), ("False", "InvalidSpec"));
+    assert_eq!(provider_ready(&prepared, "orphan"), ("False", "NodeNotFound"));
+    assert_eq!(provider_ready(&prepared, "on-bad-node"), ("False", "InvalidSpec"), "spec.node breaks the name rule");
+    let bad_node = prepared.nodes.iter().find(|u| u.name == "Bad.Node").unwrap();
+    assert_eq!(ready_of(&bad_node.status.conditions), ("False", "InvalidName"));
+
+    let excluded: Vec<(&str, &str, Reason)> =
+        prepared.excluded.iter().map(|e| (e.kind, e.name.as_str(), e.reason)).collect();
+    assert_eq!(
+        excluded,
+        [
+            ("NodeCatalog", "Bad.Node", Reason::InvalidName),
+            ("Provider", "bad-capacity", Reason::InvalidSpec),
+            ("Provider", "on-bad-node", Reason::InvalidSpec),
+            ("Provider", "orphan", Reason::NodeNotFound),
+        ]
+    );
+}
+
+#[test]
+fn a_provider_on_an_invalid_node_is_not_ready() {
+    let mut n = node("mac-1");
+    n.spec.certificate.renew_before_hours = 10_000;
+    let prepared = build(&snapshot(vec![provider("p", "mac-1")], vec![n], vec![]), &settings(), at(1)).unwrap();
+    assert_eq!(provider_ready(&prepared, "p"), ("False", "NodeNotReady"));
+    assert!(prepared.config.nodes.is_empty() && prepared.config.providers.is_empty());
+}
+
+#[test]
+fn deleting_a_node_removes_its_identity_and_its_providers() {
+    let mut leaving = node("mac-1");
+    leaving.metadata.deletion_timestamp = Some(Time(at(50)));
+    let s = snapshot(vec![provider("p1", "mac-1"), provider("p2", "mac-2")], vec![leaving, node("mac-2")], vec![]);
+    let prepared = build(&s, &settings(), at(100)).unwrap();
+    assert_eq!(prepared.config.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["mac-2"]);
+    assert_eq!(prepared.config.providers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p2"]);
+    assert_eq!(provider_ready(&prepared, "p1"), ("False", "NodeNotFound"));
+    let n = prepared.nodes.iter().find(|u| u.name == "mac-1").unwrap();
+    assert_eq!(ready_of(&n.status.conditions), ("False", "Deleting"));
+}
+
+#[test]
+fn conditions_keep_their_transition_time_until_the_status_flips() {
+    let s = snapshot(vec![provider("p", "mac-1")], vec![], vec![]);
+    let first = build(&s, &settings(), at(100)).unwrap();
+    let c = &first.providers[0].status.conditions[0];
+    assert_eq!((c.status.as_str(), c.last_transition_time.clone()), ("False", Time(at(100))));
+    assert_eq!(c.observed_generation, Some(1));
+    assert_eq!(first.providers[0].status.observed_generation, Some(1));
+
+    // The status written last time is read back; still not ready, for the same reason.
+    let mut p = provider("p", "mac-1");
+    p.status = Some(first.providers[0].status.clone());
+    p.metadata.generation = Some(2);
+    let again = build(&snapshot(vec![p.clone()], vec![], vec![]), &settings(), at(200)).unwrap();
+    let c = &again.providers[0].status.conditions[0];
+    assert_eq!(
+        (c.status.as_str(), c.last_transition_time.clone(), c.observed_generation),
+        ("False", Time(at(100)), Some(2))
+    );
+
+    // Its node appears: Ready flips to True at 300.
+    let flipped = build(&snapshot(vec![p], vec![node("mac-1")], vec![]), &settings(), at(300)).unwrap();
+    let c = &flipped.providers[0].status.conditions[0];
+    assert_eq!((c.status.as_str(), c.last_transition_time.clone()), ("True", Time(at(300))));
+}
+
+#[test]
+fn only_the_fields_reconcile_owns_are_in_the_status_updates() {
+    let prepared =
+        build(&snapshot(vec![provider("p", "mac-1")], vec![node("mac-1")], vec![]), &settings(), at(1)).unwrap();
+    let status = &prepared.providers[0].status;
+    assert!(status.health.is_none() && status.classification.is_none() && status.generation.is_none());
+    let json = serde_json::to_value(status).unwrap();
+    assert_eq!(json.as_object().unwrap().keys().collect::<Vec<_>>(), ["conditions", "observedGeneration"]);
+    let node = &prepared.nodes[0].status;
+    assert!(node.connected.is_none() && node.certificate.is_none());
+}
+
+#[test]
+fn workspace_problems_are_reported_without_taking_the_node_out() {
+    let mut bad_template = template("broken");
+    bad_template.spec.commands.clear();
+    let s = snapshot(
+        vec![provider("p", "mac-1")],
+        vec![
+            node_with_workspace("mac-1", "broken"),
+            node_with_workspace("mac-2", "tools"),
+            node_with_workspace("mac-3", "absent"),
+        ],
+        vec![bad_template, template("tools")],
+    );
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert_eq!(prepared.config.nodes.len(), 3);
+    assert_eq!(provider_ready(&prepared, "p"), ("True", "Accepted"));
+    let workspaces = |name: &str| {
+        let n = prepared.nodes.iter().find(|u| u.name == name).unwrap();
+        assert_eq!(ready_of(&n.status.conditions), ("True", "Accepted"));
+        let c = n.status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    assert_eq!(workspaces("mac-1"), ("False".into(), "TemplateNotReady".into()));
+    assert_eq!(workspaces("mac-2"), ("True".into(), "Accepted".into()));
+    assert_eq!(workspaces("mac-3"), ("False".into(), "TemplateNotFound".into()));
+    let t = prepared.templates.iter().find(|u| u.name == "broken").unwrap();
+    assert_eq!(ready_of(&t.status.conditions), ("False", "InvalidSpec"));
+
+    let mut leaving = template("tools");
+    leaving.metadata.deletion_timestamp = Some(Time(at(1)));
+    let s = snapshot(vec![], vec![node_with_workspace("mac-2", "tools")], vec![leaving]);
+    let prepared = build(&s, &settings(), at(2)).unwrap();
+    let c = prepared.nodes[0].status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "TemplateNotFound"));
+}
+
+#[test]
+fn edge_queue_limits_are_the_largest_any_valid_provider_asks_for() {
+    let defaults = settings().limits;
+    let with_queue = |name: &str, depth: Option<u32>, timeout_ms: Option<u64>| {
+        let mut p = provider(name, "mac-1");
+        p.spec.queue = Some(QueueLimits { depth, timeout_ms });
+        p
+    };
+    let limits =
+        |providers| build(&snapshot(providers, vec![node("mac-1")], vec![]), &settings(), at(1)).unwrap().config.limits;
+
+    // No provider: the operator defaults.
+    assert_eq!(limits(vec![]), defaults);
+    // A provider that sets nothing counts with the defaults, so a smaller ask cannot lower them.
+    let l = limits(vec![provider("plain", "mac-1"), with_queue("small", Some(8), Some(1_000))]);
+    assert_eq!((l.queue_depth, l.queue_timeout_ms), (defaults.queue_depth, defaults.queue_timeout_ms));
+    // Alone, a provider's own values apply, even below the defaults.
+    let l = limits(vec![with_queue("small", Some(8), Some(1_000))]);
+    assert_eq!((l.queue_depth, l.queue_timeout_ms), (8, 1_000));
+    // Each limit is maximised on its own.
+    let l = limits(vec![with_queue("deep", Some(500), Some(1_000)), with_queue("patient", Some(8), Some(90_000))]);
+    assert_eq!((l.queue_depth, l.queue_timeout_ms), (500, 90_000));
+    assert_eq!(l.max_body_bytes, defaults.max_body_bytes);
+    // An invalid provider does not count.
+    let mut invalid = with_queue("invalid", Some(9_999), Some(99_999));
+    invalid.spec.capacity = 0;
+    let l = limits(vec![with_queue("small", Some(8), Some(1_000)), invalid]);
+    assert_eq!((l.queue_depth, l.queue_timeout_ms), (8, 1_000));
+}
+
+#[test]
+fn invalid_settings_stop_the_build() {
+    let mut bad = settings();
+    bad.trust_domain = "Not A Domain".into();
+    let err = build(&snapshot(vec![], vec![node("mac-1")], vec![]), &bad, at(1)).unwrap_err();
+    assert!(matches!(err, BuildError::Settings(_)), "{err}");
+}
+
+#[test]
+fn an_empty_namespace_renders_an_empty_config_without_owners() {
+    let prepared = build(&snapshot(vec![], vec![], vec![]), &settings(), at(1)).unwrap();
+    assert!(prepared.config.nodes.is_empty() && prepared.config.providers.is_empty());
+    assert!(prepared.config_map.metadata.owner_references.is_none());
+    EdgeConfig::from_yaml(&prepared.config_map.data.unwrap()[CONFIG_KEY]).unwrap();
+}

@@ -1,0 +1,73 @@
+//! Reconcile of one namespace, in stages: read (client) -> [`validate`]
+//! (pure) -> [`desired::build`] (pure) -> apply (client) -> status (client).
+//! The pure stages take every input as a value, the clock included, so they
+//! are tested without an API server.
+
+pub mod conditions;
+pub mod desired;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use iop_proto::config::{EdgeTlsConfig, Limits, ListenConfig};
+
+use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
+
+pub use desired::{BuildError, Excluded, Prepared, StatusUpdate, build};
+pub use validate::{Invalid, Reason};
+
+/// The ConfigMap the Edge mounts, and the key holding its config file.
+pub const CONFIG_MAP_NAME: &str = "iop-edge-config";
+pub const CONFIG_KEY: &str = "edge.yaml";
+
+/// Where the Edge pod mounts the `iop-edge-tls` Secret.
+pub const EDGE_TLS_DIR: &str = "/etc/iop/tls";
+
+/// Field managers, one per write site (server-side apply).
+pub const FIELD_MANAGER_CONFIG: &str = "iop-operator/config";
+pub const FIELD_MANAGER_CERTS: &str = "iop-operator/certs";
+pub const FIELD_MANAGER_STATUS: &str = "iop-operator/status";
+
+/// Operator-wide settings that are not part of any custom resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// SPIFFE trust domain of node identities.
+    pub trust_domain: String,
+    /// The Edge's listen addresses (inside its pod).
+    pub listen: ListenConfig,
+    /// TLS files inside the Edge pod.
+    pub tls: EdgeTlsConfig,
+    /// Edge-wide limits. `queue_depth` and `queue_timeout_ms` are raised to
+    /// the largest value any valid `Provider` asks for.
+    pub limits: Limits,
+}
+
+impl Settings {
+    /// Settings with the Edge's TLS files at [`EDGE_TLS_DIR`] and default limits.
+    pub fn new(trust_domain: impl Into<String>, http: SocketAddr, grpc: SocketAddr) -> Self {
+        let tls_file = |name: &str| PathBuf::from(EDGE_TLS_DIR).join(name);
+        Self {
+            trust_domain: trust_domain.into(),
+            listen: ListenConfig { http, grpc },
+            tls: EdgeTlsConfig {
+                ca_file: tls_file("ca.pem"),
+                cert_file: tls_file("edge.pem"),
+                key_file: tls_file("edge-key.pem"),
+            },
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Every IOP object of one namespace, as read.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub namespace: String,
+    pub providers: Vec<Provider>,
+    pub nodes: Vec<NodeCatalog>,
+    pub templates: Vec<WorkspaceTemplate>,
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures;

@@ -1,0 +1,296 @@
+//! Validate stage (pure): each object on its own, then its references to
+//! other objects. An object that fails gets `Ready=False` with a [`Reason`]
+//! and is left out of the Edge config; it never affects the other objects.
+//!
+//! The CRD schema enforces most rules at admission; they are checked again
+//! here because objects admitted under an older CRD, or written while the
+//! schema was not installed, still reach the operator. Provider rules are
+//! checked by the Edge's own `EdgeConfig::validate`, so the two never drift.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iop_proto::config::{ConfigError, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, Target};
+use iop_proto::identity;
+use kube::ResourceExt;
+
+use super::Settings;
+use crate::crd::workspace_template::Operation;
+use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
+
+/// Why an object is not ready. The names are condition reasons and metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// A spec field breaks a rule.
+    InvalidSpec,
+    /// The name cannot serve as a node identity or provider id.
+    InvalidName,
+    /// The object is being deleted; it is already out of the Edge config.
+    Deleting,
+    /// A Provider's `spec.node` names no NodeCatalog (or one being deleted).
+    NodeNotFound,
+    /// A Provider's NodeCatalog exists but is not ready.
+    NodeNotReady,
+    /// A workspace names no WorkspaceTemplate.
+    TemplateNotFound,
+    /// A workspace's WorkspaceTemplate exists but is not ready.
+    TemplateNotReady,
+    /// `credentialSecretRef` is set, but managed credential leases are not
+    /// implemented yet; the provider is kept out rather than run without them.
+    CredentialsUnsupported,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidSpec => "InvalidSpec",
+            Self::InvalidName => "InvalidName",
+            Self::Deleting => "Deleting",
+            Self::NodeNotFound => "NodeNotFound",
+            Self::NodeNotReady => "NodeNotReady",
+            Self::TemplateNotFound => "TemplateNotFound",
+            Self::TemplateNotReady => "TemplateNotReady",
+            Self::CredentialsUnsupported => "CredentialsUnsupported",
+        }
+    }
+}
+
+/// Condition reason of a ready object.
+pub const ACCEPTED: &str = "Accepted";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", reason.as_str())]
+pub struct Invalid {
+    pub reason: Reason,
+    pub message: String,
+}
+
+fn invalid(reason: Reason, message: impl Into<String>) -> Invalid {
+    Invalid { reason, message: message.into() }
+}
+
+fn spec_error(field: &str, reason: impl std::fmt::Display) -> Invalid {
+    invalid(Reason::InvalidSpec, format!("spec.{field}: {reason}"))
+}
+
+/// Whether each object of a kind that others refer to is ready, by name.
+/// A name that is absent does not exist.
+pub type Readiness<'a> = BTreeMap<&'a str, bool>;
+
+pub fn workspace_template(t: &WorkspaceTemplate) -> Result<(), Invalid> {
+    if t.metadata.deletion_timestamp.is_some() {
+        return Err(invalid(Reason::Deleting, "being deleted"));
+    }
+    let spec = &t.spec;
+    if spec.operations.is_empty() {
+        return Err(spec_error("operations", "must allow at least one operation"));
+    }
+    if spec.operations.iter().collect::<BTreeSet<_>>().len() != spec.operations.len() {
+        return Err(spec_error("operations", "lists an operation twice"));
+    }
+    if spec.commands.is_empty() == spec.operations.contains(&Operation::Command) {
+        return Err(spec_error("commands", "are required with the command operation and allowed only with it"));
+    }
+    let mut ids = BTreeSet::new();
+    for (i, c) in spec.commands.iter().enumerate() {
+        if !is_dns_label_like(&c.id, b"-_.") {
+            return Err(spec_error(&format!("commands[{i}].id"), "must be 1-63 of a-z, 0-9, '-', '_', '.'"));
+        }
+        if !ids.insert(c.id.as_str()) {
+            return Err(spec_error(&format!("commands[{i}].id"), format!("duplicate command id `{}`", c.id)));
+        }
+        if c.argv.first().is_none_or(String::is_empty) {
+            return Err(spec_error(&format!("commands[{i}].argv"), "must start with a program"));
+        }
+        if !(1_000..=3_600_000).contains(&c.timeout_ms) {
+            return Err(spec_error(&format!("commands[{i}].timeoutMs"), "must be between 1000 and 3600000"));
+        }
+    }
+    for (i, name) in spec.env_allowlist.iter().enumerate() {
+        let ok = name.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok {
+            return Err(spec_error(
+                &format!("envAllowlist[{i}]"),
+                format!("`{name}` is not an environment variable name"),
+            ));
+        }
+    }
+    let l = &spec.limits;
+    let zero = [
+        ("maxFileBytes", l.max_file_bytes == 0),
+        ("maxListEntries", l.max_list_entries == 0),
+        ("maxOutputBytes", l.max_output_bytes == 0),
+        ("maxIterations", l.max_iterations == 0),
+        ("wallClockMs", l.wall_clock_ms < 1_000),
+    ];
+    if let Some((field, _)) = zero.iter().find(|(_, bad)| *bad) {
+        return Err(spec_error(&format!("limits.{field}"), "is below its minimum"));
+    }
+    Ok(())
+}
+
+/// Problems of a valid node's workspaces. They do not make the node unready
+/// (its providers keep running); they are reported on their own condition.
+pub type WorkspaceProblems = Vec<Invalid>;
+
+pub fn node_catalog(n: &NodeCatalog, templates: &Readiness<'_>) -> Result<(NodeEntry, WorkspaceProblems), Invalid> {
+    if n.metadata.deletion_timestamp.is_some() {
+        return Err(invalid(Reason::Deleting, "being deleted; its identity is removed from the Edge config"));
+    }
+    let name = n.name_any();
+    identity::validate_name(&name).map_err(|e| invalid(Reason::InvalidName, e.to_string()))?;
+    let cert = &n.spec.certificate;
+    if !(1..=8760).contains(&cert.validity_hours) {
+        return Err(spec_error("certificate.validityHours", "must be between 1 and 8760"));
+    }
+    if cert.renew_before_hours >= cert.validity_hours {
+        return Err(spec_error("certificate.renewBeforeHours", "must be less than validityHours"));
+    }
+    let mut refs = BTreeSet::new();
+    for (i, w) in n.spec.workspaces.iter().enumerate() {
+        if !is_dns_label_like(&w.reference, b"-_.") {
+            return Err(spec_error(&format!("workspaces[{i}].ref"), "must be 1-63 of a-z, 0-9, '-', '_', '.'"));
+        }
+        if !refs.insert(w.reference.as_str()) {
+            return Err(spec_error(&format!("workspaces[{i}].ref"), format!("duplicate ref `{}`", w.reference)));
+        }
+        if !w.root_path.starts_with('/') || w.root_path.len() < 2 || w.root_path.contains('\0') {
+            return Err(spec_error(&format!("workspaces[{i}].rootPath"), "must be an absolute path below /"));
+        }
+    }
+    let problems = n
+        .spec
+        .workspaces
+        .iter()
+        .filter_map(|w| match templates.get(w.template.as_str()) {
+            Some(true) => None,
+            Some(false) => Some(invalid(
+                Reason::TemplateNotReady,
+                format!("workspace `{}`: WorkspaceTemplate `{}` is not ready", w.reference, w.template),
+            )),
+            None => Some(invalid(
+                Reason::TemplateNotFound,
+                format!("workspace `{}`: WorkspaceTemplate `{}` does not exist", w.reference, w.template),
+            )),
+        })
+        .collect();
+    Ok((NodeEntry { name }, problems))
+}
+
+pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Result<ProviderEntry, Invalid> {
+    if p.metadata.deletion_timestamp.is_some() {
+        return Err(invalid(Reason::Deleting, "being deleted; it is removed from the Edge config"));
+    }
+    let spec = &p.spec;
+    if spec.credential_secret_ref.is_some() {
+        return Err(invalid(
+            Reason::CredentialsUnsupported,
+            "spec.credentialSecretRef: managed credentials are not supported by this Edge yet; \
+             the provider is kept out instead of running without its key",
+        ));
+    }
+    let entry = ProviderEntry {
+        id: p.name_any(),
+        node: spec.node.clone(),
+        adapter: spec.adapter.into(),
+        target: Target { model: spec.target.model.clone(), base_url: spec.target.base_url.clone() },
+        models: spec.models.iter().map(|m| PublicModel { name: m.name.clone(), priority: m.priority }).collect(),
+        response_stall_timeout_ms: spec.response_stall_timeout_ms,
+        capacity: spec.capacity,
+        mode: spec.mode.into(),
+    };
+    // The Edge's own rules, on a config holding just this provider and its node.
+    let alone = EdgeConfig {
+        listen: settings.listen.clone(),
+        tls: settings.tls.clone(),
+        trust_domain: settings.trust_domain.clone(),
+        nodes: vec![NodeEntry { name: entry.node.clone() }],
+        providers: vec![entry.clone()],
+        limits: settings.limits.clone(),
+    };
+    alone.validate().map_err(edge_rule_error)?;
+    base_url_extras(&spec.target.base_url).map_err(|reason| spec_error("target.baseUrl", reason))?;
+    let mut names = BTreeSet::new();
+    for (i, m) in spec.models.iter().enumerate() {
+        if !names.insert(m.name.as_str()) {
+            return Err(spec_error(&format!("models[{i}].name"), format!("duplicate public model `{}`", m.name)));
+        }
+    }
+    if let Some(q) = &spec.queue {
+        if q.depth.is_some_and(|d| d > 100_000) {
+            return Err(spec_error("queue.depth", "must be at most 100000"));
+        }
+        if q.timeout_ms.is_some_and(|t| !(1..=3_600_000).contains(&t)) {
+            return Err(spec_error("queue.timeoutMs", "must be between 1 and 3600000"));
+        }
+    }
+    match nodes.get(spec.node.as_str()) {
+        Some(true) => Ok(entry),
+        Some(false) => Err(invalid(Reason::NodeNotReady, format!("NodeCatalog `{}` is not ready", spec.node))),
+        None => Err(invalid(Reason::NodeNotFound, format!("NodeCatalog `{}` does not exist", spec.node))),
+    }
+}
+
+/// Maps an Edge config error about the one-provider config onto the
+/// Provider's own fields.
+fn edge_rule_error(e: ConfigError) -> Invalid {
+    let (field, reason) = match e {
+        ConfigError::Invalid { field, reason } => (field, reason),
+        ConfigError::Parse(reason) => return invalid(Reason::InvalidSpec, reason),
+    };
+    if field == "providers[0].id" {
+        return invalid(Reason::InvalidName, format!("metadata.name: {reason}"));
+    }
+    if field == "nodes[0].name" {
+        return spec_error("node", reason);
+    }
+    match field.strip_prefix("providers[0].") {
+        Some(path) => spec_error(&camel_case_path(path), reason),
+        None => invalid(Reason::InvalidSpec, format!("{field}: {reason}")),
+    }
+}
+
+/// `target.base_url` -> `target.baseUrl`.
+fn camel_case_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut upper = false;
+    for c in path.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.push(c.to_ascii_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// What the node's adapter rejects beyond the Edge's URL rule: credentials,
+/// a query or a fragment.
+fn base_url_extras(url: &str) -> Result<(), &'static str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("must not carry credentials");
+    }
+    if rest.contains('?') || rest.contains('#') {
+        return Err("must not have a query or fragment");
+    }
+    if url.chars().any(char::is_whitespace) {
+        return Err("must not contain whitespace");
+    }
+    Ok(())
+}
+
+fn is_dns_label_like(s: &str, extra: &[u8]) -> bool {
+    let edge_ok = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    s.len() <= 63
+        && edge_ok(s.bytes().next())
+        && edge_ok(s.bytes().last())
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || extra.contains(&b))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,190 @@
+use super::*;
+use crate::crd::provider::{Adapter, QueueLimits, SecretKeyRef};
+use crate::reconcile::fixtures::{node, node_with_workspace, provider, settings, template};
+use crate::reconcile::validate;
+
+type Mutation<T> = Box<dyn Fn(&mut T)>;
+
+fn ready_nodes<'a>(names: &[(&'a str, bool)]) -> Readiness<'a> {
+    names.iter().copied().collect()
+}
+
+fn reason_of<T: std::fmt::Debug>(r: Result<T, Invalid>) -> Reason {
+    r.expect_err("expected the object to be invalid").reason
+}
+
+#[test]
+fn a_valid_provider_becomes_its_edge_entry() {
+    let mut p = provider("studio-llama", "studio-mac");
+    p.spec.mode = crate::crd::provider::ProviderMode::Tunnel;
+    p.spec.response_stall_timeout_ms = 120_000;
+    let entry = validate::provider(&p, &ready_nodes(&[("studio-mac", true)]), &settings()).unwrap();
+    assert_eq!(entry.id, "studio-llama");
+    assert_eq!(entry.node, "studio-mac");
+    assert_eq!(entry.adapter, iop_proto::config::Adapter::Ollama);
+    assert_eq!(entry.mode, iop_proto::config::ProviderMode::Tunnel);
+    assert_eq!(entry.response_stall_timeout_ms, 120_000);
+    assert_eq!(entry.capacity, 4);
+    assert_eq!(entry.models[0].name, "llama3.2");
+}
+
+#[test]
+fn provider_node_references_are_checked() {
+    let p = provider("p", "studio-mac");
+    assert_eq!(reason_of(validate::provider(&p, &ready_nodes(&[]), &settings())), Reason::NodeNotFound);
+    assert_eq!(
+        reason_of(validate::provider(&p, &ready_nodes(&[("studio-mac", false)]), &settings())),
+        Reason::NodeNotReady
+    );
+}
+
+#[test]
+fn provider_spec_errors_name_the_crd_field() {
+    let nodes = ready_nodes(&[("studio-mac", true)]);
+    let cases: Vec<(Mutation<Provider>, Reason, &str)> = vec![
+        (Box::new(|p| p.spec.capacity = 0), Reason::InvalidSpec, "spec.capacity:"),
+        (Box::new(|p| p.spec.capacity = 1025), Reason::InvalidSpec, "spec.capacity:"),
+        (Box::new(|p| p.spec.response_stall_timeout_ms = 999), Reason::InvalidSpec, "spec.responseStallTimeoutMs:"),
+        (Box::new(|p| p.spec.target.base_url = "ftp://x".into()), Reason::InvalidSpec, "spec.target.baseUrl:"),
+        (
+            Box::new(|p| p.spec.target.base_url = "http://u:pw@h:1".into()),
+            Reason::InvalidSpec,
+            "spec.target.baseUrl: must not carry credentials",
+        ),
+        (
+            Box::new(|p| p.spec.target.base_url = "http://h/v1?x=1".into()),
+            Reason::InvalidSpec,
+            "spec.target.baseUrl: must not have a query",
+        ),
+        (Box::new(|p| p.spec.target.model = String::new()), Reason::InvalidSpec, "spec.target.model:"),
+        (Box::new(|p| p.spec.models.clear()), Reason::InvalidSpec, "spec.models:"),
+        (Box::new(|p| p.spec.models[0].name = "two words".into()), Reason::InvalidSpec, "spec.models[0].name:"),
+        (
+            Box::new(|p| p.spec.models.push(p.spec.models[0].clone())),
+            Reason::InvalidSpec,
+            "spec.models[1].name: duplicate",
+        ),
+        (
+            Box::new(|p| p.spec.queue = Some(QueueLimits { depth: Some(100_001), timeout_ms: None })),
+            Reason::InvalidSpec,
+            "spec.queue.depth:",
+        ),
+        (
+            Box::new(|p| p.spec.queue = Some(QueueLimits { depth: None, timeout_ms: Some(0) })),
+            Reason::InvalidSpec,
+            "spec.queue.timeoutMs:",
+        ),
+        (Box::new(|p| p.spec.node = "Studio_Mac".into()), Reason::InvalidSpec, "spec.node:"),
+        (Box::new(|p| p.metadata.name = Some("x".repeat(64))), Reason::InvalidName, "metadata.name:"),
+    ];
+    for (i, (mutate, reason, prefix)) in cases.into_iter().enumerate() {
+        let mut p = provider("p", "studio-mac");
+        mutate(&mut p);
+        let err = validate::provider(&p, &nodes, &settings()).expect_err(&format!("case {i} should fail"));
+        assert_eq!(err.reason, reason, "case {i}: {err}");
+        assert!(err.message.starts_with(prefix), "case {i}: `{}` should start with `{prefix}`", err.message);
+    }
+}
+
+#[test]
+fn credentials_fail_closed_until_the_edge_supports_them() {
+    let mut p = provider("p", "studio-mac");
+    p.spec.adapter = Adapter::Openai;
+    p.spec.credential_secret_ref = Some(SecretKeyRef { name: "openai".into(), key: "api-key".into() });
+    let nodes = ready_nodes(&[("studio-mac", true)]);
+    assert_eq!(reason_of(validate::provider(&p, &nodes, &settings())), Reason::CredentialsUnsupported);
+}
+
+#[test]
+fn objects_being_deleted_are_out() {
+    let deleting = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::reconcile::fixtures::at(1)));
+    let mut p = provider("p", "studio-mac");
+    p.metadata.deletion_timestamp = deleting.clone();
+    assert_eq!(reason_of(validate::provider(&p, &ready_nodes(&[("studio-mac", true)]), &settings())), Reason::Deleting);
+    let mut n = node("studio-mac");
+    n.metadata.deletion_timestamp = deleting.clone();
+    assert_eq!(reason_of(validate::node_catalog(&n, &Readiness::new())), Reason::Deleting);
+    let mut t = template("tools");
+    t.metadata.deletion_timestamp = deleting;
+    assert_eq!(reason_of(validate::workspace_template(&t)), Reason::Deleting);
+}
+
+#[test]
+fn node_names_must_be_identities() {
+    for bad in ["mac.studio", "Mac", "-mac", "mac-", &"m".repeat(64)] {
+        assert_eq!(reason_of(validate::node_catalog(&node(bad), &Readiness::new())), Reason::InvalidName, "{bad}");
+    }
+    let (entry, problems) = validate::node_catalog(&node("studio-mac"), &Readiness::new()).unwrap();
+    assert_eq!(entry.name, "studio-mac");
+    assert!(problems.is_empty());
+}
+
+#[test]
+fn node_certificate_and_workspace_rules() {
+    let mut n = node("mac");
+    n.spec.certificate.renew_before_hours = n.spec.certificate.validity_hours;
+    assert_eq!(reason_of(validate::node_catalog(&n, &Readiness::new())), Reason::InvalidSpec);
+
+    let mut n = node_with_workspace("mac", "tools");
+    n.spec.workspaces[0].root_path = "relative/path".into();
+    assert_eq!(reason_of(validate::node_catalog(&n, &Readiness::new())), Reason::InvalidSpec);
+
+    let mut n = node_with_workspace("mac", "tools");
+    n.spec.workspaces.push(n.spec.workspaces[0].clone());
+    let err = validate::node_catalog(&n, &Readiness::new()).unwrap_err();
+    assert!(err.message.contains("duplicate ref"), "{err}");
+}
+
+#[test]
+fn workspace_template_problems_leave_the_node_ready() {
+    let n = node_with_workspace("mac", "tools");
+    let (_, problems) = validate::node_catalog(&n, &[("tools", true)].into()).unwrap();
+    assert!(problems.is_empty());
+    let (_, problems) = validate::node_catalog(&n, &[("tools", false)].into()).unwrap();
+    assert_eq!(problems.iter().map(|p| p.reason).collect::<Vec<_>>(), [Reason::TemplateNotReady]);
+    let (_, problems) = validate::node_catalog(&n, &Readiness::new()).unwrap();
+    assert_eq!(problems.iter().map(|p| p.reason).collect::<Vec<_>>(), [Reason::TemplateNotFound]);
+    assert!(problems[0].message.contains("`site`") && problems[0].message.contains("`tools`"));
+}
+
+#[test]
+fn workspace_template_rules() {
+    assert_eq!(validate::workspace_template(&template("t")), Ok(()));
+    let cases: Vec<(Mutation<WorkspaceTemplate>, &str)> = vec![
+        (Box::new(|t| t.spec.operations.clear()), "spec.operations:"),
+        (Box::new(|t| t.spec.operations.push(Operation::Read)), "spec.operations:"),
+        (Box::new(|t| t.spec.operations.retain(|o| *o != Operation::Command)), "spec.commands:"),
+        (Box::new(|t| t.spec.commands.clear()), "spec.commands:"),
+        (Box::new(|t| t.spec.commands.push(t.spec.commands[0].clone())), "spec.commands[1].id: duplicate"),
+        (Box::new(|t| t.spec.commands[0].argv = vec![String::new()]), "spec.commands[0].argv:"),
+        (Box::new(|t| t.spec.commands[0].timeout_ms = 10), "spec.commands[0].timeoutMs:"),
+        (Box::new(|t| t.spec.commands[0].id = "Bad Id".into()), "spec.commands[0].id:"),
+        (Box::new(|t| t.spec.env_allowlist.push("1PATH".into())), "spec.envAllowlist[1]:"),
+        (Box::new(|t| t.spec.limits.max_iterations = 0), "spec.limits.maxIterations:"),
+    ];
+    for (i, (mutate, prefix)) in cases.into_iter().enumerate() {
+        let mut t = template("t");
+        mutate(&mut t);
+        let err = validate::workspace_template(&t).expect_err(&format!("case {i} should fail"));
+        assert_eq!(err.reason, Reason::InvalidSpec);
+        assert!(err.message.starts_with(prefix), "case {i}: `{}` should start with `{prefix}`", err.message);
+    }
+}
+
+#[test]
+fn reasons_are_valid_condition_reasons() {
+    // ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$ (meta/v1 Condition.reason)
+    let all = [
+        Reason::InvalidSpec,
+        Reason::InvalidName,
+        Reason::Deleting,
+        Reason::NodeNotFound,
+        Reason::NodeNotReady,
+        Reason::TemplateNotFound,
+        Reason::TemplateNotReady,
+        Reason::CredentialsUnsupported,
+    ];
+    for r in all.iter().map(|r| r.as_str()).chain([ACCEPTED]) {
+        assert!(r.bytes().next().unwrap().is_ascii_alphabetic() && r.bytes().all(|b| b.is_ascii_alphanumeric()), "{r}");
+    }
+}
