@@ -234,3 +234,41 @@ async fn node_reconnects_on_its_own_after_an_edge_restart() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn config_reload_applies_valid_changes_keeps_the_old_config_on_errors_and_drops_removed_nodes() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let original = std::fs::read_to_string(&stack.edge_config).unwrap();
+    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["revision"], 1);
+
+    // A valid change: a new public model on an existing provider.
+    let mut config = iop_proto::config::EdgeConfig::from_yaml(&original).unwrap();
+    config.providers[0].models.push(iop_proto::config::PublicModel { name: "added-model".into(), priority: 0 });
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    wait_until("the reload is applied", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"] == 2
+    })
+    .await;
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("added-model", "hi", false)).await).await;
+    assert_eq!(status, 200, "the new route serves at once; the node was not disturbed");
+    assert_eq!(stack.metric("iop_edge_config_revision").await, 2.0);
+
+    // An invalid file is rejected and the previous config keeps serving.
+    std::fs::write(&stack.edge_config, original.replace("adapter: ollama", "adapter: nonsense")).unwrap();
+    wait_until("the reload is rejected", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["last_error"].is_string()
+    })
+    .await;
+    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["revision"], 2);
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("added-model", "hi", false)).await).await;
+    assert_eq!(status, 200);
+
+    // Removing the node's identity closes its session and refuses it.
+    let mut config = iop_proto::config::EdgeConfig::from_yaml(&original).unwrap();
+    config.providers.clear();
+    config.nodes.clear();
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    stack.wait_metric_at_least("iop_edge_node_sessions_closed_total{reason=\"config_changed\"}", 1.0).await;
+    stack.wait_metric_at_least("iop_edge_node_handshake_rejections_total{reason=\"unknown_node\"}", 1.0).await;
+    assert_eq!(stack.get_json("/readyz").await["ready_nodes"], 0);
+}

@@ -190,7 +190,7 @@ impl Slots {
         Self { capacity, free: (0..capacity).rev().collect() }
     }
     fn in_flight(&self) -> u32 {
-        self.capacity - self.free.len() as u32
+        self.capacity.saturating_sub(self.free.len() as u32)
     }
 }
 
@@ -387,13 +387,14 @@ impl AdmissionPool {
         let grants = {
             let mut state = self.state.lock().unwrap();
             match state.slots.get_mut(&lease.provider_id) {
-                Some(slots) if lease.slot < slots.capacity && !slots.free.contains(&lease.slot) => {
-                    slots.free.push(lease.slot);
-                }
-                _ => {
+                Some(slots) if slots.free.contains(&lease.slot) => {
                     state.double_releases += 1;
-                    tracing::error!(provider = %lease.provider_id, "lease released twice or for an unknown provider");
+                    tracing::error!(provider = %lease.provider_id, "lease released twice");
                 }
+                Some(slots) if lease.slot < slots.capacity => slots.free.push(lease.slot),
+                // A reload shrank the provider's capacity or removed it: the
+                // slot simply retires.
+                _ => {}
             }
             state.released += 1;
             let grants = self.drain(&mut state);
@@ -401,6 +402,34 @@ impl AdmissionPool {
             grants
         };
         self.metrics.reason(&self.metrics.lease_releases, reason.label());
+        self.deliver(grants);
+    }
+
+    /// Applies a reloaded config: new providers get slots, removed ones
+    /// lose theirs, a changed capacity keeps the slots in use (a shrink
+    /// takes effect as they are released). Queues are re-evaluated.
+    pub fn reconfigure(self: &Arc<Self>, config: &EdgeConfig) {
+        let grants = {
+            let mut state = self.state.lock().unwrap();
+            let mut slots = HashMap::new();
+            for p in &config.providers {
+                let next = match state.slots.remove(&p.id) {
+                    None => Slots::new(p.capacity),
+                    Some(old) => {
+                        let in_use: Vec<u32> = (0..old.capacity).filter(|s| !old.free.contains(s)).collect();
+                        Slots {
+                            capacity: p.capacity,
+                            free: (0..p.capacity).rev().filter(|s| !in_use.contains(s)).collect(),
+                        }
+                    }
+                };
+                slots.insert(p.id.clone(), next);
+            }
+            state.slots = slots;
+            let grants = self.drain(&mut state);
+            self.publish(&state);
+            grants
+        };
         self.deliver(grants);
     }
 
@@ -519,6 +548,7 @@ providers:
                 connected_at_ms: 0,
                 control,
                 close,
+                close_reason: Default::default(),
                 provider_health,
             },
         );
@@ -628,6 +658,7 @@ providers:
                     connected_at_ms: 0,
                     control,
                     close: CancellationToken::new(),
+                    close_reason: Default::default(),
                     provider_health: HashMap::new(),
                 },
             );
@@ -669,6 +700,26 @@ providers:
         let snap = f.pool.snapshot();
         assert_eq!((snap.acquired, snap.released, snap.double_releases), (3, 3, 0));
         assert!(snap.providers.values().all(|p| p.in_flight == 0));
+    }
+
+    #[tokio::test]
+    async fn reconfigure_keeps_slots_in_use_and_retires_removed_ones() {
+        let f = fixture();
+        let held = f.pool.admit(f.request("r1"), 8, Duration::from_secs(1)).await.unwrap();
+        let slot = held.lease().slot();
+        let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+        config.providers[0].capacity = 1;
+        config.providers.retain(|p| p.id == "a");
+        f.pool.reconfigure(&config);
+        let snap = f.pool.snapshot();
+        assert_eq!((snap.providers["a"].in_flight, snap.providers["a"].capacity), (1, 1), "{snap:?}");
+        assert!(!snap.providers.contains_key("b"));
+        drop(held);
+        let snap = f.pool.snapshot();
+        assert_eq!(snap.providers["a"].in_flight, 0);
+        assert_eq!(snap.double_releases, 0);
+        let next = f.pool.admit(f.request("r2"), 8, Duration::from_secs(1)).await.unwrap();
+        assert_eq!((slot, next.lease().slot()), (0, 0), "the one remaining slot");
     }
 
     #[tokio::test(start_paused = true)]

@@ -28,3 +28,51 @@ pub fn load(path: &Path) -> Result<EdgeConfig, LoadError> {
 fn resolve(base: &Path, file: &Path) -> PathBuf {
     if file.is_absolute() { file.to_path_buf() } else { base.join(file) }
 }
+
+/// The Edge's current config, swapped atomically on reload. Requests read a
+/// snapshot (`current()`) once and keep it, so in-flight work keeps the
+/// config it was admitted with.
+#[derive(Debug)]
+pub struct ConfigHandle {
+    current: std::sync::RwLock<std::sync::Arc<EdgeConfig>>,
+    status: std::sync::Mutex<ReloadStatus>,
+}
+
+/// What `/admin/v1/config` reports.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReloadStatus {
+    /// 1 for the config loaded at start, +1 per applied reload.
+    pub revision: u64,
+    /// Why the last rejected reload was rejected (the old config stays).
+    pub last_error: Option<String>,
+}
+
+impl ConfigHandle {
+    pub fn new(config: EdgeConfig) -> Self {
+        Self {
+            current: std::sync::RwLock::new(std::sync::Arc::new(config)),
+            status: std::sync::Mutex::new(ReloadStatus { revision: 1, last_error: None }),
+        }
+    }
+
+    pub fn current(&self) -> std::sync::Arc<EdgeConfig> {
+        self.current.read().unwrap().clone()
+    }
+
+    /// Installs `next` and returns the previous config.
+    pub fn swap(&self, next: EdgeConfig) -> std::sync::Arc<EdgeConfig> {
+        let previous = std::mem::replace(&mut *self.current.write().unwrap(), std::sync::Arc::new(next));
+        let mut status = self.status.lock().unwrap();
+        status.revision += 1;
+        status.last_error = None;
+        previous
+    }
+
+    pub fn reject(&self, error: String) {
+        self.status.lock().unwrap().last_error = Some(error);
+    }
+
+    pub fn status(&self) -> ReloadStatus {
+        self.status.lock().unwrap().clone()
+    }
+}

@@ -155,8 +155,9 @@ pub async fn execute(
     tunnel: Option<TunnelForm>,
     point: CommitPoint,
 ) -> Result<Committed, ApiError> {
-    let candidates = candidates(&state.config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
-    let limits = &state.config.limits;
+    let config = state.config.current();
+    let candidates = candidates(&config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
+    let limits = &config.limits;
     let deadline = Instant::now() + Duration::from_millis(limits.request_timeout_ms);
     let queue_timeout = Duration::from_millis(limits.queue_timeout_ms);
     let mut avoid: HashMap<String, bool> = HashMap::new();

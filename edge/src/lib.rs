@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod node;
 pub mod overlay;
 pub mod recovery;
+pub mod reload;
 pub mod route;
 
 use std::net::SocketAddr;
@@ -31,6 +32,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::AdmissionPool;
+use crate::config::ConfigHandle;
 use crate::dispatch::RunTable;
 use crate::metrics::EdgeMetrics;
 use crate::node::commands::CommandTable;
@@ -51,7 +53,7 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
 /// Shared state of one Edge process.
 pub struct EdgeState {
-    pub config: Arc<EdgeConfig>,
+    pub config: ConfigHandle,
     pub registry: Arc<NodeRegistry>,
     pub admission: Arc<AdmissionPool>,
     pub overlay: Arc<HealthOverlay>,
@@ -84,6 +86,7 @@ pub struct Edge {
     http: TcpListener,
     grpc: TcpListener,
     policy: Arc<AcceptPolicy>,
+    reload: Option<(std::path::PathBuf, Duration)>,
 }
 
 impl Edge {
@@ -94,11 +97,7 @@ impl Edge {
         };
         let http = bind("http", config.listen.http).await?;
         let grpc = bind("grpc", config.listen.grpc).await?;
-        let policy = Arc::new(AcceptPolicy {
-            tls,
-            trust_domain: config.trust_domain.clone(),
-            allowed_nodes: config.nodes.iter().map(|n| n.name.clone()).collect(),
-        });
+        let policy = Arc::new(AcceptPolicy::new(reload::rules(&config, tls)));
         let registry = Arc::new(NodeRegistry::default());
         let metrics = EdgeMetrics::new();
         let overlay = Arc::new(HealthOverlay::default());
@@ -106,7 +105,7 @@ impl Edge {
         let handoff =
             Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
         let state = Arc::new(EdgeState {
-            config: Arc::new(config),
+            config: ConfigHandle::new(config),
             registry,
             admission,
             overlay,
@@ -120,7 +119,15 @@ impl Edge {
             heartbeat,
             shutting_down: CancellationToken::new(),
         });
-        Ok(Self { state, http, grpc, policy })
+        metrics_revision(&state);
+        Ok(Self { state, http, grpc, policy, reload: None })
+    }
+
+    /// Reloads the config from `path` when its content changes (checked
+    /// every `interval`, and at once on SIGHUP).
+    pub fn watch_config(mut self, path: std::path::PathBuf, interval: Duration) -> Self {
+        self.reload = Some((path, interval));
+        self
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -141,14 +148,14 @@ impl Edge {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), EdgeError> {
-        let Edge { state, http, grpc, policy } = self;
+        let Edge { state, http, grpc, policy, reload } = self;
         let stop = state.shutting_down.clone();
         tokio::spawn(async move {
             shutdown.await;
             stop.cancel();
         });
 
-        let (incoming, accept_task) = node::tls::accept_loop(grpc, policy, state.metrics.clone());
+        let (incoming, accept_task) = node::tls::accept_loop(grpc, policy.clone(), state.metrics.clone());
         let grpc_stop = state.shutting_down.clone();
         let grpc_server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -164,6 +171,8 @@ impl Edge {
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
         let grpc_task = tokio::spawn(grpc_server);
         let recovery_task = tokio::spawn(recovery::run(state.clone()));
+        let reload_task =
+            reload.map(|(path, interval)| tokio::spawn(reload::watch(state.clone(), policy.clone(), path, interval)));
 
         let http_addr = http.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
         let app = http::router(state.clone());
@@ -184,10 +193,17 @@ impl Edge {
         state.registry.close_all();
         accept_task.abort();
         recovery_task.abort();
+        if let Some(task) = reload_task {
+            task.abort();
+        }
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, http_task).await;
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, grpc_task).await;
         Ok(())
     }
+}
+
+fn metrics_revision(state: &EdgeState) {
+    state.metrics.config_revision.set(state.config.status().revision as i64);
 }
 
 /// rustls needs exactly one process-wide crypto provider; IOP uses ring.

@@ -12,6 +12,9 @@ struct Args {
     /// Edge config file (YAML); see examples/edge.yaml.
     #[arg(long)]
     config: PathBuf,
+    /// How often to check the config file for changes (SIGHUP checks at once).
+    #[arg(long, default_value_t = 2000)]
+    reload_interval_ms: u64,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -33,7 +36,7 @@ async fn main() -> ExitCode {
         }
     };
     let edge = match iop_edge::Edge::bind(config, args.test_heartbeat_profile.unwrap_or_default()).await {
-        Ok(edge) => edge,
+        Ok(edge) => edge.watch_config(args.config.clone(), std::time::Duration::from_millis(args.reload_interval_ms)),
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::from(1);

@@ -109,6 +109,8 @@ pub struct EdgeMetrics {
     pub health_transitions: Family<TransitionLabels, Counter>,
     pub recovery_eligibility: Family<RecoveryLabels, Counter>,
     pub recovery_results: Family<RecoveryLabels, Counter>,
+    pub config_revision: Gauge,
+    pub config_reloads: Family<RecoveryLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -174,6 +176,14 @@ impl EdgeMetrics {
         );
         let recovery_results = Family::<RecoveryLabels, Counter>::default();
         registry.register("liveness_recovery_results", "Outcomes of stall replays", recovery_results.clone());
+        let config_revision = Gauge::default();
+        registry.register(
+            "config_revision",
+            "Revision of the loaded config (1 at start, +1 per reload)",
+            config_revision.clone(),
+        );
+        let config_reloads = Family::<RecoveryLabels, Counter>::default();
+        registry.register("config_reloads", "Config reload attempts: applied or rejected", config_reloads.clone());
         Arc::new(Self {
             registry,
             http_requests,
@@ -192,6 +202,8 @@ impl EdgeMetrics {
             health_transitions,
             recovery_eligibility,
             recovery_results,
+            config_revision,
+            config_reloads,
         })
     }
 

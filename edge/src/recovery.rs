@@ -65,8 +65,9 @@ pub async fn run(state: Arc<EdgeState>) {
             delay = FIRST_DELAY;
             continue;
         }
+        let config = state.config.current();
         let mut nodes: Vec<&str> =
-            state.config.providers.iter().filter(|p| lowered.contains(&p.id)).map(|p| p.node.as_str()).collect();
+            config.providers.iter().filter(|p| lowered.contains(&p.id)).map(|p| p.node.as_str()).collect();
         nodes.sort_unstable();
         nodes.dedup();
         for node in nodes {
@@ -84,7 +85,7 @@ async fn probe_node(state: &EdgeState, node: &str) {
     let command = pb::NodeCommand { kind: pb::CommandKind::Capabilities.into(), ..Default::default() };
     let Ok(result) = state.commands.send(&control, command, COMMAND_TIMEOUT).await else { return };
     let Some(pb::node_command_result::Result::Capabilities(answer)) = result.result else { return };
-    for checked in check_answer(&state.config, node, &answer) {
+    for checked in check_answer(&state.config.current(), node, &answer) {
         let evidence = Evidence {
             source: Source::Capabilities,
             generation,

@@ -123,7 +123,7 @@ impl Stack {
 
     pub async fn start_edge(&mut self) {
         let config = self.edge_config.to_str().unwrap().to_string();
-        let mut args = vec!["--config", config.as_str()];
+        let mut args = vec!["--config", config.as_str(), "--reload-interval-ms", "100"];
         if let Some(profile) = self.heartbeat {
             args.extend(["--test-heartbeat-profile", profile]);
         }

@@ -23,6 +23,11 @@ fn admin_error(status: StatusCode, code: &str, message: impl std::fmt::Display) 
 
 /// Runs one allowlisted, read-only Ollama API call on a provider's node:
 /// `tags`, `ps`, `show` (for the provider's own target model) or `version`.
+/// The loaded config's revision and the last rejected reload, if any.
+pub async fn config(State(state): State<Arc<EdgeState>>) -> Response {
+    axum::Json(json!({ "config": state.config.status() })).into_response()
+}
+
 pub async fn ollama_api(State(state): State<Arc<EdgeState>>, Path((id, call)): Path<(String, String)>) -> Response {
     let call = match call.as_str() {
         "tags" => pb::OllamaApiCall::Tags,
@@ -37,7 +42,7 @@ pub async fn ollama_api(State(state): State<Arc<EdgeState>>, Path((id, call)): P
             );
         }
     };
-    let Some(provider) = state.config.providers.iter().find(|p| p.id == id) else {
+    let Some(provider) = state.config.current().providers.iter().find(|p| p.id == id).cloned() else {
         return admin_error(StatusCode::NOT_FOUND, "unknown_provider", format!("no provider `{id}`"));
     };
     if provider.adapter != Adapter::Ollama {
@@ -70,15 +75,15 @@ pub async fn ollama_api(State(state): State<Arc<EdgeState>>, Path((id, call)): P
 }
 
 pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
-    let names: Vec<String> = state.config.nodes.iter().map(|n| n.name.clone()).collect();
+    let names: Vec<String> = state.config.current().nodes.iter().map(|n| n.name.clone()).collect();
     axum::Json(json!({ "nodes": state.registry.snapshot(&names) })).into_response()
 }
 
 pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
-    let nodes = state.registry.snapshot(&state.config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
+    let config = state.config.current();
+    let nodes = state.registry.snapshot(&config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
     let load = state.admission.snapshot();
-    let providers: Vec<_> = state
-        .config
+    let providers: Vec<_> = config
         .providers
         .iter()
         .map(|p| {

@@ -39,6 +39,7 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/admin/v1/nodes", get(admin::nodes))
         .route("/admin/v1/nodes/{name}/commands/{command}", post(admin::node_command))
         .route("/admin/v1/providers", get(admin::providers))
+        .route("/admin/v1/config", get(admin::config))
         .route("/admin/v1/providers/{id}/ollama/{call}", get(admin::ollama_api))
         .with_state(state)
 }
@@ -125,10 +126,11 @@ async fn serve<S: Surface>(
     body: Body,
     record: &mut RequestRecord,
 ) -> Result<Reply<S>, ApiError> {
-    let bytes = read_body(body, state.config.limits.max_body_bytes).await?;
+    let config = state.config.current();
+    let bytes = read_body(body, config.limits.max_body_bytes).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
-    if route::candidates(&state.config, &parsed.model).is_some() {
+    if route::candidates(&config, &parsed.model).is_some() {
         record.route = Some(parsed.model.clone());
     }
     let tunnel = S::TUNNEL_PATH.map(|path| TunnelForm {
@@ -259,7 +261,8 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
 }
 
 async fn models(State(state): State<Arc<EdgeState>>) -> Response {
-    let data: Vec<_> = route::public_models(&state.config)
+    let config = state.config.current();
+    let data: Vec<_> = route::public_models(&config)
         .into_iter()
         .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "iop" }))
         .collect();

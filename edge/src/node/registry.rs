@@ -3,8 +3,8 @@
 //! mutex; the session task owns the I/O.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use iop_proto::pb::{self, ProviderHealth};
@@ -55,6 +55,8 @@ pub struct Session {
     pub control: ControlSender,
     /// Cancelled to make the session task close this connection.
     pub close: CancellationToken,
+    /// Why `close` was cancelled, when it was not a newer connection.
+    pub close_reason: Arc<std::sync::OnceLock<super::session::CloseReason>>,
     pub provider_health: HashMap<String, ProviderHealth>,
 }
 
@@ -164,6 +166,14 @@ impl NodeRegistry {
         }
     }
 
+    /// Closes `node`'s current session for `reason`; its generation is fenced.
+    pub fn close(&self, node: &str, reason: super::session::CloseReason) {
+        if let Some(s) = self.sessions.lock().unwrap().get(node) {
+            let _ = s.close_reason.set(reason);
+            s.close.cancel();
+        }
+    }
+
     pub fn snapshot(&self, configured: &[String]) -> Vec<NodeSnapshot> {
         let sessions = self.sessions.lock().unwrap();
         configured
@@ -197,6 +207,7 @@ mod tests {
             connected_at_ms: 0,
             control,
             close: CancellationToken::new(),
+            close_reason: Default::default(),
             provider_health: HashMap::new(),
         }
     }

@@ -28,6 +28,8 @@ pub enum CloseReason {
     /// A newer connection of the same node took over.
     Replaced,
     EdgeShutdown,
+    /// A config reload removed the node or changed its providers.
+    ConfigChanged,
 }
 
 impl CloseReason {
@@ -39,6 +41,7 @@ impl CloseReason {
             Self::ProtocolError => "protocol_error",
             Self::Replaced => "replaced",
             Self::EdgeShutdown => "edge_shutdown",
+            Self::ConfigChanged => "config_changed",
         }
     }
 }
@@ -94,12 +97,14 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
 
     let generation = state.generations.next();
     let close = CancellationToken::new();
+    let close_reason: Arc<std::sync::OnceLock<CloseReason>> = Default::default();
     let session = Session {
         generation,
         phase: SessionPhase::Registered,
         connected_at_ms: now_ms(),
         control: out.clone(),
         close: close.clone(),
+        close_reason: close_reason.clone(),
         provider_health: HashMap::new(),
     };
     if let Some(previous) = state.registry.register(&node, session) {
@@ -110,11 +115,11 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         &out,
         pb::edge_to_node::Msg::RegisterResponse(pb::RegisterResponse {
             generation,
-            config: Some(config_payload(&state.config, &node)),
+            config: Some(config_payload(&state.config.current(), &node)),
         }),
     );
 
-    let reason = serve(&state, &node, generation, &mut inbound, &out, &close).await;
+    let reason = serve(&state, &node, generation, &mut inbound, &out, &close, &close_reason).await;
 
     state.registry.remove(&node, generation);
     let fenced = state.runs.fence_generation(&node, generation) + state.tunnels.fence_generation(&node, generation);
@@ -133,6 +138,7 @@ async fn serve(
     inbound: &mut Streaming<pb::NodeToEdge>,
     out: &ControlSender,
     close: &CancellationToken,
+    close_reason: &std::sync::OnceLock<CloseReason>,
 ) -> CloseReason {
     let mut monitor = HeartbeatMonitor::new(state.heartbeat, Instant::now());
     let mut ticker = tokio::time::interval(state.heartbeat.interval);
@@ -141,7 +147,11 @@ async fn serve(
     loop {
         tokio::select! {
             _ = close.cancelled() => {
-                return if state.shutting_down.is_cancelled() { CloseReason::EdgeShutdown } else { CloseReason::Replaced };
+                return match close_reason.get() {
+                    Some(reason) => *reason,
+                    None if state.shutting_down.is_cancelled() => CloseReason::EdgeShutdown,
+                    None => CloseReason::Replaced,
+                };
             }
             _ = tokio::time::sleep_until(monitor.deadline()) => {
                 if monitor.expired(Instant::now()) {

@@ -223,10 +223,29 @@ impl AsyncWrite for NodeConn {
 }
 
 /// What the accept loop needs to decide who may connect.
-pub struct AcceptPolicy {
+pub struct PolicyRules {
     pub tls: Arc<ServerConfig>,
     pub trust_domain: String,
     pub allowed_nodes: BTreeSet<String>,
+}
+
+/// The current rules; a config reload replaces them (new connections only).
+pub struct AcceptPolicy {
+    rules: std::sync::RwLock<Arc<PolicyRules>>,
+}
+
+impl AcceptPolicy {
+    pub fn new(rules: PolicyRules) -> Self {
+        Self { rules: std::sync::RwLock::new(Arc::new(rules)) }
+    }
+
+    pub fn current(&self) -> Arc<PolicyRules> {
+        self.rules.read().unwrap().clone()
+    }
+
+    pub fn replace(&self, rules: PolicyRules) {
+        *self.rules.write().unwrap() = Arc::new(rules);
+    }
 }
 
 /// Accepts TCP connections, runs the handshake and identity check off the
@@ -238,7 +257,6 @@ pub fn accept_loop(
 ) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(16);
     let task = tokio::spawn(async move {
-        let acceptor = TlsAcceptor::from(policy.tls.clone());
         loop {
             let (tcp, remote) = match listener.accept().await {
                 Ok(conn) => conn,
@@ -249,9 +267,11 @@ pub fn accept_loop(
                 }
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, policy, metrics, tx) = (acceptor.clone(), policy.clone(), metrics.clone(), tx.clone());
+            let rules = policy.current();
+            let acceptor = TlsAcceptor::from(rules.tls.clone());
+            let (metrics, tx) = (metrics.clone(), tx.clone());
             tokio::spawn(async move {
-                match handshake(&acceptor, tcp, remote, &policy).await {
+                match handshake(&acceptor, tcp, remote, &rules).await {
                     Ok(conn) => {
                         tracing::info!(node = %conn.peer.identity.name, %remote, "node connection accepted");
                         let _ = tx.send(Ok(conn)).await;
@@ -271,7 +291,7 @@ async fn handshake(
     acceptor: &TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
-    policy: &AcceptPolicy,
+    policy: &PolicyRules,
 ) -> Result<NodeConn, HandshakeRejection> {
     let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
         .await

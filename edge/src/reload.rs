@@ -1,0 +1,129 @@
+//! Config reload. The Edge re-reads its config file when the content changes
+//! (polled: a Kubernetes ConfigMap mount swaps a symlink, which content
+//! polling follows without inotify corner cases; SIGHUP reloads at once).
+//! A new config is fully validated, TLS material included, before anything
+//! changes; an invalid one keeps the old config and is reported on
+//! `/admin/v1/config` and `iop_edge_config_reloads_total{result="rejected"}`.
+//!
+//! Applying a config swaps it atomically for new requests (in-flight ones
+//! keep theirs), replaces the node accept rules, resizes admission, and
+//! closes the sessions of nodes that were removed or whose providers changed
+//! (their generation is fenced; a still-listed node reconnects and receives
+//! its new providers at registration).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iop_proto::config::EdgeConfig;
+use rustls::ServerConfig;
+
+use crate::EdgeState;
+use crate::metrics::RecoveryLabels;
+use crate::node::session::{CloseReason, config_payload};
+use crate::node::tls::{AcceptPolicy, PolicyRules};
+
+pub fn rules(config: &EdgeConfig, tls: Arc<ServerConfig>) -> PolicyRules {
+    PolicyRules {
+        tls,
+        trust_domain: config.trust_domain.clone(),
+        allowed_nodes: config.nodes.iter().map(|n| n.name.clone()).collect(),
+    }
+}
+
+/// Loads and validates `path` completely (config and TLS files).
+fn load(path: &std::path::Path) -> Result<(EdgeConfig, Arc<ServerConfig>), String> {
+    let config = crate::config::load(path).map_err(|e| e.to_string())?;
+    let tls = crate::node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)
+        .map_err(|e| e.to_string())?;
+    Ok((config, tls))
+}
+
+/// Nodes whose sessions must close when `previous` becomes `next`.
+pub fn nodes_to_close(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<String> {
+    previous
+        .nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .filter(|name| {
+            !next.nodes.iter().any(|n| n.name == *name)
+                || config_payload(previous, name) != config_payload(next, name)
+                || previous.trust_domain != next.trust_domain
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, next: EdgeConfig, tls: Arc<ServerConfig>) {
+    policy.replace(rules(&next, tls));
+    state.admission.reconfigure(&next);
+    let previous = state.config.swap(next);
+    let current = state.config.current();
+    for node in nodes_to_close(&previous, &current) {
+        state.registry.close(&node, CloseReason::ConfigChanged);
+    }
+    super::metrics_revision(state);
+    state.metrics.config_reloads.get_or_create(&RecoveryLabels { result: "applied" }).inc();
+    tracing::info!(revision = state.config.status().revision, "config reloaded");
+}
+
+pub async fn watch(state: Arc<EdgeState>, policy: Arc<AcceptPolicy>, path: PathBuf, interval: Duration) {
+    let mut last = std::fs::read(&path).ok();
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let forced = tokio::select! {
+            _ = tokio::time::sleep(interval) => false,
+            Some(_) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+        };
+        #[cfg(not(unix))]
+        let forced = {
+            tokio::time::sleep(interval).await;
+            false
+        };
+        let Ok(content) = std::fs::read(&path) else {
+            state.config.reject(format!("cannot read config file {}", path.display()));
+            continue;
+        };
+        if !forced && last.as_deref() == Some(content.as_slice()) {
+            continue;
+        }
+        last = Some(content);
+        match load(&path) {
+            Ok((config, tls)) => apply(&state, &policy, config, tls),
+            Err(error) => {
+                tracing::warn!(%error, "config reload rejected; keeping the previous config");
+                state.config.reject(error);
+                state.metrics.config_reloads.get_or_create(&RecoveryLabels { result: "rejected" }).inc();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
+tls: { ca_file: a, cert_file: b, key_file: c }
+trust_domain: t
+nodes: [ { name: n1 }, { name: n2 }, { name: n3 } ]
+providers:
+  - { id: a, node: n1, adapter: ollama, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }
+  - { id: b, node: n2, adapter: ollama, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }
+"#;
+
+    #[test]
+    fn only_removed_nodes_and_nodes_with_changed_providers_are_closed() {
+        let previous = EdgeConfig::from_yaml(BASE).unwrap();
+        let mut next = previous.clone();
+        next.nodes.retain(|n| n.name != "n3");
+        next.providers[1].target.model = "m2".into();
+        next.providers[0].models[0].name = "renamed".into(); // public names are Edge-only
+        next.limits.queue_depth = 7;
+        assert_eq!(nodes_to_close(&previous, &next), ["n2", "n3"]);
+        assert!(nodes_to_close(&previous, &previous).is_empty());
+    }
+}
