@@ -201,8 +201,9 @@ pub async fn execute(
             Attempt::Failed { failure, relay } => (failure, relay),
         };
         let stalled = failure.kind() == FailureKind::ResponseStalled;
+        let last = !retryable(&failure) || attempt == limits.max_attempts;
         if stalled {
-            let eligible = attempt < limits.max_attempts && Instant::now() < deadline;
+            let eligible = !last && Instant::now() < deadline;
             let label = if eligible { "eligible" } else { "attempts_exhausted" };
             state.metrics.recovery_eligibility.get_or_create(&RecoveryLabels { result: label }).inc();
             tracing::info!(
@@ -213,10 +214,10 @@ pub async fn execute(
                 "stall before the first byte"
             );
         }
-        if replaying_stall_of.is_some() && (!retryable(&failure) || attempt == limits.max_attempts) {
+        if replaying_stall_of.is_some() && last {
             recovery_result(state, "exhausted");
         }
-        if !retryable(&failure) || attempt == limits.max_attempts {
+        if last {
             // A tunnel relays the provider's own error response, already in
             // the client's API shape.
             return match relay {
