@@ -253,13 +253,22 @@ async fn config_reload_applies_valid_changes_keeps_the_old_config_on_errors_and_
     assert_eq!(status, 200, "the new route serves at once; the node was not disturbed");
     assert_eq!(stack.metric("iop_edge_config_revision").await, 2.0);
 
+    // A renewed server certificate (same file names) is picked up as well.
+    let renewed = stack.pki.ca.server_cert(&["localhost"]);
+    std::fs::write(&stack.pki.edge.cert, &renewed.cert_pem).unwrap();
+    std::fs::write(&stack.pki.edge.key, &renewed.key_pem).unwrap();
+    wait_until("the certificate reload is applied", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"] == 3
+    })
+    .await;
+
     // An invalid file is rejected and the previous config keeps serving.
     std::fs::write(&stack.edge_config, original.replace("adapter: ollama", "adapter: nonsense")).unwrap();
     wait_until("the reload is rejected", WAIT, || async {
         stack.get_json("/admin/v1/config").await["config"]["last_error"].is_string()
     })
     .await;
-    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["revision"], 2);
+    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["revision"], 3);
     let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("added-model", "hi", false)).await).await;
     assert_eq!(status, 200);
 

@@ -1,6 +1,8 @@
-//! Config reload. The Edge re-reads its config file when the content changes
-//! (polled: a Kubernetes ConfigMap mount swaps a symlink, which content
-//! polling follows without inotify corner cases; SIGHUP reloads at once).
+//! Config reload. The Edge re-reads its config file when its content or the
+//! content of the TLS files it names changes (polled: a Kubernetes ConfigMap
+//! or Secret mount swaps a symlink, which content polling follows without
+//! inotify corner cases; SIGHUP reloads at once). A renewed server
+//! certificate is therefore picked up without a restart.
 //! A new config is fully validated, TLS material included, before anything
 //! changes; an invalid one keeps the old config and is reported on
 //! `/admin/v1/config` and `iop_edge_config_reloads_total{result="rejected"}`.
@@ -67,8 +69,19 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, next: EdgeConfig, tl
     tracing::info!(revision = state.config.status().revision, "config reloaded");
 }
 
+/// The bytes whose change triggers a reload: the config file and the TLS
+/// files of the config currently loaded.
+fn fingerprint(path: &std::path::Path, config: &EdgeConfig) -> Option<Vec<u8>> {
+    let mut bytes = std::fs::read(path).ok()?;
+    for file in [&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file] {
+        bytes.extend(std::fs::read(file).unwrap_or_default());
+        bytes.push(0);
+    }
+    Some(bytes)
+}
+
 pub async fn watch(state: Arc<EdgeState>, policy: Arc<AcceptPolicy>, path: PathBuf, interval: Duration) {
-    let mut last = std::fs::read(&path).ok();
+    let mut last = fingerprint(&path, &state.config.current());
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -82,7 +95,7 @@ pub async fn watch(state: Arc<EdgeState>, policy: Arc<AcceptPolicy>, path: PathB
             tokio::time::sleep(interval).await;
             false
         };
-        let Ok(content) = std::fs::read(&path) else {
+        let Some(content) = fingerprint(&path, &state.config.current()) else {
             state.config.reject(format!("cannot read config file {}", path.display()));
             continue;
         };
