@@ -20,6 +20,8 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use time::OffsetDateTime;
 
+pub mod secrets;
+
 /// The CA Secret (created if absent; a user-supplied one is accepted).
 pub const CA_SECRET: &str = "iop-ca";
 pub const CA_CERT_KEY: &str = "ca.pem";

@@ -1,7 +1,12 @@
 //! IOP operator: CRD types, the pure reconcile stages (validate, build the
-//! Edge config), certificate issuance and the node bundle.
+//! Edge config), certificate issuance, status mirroring and the node bundle
+//! (pure), and the controller that runs them against the Kubernetes API
+//! ([`runtime`]).
 
 pub mod bundle;
 pub mod certs;
 pub mod crd;
+pub mod env;
+pub mod mirror;
 pub mod reconcile;
+pub mod runtime;

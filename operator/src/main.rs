@@ -1,12 +1,14 @@
-//! `iop-operator crds | node-bundle NAME`. The controller (`run`) lands with
-//! the controller wiring; until then the subcommand does not exist.
+//! `iop-operator run | crds | node-bundle NAME`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use iop_operator::bundle;
 use iop_operator::certs::PrivateKeyPem;
+use iop_operator::env::RunConfig;
+use iop_operator::runtime;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "iop-operator", version, about = "Kubernetes operator for IOP")]
@@ -17,6 +19,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the controller in the cluster. Settings come from the environment
+    /// the Helm chart sets: IOP_NAMESPACE, IOP_POD_NAME, IOP_EDGE_ADMIN_URL,
+    /// IOP_EDGE_SERVER_NAMES, IOP_TRUST_DOMAIN (and RUST_LOG).
+    Run,
     /// Print every IOP CustomResourceDefinition as one multi-document YAML
     /// (`kubectl apply -f -` takes it).
     Crds,
@@ -35,15 +41,20 @@ struct NodeBundleArgs {
     /// Name on the Edge's certificate, when it differs from the URL's host.
     #[arg(long)]
     server_name: Option<String>,
+    /// Read ca.pem, node.pem and node-key.pem from Secret `iop-node-NAME` in
+    /// this namespace (kubeconfig or in-cluster credentials), instead of
+    /// --ca/--cert/--key.
+    #[arg(long, short = 'n', conflicts_with_all = ["ca", "cert", "key"])]
+    namespace: Option<String>,
     /// CA certificate (PEM), e.g. key `ca.pem` of Secret `iop-node-NAME`.
-    #[arg(long)]
-    ca: PathBuf,
+    #[arg(long, required_unless_present = "namespace")]
+    ca: Option<PathBuf>,
     /// Node certificate (PEM), key `node.pem` of Secret `iop-node-NAME`.
-    #[arg(long)]
-    cert: PathBuf,
+    #[arg(long, required_unless_present = "namespace")]
+    cert: Option<PathBuf>,
     /// Node private key (PKCS#8 PEM), key `node-key.pem` of Secret `iop-node-NAME`.
-    #[arg(long)]
-    key: PathBuf,
+    #[arg(long, required_unless_present = "namespace")]
+    key: Option<PathBuf>,
     /// Directory to write into (created if missing).
     #[arg(long)]
     out: PathBuf,
@@ -51,6 +62,7 @@ struct NodeBundleArgs {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Run => run(),
         Command::Crds => {
             print!("{}", iop_operator::crd::render_yaml());
             ExitCode::SUCCESS
@@ -68,13 +80,104 @@ fn main() -> ExitCode {
     }
 }
 
-fn node_bundle(args: &NodeBundleArgs) -> Result<String, String> {
-    let read = |flag: &str, path: &Path| {
-        std::fs::read_to_string(path).map_err(|e| format!("--{flag} {}: {e}", path.display()))
+fn run() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        // kube's client logs a whole response body at WARN when it does not
+        // decode; for a Secret that body holds private keys. Never let it print.
+        .add_directive("kube_client::client=error".parse().expect("a valid directive"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let config = match RunConfig::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("iop-operator run: {e}");
+            return ExitCode::from(2);
+        }
     };
-    let ca_pem = read("ca", &args.ca)?;
-    let cert_pem = read("cert", &args.cert)?;
-    let key = PrivateKeyPem::new(read("key", &args.key)?);
+    // One crypto provider for every rustls user in the process (kube's client).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("iop-operator run: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::error!(error = %e, "no Kubernetes API client (in-cluster config or KUBECONFIG)");
+                return ExitCode::FAILURE;
+            }
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                wait_for_signal().await;
+                tracing::info!("shutting down");
+                shutdown.cancel();
+            }
+        });
+        match runtime::run(config, client, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, kind = e.label(), "operator stopped");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// The node's Secret through the Kubernetes API (kubeconfig or in-cluster).
+fn read_secret(namespace: &str, node: &str) -> Result<(String, String, PrivateKeyPem), String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| format!("no Kubernetes API client (kubeconfig or in-cluster config): {e}"))?;
+        runtime::pki::read_node_secret(client, namespace, node).await
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn node_bundle(args: &NodeBundleArgs) -> Result<String, String> {
+    let (ca_pem, cert_pem, key) = match &args.namespace {
+        Some(namespace) => read_secret(namespace, &args.name)?,
+        None => {
+            let read = |flag: &str, path: &Option<PathBuf>| {
+                let path = path.as_deref().ok_or_else(|| format!("--{flag} is required without --namespace"))?;
+                std::fs::read_to_string(path).map_err(|e| format!("--{flag} {}: {e}", path.display()))
+            };
+            (read("ca", &args.ca)?, read("cert", &args.cert)?, PrivateKeyPem::new(read("key", &args.key)?))
+        }
+    };
     let input = bundle::Input {
         node: &args.name,
         edge_url: &args.edge_url,

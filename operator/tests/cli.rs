@@ -71,3 +71,51 @@ fn node_bundle_writes_a_ready_node_directory() {
     assert!(stderr.contains("belongs to node `studio-mac`, not `laptop`"), "{stderr}");
     assert!(!dir.path().join("other").exists());
 }
+
+#[test]
+fn run_names_the_missing_or_invalid_variable() {
+    let out = operator().arg("run").env_clear().output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("IOP_NAMESPACE is not set"), "{stderr}");
+
+    let out = operator()
+        .arg("run")
+        .env_clear()
+        .env("IOP_NAMESPACE", "iop")
+        .env("IOP_POD_NAME", "iop-operator-0")
+        .env("IOP_EDGE_ADMIN_URL", "https://iop-edge.iop.svc:8080")
+        .env("IOP_EDGE_SERVER_NAMES", "iop-edge-grpc")
+        .env("IOP_TRUST_DOMAIN", "iop.example")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("IOP_EDGE_ADMIN_URL=`https://iop-edge.iop.svc:8080`"), "{stderr}");
+}
+
+#[test]
+fn node_bundle_needs_files_or_a_namespace() {
+    let out = operator().args(["node-bundle", "mac", "--edge-url", "https://e:7443", "--out", "x"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--ca <CA>") && stderr.contains("--key <KEY>"), "{stderr}");
+
+    let out = operator()
+        .args([
+            "node-bundle",
+            "mac",
+            "--edge-url",
+            "https://e:7443",
+            "--out",
+            "x",
+            "--namespace",
+            "iop",
+            "--ca",
+            "ca.pem",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}

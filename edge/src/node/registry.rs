@@ -52,6 +52,8 @@ pub struct Session {
     pub generation: u64,
     pub phase: SessionPhase,
     pub connected_at_ms: u64,
+    /// What the node reported in Register (`iop-node` version).
+    pub node_version: String,
     pub control: ControlSender,
     /// Cancelled to make the session task close this connection.
     pub close: CancellationToken,
@@ -79,6 +81,7 @@ pub struct NodeSnapshot {
     pub phase: Option<SessionPhase>,
     pub generation: Option<u64>,
     pub connected_at_ms: Option<u64>,
+    pub version: Option<String>,
     pub providers: BTreeMap<String, &'static str>,
 }
 
@@ -186,6 +189,7 @@ impl NodeRegistry {
                     phase: s.map(|s| s.phase),
                     generation: s.map(|s| s.generation),
                     connected_at_ms: s.map(|s| s.connected_at_ms),
+                    version: s.map(|s| s.node_version.clone()),
                     providers: s
                         .map(|s| s.provider_health.iter().map(|(k, v)| (k.clone(), health_label(*v))).collect())
                         .unwrap_or_default(),
@@ -205,6 +209,7 @@ mod tests {
             generation,
             phase: SessionPhase::Registered,
             connected_at_ms: 0,
+            node_version: String::new(),
             control,
             close: CancellationToken::new(),
             close_reason: Default::default(),

@@ -102,6 +102,8 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         generation,
         phase: SessionPhase::Registered,
         connected_at_ms: now_ms(),
+        // Bounded: it reaches admin output and the operator's status.
+        node_version: register.node_version.chars().take(64).collect(),
         control: out.clone(),
         close: close.clone(),
         close_reason: close_reason.clone(),

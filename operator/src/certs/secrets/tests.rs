@@ -1,0 +1,103 @@
+use super::*;
+use crate::reconcile::fixtures::node;
+
+/// 2026-11-01T12:00:00Z
+const NOW: OffsetDateTime = match OffsetDateTime::from_unix_timestamp(1_793_534_400) {
+    Ok(t) => t,
+    Err(_) => panic!(),
+};
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn ca() -> Ca {
+    Ca::generate("iop test CA", NOW, 3650 * DAY).unwrap()
+}
+
+fn names() -> Vec<String> {
+    vec!["iop-edge-grpc.iop.svc".to_string(), "10.0.0.7".to_string()]
+}
+
+#[test]
+fn ca_secret_round_trips_and_a_tls_secret_is_accepted() {
+    let ca = ca();
+    let s = ca_secret("iop", &ca);
+    assert_eq!(s.metadata.name.as_deref(), Some(CA_SECRET));
+    assert_eq!(s.data.as_ref().unwrap().keys().collect::<Vec<_>>(), [CA_KEY_KEY, CA_CERT_KEY]);
+    assert_eq!(load_ca(&s, NOW + DAY).unwrap().cert_pem(), ca.cert_pem());
+
+    // A user-supplied kubernetes.io/tls Secret, written with stringData.
+    let user = Secret {
+        string_data: Some(BTreeMap::from([
+            ("tls.crt".to_string(), ca.cert_pem().to_string()),
+            ("tls.key".to_string(), ca.key_pem().expose().to_string()),
+        ])),
+        ..Default::default()
+    };
+    assert_eq!(load_ca(&user, NOW).unwrap().cert_pem(), ca.cert_pem());
+
+    assert_eq!(load_ca(&Secret::default(), NOW).unwrap_err(), CaSecretError::MissingKeys);
+    let mut broken = ca_secret("iop", &ca);
+    broken.data.as_mut().unwrap().insert(CA_KEY_KEY.to_string(), ByteString(b"garbage".to_vec()));
+    assert_eq!(load_ca(&broken, NOW).unwrap_err(), CaSecretError::Invalid(CertError::CaKey));
+    // The error never carries key material.
+    assert!(!format!("{:?}", load_ca(&broken, NOW)).contains("PRIVATE KEY"));
+}
+
+#[test]
+fn edge_secret_is_kept_until_something_changes() {
+    let ca = ca();
+    assert_eq!(edge_reissue(None, &ca, &names(), NOW), Some(Reissue::Missing));
+
+    let issued = ca.edge_server_cert(&names(), NOW, EDGE_VALIDITY).unwrap();
+    let s = edge_tls_secret("iop", &ca, &issued);
+    assert_eq!(s.metadata.name.as_deref(), Some(EDGE_TLS_SECRET));
+    assert_eq!(s.data.as_ref().unwrap().keys().collect::<Vec<_>>(), [CA_CERT_KEY, EDGE_KEY_KEY, EDGE_CERT_KEY]);
+    assert_eq!(edge_reissue(Some(&s), &ca, &names(), NOW), None);
+    // Names in another order are the same names.
+    let reversed: Vec<String> = names().into_iter().rev().collect();
+    assert_eq!(edge_reissue(Some(&s), &ca, &reversed, NOW), None);
+
+    // Rotation window: 30 days before the 90-day expiry.
+    assert_eq!(edge_reissue(Some(&s), &ca, &names(), NOW + 59 * DAY), None);
+    assert_eq!(edge_reissue(Some(&s), &ca, &names(), NOW + 60 * DAY), Some(Reissue::Rotation));
+
+    let more = [names(), vec!["edge.example.com".to_string()]].concat();
+    assert_eq!(edge_reissue(Some(&s), &ca, &more, NOW), Some(Reissue::Mismatch));
+
+    let other = Ca::generate("other", NOW, 3650 * DAY).unwrap();
+    assert_eq!(edge_reissue(Some(&s), &other, &names(), NOW), Some(Reissue::CaChanged));
+
+    // Someone swapped the key.
+    let mut swapped = s.clone();
+    let stranger = ca.edge_server_cert(&names(), NOW, EDGE_VALIDITY).unwrap();
+    swapped.data.as_mut().unwrap().insert(EDGE_KEY_KEY.to_string(), ByteString(stranger.key.expose().into()));
+    assert_eq!(edge_reissue(Some(&swapped), &ca, &names(), NOW), Some(Reissue::Mismatch));
+
+    let mut partial = s;
+    partial.data.as_mut().unwrap().remove(EDGE_CERT_KEY);
+    assert_eq!(edge_reissue(Some(&partial), &ca, &names(), NOW), Some(Reissue::Missing));
+}
+
+#[test]
+fn node_secret_is_owned_by_its_node_and_checked_against_its_identity() {
+    let ca = ca();
+    let n = node("mac-1");
+    let id = NodeIdentity::new("iop.example", "mac-1").unwrap();
+    let issued = ca.node_client_cert(&id, NOW, 30 * DAY).unwrap();
+    let s = node_secret("iop", &n, &ca, &issued);
+    assert_eq!(s.metadata.name.as_deref(), Some("iop-node-mac-1"));
+    assert_eq!(s.metadata.labels.as_ref().unwrap()["iop.dev/node"], "mac-1");
+    let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str(), owner.controller),
+        ("NodeCatalog", "mac-1", "uid-mac-1", Some(true))
+    );
+
+    let renew_before = 10 * DAY;
+    assert_eq!(node_reissue(Some(&s), &ca, &id, NOW, renew_before), None);
+    assert_eq!(node_reissue(Some(&s), &ca, &id, NOW + 20 * DAY - Duration::from_secs(1), renew_before), None);
+    assert_eq!(node_reissue(Some(&s), &ca, &id, NOW + 20 * DAY, renew_before), Some(Reissue::Rotation));
+
+    let other_domain = NodeIdentity::new("other.example", "mac-1").unwrap();
+    assert_eq!(node_reissue(Some(&s), &ca, &other_domain, NOW, renew_before), Some(Reissue::Mismatch));
+    assert_eq!(node_reissue(None, &ca, &id, NOW, renew_before), Some(Reissue::Missing));
+}

@@ -1,0 +1,235 @@
+//! `iop-operator run` takes its settings from the environment the chart sets
+//! (`charts/iop/templates/operator-deployment.yaml`). Parsing is pure: the
+//! variables come from a lookup function, so tests need no process
+//! environment. Every error names its variable.
+
+use std::net::SocketAddr;
+
+use crate::reconcile::Settings;
+
+pub const NAMESPACE: &str = "IOP_NAMESPACE";
+pub const POD_NAME: &str = "IOP_POD_NAME";
+pub const EDGE_ADMIN_URL: &str = "IOP_EDGE_ADMIN_URL";
+pub const EDGE_SERVER_NAMES: &str = "IOP_EDGE_SERVER_NAMES";
+pub const TRUST_DOMAIN: &str = "IOP_TRUST_DOMAIN";
+
+/// The Edge's listen addresses inside its pod: fixed by the chart
+/// (`edge-deployment.yaml` container ports `http` and `grpc`).
+pub const EDGE_HTTP_LISTEN: &str = "0.0.0.0:8080";
+pub const EDGE_GRPC_LISTEN: &str = "0.0.0.0:7443";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunConfig {
+    /// The namespace whose IOP objects are reconciled (the operator's own).
+    pub namespace: String,
+    /// Holder identity in the leader-election Lease.
+    pub pod_name: String,
+    /// The Edge admin API, `http://HOST[:PORT]` without a path.
+    pub edge_admin_url: EdgeAdminUrl,
+    /// DNS names (or IP addresses) on the Edge server certificate.
+    pub edge_server_names: Vec<String>,
+    /// SPIFFE trust domain of node identities.
+    pub trust_domain: String,
+}
+
+/// A plain-HTTP base URL (in-cluster Service), split for the HTTP client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeAdminUrl {
+    /// `host[:port]`.
+    pub authority: String,
+}
+
+impl EdgeAdminUrl {
+    /// `http://<authority><path>`.
+    pub fn join(&self, path: &str) -> String {
+        format!("http://{}{path}", self.authority)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error("{var} is not set (the Helm chart sets it; see charts/iop/templates/operator-deployment.yaml)")]
+    Missing { var: &'static str },
+    #[error("{var}=`{value}`: {reason}")]
+    Invalid { var: &'static str, value: String, reason: &'static str },
+}
+
+impl RunConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, EnvError> {
+        Self::from_lookup(|var| std::env::var(var).ok())
+    }
+
+    /// Parses the settings from `lookup` (variable name -> value).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        let get = |var: &'static str| {
+            lookup(var).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).ok_or(EnvError::Missing { var })
+        };
+        let invalid = |var: &'static str, value: &str, reason: &'static str| EnvError::Invalid {
+            var,
+            value: value.to_string(),
+            reason,
+        };
+
+        let namespace = get(NAMESPACE)?;
+        if !is_dns_label(&namespace) {
+            return Err(invalid(NAMESPACE, &namespace, "not a namespace name (a DNS label)"));
+        }
+        let pod_name = get(POD_NAME)?;
+        if pod_name.len() > 253 || pod_name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid(POD_NAME, &pod_name, "not a pod name"));
+        }
+
+        let url = get(EDGE_ADMIN_URL)?;
+        let authority = url
+            .strip_prefix("http://")
+            .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
+            .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@']) && !a.starts_with(':'))
+            .ok_or_else(|| {
+                invalid(EDGE_ADMIN_URL, &url, "must be http://HOST[:PORT] (the Edge Service's HTTP port)")
+            })?;
+        if let Some((_, port)) = authority.rsplit_once(':')
+            && !authority.ends_with(']')
+            && port.parse::<u16>().is_err()
+        {
+            return Err(invalid(EDGE_ADMIN_URL, &url, "the port is not a number"));
+        }
+
+        let names_raw = get(EDGE_SERVER_NAMES)?;
+        let edge_server_names: Vec<String> =
+            names_raw.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect();
+        if edge_server_names.is_empty() {
+            return Err(invalid(EDGE_SERVER_NAMES, &names_raw, "must list at least one DNS name"));
+        }
+        if edge_server_names.iter().any(|n| n.parse::<std::net::IpAddr>().is_err() && !is_dns_name(n)) {
+            return Err(invalid(EDGE_SERVER_NAMES, &names_raw, "every entry must be a DNS name or an IP address"));
+        }
+
+        let trust_domain = get(TRUST_DOMAIN)?;
+        let td_ok = trust_domain.len() <= 255
+            && trust_domain.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b));
+        if !td_ok {
+            return Err(invalid(
+                TRUST_DOMAIN,
+                &trust_domain,
+                "must be a lowercase DNS-like name (a-z, 0-9, '.', '-', '_')",
+            ));
+        }
+
+        Ok(Self {
+            namespace,
+            pod_name,
+            edge_admin_url: EdgeAdminUrl { authority: authority.to_string() },
+            edge_server_names,
+            trust_domain,
+        })
+    }
+
+    /// The reconcile settings: trust domain and the chart's fixed Edge
+    /// listen addresses and TLS paths.
+    pub fn settings(&self) -> Settings {
+        let addr = |s: &str| s.parse::<SocketAddr>().expect("constant listen addresses parse");
+        Settings::new(self.trust_domain.clone(), addr(EDGE_HTTP_LISTEN), addr(EDGE_GRPC_LISTEN))
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let edge = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    s.len() <= 63
+        && edge(s.bytes().next())
+        && edge(s.bytes().last())
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn is_dns_name(s: &str) -> bool {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    s.len() <= 253
+        && s.split('.').all(|label| {
+            let edge = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_alphanumeric());
+            label.len() <= 63
+                && edge(label.bytes().next())
+                && edge(label.bytes().last())
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn chart_env() -> HashMap<&'static str, &'static str> {
+        HashMap::from([
+            (NAMESPACE, "iop"),
+            (POD_NAME, "iop-operator-7d9c-abcde"),
+            (EDGE_ADMIN_URL, "http://iop-edge.iop.svc:8080"),
+            (EDGE_SERVER_NAMES, "iop-edge-grpc,iop-edge-grpc.iop.svc, edge.example.com,10.0.0.7"),
+            (TRUST_DOMAIN, "iop.example"),
+        ])
+    }
+
+    fn parse(env: &HashMap<&'static str, &'static str>) -> Result<RunConfig, EnvError> {
+        RunConfig::from_lookup(|v| env.get(v).map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_what_the_chart_sets() {
+        let config = parse(&chart_env()).unwrap();
+        assert_eq!(config.namespace, "iop");
+        assert_eq!(config.pod_name, "iop-operator-7d9c-abcde");
+        assert_eq!(config.edge_admin_url.join("/admin/v1/nodes"), "http://iop-edge.iop.svc:8080/admin/v1/nodes");
+        assert_eq!(
+            config.edge_server_names,
+            ["iop-edge-grpc", "iop-edge-grpc.iop.svc", "edge.example.com", "10.0.0.7"]
+        );
+        let settings = config.settings();
+        assert_eq!(settings.trust_domain, "iop.example");
+        assert_eq!(settings.listen.http.port(), 8080);
+        assert_eq!(settings.listen.grpc.port(), 7443);
+    }
+
+    #[test]
+    fn every_missing_variable_is_named() {
+        for var in [NAMESPACE, POD_NAME, EDGE_ADMIN_URL, EDGE_SERVER_NAMES, TRUST_DOMAIN] {
+            let mut env = chart_env();
+            env.remove(var);
+            assert_eq!(parse(&env), Err(EnvError::Missing { var }));
+            env.insert(var, "  ");
+            assert_eq!(parse(&env), Err(EnvError::Missing { var }), "blank counts as missing");
+            assert!(EnvError::Missing { var }.to_string().starts_with(var));
+        }
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable() {
+        let cases = [
+            (NAMESPACE, "Not_A_Namespace"),
+            (EDGE_ADMIN_URL, "https://iop-edge:8080"),
+            (EDGE_ADMIN_URL, "http://iop-edge:8080/admin"),
+            (EDGE_ADMIN_URL, "http://iop-edge:http"),
+            (EDGE_ADMIN_URL, "iop-edge:8080"),
+            (EDGE_SERVER_NAMES, ",,"),
+            (EDGE_SERVER_NAMES, "iop-edge,bad name"),
+            (TRUST_DOMAIN, "IOP.Example"),
+        ];
+        for (var, value) in cases {
+            let mut env = chart_env();
+            env.insert(var, value);
+            match parse(&env) {
+                Err(e @ EnvError::Invalid { var: named, .. }) => {
+                    assert_eq!(named, var, "{value}");
+                    assert!(e.to_string().starts_with(&format!("{var}=`")), "{e}");
+                }
+                other => panic!("{var}={value}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_trailing_slash_on_the_admin_url_is_fine() {
+        let mut env = chart_env();
+        env.insert(EDGE_ADMIN_URL, "http://127.0.0.1:8080/");
+        assert_eq!(parse(&env).unwrap().edge_admin_url.authority, "127.0.0.1:8080");
+    }
+}

@@ -1,0 +1,268 @@
+//! Status mirroring (pure): from the Edge admin API's snapshots
+//! (`GET /admin/v1/providers`, `GET /admin/v1/nodes`) to the fields of
+//! `Provider.status` and `NodeCatalog.status` the mirror owns (field manager
+//! `iop-operator/status`), and which objects need a write.
+//!
+//! # Provider health
+//!
+//! Checked in this order; the first that applies decides:
+//!
+//! | Edge says                                   | health        | classification       |
+//! |---------------------------------------------|---------------|----------------------|
+//! | runtime overlay `unavailable`               | `Unavailable` | `provider_unhealthy` |
+//! | node not connected, or connected not ready  | `Unknown`     | `health_unknown`     |
+//! | node reports the provider `unavailable`     | `Unavailable` | `provider_unhealthy` |
+//! | node reports the provider `unknown`         | `Unknown`     | `health_unknown`     |
+//! | otherwise (`available`)                     | `Available`   | (none)               |
+//!
+//! The classifications are the node's fail-closed pairs; `request_stalled`
+//! (available/request_stalled) is never written: a stall whose provider is
+//! fine leaves the overlay `available`, and the Edge's snapshot cannot tell
+//! that apart from a provider that never stalled, so a healthy provider
+//! shows no classification.
+//!
+//! `generation` and `lastObservationSequence` are those of the overlay's
+//! last applied evidence when there is any; without it `generation` is the
+//! node's current connection generation and there is no sequence.
+//! `lastTransitionTime` moves only when `health` changes: to the overlay's
+//! `since_ms` when the overlay decided the new health, otherwise to `now`.
+//!
+//! # Node connection
+//!
+//! `connected` is the Edge's; `generation` is the current connection's, kept
+//! from the last connection while the node is away; `since` moves when
+//! `connected` flips or the node reconnects (a new generation): to the
+//! connection's `connected_at_ms` when connected, to `now` when it went away.
+//!
+//! Providers and nodes the Edge does not list (not in its config yet, or
+//! left out as not ready) get these fields cleared: the Edge has no live
+//! state for them. Objects that do not exist are not written; while the
+//! Edge does not answer, nothing is written.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde::Deserialize;
+
+use crate::crd::provider::{Classification, Health};
+use crate::crd::{NodeCatalogStatus, ProviderStatus};
+
+/// `GET /admin/v1/providers` (only the fields the mirror reads).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ProvidersSnapshot {
+    pub providers: Vec<EdgeProvider>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EdgeProvider {
+    pub id: String,
+    pub node: String,
+    /// The node's current connection completed readiness.
+    pub node_ready: bool,
+    /// Health the node reported for the provider (registration, CAPABILITIES).
+    pub health: EdgeHealth,
+    /// The runtime overlay: absent until evidence arrived.
+    #[serde(default)]
+    pub overlay: Option<Overlay>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeHealth {
+    Available,
+    Unavailable,
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Overlay {
+    pub state: OverlayState,
+    pub generation: u64,
+    pub sequence: u64,
+    pub since_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlayState {
+    Available,
+    Unavailable,
+}
+
+/// `GET /admin/v1/nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NodesSnapshot {
+    pub nodes: Vec<EdgeNode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EdgeNode {
+    pub name: String,
+    pub connected: bool,
+    #[serde(default)]
+    pub phase: Option<SessionPhase>,
+    #[serde(default)]
+    pub generation: Option<u64>,
+    #[serde(default)]
+    pub connected_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionPhase {
+    Registered,
+    Ready,
+}
+
+/// The `Provider.status` fields the mirror owns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProviderMirror {
+    pub health: Option<Health>,
+    pub classification: Option<Classification>,
+    pub last_observation_sequence: Option<u64>,
+    pub generation: Option<u64>,
+    pub last_transition_time: Option<Time>,
+}
+
+impl ProviderMirror {
+    pub fn of(status: Option<&ProviderStatus>) -> Self {
+        let Some(s) = status else { return Self::default() };
+        Self {
+            health: s.health,
+            classification: s.classification,
+            last_observation_sequence: s.last_observation_sequence,
+            generation: s.generation,
+            last_transition_time: s.last_transition_time.clone(),
+        }
+    }
+
+    /// A status holding only the mirror's fields (the apply body).
+    pub fn to_status(&self) -> ProviderStatus {
+        ProviderStatus {
+            health: self.health,
+            classification: self.classification,
+            last_observation_sequence: self.last_observation_sequence,
+            generation: self.generation,
+            last_transition_time: self.last_transition_time.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The `NodeCatalog.status` fields the mirror owns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeMirror {
+    pub connected: Option<bool>,
+    pub generation: Option<u64>,
+    pub since: Option<Time>,
+}
+
+impl NodeMirror {
+    pub fn of(status: Option<&NodeCatalogStatus>) -> Self {
+        let Some(s) = status else { return Self::default() };
+        Self { connected: s.connected, generation: s.generation, since: s.since.clone() }
+    }
+
+    pub fn to_status(&self) -> NodeCatalogStatus {
+        NodeCatalogStatus {
+            connected: self.connected,
+            generation: self.generation,
+            since: self.since.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Whole seconds: Kubernetes `Time` has no finer precision, and a value that
+/// would not round-trip would look changed on every comparison.
+fn seconds(t: Timestamp) -> Time {
+    Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
+fn from_ms(ms: u64) -> Option<Time> {
+    i64::try_from(ms / 1000).ok().and_then(|s| Timestamp::from_second(s).ok()).map(Time)
+}
+
+/// The mirrored fields of one provider (see the module docs for the table).
+pub fn provider(
+    p: &EdgeProvider,
+    node: Option<&EdgeNode>,
+    previous: &ProviderMirror,
+    now: Timestamp,
+) -> ProviderMirror {
+    let overlay_down = p.overlay.as_ref().filter(|o| o.state == OverlayState::Unavailable);
+    let (health, classification) = if overlay_down.is_some() {
+        (Health::Unavailable, Some(Classification::ProviderUnhealthy))
+    } else if !p.node_ready {
+        (Health::Unknown, Some(Classification::HealthUnknown))
+    } else {
+        match p.health {
+            EdgeHealth::Unavailable => (Health::Unavailable, Some(Classification::ProviderUnhealthy)),
+            EdgeHealth::Unknown => (Health::Unknown, Some(Classification::HealthUnknown)),
+            EdgeHealth::Available => (Health::Available, None),
+        }
+    };
+    let (generation, last_observation_sequence) = match &p.overlay {
+        Some(o) => (Some(o.generation), Some(o.sequence)),
+        None => (node.and_then(|n| n.generation), None),
+    };
+    let last_transition_time = match &previous.last_transition_time {
+        Some(t) if previous.health == Some(health) => Some(t.clone()),
+        _ => overlay_down.and_then(|o| from_ms(o.since_ms)).or_else(|| Some(seconds(now))),
+    };
+    ProviderMirror { health: Some(health), classification, last_observation_sequence, generation, last_transition_time }
+}
+
+/// The mirrored fields of one node.
+pub fn node(n: &EdgeNode, previous: &NodeMirror, now: Timestamp) -> NodeMirror {
+    let generation = n.generation.or(previous.generation);
+    let moved = previous.connected != Some(n.connected) || (n.connected && generation != previous.generation);
+    let since = match &previous.since {
+        Some(t) if !moved => Some(t.clone()),
+        _ if n.connected => n.connected_at_ms.and_then(from_ms).or_else(|| Some(seconds(now))),
+        _ => Some(seconds(now)),
+    };
+    NodeMirror { connected: Some(n.connected), generation, since }
+}
+
+/// What to write after one poll.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Writes {
+    pub providers: Vec<(String, ProviderMirror)>,
+    pub nodes: Vec<(String, NodeMirror)>,
+}
+
+/// Compares the Edge's view with the current mirrored fields of every
+/// existing object (by name) and returns only the ones that differ. An
+/// object the Edge does not list gets its mirrored fields cleared.
+pub fn plan(
+    providers: &ProvidersSnapshot,
+    nodes: &NodesSnapshot,
+    current_providers: &BTreeMap<String, ProviderMirror>,
+    current_nodes: &BTreeMap<String, NodeMirror>,
+    now: Timestamp,
+) -> Writes {
+    let node_of = |name: &str| nodes.nodes.iter().find(|n| n.name == name);
+    let providers = current_providers
+        .iter()
+        .filter_map(|(name, previous)| {
+            let next = match providers.providers.iter().find(|p| &p.id == name) {
+                Some(p) => provider(p, node_of(&p.node), previous, now),
+                None => ProviderMirror::default(),
+            };
+            (&next != previous).then(|| (name.clone(), next))
+        })
+        .collect();
+    let nodes = current_nodes
+        .iter()
+        .filter_map(|(name, previous)| {
+            let next = node_of(name).map_or_else(NodeMirror::default, |n| node(n, previous, now));
+            (&next != previous).then(|| (name.clone(), next))
+        })
+        .collect();
+    Writes { providers, nodes }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+use serde_json::json;
+
+use super::*;
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(seconds).unwrap()
+}
+
+fn time(seconds: i64) -> Option<Time> {
+    Some(Time(at(seconds)))
+}
+
+fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>) -> EdgeProvider {
+    EdgeProvider { id: "llama".to_string(), node: "mac-1".to_string(), node_ready, health, overlay }
+}
+
+fn overlay(state: OverlayState, generation: u64, sequence: u64, since_s: u64) -> Option<Overlay> {
+    Some(Overlay { state, generation, sequence, since_ms: since_s * 1000 + 250 })
+}
+
+fn edge_node(connected: bool, generation: Option<u64>, connected_at_s: Option<u64>) -> EdgeNode {
+    EdgeNode {
+        name: "mac-1".to_string(),
+        connected,
+        phase: connected.then_some(SessionPhase::Ready),
+        generation,
+        connected_at_ms: connected_at_s.map(|s| s * 1000 + 999),
+    }
+}
+
+#[test]
+fn parses_the_edge_admin_snapshots() {
+    // As `edge/src/http/admin.rs` writes them, extra fields included.
+    let providers: ProvidersSnapshot = serde_json::from_value(json!({
+        "providers": [
+            {"id": "llama", "node": "mac-1", "adapter": "ollama", "target_model": "llama3.2:3b",
+             "models": [{"name": "llama3.2", "priority": 0}], "node_ready": true, "health": "available",
+             "dispatchable": true, "capacity": 4, "overlay": null, "in_flight": 0},
+            {"id": "qwen", "node": "mac-2", "node_ready": false, "health": "unknown",
+             "overlay": {"state": "unavailable", "generation": 3, "sequence": 7, "since_ms": 1_700_000_000_000u64}}
+        ],
+        "queued": 0, "in_flight_runs": 0, "leases": {"acquired": 0, "released": 0, "double_releases": 0}
+    }))
+    .unwrap();
+    assert_eq!(providers.providers[0], edge_provider(true, EdgeHealth::Available, None));
+    assert_eq!(
+        providers.providers[1].overlay,
+        Some(Overlay { state: OverlayState::Unavailable, generation: 3, sequence: 7, since_ms: 1_700_000_000_000 })
+    );
+
+    let nodes: NodesSnapshot = serde_json::from_value(json!({
+        "nodes": [
+            {"name": "mac-1", "connected": true, "phase": "ready", "generation": 4, "connected_at_ms": 5000,
+             "providers": {"llama": "available"}},
+            {"name": "mac-2", "connected": false, "phase": null, "generation": null, "connected_at_ms": null,
+             "providers": {}}
+        ]
+    }))
+    .unwrap();
+    assert_eq!(nodes.nodes[0].phase, Some(SessionPhase::Ready));
+    assert_eq!(
+        nodes.nodes[1],
+        EdgeNode { name: "mac-2".into(), connected: false, phase: None, generation: None, connected_at_ms: None }
+    );
+
+    // Closed enums: an unknown value is an error, never a guess.
+    let unknown = json!({"providers": [{"id": "a", "node": "n", "node_ready": true, "health": "degraded"}]});
+    assert!(serde_json::from_value::<ProvidersSnapshot>(unknown).is_err());
+}
+
+#[test]
+fn the_health_table() {
+    let none = ProviderMirror::default();
+    let node = edge_node(true, Some(4), Some(100));
+    let cases = [
+        // Overlay unavailable wins over everything, node readiness included.
+        (
+            edge_provider(false, EdgeHealth::Available, overlay(OverlayState::Unavailable, 3, 7, 50)),
+            (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(3), Some(7)),
+        ),
+        (
+            edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Unavailable, 4, 2, 50)),
+            (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(4), Some(2)),
+        ),
+        // Node not ready (disconnected, or registered but not ready).
+        (
+            edge_provider(false, EdgeHealth::Available, None),
+            (Health::Unknown, Some(Classification::HealthUnknown), Some(4), None),
+        ),
+        (
+            edge_provider(false, EdgeHealth::Available, overlay(OverlayState::Available, 3, 9, 50)),
+            (Health::Unknown, Some(Classification::HealthUnknown), Some(3), Some(9)),
+        ),
+        // Ready node: what it reports.
+        (
+            edge_provider(true, EdgeHealth::Unavailable, None),
+            (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(4), None),
+        ),
+        (
+            edge_provider(true, EdgeHealth::Unknown, None),
+            (Health::Unknown, Some(Classification::HealthUnknown), Some(4), None),
+        ),
+        (edge_provider(true, EdgeHealth::Available, None), (Health::Available, None, Some(4), None)),
+        // A recovered overlay is available again, with its evidence position.
+        (
+            edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 12, 50)),
+            (Health::Available, None, Some(4), Some(12)),
+        ),
+    ];
+    for (p, (health, classification, generation, sequence)) in cases {
+        let m = provider(&p, Some(&node), &none, at(1000));
+        assert_eq!(
+            (m.health, m.classification, m.generation, m.last_observation_sequence),
+            (Some(health), classification, generation, sequence),
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
+fn provider_transition_time_moves_only_when_health_changes() {
+    let node = edge_node(true, Some(4), Some(100));
+    let up = edge_provider(true, EdgeHealth::Available, None);
+    let first = provider(&up, Some(&node), &ProviderMirror::default(), at(1000));
+    assert_eq!(first.last_transition_time, time(1000));
+
+    // Same health later: unchanged, so nothing to write.
+    let again = provider(&up, Some(&node), &first, at(2000));
+    assert_eq!(again, first);
+
+    // The overlay lowers it: the overlay's own time (whole seconds).
+    let down = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Unavailable, 4, 3, 1500));
+    let lowered = provider(&down, Some(&node), &again, at(3000));
+    assert_eq!((lowered.health, lowered.last_transition_time.clone()), (Some(Health::Unavailable), time(1500)));
+
+    // New evidence, same health: sequence moves, time stays.
+    let still_down = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Unavailable, 4, 5, 2900));
+    let later = provider(&still_down, Some(&node), &lowered, at(4000));
+    assert_eq!((later.last_observation_sequence, later.last_transition_time.clone()), (Some(5), time(1500)));
+
+    // Node gone: Unknown at `now`.
+    let away = edge_provider(false, EdgeHealth::Available, overlay(OverlayState::Available, 4, 6, 3900));
+    let unknown = provider(&away, None, &later, at(5000));
+    assert_eq!((unknown.health, unknown.last_transition_time), (Some(Health::Unknown), time(5000)));
+}
+
+#[test]
+fn node_connection_and_since() {
+    let fresh = NodeMirror::default();
+    let up = node(&edge_node(true, Some(4), Some(100)), &fresh, at(1000));
+    assert_eq!(up, NodeMirror { connected: Some(true), generation: Some(4), since: time(100) });
+    assert_eq!(node(&edge_node(true, Some(4), Some(100)), &up, at(2000)), up, "unchanged");
+
+    // Away: keeps the last generation, since = now.
+    let away = node(&edge_node(false, None, None), &up, at(3000));
+    assert_eq!(away, NodeMirror { connected: Some(false), generation: Some(4), since: time(3000) });
+    assert_eq!(node(&edge_node(false, None, None), &away, at(4000)), away, "unchanged");
+
+    // A reconnect between two polls (new generation) moves `since`.
+    let back = node(&edge_node(true, Some(6), Some(3500)), &up, at(4000));
+    assert_eq!(back, NodeMirror { connected: Some(true), generation: Some(6), since: time(3500) });
+}
+
+#[test]
+fn plan_writes_only_what_changed_and_only_existing_objects() {
+    let providers = ProvidersSnapshot {
+        providers: vec![
+            edge_provider(true, EdgeHealth::Available, None),
+            EdgeProvider { id: "orphan".into(), ..edge_provider(true, EdgeHealth::Available, None) },
+        ],
+    };
+    let nodes = NodesSnapshot { nodes: vec![edge_node(true, Some(4), Some(100))] };
+    let mut current_providers = BTreeMap::from([
+        ("llama".to_string(), ProviderMirror::default()),
+        // Not in the Edge's config and never mirrored: nothing to clear.
+        ("pending".to_string(), ProviderMirror::default()),
+    ]);
+    let mut current_nodes = BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]);
+
+    let writes = plan(&providers, &nodes, &current_providers, &current_nodes, at(1000));
+    assert_eq!(writes.providers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["llama"], "no object: no write");
+    assert_eq!(writes.nodes.len(), 1);
+
+    // Once written, the same Edge view plans nothing.
+    for (name, m) in writes.providers {
+        current_providers.insert(name, m);
+    }
+    for (name, m) in writes.nodes {
+        current_nodes.insert(name, m);
+    }
+    assert_eq!(plan(&providers, &nodes, &current_providers, &current_nodes, at(2000)), Writes::default());
+
+    // The Edge no longer has them (left out of its config): cleared.
+    let empty = (ProvidersSnapshot { providers: vec![] }, NodesSnapshot { nodes: vec![] });
+    let writes = plan(&empty.0, &empty.1, &current_providers, &current_nodes, at(3000));
+    assert_eq!(writes.providers, [("llama".to_string(), ProviderMirror::default())]);
+    assert_eq!(writes.nodes, [("mac-1".to_string(), NodeMirror::default())]);
+}
+
+#[test]
+fn status_round_trip_keeps_only_the_mirrored_fields() {
+    let m = ProviderMirror {
+        health: Some(Health::Unavailable),
+        classification: Some(Classification::ProviderUnhealthy),
+        last_observation_sequence: Some(7),
+        generation: Some(3),
+        last_transition_time: time(10),
+    };
+    let status = m.to_status();
+    assert!(status.conditions.is_empty() && status.observed_generation.is_none());
+    assert_eq!(ProviderMirror::of(Some(&status)), m);
+    assert_eq!(
+        serde_json::to_value(&status).unwrap(),
+        json!({"health": "unavailable", "classification": "provider_unhealthy", "lastObservationSequence": 7,
+               "generation": 3, "lastTransitionTime": "1970-01-01T00:00:10Z"})
+    );
+    let n = NodeMirror { connected: Some(false), generation: Some(2), since: time(20) };
+    assert_eq!(
+        serde_json::to_value(n.to_status()).unwrap(),
+        json!({"connected": false, "generation": 2, "since": "1970-01-01T00:00:20Z"})
+    );
+}

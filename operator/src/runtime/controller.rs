@@ -1,0 +1,256 @@
+//! The namespace controller. Every Provider, NodeCatalog and
+//! WorkspaceTemplate of the namespace feeds the one Edge config, so there is
+//! one reconcile key: the namespace. Watch events of all three kinds mark it
+//! dirty; a short debounce folds bursts (an initial list, `kubectl apply -f
+//! dir/`) into one reconcile of the whole namespace, read from the
+//! reflectors' caches.
+//!
+//! (kube-runtime's `Controller` reconciles one object per key and only
+//! objects present in its store; a namespace-wide key that is not an object
+//! does not fit it, so this loop is its own.)
+//!
+//! Objects are watched through [`DeserializeGuard`]: one that does not
+//! decode is reported and left out; it never stops the watch. A failed
+//! reconcile is retried with exponential backoff (bounded), or sooner when
+//! an object changes meanwhile; a successful one is repeated every
+//! [`RESYNC`] (certificate rotation, drift).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream, StreamExt};
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, reflector::store::Writer};
+use kube::{Api, Client, Resource};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Error;
+use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
+use crate::reconcile::Snapshot;
+
+/// A change is reconciled this long after the first event of a burst; the
+/// burst's later events join that reconcile.
+pub const DEBOUNCE: Duration = Duration::from_millis(500);
+/// A successful reconcile runs again after this long without changes.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// Backoff after failed reconciles: 1 s, doubling, at most this.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Provider,
+    NodeCatalog,
+    WorkspaceTemplate,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provider => "Provider",
+            Self::NodeCatalog => "NodeCatalog",
+            Self::WorkspaceTemplate => "WorkspaceTemplate",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a watch reports to the loop.
+#[derive(Debug)]
+pub enum Signal {
+    /// The initial list of this kind is complete (its cache is usable).
+    Listed(Kind),
+    /// An object of this kind changed (or the kind was re-listed).
+    Changed(Kind),
+    /// The watch failed; it retries with its own backoff.
+    WatchFailed(Kind, String),
+}
+
+/// The reflectors' caches.
+#[derive(Clone)]
+pub struct Stores {
+    pub providers: Store<DeserializeGuard<Provider>>,
+    pub nodes: Store<DeserializeGuard<NodeCatalog>>,
+    pub templates: Store<DeserializeGuard<WorkspaceTemplate>>,
+}
+
+/// An object that did not decode: only its metadata is known.
+#[derive(Debug, Clone)]
+pub struct Undecodable {
+    pub kind: Kind,
+    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    pub error: String,
+}
+
+/// What one reconcile reads: every decodable object, and the others.
+#[derive(Debug, Clone, Default)]
+pub struct Read {
+    pub snapshot: Snapshot,
+    pub undecodable: Vec<Undecodable>,
+}
+
+impl Stores {
+    pub fn read(&self, namespace: &str) -> Read {
+        let mut read = Read {
+            snapshot: Snapshot { namespace: namespace.to_string(), ..Default::default() },
+            undecodable: Vec::new(),
+        };
+        fn split<K: Clone>(
+            kind: Kind,
+            objects: Vec<std::sync::Arc<DeserializeGuard<K>>>,
+            valid: &mut Vec<K>,
+            bad: &mut Vec<Undecodable>,
+        ) {
+            for o in objects {
+                match &o.0 {
+                    Ok(k) => valid.push(k.clone()),
+                    Err(e) => bad.push(Undecodable { kind, metadata: e.metadata.clone(), error: e.error.clone() }),
+                }
+            }
+        }
+        split(Kind::Provider, self.providers.state(), &mut read.snapshot.providers, &mut read.undecodable);
+        split(Kind::NodeCatalog, self.nodes.state(), &mut read.snapshot.nodes, &mut read.undecodable);
+        split(Kind::WorkspaceTemplate, self.templates.state(), &mut read.snapshot.templates, &mut read.undecodable);
+        read
+    }
+}
+
+pub type Signals = Pin<Box<dyn Stream<Item = Signal> + Send>>;
+
+/// Feeds one kind's watch events into its cache and turns them into signals.
+pub fn signals<K>(
+    kind: Kind,
+    writer: Writer<DeserializeGuard<K>>,
+    events: impl Stream<Item = Result<Event<DeserializeGuard<K>>, watcher::Error>> + Send + 'static,
+) -> Signals
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    reflector::reflector(writer, events)
+        .filter_map(move |event| async move {
+            match event {
+                Ok(Event::InitDone) => Some(Signal::Listed(kind)),
+                Ok(Event::Apply(_) | Event::Delete(_)) => Some(Signal::Changed(kind)),
+                Ok(Event::Init | Event::InitApply(_)) => None,
+                Err(e) => Some(Signal::WatchFailed(kind, e.to_string())),
+            }
+        })
+        .boxed()
+}
+
+/// Watches the three kinds in `namespace` (with the watcher's own backoff).
+pub fn watch(client: &Client, namespace: &str) -> (Stores, Signals) {
+    fn one<K>(client: &Client, namespace: &str, kind: Kind) -> (Store<DeserializeGuard<K>>, Signals)
+    where
+        K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (store, writer) = reflector::store();
+        let api: Api<DeserializeGuard<K>> = Api::namespaced(client.clone(), namespace);
+        let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+        (store, signals(kind, writer, events))
+    }
+    let (providers, p) = one::<Provider>(client, namespace, Kind::Provider);
+    let (nodes, n) = one::<NodeCatalog>(client, namespace, Kind::NodeCatalog);
+    let (templates, t) = one::<WorkspaceTemplate>(client, namespace, Kind::WorkspaceTemplate);
+    (Stores { providers, nodes, templates }, stream::select_all([p, n, t]).boxed())
+}
+
+/// Exponential backoff without jitter (one reconciler per namespace has
+/// nobody to collide with): 1 s, 2 s, 4 s, ... at most [`MAX_BACKOFF`].
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = Duration::from_secs(1).saturating_mul(1 << self.failures.min(16)).min(MAX_BACKOFF);
+        self.failures = self.failures.saturating_add(1);
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// Runs until `cancel` (or the signals end): reconciles once every kind is
+/// listed, then after every change (debounced), after failures (backoff)
+/// and every [`RESYNC`].
+pub async fn run<F, Fut>(
+    namespace: String,
+    stores: Stores,
+    mut signals: Signals,
+    mut reconcile: F,
+    cancel: CancellationToken,
+) where
+    F: FnMut(Read) -> Fut,
+    Fut: Future<Output = Result<(), Error>>,
+{
+    let mut listed = [false; 3];
+    let mut due: Option<Instant> = None;
+    let mut backoff = Backoff::default();
+    loop {
+        let all_listed = listed.iter().all(|l| *l);
+        let wake = async {
+            match due {
+                Some(at) if all_listed => tokio::time::sleep_until(at).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            signal = signals.next() => {
+                let soon = Instant::now() + DEBOUNCE;
+                match signal {
+                    None => return,
+                    Some(Signal::Listed(kind)) => {
+                        listed[kind.index()] = true;
+                        due = Some(due.map_or(soon, |d| d.min(soon)));
+                    }
+                    Some(Signal::Changed(_)) => due = Some(due.map_or(soon, |d| d.min(soon))),
+                    Some(Signal::WatchFailed(kind, error)) => {
+                        tracing::warn!(kind = kind.as_str(), %error, "watch failed; it retries with backoff");
+                    }
+                }
+            }
+            _ = wake => {
+                let read = stores.read(&namespace);
+                for bad in &read.undecodable {
+                    tracing::warn!(
+                        kind = bad.kind.as_str(),
+                        name = bad.metadata.name.as_deref().unwrap_or_default(),
+                        error = %bad.error,
+                        "object does not decode; it is left out until it is fixed"
+                    );
+                }
+                due = match reconcile(read).await {
+                    Ok(()) => {
+                        backoff.reset();
+                        Some(Instant::now() + RESYNC)
+                    }
+                    Err(e) => {
+                        let delay = backoff.next_delay();
+                        tracing::warn!(error = %e, kind = e.label(), retry_in = ?delay, "reconcile failed");
+                        Some(Instant::now() + delay)
+                    }
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+//! Controller wiring with synthetic watch streams and tokio's paused clock:
+//! watch events go through the real reflectors into the loop, and the
+//! reconcile is a recorder whose results the test scripts.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use kube::ResourceExt;
+use kube::core::error_boundary::InvalidObject;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::*;
+use crate::reconcile::fixtures::{NS, node, provider, template};
+
+type Tx<K> = mpsc::UnboundedSender<Result<Event<DeserializeGuard<K>>, watcher::Error>>;
+
+struct Harness {
+    providers: Tx<Provider>,
+    nodes: Tx<NodeCatalog>,
+    templates: Tx<WorkspaceTemplate>,
+    /// (when, provider names, undecodable names) of each reconcile.
+    calls: mpsc::UnboundedReceiver<(Instant, Vec<String>, Vec<String>)>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn channel<K>(kind: Kind) -> (Tx<K>, Store<DeserializeGuard<K>>, Signals)
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (store, writer) = reflector::store();
+    let events = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    (tx, store, signals(kind, writer, events))
+}
+
+/// Starts the loop; `results` are returned by successive reconciles (then Ok).
+fn start(results: Vec<Result<(), Error>>) -> Harness {
+    let (providers, p_store, p) = channel::<Provider>(Kind::Provider);
+    let (nodes, n_store, n) = channel::<NodeCatalog>(Kind::NodeCatalog);
+    let (templates, t_store, t) = channel::<WorkspaceTemplate>(Kind::WorkspaceTemplate);
+    let stores = Stores { providers: p_store, nodes: n_store, templates: t_store };
+    let signals = stream::select_all([p, n, t]).boxed();
+    let (calls_tx, calls) = mpsc::unbounded_channel();
+    let results = Arc::new(Mutex::new(VecDeque::from(results)));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(
+        NS.to_string(),
+        stores,
+        signals,
+        move |read: Read| {
+            assert_eq!(read.snapshot.namespace, NS);
+            let mut names: Vec<String> = read.snapshot.providers.iter().map(|p| p.name_any()).collect();
+            names.sort();
+            let bad = read.undecodable.iter().map(|u| u.metadata.name.clone().unwrap_or_default()).collect();
+            calls_tx.send((Instant::now(), names, bad)).unwrap();
+            let result = results.lock().unwrap().pop_front().unwrap_or(Ok(()));
+            async move { result }
+        },
+        cancel.clone(),
+    ));
+    Harness { providers, nodes, templates, calls, cancel, task }
+}
+
+fn ok<K>(object: K) -> Result<Event<DeserializeGuard<K>>, watcher::Error> {
+    Ok(Event::Apply(DeserializeGuard(Ok(object))))
+}
+
+fn listed<K>(tx: &Tx<K>, objects: Vec<K>) {
+    tx.send(Ok(Event::Init)).unwrap();
+    for o in objects {
+        tx.send(Ok(Event::InitApply(DeserializeGuard(Ok(o))))).unwrap();
+    }
+    tx.send(Ok(Event::InitDone)).unwrap();
+}
+
+impl Harness {
+    /// The next reconcile, at most `within` (virtual time) away.
+    async fn call(&mut self, within: Duration) -> (Instant, Vec<String>, Vec<String>) {
+        tokio::time::timeout(within, self.calls.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no reconcile within {within:?}"))
+            .unwrap()
+    }
+
+    /// No reconcile for `period` (virtual time).
+    async fn quiet(&mut self, period: Duration) {
+        if let Ok(call) = tokio::time::timeout(period, self.calls.recv()).await {
+            panic!("unexpected reconcile: {call:?}");
+        }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_for_every_kind_then_reconciles_the_namespace_once_per_burst() {
+    let mut h = start(vec![]);
+    let t0 = Instant::now();
+    listed(&h.providers, vec![provider("b", "mac-1"), provider("a", "mac-1")]);
+    listed(&h.nodes, vec![node("mac-1")]);
+    // Templates not listed yet: the namespace is not known completely.
+    h.quiet(Duration::from_secs(30)).await;
+
+    listed(&h.templates, vec![template("t")]);
+    let (at, providers, _) = h.call(Duration::from_secs(5)).await;
+    // The first lists are older than the debounce: at once.
+    assert_eq!(at - t0, Duration::from_secs(30));
+    assert_eq!(providers, ["a", "b"]);
+
+    // A burst of changes (an object added, two touched): one reconcile, reading the caches.
+    let burst = Instant::now();
+    h.providers.send(ok(provider("c", "mac-1"))).unwrap();
+    h.nodes.send(ok(node("mac-1"))).unwrap();
+    h.providers.send(Ok(Event::Delete(DeserializeGuard(Ok(provider("a", "mac-1")))))).unwrap();
+    let (at, providers, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(at - burst, DEBOUNCE);
+    assert_eq!(providers, ["b", "c"]);
+    h.quiet(RESYNC - Duration::from_secs(1)).await;
+
+    // Nothing changes: the resync comes.
+    let (at, _, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(at - burst, DEBOUNCE + RESYNC);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_back_off_exponentially_and_success_resets_the_backoff() {
+    let failure = || Err(Error::Timeout(Duration::from_secs(60)));
+    let mut h = start(vec![failure(), failure(), failure(), Ok(()), failure(), Ok(())]);
+    listed(&h.providers, vec![]);
+    listed(&h.nodes, vec![]);
+    listed(&h.templates, vec![]);
+    let mut last = h.call(Duration::from_secs(5)).await.0;
+    let mut gaps = Vec::new();
+    for _ in 0..5 {
+        let at = h.call(Duration::from_secs(600)).await.0;
+        gaps.push((at - last).as_secs());
+        last = at;
+    }
+    // 1 s, 2 s, 4 s after the failures; the resync after the success; then 1 s again.
+    assert_eq!(gaps, [1, 2, 4, RESYNC.as_secs(), 1]);
+
+    let mut backoff = Backoff::default();
+    let delays: Vec<u64> = (0..12).map(|_| backoff.next_delay().as_secs()).collect();
+    assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300], "bounded");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undecodable_object_is_reported_and_never_stops_the_others() {
+    // As the watcher decodes it: an object that does not match the schema
+    // becomes an error that still carries its metadata.
+    let bad: DeserializeGuard<Provider> = serde_json::from_value(json!({
+        "apiVersion": "iop.dev/v1alpha1", "kind": "Provider",
+        "metadata": {"name": "broken", "namespace": NS},
+        "spec": {"node": "mac-1", "adapter": "carrier-pigeon"}
+    }))
+    .unwrap();
+    let InvalidObject { error, metadata } = bad.0.clone().unwrap_err();
+    assert!(
+        error.contains("carrier-pigeon") || error.contains("unknown variant") || error.contains("missing field"),
+        "{error}"
+    );
+    assert_eq!(metadata.name.as_deref(), Some("broken"));
+
+    let mut h = start(vec![]);
+    h.providers.send(Ok(Event::Init)).unwrap();
+    h.providers.send(Ok(Event::InitApply(bad))).unwrap();
+    h.providers.send(Ok(Event::InitApply(DeserializeGuard(Ok(provider("fine", "mac-1")))))).unwrap();
+    h.providers.send(Ok(Event::InitDone)).unwrap();
+    listed(&h.nodes, vec![node("mac-1")]);
+    listed(&h.templates, vec![]);
+    let (_, providers, undecodable) = h.call(Duration::from_secs(5)).await;
+    assert_eq!((providers, undecodable), (vec!["fine".to_string()], vec!["broken".to_string()]));
+
+    // A failing watch is reported; the loop goes on.
+    h.nodes.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+    h.providers.send(ok(provider("another", "mac-1"))).unwrap();
+    let (_, providers, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(providers, ["another", "fine"]);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_stops_the_loop_even_while_waiting() {
+    let h = start(vec![]);
+    listed(&h.providers, vec![]);
+    let started = Instant::now();
+    h.cancel.cancel();
+    h.task.await.unwrap();
+    assert_eq!(Instant::now(), started, "no waiting for timers");
+}

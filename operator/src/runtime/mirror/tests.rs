@@ -1,0 +1,189 @@
+//! Status mirroring against a stand-in Edge admin API (a real HTTP server on
+//! a local port) and the mocked Kubernetes API.
+
+use std::time::Duration;
+
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+use crate::crd::provider::Health;
+use crate::env::EdgeAdminUrl;
+use crate::mirror::{EdgeHealth, EdgeNode, EdgeProvider, Overlay, OverlayState, SessionPhase};
+use crate::reconcile::fixtures::{node, provider};
+use crate::runtime::tests::{NOW, context, mock};
+
+const CRD_PATH: &str = "/apis/iop.dev/v1alpha1/namespaces/iop";
+const STATUS: &str = "iop-operator/status";
+
+/// Serves one canned answer per path, one request per connection.
+async fn fake_edge(routes: Vec<(&'static str, u16, String)>, hang: bool) -> EdgeAdminUrl {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let routes = routes.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                }
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split_whitespace().nth(1).unwrap_or_default();
+                let (status, body) = routes
+                    .iter()
+                    .find(|(p, _, _)| *p == path)
+                    .map_or((404, "{}".to_string()), |(_, s, b)| (*s, b.clone()));
+                let response = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                socket.write_all(response.as_bytes()).await.unwrap();
+            });
+        }
+    });
+    EdgeAdminUrl { authority }
+}
+
+#[tokio::test]
+async fn fetches_both_admin_snapshots_and_reports_failures_by_kind() {
+    let providers = json!({"providers": [{"id": "llama", "node": "mac-1", "adapter": "ollama", "node_ready": true,
+        "health": "available", "dispatchable": true, "capacity": 4, "overlay": null, "in_flight": 0}],
+        "queued": 0, "in_flight_runs": 0});
+    let nodes = json!({"nodes": [{"name": "mac-1", "connected": true, "phase": "ready", "generation": 4,
+        "connected_at_ms": 1_793_534_000_000u64, "providers": {"llama": "available"}}]});
+    let url = fake_edge(
+        vec![("/admin/v1/providers", 200, providers.to_string()), ("/admin/v1/nodes", 200, nodes.to_string())],
+        false,
+    )
+    .await;
+    let (p, n) = fetch(&AdminClient::new(url)).await.unwrap();
+    assert_eq!(p.providers[0].id, "llama");
+    assert_eq!(n.nodes[0].phase, Some(SessionPhase::Ready));
+
+    let url =
+        fake_edge(vec![("/admin/v1/providers", 500, "{}".into()), ("/admin/v1/nodes", 200, nodes.to_string())], false)
+            .await;
+    assert!(matches!(fetch(&AdminClient::new(url)).await, Err(AdminError::Status(500))));
+
+    let url = fake_edge(
+        vec![("/admin/v1/providers", 200, "[1,2".into()), ("/admin/v1/nodes", 200, nodes.to_string())],
+        false,
+    )
+    .await;
+    assert_eq!(fetch(&AdminClient::new(url)).await.unwrap_err().label(), "decode");
+
+    let url = fake_edge(vec![], true).await;
+    let client = AdminClient::new(url).with_timeout(Duration::from_millis(200));
+    assert!(matches!(fetch(&client).await, Err(AdminError::Timeout(_))));
+
+    // Nothing listening.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    assert_eq!(fetch(&AdminClient::new(EdgeAdminUrl { authority })).await.unwrap_err().label(), "request");
+}
+
+fn stores(providers: Vec<Provider>, nodes: Vec<NodeCatalog>) -> Stores {
+    let (p_store, mut p) = reflector::store();
+    for o in providers {
+        p.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(o))));
+    }
+    let (n_store, mut n) = reflector::store();
+    for o in nodes {
+        n.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(o))));
+    }
+    let (templates, _) = reflector::store();
+    Stores { providers: p_store, nodes: n_store, templates }
+}
+
+fn view(overlay: Option<Overlay>) -> (ProvidersSnapshot, NodesSnapshot) {
+    let p = |id: &str| EdgeProvider {
+        id: id.to_string(),
+        node: "mac-1".to_string(),
+        node_ready: true,
+        health: EdgeHealth::Available,
+        overlay: None,
+    };
+    (
+        ProvidersSnapshot { providers: vec![EdgeProvider { overlay, ..p("llama") }, p("qwen")] },
+        NodesSnapshot {
+            nodes: vec![EdgeNode {
+                name: "mac-1".to_string(),
+                connected: true,
+                phase: Some(SessionPhase::Ready),
+                generation: Some(4),
+                connected_at_ms: Some(1_793_534_000_000),
+            }],
+        },
+    )
+}
+
+#[tokio::test]
+async fn writes_only_what_changed_with_the_status_field_manager() {
+    let now = crate::runtime::timestamp(NOW);
+    let llama = provider("llama", "mac-1");
+    // qwen already carries what the Edge says (written before a restart).
+    let mut qwen = provider("qwen", "mac-1");
+    qwen.status = Some(
+        crate::mirror::ProviderMirror {
+            health: Some(Health::Available),
+            generation: Some(4),
+            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+            ..Default::default()
+        }
+        .to_status(),
+    );
+    let mac = node("mac-1");
+    let stores = stores(vec![llama.clone(), qwen], vec![mac.clone()]);
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let down = Overlay { state: OverlayState::Unavailable, generation: 4, sequence: 9, since_ms: 1_793_534_450_000 };
+
+    let task = tokio::spawn(async move {
+        let mut state = MirrorState::default();
+        let first = write(&ctx, &stores, &view(None), &mut state, now).await;
+        let unchanged = write(&ctx, &stores, &view(None), &mut state, now).await;
+        let lowered = write(&ctx, &stores, &view(Some(down)), &mut state, now).await;
+        (first, unchanged, lowered)
+    });
+
+    let call = server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), STATUS).await;
+    assert_eq!(
+        call.body,
+        json!({"apiVersion": "iop.dev/v1alpha1", "kind": "Provider", "metadata": {"name": "llama"},
+               "status": {"health": "available", "generation": 4, "lastTransitionTime": "2026-11-01T12:00:00Z"}})
+    );
+    call.ok(&llama);
+    let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), STATUS).await;
+    assert_eq!(call.body["status"], json!({"connected": true, "generation": 4, "since": "2026-11-01T11:53:20Z"}));
+    call.ok(&mac);
+
+    // Unchanged: nothing. Lowered by the overlay: only llama, at the overlay's time.
+    let call = server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), STATUS).await;
+    assert_eq!(
+        call.body["status"],
+        json!({"health": "unavailable", "classification": "provider_unhealthy", "lastObservationSequence": 9,
+               "generation": 4, "lastTransitionTime": "2026-11-01T12:00:50Z"})
+    );
+    call.ok(&llama);
+
+    let (first, unchanged, lowered) = task.await.unwrap();
+    assert_eq!(first, Round { written: 2, failed: 0 });
+    assert_eq!(unchanged, Round::default());
+    assert_eq!(lowered, Round { written: 1, failed: 0 });
+    server.done().await;
+}

@@ -1,0 +1,183 @@
+//! The operator's I/O: everything that talks to the Kubernetes API or the
+//! Edge admin API. The decisions it acts on are pure and live elsewhere
+//! ([`crate::reconcile`], [`crate::certs`], [`crate::mirror`]).
+//!
+//! `iop-operator run`: wait until the CRDs are established ([`crds`]), elect
+//! a leader through a Lease ([`leader`]); the leader watches the namespace's
+//! Providers, NodeCatalogs and WorkspaceTemplates and reconciles the whole
+//! namespace on any change ([`controller`] -> [`namespace`] -> [`pki`]),
+//! and mirrors the Edge's health and sessions into status ([`mirror`]).
+
+pub mod admin;
+pub mod controller;
+pub mod crds;
+pub mod leader;
+pub mod mirror;
+pub mod namespace;
+pub mod pki;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::certs::CertError;
+use crate::certs::secrets::CaSecretError;
+use crate::env::RunConfig;
+use crate::reconcile::{BuildError, Settings};
+
+/// Wall-clock time, injected so tests use fixed timestamps.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> OffsetDateTime;
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc()
+    }
+}
+
+/// `now` for the reconcile stages and conditions (whole seconds, as
+/// Kubernetes stores them).
+pub fn timestamp(now: OffsetDateTime) -> Timestamp {
+    Timestamp::from_second(now.unix_timestamp()).expect("the wall clock is within jiff's range")
+}
+
+/// What every write site needs.
+pub struct Context {
+    pub client: Client,
+    pub namespace: String,
+    pub settings: Settings,
+    pub edge_server_names: Vec<String>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Context {
+    pub fn new(client: Client, config: &RunConfig, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            client,
+            namespace: config.namespace.clone(),
+            settings: config.settings(),
+            edge_server_names: config.edge_server_names.clone(),
+            clock,
+        }
+    }
+}
+
+/// Errors of the I/O side. [`Error::label`] names are stable (logs, metrics).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    CaSecret(#[from] CaSecretError),
+    #[error("certificate: {0}")]
+    Cert(#[from] CertError),
+    #[error(
+        "the IOP CustomResourceDefinitions are not established after {waited:?}: {missing}. \
+         If they are not installed: kubectl apply -f crds/ (or `iop-operator crds | kubectl apply -f -`)"
+    )]
+    CrdsNotEstablished { waited: Duration, missing: String },
+    #[error("a leader task ended unexpectedly: {0}")]
+    TaskEnded(&'static str),
+}
+
+impl Error {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube",
+            Self::Timeout(_) => "timeout",
+            Self::Build(_) => "build",
+            Self::CaSecret(_) => "ca_secret",
+            Self::Cert(_) => "certificate",
+            Self::CrdsNotEstablished { .. } => "crds_not_established",
+            Self::TaskEnded(_) => "task_ended",
+        }
+    }
+}
+
+/// An API error with this HTTP status.
+pub(crate) fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// Runs the operator until `shutdown` is cancelled.
+pub async fn run(config: RunConfig, client: Client, shutdown: CancellationToken) -> Result<(), Error> {
+    tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        established = crds::wait_established(&client, crds::WaitConfig::default()) => established?,
+    }
+    tracing::info!(namespace = %config.namespace, "CRDs established");
+
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let ctx = Arc::new(Context::new(client.clone(), &config, clock.clone()));
+    let elector = leader::Elector::new(
+        kube::Api::namespaced(client.clone(), &config.namespace),
+        leader::LeaderConfig::new(&config.pod_name),
+        clock,
+    );
+    let (leading_tx, mut leading) = watch::channel(false);
+    let elector = tokio::spawn(leader::run(elector, leading_tx, shutdown.clone()));
+    let mut led = false;
+    let admin = admin::AdminClient::new(config.edge_admin_url.clone());
+
+    let mut result = Ok(());
+    while !shutdown.is_cancelled() {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            changed = leading.wait_for(|leading| *leading) => if changed.is_err() { break },
+        }
+        tracing::info!(identity = %config.pod_name, "leading: reconciling and mirroring status");
+        led = true;
+        let term = shutdown.child_token();
+        let (stores, signals) = controller::watch(&client, &config.namespace);
+        let reconcile_ctx = ctx.clone();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(controller::run(
+            config.namespace.clone(),
+            stores.clone(),
+            signals,
+            move |read| {
+                let ctx = reconcile_ctx.clone();
+                async move { namespace::reconcile_with_timeout(&ctx, read).await }
+            },
+            term.clone(),
+        ));
+        tasks.spawn(mirror::run(ctx.clone(), stores, admin.clone(), mirror::MirrorConfig::default(), term.clone()));
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = leading.wait_for(|leading| !*leading) => tracing::warn!("lost leadership: stopping the leader tasks"),
+            _ = tasks.join_next() => {
+                result = Err(Error::TaskEnded("controller or mirror"));
+                shutdown.cancel();
+            }
+        }
+        term.cancel();
+        while tasks.join_next().await.is_some() {}
+    }
+    // The leader tasks have stopped: release the Lease so a standby takes over at once.
+    if let Ok(mut elector) = elector.await
+        && led
+    {
+        match tokio::time::timeout(std::time::Duration::from_secs(2), elector.release()).await {
+            Ok(Ok(())) => tracing::info!("released the leader Lease"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the leader Lease failed"),
+            Err(_) => tracing::warn!("releasing the leader Lease timed out"),
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests;

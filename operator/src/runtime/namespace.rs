@@ -1,0 +1,247 @@
+//! One reconcile of a namespace, in stages:
+//!
+//! 1. finalizers: every live NodeCatalog gets [`NODE_FINALIZER`], so its
+//!    deletion waits until its identity has left the Edge config;
+//! 2. build (pure, [`crate::reconcile::build`]) -> [`Prepared`];
+//! 3. apply the ConfigMap (server-side apply, `iop-operator/config`, force)
+//!    -> [`Applied`];
+//! 4. status from what was applied: conditions and `observedGeneration`
+//!    (`iop-operator/config`), only for objects where they changed;
+//! 5. deleted NodeCatalogs: the config just applied no longer has them, so
+//!    their finalizer is removed;
+//! 6. certificates ([`super::pki`]).
+//!
+//! `Prepared` and `Applied` are destructured without `..`: a new part of
+//! either does not compile until it is written.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use iop_proto::config::EdgeConfig;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use super::controller::{Kind, Read, Undecodable};
+use super::{Context, Error, is_status, pki, timestamp};
+use crate::crd::{
+    NodeCatalog, NodeCatalogStatus, Provider, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus,
+};
+use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate};
+
+/// Held by every live NodeCatalog; removed once its identity is out of the
+/// Edge config.
+pub const NODE_FINALIZER: &str = "iop.dev/node-identity";
+
+/// Bound of one whole reconcile.
+pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What was written in stage 3, and the status computed with it.
+#[derive(Debug)]
+pub struct Applied {
+    /// The config the ConfigMap now holds.
+    pub config: EdgeConfig,
+    pub providers: Vec<StatusUpdate<ProviderStatus>>,
+    pub nodes: Vec<StatusUpdate<NodeCatalogStatus>>,
+    pub templates: Vec<StatusUpdate<WorkspaceTemplateStatus>>,
+}
+
+/// [`reconcile`] at the context's `now`, bounded by [`RECONCILE_TIMEOUT`].
+pub async fn reconcile_with_timeout(ctx: &Context, read: Read) -> Result<(), Error> {
+    let now = ctx.clock.now();
+    tokio::time::timeout(RECONCILE_TIMEOUT, reconcile(ctx, read, now))
+        .await
+        .map_err(|_| Error::Timeout(RECONCILE_TIMEOUT))?
+}
+
+pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result<(), Error> {
+    let Read { snapshot, undecodable } = read;
+    let nodes: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+
+    for n in snapshot.nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        if !has_finalizer(&n.metadata) {
+            let mut finalizers = n.finalizers().to_vec();
+            finalizers.push(NODE_FINALIZER.to_string());
+            set_finalizers(&nodes, &n.metadata, finalizers).await?;
+        }
+    }
+
+    let prepared = reconcile::build(&snapshot, &ctx.settings, timestamp(now))?;
+    let applied = apply(ctx, prepared).await?;
+
+    let status = write_status(ctx, &snapshot, &applied).await;
+
+    release_finalizers(&nodes, &snapshot.nodes, &undecodable, &applied.config).await?;
+
+    let certs = pki::reconcile(ctx, &snapshot.nodes, &applied.config, now).await;
+    status.and(certs)
+}
+
+/// Stage 3: writes the ConfigMap.
+pub async fn apply(ctx: &Context, prepared: Prepared) -> Result<Applied, Error> {
+    let Prepared { config, config_map, providers, nodes, templates, excluded } = prepared;
+    for e in &excluded {
+        tracing::debug!(kind = e.kind, name = %e.name, reason = e.reason.as_str(), message = %e.message, "left out of the Edge config");
+    }
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    api.patch(CONFIG_MAP_NAME, &PatchParams::apply(FIELD_MANAGER_CONFIG).force(), &Patch::Apply(&config_map)).await?;
+    tracing::debug!(nodes = config.nodes.len(), providers = config.providers.len(), "applied the Edge config");
+    Ok(Applied { config, providers, nodes, templates })
+}
+
+/// Stage 4: conditions and `observedGeneration`, written where they differ
+/// from the object's current status. Every write is tried; the first error
+/// is returned.
+async fn write_status(ctx: &Context, snapshot: &reconcile::Snapshot, applied: &Applied) -> Result<(), Error> {
+    let Applied { config: _, providers, nodes, templates } = applied;
+    let client = &ctx.client;
+    let mut result = Ok(());
+    let mut record = |r: Result<(), Error>| {
+        if result.is_ok() {
+            result = r;
+        }
+    };
+
+    let api: Api<Provider> = Api::namespaced(client.clone(), &ctx.namespace);
+    for u in providers {
+        let current = snapshot.providers.iter().find(|p| p.name_any() == u.name);
+        let now = current.and_then(|p| p.status.as_ref()).map(|s| (&s.conditions[..], s.observed_generation));
+        record(
+            write_if_changed(
+                &api,
+                current.map(|p| &p.metadata),
+                &u.name,
+                now,
+                &u.status,
+                (&u.status.conditions[..], u.status.observed_generation),
+            )
+            .await,
+        );
+    }
+    let api: Api<NodeCatalog> = Api::namespaced(client.clone(), &ctx.namespace);
+    for u in nodes {
+        let current = snapshot.nodes.iter().find(|n| n.name_any() == u.name);
+        let now = current.and_then(|n| n.status.as_ref()).map(|s| (&s.conditions[..], s.observed_generation));
+        record(
+            write_if_changed(
+                &api,
+                current.map(|n| &n.metadata),
+                &u.name,
+                now,
+                &u.status,
+                (&u.status.conditions[..], u.status.observed_generation),
+            )
+            .await,
+        );
+    }
+    let api: Api<WorkspaceTemplate> = Api::namespaced(client.clone(), &ctx.namespace);
+    for u in templates {
+        let current = snapshot.templates.iter().find(|t| t.name_any() == u.name);
+        let now = current.and_then(|t| t.status.as_ref()).map(|s| (&s.conditions[..], s.observed_generation));
+        record(
+            write_if_changed(
+                &api,
+                current.map(|t| &t.metadata),
+                &u.name,
+                now,
+                &u.status,
+                (&u.status.conditions[..], u.status.observed_generation),
+            )
+            .await,
+        );
+    }
+    result
+}
+
+type Owned<'a> = (&'a [Condition], Option<i64>);
+
+async fn write_if_changed<K>(
+    api: &Api<K>,
+    meta: Option<&ObjectMeta>,
+    name: &str,
+    current: Option<Owned<'_>>,
+    status: &impl Serialize,
+    desired: Owned<'_>,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    // Gone or going: nothing to tell.
+    if meta.is_none_or(|m| m.deletion_timestamp.is_some()) {
+        return Ok(());
+    }
+    if current.unwrap_or((&[], None)) == desired {
+        return Ok(());
+    }
+    apply_status(api, name, FIELD_MANAGER_CONFIG, status).await
+}
+
+/// Server-side apply of `status` (only the fields given) on the status
+/// subresource. A missing object is not an error (it was deleted meanwhile).
+pub async fn apply_status<K>(api: &Api<K>, name: &str, manager: &str, status: &impl Serialize) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let body = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": { "name": name },
+        "status": status,
+    });
+    match api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&body)).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn has_finalizer(meta: &ObjectMeta) -> bool {
+    meta.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == NODE_FINALIZER))
+}
+
+/// Sets `metadata.finalizers` with a merge patch that carries the
+/// resourceVersion read: someone else's change in between makes it fail
+/// (409) instead of dropping their finalizer. A missing object is fine.
+async fn set_finalizers(api: &Api<NodeCatalog>, meta: &ObjectMeta, finalizers: Vec<String>) -> Result<(), Error> {
+    let name = meta.name.as_deref().unwrap_or_default();
+    let patch = json!({ "metadata": { "resourceVersion": meta.resource_version, "finalizers": finalizers } });
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER_CONFIG.to_string()), ..Default::default() };
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Stage 5: NodeCatalogs being deleted whose identity is not in the applied
+/// config lose the finalizer (undecodable ones too: they never were in it).
+async fn release_finalizers(
+    api: &Api<NodeCatalog>,
+    nodes: &[NodeCatalog],
+    undecodable: &[Undecodable],
+    applied: &EdgeConfig,
+) -> Result<(), Error> {
+    let deleting = nodes
+        .iter()
+        .map(|n| &n.metadata)
+        .chain(undecodable.iter().filter(|u| u.kind == Kind::NodeCatalog).map(|u| &u.metadata))
+        .filter(|m| m.deletion_timestamp.is_some() && has_finalizer(m));
+    for meta in deleting {
+        let name = meta.name.as_deref().unwrap_or_default();
+        if applied.nodes.iter().any(|n| n.name == name) {
+            continue;
+        }
+        let rest = meta.finalizers.iter().flatten().filter(|f| *f != NODE_FINALIZER).cloned().collect();
+        set_finalizers(api, meta, rest).await?;
+        tracing::info!(node = name, "node identity removed from the Edge config; finalizer released");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

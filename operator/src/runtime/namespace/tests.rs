@@ -1,0 +1,372 @@
+//! Scenarios of one namespace reconcile against the mocked API: the exact
+//! requests, in order.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use iop_proto::config::EdgeConfig;
+use iop_proto::identity::NodeIdentity;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::certs::secrets::{ca_secret, edge_tls_secret, node_secret};
+use crate::certs::{self, Ca, inspect};
+use crate::crd::node_catalog::CertificateStatus;
+use crate::reconcile::fixtures::{node, provider, settings, snapshot};
+use crate::reconcile::{CONFIG_KEY, Snapshot};
+use crate::runtime::tests::{ApiServer, EDGE_NAMES, NOW, context, mock};
+
+const DAY: Duration = Duration::from_secs(86_400);
+const CRD_PATH: &str = "/apis/iop.dev/v1alpha1/namespaces/iop";
+const CORE_PATH: &str = "/api/v1/namespaces/iop";
+const CONFIG: &str = "iop-operator/config";
+const CERTS: &str = "iop-operator/certs";
+
+fn with_rv<K: kube::Resource>(mut object: K, rv: &str) -> K {
+    object.meta_mut().resource_version = Some(rv.to_string());
+    object
+}
+
+/// The objects as they are after earlier reconciles: finalizers on live
+/// nodes and the conditions the build computes.
+fn settle(s: &mut Snapshot, now: OffsetDateTime) {
+    let prepared = reconcile::build(s, &settings(), timestamp(now)).unwrap();
+    for n in &mut s.nodes {
+        if n.metadata.deletion_timestamp.is_none() {
+            n.metadata.finalizers = Some(vec![NODE_FINALIZER.to_string()]);
+        }
+        let u = prepared.nodes.iter().find(|u| u.name == n.name_any()).unwrap();
+        let status = n.status.get_or_insert_with(Default::default);
+        status.conditions = u.status.conditions.clone();
+        status.observed_generation = u.status.observed_generation;
+    }
+    for p in &mut s.providers {
+        let u = prepared.providers.iter().find(|u| u.name == p.name_any()).unwrap();
+        let status = p.status.get_or_insert_with(Default::default);
+        status.conditions = u.status.conditions.clone();
+        status.observed_generation = u.status.observed_generation;
+    }
+}
+
+/// A CA with its Secret, the Edge Secret, and issued node Secrets; the
+/// nodes' `status.certificate` is set to match.
+struct Pki {
+    ca_secret: Secret,
+    edge_secret: Secret,
+    node_secrets: BTreeMap<String, Secret>,
+}
+
+fn pki(s: &mut Snapshot, now: OffsetDateTime) -> Pki {
+    let ca = Ca::generate("test CA", now, 3650 * DAY).unwrap();
+    let names: Vec<String> = EDGE_NAMES.iter().map(|n| n.to_string()).collect();
+    let edge = ca.edge_server_cert(&names, now, 90 * DAY).unwrap();
+    let mut node_secrets = BTreeMap::new();
+    for n in &mut s.nodes {
+        let id = NodeIdentity::new("iop.example", n.name_any()).unwrap();
+        let cert = ca.node_client_cert(&id, now, 30 * DAY).unwrap();
+        let info = inspect(&cert.cert_pem).unwrap();
+        n.status.get_or_insert_with(Default::default).certificate =
+            Some(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) });
+        node_secrets.insert(n.name_any(), node_secret(NS, n, &ca, &cert));
+    }
+    Pki { ca_secret: ca_secret(NS, &ca), edge_secret: edge_tls_secret(NS, &ca, &edge), node_secrets }
+}
+
+fn secret_value(body: &Value, key: &str) -> String {
+    let secret: Secret = serde_json::from_value(body.clone()).unwrap();
+    certs::secrets::value(&secret, key).unwrap_or_else(|| panic!("no `{key}` in the Secret"))
+}
+
+fn edge_yaml(body: &Value) -> EdgeConfig {
+    assert_eq!(body["kind"], "ConfigMap");
+    assert_eq!(body["metadata"]["name"], CONFIG_MAP_NAME);
+    EdgeConfig::from_yaml(body["data"][CONFIG_KEY].as_str().expect("edge.yaml")).unwrap()
+}
+
+fn names(config: &EdgeConfig) -> (Vec<&str>, Vec<&str>) {
+    (config.nodes.iter().map(|n| n.name.as_str()).collect(), config.providers.iter().map(|p| p.id.as_str()).collect())
+}
+
+const NS: &str = crate::reconcile::fixtures::NS;
+
+fn spawn(ctx: Context, s: Snapshot, now: OffsetDateTime) -> tokio::task::JoinHandle<Result<(), Error>> {
+    tokio::spawn(async move { reconcile(&ctx, Read { snapshot: s, undecodable: Vec::new() }, now).await })
+}
+
+/// Serves the certificate stage when every Secret exists and is current.
+async fn serve_current_certs(server: &mut ApiServer, pki: &Pki, nodes: &[&str]) {
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+    for n in nodes {
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-{n}"), &[]).await.ok(&pki.node_secrets[*n]);
+    }
+}
+
+#[tokio::test]
+async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged_one_only_the_config() {
+    let llama = with_rv(provider("llama", "mac-1"), "3");
+    let mac = with_rv(node("mac-1"), "4");
+    let s = snapshot(vec![llama.clone()], vec![mac.clone()], vec![]);
+    let expected = reconcile::build(&s, &settings(), timestamp(NOW)).unwrap();
+
+    let (client, mut server) = mock();
+    let task = spawn(context(client, NOW), s.clone(), NOW);
+
+    // 1. The finalizer, guarded by the resourceVersion read.
+    let call = server.expect_merge(&format!("{CRD_PATH}/nodecatalogs/mac-1"), CONFIG).await;
+    assert_eq!(call.body, json!({"metadata": {"resourceVersion": "4", "finalizers": [NODE_FINALIZER]}}));
+    call.ok(&mac);
+
+    // 2. The ConfigMap: server-side apply, forced, by iop-operator/config.
+    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    assert_eq!(call.body["data"][CONFIG_KEY], expected.config_map.data.as_ref().unwrap()[CONFIG_KEY]);
+    assert_eq!(names(&edge_yaml(&call.body)), (vec!["mac-1"], vec!["llama"]));
+    call.echo();
+
+    // 3. Conditions, on the status subresource, only the reconcile's fields.
+    let call = server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), CONFIG).await;
+    assert_eq!(
+        call.body,
+        json!({"apiVersion": "iop.dev/v1alpha1", "kind": "Provider", "metadata": {"name": "llama"},
+               "status": {"observedGeneration": 1, "conditions": [{
+                   "type": "Ready", "status": "True", "reason": "Accepted",
+                   "message": "rendered into the Edge config", "observedGeneration": 1,
+                   "lastTransitionTime": "2026-11-01T12:00:00Z"}]}})
+    );
+    let provider_status = call.body["status"].clone();
+    call.ok(&llama);
+    let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CONFIG).await;
+    let node_conditions = call.body["status"].clone();
+    assert_eq!(
+        node_conditions["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["Ready", "WorkspacesReady"]
+    );
+    call.ok(&mac);
+
+    // 4. No CA yet: one is generated and created (POST), never applied.
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.not_found();
+    let call = server.expect("POST", &format!("{CORE_PATH}/secrets"), &[("fieldManager", CERTS)]).await;
+    assert_eq!(call.body["metadata"]["name"], "iop-ca");
+    let ca_pem = secret_value(&call.body, "ca.pem");
+    assert!(secret_value(&call.body, "ca-key.pem").contains("PRIVATE KEY"));
+    let ca_body = call.body.clone();
+    call.respond(201, ca_body.clone());
+
+    // 5. The Edge server certificate, for the configured names.
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.not_found();
+    let call = server.expect_apply(&format!("{CORE_PATH}/secrets/iop-edge-tls"), CERTS).await;
+    assert_eq!(secret_value(&call.body, "ca.pem"), ca_pem);
+    assert!(secret_value(&call.body, "edge.pem").contains("CERTIFICATE"));
+    assert!(secret_value(&call.body, "edge-key.pem").contains("PRIVATE KEY"));
+    let edge_body = call.body.clone();
+    call.echo();
+
+    // 6. The node's certificate Secret, owned by its NodeCatalog, then its serial and expiry.
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.not_found();
+    let call = server.expect_apply(&format!("{CORE_PATH}/secrets/iop-node-mac-1"), CERTS).await;
+    assert_eq!(call.body["metadata"]["ownerReferences"][0]["kind"], "NodeCatalog");
+    assert_eq!(call.body["metadata"]["ownerReferences"][0]["uid"], "uid-mac-1");
+    assert_eq!(secret_value(&call.body, "ca.pem"), ca_pem);
+    let node_pem = secret_value(&call.body, "node.pem");
+    let info = inspect(&node_pem).unwrap();
+    assert_eq!(info.not_after, NOW + 30 * DAY, "validityHours default: 720");
+    let node_body = call.body.clone();
+    call.echo();
+    let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+    assert_eq!(
+        call.body["status"],
+        json!({"certificate": {"serial": info.serial, "notAfter": "2026-12-01T12:00:00Z"}}),
+        "only the certificate fields, by iop-operator/certs"
+    );
+    let certificate = call.body["status"]["certificate"].clone();
+    call.ok(&mac);
+
+    task.await.unwrap().unwrap();
+    server.done().await;
+
+    // Next reconcile, unchanged objects (now carrying what was written), one
+    // second before the node certificate's rotation window: the config is
+    // applied again (a no-op for the API server), the CA is loaded, and no
+    // status is written and nothing is issued.
+    let mut llama = llama;
+    llama.status = Some(serde_json::from_value(provider_status).unwrap());
+    let mut mac = mac;
+    mac.metadata.finalizers = Some(vec![NODE_FINALIZER.to_string()]);
+    let mut status: crate::crd::NodeCatalogStatus = serde_json::from_value(node_conditions).unwrap();
+    status.certificate = Some(serde_json::from_value(certificate).unwrap());
+    mac.status = Some(status);
+    let s = snapshot(vec![llama], vec![mac], vec![]);
+    let later = NOW + 20 * DAY - Duration::from_secs(1);
+
+    let (client, mut server) = mock();
+    let task = spawn(context(client, later), s.clone(), later);
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.respond(200, ca_body.clone());
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.respond(200, edge_body.clone());
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.respond(200, node_body.clone());
+    task.await.unwrap().unwrap();
+    server.done().await;
+
+    // At the window: a new certificate, and the new serial in status.
+    let at_window = NOW + 20 * DAY;
+    let (client, mut server) = mock();
+    let task = spawn(context(client, at_window), s, at_window);
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.respond(200, ca_body);
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.respond(200, edge_body);
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.respond(200, node_body);
+    let call = server.expect_apply(&format!("{CORE_PATH}/secrets/iop-node-mac-1"), CERTS).await;
+    let renewed = inspect(&secret_value(&call.body, "node.pem")).unwrap();
+    assert_ne!(renewed.serial, info.serial);
+    assert_eq!(renewed.not_after, at_window + 30 * DAY);
+    assert_eq!(secret_value(&call.body, "ca.pem"), ca_pem, "same CA");
+    call.echo();
+    let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+    assert_eq!(call.body["status"]["certificate"]["serial"], renewed.serial.as_str());
+    call.respond(200, serde_json::to_value(node("mac-1")).unwrap());
+    task.await.unwrap().unwrap();
+    server.done().await;
+}
+
+#[tokio::test]
+async fn a_deleted_node_leaves_the_config_before_its_finalizer_is_removed() {
+    let mut s = snapshot(
+        vec![provider("llama", "mac-1"), provider("qwen", "mac-2")],
+        vec![with_rv(node("mac-1"), "7"), with_rv(node("mac-2"), "8")],
+        vec![],
+    );
+    settle(&mut s, NOW - DAY);
+    let pki = pki(&mut s, NOW - DAY);
+    // Someone deletes mac-1; another controller's finalizer is on it too.
+    let gone = &mut s.nodes[0];
+    gone.metadata.deletion_timestamp = Some(Time(timestamp(NOW)));
+    gone.metadata.finalizers = Some(vec!["example.com/other".to_string(), NODE_FINALIZER.to_string()]);
+
+    let (client, mut server) = mock();
+    let task = spawn(context(client, NOW), s.clone(), NOW);
+
+    // The config no longer lists mac-1 (nor its provider)...
+    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    assert_eq!(names(&edge_yaml(&call.body)), (vec!["mac-2"], vec!["qwen"]));
+    call.echo();
+    // ...its provider says why (qwen and mac-2 are unchanged: no writes)...
+    let call = server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), CONFIG).await;
+    let ready = &call.body["status"]["conditions"][0];
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("NodeNotFound")));
+    call.ok(&s.providers[0]);
+    // ...and only then is the finalizer removed, keeping the other one.
+    let call = server.expect_merge(&format!("{CRD_PATH}/nodecatalogs/mac-1"), CONFIG).await;
+    assert_eq!(call.body, json!({"metadata": {"resourceVersion": "7", "finalizers": ["example.com/other"]}}));
+    call.ok(&s.nodes[0]);
+    // The remaining node's certificate is current.
+    serve_current_certs(&mut server, &pki, &["mac-2"]).await;
+
+    task.await.unwrap().unwrap();
+    server.done().await;
+}
+
+#[tokio::test]
+async fn an_undecodable_node_being_deleted_is_released_and_the_rest_reconciles() {
+    let mut s = snapshot(vec![], vec![node("mac-2")], vec![]);
+    settle(&mut s, NOW);
+    let pki = pki(&mut s, NOW);
+    let broken = Undecodable {
+        kind: Kind::NodeCatalog,
+        metadata: ObjectMeta {
+            name: Some("broken".to_string()),
+            resource_version: Some("9".to_string()),
+            deletion_timestamp: Some(Time(timestamp(NOW))),
+            finalizers: Some(vec![NODE_FINALIZER.to_string()]),
+            ..Default::default()
+        },
+        error: "spec.certificate.validityHours: invalid type".to_string(),
+    };
+
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let task = tokio::spawn(async move { reconcile(&ctx, Read { snapshot: s, undecodable: vec![broken] }, NOW).await });
+    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    assert_eq!(names(&edge_yaml(&call.body)).0, ["mac-2"]);
+    call.echo();
+    let call = server.expect_merge(&format!("{CRD_PATH}/nodecatalogs/broken"), CONFIG).await;
+    assert_eq!(call.body, json!({"metadata": {"resourceVersion": "9", "finalizers": []}}));
+    call.respond(200, serde_json::to_value(node("broken")).unwrap());
+    serve_current_certs(&mut server, &pki, &["mac-2"]).await;
+    task.await.unwrap().unwrap();
+    server.done().await;
+}
+
+#[tokio::test]
+async fn a_ca_create_race_loads_the_winner_and_a_bad_ca_secret_fails_without_touching_it() {
+    let (client, mut server) = mock();
+    let secrets: Api<Secret> = Api::namespaced(client, NS);
+    let winner = Ca::generate("winner", NOW, 3650 * DAY).unwrap();
+    let winner_secret = ca_secret(NS, &winner);
+    let task = tokio::spawn({
+        let secrets = secrets.clone();
+        async move { pki::ensure_ca(&secrets, NS, NOW).await.map(|ca| ca.cert_pem().to_string()) }
+    });
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.not_found();
+    server.expect("POST", &format!("{CORE_PATH}/secrets"), &[("fieldManager", CERTS)]).await.conflict();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&winner_secret);
+    assert_eq!(task.await.unwrap().unwrap(), winner.cert_pem());
+
+    // A user-supplied CA that is not usable: an error, and no write.
+    let mut bad = winner_secret;
+    bad.data.as_mut().unwrap().remove("ca-key.pem");
+    let task = tokio::spawn(async move { pki::ensure_ca(&secrets, NS, NOW).await.map(|_| ()) });
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&bad);
+    let e = task.await.unwrap().unwrap_err();
+    assert_eq!(e.label(), "ca_secret");
+    assert!(e.to_string().contains("iop-ca"), "{e}");
+    server.done().await;
+}
+
+#[tokio::test]
+async fn a_failed_status_write_does_not_stop_the_rest_and_fails_the_reconcile() {
+    let s = snapshot(vec![provider("a", "mac-1"), provider("b", "mac-1")], vec![node("mac-1")], vec![]);
+    let mut settled = s.clone();
+    settle(&mut settled, NOW);
+    let pki = pki(&mut settled, NOW);
+    // Status not written yet for the providers.
+    for p in &mut settled.providers {
+        p.status = None;
+    }
+    let (client, mut server) = mock();
+    let task = spawn(context(client, NOW), settled.clone(), NOW);
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await.fail(500, "InternalError");
+    server.expect_apply(&format!("{CRD_PATH}/providers/b/status"), CONFIG).await.ok(&settled.providers[1]);
+    serve_current_certs(&mut server, &pki, &["mac-1"]).await;
+    let e = task.await.unwrap().unwrap_err();
+    assert_eq!(e.label(), "kube");
+    server.done().await;
+}
+
+#[tokio::test]
+async fn node_bundle_reads_the_node_secret() {
+    let mut s = snapshot(vec![], vec![node("mac-1")], vec![]);
+    let pki = pki(&mut s, NOW);
+    let (client, mut server) = mock();
+    let task = tokio::spawn({
+        let client = client.clone();
+        async move { pki::read_node_secret(client, NS, "mac-1").await }
+    });
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&pki.node_secrets["mac-1"]);
+    let (ca, cert, key) = task.await.unwrap().unwrap();
+    assert_eq!(ca, secret_value(&serde_json::to_value(&pki.ca_secret).unwrap(), "ca.pem"));
+    assert!(cert.contains("CERTIFICATE") && key.expose().contains("PRIVATE KEY"));
+
+    let task = tokio::spawn(async move { pki::read_node_secret(client, NS, "mac-2").await });
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-2"), &[]).await.not_found();
+    let e = task.await.unwrap().unwrap_err();
+    assert!(e.contains("iop/iop-node-mac-2 does not exist") && e.contains("NodeCatalog `mac-2`"), "{e}");
+    server.done().await;
+}

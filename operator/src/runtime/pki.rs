@@ -1,0 +1,168 @@
+//! Certificates, the I/O half: the CA Secret (loaded, or created when absent
+//! with create-then-reload-on-conflict: an existing CA, the user's included,
+//! is never replaced), the Edge server certificate Secret and one Secret per
+//! NodeCatalog (server-side apply, `iop-operator/certs`), and each
+//! NodeCatalog's `status.certificate`. Whether to issue is decided by the
+//! pure functions in [`crate::certs::secrets`]. Keys never reach a log.
+
+use std::time::Duration;
+
+use iop_proto::config::EdgeConfig;
+use iop_proto::identity::NodeIdentity;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use time::OffsetDateTime;
+
+use super::namespace::apply_status;
+use super::{Context, Error, is_status, timestamp};
+use crate::certs::secrets::{self, CA_COMMON_NAME, CA_VALIDITY, EDGE_VALIDITY};
+use crate::certs::{CA_SECRET, Ca, EDGE_TLS_SECRET, NODE_CERT_KEY, inspect, node_secret_name};
+use crate::crd::node_catalog::CertificateStatus;
+use crate::crd::{NodeCatalog, NodeCatalogStatus};
+use crate::reconcile::FIELD_MANAGER_CERTS;
+
+/// The CA, the Edge certificate, and the certificate of every NodeCatalog
+/// in the applied config. Each node is tried; the first error is returned.
+pub async fn reconcile(
+    ctx: &Context,
+    nodes: &[NodeCatalog],
+    applied: &EdgeConfig,
+    now: OffsetDateTime,
+) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let ca = ensure_ca(&secrets, &ctx.namespace, now).await?;
+    ensure_edge_tls(&secrets, &ctx.namespace, &ca, &ctx.edge_server_names, now).await?;
+
+    let api: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let mut result = Ok(());
+    for entry in &applied.nodes {
+        let Some(node) = nodes.iter().find(|n| n.name_any() == entry.name) else { continue };
+        let outcome = async {
+            let cert = ensure_node_cert(&secrets, &ctx.namespace, &ca, node, &ctx.settings.trust_domain, now).await?;
+            if node.status.as_ref().and_then(|s| s.certificate.as_ref()) != Some(&cert) {
+                let status = NodeCatalogStatus { certificate: Some(cert), ..Default::default() };
+                apply_status(&api, &entry.name, FIELD_MANAGER_CERTS, &status).await?;
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        if let Err(e) = outcome {
+            tracing::warn!(node = %entry.name, error = %e, "node certificate not written");
+            if result.is_ok() {
+                result = Err(e);
+            }
+        }
+    }
+    result
+}
+
+/// Loads the CA from `iop-ca`, or generates one and creates the Secret.
+/// When the create loses a race (409), the winner's CA is loaded instead.
+pub async fn ensure_ca(secrets: &Api<Secret>, namespace: &str, now: OffsetDateTime) -> Result<Ca, Error> {
+    if let Some(existing) = secrets.get_opt(CA_SECRET).await? {
+        return Ok(secrets::load_ca(&existing, now)?);
+    }
+    let ca = Ca::generate(CA_COMMON_NAME, now, CA_VALIDITY)?;
+    let params = PostParams { field_manager: Some(FIELD_MANAGER_CERTS.to_string()), ..Default::default() };
+    match secrets.create(&params, &secrets::ca_secret(namespace, &ca)).await {
+        Ok(_) => {
+            tracing::info!(secret = CA_SECRET, not_after = %ca.not_after(), "created a new CA");
+            Ok(ca)
+        }
+        Err(e) if is_status(&e, 409) => {
+            let existing = secrets.get(CA_SECRET).await?;
+            Ok(secrets::load_ca(&existing, now)?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER_CERTS).force()
+}
+
+/// Issues `iop-edge-tls` when it is missing, for other names, from another
+/// CA, or due for rotation.
+pub async fn ensure_edge_tls(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    ca: &Ca,
+    names: &[String],
+    now: OffsetDateTime,
+) -> Result<(), Error> {
+    let existing = secrets.get_opt(EDGE_TLS_SECRET).await?;
+    let Some(reason) = secrets::edge_reissue(existing.as_ref(), ca, names, now) else { return Ok(()) };
+    let edge = ca.edge_server_cert(names, now, EDGE_VALIDITY)?;
+    let secret = secrets::edge_tls_secret(namespace, ca, &edge);
+    secrets.patch(EDGE_TLS_SECRET, &apply_params(), &Patch::Apply(&secret)).await?;
+    let info = inspect(&edge.cert_pem)?;
+    tracing::info!(
+        secret = EDGE_TLS_SECRET,
+        reason = reason.as_str(),
+        serial = %info.serial,
+        not_after = %info.not_after,
+        "issued the Edge server certificate"
+    );
+    Ok(())
+}
+
+/// What `iop-operator node-bundle NAME --namespace NS` reads: the CA,
+/// certificate and key in Secret `iop-node-NAME`.
+pub async fn read_node_secret(
+    client: kube::Client,
+    namespace: &str,
+    node: &str,
+) -> Result<(String, String, crate::certs::PrivateKeyPem), String> {
+    let name = node_secret_name(node);
+    let secrets: Api<Secret> = Api::namespaced(client, namespace);
+    match secrets.get_opt(&name).await {
+        Ok(Some(secret)) => secrets::node_parts(&secret)
+            .ok_or_else(|| format!("Secret {namespace}/{name} lacks ca.pem, node.pem or node-key.pem")),
+        Ok(None) => Err(format!(
+            "Secret {namespace}/{name} does not exist: is NodeCatalog `{node}` created, ready, and the operator running?"
+        )),
+        Err(e) => Err(format!("reading Secret {namespace}/{name}: {e}")),
+    }
+}
+
+/// Issues `iop-node-<name>` when needed and returns the serial and expiry of
+/// the certificate the Secret holds afterwards.
+pub async fn ensure_node_cert(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    ca: &Ca,
+    node: &NodeCatalog,
+    trust_domain: &str,
+    now: OffsetDateTime,
+) -> Result<CertificateStatus, Error> {
+    let name = node.name_any();
+    let identity =
+        NodeIdentity::new(trust_domain, &name).map_err(|e| crate::certs::CertError::InvalidName(e.to_string()))?;
+    let settings = &node.spec.certificate;
+    let renew_before = Duration::from_secs(u64::from(settings.renew_before_hours) * 3600);
+    let secret_name = node_secret_name(&name);
+    let existing = secrets.get_opt(&secret_name).await?;
+    let cert_pem = match secrets::node_reissue(existing.as_ref(), ca, &identity, now, renew_before) {
+        None => existing.as_ref().and_then(|s| secrets::value(s, NODE_CERT_KEY)).unwrap_or_default(),
+        Some(reason) => {
+            let validity = Duration::from_secs(u64::from(settings.validity_hours) * 3600);
+            let issued = ca.node_client_cert(&identity, now, validity)?;
+            let secret = secrets::node_secret(namespace, node, ca, &issued);
+            secrets.patch(&secret_name, &apply_params(), &Patch::Apply(&secret)).await?;
+            let info = inspect(&issued.cert_pem)?;
+            tracing::info!(
+                node = %name,
+                secret = %secret_name,
+                reason = reason.as_str(),
+                serial = %info.serial,
+                not_after = %info.not_after,
+                "issued a node certificate"
+            );
+            issued.cert_pem
+        }
+    };
+    let info = inspect(&cert_pem)?;
+    Ok(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) })
+}
