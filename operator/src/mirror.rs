@@ -106,6 +106,9 @@ pub struct EdgeNode {
     pub generation: Option<u64>,
     #[serde(default)]
     pub connected_at_ms: Option<u64>,
+    /// What the node reported at registration.
+    #[serde(default)]
+    pub version: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -156,12 +159,13 @@ pub struct NodeMirror {
     pub connected: Option<bool>,
     pub generation: Option<u64>,
     pub since: Option<Time>,
+    pub version: Option<String>,
 }
 
 impl NodeMirror {
     pub fn of(status: Option<&NodeCatalogStatus>) -> Self {
         let Some(s) = status else { return Self::default() };
-        Self { connected: s.connected, generation: s.generation, since: s.since.clone() }
+        Self { connected: s.connected, generation: s.generation, since: s.since.clone(), version: s.version.clone() }
     }
 
     pub fn to_status(&self) -> NodeCatalogStatus {
@@ -169,6 +173,7 @@ impl NodeMirror {
             connected: self.connected,
             generation: self.generation,
             since: self.since.clone(),
+            version: self.version.clone(),
             ..Default::default()
         }
     }
@@ -223,7 +228,9 @@ pub fn node(n: &EdgeNode, previous: &NodeMirror, now: Timestamp) -> NodeMirror {
         _ if n.connected => n.connected_at_ms.and_then(from_ms).or_else(|| Some(seconds(now))),
         _ => Some(seconds(now)),
     };
-    NodeMirror { connected: Some(n.connected), generation, since }
+    // The version of the last connection stays while the node is away.
+    let version = n.version.clone().or_else(|| previous.version.clone());
+    NodeMirror { connected: Some(n.connected), generation, since, version }
 }
 
 /// What to write after one poll.

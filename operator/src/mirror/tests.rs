@@ -25,6 +25,7 @@ fn edge_node(connected: bool, generation: Option<u64>, connected_at_s: Option<u6
         phase: connected.then_some(SessionPhase::Ready),
         generation,
         connected_at_ms: connected_at_s.map(|s| s * 1000 + 999),
+        version: connected.then(|| "0.1.0".to_string()),
     }
 }
 
@@ -60,7 +61,14 @@ fn parses_the_edge_admin_snapshots() {
     assert_eq!(nodes.nodes[0].phase, Some(SessionPhase::Ready));
     assert_eq!(
         nodes.nodes[1],
-        EdgeNode { name: "mac-2".into(), connected: false, phase: None, generation: None, connected_at_ms: None }
+        EdgeNode {
+            name: "mac-2".into(),
+            connected: false,
+            phase: None,
+            generation: None,
+            connected_at_ms: None,
+            version: None,
+        }
     );
 
     // Closed enums: an unknown value is an error, never a guess.
@@ -148,17 +156,18 @@ fn provider_transition_time_moves_only_when_health_changes() {
 fn node_connection_and_since() {
     let fresh = NodeMirror::default();
     let up = node(&edge_node(true, Some(4), Some(100)), &fresh, at(1000));
-    assert_eq!(up, NodeMirror { connected: Some(true), generation: Some(4), since: time(100) });
+    let v = Some("0.1.0".to_string());
+    assert_eq!(up, NodeMirror { connected: Some(true), generation: Some(4), since: time(100), version: v.clone() });
     assert_eq!(node(&edge_node(true, Some(4), Some(100)), &up, at(2000)), up, "unchanged");
 
-    // Away: keeps the last generation, since = now.
+    // Away: keeps the last generation and version, since = now.
     let away = node(&edge_node(false, None, None), &up, at(3000));
-    assert_eq!(away, NodeMirror { connected: Some(false), generation: Some(4), since: time(3000) });
+    assert_eq!(away, NodeMirror { connected: Some(false), generation: Some(4), since: time(3000), version: v.clone() });
     assert_eq!(node(&edge_node(false, None, None), &away, at(4000)), away, "unchanged");
 
     // A reconnect between two polls (new generation) moves `since`.
     let back = node(&edge_node(true, Some(6), Some(3500)), &up, at(4000));
-    assert_eq!(back, NodeMirror { connected: Some(true), generation: Some(6), since: time(3500) });
+    assert_eq!(back, NodeMirror { connected: Some(true), generation: Some(6), since: time(3500), version: v });
 }
 
 #[test]
@@ -214,7 +223,7 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
         json!({"health": "unavailable", "classification": "provider_unhealthy", "lastObservationSequence": 7,
                "generation": 3, "lastTransitionTime": "1970-01-01T00:00:10Z"})
     );
-    let n = NodeMirror { connected: Some(false), generation: Some(2), since: time(20) };
+    let n = NodeMirror { connected: Some(false), generation: Some(2), since: time(20), version: None };
     assert_eq!(
         serde_json::to_value(n.to_status()).unwrap(),
         json!({"connected": false, "generation": 2, "since": "1970-01-01T00:00:20Z"})

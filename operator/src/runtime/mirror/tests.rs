@@ -127,6 +127,7 @@ fn view(overlay: Option<Overlay>) -> (ProvidersSnapshot, NodesSnapshot) {
                 phase: Some(SessionPhase::Ready),
                 generation: Some(4),
                 connected_at_ms: Some(1_793_534_000_000),
+                version: Some("0.1.0".to_string()),
             }],
         },
     )
@@ -169,7 +170,10 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     );
     call.ok(&llama);
     let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), STATUS).await;
-    assert_eq!(call.body["status"], json!({"connected": true, "generation": 4, "since": "2026-11-01T11:53:20Z"}));
+    assert_eq!(
+        call.body["status"],
+        json!({"connected": true, "generation": 4, "since": "2026-11-01T11:53:20Z", "version": "0.1.0"})
+    );
     call.ok(&mac);
 
     // Unchanged: nothing. Lowered by the overlay: only llama, at the overlay's time.
