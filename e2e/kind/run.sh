@@ -353,7 +353,7 @@ unhealthy() {
     chat false >/dev/null
     last_chat=$SECONDS
   fi
-  health_is '^(unavailable|unhealthy)$'
+  health_is '^unavailable$'
 }
 log "waiting for kubectl get providers to show $PROVIDER HEALTH unavailable"
 wait_for "$PROVIDER HEALTH unavailable" unhealthy
