@@ -26,6 +26,7 @@ LABEL org.opencontainers.image.licenses="Apache-2.0" \
 USER 65532:65532
 
 FROM runtime AS operator
+EXPOSE 9464
 LABEL org.opencontainers.image.title="iop-operator" \
       org.opencontainers.image.description="IOP operator: CRDs to Edge config, CA and node certificates, status"
 COPY --from=build /out/iop-operator /usr/local/bin/iop-operator

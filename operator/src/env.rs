@@ -12,6 +12,9 @@ pub const POD_NAME: &str = "IOP_POD_NAME";
 pub const EDGE_ADMIN_URL: &str = "IOP_EDGE_ADMIN_URL";
 pub const EDGE_SERVER_NAMES: &str = "IOP_EDGE_SERVER_NAMES";
 pub const TRUST_DOMAIN: &str = "IOP_TRUST_DOMAIN";
+/// Optional: where `/metrics`, `/healthz` and `/readyz` are served.
+pub const METRICS_ADDR: &str = "IOP_METRICS_ADDR";
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
 
 /// The Edge's listen addresses inside its pod: fixed by the chart
 /// (`edge-deployment.yaml` container ports `http` and `grpc`).
@@ -30,6 +33,8 @@ pub struct RunConfig {
     pub edge_server_names: Vec<String>,
     /// SPIFFE trust domain of node identities.
     pub trust_domain: String,
+    /// The metrics and probe listener ([`DEFAULT_METRICS_ADDR`] when unset).
+    pub metrics_addr: SocketAddr,
 }
 
 /// A plain-HTTP base URL (in-cluster Service), split for the HTTP client.
@@ -116,12 +121,20 @@ impl RunConfig {
             ));
         }
 
+        let metrics_addr = match lookup(METRICS_ADDR).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+            None => DEFAULT_METRICS_ADDR.parse().expect("the default metrics address parses"),
+            Some(value) => value
+                .parse::<SocketAddr>()
+                .map_err(|_| invalid(METRICS_ADDR, &value, "must be IP:PORT, e.g. 0.0.0.0:9464 or [::]:9464"))?,
+        };
+
         Ok(Self {
             namespace,
             pod_name,
             edge_admin_url: EdgeAdminUrl { authority: authority.to_string() },
             edge_server_names,
             trust_domain,
+            metrics_addr,
         })
     }
 
@@ -187,6 +200,30 @@ mod tests {
         assert_eq!(settings.trust_domain, "iop.example");
         assert_eq!(settings.listen.http.port(), 8080);
         assert_eq!(settings.listen.grpc.port(), 7443);
+        assert_eq!(config.metrics_addr, "0.0.0.0:9464".parse().unwrap(), "the default when unset");
+    }
+
+    #[test]
+    fn the_metrics_address_is_optional_and_checked() {
+        let mut env = chart_env();
+        env.insert(METRICS_ADDR, " 127.0.0.1:9100 ");
+        assert_eq!(parse(&env).unwrap().metrics_addr, "127.0.0.1:9100".parse().unwrap());
+        env.insert(METRICS_ADDR, "[::]:9464");
+        assert_eq!(parse(&env).unwrap().metrics_addr, "[::]:9464".parse().unwrap());
+        env.insert(METRICS_ADDR, "");
+        assert_eq!(parse(&env).unwrap().metrics_addr.port(), 9464, "blank: the default");
+        for bad in ["9464", ":9464", "localhost:9464", "0.0.0.0:http", "0.0.0.0:70000", "0.0.0.0"] {
+            env.insert(METRICS_ADDR, bad);
+            assert_eq!(
+                parse(&env),
+                Err(EnvError::Invalid {
+                    var: METRICS_ADDR,
+                    value: bad.to_string(),
+                    reason: "must be IP:PORT, e.g. 0.0.0.0:9464 or [::]:9464"
+                }),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -21,7 +21,8 @@ struct Cli {
 enum Command {
     /// Run the controller in the cluster. Settings come from the environment
     /// the Helm chart sets: IOP_NAMESPACE, IOP_POD_NAME, IOP_EDGE_ADMIN_URL,
-    /// IOP_EDGE_SERVER_NAMES, IOP_TRUST_DOMAIN (and RUST_LOG).
+    /// IOP_EDGE_SERVER_NAMES, IOP_TRUST_DOMAIN, IOP_METRICS_ADDR (optional,
+    /// default 0.0.0.0:9464: /metrics, /healthz, /readyz) and RUST_LOG.
     Run,
     /// Print every IOP CustomResourceDefinition as one multi-document YAML
     /// (`kubectl apply -f -` takes it).

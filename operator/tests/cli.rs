@@ -92,6 +92,21 @@ fn run_names_the_missing_or_invalid_variable() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("IOP_EDGE_ADMIN_URL=`https://iop-edge.iop.svc:8080`"), "{stderr}");
+
+    let out = operator()
+        .arg("run")
+        .env_clear()
+        .env("IOP_NAMESPACE", "iop")
+        .env("IOP_POD_NAME", "iop-operator-0")
+        .env("IOP_EDGE_ADMIN_URL", "http://iop-edge.iop.svc:8080")
+        .env("IOP_EDGE_SERVER_NAMES", "iop-edge-grpc")
+        .env("IOP_TRUST_DOMAIN", "iop.example")
+        .env("IOP_METRICS_ADDR", "metrics:9464")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("IOP_METRICS_ADDR=`metrics:9464`: must be IP:PORT"), "{stderr}");
 }
 
 #[test]

@@ -82,6 +82,10 @@ app.kubernetes.io/component: edge
 {{- printf "%s-operator" (include "iop.fullname" .) }}
 {{- end }}
 
+{{- define "iop.operator.metricsName" -}}
+{{- printf "%s-operator-metrics" (include "iop.fullname" .) }}
+{{- end }}
+
 {{- define "iop.operator.selectorLabels" -}}
 {{ include "iop.selectorLabels" . }}
 app.kubernetes.io/component: operator

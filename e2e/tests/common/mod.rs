@@ -106,11 +106,6 @@ impl Stack {
             client: http_client(),
         };
         stack.start_edge().await;
-        // Later restarts must come back on the same ports.
-        let mut pinned = config;
-        pinned.listen.http = stack.http;
-        pinned.listen.grpc = stack.grpc;
-        std::fs::write(&stack.edge_config, pinned.to_yaml()).unwrap();
         if options.start_node {
             let pair = stack.pki.node_cert(NODE, Validity::Current).unwrap();
             let (node, metrics) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
@@ -122,6 +117,15 @@ impl Stack {
     }
 
     pub async fn start_edge(&mut self) {
+        if self.http.port() != 0 {
+            // A restart comes back on the same ports. (Rewritten only now: a
+            // running Edge would take any change of its file as a reload.)
+            let text = std::fs::read_to_string(&self.edge_config).unwrap();
+            let mut pinned = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
+            pinned.listen.http = self.http;
+            pinned.listen.grpc = self.grpc;
+            std::fs::write(&self.edge_config, pinned.to_yaml()).unwrap();
+        }
         let config = self.edge_config.to_str().unwrap().to_string();
         let mut args = vec!["--config", config.as_str(), "--reload-interval-ms", "100"];
         if let Some(profile) = self.heartbeat {

@@ -5,6 +5,11 @@
 //! whose fields changed since the last write. What to write is decided by
 //! [`crate::mirror`] (pure).
 //!
+//! Each write is bounded by [`super::namespace::STATUS_WRITE_TIMEOUT`] and a
+//! round by [`MirrorConfig::write_timeout`]; polls and writes are counted
+//! (`iop_operator_mirror_polls_total`, `iop_operator_status_writes_total`
+//! with `writer="mirror"`).
+//!
 //! The last written value of each object (by uid) is remembered; an object
 //! never written by this process compares against the status it carries, so
 //! a restart or a new leader does not rewrite everything. While the Edge does
@@ -21,11 +26,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::admin::{AdminClient, AdminError};
 use super::controller::Stores;
+use super::metrics::{Metrics, Writer};
 use super::namespace::apply_status;
 use super::{Context, timestamp};
 use crate::crd::{NodeCatalog, Provider};
 use crate::mirror::{self, NodeMirror, NodesSnapshot, ProviderMirror, ProvidersSnapshot};
-use crate::reconcile::FIELD_MANAGER_STATUS;
 
 #[derive(Debug, Clone, Copy)]
 pub struct MirrorConfig {
@@ -58,6 +63,14 @@ pub struct Round {
 /// Both admin snapshots.
 pub async fn fetch(admin: &AdminClient) -> Result<(ProvidersSnapshot, NodesSnapshot), AdminError> {
     tokio::try_join!(admin.providers(), admin.nodes())
+}
+
+/// [`fetch`], counted in `iop_operator_mirror_polls_total` (`ok` or the
+/// [`AdminError::label`]).
+pub async fn poll(admin: &AdminClient, metrics: &Metrics) -> Result<(ProvidersSnapshot, NodesSnapshot), AdminError> {
+    let fetched = fetch(admin).await;
+    metrics.polled(&fetched);
+    fetched
 }
 
 /// Writes what changed between the Edge's view and the objects' mirrored
@@ -100,7 +113,7 @@ pub async fn write(
     let api: Api<Provider> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     for (name, m) in writes.providers {
         let Some(p) = providers.iter().find(|p| p.name_any() == name) else { continue };
-        match apply_status(&api, &name, FIELD_MANAGER_STATUS, &m.to_status()).await {
+        match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
             Ok(()) => {
                 tracing::debug!(provider = %name, health = ?m.health, "mirrored provider health");
                 state.providers.insert(uid(&p.metadata), m);
@@ -115,7 +128,7 @@ pub async fn write(
     let api: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     for (name, m) in writes.nodes {
         let Some(n) = nodes.iter().find(|n| n.name_any() == name) else { continue };
-        match apply_status(&api, &name, FIELD_MANAGER_STATUS, &m.to_status()).await {
+        match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
             Ok(()) => {
                 tracing::debug!(node = %name, connected = ?m.connected, "mirrored node connection");
                 state.nodes.insert(uid(&n.metadata), m);
@@ -151,7 +164,7 @@ pub async fn run(
             _ = cancel.cancelled() => return,
             _ = interval.tick() => {}
         }
-        let edge = match fetch(&admin).await {
+        let edge = match poll(&admin, &ctx.metrics).await {
             Ok(edge) => edge,
             Err(e) => {
                 if !state.edge_unreachable {

@@ -7,14 +7,20 @@
 //! Providers, NodeCatalogs and WorkspaceTemplates and reconciles the whole
 //! namespace on any change ([`controller`] -> [`namespace`] -> [`pki`]),
 //! and mirrors the Edge's health and sessions into status ([`mirror`]).
+//! Every replica serves `/metrics`, `/healthz` and `/readyz` ([`listener`],
+//! [`metrics`]) from the start.
 
 pub mod admin;
 pub mod controller;
 pub mod crds;
 pub mod leader;
+pub mod listener;
+pub mod metrics;
 pub mod mirror;
 pub mod namespace;
 pub mod pki;
+
+use std::net::SocketAddr;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +35,8 @@ use crate::certs::CertError;
 use crate::certs::secrets::CaSecretError;
 use crate::env::RunConfig;
 use crate::reconcile::{BuildError, Settings};
+use listener::{Endpoints, Readiness};
+use metrics::Metrics;
 
 /// Wall-clock time, injected so tests use fixed timestamps.
 pub trait Clock: Send + Sync {
@@ -57,16 +65,18 @@ pub struct Context {
     pub settings: Settings,
     pub edge_server_names: Vec<String>,
     pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Context {
-    pub fn new(client: Client, config: &RunConfig, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(client: Client, config: &RunConfig, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Self {
         Self {
             client,
             namespace: config.namespace.clone(),
             settings: config.settings(),
             edge_server_names: config.edge_server_names.clone(),
             clock,
+            metrics,
         }
     }
 }
@@ -91,6 +101,8 @@ pub enum Error {
     CrdsNotEstablished { waited: Duration, missing: String },
     #[error("a leader task ended unexpectedly: {0}")]
     TaskEnded(&'static str),
+    #[error("cannot serve metrics and probes on {addr} (IOP_METRICS_ADDR): {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
 }
 
 impl Error {
@@ -103,6 +115,7 @@ impl Error {
             Self::Cert(_) => "certificate",
             Self::CrdsNotEstablished { .. } => "crds_not_established",
             Self::TaskEnded(_) => "task_ended",
+            Self::Listen { .. } => "listen",
         }
     }
 }
@@ -112,16 +125,61 @@ pub(crate) fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
-/// Runs the operator until `shutdown` is cancelled.
+/// How long open `/metrics` requests may take to finish at shutdown.
+const HTTP_DRAIN: Duration = Duration::from_secs(2);
+
+/// Runs the operator until `shutdown` is cancelled. The metrics and probe
+/// listener is bound first and serves until everything else has stopped.
 pub async fn run(config: RunConfig, client: Client, shutdown: CancellationToken) -> Result<(), Error> {
+    let metrics = Metrics::new();
+    let readiness = Arc::new(Readiness::default());
+    let addr = config.metrics_addr;
+    let socket = listener::bind(addr).await.map_err(|source| Error::Listen { addr, source })?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    let stop_http = CancellationToken::new();
+    let endpoints = Endpoints { metrics: metrics.clone(), readiness: readiness.clone() };
+    let mut server = tokio::spawn(listener::serve(socket, endpoints, stop_http.clone()));
+
+    let operating = operate(config, client, metrics, &readiness, shutdown.clone());
+    tokio::pin!(operating);
+    let result = tokio::select! {
+        result = &mut operating => result,
+        served = &mut server => {
+            // The listener failed: stop the rest in order, then report it.
+            shutdown.cancel();
+            let _ = operating.await;
+            Err(Error::Listen {
+                addr,
+                source: match served {
+                    Ok(Err(e)) => e,
+                    _ => std::io::Error::other("the listener stopped"),
+                },
+            })
+        }
+    };
+    stop_http.cancel();
+    if tokio::time::timeout(HTTP_DRAIN, &mut server).await.is_err() {
+        server.abort();
+    }
+    result
+}
+
+async fn operate(
+    config: RunConfig,
+    client: Client,
+    metrics: Arc<Metrics>,
+    readiness: &Readiness,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         established = crds::wait_established(&client, crds::WaitConfig::default()) => established?,
     }
     tracing::info!(namespace = %config.namespace, "CRDs established");
+    readiness.set_ready();
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let ctx = Arc::new(Context::new(client.clone(), &config, clock.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), &config, clock.clone(), metrics));
     let elector = leader::Elector::new(
         kube::Api::namespaced(client.clone(), &config.namespace),
         leader::LeaderConfig::new(&config.pod_name),
@@ -140,6 +198,7 @@ pub async fn run(config: RunConfig, client: Client, shutdown: CancellationToken)
         }
         tracing::info!(identity = %config.pod_name, "leading: reconciling and mirroring status");
         led = true;
+        ctx.metrics.set_leader(true);
         let term = shutdown.child_token();
         let (stores, signals) = controller::watch(&client, &config.namespace);
         let reconcile_ctx = ctx.clone();
@@ -165,6 +224,7 @@ pub async fn run(config: RunConfig, client: Client, shutdown: CancellationToken)
         }
         term.cancel();
         while tasks.join_next().await.is_some() {}
+        ctx.metrics.set_leader(false);
     }
     // The leader tasks have stopped: release the Lease so a standby takes over at once.
     if let Ok(mut elector) = elector.await

@@ -28,6 +28,7 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::controller::{Kind, Read, Undecodable};
+use super::metrics::{HasStatusKind, Metrics, WriteResult, Writer};
 use super::{Context, Error, is_status, pki, timestamp};
 use crate::crd::{
     NodeCatalog, NodeCatalogStatus, Provider, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus,
@@ -40,6 +41,8 @@ pub const NODE_FINALIZER: &str = "iop.dev/node-identity";
 
 /// Bound of one whole reconcile.
 pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound of one status write (any writer).
+pub const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What was written in stage 3, and the status computed with it.
 #[derive(Debug)]
@@ -51,12 +54,16 @@ pub struct Applied {
     pub templates: Vec<StatusUpdate<WorkspaceTemplateStatus>>,
 }
 
-/// [`reconcile`] at the context's `now`, bounded by [`RECONCILE_TIMEOUT`].
+/// [`reconcile`] at the context's `now`, bounded by [`RECONCILE_TIMEOUT`],
+/// counted and timed.
 pub async fn reconcile_with_timeout(ctx: &Context, read: Read) -> Result<(), Error> {
     let now = ctx.clock.now();
-    tokio::time::timeout(RECONCILE_TIMEOUT, reconcile(ctx, read, now))
+    let started = tokio::time::Instant::now();
+    let result = tokio::time::timeout(RECONCILE_TIMEOUT, reconcile(ctx, read, now))
         .await
-        .map_err(|_| Error::Timeout(RECONCILE_TIMEOUT))?
+        .unwrap_or(Err(Error::Timeout(RECONCILE_TIMEOUT)));
+    ctx.metrics.reconciled(&result, started.elapsed());
+    result
 }
 
 pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result<(), Error> {
@@ -114,6 +121,7 @@ async fn write_status(ctx: &Context, snapshot: &reconcile::Snapshot, applied: &A
         record(
             write_if_changed(
                 &api,
+                &ctx.metrics,
                 current.map(|p| &p.metadata),
                 &u.name,
                 now,
@@ -130,6 +138,7 @@ async fn write_status(ctx: &Context, snapshot: &reconcile::Snapshot, applied: &A
         record(
             write_if_changed(
                 &api,
+                &ctx.metrics,
                 current.map(|n| &n.metadata),
                 &u.name,
                 now,
@@ -146,6 +155,7 @@ async fn write_status(ctx: &Context, snapshot: &reconcile::Snapshot, applied: &A
         record(
             write_if_changed(
                 &api,
+                &ctx.metrics,
                 current.map(|t| &t.metadata),
                 &u.name,
                 now,
@@ -162,6 +172,7 @@ type Owned<'a> = (&'a [Condition], Option<i64>);
 
 async fn write_if_changed<K>(
     api: &Api<K>,
+    metrics: &Metrics,
     meta: Option<&ObjectMeta>,
     name: &str,
     current: Option<Owned<'_>>,
@@ -169,7 +180,7 @@ async fn write_if_changed<K>(
     desired: Owned<'_>,
 ) -> Result<(), Error>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
 {
     // Gone or going: nothing to tell.
     if meta.is_none_or(|m| m.deletion_timestamp.is_some()) {
@@ -178,12 +189,37 @@ where
     if current.unwrap_or((&[], None)) == desired {
         return Ok(());
     }
-    apply_status(api, name, FIELD_MANAGER_CONFIG, status).await
+    apply_status(api, metrics, Writer::Reconcile, name, status).await
 }
 
 /// Server-side apply of `status` (only the fields given) on the status
-/// subresource. A missing object is not an error (it was deleted meanwhile).
-pub async fn apply_status<K>(api: &Api<K>, name: &str, manager: &str, status: &impl Serialize) -> Result<(), Error>
+/// subresource, with `writer`'s field manager, bounded by
+/// [`STATUS_WRITE_TIMEOUT`] and counted in `iop_operator_status_writes_total`
+/// (`ok`, `failed`, `timeout`). A missing object is not an error (it was
+/// deleted meanwhile). Callers decide that the fields changed; this writes.
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    metrics: &Metrics,
+    writer: Writer,
+    name: &str,
+    status: &impl Serialize,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
+{
+    let pending = metrics.status_write(K::STATUS_KIND, writer);
+    let result = tokio::time::timeout(STATUS_WRITE_TIMEOUT, patch_status(api, writer.field_manager(), name, status))
+        .await
+        .unwrap_or(Err(Error::Timeout(STATUS_WRITE_TIMEOUT)));
+    pending.finish(match &result {
+        Ok(()) => WriteResult::Ok,
+        Err(Error::Timeout(_)) => WriteResult::Timeout,
+        Err(_) => WriteResult::Failed,
+    });
+    result
+}
+
+async fn patch_status<K>(api: &Api<K>, manager: &str, name: &str, status: &impl Serialize) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {

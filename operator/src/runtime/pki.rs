@@ -15,6 +15,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use time::OffsetDateTime;
 
+use super::metrics::{CertKind, Metrics, Writer};
 use super::namespace::apply_status;
 use super::{Context, Error, is_status, timestamp};
 use crate::certs::secrets::{self, CA_COMMON_NAME, CA_VALIDITY, EDGE_VALIDITY};
@@ -32,18 +33,20 @@ pub async fn reconcile(
     now: OffsetDateTime,
 ) -> Result<(), Error> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let ca = ensure_ca(&secrets, &ctx.namespace, now).await?;
-    ensure_edge_tls(&secrets, &ctx.namespace, &ca, &ctx.edge_server_names, now).await?;
+    let metrics = &ctx.metrics;
+    let ca = ensure_ca(&secrets, &ctx.namespace, metrics, now).await?;
+    ensure_edge_tls(&secrets, &ctx.namespace, &ca, &ctx.edge_server_names, metrics, now).await?;
 
     let api: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let mut result = Ok(());
     for entry in &applied.nodes {
         let Some(node) = nodes.iter().find(|n| n.name_any() == entry.name) else { continue };
         let outcome = async {
-            let cert = ensure_node_cert(&secrets, &ctx.namespace, &ca, node, &ctx.settings.trust_domain, now).await?;
+            let cert =
+                ensure_node_cert(&secrets, &ctx.namespace, &ca, node, &ctx.settings.trust_domain, metrics, now).await?;
             if node.status.as_ref().and_then(|s| s.certificate.as_ref()) != Some(&cert) {
                 let status = NodeCatalogStatus { certificate: Some(cert), ..Default::default() };
-                apply_status(&api, &entry.name, FIELD_MANAGER_CERTS, &status).await?;
+                apply_status(&api, metrics, Writer::Certs, &entry.name, &status).await?;
             }
             Ok::<_, Error>(())
         }
@@ -60,7 +63,12 @@ pub async fn reconcile(
 
 /// Loads the CA from `iop-ca`, or generates one and creates the Secret.
 /// When the create loses a race (409), the winner's CA is loaded instead.
-pub async fn ensure_ca(secrets: &Api<Secret>, namespace: &str, now: OffsetDateTime) -> Result<Ca, Error> {
+pub async fn ensure_ca(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    metrics: &Metrics,
+    now: OffsetDateTime,
+) -> Result<Ca, Error> {
     if let Some(existing) = secrets.get_opt(CA_SECRET).await? {
         return Ok(secrets::load_ca(&existing, now)?);
     }
@@ -68,6 +76,7 @@ pub async fn ensure_ca(secrets: &Api<Secret>, namespace: &str, now: OffsetDateTi
     let params = PostParams { field_manager: Some(FIELD_MANAGER_CERTS.to_string()), ..Default::default() };
     match secrets.create(&params, &secrets::ca_secret(namespace, &ca)).await {
         Ok(_) => {
+            metrics.issued(CertKind::Ca);
             tracing::info!(secret = CA_SECRET, not_after = %ca.not_after(), "created a new CA");
             Ok(ca)
         }
@@ -90,6 +99,7 @@ pub async fn ensure_edge_tls(
     namespace: &str,
     ca: &Ca,
     names: &[String],
+    metrics: &Metrics,
     now: OffsetDateTime,
 ) -> Result<(), Error> {
     let existing = secrets.get_opt(EDGE_TLS_SECRET).await?;
@@ -97,6 +107,7 @@ pub async fn ensure_edge_tls(
     let edge = ca.edge_server_cert(names, now, EDGE_VALIDITY)?;
     let secret = secrets::edge_tls_secret(namespace, ca, &edge);
     secrets.patch(EDGE_TLS_SECRET, &apply_params(), &Patch::Apply(&secret)).await?;
+    metrics.issued(CertKind::Edge);
     let info = inspect(&edge.cert_pem)?;
     tracing::info!(
         secret = EDGE_TLS_SECRET,
@@ -135,6 +146,7 @@ pub async fn ensure_node_cert(
     ca: &Ca,
     node: &NodeCatalog,
     trust_domain: &str,
+    metrics: &Metrics,
     now: OffsetDateTime,
 ) -> Result<CertificateStatus, Error> {
     let name = node.name_any();
@@ -151,6 +163,7 @@ pub async fn ensure_node_cert(
             let issued = ca.node_client_cert(&identity, now, validity)?;
             let secret = secrets::node_secret(namespace, node, ca, &issued);
             secrets.patch(&secret_name, &apply_params(), &Patch::Apply(&secret)).await?;
+            metrics.issued(CertKind::Node);
             let info = inspect(&issued.cert_pem)?;
             tracing::info!(
                 node = %name,

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use tower_test::mock::{Handle, SendResponse};
 
+use super::metrics::Metrics;
 use super::{Clock, Context};
 use crate::reconcile::fixtures::{NS, settings};
 
@@ -57,6 +58,7 @@ pub(crate) fn context(client: Client, now: OffsetDateTime) -> Context {
         settings: settings(),
         edge_server_names: EDGE_NAMES.iter().map(|s| s.to_string()).collect(),
         clock: Arc::new(FixedClock(now)),
+        metrics: Metrics::new(),
     }
 }
 
@@ -190,6 +192,56 @@ fn decode(s: &str) -> String {
         }
     }
     String::from_utf8(out).unwrap()
+}
+
+/// One sample of the OpenMetrics text: name, labels (in order), value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+/// Every sample of an OpenMetrics exposition (comments skipped).
+pub(crate) fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
+            let (name, labels) = match series.split_once('{') {
+                None => (series, Vec::new()),
+                Some((name, rest)) => {
+                    let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels: {line}"));
+                    let labels = body
+                        .split(',')
+                        .filter(|kv| !kv.is_empty())
+                        .map(|kv| {
+                            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("label without =: {line}"));
+                            (k.to_string(), v.trim_matches('"').to_string())
+                        })
+                        .collect();
+                    (name, labels)
+                }
+            };
+            Sample { name: name.to_string(), labels, value: value.parse().unwrap_or_else(|_| panic!("{line}")) }
+        })
+        .collect()
+}
+
+/// The value of one series, read through the registry's exposition; a
+/// series that is not exported fails the test.
+pub(crate) fn value(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: Vec<(String, String)> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    samples(&metrics.encode())
+        .into_iter()
+        .find(|s| s.name == name && s.labels == want)
+        .unwrap_or_else(|| panic!("no series {name}{labels:?}"))
+        .value
+}
+
+/// `iop_operator_status_writes_total{kind, writer, result}`.
+pub(crate) fn status_writes(metrics: &Metrics, kind: &str, writer: &str, result: &str) -> f64 {
+    value(metrics, "iop_operator_status_writes_total", &[("kind", kind), ("writer", writer), ("result", result)])
 }
 
 #[test]

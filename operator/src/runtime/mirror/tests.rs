@@ -15,7 +15,9 @@ use crate::crd::provider::Health;
 use crate::env::EdgeAdminUrl;
 use crate::mirror::{EdgeHealth, EdgeNode, EdgeProvider, Overlay, OverlayState, SessionPhase};
 use crate::reconcile::fixtures::{node, provider};
-use crate::runtime::tests::{NOW, context, mock};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::namespace::STATUS_WRITE_TIMEOUT;
+use crate::runtime::tests::{NOW, context, mock, status_writes, value};
 
 const CRD_PATH: &str = "/apis/iop.dev/v1alpha1/namespaces/iop";
 const STATUS: &str = "iop-operator/status";
@@ -70,31 +72,43 @@ async fn fetches_both_admin_snapshots_and_reports_failures_by_kind() {
         false,
     )
     .await;
-    let (p, n) = fetch(&AdminClient::new(url)).await.unwrap();
+    let metrics = Metrics::new();
+    let (p, n) = poll(&AdminClient::new(url.clone()), &metrics).await.unwrap();
     assert_eq!(p.providers[0].id, "llama");
     assert_eq!(n.nodes[0].phase, Some(SessionPhase::Ready));
+    poll(&AdminClient::new(url), &metrics).await.unwrap();
 
     let url =
         fake_edge(vec![("/admin/v1/providers", 500, "{}".into()), ("/admin/v1/nodes", 200, nodes.to_string())], false)
             .await;
-    assert!(matches!(fetch(&AdminClient::new(url)).await, Err(AdminError::Status(500))));
+    assert!(matches!(poll(&AdminClient::new(url), &metrics).await, Err(AdminError::Status(500))));
 
     let url = fake_edge(
         vec![("/admin/v1/providers", 200, "[1,2".into()), ("/admin/v1/nodes", 200, nodes.to_string())],
         false,
     )
     .await;
-    assert_eq!(fetch(&AdminClient::new(url)).await.unwrap_err().label(), "decode");
+    assert_eq!(poll(&AdminClient::new(url), &metrics).await.unwrap_err().label(), "decode");
 
     let url = fake_edge(vec![], true).await;
     let client = AdminClient::new(url).with_timeout(Duration::from_millis(200));
-    assert!(matches!(fetch(&client).await, Err(AdminError::Timeout(_))));
+    assert!(matches!(poll(&client, &metrics).await, Err(AdminError::Timeout(_))));
 
     // Nothing listening.
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let authority = closed.local_addr().unwrap().to_string();
     drop(closed);
-    assert_eq!(fetch(&AdminClient::new(EdgeAdminUrl { authority })).await.unwrap_err().label(), "request");
+    let refused = AdminClient::new(EdgeAdminUrl { authority });
+    assert_eq!(poll(&refused, &metrics).await.unwrap_err().label(), "request");
+
+    // One poll, one count, under `ok` or the error's label.
+    let polls = |result: &str| value(&metrics, "iop_operator_mirror_polls_total", &[("result", result)]);
+    let counted: Vec<(&str, f64)> =
+        ["ok", "timeout", "request", "status", "body", "decode"].into_iter().map(|r| (r, polls(r))).collect();
+    assert_eq!(
+        counted,
+        [("ok", 2.0), ("timeout", 1.0), ("request", 1.0), ("status", 1.0), ("body", 0.0), ("decode", 1.0)]
+    );
 }
 
 fn stores(providers: Vec<Provider>, nodes: Vec<NodeCatalog>) -> Stores {
@@ -152,6 +166,7 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     let stores = stores(vec![llama.clone(), qwen], vec![mac.clone()]);
     let (client, mut server) = mock();
     let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
     let down = Overlay { state: OverlayState::Unavailable, generation: 4, sequence: 9, since_ms: 1_793_534_450_000 };
 
     let task = tokio::spawn(async move {
@@ -190,4 +205,43 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     assert_eq!(unchanged, Round::default());
     assert_eq!(lowered, Round { written: 1, failed: 0 });
     server.done().await;
+    assert_eq!(status_writes(&metrics, "provider", "mirror", "ok"), 2.0);
+    assert_eq!(status_writes(&metrics, "nodecatalog", "mirror", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "ok"), 0.0, "the mirror's own writer label");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_without_an_answer_times_out_is_counted_and_retried_next_round() {
+    let now = crate::runtime::timestamp(NOW);
+    let llama = provider("llama", "mac-1");
+    let mac = node("mac-1");
+    let stores = stores(vec![llama.clone()], vec![mac.clone()]);
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
+    let started = tokio::time::Instant::now();
+    let task = tokio::spawn(async move {
+        let mut state = MirrorState::default();
+        let first = write(&ctx, &stores, &view(None), &mut state, now).await;
+        let second = write(&ctx, &stores, &view(None), &mut state, now).await;
+        (first, second)
+    });
+
+    // The provider's write gets no answer: given up after the bound, the
+    // node is still written.
+    let unanswered = server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), STATUS).await;
+    tokio::time::sleep(STATUS_WRITE_TIMEOUT).await;
+    server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), STATUS).await.ok(&mac);
+    // Not remembered as written: the next round writes it again (and only it).
+    server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), STATUS).await.ok(&llama);
+    let (first, second) = task.await.unwrap();
+    assert_eq!(started.elapsed(), STATUS_WRITE_TIMEOUT);
+    drop(unanswered);
+    assert_eq!(first, Round { written: 1, failed: 1 });
+    assert_eq!(second, Round { written: 1, failed: 0 });
+    server.done().await;
+    assert_eq!(status_writes(&metrics, "provider", "mirror", "timeout"), 1.0);
+    assert_eq!(status_writes(&metrics, "provider", "mirror", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "nodecatalog", "mirror", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "provider", "mirror", "failed"), 0.0);
 }

@@ -16,7 +16,8 @@ use crate::certs::{self, Ca, inspect};
 use crate::crd::node_catalog::CertificateStatus;
 use crate::reconcile::fixtures::{node, provider, settings, snapshot};
 use crate::reconcile::{CONFIG_KEY, Snapshot};
-use crate::runtime::tests::{ApiServer, EDGE_NAMES, NOW, context, mock};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::tests::{ApiServer, EDGE_NAMES, NOW, context, mock, samples, status_writes, value};
 
 const DAY: Duration = Duration::from_secs(86_400);
 const CRD_PATH: &str = "/apis/iop.dev/v1alpha1/namespaces/iop";
@@ -112,7 +113,9 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     let expected = reconcile::build(&s, &settings(), timestamp(NOW)).unwrap();
 
     let (client, mut server) = mock();
-    let task = spawn(context(client, NOW), s.clone(), NOW);
+    let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
+    let task = spawn(ctx, s.clone(), NOW);
 
     // 1. The finalizer, guarded by the resourceVersion read.
     let call = server.expect_merge(&format!("{CRD_PATH}/nodecatalogs/mac-1"), CONFIG).await;
@@ -190,6 +193,14 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
 
     task.await.unwrap().unwrap();
     server.done().await;
+    // Counted: each status write by its writer, each issued certificate.
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "nodecatalog", "reconcile", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "nodecatalog", "certs", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "workspacetemplate", "reconcile", "ok"), 0.0);
+    for kind in ["ca", "edge", "node"] {
+        assert_eq!(value(&metrics, "iop_operator_certificates_issued_total", &[("kind", kind)]), 1.0, "{kind}");
+    }
 
     // Next reconcile, unchanged objects (now carrying what was written), one
     // second before the node certificate's rotation window: the config is
@@ -206,13 +217,21 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     let later = NOW + 20 * DAY - Duration::from_secs(1);
 
     let (client, mut server) = mock();
-    let task = spawn(context(client, later), s.clone(), later);
+    let ctx = context(client, later);
+    let metrics = ctx.metrics.clone();
+    let task = spawn(ctx, s.clone(), later);
     server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.respond(200, ca_body.clone());
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.respond(200, edge_body.clone());
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.respond(200, node_body.clone());
     task.await.unwrap().unwrap();
     server.done().await;
+    // Nothing changed: nothing written, nothing issued, nothing counted.
+    assert!(
+        samples(&metrics.encode()).iter().filter(|s| s.name.ends_with("_total")).all(|s| s.value == 0.0),
+        "{}",
+        metrics.encode()
+    );
 
     // At the window: a new certificate, and the new serial in status.
     let at_window = NOW + 20 * DAY;
@@ -311,7 +330,7 @@ async fn a_ca_create_race_loads_the_winner_and_a_bad_ca_secret_fails_without_tou
     let winner_secret = ca_secret(NS, &winner);
     let task = tokio::spawn({
         let secrets = secrets.clone();
-        async move { pki::ensure_ca(&secrets, NS, NOW).await.map(|ca| ca.cert_pem().to_string()) }
+        async move { pki::ensure_ca(&secrets, NS, &Metrics::new(), NOW).await.map(|ca| ca.cert_pem().to_string()) }
     });
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.not_found();
     server.expect("POST", &format!("{CORE_PATH}/secrets"), &[("fieldManager", CERTS)]).await.conflict();
@@ -321,7 +340,7 @@ async fn a_ca_create_race_loads_the_winner_and_a_bad_ca_secret_fails_without_tou
     // A user-supplied CA that is not usable: an error, and no write.
     let mut bad = winner_secret;
     bad.data.as_mut().unwrap().remove("ca-key.pem");
-    let task = tokio::spawn(async move { pki::ensure_ca(&secrets, NS, NOW).await.map(|_| ()) });
+    let task = tokio::spawn(async move { pki::ensure_ca(&secrets, NS, &Metrics::new(), NOW).await.map(|_| ()) });
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&bad);
     let e = task.await.unwrap().unwrap_err();
     assert_eq!(e.label(), "ca_secret");
@@ -340,7 +359,12 @@ async fn a_failed_status_write_does_not_stop_the_rest_and_fails_the_reconcile() 
         p.status = None;
     }
     let (client, mut server) = mock();
-    let task = spawn(context(client, NOW), settled.clone(), NOW);
+    let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
+    let task = tokio::spawn({
+        let read = Read { snapshot: settled.clone(), undecodable: Vec::new() };
+        async move { reconcile_with_timeout(&ctx, read).await }
+    });
     server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
     server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await.fail(500, "InternalError");
     server.expect_apply(&format!("{CRD_PATH}/providers/b/status"), CONFIG).await.ok(&settled.providers[1]);
@@ -348,6 +372,76 @@ async fn a_failed_status_write_does_not_stop_the_rest_and_fails_the_reconcile() 
     let e = task.await.unwrap().unwrap_err();
     assert_eq!(e.label(), "kube");
     server.done().await;
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "failed"), 1.0);
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "ok"), 1.0);
+    assert_eq!(value(&metrics, "iop_operator_reconciles_total", &[("result", "failed")]), 1.0);
+    assert_eq!(value(&metrics, "iop_operator_reconciles_total", &[("result", "ok")]), 0.0);
+    assert_eq!(value(&metrics, "iop_operator_reconcile_duration_seconds_count", &[]), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_write_without_an_answer_times_out_is_counted_and_the_rest_goes_on() {
+    let s = snapshot(vec![provider("a", "mac-1"), provider("b", "mac-1")], vec![node("mac-1")], vec![]);
+    let mut settled = s.clone();
+    settle(&mut settled, NOW);
+    let pki = pki(&mut settled, NOW);
+    for p in &mut settled.providers {
+        p.status = None;
+    }
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
+    let started = tokio::time::Instant::now();
+    let task = tokio::spawn({
+        let read = Read { snapshot: settled.clone(), undecodable: Vec::new() };
+        async move { reconcile_with_timeout(&ctx, read).await }
+    });
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    // The API server takes the write and never answers.
+    let unanswered = server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await;
+    tokio::time::sleep(STATUS_WRITE_TIMEOUT).await;
+    // Given up after the bound: the next object is written.
+    server.expect_apply(&format!("{CRD_PATH}/providers/b/status"), CONFIG).await.ok(&settled.providers[1]);
+    serve_current_certs(&mut server, &pki, &["mac-1"]).await;
+    let e = task.await.unwrap().unwrap_err();
+    assert!(matches!(e, Error::Timeout(d) if d == STATUS_WRITE_TIMEOUT), "{e}");
+    assert_eq!(started.elapsed(), STATUS_WRITE_TIMEOUT);
+    drop(unanswered);
+    server.done().await;
+
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "timeout"), 1.0);
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "ok"), 1.0);
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "failed"), 0.0);
+    assert_eq!(value(&metrics, "iop_operator_reconciles_total", &[("result", "timeout")]), 1.0);
+    assert_eq!(value(&metrics, "iop_operator_reconcile_duration_seconds_sum", &[]), 10.0);
+    assert_eq!(value(&metrics, "iop_operator_reconcile_duration_seconds_bucket", &[("le", "12.8")]), 1.0);
+    assert_eq!(value(&metrics, "iop_operator_reconcile_duration_seconds_bucket", &[("le", "6.4")]), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_over_its_bound_is_counted_as_a_timeout_with_its_abandoned_write() {
+    let mut s = snapshot(vec![provider("a", "mac-1")], vec![node("mac-1")], vec![]);
+    settle(&mut s, NOW);
+    s.providers[0].status = None;
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
+    let task = tokio::spawn({
+        let read = Read { snapshot: s.clone(), undecodable: Vec::new() };
+        async move { reconcile_with_timeout(&ctx, read).await }
+    });
+    // The ConfigMap apply takes 55 s; the status write is cut off by the
+    // reconcile's own bound (60 s) before its 10 s are up.
+    let apply = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    tokio::time::sleep(Duration::from_secs(55)).await;
+    apply.echo();
+    let unanswered = server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await;
+    let e = task.await.unwrap().unwrap_err();
+    assert!(matches!(e, Error::Timeout(d) if d == RECONCILE_TIMEOUT), "{e}");
+    drop(unanswered);
+    assert_eq!(status_writes(&metrics, "provider", "reconcile", "timeout"), 1.0, "abandoned counts as timeout");
+    assert_eq!(value(&metrics, "iop_operator_reconciles_total", &[("result", "timeout")]), 1.0);
+    assert_eq!(value(&metrics, "iop_operator_reconcile_duration_seconds_sum", &[]), 60.0);
 }
 
 #[tokio::test]
