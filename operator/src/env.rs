@@ -111,14 +111,12 @@ impl RunConfig {
         }
 
         let trust_domain = get(TRUST_DOMAIN)?;
-        let td_ok = trust_domain.len() <= 255
-            && trust_domain.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b));
+        // The same rule the Edge config applies to `trust_domain`.
+        let td_ok = !trust_domain.is_empty()
+            && trust_domain.len() <= 255
+            && trust_domain.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
         if !td_ok {
-            return Err(invalid(
-                TRUST_DOMAIN,
-                &trust_domain,
-                "must be a lowercase DNS-like name (a-z, 0-9, '.', '-', '_')",
-            ));
+            return Err(invalid(TRUST_DOMAIN, &trust_domain, "must be a lowercase DNS-like name (a-z, 0-9, '.', '-')"));
         }
 
         let metrics_addr = match lookup(METRICS_ADDR).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
@@ -249,6 +247,8 @@ mod tests {
             (EDGE_SERVER_NAMES, ",,"),
             (EDGE_SERVER_NAMES, "iop-edge,bad name"),
             (TRUST_DOMAIN, "IOP.Example"),
+            // The Edge config refuses `_`, so the operator does too.
+            (TRUST_DOMAIN, "iop_local"),
         ];
         for (var, value) in cases {
             let mut env = chart_env();
