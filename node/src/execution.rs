@@ -313,7 +313,7 @@ pub(crate) enum Driven<T> {
 /// forwarded first; items after a stall claim are dropped and counted.
 /// Time spent waiting on our own uplink (client backpressure) is not
 /// provider silence.
-pub(crate) async fn forward<U: UplinkFrame, T: Send + 'static>(
+async fn forward<U: UplinkFrame, T: Send + 'static>(
     producer: Producer<T>,
     items: &mut mpsc::Receiver<U::Item>,
     uplink: &mut Uplink<U>,
@@ -370,10 +370,57 @@ pub(crate) async fn forward<U: UplinkFrame, T: Send + 'static>(
     }
 }
 
+/// How an execution ended once provider errors became wire failures.
+pub(crate) enum Settled<T> {
+    Finished(Result<T, pb::ExecutionFailure>),
+    Cancelled,
+    /// The Edge ended the call: no terminal is sent.
+    EdgeGone,
+}
+
+/// The provider an execution drives, and where its observations go.
+pub(crate) struct Watched<'a> {
+    pub http: &'a reqwest::Client,
+    pub target: &'a ProviderTarget,
+    pub stall_timeout: Duration,
+    pub observer: &'a Observer,
+    pub kind: ExecutionKind,
+}
+
+/// [`forward`] under a fresh [`StallWatchdog`], then settles the outcome the
+/// same way for runs and tunnels: an adapter error becomes its wire failure
+/// (an unreachable provider is probed for evidence), a stall becomes the
+/// single `response_stalled` failure with its joined evidence.
+pub(crate) async fn drive<U: UplinkFrame, T: Send + 'static>(
+    producer: Producer<Result<T, crate::adapter::AdapterError>>,
+    items: &mut mpsc::Receiver<U::Item>,
+    uplink: &mut Uplink<U>,
+    cancel: &Cancel,
+    edge_gone: impl Future<Output = ()>,
+    watched: Watched<'_>,
+) -> Settled<T> {
+    let Watched { http, target, stall_timeout, observer, kind } = watched;
+    let mut watchdog = StallWatchdog::new(stall_timeout, tokio::time::Instant::now());
+    let fenced = || observer.metrics.fenced(kind);
+    match forward(producer, items, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
+        Driven::Finished(Ok(done)) => Settled::Finished(Ok(done)),
+        Driven::Finished(Err(e)) => {
+            let mut failure = e.to_failure();
+            unreachable_evidence(http, target, &mut failure, observer).await;
+            Settled::Finished(Err(failure))
+        }
+        Driven::Stalled { silent_for, producer } => {
+            Settled::Finished(Err(stall_failure(http, target, producer, silent_for, observer, kind).await))
+        }
+        Driven::Cancelled => Settled::Cancelled,
+        Driven::EdgeGone => Settled::EdgeGone,
+    }
+}
+
 /// A provider that could not be reached is probed (bounded) so the failure
 /// carries sequenced health evidence like a stall does: a killed provider is
 /// classified unhealthy and the Edge takes it out of rotation.
-pub(crate) async fn unreachable_evidence(
+async fn unreachable_evidence(
     http: &reqwest::Client,
     target: &ProviderTarget,
     failure: &mut pb::ExecutionFailure,
@@ -393,7 +440,7 @@ pub(crate) async fn unreachable_evidence(
 /// After a stall claim: joins the close-grace fence on `producer` with the
 /// exact-target probe, records the observation, and returns the single
 /// `response_stalled` failure with its evidence and sequence.
-pub(crate) async fn stall_failure<T: Send + 'static>(
+async fn stall_failure<T: Send + 'static>(
     http: &reqwest::Client,
     target: &ProviderTarget,
     producer: Producer<T>,

@@ -9,8 +9,7 @@ use iop_proto::pb::{self, run_event::Event};
 use tokio::sync::mpsc;
 
 use crate::adapter;
-use crate::execution::{self, Cancel, Driven, ExecutionContext, Observer, Producer, UPLINK_CAPACITY, Uplink};
-use crate::liveness::StallWatchdog;
+use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Settled, UPLINK_CAPACITY, Uplink, Watched};
 use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
@@ -43,38 +42,22 @@ async fn serve(
     observer: &Observer,
 ) -> bool {
     let outcome = match validate(providers, request.into()) {
-        Err(rejection) => Driven::Finished(Err(rejection.to_failure())),
+        Err(rejection) => Settled::Finished(Err(rejection.to_failure())),
         Ok((target, stall_timeout)) => {
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
             let producer = Producer::spawn({
                 let (http, target, request) = (http.clone(), target.clone(), request.clone());
                 async move { adapter::execute(&http, &target, &request, &sink).await }
             });
-            let mut watchdog = StallWatchdog::new(stall_timeout, tokio::time::Instant::now());
-            let fenced = || observer.metrics.fenced(ExecutionKind::run);
-            match execution::forward(producer, &mut events, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
-                Driven::Finished(Ok(finish)) => Driven::Finished(Ok(finish)),
-                Driven::Finished(Err(e)) => {
-                    let mut failure = e.to_failure();
-                    execution::unreachable_evidence(http, target, &mut failure, observer).await;
-                    Driven::Finished(Err(failure))
-                }
-                Driven::Stalled { silent_for, producer } => {
-                    let failure =
-                        execution::stall_failure(http, target, producer, silent_for, observer, ExecutionKind::run)
-                            .await;
-                    Driven::Finished(Err(failure))
-                }
-                Driven::Cancelled => Driven::Cancelled,
-                Driven::EdgeGone => Driven::EdgeGone,
-            }
+            let watched = Watched { http, target, stall_timeout, observer, kind: ExecutionKind::run };
+            execution::drive(producer, &mut events, uplink, cancel, edge_gone, watched).await
         }
     };
     let terminal = match outcome {
-        Driven::Finished(Ok(finish)) => Event::Completed(pb::RunCompleted { finish_reason: finish.into() }),
-        Driven::Finished(Err(failure)) => Event::Failed(pb::RunFailed { failure: Some(failure) }),
-        Driven::Cancelled => Event::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
-        Driven::EdgeGone | Driven::Stalled { .. } => {
+        Settled::Finished(Ok(finish)) => Event::Completed(pb::RunCompleted { finish_reason: finish.into() }),
+        Settled::Finished(Err(failure)) => Event::Failed(pb::RunFailed { failure: Some(failure) }),
+        Settled::Cancelled => Event::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
+        Settled::EdgeGone => {
             tracing::debug!(run_id = %request.run_id, "edge ended the run stream");
             return false;
         }

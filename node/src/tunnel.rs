@@ -21,8 +21,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 
 use crate::adapter::{self, AdapterError, ProviderTarget};
-use crate::execution::{self, Cancel, Driven, ExecutionContext, Observer, Producer, Rejection, Uplink};
-use crate::liveness::StallWatchdog;
+use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Rejection, Settled, Uplink, Watched};
 use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
@@ -64,40 +63,24 @@ pub(crate) async fn serve(
     observer: &Observer,
 ) -> bool {
     let outcome = match prepare(providers, &request) {
-        Err(rejection) => Driven::Finished(Err(rejection.to_failure())),
+        Err(rejection) => Settled::Finished(Err(rejection.to_failure())),
         Ok(prepared) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
-            let target = prepared.target.clone();
-            let mut watchdog = StallWatchdog::new(prepared.stall_timeout, tokio::time::Instant::now());
+            let (target, stall_timeout) = (prepared.target.clone(), prepared.stall_timeout);
             let producer = Producer::spawn({
                 let http = http.clone();
                 async move { relay(&http, prepared, body, &sink).await }
             });
-            let fenced = || observer.metrics.fenced(ExecutionKind::tunnel);
-            match execution::forward(producer, &mut frames, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
-                Driven::Finished(Ok(())) => Driven::Finished(Ok(())),
-                Driven::Finished(Err(e)) => {
-                    let mut failure = e.to_failure();
-                    execution::unreachable_evidence(http, &target, &mut failure, observer).await;
-                    Driven::Finished(Err(failure))
-                }
-                Driven::Stalled { silent_for, producer } => {
-                    let failure =
-                        execution::stall_failure(http, &target, producer, silent_for, observer, ExecutionKind::tunnel)
-                            .await;
-                    Driven::Finished(Err(failure))
-                }
-                Driven::Cancelled => Driven::Cancelled,
-                Driven::EdgeGone => Driven::EdgeGone,
-            }
+            let watched = Watched { http, target: &target, stall_timeout, observer, kind: ExecutionKind::tunnel };
+            execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched).await
         }
     };
     let terminal = match outcome {
-        Driven::Finished(Ok(())) => Frame::End(pb::TunnelEnd {}),
-        Driven::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
-        Driven::Cancelled => Frame::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
-        Driven::EdgeGone | Driven::Stalled { .. } => {
+        Settled::Finished(Ok(())) => Frame::End(pb::TunnelEnd {}),
+        Settled::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
+        Settled::Cancelled => Frame::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
+        Settled::EdgeGone => {
             tracing::debug!(tunnel_id = %request.tunnel_id, "edge ended the tunnel stream");
             return false;
         }
