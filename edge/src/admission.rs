@@ -520,7 +520,7 @@ impl Drop for WaitTicket {
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::*;
-    use crate::node::registry::{Session, SessionPhase};
+    use crate::node::registry::Session;
     use iop_proto::pb::ProviderHealth;
 
     /// A real lease on a one-provider pool whose node `node` is ready on `generation`.
@@ -538,21 +538,7 @@ providers:
         .unwrap();
         let registry = Arc::new(NodeRegistry::default());
         let (control, _rx) = tokio::sync::mpsc::channel(1);
-        let close = tokio_util::sync::CancellationToken::new();
-        let provider_health = HashMap::new();
-        registry.register(
-            node,
-            Session {
-                generation,
-                phase: SessionPhase::Registered,
-                connected_at_ms: 0,
-                node_version: String::new(),
-                control,
-                close,
-                close_reason: Default::default(),
-                provider_health,
-            },
-        );
+        registry.register(node, Session::registered(generation, control));
         registry.mark_ready(node, generation, HashMap::from([("p".to_string(), ProviderHealth::Available)]));
         let pool = AdmissionPool::new(&config, registry, Default::default(), EdgeMetrics::new());
         let candidates: Arc<[Candidate]> =
@@ -568,10 +554,9 @@ providers:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::registry::{Session, SessionPhase};
+    use crate::node::registry::Session;
     use iop_proto::pb::ProviderHealth;
     use tokio::sync::mpsc;
-    use tokio_util::sync::CancellationToken;
 
     fn view(priority: u32, in_flight: u32, capacity: u32) -> CandidateView {
         CandidateView { priority, eligible: true, avoided: false, fallback_allowed: true, in_flight, capacity }
@@ -651,19 +636,7 @@ providers:
         for (node, provider, generation) in [("n1", "a", 10), ("n2", "b", 20)] {
             let (control, rx) = mpsc::channel(1);
             controls.push(rx);
-            registry.register(
-                node,
-                Session {
-                    generation,
-                    phase: SessionPhase::Registered,
-                    connected_at_ms: 0,
-                    node_version: String::new(),
-                    control,
-                    close: CancellationToken::new(),
-                    close_reason: Default::default(),
-                    provider_health: HashMap::new(),
-                },
-            );
+            registry.register(node, Session::registered(generation, control));
             registry.mark_ready(node, generation, HashMap::from([(provider.to_string(), ProviderHealth::Available)]));
         }
         let candidates = crate::route::candidates(&config, "chat")

@@ -200,11 +200,10 @@ impl NodeRegistry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn session(generation: u64) -> Session {
-        let (control, _rx) = mpsc::channel(1);
+impl Session {
+    /// A session that answered Register on `generation` (tests of the
+    /// registry and of what reads it).
+    pub(crate) fn registered(generation: u64, control: ControlSender) -> Self {
         Session {
             generation,
             phase: SessionPhase::Registered,
@@ -215,6 +214,16 @@ mod tests {
             close_reason: Default::default(),
             provider_health: HashMap::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(generation: u64) -> Session {
+        let (control, _rx) = mpsc::channel(1);
+        Session::registered(generation, control)
     }
 
     #[test]
