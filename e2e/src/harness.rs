@@ -109,6 +109,8 @@ pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_m
         },
         reconnect: iop_node::config::ReconnectConfig { initial_backoff_ms: backoff_ms.0, max_backoff_ms: backoff_ms.1 },
         metrics: None,
+        // Fast re-probing, so a provider's return is seen within a test.
+        health: iop_node::config::HealthConfig { idle_interval_ms: 1_000, retry_initial_ms: 50, retry_max_ms: 500 },
     }
 }
 

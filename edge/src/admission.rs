@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
-use crate::overlay::HealthOverlay;
+use crate::overlay::{HealthOverlay, ProviderView};
 
 /// Immutable record of what a run was admitted to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,7 +333,7 @@ impl AdmissionPool {
         let generations: Vec<Option<u64>> = request
             .candidates
             .iter()
-            .map(|c| self.registry.ready_for(&c.provider.node, &c.provider.id).map(|s| s.generation))
+            .map(|c| ProviderView::of(&self.registry, &self.overlay, &c.provider).dispatchable_on)
             .collect();
         let views: Vec<CandidateView> = request
             .candidates
@@ -344,8 +344,7 @@ impl AdmissionPool {
                 let avoided = request.avoid.get(&c.provider.id);
                 CandidateView {
                     priority: c.priority,
-                    // The runtime overlay takes providers out of rotation.
-                    eligible: generation.is_some() && slots.is_some() && !self.overlay.is_unavailable(&c.provider.id),
+                    eligible: generation.is_some() && slots.is_some(),
                     avoided: avoided.is_some(),
                     fallback_allowed: avoided.copied().unwrap_or(true),
                     in_flight: slots.map_or(0, Slots::in_flight),
@@ -521,11 +520,10 @@ impl Drop for WaitTicket {
 pub(crate) mod test_support {
     use super::*;
     use crate::node::registry::Session;
-    use iop_proto::pb::ProviderHealth;
 
-    /// A real lease on a one-provider pool whose node `node` is ready on `generation`.
-    pub fn lease(run_id: &str, node: &str, generation: u64) -> LeaseGuard {
-        let config = EdgeConfig::from_yaml(&format!(
+    /// One ollama provider `p` (public model `chat`) on `node`.
+    pub fn one_provider_config(node: &str) -> EdgeConfig {
+        EdgeConfig::from_yaml(&format!(
             r#"
 listen: {{ http: "127.0.0.1:0", grpc: "127.0.0.1:0" }}
 tls: {{ ca_file: a, cert_file: b, key_file: c }}
@@ -535,12 +533,18 @@ providers:
   - {{ id: p, node: {node}, adapter: ollama, target: {{ model: m, base_url: "http://x" }}, models: [ {{ name: chat }} ] }}
 "#
         ))
-        .unwrap();
+        .unwrap()
+    }
+
+    /// A real lease on a one-provider pool whose node `node` is ready on `generation`.
+    pub fn lease(run_id: &str, node: &str, generation: u64) -> LeaseGuard {
+        let config = one_provider_config(node);
         let registry = Arc::new(NodeRegistry::default());
         let (control, _rx) = tokio::sync::mpsc::channel(1);
         registry.register(node, Session::registered(generation, control));
-        registry.mark_ready(node, generation, HashMap::from([("p".to_string(), ProviderHealth::Available)]));
-        let pool = AdmissionPool::new(&config, registry, Default::default(), EdgeMetrics::new());
+        let overlay = Arc::new(HealthOverlay::default());
+        crate::overlay::test_support::ready(&registry, &overlay, node, generation, &["p"]);
+        let pool = AdmissionPool::new(&config, registry, overlay, EdgeMetrics::new());
         let candidates: Arc<[Candidate]> =
             Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
         let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashMap::new() };
@@ -555,7 +559,6 @@ providers:
 mod tests {
     use super::*;
     use crate::node::registry::Session;
-    use iop_proto::pb::ProviderHealth;
     use tokio::sync::mpsc;
 
     fn view(priority: u32, in_flight: u32, capacity: u32) -> CandidateView {
@@ -632,19 +635,20 @@ providers:
     fn fixture() -> Fixture {
         let config = EdgeConfig::from_yaml(CONFIG).unwrap();
         let registry = Arc::new(NodeRegistry::default());
+        let overlay = Arc::new(HealthOverlay::default());
         let mut controls = Vec::new();
         for (node, provider, generation) in [("n1", "a", 10), ("n2", "b", 20)] {
             let (control, rx) = mpsc::channel(1);
             controls.push(rx);
             registry.register(node, Session::registered(generation, control));
-            registry.mark_ready(node, generation, HashMap::from([(provider.to_string(), ProviderHealth::Available)]));
+            crate::overlay::test_support::ready(&registry, &overlay, node, generation, &[provider]);
         }
         let candidates = crate::route::candidates(&config, "chat")
             .unwrap()
             .into_iter()
             .map(|p| Candidate { priority: p.models[0].priority, provider: p.clone() })
             .collect();
-        let pool = AdmissionPool::new(&config, registry.clone(), Default::default(), EdgeMetrics::new());
+        let pool = AdmissionPool::new(&config, registry.clone(), overlay, EdgeMetrics::new());
         Fixture { pool, registry, candidates, _controls: controls }
     }
 

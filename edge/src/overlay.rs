@@ -1,15 +1,27 @@
-//! The runtime health overlay: provider health learned from stall evidence
-//! and CAPABILITIES answers, kept apart from config (config health is never
-//! mutated) and fenced by connection generation and health observation
-//! sequence.
+//! The runtime health overlay: what the Edge believes about each provider's
+//! health, learned from the node (readiness, the node's own probes,
+//! CAPABILITIES answers) and from runs (stall and unreachable evidence),
+//! kept apart from config (config is never mutated) and fenced by
+//! connection generation and health observation sequence.
 //!
 //! Rules (pure, in [`HealthOverlay::apply`]):
 //! - evidence counts only from the provider's node's *current* generation;
 //! - within a provider, evidence must be strictly newer than the last
-//!   applied one, ordered by (generation, sequence); older or equal is stale;
-//! - only `unavailable` evidence lowers a provider; an `available` stall
-//!   (the request stalled, the provider is fine) changes nothing;
-//! - only a CAPABILITIES `available` answer recovers a lowered provider.
+//!   applied one, ordered by (generation, sequence); older or equal is stale.
+//!   Readiness is observation 0 of its connection, so it always starts the
+//!   new generation's history;
+//! - evidence about a provider changes only that provider;
+//! - readiness and the node's probe reports state the provider's health:
+//!   they set it in both directions (`unknown` included);
+//! - a run's stall evidence only lowers (a stalled request on a provider
+//!   that is fine changes nothing);
+//! - a CAPABILITIES answer only recovers: `available` raises a provider that
+//!   is not available, every other answer is ignored (the spec's rule: an
+//!   `unavailable` answer is a no-op).
+//!
+//! [`ProviderView`] combines config, the node's session and the overlay into
+//! the one definition of a provider's effective health and of whether it may
+//! receive runs, used by admission and by the admin snapshot alike.
 //!
 //! [`StallHandoff`] is the Edge's terminal handoff: it validates that a stall
 //! terminal came from the run's current reception generation, annotates it
@@ -20,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use iop_proto::config::ProviderEntry;
 use iop_proto::pb::{self, FailureKind, ProviderHealth};
 use serde::Serialize;
 
@@ -32,6 +45,26 @@ use crate::node::registry::NodeRegistry;
 pub enum OverlayState {
     Available,
     Unavailable,
+    /// The node could not tell (a probe timed out); still dispatchable.
+    Unknown,
+}
+
+impl OverlayState {
+    fn of(health: ProviderHealth) -> Self {
+        match health {
+            ProviderHealth::Available => Self::Available,
+            ProviderHealth::Unavailable => Self::Unavailable,
+            ProviderHealth::Unknown | ProviderHealth::Unspecified => Self::Unknown,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Available => "available",
+            Self::Unavailable => "unavailable",
+            Self::Unknown => "unknown",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -46,6 +79,10 @@ pub struct OverlayEntry {
 /// Where evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// The node's startup check of every provider (NodeReady).
+    Readiness,
+    /// The node's own periodic probe (ProviderHealthReport).
+    Probe,
     /// A run's terminal evidence (stall or unreachable provider).
     Stall,
     Capabilities,
@@ -54,6 +91,8 @@ pub enum Source {
 impl Source {
     pub fn label(self) -> &'static str {
         match self {
+            Self::Readiness => "readiness",
+            Self::Probe => "probe",
             Self::Stall => "stall",
             Self::Capabilities => "capabilities",
         }
@@ -68,6 +107,7 @@ pub struct Evidence {
     pub generation: u64,
     /// The node's current generation when it is applied.
     pub current_generation: Option<u64>,
+    /// The node's health observation sequence (readiness is 0).
     pub sequence: Option<u64>,
     pub health: ProviderHealth,
 }
@@ -75,10 +115,17 @@ pub struct Evidence {
 /// What applying evidence did (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
+    /// The provider became unavailable.
     Lowered,
+    /// The provider became available.
     Recovered,
+    /// The provider became unknown.
+    Unsettled,
     /// Fresh, recorded, no state change.
     Recorded,
+    /// Fresh, but this source cannot move the provider this way (a
+    /// CAPABILITIES answer other than a recovery): not recorded.
+    Ignored,
     StaleGeneration,
     StaleSequence,
     Unsequenced,
@@ -89,11 +136,26 @@ impl Applied {
         match self {
             Self::Lowered => "lowered",
             Self::Recovered => "recovered",
+            Self::Unsettled => "unsettled",
             Self::Recorded => "recorded",
+            Self::Ignored => "ignored",
             Self::StaleGeneration => "stale_generation",
             Self::StaleSequence => "stale_sequence",
             Self::Unsequenced => "unsequenced",
         }
+    }
+}
+
+/// The state `source` moves a provider to from `previous` on `health`, or
+/// `None` when that source cannot move it (pure; the rules above).
+fn next_state(source: Source, health: ProviderHealth, previous: Option<OverlayState>) -> Option<OverlayState> {
+    let stated = OverlayState::of(health);
+    match source {
+        Source::Readiness | Source::Probe => Some(stated),
+        Source::Stall if stated == OverlayState::Unavailable => Some(stated),
+        Source::Stall => previous,
+        Source::Capabilities if stated == OverlayState::Available && previous != Some(stated) => Some(stated),
+        Source::Capabilities => None,
     }
 }
 
@@ -113,40 +175,33 @@ impl HealthOverlay {
         }
         let Some(sequence) = evidence.sequence else { return Applied::Unsequenced };
         let mut entries = self.entries.lock().unwrap();
-        if let Some(entry) = entries.get(provider)
+        let previous = entries.get(provider).cloned();
+        if let Some(entry) = &previous
             && (evidence.generation, sequence) <= (entry.generation, entry.sequence)
         {
             return Applied::StaleSequence;
         }
-        let previous = entries.get(provider).map(|e| e.state);
-        let next = match (evidence.source, evidence.health, previous) {
-            (_, ProviderHealth::Unavailable, _) => OverlayState::Unavailable,
-            (Source::Capabilities, ProviderHealth::Available, Some(OverlayState::Unavailable)) => {
-                OverlayState::Available
-            }
-            (_, _, previous) => previous.unwrap_or(OverlayState::Available),
+        let previous_state = previous.as_ref().map(|e| e.state);
+        let Some(next) = next_state(evidence.source, evidence.health, previous_state) else {
+            return Applied::Ignored;
         };
-        let since_ms = match previous {
-            Some(state) if state == next => entries[provider].since_ms,
+        let since_ms = match &previous {
+            Some(entry) if entry.state == next => entry.since_ms,
             _ => now_ms(),
         };
         entries.insert(
             provider.to_string(),
             OverlayEntry { state: next, generation: evidence.generation, sequence, since_ms },
         );
-        match (previous, next) {
-            (Some(OverlayState::Unavailable), OverlayState::Available) => Applied::Recovered,
-            (Some(OverlayState::Unavailable), OverlayState::Unavailable) => Applied::Recorded,
+        match (previous_state, next) {
+            (Some(before), after) if before == after => Applied::Recorded,
             (_, OverlayState::Unavailable) => Applied::Lowered,
-            _ => Applied::Recorded,
+            (_, OverlayState::Available) => Applied::Recovered,
+            (_, OverlayState::Unknown) => Applied::Unsettled,
         }
     }
 
-    pub fn is_unavailable(&self, provider: &str) -> bool {
-        self.entries.lock().unwrap().get(provider).is_some_and(|e| e.state == OverlayState::Unavailable)
-    }
-
-    /// Providers currently lowered.
+    /// Providers whose last evidence lowered them.
     pub fn unavailable(&self) -> Vec<String> {
         let entries = self.entries.lock().unwrap();
         entries.iter().filter(|(_, e)| e.state == OverlayState::Unavailable).map(|(p, _)| p.clone()).collect()
@@ -154,6 +209,34 @@ impl HealthOverlay {
 
     pub fn get(&self, provider: &str) -> Option<OverlayEntry> {
         self.entries.lock().unwrap().get(provider).cloned()
+    }
+}
+
+/// A provider as the Edge sees it now: config, its node's session and the
+/// overlay combined. The one definition of effective health and
+/// dispatchability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderView {
+    /// `unknown` unless the node's current connection is Ready and evidence
+    /// from that connection (readiness at least) is in the overlay.
+    pub health: OverlayState,
+    /// The Ready connection the provider may receive runs on: its node is
+    /// Ready and the provider is not unavailable on that connection.
+    pub dispatchable_on: Option<u64>,
+}
+
+impl ProviderView {
+    pub fn of(registry: &NodeRegistry, overlay: &HealthOverlay, provider: &ProviderEntry) -> Self {
+        let entry = registry
+            .ready_generation(&provider.node)
+            .and_then(|generation| overlay.get(&provider.id).filter(|e| e.generation == generation));
+        match entry {
+            Some(entry) => Self {
+                health: entry.state,
+                dispatchable_on: (entry.state != OverlayState::Unavailable).then_some(entry.generation),
+            },
+            None => Self { health: OverlayState::Unknown, dispatchable_on: None },
+        }
     }
 }
 
@@ -167,8 +250,9 @@ pub fn record(overlay: &HealthOverlay, metrics: &EdgeMetrics, provider: &str, ev
         .get_or_create(&EvidenceLabels { source: evidence.source.label(), health, result: applied.label() })
         .inc();
     let to = match applied {
-        Applied::Lowered => Some("unavailable"),
-        Applied::Recovered => Some("available"),
+        Applied::Lowered => Some(OverlayState::Unavailable.label()),
+        Applied::Recovered => Some(OverlayState::Available.label()),
+        Applied::Unsettled => Some(OverlayState::Unknown.label()),
         _ => None,
     };
     if let Some(to) = to {
@@ -235,6 +319,27 @@ impl StallHandoff {
 }
 
 #[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// Makes `node`'s registered session on `generation` Ready with
+    /// `providers` available, as a NodeReady does.
+    pub fn ready(registry: &NodeRegistry, overlay: &HealthOverlay, node: &str, generation: u64, providers: &[&str]) {
+        for provider in providers {
+            let evidence = Evidence {
+                source: Source::Readiness,
+                generation,
+                current_generation: registry.current_generation(node),
+                sequence: Some(0),
+                health: ProviderHealth::Available,
+            };
+            assert_eq!(overlay.apply(provider, evidence), Applied::Recovered);
+        }
+        assert!(registry.mark_ready(node, generation));
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -242,40 +347,114 @@ mod tests {
         Evidence { source, generation, current_generation: Some(current), sequence: Some(sequence), health }
     }
 
+    use ProviderHealth::{Available, Unavailable, Unknown};
+
     #[test]
-    fn only_fresh_unavailable_evidence_lowers_and_only_capabilities_recovers() {
+    fn readiness_and_probes_set_health_both_ways() {
         let o = HealthOverlay::default();
-        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 1, ProviderHealth::Available)), Applied::Recorded);
-        assert!(!o.is_unavailable("p"), "a stalled request on a healthy provider does not lower it");
-        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 2, ProviderHealth::Unknown)), Applied::Recorded);
-        assert!(!o.is_unavailable("p"));
-        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 3, ProviderHealth::Unavailable)), Applied::Lowered);
-        assert!(o.is_unavailable("p"));
-        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 4, ProviderHealth::Available)), Applied::Recorded);
-        assert!(o.is_unavailable("p"), "stall evidence never recovers");
-        assert_eq!(o.apply("p", ev(Source::Capabilities, 1, 1, 5, ProviderHealth::Unknown)), Applied::Recorded);
-        assert!(o.is_unavailable("p"));
-        assert_eq!(o.apply("p", ev(Source::Capabilities, 1, 1, 6, ProviderHealth::Available)), Applied::Recovered);
-        assert!(!o.is_unavailable("p"));
+        assert_eq!(o.apply("p", ev(Source::Readiness, 1, 1, 0, Unavailable)), Applied::Lowered);
+        assert_eq!(
+            o.apply("p", ev(Source::Probe, 1, 1, 1, Available)),
+            Applied::Recovered,
+            "a provider down at connect returns"
+        );
+        assert_eq!(o.apply("p", ev(Source::Probe, 1, 1, 2, Unknown)), Applied::Unsettled);
+        assert_eq!(o.get("p").unwrap().state, OverlayState::Unknown);
+        assert_eq!(
+            o.apply("p", ev(Source::Probe, 1, 1, 3, Unavailable)),
+            Applied::Lowered,
+            "an idle provider that went down leaves"
+        );
+        assert_eq!(o.apply("p", ev(Source::Probe, 1, 1, 4, Unavailable)), Applied::Recorded);
+        assert_eq!(o.unavailable(), vec!["p".to_string()]);
+    }
+
+    #[test]
+    fn stalls_only_lower_and_capabilities_only_recover() {
+        let o = HealthOverlay::default();
+        assert_eq!(
+            o.apply("p", ev(Source::Stall, 1, 1, 1, Available)),
+            Applied::Ignored,
+            "no readiness yet: nothing to keep"
+        );
+        assert_eq!(o.apply("p", ev(Source::Readiness, 1, 1, 0, Available)), Applied::Recovered);
+        assert_eq!(
+            o.apply("p", ev(Source::Stall, 1, 1, 1, Available)),
+            Applied::Recorded,
+            "a stalled request on a healthy provider does not lower it"
+        );
+        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 2, Unknown)), Applied::Recorded);
+        assert_eq!(o.get("p").unwrap().state, OverlayState::Available);
+        assert_eq!(
+            o.apply("p", ev(Source::Capabilities, 1, 1, 3, Unavailable)),
+            Applied::Ignored,
+            "an unavailable answer is a no-op"
+        );
+        assert_eq!(o.apply("p", ev(Source::Capabilities, 1, 1, 4, Unknown)), Applied::Ignored);
+        assert_eq!(o.apply("p", ev(Source::Capabilities, 1, 1, 5, Available)), Applied::Ignored, "already available");
+        assert_eq!(o.get("p").unwrap().sequence, 2, "ignored answers are not recorded");
+        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 6, Unavailable)), Applied::Lowered);
+        assert_eq!(o.apply("p", ev(Source::Stall, 1, 1, 7, Available)), Applied::Recorded);
+        assert_eq!(o.get("p").unwrap().state, OverlayState::Unavailable, "stall evidence never recovers");
+        assert_eq!(o.apply("p", ev(Source::Capabilities, 1, 1, 8, Unknown)), Applied::Ignored);
+        assert_eq!(o.apply("p", ev(Source::Capabilities, 1, 1, 9, Available)), Applied::Recovered);
         assert_eq!(o.unavailable(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn evidence_about_one_provider_never_changes_another() {
+        let o = HealthOverlay::default();
+        for p in ["a", "b"] {
+            o.apply(p, ev(Source::Readiness, 1, 1, 0, Available));
+        }
+        assert_eq!(o.apply("a", ev(Source::Stall, 1, 1, 1, Unavailable)), Applied::Lowered);
+        assert_eq!(o.apply("b", ev(Source::Capabilities, 1, 1, 2, Unavailable)), Applied::Ignored);
+        assert_eq!(o.get("b").unwrap().state, OverlayState::Available);
+        assert_eq!(o.unavailable(), vec!["a".to_string()]);
     }
 
     #[test]
     fn stale_generations_and_sequences_are_ignored() {
         let o = HealthOverlay::default();
-        assert_eq!(o.apply("p", ev(Source::Stall, 1, 2, 9, ProviderHealth::Unavailable)), Applied::StaleGeneration);
-        assert!(!o.is_unavailable("p"));
-        let mut unbound = ev(Source::Stall, 2, 2, 0, ProviderHealth::Unavailable);
+        assert_eq!(o.apply("p", ev(Source::Stall, 1, 2, 9, Unavailable)), Applied::StaleGeneration);
+        assert_eq!(o.get("p"), None);
+        let mut unbound = ev(Source::Stall, 2, 2, 0, Unavailable);
         unbound.sequence = None;
         assert_eq!(o.apply("p", unbound), Applied::Unsequenced);
-        assert_eq!(o.apply("p", ev(Source::Stall, 2, 2, 5, ProviderHealth::Unavailable)), Applied::Lowered);
-        assert_eq!(o.apply("p", ev(Source::Capabilities, 2, 2, 5, ProviderHealth::Available)), Applied::StaleSequence);
-        assert_eq!(o.apply("p", ev(Source::Capabilities, 2, 2, 4, ProviderHealth::Available)), Applied::StaleSequence);
-        assert!(o.is_unavailable("p"), "equal or older sequences change nothing");
-        // A newer connection restarts its sequence at 1, and is still newer.
-        assert_eq!(o.apply("p", ev(Source::Capabilities, 3, 3, 1, ProviderHealth::Available)), Applied::Recovered);
+        assert_eq!(o.apply("p", ev(Source::Readiness, 2, 2, 0, Available)), Applied::Recovered);
+        assert_eq!(o.apply("p", ev(Source::Stall, 2, 2, 5, Unavailable)), Applied::Lowered);
+        assert_eq!(o.apply("p", ev(Source::Capabilities, 2, 2, 5, Available)), Applied::StaleSequence);
+        assert_eq!(o.apply("p", ev(Source::Probe, 2, 2, 4, Available)), Applied::StaleSequence);
+        assert_eq!(o.get("p").unwrap().state, OverlayState::Unavailable, "equal or older sequences change nothing");
+        // A newer connection starts at readiness (observation 0), and is still newer.
+        assert_eq!(o.apply("p", ev(Source::Readiness, 3, 3, 0, Available)), Applied::Recovered);
         let entry = o.get("p").unwrap();
-        assert_eq!((entry.generation, entry.sequence, entry.state), (3, 1, OverlayState::Available));
+        assert_eq!((entry.generation, entry.sequence, entry.state), (3, 0, OverlayState::Available));
+    }
+
+    #[test]
+    fn the_view_is_unknown_and_undispatchable_off_the_ready_connection() {
+        let config = crate::admission::test_support::one_provider_config("n1");
+        let provider = &config.providers[0];
+        let registry = NodeRegistry::default();
+        let o = HealthOverlay::default();
+        let view = |o: &HealthOverlay| ProviderView::of(&registry, o, provider);
+        let nowhere = ProviderView { health: OverlayState::Unknown, dispatchable_on: None };
+        assert_eq!(view(&o), nowhere, "no session");
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", crate::node::registry::Session::registered(7, control));
+        o.apply("p", ev(Source::Readiness, 7, 7, 0, Unknown));
+        assert_eq!(view(&o), nowhere, "registered, not ready");
+        assert!(registry.mark_ready("n1", 7));
+        assert_eq!(view(&o), ProviderView { health: OverlayState::Unknown, dispatchable_on: Some(7) });
+        o.apply("p", ev(Source::Probe, 7, 7, 1, Unavailable));
+        assert_eq!(view(&o), ProviderView { health: OverlayState::Unavailable, dispatchable_on: None });
+        o.apply("p", ev(Source::Probe, 7, 7, 2, Available));
+        assert_eq!(view(&o), ProviderView { health: OverlayState::Available, dispatchable_on: Some(7) });
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", crate::node::registry::Session::registered(8, control));
+        assert!(registry.mark_ready("n1", 8));
+        assert_eq!(view(&o), nowhere, "evidence of an older connection says nothing about this one");
     }
 
     #[test]
@@ -287,8 +466,7 @@ mod tests {
                 std::thread::spawn(move || {
                     (1..=500u64)
                         .filter(|seq| {
-                            o.apply("p", ev(Source::Stall, 1, 1, seq * 4 + t, ProviderHealth::Unavailable))
-                                != Applied::StaleSequence
+                            o.apply("p", ev(Source::Stall, 1, 1, seq * 4 + t, Unavailable)) != Applied::StaleSequence
                         })
                         .count()
                 })

@@ -17,6 +17,55 @@ pub struct NodeConfig {
     /// Serve Prometheus metrics; off when absent.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// How often providers are probed again (see `crate::health`).
+    #[serde(default)]
+    pub health: HealthConfig,
+}
+
+/// The provider health monitor's timing (see `crate::health`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Probe interval of a provider that is available (default 60 s).
+    #[serde(default = "HealthConfig::default_idle")]
+    pub idle_interval_ms: u64,
+    /// First re-probe of a provider that is not available (default 1 s) ...
+    #[serde(default = "HealthConfig::default_retry_initial")]
+    pub retry_initial_ms: u64,
+    /// ... doubling up to this (default 30 s).
+    #[serde(default = "HealthConfig::default_retry_max")]
+    pub retry_max_ms: u64,
+}
+
+impl HealthConfig {
+    fn default_idle() -> u64 {
+        60_000
+    }
+    fn default_retry_initial() -> u64 {
+        1_000
+    }
+    fn default_retry_max() -> u64 {
+        30_000
+    }
+    pub fn idle_interval(&self) -> Duration {
+        Duration::from_millis(self.idle_interval_ms)
+    }
+    pub fn retry_initial(&self) -> Duration {
+        Duration::from_millis(self.retry_initial_ms)
+    }
+    pub fn retry_max(&self) -> Duration {
+        Duration::from_millis(self.retry_max_ms)
+    }
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            idle_interval_ms: Self::default_idle(),
+            retry_initial_ms: Self::default_retry_initial(),
+            retry_max_ms: Self::default_retry_max(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,6 +179,17 @@ impl NodeConfig {
         if self.reconnect.max_backoff_ms < self.reconnect.initial_backoff_ms {
             return Err(invalid("reconnect.max_backoff_ms", "must be at least initial_backoff_ms"));
         }
+        // Probes are metadata calls; faster than 10 ms would only load the provider.
+        let health = &self.health;
+        if !(10..=3_600_000).contains(&health.idle_interval_ms) {
+            return Err(invalid("health.idle_interval_ms", "must be between 10 and 3600000"));
+        }
+        if !(10..=3_600_000).contains(&health.retry_initial_ms) {
+            return Err(invalid("health.retry_initial_ms", "must be between 10 and 3600000"));
+        }
+        if !(health.retry_initial_ms..=3_600_000).contains(&health.retry_max_ms) {
+            return Err(invalid("health.retry_max_ms", "must be between retry_initial_ms and 3600000"));
+        }
         Ok(())
     }
 
@@ -159,6 +219,7 @@ mod tests {
         let c = NodeConfig::from_yaml(VALID).unwrap();
         assert_eq!(c.server_name().as_deref(), Some("edge.example"));
         assert_eq!(c.reconnect, ReconnectConfig::default());
+        assert_eq!(c.health, HealthConfig::default());
     }
 
     #[test]
@@ -171,5 +232,15 @@ mod tests {
             Err(NodeConfigError::Invalid { field: "reconnect.max_backoff_ms", .. })
         ));
         assert!(matches!(NodeConfig::from_yaml("edge: {}"), Err(NodeConfigError::Parse { .. })));
+        let health = format!("{VALID}health: {{ retry_initial_ms: 2000, retry_max_ms: 1000 }}\n");
+        assert!(matches!(
+            NodeConfig::from_yaml(&health),
+            Err(NodeConfigError::Invalid { field: "health.retry_max_ms", .. })
+        ));
+        let idle = format!("{VALID}health: {{ idle_interval_ms: 0 }}\n");
+        assert!(matches!(
+            NodeConfig::from_yaml(&idle),
+            Err(NodeConfigError::Invalid { field: "health.idle_interval_ms", .. })
+        ));
     }
 }

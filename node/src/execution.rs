@@ -18,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::adapter::ProviderTarget;
+use crate::adapter::probe::probe;
+use crate::health::HealthMonitor;
 use crate::liveness::{self, Progress, StallWatchdog};
 use crate::metrics::{ExecutionKind, NodeMetrics};
 use crate::transport::sequence::SessionSequence;
@@ -47,11 +49,25 @@ pub struct Observer {
     /// to no connection (the key is then omitted).
     pub sequence: Option<Arc<SessionSequence>>,
     pub metrics: Arc<NodeMetrics>,
+    /// The connection's health monitor, told when this execution's evidence
+    /// lowers its provider so it probes the provider's return.
+    pub health: Option<Arc<HealthMonitor>>,
 }
 
 impl Observer {
     pub fn unbound() -> Self {
-        Self { sequence: None, metrics: NodeMetrics::new() }
+        Self { sequence: None, metrics: NodeMetrics::new(), health: None }
+    }
+
+    /// Evidence about `provider` is final: sequence it and, when it says the
+    /// provider is down, have the monitor probe its return.
+    fn observed(&self, provider: &str, health: pb::ProviderHealth) -> Option<u64> {
+        if health == pb::ProviderHealth::Unavailable
+            && let Some(monitor) = &self.health
+        {
+            monitor.lowered(provider);
+        }
+        self.sequence.as_deref().map(SessionSequence::next)
     }
 }
 
@@ -429,12 +445,10 @@ async fn unreachable_evidence(
     if failure.kind() != pb::FailureKind::ProviderUnreachable {
         return;
     }
-    let health = tokio::time::timeout(liveness::PROBE_TIMEOUT, crate::adapter::probe_target(http, target))
-        .await
-        .unwrap_or(pb::ProviderHealth::Unknown);
+    let health = probe(http, target).await.health;
     failure.provider_health = health.into();
     failure.liveness_classification = iop_proto::wire::classify(health).into();
-    failure.health_observation_seq = observer.sequence.as_deref().map(SessionSequence::next);
+    failure.health_observation_seq = observer.observed(&target.provider_id, health);
 }
 
 /// After a stall claim: joins the close-grace fence on `producer` with the
@@ -450,12 +464,12 @@ async fn stall_failure<T: Send + 'static>(
 ) -> pb::ExecutionFailure {
     let evidence = liveness::join_evidence(
         producer.close(),
-        crate::adapter::probe_target(http, target),
+        async { probe(http, target).await.health },
         liveness::CLOSE_GRACE,
         liveness::PROBE_TIMEOUT,
     )
     .await;
-    let seq = observer.sequence.as_deref().map(SessionSequence::next);
+    let seq = observer.observed(&target.provider_id, evidence.health);
     observer.metrics.observe_stall(kind, &evidence, silent_for);
     tracing::warn!(
         target: "node_response_stall_observation",

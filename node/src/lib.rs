@@ -12,6 +12,7 @@ pub mod adapter;
 pub mod commands;
 pub mod config;
 pub mod execution;
+pub mod health;
 pub mod liveness;
 pub mod metrics;
 pub mod run;

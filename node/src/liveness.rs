@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 /// How long the torn-down provider request has to confirm its return.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Bound of the exact-target health probe after a stall.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound of the exact-target health probe after a stall (the probe's own).
+pub use crate::adapter::probe::PROBE_TIMEOUT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

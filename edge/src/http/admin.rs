@@ -1,6 +1,7 @@
 //! Admin endpoints: JSON snapshots of nodes and providers, and node
 //! commands (CAPABILITIES, TRANSPORT_STATUS, the read-only OLLAMA_API calls).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use serde_json::json;
 
 use crate::EdgeState;
 use crate::node::commands::CommandError;
-use crate::node::registry::health_label;
+use crate::overlay::{ProviderView, health_label};
 
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -75,8 +76,26 @@ pub async fn ollama_api(State(state): State<Arc<EdgeState>>, Path((id, call)): P
 }
 
 pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
-    let names: Vec<String> = state.config.current().nodes.iter().map(|n| n.name.clone()).collect();
-    axum::Json(json!({ "nodes": state.registry.snapshot(&names) })).into_response()
+    let config = state.config.current();
+    let names: Vec<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
+    let nodes: Vec<_> = state
+        .registry
+        .snapshot(&names)
+        .into_iter()
+        .map(|node| {
+            // Each provider's effective health, as in `/admin/v1/providers`.
+            let providers: BTreeMap<&str, &str> = config
+                .providers
+                .iter()
+                .filter(|p| p.node == node.name)
+                .map(|p| (p.id.as_str(), ProviderView::of(&state.registry, &state.overlay, p).health.label()))
+                .collect();
+            let mut value = json!(node);
+            value["providers"] = json!(providers);
+            value
+        })
+        .collect();
+    axum::Json(json!({ "nodes": nodes })).into_response()
 }
 
 pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
@@ -89,7 +108,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         .map(|p| {
             let node = nodes.iter().find(|n| n.name == p.node);
             let node_ready = node.is_some_and(|n| n.phase == Some(crate::node::registry::SessionPhase::Ready));
-            let health = node.and_then(|n| n.providers.get(&p.id).copied()).unwrap_or(health_label(pb::ProviderHealth::Unknown));
+            let view = ProviderView::of(&state.registry, &state.overlay, p);
             json!({
                 "id": p.id,
                 "node": p.node,
@@ -97,8 +116,10 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 "target_model": p.target.model,
                 "models": p.models.iter().map(|m| json!({ "name": m.name, "priority": m.priority })).collect::<Vec<_>>(),
                 "node_ready": node_ready,
-                "health": health,
-                "dispatchable": state.registry.ready_for(&p.node, &p.id).is_some(),
+                // Effective health (config, readiness and overlay combined)
+                // and the admission's own verdict.
+                "health": view.health.label(),
+                "dispatchable": view.dispatchable_on.is_some(),
                 "capacity": p.capacity,
                 // The runtime overlay (absent until evidence arrived).
                 "overlay": state.overlay.get(&p.id),

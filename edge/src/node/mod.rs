@@ -3,6 +3,7 @@
 
 pub mod commands;
 pub mod grpc;
+pub mod health;
 pub mod registry;
 pub mod session;
 pub mod tls;

@@ -1,13 +1,14 @@
-//! `NodeRegistry`: node name -> its current session (generation, phase,
-//! provider health as reported at readiness). Pure bookkeeping behind one
-//! mutex; the session task owns the I/O.
+//! `NodeRegistry`: node name -> its current session (generation, phase).
+//! Pure bookkeeping behind one mutex; the session task owns the I/O.
+//! Provider health lives in the runtime overlay (`crate::overlay`), readiness
+//! included.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use iop_proto::pb::{self, ProviderHealth};
+use iop_proto::pb;
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -59,14 +60,6 @@ pub struct Session {
     pub close: CancellationToken,
     /// Why `close` was cancelled, when it was not a newer connection.
     pub close_reason: Arc<std::sync::OnceLock<super::session::CloseReason>>,
-    pub provider_health: HashMap<String, ProviderHealth>,
-}
-
-/// A session that is current and Ready, i.e. may receive runs.
-#[derive(Debug, Clone)]
-pub struct ReadySession {
-    pub generation: u64,
-    pub control: ControlSender,
 }
 
 #[derive(Debug, Default)]
@@ -82,15 +75,6 @@ pub struct NodeSnapshot {
     pub generation: Option<u64>,
     pub connected_at_ms: Option<u64>,
     pub version: Option<String>,
-    pub providers: BTreeMap<String, &'static str>,
-}
-
-pub fn health_label(h: ProviderHealth) -> &'static str {
-    match h {
-        ProviderHealth::Available => "available",
-        ProviderHealth::Unavailable => "unavailable",
-        ProviderHealth::Unknown | ProviderHealth::Unspecified => "unknown",
-    }
 }
 
 impl NodeRegistry {
@@ -101,12 +85,11 @@ impl NodeRegistry {
     }
 
     /// Marks the session ready, only if `generation` is still current.
-    pub fn mark_ready(&self, node: &str, generation: u64, health: HashMap<String, ProviderHealth>) -> bool {
+    pub fn mark_ready(&self, node: &str, generation: u64) -> bool {
         let mut sessions = self.sessions.lock().unwrap();
         match sessions.get_mut(node) {
             Some(s) if s.generation == generation => {
                 s.phase = SessionPhase::Ready;
-                s.provider_health = health;
                 true
             }
             _ => false,
@@ -132,14 +115,12 @@ impl NodeRegistry {
         self.sessions.lock().unwrap().get(node).is_some_and(|s| s.generation == generation)
     }
 
-    /// The node's session if it completed readiness and the provider is not
-    /// known to be unavailable.
-    pub fn ready_for(&self, node: &str, provider_id: &str) -> Option<ReadySession> {
+    /// The generation of the node's current connection if it completed
+    /// readiness (whether a provider of it may receive runs is
+    /// `crate::overlay::ProviderView`'s to say).
+    pub fn ready_generation(&self, node: &str) -> Option<u64> {
         let sessions = self.sessions.lock().unwrap();
-        let s = sessions.get(node)?;
-        let provider_ok = !matches!(s.provider_health.get(provider_id), Some(ProviderHealth::Unavailable) | None);
-        (s.phase == SessionPhase::Ready && provider_ok)
-            .then(|| ReadySession { generation: s.generation, control: s.control.clone() })
+        sessions.get(node).filter(|s| s.phase == SessionPhase::Ready).map(|s| s.generation)
     }
 
     /// The control channel of `node`'s session if `generation` is still its
@@ -190,9 +171,6 @@ impl NodeRegistry {
                     generation: s.map(|s| s.generation),
                     connected_at_ms: s.map(|s| s.connected_at_ms),
                     version: s.map(|s| s.node_version.clone()),
-                    providers: s
-                        .map(|s| s.provider_health.iter().map(|(k, v)| (k.clone(), health_label(*v))).collect())
-                        .unwrap_or_default(),
                 }
             })
             .collect()
@@ -212,7 +190,6 @@ impl Session {
             control,
             close: CancellationToken::new(),
             close_reason: Default::default(),
-            provider_health: HashMap::new(),
         }
     }
 }
@@ -238,19 +215,14 @@ mod tests {
     }
 
     #[test]
-    fn only_ready_sessions_with_available_providers_are_dispatchable() {
+    fn only_the_current_connection_becomes_ready() {
         let registry = NodeRegistry::default();
         registry.register("mac-1", session(7));
-        assert!(registry.ready_for("mac-1", "p1").is_none(), "registered is not ready");
-        let health = HashMap::from([
-            ("p1".to_string(), ProviderHealth::Available),
-            ("p2".to_string(), ProviderHealth::Unavailable),
-        ]);
-        assert!(!registry.mark_ready("mac-1", 6, health.clone()), "stale generation cannot become ready");
-        assert!(registry.mark_ready("mac-1", 7, health));
-        assert_eq!(registry.ready_for("mac-1", "p1").unwrap().generation, 7);
-        assert!(registry.ready_for("mac-1", "p2").is_none());
-        assert!(registry.ready_for("mac-1", "p3").is_none(), "a provider the node never reported is not dispatchable");
+        assert_eq!(registry.ready_generation("mac-1"), None, "registered is not ready");
+        assert!(!registry.mark_ready("mac-1", 6), "stale generation cannot become ready");
+        assert!(registry.mark_ready("mac-1", 7));
+        assert_eq!(registry.ready_generation("mac-1"), Some(7));
+        assert_eq!(registry.ready_generation("mac-2"), None);
         assert_eq!(registry.ready_count(), 1);
     }
 

@@ -3,20 +3,20 @@
 //! dispatch through the same outbound channel), cancels and commands. When
 //! the session ends for any reason its generation is fenced.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use iop_proto::liveness::{HEARTBEAT_TIMEOUT_REASON, HeartbeatMonitor};
 use iop_proto::pb::{self, node_to_edge::Msg};
-use iop_proto::wire::closed_enum;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
+use super::health;
 use super::registry::{ControlSender, Session, SessionPhase};
 use super::tls::NodePeer;
 use crate::EdgeState;
+use crate::overlay::Source;
 
 /// Why a session ended; the metric label and the status the node receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +107,6 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         control: out.clone(),
         close: close.clone(),
         close_reason: close_reason.clone(),
-        provider_health: HashMap::new(),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
@@ -175,10 +174,10 @@ async fn serve(
                     (_, Msg::Heartbeat(hb)) => send_now(out, pb::edge_to_node::Msg::HeartbeatAck(pb::HeartbeatAck { seq: hb.seq })),
                     (_, Msg::HeartbeatAck(_)) => {}
                     (SessionPhase::Registered, Msg::Ready(ready)) if ready.generation == generation => {
-                        let Ok(health) = provider_health(&ready.providers) else {
-                            return CloseReason::ProtocolError;
-                        };
-                        if !state.registry.mark_ready(node, generation, health) {
+                        // Health first: the connection is dispatchable only
+                        // with its readiness evidence in the overlay.
+                        health::apply_statuses(state, node, generation, Source::Readiness, &ready.providers);
+                        if !state.registry.mark_ready(node, generation) {
                             return CloseReason::Replaced;
                         }
                         phase = SessionPhase::Ready;
@@ -192,6 +191,11 @@ async fn serve(
                     (SessionPhase::Ready, Msg::CommandResult(result)) => {
                         state.commands.complete(result);
                     }
+                    (SessionPhase::Ready, Msg::HealthReport(report)) => {
+                        if health::apply_statuses(state, node, generation, Source::Probe, &report.providers) {
+                            state.admission.drain_queues();
+                        }
+                    }
                     (_, other) => {
                         tracing::warn!(%node, generation, message = message_name(&other), "unexpected control message");
                         return CloseReason::ProtocolError;
@@ -202,12 +206,6 @@ async fn serve(
     }
 }
 
-fn provider_health(
-    statuses: &[pb::ProviderStatus],
-) -> Result<HashMap<String, pb::ProviderHealth>, iop_proto::wire::WireError> {
-    statuses.iter().map(|s| Ok((s.provider_id.clone(), closed_enum("provider_status.health", s.health)?))).collect()
-}
-
 fn message_name(msg: &Msg) -> &'static str {
     match msg {
         Msg::Register(_) => "register",
@@ -215,5 +213,6 @@ fn message_name(msg: &Msg) -> &'static str {
         Msg::Heartbeat(_) => "heartbeat",
         Msg::HeartbeatAck(_) => "heartbeat_ack",
         Msg::CommandResult(_) => "command_result",
+        Msg::HealthReport(_) => "health_report",
     }
 }

@@ -153,6 +153,21 @@ pub(crate) async fn serve_hanging(content_type: &'static str, first: &'static st
     (serve_router(app).await, rx)
 }
 
+/// Accepts requests and never answers them (not even headers); the receiver
+/// fires when a request's handler is dropped (the client went away).
+pub(crate) async fn serve_hanging_headers() -> (String, oneshot::Receiver<()>) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let app = Router::new().fallback(move || {
+        let tx = tx.lock().unwrap().take();
+        async move {
+            let _fires_on_drop = tx;
+            futures_util::future::pending::<()>().await;
+        }
+    });
+    (serve_router(app).await, rx)
+}
+
 pub(crate) async fn serve_router(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

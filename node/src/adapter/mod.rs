@@ -12,6 +12,7 @@
 mod lines;
 mod ollama;
 mod openai;
+pub mod probe;
 mod sse;
 
 #[cfg(test)]
@@ -32,8 +33,6 @@ use lines::LineSplitter;
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// Longest provider error message we pass on.
 const ERROR_MESSAGE_CHARS: usize = 500;
-/// Upper bound for a health probe (it never loads a model, so this is generous).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which provider API an assignment speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -244,51 +243,6 @@ pub async fn execute(
             drive(response, openai::Decoder::new(&target.target_model), sink).await
         }
     }
-}
-
-/// Cheap health check that never loads a model: Ollama `GET {base}/api/tags`,
-/// OpenAI `GET {base}/v1/models`. Ok on 2xx.
-/// The exact-target health probe used after a stall and for CAPABILITIES:
-/// does the provider answer and know this target model? A metadata call,
-/// never a generation, so it never loads a model: Ollama `POST /api/show`
-/// for the target, OpenAI-compatible `GET /v1/models` listing the target.
-/// Errors and unknown targets are `Unavailable`; the caller bounds the time
-/// (a probe that does not finish is `Unknown`).
-pub async fn probe_target(client: &reqwest::Client, target: &ProviderTarget) -> pb::ProviderHealth {
-    let request = match target.adapter {
-        AdapterKind::Ollama => client
-            .post(target.url("/api/show"))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::json!({ "model": target.target_model }).to_string()),
-        AdapterKind::OpenAi => client.get(target.url(openai::PROBE_PATH)),
-    };
-    let Ok(response) = request.send().await else { return pb::ProviderHealth::Unavailable };
-    if !response.status().is_success() {
-        return pb::ProviderHealth::Unavailable;
-    }
-    match target.adapter {
-        AdapterKind::Ollama => pb::ProviderHealth::Available,
-        AdapterKind::OpenAi => {
-            let (body, _) = read_capped(response, 1024 * 1024).await;
-            let listed = serde_json::from_slice::<serde_json::Value>(&body).ok().is_some_and(|v| {
-                v["data"]
-                    .as_array()
-                    .is_some_and(|models| models.iter().any(|m| m["id"] == target.target_model.as_str()))
-            });
-            if listed { pb::ProviderHealth::Available } else { pb::ProviderHealth::Unavailable }
-        }
-    }
-}
-
-pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Result<(), AdapterError> {
-    let path = match target.adapter {
-        AdapterKind::Ollama => ollama::PROBE_PATH,
-        AdapterKind::OpenAi => openai::PROBE_PATH,
-    };
-    let url = target.url(path);
-    let response =
-        client.get(&url).timeout(PROBE_TIMEOUT).send().await.map_err(|e| transport_error(&format!("GET {url}"), e))?;
-    check_status(response).await.map(drop)
 }
 
 // ------------------------------------------------------------------ HTTP
@@ -583,7 +537,6 @@ fn to_json_body<T: serde::Serialize>(body: &T) -> Result<Vec<u8>, AdapterError> 
 
 #[cfg(test)]
 mod tests {
-    use super::fake::{self, Reply};
     use super::*;
 
     fn assignment(adapter: i32, model: &str, base_url: &str) -> pb::ProviderAssignment {
@@ -692,29 +645,6 @@ mod tests {
         let _again = http_client(); // provider already installed: still fine
         // The fallback used when the platform has no root certificates.
         reqwest::Client::builder().tls_backend_preconfigured(fallback_tls_config()).build().unwrap();
-    }
-
-    #[tokio::test]
-    async fn probe_ok_on_2xx_and_err_otherwise() {
-        let client = http_client();
-        for (kind, path) in [(1, "/api/tags"), (2, "/v1/models")] {
-            let mut ok = fake::serve(Reply::json(200, r#"{"models":[]}"#)).await;
-            let target = ProviderTarget::from_assignment(&assignment(kind, "m", &ok.base_url)).unwrap();
-            probe(&client, &target).await.unwrap();
-            let req = ok.request().await;
-            assert_eq!((req.method.as_str(), req.path.as_str()), ("GET", path));
-
-            let down = fake::serve(Reply::json(500, r#"{"error":"boom"}"#)).await;
-            let target = ProviderTarget::from_assignment(&assignment(kind, "m", &down.base_url)).unwrap();
-            match probe(&client, &target).await {
-                Err(AdapterError::HttpStatus { status: 500, message, .. }) => assert_eq!(message, "boom"),
-                other => panic!("{other:?}"),
-            }
-
-            let target =
-                ProviderTarget::from_assignment(&assignment(kind, "m", &fake::refused_base_url().await)).unwrap();
-            assert!(matches!(probe(&client, &target).await, Err(AdapterError::Unreachable(_))));
-        }
     }
 
     #[tokio::test]

@@ -13,7 +13,6 @@ use super::{
 };
 
 pub(super) const CHAT_PATH: &str = "/api/chat";
-pub(super) const PROBE_PATH: &str = "/api/tags";
 
 // ------------------------------------------------------------- request
 

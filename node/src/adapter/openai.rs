@@ -13,7 +13,6 @@ use super::{
 };
 
 pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
-pub(super) const PROBE_PATH: &str = "/v1/models";
 
 // ------------------------------------------------------------- request
 

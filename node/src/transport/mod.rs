@@ -95,7 +95,9 @@ pub async fn supervise(
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
     loop {
         let end = match dialer.connect().await {
-            Ok(client) => session::run(client, http.clone(), metrics.clone(), heartbeat, shutdown.clone()).await,
+            Ok(client) => {
+                session::run(client, http.clone(), metrics.clone(), heartbeat, &config.health, shutdown.clone()).await
+            }
             Err(e) => SessionEnd::ConnectFailed(e.to_string()),
         };
         match &end {

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures_util::future::join_all;
 use iop_proto::liveness::HeartbeatMonitor;
@@ -20,15 +19,15 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use super::sequence::SessionSequence;
-use crate::adapter::{self, ProviderTarget};
+use crate::adapter::ProviderTarget;
+use crate::adapter::probe::probe;
+use crate::config::HealthConfig;
 use crate::execution::{Cancel, ExecutionContext, Observer};
+use crate::health::{HealthMonitor, HealthSchedule};
 use crate::metrics::NodeMetrics;
 // The module only: `crate::run` is also a function.
 use crate::run::{self};
 use crate::{commands, tunnel};
-
-/// Bound on each provider check at readiness and for CAPABILITIES.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 pub enum SessionEnd {
@@ -53,63 +52,36 @@ pub fn apply_config(payload: &pb::NodeConfigPayload) -> Providers {
         .collect()
 }
 
-/// Checks every provider concurrently, each bounded by `PROBE_TIMEOUT`.
-pub async fn probe_all(http: &reqwest::Client, providers: &Providers) -> Vec<pb::ProviderStatus> {
-    let checks = providers.iter().map(|(id, target)| async move {
-        let health = match target {
-            Err(_) => pb::ProviderHealth::Unavailable,
-            Ok(target) => match tokio::time::timeout(PROBE_TIMEOUT, adapter::probe(http, target)).await {
-                Ok(Ok(())) => pb::ProviderHealth::Available,
-                Ok(Err(e)) => {
-                    tracing::warn!(provider = %id, error = %e, "provider check failed");
-                    pb::ProviderHealth::Unavailable
-                }
-                Err(_) => pb::ProviderHealth::Unknown,
-            },
-        };
-        status(id, target.as_ref().ok(), health)
-    });
-    let mut statuses = join_all(checks).await;
-    statuses.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
-    statuses
-}
-
-fn status(id: &str, target: Option<&ProviderTarget>, health: pb::ProviderHealth) -> pb::ProviderStatus {
-    pb::ProviderStatus {
-        provider_id: id.to_string(),
-        health: health.into(),
-        adapter: target.map_or(0, |t| t.adapter.to_wire().into()),
-        target_model: target.map(|t| t.target_model.clone()).unwrap_or_default(),
-        health_observation_seq: None,
-    }
-}
-
-/// CAPABILITIES: the same bounded exact-target probe a stall runs, for every
-/// provider, each answer carrying the next session sequence.
-pub async fn capabilities(
+/// Probes every provider concurrently (the one definition of healthy,
+/// [`probe`]); an assignment that failed validation is unavailable. With a
+/// `sequence`, each verdict carries the session's next health observation
+/// sequence once it is final (CAPABILITIES); readiness has none.
+pub async fn probe_all(
     http: &reqwest::Client,
     providers: &Providers,
-    sequence: &SessionSequence,
+    sequence: Option<&SessionSequence>,
 ) -> Vec<pb::ProviderStatus> {
     let checks = providers.iter().map(|(id, target)| async move {
         let health = match target {
             Err(_) => pb::ProviderHealth::Unavailable,
-            Ok(target) => tokio::time::timeout(crate::liveness::PROBE_TIMEOUT, adapter::probe_target(http, target))
-                .await
-                .unwrap_or(pb::ProviderHealth::Unknown),
+            Ok(target) => {
+                let verdict = probe(http, target).await;
+                if let Some(failure) = &verdict.failure {
+                    tracing::warn!(provider = %id, reason = failure.label(), detail = %failure, "provider check failed");
+                }
+                verdict.health
+            }
         };
-        (id, target.as_ref().ok(), health)
+        let target = target.as_ref().ok();
+        pb::ProviderStatus {
+            provider_id: id.to_string(),
+            health: health.into(),
+            adapter: target.map_or(0, |t| t.adapter.to_wire().into()),
+            target_model: target.map(|t| t.target_model.clone()).unwrap_or_default(),
+            health_observation_seq: sequence.map(SessionSequence::next),
+        }
     });
-    let mut statuses: Vec<pb::ProviderStatus> = join_all(checks)
-        .await
-        .into_iter()
-        .map(|(id, target, health)| {
-            let mut status = status(id, target, health);
-            // Sequenced once the observation is final.
-            status.health_observation_seq = Some(sequence.next());
-            status
-        })
-        .collect();
+    let mut statuses = join_all(checks).await;
     statuses.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
     statuses
 }
@@ -125,6 +97,7 @@ pub async fn run(
     http: reqwest::Client,
     metrics: Arc<NodeMetrics>,
     heartbeat: HeartbeatProfile,
+    health: &HealthConfig,
     shutdown: CancellationToken,
 ) -> SessionEnd {
     let (out, out_rx) = mpsc::channel(64);
@@ -147,7 +120,12 @@ pub async fn run(
     let generation = registered.generation;
     let providers = Arc::new(apply_config(&registered.config.unwrap_or_default()));
     tracing::info!(generation, providers = providers.len(), "registered with the edge; checking providers");
-    let statuses = probe_all(&http, &providers).await;
+    let statuses = probe_all(&http, &providers, None).await;
+    let readiness = statuses
+        .iter()
+        .filter(|s| providers.get(&s.provider_id).is_some_and(Result::is_ok))
+        .map(|s| (s.provider_id.clone(), s.health()));
+    let health = HealthMonitor::new(HealthSchedule::new(health.clone(), readiness, Instant::now()));
     send(&out, pb::node_to_edge::Msg::Ready(pb::NodeReady { generation, providers: statuses }));
 
     let session = Session {
@@ -159,6 +137,7 @@ pub async fn run(
         executions: Arc::new(Mutex::new(HashMap::new())),
         sequence: Arc::new(SessionSequence::default()),
         metrics,
+        health,
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -180,6 +159,8 @@ struct Session {
     /// Source of `health_observation_seq` for this connection.
     sequence: Arc<SessionSequence>,
     metrics: Arc<NodeMetrics>,
+    /// Probes the providers again while the connection is Ready.
+    health: Arc<HealthMonitor>,
 }
 
 impl Session {
@@ -194,6 +175,9 @@ impl Session {
         let mut ticker = tokio::time::interval(heartbeat.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ready = false;
+        // Stops the health monitor when this loop ends, however it ends.
+        let monitor_stop = CancellationToken::new();
+        let _stop_monitor = monitor_stop.clone().drop_guard();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return SessionEnd::Shutdown,
@@ -221,6 +205,14 @@ impl Session {
                         Msg::ReadyResponse(r) if r.generation == self.generation && !ready => {
                             ready = true;
                             tracing::info!(generation = self.generation, "node ready");
+                            let targets = self.providers.values().filter_map(|t| t.as_ref().ok().cloned()).collect();
+                            tokio::spawn(self.health.clone().run(
+                                self.http.clone(),
+                                targets,
+                                self.sequence.clone(),
+                                out.clone(),
+                                monitor_stop.clone(),
+                            ));
                         }
                         Msg::RunAssign(assign) if ready => {
                             if let Some(request) = assign.request {
@@ -265,7 +257,11 @@ impl Session {
             http: self.http.clone(),
             providers: self.providers.clone(),
             generation: self.generation,
-            observer: Observer { sequence: Some(self.sequence.clone()), metrics: self.metrics.clone() },
+            observer: Observer {
+                sequence: Some(self.sequence.clone()),
+                metrics: self.metrics.clone(),
+                health: Some(self.health.clone()),
+            },
         };
         let execution = execute(ctx, cancel.clone());
         let executions = self.executions.clone();
@@ -293,7 +289,7 @@ impl Session {
         tokio::spawn(async move {
             let result = match kind {
                 Ok(pb::CommandKind::Capabilities) => {
-                    R::Capabilities(pb::Capabilities { providers: capabilities(&http, &providers, &sequence).await })
+                    R::Capabilities(pb::Capabilities { providers: probe_all(&http, &providers, Some(&sequence)).await })
                 }
                 Ok(pb::CommandKind::TransportStatus) => R::TransportStatus(status),
                 Ok(pb::CommandKind::OllamaApi) => {

@@ -1,0 +1,154 @@
+//! The one definition of "is this provider healthy?", used by every check the
+//! node makes: readiness, the periodic health monitor, the exact-target probe
+//! after a stall or an unreachable provider, and CAPABILITIES.
+//!
+//! A probe is one metadata call, never a generation, so it never loads a
+//! model:
+//!
+//! | adapter            | call                                   | healthy when |
+//! |--------------------|----------------------------------------|--------------|
+//! | Ollama             | `POST /api/show {"model": <target>}`   | 2xx: the server runs and has this exact tag |
+//! | OpenAI-compatible  | `GET /v1/models`                       | 2xx          |
+//!
+//! The OpenAI-compatible check deliberately does not require the target in
+//! the listing: many servers (llama.cpp's, LM Studio with JIT loading) serve
+//! a model they do not list, or ignore the model name altogether, and a probe
+//! must never be stricter than the provider itself. Any other status or a
+//! failed connection is `Unavailable`; a probe that does not answer within
+//! [`PROBE_TIMEOUT`] is `Unknown`.
+
+use std::fmt;
+use std::time::Duration;
+
+use iop_proto::pb;
+
+use super::{AdapterKind, ProviderTarget, error_chain};
+
+/// Upper bound of one probe.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a probe did not find the provider available (for logs; closed set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeFailure {
+    /// No HTTP answer: refused, reset, DNS, TLS.
+    Unreachable(String),
+    /// The metadata call answered with a non-2xx status.
+    Status(u16),
+    TimedOut,
+}
+
+impl ProbeFailure {
+    /// A closed label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Unreachable(_) => "unreachable",
+            Self::Status(_) => "status",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
+impl fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unreachable(why) => write!(f, "metadata call failed: {why}"),
+            Self::Status(status) => write!(f, "metadata call answered HTTP {status}"),
+            Self::TimedOut => write!(f, "no answer within {} s", PROBE_TIMEOUT.as_secs()),
+        }
+    }
+}
+
+/// The verdict of one probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub health: pb::ProviderHealth,
+    /// Why it is not available; `None` when it is.
+    pub failure: Option<ProbeFailure>,
+}
+
+impl Probe {
+    fn available() -> Self {
+        Self { health: pb::ProviderHealth::Available, failure: None }
+    }
+
+    fn failed(failure: ProbeFailure) -> Self {
+        let health = match failure {
+            ProbeFailure::TimedOut => pb::ProviderHealth::Unknown,
+            ProbeFailure::Unreachable(_) | ProbeFailure::Status(_) => pb::ProviderHealth::Unavailable,
+        };
+        Self { health, failure: Some(failure) }
+    }
+}
+
+/// Probes `target` once, bounded by [`PROBE_TIMEOUT`].
+pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Probe {
+    let request = match target.adapter {
+        AdapterKind::Ollama => client
+            .post(target.url("/api/show"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::json!({ "model": target.target_model }).to_string()),
+        AdapterKind::OpenAi => client.get(target.url("/v1/models")),
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, request.send()).await {
+        Err(_) => Probe::failed(ProbeFailure::TimedOut),
+        Ok(Err(e)) if e.is_timeout() => Probe::failed(ProbeFailure::TimedOut),
+        // The node's logs may name the provider, never its address.
+        Ok(Err(e)) => Probe::failed(ProbeFailure::Unreachable(error_chain(&e.without_url()))),
+        Ok(Ok(response)) if response.status().is_success() => Probe::available(),
+        Ok(Ok(response)) => Probe::failed(ProbeFailure::Status(response.status().as_u16())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::fake::{self, Reply};
+    use crate::adapter::http_client;
+
+    #[tokio::test]
+    async fn one_metadata_call_per_adapter_decides() {
+        let client = http_client();
+        // Ollama: /api/show for the exact tag.
+        let mut ok = fake::serve(Reply::json(200, r#"{"details":{}}"#)).await;
+        let target = fake::target(AdapterKind::Ollama, &ok.base_url);
+        assert_eq!(probe(&client, &target).await, Probe::available());
+        let req = ok.request().await;
+        assert_eq!((req.method.as_str(), req.path.as_str()), ("POST", "/api/show"));
+        assert_eq!(req.json()["model"], "test-model");
+
+        // OpenAI-compatible: any 2xx listing is healthy, even one that does
+        // not name the target (llama.cpp serves whatever it loaded).
+        let mut ok = fake::serve(Reply::json(200, r#"{"object":"list","data":[{"id":"other"}]}"#)).await;
+        let target = fake::target(AdapterKind::OpenAi, &ok.base_url);
+        assert_eq!(probe(&client, &target).await, Probe::available());
+        let req = ok.request().await;
+        assert_eq!((req.method.as_str(), req.path.as_str()), ("GET", "/v1/models"));
+    }
+
+    #[tokio::test]
+    async fn failures_are_unavailable_with_a_reason() {
+        let client = http_client();
+        for adapter in [AdapterKind::Ollama, AdapterKind::OpenAi] {
+            let missing = fake::serve(Reply::json(404, r#"{"error":"model not found"}"#)).await;
+            let verdict = probe(&client, &fake::target(adapter, &missing.base_url)).await;
+            assert_eq!(verdict.health, pb::ProviderHealth::Unavailable);
+            assert_eq!(verdict.failure, Some(ProbeFailure::Status(404)));
+
+            let refused = fake::refused_base_url().await;
+            let verdict = probe(&client, &fake::target(adapter, &refused)).await;
+            assert_eq!(verdict.health, pb::ProviderHealth::Unavailable);
+            let failure = verdict.failure.unwrap();
+            assert_eq!(failure.label(), "unreachable");
+            assert!(!failure.to_string().contains("127.0.0.1"), "no address in the reason: {failure}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_never_answers_is_unknown() {
+        let client = http_client();
+        let (base_url, _dropped) = fake::serve_hanging_headers().await;
+        let verdict = probe(&client, &fake::target(AdapterKind::OpenAi, &base_url)).await;
+        assert_eq!(verdict, Probe::failed(ProbeFailure::TimedOut));
+        assert_eq!(verdict.health, pb::ProviderHealth::Unknown);
+    }
+}
