@@ -7,9 +7,11 @@
 //! |-----------------------------|----------------------------------------------------------|
 //! | `GET /api/tags`             | one model, `mock`                                        |
 //! | `POST /api/chat`            | Ollama chat; NDJSON stream unless `"stream": false`      |
-//! | `GET /v1/models`            | one model, `mock`                                        |
+//! | `GET /v1/models`            | one model, `mock` (whatever chat asked for)              |
 //! | `POST /v1/chat/completions` | OpenAI chat; SSE stream only with `"stream": true`       |
 //! | `GET /mock/stats`           | [`MockStats`] as JSON                                    |
+//! | `POST /mock/health`         | `{"healthy": bool}`: metadata endpoints answer 503 or not|
+//! | `POST /mock/faults`         | `k=v,k=v`: replaces the process default knobs            |
 //! | `GET /healthz`              | `ok`                                                     |
 //!
 //! # Content
@@ -68,8 +70,8 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -310,9 +312,6 @@ struct Counters {
     /// `/api/version`, `/v1/models`) answer 503: health probes fail while
     /// chat keeps its knobs. Toggled by `POST /mock/health`.
     metadata_down: std::sync::atomic::AtomicBool,
-    /// Model names chat requests asked for; `GET /v1/models` lists them so
-    /// an exact-target probe finds the targets it was used with.
-    seen_models: std::sync::Mutex<std::collections::BTreeSet<String>>,
     requests_total: AtomicU64,
     completed_streams: AtomicU64,
     aborted_streams: AtomicU64,
@@ -400,7 +399,7 @@ async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let (stopping_tx, stopping) = watch::channel(false);
-    let state = AppState { defaults: Arc::new(config.defaults), counters, stopping };
+    let state = AppState { defaults: Arc::new(RwLock::new(config.defaults)), counters, stopping };
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!("failed to set TCP_NODELAY: {e}");
@@ -416,7 +415,8 @@ async fn serve_with(
 
 #[derive(Clone)]
 struct AppState {
-    defaults: Arc<Faults>,
+    /// Process defaults; replaced at runtime by `POST /mock/faults`.
+    defaults: Arc<RwLock<Faults>>,
     counters: Arc<Counters>,
     /// Becomes `true` (or closed) when the server shuts down.
     stopping: watch::Receiver<bool>,
@@ -438,6 +438,7 @@ fn router(state: AppState) -> Router {
         .route("/api/version", get(|| async { Json(serde_json::json!({ "version": "0.0.0-mock" })) }))
         .route("/api/show", post(ollama_show))
         .route("/mock/health", post(set_health))
+        .route("/mock/faults", post(set_faults))
         .route("/api/chat", post(ollama_chat))
         .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(openai_chat))
@@ -458,6 +459,20 @@ async fn set_health(State(state): State<AppState>, body: Bytes) -> Response {
     }
 }
 
+/// `POST /mock/faults` with a `k=v,k=v` body: replaces the process default
+/// knobs (an empty body clears them), so a test can fault a provider whose
+/// target name it cannot change, e.g. in a sequence of faults or a soak.
+async fn set_faults(State(state): State<AppState>, body: Bytes) -> Response {
+    match std::str::from_utf8(&body).map_err(|e| e.to_string()).and_then(|s| parse_faults(s).map_err(|e| e.to_string()))
+    {
+        Ok(faults) => {
+            *state.defaults.write().expect("fault defaults lock") = faults;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+    }
+}
+
 /// 503 from every metadata endpoint while `/mock/health` says unhealthy.
 async fn metadata_gate(
     State(state): State<AppState>,
@@ -473,10 +488,10 @@ async fn metadata_gate(
     next.run(request).await
 }
 
-/// `GET /v1/models`: the mock's own model plus every model it was asked for.
-async fn list_models(State(state): State<AppState>) -> Json<Value> {
-    let seen = state.counters.seen_models.lock().unwrap().clone();
-    Json(openai::models(seen.iter().map(String::as_str)))
+/// `GET /v1/models`: only the mock's own model, whatever chat requests ask
+/// for (like llama.cpp's server, which ignores model names).
+async fn list_models() -> Json<Value> {
+    Json(openai::models())
 }
 
 /// `POST /api/show`: echoes which model was asked about.
@@ -602,8 +617,8 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         Ok(req) => req,
         Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid chat request: {e}")),
     };
-    state.counters.seen_models.lock().unwrap().insert(req.model.clone());
-    let faults = match request_faults(&state.defaults, &req.model, &headers) {
+    let defaults = state.defaults.read().expect("fault defaults lock").clone();
+    let faults = match request_faults(&defaults, &req.model, &headers) {
         Ok(faults) => faults,
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
     };
@@ -901,11 +916,8 @@ mod ollama {
 mod openai {
     use super::*;
 
-    pub(super) fn models<'a>(seen: impl Iterator<Item = &'a str>) -> Value {
-        let mut ids: Vec<&str> = std::iter::once(MODEL_NAME).chain(seen).collect();
-        ids.dedup();
-        let data: Vec<Value> =
-            ids.iter().map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "iop-mock" })).collect();
+    pub(super) fn models() -> Value {
+        let data = json!([{ "id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "iop-mock" }]);
         json!({ "object": "list", "data": data })
     }
 

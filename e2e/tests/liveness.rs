@@ -97,20 +97,10 @@ async fn a_stall_after_the_first_byte_ends_the_stream_with_an_error() {
 #[tokio::test]
 async fn an_unhealthy_provider_leaves_rotation_and_returns_when_healthy() {
     // A second mock process whose health endpoints we can take down.
-    let (mock2, line) = iop_e2e::harness::spawn_until(
-        "iop-mock-provider",
-        &iop_e2e::harness::bin("iop-mock-provider"),
-        &["--listen", "127.0.0.1:0"],
-        "listening on",
-    )
-    .await;
-    let mock2_url = line.split_whitespace().last().unwrap().to_string();
+    let (mock2, mock2_url) = spawn_mock("127.0.0.1:0").await;
     let mut flaky = p("flaky", Adapter::Ollama, "mock@first_token_delay_ms=30000", "rot", 0, STALL_MS);
     flaky.base_url = mock2_url.clone();
-    let mut stack = stack(vec![p("steady", Adapter::Ollama, "mock@words=3", "rot", 1, 0)], None).await;
-    // Providers listed in extra_providers get the main mock's URL; `flaky`
-    // lives on the second mock.
-    stack.restart_edge_with(|config| config.providers.push(flaky.entry())).await;
+    let stack = stack(vec![p("steady", Adapter::Ollama, "mock@words=3", "rot", 1, 0), flaky], None).await;
 
     let client = http_client();
     client.post(format!("{mock2_url}/mock/health")).body(r#"{"healthy":false}"#).send().await.unwrap();
@@ -119,7 +109,8 @@ async fn an_unhealthy_provider_leaves_rotation_and_returns_when_healthy() {
     assert_eq!(body["choices"][0]["message"]["content"], "w1 w2 w3");
     let overlay = stack.provider_admin("flaky").await;
     assert_eq!(overlay["overlay"]["state"], "unavailable", "{overlay}");
-    assert_eq!(overlay["dispatchable"], true, "config and readiness are untouched; only the overlay lowered it");
+    assert_eq!(overlay["health"], "unavailable", "the snapshot shows the effective health: {overlay}");
+    assert_eq!(overlay["dispatchable"], false, "dispatchable agrees with admission: {overlay}");
     let node_metrics = stack.node_metrics.clone().unwrap();
     let unhealthy =
         "iop_node_response_stalls_total{kind=\"run\",classification=\"provider_unhealthy\",retryable=\"true\"}";
@@ -132,10 +123,11 @@ async fn an_unhealthy_provider_leaves_rotation_and_returns_when_healthy() {
     assert_eq!(status, 200);
     assert_eq!(stack.metric(flaky_attempts).await, before, "the lowered provider got no attempt");
 
-    // Healthy again: CAPABILITIES recovery brings it back.
+    // Healthy again: the node's re-probe (or CAPABILITIES recovery) brings it back.
     client.post(format!("{mock2_url}/mock/health")).body(r#"{"healthy":true}"#).send().await.unwrap();
     wait_until("the provider recovers", WAIT, || async {
-        stack.provider_admin("flaky").await["overlay"]["state"] == "available"
+        let view = stack.provider_admin("flaky").await;
+        view["overlay"]["state"] == "available" && view["health"] == "available" && view["dispatchable"] == true
     })
     .await;
     assert!(stack.metric("iop_edge_provider_health_transitions_total{to=\"available\"}").await >= 1.0);
@@ -238,14 +230,16 @@ async fn metric_labels_are_closed_sets() {
                 "config_changed",
             ]),
         ),
-        ("source", BTreeSet::from(["stall", "capabilities"])),
+        ("source", BTreeSet::from(["readiness", "probe", "stall", "capabilities"])),
         ("health", BTreeSet::from(["available", "unavailable", "unknown"])),
         (
             "result",
             BTreeSet::from([
                 "lowered",
                 "recovered",
+                "unsettled",
                 "recorded",
+                "ignored",
                 "stale_generation",
                 "stale_sequence",
                 "unsequenced",
@@ -258,7 +252,7 @@ async fn metric_labels_are_closed_sets() {
                 "rejected",
             ]),
         ),
-        ("to", BTreeSet::from(["available", "unavailable"])),
+        ("to", BTreeSet::from(["available", "unavailable", "unknown"])),
         ("kind", BTreeSet::from(["run", "tunnel"])),
         ("classification", BTreeSet::from(["request_stalled", "provider_unhealthy", "health_unknown"])),
         ("retryable", BTreeSet::from(["true", "false"])),
@@ -288,16 +282,10 @@ async fn metric_labels_are_closed_sets() {
 
 #[tokio::test]
 async fn a_killed_provider_is_classified_unhealthy_leaves_rotation_and_returns() {
-    let spawn_mock = |listen: String| async move {
-        let bin = iop_e2e::harness::bin("iop-mock-provider");
-        iop_e2e::harness::spawn_until("iop-mock-provider", &bin, &["--listen", &listen], "listening on").await
-    };
-    let (mock2, line) = spawn_mock("127.0.0.1:0".into()).await;
-    let mock2_url = line.split_whitespace().last().unwrap().to_string();
-    let mut stack = stack(vec![p("backup", Adapter::Openai, "mock@words=3", "killed", 1, 0)], None).await;
+    let (mock2, mock2_url) = spawn_mock("127.0.0.1:0").await;
     let mut doomed = p("doomed", Adapter::Ollama, "mock", "killed", 0, STALL_MS);
     doomed.base_url = mock2_url.clone();
-    stack.restart_edge_with(|config| config.providers.push(doomed.entry())).await;
+    let stack = stack(vec![p("backup", Adapter::Openai, "mock@words=3", "killed", 1, 0), doomed], None).await;
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("killed", "hi", false)).await).await;
     assert_eq!(
         body["choices"][0]["message"]["content"], "Hello from the IOP mock provider. You said: hi",
@@ -314,7 +302,7 @@ async fn a_killed_provider_is_classified_unhealthy_leaves_rotation_and_returns()
     assert_eq!(stack.provider_admin("doomed").await["overlay"]["state"], "unavailable");
 
     // It comes back on the same address: CAPABILITIES recovery returns it.
-    let (_mock2, _) = spawn_mock(mock2_url.trim_start_matches("http://").to_string()).await;
+    let (_mock2, _) = spawn_mock(mock2_url.trim_start_matches("http://")).await;
     wait_until("the provider recovers", WAIT, || async {
         stack.provider_admin("doomed").await["overlay"]["state"] == "available"
     })

@@ -16,7 +16,9 @@ use k8s_openapi::jiff::Timestamp;
 
 #[tokio::test]
 async fn the_status_mirror_reads_health_from_a_running_edge() {
-    let mut sick = provider("sick", Adapter::Ollama, "mock@first_token_delay_ms=30000", "sick", "");
+    // `sick` has a server of its own, so faulting it leaves `backup` healthy.
+    let (_sick_mock, sick_url) = spawn_mock("127.0.0.1:0").await;
+    let mut sick = provider("sick", Adapter::Ollama, "mock@first_token_delay_ms=30000", "sick", &sick_url);
     sick.stall_timeout_ms = 1_000;
     let mut backup = provider("backup", Adapter::Openai, "mock@words=2", "sick", "");
     backup.priority = 1;
@@ -34,7 +36,7 @@ async fn the_status_mirror_reads_health_from_a_running_edge() {
 
     // The provider's health endpoints fail and a request stalls on it: the
     // Edge lowers it, and the mirror reports it unhealthy.
-    stack.client.post(format!("{}/mock/health", stack.mock_url)).body(r#"{"healthy":false}"#).send().await.unwrap();
+    stack.client.post(format!("{sick_url}/mock/health")).body(r#"{"healthy":false}"#).send().await.unwrap();
     let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("sick", "hi", false)).await).await;
     assert_eq!(status, 200, "the backup answered");
     wait_until("the overlay lowered the provider", WAIT, || async {

@@ -94,9 +94,13 @@ impl FakeNode {
     /// Sends NodeReady and returns every control message up to the
     /// NodeReadyResponse.
     async fn ready(&mut self) -> Vec<Msg> {
-        let providers = ["ollama-mock", "openai-mock"]
-            .map(|id| pb::ProviderStatus {
+        // Statuses must name each provider's exact adapter and target; an
+        // inexact one leaves the provider unavailable on this connection.
+        let providers = [("ollama-mock", pb::AdapterKind::Ollama), ("openai-mock", pb::AdapterKind::Openai)]
+            .map(|(id, adapter)| pb::ProviderStatus {
                 provider_id: id.into(),
+                adapter: adapter.into(),
+                target_model: "mock".into(),
                 health: pb::ProviderHealth::Available.into(),
                 ..Default::default()
             })

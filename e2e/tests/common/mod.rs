@@ -61,6 +61,15 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
     }
 }
 
+/// A mock provider process of its own, so a test can fault one provider's
+/// server while its siblings stay healthy, listening on `listen`
+/// (`127.0.0.1:0` for any port). Returns the process and its URL.
+pub async fn spawn_mock(listen: &str) -> (Proc, String) {
+    let (mock, line) =
+        spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &["--listen", listen], "listening on").await;
+    (mock, line.split_whitespace().last().unwrap().to_string())
+}
+
 /// A plain HTTP client for talking to the Edge and the mock.
 pub fn http_client() -> reqwest::Client {
     // reqwest is built without a bundled crypto provider (IOP uses ring).
@@ -81,7 +90,9 @@ impl Stack {
             provider("openai-mock", Adapter::Openai, "mock", "mock-openai", &mock_url),
         ];
         for mut p in options.extra_providers {
-            p.base_url = mock_url.clone();
+            if p.base_url.is_empty() {
+                p.base_url = mock_url.clone();
+            }
             providers.push(p);
         }
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -135,20 +146,6 @@ impl Stack {
         self.http = addr_field(&line, "http");
         self.grpc = addr_field(&line, "grpc");
         self.edge = Some(edge);
-    }
-
-    /// Stops the Edge, edits its config, starts it again on the same ports
-    /// and waits for the node to be ready on it.
-    pub async fn restart_edge_with(&mut self, edit: impl FnOnce(&mut iop_proto::config::EdgeConfig)) {
-        if let Some(edge) = self.edge.take() {
-            edge.terminate().await;
-        }
-        let text = std::fs::read_to_string(&self.edge_config).unwrap();
-        let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
-        edit(&mut config);
-        std::fs::write(&self.edge_config, config.to_yaml()).unwrap();
-        self.start_edge().await;
-        self.wait_node_ready_after(NODE, 0).await;
     }
 
     /// Starts an `iop-node` with the given certificate, trusting `ca_file`,
