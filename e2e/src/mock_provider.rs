@@ -444,6 +444,8 @@ fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai_chat))
         .route("/mock/stats", get(stats))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metadata_gate))
+        // Like real model servers, accept the largest prompt an Edge may send.
+        .layer(axum::extract::DefaultBodyLimit::max(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES))
         .with_state(state)
 }
 

@@ -118,10 +118,26 @@ impl FakeNode {
         }
     }
 
-    async fn next_run(&mut self) -> pb::RunRequest {
+    /// Reads the control stream, answering the Edge's heartbeats, until a
+    /// run is assigned.
+    async fn next_run_answering_heartbeats(&mut self) -> pb::RunAssign {
+        loop {
+            match self.inbound.message().await.unwrap().unwrap().msg.unwrap() {
+                Msg::RunAssign(a) => return a,
+                Msg::Heartbeat(hb) => {
+                    let ack = node_to_edge::Msg::HeartbeatAck(pb::HeartbeatAck { seq: hb.seq });
+                    self.out.send(msg(ack)).await.unwrap();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The next run assigned on the control stream (its id only).
+    async fn next_run(&mut self) -> pb::RunAssign {
         loop {
             if let Msg::RunAssign(a) = self.inbound.message().await.unwrap().unwrap().msg.unwrap() {
-                return a.request.unwrap();
+                return a;
             }
         }
     }
@@ -197,7 +213,16 @@ async fn frames_for_a_fenced_generation_are_dropped_and_counted() {
     .unwrap();
     tx.send(event(1, run_event::Event::Started(pb::RunStarted { model: "mock".into() }))).await.unwrap();
     let mut events_client = fake.client.clone();
-    let uplink = tokio::spawn(async move { events_client.run_events(ReceiverStream::new(rx)).await });
+    let mut downlink = events_client.run_events(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    // The run's own call, not the control stream, carries the request.
+    match downlink.message().await.unwrap().and_then(|d| d.msg) {
+        Some(pb::run_downlink::Msg::Request(request)) => {
+            assert_eq!(request.run_id, run.run_id);
+            assert_eq!(request.messages.last().unwrap().content, "hi");
+        }
+        None => panic!("the call's first answer is the request"),
+    }
+    let uplink = tokio::spawn(async move { while let Ok(Some(_)) = downlink.message().await {} });
 
     // The fake never acknowledges heartbeats: the Edge closes the session.
     let closed = loop {
@@ -284,4 +309,72 @@ async fn config_reload_applies_valid_changes_keeps_the_old_config_on_errors_and_
     stack.wait_metric_at_least("iop_edge_node_sessions_closed_total{reason=\"config_changed\"}", 1.0).await;
     stack.wait_metric_at_least("iop_edge_node_handshake_rejections_total{reason=\"unknown_node\"}", 1.0).await;
     assert_eq!(stack.get_json("/readyz").await["ready_nodes"], 0);
+}
+
+/// A large prompt travels on its run's own call: while 32 MiB sit unread in
+/// transit there, the control stream keeps carrying heartbeats and other
+/// runs' assignments, and the prompt arrives intact once read.
+// Multi-threaded: the test's own 32 MiB upload must not starve the fake
+// node's heartbeat answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_prompt_in_transit_does_not_hold_up_the_control_stream() {
+    let limits = iop_proto::config::Limits { max_body_bytes: 32 * 1024 * 1024, ..Default::default() };
+    let stack = Stack::start(StackOptions {
+        heartbeat: Some(FAST_HEARTBEAT),
+        start_node: false,
+        limits: Some(limits),
+        ..Default::default()
+    })
+    .await;
+    let prompt = "a".repeat(32 * 1024 * 1024 - 1024);
+    let big_body = serde_json::to_vec(&chat_body("mock-ollama", &prompt, false)).unwrap();
+    let mut fake = FakeNode::register(&stack).await;
+    fake.ready().await;
+
+    let post = |body: Vec<u8>| {
+        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
+        tokio::spawn(async move { client.post(url).header("content-type", "application/json").body(body).send().await })
+    };
+    let small_body = |text: &str| serde_json::to_vec(&chat_body("mock-openai", text, false)).unwrap();
+    let _big = post(big_body);
+    let big = fake.next_run_answering_heartbeats().await;
+    // Open the big run's call and leave its answer unread: HTTP/2 flow
+    // control holds the rest of the prompt on the Edge.
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(pb::RunUplink {
+        frame: Some(Frame::Open(pb::RunOpen { run_id: big.run_id.clone(), generation: fake.generation })),
+    })
+    .await
+    .unwrap();
+    let mut big_call = fake
+        .client
+        .clone()
+        .max_decoding_message_size(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES)
+        .run_events(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Heartbeats keep flowing both ways (the Edge would fence a session
+    // whose heartbeats stopped for 400 ms), and so do other runs.
+    let mut answered = 0;
+    while answered < 5 {
+        if let Msg::Heartbeat(hb) = fake.inbound.message().await.unwrap().unwrap().msg.unwrap() {
+            fake.out.send(msg(node_to_edge::Msg::HeartbeatAck(pb::HeartbeatAck { seq: hb.seq }))).await.unwrap();
+            answered += 1;
+        }
+    }
+    let _small = post(small_body("small"));
+    let small = fake.next_run_answering_heartbeats().await;
+    assert_ne!(small.run_id, big.run_id, "another run's assignment arrived");
+    assert_eq!(stack.node(NODE).await["phase"], "ready");
+
+    match big_call.message().await.unwrap().and_then(|d| d.msg) {
+        Some(pb::run_downlink::Msg::Request(request)) => {
+            assert_eq!(request.run_id, big.run_id);
+            assert_eq!(request.messages.last().unwrap().content.len(), prompt.len(), "the prompt arrived intact");
+        }
+        None => panic!("the call's first answer is the request"),
+    }
+    drop(tx);
 }

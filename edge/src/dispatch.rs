@@ -30,8 +30,13 @@ const DISPATCH_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// A frame type a node streams for one run: normalized `RunEvent`s or
 /// `ProviderTunnelFrame`s.
 pub trait NodeFrame: Send + 'static {
+    /// What the node receives first on the run's own call.
+    type Request: Send + 'static;
     /// The frame's payload as the client side consumes it.
     type Item: Send;
+    /// The control message that assigns run `id` (the id only: the request
+    /// travels on the run's own call, never on the control stream).
+    fn assign(id: String) -> pb::edge_to_node::Msg;
     fn seq(&self) -> u64;
     fn is_terminal(&self) -> bool;
     fn validate(&self) -> Result<(), WireError>;
@@ -46,7 +51,11 @@ pub trait NodeFrame: Send + 'static {
 }
 
 impl NodeFrame for pb::RunEvent {
+    type Request = pb::RunRequest;
     type Item = pb::run_event::Event;
+    fn assign(run_id: String) -> pb::edge_to_node::Msg {
+        pb::edge_to_node::Msg::RunAssign(pb::RunAssign { run_id })
+    }
     fn seq(&self) -> u64 {
         self.seq
     }
@@ -80,7 +89,11 @@ impl NodeFrame for pb::RunEvent {
 }
 
 impl NodeFrame for pb::ProviderTunnelFrame {
+    type Request = pb::ProviderTunnelRequest;
     type Item = pb::provider_tunnel_frame::Frame;
+    fn assign(tunnel_id: String) -> pb::edge_to_node::Msg {
+        pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { tunnel_id })
+    }
     fn seq(&self) -> u64 {
         self.seq
     }
@@ -115,13 +128,14 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     }
 }
 
-struct RunEntry<F> {
+struct RunEntry<F: NodeFrame> {
     node: String,
     generation: u64,
+    /// Handed to the run's call when the node opens it.
+    request: Option<F::Request>,
     events: mpsc::Sender<F>,
     /// Cancelled when the run's connection generation is fenced.
     fence: CancellationToken,
-    attached: bool,
 }
 
 /// Why frames on a `RunEvents` stream were not accepted.
@@ -149,25 +163,27 @@ impl AttachError {
 }
 
 /// The node side's handle on an attached run.
-pub struct AttachedRun<F> {
+pub struct AttachedRun<F: NodeFrame> {
+    /// The run's request, sent down its call first.
+    pub request: F::Request,
     pub events: mpsc::Sender<F>,
     pub fence: CancellationToken,
 }
 
-pub struct RunTable<F> {
+pub struct RunTable<F: NodeFrame> {
     runs: Mutex<HashMap<String, RunEntry<F>>>,
     /// Set when the Edge shuts down: runs ending from then on release their
     /// lease as `edge_shutdown`.
     shutting_down: std::sync::atomic::AtomicBool,
 }
 
-impl<F> Default for RunTable<F> {
+impl<F: NodeFrame> Default for RunTable<F> {
     fn default() -> Self {
         Self { runs: Mutex::new(HashMap::new()), shutting_down: Default::default() }
     }
 }
 
-impl<F> RunTable<F> {
+impl<F: NodeFrame> RunTable<F> {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, std::sync::atomic::Ordering::Release);
     }
@@ -188,11 +204,10 @@ impl<F: NodeFrame> RunTable<F> {
         if entry.generation != generation || entry.fence.is_cancelled() {
             return Err(AttachError::FencedGeneration);
         }
-        if entry.attached {
+        let Some(request) = entry.request.take() else {
             return Err(AttachError::AlreadyAttached);
-        }
-        entry.attached = true;
-        Ok(AttachedRun { events: entry.events.clone(), fence: entry.fence.clone() })
+        };
+        Ok(AttachedRun { request, events: entry.events.clone(), fence: entry.fence.clone() })
     }
 
     /// Fences every run bound to `node`'s `generation`: their streams end with
@@ -221,16 +236,16 @@ impl<F: NodeFrame> RunTable<F> {
     }
 }
 
-/// Starts a run under `lease` by sending `assign` (a RunAssign or
-/// TunnelAssign for the lease's run id) to the node session behind `control`
-/// (which must belong to the lease's node and generation).
+/// Starts a run under `lease`: records `request` for the run's own call and
+/// sends the assignment (the lease's run id) to the node session behind
+/// `control` (which must belong to the lease's node and generation).
 pub async fn start_run<F: NodeFrame>(
     table: &Arc<RunTable<F>>,
     metrics: &Arc<EdgeMetrics>,
     handoff: &Arc<StallHandoff>,
     lease: LeaseGuard,
     control: ControlSender,
-    assign: pb::edge_to_node::Msg,
+    request: F::Request,
 ) -> Result<RunStream<F>, pb::ExecutionFailure> {
     let run_id = lease.lease().run_id().to_string();
     let (events, rx) = mpsc::channel(RUN_CHANNEL_CAPACITY);
@@ -240,9 +255,9 @@ pub async fn start_run<F: NodeFrame>(
         RunEntry {
             node: lease.lease().node().to_string(),
             generation: lease.lease().generation(),
+            request: Some(request),
             events,
             fence: fence.clone(),
-            attached: false,
         },
     );
     let mut stream = RunStream {
@@ -257,7 +272,7 @@ pub async fn start_run<F: NodeFrame>(
         next_seq: 1,
         finished: false,
     };
-    let assign = pb::EdgeToNode { msg: Some(assign) };
+    let assign = pb::EdgeToNode { msg: Some(F::assign(stream.run_id.clone())) };
     // Bounded: a node that stopped reading is about to be fenced anyway.
     let sent = tokio::time::timeout(DISPATCH_SEND_TIMEOUT, control.send(Ok(assign))).await;
     if !matches!(sent, Ok(Ok(()))) {
@@ -412,13 +427,12 @@ mod tests {
         let (control, control_rx) = mpsc::channel(8);
         let lease = crate::admission::test_support::lease("r1", "n1", 5);
         let request = pb::RunRequest { run_id: "r1".into(), ..Default::default() };
-        let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
         let handoff = Arc::new(StallHandoff {
             registry: Arc::new(crate::node::registry::NodeRegistry::default()),
             overlay: Default::default(),
             metrics: EdgeMetrics::new(),
         });
-        let stream = start_run(table, &EdgeMetrics::new(), &handoff, lease, control, assign).await.unwrap();
+        let stream = start_run(table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
         (stream, control_rx)
     }
 
@@ -429,7 +443,8 @@ mod tests {
         assert_eq!(table.attach("r2", "n1", 5).err(), Some(AttachError::UnknownRun));
         assert_eq!(table.attach("r1", "n2", 5).err(), Some(AttachError::WrongNode));
         assert_eq!(table.attach("r1", "n1", 4).err(), Some(AttachError::FencedGeneration));
-        assert!(table.attach("r1", "n1", 5).is_ok());
+        let attached = table.attach("r1", "n1", 5).expect("the run's own node and generation");
+        assert_eq!(attached.request.run_id, "r1", "the request is handed to the run's call");
         assert_eq!(table.attach("r1", "n1", 5).err(), Some(AttachError::AlreadyAttached));
     }
 
@@ -499,10 +514,12 @@ mod tests {
     async fn dropping_before_the_terminal_sends_cancel_and_frees_the_entry() {
         let table = Arc::new(Table::default());
         let (stream, mut control) = started(&table).await;
-        assert!(matches!(
-            control.recv().await,
-            Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(_)) }))
-        ));
+        match control.recv().await {
+            Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(a)) })) => {
+                assert_eq!(a, pb::RunAssign { run_id: "r1".into() }, "the control stream carries only the id")
+            }
+            other => panic!("expected the assignment, got {other:?}"),
+        }
         drop(stream);
         match control.recv().await {
             Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::Cancel(c)) })) => assert_eq!(c.run_id, "r1"),

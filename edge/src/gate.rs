@@ -306,8 +306,8 @@ async fn attempt_run(
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
-    let assign = pb::edge_to_node::Msg::RunAssign(pb::RunAssign { request: Some(request) });
-    let mut run = match dispatch::start_run(&state.runs, &state.metrics, &state.handoff, lease, control, assign).await {
+    let mut run = match dispatch::start_run(&state.runs, &state.metrics, &state.handoff, lease, control, request).await
+    {
         Ok(run) => run,
         Err(failure) => return failed(failure),
     };
@@ -412,9 +412,8 @@ async fn attempt_tunnel(
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
     };
     let stall = stall_timeout(provider);
-    let assign = pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { request: Some(request) });
     let mut run =
-        match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, assign).await {
+        match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, request).await {
             Ok(run) => run,
             Err(failure) => return failed(failure),
         };

@@ -1,9 +1,9 @@
 //! What runs and tunnels share. Both are executions bound to the session that
 //! assigned them (one id space): validated against the assigned providers,
-//! given their own client-streaming call toward the Edge (first frame names
-//! the execution and its generation, later frames are numbered from seq 1,
-//! exactly one terminal ends it), and ended early by a `Cancel`, by the Edge
-//! ending the call, or by the session ending.
+//! given their own call to the Edge (the node's first frame names the
+//! execution and its generation, the Edge answers with the request, later
+//! frames are numbered from seq 1, exactly one terminal ends it), and ended
+//! early by a `Cancel`, by the Edge ending the call, or by the session ending.
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -32,6 +32,10 @@ pub const MAX_RESPONSE_STALL_TIMEOUT_MS: u64 = 3_600_000;
 pub(crate) const UPLINK_CAPACITY: usize = 16;
 /// How long to wait for the Edge to acknowledge a finished execution's stream.
 const ACK_WAIT: Duration = Duration::from_secs(5);
+/// How long the Edge may take to answer an execution's call with its request
+/// (it sends it as soon as the call arrives; a large prompt takes transfer
+/// time, bounded by the Edge's body limit).
+const REQUEST_WAIT: Duration = Duration::from_secs(120);
 
 /// What an execution needs from its session.
 pub struct ExecutionContext {
@@ -257,31 +261,115 @@ impl<U: UplinkFrame> Uplink<U> {
     }
 }
 
-/// The spawned per-execution call; it completes when the Edge answers.
-pub(crate) type Call<A> = JoinHandle<Result<tonic::Response<A>, tonic::Status>>;
+/// The answer of a per-execution call (`RunDownlink`, `TunnelDownlink`).
+pub(crate) trait DownlinkMessage: Send + 'static {
+    type Request: Send + 'static;
+    fn into_request(self) -> Option<Self::Request>;
+    /// The execution id the request names.
+    fn id(request: &Self::Request) -> &str;
+}
+
+impl DownlinkMessage for pb::RunDownlink {
+    type Request = pb::RunRequest;
+    fn into_request(self) -> Option<pb::RunRequest> {
+        self.msg.map(|pb::run_downlink::Msg::Request(r)| r)
+    }
+    fn id(request: &pb::RunRequest) -> &str {
+        &request.run_id
+    }
+}
+
+impl DownlinkMessage for pb::TunnelDownlink {
+    type Request = pb::ProviderTunnelRequest;
+    fn into_request(self) -> Option<pb::ProviderTunnelRequest> {
+        self.msg.map(|pb::tunnel_downlink::Msg::Request(r)| r)
+    }
+    fn id(request: &pb::ProviderTunnelRequest) -> &str {
+        &request.tunnel_id
+    }
+}
+
+/// The spawned per-execution call; it completes when the Edge answers with
+/// the response head of its downlink.
+pub(crate) type Call<D> = JoinHandle<Result<tonic::Response<tonic::Streaming<D>>, tonic::Status>>;
 
 /// Opens an execution's call: queues the open frame and spawns `start` on
 /// the frame stream. The call is polled on its own task so frames flow
 /// independently of the producer.
-pub(crate) fn open<U, A, F, Fut>(id: &str, generation: u64, start: F) -> (Uplink<U>, Call<A>)
+pub(crate) fn open<U, D, F, Fut>(id: &str, generation: u64, start: F) -> (Uplink<U>, Call<D>)
 where
     U: UplinkFrame,
-    A: Send + 'static,
+    D: DownlinkMessage,
     F: FnOnce(ReceiverStream<U>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<A>, tonic::Status>> + Send + 'static,
+    Fut: Future<Output = Result<tonic::Response<tonic::Streaming<D>>, tonic::Status>> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(UPLINK_CAPACITY);
     tx.try_send(U::open(id, generation)).expect("a fresh uplink has room for its open frame");
     (Uplink::new(tx), tokio::spawn(start(ReceiverStream::new(rx))))
 }
 
-/// Closes the uplink and waits (bounded) for the Edge to answer the call.
-pub(crate) async fn await_ack<U, A>(uplink: Uplink<U>, call: Call<A>, what: &'static str, id: &str) {
+/// Waits for the Edge's answer to the call: the request of execution `id`.
+/// `None` (logged) when the Edge refused the call, the request did not come
+/// within [`REQUEST_WAIT`], it named another execution, or `cancel` fired.
+/// The execution then ends without frames; the Edge sees its call end.
+pub(crate) async fn receive_request<D: DownlinkMessage>(
+    call: Call<D>,
+    cancel: &Cancel,
+    what: &'static str,
+    id: &str,
+) -> Option<(D::Request, tonic::Streaming<D>)> {
+    let received = async {
+        let mut downlink = call.await.ok()?.ok()?.into_inner();
+        let request = downlink.message().await.ok()??.into_request()?;
+        Some((request, downlink))
+    };
+    let outcome = tokio::select! {
+        received = tokio::time::timeout(REQUEST_WAIT, received) => received,
+        _ = cancel.cancelled() => return None,
+    };
+    match outcome {
+        Ok(Some((request, downlink))) if D::id(&request) == id => Some((request, downlink)),
+        Ok(Some(_)) => {
+            tracing::warn!(id, "{what} call answered with another execution's request");
+            None
+        }
+        Ok(None) => {
+            tracing::debug!(id, "{what} call refused before its request");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(id, "{what} request did not arrive in time");
+            None
+        }
+    }
+}
+
+/// Resolves when the Edge ends the call (it sends nothing after the request).
+pub(crate) async fn edge_gone<D>(downlink: &mut tonic::Streaming<D>) {
+    while let Ok(Some(_)) = downlink.message().await {}
+}
+
+/// Closes the uplink and waits (bounded) for the Edge to end the call.
+pub(crate) async fn await_ack<U, D>(
+    uplink: Uplink<U>,
+    mut downlink: tonic::Streaming<D>,
+    what: &'static str,
+    id: &str,
+) {
     drop(uplink);
-    match tokio::time::timeout(ACK_WAIT, call).await {
-        Ok(Ok(Ok(_))) => {}
-        Ok(Ok(Err(status))) => tracing::debug!(id, code = ?status.code(), "{what} stream refused"),
-        _ => tracing::debug!(id, "{what} stream not acknowledged"),
+    let ended = async {
+        loop {
+            match downlink.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(status),
+            }
+        }
+    };
+    match tokio::time::timeout(ACK_WAIT, ended).await {
+        Ok(Ok(())) => {}
+        Ok(Err(status)) => tracing::debug!(id, code = ?status.code(), "{what} stream refused"),
+        Err(_) => tracing::debug!(id, "{what} stream not acknowledged"),
     }
 }
 

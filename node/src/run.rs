@@ -15,17 +15,19 @@ use crate::transport::session::Providers;
 
 pub use crate::execution::{Rejection as RunRejection, validate};
 
-/// Runs `request` on its own `RunEvents` call until its terminal is sent (and
-/// acknowledged, bounded) or the Edge ends the call.
-pub async fn execute(ctx: ExecutionContext, request: pb::RunRequest, cancel: Cancel) {
+/// Runs `run_id` on its own `RunEvents` call: receives its request there,
+/// then streams its events until its terminal is sent (and acknowledged,
+/// bounded) or the Edge ends the call.
+pub async fn execute(ctx: ExecutionContext, run_id: String, cancel: Cancel) {
     let mut client = ctx.client.clone();
-    let (mut uplink, mut call) =
-        execution::open(&request.run_id, ctx.generation, |frames| async move { client.run_events(frames).await });
-    let edge_gone = async {
-        let _ = (&mut call).await;
+    let (mut uplink, call) =
+        execution::open(&run_id, ctx.generation, |frames| async move { client.run_events(frames).await });
+    let Some((request, mut downlink)) = execution::receive_request(call, &cancel, "run", &run_id).await else {
+        return;
     };
+    let edge_gone = execution::edge_gone(&mut downlink);
     if serve(&ctx.http, &ctx.providers, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
-        execution::await_ack(uplink, call, "run", &request.run_id).await;
+        execution::await_ack(uplink, downlink, "run", &run_id).await;
     }
 }
 

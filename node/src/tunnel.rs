@@ -35,18 +35,19 @@ const RELAY_CAPACITY: usize = 4;
 /// Longest method name quoted back in a rejection.
 const METHOD_CHARS: usize = 16;
 
-/// Relays `request` on its own `TunnelFrames` call until its terminal is sent
-/// (and acknowledged, bounded) or the Edge ends the call.
-pub async fn execute(ctx: ExecutionContext, request: pb::ProviderTunnelRequest, cancel: Cancel) {
+/// Relays `tunnel_id` on its own `TunnelFrames` call: receives its request
+/// there, then streams the provider's answer until its terminal is sent (and
+/// acknowledged, bounded) or the Edge ends the call.
+pub async fn execute(ctx: ExecutionContext, tunnel_id: String, cancel: Cancel) {
     let mut client = ctx.client.clone();
-    let tunnel_id = request.tunnel_id.clone();
-    let (mut uplink, mut call) =
+    let (mut uplink, call) =
         execution::open(&tunnel_id, ctx.generation, |frames| async move { client.tunnel_frames(frames).await });
-    let edge_gone = async {
-        let _ = (&mut call).await;
+    let Some((request, mut downlink)) = execution::receive_request(call, &cancel, "tunnel", &tunnel_id).await else {
+        return;
     };
+    let edge_gone = execution::edge_gone(&mut downlink);
     if serve(&ctx.http, &ctx.providers, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
-        execution::await_ack(uplink, call, "tunnel", &tunnel_id).await;
+        execution::await_ack(uplink, downlink, "tunnel", &tunnel_id).await;
     }
 }
 

@@ -265,8 +265,8 @@ impl EdgeConfig {
             }
         }
         let l = &self.limits;
-        if l.max_body_bytes < 1024 {
-            return Err(invalid("limits.max_body_bytes", "must be at least 1024"));
+        if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
+            return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
         }
         if l.queue_depth > 100_000 {
             return Err(invalid("limits.queue_depth", "must be at most 100000"));
@@ -314,6 +314,8 @@ providers:
         let c = EdgeConfig::from_yaml(VALID).unwrap();
         assert_eq!(c.providers[0].adapter, Adapter::Ollama);
         assert_eq!(c.limits.max_body_bytes, 4 * 1024 * 1024);
+        let largest = format!("{VALID}limits: {{ max_body_bytes: 67108864 }}\n");
+        assert_eq!(EdgeConfig::from_yaml(&largest).unwrap().limits.max_body_bytes, 64 * 1024 * 1024);
         assert_eq!(c.model_index()["llama"].len(), 1);
         assert_eq!(EdgeConfig::from_yaml(&c.to_yaml()).unwrap(), c);
     }
@@ -326,6 +328,8 @@ providers:
             (VALID.replace("http://127.0.0.1:11434", "http://"), "providers[0].target.base_url"),
             (VALID.replace("name: mac-1 }", "name: Mac_1 }"), "nodes[0].name"),
             (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
+            (format!("{VALID}limits: {{ max_body_bytes: 67108865 }}\n"), "limits.max_body_bytes"),
+            (format!("{VALID}limits: {{ max_body_bytes: 1023 }}\n"), "limits.max_body_bytes"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

@@ -15,6 +15,16 @@ pub enum WireError {
     UnexpectedMessage { expected: &'static str },
 }
 
+/// Largest `limits.max_body_bytes` the Edge accepts (64 MiB).
+pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Largest message a node accepts on a run's or tunnel's own call: the
+/// request (`RunDownlink`, `TunnelDownlink`). Normalizing never makes a
+/// request larger than the client's body (protobuf is denser than JSON); the
+/// margin covers a tunnel's forwarded headers and rewritten model name.
+/// Control-stream messages stay small and keep tonic's 4 MiB default.
+pub const MAX_RUN_REQUEST_MESSAGE_BYTES: usize = MAX_REQUEST_BODY_BYTES + 16 * 1024 * 1024;
+
 /// Decodes a wire enum, rejecting unknown values and the zero value.
 pub fn closed_enum<E>(field: &'static str, value: i32) -> Result<E, WireError>
 where

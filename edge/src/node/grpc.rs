@@ -1,6 +1,6 @@
 //! The `NodeGateway` gRPC service: the control stream starts a session; each
-//! `RunEvents` / `TunnelFrames` call carries one run's frames into its
-//! `RunStream`.
+//! `RunEvents` / `TunnelFrames` call hands one run its request and carries
+//! its frames into its `RunStream`.
 
 use std::sync::Arc;
 
@@ -34,11 +34,21 @@ enum Uplink<F> {
 
 trait UplinkMessage: Send + 'static {
     type Frame: NodeFrame;
+    /// The call's answer: the run's request.
+    type Downlink: Send + 'static;
     fn split(self) -> Uplink<Self::Frame>;
+    fn downlink(request: <Self::Frame as NodeFrame>::Request) -> Self::Downlink;
 }
+
+/// A run call's answer stream as tonic serves it.
+type DownlinkStream<D> = ReceiverStream<Result<D, Status>>;
 
 impl UplinkMessage for pb::RunUplink {
     type Frame = pb::RunEvent;
+    type Downlink = pb::RunDownlink;
+    fn downlink(request: pb::RunRequest) -> pb::RunDownlink {
+        pb::RunDownlink { msg: Some(pb::run_downlink::Msg::Request(request)) }
+    }
     fn split(self) -> Uplink<pb::RunEvent> {
         use pb::run_uplink::Frame;
         match self.frame {
@@ -51,6 +61,10 @@ impl UplinkMessage for pb::RunUplink {
 
 impl UplinkMessage for pb::TunnelUplink {
     type Frame = pb::ProviderTunnelFrame;
+    type Downlink = pb::TunnelDownlink;
+    fn downlink(request: pb::ProviderTunnelRequest) -> pb::TunnelDownlink {
+        pb::TunnelDownlink { msg: Some(pb::tunnel_downlink::Msg::Request(request)) }
+    }
     fn split(self) -> Uplink<pb::ProviderTunnelFrame> {
         use pb::tunnel_uplink::Msg;
         match self.msg {
@@ -64,6 +78,8 @@ impl UplinkMessage for pb::TunnelUplink {
 #[tonic::async_trait]
 impl NodeGateway for GatewayService {
     type ControlStream = ReceiverStream<Result<pb::EdgeToNode, Status>>;
+    type RunEventsStream = DownlinkStream<pb::RunDownlink>;
+    type TunnelFramesStream = DownlinkStream<pb::TunnelDownlink>;
 
     async fn control(
         &self,
@@ -78,31 +94,50 @@ impl NodeGateway for GatewayService {
     async fn run_events(
         &self,
         request: Request<Streaming<pb::RunUplink>>,
-    ) -> Result<Response<pb::RunEventsAck>, Status> {
+    ) -> Result<Response<Self::RunEventsStream>, Status> {
         let peer = peer(&request)?;
-        let accepted = self.relay(&self.state.runs, &peer, request.into_inner()).await?;
-        Ok(Response::new(pb::RunEventsAck { accepted_events: accepted }))
+        Ok(Response::new(self.spawn_relay(self.state.runs.clone(), peer, request.into_inner())))
     }
 
     async fn tunnel_frames(
         &self,
         request: Request<Streaming<pb::TunnelUplink>>,
-    ) -> Result<Response<pb::TunnelAck>, Status> {
+    ) -> Result<Response<Self::TunnelFramesStream>, Status> {
         let peer = peer(&request)?;
-        let accepted = self.relay(&self.state.tunnels, &peer, request.into_inner()).await?;
-        Ok(Response::new(pb::TunnelAck { accepted_frames: accepted }))
+        Ok(Response::new(self.spawn_relay(self.state.tunnels.clone(), peer, request.into_inner())))
     }
 }
 
 impl GatewayService {
-    /// Carries one run's frames from its gRPC stream into its `RunStream`,
-    /// after binding the stream to the run (same node, current generation).
-    /// Returns how many frames were accepted.
+    /// Serves one run's call on its own task: the answer stream carries the
+    /// run's request, then ends (with a status when the Edge refused or
+    /// stopped the run).
+    fn spawn_relay<U: UplinkMessage>(
+        &self,
+        table: Arc<RunTable<U::Frame>>,
+        peer: NodePeer,
+        inbound: Streaming<U>,
+    ) -> DownlinkStream<U::Downlink> {
+        // One request, then at most one status.
+        let (downlink, rx) = mpsc::channel(2);
+        let service = GatewayService { state: self.state.clone() };
+        tokio::spawn(async move {
+            if let Err(status) = service.relay(&table, &peer, inbound, &downlink).await {
+                let _ = downlink.send(Err(status)).await;
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+
+    /// Binds a run's call to its run (same node, current generation), sends
+    /// the run's request down it, then carries the run's frames into its
+    /// `RunStream`. Returns how many frames were accepted.
     async fn relay<U: UplinkMessage>(
         &self,
         table: &RunTable<U::Frame>,
         peer: &NodePeer,
         mut inbound: Streaming<U>,
+        downlink: &mpsc::Sender<Result<U::Downlink, Status>>,
     ) -> Result<u64, Status> {
         let (id, generation) = match inbound.message().await?.map(UplinkMessage::split) {
             Some(Uplink::Open { id, generation }) => (id, generation),
@@ -115,6 +150,10 @@ impl GatewayService {
                 return Err(self.drop_stream(reason, inbound).await);
             }
         };
+        if downlink.send(Ok(U::downlink(attached.request))).await.is_err() {
+            // The node abandoned the call; the RunStream sees the stream end.
+            return Ok(0);
+        }
         let mut accepted = 0u64;
         loop {
             let message = tokio::select! {

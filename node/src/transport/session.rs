@@ -214,17 +214,14 @@ impl Session {
                                 monitor_stop.clone(),
                             ));
                         }
+                        // The request itself comes on the execution's own call.
                         Msg::RunAssign(assign) if ready => {
-                            if let Some(request) = assign.request {
-                                let id = request.run_id.clone();
-                                self.spawn_execution(id, |ctx, cancel| run::execute(ctx, request, cancel));
-                            }
+                            let id = assign.run_id;
+                            self.spawn_execution(id.clone(), |ctx, cancel| run::execute(ctx, id, cancel));
                         }
                         Msg::TunnelAssign(assign) if ready => {
-                            if let Some(request) = assign.request {
-                                let id = request.tunnel_id.clone();
-                                self.spawn_execution(id, |ctx, cancel| tunnel::execute(ctx, request, cancel));
-                            }
+                            let id = assign.tunnel_id;
+                            self.spawn_execution(id.clone(), |ctx, cancel| tunnel::execute(ctx, id, cancel));
                         }
                         Msg::Cancel(cancel) => {
                             if let Some(execution) = self.executions.lock().unwrap().remove(&cancel.run_id) {
@@ -253,7 +250,8 @@ impl Session {
         let cancel = Cancel::new();
         self.executions.lock().unwrap().insert(id.clone(), cancel.clone());
         let ctx = ExecutionContext {
-            client: self.client.clone(),
+            // A request may be as large as the Edge's body limit.
+            client: self.client.clone().max_decoding_message_size(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES),
             http: self.http.clone(),
             providers: self.providers.clone(),
             generation: self.generation,

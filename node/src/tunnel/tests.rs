@@ -370,48 +370,70 @@ async fn the_edge_ending_the_call_stops_the_relay_without_a_terminal() {
 
 // ------------------------------------------------------ the gRPC wrapper
 
-/// A fake Edge: records each `TunnelFrames` call; answers after the uplink
-/// ends, or after `answer_after` messages (ending the call early).
+/// A fake Edge: answers each `TunnelFrames` call's open with `request`, then
+/// records the call; ends it after the uplink ends, or after `answer_after`
+/// messages (ending the call early).
 struct FakeEdge {
+    request: pb::ProviderTunnelRequest,
     calls: mpsc::UnboundedSender<Vec<pb::TunnelUplink>>,
     answer_after: Option<usize>,
 }
 
+type Downlink<D> = ReceiverStream<Result<D, Status>>;
+
 #[tonic::async_trait]
 impl NodeGateway for FakeEdge {
     type ControlStream = ReceiverStream<Result<pb::EdgeToNode, Status>>;
+    type RunEventsStream = Downlink<pb::RunDownlink>;
+    type TunnelFramesStream = Downlink<pb::TunnelDownlink>;
 
     async fn control(&self, _: Request<Streaming<pb::NodeToEdge>>) -> Result<Response<Self::ControlStream>, Status> {
         Err(Status::unimplemented("control"))
     }
 
-    async fn run_events(&self, _: Request<Streaming<pb::RunUplink>>) -> Result<Response<pb::RunEventsAck>, Status> {
+    async fn run_events(
+        &self,
+        _: Request<Streaming<pb::RunUplink>>,
+    ) -> Result<Response<Self::RunEventsStream>, Status> {
         Err(Status::unimplemented("run_events"))
     }
 
     async fn tunnel_frames(
         &self,
         request: Request<Streaming<pb::TunnelUplink>>,
-    ) -> Result<Response<pb::TunnelAck>, Status> {
+    ) -> Result<Response<Self::TunnelFramesStream>, Status> {
         let mut stream = request.into_inner();
-        let mut received = Vec::new();
-        while Some(received.len()) != self.answer_after {
-            match stream.message().await? {
-                Some(message) => received.push(message),
-                None => break,
+        let (downlink, rx) = mpsc::channel(1);
+        let (calls, answer_after) = (self.calls.clone(), self.answer_after);
+        let answer = pb::TunnelDownlink { msg: Some(pb::tunnel_downlink::Msg::Request(self.request.clone())) };
+        tokio::spawn(async move {
+            let mut received = Vec::new();
+            while Some(received.len()) != answer_after {
+                match stream.message().await {
+                    Ok(Some(message)) => {
+                        if received.is_empty() {
+                            let _ = downlink.send(Ok(answer.clone())).await;
+                        }
+                        received.push(message);
+                    }
+                    _ => break,
+                }
             }
-        }
-        let accepted_frames = received.len().saturating_sub(1) as u64;
-        let _ = self.calls.send(received);
-        Ok(Response::new(pb::TunnelAck { accepted_frames }))
+            let _ = calls.send(received);
+            // Dropping `downlink` ends the call.
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 
-async fn fake_edge(answer_after: Option<usize>) -> (NodeGatewayClient, mpsc::UnboundedReceiver<Vec<pb::TunnelUplink>>) {
+async fn fake_edge(
+    request: pb::ProviderTunnelRequest,
+    answer_after: Option<usize>,
+) -> (NodeGatewayClient, mpsc::UnboundedReceiver<Vec<pb::TunnelUplink>>) {
     let (calls, received) = mpsc::unbounded_channel();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let service = NodeGatewayServer::new(FakeEdge { calls, answer_after });
+    let service = NodeGatewayServer::new(FakeEdge { request, calls, answer_after });
     tokio::spawn(
         tonic::transport::Server::builder().add_service(service).serve_with_incoming(TcpListenerStream::new(listener)),
     );
@@ -446,10 +468,9 @@ fn split_call(call: Vec<pb::TunnelUplink>) -> (pb::TunnelOpen, Vec<pb::ProviderT
 #[tokio::test]
 async fn execute_opens_its_own_call_and_relays_through_it() {
     let provider = fake::serve(Reply::chunks(200, "text/event-stream", ["data: a\n\n", "data: b\n\n"])).await;
-    let (client, mut calls) = fake_edge(None).await;
+    let (client, mut calls) = fake_edge(tunnel_request("POST", "/v1/chat/completions"), None).await;
     let ctx = context(client, providers(&provider.base_url));
-    let request = tunnel_request("POST", "/v1/chat/completions");
-    tokio::time::timeout(TEST_WAIT, execute(ctx, request, Cancel::new())).await.expect("tunnel ended in time");
+    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), Cancel::new())).await.expect("tunnel ended in time");
 
     let (open, frames) = split_call(calls.recv().await.unwrap());
     assert_eq!(open, pb::TunnelOpen { tunnel_id: "t1".into(), generation: 7 });
@@ -463,9 +484,9 @@ async fn execute_opens_its_own_call_and_relays_through_it() {
 async fn execute_stops_when_the_edge_ends_the_call() {
     let (base_url, provider_closed) = fake::serve_hanging("text/event-stream", "data: 1\n\n").await;
     // The Edge answers after the open and the head, then the call is over.
-    let (client, mut calls) = fake_edge(Some(2)).await;
+    let (client, mut calls) = fake_edge(tunnel_request("POST", "/v1/x"), Some(2)).await;
     let ctx = context(client, providers(&base_url));
-    tokio::time::timeout(TEST_WAIT, execute(ctx, tunnel_request("POST", "/v1/x"), Cancel::new()))
+    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), Cancel::new()))
         .await
         .expect("tunnel stopped once the edge ended the call");
     let (_, frames) = split_call(calls.recv().await.unwrap());
