@@ -11,14 +11,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+pub use super::conditions::WORKSPACES_READY;
 use super::conditions::{self, READY, Status};
 use super::validate::{self, ACCEPTED, Invalid, Reason};
 use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot};
 use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
-
-/// Condition of a NodeCatalog saying whether all its workspaces refer to
-/// ready templates. Workspace problems never take the node itself out.
-pub const WORKSPACES_READY: &str = "WorkspacesReady";
 
 /// Everything the apply stage writes for one namespace. Fields are public so
 /// apply can destructure it without `..`, proving each part is written.

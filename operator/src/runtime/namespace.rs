@@ -33,6 +33,7 @@ use super::{Context, Error, is_status, pki, timestamp};
 use crate::crd::{
     NodeCatalog, NodeCatalogStatus, Provider, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus,
 };
+use crate::reconcile::conditions::same_reconcile_conditions;
 use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate};
 
 /// Held by every live NodeCatalog; removed once its identity is out of the
@@ -186,7 +187,8 @@ where
     if meta.is_none_or(|m| m.deletion_timestamp.is_some()) {
         return Ok(());
     }
-    if current.unwrap_or((&[], None)) == desired {
+    let (conditions, observed_generation) = current.unwrap_or((&[], None));
+    if observed_generation == desired.1 && same_reconcile_conditions(conditions, desired.0) {
         return Ok(());
     }
     apply_status(api, metrics, Writer::Reconcile, name, status).await
