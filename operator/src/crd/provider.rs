@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Public",
         type_ = "string",
-        json_path = ".spec.models[*].name",
+        json_path = ".status.publicModels",
         description = "Public model names",
         priority = 1,
     ),
@@ -185,7 +185,7 @@ pub struct SecretKeyRef {
 }
 
 /// Written by the operator only. The health fields mirror the Edge's overlay
-/// (field manager `iop-operator/status`); `conditions` and
+/// (field manager `iop-operator/status`); `publicModels`, `conditions` and
 /// `observedGeneration` come from reconcile (`iop-operator/config`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -206,11 +206,23 @@ pub struct ProviderStatus {
     /// When `health` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
+    /// The public model names of `spec.models`, comma-separated, in spec
+    /// order (the `PUBLIC` column of `kubectl get providers -o wide`; a
+    /// printer column shows only the first item of a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_models: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+impl ProviderSpec {
+    /// `status.publicModels`: the public model names, comma-separated, in spec order.
+    pub fn public_models(&self) -> String {
+        self.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(",")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

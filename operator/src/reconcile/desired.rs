@@ -25,7 +25,8 @@ pub struct Prepared {
     pub config: EdgeConfig,
     /// `iop-edge-config`, key `edge.yaml`, owned by every Provider and NodeCatalog.
     pub config_map: ConfigMap,
-    /// Status fields owned by reconcile (conditions, observedGeneration).
+    /// Status fields owned by reconcile (conditions, observedGeneration;
+    /// a Provider's publicModels).
     pub providers: Vec<StatusUpdate<ProviderStatus>>,
     pub nodes: Vec<StatusUpdate<NodeCatalogStatus>>,
     pub templates: Vec<StatusUpdate<WorkspaceTemplateStatus>>,
@@ -158,6 +159,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
                     now,
                 )],
                 observed_generation: generation,
+                public_models: Some(p.spec.public_models()),
                 ..Default::default()
             },
         });

@@ -49,6 +49,7 @@ fn settle(s: &mut Snapshot, now: OffsetDateTime) {
         let status = p.status.get_or_insert_with(Default::default);
         status.conditions = u.status.conditions.clone();
         status.observed_generation = u.status.observed_generation;
+        status.public_models = u.status.public_models.clone();
     }
 }
 
@@ -140,7 +141,8 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
                "status": {"observedGeneration": 1, "conditions": [{
                    "type": "Ready", "status": "True", "reason": "Accepted",
                    "message": "rendered into the Edge config", "observedGeneration": 1,
-                   "lastTransitionTime": "2026-11-01T12:00:00Z"}]}})
+                   "lastTransitionTime": "2026-11-01T12:00:00Z"}],
+               "publicModels": "llama3.2"}})
     );
     let provider_status = call.body["status"].clone();
     call.ok(&llama);
