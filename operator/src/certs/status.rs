@@ -79,8 +79,8 @@ pub fn node_update(
 ) -> Option<NodeCatalogStatus> {
     let conditions = current.map_or(&[][..], |s| &s.conditions[..]);
     let condition = ca.condition(conditions, now, timestamp);
-    let unchanged = current.and_then(|s| s.certificate.as_ref()) == Some(&certificate)
-        && conditions.iter().any(|c| *c == condition);
+    let unchanged =
+        current.and_then(|s| s.certificate.as_ref()) == Some(&certificate) && conditions.contains(&condition);
     (!unchanged).then(|| NodeCatalogStatus {
         certificate: Some(certificate),
         conditions: vec![condition],

@@ -227,7 +227,8 @@ async fn status_only_updates_do_not_reconcile() {
     h.stop().await;
 
     // Each change a reconcile acts on does reconcile.
-    let changes: Vec<Box<dyn Fn(&mut Provider)>> = vec![
+    type Change = Box<dyn Fn(&mut Provider)>;
+    let changes: Vec<Change> = vec![
         Box::new(|p| p.metadata.generation = Some(2)),
         Box::new(|p| p.metadata.finalizers = Some(vec!["example.com/keep".into()])),
         Box::new(|p| {
