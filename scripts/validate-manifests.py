@@ -6,7 +6,8 @@
    CRD-typed kinds listed in CRD_SCHEMAS, which are checked against the schema here.
 2. What a schema cannot see: selectors that match no pods, ports that do not exist,
    ServiceAccounts and Roles that are not rendered, pods that hold an API token without
-   needing one, containers outside the restricted Pod Security Standard.
+   needing one, containers outside the restricted Pod Security Standard, and RBAC rights
+   beyond exactly what the operator calls (OPERATOR_RULES).
 
 Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and jsonschema).
 """
@@ -99,6 +100,55 @@ SERVICE_MONITOR = {
 }
 CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR}
 
+# Every (apiGroup, resource, resourceName or None, verb) the operator's Roles may grant:
+# exactly what operator/src/runtime/ calls (least privilege; charts/iop/templates/rbac.yaml
+# explains each). A rendered rule outside this set, or a call missing from the rules, fails.
+_IOP = "iop.dev"
+OPERATOR_RULES = {
+    # controller.rs: list + watch of each kind (reflectors); namespace.rs: the finalizer (merge patch).
+    (_IOP, "providers", None, "list"),
+    (_IOP, "providers", None, "watch"),
+    (_IOP, "workspacetemplates", None, "list"),
+    (_IOP, "workspacetemplates", None, "watch"),
+    (_IOP, "nodecatalogs", None, "list"),
+    (_IOP, "nodecatalogs", None, "watch"),
+    (_IOP, "nodecatalogs", None, "patch"),
+    # namespace.rs apply_status: server-side apply on the status subresource (all writers).
+    (_IOP, "providers/status", None, "patch"),
+    (_IOP, "nodecatalogs/status", None, "patch"),
+    (_IOP, "workspacetemplates/status", None, "patch"),
+    # namespace.rs apply: server-side apply of iop-edge-config (creating it is authorized as create);
+    # delete: OwnerReferencesPermissionEnforcement, when its owner references change.
+    ("", "configmaps", None, "create"),
+    ("", "configmaps", None, "patch"),
+    ("", "configmaps", "iop-edge-config", "delete"),
+    # pki.rs: get the CA / Edge / node Secrets, create the CA, server-side apply the others.
+    ("", "secrets", None, "get"),
+    ("", "secrets", None, "create"),
+    ("", "secrets", None, "patch"),
+    # leader.rs: get, create, replace (update) the Lease.
+    ("coordination.k8s.io", "leases", None, "get"),
+    ("coordination.k8s.io", "leases", None, "create"),
+    ("coordination.k8s.io", "leases", None, "update"),
+    # crds.rs: get each IOP CRD by name.
+    ("apiextensions.k8s.io", "customresourcedefinitions", "providers.iop.dev", "get"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "nodecatalogs.iop.dev", "get"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "workspacetemplates.iop.dev", "get"),
+}
+
+
+def granted(role):
+    """The (apiGroup, resource, resourceName or None, verb) tuples of a Role or ClusterRole."""
+    out = set()
+    for rule in role.get("rules", []):
+        names = rule.get("resourceNames") or [None]
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for name in names:
+                    for verb in rule.get("verbs", []):
+                        out.add((group, resource, name, verb))
+    return out
+
 
 def name_of(obj):
     return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
@@ -149,6 +199,19 @@ def check(objects, version):
                 bound_accounts.add(subject["name"])
                 if subject["name"] not in accounts:
                     fail(binding, f"subject ServiceAccount/{subject['name']} is not rendered")
+
+    rbac = by_kind.get("Role", []) + by_kind.get("ClusterRole", [])
+    if rbac:
+        rights = set()
+        for role in rbac:
+            for right in sorted(granted(role), key=str):
+                rights.add(right)
+                if "*" in right:
+                    fail(role, f"grants a wildcard: {right}")
+                elif right not in OPERATOR_RULES:
+                    fail(role, f"grants {right}, which the operator never uses (least privilege)")
+        for right in sorted(OPERATOR_RULES - rights, key=str):
+            fail(rbac[0], f"lacks {right}, which the operator uses")
 
     def pods_matching(selector):
         return [d for d in deployments if matches(selector, d["spec"]["template"]["metadata"].get("labels", {}))]

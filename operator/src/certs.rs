@@ -21,6 +21,7 @@ use rustls_pki_types::pem::PemObject;
 use time::OffsetDateTime;
 
 pub mod secrets;
+pub mod status;
 
 /// The CA Secret (created if absent; a user-supplied one is accepted).
 pub const CA_SECRET: &str = "iop-ca";
@@ -128,14 +129,46 @@ fn first_der(pem: &str, what: &'static str) -> Result<CertificateDer<'static>, C
     CertificateDer::pem_slice_iter(pem.as_bytes()).next().and_then(Result::ok).ok_or(CertError::Certificate { what })
 }
 
-/// Whether a certificate should be replaced at `now`: from `renew_before`
-/// ahead of its expiry on (the boundary included), when it is not valid yet,
-/// or when it cannot be read at all.
-pub fn needs_rotation(cert_pem: &str, now: OffsetDateTime, renew_before: Duration) -> bool {
-    match inspect(cert_pem) {
-        Ok(info) => now < info.not_before || now >= info.not_after - renew_before,
-        Err(_) => true,
+/// When certificates of one kind are issued again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    /// Lifetime asked for each new certificate (never past the CA's expiry).
+    pub validity: Duration,
+    /// How long before its expiry a certificate is replaced.
+    pub renew_before: Duration,
+}
+
+/// Whether a certificate should be replaced at `now`, by one valid until
+/// `min(now + validity, ca_not_after)`: when it cannot be read, is not valid
+/// yet, or is inside its renewal window (the boundary included) and a
+/// replacement would end later than it does.
+///
+/// A certificate never outlives its CA, so one that already ends with the CA
+/// is kept even inside its window (a CA that expires sooner than the window:
+/// a user-supplied CA valid for a few days, or a generated one in its last
+/// weeks). Replacing it would change nothing; done on every reconcile it was
+/// a loop of re-issues. The CA's own expiry is reported separately
+/// ([`ca_expiring`]).
+pub fn needs_rotation(cert_pem: &str, now: OffsetDateTime, renewal: Renewal, ca_not_after: OffsetDateTime) -> bool {
+    let Ok(info) = inspect(cert_pem) else { return true };
+    if now < info.not_before {
+        return true;
     }
+    if now < info.not_after - renewal.renew_before {
+        return false;
+    }
+    // Certificates hold whole seconds: compare in whole seconds, or a CA
+    // generated a moment ago (sub-second expiry in memory) looks later.
+    let replacement_not_after = (now + renewal.validity).min(ca_not_after).unix_timestamp();
+    replacement_not_after > info.not_after.unix_timestamp()
+}
+
+/// Whether the CA expires within `window` of `now` (the boundary included):
+/// certificates it signs are then cut short at its expiry and cannot be
+/// renewed past it. The operator never replaces a CA; it says so
+/// (`CAExpiring` condition, `iop_operator_ca_expiring`).
+pub fn ca_expiring(ca_not_after: OffsetDateTime, now: OffsetDateTime, window: Duration) -> bool {
+    now >= ca_not_after - window
 }
 
 /// The certificate authority that signs the Edge and node certificates.

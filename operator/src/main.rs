@@ -87,7 +87,11 @@ fn run() -> ExitCode {
         // kube's client logs a whole response body at WARN when it does not
         // decode; for a Secret that body holds private keys. Never let it print.
         .add_directive("kube_client::client=error".parse().expect("a valid directive"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    // Logs go to stdout; colour codes only on a terminal (never in a pod's log).
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
     let config = match RunConfig::from_env() {
         Ok(config) => config,
         Err(e) => {

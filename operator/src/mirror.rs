@@ -5,27 +5,39 @@
 //!
 //! # Provider health
 //!
-//! Checked in this order; the first that applies decides:
+//! The Edge's `health` is each provider's effective health: config, its
+//! node's readiness and the runtime overlay combined, the one definition the
+//! Edge's admission uses too. The mirror takes it as it is:
 //!
-//! | Edge says                                   | health        | classification       |
-//! |---------------------------------------------|---------------|----------------------|
-//! | runtime overlay `unavailable`               | `Unavailable` | `provider_unhealthy` |
-//! | node not connected, or connected not ready  | `Unknown`     | `health_unknown`     |
-//! | node reports the provider `unavailable`     | `Unavailable` | `provider_unhealthy` |
-//! | node reports the provider `unknown`         | `Unknown`     | `health_unknown`     |
-//! | otherwise (`available`)                     | `Available`   | (none)               |
+//! | Edge `health`  | health        | classification       |
+//! |----------------|---------------|----------------------|
+//! | `available`    | `Available`   | (none)               |
+//! | `unavailable`  | `Unavailable` | `provider_unhealthy` |
+//! | `unknown`      | `Unknown`     | `health_unknown`     |
 //!
-//! The classifications are the node's fail-closed pairs; `request_stalled`
-//! (available/request_stalled) is never written: a stall whose provider is
-//! fine leaves the overlay `available`, and the Edge's snapshot cannot tell
-//! that apart from a provider that never stalled, so a healthy provider
-//! shows no classification.
+//! (`unknown`: the node is not connected or not ready, or its probe could
+//! not tell.) The classifications are the node's fail-closed pairs;
+//! `request_stalled` (available/request_stalled) is never written: a stall
+//! whose provider is fine leaves the provider `available`, and the Edge's
+//! snapshot cannot tell that apart from a provider that never stalled, so a
+//! healthy provider shows no classification.
 //!
 //! `generation` and `lastObservationSequence` are those of the overlay's
-//! last applied evidence when there is any; without it `generation` is the
-//! node's current connection generation and there is no sequence.
+//! last applied evidence when there is any (its `state` may be `available`,
+//! `unavailable` or `unknown`); without it `generation` is the node's
+//! current connection generation and there is no sequence.
 //! `lastTransitionTime` moves only when `health` changes: to the overlay's
-//! `since_ms` when the overlay decided the new health, otherwise to `now`.
+//! `since_ms` when the overlay holds the new health since after the last
+//! transition, otherwise to `now`.
+//!
+//! # Writes only when what a user sees changes
+//!
+//! The node probes a provider that is not available again and again (with
+//! backoff, at most every 30 s), and every probe moves the overlay's
+//! sequence. A change of `lastObservationSequence` alone is therefore not
+//! written ([`visible_change`]): the sequence is updated together with a
+//! change of anything else (health, classification, generation, transition
+//! time). Each write costs the API server a write and every watcher an event.
 //!
 //! # Node connection
 //!
@@ -60,7 +72,8 @@ pub struct EdgeProvider {
     pub node: String,
     /// The node's current connection completed readiness.
     pub node_ready: bool,
-    /// Health the node reported for the provider (registration, CAPABILITIES).
+    /// The provider's effective health (config, node readiness and overlay
+    /// combined).
     pub health: EdgeHealth,
     /// The runtime overlay: absent until evidence arrived.
     #[serde(default)]
@@ -88,6 +101,18 @@ pub struct Overlay {
 pub enum OverlayState {
     Available,
     Unavailable,
+    /// The node's probe could not tell (e.g. it timed out).
+    Unknown,
+}
+
+impl OverlayState {
+    fn health(self) -> Health {
+        match self {
+            Self::Available => Health::Available,
+            Self::Unavailable => Health::Unavailable,
+            Self::Unknown => Health::Unknown,
+        }
+    }
 }
 
 /// `GET /admin/v1/nodes`.
@@ -196,17 +221,10 @@ pub fn provider(
     previous: &ProviderMirror,
     now: Timestamp,
 ) -> ProviderMirror {
-    let overlay_down = p.overlay.as_ref().filter(|o| o.state == OverlayState::Unavailable);
-    let (health, classification) = if overlay_down.is_some() {
-        (Health::Unavailable, Some(Classification::ProviderUnhealthy))
-    } else if !p.node_ready {
-        (Health::Unknown, Some(Classification::HealthUnknown))
-    } else {
-        match p.health {
-            EdgeHealth::Unavailable => (Health::Unavailable, Some(Classification::ProviderUnhealthy)),
-            EdgeHealth::Unknown => (Health::Unknown, Some(Classification::HealthUnknown)),
-            EdgeHealth::Available => (Health::Available, None),
-        }
+    let (health, classification) = match p.health {
+        EdgeHealth::Available => (Health::Available, None),
+        EdgeHealth::Unavailable => (Health::Unavailable, Some(Classification::ProviderUnhealthy)),
+        EdgeHealth::Unknown => (Health::Unknown, Some(Classification::HealthUnknown)),
     };
     let (generation, last_observation_sequence) = match &p.overlay {
         Some(o) => (Some(o.generation), Some(o.sequence)),
@@ -214,9 +232,29 @@ pub fn provider(
     };
     let last_transition_time = match &previous.last_transition_time {
         Some(t) if previous.health == Some(health) => Some(t.clone()),
-        _ => overlay_down.and_then(|o| from_ms(o.since_ms)).or_else(|| Some(seconds(now))),
+        since => {
+            // The overlay's own transition, when it is this one (never one
+            // older than the transition already recorded).
+            let overlay_since = p
+                .overlay
+                .as_ref()
+                .filter(|o| o.state.health() == health)
+                .and_then(|o| from_ms(o.since_ms))
+                .filter(|t| since.as_ref().is_none_or(|s| t.0 > s.0));
+            overlay_since.or_else(|| Some(seconds(now)))
+        }
     };
     ProviderMirror { health: Some(health), classification, last_observation_sequence, generation, last_transition_time }
+}
+
+/// Whether `next` differs from `previous` in anything but
+/// `lastObservationSequence` (see the module docs: a new sequence alone is
+/// not worth a write).
+pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool {
+    let ProviderMirror { health, classification, last_observation_sequence: _, generation, last_transition_time } =
+        next;
+    (health, classification, generation, last_transition_time)
+        != (&previous.health, &previous.classification, &previous.generation, &previous.last_transition_time)
 }
 
 /// The mirrored fields of one node.
@@ -241,8 +279,9 @@ pub struct Writes {
 }
 
 /// Compares the Edge's view with the current mirrored fields of every
-/// existing object (by name) and returns only the ones that differ. An
-/// object the Edge does not list gets its mirrored fields cleared.
+/// existing object (by name) and returns only the ones that differ in what
+/// a user sees ([`visible_change`]). An object the Edge does not list gets
+/// its mirrored fields cleared.
 pub fn plan(
     providers: &ProvidersSnapshot,
     nodes: &NodesSnapshot,
@@ -258,7 +297,7 @@ pub fn plan(
                 Some(p) => provider(p, node_of(&p.node), previous, now),
                 None => ProviderMirror::default(),
             };
-            (&next != previous).then(|| (name.clone(), next))
+            visible_change(previous, &next).then(|| (name.clone(), next))
         })
         .collect();
     let nodes = current_nodes

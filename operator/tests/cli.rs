@@ -134,3 +134,26 @@ fn node_bundle_needs_files_or_a_namespace() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
+
+/// Logs of `iop-operator run` (stdout) carry no ANSI colour codes when
+/// stdout is not a terminal (a pod's log, a pipe).
+#[test]
+fn run_logs_without_colour_codes_when_not_on_a_terminal() {
+    let home = tempfile::tempdir().unwrap();
+    let out = operator()
+        .arg("run")
+        .env_clear()
+        .env("HOME", home.path())
+        .env("KUBECONFIG", home.path().join("no-such-kubeconfig"))
+        .env("IOP_NAMESPACE", "iop")
+        .env("IOP_POD_NAME", "iop-operator-0")
+        .env("IOP_EDGE_ADMIN_URL", "http://iop-edge:8080")
+        .env("IOP_EDGE_SERVER_NAMES", "iop-edge-grpc.iop.svc")
+        .env("IOP_TRUST_DOMAIN", "iop.local")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("no Kubernetes API client"), "{stdout}");
+    assert!(!stdout.contains('\u{1b}'), "colour codes in {stdout:?}");
+}

@@ -346,7 +346,12 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
         ),
         ("Provider", "studio-llama", "/spec/target/baseUrl", json!("127.0.0.1:11434"), "/spec/target/baseUrl: "),
         ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://h:1/v1?key=x"), "/spec/target/baseUrl: "),
+        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://:11434"), "/spec/target/baseUrl: "),
+        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://h:99999"), "/spec/target/baseUrl: "),
+        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://h:0"), "/spec/target/baseUrl: "),
         ("Provider", "studio-llama", "/spec/target/model", json!(""), "/spec/target/model: \"\" is shorter"),
+        ("Provider", "studio-llama", "/spec/target/model", json!("llama\n3.2"), "/spec/target/model: "),
+        ("Provider", "studio-llama", "/spec/target/model", json!("llama\u{1b}[0m"), "/spec/target/model: "),
         ("Provider", "studio-llama", "/spec/models", json!([]), "/spec/models: [] has less than 1 item"),
         ("Provider", "studio-llama", "/spec/models/0/name", json!("two words"), "/spec/models/0/name: "),
         ("Provider", "studio-llama", "/spec/node", json!("Studio_Mac"), "/spec/node: "),
@@ -443,4 +448,78 @@ fn unknown_fields_are_refused() {
     let mut doc = example("NodeCatalog", "studio-mac");
     set(&mut doc, "/spec/workspaces/0/path", json!("/x"));
     assert_eq!(admission_errors(&doc), ["spec.workspaces[0].path: unknown field"]);
+}
+
+/// The CRD's patterns and the shared checks (`iop_proto::config`) the Edge
+/// and the operator apply give the same verdict, so a value the API server
+/// admits is never refused later with a silent `unavailable`.
+#[test]
+fn the_target_patterns_agree_with_the_shared_checks() {
+    let urls = [
+        "http://127.0.0.1:11434",
+        "http://127.0.0.1:11434/",
+        "https://llm.example/openai",
+        "http://localhost",
+        "http://host.docker.internal:1234",
+        "http://my_host:1",
+        "http://h:65535/a/b%20c",
+        "http://h:1/",
+        "http://[::1]:8080",
+        "http://[fe80::1]",
+        "http://:11434",
+        "http://",
+        "http:///v1",
+        "http://h:99999",
+        "http://h:65536",
+        "http://h:0",
+        "http://h:080",
+        "http://h:",
+        "http://u:p@h:1",
+        "http://h:1/?x=1",
+        "http://h:1/#x",
+        "http://h:1/a b",
+        "http://h:1/\u{7}",
+        "http://h:1/\u{85}",
+        "ftp://h",
+        "HTTP://h",
+        "127.0.0.1:11434",
+        "http://-h:1",
+        "http://h-:1",
+        "http://a..b:1",
+        "http://a.b.:1",
+        "http://h:1:2",
+        "http://[::1",
+        "http://[::1]x",
+    ];
+    let models =
+        ["llama3.2:3b", "hf.co/org/m:Q4_K_M", "My Model", "", "llama\n", "a\tb", "x\u{7f}", "x\u{85}y", " m", "m "];
+    let field = |value: &str, pointer: &str| {
+        let mut doc = example("Provider", "studio-llama");
+        set(&mut doc, pointer, json!(value));
+        let errors = admission_errors(&doc);
+        errors.iter().all(|e| !e.starts_with(pointer))
+    };
+    for url in urls {
+        let shared = iop_proto::config::check_base_url(url);
+        assert_eq!(field(url, "/spec/target/baseUrl"), shared.is_ok(), "{url:?}: shared check says {shared:?}");
+    }
+    for model in models {
+        let shared = iop_proto::config::check_target_model(model);
+        assert_eq!(field(model, "/spec/target/model"), shared.is_ok(), "{model:?}: shared check says {shared:?}");
+    }
+}
+
+#[test]
+fn target_fields_are_described_for_kubectl_explain() {
+    let schema = schema_of("Provider");
+    let target = &schema["properties"]["spec"]["properties"]["target"];
+    for (name, node) in [
+        ("target", target),
+        ("target.model", &target["properties"]["model"]),
+        ("target.baseUrl", &target["properties"]["baseUrl"]),
+    ] {
+        let description = node["description"].as_str().unwrap_or_default();
+        assert!(!description.is_empty(), "{name} has no description");
+    }
+    assert!(target["properties"]["baseUrl"]["description"].as_str().unwrap().contains("Without `/v1`"));
 }

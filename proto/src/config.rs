@@ -192,6 +192,99 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field: field.into(), reason: reason.into() }
 }
 
+/// Longest accepted provider base URL and target model name.
+pub const MAX_BASE_URL_LEN: usize = 2048;
+pub const MAX_TARGET_MODEL_LEN: usize = 256;
+
+fn is_control(c: char) -> bool {
+    c.is_control()
+}
+
+/// The rule for a provider base URL, shared by the Edge config, the
+/// operator's validation and (as a pattern) the `Provider` CRD schema:
+/// `http(s)://host[:port][/path]`, where `host` is a DNS name (labels of
+/// letters, digits, `-` and `_`, starting and ending with a letter or digit,
+/// joined by `.`), an IPv4 address or a bracketed IPv6 address, `port` is
+/// 1-65535 without leading zeros, and the path has no whitespace or control
+/// characters. No credentials, query or fragment; at most
+/// [`MAX_BASE_URL_LEN`] characters. The base URL is the server's root (or
+/// the prefix it serves its API under): the node appends `/api/...` or
+/// `/v1/...` itself.
+///
+/// The error is the reason, for a message that names the field.
+pub fn check_base_url(url: &str) -> Result<(), &'static str> {
+    if url.chars().count() > MAX_BASE_URL_LEN {
+        return Err("must be at most 2048 characters");
+    }
+    if url.chars().any(|c| c.is_whitespace() || is_control(c)) {
+        return Err("must not contain whitespace or control characters");
+    }
+    let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
+        return Err("must be an http:// or https:// URL");
+    };
+    if rest.contains(['?', '#']) {
+        return Err("must not have a query or fragment");
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("must not carry credentials");
+    }
+    let port = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let (ip, after) = bracketed.split_once(']').ok_or("has an unclosed IPv6 address")?;
+            if ip.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err("has an invalid IPv6 address");
+            }
+            match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or("has characters after the IPv6 address")?),
+            }
+        }
+        None => {
+            let (host, port) = match authority.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            };
+            if host.is_empty() {
+                return Err("must name a host");
+            }
+            let label_ok = |l: &str| {
+                let edge = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_alphanumeric());
+                edge(l.bytes().next())
+                    && edge(l.bytes().last())
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            };
+            if !host.split('.').all(label_ok) {
+                return Err("has an invalid host name");
+            }
+            port
+        }
+    };
+    if let Some(port) = port {
+        let digits = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+        if !digits || port.starts_with('0') || !port.parse::<u32>().is_ok_and(|p| p <= 65_535) {
+            return Err("port must be between 1 and 65535");
+        }
+    }
+    Ok(())
+}
+
+/// The rule for a target model name (Edge config, operator, CRD schema):
+/// 1-[`MAX_TARGET_MODEL_LEN`] characters, no control characters, not
+/// starting or ending with whitespace. The error is the reason.
+pub fn check_target_model(model: &str) -> Result<(), &'static str> {
+    if model.is_empty() || model.chars().count() > MAX_TARGET_MODEL_LEN {
+        return Err("must be 1-256 characters");
+    }
+    if model.chars().any(is_control) {
+        return Err("must not contain control characters");
+    }
+    if model.starts_with(char::is_whitespace) || model.ends_with(char::is_whitespace) {
+        return Err("must not start or end with whitespace");
+    }
+    Ok(())
+}
+
 impl EdgeConfig {
     /// Parses and validates a YAML document.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
@@ -236,13 +329,8 @@ impl EdgeConfig {
             if !nodes.contains(p.node.as_str()) {
                 return Err(invalid(at("node"), format!("node `{}` is not listed under nodes", p.node)));
             }
-            if p.target.model.is_empty() {
-                return Err(invalid(at("target.model"), "must not be empty"));
-            }
-            let host = p.target.base_url.strip_prefix("http://").or_else(|| p.target.base_url.strip_prefix("https://"));
-            if host.is_none_or(|h| h.is_empty() || h.starts_with('/')) {
-                return Err(invalid(at("target.base_url"), "must be an http:// or https:// URL"));
-            }
+            check_target_model(&p.target.model).map_err(|reason| invalid(at("target.model"), reason))?;
+            check_base_url(&p.target.base_url).map_err(|reason| invalid(at("target.base_url"), reason))?;
             if p.models.is_empty() {
                 return Err(invalid(at("models"), "must name at least one public model"));
             }
@@ -330,6 +418,85 @@ providers:
             (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
             (format!("{VALID}limits: {{ max_body_bytes: 67108865 }}\n"), "limits.max_body_bytes"),
             (format!("{VALID}limits: {{ max_body_bytes: 1023 }}\n"), "limits.max_body_bytes"),
+        ];
+        for (doc, field) in cases {
+            match EdgeConfig::from_yaml(&doc) {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("expected invalid {field}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn base_urls_are_checked_with_the_reason() {
+        let good = [
+            "http://127.0.0.1:11434",
+            "http://127.0.0.1:11434/",
+            "https://llm.example/openai",
+            "http://localhost",
+            "http://host.docker.internal:1234",
+            "http://my_host:1",
+            "http://h:65535/a/b%20c",
+            "http://[::1]:8080",
+            "http://[fe80::1]",
+        ];
+        for url in good {
+            assert_eq!(check_base_url(url), Ok(()), "{url}");
+        }
+        let bad = [
+            ("http://:11434", "must name a host"),
+            ("http://", "must name a host"),
+            ("http:///v1", "must name a host"),
+            ("http://h:99999", "port must be between 1 and 65535"),
+            ("http://h:65536", "port must be between 1 and 65535"),
+            ("http://h:0", "port must be between 1 and 65535"),
+            ("http://h:080", "port must be between 1 and 65535"),
+            ("http://h:", "port must be between 1 and 65535"),
+            ("http://h:x1", "port must be between 1 and 65535"),
+            ("http://user:secret@h:1", "must not carry credentials"),
+            ("http://h:1/?x=1", "must not have a query or fragment"),
+            ("http://h:1/#top", "must not have a query or fragment"),
+            ("http://h:1/a b", "must not contain whitespace or control characters"),
+            ("http://h:1/\u{7}", "must not contain whitespace or control characters"),
+            ("http://h\n:1", "must not contain whitespace or control characters"),
+            ("ftp://h", "must be an http:// or https:// URL"),
+            ("HTTP://h", "must be an http:// or https:// URL"),
+            ("127.0.0.1:11434", "must be an http:// or https:// URL"),
+            ("http://-h:1", "has an invalid host name"),
+            ("http://a..b:1", "has an invalid host name"),
+            ("http://a.b.:1", "has an invalid host name"),
+            ("http://h:1:2", "port must be between 1 and 65535"),
+            ("http://[::1", "has an unclosed IPv6 address"),
+            ("http://[nope]:1", "has an invalid IPv6 address"),
+            ("http://[::1]x", "has characters after the IPv6 address"),
+        ];
+        for (url, reason) in bad {
+            assert_eq!(check_base_url(url), Err(reason), "{url:?}");
+        }
+        assert!(check_base_url(&format!("http://h/{}", "a".repeat(2048))).is_err());
+    }
+
+    #[test]
+    fn target_models_are_checked_with_the_reason() {
+        for model in ["llama3.2:3b", "qwen2.5-7b-instruct", "hf.co/org/model:Q4_K_M", "My Model"] {
+            assert_eq!(check_target_model(model), Ok(()), "{model}");
+        }
+        assert_eq!(check_target_model(""), Err("must be 1-256 characters"));
+        assert_eq!(check_target_model(&"m".repeat(257)), Err("must be 1-256 characters"));
+        for model in ["llama\n", "llama\u{0}", "a\tb", "x\u{7f}", "x\u{85}y"] {
+            assert_eq!(check_target_model(model), Err("must not contain control characters"), "{model:?}");
+        }
+        assert_eq!(check_target_model(" llama"), Err("must not start or end with whitespace"));
+        assert_eq!(check_target_model("llama "), Err("must not start or end with whitespace"));
+    }
+
+    #[test]
+    fn provider_urls_and_models_are_refused_naming_the_field() {
+        let cases = [
+            (VALID.replace("http://127.0.0.1:11434", "http://:11434"), "providers[0].target.base_url"),
+            (VALID.replace("http://127.0.0.1:11434", "http://127.0.0.1:99999"), "providers[0].target.base_url"),
+            (VALID.replace("http://127.0.0.1:11434", "http://u:p@127.0.0.1:1"), "providers[0].target.base_url"),
+            (VALID.replace("model: \"llama3.2\"", "model: \"llama\\n3.2\""), "providers[0].target.model"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

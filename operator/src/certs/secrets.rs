@@ -16,7 +16,7 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 use super::{
     CA_CERT_KEY, CA_KEY_KEY, CA_SECRET, Ca, CertError, CertifiedKey, EDGE_CERT_KEY, EDGE_KEY_KEY, EDGE_TLS_SECRET,
-    NODE_CERT_KEY, NODE_KEY_KEY, PrivateKeyPem, needs_rotation, node_secret_name,
+    NODE_CERT_KEY, NODE_KEY_KEY, PrivateKeyPem, Renewal, needs_rotation, node_secret_name,
 };
 use crate::crd::NodeCatalog;
 
@@ -26,6 +26,8 @@ pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 86_400);
 /// a new one is issued.
 pub const EDGE_VALIDITY: Duration = Duration::from_secs(90 * 86_400);
 pub const EDGE_RENEW_BEFORE: Duration = Duration::from_secs(30 * 86_400);
+/// Both, as the Edge certificate's [`Renewal`].
+pub const EDGE_RENEWAL: Renewal = Renewal { validity: EDGE_VALIDITY, renew_before: EDGE_RENEW_BEFORE };
 /// Common name of a CA the operator generates.
 pub const CA_COMMON_NAME: &str = "iop operator CA";
 
@@ -40,7 +42,8 @@ pub enum Reissue {
     Missing,
     /// The Secret's CA is not the current CA.
     CaChanged,
-    /// Inside the rotation window, expired, or not valid yet.
+    /// Inside the rotation window (and a new one would end later), expired,
+    /// or not valid yet.
     Rotation,
     /// The certificate does not match: other names or identity, not signed
     /// by the CA, or the key is not its own.
@@ -192,7 +195,7 @@ fn reissue(
     ca: &Ca,
     expected_names: &[String],
     now: OffsetDateTime,
-    renew_before: Duration,
+    renewal: Renewal,
 ) -> Option<Reissue> {
     let Some(s) = existing else { return Some(Reissue::Missing) };
     let (Some(ca_pem), Some(cert), Some(key)) = (value(s, CA_CERT_KEY), value(s, cert_key), value(s, key_key)) else {
@@ -206,12 +209,12 @@ fn reissue(
     if leaf_names(&cert, &key, ca).is_none_or(|names| names != expected) {
         return Some(Reissue::Mismatch);
     }
-    needs_rotation(&cert, now, renew_before).then_some(Reissue::Rotation)
+    needs_rotation(&cert, now, renewal, ca.not_after()).then_some(Reissue::Rotation)
 }
 
 /// Whether `iop-edge-tls` must be issued again for `names`.
 pub fn edge_reissue(existing: Option<&Secret>, ca: &Ca, names: &[String], now: OffsetDateTime) -> Option<Reissue> {
-    reissue(existing, EDGE_CERT_KEY, EDGE_KEY_KEY, ca, names, now, EDGE_RENEW_BEFORE)
+    reissue(existing, EDGE_CERT_KEY, EDGE_KEY_KEY, ca, names, now, EDGE_RENEWAL)
 }
 
 /// Whether a node's Secret must be issued again for `identity`.
@@ -220,9 +223,9 @@ pub fn node_reissue(
     ca: &Ca,
     identity: &NodeIdentity,
     now: OffsetDateTime,
-    renew_before: Duration,
+    renewal: Renewal,
 ) -> Option<Reissue> {
-    reissue(existing, NODE_CERT_KEY, NODE_KEY_KEY, ca, &[identity.uri()], now, renew_before)
+    reissue(existing, NODE_CERT_KEY, NODE_KEY_KEY, ca, &[identity.uri()], now, renewal)
 }
 
 #[cfg(test)]

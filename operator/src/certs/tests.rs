@@ -116,16 +116,61 @@ fn validity_starts_backdated_and_never_outlives_the_ca() {
 fn rotation_window_boundaries() {
     let ca = ca();
     let node = ca.node_client_cert(&node_id("mac"), NOW, 30 * DAY).unwrap();
-    let renew_before = 10 * DAY;
+    let renewal = Renewal { validity: 30 * DAY, renew_before: 10 * DAY };
     let due = NOW + 20 * DAY;
     let second = Duration::from_secs(1);
-    assert!(!needs_rotation(&node.cert_pem, NOW, renew_before));
-    assert!(!needs_rotation(&node.cert_pem, due - second, renew_before));
-    assert!(needs_rotation(&node.cert_pem, due, renew_before), "the boundary itself rotates");
-    assert!(needs_rotation(&node.cert_pem, NOW + 31 * DAY, renew_before), "expired");
-    assert!(needs_rotation(&node.cert_pem, NOW - BACKDATE - second, renew_before), "not valid yet");
-    assert!(!needs_rotation(&node.cert_pem, NOW + 30 * DAY - second, Duration::ZERO));
-    assert!(needs_rotation("not a certificate", NOW, renew_before), "unreadable");
+    let rotates = |pem: &str, at: OffsetDateTime, renewal: Renewal| needs_rotation(pem, at, renewal, ca.not_after());
+    assert!(!rotates(&node.cert_pem, NOW, renewal));
+    assert!(!rotates(&node.cert_pem, due - second, renewal));
+    assert!(rotates(&node.cert_pem, due, renewal), "the boundary itself rotates");
+    assert!(rotates(&node.cert_pem, NOW + 31 * DAY, renewal), "expired");
+    assert!(rotates(&node.cert_pem, NOW - BACKDATE - second, renewal), "not valid yet");
+    let no_window = Renewal { renew_before: Duration::ZERO, ..renewal };
+    assert!(!rotates(&node.cert_pem, NOW + 30 * DAY - second, no_window));
+    assert!(rotates("not a certificate", NOW, renewal), "unreadable");
+}
+
+#[test]
+fn a_certificate_that_ends_with_its_ca_is_not_rotated() {
+    let second = Duration::from_secs(1);
+    let renewal = Renewal { validity: 30 * DAY, renew_before: 10 * DAY };
+    // A CA valid 5 days: the node certificate ends with it, inside its window at once.
+    let short = Ca::generate("short", NOW, 5 * DAY).unwrap();
+    let node = short.node_client_cert(&node_id("mac"), NOW, 30 * DAY).unwrap();
+    for at in [NOW, NOW + DAY, NOW + 5 * DAY - second] {
+        assert!(!needs_rotation(&node.cert_pem, at, renewal, short.not_after()), "{at}");
+    }
+    // The same CA, loaded back from its PEM (whole seconds), decides the same.
+    let loaded = Ca::from_pem(short.cert_pem(), &short.key_pem(), NOW).unwrap();
+    assert!(!needs_rotation(&node.cert_pem, NOW, renewal, loaded.not_after()));
+    // Expired with the CA still valid (the CA was replaced by a longer one): rotates.
+    assert!(needs_rotation(&node.cert_pem, NOW + 5 * DAY, renewal, NOW + 3650 * DAY));
+
+    // A CA in its last 20 days: a certificate issued 15 days ago ends in 15
+    // days. In its window (from day 5) one more issue reaches the CA's end,
+    // then it holds.
+    let ca_end = NOW + 20 * DAY;
+    let earlier = Ca::generate("ending", NOW - 3000 * DAY, 3020 * DAY).unwrap();
+    assert_eq!(earlier.not_after().unix_timestamp(), ca_end.unix_timestamp());
+    let old = earlier.node_client_cert(&node_id("mac"), NOW - 15 * DAY, 30 * DAY).unwrap();
+    assert!(!needs_rotation(&old.cert_pem, NOW, renewal, earlier.not_after()), "not in its window yet");
+    let in_window = NOW + 6 * DAY;
+    assert!(needs_rotation(&old.cert_pem, in_window, renewal, earlier.not_after()), "ends before the CA: once");
+    let new = earlier.node_client_cert(&node_id("mac"), in_window, 30 * DAY).unwrap();
+    assert_eq!(inspect(&new.cert_pem).unwrap().not_after.unix_timestamp(), ca_end.unix_timestamp());
+    for at in [in_window, NOW + 10 * DAY, ca_end - second] {
+        assert!(!needs_rotation(&new.cert_pem, at, renewal, earlier.not_after()), "{at}");
+    }
+}
+
+#[test]
+fn a_ca_is_expiring_within_the_window() {
+    let window = 30 * DAY;
+    let ca_end = NOW + 40 * DAY;
+    assert!(!ca_expiring(ca_end, NOW, window));
+    assert!(!ca_expiring(ca_end, NOW + 10 * DAY - Duration::from_secs(1), window));
+    assert!(ca_expiring(ca_end, NOW + 10 * DAY, window), "the boundary is inside");
+    assert!(ca_expiring(ca_end, NOW + 39 * DAY, window));
 }
 
 #[test]

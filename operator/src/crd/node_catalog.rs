@@ -73,6 +73,12 @@ pub struct CertificateSettings {
 }
 
 impl CertificateSettings {
+    /// These settings as the certificates' [`Renewal`].
+    pub fn renewal(&self) -> crate::certs::Renewal {
+        let hours = |h: u32| std::time::Duration::from_secs(u64::from(h) * 3600);
+        crate::certs::Renewal { validity: hours(self.validity_hours), renew_before: hours(self.renew_before_hours) }
+    }
+
     fn default_validity_hours() -> u32 {
         720
     }

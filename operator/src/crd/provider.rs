@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Public",
         type_ = "string",
-        json_path = ".spec.models[*].name",
+        json_path = ".status.publicModels",
         description = "Public model names",
         priority = 1,
     ),
@@ -61,6 +61,7 @@ pub struct ProviderSpec {
     /// How the node talks to the provider: `ollama`, or `openai` for any
     /// OpenAI-compatible server.
     pub adapter: Adapter,
+    /// The model the node runs and the server it runs on.
     pub target: ProviderTarget,
     /// Public model names clients send as `model`. Lower priority is
     /// preferred; providers sharing a name and the lowest priority share load.
@@ -115,15 +116,37 @@ pub enum ProviderMode {
     Tunnel,
 }
 
+/// The schema's restatement of `iop_proto::config::check_target_model`: no
+/// control characters (C0, DEL, C1), no whitespace at either end.
+pub const TARGET_MODEL_PATTERN: &str = r"^[^\s\x00-\x1F\x7F-\x9F]([^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F])?$";
+
+/// The schema's restatement of `iop_proto::config::check_base_url`: a DNS
+/// host name, IPv4 or bracketed IPv6 address, a port of 1-65535 without
+/// leading zeros, a path without whitespace or control characters; no
+/// credentials, query or fragment. (The operator also parses the IPv6
+/// address itself.)
+pub const BASE_URL_PATTERN: &str = concat!(
+    r"^https?://",
+    r"([A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])",
+    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?",
+    r"(/[^?#\s\x00-\x1F\x7F-\x9F]*)?$",
+);
+
+/// What the node runs: which model, on which server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderTarget {
-    /// Model name as the provider knows it, e.g. `llama3.2:3b`.
-    #[schemars(length(min = 1, max = 256))]
+    /// Model name as the provider knows it (Ollama tag, or the `id` an
+    /// OpenAI-compatible server lists), e.g. `llama3.2:3b`. 1-256
+    /// characters, no control characters.
+    #[schemars(length(min = 1, max = 256), regex(pattern = TARGET_MODEL_PATTERN))]
     pub model: String,
-    /// Provider base URL as seen from the node: http(s)://host[:port][/path],
-    /// without credentials, query or fragment.
-    #[schemars(length(max = 2048), regex(pattern = r"^https?://[^/@?#\s]+(/[^?#\s]*)?$"))]
+    /// The model server's root URL as seen from the node (the Mac), e.g.
+    /// `http://127.0.0.1:11434` for Ollama or `http://127.0.0.1:1234` for LM
+    /// Studio: `http(s)://host[:port][/prefix]` with a port of 1-65535 and
+    /// no credentials, query or fragment. Without `/v1`: the node adds the
+    /// API path (`/api/...`, `/v1/...`) itself.
+    #[schemars(length(max = 2048), regex(pattern = BASE_URL_PATTERN))]
     pub base_url: String,
 }
 
@@ -162,7 +185,7 @@ pub struct SecretKeyRef {
 }
 
 /// Written by the operator only. The health fields mirror the Edge's overlay
-/// (field manager `iop-operator/status`); `conditions` and
+/// (field manager `iop-operator/status`); `publicModels`, `conditions` and
 /// `observedGeneration` come from reconcile (`iop-operator/config`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -183,11 +206,23 @@ pub struct ProviderStatus {
     /// When `health` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
+    /// The public model names of `spec.models`, comma-separated, in spec
+    /// order (the `PUBLIC` column of `kubectl get providers -o wide`; a
+    /// printer column shows only the first item of a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_models: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+impl ProviderSpec {
+    /// `status.publicModels`: the public model names, comma-separated, in spec order.
+    pub fn public_models(&self) -> String {
+        self.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(",")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -49,6 +49,16 @@ fn parses_the_edge_admin_snapshots() {
         Some(Overlay { state: OverlayState::Unavailable, generation: 3, sequence: 7, since_ms: 1_700_000_000_000 })
     );
 
+    // The overlay's `unknown` (a probe that could not tell), as the Edge writes it.
+    let unknown: ProvidersSnapshot = serde_json::from_value(json!({
+        "providers": [{"id": "llama", "node": "mac-1", "node_ready": true, "health": "unknown",
+                       "dispatchable": true,
+                       "overlay": {"state": "unknown", "generation": 4, "sequence": 2, "since_ms": 5000}}]
+    }))
+    .unwrap();
+    assert_eq!(unknown.providers[0].overlay.as_ref().unwrap().state, OverlayState::Unknown);
+    assert_eq!(unknown.providers[0].health, EdgeHealth::Unknown);
+
     let nodes: NodesSnapshot = serde_json::from_value(json!({
         "nodes": [
             {"name": "mac-1", "connected": true, "phase": "ready", "generation": 4, "connected_at_ms": 5000,
@@ -80,33 +90,31 @@ fn parses_the_edge_admin_snapshots() {
 fn the_health_table() {
     let none = ProviderMirror::default();
     let node = edge_node(true, Some(4), Some(100));
+    // The Edge's `health` is the effective one (config, readiness and
+    // overlay combined): taken as it is; the overlay gives the evidence position.
     let cases = [
-        // Overlay unavailable wins over everything, node readiness included.
         (
-            edge_provider(false, EdgeHealth::Available, overlay(OverlayState::Unavailable, 3, 7, 50)),
-            (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(3), Some(7)),
-        ),
-        (
-            edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Unavailable, 4, 2, 50)),
+            edge_provider(true, EdgeHealth::Unavailable, overlay(OverlayState::Unavailable, 4, 2, 50)),
             (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(4), Some(2)),
         ),
-        // Node not ready (disconnected, or registered but not ready).
-        (
-            edge_provider(false, EdgeHealth::Available, None),
-            (Health::Unknown, Some(Classification::HealthUnknown), Some(4), None),
-        ),
-        (
-            edge_provider(false, EdgeHealth::Available, overlay(OverlayState::Available, 3, 9, 50)),
-            (Health::Unknown, Some(Classification::HealthUnknown), Some(3), Some(9)),
-        ),
-        // Ready node: what it reports.
         (
             edge_provider(true, EdgeHealth::Unavailable, None),
             (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(4), None),
         ),
+        // Node not ready (disconnected, or registered but not ready): unknown,
+        // whatever the overlay of its last connection said.
         (
-            edge_provider(true, EdgeHealth::Unknown, None),
+            edge_provider(false, EdgeHealth::Unknown, None),
             (Health::Unknown, Some(Classification::HealthUnknown), Some(4), None),
+        ),
+        (
+            edge_provider(false, EdgeHealth::Unknown, overlay(OverlayState::Unavailable, 3, 7, 50)),
+            (Health::Unknown, Some(Classification::HealthUnknown), Some(3), Some(7)),
+        ),
+        // The node's probe could not tell: the overlay says `unknown`.
+        (
+            edge_provider(true, EdgeHealth::Unknown, overlay(OverlayState::Unknown, 4, 9, 50)),
+            (Health::Unknown, Some(Classification::HealthUnknown), Some(4), Some(9)),
         ),
         (edge_provider(true, EdgeHealth::Available, None), (Health::Available, None, Some(4), None)),
         // A recovered overlay is available again, with its evidence position.
@@ -128,28 +136,73 @@ fn the_health_table() {
 #[test]
 fn provider_transition_time_moves_only_when_health_changes() {
     let node = edge_node(true, Some(4), Some(100));
-    let up = edge_provider(true, EdgeHealth::Available, None);
+    let up = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 0, 900));
     let first = provider(&up, Some(&node), &ProviderMirror::default(), at(1000));
-    assert_eq!(first.last_transition_time, time(1000));
+    assert_eq!(first.last_transition_time, time(900), "the overlay's own time (whole seconds)");
 
     // Same health later: unchanged, so nothing to write.
     let again = provider(&up, Some(&node), &first, at(2000));
     assert_eq!(again, first);
 
-    // The overlay lowers it: the overlay's own time (whole seconds).
-    let down = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Unavailable, 4, 3, 1500));
+    // The overlay lowers it: the overlay's own time.
+    let down = edge_provider(true, EdgeHealth::Unavailable, overlay(OverlayState::Unavailable, 4, 3, 1500));
     let lowered = provider(&down, Some(&node), &again, at(3000));
     assert_eq!((lowered.health, lowered.last_transition_time.clone()), (Some(Health::Unavailable), time(1500)));
 
     // New evidence, same health: sequence moves, time stays.
-    let still_down = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Unavailable, 4, 5, 2900));
+    let still_down = edge_provider(true, EdgeHealth::Unavailable, overlay(OverlayState::Unavailable, 4, 5, 2900));
     let later = provider(&still_down, Some(&node), &lowered, at(4000));
     assert_eq!((later.last_observation_sequence, later.last_transition_time.clone()), (Some(5), time(1500)));
 
     // Node gone: Unknown at `now`.
-    let away = edge_provider(false, EdgeHealth::Available, overlay(OverlayState::Available, 4, 6, 3900));
+    let away = edge_provider(false, EdgeHealth::Unknown, overlay(OverlayState::Unavailable, 4, 6, 1500));
     let unknown = provider(&away, None, &later, at(5000));
-    assert_eq!((unknown.health, unknown.last_transition_time), (Some(Health::Unknown), time(5000)));
+    assert_eq!((unknown.health, unknown.last_transition_time.clone()), (Some(Health::Unknown), time(5000)));
+
+    // Back, and available again: the overlay's `since` (kept across
+    // connections while its state did not change) is older than the last
+    // transition, so the transition is `now`, never a step back in time.
+    let back = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 6, 0, 900));
+    let recovered = provider(&back, Some(&edge_node(true, Some(6), Some(5500))), &unknown, at(6000));
+    assert_eq!((recovered.health, recovered.last_transition_time), (Some(Health::Available), time(6000)));
+}
+
+/// A provider that stays unavailable is probed again and again; each probe
+/// moves the overlay's sequence. Only what a user sees is written (every
+/// sequence used to be written, each write a full reconcile).
+#[test]
+fn a_new_observation_sequence_alone_is_not_written() {
+    let node = edge_node(true, Some(4), Some(100));
+    let down = |sequence| ProvidersSnapshot {
+        providers: vec![edge_provider(
+            true,
+            EdgeHealth::Unavailable,
+            overlay(OverlayState::Unavailable, 4, sequence, 1500),
+        )],
+    };
+    let nodes = NodesSnapshot { nodes: vec![node] };
+    let mut current = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
+    let none = BTreeMap::new();
+    let writes = plan(&down(3), &nodes, &current, &none, at(2000));
+    assert_eq!(writes.providers.len(), 1);
+    current.insert("llama".into(), writes.providers[0].1.clone());
+
+    for (i, sequence) in (4..40).enumerate() {
+        let t = at(2000 + 30 * i as i64);
+        assert_eq!(plan(&down(sequence), &nodes, &current, &none, t), Writes::default(), "sequence {sequence}");
+    }
+
+    // Health changes: written, with the sequence of that evidence.
+    let up = ProvidersSnapshot {
+        providers: vec![edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 41, 3300))],
+    };
+    let writes = plan(&up, &nodes, &current, &none, at(3400));
+    assert_eq!(writes.providers.len(), 1);
+    let m = &writes.providers[0].1;
+    assert_eq!((m.health, m.last_observation_sequence), (Some(Health::Available), Some(41)));
+    assert!(visible_change(&current["llama"], m));
+    let only_sequence = ProviderMirror { last_observation_sequence: Some(99), ..current["llama"].clone() };
+    assert!(!visible_change(&current["llama"], &only_sequence));
 }
 
 #[test]

@@ -6,6 +6,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 pub const READY: &str = "Ready";
+/// Condition of a NodeCatalog saying whether all its workspaces refer to
+/// ready templates. Workspace problems never take the node itself out.
+pub const WORKSPACES_READY: &str = "WorkspacesReady";
+
+/// The condition types reconcile writes (field manager `iop-operator/config`).
+/// Other writers own other types of the same list (server-side apply merges
+/// the list by `type`), e.g. `CAExpiring` (`iop-operator/certs`).
+pub const RECONCILE_TYPES: [&str; 2] = [READY, WORKSPACES_READY];
+
+/// Whether `current` already holds exactly the reconcile-owned conditions
+/// `desired`: conditions of other writers are not compared (else every
+/// reconcile would rewrite them).
+pub fn same_reconcile_conditions(current: &[Condition], desired: &[Condition]) -> bool {
+    let owned: Vec<&Condition> = current.iter().filter(|c| RECONCILE_TYPES.contains(&c.type_.as_str())).collect();
+    owned.len() == desired.len() && owned.iter().zip(desired).all(|(a, b)| *a == b)
+}
 
 /// `True`, `False` or `Unknown`, as Kubernetes spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +90,21 @@ mod tests {
         let flipped = next(&[same], READY, Status::True, "Accepted", "ok", Some(2), at(300));
         assert_eq!(flipped.last_transition_time, Time(at(300)));
         assert_eq!(flipped.status, "True");
+    }
+
+    #[test]
+    fn only_the_reconciles_own_conditions_are_compared() {
+        let ready = next(&[], READY, Status::True, "Accepted", "", Some(1), at(100));
+        let workspaces = next(&[], WORKSPACES_READY, Status::True, "Accepted", "", Some(1), at(100));
+        let ca = next(&[], "CAExpiring", Status::True, "WithinRenewalWindow", "", None, at(100));
+        let desired = [ready.clone(), workspaces.clone()];
+        assert!(same_reconcile_conditions(&[ready.clone(), workspaces.clone(), ca.clone()], &desired));
+        assert!(same_reconcile_conditions(&[ca.clone(), ready.clone(), workspaces.clone()], &desired));
+        // One of its own is missing, extra, or different: not the same.
+        assert!(!same_reconcile_conditions(&[ready.clone(), ca.clone()], &desired));
+        assert!(!same_reconcile_conditions(&[ready.clone(), workspaces.clone()], std::slice::from_ref(&ready)));
+        let older = Condition { observed_generation: Some(0), ..ready.clone() };
+        assert!(!same_reconcile_conditions(&[older, workspaces], &desired));
     }
 
     #[test]

@@ -11,14 +11,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+pub use super::conditions::WORKSPACES_READY;
 use super::conditions::{self, READY, Status};
 use super::validate::{self, ACCEPTED, Invalid, Reason};
 use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot};
 use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
-
-/// Condition of a NodeCatalog saying whether all its workspaces refer to
-/// ready templates. Workspace problems never take the node itself out.
-pub const WORKSPACES_READY: &str = "WorkspacesReady";
 
 /// Everything the apply stage writes for one namespace. Fields are public so
 /// apply can destructure it without `..`, proving each part is written.
@@ -28,7 +25,8 @@ pub struct Prepared {
     pub config: EdgeConfig,
     /// `iop-edge-config`, key `edge.yaml`, owned by every Provider and NodeCatalog.
     pub config_map: ConfigMap,
-    /// Status fields owned by reconcile (conditions, observedGeneration).
+    /// Status fields owned by reconcile (conditions, observedGeneration;
+    /// a Provider's publicModels).
     pub providers: Vec<StatusUpdate<ProviderStatus>>,
     pub nodes: Vec<StatusUpdate<NodeCatalogStatus>>,
     pub templates: Vec<StatusUpdate<WorkspaceTemplateStatus>>,
@@ -161,6 +159,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
                     now,
                 )],
                 observed_generation: generation,
+                public_models: Some(p.spec.public_models()),
                 ..Default::default()
             },
         });

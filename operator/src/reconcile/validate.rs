@@ -208,8 +208,9 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         providers: vec![entry.clone()],
         limits: settings.limits.clone(),
     };
+    // Target model and base URL included: `iop_proto::config::check_base_url`
+    // and `check_target_model`, the rules the CRD schema's patterns restate.
     alone.validate().map_err(edge_rule_error)?;
-    base_url_extras(&spec.target.base_url).map_err(|reason| spec_error("target.baseUrl", reason))?;
     let mut names = BTreeSet::new();
     for (i, m) in spec.models.iter().enumerate() {
         if !names.insert(m.name.as_str()) {
@@ -265,23 +266,6 @@ fn camel_case_path(path: &str) -> String {
         }
     }
     out
-}
-
-/// What the node's adapter rejects beyond the Edge's URL rule: credentials,
-/// a query or a fragment.
-fn base_url_extras(url: &str) -> Result<(), &'static str> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or_default();
-    if authority.contains('@') {
-        return Err("must not carry credentials");
-    }
-    if rest.contains('?') || rest.contains('#') {
-        return Err("must not have a query or fragment");
-    }
-    if url.chars().any(char::is_whitespace) {
-        return Err("must not contain whitespace");
-    }
-    Ok(())
 }
 
 fn is_dns_label_like(s: &str, extra: &[u8]) -> bool {

@@ -9,17 +9,25 @@
 //! objects present in its store; a namespace-wide key that is not an object
 //! does not fit it, so this loop is its own.)
 //!
+//! Only changes a reconcile acts on wake it ([`Changes`]): a new or deleted
+//! object, a spec edit (`metadata.generation`), the start of a deletion, or
+//! its finalizers. Status-only updates (the status mirror, certificate and
+//! condition writes, the operator's own) change none of these and do not
+//! trigger a reconcile; the caches see them all the same.
+//!
 //! Objects are watched through [`DeserializeGuard`]: one that does not
 //! decode is reported and left out; it never stops the watch. A failed
 //! reconcile is retried with exponential backoff (bounded), or sooner when
 //! an object changes meanwhile; a successful one is repeated every
 //! [`RESYNC`] (certificate rotation, drift).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -123,7 +131,61 @@ impl Stores {
 
 pub type Signals = Pin<Box<dyn Stream<Item = Signal> + Send>>;
 
-/// Feeds one kind's watch events into its cache and turns them into signals.
+/// What of an object a reconcile acts on: everything in `spec` (through
+/// `metadata.generation`, which the API server moves on every spec change
+/// and when a deletion starts), whether it is being deleted, and its
+/// finalizers. Not `status`: a status write must not trigger a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Watched {
+    generation: Option<i64>,
+    deleting: bool,
+    finalizers: Vec<String>,
+}
+
+impl Watched {
+    fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            generation: meta.generation,
+            deleting: meta.deletion_timestamp.is_some(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// The last [`Watched`] state of each object of one kind (by uid), to tell
+/// the watch events that change something a reconcile acts on from those
+/// that only touched status or other metadata (pure, no I/O).
+#[derive(Debug, Default)]
+pub struct Changes {
+    seen: HashMap<String, Watched>,
+}
+
+impl Changes {
+    /// A relist starts: forget everything (the relist's end reconciles anyway).
+    pub fn relist(&mut self) {
+        self.seen.clear();
+    }
+
+    /// An object was listed or updated: whether it changed what a reconcile
+    /// acts on (new objects did). An object without a generation always counts.
+    pub fn applied(&mut self, meta: &ObjectMeta) -> bool {
+        let now = Watched::of(meta);
+        if now.generation.is_none() {
+            return true;
+        }
+        let key = meta.uid.clone().or_else(|| meta.name.clone()).unwrap_or_default();
+        self.seen.insert(key, now.clone()).is_none_or(|before| before != now)
+    }
+
+    /// An object is gone: always a change.
+    pub fn deleted(&mut self, meta: &ObjectMeta) -> bool {
+        self.seen.remove(&meta.uid.clone().or_else(|| meta.name.clone()).unwrap_or_default());
+        true
+    }
+}
+
+/// Feeds one kind's watch events into its cache and turns the ones that
+/// matter ([`Changes`]) into signals.
 pub fn signals<K>(
     kind: Kind,
     writer: Writer<DeserializeGuard<K>>,
@@ -132,14 +194,24 @@ pub fn signals<K>(
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
+    let mut changes = Changes::default();
     reflector::reflector(writer, events)
-        .filter_map(move |event| async move {
-            match event {
+        .filter_map(move |event| {
+            let signal = match event {
                 Ok(Event::InitDone) => Some(Signal::Listed(kind)),
-                Ok(Event::Apply(_) | Event::Delete(_)) => Some(Signal::Changed(kind)),
-                Ok(Event::Init | Event::InitApply(_)) => None,
+                Ok(Event::Init) => {
+                    changes.relist();
+                    None
+                }
+                Ok(Event::InitApply(object)) => {
+                    changes.applied(object.meta());
+                    None
+                }
+                Ok(Event::Apply(object)) => changes.applied(object.meta()).then_some(Signal::Changed(kind)),
+                Ok(Event::Delete(object)) => changes.deleted(object.meta()).then_some(Signal::Changed(kind)),
                 Err(e) => Some(Signal::WatchFailed(kind, e.to_string())),
-            }
+            };
+            std::future::ready(signal)
         })
         .boxed()
 }

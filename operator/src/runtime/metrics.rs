@@ -204,6 +204,10 @@ pub struct Metrics {
     pub mirror_polls: Family<PollLabels, Counter>,
     pub certificates_issued: Family<CertLabels, Counter>,
     pub leader: Gauge,
+    /// Expiry of the CA in `iop-ca` (Unix seconds; 0 until it is loaded).
+    pub ca_expiry: Gauge,
+    /// 1 while the CA expires within the renewal window.
+    pub ca_expiring: Gauge,
 }
 
 impl Metrics {
@@ -230,6 +234,18 @@ impl Metrics {
         registry.register("certificates_issued", "Certificates issued, by kind", certificates_issued.clone());
         let leader = Gauge::default();
         registry.register("leader", "1 while this replica holds the leader Lease", leader.clone());
+        let ca_expiry = Gauge::default();
+        registry.register(
+            "ca_expiry_timestamp_seconds",
+            "Expiry of the CA (Secret iop-ca), Unix seconds; 0 until the leader loaded it",
+            ca_expiry.clone(),
+        );
+        let ca_expiring = Gauge::default();
+        registry.register(
+            "ca_expiring",
+            "1 while the CA expires within the certificates' renewal window (they end with it; replace the CA)",
+            ca_expiring.clone(),
+        );
 
         for &result in ReconcileResult::ALL {
             let _ = reconciles.get_or_create(&ResultLabels { result });
@@ -253,6 +269,8 @@ impl Metrics {
             mirror_polls,
             certificates_issued,
             leader,
+            ca_expiry,
+            ca_expiring,
         })
     }
 
@@ -267,6 +285,13 @@ impl Metrics {
 
     pub fn issued(&self, kind: CertKind) {
         self.certificates_issued.get_or_create(&CertLabels { kind }).inc();
+    }
+
+    /// Records the CA's expiry and whether it is expiring; returns whether
+    /// the latter changed.
+    pub fn set_ca(&self, not_after: time::OffsetDateTime, expiring: bool) -> bool {
+        self.ca_expiry.set(not_after.unix_timestamp());
+        self.ca_expiring.set(i64::from(expiring)) != i64::from(expiring)
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -214,10 +214,10 @@ async fn operate(
             term.clone(),
         ));
         tasks.spawn(mirror::run(ctx.clone(), stores, admin.clone(), mirror::MirrorConfig::default(), term.clone()));
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = leading.wait_for(|leading| !*leading) => tracing::warn!("lost leadership: stopping the leader tasks"),
-            _ = tasks.join_next() => {
+        match term_end(&shutdown, &mut leading, &mut tasks).await {
+            TermEnd::Shutdown => {}
+            TermEnd::LostLeadership => tracing::warn!("lost leadership: stopping the leader tasks"),
+            TermEnd::TaskEnded => {
                 result = Err(Error::TaskEnded("controller or mirror"));
                 shutdown.cancel();
             }
@@ -237,6 +237,36 @@ async fn operate(
         }
     }
     result
+}
+
+/// Why a leadership term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TermEnd {
+    /// Shutdown was requested (SIGTERM): a clean stop.
+    Shutdown,
+    /// The elector stepped down.
+    LostLeadership,
+    /// The controller or the mirror returned on its own: a bug, the process fails.
+    TaskEnded,
+}
+
+/// Waits for the end of a leadership term. A shutdown cancels the leader
+/// tasks' token and the elector steps down, so at a shutdown all three
+/// branches become ready together: shutdown is checked first (`biased`), and
+/// a task end or lost leadership seen once shutdown was requested is part of
+/// the clean stop, never "a leader task ended unexpectedly".
+pub async fn term_end(
+    shutdown: &CancellationToken,
+    leading: &mut watch::Receiver<bool>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> TermEnd {
+    let end = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => TermEnd::Shutdown,
+        _ = tasks.join_next() => TermEnd::TaskEnded,
+        _ = leading.wait_for(|leading| !*leading) => TermEnd::LostLeadership,
+    };
+    if shutdown.is_cancelled() { TermEnd::Shutdown } else { end }
 }
 
 #[cfg(test)]

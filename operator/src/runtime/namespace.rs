@@ -33,6 +33,7 @@ use super::{Context, Error, is_status, pki, timestamp};
 use crate::crd::{
     NodeCatalog, NodeCatalogStatus, Provider, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus,
 };
+use crate::reconcile::conditions::same_reconcile_conditions;
 use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate};
 
 /// Held by every live NodeCatalog; removed once its identity is out of the
@@ -117,76 +118,63 @@ async fn write_status(ctx: &Context, snapshot: &reconcile::Snapshot, applied: &A
     let api: Api<Provider> = Api::namespaced(client.clone(), &ctx.namespace);
     for u in providers {
         let current = snapshot.providers.iter().find(|p| p.name_any() == u.name);
-        let now = current.and_then(|p| p.status.as_ref()).map(|s| (&s.conditions[..], s.observed_generation));
-        record(
-            write_if_changed(
-                &api,
-                &ctx.metrics,
-                current.map(|p| &p.metadata),
-                &u.name,
-                now,
-                &u.status,
-                (&u.status.conditions[..], u.status.observed_generation),
-            )
-            .await,
-        );
+        let status = current.and_then(|p| p.status.as_ref());
+        let unchanged = owned_unchanged(
+            status.map(|s| (&s.conditions[..], s.observed_generation)),
+            &u.status.conditions,
+            u.status.observed_generation,
+        ) && status.and_then(|s| s.public_models.as_ref()) == u.status.public_models.as_ref();
+        record(write_if_changed(&api, &ctx.metrics, current.map(|p| &p.metadata), &u.name, unchanged, &u.status).await);
     }
     let api: Api<NodeCatalog> = Api::namespaced(client.clone(), &ctx.namespace);
     for u in nodes {
         let current = snapshot.nodes.iter().find(|n| n.name_any() == u.name);
-        let now = current.and_then(|n| n.status.as_ref()).map(|s| (&s.conditions[..], s.observed_generation));
-        record(
-            write_if_changed(
-                &api,
-                &ctx.metrics,
-                current.map(|n| &n.metadata),
-                &u.name,
-                now,
-                &u.status,
-                (&u.status.conditions[..], u.status.observed_generation),
-            )
-            .await,
+        let status = current.and_then(|n| n.status.as_ref());
+        let unchanged = owned_unchanged(
+            status.map(|s| (&s.conditions[..], s.observed_generation)),
+            &u.status.conditions,
+            u.status.observed_generation,
         );
+        record(write_if_changed(&api, &ctx.metrics, current.map(|n| &n.metadata), &u.name, unchanged, &u.status).await);
     }
     let api: Api<WorkspaceTemplate> = Api::namespaced(client.clone(), &ctx.namespace);
     for u in templates {
         let current = snapshot.templates.iter().find(|t| t.name_any() == u.name);
-        let now = current.and_then(|t| t.status.as_ref()).map(|s| (&s.conditions[..], s.observed_generation));
-        record(
-            write_if_changed(
-                &api,
-                &ctx.metrics,
-                current.map(|t| &t.metadata),
-                &u.name,
-                now,
-                &u.status,
-                (&u.status.conditions[..], u.status.observed_generation),
-            )
-            .await,
+        let status = current.and_then(|t| t.status.as_ref());
+        let unchanged = owned_unchanged(
+            status.map(|s| (&s.conditions[..], s.observed_generation)),
+            &u.status.conditions,
+            u.status.observed_generation,
         );
+        record(write_if_changed(&api, &ctx.metrics, current.map(|t| &t.metadata), &u.name, unchanged, &u.status).await);
     }
     result
 }
 
-type Owned<'a> = (&'a [Condition], Option<i64>);
+/// Whether the conditions and `observedGeneration` reconcile owns already
+/// hold what it would write (other writers' conditions are not compared).
+fn owned_unchanged(
+    current: Option<(&[Condition], Option<i64>)>,
+    conditions: &[Condition],
+    generation: Option<i64>,
+) -> bool {
+    let (current_conditions, current_generation) = current.unwrap_or((&[], None));
+    current_generation == generation && same_reconcile_conditions(current_conditions, conditions)
+}
 
 async fn write_if_changed<K>(
     api: &Api<K>,
     metrics: &Metrics,
     meta: Option<&ObjectMeta>,
     name: &str,
-    current: Option<Owned<'_>>,
+    unchanged: bool,
     status: &impl Serialize,
-    desired: Owned<'_>,
 ) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
 {
     // Gone or going: nothing to tell.
-    if meta.is_none_or(|m| m.deletion_timestamp.is_some()) {
-        return Ok(());
-    }
-    if current.unwrap_or((&[], None)) == desired {
+    if meta.is_none_or(|m| m.deletion_timestamp.is_some()) || unchanged {
         return Ok(());
     }
     apply_status(api, metrics, Writer::Reconcile, name, status).await

@@ -2,10 +2,10 @@
 //! with create-then-reload-on-conflict: an existing CA, the user's included,
 //! is never replaced), the Edge server certificate Secret and one Secret per
 //! NodeCatalog (server-side apply, `iop-operator/certs`), and each
-//! NodeCatalog's `status.certificate`. Whether to issue is decided by the
-//! pure functions in [`crate::certs::secrets`]. Keys never reach a log.
-
-use std::time::Duration;
+//! NodeCatalog's `status.certificate` and `CAExpiring` condition. Whether
+//! to issue and what to write are decided by the pure functions in
+//! [`crate::certs::secrets`] and [`crate::certs::status`]. Keys never reach
+//! a log.
 
 use iop_proto::config::EdgeConfig;
 use iop_proto::identity::NodeIdentity;
@@ -18,14 +18,19 @@ use time::OffsetDateTime;
 use super::metrics::{CertKind, Metrics, Writer};
 use super::namespace::apply_status;
 use super::{Context, Error, is_status, timestamp};
-use crate::certs::secrets::{self, CA_COMMON_NAME, CA_VALIDITY, EDGE_VALIDITY};
+use crate::certs::secrets::{self, CA_COMMON_NAME, CA_VALIDITY, EDGE_RENEW_BEFORE, EDGE_VALIDITY};
+use crate::certs::status::{self, CaExpiry};
 use crate::certs::{CA_SECRET, Ca, EDGE_TLS_SECRET, NODE_CERT_KEY, inspect, node_secret_name};
+use crate::crd::NodeCatalog;
 use crate::crd::node_catalog::CertificateStatus;
-use crate::crd::{NodeCatalog, NodeCatalogStatus};
 use crate::reconcile::FIELD_MANAGER_CERTS;
 
 /// The CA, the Edge certificate, and the certificate of every NodeCatalog
 /// in the applied config. Each node is tried; the first error is returned.
+///
+/// A CA that expires within the longest renewal window (the Edge's 30 days,
+/// or a node's `renewBeforeHours`) is reported, never replaced: the
+/// `CAExpiring` condition of each node and `iop_operator_ca_expiring`.
 pub async fn reconcile(
     ctx: &Context,
     nodes: &[NodeCatalog],
@@ -35,24 +40,33 @@ pub async fn reconcile(
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let metrics = &ctx.metrics;
     let ca = ensure_ca(&secrets, &ctx.namespace, metrics, now).await?;
+    let in_config = || applied.nodes.iter().filter_map(|entry| nodes.iter().find(|n| n.name_any() == entry.name));
+    let window = in_config().map(|n| n.spec.certificate.renewal().renew_before).fold(EDGE_RENEW_BEFORE, std::cmp::max);
+    let expiry = CaExpiry { not_after: ca.not_after(), window };
+    if metrics.set_ca(expiry.not_after, expiry.expiring(now)) && expiry.expiring(now) {
+        tracing::warn!(
+            secret = CA_SECRET,
+            not_after = %expiry.not_after,
+            "the CA expires within the renewal window: certificates end with it; replace the CA"
+        );
+    }
     ensure_edge_tls(&secrets, &ctx.namespace, &ca, &ctx.edge_server_names, metrics, now).await?;
 
     let api: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let mut result = Ok(());
-    for entry in &applied.nodes {
-        let Some(node) = nodes.iter().find(|n| n.name_any() == entry.name) else { continue };
+    for node in in_config() {
+        let name = node.name_any();
         let outcome = async {
             let cert =
                 ensure_node_cert(&secrets, &ctx.namespace, &ca, node, &ctx.settings.trust_domain, metrics, now).await?;
-            if node.status.as_ref().and_then(|s| s.certificate.as_ref()) != Some(&cert) {
-                let status = NodeCatalogStatus { certificate: Some(cert), ..Default::default() };
-                apply_status(&api, metrics, Writer::Certs, &entry.name, &status).await?;
+            if let Some(update) = status::node_update(node.status.as_ref(), cert, &expiry, now, timestamp(now)) {
+                apply_status(&api, metrics, Writer::Certs, &name, &update).await?;
             }
             Ok::<_, Error>(())
         }
         .await;
         if let Err(e) = outcome {
-            tracing::warn!(node = %entry.name, error = %e, "node certificate not written");
+            tracing::warn!(node = %name, error = %e, "node certificate not written");
             if result.is_ok() {
                 result = Err(e);
             }
@@ -152,15 +166,13 @@ pub async fn ensure_node_cert(
     let name = node.name_any();
     let identity =
         NodeIdentity::new(trust_domain, &name).map_err(|e| crate::certs::CertError::InvalidName(e.to_string()))?;
-    let settings = &node.spec.certificate;
-    let renew_before = Duration::from_secs(u64::from(settings.renew_before_hours) * 3600);
+    let renewal = node.spec.certificate.renewal();
     let secret_name = node_secret_name(&name);
     let existing = secrets.get_opt(&secret_name).await?;
-    let cert_pem = match secrets::node_reissue(existing.as_ref(), ca, &identity, now, renew_before) {
+    let cert_pem = match secrets::node_reissue(existing.as_ref(), ca, &identity, now, renewal) {
         None => existing.as_ref().and_then(|s| secrets::value(s, NODE_CERT_KEY)).unwrap_or_default(),
         Some(reason) => {
-            let validity = Duration::from_secs(u64::from(settings.validity_hours) * 3600);
-            let issued = ca.node_client_cert(&identity, now, validity)?;
+            let issued = ca.node_client_cert(&identity, now, renewal.validity)?;
             let secret = secrets::node_secret(namespace, node, ca, &issued);
             secrets.patch(&secret_name, &apply_params(), &Patch::Apply(&secret)).await?;
             metrics.issued(CertKind::Node);

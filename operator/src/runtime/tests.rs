@@ -254,3 +254,38 @@ fn query_decoding() {
         ])
     );
 }
+
+/// At SIGTERM the shutdown token, the leader tasks' end and the elector's
+/// step-down all become ready together; the stop must be clean every time
+/// (it used to exit 1 with "a leader task ended unexpectedly" at random).
+#[tokio::test]
+async fn a_shutdown_ends_the_leader_term_cleanly_even_when_everything_ends_at_once() {
+    use super::{TermEnd, term_end};
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    for _ in 0..200 {
+        let shutdown = CancellationToken::new();
+        let (leading_tx, mut leading) = watch::channel(true);
+        let mut tasks = tokio::task::JoinSet::new();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        tasks.spawn(async move {
+            let _ = done_tx.send(());
+        });
+        done.await.unwrap();
+        leading_tx.send_replace(false);
+        shutdown.cancel();
+        assert_eq!(term_end(&shutdown, &mut leading, &mut tasks).await, TermEnd::Shutdown);
+    }
+
+    // Without a shutdown, each on its own.
+    let shutdown = CancellationToken::new();
+    let (leading_tx, mut leading) = watch::channel(true);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(std::future::pending::<()>());
+    leading_tx.send_replace(false);
+    assert_eq!(term_end(&shutdown, &mut leading, &mut tasks).await, TermEnd::LostLeadership);
+    leading_tx.send_replace(true);
+    tasks.spawn(async {});
+    assert_eq!(term_end(&shutdown, &mut leading, &mut tasks).await, TermEnd::TaskEnded);
+}

@@ -92,7 +92,7 @@ fn node_secret_is_owned_by_its_node_and_checked_against_its_identity() {
         ("NodeCatalog", "mac-1", "uid-mac-1", Some(true))
     );
 
-    let renew_before = 10 * DAY;
+    let renew_before = Renewal { validity: 30 * DAY, renew_before: 10 * DAY };
     assert_eq!(node_reissue(Some(&s), &ca, &id, NOW, renew_before), None);
     assert_eq!(node_reissue(Some(&s), &ca, &id, NOW + 20 * DAY - Duration::from_secs(1), renew_before), None);
     assert_eq!(node_reissue(Some(&s), &ca, &id, NOW + 20 * DAY, renew_before), Some(Reissue::Rotation));
@@ -100,4 +100,29 @@ fn node_secret_is_owned_by_its_node_and_checked_against_its_identity() {
     let other_domain = NodeIdentity::new("other.example", "mac-1").unwrap();
     assert_eq!(node_reissue(Some(&s), &ca, &other_domain, NOW, renew_before), Some(Reissue::Mismatch));
     assert_eq!(node_reissue(None, &ca, &id, NOW, renew_before), Some(Reissue::Missing));
+}
+
+/// A CA that ends inside the renewal window (a user-supplied CA valid for 5
+/// days, or a generated one in its last 30): the certificates it signs end
+/// with it, so issuing again changes nothing. Issued once, then kept: never
+/// a loop of re-issues.
+#[test]
+fn a_ca_ending_inside_the_window_issues_once_then_keeps_the_certificates() {
+    let short = Ca::generate("short", NOW, 5 * DAY).unwrap();
+    let edge = short.edge_server_cert(&names(), NOW, EDGE_VALIDITY).unwrap();
+    let s = edge_tls_secret("iop", &short, &edge);
+    for later in [NOW, NOW + DAY, NOW + 4 * DAY] {
+        assert_eq!(edge_reissue(Some(&s), &short, &names(), later), None, "{later}");
+    }
+
+    let id = NodeIdentity::new("iop.example", "mac-1").unwrap();
+    let issued = short.node_client_cert(&id, NOW, 30 * DAY).unwrap();
+    let n = node_secret("iop", &node("mac-1"), &short, &issued);
+    for later in [NOW, NOW + 2 * DAY] {
+        assert_eq!(
+            node_reissue(Some(&n), &short, &id, later, Renewal { validity: 30 * DAY, renew_before: 10 * DAY }),
+            None,
+            "{later}"
+        );
+    }
 }

@@ -158,9 +158,29 @@ fn only_the_fields_reconcile_owns_are_in_the_status_updates() {
     let status = &prepared.providers[0].status;
     assert!(status.health.is_none() && status.classification.is_none() && status.generation.is_none());
     let json = serde_json::to_value(status).unwrap();
-    assert_eq!(json.as_object().unwrap().keys().collect::<Vec<_>>(), ["conditions", "observedGeneration"]);
+    assert_eq!(
+        json.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["conditions", "observedGeneration", "publicModels"]
+    );
     let node = &prepared.nodes[0].status;
     assert!(node.connected.is_none() && node.certificate.is_none());
+}
+
+/// `kubectl get providers -o wide` shows every public name (a printer
+/// column on `.spec.models[*].name` showed only the first).
+#[test]
+fn public_models_are_every_name_comma_joined_in_spec_order() {
+    let mut p = provider("p", "mac-1");
+    p.spec.models = ["llama3.2", "llama", "default"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| crate::crd::provider::PublicModel { name: n.to_string(), priority: i as u32 })
+        .collect();
+    // Invalid or not, the names are what the spec says.
+    for nodes in [vec![node("mac-1")], vec![]] {
+        let prepared = build(&snapshot(vec![p.clone()], nodes, vec![]), &settings(), at(1)).unwrap();
+        assert_eq!(prepared.providers[0].status.public_models.as_deref(), Some("llama3.2,llama,default"));
+    }
 }
 
 #[test]

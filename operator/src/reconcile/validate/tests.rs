@@ -56,7 +56,27 @@ fn provider_spec_errors_name_the_crd_field() {
             Reason::InvalidSpec,
             "spec.target.baseUrl: must not have a query",
         ),
+        (
+            Box::new(|p| p.spec.target.base_url = "http://:11434".into()),
+            Reason::InvalidSpec,
+            "spec.target.baseUrl: must name a host",
+        ),
+        (
+            Box::new(|p| p.spec.target.base_url = "http://127.0.0.1:99999".into()),
+            Reason::InvalidSpec,
+            "spec.target.baseUrl: port must be between 1 and 65535",
+        ),
+        (
+            Box::new(|p| p.spec.target.base_url = "http://127.0.0.1:0".into()),
+            Reason::InvalidSpec,
+            "spec.target.baseUrl: port must be between 1 and 65535",
+        ),
         (Box::new(|p| p.spec.target.model = String::new()), Reason::InvalidSpec, "spec.target.model:"),
+        (
+            Box::new(|p| p.spec.target.model = "llama3.2\n".into()),
+            Reason::InvalidSpec,
+            "spec.target.model: must not contain control characters",
+        ),
         (Box::new(|p| p.spec.models.clear()), Reason::InvalidSpec, "spec.models:"),
         (Box::new(|p| p.spec.models[0].name = "two words".into()), Reason::InvalidSpec, "spec.models[0].name:"),
         (

@@ -196,3 +196,79 @@ async fn cancel_stops_the_loop_even_while_waiting() {
     h.task.await.unwrap();
     assert_eq!(Instant::now(), started, "no waiting for timers");
 }
+
+/// The status mirror and the operator's own status writes update objects
+/// all the time; only a spec change (generation), a deletion or finalizers
+/// may reconcile the namespace (a provider that stayed unavailable used to
+/// cause a full reconcile at every mirror write).
+#[tokio::test(start_paused = true)]
+async fn status_only_updates_do_not_reconcile() {
+    let mut h = start(vec![]);
+    listed(&h.providers, vec![provider("a", "mac-1")]);
+    listed(&h.nodes, vec![node("mac-1")]);
+    listed(&h.templates, vec![]);
+    h.call(Duration::from_secs(5)).await;
+
+    // Status written (by the mirror, the certificate writer, reconcile): nothing.
+    let mut mirrored = provider("a", "mac-1");
+    mirrored.status = Some(crate::crd::ProviderStatus {
+        health: Some(crate::crd::provider::Health::Unavailable),
+        last_observation_sequence: Some(7),
+        ..Default::default()
+    });
+    mirrored.metadata.resource_version = Some("8".into());
+    h.providers.send(ok(mirrored.clone())).unwrap();
+    mirrored.status.as_mut().unwrap().last_observation_sequence = Some(8);
+    h.providers.send(ok(mirrored.clone())).unwrap();
+    let mut certified = node("mac-1");
+    certified.status = Some(Default::default());
+    h.nodes.send(ok(certified.clone())).unwrap();
+    h.quiet(RESYNC - Duration::from_secs(10)).await;
+    h.stop().await;
+
+    // Each change a reconcile acts on does reconcile.
+    type Change = Box<dyn Fn(&mut Provider)>;
+    let changes: Vec<Change> = vec![
+        Box::new(|p| p.metadata.generation = Some(2)),
+        Box::new(|p| p.metadata.finalizers = Some(vec!["example.com/keep".into()])),
+        Box::new(|p| {
+            p.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::reconcile::fixtures::at(5)))
+        }),
+    ];
+    for change in changes {
+        let mut h = start(vec![]);
+        listed(&h.providers, vec![provider("a", "mac-1")]);
+        listed(&h.nodes, vec![]);
+        listed(&h.templates, vec![]);
+        h.call(Duration::from_secs(5)).await;
+        let mut p = provider("a", "mac-1");
+        change(&mut p);
+        h.providers.send(ok(p)).unwrap();
+        // Within the debounce, long before the resync.
+        h.call(Duration::from_secs(5)).await;
+        h.stop().await;
+    }
+}
+
+#[test]
+fn changes_tell_spec_deletion_and_finalizers_from_status() {
+    let mut changes = Changes::default();
+    let mut p = provider("a", "mac-1");
+    assert!(changes.applied(&p.metadata), "new");
+    assert!(!changes.applied(&p.metadata), "the same again");
+    p.metadata.resource_version = Some("9".into());
+    p.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+    assert!(!changes.applied(&p.metadata), "status or labels only");
+    p.metadata.generation = Some(2);
+    assert!(changes.applied(&p.metadata), "spec");
+    p.metadata.finalizers = Some(vec!["iop.dev/node-identity".into()]);
+    assert!(changes.applied(&p.metadata), "finalizers");
+    assert!(changes.deleted(&p.metadata));
+    assert!(changes.applied(&p.metadata), "re-created under the same uid counts as new");
+    changes.relist();
+    assert!(changes.applied(&p.metadata), "after a relist everything is new");
+    let mut no_generation = p.metadata.clone();
+    no_generation.generation = None;
+    assert!(changes.applied(&no_generation) && changes.applied(&no_generation));
+}

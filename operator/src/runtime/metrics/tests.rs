@@ -14,6 +14,8 @@ pub(crate) fn assert_closed(text: &str) {
     let known: BTreeSet<&str> = sets.iter().map(|(metric, _, _)| *metric).collect();
     let unlabelled = [
         "iop_operator_leader",
+        "iop_operator_ca_expiry_timestamp_seconds",
+        "iop_operator_ca_expiring",
         "iop_operator_reconcile_duration_seconds_sum",
         "iop_operator_reconcile_duration_seconds_count",
         "iop_operator_reconcile_duration_seconds_bucket",

@@ -132,8 +132,14 @@ fn view(overlay: Option<Overlay>) -> (ProvidersSnapshot, NodesSnapshot) {
         health: EdgeHealth::Available,
         overlay: None,
     };
+    // The Edge's effective health follows its overlay here.
+    let health = match overlay.as_ref().map(|o| o.state) {
+        Some(OverlayState::Unavailable) => EdgeHealth::Unavailable,
+        Some(OverlayState::Unknown) => EdgeHealth::Unknown,
+        _ => EdgeHealth::Available,
+    };
     (
-        ProvidersSnapshot { providers: vec![EdgeProvider { overlay, ..p("llama") }, p("qwen")] },
+        ProvidersSnapshot { providers: vec![EdgeProvider { overlay, health, ..p("llama") }, p("qwen")] },
         NodesSnapshot {
             nodes: vec![EdgeNode {
                 name: "mac-1".to_string(),
@@ -173,8 +179,11 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
         let mut state = MirrorState::default();
         let first = write(&ctx, &stores, &view(None), &mut state, now).await;
         let unchanged = write(&ctx, &stores, &view(None), &mut state, now).await;
-        let lowered = write(&ctx, &stores, &view(Some(down)), &mut state, now).await;
-        (first, unchanged, lowered)
+        let lowered = write(&ctx, &stores, &view(Some(down.clone())), &mut state, now).await;
+        // Probed again, still down: a new sequence alone is not written.
+        let probed = Overlay { sequence: 10, ..down };
+        let reprobed = write(&ctx, &stores, &view(Some(probed)), &mut state, now).await;
+        (first, unchanged, lowered, reprobed)
     });
 
     let call = server.expect_apply(&format!("{CRD_PATH}/providers/llama/status"), STATUS).await;
@@ -200,10 +209,11 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     );
     call.ok(&llama);
 
-    let (first, unchanged, lowered) = task.await.unwrap();
+    let (first, unchanged, lowered, reprobed) = task.await.unwrap();
     assert_eq!(first, Round { written: 2, failed: 0 });
     assert_eq!(unchanged, Round::default());
     assert_eq!(lowered, Round { written: 1, failed: 0 });
+    assert_eq!(reprobed, Round::default());
     server.done().await;
     assert_eq!(status_writes(&metrics, "provider", "mirror", "ok"), 2.0);
     assert_eq!(status_writes(&metrics, "nodecatalog", "mirror", "ok"), 1.0);

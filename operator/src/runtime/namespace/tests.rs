@@ -11,7 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::certs::secrets::{ca_secret, edge_tls_secret, node_secret};
+use crate::certs::secrets::{EDGE_RENEW_BEFORE, ca_secret, edge_tls_secret, node_secret};
+use crate::certs::status::CaExpiry;
 use crate::certs::{self, Ca, inspect};
 use crate::crd::node_catalog::CertificateStatus;
 use crate::reconcile::fixtures::{node, provider, settings, snapshot};
@@ -48,6 +49,7 @@ fn settle(s: &mut Snapshot, now: OffsetDateTime) {
         let status = p.status.get_or_insert_with(Default::default);
         status.conditions = u.status.conditions.clone();
         status.observed_generation = u.status.observed_generation;
+        status.public_models = u.status.public_models.clone();
     }
 }
 
@@ -68,8 +70,11 @@ fn pki(s: &mut Snapshot, now: OffsetDateTime) -> Pki {
         let id = NodeIdentity::new("iop.example", n.name_any()).unwrap();
         let cert = ca.node_client_cert(&id, now, 30 * DAY).unwrap();
         let info = inspect(&cert.cert_pem).unwrap();
-        n.status.get_or_insert_with(Default::default).certificate =
+        let status = n.status.get_or_insert_with(Default::default);
+        status.certificate =
             Some(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) });
+        let expiry = CaExpiry { not_after: ca.not_after(), window: EDGE_RENEW_BEFORE };
+        status.conditions.push(expiry.condition(&status.conditions, now, timestamp(now)));
         node_secrets.insert(n.name_any(), node_secret(NS, n, &ca, &cert));
     }
     Pki { ca_secret: ca_secret(NS, &ca), edge_secret: edge_tls_secret(NS, &ca, &edge), node_secrets }
@@ -136,7 +141,8 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
                "status": {"observedGeneration": 1, "conditions": [{
                    "type": "Ready", "status": "True", "reason": "Accepted",
                    "message": "rendered into the Edge config", "observedGeneration": 1,
-                   "lastTransitionTime": "2026-11-01T12:00:00Z"}]}})
+                   "lastTransitionTime": "2026-11-01T12:00:00Z"}],
+               "publicModels": "llama3.2"}})
     );
     let provider_status = call.body["status"].clone();
     call.ok(&llama);
@@ -185,10 +191,16 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
     assert_eq!(
         call.body["status"],
-        json!({"certificate": {"serial": info.serial, "notAfter": "2026-12-01T12:00:00Z"}}),
+        json!({
+            "certificate": {"serial": info.serial, "notAfter": "2026-12-01T12:00:00Z"},
+            "conditions": [{"type": "CAExpiring", "status": "False", "reason": "Valid",
+                            "message": "the CA in Secret iop-ca is valid until 2036-10-29T12:00:00Z",
+                            "lastTransitionTime": "2026-11-01T12:00:00Z"}],
+        }),
         "only the certificate fields, by iop-operator/certs"
     );
     let certificate = call.body["status"]["certificate"].clone();
+    let ca_condition = call.body["status"]["conditions"][0].clone();
     call.ok(&mac);
 
     task.await.unwrap().unwrap();
@@ -212,6 +224,7 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     mac.metadata.finalizers = Some(vec![NODE_FINALIZER.to_string()]);
     let mut status: crate::crd::NodeCatalogStatus = serde_json::from_value(node_conditions).unwrap();
     status.certificate = Some(serde_json::from_value(certificate).unwrap());
+    status.conditions.push(serde_json::from_value(ca_condition).unwrap());
     mac.status = Some(status);
     let s = snapshot(vec![llama], vec![mac], vec![]);
     let later = NOW + 20 * DAY - Duration::from_secs(1);
@@ -249,6 +262,7 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     call.echo();
     let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
     assert_eq!(call.body["status"]["certificate"]["serial"], renewed.serial.as_str());
+    assert_eq!(call.body["status"]["conditions"][0]["lastTransitionTime"], "2026-11-01T12:00:00Z", "not flipped");
     call.respond(200, serde_json::to_value(node("mac-1")).unwrap());
     task.await.unwrap().unwrap();
     server.done().await;
@@ -318,6 +332,69 @@ async fn an_undecodable_node_being_deleted_is_released_and_the_rest_reconciles()
     assert_eq!(call.body, json!({"metadata": {"resourceVersion": "9", "finalizers": []}}));
     call.respond(200, serde_json::to_value(node("broken")).unwrap());
     serve_current_certs(&mut server, &pki, &["mac-2"]).await;
+    task.await.unwrap().unwrap();
+    server.done().await;
+}
+
+/// A CA that expires sooner than the renewal windows (a user-supplied CA
+/// valid 5 days): the certificates it issued end with it. Reconciles issue
+/// nothing (they used to re-issue the Edge and node certificates every time,
+/// and each node status write triggered the next reconcile: ~2 issues/s);
+/// the `CAExpiring` condition is written once and the gauge says it.
+#[tokio::test]
+async fn a_ca_ending_inside_the_renewal_window_issues_nothing_and_says_so_once() {
+    let mut s = snapshot(vec![], vec![node("mac-1")], vec![]);
+    settle(&mut s, NOW);
+    let ca = Ca::generate("user CA", NOW, 5 * DAY).unwrap();
+    let edge_names: Vec<String> = EDGE_NAMES.iter().map(|n| n.to_string()).collect();
+    let edge_secret = edge_tls_secret(NS, &ca, &ca.edge_server_cert(&edge_names, NOW, 90 * DAY).unwrap());
+    let id = NodeIdentity::new("iop.example", "mac-1").unwrap();
+    let cert = ca.node_client_cert(&id, NOW, 30 * DAY).unwrap();
+    let info = inspect(&cert.cert_pem).unwrap();
+    assert_eq!(info.not_after, ca.not_after(), "cut short at the CA's end");
+    let node_secret = node_secret(NS, &s.nodes[0], &ca, &cert);
+    s.nodes[0].status.as_mut().unwrap().certificate =
+        Some(CertificateStatus { serial: info.serial.clone(), not_after: Time(timestamp(info.not_after)) });
+
+    let later = NOW + DAY;
+    let (client, mut server) = mock();
+    let ctx = context(client, later);
+    let metrics = ctx.metrics.clone();
+    let task = spawn(ctx, s.clone(), later);
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, &ca));
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&edge_secret);
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&node_secret);
+    // Nothing issued; only the condition, by the certificate writer.
+    let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+    assert_eq!(call.body["status"]["certificate"]["serial"], info.serial.as_str());
+    let condition = call.body["status"]["conditions"][0].clone();
+    assert_eq!(
+        (&condition["type"], &condition["status"], &condition["reason"]),
+        (&json!("CAExpiring"), &json!("True"), &json!("WithinRenewalWindow"))
+    );
+    assert_eq!(condition["lastTransitionTime"], "2026-11-02T12:00:00Z");
+    call.ok(&s.nodes[0]);
+    task.await.unwrap().unwrap();
+    server.done().await;
+    for kind in ["ca", "edge", "node"] {
+        assert_eq!(value(&metrics, "iop_operator_certificates_issued_total", &[("kind", kind)]), 0.0, "{kind}");
+    }
+    assert_eq!(value(&metrics, "iop_operator_ca_expiring", &[]), 1.0);
+    assert_eq!(
+        value(&metrics, "iop_operator_ca_expiry_timestamp_seconds", &[]),
+        ca.not_after().unix_timestamp() as f64
+    );
+
+    // The next reconcile, the condition in status: no write at all.
+    s.nodes[0].status.as_mut().unwrap().conditions.push(serde_json::from_value(condition).unwrap());
+    let even_later = NOW + 2 * DAY;
+    let (client, mut server) = mock();
+    let task = spawn(context(client, even_later), s, even_later);
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, &ca));
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&edge_secret);
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&node_secret);
     task.await.unwrap().unwrap();
     server.done().await;
 }
