@@ -21,11 +21,13 @@ pub struct StackOptions {
     pub start_node: bool,
     pub extra_providers: Vec<ProviderSpec>,
     pub limits: Option<iop_proto::config::Limits>,
+    /// Nodes besides [`NODE`], configured and (with `start_node`) started.
+    pub extra_nodes: Vec<&'static str>,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        Self { heartbeat: None, start_node: true, extra_providers: Vec::new(), limits: None }
+        Self { heartbeat: None, start_node: true, extra_providers: Vec::new(), limits: None, extra_nodes: Vec::new() }
     }
 }
 
@@ -96,7 +98,8 @@ impl Stack {
             providers.push(p);
         }
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let mut config = harness::edge_config(&pki, any, any, &[NODE], &providers);
+        let nodes: Vec<&str> = std::iter::once(NODE).chain(options.extra_nodes.iter().copied()).collect();
+        let mut config = harness::edge_config(&pki, any, any, &nodes, &providers);
         if let Some(limits) = options.limits {
             config.limits = limits;
         }
@@ -118,11 +121,13 @@ impl Stack {
         };
         stack.start_edge().await;
         if options.start_node {
-            let pair = stack.pki.node_cert(NODE, Validity::Current).unwrap();
-            let (node, metrics) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
-            stack.nodes.push(node);
-            stack.node_metrics = Some(metrics);
-            stack.wait_node_ready(NODE).await;
+            for name in nodes {
+                let pair = stack.pki.node_cert(name, Validity::Current).unwrap();
+                let (node, metrics) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
+                stack.nodes.push(node);
+                stack.node_metrics.get_or_insert(metrics);
+                stack.wait_node_ready(name).await;
+            }
         }
         stack
     }
