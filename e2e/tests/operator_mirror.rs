@@ -1,9 +1,17 @@
 //! The operator's status mirror against a running Edge: the admin API it
 //! polls parses, and the pure mapping turns a healthy provider, a lowered
-//! one and a connected node into the statuses `kubectl get providers` and
-//! `kubectl get nodecatalogs` show.
+//! one, a recovered one and a connected node into the statuses `kubectl get
+//! providers` and `kubectl get nodecatalogs` show; a status is planned for
+//! writing only when what a user sees changes.
+//!
+//! The node probes its providers by itself (in tests every second while
+//! they are available, with a short backoff while they are not), so turning
+//! the mock's health endpoints off lowers every provider on it without any
+//! request, and turning them on brings them back.
 
 mod common;
+
+use std::collections::BTreeMap;
 
 use common::*;
 use iop_e2e::harness::wait_until;
@@ -11,18 +19,13 @@ use iop_operator::crd::provider::{Classification, Health};
 use iop_operator::env::EdgeAdminUrl;
 use iop_operator::mirror::{self, NodeMirror, ProviderMirror};
 use iop_operator::runtime::admin::AdminClient;
-use iop_proto::config::Adapter;
 use k8s_openapi::jiff::Timestamp;
+
+const PROVIDER: &str = "ollama-mock";
 
 #[tokio::test]
 async fn the_status_mirror_reads_health_from_a_running_edge() {
-    // `sick` has a server of its own, so faulting it leaves `backup` healthy.
-    let (_sick_mock, sick_url) = spawn_mock("127.0.0.1:0").await;
-    let mut sick = provider("sick", Adapter::Ollama, "mock@first_token_delay_ms=30000", "sick", &sick_url);
-    sick.stall_timeout_ms = 1_000;
-    let mut backup = provider("backup", Adapter::Openai, "mock@words=2", "sick", "");
-    backup.priority = 1;
-    let stack = Stack::start(StackOptions { extra_providers: vec![sick, backup], ..Default::default() }).await;
+    let stack = Stack::start(StackOptions::default()).await;
     let admin = AdminClient::new(EdgeAdminUrl { authority: stack.http.to_string() });
 
     let (providers, nodes) = mirror_fetch(&admin).await;
@@ -30,25 +33,56 @@ async fn the_status_mirror_reads_health_from_a_running_edge() {
     let status = mirror::node(node, &NodeMirror::default(), Timestamp::now());
     assert_eq!(status.connected, Some(true));
     assert!(status.generation.is_some() && status.version.is_some(), "{status:?}");
-    let healthy = providers.providers.iter().find(|p| p.id == "ollama-mock").unwrap();
-    let mapped = mirror::provider(healthy, Some(node), &ProviderMirror::default(), Timestamp::now());
-    assert_eq!((mapped.health, mapped.classification), (Some(Health::Available), None));
+    let healthy = providers.providers.iter().find(|p| p.id == PROVIDER).unwrap();
+    let up = mirror::provider(healthy, Some(node), &ProviderMirror::default(), Timestamp::now());
+    assert_eq!((up.health, up.classification), (Some(Health::Available), None));
 
-    // The provider's health endpoints fail and a request stalls on it: the
-    // Edge lowers it, and the mirror reports it unhealthy.
-    stack.client.post(format!("{sick_url}/mock/health")).body(r#"{"healthy":false}"#).send().await.unwrap();
-    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("sick", "hi", false)).await).await;
-    assert_eq!(status, 200, "the backup answered");
-    wait_until("the overlay lowered the provider", WAIT, || async {
-        stack.provider_admin("sick").await["overlay"]["state"] == "unavailable"
+    // The provider's health endpoints fail: the node's probe finds it down,
+    // the Edge lowers it, and the mirror reports it unhealthy.
+    set_mock_health(&stack, false).await;
+    wait_until("the Edge lowered the provider", WAIT, || async {
+        stack.provider_admin(PROVIDER).await["health"] == "unavailable"
     })
     .await;
     let (providers, nodes) = mirror_fetch(&admin).await;
-    let sick = providers.providers.iter().find(|p| p.id == "sick").unwrap();
-    let mapped = mirror::provider(sick, nodes.nodes.first(), &ProviderMirror::default(), Timestamp::now());
-    assert_eq!(mapped.health, Some(Health::Unavailable));
-    assert_eq!(mapped.classification, Some(Classification::ProviderUnhealthy));
-    assert!(mapped.last_observation_sequence.is_some());
+    let sick = providers.providers.iter().find(|p| p.id == PROVIDER).unwrap();
+    let down = mirror::provider(sick, nodes.nodes.first(), &up, Timestamp::now());
+    assert_eq!(down.health, Some(Health::Unavailable));
+    assert_eq!(down.classification, Some(Classification::ProviderUnhealthy));
+    assert!(down.last_observation_sequence.is_some(), "{down:?}");
+
+    // Once written, later polls while it stays down plan no write.
+    let current = BTreeMap::from([(PROVIDER.to_string(), down.clone())]);
+    for _ in 0..3 {
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        let (providers, nodes) = mirror_fetch(&admin).await;
+        let planned = mirror::plan(&providers, &nodes, &current, &BTreeMap::new(), Timestamp::now());
+        assert!(planned.providers.is_empty(), "{planned:?}");
+    }
+
+    // Back: the node's probe finds it healthy again, and so does the mirror.
+    set_mock_health(&stack, true).await;
+    wait_until("the Edge restored the provider", WAIT, || async {
+        stack.provider_admin(PROVIDER).await["health"] == "available"
+    })
+    .await;
+    let (providers, nodes) = mirror_fetch(&admin).await;
+    let back = providers.providers.iter().find(|p| p.id == PROVIDER).unwrap();
+    let restored = mirror::provider(back, nodes.nodes.first(), &down, Timestamp::now());
+    assert_eq!((restored.health, restored.classification), (Some(Health::Available), None));
+    assert!(restored.last_observation_sequence > down.last_observation_sequence, "{restored:?}");
+    assert!(mirror::visible_change(&down, &restored));
+}
+
+async fn set_mock_health(stack: &Stack, healthy: bool) {
+    let response = stack
+        .client
+        .post(format!("{}/mock/health", stack.mock_url))
+        .body(format!(r#"{{"healthy":{healthy}}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
 }
 
 async fn mirror_fetch(admin: &AdminClient) -> (mirror::ProvidersSnapshot, mirror::NodesSnapshot) {
