@@ -118,10 +118,13 @@ impl NodeFrame for pb::ProviderTunnelFrame {
 struct RunEntry<F> {
     node: String,
     generation: u64,
-    events: mpsc::Sender<F>,
+    /// Handed to the run's event stream when it attaches. The table keeps no
+    /// clone: when that stream ends, the channel closes and the `RunStream`
+    /// sees the end at once (a stream that ends without a terminal fails the
+    /// run instead of hanging until the request deadline).
+    events: Option<mpsc::Sender<F>>,
     /// Cancelled when the run's connection generation is fenced.
     fence: CancellationToken,
-    attached: bool,
 }
 
 /// Why frames on a `RunEvents` stream were not accepted.
@@ -188,11 +191,8 @@ impl<F: NodeFrame> RunTable<F> {
         if entry.generation != generation || entry.fence.is_cancelled() {
             return Err(AttachError::FencedGeneration);
         }
-        if entry.attached {
-            return Err(AttachError::AlreadyAttached);
-        }
-        entry.attached = true;
-        Ok(AttachedRun { events: entry.events.clone(), fence: entry.fence.clone() })
+        let events = entry.events.take().ok_or(AttachError::AlreadyAttached)?;
+        Ok(AttachedRun { events, fence: entry.fence.clone() })
     }
 
     /// Fences every run bound to `node`'s `generation`: their streams end with
@@ -240,9 +240,8 @@ pub async fn start_run<F: NodeFrame>(
         RunEntry {
             node: lease.lease().node().to_string(),
             generation: lease.lease().generation(),
-            events,
+            events: Some(events),
             fence: fence.clone(),
-            attached: false,
         },
     );
     let mut stream = RunStream {
@@ -448,6 +447,27 @@ mod tests {
         assert!(stream.next().await.is_none(), "exactly one terminal");
         assert!(attached.fence.is_cancelled());
         assert_eq!(table.attach("r1", "n1", 5).err(), Some(AttachError::UnknownRun));
+    }
+
+    /// Issue 8 item 4: the node's event stream ends without a terminal. The
+    /// run fails at once (not at the request deadline) and frees its slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_ends_without_a_terminal_fails_the_run_at_once() {
+        let table = Arc::new(Table::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        attached.events.send(text(1, "a")).await.unwrap();
+        drop(attached);
+        let limit = std::time::Duration::from_secs(60);
+        let first = tokio::time::timeout(limit, stream.next()).await.expect("no hang");
+        assert!(matches!(first, Some(pb::run_event::Event::Text(_))));
+        match tokio::time::timeout(limit, stream.next()).await.expect("no hang until the deadline") {
+            Some(pb::run_event::Event::Failed(f)) => assert_eq!(f.failure.unwrap().kind(), FailureKind::TransportLost),
+            other => panic!("expected a typed failure, got {other:?}"),
+        }
+        assert_eq!(table.in_flight(), 0, "the run left the table");
+        assert_eq!(stream.lease.reason(), ReleaseReason::NodeDisconnected);
+        drop(stream);
     }
 
     #[tokio::test]
