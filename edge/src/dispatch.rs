@@ -326,6 +326,28 @@ impl<F: NodeFrame> RunStream<F> {
         Some(item)
     }
 
+    /// The Edge gives up on the run before its terminal (e.g. its answer grew
+    /// past `limits.max_response_bytes`): the node is told to stop and the
+    /// slot is released as `reason`.
+    pub fn stop(&mut self, reason: ReleaseReason) {
+        if self.finished {
+            return;
+        }
+        self.send_cancel();
+        self.finish(RunOutcome::Failed);
+        self.lease.set_reason(reason);
+    }
+
+    fn send_cancel(&self) {
+        let cancel = pb::EdgeToNode {
+            msg: Some(pb::edge_to_node::Msg::Cancel(pb::Cancel {
+                run_id: self.run_id.clone(),
+                reason: pb::CancelReason::ClientDisconnected.into(),
+            })),
+        };
+        let _ = self.control.try_send(Ok(cancel));
+    }
+
     fn finish(&mut self, outcome: RunOutcome) {
         self.finished = true;
         let reason = match outcome {
@@ -346,13 +368,7 @@ impl<F: NodeFrame> Drop for RunStream<F> {
         }
         // The client went away (or the handler gave up) before a terminal:
         // tell the node to stop; the run's own RunEvents stream closes too.
-        let cancel = pb::EdgeToNode {
-            msg: Some(pb::edge_to_node::Msg::Cancel(pb::Cancel {
-                run_id: self.run_id.clone(),
-                reason: pb::CancelReason::ClientDisconnected.into(),
-            })),
-        };
-        let _ = self.control.try_send(Ok(cancel));
+        self.send_cancel();
         self.finish(RunOutcome::ClientDisconnected);
     }
 }

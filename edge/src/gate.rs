@@ -92,6 +92,50 @@ impl<F: NodeFrame> LiveRun<F> {
             Err(_) => Some(deadline_failure::<F>()),
         }
     }
+
+    /// Gives up on the run (see [`RunStream::stop`]).
+    pub fn stop(mut self, reason: crate::admission::ReleaseReason) {
+        self.run.stop(reason);
+    }
+}
+
+/// How much of an answer the Edge holds in memory for one request
+/// (`limits.max_response_bytes`): a non-streaming answer until its terminal,
+/// or the output a Responses stream repeats in its final event. Pure.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerBudget {
+    limit: usize,
+    used: usize,
+}
+
+impl AnswerBudget {
+    pub fn new(limit: usize) -> Self {
+        Self { limit, used: 0 }
+    }
+
+    /// Counts `event`'s content; past the limit, the `response_too_large`
+    /// failure the request ends with.
+    pub fn charge(&mut self, event: &Event) -> Result<(), pb::ExecutionFailure> {
+        self.used = self.used.saturating_add(held_bytes(event));
+        if self.used > self.limit {
+            return Err(pb::ExecutionFailure::new(
+                FailureKind::ResponseTooLarge,
+                format!("the provider's answer exceeds the limit of {} bytes", self.limit),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of content an event adds to a held answer.
+fn held_bytes(event: &Event) -> usize {
+    match event {
+        Event::Text(t) => t.text.len(),
+        Event::ToolCall(d) => d.id.len() + d.name.len() + d.arguments_delta.len(),
+        Event::Started(s) => s.model.len(),
+        Event::Failed(f) => f.failure.as_ref().map_or(0, |f| f.message.len()),
+        Event::Usage(_) | Event::Completed(_) | Event::Cancelled(_) => 0,
+    }
 }
 
 fn deadline_failure<F: NodeFrame>() -> F::Item {
@@ -123,6 +167,7 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         FailureKind::InvalidRequest
         | FailureKind::Internal
         | FailureKind::DeadlineExceeded
+        | FailureKind::ResponseTooLarge
         | FailureKind::Unspecified => false,
     }
 }
@@ -183,7 +228,7 @@ pub async fn execute(
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
         let outcome = match (provider.map(|p| p.mode), &tunnel) {
             (Some(ProviderMode::Tunnel), Some(form)) => attempt_tunnel(state, provider, lease, form, deadline).await,
-            _ => attempt_run(state, provider, lease, &request, point, deadline).await,
+            _ => attempt_run(state, provider, lease, &request, point, deadline, limits.max_response_bytes).await,
         };
         let count = |outcome| {
             let labels = AttemptLabels { provider: provider_id.clone(), outcome };
@@ -290,6 +335,7 @@ async fn attempt_run(
     request: &pb::RunRequest,
     point: CommitPoint,
     deadline: Instant,
+    max_response_bytes: usize,
 ) -> Attempt {
     let control = match control_for(state, &lease) {
         Ok(control) => control,
@@ -312,6 +358,7 @@ async fn attempt_run(
         Err(failure) => return failed(failure),
     };
     let mut buffered = Vec::new();
+    let mut budget = AnswerBudget::new(max_response_bytes);
     loop {
         let event = match next_before_commit(&mut run, deadline, stall).await {
             Ok(event) => event,
@@ -323,6 +370,10 @@ async fn attempt_run(
         if let Event::Failed(_) | Event::Cancelled(_) = &event {
             run.mark_retried();
             return failed(failure_of(&event));
+        }
+        if let Err(failure) = budget.charge(&event) {
+            run.stop(crate::admission::ReleaseReason::ProviderError);
+            return failed(failure);
         }
         let commit = is_commit(&event, point);
         let terminal = matches!(event, Event::Completed(_));
@@ -550,6 +601,20 @@ mod tests {
         assert_eq!(retry_delay(&down, 1, false), Duration::from_millis(100));
         assert_eq!(retry_delay(&down, 3, false), Duration::from_millis(400));
         assert_eq!(retry_delay(&down, 30, false), Duration::from_millis(6_400), "capped");
+    }
+
+    /// Issue 8 item 5: a held answer is bounded.
+    #[test]
+    fn answer_budget_counts_content_and_fails_past_the_limit() {
+        let mut budget = AnswerBudget::new(10);
+        let text = |t: &str| Event::Text(pb::TextDelta { text: t.into() });
+        assert!(budget.charge(&text("12345")).is_ok());
+        assert!(budget.charge(&Event::Usage(pb::Usage { prompt_tokens: 9, completion_tokens: 9 })).is_ok());
+        assert!(budget.charge(&text("12345")).is_ok(), "exactly the limit is fine");
+        let call = Event::ToolCall(pb::ToolCallDelta { index: 0, id: "c".into(), name: String::new(), arguments_delta: String::new() });
+        let failure = budget.charge(&call).unwrap_err();
+        assert_eq!(failure.kind(), FailureKind::ResponseTooLarge);
+        assert!(!retryable(&failure), "the same request would only grow as large again");
     }
 
     #[test]

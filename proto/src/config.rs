@@ -148,6 +148,11 @@ pub struct Limits {
     /// Budget of one request from arrival to its last byte, across attempts.
     #[serde(default = "Limits::default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Largest answer the Edge holds in memory for one request: a
+    /// non-streaming answer, or what a Responses stream repeats in its final
+    /// event. Past it the client gets `response_too_large`.
+    #[serde(default = "Limits::default_max_response_bytes")]
+    pub max_response_bytes: usize,
 }
 
 impl Limits {
@@ -166,6 +171,9 @@ impl Limits {
     fn default_request_timeout_ms() -> u64 {
         600_000
     }
+    fn default_max_response_bytes() -> usize {
+        16 * 1024 * 1024
+    }
 }
 
 impl Default for Limits {
@@ -176,6 +184,7 @@ impl Default for Limits {
             queue_timeout_ms: Self::default_queue_timeout_ms(),
             max_attempts: Self::default_max_attempts(),
             request_timeout_ms: Self::default_request_timeout_ms(),
+            max_response_bytes: Self::default_max_response_bytes(),
         }
     }
 }
@@ -277,6 +286,9 @@ impl EdgeConfig {
         if l.queue_timeout_ms == 0 || l.request_timeout_ms < 1_000 {
             return Err(invalid("limits", "queue_timeout_ms must be > 0 and request_timeout_ms at least 1000"));
         }
+        if !(1024..=1024 * 1024 * 1024).contains(&l.max_response_bytes) {
+            return Err(invalid("limits.max_response_bytes", "must be between 1024 and 1073741824"));
+        }
         Ok(())
     }
 
@@ -326,6 +338,7 @@ providers:
             (VALID.replace("http://127.0.0.1:11434", "http://"), "providers[0].target.base_url"),
             (VALID.replace("name: mac-1 }", "name: Mac_1 }"), "nodes[0].name"),
             (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
+            (format!("{VALID}limits: {{ max_response_bytes: 10 }}\n"), "limits.max_response_bytes"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

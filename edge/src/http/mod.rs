@@ -157,10 +157,12 @@ async fn serve<S: Surface>(
         }
         return S::finish(collector).map(Reply::Complete);
     }
+    let budget = S::HOLDS_STREAMED_OUTPUT.then(|| gate::AnswerBudget::new(config.limits.max_response_bytes));
     Ok(Reply::Stream(Box::new(SseStream {
         streamer: S::streamer(parsed.context, committed.target_model),
         events: buffered.into(),
         rest,
+        budget,
         frames: VecDeque::new(),
         done: false,
     })))
@@ -214,16 +216,28 @@ struct SseStream<S: Surface> {
     streamer: S::Streamer,
     events: VecDeque<Event>,
     rest: Option<LiveRun<pb::RunEvent>>,
+    /// Bounds what the streamer holds, for APIs whose final event repeats
+    /// the whole output.
+    budget: Option<gate::AnswerBudget>,
     frames: VecDeque<Bytes>,
     done: bool,
 }
 
 impl<S: Surface> SseStream<S> {
     async fn next_event(&mut self) -> Option<Event> {
-        match self.events.pop_front() {
-            Some(event) => Some(event),
-            None => self.rest.as_mut()?.next().await,
+        if let Some(event) = self.events.pop_front() {
+            return Some(event);
         }
+        let event = self.rest.as_mut()?.next().await?;
+        if let Some(budget) = &mut self.budget
+            && let Err(failure) = budget.charge(&event)
+        {
+            if let Some(rest) = self.rest.take() {
+                rest.stop(crate::admission::ReleaseReason::ProviderError);
+            }
+            return Some(Event::Failed(pb::RunFailed { failure: Some(failure) }));
+        }
+        Some(event)
     }
 }
 

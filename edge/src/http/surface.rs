@@ -24,6 +24,9 @@ pub trait Surface: Send + 'static {
     /// The same API's path at an OpenAI-compatible provider, if a provider
     /// in `tunnel` mode can take this request as-is.
     const TUNNEL_PATH: Option<&'static str>;
+    /// Whether the streamer keeps the whole output (to repeat it in its
+    /// final event), so a stream is bounded by `limits.max_response_bytes`.
+    const HOLDS_STREAMED_OUTPUT: bool = false;
     type Context: Send + 'static;
     type Streamer: Send + 'static;
     type Collector: Send + 'static;
@@ -104,6 +107,7 @@ pub struct Responses;
 impl Surface for Responses {
     const API: Api = Api::responses;
     const TUNNEL_PATH: Option<&'static str> = Some("/v1/responses");
+    const HOLDS_STREAMED_OUTPUT: bool = true;
     type Context = (Option<String>, Option<u32>);
     type Streamer = responses::EventRenderer;
     type Collector = responses::ResponseAggregator;

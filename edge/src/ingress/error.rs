@@ -58,6 +58,7 @@ impl ApiError {
                     _ => StatusCode::BAD_GATEWAY,
                 },
                 FailureKind::ProviderUnreachable | FailureKind::ProviderProtocol => StatusCode::BAD_GATEWAY,
+                FailureKind::ResponseTooLarge => StatusCode::BAD_GATEWAY,
                 FailureKind::TransportLost => StatusCode::BAD_GATEWAY,
                 FailureKind::ResponseStalled | FailureKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                 FailureKind::Internal | FailureKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
@@ -88,6 +89,7 @@ impl ApiError {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
                 FailureKind::ProviderHttpStatus => "provider_http_status",
                 FailureKind::ProviderProtocol => "provider_protocol",
+                FailureKind::ResponseTooLarge => "response_too_large",
                 FailureKind::InvalidRequest => "invalid_request",
                 FailureKind::TransportLost => "transport_lost",
                 FailureKind::ResponseStalled => "response_stalled",
@@ -152,6 +154,10 @@ mod tests {
         assert_eq!(failure(FailureKind::ProviderHttpStatus, 429).status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(failure(FailureKind::ProviderHttpStatus, 503).status(), StatusCode::BAD_GATEWAY);
         assert_eq!(failure(FailureKind::ResponseStalled, 0).status(), StatusCode::GATEWAY_TIMEOUT);
+        let too_large = failure(FailureKind::ResponseTooLarge, 0);
+        assert_eq!((too_large.status(), too_large.code()), (StatusCode::BAD_GATEWAY, "response_too_large"));
+        assert_eq!(too_large.openai_body()["error"]["code"], "response_too_large");
+        assert_eq!(too_large.anthropic_body()["error"]["type"], "api_error");
     }
 
     #[test]

@@ -133,6 +133,9 @@ pub enum AdapterError {
     /// Malformed chunk, or the stream ended without its terminal.
     #[error("provider protocol error: {0}")]
     Protocol(String),
+    /// A streamed line or event past its size bound.
+    #[error("provider response too large: {0}")]
+    TooLarge(String),
     /// The request cannot be translated for the provider.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -148,6 +151,7 @@ impl AdapterError {
             Self::Unreachable(_) => pb::FailureKind::ProviderUnreachable,
             Self::HttpStatus { .. } => pb::FailureKind::ProviderHttpStatus,
             Self::Protocol(_) => pb::FailureKind::ProviderProtocol,
+            Self::TooLarge(_) => pb::FailureKind::ResponseTooLarge,
             Self::InvalidRequest(_) => pb::FailureKind::InvalidRequest,
             Self::SinkClosed => pb::FailureKind::Internal,
         };
@@ -162,7 +166,7 @@ impl AdapterError {
     /// The message without the kind prefix.
     fn detail(&self) -> String {
         match self {
-            Self::Unreachable(m) | Self::Protocol(m) | Self::InvalidRequest(m) => m.clone(),
+            Self::Unreachable(m) | Self::Protocol(m) | Self::TooLarge(m) | Self::InvalidRequest(m) => m.clone(),
             other => other.to_string(),
         }
     }
@@ -595,6 +599,9 @@ mod tests {
 
         let f = AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into() }.to_failure();
         assert_eq!((f.provider_status, f.retry_after_ms), (500, 0));
+
+        let f = AdapterError::TooLarge("line".into()).to_failure();
+        assert_eq!(f.kind(), pb::FailureKind::ResponseTooLarge);
 
         let f = AdapterError::Protocol("bad chunk".into()).to_failure();
         assert_eq!(f.kind(), pb::FailureKind::ProviderProtocol);
