@@ -153,6 +153,15 @@ pub struct Limits {
     /// event. Past it the client gets `response_too_large`.
     #[serde(default = "Limits::default_max_response_bytes")]
     pub max_response_bytes: usize,
+    /// Client HTTP connections open at once; past it new connections wait
+    /// to be accepted until one closes.
+    #[serde(default = "Limits::default_max_http_connections")]
+    pub max_http_connections: usize,
+    /// A client connection must send its request headers (and each chunk of
+    /// its body) within this long; an idle keep-alive connection is closed
+    /// after it.
+    #[serde(default = "Limits::default_http_idle_timeout_ms")]
+    pub http_idle_timeout_ms: u64,
 }
 
 impl Limits {
@@ -174,6 +183,12 @@ impl Limits {
     fn default_max_response_bytes() -> usize {
         16 * 1024 * 1024
     }
+    fn default_max_http_connections() -> usize {
+        4096
+    }
+    fn default_http_idle_timeout_ms() -> u64 {
+        30_000
+    }
 }
 
 impl Default for Limits {
@@ -185,6 +200,8 @@ impl Default for Limits {
             max_attempts: Self::default_max_attempts(),
             request_timeout_ms: Self::default_request_timeout_ms(),
             max_response_bytes: Self::default_max_response_bytes(),
+            max_http_connections: Self::default_max_http_connections(),
+            http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
         }
     }
 }
@@ -289,6 +306,12 @@ impl EdgeConfig {
         if !(1024..=1024 * 1024 * 1024).contains(&l.max_response_bytes) {
             return Err(invalid("limits.max_response_bytes", "must be between 1024 and 1073741824"));
         }
+        if !(1..=1_000_000).contains(&l.max_http_connections) {
+            return Err(invalid("limits.max_http_connections", "must be between 1 and 1000000"));
+        }
+        if !(100..=3_600_000).contains(&l.http_idle_timeout_ms) {
+            return Err(invalid("limits.http_idle_timeout_ms", "must be between 100 and 3600000"));
+        }
         Ok(())
     }
 
@@ -339,6 +362,8 @@ providers:
             (VALID.replace("name: mac-1 }", "name: Mac_1 }"), "nodes[0].name"),
             (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
             (format!("{VALID}limits: {{ max_response_bytes: 10 }}\n"), "limits.max_response_bytes"),
+            (format!("{VALID}limits: {{ max_http_connections: 0 }}\n"), "limits.max_http_connections"),
+            (format!("{VALID}limits: {{ http_idle_timeout_ms: 99 }}\n"), "limits.http_idle_timeout_ms"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

@@ -3,6 +3,7 @@
 //! run it with `dispatch`, render with `ingress::*`.
 
 mod admin;
+pub mod listener;
 mod surface;
 
 use std::collections::VecDeque;
@@ -88,8 +89,25 @@ impl Drop for RequestRecord {
     }
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::PayloadTooLarge { limit })
+/// The request body, at most `limit` bytes, each chunk arriving within
+/// `idle` of the previous one (a trickling client cannot hold its slot).
+async fn read_body(body: Body, limit: usize, idle: std::time::Duration) -> Result<Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let mut chunks = body.into_data_stream();
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, chunks.next()).await {
+            Err(_) => return Err(ApiError::BodyTimeout),
+            Ok(None) => return Ok(out.into()),
+            Ok(Some(Err(_))) => return Err(ApiError::invalid("the request body could not be read")),
+            Ok(Some(Ok(chunk))) => {
+                if out.len() + chunk.len() > limit {
+                    return Err(ApiError::PayloadTooLarge { limit });
+                }
+                out.extend_from_slice(&chunk);
+            }
+        }
+    }
 }
 
 /// One handler for every client API: parse, run through the gate, render.
@@ -127,7 +145,8 @@ async fn serve<S: Surface>(
     record: &mut RequestRecord,
 ) -> Result<Reply<S>, ApiError> {
     let config = state.config.current();
-    let bytes = read_body(body, config.limits.max_body_bytes).await?;
+    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
+    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
     if route::candidates(&config, &parsed.model).is_some() {

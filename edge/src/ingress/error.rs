@@ -12,6 +12,9 @@ pub enum ApiError {
     InvalidRequest { message: String, param: Option<String> },
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The client stopped sending its request body.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     /// The model is known but no provider for it is on a ready node.
@@ -43,6 +46,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -80,6 +84,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest { .. } => "invalid_request",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::BodyTimeout => "request_body_timeout",
             Self::ModelNotFound(_) => "model_not_found",
             Self::NoProviderAvailable(_) => "no_provider_available",
             Self::QueueFull(_) => "queue_full",
