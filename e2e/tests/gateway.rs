@@ -350,3 +350,25 @@ async fn an_answer_past_max_response_bytes_is_a_typed_error_and_frees_its_slot()
     stack.wait_metric_at_least("iop_edge_lease_releases_total{reason=\"provider_error\"}", 3.0).await;
     wait_until("the slot is free", WAIT, || async { stack.provider_admin("big").await["in_flight"] == 0 }).await;
 }
+
+/// Issue 8 item 7: the final failed attempt releases its slot with the
+/// real reason; only attempts the request moved on from count as `retried`.
+#[tokio::test]
+async fn the_last_failed_attempt_is_released_with_its_real_reason() {
+    let limits = Limits { max_attempts: 2, ..Limits::default() };
+    let stack = stack(
+        vec![
+            p("down", Adapter::Ollama, "mock@status=503", "down", 0, 4),
+            p("picky", Adapter::Ollama, "mock@status=400", "picky", 0, 4),
+        ],
+        Some(limits),
+    )
+    .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("down", "hi", false)).await).await;
+    assert_eq!(status, 502, "{body}");
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("picky", "hi", false)).await).await;
+    assert_eq!(status, 400, "{body}");
+    stack.wait_metric_at_least("iop_edge_lease_releases_total{reason=\"provider_error\"}", 2.0).await;
+    assert_eq!(stack.metric("iop_edge_lease_releases_total{reason=\"retried\"}").await, 1.0, "only the first 503");
+    assert_eq!(stack.metric("iop_edge_lease_releases_total{reason=\"provider_error\"}").await, 2.0);
+}

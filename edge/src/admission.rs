@@ -73,6 +73,8 @@ pub enum ReleaseReason {
     /// Granted to a waiter that had already given up (queue timeout).
     QueueTimeout,
     EdgeShutdown,
+    /// The request's time budget ran out before the run's terminal.
+    Deadline,
 }
 
 impl ReleaseReason {
@@ -85,6 +87,7 @@ impl ReleaseReason {
             Self::Retried => "retried",
             Self::QueueTimeout => "queue_timeout",
             Self::EdgeShutdown => "edge_shutdown",
+            Self::Deadline => "deadline",
         }
     }
 }

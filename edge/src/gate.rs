@@ -234,7 +234,7 @@ pub async fn execute(
             let labels = AttemptLabels { provider: provider_id.clone(), outcome };
             state.metrics.attempts.get_or_create(&labels).inc();
         };
-        let (failure, relay) = match outcome {
+        let (failure, relay, run) = match outcome {
             Attempt::Committed(committed) => {
                 count("committed");
                 if let Some(stalled) = &replaying_stall_of {
@@ -243,7 +243,7 @@ pub async fn execute(
                 }
                 return Ok(*committed);
             }
-            Attempt::Failed { failure, relay } => (failure, relay),
+            Attempt::Failed { failure, relay, run } => (failure, relay, run),
         };
         let stalled = failure.kind() == FailureKind::ResponseStalled;
         let last = !retryable(&failure) || attempt == limits.max_attempts;
@@ -263,6 +263,7 @@ pub async fn execute(
             recovery_result(state, "exhausted");
         }
         if last {
+            settle(run, false, &failure);
             // A tunnel relays the provider's own error response, already in
             // the client's API shape.
             return match relay {
@@ -276,8 +277,6 @@ pub async fn execute(
                 }
             };
         }
-        count("retried");
-        tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
         // After a stall the provider may be re-selected (when no alternate
         // is eligible) only on probe-backed `available` evidence: the
         // provider is fine, only this request stalled.
@@ -285,12 +284,17 @@ pub async fn execute(
         if stalled {
             replaying_stall_of = Some(provider_id.clone());
         }
-        avoid.insert(provider_id, fallback);
+        avoid.insert(provider_id.clone(), fallback);
         let alternative = candidates.iter().any(|c| !avoid.contains_key(&c.provider.id));
         let delay = retry_delay(&failure, attempt, alternative);
         if Instant::now() + delay >= deadline {
+            count("failed");
+            settle(run, false, &failure);
             return Err(ApiError::Execution(failure));
         }
+        count("retried");
+        settle(run, true, &failure);
+        tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
         tokio::time::sleep(delay).await;
         last_failure = Some(failure);
     }
@@ -309,11 +313,51 @@ enum Attempt {
         /// For a tunnel: the provider's error response, relayed as-is if the
         /// request does not move on.
         relay: Option<Box<Committed>>,
+        /// The attempt's run, released once the gate knows whether the
+        /// request moves on (so its slot is recorded with the real reason).
+        run: Option<Box<dyn FailedRun>>,
     },
 }
 
 fn failed(failure: pb::ExecutionFailure) -> Attempt {
-    Attempt::Failed { failure, relay: None }
+    Attempt::Failed { failure, relay: None, run: None }
+}
+
+/// A failed attempt whose run is still held.
+fn failed_run<F: NodeFrame>(failure: pb::ExecutionFailure, run: RunStream<F>) -> Attempt {
+    Attempt::Failed { failure, relay: None, run: Some(Box::new(run)) }
+}
+
+/// A failed attempt's run, as the gate releases it.
+trait FailedRun: Send {
+    /// Releases the slot as `retried` when the request moves on; otherwise
+    /// the run's own terminal reason stands (a run the Edge gave up on
+    /// before its terminal is stopped as `deadline` or `provider_error`).
+    fn release(self: Box<Self>, retried: bool, failure: &pb::ExecutionFailure);
+}
+
+impl<F: NodeFrame> FailedRun for RunStream<F>
+where
+    F::Item: Send,
+{
+    fn release(mut self: Box<Self>, retried: bool, failure: &pb::ExecutionFailure) {
+        use crate::admission::ReleaseReason;
+        let reason = match failure.kind() {
+            _ if retried => ReleaseReason::Retried,
+            FailureKind::DeadlineExceeded => ReleaseReason::Deadline,
+            _ => ReleaseReason::ProviderError,
+        };
+        self.stop(reason);
+        if retried {
+            self.mark_retried();
+        }
+    }
+}
+
+fn settle(run: Option<Box<dyn FailedRun>>, retried: bool, failure: &pb::ExecutionFailure) {
+    if let Some(run) = run {
+        run.release(retried, failure);
+    }
 }
 
 /// The lease's node connection, if it is still the one admission saw.
@@ -362,14 +406,10 @@ async fn attempt_run(
     loop {
         let event = match next_before_commit(&mut run, deadline, stall).await {
             Ok(event) => event,
-            Err(failure) => {
-                run.mark_retried();
-                return failed(failure);
-            }
+            Err(failure) => return failed_run(failure, run),
         };
         if let Event::Failed(_) | Event::Cancelled(_) = &event {
-            run.mark_retried();
-            return failed(failure_of(&event));
+            return failed_run(failure_of(&event), run);
         }
         if let Err(failure) = budget.charge(&event) {
             run.stop(crate::admission::ReleaseReason::ProviderError);
@@ -475,10 +515,7 @@ async fn attempt_tunnel(
     loop {
         let frame = match next_before_commit(&mut run, deadline, stall).await {
             Ok(frame) => frame,
-            Err(failure) => {
-                run.mark_retried();
-                return failed(failure);
-            }
+            Err(failure) => return failed_run(failure, run),
         };
         let commit = |head: pb::TunnelResponseHead, buffered, rest| {
             Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })
@@ -502,16 +539,16 @@ async fn attempt_tunnel(
                 head = Some(h);
             }
             (Frame::End(_), Some(h)) => {
-                run.mark_retried();
                 let failure = http_failure(&h, &buffered);
-                return Attempt::Failed { failure, relay: Some(commit(h, buffered, None)) };
+                let relay = Some(commit(h, buffered, None));
+                return Attempt::Failed { failure, relay, run: Some(Box::new(run)) };
             }
             (frame @ (Frame::Failed(_) | Frame::Cancelled(_)), _) => {
-                run.mark_retried();
-                return failed(failure_of_frame(&frame));
+                return failed_run(failure_of_frame(&frame), run);
             }
             (_, _) => {
-                return failed(pb::ExecutionFailure::new(FailureKind::ProviderProtocol, "tunnel frames out of order"));
+                let failure = pb::ExecutionFailure::new(FailureKind::ProviderProtocol, "tunnel frames out of order");
+                return failed_run(failure, run);
             }
         }
     }
