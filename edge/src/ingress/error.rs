@@ -98,7 +98,8 @@ impl ApiError {
                 FailureKind::InvalidRequest => "invalid_request",
                 FailureKind::TransportLost => "transport_lost",
                 FailureKind::ResponseStalled => "response_stalled",
-                FailureKind::DeadlineExceeded => "deadline_exceeded",
+                // The request's own budget (`limits.request_timeout_ms`).
+                FailureKind::DeadlineExceeded => "request_timeout",
                 FailureKind::Internal | FailureKind::Unspecified => "internal",
             },
         }
@@ -191,6 +192,7 @@ mod tests {
             (execution(FailureKind::ProviderUnreachable), "api_error"),
             (ApiError::NoProviderAvailable("x".into()), "overloaded_error"),
             (execution(FailureKind::ResponseStalled), "timeout_error"),
+            (execution(FailureKind::DeadlineExceeded), "timeout_error"),
         ];
         for (err, want) in cases {
             let body = err.anthropic_body();
