@@ -648,7 +648,12 @@ mod tests {
         assert!(budget.charge(&text("12345")).is_ok());
         assert!(budget.charge(&Event::Usage(pb::Usage { prompt_tokens: 9, completion_tokens: 9 })).is_ok());
         assert!(budget.charge(&text("12345")).is_ok(), "exactly the limit is fine");
-        let call = Event::ToolCall(pb::ToolCallDelta { index: 0, id: "c".into(), name: String::new(), arguments_delta: String::new() });
+        let call = Event::ToolCall(pb::ToolCallDelta {
+            index: 0,
+            id: "c".into(),
+            name: String::new(),
+            arguments_delta: String::new(),
+        });
         let failure = budget.charge(&call).unwrap_err();
         assert_eq!(failure.kind(), FailureKind::ResponseTooLarge);
         assert!(!retryable(&failure), "the same request would only grow as large again");

@@ -177,8 +177,7 @@ impl Edge {
         let app = http::router(state.clone());
         // The listener's bounds are read once at start (a reload does not rebind it).
         let limits = http::listener::ListenLimits::of(&state.config.current().limits);
-        let http_server =
-            http::listener::serve(http, app, limits, state.metrics.clone(), state.shutting_down.clone());
+        let http_server = http::listener::serve(http, app, limits, state.metrics.clone(), state.shutting_down.clone());
         tracing::info!(%http_addr, "edge serving");
         let http_task = tokio::spawn(http_server);
 

@@ -188,7 +188,7 @@ async fn relay(
     body: Bytes,
     sink: &mpsc::Sender<Frame>,
 ) -> Result<(), AdapterError> {
-    let Prepared { target, method, url, headers, .. } = prepared;
+    let Prepared { method, url, headers, .. } = prepared;
     // Errors name neither the provider's address (internal) nor the path
     // and query (the client's): the message reaches the client.
     let context = format!("{method} to the provider");

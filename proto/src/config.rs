@@ -280,7 +280,7 @@ impl EdgeConfig {
                     ));
                 }
             }
-            if p.response_stall_timeout_ms != 0 && !(1_000..=3_600_000).contains(&p.response_stall_timeout_ms) {
+            if crate::liveness::response_stall_timeout(p.response_stall_timeout_ms).is_err() {
                 return Err(invalid(
                     at("response_stall_timeout_ms"),
                     "must be 0 (default) or between 1000 and 3600000",

@@ -356,9 +356,9 @@ mod tests {
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
         let key = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
-        let tls = ServerConfig::builder().with_no_client_auth().with_single_cert(vec![cert.der().clone()], key).unwrap();
-        let rules =
-            PolicyRules { tls: Arc::new(tls), trust_domain: "iop.local".into(), allowed_nodes: allowed() };
+        let tls =
+            ServerConfig::builder().with_no_client_auth().with_single_cert(vec![cert.der().clone()], key).unwrap();
+        let rules = PolicyRules { tls: Arc::new(tls), trust_domain: "iop.local".into(), allowed_nodes: allowed() };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = EdgeMetrics::new();

@@ -678,7 +678,8 @@ mod tests {
     async fn an_unreachable_provider_is_reported_without_its_address() {
         for adapter in [AdapterKind::Ollama, AdapterKind::OpenAi] {
             let base_url = fake::refused_base_url().await;
-            let (result, _) = fake::run(&fake::target(adapter, &base_url), &fake::request(vec![fake::user("hi")])).await;
+            let (result, _) =
+                fake::run(&fake::target(adapter, &base_url), &fake::request(vec![fake::user("hi")])).await;
             let failure = result.unwrap_err().to_failure();
             assert_eq!(failure.kind(), pb::FailureKind::ProviderUnreachable);
             let host = base_url.trim_start_matches("http://");
