@@ -566,7 +566,7 @@ fn rewrite_model(body: &[u8], target_model: &str) -> Result<Vec<u8>, pb::Executi
 }
 
 /// The failure a tunnelled error response stands for (for the retry decision).
-fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
+pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
     let text: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).take(512).collect();
     let mut failure = pb::ExecutionFailure::new(
         FailureKind::ProviderHttpStatus,

@@ -162,6 +162,11 @@ pub struct Limits {
     /// after it.
     #[serde(default = "Limits::default_http_idle_timeout_ms")]
     pub http_idle_timeout_ms: u64,
+    /// A streaming request that has not committed (no content yet) after
+    /// this long gets its response head and then keepalives in its API's
+    /// form at this interval; 0 disables.
+    #[serde(default = "Limits::default_stream_keepalive_ms")]
+    pub stream_keepalive_ms: u64,
 }
 
 impl Limits {
@@ -189,6 +194,9 @@ impl Limits {
     fn default_http_idle_timeout_ms() -> u64 {
         30_000
     }
+    fn default_stream_keepalive_ms() -> u64 {
+        10_000
+    }
 }
 
 impl Default for Limits {
@@ -202,6 +210,7 @@ impl Default for Limits {
             max_response_bytes: Self::default_max_response_bytes(),
             max_http_connections: Self::default_max_http_connections(),
             http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
+            stream_keepalive_ms: Self::default_stream_keepalive_ms(),
         }
     }
 }
@@ -312,6 +321,9 @@ impl EdgeConfig {
         if !(100..=3_600_000).contains(&l.http_idle_timeout_ms) {
             return Err(invalid("limits.http_idle_timeout_ms", "must be between 100 and 3600000"));
         }
+        if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
+            return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));
+        }
         Ok(())
     }
 
@@ -364,6 +376,7 @@ providers:
             (format!("{VALID}limits: {{ max_response_bytes: 10 }}\n"), "limits.max_response_bytes"),
             (format!("{VALID}limits: {{ max_http_connections: 0 }}\n"), "limits.max_http_connections"),
             (format!("{VALID}limits: {{ http_idle_timeout_ms: 99 }}\n"), "limits.http_idle_timeout_ms"),
+            (format!("{VALID}limits: {{ stream_keepalive_ms: 99 }}\n"), "limits.stream_keepalive_ms"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {
