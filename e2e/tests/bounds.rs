@@ -93,7 +93,7 @@ async fn release(stack: &Stack, name: &str) {
 #[tokio::test]
 async fn streaming_clients_get_keepalives_before_the_first_content() {
     use iop_proto::config::Adapter;
-    let mut held = |id: &str, target: &str, public: &str, priority: u32| {
+    let held = |id: &str, target: &str, public: &str, priority: u32| {
         let mut spec = provider(id, Adapter::Ollama, target, public, "");
         spec.priority = priority;
         spec
