@@ -48,6 +48,7 @@
 //! | `never_answer[=BOOL]`    | never send headers (until the client leaves or shutdown)      |
 //! | `exit[=BOOL]`            | the process exits with status 3 upon receiving the request    |
 //! | `words=N`                | the reply is `w1 w2 … wN`                                     |
+//! | `hold=NAME`              | before anything else, wait until `POST /mock/release/NAME`    |
 //!
 //! `stall_after` / `cut_after` with N at or beyond the number of content chunks
 //! act just before the final chunk (done line / finish reason), so the reply
@@ -107,6 +108,7 @@ pub const KNOBS: &[&str] = &[
     "never_answer",
     "exit",
     "words",
+    "hold",
 ];
 
 const CREATED_AT: &str = "2026-01-01T00:00:00Z";
@@ -161,6 +163,10 @@ pub struct Faults {
     /// Reply with `w1 w2 … wN` instead of the echo text.
     #[arg(long, value_name = "N")]
     pub words: Option<usize>,
+    /// Hold the request (before the headers) until `POST /mock/release/NAME`;
+    /// the other knobs apply after that. A test-controlled stall.
+    #[arg(long, value_name = "NAME")]
+    pub hold: Option<String>,
 }
 
 /// A fault spec that could not be parsed.
@@ -209,6 +215,7 @@ impl Faults {
             never_answer: over.never_answer.or(self.never_answer),
             exit: over.exit.or(self.exit),
             words: over.words.or(self.words),
+            hold: over.hold.clone().or_else(|| self.hold.clone()),
         }
     }
 
@@ -242,6 +249,11 @@ impl Faults {
             "never_answer" => self.never_answer = Some(flag(knob, value)?),
             "exit" => self.exit = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
+            "hold" => {
+                let name =
+                    value.filter(|v| !v.is_empty()).ok_or_else(|| bad_value(knob, "", "expected `hold=NAME`"))?;
+                self.hold = Some(name.to_owned());
+            }
             _ => return Err(FaultError::UnknownKnob(knob.to_owned())),
         }
         Ok(())
@@ -317,6 +329,10 @@ struct Counters {
     aborted_streams: AtomicU64,
     stream_bytes: AtomicU64,
     next_completion_id: AtomicU64,
+    /// `hold` names released by `POST /mock/release/NAME`, and a wake-up
+    /// for the requests holding on them.
+    released: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    release: tokio::sync::Notify,
 }
 
 impl Counters {
@@ -423,6 +439,20 @@ struct AppState {
 }
 
 impl AppState {
+    /// Waits until `name` is released (or the server stops).
+    async fn until_released(&self, name: &str) {
+        loop {
+            let notified = self.counters.release.notified();
+            if self.counters.released.lock().unwrap().contains(name) {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = self.until_stopping() => return,
+            }
+        }
+    }
+
     async fn until_stopping(&self) {
         let mut stopping = self.stopping.clone();
         let _ = stopping.wait_for(|stop| *stop).await;
@@ -443,6 +473,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(openai_chat))
         .route("/mock/stats", get(stats))
+        .route("/mock/release/{name}", post(release))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metadata_gate))
         // Like real model servers, accept the largest prompt an Edge may send.
         .layer(axum::extract::DefaultBodyLimit::max(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES))
@@ -502,6 +533,14 @@ async fn ollama_show(body: Bytes) -> Response {
         Some(model) => Json(serde_json::json!({ "model": model, "details": { "family": "mock" } })).into_response(),
         None => (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "model is required" }))).into_response(),
     }
+}
+
+/// `POST /mock/release/NAME`: lets every request held with `hold=NAME` go
+/// on (and any later one with that name pass at once).
+async fn release(State(state): State<AppState>, axum::extract::Path(name): axum::extract::Path<String>) -> StatusCode {
+    state.counters.released.lock().unwrap().insert(name);
+    state.counters.release.notify_waiters();
+    StatusCode::NO_CONTENT
 }
 
 async fn stats(State(state): State<AppState>) -> Json<MockStats> {
@@ -629,6 +668,9 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
     if on(faults.exit) {
         tracing::warn!("`exit` fault requested: exiting with status 3");
         std::process::exit(3);
+    }
+    if let Some(name) = &faults.hold {
+        state.until_released(name).await;
     }
     sleep_ms(faults.headers_delay_ms).await;
     if on(faults.never_answer) {
@@ -1260,7 +1302,7 @@ mod tests {
     fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
-             malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,",
+             malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,",
         )
         .unwrap();
         assert_eq!(
@@ -1278,6 +1320,7 @@ mod tests {
                 never_answer: Some(false),
                 exit: Some(false),
                 words: Some(8),
+                hold: Some("h1".into()),
             }
         );
         assert_eq!(parse_faults("").unwrap(), Faults::default());

@@ -314,3 +314,61 @@ async fn a_provider_silent_past_its_stall_timeout_is_retried_elsewhere() {
     assert_eq!(body["choices"][0]["message"]["content"], "w1 w2");
     assert!(stack.metric("iop_edge_attempts_total{provider=\"silent\",outcome=\"retried\"}").await >= 1.0);
 }
+
+/// Issue 8 item 5: an answer the Edge would have to hold past
+/// `limits.max_response_bytes` ends as a typed `response_too_large` (502 in
+/// each API's shape, `response.failed` in a Responses stream), never
+/// retried, and its slot is released.
+#[tokio::test]
+async fn an_answer_past_max_response_bytes_is_a_typed_error_and_frees_its_slot() {
+    let limits = Limits { max_response_bytes: 1024, ..Limits::default() };
+    let stack = stack(vec![p("big", Adapter::Ollama, "mock@words=1000", "big", 0, 1)], Some(limits)).await;
+    let before = requests_total(&stack.mock_stats().await);
+
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("big", "hi", false)).await).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "response_too_large");
+    assert!(body["error"]["message"].as_str().unwrap().contains("1024 bytes"), "{body}");
+
+    let messages = serde_json::json!({
+        "model": "big", "max_tokens": 4096, "messages": [ { "role": "user", "content": "hi" } ]
+    });
+    let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "api_error");
+
+    let responses = serde_json::json!({ "model": "big", "input": "hi", "stream": true });
+    let response = stack.post("/v1/responses", &responses).await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("event: response.failed"), "{text}");
+    assert!(text.contains("response_too_large"), "{text}");
+    assert!(!text.contains("response.completed"), "{text}");
+
+    assert_eq!(requests_total(&stack.mock_stats().await) - before, 3, "never retried");
+    stack.wait_metric_at_least("iop_edge_lease_releases_total{reason=\"provider_error\"}", 3.0).await;
+    wait_until("the slot is free", WAIT, || async { stack.provider_admin("big").await["in_flight"] == 0 }).await;
+}
+
+/// Issue 8 item 7: the final failed attempt releases its slot with the
+/// real reason; only attempts the request moved on from count as `retried`.
+#[tokio::test]
+async fn the_last_failed_attempt_is_released_with_its_real_reason() {
+    let limits = Limits { max_attempts: 2, ..Limits::default() };
+    let stack = stack(
+        vec![
+            p("down", Adapter::Ollama, "mock@status=503", "down", 0, 4),
+            p("picky", Adapter::Ollama, "mock@status=400", "picky", 0, 4),
+        ],
+        Some(limits),
+    )
+    .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("down", "hi", false)).await).await;
+    assert_eq!(status, 502, "{body}");
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("picky", "hi", false)).await).await;
+    assert_eq!(status, 400, "{body}");
+    stack.wait_metric_at_least("iop_edge_lease_releases_total{reason=\"provider_error\"}", 2.0).await;
+    assert_eq!(stack.metric("iop_edge_lease_releases_total{reason=\"retried\"}").await, 1.0, "only the first 503");
+    assert_eq!(stack.metric("iop_edge_lease_releases_total{reason=\"provider_error\"}").await, 2.0);
+}

@@ -73,6 +73,8 @@ pub enum ReleaseReason {
     /// Granted to a waiter that had already given up (queue timeout).
     QueueTimeout,
     EdgeShutdown,
+    /// The request's time budget ran out before the run's terminal.
+    Deadline,
 }
 
 impl ReleaseReason {
@@ -85,6 +87,7 @@ impl ReleaseReason {
             Self::Retried => "retried",
             Self::QueueTimeout => "queue_timeout",
             Self::EdgeShutdown => "edge_shutdown",
+            Self::Deadline => "deadline",
         }
     }
 }
@@ -180,17 +183,36 @@ pub enum AdmitError {
     QueueTimeout,
 }
 
+/// A provider's slots, tracked by the slot numbers leases hold (not by a
+/// free list sized to the capacity), so a reload that lowers and raises
+/// the capacity while runs are in flight still counts every held slot.
 struct Slots {
     capacity: u32,
-    free: Vec<u32>,
+    held: std::collections::BTreeSet<u32>,
 }
 
 impl Slots {
     fn new(capacity: u32) -> Self {
-        Self { capacity, free: (0..capacity).rev().collect() }
+        Self { capacity, held: Default::default() }
     }
+
     fn in_flight(&self) -> u32 {
-        self.capacity.saturating_sub(self.free.len() as u32)
+        self.held.len() as u32
+    }
+
+    /// The lowest slot number nobody holds, if the capacity allows another.
+    fn acquire(&mut self) -> Option<u32> {
+        if self.in_flight() >= self.capacity {
+            return None;
+        }
+        let slot = (0..).find(|n| !self.held.contains(n)).expect("fewer holders than numbers");
+        self.held.insert(slot);
+        Some(slot)
+    }
+
+    /// False when `slot` was not held (a double release).
+    fn release(&mut self, slot: u32) -> bool {
+        self.held.remove(&slot)
     }
 }
 
@@ -366,7 +388,7 @@ impl AdmissionPool {
                 let slot = state
                     .slots
                     .get_mut(&c.provider.id)
-                    .and_then(|s| s.free.pop())
+                    .and_then(Slots::acquire)
                     .expect("chosen provider has a free slot");
                 state.acquired += 1;
                 Attempt::Granted(Lease {
@@ -385,15 +407,11 @@ impl AdmissionPool {
     fn release(self: &Arc<Self>, lease: &Lease, reason: ReleaseReason) {
         let grants = {
             let mut state = self.state.lock().unwrap();
-            match state.slots.get_mut(&lease.provider_id) {
-                Some(slots) if slots.free.contains(&lease.slot) => {
-                    state.double_releases += 1;
-                    tracing::error!(provider = %lease.provider_id, "lease released twice");
-                }
-                Some(slots) if lease.slot < slots.capacity => slots.free.push(lease.slot),
-                // A reload shrank the provider's capacity or removed it: the
-                // slot simply retires.
-                _ => {}
+            // A provider a reload removed retired its slots with it.
+            let released = state.slots.get_mut(&lease.provider_id).is_none_or(|slots| slots.release(lease.slot));
+            if !released {
+                state.double_releases += 1;
+                tracing::error!(provider = %lease.provider_id, "lease released twice");
             }
             state.released += 1;
             let grants = self.drain(&mut state);
@@ -414,13 +432,7 @@ impl AdmissionPool {
             for p in &config.providers {
                 let next = match state.slots.remove(&p.id) {
                     None => Slots::new(p.capacity),
-                    Some(old) => {
-                        let in_use: Vec<u32> = (0..old.capacity).filter(|s| !old.free.contains(s)).collect();
-                        Slots {
-                            capacity: p.capacity,
-                            free: (0..p.capacity).rev().filter(|s| !in_use.contains(s)).collect(),
-                        }
-                    }
+                    Some(old) => Slots { capacity: p.capacity, held: old.held },
                 };
                 slots.insert(p.id.clone(), next);
             }
@@ -699,6 +711,40 @@ providers:
         assert_eq!(snap.double_releases, 0);
         let next = f.pool.admit(f.request("r2"), 8, Duration::from_secs(1)).await.unwrap();
         assert_eq!((slot, next.lease().slot()), (0, 0), "the one remaining slot");
+    }
+
+    /// Issue 8 item 7: capacity lowered then raised by reloads while runs
+    /// are in flight never admits more than the capacity.
+    #[tokio::test]
+    async fn capacity_lowered_then_raised_with_runs_in_flight_never_over_commits() {
+        let f = fixture();
+        let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+        config.providers.retain(|p| p.id == "a");
+        config.providers[0].capacity = 4;
+        f.pool.reconfigure(&config);
+        let mut held = Vec::new();
+        for i in 0..4 {
+            held.push(f.pool.admit(f.request(&format!("r{i}")), 8, Duration::from_secs(1)).await.unwrap());
+        }
+        held.drain(..2); // slots 0 and 1 free up; 2 and 3 stay in flight
+        config.providers[0].capacity = 2;
+        f.pool.reconfigure(&config);
+        assert_eq!(f.pool.snapshot().providers["a"].in_flight, 2);
+        config.providers[0].capacity = 4;
+        f.pool.reconfigure(&config);
+        for i in 4..6 {
+            held.push(f.pool.admit(f.request(&format!("r{i}")), 8, Duration::from_secs(1)).await.unwrap());
+        }
+        let snap = f.pool.snapshot();
+        assert_eq!((snap.providers["a"].in_flight, snap.providers["a"].capacity), (4, 4), "{snap:?}");
+        let mut slots: Vec<u32> = held.iter().map(|l| l.lease().slot()).collect();
+        slots.sort();
+        assert_eq!(slots, vec![0, 1, 2, 3], "no slot is held twice");
+        let over = f.pool.admit(f.request("r6"), 0, Duration::from_millis(10)).await;
+        assert!(over.is_err(), "the fifth run waits (here: the queue is full)");
+        drop(held);
+        let snap = f.pool.snapshot();
+        assert_eq!((snap.providers["a"].in_flight, snap.double_releases), (0, 0), "{snap:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -133,7 +133,11 @@ struct RunEntry<F: NodeFrame> {
     generation: u64,
     /// Handed to the run's call when the node opens it.
     request: Option<F::Request>,
-    events: mpsc::Sender<F>,
+    /// Handed to the run's event stream when it attaches. The table keeps no
+    /// clone: when that stream ends, the channel closes and the `RunStream`
+    /// sees the end at once (a stream that ends without a terminal fails the
+    /// run instead of hanging until the request deadline).
+    events: Option<mpsc::Sender<F>>,
     /// Cancelled when the run's connection generation is fenced.
     fence: CancellationToken,
 }
@@ -204,10 +208,10 @@ impl<F: NodeFrame> RunTable<F> {
         if entry.generation != generation || entry.fence.is_cancelled() {
             return Err(AttachError::FencedGeneration);
         }
-        let Some(request) = entry.request.take() else {
+        let (Some(events), Some(request)) = (entry.events.take(), entry.request.take()) else {
             return Err(AttachError::AlreadyAttached);
         };
-        Ok(AttachedRun { request, events: entry.events.clone(), fence: entry.fence.clone() })
+        Ok(AttachedRun { request, events, fence: entry.fence.clone() })
     }
 
     /// Fences every run bound to `node`'s `generation`: their streams end with
@@ -256,7 +260,7 @@ pub async fn start_run<F: NodeFrame>(
             node: lease.lease().node().to_string(),
             generation: lease.lease().generation(),
             request: Some(request),
-            events,
+            events: Some(events),
             fence: fence.clone(),
         },
     );
@@ -342,6 +346,28 @@ impl<F: NodeFrame> RunStream<F> {
         Some(item)
     }
 
+    /// The Edge gives up on the run before its terminal (e.g. its answer grew
+    /// past `limits.max_response_bytes`): the node is told to stop and the
+    /// slot is released as `reason`.
+    pub fn stop(&mut self, reason: ReleaseReason) {
+        if self.finished {
+            return;
+        }
+        self.send_cancel();
+        self.finish(RunOutcome::Failed);
+        self.lease.set_reason(reason);
+    }
+
+    fn send_cancel(&self) {
+        let cancel = pb::EdgeToNode {
+            msg: Some(pb::edge_to_node::Msg::Cancel(pb::Cancel {
+                run_id: self.run_id.clone(),
+                reason: pb::CancelReason::ClientDisconnected.into(),
+            })),
+        };
+        let _ = self.control.try_send(Ok(cancel));
+    }
+
     fn finish(&mut self, outcome: RunOutcome) {
         self.finished = true;
         let reason = match outcome {
@@ -362,13 +388,7 @@ impl<F: NodeFrame> Drop for RunStream<F> {
         }
         // The client went away (or the handler gave up) before a terminal:
         // tell the node to stop; the run's own RunEvents stream closes too.
-        let cancel = pb::EdgeToNode {
-            msg: Some(pb::edge_to_node::Msg::Cancel(pb::Cancel {
-                run_id: self.run_id.clone(),
-                reason: pb::CancelReason::ClientDisconnected.into(),
-            })),
-        };
-        let _ = self.control.try_send(Ok(cancel));
+        self.send_cancel();
         self.finish(RunOutcome::ClientDisconnected);
     }
 }
@@ -463,6 +483,27 @@ mod tests {
         assert!(stream.next().await.is_none(), "exactly one terminal");
         assert!(attached.fence.is_cancelled());
         assert_eq!(table.attach("r1", "n1", 5).err(), Some(AttachError::UnknownRun));
+    }
+
+    /// Issue 8 item 4: the node's event stream ends without a terminal. The
+    /// run fails at once (not at the request deadline) and frees its slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_ends_without_a_terminal_fails_the_run_at_once() {
+        let table = Arc::new(Table::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        attached.events.send(text(1, "a")).await.unwrap();
+        drop(attached);
+        let limit = std::time::Duration::from_secs(60);
+        let first = tokio::time::timeout(limit, stream.next()).await.expect("no hang");
+        assert!(matches!(first, Some(pb::run_event::Event::Text(_))));
+        match tokio::time::timeout(limit, stream.next()).await.expect("no hang until the deadline") {
+            Some(pb::run_event::Event::Failed(f)) => assert_eq!(f.failure.unwrap().kind(), FailureKind::TransportLost),
+            other => panic!("expected a typed failure, got {other:?}"),
+        }
+        assert_eq!(table.in_flight(), 0, "the run left the table");
+        assert_eq!(stream.lease.reason(), ReleaseReason::NodeDisconnected);
+        drop(stream);
     }
 
     #[tokio::test]

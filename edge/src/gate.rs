@@ -92,6 +92,50 @@ impl<F: NodeFrame> LiveRun<F> {
             Err(_) => Some(deadline_failure::<F>()),
         }
     }
+
+    /// Gives up on the run (see [`RunStream::stop`]).
+    pub fn stop(mut self, reason: crate::admission::ReleaseReason) {
+        self.run.stop(reason);
+    }
+}
+
+/// How much of an answer the Edge holds in memory for one request
+/// (`limits.max_response_bytes`): a non-streaming answer until its terminal,
+/// or the output a Responses stream repeats in its final event. Pure.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerBudget {
+    limit: usize,
+    used: usize,
+}
+
+impl AnswerBudget {
+    pub fn new(limit: usize) -> Self {
+        Self { limit, used: 0 }
+    }
+
+    /// Counts `event`'s content; past the limit, the `response_too_large`
+    /// failure the request ends with.
+    pub fn charge(&mut self, event: &Event) -> Result<(), pb::ExecutionFailure> {
+        self.used = self.used.saturating_add(held_bytes(event));
+        if self.used > self.limit {
+            return Err(pb::ExecutionFailure::new(
+                FailureKind::ResponseTooLarge,
+                format!("the provider's answer exceeds the limit of {} bytes", self.limit),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of content an event adds to a held answer.
+fn held_bytes(event: &Event) -> usize {
+    match event {
+        Event::Text(t) => t.text.len(),
+        Event::ToolCall(d) => d.id.len() + d.name.len() + d.arguments_delta.len(),
+        Event::Started(s) => s.model.len(),
+        Event::Failed(f) => f.failure.as_ref().map_or(0, |f| f.message.len()),
+        Event::Usage(_) | Event::Completed(_) | Event::Cancelled(_) => 0,
+    }
 }
 
 fn deadline_failure<F: NodeFrame>() -> F::Item {
@@ -123,6 +167,7 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         FailureKind::InvalidRequest
         | FailureKind::Internal
         | FailureKind::DeadlineExceeded
+        | FailureKind::ResponseTooLarge
         | FailureKind::Unspecified => false,
     }
 }
@@ -183,13 +228,13 @@ pub async fn execute(
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
         let outcome = match (provider.map(|p| p.mode), &tunnel) {
             (Some(ProviderMode::Tunnel), Some(form)) => attempt_tunnel(state, provider, lease, form, deadline).await,
-            _ => attempt_run(state, provider, lease, &request, point, deadline).await,
+            _ => attempt_run(state, provider, lease, &request, point, deadline, limits.max_response_bytes).await,
         };
         let count = |outcome| {
             let labels = AttemptLabels { provider: provider_id.clone(), outcome };
             state.metrics.attempts.get_or_create(&labels).inc();
         };
-        let (failure, relay) = match outcome {
+        let (failure, relay, run) = match outcome {
             Attempt::Committed(committed) => {
                 count("committed");
                 if let Some(stalled) = &replaying_stall_of {
@@ -198,7 +243,7 @@ pub async fn execute(
                 }
                 return Ok(*committed);
             }
-            Attempt::Failed { failure, relay } => (failure, relay),
+            Attempt::Failed { failure, relay, run } => (failure, relay, run),
         };
         let stalled = failure.kind() == FailureKind::ResponseStalled;
         let last = !retryable(&failure) || attempt == limits.max_attempts;
@@ -218,6 +263,7 @@ pub async fn execute(
             recovery_result(state, "exhausted");
         }
         if last {
+            settle(run, false, &failure);
             // A tunnel relays the provider's own error response, already in
             // the client's API shape.
             return match relay {
@@ -231,8 +277,6 @@ pub async fn execute(
                 }
             };
         }
-        count("retried");
-        tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
         // After a stall the provider may be re-selected (when no alternate
         // is eligible) only on probe-backed `available` evidence: the
         // provider is fine, only this request stalled.
@@ -240,12 +284,17 @@ pub async fn execute(
         if stalled {
             replaying_stall_of = Some(provider_id.clone());
         }
-        avoid.insert(provider_id, fallback);
+        avoid.insert(provider_id.clone(), fallback);
         let alternative = candidates.iter().any(|c| !avoid.contains_key(&c.provider.id));
         let delay = retry_delay(&failure, attempt, alternative);
         if Instant::now() + delay >= deadline {
+            count("failed");
+            settle(run, false, &failure);
             return Err(ApiError::Execution(failure));
         }
+        count("retried");
+        settle(run, true, &failure);
+        tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
         tokio::time::sleep(delay).await;
         last_failure = Some(failure);
     }
@@ -264,11 +313,51 @@ enum Attempt {
         /// For a tunnel: the provider's error response, relayed as-is if the
         /// request does not move on.
         relay: Option<Box<Committed>>,
+        /// The attempt's run, released once the gate knows whether the
+        /// request moves on (so its slot is recorded with the real reason).
+        run: Option<Box<dyn FailedRun>>,
     },
 }
 
 fn failed(failure: pb::ExecutionFailure) -> Attempt {
-    Attempt::Failed { failure, relay: None }
+    Attempt::Failed { failure, relay: None, run: None }
+}
+
+/// A failed attempt whose run is still held.
+fn failed_run<F: NodeFrame>(failure: pb::ExecutionFailure, run: RunStream<F>) -> Attempt {
+    Attempt::Failed { failure, relay: None, run: Some(Box::new(run)) }
+}
+
+/// A failed attempt's run, as the gate releases it.
+trait FailedRun: Send {
+    /// Releases the slot as `retried` when the request moves on; otherwise
+    /// the run's own terminal reason stands (a run the Edge gave up on
+    /// before its terminal is stopped as `deadline` or `provider_error`).
+    fn release(self: Box<Self>, retried: bool, failure: &pb::ExecutionFailure);
+}
+
+impl<F: NodeFrame> FailedRun for RunStream<F>
+where
+    F::Item: Send,
+{
+    fn release(mut self: Box<Self>, retried: bool, failure: &pb::ExecutionFailure) {
+        use crate::admission::ReleaseReason;
+        let reason = match failure.kind() {
+            _ if retried => ReleaseReason::Retried,
+            FailureKind::DeadlineExceeded => ReleaseReason::Deadline,
+            _ => ReleaseReason::ProviderError,
+        };
+        self.stop(reason);
+        if retried {
+            self.mark_retried();
+        }
+    }
+}
+
+fn settle(run: Option<Box<dyn FailedRun>>, retried: bool, failure: &pb::ExecutionFailure) {
+    if let Some(run) = run {
+        run.release(retried, failure);
+    }
 }
 
 /// The lease's node connection, if it is still the one admission saw.
@@ -290,6 +379,7 @@ async fn attempt_run(
     request: &pb::RunRequest,
     point: CommitPoint,
     deadline: Instant,
+    max_response_bytes: usize,
 ) -> Attempt {
     let control = match control_for(state, &lease) {
         Ok(control) => control,
@@ -312,17 +402,18 @@ async fn attempt_run(
         Err(failure) => return failed(failure),
     };
     let mut buffered = Vec::new();
+    let mut budget = AnswerBudget::new(max_response_bytes);
     loop {
         let event = match next_before_commit(&mut run, deadline, stall).await {
             Ok(event) => event,
-            Err(failure) => {
-                run.mark_retried();
-                return failed(failure);
-            }
+            Err(failure) => return failed_run(failure, run),
         };
         if let Event::Failed(_) | Event::Cancelled(_) = &event {
-            run.mark_retried();
-            return failed(failure_of(&event));
+            return failed_run(failure_of(&event), run);
+        }
+        if let Err(failure) = budget.charge(&event) {
+            run.stop(crate::admission::ReleaseReason::ProviderError);
+            return failed(failure);
         }
         let commit = is_commit(&event, point);
         let terminal = matches!(event, Event::Completed(_));
@@ -423,10 +514,7 @@ async fn attempt_tunnel(
     loop {
         let frame = match next_before_commit(&mut run, deadline, stall).await {
             Ok(frame) => frame,
-            Err(failure) => {
-                run.mark_retried();
-                return failed(failure);
-            }
+            Err(failure) => return failed_run(failure, run),
         };
         let commit = |head: pb::TunnelResponseHead, buffered, rest| {
             Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })
@@ -450,16 +538,16 @@ async fn attempt_tunnel(
                 head = Some(h);
             }
             (Frame::End(_), Some(h)) => {
-                run.mark_retried();
                 let failure = http_failure(&h, &buffered);
-                return Attempt::Failed { failure, relay: Some(commit(h, buffered, None)) };
+                let relay = Some(commit(h, buffered, None));
+                return Attempt::Failed { failure, relay, run: Some(Box::new(run)) };
             }
             (frame @ (Frame::Failed(_) | Frame::Cancelled(_)), _) => {
-                run.mark_retried();
-                return failed(failure_of_frame(&frame));
+                return failed_run(failure_of_frame(&frame), run);
             }
             (_, _) => {
-                return failed(pb::ExecutionFailure::new(FailureKind::ProviderProtocol, "tunnel frames out of order"));
+                let failure = pb::ExecutionFailure::new(FailureKind::ProviderProtocol, "tunnel frames out of order");
+                return failed_run(failure, run);
             }
         }
     }
@@ -477,7 +565,7 @@ fn rewrite_model(body: &[u8], target_model: &str) -> Result<Vec<u8>, pb::Executi
 }
 
 /// The failure a tunnelled error response stands for (for the retry decision).
-fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
+pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
     let text: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).take(512).collect();
     let mut failure = pb::ExecutionFailure::new(
         FailureKind::ProviderHttpStatus,
@@ -549,6 +637,25 @@ mod tests {
         assert_eq!(retry_delay(&down, 1, false), Duration::from_millis(100));
         assert_eq!(retry_delay(&down, 3, false), Duration::from_millis(400));
         assert_eq!(retry_delay(&down, 30, false), Duration::from_millis(6_400), "capped");
+    }
+
+    /// Issue 8 item 5: a held answer is bounded.
+    #[test]
+    fn answer_budget_counts_content_and_fails_past_the_limit() {
+        let mut budget = AnswerBudget::new(10);
+        let text = |t: &str| Event::Text(pb::TextDelta { text: t.into() });
+        assert!(budget.charge(&text("12345")).is_ok());
+        assert!(budget.charge(&Event::Usage(pb::Usage { prompt_tokens: 9, completion_tokens: 9 })).is_ok());
+        assert!(budget.charge(&text("12345")).is_ok(), "exactly the limit is fine");
+        let call = Event::ToolCall(pb::ToolCallDelta {
+            index: 0,
+            id: "c".into(),
+            name: String::new(),
+            arguments_delta: String::new(),
+        });
+        let failure = budget.charge(&call).unwrap_err();
+        assert_eq!(failure.kind(), FailureKind::ResponseTooLarge);
+        assert!(!retryable(&failure), "the same request would only grow as large again");
     }
 
     #[test]

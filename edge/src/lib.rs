@@ -23,7 +23,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use iop_proto::config::EdgeConfig;
 use iop_proto::liveness::HeartbeatProfile;
 use iop_proto::pb::{self, node_gateway_server::NodeGatewayServer};
@@ -176,15 +175,11 @@ impl Edge {
 
         let http_addr = http.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
         let app = http::router(state.clone());
-        let http_stop = state.shutting_down.clone();
-        // TCP_NODELAY: headers and body are written separately; without it a
-        // reused connection waits on the client's delayed ACK (~40 ms).
-        let http = http.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let http_server = axum::serve(http, app).with_graceful_shutdown(async move { http_stop.cancelled().await });
+        // The listener's bounds are read once at start (a reload does not rebind it).
+        let limits = http::listener::ListenLimits::of(&state.config.current().limits);
+        let http_server = http::listener::serve(http, app, limits, state.metrics.clone(), state.shutting_down.clone());
         tracing::info!(%http_addr, "edge serving");
-        let http_task = tokio::spawn(async move { http_server.await });
+        let http_task = tokio::spawn(http_server);
 
         state.shutting_down.cancelled().await;
         tracing::info!("edge shutting down");

@@ -111,6 +111,8 @@ pub struct EdgeMetrics {
     pub recovery_results: Family<RecoveryLabels, Counter>,
     pub config_revision: Gauge,
     pub config_reloads: Family<RecoveryLabels, Counter>,
+    pub node_handshakes_in_progress: Gauge,
+    pub http_connections: Gauge,
 }
 
 impl EdgeMetrics {
@@ -184,6 +186,18 @@ impl EdgeMetrics {
         );
         let config_reloads = Family::<RecoveryLabels, Counter>::default();
         registry.register("config_reloads", "Config reload attempts: applied or rejected", config_reloads.clone());
+        let node_handshakes_in_progress = Gauge::default();
+        registry.register(
+            "node_handshakes_in_progress",
+            "Node TLS handshakes under way (bounded; more connections wait to be accepted)",
+            node_handshakes_in_progress.clone(),
+        );
+        let http_connections = Gauge::default();
+        registry.register(
+            "http_connections",
+            "Open client HTTP connections (bounded by limits.max_http_connections)",
+            http_connections.clone(),
+        );
         Arc::new(Self {
             registry,
             http_requests,
@@ -204,6 +218,8 @@ impl EdgeMetrics {
             recovery_results,
             config_revision,
             config_reloads,
+            node_handshakes_in_progress,
+            http_connections,
         })
     }
 

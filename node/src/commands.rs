@@ -64,7 +64,8 @@ async fn ollama_api_call(
         Some(Ok(target)) => target,
     };
     let url = target.url(path);
-    let context = format!("{method} {url}");
+    // The provider's address is internal: the answer names only the call.
+    let context = format!("{method} {path}");
     let mut request = http.request(method, &url).timeout(OLLAMA_API_TIMEOUT);
     if names_model {
         let body = serde_json::json!({ "model": target.target_model });

@@ -9,7 +9,6 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS;
 use iop_proto::pb::{self, node_gateway_client::NodeGatewayClient};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -25,8 +24,7 @@ use crate::metrics::{ExecutionKind, NodeMetrics};
 use crate::transport::sequence::SessionSequence;
 use crate::transport::session::Providers;
 
-/// Largest accepted `response_stall_timeout_ms` (one hour).
-pub const MAX_RESPONSE_STALL_TIMEOUT_MS: u64 = 3_600_000;
+pub use iop_proto::liveness::MAX_RESPONSE_STALL_TIMEOUT_MS;
 /// Frames buffered toward the Edge per execution; beyond this the HTTP/2
 /// stream's own flow control pushes back on this execution only.
 pub(crate) const UPLINK_CAPACITY: usize = 16;
@@ -119,9 +117,7 @@ pub enum Rejection {
     InvalidAssignment(String),
     #[error("request does not match the provider's adapter or target")]
     TargetMismatch,
-    #[error(
-        "response_stall_timeout_ms {0} is out of range (0 for the default, or up to {MAX_RESPONSE_STALL_TIMEOUT_MS})"
-    )]
+    #[error("{}", iop_proto::liveness::StallTimeoutOutOfRange(*.0))]
     InvalidStallTimeout(u64),
     /// Tunnels only: the HTTP method is not GET or POST.
     #[error("method `{0}` is not relayed (GET or POST only)")]
@@ -154,12 +150,10 @@ pub fn validate<'a>(
     if request.adapter != i32::from(target.adapter.to_wire()) || request.target_model != target.target_model {
         return Err(Rejection::TargetMismatch);
     }
-    let stall_ms = match request.response_stall_timeout_ms {
-        0 => DEFAULT_RESPONSE_STALL_TIMEOUT_MS,
-        ms if ms <= MAX_RESPONSE_STALL_TIMEOUT_MS => ms,
-        ms => return Err(Rejection::InvalidStallTimeout(ms)),
-    };
-    Ok((target, Duration::from_millis(stall_ms)))
+    // The same rule as the Edge config's.
+    let stall = iop_proto::liveness::response_stall_timeout(request.response_stall_timeout_ms)
+        .map_err(|e| Rejection::InvalidStallTimeout(e.0))?;
+    Ok((target, stall))
 }
 
 // ---------------------------------------------------------------- cancel
@@ -596,7 +590,7 @@ mod tests {
         let providers = providers();
         let (target, stall) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 0)).unwrap();
         assert_eq!(target.provider_id, "p1");
-        assert_eq!(stall, Duration::from_millis(DEFAULT_RESPONSE_STALL_TIMEOUT_MS));
+        assert_eq!(stall, Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS));
         let (_, stall) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 1500)).unwrap();
         assert_eq!(stall, Duration::from_millis(1500));
 
@@ -610,6 +604,13 @@ mod tests {
         );
         let too_long = MAX_RESPONSE_STALL_TIMEOUT_MS + 1;
         assert_eq!(err(assigned("p1", pb::AdapterKind::Ollama, too_long)), Rejection::InvalidStallTimeout(too_long));
+        // Issue 8 item 7: below a second is refused too, as the config does.
+        for too_short in [1, 999] {
+            assert_eq!(
+                err(assigned("p1", pb::AdapterKind::Ollama, too_short)),
+                Rejection::InvalidStallTimeout(too_short)
+            );
+        }
         assert_eq!(
             err(assigned("nope", pb::AdapterKind::Ollama, 0)).to_failure().kind(),
             pb::FailureKind::InvalidRequest

@@ -189,9 +189,10 @@ async fn relay(
     body: Bytes,
     sink: &mpsc::Sender<Frame>,
 ) -> Result<(), AdapterError> {
-    let Prepared { target, method, url, headers, .. } = prepared;
-    // Errors name the base URL only: the path and query are the client's.
-    let context = format!("{method} {}", target.base_url);
+    let Prepared { method, url, headers, .. } = prepared;
+    // Errors name neither the provider's address (internal) nor the path
+    // and query (the client's): the message reaches the client.
+    let context = format!("{method} to the provider");
     let mut builder = http.request(method, url).headers(headers);
     if !body.is_empty() {
         builder = builder.body(body);

@@ -148,6 +148,25 @@ pub struct Limits {
     /// Budget of one request from arrival to its last byte, across attempts.
     #[serde(default = "Limits::default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Largest answer the Edge holds in memory for one request: a
+    /// non-streaming answer, or what a Responses stream repeats in its final
+    /// event. Past it the client gets `response_too_large`.
+    #[serde(default = "Limits::default_max_response_bytes")]
+    pub max_response_bytes: usize,
+    /// Client HTTP connections open at once; past it new connections wait
+    /// to be accepted until one closes.
+    #[serde(default = "Limits::default_max_http_connections")]
+    pub max_http_connections: usize,
+    /// A client connection must send its request headers (and each chunk of
+    /// its body) within this long; an idle keep-alive connection is closed
+    /// after it.
+    #[serde(default = "Limits::default_http_idle_timeout_ms")]
+    pub http_idle_timeout_ms: u64,
+    /// A streaming request that has not committed (no content yet) after
+    /// this long gets its response head and then keepalives in its API's
+    /// form at this interval; 0 disables.
+    #[serde(default = "Limits::default_stream_keepalive_ms")]
+    pub stream_keepalive_ms: u64,
 }
 
 impl Limits {
@@ -166,6 +185,18 @@ impl Limits {
     fn default_request_timeout_ms() -> u64 {
         600_000
     }
+    fn default_max_response_bytes() -> usize {
+        16 * 1024 * 1024
+    }
+    fn default_max_http_connections() -> usize {
+        4096
+    }
+    fn default_http_idle_timeout_ms() -> u64 {
+        30_000
+    }
+    fn default_stream_keepalive_ms() -> u64 {
+        10_000
+    }
 }
 
 impl Default for Limits {
@@ -176,6 +207,10 @@ impl Default for Limits {
             queue_timeout_ms: Self::default_queue_timeout_ms(),
             max_attempts: Self::default_max_attempts(),
             request_timeout_ms: Self::default_request_timeout_ms(),
+            max_response_bytes: Self::default_max_response_bytes(),
+            max_http_connections: Self::default_max_http_connections(),
+            http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
+            stream_keepalive_ms: Self::default_stream_keepalive_ms(),
         }
     }
 }
@@ -342,7 +377,7 @@ impl EdgeConfig {
                     ));
                 }
             }
-            if p.response_stall_timeout_ms != 0 && !(1_000..=3_600_000).contains(&p.response_stall_timeout_ms) {
+            if crate::liveness::response_stall_timeout(p.response_stall_timeout_ms).is_err() {
                 return Err(invalid(
                     at("response_stall_timeout_ms"),
                     "must be 0 (default) or between 1000 and 3600000",
@@ -364,6 +399,18 @@ impl EdgeConfig {
         }
         if l.queue_timeout_ms == 0 || l.request_timeout_ms < 1_000 {
             return Err(invalid("limits", "queue_timeout_ms must be > 0 and request_timeout_ms at least 1000"));
+        }
+        if !(1024..=1024 * 1024 * 1024).contains(&l.max_response_bytes) {
+            return Err(invalid("limits.max_response_bytes", "must be between 1024 and 1073741824"));
+        }
+        if !(1..=1_000_000).contains(&l.max_http_connections) {
+            return Err(invalid("limits.max_http_connections", "must be between 1 and 1000000"));
+        }
+        if !(100..=3_600_000).contains(&l.http_idle_timeout_ms) {
+            return Err(invalid("limits.http_idle_timeout_ms", "must be between 100 and 3600000"));
+        }
+        if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
+            return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));
         }
         Ok(())
     }
@@ -418,6 +465,10 @@ providers:
             (VALID.replace("trust_domain: iop.local", "trust_domain: \"\""), "trust_domain"),
             (format!("{VALID}limits: {{ max_body_bytes: 67108865 }}\n"), "limits.max_body_bytes"),
             (format!("{VALID}limits: {{ max_body_bytes: 1023 }}\n"), "limits.max_body_bytes"),
+            (format!("{VALID}limits: {{ max_response_bytes: 10 }}\n"), "limits.max_response_bytes"),
+            (format!("{VALID}limits: {{ max_http_connections: 0 }}\n"), "limits.max_http_connections"),
+            (format!("{VALID}limits: {{ http_idle_timeout_ms: 99 }}\n"), "limits.http_idle_timeout_ms"),
+            (format!("{VALID}limits: {{ stream_keepalive_ms: 99 }}\n"), "limits.stream_keepalive_ms"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

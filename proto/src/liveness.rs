@@ -11,6 +11,28 @@ pub const HEARTBEAT_TIMEOUT_REASON: &str = "heartbeat_timeout";
 
 /// Wire value 0 for `response_stall_timeout_ms` means this default.
 pub const DEFAULT_RESPONSE_STALL_TIMEOUT_MS: u64 = 300_000;
+/// Shortest explicit `response_stall_timeout_ms` (one second).
+pub const MIN_RESPONSE_STALL_TIMEOUT_MS: u64 = 1_000;
+/// Longest explicit `response_stall_timeout_ms` (one hour).
+pub const MAX_RESPONSE_STALL_TIMEOUT_MS: u64 = 3_600_000;
+
+/// A `response_stall_timeout_ms` outside the one rule both sides apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "response_stall_timeout_ms {0} is out of range (0 for the default, or {MIN_RESPONSE_STALL_TIMEOUT_MS}..={MAX_RESPONSE_STALL_TIMEOUT_MS})"
+)]
+pub struct StallTimeoutOutOfRange(pub u64);
+
+/// The one rule for `response_stall_timeout_ms`, applied by the Edge config
+/// and by the node to every request: 0 means the default (300 s), anything
+/// else must be 1000..=3600000 ms.
+pub fn response_stall_timeout(ms: u64) -> Result<Duration, StallTimeoutOutOfRange> {
+    match ms {
+        0 => Ok(Duration::from_millis(DEFAULT_RESPONSE_STALL_TIMEOUT_MS)),
+        MIN_RESPONSE_STALL_TIMEOUT_MS..=MAX_RESPONSE_STALL_TIMEOUT_MS => Ok(Duration::from_millis(ms)),
+        other => Err(StallTimeoutOutOfRange(other)),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatProfile {
@@ -91,6 +113,16 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stall_timeout_rule() {
+        assert_eq!(response_stall_timeout(0), Ok(Duration::from_secs(300)));
+        assert_eq!(response_stall_timeout(1_000), Ok(Duration::from_secs(1)));
+        assert_eq!(response_stall_timeout(3_600_000), Ok(Duration::from_secs(3600)));
+        for bad in [1, 999, 3_600_001] {
+            assert_eq!(response_stall_timeout(bad), Err(StallTimeoutOutOfRange(bad)));
+        }
+    }
 
     #[test]
     fn production_profile_is_30s_45s() {

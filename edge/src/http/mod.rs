@@ -3,6 +3,7 @@
 //! run it with `dispatch`, render with `ingress::*`.
 
 mod admin;
+pub mod listener;
 mod surface;
 
 use std::collections::VecDeque;
@@ -88,8 +89,25 @@ impl Drop for RequestRecord {
     }
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::PayloadTooLarge { limit })
+/// The request body, at most `limit` bytes, each chunk arriving within
+/// `idle` of the previous one (a trickling client cannot hold its slot).
+async fn read_body(body: Body, limit: usize, idle: std::time::Duration) -> Result<Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let mut chunks = body.into_data_stream();
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, chunks.next()).await {
+            Err(_) => return Err(ApiError::BodyTimeout),
+            Ok(None) => return Ok(out.into()),
+            Ok(Some(Err(_))) => return Err(ApiError::invalid("the request body could not be read")),
+            Ok(Some(Ok(chunk))) => {
+                if out.len() + chunk.len() > limit {
+                    return Err(ApiError::PayloadTooLarge { limit });
+                }
+                out.extend_from_slice(&chunk);
+            }
+        }
+    }
 }
 
 /// One handler for every client API: parse, run through the gate, render.
@@ -106,6 +124,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
             let (head, buffered, rest) = *tunnel;
             tunnel_response(head, buffered, rest, record)
         }
+        Ok(Reply::Early(early)) => early_response::<S>(*early, record),
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
@@ -118,6 +137,19 @@ enum Reply<S: Surface> {
     Complete(serde_json::Value),
     Stream(Box<SseStream<S>>),
     Tunnel(Box<(pb::TunnelResponseHead, Vec<Bytes>, Option<LiveRun<pb::ProviderTunnelFrame>>)>),
+    /// A streaming request still before its commit point after
+    /// `limits.stream_keepalive_ms`: the head goes out now, keepalives follow.
+    Early(Box<Early<S>>),
+}
+
+type Execution = std::pin::Pin<Box<dyn std::future::Future<Output = Result<gate::Committed, ApiError>> + Send>>;
+
+/// A streaming request whose gate has not committed yet.
+struct Early<S: Surface> {
+    execution: Execution,
+    period: std::time::Duration,
+    context: Option<S::Context>,
+    max_response_bytes: usize,
 }
 
 async fn serve<S: Surface>(
@@ -127,7 +159,8 @@ async fn serve<S: Surface>(
     record: &mut RequestRecord,
 ) -> Result<Reply<S>, ApiError> {
     let config = state.config.current();
-    let bytes = read_body(body, config.limits.max_body_bytes).await?;
+    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
+    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
     if route::candidates(&config, &parsed.model).is_some() {
@@ -145,25 +178,148 @@ async fn serve<S: Surface>(
             .collect(),
     });
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
-    let committed = gate::execute(state, &parsed.model, parsed.run, tunnel, point).await?;
+    let mut execution: Execution = {
+        let (state, model, run) = (state.clone(), parsed.model.clone(), parsed.run);
+        Box::pin(async move { gate::execute(&state, &model, run, tunnel, point).await })
+    };
+    let max_response_bytes = config.limits.max_response_bytes;
+    let keepalive = config.limits.stream_keepalive_ms;
+    let committed = if parsed.stream && keepalive > 0 {
+        // Before the threshold nothing changes: an early failure is still an
+        // ordinary HTTP error, an early commit an ordinary stream.
+        let period = std::time::Duration::from_millis(keepalive);
+        match tokio::time::timeout(period, &mut execution).await {
+            Ok(result) => result?,
+            Err(_) => {
+                let context = Some(parsed.context);
+                return Ok(Reply::Early(Box::new(Early { execution, period, context, max_response_bytes })));
+            }
+        }
+    } else {
+        execution.await?
+    };
+    committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes)
+}
+
+/// How a committed request is answered.
+fn committed_reply<S: Surface>(
+    committed: gate::Committed,
+    stream: bool,
+    context: S::Context,
+    max_response_bytes: usize,
+) -> Result<Reply<S>, ApiError> {
     let (buffered, rest) = match committed.answer {
         Answer::Tunnel { head, buffered, rest } => return Ok(Reply::Tunnel(Box::new((head, buffered, rest)))),
         Answer::Normalized { buffered, rest } => (buffered, rest),
     };
-    if !parsed.stream {
-        let mut collector = S::collector(parsed.context, committed.target_model);
+    if !stream {
+        let mut collector = S::collector(context, committed.target_model);
         for event in &buffered {
             S::collect(&mut collector, event);
         }
         return S::finish(collector).map(Reply::Complete);
     }
+    let budget = S::HOLDS_STREAMED_OUTPUT.then(|| gate::AnswerBudget::new(max_response_bytes));
     Ok(Reply::Stream(Box::new(SseStream {
-        streamer: S::streamer(parsed.context, committed.target_model),
+        streamer: S::streamer(context, committed.target_model),
         events: buffered.into(),
         rest,
+        budget,
         frames: VecDeque::new(),
         done: false,
     })))
+}
+
+/// What an early stream is doing.
+enum Phase<S: Surface> {
+    /// Keepalives until the gate commits or fails.
+    Waiting(Box<Early<S>>, tokio::time::Interval),
+    Sse(Box<SseStream<S>>),
+    /// A committed 2xx tunnel: its body is relayed (the head went out already).
+    Tunnel(Option<LiveRun<pb::ProviderTunnelFrame>>),
+    Done,
+}
+
+/// The response of a streaming request past `limits.stream_keepalive_ms`
+/// without a commit: `200 text/event-stream` at once, the API's keepalive
+/// every period while the gate goes on (pre-first-content retries on other
+/// providers included), then the stream as usual, or the API's error event
+/// when the request fails.
+fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Response {
+    use pb::provider_tunnel_frame::Frame;
+    let tick = tokio::time::interval(early.period);
+    let state = (Phase::Waiting(Box::new(early), tick), record, VecDeque::<Bytes>::new());
+    let body = stream::unfold(state, |(mut phase, mut record, mut pending)| async move {
+        loop {
+            if let Some(frame) = pending.pop_front() {
+                record.first_byte();
+                return Some((Ok::<_, std::convert::Infallible>(frame), (phase, record, pending)));
+            }
+            phase = match phase {
+                Phase::Done => return None,
+                Phase::Waiting(mut early, mut tick) => {
+                    tokio::select! {
+                        biased;
+                        result = &mut early.execution => {
+                            let context = early.context.take().expect("taken once");
+                            let reply = result.and_then(|c| committed_reply::<S>(c, true, context, early.max_response_bytes));
+                            match reply {
+                                Ok(Reply::Stream(sse)) => Phase::Sse(sse),
+                                Ok(Reply::Tunnel(tunnel)) => {
+                                    let (head, buffered, rest) = *tunnel;
+                                    if (200..300).contains(&head.status) {
+                                        record.outcome = "ok";
+                                        pending.extend(buffered);
+                                        Phase::Tunnel(rest)
+                                    } else {
+                                        let error = ApiError::Execution(gate::http_failure(&head, &buffered));
+                                        record.outcome = error.code();
+                                        pending.extend(S::stream_error(&error));
+                                        Phase::Done
+                                    }
+                                }
+                                Ok(Reply::Complete(_) | Reply::Early(_)) => Phase::Done,
+                                Err(error) => {
+                                    record.outcome = error.code();
+                                    pending.extend(S::stream_error(&error));
+                                    Phase::Done
+                                }
+                            }
+                        }
+                        _ = tick.tick() => {
+                            pending.push_back(Bytes::from_static(S::KEEPALIVE));
+                            Phase::Waiting(early, tick)
+                        }
+                    }
+                }
+                Phase::Sse(mut sse) => match sse_step::<S>(&mut sse, &mut record).await {
+                    Some(frames) => {
+                        pending.extend(frames);
+                        Phase::Sse(sse)
+                    }
+                    None => Phase::Done,
+                },
+                Phase::Tunnel(mut rest) => match rest.as_mut()?.next().await? {
+                    Frame::Body(bytes) => {
+                        pending.push_back(Bytes::from(bytes));
+                        Phase::Tunnel(rest)
+                    }
+                    Frame::Failed(failed) => {
+                        let error = ApiError::Execution(failed.failure.unwrap_or_default());
+                        record.outcome = error.code();
+                        pending.extend(S::stream_error(&error));
+                        Phase::Done
+                    }
+                    Frame::End(_) | Frame::Cancelled(_) | Frame::Head(_) => Phase::Done,
+                },
+            };
+        }
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 /// Relays a committed provider tunnel: the provider's status, headers and
@@ -214,17 +370,51 @@ struct SseStream<S: Surface> {
     streamer: S::Streamer,
     events: VecDeque<Event>,
     rest: Option<LiveRun<pb::RunEvent>>,
+    /// Bounds what the streamer holds, for APIs whose final event repeats
+    /// the whole output.
+    budget: Option<gate::AnswerBudget>,
     frames: VecDeque<Bytes>,
     done: bool,
 }
 
 impl<S: Surface> SseStream<S> {
     async fn next_event(&mut self) -> Option<Event> {
-        match self.events.pop_front() {
-            Some(event) => Some(event),
-            None => self.rest.as_mut()?.next().await,
+        if let Some(event) = self.events.pop_front() {
+            return Some(event);
         }
+        let event = self.rest.as_mut()?.next().await?;
+        if let Some(budget) = &mut self.budget
+            && let Err(failure) = budget.charge(&event)
+        {
+            if let Some(rest) = self.rest.take() {
+                rest.stop(crate::admission::ReleaseReason::ProviderError);
+            }
+            return Some(Event::Failed(pb::RunFailed { failure: Some(failure) }));
+        }
+        Some(event)
     }
+}
+
+/// The frames of a committed stream's next event; `None` once it ended.
+async fn sse_step<S: Surface>(s: &mut SseStream<S>, record: &mut RequestRecord) -> Option<Vec<Bytes>> {
+    if s.done {
+        return None;
+    }
+    let event = s.next_event().await?;
+    let frames = S::stream(&mut s.streamer, &event);
+    match &event {
+        Event::Completed(_) => {
+            record.outcome = "ok";
+            s.done = true;
+        }
+        Event::Failed(f) => {
+            record.outcome = ApiError::Execution(f.failure.clone().unwrap_or_default()).code();
+            s.done = true;
+        }
+        Event::Cancelled(_) => s.done = true,
+        _ => {}
+    }
+    Some(frames)
 }
 
 fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Response {
@@ -234,23 +424,8 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
                 record.first_byte();
                 return Some((Ok::<_, std::convert::Infallible>(frame), (s, record)));
             }
-            if s.done {
-                return None;
-            }
-            let event = s.next_event().await?;
-            s.frames.extend(S::stream(&mut s.streamer, &event));
-            match &event {
-                Event::Completed(_) => {
-                    record.outcome = "ok";
-                    s.done = true;
-                }
-                Event::Failed(f) => {
-                    record.outcome = ApiError::Execution(f.failure.clone().unwrap_or_default()).code();
-                    s.done = true;
-                }
-                Event::Cancelled(_) => s.done = true,
-                _ => {}
-            }
+            let frames = sse_step::<S>(&mut s, &mut record).await?;
+            s.frames.extend(frames);
         }
     });
     let mut response = Response::new(Body::from_stream(body));

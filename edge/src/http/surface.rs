@@ -24,6 +24,12 @@ pub trait Surface: Send + 'static {
     /// The same API's path at an OpenAI-compatible provider, if a provider
     /// in `tunnel` mode can take this request as-is.
     const TUNNEL_PATH: Option<&'static str>;
+    /// Whether the streamer keeps the whole output (to repeat it in its
+    /// final event), so a stream is bounded by `limits.max_response_bytes`.
+    const HOLDS_STREAMED_OUTPUT: bool = false;
+    /// What tells a streaming client the request is alive before its first
+    /// content (`limits.stream_keepalive_ms`).
+    const KEEPALIVE: &'static [u8];
     type Context: Send + 'static;
     type Streamer: Send + 'static;
     type Collector: Send + 'static;
@@ -36,6 +42,9 @@ pub trait Surface: Send + 'static {
     fn collect(collector: &mut Self::Collector, event: &Event);
     fn finish(collector: Self::Collector) -> Result<Value, ApiError>;
     fn error_body(error: &ApiError) -> Value;
+    /// A failure of a stream whose head already went out (keepalives) before
+    /// any content: the API's own error event.
+    fn stream_error(error: &ApiError) -> Vec<Bytes>;
 }
 
 fn data_frame(payload: &str) -> Bytes {
@@ -65,6 +74,7 @@ pub struct ChatCompletions;
 impl Surface for ChatCompletions {
     const API: Api = Api::chat_completions;
     const TUNNEL_PATH: Option<&'static str> = Some("/v1/chat/completions");
+    const KEEPALIVE: &'static [u8] = b": keepalive\n\n";
     type Context = bool;
     type Streamer = chat::ChunkRenderer;
     type Collector = chat::CompletionAggregator;
@@ -96,6 +106,10 @@ impl Surface for ChatCompletions {
     fn error_body(error: &ApiError) -> Value {
         error.openai_body()
     }
+    fn stream_error(error: &ApiError) -> Vec<Bytes> {
+        // The same `data: {"error": ...}` a stream broken after its start ends with.
+        vec![data_frame(&error.openai_body().to_string())]
+    }
 }
 
 /// OpenAI Responses: named SSE events.
@@ -104,6 +118,8 @@ pub struct Responses;
 impl Surface for Responses {
     const API: Api = Api::responses;
     const TUNNEL_PATH: Option<&'static str> = Some("/v1/responses");
+    const HOLDS_STREAMED_OUTPUT: bool = true;
+    const KEEPALIVE: &'static [u8] = b": keepalive\n\n";
     type Context = (Option<String>, Option<u32>);
     type Streamer = responses::EventRenderer;
     type Collector = responses::ResponseAggregator;
@@ -132,6 +148,13 @@ impl Surface for Responses {
     fn error_body(error: &ApiError) -> Value {
         error.openai_body()
     }
+    fn stream_error(error: &ApiError) -> Vec<Bytes> {
+        // The Responses stream's `error` event.
+        let payload = serde_json::json!({
+            "type": "error", "code": error.code(), "message": error.to_string(), "param": null, "sequence_number": 0,
+        });
+        vec![event_frame(("error", payload.to_string()))]
+    }
 }
 
 /// Anthropic Messages: named SSE events, Anthropic error shape.
@@ -141,6 +164,7 @@ impl Surface for Messages {
     const API: Api = Api::messages;
     // No provider adapter speaks the Anthropic API: always normalized.
     const TUNNEL_PATH: Option<&'static str> = None;
+    const KEEPALIVE: &'static [u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
     type Context = ();
     type Streamer = messages::EventRenderer;
     type Collector = messages::MessageAggregator;
@@ -167,5 +191,8 @@ impl Surface for Messages {
     }
     fn error_body(error: &ApiError) -> Value {
         error.anthropic_body()
+    }
+    fn stream_error(error: &ApiError) -> Vec<Bytes> {
+        vec![event_frame(("error", error.anthropic_body().to_string()))]
     }
 }

@@ -1264,7 +1264,8 @@ mod tests {
         let mut agg = MessageAggregator::new(meta());
         agg.push(&Event::Cancelled(pb::RunCancelled { reason: pb::CancelReason::Deadline.into() }));
         let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
-        assert_eq!(f.kind(), pb::FailureKind::ResponseStalled);
+        assert_eq!(f.kind(), pb::FailureKind::DeadlineExceeded, "a deadline is no stall");
+        assert_eq!(ApiError::Execution(f).code(), "request_timeout");
 
         let mut agg = MessageAggregator::new(meta());
         agg.push(&Event::Failed(pb::RunFailed { failure: None }));

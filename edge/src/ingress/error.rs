@@ -12,6 +12,9 @@ pub enum ApiError {
     InvalidRequest { message: String, param: Option<String> },
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The client stopped sending its request body.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     /// The model is known but no provider for it is on a ready node.
@@ -43,6 +46,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -58,6 +62,7 @@ impl ApiError {
                     _ => StatusCode::BAD_GATEWAY,
                 },
                 FailureKind::ProviderUnreachable | FailureKind::ProviderProtocol => StatusCode::BAD_GATEWAY,
+                FailureKind::ResponseTooLarge => StatusCode::BAD_GATEWAY,
                 FailureKind::TransportLost => StatusCode::BAD_GATEWAY,
                 FailureKind::ResponseStalled | FailureKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                 FailureKind::Internal | FailureKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,6 +84,7 @@ impl ApiError {
         match self {
             Self::InvalidRequest { .. } => "invalid_request",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::BodyTimeout => "request_body_timeout",
             Self::ModelNotFound(_) => "model_not_found",
             Self::NoProviderAvailable(_) => "no_provider_available",
             Self::QueueFull(_) => "queue_full",
@@ -88,10 +94,12 @@ impl ApiError {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
                 FailureKind::ProviderHttpStatus => "provider_http_status",
                 FailureKind::ProviderProtocol => "provider_protocol",
+                FailureKind::ResponseTooLarge => "response_too_large",
                 FailureKind::InvalidRequest => "invalid_request",
                 FailureKind::TransportLost => "transport_lost",
                 FailureKind::ResponseStalled => "response_stalled",
-                FailureKind::DeadlineExceeded => "deadline_exceeded",
+                // The request's own budget (`limits.request_timeout_ms`).
+                FailureKind::DeadlineExceeded => "request_timeout",
                 FailureKind::Internal | FailureKind::Unspecified => "internal",
             },
         }
@@ -152,6 +160,10 @@ mod tests {
         assert_eq!(failure(FailureKind::ProviderHttpStatus, 429).status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(failure(FailureKind::ProviderHttpStatus, 503).status(), StatusCode::BAD_GATEWAY);
         assert_eq!(failure(FailureKind::ResponseStalled, 0).status(), StatusCode::GATEWAY_TIMEOUT);
+        let too_large = failure(FailureKind::ResponseTooLarge, 0);
+        assert_eq!((too_large.status(), too_large.code()), (StatusCode::BAD_GATEWAY, "response_too_large"));
+        assert_eq!(too_large.openai_body()["error"]["code"], "response_too_large");
+        assert_eq!(too_large.anthropic_body()["error"]["type"], "api_error");
     }
 
     #[test]
@@ -180,6 +192,7 @@ mod tests {
             (execution(FailureKind::ProviderUnreachable), "api_error"),
             (ApiError::NoProviderAvailable("x".into()), "overloaded_error"),
             (execution(FailureKind::ResponseStalled), "timeout_error"),
+            (execution(FailureKind::DeadlineExceeded), "timeout_error"),
         ];
         for (err, want) in cases {
             let body = err.anthropic_body();

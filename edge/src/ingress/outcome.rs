@@ -51,9 +51,10 @@ pub(super) fn failure_of(failed: &pb::RunFailed) -> pb::ExecutionFailure {
 
 fn cancelled_failure(reason: i32) -> pb::ExecutionFailure {
     match pb::CancelReason::try_from(reason) {
-        Ok(pb::CancelReason::Deadline) => {
-            pb::ExecutionFailure::new(pb::FailureKind::ResponseStalled, "the run was cancelled: deadline exceeded")
-        }
+        Ok(pb::CancelReason::Deadline) => pb::ExecutionFailure::new(
+            pb::FailureKind::DeadlineExceeded,
+            "the run was cancelled: the request's time budget ran out",
+        ),
         Ok(pb::CancelReason::EdgeShutdown) => pb::ExecutionFailure::new(
             pb::FailureKind::TransportLost,
             "the run was cancelled: the edge is shutting down",

@@ -37,17 +37,23 @@ impl CommandTable {
         command.command_id = command_id.clone();
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(command_id.clone(), tx);
+        // Removes the entry however this future ends, including when its
+        // caller goes away mid-wait (an admin client that disconnects).
+        let _pending = Pending { table: self, command_id };
         let msg = pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::Command(command)) };
-        let result = match control.send(Ok(msg)).await {
+        match control.send(Ok(msg)).await {
             Err(_) => Err(CommandError::NotConnected),
             Ok(()) => match tokio::time::timeout(timeout, rx).await {
                 Err(_) => Err(CommandError::Timeout(timeout)),
                 Ok(Err(_)) => Err(CommandError::ConnectionClosed),
                 Ok(Ok(result)) => Ok(result),
             },
-        };
-        self.pending.lock().unwrap().remove(&command_id);
-        result
+        }
+    }
+
+    /// Commands waiting for their node's answer.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().unwrap().len()
     }
 
     /// Delivers a result to its waiter; results nobody waits for are dropped.
@@ -56,5 +62,55 @@ impl CommandTable {
             Some(waiter) => waiter.send(result).is_ok(),
             None => false,
         }
+    }
+}
+
+/// One waiter's entry in the table, removed when the waiter is done or gone.
+struct Pending<'t> {
+    table: &'t CommandTable,
+    command_id: String,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.table.pending.lock().unwrap().remove(&self.command_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 8 item 5: a waiter that goes away (its admin client
+    /// disconnected) leaves no pending entry behind.
+    #[tokio::test]
+    async fn a_waiter_that_goes_away_leaves_no_entry() {
+        let table = CommandTable::default();
+        let (control, mut node) = tokio::sync::mpsc::channel(1);
+        let mut waiter = Box::pin(table.send(&control, pb::NodeCommand::default(), Duration::from_secs(3600)));
+        tokio::select! {
+            biased;
+            _ = &mut waiter => panic!("nobody answered"),
+            sent = node.recv() => assert!(sent.is_some(), "the command went out"),
+        }
+        assert_eq!(table.pending(), 1);
+        drop(waiter);
+        assert_eq!(table.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_answer_reaches_its_waiter_and_clears_the_entry() {
+        let table = std::sync::Arc::new(CommandTable::default());
+        let (control, mut node) = tokio::sync::mpsc::channel(1);
+        let answering = table.clone();
+        let answer = tokio::spawn(async move {
+            let Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::Command(c)) })) = node.recv().await else {
+                panic!("expected a command")
+            };
+            assert!(answering.complete(pb::NodeCommandResult { command_id: c.command_id, ..Default::default() }));
+        });
+        assert!(table.send(&control, pb::NodeCommand::default(), Duration::from_secs(3600)).await.is_ok());
+        answer.await.unwrap();
+        assert_eq!(table.pending(), 0);
     }
 }

@@ -27,6 +27,11 @@ use tonic::transport::server::Connected;
 use crate::metrics::EdgeMetrics;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Node TLS handshakes under way at once. Past it the accept loop waits for
+/// one to finish (each is bounded by `HANDSHAKE_TIMEOUT`), so a flood of
+/// connections that never finish their handshake costs bounded memory and
+/// tasks, and nodes are served as handshakes complete.
+pub const MAX_CONCURRENT_HANDSHAKES: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
@@ -255,9 +260,21 @@ pub fn accept_loop(
     policy: Arc<AcceptPolicy>,
     metrics: Arc<EdgeMetrics>,
 ) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
+    accept_loop_with(listener, policy, metrics, MAX_CONCURRENT_HANDSHAKES)
+}
+
+/// [`accept_loop`] with at most `max_handshakes` handshakes at once.
+pub fn accept_loop_with(
+    listener: TcpListener,
+    policy: Arc<AcceptPolicy>,
+    metrics: Arc<EdgeMetrics>,
+    max_handshakes: usize,
+) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(16);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_handshakes));
     let task = tokio::spawn(async move {
         loop {
+            let permit = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
             let (tcp, remote) = match listener.accept().await {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -270,8 +287,12 @@ pub fn accept_loop(
             let rules = policy.current();
             let acceptor = TlsAcceptor::from(rules.tls.clone());
             let (metrics, tx) = (metrics.clone(), tx.clone());
+            metrics.node_handshakes_in_progress.inc();
             tokio::spawn(async move {
-                match handshake(&acceptor, tcp, remote, &rules).await {
+                let result = handshake(&acceptor, tcp, remote, &rules).await;
+                metrics.node_handshakes_in_progress.dec();
+                drop(permit);
+                match result {
                     Ok(conn) => {
                         tracing::info!(node = %conn.peer.identity.name, %remote, "node connection accepted");
                         let _ = tx.send(Ok(conn)).await;
@@ -324,6 +345,55 @@ mod tests {
 
     fn allowed() -> BTreeSet<String> {
         BTreeSet::from(["mac-1".to_string()])
+    }
+
+    /// Issue 8 item 5: connections that never finish their handshake occupy
+    /// at most `max_handshakes` slots; the next waits to be accepted until
+    /// one ends.
+    #[tokio::test]
+    async fn concurrent_handshakes_are_bounded() {
+        crate::install_crypto_provider();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+        let key = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let tls =
+            ServerConfig::builder().with_no_client_auth().with_single_cert(vec![cert.der().clone()], key).unwrap();
+        let rules = PolicyRules { tls: Arc::new(tls), trust_domain: "iop.local".into(), allowed_nodes: allowed() };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = EdgeMetrics::new();
+        let (_incoming, task) = accept_loop_with(listener, Arc::new(AcceptPolicy::new(rules)), metrics.clone(), 2);
+        let in_progress = || metrics.node_handshakes_in_progress.get();
+
+        // Three connections that never send a ClientHello.
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+        wait_for(|| in_progress() == 2).await;
+        // The third stays in the backlog, however long we look (a slow
+        // machine can only make this pass, never fail wrongly).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(in_progress(), 2);
+        // One gives up: its handshake fails and the third is taken up.
+        drop(silent.remove(0));
+        let rejected = || {
+            let labels = crate::metrics::ReasonLabels { reason: HandshakeRejection::Tls.label() };
+            metrics.handshake_rejections.get_or_create(&labels).get()
+        };
+        wait_for(|| rejected() >= 1).await;
+        wait_for(|| in_progress() == 2).await;
+        task.abort();
+    }
+
+    async fn wait_for(check: impl Fn() -> bool) {
+        for _ in 0..2000 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out");
     }
 
     #[test]

@@ -3,9 +3,10 @@
 
 use super::AdapterError;
 
-/// Longest line we buffer before declaring the provider broken. Generous: a
-/// single chunk may carry a whole tool call's arguments.
-const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// Longest line (an NDJSON object, an SSE field) we buffer before failing the
+/// run as `response_too_large`. Generous: a single chunk may carry a whole
+/// tool call's arguments.
+pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Turns byte chunks into complete lines. A line ends at `\n`; a trailing
 /// `\r` is stripped, so `\r\n` works too. Blank lines are returned (SSE needs
@@ -61,7 +62,7 @@ impl LineSplitter {
             None => {
                 self.scan = self.buf.len();
                 if self.buf.len() - self.start > self.max_line {
-                    return Err(AdapterError::Protocol(format!(
+                    return Err(AdapterError::TooLarge(format!(
                         "provider sent a line longer than {} bytes",
                         self.max_line
                     )));
@@ -159,10 +160,10 @@ mod tests {
     }
 
     #[test]
-    fn overlong_line_and_bad_utf8_are_protocol_errors() {
+    fn overlong_line_is_too_large_and_bad_utf8_a_protocol_error() {
         let mut s = LineSplitter::with_max_line(8);
         s.push(b"0123456789");
-        assert!(matches!(s.next_line(), Err(AdapterError::Protocol(_))));
+        assert!(matches!(s.next_line(), Err(AdapterError::TooLarge(_))));
 
         let mut s = LineSplitter::new();
         s.push(b"\xff\xfe\n");

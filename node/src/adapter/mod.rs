@@ -133,6 +133,9 @@ pub enum AdapterError {
     /// Malformed chunk, or the stream ended without its terminal.
     #[error("provider protocol error: {0}")]
     Protocol(String),
+    /// A streamed line or event past its size bound.
+    #[error("provider response too large: {0}")]
+    TooLarge(String),
     /// The request cannot be translated for the provider.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -148,6 +151,7 @@ impl AdapterError {
             Self::Unreachable(_) => pb::FailureKind::ProviderUnreachable,
             Self::HttpStatus { .. } => pb::FailureKind::ProviderHttpStatus,
             Self::Protocol(_) => pb::FailureKind::ProviderProtocol,
+            Self::TooLarge(_) => pb::FailureKind::ResponseTooLarge,
             Self::InvalidRequest(_) => pb::FailureKind::InvalidRequest,
             Self::SinkClosed => pb::FailureKind::Internal,
         };
@@ -162,7 +166,7 @@ impl AdapterError {
     /// The message without the kind prefix.
     fn detail(&self) -> String {
         match self {
-            Self::Unreachable(m) | Self::Protocol(m) | Self::InvalidRequest(m) => m.clone(),
+            Self::Unreachable(m) | Self::Protocol(m) | Self::TooLarge(m) | Self::InvalidRequest(m) => m.clone(),
             other => other.to_string(),
         }
     }
@@ -254,7 +258,9 @@ async fn post_json(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Result
         .body(body)
         .send()
         .await
-        .map_err(|e| transport_error(&format!("POST {url}"), e))?;
+        // The message reaches the client: it never names the provider's
+        // (internal) address.
+        .map_err(|e| transport_error("sending the request to the provider", e))?;
     check_status(response).await
 }
 
@@ -340,7 +346,8 @@ fn truncate_chars(text: &str, max: usize) -> String {
 }
 
 pub(crate) fn transport_error(context: &str, e: reqwest::Error) -> AdapterError {
-    // The caller names the URL; reqwest would repeat it in its Display.
+    // Without the URL: reqwest's Display names it, and the provider's
+    // address is internal (the message reaches clients).
     AdapterError::Unreachable(format!("{context}: {}", error_chain(&e.without_url())))
 }
 
@@ -596,6 +603,9 @@ mod tests {
         let f = AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into() }.to_failure();
         assert_eq!((f.provider_status, f.retry_after_ms), (500, 0));
 
+        let f = AdapterError::TooLarge("line".into()).to_failure();
+        assert_eq!(f.kind(), pb::FailureKind::ResponseTooLarge);
+
         let f = AdapterError::Protocol("bad chunk".into()).to_failure();
         assert_eq!(f.kind(), pb::FailureKind::ProviderProtocol);
         assert_eq!((f.provider_status, f.retry_after_ms), (0, 0));
@@ -660,6 +670,22 @@ mod tests {
             execute(&client, &target, &pb::RunRequest::default(), &tx).await,
             Err(AdapterError::SinkClosed)
         ));
+    }
+
+    /// Issue 8 item 7: a client-facing failure never names the provider's
+    /// (internal) address.
+    #[tokio::test]
+    async fn an_unreachable_provider_is_reported_without_its_address() {
+        for adapter in [AdapterKind::Ollama, AdapterKind::OpenAi] {
+            let base_url = fake::refused_base_url().await;
+            let (result, _) =
+                fake::run(&fake::target(adapter, &base_url), &fake::request(vec![fake::user("hi")])).await;
+            let failure = result.unwrap_err().to_failure();
+            assert_eq!(failure.kind(), pb::FailureKind::ProviderUnreachable);
+            let host = base_url.trim_start_matches("http://");
+            assert!(!failure.message.contains(host), "{adapter:?}: {}", failure.message);
+            assert!(!failure.message.contains("127.0.0.1"), "{adapter:?}: {}", failure.message);
+        }
     }
 
     #[test]

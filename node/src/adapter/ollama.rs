@@ -158,7 +158,7 @@ struct ChunkFunction {
 pub(super) struct Decoder {
     fallback_model: String,
     started: bool,
-    /// Tool calls emitted so far; also the next call's index and id suffix.
+    /// Tool calls emitted so far; also the next call's index.
     tool_calls: u32,
 }
 
@@ -197,7 +197,10 @@ impl StreamDecoder for Decoder {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                out.push(super::tool_call(index, &format!("call_{index}"), &call.function.name, &arguments));
+                // Ollama gives calls no id; clients match tool results by
+                // id across turns, so each call gets a unique one.
+                let id = format!("call_{}", uuid::Uuid::new_v4().simple());
+                out.push(super::tool_call(index, &id, &call.function.name, &arguments));
             }
         }
         if !chunk.done {
@@ -331,14 +334,25 @@ mod tests {
             ],
             ..fake::request(vec![])
         };
-        let (result, events) = fake::run(&target(&server.base_url), &request).await;
+        let (result, mut events) = fake::run(&target(&server.base_url), &request).await;
         assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
+        // Issue 8 item 7: ids are unique (they used to be call_0, call_1 on
+        // every turn, so a client could not tell turns' calls apart).
+        let mut ids = Vec::new();
+        for event in &mut events {
+            if let pb::run_event::Event::ToolCall(call) = event {
+                assert!(call.id.starts_with("call_") && call.id.len() == 37, "{}", call.id);
+                ids.push(std::mem::take(&mut call.id));
+            }
+        }
+        assert_eq!(ids.len(), 2);
+        assert_ne!(ids[0], ids[1]);
         assert_eq!(
             events,
             vec![
                 started("m"),
-                super::super::tool_call(0, "call_0", "get_weather", r#"{"city":"Berlin"}"#),
-                super::super::tool_call(1, "call_1", "get_time", "{}"),
+                super::super::tool_call(0, "", "get_weather", r#"{"city":"Berlin"}"#),
+                super::super::tool_call(1, "", "get_time", "{}"),
                 usage(30, 9),
             ]
         );

@@ -242,7 +242,7 @@ fn map_finish_reason(reason: &str) -> pb::FinishReason {
 
 impl StreamDecoder for Decoder {
     fn line(&mut self, line: &str, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError> {
-        match self.sse.line(line) {
+        match self.sse.line(line)? {
             Some(data) => self.data(&data, out),
             None => Ok(None),
         }

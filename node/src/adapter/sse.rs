@@ -3,22 +3,43 @@
 //!
 //! Only `data` matters to us: `event`, `id` and `retry` fields and `:`
 //! comments are ignored. Several `data` lines in one event are joined with
-//! `\n`; a blank line dispatches the event.
+//! `\n`; a blank line dispatches the event. One event's data is bounded like
+//! one line (a provider that never ends its event cannot grow it forever).
 
-#[derive(Debug, Default)]
+use super::AdapterError;
+use super::lines::MAX_LINE_BYTES;
+
+#[derive(Debug)]
 pub(crate) struct SseParser {
     data: String,
     has_data: bool,
+    max_data: usize,
 }
 
 impl SseParser {
     pub(crate) fn new() -> Self {
-        Self::default()
+        Self::with_max_data(MAX_LINE_BYTES)
+    }
+
+    pub(crate) fn with_max_data(max_data: usize) -> Self {
+        Self { data: String::new(), has_data: false, max_data }
     }
 
     /// Feeds one line (without terminator). Returns the event's data when the
-    /// line is the blank line that ends an event carrying data.
-    pub(crate) fn line(&mut self, line: &str) -> Option<String> {
+    /// line is the blank line that ends an event carrying data; an event whose
+    /// data grows past the bound is `TooLarge`.
+    pub(crate) fn line(&mut self, line: &str) -> Result<Option<String>, AdapterError> {
+        let data = self.accumulate(line);
+        if self.data.len() > self.max_data {
+            return Err(AdapterError::TooLarge(format!(
+                "provider sent an event with more than {} bytes of data",
+                self.max_data
+            )));
+        }
+        Ok(data)
+    }
+
+    fn accumulate(&mut self, line: &str) -> Option<String> {
         if line.is_empty() {
             return self.dispatch();
         }
@@ -61,7 +82,7 @@ mod tests {
 
     fn feed(lines: &[&str]) -> Vec<String> {
         let mut p = SseParser::new();
-        let mut out: Vec<String> = lines.iter().filter_map(|l| p.line(l)).collect();
+        let mut out: Vec<String> = lines.iter().filter_map(|l| p.line(l).unwrap()).collect();
         out.extend(p.finish());
         out
     }
@@ -82,6 +103,21 @@ mod tests {
     #[test]
     fn multi_line_data_is_joined_and_pending_event_flushed_at_end() {
         assert_eq!(feed(&["data: a", "data: b", "", "data: [DONE]"]), vec!["a\nb", "[DONE]"]);
+    }
+
+    /// Issue 8 item 5: `data:` lines without the blank line that ends the
+    /// event cannot accumulate without bound.
+    #[test]
+    fn an_event_whose_data_never_ends_is_too_large() {
+        let mut p = SseParser::with_max_data(16);
+        assert_eq!(p.line("data: 0123456").unwrap(), None);
+        assert_eq!(p.line("data: 0123456").unwrap(), None);
+        assert!(matches!(p.line("data: 0123456"), Err(AdapterError::TooLarge(_))));
+        let mut p = SseParser::with_max_data(16);
+        for _ in 0..100 {
+            assert_eq!(p.line("data: 0123456").unwrap(), None);
+            assert_eq!(p.line("").unwrap().as_deref(), Some("0123456"), "dispatched events free their data");
+        }
     }
 
     #[test]

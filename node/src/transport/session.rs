@@ -134,7 +134,7 @@ pub async fn run(
         providers,
         http,
         client,
-        executions: Arc::new(Mutex::new(HashMap::new())),
+        executions: Executions::default(),
         sequence: Arc::new(SessionSequence::default()),
         metrics,
         health,
@@ -142,10 +142,47 @@ pub async fn run(
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
     // them already, so their terminal's reason is never looked at.
-    for (_, cancel) in session.executions.lock().unwrap().drain() {
+    for cancel in session.executions.drain() {
         cancel.cancel(pb::CancelReason::ClientDisconnected);
     }
     end
+}
+
+/// Running runs and tunnels by id (one id space). An id belongs to the first
+/// execution that claimed it until that execution ends.
+#[derive(Clone, Default)]
+struct Executions(Arc<Mutex<HashMap<String, Cancel>>>);
+
+impl Executions {
+    /// A cancel handle for a new execution `id`; `None` while `id` runs.
+    fn claim(&self, id: &str) -> Option<Cancel> {
+        match self.0.lock().unwrap().entry(id.to_owned()) {
+            std::collections::hash_map::Entry::Occupied(_) => None,
+            std::collections::hash_map::Entry::Vacant(slot) => Some(slot.insert(Cancel::new()).clone()),
+        }
+    }
+
+    fn cancel(&self, id: &str, reason: pb::CancelReason) {
+        if let Some(execution) = self.0.lock().unwrap().remove(id) {
+            execution.cancel(reason);
+        }
+    }
+
+    /// The execution holding `cancel` ended: frees its id (only its own).
+    fn finished(&self, id: &str, cancel: &Cancel) {
+        let mut executions = self.0.lock().unwrap();
+        if executions.get(id).is_some_and(|c| c.same(cancel)) {
+            executions.remove(id);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    fn drain(&self) -> Vec<Cancel> {
+        self.0.lock().unwrap().drain().map(|(_, cancel)| cancel).collect()
+    }
 }
 
 struct Session {
@@ -155,7 +192,7 @@ struct Session {
     http: reqwest::Client,
     client: NodeGatewayClient<Channel>,
     /// Running runs and tunnels by id (one id space).
-    executions: Arc<Mutex<HashMap<String, Cancel>>>,
+    executions: Executions,
     /// Source of `health_observation_seq` for this connection.
     sequence: Arc<SessionSequence>,
     metrics: Arc<NodeMetrics>,
@@ -224,12 +261,10 @@ impl Session {
                             self.spawn_execution(id.clone(), |ctx, cancel| tunnel::execute(ctx, id, cancel));
                         }
                         Msg::Cancel(cancel) => {
-                            if let Some(execution) = self.executions.lock().unwrap().remove(&cancel.run_id) {
-                                // An unknown reason still cancels.
-                                let reason = iop_proto::wire::closed_enum("cancel.reason", cancel.reason)
-                                    .unwrap_or(pb::CancelReason::ClientDisconnected);
-                                execution.cancel(reason);
-                            }
+                            // An unknown reason still cancels.
+                            let reason = iop_proto::wire::closed_enum("cancel.reason", cancel.reason)
+                                .unwrap_or(pb::CancelReason::ClientDisconnected);
+                            self.executions.cancel(&cancel.run_id, reason);
                         }
                         Msg::Command(command) if ready => self.answer(command, out),
                         other => {
@@ -247,8 +282,12 @@ impl Session {
         F: FnOnce(ExecutionContext, Cancel) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let cancel = Cancel::new();
-        self.executions.lock().unwrap().insert(id.clone(), cancel.clone());
+        let Some(cancel) = self.executions.claim(&id) else {
+            // The id is running already: the first keeps it (and its cancel
+            // handle); the duplicate is dropped.
+            tracing::warn!(generation = self.generation, "refused an assignment whose id is already running");
+            return;
+        };
         let ctx = ExecutionContext {
             // A request may be as large as the Edge's body limit.
             client: self.client.clone().max_decoding_message_size(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES),
@@ -265,11 +304,7 @@ impl Session {
         let executions = self.executions.clone();
         tokio::spawn(async move {
             execution.await;
-            let mut executions = executions.lock().unwrap();
-            // Only this execution's entry: the id may have been reassigned.
-            if executions.get(&id).is_some_and(|c| c.same(&cancel)) {
-                executions.remove(&id);
-            }
+            executions.finished(&id, &cancel);
         });
     }
 
@@ -280,7 +315,7 @@ impl Session {
         let (http, providers, sequence) = (self.http.clone(), self.providers.clone(), self.sequence.clone());
         let status = pb::TransportStatus {
             generation: self.generation,
-            active_runs: self.executions.lock().unwrap().len() as u64,
+            active_runs: self.executions.len() as u64,
             connected_for_ms: self.connected_at.elapsed().as_millis() as u64,
         };
         // Probes can take seconds: answer off the control loop.
@@ -314,5 +349,29 @@ fn msg_name(msg: &Msg) -> &'static str {
         Msg::Cancel(_) => "Cancel",
         Msg::Command(_) => "NodeCommand before ready",
         Msg::TunnelAssign(_) => "TunnelAssign before ready",
+    }
+}
+
+#[cfg(test)]
+mod executions_tests {
+    use super::*;
+
+    /// Issue 8 item 7: a duplicate id is refused and the first execution
+    /// keeps its cancel handle.
+    #[test]
+    fn a_duplicate_id_is_refused_and_the_first_keeps_its_cancel() {
+        let executions = Executions::default();
+        let first = executions.claim("r1").expect("a new id");
+        assert!(executions.claim("r1").is_none(), "the duplicate is refused");
+        executions.cancel("r1", pb::CancelReason::Deadline);
+        assert!(first.is_cancelled(), "a cancel for the id reaches the first execution");
+        assert_eq!(first.reason(), pb::CancelReason::Deadline);
+        assert_eq!(executions.len(), 0);
+
+        let again = executions.claim("r1").expect("free once cancelled");
+        executions.finished("r1", &first);
+        assert_eq!(executions.len(), 1, "an old execution's end frees only its own entry");
+        executions.finished("r1", &again);
+        assert_eq!(executions.len(), 0);
     }
 }

@@ -237,11 +237,15 @@ async fn large_provider_chunks_are_split_into_small_frames() {
 
 #[tokio::test]
 async fn connection_refused_is_a_single_failed_terminal() {
-    let frames = relay_all(providers(&fake::refused_base_url().await), tunnel_request("POST", "/v1/x")).await;
+    let base_url = fake::refused_base_url().await;
+    let frames = relay_all(providers(&base_url), tunnel_request("POST", "/v1/x")).await;
     assert_eq!(frames.len(), 1, "{frames:?}");
     let failure = failure(&frames[0]);
     assert_eq!(failure.kind(), pb::FailureKind::ProviderUnreachable);
     assert!(!failure.message.contains("/v1/x"), "the path stays out of the message: {}", failure.message);
+    // Issue 8 item 7: nor the provider's (internal) address.
+    let host = base_url.trim_start_matches("http://");
+    assert!(!failure.message.contains(host), "the address stays out of the message: {}", failure.message);
 }
 
 #[tokio::test]
