@@ -280,6 +280,8 @@ async fn soak() {
         request_timeout_ms: REQUEST_TIMEOUT_MS,
         queue_timeout_ms: 2_000,
         queue_depth: 16,
+        // Streams that wait get keepalives, and retries happen behind them.
+        stream_keepalive_ms: 500,
         ..Limits::default()
     };
     let stack = Arc::new(
