@@ -17,6 +17,8 @@ mod sse;
 
 #[cfg(test)]
 pub(crate) mod fake;
+#[cfg(test)]
+mod fuzz;
 
 use std::fmt;
 use std::sync::Arc;
