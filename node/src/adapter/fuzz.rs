@@ -377,3 +377,151 @@ proptest! {
         prop_assert_eq!(decode_openai(&chunks(&bytes, &cuts), 16 * 1024 * 1024), (expected, Ok(finish)));
     }
 }
+
+// ------------------------------------- what the Edge sends: run requests
+
+/// JSON text for a tool call's arguments or a tool's schema, and whether
+/// both adapters must accept it (`None`: arbitrary text, could be either).
+fn json_text() -> impl Strategy<Value = (String, Option<bool>)> {
+    prop_oneof![
+        Just((r#"{"a":[1,{"b":null}]}"#.to_string(), Some(true))),
+        Just((String::new(), Some(true))),
+        Just(("  ".to_string(), Some(true))),
+        Just(("[1]".to_string(), Some(false))),
+        Just(("\"x\"".to_string(), Some(false))),
+        Just(("{".to_string(), Some(false))),
+        Just(("{\"a\":1e400}".to_string(), Some(false))),
+        data_text().prop_map(|t| (t, None)),
+    ]
+}
+
+/// A float option: fine, or one no provider can take.
+fn float_option() -> impl Strategy<Value = (Option<f32>, bool)> {
+    prop_oneof![
+        Just((None, true)),
+        (0.0..2.0f32).prop_map(|f| (Some(f), true)),
+        prop::sample::select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY]).prop_map(|f| (Some(f), false)),
+    ]
+}
+
+/// A run request with any roles (unknown `i32`s too), tool-call arguments
+/// and schemas of every kind, and options with non-finite floats; whether
+/// both adapters must translate it, and whether its assistant tool-call
+/// arguments are JSON objects (Ollama's API takes them parsed, the OpenAI
+/// one as the text the client sent).
+fn run_request() -> impl Strategy<Value = (pb::RunRequest, Option<bool>, Option<bool>)> {
+    let call = (data_text(), data_text(), json_text())
+        .prop_map(|(id, name, (arguments_json, ok))| (pb::ToolCall { id, name, arguments_json }, ok));
+    let message =
+        (prop_oneof![4 => 0..5i32, 1 => any::<i32>()], data_text(), prop::collection::vec(call, 0..3), data_text())
+            .prop_map(|(role, content, calls, tool_call_id)| {
+                let (tool_calls, oks): (Vec<_>, Vec<_>) = calls.into_iter().unzip();
+                // Only an assistant's calls are translated.
+                let args_ok = if role == i32::from(pb::Role::Assistant) { all_ok(oks) } else { Some(true) };
+                let role_ok = (1..=4).contains(&role);
+                (pb::ChatMessage { role, content, tool_calls, tool_call_id }, role_ok, args_ok)
+            });
+    let tool = (data_text(), data_text(), json_text()).prop_map(|(name, description, (parameters_json, ok))| {
+        (pb::ToolDefinition { name, description, parameters_json }, ok)
+    });
+    let options = prop::option::of((
+        prop::option::of(any::<u32>()),
+        float_option(),
+        float_option(),
+        prop::collection::vec(data_text(), 0..3),
+        prop::option::of(any::<i64>()),
+    ));
+    (prop::collection::vec(message, 0..4), prop::collection::vec(tool, 0..3), options).prop_map(
+        |(messages, tools, options)| {
+            let roles_ok = messages.iter().all(|(_, role_ok, _)| *role_ok);
+            let args_ok = all_ok(messages.iter().map(|(_, _, ok)| *ok).collect());
+            let messages = messages.into_iter().map(|(m, _, _)| m).collect();
+            let (tools, tool_oks): (Vec<_>, Vec<_>) = tools.into_iter().unzip();
+            let (options, options_ok) = match options {
+                None => (None, true),
+                Some((max_tokens, (temperature, t_ok), (top_p, p_ok), stop, seed)) => {
+                    (Some(pb::GenerationOptions { max_tokens, temperature, top_p, stop, seed }), t_ok && p_ok)
+                }
+            };
+            let ok = and(all_ok(tool_oks), Some(roles_ok && options_ok));
+            let request = pb::RunRequest { run_id: "r".into(), messages, tools, options, ..Default::default() };
+            (request, ok, args_ok)
+        },
+    )
+}
+
+fn and(a: Option<bool>, b: Option<bool>) -> Option<bool> {
+    match (a, b) {
+        (Some(false), _) | (_, Some(false)) => Some(false),
+        (Some(true), Some(true)) => Some(true),
+        _ => None,
+    }
+}
+
+fn all_ok(oks: Vec<Option<bool>>) -> Option<bool> {
+    oks.into_iter().fold(Some(true), and)
+}
+
+proptest! {
+    /// Any run request the Edge could send: a provider body (a JSON object
+    /// for the assigned model, one message per message, streaming) or an
+    /// invalid-request failure, never a panic; a request without a bad role,
+    /// argument, schema or option is always translated.
+    #[test]
+    fn fuzz_request_bodies_for_any_run_request((request, ok, args_ok) in run_request()) {
+        use super::AdapterKind::{Ollama, OpenAi};
+        for adapter in [Ollama, OpenAi] {
+            let target = super::fake::target(adapter, "http://127.0.0.1:1");
+            let (body, ok) = match adapter {
+                Ollama => (ollama::request_body(&target, &request), and(ok, args_ok)),
+                OpenAi => (openai::request_body(&target, &request), ok),
+            };
+            match body {
+                Ok(body) => {
+                    prop_assert!(ok != Some(false), "{adapter:?} accepted {request:?}");
+                    let body: Value = serde_json::from_slice(&body).expect("a JSON body");
+                    prop_assert_eq!(&body["model"], "test-model");
+                    prop_assert_eq!(&body["stream"], true);
+                    prop_assert_eq!(body["messages"].as_array().map(Vec::len), Some(request.messages.len()));
+                }
+                Err(e) => {
+                    prop_assert_eq!(e.to_failure().kind(), pb::FailureKind::InvalidRequest, "{:?}", e);
+                    prop_assert!(ok != Some(true), "{adapter:?} rejected a valid request: {e}");
+                }
+            }
+        }
+    }
+
+    /// Any provider assignment: rejected with a reason, or a target whose
+    /// URLs parse and stay on the assigned host.
+    #[test]
+    fn fuzz_provider_assignment(
+        adapter in prop_oneof![0..4i32, any::<i32>()],
+        pieces in prop::collection::vec(prop::sample::select(vec![
+            "http://", "https://", "ftp://", "localhost", "127.0.0.1", "[::1]", ":11434", ":99999", ":", "/v1", "/", "//",
+            "?q=1", "#f", "user:pw@", " ", "%", "\u{e9}", "..",
+        ]), 0..6),
+        model in data_text(),
+    ) {
+        let assignment = pb::ProviderAssignment {
+            provider_id: "p".into(),
+            adapter,
+            target_model: model,
+            base_url: pieces.concat(),
+            response_stall_timeout_ms: 0,
+        };
+        match super::ProviderTarget::from_assignment(&assignment) {
+            Ok(target) => {
+                prop_assert!(!target.base_url.ends_with('/'), "{}", target.base_url);
+                let base = reqwest::Url::parse(&target.base_url);
+                let url = reqwest::Url::parse(&target.url("/api/chat"));
+                prop_assert!(base.is_ok() && url.is_ok(), "{}", target.base_url);
+                let (base, url) = (base.unwrap(), url.unwrap());
+                prop_assert!(matches!(url.scheme(), "http" | "https"));
+                prop_assert_eq!(url.origin(), base.origin());
+                prop_assert!(url.path().ends_with("/api/chat"));
+            }
+            Err(e) => prop_assert_eq!(e.to_failure().kind(), pb::FailureKind::InvalidRequest),
+        }
+    }
+}
