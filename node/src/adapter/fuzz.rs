@@ -93,6 +93,7 @@ fn sse_events(chunks: &[&[u8]]) -> Outcome<String> {
 /// What a provider stream decodes to, as `drive` would run it: the events
 /// and the finish reason or the failure.
 type Decoded = (Events, Result<pb::FinishReason, pb::ExecutionFailure>);
+type DecodeFn = fn(&[&[u8]], usize) -> Decoded;
 
 fn decode<D: StreamDecoder>(decoder: D, chunks: &[&[u8]], max_line: usize) -> Decoded {
     let mut reader = StreamReader { lines: LineSplitter::with_max_line(max_line), decoder };
@@ -326,7 +327,7 @@ proptest! {
     /// matter, and a failure is the provider's fault (protocol), never ours.
     #[test]
     fn fuzz_decoders_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..256), cuts in cuts()) {
-        let decoders: [fn(&[&[u8]], usize) -> Decoded; 2] = [decode_ollama, decode_openai];
+        let decoders: [DecodeFn; 2] = [decode_ollama, decode_openai];
         for decode in decoders {
             let whole = decode(&[&bytes], 1024);
             prop_assert_eq!(&decode(&chunks(&bytes, &cuts), 1024), &whole);
