@@ -666,4 +666,51 @@ mod tests {
         assert!(!is_commit(&started, CommitPoint::FirstContent), "headers alone commit nothing");
         assert!(!is_commit(&text, CommitPoint::Terminal));
     }
+
+    /// Property tests: the tunnel path's only parse of a client body.
+    mod fuzz {
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        use super::*;
+        use crate::ingress::fuzz::json_value;
+
+        proptest! {
+            /// Any bytes: a rewritten body or an invalid-request failure.
+            #[test]
+            fn fuzz_rewrite_model_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256), target in ".*") {
+                if let Err(failure) = rewrite_model(&body, &target) {
+                    prop_assert_eq!(failure.kind(), FailureKind::InvalidRequest);
+                }
+            }
+
+            /// A JSON object gets exactly its `model` replaced (added if it
+            /// had none); every other field is kept as it was.
+            #[test]
+            fn fuzz_rewrite_model_replaces_only_model(
+                fields in prop::collection::vec((".*", json_value()), 0..8),
+                model in prop::option::of(json_value()),
+                target in ".*",
+                pretty in any::<bool>(),
+            ) {
+                let mut object: serde_json::Map<String, Value> = fields.into_iter().collect();
+                if let Some(model) = model {
+                    object.insert("model".into(), model);
+                }
+                let body = if pretty { serde_json::to_vec_pretty(&object) } else { serde_json::to_vec(&object) };
+                let rewritten = rewrite_model(&body.unwrap(), &target);
+                prop_assert!(rewritten.is_ok(), "{:?}", rewritten);
+                let rewritten: Value = serde_json::from_slice(&rewritten.unwrap()).unwrap();
+                object.insert("model".into(), Value::String(target));
+                prop_assert_eq!(rewritten, Value::Object(object));
+            }
+
+            /// Any other JSON value is an invalid request.
+            #[test]
+            fn fuzz_rewrite_model_rejects_non_objects(value in json_value().prop_filter("not an object", |v| !v.is_object())) {
+                let failure = rewrite_model(&serde_json::to_vec(&value).unwrap(), "t").unwrap_err();
+                prop_assert_eq!(failure.kind(), FailureKind::InvalidRequest);
+            }
+        }
+    }
 }

@@ -150,6 +150,9 @@ pub fn classify(health: pb::ProviderHealth) -> pb::LivenessClassification {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

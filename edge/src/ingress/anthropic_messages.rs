@@ -1272,4 +1272,15 @@ mod tests {
         let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
         assert_eq!(f.kind(), pb::FailureKind::Internal);
     }
+
+    /// Found by `fuzz_parsers_valid_requests_round_trip`: without serde_json's
+    /// `float_roundtrip` a float in a tool call's `input` (or a tool schema, or a
+    /// tunnelled body) came out one ULP off before it reached the provider.
+    #[test]
+    fn floats_in_tool_input_reach_the_provider_exactly() {
+        let body = br#"{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[
+            {"type":"tool_use","id":"t","name":"f","input":{"x":9.728671207290542e+217,"y":0.1}}]}]}"#;
+        let request = parse_request(body).unwrap();
+        assert_eq!(request.messages[0].tool_calls[0].arguments_json, r#"{"x":9.728671207290542e+217,"y":0.1}"#);
+    }
 }

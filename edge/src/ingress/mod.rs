@@ -3,6 +3,8 @@
 
 pub mod anthropic_messages;
 pub mod error;
+#[cfg(test)]
+pub(crate) mod fuzz;
 mod json;
 pub mod openai_chat;
 mod openai_common;

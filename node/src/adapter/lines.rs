@@ -54,6 +54,11 @@ impl LineSplitter {
         match self.buf[self.scan..].iter().position(|&b| b == b'\n') {
             Some(offset) => {
                 let end = self.scan + offset;
+                // Also when the whole line arrived in one chunk: the cap must
+                // not depend on where the network cut the stream.
+                if end - self.start > self.max_line {
+                    return Err(self.line_too_long());
+                }
                 let line = take_line(&self.buf[self.start..end])?;
                 self.start = end + 1;
                 self.scan = self.start;
@@ -62,14 +67,15 @@ impl LineSplitter {
             None => {
                 self.scan = self.buf.len();
                 if self.buf.len() - self.start > self.max_line {
-                    return Err(AdapterError::TooLarge(format!(
-                        "provider sent a line longer than {} bytes",
-                        self.max_line
-                    )));
+                    return Err(self.line_too_long());
                 }
                 Ok(None)
             }
         }
+    }
+
+    fn line_too_long(&self) -> AdapterError {
+        AdapterError::TooLarge(format!("provider sent a line longer than {} bytes", self.max_line))
     }
 
     /// At end of body: the final line if it had no trailing newline. Call
@@ -157,6 +163,28 @@ mod tests {
         s.push(b"one\n");
         assert_eq!(drain(&mut s), vec!["one"]);
         assert_eq!(s.finish().unwrap(), None);
+    }
+
+    /// Found by `fuzz_lines_are_independent_of_chunking`: a line over the cap
+    /// that arrived whole, with its newline, in one chunk (or was completed
+    /// by one) was accepted; cut before its newline it failed.
+    #[test]
+    fn an_overlong_line_fails_however_it_is_cut() {
+        for chunks in [&[&b"0123456789\n"[..]][..], &[b"01234567", b"89\n"], &[b"0123456789", b"\n"]] {
+            let mut s = LineSplitter::with_max_line(8);
+            let mut result = Ok(None);
+            for chunk in chunks {
+                s.push(chunk);
+                result = s.next_line();
+                if result.is_err() {
+                    break;
+                }
+            }
+            assert!(matches!(result, Err(AdapterError::TooLarge(_))), "{chunks:?}: {result:?}");
+        }
+        let mut s = LineSplitter::with_max_line(8);
+        s.push(b"01234567\n");
+        assert_eq!(s.next_line().unwrap().as_deref(), Some("01234567"), "exactly the cap is fine");
     }
 
     #[test]

@@ -17,6 +17,8 @@ mod sse;
 
 #[cfg(test)]
 pub(crate) mod fake;
+#[cfg(test)]
+mod fuzz;
 
 use std::fmt;
 use std::sync::Arc;
@@ -239,7 +241,7 @@ pub async fn execute(
         AdapterKind::Ollama => {
             let body = ollama::request_body(target, request)?;
             let response = post_json(client, &target.url(ollama::CHAT_PATH), body).await?;
-            drive(response, ollama::Decoder::new(&target.target_model), sink).await
+            drive(response, ollama::Decoder::new(&target.target_model, &request.run_id), sink).await
         }
         AdapterKind::OpenAi => {
             let body = openai::request_body(target, request)?;
@@ -381,33 +383,58 @@ trait StreamDecoder {
 
 async fn drive<D: StreamDecoder>(
     response: reqwest::Response,
-    mut decoder: D,
+    decoder: D,
     sink: &EventSink,
 ) -> Result<pb::FinishReason, AdapterError> {
     let mut body = response.bytes_stream();
-    let mut lines = LineSplitter::new();
+    let mut reader = StreamReader::new(decoder);
     let mut out = Events::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| transport_error("reading the provider's response", e))?;
-        lines.push(&chunk);
-        while let Some(line) = lines.next_line()? {
-            let step = decoder.line(&line, &mut out);
-            forward(sink, &mut out).await?;
-            if let Some(reason) = step? {
-                return Ok(reason);
-            }
-        }
-    }
-    if let Some(line) = lines.finish()? {
-        let step = decoder.line(&line, &mut out);
+        let step = reader.chunk(&chunk, &mut out);
         forward(sink, &mut out).await?;
         if let Some(reason) = step? {
             return Ok(reason);
         }
     }
-    let end = decoder.end(&mut out);
+    let end = reader.end(&mut out);
     forward(sink, &mut out).await?;
     end
+}
+
+/// The pure half of [`drive`]: a provider's body, chunk by chunk, split into
+/// lines and decoded. The events of the lines before an error or the end are
+/// in `out` either way (the caller forwards them, then acts on the result).
+struct StreamReader<D> {
+    lines: LineSplitter,
+    decoder: D,
+}
+
+impl<D: StreamDecoder> StreamReader<D> {
+    fn new(decoder: D) -> Self {
+        Self { lines: LineSplitter::new(), decoder }
+    }
+
+    /// One network chunk. `Some` ends the run.
+    fn chunk(&mut self, chunk: &[u8], out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError> {
+        self.lines.push(chunk);
+        while let Some(line) = self.lines.next_line()? {
+            if let Some(reason) = self.decoder.line(&line, out)? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The body ended (without a chunk having ended the run).
+    fn end(&mut self, out: &mut Events) -> Result<pb::FinishReason, AdapterError> {
+        if let Some(line) = self.lines.finish()?
+            && let Some(reason) = self.decoder.line(&line, out)?
+        {
+            return Ok(reason);
+        }
+        self.decoder.end(out)
+    }
 }
 
 async fn forward(sink: &EventSink, events: &mut Events) -> Result<(), AdapterError> {

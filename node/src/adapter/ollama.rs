@@ -157,14 +157,16 @@ struct ChunkFunction {
 /// Decodes Ollama's NDJSON chat stream.
 pub(super) struct Decoder {
     fallback_model: String,
+    /// The run's id: tool-call ids are derived from it.
+    run_id: String,
     started: bool,
     /// Tool calls emitted so far; also the next call's index.
     tool_calls: u32,
 }
 
 impl Decoder {
-    pub(super) fn new(model: &str) -> Self {
-        Self { fallback_model: model.to_owned(), started: false, tool_calls: 0 }
+    pub(super) fn new(model: &str, run_id: &str) -> Self {
+        Self { fallback_model: model.to_owned(), run_id: run_id.to_owned(), started: false, tool_calls: 0 }
     }
 }
 
@@ -198,8 +200,10 @@ impl StreamDecoder for Decoder {
                     other => other.to_string(),
                 };
                 // Ollama gives calls no id; clients match tool results by
-                // id across turns, so each call gets a unique one.
-                let id = format!("call_{}", uuid::Uuid::new_v4().simple());
+                // id across turns, so each call gets a unique one: run ids
+                // are unique, and deriving from them keeps decoding
+                // deterministic.
+                let id = format!("call_{}_{index}", self.run_id);
                 out.push(super::tool_call(index, &id, &call.function.name, &arguments));
             }
         }
@@ -341,7 +345,7 @@ mod tests {
         let mut ids = Vec::new();
         for event in &mut events {
             if let pb::run_event::Event::ToolCall(call) = event {
-                assert!(call.id.starts_with("call_") && call.id.len() == 37, "{}", call.id);
+                assert!(call.id.starts_with(&format!("call_{}_", request.run_id)), "{}", call.id);
                 ids.push(std::mem::take(&mut call.id));
             }
         }
@@ -515,7 +519,7 @@ mod tests {
 
     #[test]
     fn decoder_unit_edge_cases() {
-        let mut d = Decoder::new("fallback");
+        let mut d = Decoder::new("fallback", "r1");
         let mut out = Vec::new();
         // first line without a model name falls back to the assigned model
         assert_eq!(d.line(r#"{"message":{"content":"x"},"done":false}"#, &mut out).unwrap(), None);

@@ -497,3 +497,72 @@ async fn execute_stops_when_the_edge_ends_the_call() {
     assert!(matches!(frames[..], [pb::ProviderTunnelFrame { seq: 1, frame: Some(Frame::Head(_)) }]), "{frames:?}");
     tokio::time::timeout(TEST_WAIT, provider_closed).await.expect("provider saw the close").unwrap();
 }
+
+// ------------------------------------------------- property tests
+
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The path a server that percent-decodes (`%2e`, `%2f`, `%5c`), takes
+    /// `\` for `/` and resolves dot segments would serve.
+    fn as_a_lenient_server_sees_it(path: &str) -> String {
+        let bytes = path.as_bytes();
+        let mut decoded = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            let hex = (bytes[i] == b'%').then(|| bytes.get(i + 1..i + 3)).flatten();
+            match hex.and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()) {
+                Some(b) => {
+                    decoded.push(b);
+                    i += 3;
+                }
+                None => {
+                    decoded.push(bytes[i]);
+                    i += 1;
+                }
+            }
+        }
+        let decoded = String::from_utf8_lossy(&decoded).replace('\\', "/");
+        let mut stack: Vec<&str> = Vec::new();
+        for segment in decoded.split('/') {
+            match segment {
+                "." => {}
+                ".." => {
+                    stack.pop();
+                }
+                s => stack.push(s),
+            }
+        }
+        stack.join("/")
+    }
+
+    proptest! {
+        /// Any path the Edge could relay is rejected, or names a URL on the
+        /// provider's origin that stays under its base path, even for a
+        /// server that decodes and normalizes the path before routing it.
+        #[test]
+        fn fuzz_tunnel_paths_stay_under_the_base_url(
+            base in prop::sample::select(vec!["http://127.0.0.1:11434", "http://h:1/v1", "https://llm.example/a/b"]),
+            pieces in prop::collection::vec(
+                prop::sample::select(vec![
+                    "/", "//", ".", "..", "%2e", "%2E", "%2f", "%5c", "\\", "?", "#", "a", "v1", "@", ":", "http:", "%",
+                    "%zz", "\u{e9}", " ", "\t", "~", ";",
+                ]),
+                0..8,
+            ),
+            rooted in any::<bool>(),
+        ) {
+            // Half start with `/`, as every relayable path must.
+            let path = if rooted { format!("/{}", pieces.concat()) } else { pieces.concat() };
+            if let Ok(url) = provider_url(base, &path) {
+                let base_url = reqwest::Url::parse(base).unwrap();
+                prop_assert_eq!(url.origin(), base_url.origin());
+                let base_path = base_url.path().trim_end_matches('/');
+                let served = as_a_lenient_server_sees_it(url.path());
+                prop_assert!(served.starts_with(&format!("{base_path}/")), "{path:?} -> {url} is served as {served:?}");
+            }
+        }
+    }
+}
