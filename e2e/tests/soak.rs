@@ -192,13 +192,21 @@ async fn client(stack: Arc<Stack>, seed: u64, until: Instant, tally: Arc<Mutex<T
         let started = Instant::now();
         let result = one_request(&stack, api, stream, abandon, seed.wrapping_mul(1_000_000).wrapping_add(n)).await;
         let elapsed = started.elapsed();
-        let mut tally = tally.lock().unwrap();
-        match result {
-            Ok(outcome) => tally.count(outcome, elapsed),
-            Err(violation) => tally.violations.push(violation),
+        let refused = result.as_ref().is_ok_and(|o| o.starts_with("429") || o.starts_with("503"));
+        {
+            let mut tally = tally.lock().unwrap();
+            match result {
+                Ok(outcome) => tally.count(outcome, elapsed),
+                Err(violation) => tally.violations.push(violation),
+            }
+            if elapsed > Duration::from_millis(REQUEST_TIMEOUT_MS) + DEADLINE_SLACK {
+                tally.violations.push(format!("request {n} of client {seed} took {elapsed:?}, past its deadline"));
+            }
         }
-        if elapsed > Duration::from_millis(REQUEST_TIMEOUT_MS) + DEADLINE_SLACK {
-            tally.violations.push(format!("request {n} of client {seed} took {elapsed:?}, past its deadline"));
+        if refused {
+            // Like a client that backs off on 429/503, so answered traffic
+            // is not drowned in instant refusals while a route is down.
+            tokio::time::sleep(Duration::from_millis(rng.u64(20..100))).await;
         }
     }
 }
