@@ -131,13 +131,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
 struct RunEntry<F: NodeFrame> {
     node: String,
     generation: u64,
-    /// Handed to the run's call when the node opens it.
-    request: Option<F::Request>,
-    /// Handed to the run's event stream when it attaches. The table keeps no
-    /// clone: when that stream ends, the channel closes and the `RunStream`
-    /// sees the end at once (a stream that ends without a terminal fails the
-    /// run instead of hanging until the request deadline).
-    events: Option<mpsc::Sender<F>>,
+    /// The run's request and the sender of its events, both handed to the
+    /// run's call when the node opens it (`None` once attached). The table
+    /// keeps no clone of the sender: when that call ends, the channel closes
+    /// and the `RunStream` sees the end at once (a call that ends without a
+    /// terminal fails the run instead of hanging until the request deadline).
+    unattached: Option<(F::Request, mpsc::Sender<F>)>,
     /// Cancelled when the run's connection generation is fenced.
     fence: CancellationToken,
 }
@@ -208,9 +207,7 @@ impl<F: NodeFrame> RunTable<F> {
         if entry.generation != generation || entry.fence.is_cancelled() {
             return Err(AttachError::FencedGeneration);
         }
-        let (Some(events), Some(request)) = (entry.events.take(), entry.request.take()) else {
-            return Err(AttachError::AlreadyAttached);
-        };
+        let (request, events) = entry.unattached.take().ok_or(AttachError::AlreadyAttached)?;
         Ok(AttachedRun { request, events, fence: entry.fence.clone() })
     }
 
@@ -259,8 +256,7 @@ pub async fn start_run<F: NodeFrame>(
         RunEntry {
             node: lease.lease().node().to_string(),
             generation: lease.lease().generation(),
-            request: Some(request),
-            events: Some(events),
+            unattached: Some((request, events)),
             fence: fence.clone(),
         },
     );
