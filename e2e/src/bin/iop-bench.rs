@@ -11,6 +11,9 @@
 //! (`voluntary_ctxt_switches` + `nonvoluntary_ctxt_switches` summed over
 //! `/proc/PID/task/*/status`) before and after every scenario.
 //!
+//! The processes log at `RUST_LOG` (`scripts/bench` sets `warn`, so no
+//! per-request logging is measured).
+//!
 //! Prints one Markdown table, with ratios to the direct run of the same body
 //! and load, and writes it to `target/iop-bench/bench.md`. Measures only:
 //! nothing is asserted.
@@ -26,8 +29,7 @@ use iop_e2e::harness::{self, DevPki, ProviderSpec};
 use iop_e2e::pki::Validity;
 use iop_proto::config::{Adapter, Limits, ProviderMode};
 use serde::Deserialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const NODE: &str = "bench";
 const TARGET_MODEL: &str = "bench-model";
@@ -117,8 +119,9 @@ async fn run(args: Args) -> Result<(), Error> {
     let clock_ticks = clock_ticks();
     let dir = tempfile::Builder::new().prefix("iop-bench-").tempdir()?;
 
-    let (mut upstream, line) =
-        spawn(&harness::bin("iop-fast-upstream"), &["127.0.0.1:0"], Some("listening on")).await?;
+    let (upstream, line) =
+        harness::spawn_until("iop-fast-upstream", &harness::bin("iop-fast-upstream"), &["127.0.0.1:0"], "listening on")
+            .await;
     let upstream_url = line.rsplit(' ').next().ok_or("no upstream address")?.to_string();
 
     let pki = DevPki::create(dir.path())?;
@@ -142,21 +145,26 @@ async fn run(args: Args) -> Result<(), Error> {
     let edge_yaml = dir.path().join("edge.yaml");
     std::fs::write(&edge_yaml, config.to_yaml())?;
     let edge_yaml = edge_yaml.to_str().ok_or("temp path is not UTF-8")?;
-    let (mut edge, line) =
-        spawn(&harness::bin("iop-edge"), &["--config", edge_yaml], Some("iop-edge listening")).await?;
+    let (edge, line) =
+        harness::spawn_until("iop-edge", &harness::bin("iop-edge"), &["--config", edge_yaml], "iop-edge listening")
+            .await;
     let (http, grpc) = (harness::addr_field(&line, "http"), harness::addr_field(&line, "grpc"));
 
-    let node_config = harness::node_config(grpc, &pki.ca_file, &node_pair, (50, 500));
+    let mut node_config = harness::node_config(grpc, &pki.ca_file, &node_pair, (50, 500));
+    // Its ready line on stdout is the metrics listener's.
+    node_config.metrics = Some(iop_node::config::MetricsConfig { listen: any });
     let node_yaml = dir.path().join("node.yaml");
     std::fs::write(&node_yaml, serde_saphyr::to_string(&node_config)?)?;
     let node_yaml = node_yaml.to_str().ok_or("temp path is not UTF-8")?;
-    let (mut node, _) = spawn(&harness::bin("iop-node"), &["--config", node_yaml], None).await?;
+    let (node, _) =
+        harness::spawn_until("iop-node", &harness::bin("iop-node"), &["--config", node_yaml], "iop-node metrics on")
+            .await;
 
     let gateway = format!("http://{http}/v1/chat/completions");
     let direct = format!("{upstream_url}/v1/chat/completions");
     wait_serving(&gateway, &["bench", "bench-tunnel"]).await?;
 
-    let pids = [pid(&edge)?, pid(&node)?, pid(&upstream)?];
+    let pids = [edge.pid(), node.pid(), upstream.pid()];
     let loads = [Load::Concurrency(1), Load::Concurrency(32), Load::Concurrency(64), Load::Rate(50)];
     let mut baseline: HashMap<(bool, Load), (f64, f64, f64)> = HashMap::new();
     // Background cost with no traffic (heartbeats, health probes, timers):
@@ -244,14 +252,8 @@ async fn run(args: Args) -> Result<(), Error> {
     }
 
     // SIGTERM, node first, so each exits the way it would in production.
-    for child in [&mut node, &mut edge, &mut upstream] {
-        if let Some(pid) = child.id() {
-            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
-        }
-        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
+    for process in [node, edge, upstream] {
+        process.terminate().await;
     }
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
@@ -259,42 +261,6 @@ async fn run(args: Args) -> Result<(), Error> {
     std::fs::write(&args.out, &report)?;
     println!("\nwritten to {}", args.out.display());
     Ok(())
-}
-
-/// Spawns `program` with `RUST_LOG=warn` (no per-request logging in the
-/// measurement) and, with a marker, returns once a stdout line contains it.
-async fn spawn(program: &Path, args: &[&str], marker: Option<&str>) -> Result<(Child, String), Error> {
-    let mut child = Command::new(program)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("spawning {}: {e}", program.display()))?;
-    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-    let mut ready = String::new();
-    if let Some(marker) = marker {
-        let wait = async {
-            while let Some(line) = lines.next_line().await? {
-                if line.contains(marker) {
-                    return Ok::<_, std::io::Error>(Some(line));
-                }
-            }
-            Ok(None)
-        };
-        ready = tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .map_err(|_| format!("{} did not print `{marker}` within 30 s", program.display()))??
-            .ok_or_else(|| format!("{} exited before printing `{marker}`", program.display()))?;
-    }
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, ready))
-}
-
-fn pid(child: &Child) -> Result<u32, Error> {
-    Ok(child.id().ok_or("a benchmark process exited")?)
 }
 
 /// Waits until the node is connected and every model answers 200 (the node
