@@ -115,6 +115,23 @@ impl HealthSchedule {
     }
 }
 
+/// A provider's status as the node reports it: `target` is `None` for an
+/// assignment that failed validation (no adapter or target to name).
+pub(crate) fn provider_status(
+    id: &str,
+    target: Option<&ProviderTarget>,
+    health: pb::ProviderHealth,
+    health_observation_seq: Option<u64>,
+) -> pb::ProviderStatus {
+    pb::ProviderStatus {
+        provider_id: id.to_string(),
+        health: health.into(),
+        adapter: target.map_or(0, |t| t.adapter.to_wire().into()),
+        target_model: target.map(|t| t.target_model.clone()).unwrap_or_default(),
+        health_observation_seq,
+    }
+}
+
 /// One connection's monitor: the schedule, shared with the paths that send
 /// evidence of their own, and the loop that probes and reports.
 pub struct HealthMonitor {
@@ -179,14 +196,9 @@ impl HealthMonitor {
                         "provider health check failed"
                     ),
                 }
-                report.push(pb::ProviderStatus {
-                    provider_id: target.provider_id.clone(),
-                    health: verdict.health.into(),
-                    adapter: target.adapter.to_wire().into(),
-                    target_model: target.target_model.clone(),
-                    // Sequenced once the observation is final.
-                    health_observation_seq: Some(sequence.next()),
-                });
+                // Sequenced once the observation is final.
+                let seq = Some(sequence.next());
+                report.push(provider_status(&target.provider_id, Some(target), verdict.health, seq));
             }
             if !report.is_empty() {
                 let msg = pb::node_to_edge::Msg::HealthReport(pb::ProviderHealthReport { providers: report });

@@ -23,7 +23,7 @@ use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
 use crate::config::HealthConfig;
 use crate::execution::{Cancel, ExecutionContext, Observer};
-use crate::health::{HealthMonitor, HealthSchedule};
+use crate::health::{HealthMonitor, HealthSchedule, provider_status};
 use crate::metrics::NodeMetrics;
 // The module only: `crate::run` is also a function.
 use crate::run::{self};
@@ -72,14 +72,7 @@ pub async fn probe_all(
                 verdict.health
             }
         };
-        let target = target.as_ref().ok();
-        pb::ProviderStatus {
-            provider_id: id.to_string(),
-            health: health.into(),
-            adapter: target.map_or(0, |t| t.adapter.to_wire().into()),
-            target_model: target.map(|t| t.target_model.clone()).unwrap_or_default(),
-            health_observation_seq: sequence.map(SessionSequence::next),
-        }
+        provider_status(id, target.as_ref().ok(), health, sequence.map(SessionSequence::next))
     });
     let mut statuses = join_all(checks).await;
     statuses.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
