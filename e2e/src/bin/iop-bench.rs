@@ -49,6 +49,16 @@ struct Args {
     /// Where to write the table.
     #[arg(long, default_value = "target/iop-bench/bench.md")]
     out: PathBuf,
+    /// Run only the scenarios whose name contains this text (e.g.
+    /// `normalized JSON c=32`); the direct run of the same body and load
+    /// still runs first, for the ratios.
+    #[arg(long)]
+    only: Option<String>,
+    /// Start the processes, print their URLs and pids, and wait for Ctrl-C
+    /// instead of running scenarios (for `perf record -p PID` and a load of
+    /// your own).
+    #[arg(long)]
+    serve: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,6 +92,11 @@ impl Load {
             Load::Rate(q) => format!("{q} req/s"),
         }
     }
+}
+
+/// A scenario's row name, e.g. `IOP normalized JSON c=32`.
+fn scenario_name(via: Via, stream: bool, load: Load) -> String {
+    format!("{} {} {}", via.label(), if stream { "SSE" } else { "JSON" }, load.label())
 }
 
 /// One oha run's summary, as the table needs it.
@@ -165,6 +180,15 @@ async fn run(args: Args) -> Result<(), Error> {
     wait_serving(&gateway, &["bench", "bench-tunnel"]).await?;
 
     let pids = [edge.pid(), node.pid(), upstream.pid()];
+    if args.serve {
+        println!("gateway {gateway} (models bench, bench-tunnel)\ndirect  {direct} (model {TARGET_MODEL})");
+        println!("pids: edge {} node {} upstream {}\nCtrl-C stops", pids[0], pids[1], pids[2]);
+        tokio::signal::ctrl_c().await?;
+        for process in [node, edge, upstream] {
+            process.terminate().await;
+        }
+        return Ok(());
+    }
     let loads = [Load::Concurrency(1), Load::Concurrency(32), Load::Concurrency(64), Load::Rate(50)];
     let mut baseline: HashMap<(bool, Load), (f64, f64, f64)> = HashMap::new();
     // Background cost with no traffic (heartbeats, health probes, timers):
@@ -210,9 +234,17 @@ async fn run(args: Args) -> Result<(), Error> {
             let body = format!(
                 r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"benchmark prompt"}}]}}"#
             );
+            let wanted = |load: Load| {
+                let wanted =
+                    |via: Via| args.only.as_ref().is_none_or(|only| scenario_name(via, stream, load).contains(only));
+                wanted(via) || (via == Via::Direct && [Via::Normalized, Via::Tunnel].into_iter().any(wanted))
+            };
+            if !loads.into_iter().any(wanted) {
+                continue;
+            }
             // Warm-up: connections, pools and allocator caches; not recorded.
             oha(&args.oha, url, &body, &["-n", "500", "-c", "32"]).await?;
-            for load in loads {
+            for load in loads.into_iter().filter(|&load| wanted(load)) {
                 let secs = match load {
                     Load::Concurrency(_) => args.secs,
                     Load::Rate(_) => args.rate_secs,
@@ -222,7 +254,7 @@ async fn run(args: Args) -> Result<(), Error> {
                     baseline.insert((stream, load), (outcome.rps, outcome.p50_ms, outcome.p99_ms));
                 }
                 let (rps, p50, p99) = baseline.get(&(stream, load)).copied().unwrap_or((f64::NAN, f64::NAN, f64::NAN));
-                let name = format!("{} {} {}", via.label(), if stream { "SSE" } else { "JSON" }, load.label());
+                let name = scenario_name(via, stream, load);
                 let [ce, cn, cu] = outcome.cpu_us;
                 let [se, sn, su] = outcome.switches;
                 let line = if via == Via::Direct {
