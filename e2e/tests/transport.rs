@@ -214,14 +214,11 @@ async fn frames_for_a_fenced_generation_are_dropped_and_counted() {
     tx.send(event(1, run_event::Event::Started(pb::RunStarted { model: "mock".into() }))).await.unwrap();
     let mut events_client = fake.client.clone();
     let mut downlink = events_client.run_events(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    // The run's own call, not the control stream, carries the request.
-    match downlink.message().await.unwrap().and_then(|d| d.msg) {
-        Some(pb::run_downlink::Msg::Request(request)) => {
-            assert_eq!(request.run_id, run.run_id);
-            assert_eq!(request.messages.last().unwrap().content, "hi");
-        }
-        None => panic!("the call's first answer is the request"),
-    }
+    // A small request rides the assignment (issue 9); the call's answer
+    // carries nothing.
+    let assigned = run.request.expect("a small request rides the assignment");
+    assert_eq!(assigned.run_id, run.run_id);
+    assert_eq!(assigned.messages.last().unwrap().content, "hi");
     let uplink = tokio::spawn(async move { while let Ok(Some(_)) = downlink.message().await {} });
 
     // The fake never acknowledges heartbeats: the Edge closes the session.
@@ -338,6 +335,7 @@ async fn a_large_prompt_in_transit_does_not_hold_up_the_control_stream() {
     let small_body = |text: &str| serde_json::to_vec(&chat_body("mock-openai", text, false)).unwrap();
     let _big = post(big_body);
     let big = fake.next_run_answering_heartbeats().await;
+    assert_eq!(big.request, None, "only a small request rides the control stream");
     // Open the big run's call and leave its answer unread: HTTP/2 flow
     // control holds the rest of the prompt on the Edge.
     let (tx, rx) = mpsc::channel(16);
@@ -367,6 +365,7 @@ async fn a_large_prompt_in_transit_does_not_hold_up_the_control_stream() {
     let _small = post(small_body("small"));
     let small = fake.next_run_answering_heartbeats().await;
     assert_ne!(small.run_id, big.run_id, "another run's assignment arrived");
+    assert!(small.request.is_some(), "with its small request");
     assert_eq!(stack.node(NODE).await["phase"], "ready");
 
     match big_call.message().await.unwrap().and_then(|d| d.msg) {

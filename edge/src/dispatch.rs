@@ -30,13 +30,14 @@ const DISPATCH_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// A frame type a node streams for one run: normalized `RunEvent`s or
 /// `ProviderTunnelFrame`s.
 pub trait NodeFrame: Send + 'static {
-    /// What the node receives first on the run's own call.
-    type Request: Send + 'static;
+    /// The run's request: in its assignment when small, else the first
+    /// message down the run's own call.
+    type Request: prost::Message + Send + 'static;
     /// The frame's payload as the client side consumes it.
     type Item: Send;
-    /// The control message that assigns run `id` (the id only: the request
-    /// travels on the run's own call, never on the control stream).
-    fn assign(id: String) -> pb::edge_to_node::Msg;
+    /// The control message that assigns run `id`, carrying `request` when it
+    /// is small enough to ride the control stream (see [`inline`]).
+    fn assign(id: String, request: Option<Self::Request>) -> pb::edge_to_node::Msg;
     fn seq(&self) -> u64;
     fn is_terminal(&self) -> bool;
     fn validate(&self) -> Result<(), WireError>;
@@ -53,8 +54,8 @@ pub trait NodeFrame: Send + 'static {
 impl NodeFrame for pb::RunEvent {
     type Request = pb::RunRequest;
     type Item = pb::run_event::Event;
-    fn assign(run_id: String) -> pb::edge_to_node::Msg {
-        pb::edge_to_node::Msg::RunAssign(pb::RunAssign { run_id })
+    fn assign(run_id: String, request: Option<pb::RunRequest>) -> pb::edge_to_node::Msg {
+        pb::edge_to_node::Msg::RunAssign(pb::RunAssign { run_id, request })
     }
     fn seq(&self) -> u64 {
         self.seq
@@ -91,8 +92,8 @@ impl NodeFrame for pb::RunEvent {
 impl NodeFrame for pb::ProviderTunnelFrame {
     type Request = pb::ProviderTunnelRequest;
     type Item = pb::provider_tunnel_frame::Frame;
-    fn assign(tunnel_id: String) -> pb::edge_to_node::Msg {
-        pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { tunnel_id })
+    fn assign(tunnel_id: String, request: Option<pb::ProviderTunnelRequest>) -> pb::edge_to_node::Msg {
+        pb::edge_to_node::Msg::TunnelAssign(pb::TunnelAssign { tunnel_id, request })
     }
     fn seq(&self) -> u64 {
         self.seq
@@ -131,12 +132,13 @@ impl NodeFrame for pb::ProviderTunnelFrame {
 struct RunEntry<F: NodeFrame> {
     node: String,
     generation: u64,
-    /// The run's request and the sender of its events, both handed to the
-    /// run's call when the node opens it (`None` once attached). The table
-    /// keeps no clone of the sender: when that call ends, the channel closes
-    /// and the `RunStream` sees the end at once (a call that ends without a
-    /// terminal fails the run instead of hanging until the request deadline).
-    unattached: Option<(F::Request, mpsc::Sender<F>)>,
+    /// The run's request (unless its assignment carried it) and the sender
+    /// of its events, both handed to the run's call when the node opens it
+    /// (`None` once attached). The table keeps no clone of the sender: when
+    /// that call ends, the channel closes and the `RunStream` sees the end at
+    /// once (a call that ends without a terminal fails the run instead of
+    /// hanging until the request deadline).
+    unattached: Option<(Option<F::Request>, mpsc::Sender<F>)>,
     /// Cancelled when the run's connection generation is fenced.
     fence: CancellationToken,
 }
@@ -167,8 +169,9 @@ impl AttachError {
 
 /// The node side's handle on an attached run.
 pub struct AttachedRun<F: NodeFrame> {
-    /// The run's request, sent down its call first.
-    pub request: F::Request,
+    /// The run's request, sent down its call first; `None` when its
+    /// assignment carried it.
+    pub request: Option<F::Request>,
     pub events: mpsc::Sender<F>,
     pub fence: CancellationToken,
 }
@@ -237,9 +240,16 @@ impl<F: NodeFrame> RunTable<F> {
     }
 }
 
-/// Starts a run under `lease`: records `request` for the run's own call and
-/// sends the assignment (the lease's run id) to the node session behind
-/// `control` (which must belong to the lease's node and generation).
+/// Whether `request` rides its assignment on the control stream (at most
+/// [`iop_proto::wire::MAX_INLINE_REQUEST_BYTES`] encoded). Pure.
+pub fn inline<R: prost::Message>(request: &R) -> bool {
+    request.encoded_len() <= iop_proto::wire::MAX_INLINE_REQUEST_BYTES
+}
+
+/// Starts a run under `lease`: sends the assignment (the lease's run id, and
+/// `request` when it is small) to the node session behind `control` (which
+/// must belong to the lease's node and generation); a larger request is kept
+/// for the run's own call.
 pub async fn start_run<F: NodeFrame>(
     table: &Arc<RunTable<F>>,
     metrics: &Arc<EdgeMetrics>,
@@ -251,6 +261,7 @@ pub async fn start_run<F: NodeFrame>(
     let run_id = lease.lease().run_id().to_string();
     let (events, rx) = mpsc::channel(RUN_CHANNEL_CAPACITY);
     let fence = CancellationToken::new();
+    let (assigned, request) = if inline(&request) { (Some(request), None) } else { (None, Some(request)) };
     table.runs.lock().unwrap().insert(
         run_id.clone(),
         RunEntry {
@@ -272,7 +283,7 @@ pub async fn start_run<F: NodeFrame>(
         next_seq: 1,
         finished: false,
     };
-    let assign = pb::EdgeToNode { msg: Some(F::assign(stream.run_id.clone())) };
+    let assign = pb::EdgeToNode { msg: Some(F::assign(stream.run_id.clone(), assigned)) };
     // Bounded: a node that stopped reading is about to be fenced anyway.
     let sent = tokio::time::timeout(DISPATCH_SEND_TIMEOUT, control.send(Ok(assign))).await;
     if !matches!(sent, Ok(Ok(()))) {
@@ -440,9 +451,15 @@ mod tests {
     async fn started(
         table: &Arc<Table>,
     ) -> (RunStream<pb::RunEvent>, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
+        started_with(table, pb::RunRequest { run_id: "r1".into(), ..Default::default() }).await
+    }
+
+    async fn started_with(
+        table: &Arc<Table>,
+        request: pb::RunRequest,
+    ) -> (RunStream<pb::RunEvent>, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
         let (control, control_rx) = mpsc::channel(8);
         let lease = crate::admission::test_support::lease("r1", "n1", 5);
-        let request = pb::RunRequest { run_id: "r1".into(), ..Default::default() };
         let handoff = Arc::new(StallHandoff {
             registry: Arc::new(crate::node::registry::NodeRegistry::default()),
             overlay: Default::default(),
@@ -460,8 +477,38 @@ mod tests {
         assert_eq!(table.attach("r1", "n2", 5).err(), Some(AttachError::WrongNode));
         assert_eq!(table.attach("r1", "n1", 4).err(), Some(AttachError::FencedGeneration));
         let attached = table.attach("r1", "n1", 5).expect("the run's own node and generation");
-        assert_eq!(attached.request.run_id, "r1", "the request is handed to the run's call");
+        assert!(attached.request.is_none(), "a small request rode the assignment");
         assert_eq!(table.attach("r1", "n1", 5).err(), Some(AttachError::AlreadyAttached));
+    }
+
+    /// Issue 9: a small request rides the assignment; a larger one is kept
+    /// for the run's own call and never touches the control stream.
+    #[tokio::test]
+    async fn only_a_small_request_rides_the_control_stream() {
+        let assigned = |control: &mut mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>| match control.try_recv() {
+            Ok(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(a)) })) => a,
+            other => panic!("expected the assignment, got {other:?}"),
+        };
+        let request = |content: String| pb::RunRequest {
+            run_id: "r1".into(),
+            messages: vec![pb::ChatMessage { role: pb::Role::User.into(), content, ..Default::default() }],
+            ..Default::default()
+        };
+        let limit = iop_proto::wire::MAX_INLINE_REQUEST_BYTES;
+
+        let table = Arc::new(Table::default());
+        let small = request("x".repeat(limit - 64));
+        assert!(inline(&small));
+        let (_stream, mut control) = started_with(&table, small.clone()).await;
+        assert_eq!(assigned(&mut control).request, Some(small));
+        assert_eq!(table.attach("r1", "n1", 5).unwrap().request, None);
+
+        let table = Arc::new(Table::default());
+        let large = request("x".repeat(limit));
+        assert!(!inline(&large));
+        let (_stream, mut control) = started_with(&table, large.clone()).await;
+        assert_eq!(assigned(&mut control), pb::RunAssign { run_id: "r1".into(), request: None });
+        assert_eq!(table.attach("r1", "n1", 5).unwrap().request, Some(large), "kept for the run's own call");
     }
 
     #[tokio::test]
@@ -553,7 +600,7 @@ mod tests {
         let (stream, mut control) = started(&table).await;
         match control.recv().await {
             Some(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(a)) })) => {
-                assert_eq!(a, pb::RunAssign { run_id: "r1".into() }, "the control stream carries only the id")
+                assert_eq!(a.run_id, "r1")
             }
             other => panic!("expected the assignment, got {other:?}"),
         }

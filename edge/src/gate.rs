@@ -213,7 +213,7 @@ pub async fn execute(
     for attempt in 1..=limits.max_attempts {
         let admit = AdmitRequest {
             route: model.to_string(),
-            run_id: uuid::Uuid::new_v4().simple().to_string(),
+            run_id: crate::ids::new_uuid().simple().to_string(),
             candidates: candidates.clone(),
             avoid: avoid.clone(),
         };

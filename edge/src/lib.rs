@@ -11,6 +11,7 @@ pub mod config;
 pub mod dispatch;
 pub mod gate;
 pub mod http;
+pub mod ids;
 pub mod ingress;
 pub mod metrics;
 pub mod node;

@@ -6,6 +6,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use iop_proto::liveness::HeartbeatProfile;
 
+/// mimalloc rather than glibc malloc: per-request allocations were about a
+/// tenth of the CPU under load (measured with `scripts/bench`, see README
+/// "Performance").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "iop-edge", version, about = "IOP Edge: LLM gateway that dispatches to nodes over mTLS gRPC")]
 struct Args {

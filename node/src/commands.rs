@@ -96,12 +96,7 @@ mod tests {
     use crate::adapter::fake::{self, Reply};
 
     fn providers(ollama_base: &str) -> Providers {
-        let target = |id: &str, adapter, base: &str| ProviderTarget {
-            provider_id: id.into(),
-            adapter,
-            target_model: "llama3.2:3b".into(),
-            base_url: base.into(),
-        };
+        let target = |id: &str, adapter, base: &str| ProviderTarget::new(id, adapter, "llama3.2:3b", base).unwrap();
         Providers::from([
             ("ollama".to_owned(), Ok(target("ollama", AdapterKind::Ollama, ollama_base))),
             ("openai".to_owned(), Ok(target("openai", AdapterKind::OpenAi, ollama_base))),

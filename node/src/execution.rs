@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use iop_proto::pb::{self, node_gateway_client::NodeGatewayClient};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -202,6 +201,13 @@ pub(crate) trait UplinkFrame: std::fmt::Debug + Send + 'static {
     type Item: Send + 'static;
     fn open(id: &str, generation: u64) -> Self;
     fn numbered(seq: u64, item: Self::Item) -> Self;
+    /// Appends `next` to `pending` when both are pieces of one content
+    /// stream (see [`Coalescer`]) and gives back `None`; otherwise gives
+    /// `next` back untouched.
+    fn merge(pending: &mut Self::Item, next: Self::Item) -> Option<Self::Item> {
+        let _ = pending;
+        Some(next)
+    }
 }
 
 impl UplinkFrame for pb::RunUplink {
@@ -213,6 +219,28 @@ impl UplinkFrame for pb::RunUplink {
 
     fn numbered(seq: u64, event: Self::Item) -> Self {
         Self { frame: Some(pb::run_uplink::Frame::Event(pb::RunEvent { seq, event: Some(event) })) }
+    }
+
+    /// Consecutive text deltas; argument deltas of the same tool call (a
+    /// later delta names no new id or name). Bounded by [`COALESCE_BYTES`].
+    fn merge(pending: &mut Self::Item, next: Self::Item) -> Option<Self::Item> {
+        use pb::run_event::Event;
+        match (pending, next) {
+            (Event::Text(held), Event::Text(more)) if held.text.len() < COALESCE_BYTES => {
+                held.text.push_str(&more.text);
+                None
+            }
+            (Event::ToolCall(held), Event::ToolCall(more))
+                if held.index == more.index
+                    && more.id.is_empty()
+                    && more.name.is_empty()
+                    && held.arguments_delta.len() < COALESCE_BYTES =>
+            {
+                held.arguments_delta.push_str(&more.arguments_delta);
+                None
+            }
+            (_, next) => Some(next),
+        }
     }
 }
 
@@ -255,6 +283,44 @@ impl<U: UplinkFrame> Uplink<U> {
     }
 }
 
+/// Up to this much text (or tool-call arguments) is merged into one frame
+/// for a client that does not stream.
+pub(crate) const COALESCE_BYTES: usize = 16 * 1024;
+
+/// Holds back the last item for a client that only wants the final answer,
+/// so that deltas it would only concatenate cross the wire as one frame
+/// (about one frame per [`COALESCE_BYTES`] of content instead of one per
+/// provider chunk). It sits after the stall watchdog: every provider chunk
+/// still counts as progress. With `enabled` false every item passes at once.
+pub(crate) struct Coalescer<T> {
+    enabled: bool,
+    pending: Option<T>,
+}
+
+impl<T> Coalescer<T> {
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self { enabled, pending: None }
+    }
+
+    /// Takes `item`; returns what is ready to send.
+    pub(crate) fn push<U: UplinkFrame<Item = T>>(&mut self, item: T) -> Option<T> {
+        if !self.enabled {
+            return Some(item);
+        }
+        let Some(pending) = &mut self.pending else {
+            self.pending = Some(item);
+            return None;
+        };
+        let next = U::merge(pending, item)?;
+        self.pending.replace(next)
+    }
+
+    /// What is held back, once no more items will come.
+    pub(crate) fn flush(&mut self) -> Option<T> {
+        self.pending.take()
+    }
+}
+
 /// The answer of a per-execution call (`RunDownlink`, `TunnelDownlink`).
 pub(crate) trait DownlinkMessage: Send + 'static {
     type Request: Send + 'static;
@@ -283,13 +349,15 @@ impl DownlinkMessage for pb::TunnelDownlink {
     }
 }
 
-/// The spawned per-execution call; it completes when the Edge answers with
-/// the response head of its downlink.
-pub(crate) type Call<D> = JoinHandle<Result<tonic::Response<tonic::Streaming<D>>, tonic::Status>>;
+/// A per-execution call; it completes when the Edge answers with the
+/// response head of its downlink. Awaited in place, not spawned: once its
+/// request head is out, hyper's connection task streams the uplink frames
+/// whether or not anything polls this future.
+pub(crate) type Call<D> =
+    std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<tonic::Streaming<D>>, tonic::Status>> + Send>>;
 
-/// Opens an execution's call: queues the open frame and spawns `start` on
-/// the frame stream. The call is polled on its own task so frames flow
-/// independently of the producer.
+/// Opens an execution's call: queues the open frame and starts `start` on
+/// the frame stream.
 pub(crate) fn open<U, D, F, Fut>(id: &str, generation: u64, start: F) -> (Uplink<U>, Call<D>)
 where
     U: UplinkFrame,
@@ -299,32 +367,40 @@ where
 {
     let (tx, rx) = mpsc::channel(UPLINK_CAPACITY);
     tx.try_send(U::open(id, generation)).expect("a fresh uplink has room for its open frame");
-    (Uplink::new(tx), tokio::spawn(start(ReceiverStream::new(rx))))
+    (Uplink::new(tx), Box::pin(start(ReceiverStream::new(rx))))
 }
 
-/// Waits for the Edge's answer to the call: the request of execution `id`.
-/// `None` (logged) when the Edge refused the call, the request did not come
-/// within [`REQUEST_WAIT`], it named another execution, or `cancel` fired.
-/// The execution then ends without frames; the Edge sees its call end.
-pub(crate) async fn receive_request<D: DownlinkMessage>(
+/// The request of execution `id` and the Edge's side of its call: the
+/// request its assignment carried (`assigned`), or else the Edge's answer to
+/// the call. `None` (logged) when the Edge refused the call, the request did
+/// not come within [`REQUEST_WAIT`], it named another execution, or `cancel`
+/// fired. The execution then ends without frames; the Edge sees its call end.
+pub(crate) async fn request<D: DownlinkMessage>(
+    assigned: Option<D::Request>,
     call: Call<D>,
     cancel: &Cancel,
     what: &'static str,
     id: &str,
-) -> Option<(D::Request, tonic::Streaming<D>)> {
-    let received = async {
-        let mut downlink = call.await.ok()?.ok()?.into_inner();
-        let request = downlink.message().await.ok()??.into_request()?;
-        Some((request, downlink))
-    };
-    let outcome = tokio::select! {
-        received = tokio::time::timeout(REQUEST_WAIT, received) => received,
-        _ = cancel.cancelled() => return None,
+) -> Option<(D::Request, Downlink<D>)> {
+    let outcome = match assigned {
+        // The call is answered later, while the provider already works.
+        Some(request) => Ok(Some((request, Downlink::Pending(call)))),
+        None => {
+            let received = async {
+                let mut downlink = call.await.ok()?.into_inner();
+                let request = downlink.message().await.ok()??.into_request()?;
+                Some((request, Downlink::Open(Box::new(downlink))))
+            };
+            tokio::select! {
+                received = tokio::time::timeout(REQUEST_WAIT, received) => received,
+                _ = cancel.cancelled() => return None,
+            }
+        }
     };
     match outcome {
         Ok(Some((request, downlink))) if D::id(&request) == id => Some((request, downlink)),
         Ok(Some(_)) => {
-            tracing::warn!(id, "{what} call answered with another execution's request");
+            tracing::warn!(id, "{what} answered with another execution's request");
             None
         }
         Ok(None) => {
@@ -338,59 +414,67 @@ pub(crate) async fn receive_request<D: DownlinkMessage>(
     }
 }
 
-/// Resolves when the Edge ends the call (it sends nothing after the request).
-pub(crate) async fn edge_gone<D>(downlink: &mut tonic::Streaming<D>) {
-    while let Ok(Some(_)) = downlink.message().await {}
+/// The Edge's side of an execution's call.
+pub(crate) enum Downlink<D> {
+    /// Not answered yet (the request came with the assignment).
+    Pending(Call<D>),
+    Open(Box<tonic::Streaming<D>>),
+    /// The Edge refused the call or ended its answer.
+    Ended,
+}
+
+impl<D: DownlinkMessage> Downlink<D> {
+    /// Resolves when the Edge ends the call (it sends nothing after the
+    /// request), or refuses it.
+    pub(crate) async fn ended(&mut self) {
+        if let Downlink::Pending(call) = self {
+            *self = match call.await {
+                Ok(response) => Downlink::Open(Box::new(response.into_inner())),
+                Err(status) => {
+                    tracing::debug!(code = ?status.code(), "execution call refused");
+                    Downlink::Ended
+                }
+            };
+        }
+        if let Downlink::Open(stream) = self {
+            while let Ok(Some(_)) = stream.message().await {}
+        }
+        *self = Downlink::Ended;
+    }
 }
 
 /// Closes the uplink and waits (bounded) for the Edge to end the call.
-pub(crate) async fn await_ack<U, D>(
+pub(crate) async fn await_ack<U, D: DownlinkMessage>(
     uplink: Uplink<U>,
-    mut downlink: tonic::Streaming<D>,
+    mut downlink: Downlink<D>,
     what: &'static str,
     id: &str,
 ) {
     drop(uplink);
-    let ended = async {
-        loop {
-            match downlink.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => return Ok(()),
-                Err(status) => return Err(status),
-            }
-        }
-    };
-    match tokio::time::timeout(ACK_WAIT, ended).await {
-        Ok(Ok(())) => {}
-        Ok(Err(status)) => tracing::debug!(id, code = ?status.code(), "{what} stream refused"),
-        Err(_) => tracing::debug!(id, "{what} stream not acknowledged"),
+    if tokio::time::timeout(ACK_WAIT, downlink.ended()).await.is_err() {
+        tracing::debug!(id, "{what} stream not acknowledged");
     }
 }
 
-/// A spawned provider task, aborted when dropped: the provider request it
-/// owns is torn down with it.
-pub(crate) struct Producer<T>(JoinHandle<T>);
+/// The provider side of an execution (adapter or relay), polled in place by
+/// [`forward`] rather than spawned: no task, no cross-thread wake-up and no
+/// clone of the request per run. Dropping it drops the provider request, so
+/// closing it is immediate.
+pub(crate) struct Producer<'a, T>(std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>);
 
-impl<T: Send + 'static> Producer<T> {
-    pub(crate) fn spawn(work: impl Future<Output = T> + Send + 'static) -> Self {
-        Self(tokio::spawn(work))
+impl<'a, T> Producer<'a, T> {
+    pub(crate) fn new(work: impl Future<Output = T> + Send + 'a) -> Self {
+        Self(Box::pin(work))
     }
 
-    /// Tears the provider request down; resolves once the task returned.
-    pub(crate) async fn close(mut self) {
-        self.0.abort();
-        let _ = (&mut self.0).await;
-    }
-}
-
-impl<T> Drop for Producer<T> {
-    fn drop(&mut self) {
-        self.0.abort();
+    /// Tears the provider request down.
+    pub(crate) async fn close(self) {
+        drop(self);
     }
 }
 
 /// How [`forward`] ended.
-pub(crate) enum Driven<T> {
+pub(crate) enum Driven<'a, T> {
     /// The producer finished; everything it emitted was forwarded.
     Finished(T),
     Cancelled,
@@ -400,26 +484,32 @@ pub(crate) enum Driven<T> {
     /// is handed back so its close can be confirmed within the close grace.
     Stalled {
         silent_for: Duration,
-        producer: Producer<T>,
+        producer: Producer<'a, T>,
     },
 }
 
-/// Polls `producer` while forwarding the items it puts into `items`, until it
-/// finishes, `cancel` fires, `edge_gone` resolves, or `watchdog` claims a
-/// stall. Cancellation and the Edge ending the call take precedence over a
-/// simultaneous stall. Items emitted before the producer's result are
-/// forwarded first; items after a stall claim are dropped and counted.
+/// Polls `producer` while forwarding the items it puts into `items` (through
+/// `coalescer`), until it finishes, `cancel` fires, `edge_gone` resolves, or
+/// `watchdog` claims a stall. Cancellation and the Edge ending the call take
+/// precedence over a simultaneous stall. Items emitted before the producer's
+/// result are forwarded first; items after a stall claim, and an item the
+/// coalescer still holds then, are dropped (the run fails; a client that does
+/// not stream never sees a failed attempt's content).
 /// Time spent waiting on our own uplink (client backpressure) is not
 /// provider silence.
-async fn forward<U: UplinkFrame, T: Send + 'static>(
-    producer: Producer<T>,
+// Each argument is one of the loop's independent inputs; bundling them
+// would only rename them.
+#[allow(clippy::too_many_arguments)]
+async fn forward<'a, U: UplinkFrame, T>(
+    producer: Producer<'a, T>,
     items: &mut mpsc::Receiver<U::Item>,
     uplink: &mut Uplink<U>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
     watchdog: &mut StallWatchdog,
+    coalescer: &mut Coalescer<U::Item>,
     fenced: impl Fn(),
-) -> Driven<T> {
+) -> Driven<'a, T> {
     let mut producer = producer;
     tokio::pin!(edge_gone);
     loop {
@@ -433,6 +523,7 @@ async fn forward<U: UplinkFrame, T: Send + 'static>(
                     fenced();
                     continue;
                 }
+                let Some(item) = coalescer.push::<U>(item) else { continue };
                 match uplink.send_unless_cancelled(item, cancel).await {
                     None => return Driven::Cancelled,
                     Some(false) => return Driven::EdgeGone,
@@ -441,8 +532,13 @@ async fn forward<U: UplinkFrame, T: Send + 'static>(
                     }
                 }
             }
-            finished = &mut producer.0 => {
+            result = &mut producer.0 => {
+                let mut rest = Vec::new();
                 while let Ok(item) = items.try_recv() {
+                    rest.extend(coalescer.push::<U>(item));
+                }
+                rest.extend(coalescer.flush());
+                for item in rest {
                     match uplink.send_unless_cancelled(item, cancel).await {
                         None => return Driven::Cancelled,
                         Some(false) => return Driven::EdgeGone,
@@ -450,11 +546,7 @@ async fn forward<U: UplinkFrame, T: Send + 'static>(
                     }
                 }
                 watchdog.finish();
-                // A producer task only ends early by panicking.
-                return match finished {
-                    Ok(result) => Driven::Finished(result),
-                    Err(_) => Driven::EdgeGone,
-                };
+                return Driven::Finished(result);
             }
             _ = tokio::time::sleep_until(deadline) => {
                 if let Some(silent_for) = watchdog.claim(tokio::time::Instant::now()) {
@@ -489,18 +581,20 @@ pub(crate) struct Watched<'a> {
 /// same way for runs and tunnels: an adapter error becomes its wire failure
 /// (an unreachable provider is probed for evidence), a stall becomes the
 /// single `response_stalled` failure with its joined evidence.
-pub(crate) async fn drive<U: UplinkFrame, T: Send + 'static>(
-    producer: Producer<Result<T, crate::adapter::AdapterError>>,
+pub(crate) async fn drive<U: UplinkFrame, T>(
+    producer: Producer<'_, Result<T, crate::adapter::AdapterError>>,
     items: &mut mpsc::Receiver<U::Item>,
     uplink: &mut Uplink<U>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
     watched: Watched<'_>,
+    coalesce: bool,
 ) -> Settled<T> {
     let Watched { http, target, stall_timeout, observer, kind } = watched;
     let mut watchdog = StallWatchdog::new(stall_timeout, tokio::time::Instant::now());
+    let mut coalescer = Coalescer::new(coalesce);
     let fenced = || observer.metrics.fenced(kind);
-    match forward(producer, items, uplink, cancel, edge_gone, &mut watchdog, fenced).await {
+    match forward(producer, items, uplink, cancel, edge_gone, &mut watchdog, &mut coalescer, fenced).await {
         Driven::Finished(Ok(done)) => Settled::Finished(Ok(done)),
         Driven::Finished(Err(e)) => {
             let mut failure = e.to_failure();
@@ -536,10 +630,10 @@ async fn unreachable_evidence(
 /// After a stall claim: joins the close-grace fence on `producer` with the
 /// exact-target probe, records the observation, and returns the single
 /// `response_stalled` failure with its evidence and sequence.
-async fn stall_failure<T: Send + 'static>(
+async fn stall_failure<T>(
     http: &reqwest::Client,
     target: &ProviderTarget,
-    producer: Producer<T>,
+    producer: Producer<'_, T>,
     silent_for: Duration,
     observer: &Observer,
     kind: ExecutionKind,
@@ -572,12 +666,7 @@ mod tests {
     use crate::adapter::AdapterKind;
 
     fn providers() -> Providers {
-        let target = ProviderTarget {
-            provider_id: "p1".into(),
-            adapter: AdapterKind::Ollama,
-            target_model: "m".into(),
-            base_url: "http://127.0.0.1:9".into(),
-        };
+        let target = ProviderTarget::new("p1", AdapterKind::Ollama, "m", "http://127.0.0.1:9").unwrap();
         Providers::from([("p1".to_owned(), Ok(target)), ("bad".to_owned(), Err("broken".to_owned()))])
     }
 
@@ -615,6 +704,63 @@ mod tests {
             err(assigned("nope", pb::AdapterKind::Ollama, 0)).to_failure().kind(),
             pb::FailureKind::InvalidRequest
         );
+    }
+
+    fn text(t: &str) -> pb::run_event::Event {
+        pb::run_event::Event::Text(pb::TextDelta { text: t.into() })
+    }
+
+    fn call(index: u32, id: &str, name: &str, arguments: &str) -> pb::run_event::Event {
+        let delta = pb::ToolCallDelta { index, id: id.into(), name: name.into(), arguments_delta: arguments.into() };
+        pb::run_event::Event::ToolCall(delta)
+    }
+
+    /// Feeds `items` through a coalescer and flushes it: what crosses the wire.
+    fn coalesced(enabled: bool, items: Vec<pb::run_event::Event>) -> Vec<pb::run_event::Event> {
+        let mut coalescer = Coalescer::new(enabled);
+        let mut out: Vec<_> = items.into_iter().filter_map(|item| coalescer.push::<pb::RunUplink>(item)).collect();
+        out.extend(coalescer.flush());
+        out
+    }
+
+    /// Issue 9: a client that does not stream gets its deltas merged, in
+    /// order, with nothing lost and nothing merged across kinds or calls.
+    #[test]
+    fn a_non_streaming_run_crosses_the_wire_as_merged_deltas() {
+        use pb::run_event::Event;
+        let started = Event::Started(pb::RunStarted { model: "m".into() });
+        let usage = Event::Usage(pb::Usage { prompt_tokens: 3, completion_tokens: 4 });
+        let items = vec![
+            started.clone(),
+            text("Hel"),
+            text("lo"),
+            text(", world"),
+            call(0, "c1", "f", "{\"a\""),
+            call(0, "", "", ":1}"),
+            call(1, "c2", "g", "{}"),
+            usage.clone(),
+        ];
+        assert_eq!(
+            coalesced(true, items.clone()),
+            vec![started, text("Hello, world"), call(0, "c1", "f", "{\"a\":1}"), call(1, "c2", "g", "{}"), usage]
+        );
+        assert_eq!(coalesced(false, items.clone()), items, "a streaming client gets every delta as it came");
+    }
+
+    #[test]
+    fn merged_frames_are_bounded() {
+        let chunk = "x".repeat(1000);
+        let out = coalesced(true, (0..40).map(|_| text(&chunk)).collect());
+        let sizes: Vec<usize> = out
+            .iter()
+            .map(|e| match e {
+                pb::run_event::Event::Text(t) => t.text.len(),
+                other => panic!("only text expected, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 40_000, "nothing lost");
+        assert_eq!(sizes.len(), 3, "{sizes:?}");
+        assert!(sizes.iter().all(|&n| n <= COALESCE_BYTES + chunk.len()), "{sizes:?}");
     }
 
     #[test]

@@ -7,6 +7,12 @@ use clap::Parser;
 use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc rather than glibc malloc: per-request allocations were about a
+/// tenth of the CPU under load (measured with `scripts/bench`, see README
+/// "Performance").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "iop-node", version, about = "IOP Node: runs local LLM providers for an IOP Edge")]
 struct Args {
@@ -42,10 +48,17 @@ async fn main() -> ExitCode {
         wait_for_signal().await;
         trigger.cancel();
     });
-    match iop_node::run(config, args.test_heartbeat_profile.unwrap_or_default(), shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    // On a worker thread, not the `block_on` main thread: the control loop
+    // wakes for every assignment and spawns the execution, and a worker
+    // hands it over without a cross-thread wake-up.
+    match tokio::spawn(iop_node::run(config, args.test_heartbeat_profile.unwrap_or_default(), shutdown)).await {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             tracing::error!("{e}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            tracing::error!("node task failed: {e}");
             ExitCode::from(1)
         }
     }

@@ -15,17 +15,18 @@ use crate::transport::session::Providers;
 
 pub use crate::execution::{Rejection as RunRejection, validate};
 
-/// Runs `run_id` on its own `RunEvents` call: receives its request there,
-/// then streams its events until its terminal is sent (and acknowledged,
-/// bounded) or the Edge ends the call.
-pub async fn execute(ctx: ExecutionContext, run_id: String, cancel: Cancel) {
+/// Runs `run_id` on its own `RunEvents` call: takes its request from the
+/// assignment (`assigned`) or else receives it there, then streams its
+/// events until its terminal is sent (and acknowledged, bounded) or the Edge
+/// ends the call.
+pub async fn execute(ctx: ExecutionContext, run_id: String, assigned: Option<pb::RunRequest>, cancel: Cancel) {
     let mut client = ctx.client.clone();
     let (mut uplink, call) =
         execution::open(&run_id, ctx.generation, |frames| async move { client.run_events(frames).await });
-    let Some((request, mut downlink)) = execution::receive_request(call, &cancel, "run", &run_id).await else {
+    let Some((request, mut downlink)) = execution::request(assigned, call, &cancel, "run", &run_id).await else {
         return;
     };
-    let edge_gone = execution::edge_gone(&mut downlink);
+    let edge_gone = downlink.ended();
     if serve(&ctx.http, &ctx.providers, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, downlink, "run", &run_id).await;
     }
@@ -47,12 +48,11 @@ async fn serve(
         Err(rejection) => Settled::Finished(Err(rejection.to_failure())),
         Ok((target, stall_timeout)) => {
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
-            let producer = Producer::spawn({
-                let (http, target, request) = (http.clone(), target.clone(), request.clone());
-                async move { adapter::execute(&http, &target, &request, &sink).await }
-            });
+            let producer = Producer::new(async move { adapter::execute(http, target, request, &sink).await });
             let watched = Watched { http, target, stall_timeout, observer, kind: ExecutionKind::run };
-            execution::drive(producer, &mut events, uplink, cancel, edge_gone, watched).await
+            // A client that does not stream gets the answer as a whole: its
+            // deltas need not cross the wire one by one.
+            execution::drive(producer, &mut events, uplink, cancel, edge_gone, watched, !request.stream).await
         }
     };
     let terminal = match outcome {

@@ -35,17 +35,23 @@ const RELAY_CAPACITY: usize = 4;
 /// Longest method name quoted back in a rejection.
 const METHOD_CHARS: usize = 16;
 
-/// Relays `tunnel_id` on its own `TunnelFrames` call: receives its request
-/// there, then streams the provider's answer until its terminal is sent (and
-/// acknowledged, bounded) or the Edge ends the call.
-pub async fn execute(ctx: ExecutionContext, tunnel_id: String, cancel: Cancel) {
+/// Relays `tunnel_id` on its own `TunnelFrames` call: takes its request from
+/// the assignment (`assigned`) or else receives it there, then streams the
+/// provider's answer until its terminal is sent (and acknowledged, bounded)
+/// or the Edge ends the call.
+pub async fn execute(
+    ctx: ExecutionContext,
+    tunnel_id: String,
+    assigned: Option<pb::ProviderTunnelRequest>,
+    cancel: Cancel,
+) {
     let mut client = ctx.client.clone();
     let (mut uplink, call) =
         execution::open(&tunnel_id, ctx.generation, |frames| async move { client.tunnel_frames(frames).await });
-    let Some((request, mut downlink)) = execution::receive_request(call, &cancel, "tunnel", &tunnel_id).await else {
+    let Some((request, mut downlink)) = execution::request(assigned, call, &cancel, "tunnel", &tunnel_id).await else {
         return;
     };
-    let edge_gone = execution::edge_gone(&mut downlink);
+    let edge_gone = downlink.ended();
     if serve(&ctx.http, &ctx.providers, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, downlink, "tunnel", &tunnel_id).await;
     }
@@ -69,12 +75,9 @@ pub(crate) async fn serve(
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
             let (target, stall_timeout) = (prepared.target.clone(), prepared.stall_timeout);
-            let producer = Producer::spawn({
-                let http = http.clone();
-                async move { relay(&http, prepared, body, &sink).await }
-            });
+            let producer = Producer::new(async move { relay(http, prepared, body, &sink).await });
             let watched = Watched { http, target: &target, stall_timeout, observer, kind: ExecutionKind::tunnel };
-            execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched).await
+            execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await
         }
     };
     let terminal = match outcome {

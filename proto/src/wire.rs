@@ -25,6 +25,13 @@ pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// Control-stream messages stay small and keep tonic's 4 MiB default.
 pub const MAX_RUN_REQUEST_MESSAGE_BYTES: usize = MAX_REQUEST_BODY_BYTES + 16 * 1024 * 1024;
 
+/// Largest encoded request the Edge puts into a `RunAssign` / `TunnelAssign`
+/// on the control stream (32 KiB); a larger one goes down the execution's
+/// own call. Inline, the node calls the provider one Edge round trip sooner
+/// and the Edge sends one message less per run; the bound keeps what a run
+/// can put in front of heartbeats and other assignments small.
+pub const MAX_INLINE_REQUEST_BYTES: usize = 32 * 1024;
+
 /// Decodes a wire enum, rejecting unknown values and the zero value.
 pub fn closed_enum<E>(field: &'static str, value: i32) -> Result<E, WireError>
 where

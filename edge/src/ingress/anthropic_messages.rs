@@ -596,7 +596,7 @@ fn stop_reason_str(value: i32, has_tool_use: bool) -> &'static str {
 /// For a provider that streamed a tool call without an id (the proto says the
 /// first delta carries one; this keeps the response valid if it did not).
 fn synthetic_tool_use_id() -> String {
-    let hex = uuid::Uuid::new_v4().simple().to_string();
+    let hex = crate::ids::new_uuid().simple().to_string();
     format!("toolu_{}", &hex[..24])
 }
 

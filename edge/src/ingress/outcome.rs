@@ -71,7 +71,7 @@ pub(super) fn usage_pair(usage: Option<&pb::Usage>) -> (u32, u32) {
 /// `prefix` followed by 32 hex digits (a v4 UUID, simple form), e.g.
 /// `synthetic_id("resp_")`.
 pub(super) fn synthetic_id(prefix: &str) -> String {
-    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+    format!("{prefix}{}", crate::ids::new_uuid().simple())
 }
 
 /// An OpenAI-style `call_…` id, for a provider that streamed a tool call

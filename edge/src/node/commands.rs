@@ -33,7 +33,7 @@ impl CommandTable {
         mut command: pb::NodeCommand,
         timeout: Duration,
     ) -> Result<pb::NodeCommandResult, CommandError> {
-        let command_id = uuid::Uuid::new_v4().simple().to_string();
+        let command_id = crate::ids::new_uuid().simple().to_string();
         command.command_id = command_id.clone();
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(command_id.clone(), tx);

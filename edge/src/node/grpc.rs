@@ -1,6 +1,6 @@
 //! The `NodeGateway` gRPC service: the control stream starts a session; each
-//! `RunEvents` / `TunnelFrames` call hands one run its request and carries
-//! its frames into its `RunStream`.
+//! `RunEvents` / `TunnelFrames` call hands one run its request (unless the
+//! assignment carried it) and carries its frames into its `RunStream`.
 
 use std::sync::Arc;
 
@@ -150,7 +150,9 @@ impl GatewayService {
                 return Err(self.drop_stream(reason, inbound).await);
             }
         };
-        if downlink.send(Ok(U::downlink(attached.request))).await.is_err() {
+        if let Some(request) = attached.request
+            && downlink.send(Ok(U::downlink(request))).await.is_err()
+        {
             // The node abandoned the call; the RunStream sees the stream end.
             return Ok(0);
         }

@@ -187,7 +187,7 @@ pub(crate) async fn refused_base_url() -> String {
 }
 
 pub(crate) fn target(adapter: AdapterKind, base_url: &str) -> ProviderTarget {
-    ProviderTarget { provider_id: "p1".into(), adapter, target_model: "test-model".into(), base_url: base_url.into() }
+    ProviderTarget::new("p1", adapter, "test-model", base_url).expect("a valid test base URL")
 }
 
 pub(crate) fn user(text: &str) -> pb::ChatMessage {

@@ -72,6 +72,9 @@ pub struct ProviderTarget {
     pub target_model: String,
     /// `http(s)://host[:port][/path]`, no trailing slash.
     pub base_url: String,
+    /// The adapter's chat endpoint under `base_url`, parsed once per
+    /// assignment rather than once per run.
+    chat_url: reqwest::Url,
 }
 
 impl ProviderTarget {
@@ -89,7 +92,29 @@ impl ProviderTarget {
             return Err(invalid("target_model is empty".into()));
         }
         let base_url = validate_base_url(&a.base_url).map_err(invalid)?;
-        Ok(Self { provider_id: a.provider_id.clone(), adapter, target_model: a.target_model.clone(), base_url })
+        Self::new(&a.provider_id, adapter, &a.target_model, &base_url).map_err(invalid)
+    }
+
+    /// A target on an already validated `base_url`.
+    pub(crate) fn new(
+        provider_id: &str,
+        adapter: AdapterKind,
+        target_model: &str,
+        base_url: &str,
+    ) -> Result<Self, String> {
+        let path = match adapter {
+            AdapterKind::Ollama => ollama::CHAT_PATH,
+            AdapterKind::OpenAi => openai::CHAT_PATH,
+        };
+        let chat_url = reqwest::Url::parse(&format!("{base_url}{path}"))
+            .map_err(|e| format!("base_url `{base_url}` is not a valid URL: {e}"))?;
+        Ok(Self {
+            provider_id: provider_id.to_owned(),
+            adapter,
+            target_model: target_model.to_owned(),
+            base_url: base_url.to_owned(),
+            chat_url,
+        })
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -240,12 +265,12 @@ pub async fn execute(
     match target.adapter {
         AdapterKind::Ollama => {
             let body = ollama::request_body(target, request)?;
-            let response = post_json(client, &target.url(ollama::CHAT_PATH), body).await?;
+            let response = post_json(client, target.chat_url.clone(), body).await?;
             drive(response, ollama::Decoder::new(&target.target_model, &request.run_id), sink).await
         }
         AdapterKind::OpenAi => {
             let body = openai::request_body(target, request)?;
-            let response = post_json(client, &target.url(openai::CHAT_PATH), body).await?;
+            let response = post_json(client, target.chat_url.clone(), body).await?;
             drive(response, openai::Decoder::new(&target.target_model), sink).await
         }
     }
@@ -253,7 +278,11 @@ pub async fn execute(
 
 // ------------------------------------------------------------------ HTTP
 
-async fn post_json(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<reqwest::Response, AdapterError> {
+async fn post_json(
+    client: &reqwest::Client,
+    url: reqwest::Url,
+    body: Vec<u8>,
+) -> Result<reqwest::Response, AdapterError> {
     let response = client
         .post(url)
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))

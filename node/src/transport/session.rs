@@ -178,6 +178,20 @@ impl Executions {
     }
 }
 
+/// An execution's hold on its id, freed when the execution's task ends,
+/// however it ends (a panic in the provider code it polls included).
+struct Claim {
+    executions: Executions,
+    id: String,
+    cancel: Cancel,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.executions.finished(&self.id, &self.cancel);
+    }
+}
+
 struct Session {
     generation: u64,
     connected_at: Instant,
@@ -244,14 +258,14 @@ impl Session {
                                 monitor_stop.clone(),
                             ));
                         }
-                        // The request itself comes on the execution's own call.
+                        // A large request comes on the execution's own call.
                         Msg::RunAssign(assign) if ready => {
-                            let id = assign.run_id;
-                            self.spawn_execution(id.clone(), |ctx, cancel| run::execute(ctx, id, cancel));
+                            let (id, request) = (assign.run_id, assign.request);
+                            self.spawn_execution(id.clone(), |ctx, cancel| run::execute(ctx, id, request, cancel));
                         }
                         Msg::TunnelAssign(assign) if ready => {
-                            let id = assign.tunnel_id;
-                            self.spawn_execution(id.clone(), |ctx, cancel| tunnel::execute(ctx, id, cancel));
+                            let (id, request) = (assign.tunnel_id, assign.request);
+                            self.spawn_execution(id.clone(), |ctx, cancel| tunnel::execute(ctx, id, request, cancel));
                         }
                         Msg::Cancel(cancel) => {
                             // An unknown reason still cancels.
@@ -294,10 +308,10 @@ impl Session {
             },
         };
         let execution = execute(ctx, cancel.clone());
-        let executions = self.executions.clone();
+        let claim = Claim { executions: self.executions.clone(), id, cancel };
         tokio::spawn(async move {
             execution.await;
-            executions.finished(&id, &cancel);
+            drop(claim);
         });
     }
 

@@ -378,7 +378,8 @@ async fn the_edge_ending_the_call_stops_the_relay_without_a_terminal() {
 /// records the call; ends it after the uplink ends, or after `answer_after`
 /// messages (ending the call early).
 struct FakeEdge {
-    request: pb::ProviderTunnelRequest,
+    /// The answer to the open frame; `None` when the assignment carried it.
+    request: Option<pb::ProviderTunnelRequest>,
     calls: mpsc::UnboundedSender<Vec<pb::TunnelUplink>>,
     answer_after: Option<usize>,
 }
@@ -409,14 +410,17 @@ impl NodeGateway for FakeEdge {
         let mut stream = request.into_inner();
         let (downlink, rx) = mpsc::channel(1);
         let (calls, answer_after) = (self.calls.clone(), self.answer_after);
-        let answer = pb::TunnelDownlink { msg: Some(pb::tunnel_downlink::Msg::Request(self.request.clone())) };
+        let answer =
+            self.request.clone().map(|r| pb::TunnelDownlink { msg: Some(pb::tunnel_downlink::Msg::Request(r)) });
         tokio::spawn(async move {
             let mut received = Vec::new();
             while Some(received.len()) != answer_after {
                 match stream.message().await {
                     Ok(Some(message)) => {
-                        if received.is_empty() {
-                            let _ = downlink.send(Ok(answer.clone())).await;
+                        if received.is_empty()
+                            && let Some(answer) = answer.clone()
+                        {
+                            let _ = downlink.send(Ok(answer)).await;
                         }
                         received.push(message);
                     }
@@ -431,7 +435,7 @@ impl NodeGateway for FakeEdge {
 }
 
 async fn fake_edge(
-    request: pb::ProviderTunnelRequest,
+    request: Option<pb::ProviderTunnelRequest>,
     answer_after: Option<usize>,
 ) -> (NodeGatewayClient, mpsc::UnboundedReceiver<Vec<pb::TunnelUplink>>) {
     let (calls, received) = mpsc::unbounded_channel();
@@ -469,28 +473,35 @@ fn split_call(call: Vec<pb::TunnelUplink>) -> (pb::TunnelOpen, Vec<pb::ProviderT
     (open, frames)
 }
 
+/// The request either rode the assignment (issue 9) or is the Edge's
+/// answer to the open frame; the tunnel is the same.
 #[tokio::test]
 async fn execute_opens_its_own_call_and_relays_through_it() {
-    let provider = fake::serve(Reply::chunks(200, "text/event-stream", ["data: a\n\n", "data: b\n\n"])).await;
-    let (client, mut calls) = fake_edge(tunnel_request("POST", "/v1/chat/completions"), None).await;
-    let ctx = context(client, providers(&provider.base_url));
-    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), Cancel::new())).await.expect("tunnel ended in time");
+    for inline in [false, true] {
+        let provider = fake::serve(Reply::chunks(200, "text/event-stream", ["data: a\n\n", "data: b\n\n"])).await;
+        let request = tunnel_request("POST", "/v1/chat/completions");
+        let (answer, assigned) = if inline { (None, Some(request)) } else { (Some(request), None) };
+        let (client, mut calls) = fake_edge(answer, None).await;
+        let ctx = context(client, providers(&provider.base_url));
+        let execution = execute(ctx, "t1".into(), assigned, Cancel::new());
+        tokio::time::timeout(TEST_WAIT, execution).await.expect("tunnel ended in time");
 
-    let (open, frames) = split_call(calls.recv().await.unwrap());
-    assert_eq!(open, pb::TunnelOpen { tunnel_id: "t1".into(), generation: 7 });
-    assert_well_formed(&frames);
-    assert_eq!(head(&frames).status, 200);
-    assert_eq!(body(&frames), b"data: a\n\ndata: b\n\n");
-    assert!(matches!(frames.last().unwrap().frame, Some(Frame::End(_))));
+        let (open, frames) = split_call(calls.recv().await.unwrap());
+        assert_eq!(open, pb::TunnelOpen { tunnel_id: "t1".into(), generation: 7 });
+        assert_well_formed(&frames);
+        assert_eq!(head(&frames).status, 200);
+        assert_eq!(body(&frames), b"data: a\n\ndata: b\n\n");
+        assert!(matches!(frames.last().unwrap().frame, Some(Frame::End(_))));
+    }
 }
 
 #[tokio::test]
 async fn execute_stops_when_the_edge_ends_the_call() {
     let (base_url, provider_closed) = fake::serve_hanging("text/event-stream", "data: 1\n\n").await;
     // The Edge answers after the open and the head, then the call is over.
-    let (client, mut calls) = fake_edge(tunnel_request("POST", "/v1/x"), Some(2)).await;
+    let (client, mut calls) = fake_edge(Some(tunnel_request("POST", "/v1/x")), Some(2)).await;
     let ctx = context(client, providers(&base_url));
-    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), Cancel::new()))
+    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), None, Cancel::new()))
         .await
         .expect("tunnel stopped once the edge ended the call");
     let (_, frames) = split_call(calls.recv().await.unwrap());
