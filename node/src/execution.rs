@@ -1,8 +1,9 @@
 //! What runs and tunnels share. Both are executions bound to the session that
 //! assigned them (one id space): validated against the assigned providers,
 //! given their own call to the Edge (the node's first frame names the
-//! execution and its generation, the Edge answers with the request, later
-//! frames are numbered from seq 1, exactly one terminal ends it), and ended
+//! execution and its generation; the request came with the assignment when
+//! small, else the Edge answers the call with it; later frames are numbered
+//! from seq 1, exactly one terminal ends it), and ended
 //! early by a `Cancel`, by the Edge ending the call, or by the session ending.
 
 use std::future::Future;
