@@ -6,13 +6,16 @@
    CRD-typed kinds listed in CRD_SCHEMAS, which are checked against the schema here.
 2. What a schema cannot see: selectors that match no pods, ports that do not exist,
    ServiceAccounts and Roles that are not rendered, pods that hold an API token without
-   needing one, containers outside the restricted Pod Security Standard, and RBAC rights
-   beyond exactly what the operator calls (OPERATOR_RULES).
+   needing one, containers outside the restricted Pod Security Standard, RBAC rights
+   beyond exactly what the operator calls (OPERATOR_RULES), and the operator's view of
+   the Edge (IOP_EDGE_ADMIN_URL reaches the Edge's `admin` port; IOP_EDGE_AUTH_MODE
+   matches whether the keys Secret is mounted at EDGE_KEYS_DIR).
 
 Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and jsonschema).
 """
 
 import argparse
+import re
 import sys
 
 import jsonschema
@@ -99,6 +102,10 @@ SERVICE_MONITOR = {
     },
 }
 CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR}
+
+# Where the operator's rendered Edge config reads the keys file (operator/src/reconcile/mod.rs
+# EDGE_KEYS_FILE) when IOP_EDGE_AUTH_MODE is `required` (its default).
+EDGE_KEYS_DIR = "/etc/iop/keys"
 
 # Every (apiGroup, resource, resourceName or None, verb) the operator's Roles may grant:
 # exactly what operator/src/runtime/ calls (least privilege; charts/iop/templates/rbac.yaml
@@ -278,6 +285,44 @@ def check(objects, version):
                 fail(s, f"targetPort {target} is not a container port of {name_of(targets[0])}")
             if "nodePort" in p and s["spec"].get("type") not in ("NodePort", "LoadBalancer"):
                 fail(s, "nodePort on a Service that is not NodePort/LoadBalancer")
+
+    # The operator's env against the rendered Edge: the admin URL names a rendered Service
+    # whose port reaches the Edge's container port `admin` (not the client API), and the
+    # auth mode it renders matches whether the keys Secret is mounted where the config says.
+    for d in deployments:
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            url = env.get("IOP_EDGE_ADMIN_URL")
+            if url is None:
+                continue
+            m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc:([0-9]+)", url or "")
+            if not m:
+                fail(d, f"IOP_EDGE_ADMIN_URL {url!r} is not http://SERVICE.NAMESPACE.svc:PORT")
+                continue
+            name, namespace, port = m[1], m[2], int(m[3])
+            svc = [s for s in services if s["metadata"]["name"] == name and s["metadata"].get("namespace") == namespace]
+            if not svc:
+                fail(d, f"IOP_EDGE_ADMIN_URL names Service {namespace}/{name}, which is not rendered")
+                continue
+            svc_ports = [p for p in svc[0]["spec"]["ports"] if p["port"] == port]
+            edges = pods_matching({"matchLabels": svc[0]["spec"].get("selector", {})})
+            if not svc_ports or len(edges) != 1:
+                fail(d, f"IOP_EDGE_ADMIN_URL port {port} is not a port of {name_of(svc[0])} (or it selects no single Deployment)")
+                continue
+            target = svc_ports[0].get("targetPort", port)
+            admin_port = container_ports(edges[0]).get("admin")
+            if admin_port is None or target not in ("admin", admin_port):
+                fail(d, f"IOP_EDGE_ADMIN_URL reaches target port {target} of {name_of(edges[0])}, not its `admin` port")
+            mode = env.get("IOP_EDGE_AUTH_MODE") or "required"
+            if mode not in ("required", "disabled"):
+                fail(d, f"IOP_EDGE_AUTH_MODE {mode!r} is not `required` or `disabled`")
+            mounted = any(
+                mount["mountPath"].rstrip("/") == EDGE_KEYS_DIR
+                for ec in edges[0]["spec"]["template"]["spec"]["containers"]
+                for mount in ec.get("volumeMounts", [])
+            )
+            if (mode == "required") != mounted:
+                fail(edges[0], f"IOP_EDGE_AUTH_MODE is {mode} but the keys Secret is {'' if mounted else 'not '}mounted at {EDGE_KEYS_DIR}")
 
     for pdb in by_kind.get("PodDisruptionBudget", []):
         if not pods_matching(pdb["spec"]["selector"]):

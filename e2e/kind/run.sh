@@ -4,15 +4,20 @@
 #
 #   1. creates a kind cluster whose node port IOP_KIND_GRPC_PORT is published on 127.0.0.1,
 #   2. builds the Edge and operator images (Dockerfile) and loads them into the cluster,
-#   3. applies crds/, installs charts/iop (node gRPC as NodePort, namespace under the restricted
-#      Pod Security Standard) and applies examples/k8s/,
+#   3. applies crds/, creates the client API keys Secret (two fresh keys: one for every model,
+#      one for none of the example's), installs charts/iop (node gRPC as NodePort, namespace
+#      under the restricted Pod Security Standard) and applies examples/k8s/,
 #   4. waits for the operator to render the Edge config and the Edge to become ready,
 #   5. makes the node bundle (Secret iop-node-<node> with kubectl, `iop-operator node-bundle`),
 #   6. runs iop-mock-provider and iop-node on this host (cargo build), the node dialing the
 #      Edge through the published node port,
-#   7. sends chat requests through the Edge (kubectl port-forward) and asserts the mock's
-#      answer, and that `kubectl get providers` shows HEALTH available,
-#   8. stops the mock provider and asserts HEALTH turns unavailable.
+#   7. sends chat requests through the Edge's HTTP API Service (kubectl port-forward, with
+#      `Authorization: Bearer KEY`) and asserts the mock's answer, that requests without a
+#      valid key or for a model the key may not use are refused, that /admin/v1/* and
+#      /metrics are served on the admin Service only, and that `kubectl get providers`
+#      shows HEALTH available,
+#   8. stops the mock provider and asserts HEALTH turns unavailable,
+#   9. disables the key in the Secret and asserts the Edge refuses it (reloaded, no restart).
 # Every wait is bounded; the cluster and the host processes are removed on exit (also on
 # failure, after collecting diagnostics into IOP_KIND_WORK_DIR/diagnostics).
 set -euo pipefail
@@ -30,6 +35,8 @@ KIND_NODE_IMAGE=${IOP_KIND_NODE_IMAGE:-}
 GRPC_PORT=${IOP_KIND_GRPC_PORT:-30743}
 # Local port of the `kubectl port-forward` to the Edge's HTTP API.
 HTTP_PORT=${IOP_KIND_HTTP_PORT:-18080}
+# Local port of the `kubectl port-forward` to the Edge's admin API (/admin/v1/*, /metrics).
+ADMIN_PORT=${IOP_KIND_ADMIN_PORT:-18081}
 # Seconds for each wait (rollouts, config rendering, health changes).
 TIMEOUT=${IOP_KIND_TIMEOUT:-180}
 # 1: keep the cluster afterwards, and reuse an existing cluster of that name.
@@ -46,8 +53,11 @@ OPERATOR_IMAGE=iop-operator:$IMAGE_TAG
 EDGE=$RELEASE-edge
 OPERATOR=$RELEASE-operator
 [[ $RELEASE == *iop* ]] || { EDGE=$RELEASE-iop-edge; OPERATOR=$RELEASE-iop-operator; }
+EDGE_ADMIN=$EDGE-admin
 CONFIG_MAP=iop-edge-config
 EDGE_TLS_SECRET=iop-edge-tls
+# The client API keys Secret (chart value edge.auth.keysSecret), made by this script.
+KEYS_SECRET=iop-edge-keys
 
 log() { printf '\n[kind-e2e %(%H:%M:%S)T] %s\n' -1 "$*"; }
 die() { printf '[kind-e2e] FAIL: %s\n' "$*" >&2; exit 1; }
@@ -81,8 +91,9 @@ cleanup() {
   for pid in "${pids[@]}"; do
     wait "$pid" 2>/dev/null
   done
-  # The node's private key is only for this throwaway cluster, but keep it out of artifacts.
-  rm -rf "$WORK/bundle"
+  # The node's private key and the API keys are only for this throwaway cluster, but keep
+  # them out of artifacts.
+  rm -rf "$WORK/bundle" "$WORK/keys"
   if ((created_cluster)) && [[ $KEEP != 1 ]]; then
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1
   elif [[ $KEEP == 1 ]]; then
@@ -125,7 +136,7 @@ python3 -c 'import yaml' 2>/dev/null || die "python3 lacks PyYAML (apt-get insta
 compgen -G "crds/*.yaml" >/dev/null || die "crds/ has no CRD YAML (generate it: iop-operator crds)"
 compgen -G "examples/k8s/*.yaml" >/dev/null || die "examples/k8s/ has no example objects"
 mkdir -p "$WORK"
-rm -rf "$WORK/diagnostics" "$WORK/bundle" "$WORK"/*.log
+rm -rf "$WORK/diagnostics" "$WORK/bundle" "$WORK/keys" "$WORK"/*.log
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -178,9 +189,35 @@ kubectl --context "kind-$CLUSTER" create namespace "$NAMESPACE" --dry-run=client
 kubectl --context "kind-$CLUSTER" label namespace "$NAMESPACE" --overwrite \
   pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/warn=restricted
 
+# Client API keys, as a user makes them (NOTES.txt): a random key per principal, only its
+# SHA-256 in keys.yaml (what `iop-edge new-key` prints), the file as Secret $KEYS_SECRET.
+# KEY may use every model; OTHER_KEY only a model the examples do not have.
+keys_dir=$WORK/keys
+mkdir -p "$keys_dir"
+chmod 0700 "$keys_dir"
+new_key() { printf 'iop-%s' "$(openssl rand -hex 32)"; }
+# The key's SHA-256 in hex (`printf %s "$KEY" | iop-edge hash-key`); the last field of
+# `openssl dgst` output, which differs between OpenSSL and LibreSSL (macOS).
+key_sha256() { printf %s "$1" | openssl dgst -sha256 | awk '{print $NF}'; }
+KEY=$(new_key)
+OTHER_KEY=$(new_key)
+# write_keys DISABLED: keys.yaml with principal kind-e2e `disabled: DISABLED`, then the Secret.
+write_keys() {
+  cat >"$keys_dir/keys.yaml" <<EOF
+principals:
+  - { name: kind-e2e, key_sha256: $(key_sha256 "$KEY"), models: ["*"], disabled: $1 }
+  - { name: kind-e2e-other, key_sha256: $(key_sha256 "$OTHER_KEY"), models: ["no-such-model-*"] }
+EOF
+  k create secret generic "$KEYS_SECRET" --from-file=keys.yaml="$keys_dir/keys.yaml" \
+    --dry-run=client -o yaml | k apply -f -
+}
+log "creating the client API keys Secret $KEYS_SECRET"
+write_keys false
+
 log "installing charts/iop as $RELEASE in namespace $NAMESPACE"
 helm upgrade --install "$RELEASE" charts/iop \
   --kube-context "kind-$CLUSTER" --namespace "$NAMESPACE" \
+  --set edge.auth.mode=required --set edge.auth.keysSecret="$KEYS_SECRET" \
   --set edge.image.repository=iop-edge --set-string edge.image.tag="$IMAGE_TAG" \
   --set edge.image.pullPolicy=Never \
   --set operator.image.repository=iop-operator --set-string operator.image.tag="$IMAGE_TAG" \
@@ -270,14 +307,20 @@ wait_for "the mock provider" curl -fsS -o /dev/null "http://$MOCK_ADDR/healthz"
 pids+=("$!")
 
 # Not through k(): $! must be kubectl itself, not a subshell, so cleanup can stop it.
+# The client API (HTTP API Service) and the admin API (admin Service: /admin/v1/*, /metrics).
 kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" port-forward "service/$EDGE" "$HTTP_PORT:8080" \
   >"$WORK/port-forward.log" 2>&1 &
 pids+=("$!")
+kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" port-forward "service/$EDGE_ADMIN" "$ADMIN_PORT:8081" \
+  >"$WORK/port-forward-admin.log" 2>&1 &
+pids+=("$!")
 EDGE_URL=http://127.0.0.1:$HTTP_PORT
+ADMIN_URL=http://127.0.0.1:$ADMIN_PORT
 wait_for "the Edge HTTP API through port-forward" curl -fsS -o /dev/null "$EDGE_URL/healthz"
+wait_for "the Edge admin API through port-forward" curl -fsS -o /dev/null "$ADMIN_URL/healthz"
 
 dispatchable() {
-  curl -fsS "$EDGE_URL/admin/v1/providers" | python3 -c '
+  curl -fsS "$ADMIN_URL/admin/v1/providers" | python3 -c '
 import json, sys
 ids = {p["id"]: p for p in json.load(sys.stdin)["providers"]}
 sys.exit(0 if ids.get(sys.argv[1], {}).get("dispatchable") else 1)' "$PROVIDER"
@@ -286,11 +329,40 @@ log "waiting for node $NODE to register and provider $PROVIDER to be dispatchabl
 wait_for "provider $PROVIDER dispatchable on the Edge" dispatchable
 
 # --- 7. requests through the Edge, health available ----------------------------------
-chat() { # chat STREAM -> prints the HTTP status, body in $WORK/chat.out
-  curl -sS -o "$WORK/chat.out" -w '%{http_code}' --max-time 60 "$EDGE_URL/v1/chat/completions" \
-    -H 'content-type: application/json' \
-    -d "{\"model\":\"$MODEL\",\"stream\":$1,\"messages\":[{\"role\":\"user\",\"content\":\"hello from kind\"}]}" || true
+# chat STREAM [KEY] -> prints the HTTP status, body in $WORK/chat.out. KEY defaults to $KEY;
+# an empty KEY sends no Authorization header. The key goes to curl on stdin (-H @-), so it
+# never shows in the process list.
+chat() {
+  local key=${2-$KEY}
+  printf '%s\n' "${key:+Authorization: Bearer $key}" \
+    | curl -sS -o "$WORK/chat.out" -w '%{http_code}' --max-time 60 "$EDGE_URL/v1/chat/completions" \
+      -H @- -H 'content-type: application/json' \
+      -d "{\"model\":\"$MODEL\",\"stream\":$1,\"messages\":[{\"role\":\"user\",\"content\":\"hello from kind\"}]}" \
+    || true
 }
+# get URL [KEY] -> prints the HTTP status of a GET (body in $WORK/get.out); no key by default.
+get() {
+  local key=${2-}
+  printf '%s\n' "${key:+Authorization: Bearer $key}" \
+    | curl -sS -o "$WORK/get.out" -w '%{http_code}' --max-time 30 -H @- "$1" || true
+}
+log "client authentication: no key, an unknown key, a key without the model"
+status=$(chat false "")
+[[ $status == 401 ]] || die "chat without a key returned HTTP $status, want 401: $(cat "$WORK/chat.out")"
+status=$(chat false "iop-not-a-key-of-this-edge")
+[[ $status == 401 ]] || die "chat with an unknown key returned HTTP $status, want 401: $(cat "$WORK/chat.out")"
+status=$(chat false "$OTHER_KEY")
+[[ $status == 403 ]] || die "chat with a key not allowed $MODEL returned HTTP $status, want 403: $(cat "$WORK/chat.out")"
+status=$(get "$EDGE_URL/v1/models" "$KEY")
+if [[ $status != 200 ]] || ! grep -q "\"$MODEL\"" "$WORK/get.out"; then
+  die "GET /v1/models with the key: HTTP $status, want 200 listing $MODEL: $(cat "$WORK/get.out")"
+fi
+
+log "admin API and metrics: on the admin Service, not on the HTTP API"
+for path in /admin/v1/providers /metrics; do
+  status=$(get "$EDGE_URL$path" "$KEY")
+  [[ $status != 2* ]] || die "the HTTP API Service serves $path (HTTP $status); it belongs to the admin Service only"
+done
 log "chat request (JSON) through the Edge"
 status=$(chat false)
 [[ $status == 200 ]] || die "chat returned HTTP $status: $(cat "$WORK/chat.out")"
@@ -300,6 +372,12 @@ log "chat request (SSE stream) through the Edge"
 status=$(chat true)
 [[ $status == 200 ]] || die "streamed chat returned HTTP $status: $(cat "$WORK/chat.out")"
 grep -q '^data: \[DONE\]' "$WORK/chat.out" || die "the stream did not end with [DONE]: $(cat "$WORK/chat.out")"
+# The admin Service's /metrics (what the chart's ServiceMonitor scrapes) counts the requests,
+# per principal.
+status=$(get "$ADMIN_URL/metrics")
+[[ $status == 200 ]] || die "GET /metrics on the admin Service returned HTTP $status"
+grep -q '^iop_edge_http_requests' "$WORK/get.out" || die "the admin /metrics has no iop_edge_http_requests"
+grep -q 'principal="kind-e2e"' "$WORK/get.out" || die "the admin /metrics does not count principal kind-e2e"
 
 # HEALTH of the provider as `kubectl get providers` prints it: the text under the HEALTH
 # header, up to the next column (an empty cell prints as <empty>).
@@ -359,4 +437,19 @@ log "waiting for kubectl get providers to show $PROVIDER HEALTH unavailable"
 wait_for "$PROVIDER HEALTH unavailable" unhealthy
 k get providers
 
-log "PASS: kind e2e (chat through the Edge; $PROVIDER available, then unavailable)"
+# --- 9. key disabled in the Secret: refused without a restart -------------------------
+# The keys Secret is mounted without subPath: the kubelet updates the file (within about a
+# minute) and the Edge reloads it.
+log "disabling principal kind-e2e in Secret $KEYS_SECRET"
+edge_pods=$(k get pods -l "app.kubernetes.io/component=edge,app.kubernetes.io/instance=$RELEASE" \
+  -o jsonpath='{range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount}{" "}{end}')
+write_keys true
+key_refused() { [[ $(get "$EDGE_URL/v1/models" "$KEY") == 401 ]]; }
+wait_for "the Edge to refuse the disabled key" key_refused
+[[ $(get "$EDGE_URL/v1/models" "$OTHER_KEY") == 200 ]] || die "the Edge refuses the other, still enabled, key too"
+# Same pods, same restart counts: the change was reloaded, not restarted into.
+now=$(k get pods -l "app.kubernetes.io/component=edge,app.kubernetes.io/instance=$RELEASE" \
+  -o jsonpath='{range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount}{" "}{end}')
+[[ $now == "$edge_pods" ]] || die "the Edge pods restarted or were replaced (before: $edge_pods; after: $now)"
+
+log "PASS: kind e2e (chat through the Edge with an API key; $PROVIDER available, then unavailable; key revoked live)"

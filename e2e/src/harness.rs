@@ -8,7 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use iop_proto::config::{
-    Adapter, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, NodeEntry, ProviderEntry, PublicModel, Target,
+    Adapter, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, NodeEntry, ProviderEntry,
+    PublicModel, Target,
 };
 use iop_proto::identity::NodeIdentity;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -82,7 +83,8 @@ pub fn edge_config(
     providers: &[ProviderSpec],
 ) -> EdgeConfig {
     EdgeConfig {
-        listen: ListenConfig { http, grpc },
+        // Any free port: tests and benches read it from the Edge's first line.
+        listen: ListenConfig { http, grpc, admin: SocketAddr::from(([127, 0, 0, 1], 0)) },
         tls: EdgeTlsConfig {
             ca_file: pki.ca_file.clone(),
             cert_file: pki.edge.cert.clone(),
@@ -92,6 +94,8 @@ pub fn edge_config(
         nodes: nodes.iter().map(|n| NodeEntry { name: n.to_string() }).collect(),
         providers: providers.iter().map(ProviderSpec::entry).collect(),
         limits: Limits::default(),
+        // Local stacks serve without keys unless a test sets them up.
+        auth: AuthConfig { mode: AuthMode::Disabled, keys_file: None },
     }
 }
 

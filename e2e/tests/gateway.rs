@@ -294,13 +294,14 @@ async fn ollama_api_command_runs_only_the_read_only_allowlist() {
     let show = stack.get_json("/admin/v1/providers/ollama-mock/ollama/show").await;
     assert_eq!(show["body"]["model"], "mock", "show asks about the provider's own target: {show}");
 
-    let refused = stack.client.get(stack.url("/admin/v1/providers/ollama-mock/ollama/pull")).send().await.unwrap();
+    let refused =
+        stack.client.get(stack.admin_url("/admin/v1/providers/ollama-mock/ollama/pull")).send().await.unwrap();
     assert_eq!(refused.status(), 400);
     assert_eq!(json_body(refused).await.1["error"]["code"], "unsupported_call");
-    let wrong = stack.client.get(stack.url("/admin/v1/providers/openai-mock/ollama/tags")).send().await.unwrap();
+    let wrong = stack.client.get(stack.admin_url("/admin/v1/providers/openai-mock/ollama/tags")).send().await.unwrap();
     assert_eq!(wrong.status(), 400);
     assert_eq!(json_body(wrong).await.1["error"]["code"], "invalid_target");
-    let unknown = stack.client.get(stack.url("/admin/v1/providers/nope/ollama/tags")).send().await.unwrap();
+    let unknown = stack.client.get(stack.admin_url("/admin/v1/providers/nope/ollama/tags")).send().await.unwrap();
     assert_eq!(unknown.status(), 404);
 }
 

@@ -10,9 +10,39 @@ use common::{chat_body, http_client, sse_events, streamed_text};
 use iop_e2e::harness::{bin, spawn_until};
 
 async fn start_dev() -> (iop_e2e::harness::Proc, String) {
-    let (dev, line) = spawn_until("iop-dev", &bin("iop-dev"), &["--http-addr", "127.0.0.1:0"], "IOP dev is up").await;
+    start_dev_with(&[]).await
+}
+
+async fn start_dev_with(extra: &[&str]) -> (iop_e2e::harness::Proc, String) {
+    let mut args = vec!["--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let (dev, line) = spawn_until("iop-dev", &bin("iop-dev"), &args, "IOP dev is up").await;
     let base = line.split_whitespace().find(|w| w.starts_with("http://")).expect("base URL printed").to_string();
     (dev, base)
+}
+
+#[tokio::test]
+async fn iop_dev_with_a_keys_file_requires_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    // SHA-256 of `k-dev`.
+    let hash = "3cf1c335da535bb3932af07cc27ab534d423d5b8bed857e0458e4e476b85a542";
+    std::fs::write(&keys, format!("principals: [ {{ name: dev, key_sha256: {hash}, models: ['*'] }} ]\n")).unwrap();
+    let (_dev, base) = start_dev_with(&["--keys-file", keys.to_str().unwrap()]).await;
+    let body = serde_json::to_vec(&chat_body("mock", "Hello!", false)).unwrap();
+    let send = |key: Option<&str>| {
+        let mut request = http_client()
+            .post(format!("{base}/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(send(None).await, 401);
+    assert_eq!(send(Some("k-other")).await, 401);
+    assert_eq!(send(Some("k-dev")).await, 200);
 }
 
 #[tokio::test]

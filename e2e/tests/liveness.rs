@@ -262,7 +262,7 @@ async fn metric_labels_are_closed_sets() {
     ]);
     let node_metrics = stack.node_metrics.clone().unwrap();
     let mut checked = 0;
-    for url in [stack.url("/metrics"), node_metrics] {
+    for url in [stack.admin_url("/metrics"), node_metrics] {
         let text = stack.client.get(&url).send().await.unwrap().text().await.unwrap();
         assert!(!text.contains("secret prompt") && !text.contains("made-up-model-name"), "no request data in metrics");
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -26,7 +26,7 @@ const PROVIDER: &str = "ollama-mock";
 #[tokio::test]
 async fn the_status_mirror_reads_health_from_a_running_edge() {
     let stack = Stack::start(StackOptions::default()).await;
-    let admin = AdminClient::new(EdgeAdminUrl { authority: stack.http.to_string() });
+    let admin = AdminClient::new(EdgeAdminUrl { authority: stack.admin.to_string() });
 
     let (providers, nodes) = mirror_fetch(&admin).await;
     let node = nodes.nodes.iter().find(|n| n.name == NODE).expect("the node is listed");

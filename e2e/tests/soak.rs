@@ -343,7 +343,7 @@ async fn soak() {
     let view = stack.get_json("/admin/v1/providers").await;
     assert_eq!(view["leases"]["double_releases"], 0, "{view}");
     for node in NODES {
-        let url = stack.url(&format!("/admin/v1/nodes/{node}/commands/transport_status"));
+        let url = stack.admin_url(&format!("/admin/v1/nodes/{node}/commands/transport_status"));
         wait_until(&format!("{node} runs nothing"), settle, || async {
             let status = stack.client.post(&url).send().await.unwrap();
             let status: Value = serde_json::from_slice(&status.bytes().await.unwrap()).unwrap();

@@ -26,10 +26,11 @@ async fn node_handshakes_to_ready_and_serves() {
 
     let providers = stack.get_json("/admin/v1/providers").await;
     assert_eq!(providers["providers"][0]["dispatchable"], true);
-    let status = stack.client.post(stack.url("/admin/v1/nodes/mac-1/commands/transport_status")).send().await.unwrap();
+    let status =
+        stack.client.post(stack.admin_url("/admin/v1/nodes/mac-1/commands/transport_status")).send().await.unwrap();
     let status: serde_json::Value = serde_json::from_slice(&status.bytes().await.unwrap()).unwrap();
     assert_eq!(status["generation"], node["generation"]);
-    let caps = stack.client.post(stack.url("/admin/v1/nodes/mac-1/commands/capabilities")).send().await.unwrap();
+    let caps = stack.client.post(stack.admin_url("/admin/v1/nodes/mac-1/commands/capabilities")).send().await.unwrap();
     let caps: serde_json::Value = serde_json::from_slice(&caps.bytes().await.unwrap()).unwrap();
     assert_eq!(caps["providers"].as_array().unwrap().len(), 2, "{caps}");
 }

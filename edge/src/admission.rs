@@ -540,6 +540,7 @@ pub(crate) mod test_support {
 listen: {{ http: "127.0.0.1:0", grpc: "127.0.0.1:0" }}
 tls: {{ ca_file: a, cert_file: b, key_file: c }}
 trust_domain: t
+auth: {{ mode: disabled }}
 nodes: [ {{ name: {node} }} ]
 providers:
   - {{ id: p, node: {node}, adapter: ollama, target: {{ model: m, base_url: "http://x" }}, models: [ {{ name: chat }} ] }}
@@ -631,6 +632,7 @@ mod tests {
 listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
 tls: { ca_file: a, cert_file: b, key_file: c }
 trust_domain: t
+auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 } ]
 providers:
   - { id: a, node: n1, adapter: ollama, capacity: 2, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }

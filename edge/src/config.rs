@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use iop_proto::config::{ConfigError, EdgeConfig};
 
+use crate::auth::Keys;
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("cannot read config file {path}: {source}")]
@@ -22,6 +24,9 @@ pub fn load(path: &Path) -> Result<EdgeConfig, LoadError> {
     for file in [&mut config.tls.ca_file, &mut config.tls.cert_file, &mut config.tls.key_file] {
         *file = resolve(base, file);
     }
+    if let Some(file) = config.auth.keys_file.as_mut() {
+        *file = resolve(base, file);
+    }
     Ok(config)
 }
 
@@ -29,12 +34,13 @@ fn resolve(base: &Path, file: &Path) -> PathBuf {
     if file.is_absolute() { file.to_path_buf() } else { base.join(file) }
 }
 
-/// The Edge's current config, swapped atomically on reload. Requests read a
-/// snapshot (`current()`) once and keep it, so in-flight work keeps the
-/// config it was admitted with.
+/// The Edge's current config and API keys, swapped atomically on reload.
+/// Requests read a snapshot (`current()`) once and keep it, so in-flight
+/// work keeps the config it was admitted with.
 #[derive(Debug)]
 pub struct ConfigHandle {
     current: std::sync::RwLock<std::sync::Arc<EdgeConfig>>,
+    keys: std::sync::RwLock<std::sync::Arc<Keys>>,
     status: std::sync::Mutex<ReloadStatus>,
 }
 
@@ -48,9 +54,10 @@ pub struct ReloadStatus {
 }
 
 impl ConfigHandle {
-    pub fn new(config: EdgeConfig) -> Self {
+    pub fn new(config: EdgeConfig, keys: Keys) -> Self {
         Self {
             current: std::sync::RwLock::new(std::sync::Arc::new(config)),
+            keys: std::sync::RwLock::new(std::sync::Arc::new(keys)),
             status: std::sync::Mutex::new(ReloadStatus { revision: 1, last_error: None }),
         }
     }
@@ -59,8 +66,13 @@ impl ConfigHandle {
         self.current.read().unwrap().clone()
     }
 
-    /// Installs `next` and returns the previous config.
-    pub fn swap(&self, next: EdgeConfig) -> std::sync::Arc<EdgeConfig> {
+    pub fn keys(&self) -> std::sync::Arc<Keys> {
+        self.keys.read().unwrap().clone()
+    }
+
+    /// Installs `next` and its keys and returns the previous config.
+    pub fn swap(&self, next: EdgeConfig, keys: Keys) -> std::sync::Arc<EdgeConfig> {
+        *self.keys.write().unwrap() = std::sync::Arc::new(keys);
         let previous = std::mem::replace(&mut *self.current.write().unwrap(), std::sync::Arc::new(next));
         let mut status = self.status.lock().unwrap();
         status.revision += 1;

@@ -7,6 +7,7 @@
 //! `node` (sessions, gRPC) -> back through `ingress::*` renderers.
 
 pub mod admission;
+pub mod auth;
 pub mod config;
 pub mod dispatch;
 pub mod gate;
@@ -74,6 +75,8 @@ pub struct EdgeState {
 pub enum EdgeError {
     #[error(transparent)]
     Tls(#[from] TlsSetupError),
+    #[error("{0}")]
+    Keys(String),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error("server error: {0}")]
@@ -85,6 +88,7 @@ pub struct Edge {
     state: Arc<EdgeState>,
     http: TcpListener,
     grpc: TcpListener,
+    admin: TcpListener,
     policy: Arc<AcceptPolicy>,
     reload: Option<(std::path::PathBuf, Duration)>,
 }
@@ -95,8 +99,11 @@ impl Edge {
         let bind = |what, addr| async move {
             TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { what, addr, source })
         };
+        let keys = auth::Keys::load(&config.auth).map_err(EdgeError::Keys)?;
+        auth::log_mode(keys.mode());
         let http = bind("http", config.listen.http).await?;
         let grpc = bind("grpc", config.listen.grpc).await?;
+        let admin = bind("admin", config.listen.admin).await?;
         let policy = Arc::new(AcceptPolicy::new(reload::rules(&config, tls)));
         let registry = Arc::new(NodeRegistry::default());
         let metrics = EdgeMetrics::new();
@@ -105,7 +112,7 @@ impl Edge {
         let handoff =
             Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
         let state = Arc::new(EdgeState {
-            config: ConfigHandle::new(config),
+            config: ConfigHandle::new(config, keys),
             registry,
             admission,
             overlay,
@@ -120,7 +127,7 @@ impl Edge {
             shutting_down: CancellationToken::new(),
         });
         metrics_revision(&state);
-        Ok(Self { state, http, grpc, policy, reload: None })
+        Ok(Self { state, http, grpc, admin, policy, reload: None })
     }
 
     /// Reloads the config from `path` when its content changes (checked
@@ -142,13 +149,17 @@ impl Edge {
         self.grpc.local_addr().expect("bound listener has an address")
     }
 
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().expect("bound listener has an address")
+    }
+
     /// Serves until `shutdown` resolves, then closes node sessions and drains
     /// in-flight HTTP responses for a bounded time.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), EdgeError> {
-        let Edge { state, http, grpc, policy, reload } = self;
+        let Edge { state, http, grpc, admin, policy, reload } = self;
         let stop = state.shutting_down.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -175,12 +186,18 @@ impl Edge {
             reload.map(|(path, interval)| tokio::spawn(reload::watch(state.clone(), policy.clone(), path, interval)));
 
         let http_addr = http.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
-        let app = http::router(state.clone());
-        // The listener's bounds are read once at start (a reload does not rebind it).
+        let admin_addr = admin.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
+        // The listeners' bounds are read once at start (a reload does not rebind them).
         let limits = http::listener::ListenLimits::of(&state.config.current().limits);
-        let http_server = http::listener::serve(http, app, limits, state.metrics.clone(), state.shutting_down.clone());
-        tracing::info!(%http_addr, "edge serving");
-        let http_task = tokio::spawn(http_server);
+        let open = state.metrics.http_connections.clone();
+        let stop = state.shutting_down.clone();
+        let http_task = tokio::spawn(http::listener::serve(http, http::router(state.clone()), limits, open, stop));
+        // Admin connections are not client connections: their own (unexported) count.
+        let stop = state.shutting_down.clone();
+        let admin_server =
+            http::listener::serve(admin, http::admin_router(state.clone()), limits, Default::default(), stop);
+        let admin_task = tokio::spawn(admin_server);
+        tracing::info!(%http_addr, %admin_addr, "edge serving");
 
         state.shutting_down.cancelled().await;
         tracing::info!("edge shutting down");
@@ -193,6 +210,7 @@ impl Edge {
             task.abort();
         }
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, http_task).await;
+        let _ = tokio::time::timeout(SHUTDOWN_DRAIN, admin_task).await;
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, grpc_task).await;
         Ok(())
     }

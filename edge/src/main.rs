@@ -1,4 +1,6 @@
 //! `iop-edge --config FILE`: runs the Edge until SIGTERM/Ctrl-C.
+//! `iop-edge new-key --name NAME` / `iop-edge hash-key`: API keys for the
+//! keys file (README "Security").
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,10 +16,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "iop-edge", version, about = "IOP Edge: LLM gateway that dispatches to nodes over mTLS gRPC")]
+#[command(subcommand_negates_reqs = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Edge config file (YAML); see examples/edge.yaml.
-    #[arg(long)]
-    config: PathBuf,
+    #[arg(long, required = true)]
+    config: Option<PathBuf>,
     /// How often to check the config file for changes (SIGHUP checks at once).
     #[arg(long, default_value_t = 2000)]
     reload_interval_ms: u64,
@@ -29,12 +34,57 @@ struct Args {
     test_heartbeat_profile: Option<HeartbeatProfile>,
 }
 
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Generates a random API key; prints it once, with the keys-file entry
+    /// that holds only its hash.
+    NewKey {
+        /// The principal's name in the keys file.
+        #[arg(long)]
+        name: String,
+    },
+    /// Prints the SHA-256 (the keys file's `key_sha256`) of the API key read
+    /// from stdin, so the key stays out of shell history.
+    HashKey,
+}
+
+fn key_command(command: Command) -> ExitCode {
+    use iop_edge::auth::{sha256, to_hex};
+    match command {
+        Command::NewKey { name } => {
+            let mut secret = [0u8; 32];
+            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret).is_err() {
+                eprintln!("iop-edge: the system random source failed");
+                return ExitCode::from(1);
+            }
+            let key = format!("iop-{}", to_hex(&secret));
+            let hash = to_hex(&sha256(key.as_bytes()));
+            println!("API key (give it to the client; IOP keeps only its hash):\n  {key}");
+            println!("keys file entry:\n  - {{ name: {name}, key_sha256: {hash}, models: [\"*\"] }}");
+        }
+        Command::HashKey => {
+            let mut line = String::new();
+            if std::io::stdin().read_line(&mut line).is_err() || line.trim().is_empty() {
+                eprintln!("iop-edge hash-key: pass the key on stdin, e.g. `printf %s \"$KEY\" | iop-edge hash-key`");
+                return ExitCode::from(2);
+            }
+            println!("{}", to_hex(&sha256(line.trim().as_bytes())));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    let config_path = match (args.command, args.config) {
+        (Some(command), _) => return key_command(command),
+        (None, Some(path)) => path,
+        (None, None) => unreachable!("clap requires --config without a subcommand"),
+    };
     iop_edge::init_logging(args.log_json);
     iop_edge::install_crypto_provider();
-    let config = match iop_edge::config::load(&args.config) {
+    let config = match iop_edge::config::load(&config_path) {
         Ok(config) => config,
         Err(e) => {
             tracing::error!("{e}");
@@ -42,19 +92,27 @@ async fn main() -> ExitCode {
         }
     };
     let edge = match iop_edge::Edge::bind(config, args.test_heartbeat_profile.unwrap_or_default()).await {
-        Ok(edge) => edge.watch_config(args.config.clone(), std::time::Duration::from_millis(args.reload_interval_ms)),
+        Ok(edge) => edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms)),
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::from(1);
         }
     };
     // One machine-readable line on stdout (tests and scripts wait for it).
-    println!("iop-edge listening http={} grpc={}", edge.http_addr(), edge.grpc_addr());
+    println!("iop-edge listening http={} grpc={} admin={}", edge.http_addr(), edge.grpc_addr(), edge.admin_addr());
     match edge.serve(iop_edge::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_consistent() {
+        <super::Args as clap::CommandFactory>::command().debug_assert();
     }
 }

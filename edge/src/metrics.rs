@@ -86,6 +86,12 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// A principal's name: bounded by the keys file, never a raw key.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrincipalLabels {
+    pub principal: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: &'static str,
@@ -113,6 +119,8 @@ pub struct EdgeMetrics {
     pub config_reloads: Family<RecoveryLabels, Counter>,
     pub node_handshakes_in_progress: Gauge,
     pub http_connections: Gauge,
+    pub auth_rejections: Family<ReasonLabels, Counter>,
+    pub principal_requests: Family<PrincipalLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -198,6 +206,18 @@ impl EdgeMetrics {
             "Open client HTTP connections (bounded by limits.max_http_connections)",
             http_connections.clone(),
         );
+        let auth_rejections = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "auth_rejections",
+            "Client requests refused before parsing: missing_api_key, invalid_api_key, api_key_disabled",
+            auth_rejections.clone(),
+        );
+        let principal_requests = Family::<PrincipalLabels, Counter>::default();
+        registry.register(
+            "principal_requests",
+            "Authenticated client requests per principal",
+            principal_requests.clone(),
+        );
         Arc::new(Self {
             registry,
             http_requests,
@@ -220,6 +240,8 @@ impl EdgeMetrics {
             config_reloads,
             node_handshakes_in_progress,
             http_connections,
+            auth_rejections,
+            principal_requests,
         })
     }
 

@@ -3,7 +3,9 @@
 //! or Secret mount swaps a symlink, which content polling follows without
 //! inotify corner cases; SIGHUP reloads at once). A renewed server
 //! certificate is therefore picked up without a restart.
-//! A new config is fully validated, TLS material included, before anything
+//! The keys file (`auth.keys_file`) is watched the same way, so a key is
+//! added or revoked without a restart.
+//! A new config is fully validated, TLS and keys files included, before anything
 //! changes; an invalid one keeps the old config and is reported on
 //! `/admin/v1/config` and `iop_edge_config_reloads_total{result="rejected"}`.
 //!
@@ -21,6 +23,7 @@ use iop_proto::config::EdgeConfig;
 use rustls::ServerConfig;
 
 use crate::EdgeState;
+use crate::auth::Keys;
 use crate::metrics::RecoveryLabels;
 use crate::node::session::{CloseReason, config_payload};
 use crate::node::tls::{AcceptPolicy, PolicyRules};
@@ -33,12 +36,20 @@ pub fn rules(config: &EdgeConfig, tls: Arc<ServerConfig>) -> PolicyRules {
     }
 }
 
-/// Loads and validates `path` completely (config and TLS files).
-fn load(path: &std::path::Path) -> Result<(EdgeConfig, Arc<ServerConfig>), String> {
+/// A config loaded and validated completely, with the TLS and keys files it
+/// names.
+pub struct Loaded {
+    pub config: EdgeConfig,
+    pub tls: Arc<ServerConfig>,
+    pub keys: Keys,
+}
+
+fn load(path: &std::path::Path) -> Result<Loaded, String> {
     let config = crate::config::load(path).map_err(|e| e.to_string())?;
     let tls = crate::node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)
         .map_err(|e| e.to_string())?;
-    Ok((config, tls))
+    let keys = Keys::load(&config.auth)?;
+    Ok(Loaded { config, tls, keys })
 }
 
 /// Nodes whose sessions must close when `previous` becomes `next`.
@@ -56,10 +67,13 @@ pub fn nodes_to_close(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<String> {
         .collect()
 }
 
-pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, next: EdgeConfig, tls: Arc<ServerConfig>) {
+pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, tls, keys }: Loaded) {
     policy.replace(rules(&next, tls));
     state.admission.reconfigure(&next);
-    let previous = state.config.swap(next);
+    if keys.mode() != state.config.keys().mode() {
+        crate::auth::log_mode(keys.mode());
+    }
+    let previous = state.config.swap(next, keys);
     let current = state.config.current();
     for node in nodes_to_close(&previous, &current) {
         state.registry.close(&node, CloseReason::ConfigChanged);
@@ -70,10 +84,11 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, next: EdgeConfig, tl
 }
 
 /// The bytes whose change triggers a reload: the config file and the TLS
-/// files of the config currently loaded.
+/// and keys files of the config currently loaded.
 fn fingerprint(path: &std::path::Path, config: &EdgeConfig) -> Option<Vec<u8>> {
     let mut bytes = std::fs::read(path).ok()?;
-    for file in [&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file] {
+    let keys = config.auth.keys_file.as_ref();
+    for file in [&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file].into_iter().chain(keys) {
         bytes.extend(std::fs::read(file).unwrap_or_default());
         bytes.push(0);
     }
@@ -104,7 +119,7 @@ pub async fn watch(state: Arc<EdgeState>, policy: Arc<AcceptPolicy>, path: PathB
         }
         last = Some(content);
         match load(&path) {
-            Ok((config, tls)) => apply(&state, &policy, config, tls),
+            Ok(loaded) => apply(&state, &policy, loaded),
             Err(error) => {
                 tracing::warn!(%error, "config reload rejected; keeping the previous config");
                 state.config.reject(error);
@@ -122,6 +137,7 @@ mod tests {
 listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
 tls: { ca_file: a, cert_file: b, key_file: c }
 trust_domain: t
+auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 }, { name: n3 } ]
 providers:
   - { id: a, node: n1, adapter: ollama, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }

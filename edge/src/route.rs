@@ -41,6 +41,7 @@ mod tests {
 listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
 tls: { ca_file: a, cert_file: b, key_file: c }
 trust_domain: t
+auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 } ]
 providers:
   - { id: backup, node: n2, adapter: openai, target: { model: m, base_url: "http://x" }, models: [ { name: chat, priority: 1 } ] }

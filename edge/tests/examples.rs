@@ -16,6 +16,14 @@ fn example_edge_config_loads() {
     let llama: Vec<_> =
         iop_edge::route::candidates(&config, "llama3.2").unwrap().iter().map(|p| p.id.clone()).collect();
     assert_eq!(llama, ["studio-llama", "laptop-lmstudio"]);
+
+    // Its keys file loads, and the example key is the example principal's.
+    let keys = iop_edge::auth::Keys::load(&config.auth).expect("examples/keys.yaml is valid");
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert("authorization", "Bearer iop-example-key-do-not-use".parse().unwrap());
+    let caller = keys.authenticate(&headers).expect("the example key is known");
+    assert_eq!(caller.name(), "example-client");
+    assert!(caller.may_use("llama3.2") && caller.may_use("qwen2.5") && !caller.may_use("mistral"));
 }
 
 #[test]

@@ -5,6 +5,8 @@
 
 use std::net::SocketAddr;
 
+use iop_proto::config::{AuthConfig, AuthMode, ListenConfig};
+
 use crate::reconcile::Settings;
 
 pub const NAMESPACE: &str = "IOP_NAMESPACE";
@@ -20,6 +22,11 @@ pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
 /// (`edge-deployment.yaml` container ports `http` and `grpc`).
 pub const EDGE_HTTP_LISTEN: &str = "0.0.0.0:8080";
 pub const EDGE_GRPC_LISTEN: &str = "0.0.0.0:7443";
+/// The admin listener: reachable in the cluster, limited by the chart's
+/// NetworkPolicy to the operator (and the metrics scraper).
+pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
+/// Optional: `required` (default) or `disabled` (no client API keys).
+pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
@@ -35,6 +42,8 @@ pub struct RunConfig {
     pub trust_domain: String,
     /// The metrics and probe listener ([`DEFAULT_METRICS_ADDR`] when unset).
     pub metrics_addr: SocketAddr,
+    /// Whether the Edge requires client API keys ([`EDGE_AUTH_MODE`]).
+    pub edge_auth: AuthMode,
 }
 
 /// A plain-HTTP base URL (in-cluster Service), split for the HTTP client.
@@ -91,7 +100,7 @@ impl RunConfig {
             .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
             .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@']) && !a.starts_with(':'))
             .ok_or_else(|| {
-                invalid(EDGE_ADMIN_URL, &url, "must be http://HOST[:PORT] (the Edge Service's HTTP port)")
+                invalid(EDGE_ADMIN_URL, &url, "must be http://HOST[:PORT] (the Edge admin Service's port)")
             })?;
         if let Some((_, port)) = authority.rsplit_once(':')
             && !authority.ends_with(']')
@@ -126,6 +135,13 @@ impl RunConfig {
                 .map_err(|_| invalid(METRICS_ADDR, &value, "must be IP:PORT, e.g. 0.0.0.0:9464 or [::]:9464"))?,
         };
 
+        let edge_auth = match lookup(EDGE_AUTH_MODE).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).as_deref()
+        {
+            None | Some("required") => AuthMode::Required,
+            Some("disabled") => AuthMode::Disabled,
+            Some(other) => return Err(invalid(EDGE_AUTH_MODE, other, "must be `required` or `disabled`")),
+        };
+
         Ok(Self {
             namespace,
             pod_name,
@@ -133,14 +149,21 @@ impl RunConfig {
             edge_server_names,
             trust_domain,
             metrics_addr,
+            edge_auth,
         })
     }
 
-    /// The reconcile settings: trust domain and the chart's fixed Edge
-    /// listen addresses and TLS paths.
+    /// The reconcile settings: trust domain, the chart's fixed Edge listen
+    /// addresses, TLS and keys paths, and the auth mode.
     pub fn settings(&self) -> Settings {
         let addr = |s: &str| s.parse::<SocketAddr>().expect("constant listen addresses parse");
-        Settings::new(self.trust_domain.clone(), addr(EDGE_HTTP_LISTEN), addr(EDGE_GRPC_LISTEN))
+        let listen =
+            ListenConfig { http: addr(EDGE_HTTP_LISTEN), grpc: addr(EDGE_GRPC_LISTEN), admin: addr(EDGE_ADMIN_LISTEN) };
+        let mut settings = Settings::new(self.trust_domain.clone(), listen);
+        if self.edge_auth == AuthMode::Disabled {
+            settings.auth = AuthConfig { mode: AuthMode::Disabled, keys_file: None };
+        }
+        settings
     }
 }
 
@@ -174,7 +197,7 @@ mod tests {
         HashMap::from([
             (NAMESPACE, "iop"),
             (POD_NAME, "iop-operator-7d9c-abcde"),
-            (EDGE_ADMIN_URL, "http://iop-edge.iop.svc:8080"),
+            (EDGE_ADMIN_URL, "http://iop-edge-admin.iop.svc:8081"),
             (EDGE_SERVER_NAMES, "iop-edge-grpc,iop-edge-grpc.iop.svc, edge.example.com,10.0.0.7"),
             (TRUST_DOMAIN, "iop.example"),
         ])
@@ -189,7 +212,7 @@ mod tests {
         let config = parse(&chart_env()).unwrap();
         assert_eq!(config.namespace, "iop");
         assert_eq!(config.pod_name, "iop-operator-7d9c-abcde");
-        assert_eq!(config.edge_admin_url.join("/admin/v1/nodes"), "http://iop-edge.iop.svc:8080/admin/v1/nodes");
+        assert_eq!(config.edge_admin_url.join("/admin/v1/nodes"), "http://iop-edge-admin.iop.svc:8081/admin/v1/nodes");
         assert_eq!(
             config.edge_server_names,
             ["iop-edge-grpc", "iop-edge-grpc.iop.svc", "edge.example.com", "10.0.0.7"]
@@ -198,6 +221,9 @@ mod tests {
         assert_eq!(settings.trust_domain, "iop.example");
         assert_eq!(settings.listen.http.port(), 8080);
         assert_eq!(settings.listen.grpc.port(), 7443);
+        assert_eq!(settings.listen.admin.port(), 8081);
+        assert_eq!(settings.auth.mode, AuthMode::Required, "keys are required unless the chart says otherwise");
+        assert_eq!(settings.auth.keys_file.as_deref(), Some(std::path::Path::new(crate::reconcile::EDGE_KEYS_FILE)));
         assert_eq!(config.metrics_addr, "0.0.0.0:9464".parse().unwrap(), "the default when unset");
     }
 
@@ -222,6 +248,18 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_edge_auth_mode_is_optional_and_checked() {
+        let mut env = chart_env();
+        env.insert(EDGE_AUTH_MODE, " disabled ");
+        let settings = parse(&env).unwrap().settings();
+        assert_eq!(settings.auth, AuthConfig { mode: AuthMode::Disabled, keys_file: None });
+        env.insert(EDGE_AUTH_MODE, "required");
+        assert_eq!(parse(&env).unwrap().settings().auth.mode, AuthMode::Required);
+        env.insert(EDGE_AUTH_MODE, "optional");
+        assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_AUTH_MODE, .. })));
     }
 
     #[test]

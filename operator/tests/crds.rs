@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use iop_operator::crd::{self, NodeCatalog, Provider, WorkspaceTemplate};
 use iop_operator::reconcile::{self, Settings, Snapshot, validate};
+use iop_proto::config::ListenConfig;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -266,7 +267,9 @@ fn examples_are_accepted_by_the_schema_and_read_into_the_types() {
 }
 
 fn settings() -> Settings {
-    Settings::new("iop.example", "0.0.0.0:8080".parse().unwrap(), "0.0.0.0:7443".parse().unwrap())
+    let addr = |a: &str| a.parse().unwrap();
+    let listen = ListenConfig { http: addr("0.0.0.0:8080"), grpc: addr("0.0.0.0:7443"), admin: addr("0.0.0.0:8081") };
+    Settings::new("iop.example", listen)
 }
 
 #[test]

@@ -25,15 +25,49 @@ pub struct EdgeConfig {
     pub providers: Vec<ProviderEntry>,
     #[serde(default)]
     pub limits: Limits,
+    /// Client authentication (API keys). Absent means `mode: required`,
+    /// which then needs a `keys_file`: an Edge is never open by accident.
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    /// The principals and their key hashes (see the Edge's `auth` module).
+    /// Relative to the config file's directory; reloaded with the config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    /// Every client request needs a key of an enabled principal.
+    #[default]
+    Required,
+    /// Anyone who reaches the listener may use every model (local development).
+    Disabled,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenConfig {
-    /// Client-facing HTTP API (OpenAI/Anthropic), admin and metrics.
+    /// Client-facing HTTP API (OpenAI/Anthropic), `/healthz`, `/readyz`.
     pub http: SocketAddr,
     /// Node-facing gRPC over mTLS.
     pub grpc: SocketAddr,
+    /// `/admin/*` and `/metrics`: for the operator and Prometheus only, never
+    /// exposed to clients. Loopback unless set.
+    #[serde(default = "ListenConfig::default_admin")]
+    pub admin: SocketAddr,
+}
+
+impl ListenConfig {
+    pub fn default_admin() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 8081))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -387,6 +421,12 @@ impl EdgeConfig {
                 return Err(invalid(at("capacity"), "must be between 1 and 1024"));
             }
         }
+        if self.auth.mode == AuthMode::Required && self.auth.keys_file.is_none() {
+            return Err(invalid(
+                "auth.keys_file",
+                "required when auth.mode is `required` (the default); set `auth: { mode: disabled }` to serve without keys",
+            ));
+        }
         let l = &self.limits;
         if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
             return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
@@ -435,6 +475,7 @@ mod tests {
 listen: { http: "127.0.0.1:8080", grpc: "127.0.0.1:7443" }
 tls: { ca_file: ca.pem, cert_file: edge.pem, key_file: edge-key.pem }
 trust_domain: iop.local
+auth: { mode: disabled }
 nodes: [ { name: mac-1 } ]
 providers:
   - id: p1
@@ -452,7 +493,12 @@ providers:
         let largest = format!("{VALID}limits: {{ max_body_bytes: 67108864 }}\n");
         assert_eq!(EdgeConfig::from_yaml(&largest).unwrap().limits.max_body_bytes, 64 * 1024 * 1024);
         assert_eq!(c.model_index()["llama"].len(), 1);
+        assert_eq!(c.listen.admin, "127.0.0.1:8081".parse().unwrap());
         assert_eq!(EdgeConfig::from_yaml(&c.to_yaml()).unwrap(), c);
+        let keyed = VALID.replace("mode: disabled", "mode: required, keys_file: keys.yaml");
+        let keyed = EdgeConfig::from_yaml(&keyed).unwrap();
+        assert_eq!(keyed.auth.keys_file.as_deref(), Some(std::path::Path::new("keys.yaml")));
+        assert_eq!(EdgeConfig::from_yaml(&keyed.to_yaml()).unwrap(), keyed);
     }
 
     #[test]
@@ -469,6 +515,9 @@ providers:
             (format!("{VALID}limits: {{ max_http_connections: 0 }}\n"), "limits.max_http_connections"),
             (format!("{VALID}limits: {{ http_idle_timeout_ms: 99 }}\n"), "limits.http_idle_timeout_ms"),
             (format!("{VALID}limits: {{ stream_keepalive_ms: 99 }}\n"), "limits.stream_keepalive_ms"),
+            // No `auth` section means keys are required, so a keys file is.
+            (VALID.replace("auth: { mode: disabled }\n", ""), "auth.keys_file"),
+            (VALID.replace("mode: disabled", "mode: required"), "auth.keys_file"),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

@@ -55,6 +55,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-edge-grpc" (include "iop.fullname" .) }}
 {{- end }}
 
+{{/* The Edge's admin Service (/admin/v1/*, /metrics): ClusterIP, for the operator and Prometheus. */}}
+{{- define "iop.edge.adminName" -}}
+{{- printf "%s-edge-admin" (include "iop.fullname" .) }}
+{{- end }}
+
 {{- define "iop.edge.selectorLabels" -}}
 {{ include "iop.selectorLabels" . }}
 app.kubernetes.io/component: edge
@@ -109,7 +114,8 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-Names on the Edge server certificate: the in-cluster names of both Services, the host of
+Names on the Edge server certificate: the in-cluster names of the gRPC and HTTP API Services
+(not the admin Service: plain HTTP), the host of
 edge.grpcService.publicUrl and edge.grpcService.serverNames.
 */}}
 {{- define "iop.edge.serverNames" -}}

@@ -1,7 +1,9 @@
 //! `iop-dev`: the whole system on one machine. Starts the mock provider (or
 //! points at a real Ollama / OpenAI-compatible server), an Edge and one Node
 //! in this process, joined by real mTLS gRPC with a throwaway dev CA, and
-//! serves the client API on 127.0.0.1:8080 until Ctrl-C / SIGTERM.
+//! serves the client API on 127.0.0.1:8080 (admin and metrics on
+//! 127.0.0.1:8081) until Ctrl-C / SIGTERM. Without `--keys-file` clients need
+//! no API key (logged loudly).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -11,7 +13,7 @@ use clap::Parser;
 use iop_e2e::harness::{self, DevPki, ProviderSpec};
 use iop_e2e::mock_provider::{self, MockConfig};
 use iop_e2e::pki::Validity;
-use iop_proto::config::Adapter;
+use iop_proto::config::{Adapter, AuthConfig, AuthMode};
 use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +25,13 @@ struct Args {
     /// Address of the client-facing HTTP API.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
+    /// Address of the admin API and metrics (keep it on loopback).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    admin_addr: SocketAddr,
+    /// Require API keys from this keys file (README "Security"); without it
+    /// anyone reaching the HTTP address may call.
+    #[arg(long)]
+    keys_file: Option<std::path::PathBuf>,
     /// Address of the node-facing gRPC listener (0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     grpc_addr: SocketAddr,
@@ -85,9 +94,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         mode: Default::default(),
         stall_timeout_ms: 0,
     };
-    let config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
+    let mut config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
+    config.listen.admin = args.admin_addr;
+    if let Some(keys_file) = &args.keys_file {
+        config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(std::path::absolute(keys_file)?) };
+    }
     let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;
-    let (http_addr, grpc_addr, state) = (edge.http_addr(), edge.grpc_addr(), edge.state());
+    let (http_addr, grpc_addr, admin_addr, state) =
+        (edge.http_addr(), edge.grpc_addr(), edge.admin_addr(), edge.state());
     let edge_stop = shutdown.clone();
     let edge_task = tokio::spawn(edge.serve(async move { edge_stop.cancelled().await }));
 
@@ -96,9 +110,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     wait_ready(&state).await;
     println!("IOP dev is up. Base URL: http://{http_addr}/v1   (model: {model})");
+    println!("Admin and metrics: http://{admin_addr}/admin/v1/nodes, http://{admin_addr}/metrics");
+    let key_header = if args.keys_file.is_some() { " -H \"authorization: Bearer $IOP_KEY\"" } else { "" };
     println!("Try:");
     println!(
-        "  curl -N http://{http_addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+        "  curl -N http://{http_addr}/v1/chat/completions{key_header} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
     );
     println!("Press Ctrl-C to stop.");
 

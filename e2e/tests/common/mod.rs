@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use iop_e2e::harness::{self, DevPki, Proc, ProviderSpec, addr_field, bin, spawn_until, wait_until};
 use iop_e2e::pki::{PairFiles, Validity};
-use iop_proto::config::Adapter;
+use iop_proto::config::{Adapter, AuthConfig, AuthMode};
 use serde_json::Value;
 
 pub const NODE: &str = "mac-1";
@@ -23,11 +23,21 @@ pub struct StackOptions {
     pub limits: Option<iop_proto::config::Limits>,
     /// Nodes besides [`NODE`], configured and (with `start_node`) started.
     pub extra_nodes: Vec<&'static str>,
+    /// A keys file: the Edge requires API keys from it (`keys.yaml` in the
+    /// stack's directory). `None`: `auth.mode: disabled`.
+    pub keys: Option<String>,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        Self { heartbeat: None, start_node: true, extra_providers: Vec::new(), limits: None, extra_nodes: Vec::new() }
+        Self {
+            heartbeat: None,
+            start_node: true,
+            extra_providers: Vec::new(),
+            limits: None,
+            extra_nodes: Vec::new(),
+            keys: None,
+        }
     }
 }
 
@@ -40,6 +50,7 @@ pub struct Stack {
     pub edge_config: PathBuf,
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    pub admin: SocketAddr,
     pub nodes: Vec<Proc>,
     /// `/metrics` URL of the first node.
     pub node_metrics: Option<String>,
@@ -103,6 +114,11 @@ impl Stack {
         if let Some(limits) = options.limits {
             config.limits = limits;
         }
+        if let Some(keys) = &options.keys {
+            let keys_file = dir.path().join("keys.yaml");
+            std::fs::write(&keys_file, keys).unwrap();
+            config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file) };
+        }
         let edge_config = dir.path().join("edge.yaml");
         std::fs::write(&edge_config, config.to_yaml()).unwrap();
         let mut stack = Stack {
@@ -114,6 +130,7 @@ impl Stack {
             edge_config,
             http: any,
             grpc: any,
+            admin: any,
             nodes: Vec::new(),
             node_metrics: None,
             heartbeat: options.heartbeat,
@@ -140,6 +157,7 @@ impl Stack {
             let mut pinned = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
             pinned.listen.http = self.http;
             pinned.listen.grpc = self.grpc;
+            pinned.listen.admin = self.admin;
             std::fs::write(&self.edge_config, pinned.to_yaml()).unwrap();
         }
         let config = self.edge_config.to_str().unwrap().to_string();
@@ -150,6 +168,7 @@ impl Stack {
         let (edge, line) = spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await;
         self.http = addr_field(&line, "http");
         self.grpc = addr_field(&line, "grpc");
+        self.admin = addr_field(&line, "admin");
         self.edge = Some(edge);
     }
 
@@ -171,12 +190,20 @@ impl Stack {
         (node, format!("{url}/metrics"))
     }
 
+    /// A URL on the client listener.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.http, path)
     }
 
+    /// A URL on the admin listener (`/admin/*`, `/metrics`).
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    /// GET as JSON from the listener that serves `path`.
     pub async fn get_json(&self, path: &str) -> Value {
-        let response = self.client.get(self.url(path)).send().await.expect("GET");
+        let url = if path.starts_with("/admin/") { self.admin_url(path) } else { self.url(path) };
+        let response = self.client.get(url).send().await.expect("GET");
         serde_json::from_slice(&response.bytes().await.unwrap()).expect("JSON body")
     }
 
@@ -202,7 +229,7 @@ impl Stack {
 
     /// Value of one sample of the Edge's /metrics, 0 when absent.
     pub async fn metric(&self, sample: &str) -> f64 {
-        self.metric_at(&self.url("/metrics"), sample).await
+        self.metric_at(&self.admin_url("/metrics"), sample).await
     }
 
     /// Value of one sample of the metrics at `url`, 0 when absent.

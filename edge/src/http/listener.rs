@@ -1,4 +1,4 @@
-//! The client HTTP listener: a hyper-util serve loop (rather than
+//! The HTTP listeners (client and admin): a hyper-util serve loop (rather than
 //! `axum::serve`, which has neither a connection cap nor read timeouts) so
 //! that a slow or idle client cannot hold the Edge's resources:
 //!
@@ -24,7 +24,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::EdgeMetrics;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Bounds of the client listener (from `limits`).
 #[derive(Debug, Clone, Copy)]
@@ -44,13 +44,8 @@ impl ListenLimits {
 
 /// Serves `app` on `listener` until `stop` is cancelled, then lets open
 /// connections finish (the caller bounds how long it waits for that).
-pub async fn serve(
-    listener: TcpListener,
-    app: Router,
-    limits: ListenLimits,
-    metrics: Arc<EdgeMetrics>,
-    stop: CancellationToken,
-) {
+/// `open` counts the listener's open connections.
+pub async fn serve(listener: TcpListener, app: Router, limits: ListenLimits, open: Gauge, stop: CancellationToken) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -77,9 +72,9 @@ pub async fn serve(
         // Headers and body are written separately; without it a reused
         // connection waits on the client's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
-        let (builder, metrics, service) = (builder.clone(), metrics.clone(), TowerToHyperService::new(app.clone()));
+        let (builder, open, service) = (builder.clone(), open.clone(), TowerToHyperService::new(app.clone()));
         let watcher = graceful.watcher();
-        metrics.http_connections.inc();
+        open.inc();
         tokio::spawn(async move {
             // hyper's protocol detection waits for the first bytes without
             // a bound: a connection that sends nothing is closed here.
@@ -92,7 +87,7 @@ pub async fn serve(
                     tracing::debug!(error = %e, "http connection ended with an error");
                 }
             }
-            metrics.http_connections.dec();
+            open.dec();
             drop(permit);
         });
     }

@@ -1,6 +1,7 @@
-//! HTTP ingress (axum): the client APIs, health, metrics and admin snapshots.
-//! Handlers are thin: parse with `ingress::*`, pick a provider with `route`,
-//! run it with `dispatch`, render with `ingress::*`.
+//! HTTP ingress (axum): the client APIs and health on the client listener;
+//! admin snapshots, node commands and metrics on the admin listener.
+//! Handlers are thin: authenticate with `auth`, parse with `ingress::*`, pick
+//! a provider with `route`, run it with `dispatch`, render with `ingress::*`.
 
 mod admin;
 pub mod listener;
@@ -22,21 +23,31 @@ use iop_proto::wire::relayable_header;
 use serde_json::json;
 
 use crate::EdgeState;
+use crate::auth::Caller;
 use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
-use crate::metrics::{Api, ApiLabels, ApiRouteLabels, EdgeMetrics, RequestLabels};
+use crate::metrics::{Api, ApiLabels, ApiRouteLabels, EdgeMetrics, PrincipalLabels, RequestLabels};
 use crate::route;
 use surface::{ChatCompletions, Messages, Responses, Surface};
 
+/// The client listener (`listen.http`): what API keys buy, and probes.
 pub fn router(state: Arc<EdgeState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(api::<ChatCompletions>))
         .route("/v1/responses", post(api::<Responses>))
         .route("/v1/messages", post(api::<Messages>))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(models::<ChatCompletions>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+/// The admin listener (`listen.admin`): for the operator and Prometheus,
+/// never for clients (it has no authentication of its own).
+pub fn admin_router(state: Arc<EdgeState>) -> Router {
+    Router::new()
         .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
         .route("/admin/v1/nodes", get(admin::nodes))
         .route("/admin/v1/nodes/{name}/commands/{command}", post(admin::node_command))
         .route("/admin/v1/providers", get(admin::providers))
@@ -158,11 +169,17 @@ async fn serve<S: Surface>(
     body: Body,
     record: &mut RequestRecord,
 ) -> Result<Reply<S>, ApiError> {
+    // Before the body is read: an unknown caller costs no more than this.
+    let caller = authenticate(state, &headers)?;
     let config = state.config.current();
     let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
     let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
+    // Whether the model exists is not told to a caller who may not use it.
+    if !caller.may_use(&parsed.model) {
+        return Err(ApiError::ModelNotAllowed(parsed.model));
+    }
     if route::candidates(&config, &parsed.model).is_some() {
         record.route = Some(parsed.model.clone());
     }
@@ -435,10 +452,33 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
     response
 }
 
-async fn models(State(state): State<Arc<EdgeState>>) -> Response {
+/// The caller a request's key names, counted by principal or by why it was
+/// refused.
+fn authenticate(state: &EdgeState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    match state.config.keys().authenticate(headers) {
+        Ok(caller) => {
+            if let Caller::Principal(p) = &caller {
+                state.metrics.principal_requests.get_or_create(&PrincipalLabels { principal: p.name.clone() }).inc();
+            }
+            Ok(caller)
+        }
+        Err(failure) => {
+            state.metrics.reason(&state.metrics.auth_rejections, failure.label());
+            Err(ApiError::Unauthenticated(failure))
+        }
+    }
+}
+
+/// The public models the caller may use (OpenAI's list shape).
+async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap) -> Response {
+    let caller = match authenticate(&state, &headers) {
+        Ok(caller) => caller,
+        Err(err) => return error_response::<S>(&err),
+    };
     let config = state.config.current();
     let data: Vec<_> = route::public_models(&config)
         .into_iter()
+        .filter(|model| caller.may_use(model))
         .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "iop" }))
         .collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()

@@ -5,11 +5,19 @@ use axum::http::StatusCode;
 use iop_proto::pb::{self, FailureKind};
 use serde_json::{Value, json};
 
+use crate::auth::AuthFailure;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
     /// Malformed JSON, missing or wrongly typed fields.
     #[error("{message}")]
     InvalidRequest { message: String, param: Option<String> },
+    /// No key, an unknown key, or a disabled principal's key.
+    #[error("{}", unauthenticated_message(*.0))]
+    Unauthenticated(AuthFailure),
+    /// The principal may not use this public model.
+    #[error("this API key may not use the model `{0}`")]
+    ModelNotAllowed(String),
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     /// The client stopped sending its request body.
@@ -33,6 +41,14 @@ pub enum ApiError {
     Internal,
 }
 
+fn unauthenticated_message(failure: AuthFailure) -> &'static str {
+    match failure {
+        AuthFailure::Missing => "missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        AuthFailure::Unknown => "invalid API key",
+        AuthFailure::Disabled => "this API key is disabled",
+    }
+}
+
 impl ApiError {
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::InvalidRequest { message: message.into(), param: None }
@@ -47,6 +63,8 @@ impl ApiError {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -85,6 +103,8 @@ impl ApiError {
             Self::InvalidRequest { .. } => "invalid_request",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::BodyTimeout => "request_body_timeout",
+            Self::Unauthenticated(failure) => failure.label(),
+            Self::ModelNotAllowed(_) => "model_not_allowed",
             Self::ModelNotFound(_) => "model_not_found",
             Self::NoProviderAvailable(_) => "no_provider_available",
             Self::QueueFull(_) => "queue_full",
@@ -118,7 +138,7 @@ impl ApiError {
         };
         let param = match self {
             Self::InvalidRequest { param, .. } => param.clone(),
-            Self::ModelNotFound(_) => Some("model".to_string()),
+            Self::ModelNotFound(_) | Self::ModelNotAllowed(_) => Some("model".to_string()),
             _ => None,
         };
         json!({ "error": { "message": self.to_string(), "type": kind, "param": param, "code": self.code() } })
@@ -177,6 +197,22 @@ mod tests {
     }
 
     #[test]
+    fn auth_errors_are_401_and_403_with_their_codes() {
+        let cases = [
+            (ApiError::Unauthenticated(AuthFailure::Missing), 401, "authentication_error", "missing_api_key"),
+            (ApiError::Unauthenticated(AuthFailure::Unknown), 401, "authentication_error", "invalid_api_key"),
+            (ApiError::Unauthenticated(AuthFailure::Disabled), 401, "authentication_error", "api_key_disabled"),
+            (ApiError::ModelNotAllowed("m".into()), 403, "permission_error", "model_not_allowed"),
+        ];
+        for (err, status, kind, code) in cases {
+            assert_eq!(err.status().as_u16(), status);
+            let body = err.openai_body();
+            assert_eq!((body["error"]["type"].as_str(), body["error"]["code"].as_str()), (Some(kind), Some(code)));
+            assert_eq!(err.anthropic_body()["error"]["type"], kind);
+        }
+    }
+
+    #[test]
     fn anthropic_shape_types_by_status() {
         let execution = |kind: FailureKind| ApiError::Execution(pb::ExecutionFailure::new(kind, "boom"));
         let cases: Vec<(ApiError, &str)> = vec![
@@ -185,6 +221,9 @@ mod tests {
             (failure(FailureKind::ProviderHttpStatus, 401), "authentication_error"),
             (failure(FailureKind::ProviderHttpStatus, 403), "permission_error"),
             (ApiError::ModelNotFound("x".into()), "not_found_error"),
+            (ApiError::Unauthenticated(AuthFailure::Missing), "authentication_error"),
+            (ApiError::Unauthenticated(AuthFailure::Disabled), "authentication_error"),
+            (ApiError::ModelNotAllowed("x".into()), "permission_error"),
             (failure(FailureKind::ProviderHttpStatus, 422), "invalid_request_error"),
             (failure(FailureKind::ProviderHttpStatus, 429), "rate_limit_error"),
             (ApiError::Internal, "api_error"),

@@ -105,6 +105,7 @@ mod tests {
 listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
 tls: { ca_file: a, cert_file: b, key_file: c }
 trust_domain: t
+auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 } ]
 providers:
   - { id: a, node: n1, adapter: ollama, target: { model: m1, base_url: "http://x" }, models: [ { name: chat } ] }
@@ -193,6 +194,7 @@ providers:
 listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
 tls: { ca_file: a, cert_file: b, key_file: c }
 trust_domain: t
+auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 } ]
 providers:
   - { id: a, node: n1, adapter: ollama, target: { model: m1, base_url: "http://x" }, models: [ { name: chat } ] }

@@ -75,6 +75,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         nodes: Vec::new(),
         providers: Vec::new(),
         limits: settings.limits.clone(),
+        auth: settings.auth.clone(),
     };
     config.validate().map_err(BuildError::Settings)?;
     let mut excluded = Vec::new();

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 
 use k8s_openapi::jiff::Timestamp;
 
+use iop_proto::config::ListenConfig;
+
 use super::{Settings, Snapshot};
 use crate::crd::node_catalog::{NodeCatalogSpec, Workspace};
 use crate::crd::provider::{Adapter, ProviderMode, ProviderTarget, PublicModel};
@@ -18,7 +20,8 @@ pub fn at(seconds: i64) -> Timestamp {
 
 pub fn settings() -> Settings {
     let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
-    Settings::new("iop.example", addr("0.0.0.0:8080"), addr("0.0.0.0:7443"))
+    let listen = ListenConfig { http: addr("0.0.0.0:8080"), grpc: addr("0.0.0.0:7443"), admin: addr("0.0.0.0:8081") };
+    Settings::new("iop.example", listen)
 }
 
 fn meta<K: kube::Resource>(object: &mut K, name: &str) {

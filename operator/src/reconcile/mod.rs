@@ -7,10 +7,9 @@ pub mod conditions;
 pub mod desired;
 pub mod validate;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use iop_proto::config::{EdgeTlsConfig, Limits, ListenConfig};
+use iop_proto::config::{AuthConfig, AuthMode, EdgeTlsConfig, Limits, ListenConfig};
 
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
@@ -23,6 +22,10 @@ pub const CONFIG_KEY: &str = "edge.yaml";
 
 /// Where the Edge pod mounts the `iop-edge-tls` Secret.
 pub const EDGE_TLS_DIR: &str = "/etc/iop/tls";
+
+/// Where the Edge pod mounts the API keys Secret (`edge.auth.keysSecret` in
+/// the chart; created by the administrator, never by the operator).
+pub const EDGE_KEYS_FILE: &str = "/etc/iop/keys/keys.yaml";
 
 /// Field managers, one per write site (server-side apply).
 pub const FIELD_MANAGER_CONFIG: &str = "iop-operator/config";
@@ -41,21 +44,25 @@ pub struct Settings {
     /// Edge-wide limits. `queue_depth` and `queue_timeout_ms` are raised to
     /// the largest value any valid `Provider` asks for.
     pub limits: Limits,
+    /// Client authentication (the keys file is a Secret mounted into the Edge).
+    pub auth: AuthConfig,
 }
 
 impl Settings {
-    /// Settings with the Edge's TLS files at [`EDGE_TLS_DIR`] and default limits.
-    pub fn new(trust_domain: impl Into<String>, http: SocketAddr, grpc: SocketAddr) -> Self {
+    /// Settings with the Edge's TLS files at [`EDGE_TLS_DIR`], default
+    /// limits, and API keys required from [`EDGE_KEYS_FILE`].
+    pub fn new(trust_domain: impl Into<String>, listen: ListenConfig) -> Self {
         let tls_file = |name: &str| PathBuf::from(EDGE_TLS_DIR).join(name);
         Self {
             trust_domain: trust_domain.into(),
-            listen: ListenConfig { http, grpc },
+            listen,
             tls: EdgeTlsConfig {
                 ca_file: tls_file("ca.pem"),
                 cert_file: tls_file("edge.pem"),
                 key_file: tls_file("edge-key.pem"),
             },
             limits: Limits::default(),
+            auth: AuthConfig { mode: AuthMode::Required, keys_file: Some(PathBuf::from(EDGE_KEYS_FILE)) },
         }
     }
 }

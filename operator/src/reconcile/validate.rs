@@ -207,6 +207,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         nodes: vec![NodeEntry { name: entry.node.clone() }],
         providers: vec![entry.clone()],
         limits: settings.limits.clone(),
+        auth: settings.auth.clone(),
     };
     // Target model and base URL included: `iop_proto::config::check_base_url`
     // and `check_target_model`, the rules the CRD schema's patterns restate.

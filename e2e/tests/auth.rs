@@ -1,0 +1,218 @@
+//! Client API keys end to end: a real `iop-edge` process with a keys file,
+//! keys made with its own `new-key` / `hash-key` commands, every client API's
+//! 401/403 shape, model filtering, disabled principals, reloads of the keys
+//! file, and the admin API off the client listener.
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+
+use common::*;
+use iop_e2e::harness::{bin, wait_until};
+use serde_json::{Value, json};
+
+/// `iop-edge new-key --name NAME`: (the key, its keys-file entry line).
+fn new_key(name: &str) -> (String, String) {
+    let out = std::process::Command::new(bin("iop-edge")).args(["new-key", "--name", name]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let key = text.lines().find_map(|l| l.trim().strip_prefix("iop-").map(|k| format!("iop-{k}"))).expect("a key");
+    let entry = text.lines().find(|l| l.contains("key_sha256")).expect("an entry").to_string();
+    (key, entry)
+}
+
+/// `printf %s KEY | iop-edge hash-key`.
+fn hash_key(key: &str) -> String {
+    let mut child = std::process::Command::new(bin("iop-edge"))
+        .arg("hash-key")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+const OLLAMA_ONLY_KEY: &str = "sk-ollama-only-0123456789";
+const DISABLED_KEY: &str = "sk-disabled-0123456789";
+
+/// Three principals: `all` (from `new-key`, every model), `ollama-only`
+/// (`mock-ollama` only) and a disabled one. Returns (keys file, all's key).
+fn keys_file() -> (String, String) {
+    let (all_key, all_entry) = new_key("all");
+    let text = format!(
+        "principals:\n{all_entry}\n  - {{ name: ollama-only, key_sha256: {}, models: [\"mock-oll*\"] }}\n  - {{ name: off, key_sha256: {}, models: [\"*\"], disabled: true }}\n",
+        hash_key(OLLAMA_ONLY_KEY),
+        hash_key(DISABLED_KEY),
+    );
+    (text, all_key)
+}
+
+/// The three client APIs: (path, body for `model`, header carrying the key).
+fn apis(model: &str) -> [(&'static str, Value, &'static str); 3] {
+    let messages = json!([{ "role": "user", "content": "hi" }]);
+    [
+        ("/v1/chat/completions", json!({ "model": model, "messages": messages }), "authorization"),
+        ("/v1/responses", json!({ "model": model, "input": "hi" }), "api-key"),
+        ("/v1/messages", json!({ "model": model, "max_tokens": 16, "messages": messages }), "x-api-key"),
+    ]
+}
+
+async fn call(stack: &Stack, path: &str, body: &Value, header: &str, key: Option<&str>) -> (u16, Value) {
+    let mut request = stack
+        .client
+        .post(stack.url(path))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap());
+    if let Some(key) = key {
+        let value = if header == "authorization" { format!("Bearer {key}") } else { key.to_string() };
+        request = request.header(header, value);
+    }
+    json_body(request.send().await.unwrap()).await
+}
+
+/// (type, code) of an error body in the API's own shape.
+fn error_kind(path: &str, body: &Value) -> (String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    if path == "/v1/messages" {
+        assert_eq!(body["type"], "error", "{body}");
+        // Anthropic's shape has no code: the message says which failure it was.
+        (text(&body["error"]["type"]), text(&body["error"]["message"]))
+    } else {
+        (text(&body["error"]["type"]), text(&body["error"]["code"]))
+    }
+}
+
+#[tokio::test]
+async fn api_keys_decide_who_may_call_which_model_in_each_apis_shape() {
+    let (keys, all_key) = keys_file();
+    let stack = Stack::start(StackOptions { keys: Some(keys), ..Default::default() }).await;
+    let before = stack.mock_stats().await["requests_total"].as_u64().unwrap();
+
+    for (path, body, header) in apis("mock-openai") {
+        let cases = [
+            (None, 401, "authentication_error", "missing_api_key", "missing API key"),
+            (Some("sk-nobody"), 401, "authentication_error", "invalid_api_key", "invalid API key"),
+            (Some(DISABLED_KEY), 401, "authentication_error", "api_key_disabled", "this API key is disabled"),
+            (Some(OLLAMA_ONLY_KEY), 403, "permission_error", "model_not_allowed", "may not use the model"),
+        ];
+        for (key, status, kind, code, message) in cases {
+            let (got, error) = call(&stack, path, &body, header, key).await;
+            assert_eq!(got, status, "{path} with {key:?}: {error}");
+            let (got_kind, detail) = error_kind(path, &error);
+            assert_eq!(got_kind, kind, "{path} with {key:?}: {error}");
+            let expected = if path == "/v1/messages" { message } else { code };
+            assert!(detail.contains(expected), "{path} with {key:?}: {error}");
+            // No key or hash ever comes back in an answer.
+            assert!(!error.to_string().contains("sk-"), "{error}");
+        }
+    }
+    // A model outside the principal's list is refused even when it does not
+    // exist: whether it does is not the caller's business.
+    let (status, _) =
+        call(&stack, "/v1/chat/completions", &chat_body("nope", "hi", false), "authorization", Some(OLLAMA_ONLY_KEY))
+            .await;
+    assert_eq!(status, 403);
+    let (status, _) =
+        call(&stack, "/v1/chat/completions", &chat_body("nope", "hi", false), "authorization", Some(&all_key)).await;
+    assert_eq!(status, 404);
+    // Nothing refused reached the provider.
+    assert_eq!(stack.mock_stats().await["requests_total"].as_u64().unwrap(), before);
+
+    // Allowed: each API, each header form.
+    for (path, body, header) in apis("mock-ollama") {
+        let (status, answer) = call(&stack, path, &body, header, Some(OLLAMA_ONLY_KEY)).await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    for (path, body, header) in apis("mock-openai") {
+        let (status, answer) = call(&stack, path, &body, header, Some(&all_key)).await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+
+    // /v1/models lists only what the caller may use.
+    let models = |key: Option<&'static str>| {
+        let request = stack.client.get(stack.url("/v1/models"));
+        let request = match key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        };
+        async move { json_body(request.send().await.unwrap()).await }
+    };
+    let ids = |list: &Value| -> Vec<String> {
+        list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect()
+    };
+    let (status, list) = models(Some(OLLAMA_ONLY_KEY)).await;
+    assert_eq!((status, ids(&list)), (200, vec!["mock-ollama".to_string()]));
+    let all = stack.client.get(stack.url("/v1/models")).header("x-api-key", &all_key).send().await.unwrap();
+    let (status, list) = json_body(all).await;
+    assert_eq!((status, ids(&list)), (200, vec!["mock-ollama".to_string(), "mock-openai".to_string()]));
+    let (status, error) = models(None).await;
+    assert_eq!((status, error["error"]["code"].as_str()), (401, Some("missing_api_key")));
+
+    // Per principal and per refusal reason, never a key.
+    assert!(stack.metric("iop_edge_principal_requests_total{principal=\"ollama-only\"}").await >= 3.0);
+    assert!(stack.metric("iop_edge_auth_rejections_total{reason=\"missing_api_key\"}").await >= 3.0);
+    assert!(stack.metric("iop_edge_auth_rejections_total{reason=\"api_key_disabled\"}").await >= 3.0);
+    let metrics = stack.client.get(stack.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(!metrics.contains("sk-") && !metrics.contains(&all_key));
+}
+
+#[tokio::test]
+async fn admin_and_metrics_live_only_on_the_admin_listener() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    for path in ["/admin/v1/nodes", "/admin/v1/providers", "/admin/v1/config", "/metrics"] {
+        let on_client = stack.client.get(stack.url(path)).send().await.unwrap();
+        assert_eq!(on_client.status(), 404, "{path} on the client listener");
+        let on_admin = stack.client.get(stack.admin_url(path)).send().await.unwrap();
+        assert_eq!(on_admin.status(), 200, "{path} on the admin listener");
+    }
+    let command = stack.client.post(stack.url(&format!("/admin/v1/nodes/{NODE}/commands/capabilities"))).send().await;
+    assert_eq!(command.unwrap().status(), 404);
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(stack.client.get(stack.url(path)).send().await.unwrap().status(), 200, "{path}");
+    }
+}
+
+async fn chat_status(stack: &Stack, key: &str) -> u16 {
+    call(stack, "/v1/chat/completions", &chat_body("mock-ollama", "hi", false), "authorization", Some(key)).await.0
+}
+
+#[tokio::test]
+async fn a_changed_keys_file_adds_and_revokes_keys_without_a_restart() {
+    let entry = |name: &str, key: &str, disabled: bool| {
+        format!("  - {{ name: {name}, key_sha256: {}, models: [\"*\"], disabled: {disabled} }}\n", hash_key(key))
+    };
+    let first = format!("principals:\n{}", entry("a", "sk-key-a", false));
+    let stack = Stack::start(StackOptions { keys: Some(first), ..Default::default() }).await;
+    let keys_path = stack.dir.path().join("keys.yaml");
+    assert_eq!(chat_status(&stack, "sk-key-a").await, 200);
+    assert_eq!(chat_status(&stack, "sk-key-b").await, 401);
+
+    // b added, a disabled: applied as one reload.
+    std::fs::write(
+        &keys_path,
+        format!("principals:\n{}{}", entry("a", "sk-key-a", true), entry("b", "sk-key-b", false)),
+    )
+    .unwrap();
+    wait_until("the keys reload", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"] == 2
+    })
+    .await;
+    assert_eq!(chat_status(&stack, "sk-key-b").await, 200);
+    assert_eq!(chat_status(&stack, "sk-key-a").await, 401);
+
+    // A broken keys file is rejected as a whole: the keys in force stay.
+    std::fs::write(&keys_path, "principals: [ { name: b, key_sha256: nothex, models: ['*'] } ]\n").unwrap();
+    wait_until("the rejected reload", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["last_error"].is_string()
+    })
+    .await;
+    let error = stack.get_json("/admin/v1/config").await["config"]["last_error"].as_str().unwrap().to_string();
+    assert!(error.contains("principals[0].key_sha256"), "{error}");
+    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["revision"], 2);
+    assert_eq!(chat_status(&stack, "sk-key-b").await, 200);
+    assert_eq!(chat_status(&stack, "sk-key-a").await, 401);
+}

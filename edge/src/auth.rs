@@ -1,0 +1,402 @@
+//! Client authentication: an API key names a principal, a principal names the
+//! public models it may use.
+//!
+//! Keys live only as SHA-256 hashes in a keys file (`auth.keys_file`,
+//! reloaded with the config; a Kubernetes Secret in the chart):
+//!
+//! ```yaml
+//! principals:
+//!   - { name: ci-bot, key_sha256: <64 hex>, models: ["llama*", "qwen2.5"], disabled: false }
+//! ```
+//!
+//! A key arrives as `Authorization: Bearer KEY` (OpenAI), `x-api-key: KEY`
+//! (Anthropic) or `api-key: KEY` (Azure-style clients). Its hash is compared
+//! with every principal's in constant time. Keys and hashes are never logged;
+//! errors name the principal or the field, never the key. Credential headers
+//! never cross a tunnel (`iop_proto::wire::CREDENTIAL_HEADERS`).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, header};
+use iop_proto::config::{AuthConfig, AuthMode};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+/// Most principals one keys file may hold (each request scans them all).
+pub const MAX_PRINCIPALS: usize = 10_000;
+
+/// Longest API key accepted from a client; longer values are refused unhashed.
+const MAX_KEY_LEN: usize = 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeysFile {
+    principals: Vec<PrincipalEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalEntry {
+    name: String,
+    key_sha256: String,
+    models: Vec<String>,
+    #[serde(default)]
+    disabled: bool,
+}
+
+/// One caller the keys file knows.
+#[derive(Debug)]
+pub struct Principal {
+    /// Bounded by the keys file, so usable as a metric label.
+    pub name: String,
+    key_sha256: [u8; 32],
+    models: Vec<ModelPattern>,
+    disabled: bool,
+}
+
+/// A public model name, or a pattern where `*` stands for any run of
+/// characters (`llama*`, `*-instruct`, `*`). Hand-written rather than a glob
+/// crate: one wildcard, no character classes, no path semantics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ModelPattern(String);
+
+impl ModelPattern {
+    fn matches(&self, model: &str) -> bool {
+        let mut parts = self.0.split('*');
+        let first = parts.next().unwrap_or_default();
+        let Some(mut rest) = model.strip_prefix(first) else { return false };
+        let mut parts: Vec<&str> = parts.collect();
+        let Some(last) = parts.pop() else { return rest.is_empty() };
+        for middle in parts {
+            match rest.find(middle) {
+                Some(at) => rest = &rest[at + middle.len()..],
+                None => return false,
+            }
+        }
+        rest.len() >= last.len() && rest.ends_with(last)
+    }
+}
+
+/// Who is calling: a principal, or anyone when `auth.mode` is `disabled`.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Anonymous,
+    Principal(Arc<Principal>),
+}
+
+impl Caller {
+    pub fn may_use(&self, model: &str) -> bool {
+        match self {
+            Self::Anonymous => true,
+            Self::Principal(p) => p.models.iter().any(|m| m.matches(model)),
+        }
+    }
+
+    /// The principal's name (`anonymous` when authentication is disabled).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Anonymous => "anonymous",
+            Self::Principal(p) => &p.name,
+        }
+    }
+}
+
+/// Why a request was not authenticated (its label is the error code clients
+/// see and the metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No key in any of the accepted headers.
+    Missing,
+    /// A key that matches no principal.
+    Unknown,
+    /// A key of a principal marked `disabled`.
+    Disabled,
+}
+
+impl AuthFailure {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Missing => "missing_api_key",
+            Self::Unknown => "invalid_api_key",
+            Self::Disabled => "api_key_disabled",
+        }
+    }
+}
+
+/// The Edge's current keys: swapped with the config on reload.
+#[derive(Debug)]
+pub enum Keys {
+    /// `auth.mode: disabled`: every caller is `Anonymous`.
+    Disabled,
+    Required(Vec<Arc<Principal>>),
+}
+
+impl Keys {
+    /// Reads and validates the keys file `auth` names (nothing when disabled).
+    pub fn load(auth: &AuthConfig) -> Result<Self, String> {
+        match (auth.mode, &auth.keys_file) {
+            (AuthMode::Disabled, _) => Ok(Self::Disabled),
+            (AuthMode::Required, None) => Err("auth.keys_file: required when auth.mode is `required`".into()),
+            (AuthMode::Required, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read keys file {}: {e}", path.display()))?;
+                Self::parse(&text).map_err(|e| format!("keys file {}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// Parses and validates a keys document; the error names the field.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: KeysFile = serde_saphyr::from_str(text).map_err(|e| format!("not a valid keys file: {e}"))?;
+        if file.principals.len() > MAX_PRINCIPALS {
+            return Err(format!("principals: at most {MAX_PRINCIPALS} entries"));
+        }
+        let (mut names, mut hashes) = (BTreeSet::new(), BTreeSet::new());
+        let mut principals = Vec::with_capacity(file.principals.len());
+        for (i, entry) in file.principals.into_iter().enumerate() {
+            let at = |field: &str| format!("principals[{i}].{field}");
+            let name_ok = !entry.name.is_empty()
+                && entry.name.len() <= 63
+                && entry.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if !name_ok {
+                return Err(format!("{}: must be 1-63 of [A-Za-z0-9-_.]", at("name")));
+            }
+            if !names.insert(entry.name.clone()) {
+                return Err(format!("{}: duplicate principal `{}`", at("name"), entry.name));
+            }
+            let key_sha256 = parse_sha256(&entry.key_sha256)
+                .ok_or_else(|| format!("{}: must be 64 hex digits (iop-edge hash-key prints it)", at("key_sha256")))?;
+            if !hashes.insert(key_sha256) {
+                return Err(format!("{}: the same key as an earlier principal", at("key_sha256")));
+            }
+            if entry.models.is_empty() {
+                return Err(format!("{}: must list at least one model or pattern", at("models")));
+            }
+            let mut models = Vec::with_capacity(entry.models.len());
+            for (j, model) in entry.models.into_iter().enumerate() {
+                if model.is_empty() || model.len() > 256 || model.chars().any(char::is_whitespace) {
+                    return Err(format!("principals[{i}].models[{j}]: must be 1-256 non-whitespace characters"));
+                }
+                models.push(ModelPattern(model));
+            }
+            principals.push(Arc::new(Principal { name: entry.name, key_sha256, models, disabled: entry.disabled }));
+        }
+        Ok(Self::Required(principals))
+    }
+
+    pub fn mode(&self) -> AuthMode {
+        match self {
+            Self::Disabled => AuthMode::Disabled,
+            Self::Required(_) => AuthMode::Required,
+        }
+    }
+
+    /// The caller a request's headers name.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, AuthFailure> {
+        let Self::Required(principals) = self else { return Ok(Caller::Anonymous) };
+        let key = presented_key(headers).ok_or(AuthFailure::Missing)?;
+        if key.len() > MAX_KEY_LEN {
+            return Err(AuthFailure::Unknown);
+        }
+        let digest = sha256(key.as_bytes());
+        // Every entry is compared, so the time taken does not depend on where
+        // (or whether) the key matched. Hashes are unique, so at most one does.
+        let mut found = None;
+        for principal in principals {
+            if bool::from(principal.key_sha256.ct_eq(&digest)) {
+                found = Some(principal);
+            }
+        }
+        match found {
+            None => Err(AuthFailure::Unknown),
+            Some(p) if p.disabled => Err(AuthFailure::Disabled),
+            Some(p) => Ok(Caller::Principal(p.clone())),
+        }
+    }
+}
+
+/// Says at start (and when a reload changes it) how clients are
+/// authenticated; loudly when they are not.
+pub fn log_mode(mode: AuthMode) {
+    match mode {
+        AuthMode::Required => tracing::info!("client API keys required (auth.mode: required)"),
+        AuthMode::Disabled => tracing::warn!(
+            "CLIENT AUTHENTICATION IS DISABLED (auth.mode: disabled): anyone who reaches the HTTP listener may use every model"
+        ),
+    }
+}
+
+/// The API key of a request: `Authorization: Bearer`, else `x-api-key`, else
+/// `api-key`. Blank values count as absent.
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+        let (scheme, token) = v.trim().split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+    });
+    let plain = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    [bearer, plain("x-api-key"), plain("api-key")].into_iter().flatten().find(|k| !k.is_empty())
+}
+
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().try_into().expect("SHA-256 is 32 bytes")
+}
+
+/// Lowercase hex of a hash, as the keys file holds it.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in hex.as_bytes().chunks(2).enumerate() {
+        let digit = |c: u8| (c as char).to_digit(16);
+        out[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+    }
+    Some(out)
+}
+
+/// Resolves a relative `keys_file` against the config file's directory.
+pub fn resolve_keys_file(auth: &mut AuthConfig, base: &Path) {
+    if let Some(file) = auth.keys_file.as_mut()
+        && file.is_relative()
+    {
+        *file = base.join(&*file);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn keys(entries: &str) -> Keys {
+        Keys::parse(entries).unwrap()
+    }
+
+    fn hash(key: &str) -> String {
+        to_hex(&sha256(key.as_bytes()))
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    fn two_principals() -> Keys {
+        keys(&format!(
+            "principals:\n  - {{ name: ci-bot, key_sha256: {}, models: [\"llama*\", qwen2.5] }}\n  - {{ name: old, key_sha256: {}, models: [\"*\"], disabled: true }}\n",
+            hash("k-ci"),
+            hash("k-old")
+        ))
+    }
+
+    #[test]
+    fn sha256_matches_the_published_test_vector() {
+        assert_eq!(to_hex(&sha256(b"abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[test]
+    fn keys_arrive_in_any_of_the_three_headers() {
+        let keys = two_principals();
+        for h in [
+            headers(&[("authorization", "Bearer k-ci")]),
+            headers(&[("authorization", "bearer  k-ci ")]),
+            headers(&[("x-api-key", "k-ci")]),
+            headers(&[("api-key", "k-ci")]),
+            // A non-bearer Authorization does not hide the Anthropic header.
+            headers(&[("authorization", "Basic abc"), ("x-api-key", "k-ci")]),
+        ] {
+            assert_eq!(keys.authenticate(&h).unwrap().name(), "ci-bot");
+        }
+    }
+
+    #[test]
+    fn missing_unknown_and_disabled_keys_are_told_apart() {
+        let keys = two_principals();
+        let fail = |h: HeaderMap| keys.authenticate(&h).unwrap_err();
+        assert_eq!(fail(HeaderMap::new()), AuthFailure::Missing);
+        assert_eq!(fail(headers(&[("authorization", "Bearer ")])), AuthFailure::Missing);
+        assert_eq!(fail(headers(&[("authorization", "Basic k-ci")])), AuthFailure::Missing);
+        assert_eq!(fail(headers(&[("authorization", "Bearer k-other")])), AuthFailure::Unknown);
+        assert_eq!(fail(headers(&[("x-api-key", &"k".repeat(MAX_KEY_LEN + 1))])), AuthFailure::Unknown);
+        assert_eq!(fail(headers(&[("x-api-key", "k-old")])), AuthFailure::Disabled);
+    }
+
+    #[test]
+    fn disabled_mode_lets_anyone_use_every_model() {
+        let caller = Keys::Disabled.authenticate(&HeaderMap::new()).unwrap();
+        assert_eq!(caller.name(), "anonymous");
+        assert!(caller.may_use("anything"));
+    }
+
+    #[test]
+    fn model_patterns() {
+        let cases = [
+            ("llama*", "llama3.1:8b", true),
+            ("llama*", "llama", true),
+            ("llama*", "codellama", false),
+            ("*-instruct", "qwen-instruct", true),
+            ("*-instruct", "qwen-instruct-v2", false),
+            ("a*b*c", "a-x-b-y-c", true),
+            ("a*b*c", "acb", false),
+            ("ab*ba", "aba", false),
+            ("*", "", true),
+            ("qwen2.5", "qwen2.5", true),
+            ("qwen2.5", "qwen2.5-coder", false),
+        ];
+        for (pattern, model, expected) in cases {
+            assert_eq!(ModelPattern(pattern.into()).matches(model), expected, "{pattern} vs {model}");
+        }
+        let caller = two_principals().authenticate(&headers(&[("x-api-key", "k-ci")])).unwrap();
+        assert!(caller.may_use("qwen2.5") && caller.may_use("llama3") && !caller.may_use("mistral"));
+    }
+
+    #[test]
+    fn invalid_keys_files_name_the_field() {
+        let h = hash("k");
+        let cases = [
+            ("principals: [ { name: a, key_sha256: abc, models: [m] } ]".to_string(), "principals[0].key_sha256"),
+            (format!("principals: [ {{ name: 'a b', key_sha256: {h}, models: [m] }} ]"), "principals[0].name"),
+            (format!("principals: [ {{ name: a, key_sha256: {h}, models: [] }} ]"), "principals[0].models"),
+            (
+                format!(
+                    "principals: [ {{ name: a, key_sha256: {h}, models: [m] }}, {{ name: a, key_sha256: {}, models: [m] }} ]",
+                    hash("j")
+                ),
+                "principals[1].name",
+            ),
+            (
+                format!(
+                    "principals: [ {{ name: a, key_sha256: {h}, models: [m] }}, {{ name: b, key_sha256: {h}, models: [m] }} ]"
+                ),
+                "principals[1].key_sha256",
+            ),
+            (format!("principals: [ {{ name: a, key_sha256: {h}, models: ['m x'] }} ]"), "principals[0].models[0]"),
+            (format!("principals: [ {{ name: a, key_sha256: {h}, models: [m], extra: 1 }} ]"), "not a valid keys file"),
+        ];
+        for (text, field) in cases {
+            let err = Keys::parse(&text).unwrap_err();
+            assert!(err.contains(field), "{err} should name {field}");
+        }
+        // Upper-case hex is accepted and means the same key.
+        let upper = keys(&format!("principals: [ {{ name: a, key_sha256: {}, models: [m] }} ]", h.to_uppercase()));
+        assert_eq!(upper.authenticate(&headers(&[("api-key", "k")])).unwrap().name(), "a");
+    }
+
+    #[test]
+    fn required_mode_needs_a_keys_file() {
+        let auth = AuthConfig { mode: AuthMode::Required, keys_file: None };
+        assert!(Keys::load(&auth).unwrap_err().contains("auth.keys_file"));
+        let auth = AuthConfig { mode: AuthMode::Required, keys_file: Some("/nonexistent/keys.yaml".into()) };
+        assert!(Keys::load(&auth).unwrap_err().contains("cannot read keys file"));
+    }
+}
