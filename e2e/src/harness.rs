@@ -48,6 +48,7 @@ impl ProviderSpec {
             response_stall_timeout_ms: self.stall_timeout_ms,
             capacity: self.capacity,
             mode: self.mode,
+            credential: None,
         }
     }
 }
@@ -96,6 +97,7 @@ pub fn edge_config(
         limits: Limits::default(),
         // Local stacks serve without keys unless a test sets them up.
         auth: AuthConfig { mode: AuthMode::Disabled, keys_file: None },
+        credentials: Vec::new(),
     }
 }
 

@@ -12,7 +12,11 @@
 //! | `GET /mock/stats`           | [`MockStats`] as JSON                                    |
 //! | `POST /mock/health`         | `{"healthy": bool}`: metadata endpoints answer 503 or not|
 //! | `POST /mock/faults`         | `k=v,k=v`: replaces the process default knobs            |
+//! | `POST /mock/api-key`        | the body becomes the required API key (empty: none)      |
 //! | `GET /healthz`              | `ok`                                                     |
+//!
+//! With an API key (`--api-key`, [`MockConfig::api_key`]) every route but
+//! `/mock/*` and `/healthz` answers `401` without `Authorization: Bearer <key>`.
 //!
 //! # Content
 //!
@@ -302,6 +306,10 @@ fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap) -> Result
 pub struct MockConfig {
     /// Knobs applied to every chat request (requests can override them).
     pub defaults: Faults,
+    /// When set, every API call (chat and metadata, not `/mock/*` or
+    /// `/healthz`) needs `Authorization: Bearer <key>`, else `401`, like a
+    /// keyed LM Studio or vLLM. Replaced at runtime by `POST /mock/api-key`.
+    pub api_key: Option<String>,
 }
 
 /// Counters served on `GET /mock/stats`.
@@ -415,7 +423,12 @@ async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let (stopping_tx, stopping) = watch::channel(false);
-    let state = AppState { defaults: Arc::new(RwLock::new(config.defaults)), counters, stopping };
+    let state = AppState {
+        defaults: Arc::new(RwLock::new(config.defaults)),
+        api_key: Arc::new(RwLock::new(config.api_key)),
+        counters,
+        stopping,
+    };
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!("failed to set TCP_NODELAY: {e}");
@@ -433,6 +446,7 @@ async fn serve_with(
 struct AppState {
     /// Process defaults; replaced at runtime by `POST /mock/faults`.
     defaults: Arc<RwLock<Faults>>,
+    api_key: Arc<RwLock<Option<String>>>,
     counters: Arc<Counters>,
     /// Becomes `true` (or closed) when the server shuts down.
     stopping: watch::Receiver<bool>,
@@ -474,7 +488,9 @@ fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai_chat))
         .route("/mock/stats", get(stats))
         .route("/mock/release/{name}", post(release))
+        .route("/mock/api-key", post(set_api_key))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metadata_gate))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), key_gate))
         // Like real model servers, accept the largest prompt an Edge may send.
         .layer(axum::extract::DefaultBodyLimit::max(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES))
         .with_state(state)
@@ -507,6 +523,38 @@ async fn set_faults(State(state): State<AppState>, body: Bytes) -> Response {
 }
 
 /// 503 from every metadata endpoint while `/mock/health` says unhealthy.
+/// `POST /mock/api-key` with the new key as the body (empty: no key needed).
+async fn set_api_key(State(state): State<AppState>, body: Bytes) -> Response {
+    let key = String::from_utf8_lossy(&body).trim().to_string();
+    *state.api_key.write().unwrap() = Some(key).filter(|k| !k.is_empty());
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// With an API key set, refuses API calls without `Authorization: Bearer
+/// <key>`. A refused chat request still counts in `requests_total`: tests
+/// assert that nothing reached the provider, keyed or not.
+async fn key_gate(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    let open = path == "/healthz" || path.starts_with("/mock/");
+    let expected = state.api_key.read().unwrap().clone();
+    if let Some(key) = expected.filter(|_| !open) {
+        let presented = request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if presented != Some(format!("Bearer {key}").as_str()) {
+            if matches!(path, "/api/chat" | "/v1/chat/completions" | "/v1/responses") {
+                state.counters.requests_total.fetch_add(1, Ordering::Relaxed);
+            }
+            let error =
+                serde_json::json!({ "error": { "message": "invalid api key", "type": "invalid_request_error" } });
+            return (StatusCode::UNAUTHORIZED, Json(error)).into_response();
+        }
+    }
+    next.run(request).await
+}
+
 async fn metadata_gate(
     State(state): State<AppState>,
     request: axum::extract::Request,
@@ -1210,7 +1258,7 @@ mod tests {
 
     async fn spawn(defaults: Faults) -> MockHandle {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        start(listener, MockConfig { defaults }).await
+        start(listener, MockConfig { defaults, api_key: None }).await
     }
 
     fn client() -> reqwest::Client {

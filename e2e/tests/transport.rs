@@ -83,7 +83,9 @@ impl FakeNode {
         let config = iop_e2e::harness::node_config(stack.grpc, &stack.pki.ca_file, &pair, (50, 500));
         let mut client = iop_node::transport::Dialer::new(&config).unwrap().connect().await.unwrap();
         let (out, rx) = mpsc::channel(16);
-        out.send(msg(node_to_edge::Msg::Register(pb::Register { node_version: "fake".into() }))).await.unwrap();
+        out.send(msg(node_to_edge::Msg::Register(pb::Register { node_version: "fake".into(), ..Default::default() })))
+            .await
+            .unwrap();
         let mut inbound = client.control(ReceiverStream::new(rx)).await.unwrap().into_inner();
         let generation = match inbound.message().await.unwrap().unwrap().msg {
             Some(Msg::RegisterResponse(r)) => r.generation,

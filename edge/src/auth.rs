@@ -126,9 +126,10 @@ impl AuthFailure {
 }
 
 /// The Edge's current keys: swapped with the config on reload.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub enum Keys {
     /// `auth.mode: disabled`: every caller is `Anonymous`.
+    #[default]
     Disabled,
     Required(Vec<Arc<Principal>>),
 }

@@ -6,6 +6,23 @@ use std::path::{Path, PathBuf};
 use iop_proto::config::{ConfigError, EdgeConfig};
 
 use crate::auth::Keys;
+use crate::credentials::Credentials;
+
+/// What the Edge holds besides its config: API key hashes and managed
+/// provider credentials, loaded from the files the config names and swapped
+/// with it.
+#[derive(Debug, Default)]
+pub struct Secrets {
+    pub keys: Keys,
+    pub credentials: Credentials,
+}
+
+impl Secrets {
+    /// Loads every file `config` names for them; the error names the file.
+    pub fn load(config: &EdgeConfig) -> Result<Self, String> {
+        Ok(Self { keys: Keys::load(&config.auth)?, credentials: Credentials::load(config)? })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -27,6 +44,9 @@ pub fn load(path: &Path) -> Result<EdgeConfig, LoadError> {
     if let Some(file) = config.auth.keys_file.as_mut() {
         *file = resolve(base, file);
     }
+    for credential in &mut config.credentials {
+        credential.file = resolve(base, &credential.file);
+    }
     Ok(config)
 }
 
@@ -40,7 +60,7 @@ fn resolve(base: &Path, file: &Path) -> PathBuf {
 #[derive(Debug)]
 pub struct ConfigHandle {
     current: std::sync::RwLock<std::sync::Arc<EdgeConfig>>,
-    keys: std::sync::RwLock<std::sync::Arc<Keys>>,
+    secrets: std::sync::RwLock<std::sync::Arc<Secrets>>,
     status: std::sync::Mutex<ReloadStatus>,
 }
 
@@ -54,10 +74,10 @@ pub struct ReloadStatus {
 }
 
 impl ConfigHandle {
-    pub fn new(config: EdgeConfig, keys: Keys) -> Self {
+    pub fn new(config: EdgeConfig, secrets: Secrets) -> Self {
         Self {
             current: std::sync::RwLock::new(std::sync::Arc::new(config)),
-            keys: std::sync::RwLock::new(std::sync::Arc::new(keys)),
+            secrets: std::sync::RwLock::new(std::sync::Arc::new(secrets)),
             status: std::sync::Mutex::new(ReloadStatus { revision: 1, last_error: None }),
         }
     }
@@ -66,13 +86,13 @@ impl ConfigHandle {
         self.current.read().unwrap().clone()
     }
 
-    pub fn keys(&self) -> std::sync::Arc<Keys> {
-        self.keys.read().unwrap().clone()
+    pub fn secrets(&self) -> std::sync::Arc<Secrets> {
+        self.secrets.read().unwrap().clone()
     }
 
-    /// Installs `next` and its keys and returns the previous config.
-    pub fn swap(&self, next: EdgeConfig, keys: Keys) -> std::sync::Arc<EdgeConfig> {
-        *self.keys.write().unwrap() = std::sync::Arc::new(keys);
+    /// Installs `next` and its secrets and returns the previous config.
+    pub fn swap(&self, next: EdgeConfig, secrets: Secrets) -> std::sync::Arc<EdgeConfig> {
+        *self.secrets.write().unwrap() = std::sync::Arc::new(secrets);
         let previous = std::mem::replace(&mut *self.current.write().unwrap(), std::sync::Arc::new(next));
         let mut status = self.status.lock().unwrap();
         status.revision += 1;

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use crate::EdgeState;
 use crate::admission::LeaseGuard;
 use crate::admission::{AdmitError, AdmitRequest, Candidate};
+use crate::credentials::{LeaseScope, lease_for};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
 use crate::metrics::{AttemptLabels, RecoveryLabels};
@@ -168,6 +169,9 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         | FailureKind::Internal
         | FailureKind::DeadlineExceeded
         | FailureKind::ResponseTooLarge
+        // A refused credential lease fails closed: no other provider (and
+        // so no other credential) is tried because of it.
+        | FailureKind::CredentialRejected
         | FailureKind::Unspecified => false,
     }
 }
@@ -192,9 +196,11 @@ fn is_commit(event: &Event, point: CommitPoint) -> bool {
     }
 }
 
-/// Runs `request` for public model `model` until an attempt commits.
+/// Runs `request` of `principal` for public model `model` until an attempt
+/// commits.
 pub async fn execute(
     state: &Arc<EdgeState>,
+    principal: &str,
     model: &str,
     request: pb::RunRequest,
     tunnel: Option<TunnelForm>,
@@ -226,9 +232,17 @@ pub async fn execute(
         };
         let provider_id = lease.lease().provider_id().to_string();
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
-        let outcome = match (provider.map(|p| p.mode), &tunnel) {
-            (Some(ProviderMode::Tunnel), Some(form)) => attempt_tunnel(state, provider, lease, form, deadline).await,
-            _ => attempt_run(state, provider, lease, &request, point, deadline, limits.max_response_bytes).await,
+        let scope = LeaseScope { principal, route: model };
+        let outcome = match (lease_for(state, &scope, provider, lease.lease()), provider.map(|p| p.mode), &tunnel) {
+            // No lease, no dispatch: the attempt fails closed (not retried).
+            (Err(failure), _, _) => failed(failure),
+            (Ok(sealed), Some(ProviderMode::Tunnel), Some(form)) => {
+                attempt_tunnel(state, provider, lease, form, sealed, deadline).await
+            }
+            (Ok(sealed), _, _) => {
+                let request = pb::RunRequest { lease: sealed, ..request.clone() };
+                attempt_run(state, provider, lease, request, point, deadline, limits.max_response_bytes).await
+            }
         };
         let count = |outcome| {
             let labels = AttemptLabels { provider: provider_id.clone(), outcome };
@@ -376,7 +390,7 @@ async fn attempt_run(
     state: &Arc<EdgeState>,
     provider: Option<&iop_proto::config::ProviderEntry>,
     lease: LeaseGuard,
-    request: &pb::RunRequest,
+    mut request: pb::RunRequest,
     point: CommitPoint,
     deadline: Instant,
     max_response_bytes: usize,
@@ -386,7 +400,6 @@ async fn attempt_run(
         Err(failure) => return failed(failure),
     };
     let l = lease.lease();
-    let mut request = request.clone();
     request.run_id = l.run_id().to_string();
     request.provider_id = l.provider_id().to_string();
     request.adapter = pb::AdapterKind::from(l.adapter()).into();
@@ -479,6 +492,7 @@ async fn attempt_tunnel(
     provider: Option<&iop_proto::config::ProviderEntry>,
     lease: LeaseGuard,
     form: &TunnelForm,
+    sealed: Option<pb::SealedLease>,
     deadline: Instant,
 ) -> Attempt {
     let control = match control_for(state, &lease) {
@@ -501,6 +515,7 @@ async fn attempt_tunnel(
         headers: form.headers.clone(),
         body,
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
+        lease: sealed,
     };
     let stall = stall_timeout(provider);
     let mut run =

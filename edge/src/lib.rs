@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod auth;
 pub mod config;
+pub mod credentials;
 pub mod dispatch;
 pub mod gate;
 pub mod http;
@@ -69,14 +70,19 @@ pub struct EdgeState {
     pub metrics: Arc<EdgeMetrics>,
     pub heartbeat: HeartbeatProfile,
     pub shutting_down: CancellationToken,
+    /// Test-only: make every credential lease bad in this way.
+    pub lease_fault: Option<credentials::LeaseFault>,
+    /// The lease a `Replay` fault repeats.
+    pub first_lease: std::sync::OnceLock<pb::SealedLease>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
     #[error(transparent)]
     Tls(#[from] TlsSetupError),
+    /// A keys or credential file could not be loaded.
     #[error("{0}")]
-    Keys(String),
+    Secrets(String),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error("server error: {0}")]
@@ -99,8 +105,8 @@ impl Edge {
         let bind = |what, addr| async move {
             TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { what, addr, source })
         };
-        let keys = auth::Keys::load(&config.auth).map_err(EdgeError::Keys)?;
-        auth::log_mode(keys.mode());
+        let secrets = config::Secrets::load(&config).map_err(EdgeError::Secrets)?;
+        auth::log_mode(secrets.keys.mode());
         let http = bind("http", config.listen.http).await?;
         let grpc = bind("grpc", config.listen.grpc).await?;
         let admin = bind("admin", config.listen.admin).await?;
@@ -112,7 +118,7 @@ impl Edge {
         let handoff =
             Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
         let state = Arc::new(EdgeState {
-            config: ConfigHandle::new(config, keys),
+            config: ConfigHandle::new(config, secrets),
             registry,
             admission,
             overlay,
@@ -125,6 +131,8 @@ impl Edge {
             metrics,
             heartbeat,
             shutting_down: CancellationToken::new(),
+            lease_fault: None,
+            first_lease: std::sync::OnceLock::new(),
         });
         metrics_revision(&state);
         Ok(Self { state, http, grpc, admin, policy, reload: None })
@@ -139,6 +147,13 @@ impl Edge {
 
     pub fn http_addr(&self) -> SocketAddr {
         self.http.local_addr().expect("bound listener has an address")
+    }
+
+    /// Test-only: every credential lease this Edge seals is bad in the way
+    /// `fault` says (`iop-edge --test-lease-fault`).
+    pub fn with_test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
+        Arc::get_mut(&mut self.state).expect("set before serving").lease_fault = Some(fault);
+        self
     }
 
     pub fn state(&self) -> Arc<EdgeState> {

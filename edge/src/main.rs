@@ -32,6 +32,9 @@ struct Args {
     /// Test-only heartbeat profile override, INTERVAL_MS,WAIT_MS.
     #[arg(long, hide = true, value_parser = HeartbeatProfile::parse_test_override)]
     test_heartbeat_profile: Option<HeartbeatProfile>,
+    /// Test-only: seal every credential lease wrongly in this way.
+    #[arg(long, hide = true, value_enum)]
+    test_lease_fault: Option<iop_edge::credentials::LeaseFault>,
 }
 
 #[derive(clap::Subcommand)]
@@ -92,7 +95,13 @@ async fn main() -> ExitCode {
         }
     };
     let edge = match iop_edge::Edge::bind(config, args.test_heartbeat_profile.unwrap_or_default()).await {
-        Ok(edge) => edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms)),
+        Ok(edge) => {
+            let edge = edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms));
+            match args.test_lease_fault {
+                Some(fault) => edge.with_test_lease_fault(fault),
+                None => edge,
+            }
+        }
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::from(1);

@@ -121,6 +121,8 @@ pub struct EdgeMetrics {
     pub http_connections: Gauge,
     pub auth_rejections: Family<ReasonLabels, Counter>,
     pub principal_requests: Family<PrincipalLabels, Counter>,
+    pub leases_sealed: Counter,
+    pub lease_refusals: Family<ReasonLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -218,6 +220,18 @@ impl EdgeMetrics {
             "Authenticated client requests per principal",
             principal_requests.clone(),
         );
+        let leases_sealed = Counter::default();
+        registry.register(
+            "credential_leases_sealed",
+            "Credential leases sealed for node executions",
+            leases_sealed.clone(),
+        );
+        let lease_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "credential_lease_refusals",
+            "Executions refused before dispatch because no lease could be sealed, by reason",
+            lease_refusals.clone(),
+        );
         Arc::new(Self {
             registry,
             http_requests,
@@ -242,6 +256,8 @@ impl EdgeMetrics {
             http_connections,
             auth_rejections,
             principal_requests,
+            leases_sealed,
+            lease_refusals,
         })
     }
 

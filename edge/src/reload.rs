@@ -3,8 +3,9 @@
 //! or Secret mount swaps a symlink, which content polling follows without
 //! inotify corner cases; SIGHUP reloads at once). A renewed server
 //! certificate is therefore picked up without a restart.
-//! The keys file (`auth.keys_file`) is watched the same way, so a key is
-//! added or revoked without a restart.
+//! The keys file (`auth.keys_file`) and the credential files
+//! (`credentials[].file`) are watched the same way, so a key is added or
+//! revoked, or a credential rotated, without a restart.
 //! A new config is fully validated, TLS and keys files included, before anything
 //! changes; an invalid one keeps the old config and is reported on
 //! `/admin/v1/config` and `iop_edge_config_reloads_total{result="rejected"}`.
@@ -23,7 +24,8 @@ use iop_proto::config::EdgeConfig;
 use rustls::ServerConfig;
 
 use crate::EdgeState;
-use crate::auth::Keys;
+use crate::config::Secrets;
+use crate::credentials::Credentials;
 use crate::metrics::RecoveryLabels;
 use crate::node::session::{CloseReason, config_payload};
 use crate::node::tls::{AcceptPolicy, PolicyRules};
@@ -41,15 +43,15 @@ pub fn rules(config: &EdgeConfig, tls: Arc<ServerConfig>) -> PolicyRules {
 pub struct Loaded {
     pub config: EdgeConfig,
     pub tls: Arc<ServerConfig>,
-    pub keys: Keys,
+    pub secrets: Secrets,
 }
 
 fn load(path: &std::path::Path) -> Result<Loaded, String> {
     let config = crate::config::load(path).map_err(|e| e.to_string())?;
     let tls = crate::node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)
         .map_err(|e| e.to_string())?;
-    let keys = Keys::load(&config.auth)?;
-    Ok(Loaded { config, tls, keys })
+    let secrets = Secrets::load(&config)?;
+    Ok(Loaded { config, tls, secrets })
 }
 
 /// Nodes whose sessions must close when `previous` becomes `next`.
@@ -67,13 +69,13 @@ pub fn nodes_to_close(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<String> {
         .collect()
 }
 
-pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, tls, keys }: Loaded) {
+pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, tls, secrets }: Loaded) {
     policy.replace(rules(&next, tls));
     state.admission.reconfigure(&next);
-    if keys.mode() != state.config.keys().mode() {
-        crate::auth::log_mode(keys.mode());
+    if secrets.keys.mode() != state.config.secrets().keys.mode() {
+        crate::auth::log_mode(secrets.keys.mode());
     }
-    let previous = state.config.swap(next, keys);
+    let previous = state.config.swap(next, secrets);
     let current = state.config.current();
     for node in nodes_to_close(&previous, &current) {
         state.registry.close(&node, CloseReason::ConfigChanged);
@@ -83,12 +85,15 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
     tracing::info!(revision = state.config.status().revision, "config reloaded");
 }
 
-/// The bytes whose change triggers a reload: the config file and the TLS
-/// and keys files of the config currently loaded.
+/// The bytes whose change triggers a reload: the config file and the TLS,
+/// keys and credential files of the config currently loaded. (Held only
+/// for the comparison; the digest of secrets would do, but the TLS files
+/// were compared whole before and are small.)
 fn fingerprint(path: &std::path::Path, config: &EdgeConfig) -> Option<Vec<u8>> {
     let mut bytes = std::fs::read(path).ok()?;
     let keys = config.auth.keys_file.as_ref();
-    for file in [&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file].into_iter().chain(keys) {
+    let files = [&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file].into_iter().chain(keys);
+    for file in files.chain(Credentials::files(config)) {
         bytes.extend(std::fs::read(file).unwrap_or_default());
         bytes.push(0);
     }

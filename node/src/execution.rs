@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
 use crate::health::HealthMonitor;
+use crate::lease::SessionLeases;
 use crate::liveness::{self, Progress, StallWatchdog};
 use crate::metrics::{ExecutionKind, NodeMetrics};
 use crate::transport::sequence::SessionSequence;
@@ -42,6 +43,9 @@ pub struct ExecutionContext {
     pub providers: Arc<Providers>,
     pub generation: u64,
     pub observer: Observer,
+    /// The connection's lease key; `None` only on paths bound to no
+    /// connection (there, a provider with a managed credential is refused).
+    pub leases: Option<Arc<SessionLeases>>,
 }
 
 /// Where an execution's liveness observations go.

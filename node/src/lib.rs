@@ -13,6 +13,7 @@ pub mod commands;
 pub mod config;
 pub mod execution;
 pub mod health;
+pub mod lease;
 pub mod liveness;
 pub mod metrics;
 pub mod run;

@@ -52,11 +52,18 @@ pub struct KindLabels {
     pub kind: ExecutionKind,
 }
 
+/// A closed reason (`lease::LeaseRejection::label`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 pub struct NodeMetrics {
     registry: Registry,
     stalls: Family<StallLabels, Counter>,
     stall_duration: Family<KindLabels, Histogram>,
     fenced_output: Family<KindLabels, Counter>,
+    lease_rejections: Family<ReasonLabels, Counter>,
 }
 
 impl NodeMetrics {
@@ -73,7 +80,13 @@ impl NodeMetrics {
         );
         let fenced_output = Family::<KindLabels, Counter>::default();
         registry.register("stall_fenced_output", "Provider output dropped after a stall claim", fenced_output.clone());
-        Arc::new(Self { registry, stalls, stall_duration, fenced_output })
+        let lease_rejections = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "credential_lease_rejections",
+            "Credential leases refused before the provider call, by reason",
+            lease_rejections.clone(),
+        );
+        Arc::new(Self { registry, stalls, stall_duration, fenced_output, lease_rejections })
     }
 
     pub fn observe_stall(&self, kind: ExecutionKind, evidence: &StallEvidence, silent_for: Duration) {
@@ -90,6 +103,10 @@ impl NodeMetrics {
 
     pub fn fenced(&self, kind: ExecutionKind) {
         self.fenced_output.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn lease_refused(&self, reason: &'static str) {
+        self.lease_rejections.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     pub fn encode(&self) -> String {

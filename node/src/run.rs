@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::adapter;
 use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Settled, UPLINK_CAPACITY, Uplink, Watched};
+use crate::lease::{self, SessionLeases};
 use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
@@ -27,28 +28,36 @@ pub async fn execute(ctx: ExecutionContext, run_id: String, assigned: Option<pb:
         return;
     };
     let edge_gone = downlink.ended();
-    if serve(&ctx.http, &ctx.providers, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
+    let leases = ctx.leases.as_deref();
+    if serve(&ctx.http, &ctx.providers, leases, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, downlink, "run", &run_id).await;
     }
 }
 
-/// The run without its gRPC call: validates, drives the adapter into
-/// `uplink`, and sends the terminal. Returns whether the terminal was sent
-/// (false when the Edge ended the call first).
+/// The run without its gRPC call: validates, admits its credential lease,
+/// drives the adapter into `uplink`, and sends the terminal. Returns whether
+/// the terminal was sent (false when the Edge ended the call first).
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     http: &reqwest::Client,
     providers: &Providers,
+    leases: Option<&SessionLeases>,
     request: &pb::RunRequest,
     uplink: &mut Uplink<pb::RunUplink>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
     observer: &Observer,
 ) -> bool {
-    let outcome = match validate(providers, request.into()) {
-        Err(rejection) => Settled::Finished(Err(rejection.to_failure())),
-        Ok((target, stall_timeout)) => {
+    let admitted = validate(providers, request.into()).map_err(|r| r.to_failure()).and_then(|(target, stall)| {
+        let authorization = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
+        Ok((target, stall, authorization))
+    });
+    let outcome = match admitted {
+        Err(failure) => Settled::Finished(Err(failure)),
+        Ok((target, stall_timeout, authorization)) => {
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
-            let producer = Producer::new(async move { adapter::execute(http, target, request, &sink).await });
+            let producer =
+                Producer::new(async move { adapter::execute(http, target, request, authorization, &sink).await });
             let watched = Watched { http, target, stall_timeout, observer, kind: ExecutionKind::run };
             // A client that does not stream gets the answer as a whole: its
             // deltas need not cross the wire one by one.

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::adapter::{self, AdapterError, ProviderTarget};
 use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Rejection, Settled, Uplink, Watched};
+use crate::lease::{self, SessionLeases};
 use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
@@ -52,7 +53,8 @@ pub async fn execute(
         return;
     };
     let edge_gone = downlink.ended();
-    if serve(&ctx.http, &ctx.providers, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
+    let leases = ctx.leases.as_deref();
+    if serve(&ctx.http, &ctx.providers, leases, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, downlink, "tunnel", &tunnel_id).await;
     }
 }
@@ -60,17 +62,28 @@ pub async fn execute(
 /// The tunnel without its gRPC call: validates, relays the provider's answer
 /// into `uplink`, and sends the terminal. Returns whether the terminal was
 /// sent (false when the Edge ended the call first).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     http: &reqwest::Client,
     providers: &Providers,
+    leases: Option<&SessionLeases>,
     mut request: pb::ProviderTunnelRequest,
     uplink: &mut Uplink<pb::TunnelUplink>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
     observer: &Observer,
 ) -> bool {
-    let outcome = match prepare(providers, &request) {
-        Err(rejection) => Settled::Finished(Err(rejection.to_failure())),
+    let admitted = prepare(providers, &request).map_err(|r| r.to_failure()).and_then(|mut prepared| {
+        let lease = request.lease.as_ref();
+        // After the client's headers: a client's Authorization never crosses
+        // (`relayable_header`), the lease's is the only one.
+        if let Some(value) = lease::admit(leases, &request.tunnel_id, &prepared.target, lease, observer)? {
+            prepared.headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        Ok(prepared)
+    });
+    let outcome = match admitted {
+        Err(failure) => Settled::Finished(Err(failure)),
         Ok(prepared) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);

@@ -29,6 +29,9 @@ pub struct EdgeConfig {
     /// which then needs a `keys_file`: an Edge is never open by accident.
     #[serde(default)]
     pub auth: AuthConfig,
+    /// Managed provider credentials (see `ProviderEntry::credential`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialProfile>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -112,6 +115,34 @@ pub struct ProviderEntry {
     /// other APIs are still normalized.
     #[serde(default)]
     pub mode: ProviderMode,
+    /// The provider's credential (an API key for a keyed server), managed by
+    /// the Edge under a profile of `credentials` and sealed per execution for
+    /// the node; absent for a server that needs none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<CredentialRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialRef {
+    pub profile: String,
+}
+
+/// A managed provider credential: the secret lives in `file` (a mounted
+/// Secret in Kubernetes), only on the Edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialProfile {
+    pub profile: String,
+    /// Holds the secret (surrounding whitespace ignored). Relative to the
+    /// config file's directory; reloaded with the config.
+    pub file: PathBuf,
+    /// Raise it with every new secret: a node refuses a lease older than the
+    /// newest revision it has seen for the profile.
+    pub revision: u64,
+    /// Refuse every execution on providers using this profile (fail closed).
+    #[serde(default)]
+    pub disabled: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -257,6 +288,10 @@ pub enum ConfigError {
     Invalid { field: String, reason: String },
 }
 
+fn is_profile_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field: field.into(), reason: reason.into() }
 }
@@ -383,6 +418,19 @@ impl EdgeConfig {
                 return Err(invalid(format!("nodes[{i}].name"), format!("duplicate node `{}`", node.name)));
             }
         }
+        let mut profiles = BTreeSet::new();
+        for (i, c) in self.credentials.iter().enumerate() {
+            let at = |f: &str| format!("credentials[{i}].{f}");
+            if !is_profile_name(&c.profile) {
+                return Err(invalid(at("profile"), "must be 1-63 of [A-Za-z0-9-_.]"));
+            }
+            if !profiles.insert(c.profile.as_str()) {
+                return Err(invalid(at("profile"), format!("duplicate profile `{}`", c.profile)));
+            }
+            if c.revision == 0 {
+                return Err(invalid(at("revision"), "must be at least 1"));
+            }
+        }
         let mut ids = BTreeSet::new();
         for (i, p) in self.providers.iter().enumerate() {
             let at = |f: &str| format!("providers[{i}].{f}");
@@ -415,6 +463,14 @@ impl EdgeConfig {
                 return Err(invalid(
                     at("response_stall_timeout_ms"),
                     "must be 0 (default) or between 1000 and 3600000",
+                ));
+            }
+            if let Some(credential) = &p.credential
+                && !profiles.contains(credential.profile.as_str())
+            {
+                return Err(invalid(
+                    at("credential.profile"),
+                    format!("profile `{}` is not listed under credentials", credential.profile),
                 ));
             }
             if !(1..=1024).contains(&p.capacity) {
@@ -499,6 +555,13 @@ providers:
         let keyed = EdgeConfig::from_yaml(&keyed).unwrap();
         assert_eq!(keyed.auth.keys_file.as_deref(), Some(std::path::Path::new("keys.yaml")));
         assert_eq!(EdgeConfig::from_yaml(&keyed.to_yaml()).unwrap(), keyed);
+        let managed = format!(
+            "{VALID}    credential: {{ profile: lmstudio-key }}\ncredentials: [ {{ profile: lmstudio-key, file: key.txt, revision: 3 }} ]\n"
+        );
+        let managed = EdgeConfig::from_yaml(&managed).unwrap();
+        assert_eq!(managed.providers[0].credential.as_ref().unwrap().profile, "lmstudio-key");
+        assert_eq!((managed.credentials[0].revision, managed.credentials[0].disabled), (3, false));
+        assert_eq!(EdgeConfig::from_yaml(&managed.to_yaml()).unwrap(), managed);
     }
 
     #[test]
@@ -518,6 +581,17 @@ providers:
             // No `auth` section means keys are required, so a keys file is.
             (VALID.replace("auth: { mode: disabled }\n", ""), "auth.keys_file"),
             (VALID.replace("mode: disabled", "mode: required"), "auth.keys_file"),
+            (format!("{VALID}    credential: {{ profile: nope }}\n"), "providers[0].credential.profile"),
+            (
+                format!("{VALID}credentials: [ {{ profile: k, file: k.txt, revision: 0 }} ]\n"),
+                "credentials[0].revision",
+            ),
+            (
+                format!(
+                    "{VALID}credentials: [ {{ profile: k, file: a, revision: 1 }}, {{ profile: k, file: b, revision: 1 }} ]\n"
+                ),
+                "credentials[1].profile",
+            ),
         ];
         for (doc, field) in cases {
             match EdgeConfig::from_yaml(&doc) {

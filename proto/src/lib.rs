@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod identity;
+pub mod lease;
 pub mod liveness;
 pub mod wire;
 

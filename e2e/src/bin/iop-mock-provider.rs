@@ -27,6 +27,10 @@ struct Cli {
     /// and the `x-mock-faults` header override them).
     #[command(flatten)]
     faults: Faults,
+    /// Require `Authorization: Bearer KEY` on every API call (401 otherwise),
+    /// like a keyed model server.
+    #[arg(long, env = "IOP_MOCK_API_KEY")]
+    api_key: Option<String>,
 }
 
 #[tokio::main]
@@ -58,7 +62,7 @@ async fn main() -> ExitCode {
     println!("iop-mock-provider listening on http://{addr}");
     let _ = std::io::stdout().flush();
 
-    let config = MockConfig { defaults: cli.faults };
+    let config = MockConfig { defaults: cli.faults, api_key: cli.api_key };
     match mock_provider::serve(listener, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use iop_e2e::harness::{self, DevPki, Proc, ProviderSpec, addr_field, bin, spawn_until, wait_until};
 use iop_e2e::pki::{PairFiles, Validity};
-use iop_proto::config::{Adapter, AuthConfig, AuthMode};
+use iop_proto::config::{Adapter, AuthConfig, AuthMode, CredentialProfile, CredentialRef};
 use serde_json::Value;
 
 pub const NODE: &str = "mac-1";
@@ -26,6 +26,19 @@ pub struct StackOptions {
     /// A keys file: the Edge requires API keys from it (`keys.yaml` in the
     /// stack's directory). `None`: `auth.mode: disabled`.
     pub keys: Option<String>,
+    /// Managed credentials: each provider named gets the profile, whose
+    /// secret is written to `<profile>.key` in the stack's directory.
+    pub credentials: Vec<Managed>,
+    /// Extra `iop-edge` arguments (e.g. `--test-lease-fault tamper`).
+    pub edge_args: Vec<&'static str>,
+}
+
+/// A managed credential of [`StackOptions::credentials`].
+pub struct Managed {
+    pub profile: &'static str,
+    pub secret: &'static str,
+    pub revision: u64,
+    pub providers: Vec<&'static str>,
 }
 
 impl Default for StackOptions {
@@ -37,6 +50,8 @@ impl Default for StackOptions {
             limits: None,
             extra_nodes: Vec::new(),
             keys: None,
+            credentials: Vec::new(),
+            edge_args: Vec::new(),
         }
     }
 }
@@ -55,6 +70,7 @@ pub struct Stack {
     /// `/metrics` URL of the first node.
     pub node_metrics: Option<String>,
     pub heartbeat: Option<&'static str>,
+    pub edge_args: Vec<&'static str>,
     pub client: reqwest::Client,
 }
 
@@ -72,6 +88,13 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         mode: Default::default(),
         stall_timeout_ms: 0,
     }
+}
+
+/// A mock provider of its own that requires `Authorization: Bearer KEY`.
+pub async fn spawn_keyed_mock(key: &str) -> (Proc, String) {
+    let args = ["--listen", "127.0.0.1:0", "--api-key", key];
+    let (mock, line) = spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &args, "listening on").await;
+    (mock, line.split_whitespace().last().unwrap().to_string())
 }
 
 /// A mock provider process of its own, so a test can fault one provider's
@@ -119,6 +142,19 @@ impl Stack {
             std::fs::write(&keys_file, keys).unwrap();
             config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file) };
         }
+        for managed in &options.credentials {
+            let file = dir.path().join(format!("{}.key", managed.profile));
+            std::fs::write(&file, managed.secret).unwrap();
+            config.credentials.push(CredentialProfile {
+                profile: managed.profile.into(),
+                file,
+                revision: managed.revision,
+                disabled: false,
+            });
+            for provider in config.providers.iter_mut().filter(|p| managed.providers.contains(&p.id.as_str())) {
+                provider.credential = Some(CredentialRef { profile: managed.profile.into() });
+            }
+        }
         let edge_config = dir.path().join("edge.yaml");
         std::fs::write(&edge_config, config.to_yaml()).unwrap();
         let mut stack = Stack {
@@ -134,6 +170,7 @@ impl Stack {
             nodes: Vec::new(),
             node_metrics: None,
             heartbeat: options.heartbeat,
+            edge_args: options.edge_args,
             client: http_client(),
         };
         stack.start_edge().await;
@@ -165,6 +202,7 @@ impl Stack {
         if let Some(profile) = self.heartbeat {
             args.extend(["--test-heartbeat-profile", profile]);
         }
+        args.extend(self.edge_args.iter().copied());
         let (edge, line) = spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await;
         self.http = addr_field(&line, "http");
         self.grpc = addr_field(&line, "grpc");

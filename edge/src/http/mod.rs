@@ -197,7 +197,8 @@ async fn serve<S: Surface>(
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
     let mut execution: Execution = {
         let (state, model, run) = (state.clone(), parsed.model.clone(), parsed.run);
-        Box::pin(async move { gate::execute(&state, &model, run, tunnel, point).await })
+        let principal = caller.name().to_string();
+        Box::pin(async move { gate::execute(&state, &principal, &model, run, tunnel, point).await })
     };
     let max_response_bytes = config.limits.max_response_bytes;
     let keepalive = config.limits.stream_keepalive_ms;
@@ -455,7 +456,7 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
 /// The caller a request's key names, counted by principal or by why it was
 /// refused.
 fn authenticate(state: &EdgeState, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    match state.config.keys().authenticate(headers) {
+    match state.config.secrets().keys.authenticate(headers) {
         Ok(caller) => {
             if let Caller::Principal(p) = &caller {
                 state.metrics.principal_requests.get_or_create(&PrincipalLabels { principal: p.name.clone() }).inc();

@@ -60,6 +60,9 @@ pub struct Session {
     pub close: CancellationToken,
     /// Why `close` was cancelled, when it was not a newer connection.
     pub close_reason: Arc<std::sync::OnceLock<super::session::CloseReason>>,
+    /// The X25519 key this connection's node sent in Register for sealing
+    /// credential leases; `None` when it sent none (or not 32 bytes).
+    pub lease_key: Option<Arc<[u8]>>,
 }
 
 #[derive(Debug, Default)]
@@ -133,6 +136,12 @@ impl NodeRegistry {
             .map(|s| s.control.clone())
     }
 
+    /// The lease key of `node`'s session if `generation` is still current.
+    pub fn lease_key_if_current(&self, node: &str, generation: u64) -> Option<Arc<[u8]>> {
+        let sessions = self.sessions.lock().unwrap();
+        sessions.get(node).filter(|s| s.generation == generation).and_then(|s| s.lease_key.clone())
+    }
+
     /// The control channel of the node's current Ready session.
     pub fn control_of(&self, node: &str) -> Option<ControlSender> {
         let sessions = self.sessions.lock().unwrap();
@@ -190,6 +199,7 @@ impl Session {
             control,
             close: CancellationToken::new(),
             close_reason: Default::default(),
+            lease_key: None,
         }
     }
 }

@@ -69,6 +69,7 @@ pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb:
                 target_model: p.target.model.clone(),
                 base_url: p.target.base_url.clone(),
                 response_stall_timeout_ms: p.response_stall_timeout_ms,
+                credential_profile: p.credential.as_ref().map(|c| c.profile.clone()).unwrap_or_default(),
             })
             .collect(),
     }
@@ -107,6 +108,8 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         control: out.clone(),
         close: close.clone(),
         close_reason: close_reason.clone(),
+        lease_key: (register.lease_public_key.len() == iop_proto::lease::PUBLIC_KEY_LEN)
+            .then(|| Arc::from(register.lease_public_key.as_slice())),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
@@ -117,6 +120,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         pb::edge_to_node::Msg::RegisterResponse(pb::RegisterResponse {
             generation,
             config: Some(config_payload(&state.config.current(), &node)),
+            node_identity: peer.identity.uri(),
         }),
     );
 

@@ -205,7 +205,7 @@ pub(crate) async fn run(
 ) -> (Result<pb::FinishReason, AdapterError>, Vec<pb::run_event::Event>) {
     let client = super::http_client();
     let (tx, mut rx): (EventSink, _) = mpsc::channel(1024);
-    let result = tokio::time::timeout(Duration::from_secs(10), super::execute(&client, target, request, &tx))
+    let result = tokio::time::timeout(Duration::from_secs(10), super::execute(&client, target, request, None, &tx))
         .await
         .expect("execute finished in time");
     drop(tx);
@@ -228,7 +228,7 @@ pub(crate) async fn assert_drop_closes_connection(
     let request = request(vec![user("hi")]);
     let client = super::http_client();
     let (tx, mut rx) = mpsc::channel(16);
-    let mut run = Box::pin(super::execute(&client, &target, &request, &tx));
+    let mut run = Box::pin(super::execute(&client, &target, &request, None, &tx));
     // Drive the run until its first event arrives: the response is in flight.
     tokio::select! {
         result = &mut run => panic!("run ended early: {result:?}"),

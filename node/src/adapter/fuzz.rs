@@ -505,6 +505,7 @@ proptest! {
             target_model: model,
             base_url: pieces.concat(),
             response_stall_timeout_ms: 0,
+            credential_profile: String::new(),
         };
         match super::ProviderTarget::from_assignment(&assignment) {
             Ok(target) => {

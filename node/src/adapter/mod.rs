@@ -75,6 +75,9 @@ pub struct ProviderTarget {
     /// The adapter's chat endpoint under `base_url`, parsed once per
     /// assignment rather than once per run.
     chat_url: reqwest::Url,
+    /// Set when the Edge manages the provider's credential: every execution
+    /// needs a lease for this profile (`crate::lease`).
+    pub credential_profile: Option<String>,
 }
 
 impl ProviderTarget {
@@ -92,7 +95,9 @@ impl ProviderTarget {
             return Err(invalid("target_model is empty".into()));
         }
         let base_url = validate_base_url(&a.base_url).map_err(invalid)?;
-        Self::new(&a.provider_id, adapter, &a.target_model, &base_url).map_err(invalid)
+        let mut target = Self::new(&a.provider_id, adapter, &a.target_model, &base_url).map_err(invalid)?;
+        target.credential_profile = Some(a.credential_profile.clone()).filter(|p| !p.is_empty());
+        Ok(target)
     }
 
     /// A target on an already validated `base_url`.
@@ -114,6 +119,7 @@ impl ProviderTarget {
             target_model: target_model.to_owned(),
             base_url: base_url.to_owned(),
             chat_url,
+            credential_profile: None,
         })
     }
 
@@ -251,6 +257,7 @@ pub async fn execute(
     client: &reqwest::Client,
     target: &ProviderTarget,
     request: &pb::RunRequest,
+    authorization: Option<HeaderValue>,
     sink: &EventSink,
 ) -> Result<pb::FinishReason, AdapterError> {
     if request.adapter != 0 && request.adapter != i32::from(target.adapter.to_wire()) {
@@ -265,12 +272,12 @@ pub async fn execute(
     match target.adapter {
         AdapterKind::Ollama => {
             let body = ollama::request_body(target, request)?;
-            let response = post_json(client, target.chat_url.clone(), body).await?;
+            let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
             drive(response, ollama::Decoder::new(&target.target_model, &request.run_id), sink).await
         }
         AdapterKind::OpenAi => {
             let body = openai::request_body(target, request)?;
-            let response = post_json(client, target.chat_url.clone(), body).await?;
+            let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
             drive(response, openai::Decoder::new(&target.target_model), sink).await
         }
     }
@@ -282,10 +289,13 @@ async fn post_json(
     client: &reqwest::Client,
     url: reqwest::Url,
     body: Vec<u8>,
+    authorization: Option<HeaderValue>,
 ) -> Result<reqwest::Response, AdapterError> {
-    let response = client
-        .post(url)
-        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+    let mut request = client.post(url).header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(value) = authorization {
+        request = request.header(reqwest::header::AUTHORIZATION, value);
+    }
+    let response = request
         .body(body)
         .send()
         .await
@@ -609,6 +619,7 @@ mod tests {
             target_model: model.into(),
             base_url: base_url.into(),
             response_stall_timeout_ms: 0,
+            credential_profile: String::new(),
         }
     }
 
@@ -719,11 +730,11 @@ mod tests {
         let target = ProviderTarget::from_assignment(&assignment(1, "m", "http://127.0.0.1:9")).unwrap();
         let request = pb::RunRequest { adapter: pb::AdapterKind::Openai.into(), ..Default::default() };
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        assert!(matches!(execute(&client, &target, &request, &tx).await, Err(AdapterError::InvalidRequest(_))));
+        assert!(matches!(execute(&client, &target, &request, None, &tx).await, Err(AdapterError::InvalidRequest(_))));
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         drop(rx);
         assert!(matches!(
-            execute(&client, &target, &pb::RunRequest::default(), &tx).await,
+            execute(&client, &target, &pb::RunRequest::default(), None, &tx).await,
             Err(AdapterError::SinkClosed)
         ));
     }
@@ -751,7 +762,7 @@ mod tests {
         let target = ProviderTarget::from_assignment(&assignment(1, "m", "http://127.0.0.1:9")).unwrap();
         let request = pb::RunRequest::default();
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        let fut = execute(&client, &target, &request, &tx);
+        let fut = execute(&client, &target, &request, None, &tx);
         assert_send(&fut);
     }
 }

@@ -16,6 +16,11 @@
 //! must never be stricter than the provider itself. Any other status or a
 //! failed connection is `Unavailable`; a probe that does not answer within
 //! [`PROBE_TIMEOUT`] is `Unknown`.
+//!
+//! A provider whose credential the Edge manages is probed without one (the
+//! node holds credentials only for the call a lease is for), so for it a
+//! `401` or `403` means "the server is up and wants its key": available.
+//! Whether the key itself is good shows in the runs.
 
 use std::fmt;
 use std::time::Duration;
@@ -95,6 +100,9 @@ pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Probe {
         // The node's logs may name the provider, never its address.
         Ok(Err(e)) => Probe::failed(ProbeFailure::Unreachable(error_chain(&e.without_url()))),
         Ok(Ok(response)) if response.status().is_success() => Probe::available(),
+        Ok(Ok(response)) if target.credential_profile.is_some() && matches!(response.status().as_u16(), 401 | 403) => {
+            Probe::available()
+        }
         Ok(Ok(response)) => Probe::failed(ProbeFailure::Status(response.status().as_u16())),
     }
 }
@@ -123,6 +131,20 @@ mod tests {
         assert_eq!(probe(&client, &target).await, Probe::available());
         let req = ok.request().await;
         assert_eq!((req.method.as_str(), req.path.as_str()), ("GET", "/v1/models"));
+    }
+
+    #[tokio::test]
+    async fn a_managed_credential_providers_401_means_up() {
+        let client = http_client();
+        for adapter in [AdapterKind::Ollama, AdapterKind::OpenAi] {
+            for status in [401, 403] {
+                let keyed = fake::serve(Reply::json(status, r#"{"error":"unauthorized"}"#)).await;
+                let mut target = fake::target(adapter, &keyed.base_url);
+                assert_eq!(probe(&client, &target).await.failure, Some(ProbeFailure::Status(status)));
+                target.credential_profile = Some("key".into());
+                assert_eq!(probe(&client, &target).await, Probe::available());
+            }
+        }
     }
 
     #[tokio::test]

@@ -93,10 +93,13 @@ pub async fn supervise(
     let dialer = Dialer::new(&config)?;
     let http = crate::adapter::http_client();
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
+    // Spent lease ids and credential revisions outlive each connection.
+    let ledger = Arc::new(crate::lease::LeaseLedger::default());
     loop {
         let end = match dialer.connect().await {
             Ok(client) => {
-                session::run(client, http.clone(), metrics.clone(), heartbeat, &config.health, shutdown.clone()).await
+                let (metrics, health) = (metrics.clone(), &config.health);
+                session::run(client, http.clone(), metrics, heartbeat, health, shutdown.clone(), ledger.clone()).await
             }
             Err(e) => SessionEnd::ConnectFailed(e.to_string()),
         };

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::join_all;
+use iop_proto::identity::NodeIdentity;
+use iop_proto::lease::LeaseKey;
 use iop_proto::liveness::HeartbeatMonitor;
 use iop_proto::liveness::HeartbeatProfile;
 use iop_proto::pb::{self, edge_to_node::Msg, node_gateway_client::NodeGatewayClient};
@@ -24,6 +26,7 @@ use crate::adapter::probe::probe;
 use crate::config::HealthConfig;
 use crate::execution::{Cancel, ExecutionContext, Observer};
 use crate::health::{HealthMonitor, HealthSchedule, provider_status};
+use crate::lease::{LeaseLedger, SessionLeases};
 use crate::metrics::NodeMetrics;
 // The module only: `crate::run` is also a function.
 use crate::run::{self};
@@ -92,9 +95,18 @@ pub async fn run(
     heartbeat: HeartbeatProfile,
     health: &HealthConfig,
     shutdown: CancellationToken,
+    ledger: Arc<LeaseLedger>,
 ) -> SessionEnd {
     let (out, out_rx) = mpsc::channel(64);
-    send(&out, pb::node_to_edge::Msg::Register(pb::Register { node_version: env!("CARGO_PKG_VERSION").to_string() }));
+    // A key pair for this connection only: leases sealed to it die with it.
+    let key = LeaseKey::generate();
+    send(
+        &out,
+        pb::node_to_edge::Msg::Register(pb::Register {
+            node_version: env!("CARGO_PKG_VERSION").to_string(),
+            lease_public_key: key.public_key().to_vec(),
+        }),
+    );
     let mut inbound = match client.control(ReceiverStream::new(out_rx)).await {
         Ok(response) => response.into_inner(),
         Err(status) => return SessionEnd::ConnectFailed(format!("control stream refused: {}", status.message())),
@@ -111,6 +123,11 @@ pub async fn run(
         Err(_) => return closed(false, "no RegisterResponse within the heartbeat wait"),
     };
     let generation = registered.generation;
+    let node = match NodeIdentity::parse(&registered.node_identity) {
+        Ok(identity) => identity.name,
+        Err(_) => return closed(false, "protocol_error: RegisterResponse without a valid node identity"),
+    };
+    let leases = Arc::new(SessionLeases { key, identity: registered.node_identity, node, generation, ledger });
     let providers = Arc::new(apply_config(&registered.config.unwrap_or_default()));
     tracing::info!(generation, providers = providers.len(), "registered with the edge; checking providers");
     let statuses = probe_all(&http, &providers, None).await;
@@ -131,6 +148,7 @@ pub async fn run(
         sequence: Arc::new(SessionSequence::default()),
         metrics,
         health,
+        leases,
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -205,6 +223,8 @@ struct Session {
     metrics: Arc<NodeMetrics>,
     /// Probes the providers again while the connection is Ready.
     health: Arc<HealthMonitor>,
+    /// This connection's lease key and what leases must match.
+    leases: Arc<SessionLeases>,
 }
 
 impl Session {
@@ -301,6 +321,7 @@ impl Session {
             http: self.http.clone(),
             providers: self.providers.clone(),
             generation: self.generation,
+            leases: Some(self.leases.clone()),
             observer: Observer {
                 sequence: Some(self.sequence.clone()),
                 metrics: self.metrics.clone(),

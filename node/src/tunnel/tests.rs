@@ -33,6 +33,7 @@ fn tunnel_request(method: &str, path: &str) -> pb::ProviderTunnelRequest {
         headers: vec![header("content-type", "application/json")],
         body: br#"{"model":"test-model","stream":true}"#.to_vec(),
         response_stall_timeout_ms: 0,
+        lease: None,
     }
 }
 
@@ -52,8 +53,8 @@ impl Relay {
         let (tx, frames) = mpsc::channel(8);
         let done = tokio::spawn(async move {
             let mut uplink = Uplink::new(tx);
-            serve(&adapter::http_client(), &providers, request, &mut uplink, &cancel, edge_gone, &Observer::unbound())
-                .await
+            let http = adapter::http_client();
+            serve(&http, &providers, None, request, &mut uplink, &cancel, edge_gone, &Observer::unbound()).await
         });
         Self { frames, done }
     }
@@ -458,6 +459,7 @@ fn context(client: NodeGatewayClient, providers: Providers) -> ExecutionContext 
         providers: std::sync::Arc::new(providers),
         generation: 7,
         observer: Observer::unbound(),
+        leases: None,
     }
 }
 

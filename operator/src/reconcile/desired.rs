@@ -76,6 +76,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         providers: Vec::new(),
         limits: settings.limits.clone(),
         auth: settings.auth.clone(),
+        credentials: Vec::new(),
     };
     config.validate().map_err(BuildError::Settings)?;
     let mut excluded = Vec::new();

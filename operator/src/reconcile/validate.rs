@@ -198,6 +198,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         response_stall_timeout_ms: spec.response_stall_timeout_ms,
         capacity: spec.capacity,
         mode: spec.mode.into(),
+        credential: None,
     };
     // The Edge's own rules, on a config holding just this provider and its node.
     let alone = EdgeConfig {
@@ -208,6 +209,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         providers: vec![entry.clone()],
         limits: settings.limits.clone(),
         auth: settings.auth.clone(),
+        credentials: Vec::new(),
     };
     // Target model and base URL included: `iop_proto::config::check_base_url`
     // and `check_target_model`, the rules the CRD schema's patterns restate.

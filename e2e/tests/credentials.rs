@@ -1,0 +1,166 @@
+//! Managed provider credentials end to end: a keyed model server (the mock
+//! with `--api-key`) reached through separate `iop-edge` and `iop-node`
+//! processes, the key living only in the Edge and sealed per execution to
+//! the node's connection key; rotation without a restart; and every kind of
+//! bad lease refused by the node before the provider is called.
+
+mod common;
+
+use common::*;
+use iop_e2e::harness::{Proc, wait_until};
+use iop_proto::config::{Adapter, ProviderMode};
+use serde_json::Value;
+
+const KEY: &str = "sk-lmstudio-1";
+
+/// Three providers on one keyed mock, all managed under profile `lm`:
+/// `keyed` and its lower-priority sibling `keyed-backup` serve public model
+/// `keyed` (normalized); `keyed-tunnel` serves `keyed-tunnel` (tunnel).
+async fn keyed_stack(edge_args: Vec<&'static str>) -> (Stack, Proc, String) {
+    let (mock, url) = spawn_keyed_mock(KEY).await;
+    let normalized = provider("keyed", Adapter::Openai, "mock", "keyed", &url);
+    let mut backup = provider("keyed-backup", Adapter::Openai, "mock", "keyed", &url);
+    backup.priority = 1;
+    let mut tunnel = provider("keyed-tunnel", Adapter::Openai, "mock", "keyed-tunnel", &url);
+    tunnel.mode = ProviderMode::Tunnel;
+    let managed = vec!["keyed", "keyed-backup", "keyed-tunnel"];
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![normalized, backup, tunnel],
+        credentials: vec![Managed { profile: "lm", secret: KEY, revision: 1, providers: managed }],
+        edge_args,
+        ..Default::default()
+    })
+    .await;
+    for id in ["keyed", "keyed-backup", "keyed-tunnel"] {
+        wait_until(&format!("{id} dispatchable (its probe's 401 means up)"), WAIT, || async {
+            stack.provider_admin(id).await["dispatchable"] == true
+        })
+        .await;
+    }
+    (stack, mock, url)
+}
+
+async fn keyed_requests(stack: &Stack, url: &str) -> u64 {
+    let response = stack.client.get(format!("{url}/mock/stats")).send().await.unwrap();
+    let stats: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    stats["requests_total"].as_u64().unwrap()
+}
+
+async fn node_metric(stack: &Stack, sample: &str) -> f64 {
+    stack.metric_at(stack.node_metrics.as_ref().unwrap(), sample).await
+}
+
+#[tokio::test]
+async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_without_a_restart() {
+    let (stack, _mock, url) = keyed_stack(Vec::new()).await;
+    for (model, stream) in [("keyed", false), ("keyed", true), ("keyed-tunnel", false), ("keyed-tunnel", true)] {
+        let response = stack
+            .client
+            .post(stack.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            // A client's own Authorization never reaches the provider: the
+            // lease's key is the only one.
+            .header("authorization", "Bearer sk-client-guess")
+            .body(serde_json::to_vec(&chat_body(model, "hello", stream)).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{model} stream={stream}");
+    }
+    assert_eq!(keyed_requests(&stack, &url).await, 4);
+    assert_eq!(stack.metric("iop_edge_credential_leases_sealed_total").await, 4.0);
+
+    // Rotation: the server's key changes; until the Edge has the new one the
+    // provider says 401 (the provider's own answer, not a lease refusal).
+    let rotate = stack.client.post(format!("{url}/mock/api-key")).body("sk-lmstudio-2").send().await.unwrap();
+    assert_eq!(rotate.status(), 204);
+    let refused = stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await;
+    assert_eq!(refused.status(), 401);
+    // New secret, new revision: the Edge reloads it, the node accepts it.
+    std::fs::write(stack.dir.path().join("lm.key"), "sk-lmstudio-2\n").unwrap();
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    std::fs::write(&stack.edge_config, text.replace("revision: 1", "revision: 2")).unwrap();
+    wait_until("the rotated credential", WAIT, || async {
+        stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await.status() == 200
+    })
+    .await;
+    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["last_error"], Value::Null);
+    assert_eq!(node_metric(&stack, "iop_node_credential_lease_rejections_total").await, 0.0);
+
+    // Going back to the old revision (an old Secret restored by mistake) is
+    // refused by the node: revisions of a profile never go backwards.
+    std::fs::write(stack.dir.path().join("lm.key"), format!("{KEY}\n")).unwrap();
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    std::fs::write(&stack.edge_config, text.replace("revision: 2", "revision: 1")).unwrap();
+    wait_until("the old revision's refusal", WAIT, || async {
+        let (status, body) =
+            json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hi", false)).await).await;
+        status == 502 && body["error"]["message"].as_str().unwrap_or_default().contains("revoked")
+    })
+    .await;
+    assert_eq!(node_metric(&stack, "iop_node_credential_lease_rejections_total{reason=\"revoked\"}").await, 1.0);
+}
+
+/// Every request through a stack whose Edge seals leases wrongly in one way:
+/// the node refuses each before calling the provider, the client gets a
+/// typed `credential_rejected`, and no other provider is tried for it.
+async fn refused_with(fault: &'static str, reason: &str, answered_first: bool) {
+    let (stack, _mock, url) = keyed_stack(vec!["--test-lease-fault", fault]).await;
+    if answered_first {
+        let first = stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await;
+        assert_eq!(first.status(), 200, "{fault}: the first lease is good");
+    }
+    let before = keyed_requests(&stack, &url).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await).await;
+    assert_eq!(status, 502, "{fault}: {body}");
+    assert_eq!(body["error"]["code"], "credential_rejected", "{fault}: {body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(reason), "{fault}: {body}");
+    assert!(!body.to_string().contains(KEY), "{fault}: the key never comes back");
+    assert_eq!(keyed_requests(&stack, &url).await, before, "{fault}: the provider was not called");
+    let sample = format!("iop_node_credential_lease_rejections_total{{reason=\"{reason}\"}}");
+    assert_eq!(node_metric(&stack, &sample).await, 1.0, "{fault}");
+    // Its sibling serves the same model under the same profile: it was not
+    // tried instead.
+    let failed = "iop_edge_attempts_total{provider=\"keyed\",outcome=\"failed\"}";
+    assert_eq!(stack.metric(failed).await, 1.0, "{fault}");
+    let sibling = stack.metric("iop_edge_attempts_total{provider=\"keyed-backup\",outcome=\"failed\"}").await;
+    assert_eq!(sibling, 0.0, "{fault}");
+}
+
+#[tokio::test]
+async fn a_tampered_lease_is_refused() {
+    refused_with("tamper", "unopenable", false).await;
+}
+
+#[tokio::test]
+async fn a_lease_sealed_to_another_key_is_refused() {
+    refused_with("other-key", "unopenable", false).await;
+}
+
+#[tokio::test]
+async fn a_lease_of_a_previous_generation_is_refused() {
+    refused_with("stale-generation", "stale_generation", false).await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_refused() {
+    refused_with("expired", "expired", false).await;
+}
+
+#[tokio::test]
+async fn a_replayed_lease_is_refused() {
+    refused_with("replay", "replayed", true).await;
+}
+
+#[tokio::test]
+async fn a_disabled_profile_fails_closed_at_the_edge() {
+    let (stack, _mock, url) = keyed_stack(Vec::new()).await;
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    std::fs::write(&stack.edge_config, text.replace("disabled: false", "disabled: true")).unwrap();
+    wait_until("the reload", WAIT, || async { stack.get_json("/admin/v1/config").await["config"]["revision"] == 2 })
+        .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("credential_rejected")), "{body}");
+    assert_eq!(keyed_requests(&stack, &url).await, 0);
+    assert_eq!(stack.metric("iop_edge_credential_lease_refusals_total{reason=\"disabled\"}").await, 1.0);
+}

@@ -1,0 +1,162 @@
+//! Managed credential leases: one definition of how the Edge seals a
+//! provider credential for one execution and how the node opens it.
+//!
+//! HPKE (RFC 9180) base mode with DHKEM(X25519, HKDF-SHA256), HKDF-SHA256 and
+//! ChaCha20-Poly1305 (the `hpke` crate). The recipient key is one the node
+//! generated for its current connection ([`LeaseKey`]); `info` names the
+//! recipient node identity, so a lease for one node cannot be opened as
+//! another's even with the same key; the associated data is the encoded
+//! [`pb::LeaseBinding`], so its fields cannot be changed without the open
+//! failing. The sender is authenticated by the mTLS channel the lease
+//! travels on, not by HPKE.
+//!
+//! What a binding must match is the node's decision (`iop_node::lease`);
+//! here is only the cryptography and its encoding.
+
+use hpke::kem::X25519HkdfSha256;
+use hpke::{Deserializable, Kem as _, OpModeR, OpModeS, Serializable};
+use prost::Message;
+
+use crate::pb;
+
+type Kem = X25519HkdfSha256;
+type Aead = hpke::aead::ChaCha20Poly1305;
+type Kdf = hpke::kdf::HkdfSha256;
+
+/// Length of an encoded lease public key.
+pub const PUBLIC_KEY_LEN: usize = 32;
+/// Largest credential the Edge seals (an API key or bearer token).
+pub const MAX_CREDENTIAL_BYTES: usize = 8 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseCryptoError {
+    #[error("the lease public key is not a valid X25519 key")]
+    InvalidPublicKey,
+    #[error("the lease could not be sealed")]
+    Seal,
+    /// Wrong recipient (another key or node), or altered in transit.
+    #[error("the lease could not be opened")]
+    Open,
+    #[error("the lease binding is not a valid message")]
+    Binding,
+}
+
+fn info(node_identity: &str) -> Vec<u8> {
+    let mut info = b"iop.v1 credential lease for ".to_vec();
+    info.extend_from_slice(node_identity.as_bytes());
+    info
+}
+
+/// Seals `credential` for `binding` to the node key `recipient`
+/// (`Register.lease_public_key`) of node `node_identity` (its SPIFFE URI).
+pub fn seal(
+    recipient: &[u8],
+    node_identity: &str,
+    binding: &pb::LeaseBinding,
+    credential: &[u8],
+) -> Result<pb::SealedLease, LeaseCryptoError> {
+    let recipient =
+        <Kem as hpke::Kem>::PublicKey::from_bytes(recipient).map_err(|_| LeaseCryptoError::InvalidPublicKey)?;
+    let binding = binding.encode_to_vec();
+    let (encapped, ciphertext) = hpke::single_shot_seal::<Aead, Kdf, Kem>(
+        &OpModeS::Base,
+        &recipient,
+        &info(node_identity),
+        credential,
+        &binding,
+    )
+    .map_err(|_| LeaseCryptoError::Seal)?;
+    Ok(pb::SealedLease { binding, encapped_key: encapped.to_bytes().to_vec(), ciphertext })
+}
+
+/// The node's key pair for one connection. Dropping it forgets the private
+/// key (the `hpke` key types zeroize themselves).
+pub struct LeaseKey {
+    private: <Kem as hpke::Kem>::PrivateKey,
+    public: Vec<u8>,
+}
+
+impl std::fmt::Debug for LeaseKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseKey").finish_non_exhaustive()
+    }
+}
+
+/// An opened lease: its (authenticated) binding and the credential. The
+/// credential is wiped from memory when this is dropped.
+pub struct Opened {
+    pub binding: pb::LeaseBinding,
+    pub credential: zeroize::Zeroizing<Vec<u8>>,
+}
+
+impl LeaseKey {
+    /// A fresh key pair from the operating system's random source.
+    pub fn generate() -> Self {
+        let (private, public) = Kem::gen_keypair();
+        Self { private, public: public.to_bytes().to_vec() }
+    }
+
+    /// For `Register.lease_public_key`.
+    pub fn public_key(&self) -> &[u8] {
+        &self.public
+    }
+
+    /// Opens a lease sealed to this key for node `node_identity`.
+    pub fn open(&self, node_identity: &str, sealed: &pb::SealedLease) -> Result<Opened, LeaseCryptoError> {
+        let encapped =
+            <Kem as hpke::Kem>::EncappedKey::from_bytes(&sealed.encapped_key).map_err(|_| LeaseCryptoError::Open)?;
+        let credential = hpke::single_shot_open::<Aead, Kdf, Kem>(
+            &OpModeR::Base,
+            &self.private,
+            &encapped,
+            &info(node_identity),
+            &sealed.ciphertext,
+            &sealed.binding,
+        )
+        .map(zeroize::Zeroizing::new)
+        .map_err(|_| LeaseCryptoError::Open)?;
+        // Authenticated above: decoding can only fail for a sender bug.
+        let binding = pb::LeaseBinding::decode(sealed.binding.as_slice()).map_err(|_| LeaseCryptoError::Binding)?;
+        Ok(Opened { binding, credential })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODE: &str = "spiffe://iop.local/node/mac-1";
+
+    fn binding() -> pb::LeaseBinding {
+        pb::LeaseBinding { lease_id: "l1".into(), execution_id: "r1".into(), generation: 7, ..Default::default() }
+    }
+
+    #[test]
+    fn a_sealed_lease_opens_with_its_key_for_its_node_only() {
+        let key = LeaseKey::generate();
+        assert_eq!(key.public_key().len(), PUBLIC_KEY_LEN);
+        let sealed = seal(key.public_key(), NODE, &binding(), b"sk-secret").unwrap();
+        assert!(!sealed.ciphertext.windows(9).any(|w| w == b"sk-secret"), "the credential is not in the clear");
+        let opened = key.open(NODE, &sealed).unwrap();
+        assert_eq!((opened.binding, opened.credential.as_slice()), (binding(), &b"sk-secret"[..]));
+
+        // Another node's identity, another key, any altered byte: no open.
+        assert_eq!(key.open("spiffe://iop.local/node/mac-2", &sealed).err(), Some(LeaseCryptoError::Open));
+        assert_eq!(LeaseKey::generate().open(NODE, &sealed).err(), Some(LeaseCryptoError::Open));
+        for field in 0..3 {
+            let mut altered = sealed.clone();
+            let bytes = match field {
+                0 => &mut altered.binding,
+                1 => &mut altered.encapped_key,
+                _ => &mut altered.ciphertext,
+            };
+            bytes[0] ^= 1;
+            assert!(key.open(NODE, &altered).is_err(), "field {field}");
+        }
+    }
+
+    #[test]
+    fn a_bad_public_key_cannot_be_sealed_to() {
+        assert_eq!(seal(&[1, 2, 3], NODE, &binding(), b"x").err(), Some(LeaseCryptoError::InvalidPublicKey));
+    }
+}
