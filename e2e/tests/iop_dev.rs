@@ -67,6 +67,17 @@ async fn iop_dev_streams_an_answer_and_stops_cleanly() {
 /// package is installed; CI installs the SDKs and sets IOP_REQUIRE_SDK=1 so a
 /// missing SDK fails instead of skipping.
 async fn run_sdk_script(package: &str, script: &str, base_suffix: &str) {
+    if !sdk_installed(package) {
+        return;
+    }
+    let (_dev, base) = start_dev().await;
+    let base = format!("{}{base_suffix}", base.trim_end_matches("/v1"));
+    run_script(script, &[&base, "mock"]).await;
+}
+
+/// Whether python3 can import `package`; skipping is allowed only without
+/// IOP_REQUIRE_SDK.
+fn sdk_installed(package: &str) -> bool {
     let has_sdk = std::process::Command::new("python3")
         .args(["-c", &format!("import {package}")])
         .status()
@@ -74,12 +85,13 @@ async fn run_sdk_script(package: &str, script: &str, base_suffix: &str) {
     if !has_sdk {
         assert!(std::env::var_os("IOP_REQUIRE_SDK").is_none(), "IOP_REQUIRE_SDK is set but `import {package}` fails");
         eprintln!("skipping: python3 `{package}` package not installed (pip install {package})");
-        return;
     }
-    let (_dev, base) = start_dev().await;
-    let base = format!("{}{base_suffix}", base.trim_end_matches("/v1"));
+    has_sdk
+}
+
+async fn run_script(script: &str, args: &[&str]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk").join(script);
-    let output = tokio::process::Command::new("python3").arg(script).arg(&base).arg("mock").output().await.unwrap();
+    let output = tokio::process::Command::new("python3").arg(script).args(args).output().await.unwrap();
     assert!(
         output.status.success(),
         "sdk script failed:\n{}\n{}",
@@ -101,4 +113,20 @@ async fn official_openai_python_sdk_responses() {
 #[tokio::test]
 async fn official_anthropic_python_sdk_messages() {
     run_sdk_script("anthropic", "anthropic_messages.py", "").await;
+}
+
+/// Both SDKs against `iop-dev --keys-file`: their own key headers work, and
+/// IOP's 401/403 become their typed errors.
+#[tokio::test]
+async fn official_sdks_send_keys_and_type_401_and_403() {
+    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    // SHA-256 of `k-dev`; the principal may use `mock` only.
+    let hash = "3cf1c335da535bb3932af07cc27ab534d423d5b8bed857e0458e4e476b85a542";
+    std::fs::write(&keys, format!("principals: [ {{ name: dev, key_sha256: {hash}, models: [mock] }} ]\n")).unwrap();
+    let (_dev, base) = start_dev_with(&["--keys-file", keys.to_str().unwrap()]).await;
+    run_script("auth.py", &[base.trim_end_matches("/v1"), "k-dev", "mock", "other"]).await;
 }
