@@ -164,3 +164,33 @@ async fn a_disabled_profile_fails_closed_at_the_edge() {
     assert_eq!(keyed_requests(&stack, &url).await, 0);
     assert_eq!(stack.metric("iop_edge_credential_lease_refusals_total{reason=\"disabled\"}").await, 1.0);
 }
+
+/// A Kubernetes rollout may update the config before the Secret with the
+/// credential file it names: the Edge keeps its config and applies the new
+/// one as soon as the file appears, without another change to the config.
+#[tokio::test]
+async fn a_config_naming_a_credential_file_not_there_yet_is_applied_once_it_appears() {
+    let (stack, _mock, _url) = keyed_stack(Vec::new()).await;
+    let late = stack.dir.path().join("late.key");
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
+    config.credentials.push(iop_proto::config::CredentialProfile {
+        profile: "late".into(),
+        file: late.clone(),
+        revision: 1,
+        disabled: false,
+    });
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    wait_until("the rejected reload", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["last_error"].is_string()
+    })
+    .await;
+    let error = stack.get_json("/admin/v1/config").await["config"]["last_error"].as_str().unwrap().to_string();
+    assert!(error.contains("credentials[1].file"), "{error}");
+    std::fs::write(&late, "sk-late").unwrap();
+    wait_until("the reload once the file exists", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"] == 2
+    })
+    .await;
+    assert_eq!(stack.metric("iop_edge_config_reloads_total{result=\"rejected\"}").await, 1.0, "counted once");
+}

@@ -102,6 +102,10 @@ fn fingerprint(path: &std::path::Path, config: &EdgeConfig) -> Option<Vec<u8>> {
 
 pub async fn watch(state: Arc<EdgeState>, policy: Arc<AcceptPolicy>, path: PathBuf, interval: Duration) {
     let mut last = fingerprint(&path, &state.config.current());
+    // A rejected config is tried again every interval: a file it names may
+    // appear later (the kubelet updates each mounted Secret on its own
+    // schedule). Only a new reason is logged and counted.
+    let mut rejected: Option<String> = None;
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -119,16 +123,21 @@ pub async fn watch(state: Arc<EdgeState>, policy: Arc<AcceptPolicy>, path: PathB
             state.config.reject(format!("cannot read config file {}", path.display()));
             continue;
         };
-        if !forced && last.as_deref() == Some(content.as_slice()) {
+        if !forced && rejected.is_none() && last.as_deref() == Some(content.as_slice()) {
             continue;
         }
         last = Some(content);
         match load(&path) {
-            Ok(loaded) => apply(&state, &policy, loaded),
+            Ok(loaded) => {
+                rejected = None;
+                apply(&state, &policy, loaded);
+            }
+            Err(error) if rejected.as_ref() == Some(&error) => {}
             Err(error) => {
                 tracing::warn!(%error, "config reload rejected; keeping the previous config");
-                state.config.reject(error);
+                state.config.reject(error.clone());
                 state.metrics.config_reloads.get_or_create(&RecoveryLabels { result: "rejected" }).inc();
+                rejected = Some(error);
             }
         }
     }

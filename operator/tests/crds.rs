@@ -275,7 +275,13 @@ fn settings() -> Settings {
 #[test]
 fn examples_render_a_valid_edge_config() {
     let t = typed(&examples());
-    let snapshot = Snapshot { namespace: "iop".into(), providers: t.providers, nodes: t.nodes, templates: t.templates };
+    let snapshot = Snapshot {
+        namespace: "iop".into(),
+        providers: t.providers,
+        nodes: t.nodes,
+        templates: t.templates,
+        ..Default::default()
+    };
     let prepared = reconcile::build(&snapshot, &settings(), Timestamp::from_second(1_793_534_400).unwrap()).unwrap();
     assert!(prepared.excluded.is_empty(), "{:?}", prepared.excluded);
     let all_conditions = prepared

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use iop_proto::config::{ConfigError, EdgeConfig, Limits};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 pub use super::conditions::WORKSPACES_READY;
 use super::conditions::{self, READY, Status};
 use super::validate::{self, ACCEPTED, Invalid, Reason};
-use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot};
+use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot, credentials};
 use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
 
 /// Everything the apply stage writes for one namespace. Fields are public so
@@ -30,6 +30,8 @@ pub struct Prepared {
     pub providers: Vec<StatusUpdate<ProviderStatus>>,
     pub nodes: Vec<StatusUpdate<NodeCatalogStatus>>,
     pub templates: Vec<StatusUpdate<WorkspaceTemplateStatus>>,
+    /// `iop-edge-credentials`: the managed credentials' values and revisions.
+    pub credentials: Secret,
     /// Objects left out of the config, and why (for events and logs).
     pub excluded: Vec<Excluded>,
 }
@@ -136,8 +138,21 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
 
     let mut providers = Vec::new();
     let mut queue = None::<(usize, u64)>;
+    let mut credential_values = BTreeMap::new();
     for p in sorted(&snapshot.providers) {
-        let verdict = validate::provider(p, &node_ready, settings);
+        let verdict = validate::provider(p, &node_ready, settings).and_then(|entry| {
+            let Some(reference) = &p.spec.credential_secret_ref else { return Ok(entry) };
+            let value = credentials::value(&snapshot.secrets, reference).ok_or_else(|| Invalid {
+                reason: Reason::CredentialSecretMissing,
+                message: format!(
+                    "spec.credentialSecretRef: Secret `{}` has no non-empty key `{}`; the provider is kept out \
+                     instead of running without its key",
+                    reference.name, reference.key
+                ),
+            })?;
+            credential_values.insert(entry.id.clone(), value.to_vec());
+            Ok(entry)
+        });
         match &verdict {
             Ok(entry) => {
                 config.providers.push(entry.clone());
@@ -169,10 +184,13 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     if let Some((depth, timeout)) = queue {
         config.limits = Limits { queue_depth: depth, queue_timeout_ms: timeout, ..settings.limits.clone() };
     }
+    let revisions = credentials::revisions(snapshot.edge_credentials.as_ref(), &credential_values);
+    config.credentials = credentials::profiles(&revisions);
     config.validate().map_err(BuildError::Config)?;
 
     let config_map = config_map(snapshot, &config);
-    Ok(Prepared { config, config_map, providers, nodes, templates, excluded })
+    let credentials = credentials::secret(&snapshot.namespace, credential_values, &revisions);
+    Ok(Prepared { config, config_map, providers, nodes, templates, credentials, excluded })
 }
 
 fn sorted<K: Resource>(objects: &[K]) -> Vec<&K> {

@@ -85,5 +85,5 @@ pub fn template(name: &str) -> WorkspaceTemplate {
 }
 
 pub fn snapshot(providers: Vec<Provider>, nodes: Vec<NodeCatalog>, templates: Vec<WorkspaceTemplate>) -> Snapshot {
-    Snapshot { namespace: NS.to_string(), providers, nodes, templates }
+    Snapshot { namespace: NS.to_string(), providers, nodes, templates, ..Default::default() }
 }

@@ -4,6 +4,7 @@
 //! are tested without an API server.
 
 pub mod conditions;
+pub mod credentials;
 pub mod desired;
 pub mod validate;
 
@@ -74,6 +75,12 @@ pub struct Snapshot {
     pub providers: Vec<Provider>,
     pub nodes: Vec<NodeCatalog>,
     pub templates: Vec<WorkspaceTemplate>,
+    /// The Secrets Providers' `credentialSecretRef`s name, by name (those
+    /// that exist).
+    pub secrets: std::collections::BTreeMap<String, k8s_openapi::api::core::v1::Secret>,
+    /// The operator's own `iop-edge-credentials` as last written (for the
+    /// revisions it carries).
+    pub edge_credentials: Option<k8s_openapi::api::core::v1::Secret>,
 }
 
 #[cfg(test)]

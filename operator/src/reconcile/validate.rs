@@ -9,11 +9,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use iop_proto::config::{ConfigError, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, Target};
+use iop_proto::config::{ConfigError, CredentialRef, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, Target};
 use iop_proto::identity;
 use kube::ResourceExt;
 
 use super::Settings;
+use crate::crd::provider::Adapter;
 use crate::crd::workspace_template::Operation;
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
@@ -34,9 +35,9 @@ pub enum Reason {
     TemplateNotFound,
     /// A workspace's WorkspaceTemplate exists but is not ready.
     TemplateNotReady,
-    /// `credentialSecretRef` is set, but managed credential leases are not
-    /// implemented yet; the provider is kept out rather than run without them.
-    CredentialsUnsupported,
+    /// `credentialSecretRef` names a Secret or key that does not exist (or
+    /// is blank); the provider is kept out rather than run without its key.
+    CredentialSecretMissing,
 }
 
 impl Reason {
@@ -49,7 +50,7 @@ impl Reason {
             Self::NodeNotReady => "NodeNotReady",
             Self::TemplateNotFound => "TemplateNotFound",
             Self::TemplateNotReady => "TemplateNotReady",
-            Self::CredentialsUnsupported => "CredentialsUnsupported",
+            Self::CredentialSecretMissing => "CredentialSecretMissing",
         }
     }
 }
@@ -182,12 +183,9 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         return Err(invalid(Reason::Deleting, "being deleted; it is removed from the Edge config"));
     }
     let spec = &p.spec;
-    if spec.credential_secret_ref.is_some() {
-        return Err(invalid(
-            Reason::CredentialsUnsupported,
-            "spec.credentialSecretRef: managed credentials are not supported by this Edge yet; \
-             the provider is kept out instead of running without its key",
-        ));
+    // The CRD's CEL rule, restated: an Ollama server takes no API key.
+    if spec.credential_secret_ref.is_some() && spec.adapter == Adapter::Ollama {
+        return Err(spec_error("credentialSecretRef", "applies only to the openai adapter (ollama takes no API key)"));
     }
     let entry = ProviderEntry {
         id: p.name_any(),
@@ -198,7 +196,9 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         response_stall_timeout_ms: spec.response_stall_timeout_ms,
         capacity: spec.capacity,
         mode: spec.mode.into(),
-        credential: None,
+        // The profile is the Provider's own: its secret is checked and copied
+        // by the build stage (`super::credentials`).
+        credential: spec.credential_secret_ref.as_ref().map(|_| CredentialRef { profile: p.name_any() }),
     };
     // The Edge's own rules, on a config holding just this provider and its node.
     let alone = EdgeConfig {
@@ -209,7 +209,12 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         providers: vec![entry.clone()],
         limits: settings.limits.clone(),
         auth: settings.auth.clone(),
-        credentials: Vec::new(),
+        // Its profile as the build stage renders it (revision and file aside).
+        credentials: entry
+            .credential
+            .iter()
+            .map(|c| super::credentials::profiles(&[(c.profile.clone(), 1)].into()).remove(0))
+            .collect(),
     };
     // Target model and base URL included: `iop_proto::config::check_base_url`
     // and `check_target_model`, the rules the CRD schema's patterns restate.

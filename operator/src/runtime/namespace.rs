@@ -2,9 +2,11 @@
 //!
 //! 1. finalizers: every live NodeCatalog gets [`NODE_FINALIZER`], so its
 //!    deletion waits until its identity has left the Edge config;
-//! 2. build (pure, [`crate::reconcile::build`]) -> [`Prepared`];
-//! 3. apply the ConfigMap (server-side apply, `iop-operator/config`, force)
-//!    -> [`Applied`];
+//! 2. read the Secrets Providers' `credentialSecretRef`s name and the
+//!    operator's `iop-edge-credentials`, then build (pure,
+//!    [`crate::reconcile::build`]) -> [`Prepared`];
+//! 3. apply `iop-edge-credentials`, then the ConfigMap that names its files
+//!    (server-side apply, `iop-operator/config`, force) -> [`Applied`];
 //! 4. status from what was applied: conditions and `observedGeneration`
 //!    (`iop-operator/config`), only for objects where they changed;
 //! 5. deleted NodeCatalogs: the config just applied no longer has them, so
@@ -18,7 +20,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use iop_proto::config::EdgeConfig;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
@@ -34,7 +36,7 @@ use crate::crd::{
     NodeCatalog, NodeCatalogStatus, Provider, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus,
 };
 use crate::reconcile::conditions::same_reconcile_conditions;
-use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate};
+use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate, credentials};
 
 /// Held by every live NodeCatalog; removed once its identity is out of the
 /// Edge config.
@@ -68,7 +70,7 @@ pub async fn reconcile_with_timeout(ctx: &Context, read: Read) -> Result<(), Err
 }
 
 pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result<(), Error> {
-    let Read { snapshot, undecodable } = read;
+    let Read { mut snapshot, undecodable } = read;
     let nodes: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
 
     for n in snapshot.nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
@@ -79,6 +81,7 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
         }
     }
 
+    read_credential_secrets(ctx, &mut snapshot).await?;
     let prepared = reconcile::build(&snapshot, &ctx.settings, timestamp(now))?;
     let applied = apply(ctx, prepared).await?;
 
@@ -90,12 +93,40 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
     status.and(certs)
 }
 
-/// Stage 3: writes the ConfigMap.
+/// Reads what the build stage needs besides the IOP objects: each Secret a
+/// Provider's `credentialSecretRef` names (a missing one is left out: the
+/// build reports it on the Provider) and the operator's own credentials
+/// Secret. Rotating a referenced Secret is picked up at the next reconcile
+/// (any change to an IOP object, or the periodic resync).
+async fn read_credential_secrets(ctx: &Context, snapshot: &mut reconcile::Snapshot) -> Result<(), Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let names: std::collections::BTreeSet<&str> = snapshot
+        .providers
+        .iter()
+        .filter_map(|p| p.spec.credential_secret_ref.as_ref())
+        .map(|r| r.name.as_str())
+        .collect();
+    let mut secrets = std::collections::BTreeMap::new();
+    for name in names {
+        if let Some(secret) = api.get_opt(name).await? {
+            secrets.insert(name.to_string(), secret);
+        }
+    }
+    snapshot.secrets = secrets;
+    snapshot.edge_credentials = api.get_opt(credentials::EDGE_CREDENTIALS_SECRET).await?;
+    Ok(())
+}
+
+/// Stage 3: writes the credentials Secret, then the ConfigMap.
 pub async fn apply(ctx: &Context, prepared: Prepared) -> Result<Applied, Error> {
-    let Prepared { config, config_map, providers, nodes, templates, excluded } = prepared;
+    let Prepared { config, config_map, providers, nodes, templates, credentials, excluded } = prepared;
     for e in &excluded {
         tracing::debug!(kind = e.kind, name = %e.name, reason = e.reason.as_str(), message = %e.message, "left out of the Edge config");
     }
+    // First: the config about to be applied names its files.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let params = PatchParams::apply(FIELD_MANAGER_CONFIG).force();
+    secrets.patch(credentials::EDGE_CREDENTIALS_SECRET, &params, &Patch::Apply(&credentials)).await?;
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     api.patch(CONFIG_MAP_NAME, &PatchParams::apply(FIELD_MANAGER_CONFIG).force(), &Patch::Apply(&config_map)).await?;
     tracing::debug!(nodes = config.nodes.len(), providers = config.providers.len(), "applied the Edge config");

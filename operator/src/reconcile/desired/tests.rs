@@ -66,6 +66,40 @@ fn renders_one_valid_config_map_from_the_namespace() {
 }
 
 #[test]
+fn managed_credentials_go_to_their_own_secret_never_to_the_config_map() {
+    use crate::crd::provider::{Adapter, SecretKeyRef};
+    use k8s_openapi::ByteString;
+    let keyed = |name: &str, secret: &str| {
+        let mut p = provider(name, "mac-1");
+        p.spec.adapter = Adapter::Openai;
+        p.spec.credential_secret_ref = Some(SecretKeyRef { name: secret.into(), key: "api-key".into() });
+        p
+    };
+    let mut s = snapshot(vec![keyed("keyed", "lmstudio"), keyed("orphan", "nope")], vec![node("mac-1")], vec![]);
+    let data = [("api-key".to_string(), ByteString(b"sk-secret-1".to_vec()))].into();
+    s.secrets.insert("lmstudio".into(), k8s_openapi::api::core::v1::Secret { data: Some(data), ..Default::default() });
+    let prepared = build(&s, &settings(), at(1000)).unwrap();
+
+    assert_eq!(prepared.config.providers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["keyed"]);
+    assert_eq!(prepared.config.providers[0].credential.as_ref().unwrap().profile, "keyed");
+    let profile = &prepared.config.credentials[0];
+    assert_eq!((profile.profile.as_str(), profile.revision), ("keyed", 1));
+    assert_eq!(profile.file, std::path::Path::new("/etc/iop/credentials/keyed"));
+    assert_eq!(provider_ready(&prepared, "orphan"), ("False", "CredentialSecretMissing"));
+    let yaml = &prepared.config_map.data.as_ref().unwrap()[CONFIG_KEY];
+    assert!(!yaml.contains("sk-secret-1"), "the key never reaches the ConfigMap");
+    let stored = prepared.credentials.data.as_ref().unwrap();
+    assert_eq!(stored["keyed"].0, b"sk-secret-1");
+    assert_eq!(prepared.credentials.metadata.name.as_deref(), Some("iop-edge-credentials"));
+
+    // Rotated in the referenced Secret: the same profile, the next revision.
+    s.edge_credentials = Some(prepared.credentials.clone());
+    let data = [("api-key".to_string(), ByteString(b"sk-secret-2".to_vec()))].into();
+    s.secrets.insert("lmstudio".into(), k8s_openapi::api::core::v1::Secret { data: Some(data), ..Default::default() });
+    assert_eq!(build(&s, &settings(), at(1001)).unwrap().config.credentials[0].revision, 2);
+}
+
+#[test]
 fn one_bad_object_never_breaks_the_others() {
     let mut bad_capacity = provider("bad-capacity", "mac-1");
     bad_capacity.spec.capacity = 0;

@@ -107,12 +107,13 @@ fn provider_spec_errors_name_the_crd_field() {
 }
 
 #[test]
-fn credentials_fail_closed_until_the_edge_supports_them() {
+fn a_credential_secret_ref_becomes_the_providers_own_profile() {
     let mut p = provider("p", "studio-mac");
     p.spec.adapter = Adapter::Openai;
     p.spec.credential_secret_ref = Some(SecretKeyRef { name: "openai".into(), key: "api-key".into() });
     let nodes = ready_nodes(&[("studio-mac", true)]);
-    assert_eq!(reason_of(validate::provider(&p, &nodes, &settings())), Reason::CredentialsUnsupported);
+    let entry = validate::provider(&p, &nodes, &settings()).unwrap();
+    assert_eq!(entry.credential.unwrap().profile, "p");
 }
 
 #[test]
@@ -202,7 +203,7 @@ fn reasons_are_valid_condition_reasons() {
         Reason::NodeNotReady,
         Reason::TemplateNotFound,
         Reason::TemplateNotReady,
-        Reason::CredentialsUnsupported,
+        Reason::CredentialSecretMissing,
     ];
     for r in all.iter().map(|r| r.as_str()).chain([ACCEPTED]) {
         assert!(r.bytes().next().unwrap().is_ascii_alphabetic() && r.bytes().all(|b| b.is_ascii_alphanumeric()), "{r}");

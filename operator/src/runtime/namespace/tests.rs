@@ -18,12 +18,22 @@ use crate::crd::node_catalog::CertificateStatus;
 use crate::reconcile::fixtures::{node, provider, settings, snapshot};
 use crate::reconcile::{CONFIG_KEY, Snapshot};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::tests::{ApiServer, EDGE_NAMES, NOW, context, mock, samples, status_writes, value};
+use crate::runtime::tests::{ApiServer, Call, EDGE_NAMES, NOW, context, mock, samples, status_writes, value};
 
 const DAY: Duration = Duration::from_secs(86_400);
 const CRD_PATH: &str = "/apis/iop.dev/v1alpha1/namespaces/iop";
 const CORE_PATH: &str = "/api/v1/namespaces/iop";
 const CONFIG: &str = "iop-operator/config";
+
+/// The reconcile's config writes: it reads its credentials Secret (absent
+/// here), applies it, then applies the ConfigMap (returned, unanswered).
+async fn expect_config_apply(server: &mut ApiServer) -> Call {
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-credentials"), &[]).await.not_found();
+    let secret = server.expect_apply(&format!("{CORE_PATH}/secrets/iop-edge-credentials"), CONFIG).await;
+    assert_eq!(secret.body["data"], serde_json::json!({}), "no managed credentials in these tests");
+    secret.echo();
+    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await
+}
 const CERTS: &str = "iop-operator/certs";
 
 fn with_rv<K: kube::Resource>(mut object: K, rv: &str) -> K {
@@ -128,7 +138,7 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     call.ok(&mac);
 
     // 2. The ConfigMap: server-side apply, forced, by iop-operator/config.
-    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    let call = expect_config_apply(&mut server).await;
     assert_eq!(call.body["data"][CONFIG_KEY], expected.config_map.data.as_ref().unwrap()[CONFIG_KEY]);
     assert_eq!(names(&edge_yaml(&call.body)), (vec!["mac-1"], vec!["llama"]));
     call.echo();
@@ -233,7 +243,7 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     let ctx = context(client, later);
     let metrics = ctx.metrics.clone();
     let task = spawn(ctx, s.clone(), later);
-    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    expect_config_apply(&mut server).await.echo();
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.respond(200, ca_body.clone());
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.respond(200, edge_body.clone());
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.respond(200, node_body.clone());
@@ -250,7 +260,7 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
     let at_window = NOW + 20 * DAY;
     let (client, mut server) = mock();
     let task = spawn(context(client, at_window), s, at_window);
-    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    expect_config_apply(&mut server).await.echo();
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.respond(200, ca_body);
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.respond(200, edge_body);
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.respond(200, node_body);
@@ -286,7 +296,7 @@ async fn a_deleted_node_leaves_the_config_before_its_finalizer_is_removed() {
     let task = spawn(context(client, NOW), s.clone(), NOW);
 
     // The config no longer lists mac-1 (nor its provider)...
-    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    let call = expect_config_apply(&mut server).await;
     assert_eq!(names(&edge_yaml(&call.body)), (vec!["mac-2"], vec!["qwen"]));
     call.echo();
     // ...its provider says why (qwen and mac-2 are unchanged: no writes)...
@@ -325,7 +335,7 @@ async fn an_undecodable_node_being_deleted_is_released_and_the_rest_reconciles()
     let (client, mut server) = mock();
     let ctx = context(client, NOW);
     let task = tokio::spawn(async move { reconcile(&ctx, Read { snapshot: s, undecodable: vec![broken] }, NOW).await });
-    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    let call = expect_config_apply(&mut server).await;
     assert_eq!(names(&edge_yaml(&call.body)).0, ["mac-2"]);
     call.echo();
     let call = server.expect_merge(&format!("{CRD_PATH}/nodecatalogs/broken"), CONFIG).await;
@@ -361,7 +371,7 @@ async fn a_ca_ending_inside_the_renewal_window_issues_nothing_and_says_so_once()
     let ctx = context(client, later);
     let metrics = ctx.metrics.clone();
     let task = spawn(ctx, s.clone(), later);
-    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    expect_config_apply(&mut server).await.echo();
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, &ca));
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&edge_secret);
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&node_secret);
@@ -391,7 +401,7 @@ async fn a_ca_ending_inside_the_renewal_window_issues_nothing_and_says_so_once()
     let even_later = NOW + 2 * DAY;
     let (client, mut server) = mock();
     let task = spawn(context(client, even_later), s, even_later);
-    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    expect_config_apply(&mut server).await.echo();
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, &ca));
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&edge_secret);
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&node_secret);
@@ -442,7 +452,7 @@ async fn a_failed_status_write_does_not_stop_the_rest_and_fails_the_reconcile() 
         let read = Read { snapshot: settled.clone(), undecodable: Vec::new() };
         async move { reconcile_with_timeout(&ctx, read).await }
     });
-    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    expect_config_apply(&mut server).await.echo();
     server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await.fail(500, "InternalError");
     server.expect_apply(&format!("{CRD_PATH}/providers/b/status"), CONFIG).await.ok(&settled.providers[1]);
     serve_current_certs(&mut server, &pki, &["mac-1"]).await;
@@ -473,7 +483,7 @@ async fn a_status_write_without_an_answer_times_out_is_counted_and_the_rest_goes
         let read = Read { snapshot: settled.clone(), undecodable: Vec::new() };
         async move { reconcile_with_timeout(&ctx, read).await }
     });
-    server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await.echo();
+    expect_config_apply(&mut server).await.echo();
     // The API server takes the write and never answers.
     let unanswered = server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await;
     tokio::time::sleep(STATUS_WRITE_TIMEOUT).await;
@@ -509,7 +519,7 @@ async fn a_reconcile_over_its_bound_is_counted_as_a_timeout_with_its_abandoned_w
     });
     // The ConfigMap apply takes 55 s; the status write is cut off by the
     // reconcile's own bound (60 s) before its 10 s are up.
-    let apply = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    let apply = expect_config_apply(&mut server).await;
     tokio::time::sleep(Duration::from_secs(55)).await;
     apply.echo();
     let unanswered = server.expect_apply(&format!("{CRD_PATH}/providers/a/status"), CONFIG).await;

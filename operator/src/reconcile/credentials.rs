@@ -1,0 +1,131 @@
+//! Managed provider credentials (pure): a Provider's `credentialSecretRef`
+//! becomes a profile of the Edge config, named after the Provider, whose
+//! secret the operator copies into the Secret [`EDGE_CREDENTIALS_SECRET`]
+//! that the Edge mounts at [`EDGE_CREDENTIALS_DIR`]. The credential is never
+//! written into the ConfigMap.
+//!
+//! Revisions: each profile's revision is kept in the annotation
+//! [`REVISIONS_ANNOTATION`] of that Secret and raised whenever its value
+//! changes, so a node refuses leases of an older value after a rotation.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use iop_proto::config::CredentialProfile;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::crd::provider::SecretKeyRef;
+
+/// Written by the operator, mounted by the Edge.
+pub const EDGE_CREDENTIALS_SECRET: &str = "iop-edge-credentials";
+/// Where the Edge pod mounts [`EDGE_CREDENTIALS_SECRET`] (one file per profile).
+pub const EDGE_CREDENTIALS_DIR: &str = "/etc/iop/credentials";
+/// JSON object profile -> revision on [`EDGE_CREDENTIALS_SECRET`].
+pub const REVISIONS_ANNOTATION: &str = "iop.dev/credential-revisions";
+
+/// The value `reference` points at among the Secrets read, if any.
+pub fn value<'a>(secrets: &'a BTreeMap<String, Secret>, reference: &SecretKeyRef) -> Option<&'a [u8]> {
+    let data = secrets.get(&reference.name)?.data.as_ref()?;
+    let value = &data.get(&reference.key)?.0;
+    (!value.trim_ascii().is_empty()).then_some(value.as_slice())
+}
+
+/// Each profile's revision: the previous one while its value is unchanged,
+/// one more when it changed, 1 for a new profile.
+pub fn revisions(previous: Option<&Secret>, values: &BTreeMap<String, Vec<u8>>) -> BTreeMap<String, u64> {
+    let old_revisions: BTreeMap<String, u64> = previous
+        .and_then(|s| s.metadata.annotations.as_ref()?.get(REVISIONS_ANNOTATION))
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    let old_value = |profile: &str| previous.and_then(|s| s.data.as_ref()?.get(profile)).map(|v| v.0.as_slice());
+    values
+        .iter()
+        .map(|(profile, value)| {
+            let revision = match (old_revisions.get(profile), old_value(profile)) {
+                (Some(&revision), Some(old)) if old == value.as_slice() => revision,
+                (Some(&revision), _) => revision + 1,
+                (None, _) => 1,
+            };
+            (profile.clone(), revision)
+        })
+        .collect()
+}
+
+/// The Edge config's `credentials` for `revisions`.
+pub fn profiles(revisions: &BTreeMap<String, u64>) -> Vec<CredentialProfile> {
+    revisions
+        .iter()
+        .map(|(profile, &revision)| CredentialProfile {
+            profile: profile.clone(),
+            file: PathBuf::from(EDGE_CREDENTIALS_DIR).join(profile),
+            revision,
+            disabled: false,
+        })
+        .collect()
+}
+
+/// The desired [`EDGE_CREDENTIALS_SECRET`].
+pub fn secret(namespace: &str, values: BTreeMap<String, Vec<u8>>, revisions: &BTreeMap<String, u64>) -> Secret {
+    let labels = [
+        ("app.kubernetes.io/name", "iop"),
+        ("app.kubernetes.io/component", "edge-credentials"),
+        ("app.kubernetes.io/managed-by", "iop-operator"),
+    ];
+    let revisions = serde_json::to_string(revisions).expect("a map of numbers serializes");
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(EDGE_CREDENTIALS_SECRET.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            annotations: Some([(REVISIONS_ANNOTATION.to_string(), revisions)].into()),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(values.into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, Vec<u8>> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())).collect()
+    }
+
+    #[test]
+    fn revisions_start_at_one_and_rise_only_when_the_value_changes() {
+        let first = values(&[("a", "k1"), ("b", "k2")]);
+        let r1 = revisions(None, &first);
+        assert_eq!(r1, [("a".to_string(), 1), ("b".to_string(), 1)].into());
+        let written = secret("iop", first.clone(), &r1);
+        assert_eq!(revisions(Some(&written), &first), r1, "unchanged values keep their revision");
+
+        let second = values(&[("a", "k1-rotated"), ("b", "k2"), ("c", "k3")]);
+        let r2 = revisions(Some(&written), &second);
+        assert_eq!(r2, [("a".to_string(), 2), ("b".to_string(), 1), ("c".to_string(), 1)].into());
+        let written = secret("iop", second, &r2);
+        let profiles = profiles(&r2);
+        assert_eq!(profiles[0].file, PathBuf::from("/etc/iop/credentials/a"));
+        assert_eq!((profiles[0].revision, profiles[1].revision), (2, 1));
+        // Other profiles leaving does not move a profile's revision.
+        assert_eq!(revisions(Some(&written), &values(&[("a", "k1-rotated")]))["a"], 2);
+    }
+
+    #[test]
+    fn a_missing_or_blank_key_has_no_value() {
+        let mut data = BTreeMap::new();
+        data.insert("api-key".to_string(), ByteString(b"sk-1".to_vec()));
+        data.insert("blank".to_string(), ByteString(b" \n".to_vec()));
+        let secret = Secret { data: Some(data), ..Default::default() };
+        let secrets: BTreeMap<String, Secret> = [("openai".to_string(), secret)].into();
+        let reference = |name: &str, key: &str| SecretKeyRef { name: name.into(), key: key.into() };
+        assert_eq!(value(&secrets, &reference("openai", "api-key")), Some(&b"sk-1"[..]));
+        assert_eq!(value(&secrets, &reference("openai", "other")), None);
+        assert_eq!(value(&secrets, &reference("openai", "blank")), None);
+        assert_eq!(value(&secrets, &reference("nope", "api-key")), None);
+    }
+}
