@@ -4,9 +4,8 @@
 //! the key its node generated for the current connection
 //! (`iop_proto::lease`); the node opens it right before the provider call.
 //!
-//! Failing closed: a disabled profile, a node that sent no lease key, or a
-//! connection that is no longer current ends the attempt with
-//! `credential_rejected`, which is never retried elsewhere
+//! Failing closed: a disabled profile or a node that sent no lease key ends
+//! the attempt with `credential_rejected`, which is never retried elsewhere
 //! (`gate::retryable`). A credential never appears in logs, metrics, admin
 //! output or error messages: errors name the profile or the file only.
 
@@ -108,8 +107,9 @@ pub fn lease_for(
     provider: Option<&ProviderEntry>,
     lease: &Lease,
 ) -> Result<Option<pb::SealedLease>, pb::ExecutionFailure> {
-    let Some(credential) = provider.and_then(|p| p.credential.as_ref()) else { return Ok(None) };
-    let provider = provider.expect("a credential belongs to a provider");
+    let Some((provider, credential)) = provider.and_then(|p| p.credential.as_ref().map(|c| (p, c))) else {
+        return Ok(None);
+    };
     let rejected = |reason: &'static str| {
         state.metrics.reason(&state.metrics.lease_refusals, reason);
         pb::ExecutionFailure::new(
@@ -121,6 +121,11 @@ pub fn lease_for(
     let profile = secrets.credentials.profiles.get(&credential.profile).ok_or_else(|| rejected("unknown_profile"))?;
     if profile.disabled {
         return Err(rejected("disabled"));
+    }
+    if !state.registry.is_current(lease.node(), lease.generation()) {
+        // The connection ended since admission: the same (retryable) failure
+        // dispatching on it would have given.
+        return Err(pb::ExecutionFailure::new(FailureKind::TransportLost, "node connection closed before dispatch"));
     }
     let key =
         state.registry.lease_key_if_current(lease.node(), lease.generation()).ok_or_else(|| rejected("no_node_key"))?;

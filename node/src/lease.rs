@@ -9,8 +9,10 @@
 //! (remembered until they expire) and the newest credential revision seen per
 //! profile (a lease with an older one is revoked). Any failure is a typed
 //! `credential_rejected` terminal: no provider call, no other credential.
-//! The credential is injected as `Authorization: Bearer` and wiped after the
-//! request is built; it is never stored, logged or counted.
+//! The credential is injected as `Authorization: Bearer` (a sensitive
+//! header value); the opened plaintext and the bytes built from it are
+//! zeroized when dropped. The header value itself lives until the HTTP
+//! client has written the request. It is never stored, logged or counted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
