@@ -98,6 +98,7 @@ pub fn edge_config(
         // Local stacks serve without keys unless a test sets them up.
         auth: AuthConfig { mode: AuthMode::Disabled, keys_file: None },
         credentials: Vec::new(),
+        workspaces: Vec::new(),
     }
 }
 
@@ -117,6 +118,7 @@ pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_m
         metrics: None,
         // Fast re-probing, so a provider's return is seen within a test.
         health: iop_node::config::HealthConfig { idle_interval_ms: 1_000, retry_initial_ms: 50, retry_max_ms: 500 },
+        workspaces: Default::default(),
     }
 }
 

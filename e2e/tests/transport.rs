@@ -109,7 +109,11 @@ impl FakeNode {
             })
             .to_vec();
         self.out
-            .send(msg(node_to_edge::Msg::Ready(pb::NodeReady { generation: self.generation, providers })))
+            .send(msg(node_to_edge::Msg::Ready(pb::NodeReady {
+                generation: self.generation,
+                providers,
+                ..Default::default()
+            })))
             .await
             .unwrap();
         let mut seen = Vec::new();

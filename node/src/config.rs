@@ -20,6 +20,18 @@ pub struct NodeConfig {
     /// How often providers are probed again (see `crate::health`).
     #[serde(default)]
     pub health: HealthConfig,
+    /// The Mac owner's consent for workspaces (see `crate::workspace`).
+    #[serde(default)]
+    pub workspaces: WorkspacesConfig,
+}
+
+/// Directories under which the Edge may declare workspaces on this node.
+/// Empty (the default): no workspace is accepted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspacesConfig {
+    #[serde(default)]
+    pub allowed_roots: Vec<std::path::PathBuf>,
 }
 
 /// The provider health monitor's timing (see `crate::health`).

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod run;
 pub mod transport;
 pub mod tunnel;
+pub mod workspace;
 
 use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;

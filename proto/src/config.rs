@@ -32,6 +32,128 @@ pub struct EdgeConfig {
     /// Managed provider credentials (see `ProviderEntry::credential`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialProfile>,
+    /// Directories on nodes where jobs may work, and what they may do there
+    /// (the cluster admin's half of the consent; the Mac owner's is the
+    /// node's `workspaces.allowed_roots`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<WorkspaceEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceEntry {
+    /// Opaque name clients use; never a path. Unique in the config.
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// The node (by name) whose directory it is.
+    pub node: String,
+    /// Absolute directory on the node.
+    pub root: String,
+    pub operations: Vec<WorkspaceOperation>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<WorkspaceCommand>,
+    /// Environment variable names a command keeps; every other is cleared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_allowlist: Vec<String>,
+    #[serde(default)]
+    pub limits: WorkspaceLimits,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceOperation {
+    Read,
+    List,
+    Write,
+    Delete,
+    Command,
+}
+
+/// A command a job may run by id: this exact argv, no arguments added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceCommand {
+    pub id: String,
+    pub argv: Vec<String>,
+    #[serde(default = "WorkspaceCommand::default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+impl WorkspaceCommand {
+    fn default_timeout_ms() -> u64 {
+        600_000
+    }
+}
+
+/// Bounds of one job in a workspace (the same ranges as the
+/// `WorkspaceTemplate` CRD's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceLimits {
+    #[serde(default = "WorkspaceLimits::default_max_file_bytes")]
+    pub max_file_bytes: u64,
+    #[serde(default = "WorkspaceLimits::default_max_list_entries")]
+    pub max_list_entries: u32,
+    #[serde(default = "WorkspaceLimits::default_max_output_bytes")]
+    pub max_output_bytes: u64,
+    #[serde(default = "WorkspaceLimits::default_max_iterations")]
+    pub max_iterations: u32,
+    #[serde(default = "WorkspaceLimits::default_wall_clock_ms")]
+    pub wall_clock_ms: u64,
+}
+
+impl WorkspaceLimits {
+    fn default_max_file_bytes() -> u64 {
+        4 * 1024 * 1024
+    }
+    fn default_max_list_entries() -> u32 {
+        2_000
+    }
+    fn default_max_output_bytes() -> u64 {
+        256 * 1024
+    }
+    fn default_max_iterations() -> u32 {
+        16
+    }
+    fn default_wall_clock_ms() -> u64 {
+        900_000
+    }
+}
+
+impl Default for WorkspaceLimits {
+    fn default() -> Self {
+        Self {
+            max_file_bytes: Self::default_max_file_bytes(),
+            max_list_entries: Self::default_max_list_entries(),
+            max_output_bytes: Self::default_max_output_bytes(),
+            max_iterations: Self::default_max_iterations(),
+            wall_clock_ms: Self::default_wall_clock_ms(),
+        }
+    }
+}
+
+/// The rule for a workspace root: absolute, at most 1024 bytes, no NUL, no
+/// empty, `.` or `..` component. (Whether it exists, is a directory and lies
+/// in an allowed root is the node's to check.)
+pub fn check_workspace_root(root: &str) -> Result<(), &'static str> {
+    if !root.starts_with('/') || root.len() < 2 || root.len() > 1024 {
+        return Err("must be an absolute path of 2-1024 bytes");
+    }
+    if root.contains('\0') {
+        return Err("must not contain NUL");
+    }
+    let trimmed = root.strip_suffix('/').unwrap_or(root);
+    if trimmed[1..].split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return Err("must not contain empty, `.` or `..` components");
+    }
+    Ok(())
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && name.len() <= 128
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -483,6 +605,7 @@ impl EdgeConfig {
                 "required when auth.mode is `required` (the default); set `auth: { mode: disabled }` to serve without keys",
             ));
         }
+        self.validate_workspaces(&nodes)?;
         let l = &self.limits;
         if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
             return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
@@ -507,6 +630,66 @@ impl EdgeConfig {
         }
         if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
             return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));
+        }
+        Ok(())
+    }
+
+    fn validate_workspaces(&self, nodes: &BTreeSet<&str>) -> Result<(), ConfigError> {
+        let mut refs = BTreeSet::new();
+        for (i, w) in self.workspaces.iter().enumerate() {
+            let at = |f: &str| format!("workspaces[{i}].{f}");
+            if !is_profile_name(&w.reference) {
+                return Err(invalid(at("ref"), "must be 1-63 of [A-Za-z0-9-_.]"));
+            }
+            if !refs.insert(w.reference.as_str()) {
+                return Err(invalid(at("ref"), format!("duplicate workspace `{}`", w.reference)));
+            }
+            if !nodes.contains(w.node.as_str()) {
+                return Err(invalid(at("node"), format!("node `{}` is not listed under nodes", w.node)));
+            }
+            check_workspace_root(&w.root).map_err(|reason| invalid(at("root"), reason))?;
+            let operations: BTreeSet<_> = w.operations.iter().collect();
+            if operations.is_empty() || operations.len() != w.operations.len() {
+                return Err(invalid(at("operations"), "must list at least one operation, each once"));
+            }
+            let mut ids = BTreeSet::new();
+            for (j, c) in w.commands.iter().enumerate() {
+                let at = |f: &str| format!("workspaces[{i}].commands[{j}].{f}");
+                if !is_profile_name(&c.id) {
+                    return Err(invalid(at("id"), "must be 1-63 of [A-Za-z0-9-_.]"));
+                }
+                if !ids.insert(c.id.as_str()) {
+                    return Err(invalid(at("id"), format!("duplicate command `{}`", c.id)));
+                }
+                if c.argv.is_empty() || c.argv.len() > 64 || c.argv.iter().any(|a| a.is_empty() || a.contains('\0')) {
+                    return Err(invalid(at("argv"), "must have 1-64 non-empty arguments without NUL"));
+                }
+                if !(1_000..=3_600_000).contains(&c.timeout_ms) {
+                    return Err(invalid(at("timeout_ms"), "must be between 1000 and 3600000"));
+                }
+            }
+            if !w.commands.is_empty() && !operations.contains(&WorkspaceOperation::Command) {
+                return Err(invalid(at("commands"), "commands need the `command` operation"));
+            }
+            if let Some(j) = w.env_allowlist.iter().position(|n| !is_env_name(n)) {
+                return Err(invalid(
+                    format!("workspaces[{i}].env_allowlist[{j}]"),
+                    "must be an environment variable name",
+                ));
+            }
+            let l = &w.limits;
+            let ranges = [
+                ("max_file_bytes", l.max_file_bytes, 1, 1 << 30),
+                ("max_list_entries", u64::from(l.max_list_entries), 1, 100_000),
+                ("max_output_bytes", l.max_output_bytes, 1, 64 << 20),
+                ("max_iterations", u64::from(l.max_iterations), 1, 1_000),
+                ("wall_clock_ms", l.wall_clock_ms, 1_000, 86_400_000),
+            ];
+            for (field, value, min, max) in ranges {
+                if !(min..=max).contains(&value) {
+                    return Err(invalid(at(&format!("limits.{field}")), format!("must be between {min} and {max}")));
+                }
+            }
         }
         Ok(())
     }
@@ -539,6 +722,16 @@ providers:
     adapter: ollama
     target: { model: "llama3.2", base_url: "http://127.0.0.1:11434" }
     models: [ { name: llama, priority: 0 } ]
+"#;
+
+    const WS: &str = r#"workspaces:
+  - ref: site
+    node: mac-1
+    root: /Users/dev/site
+    operations: [read, list, command]
+    commands: [ { id: test, argv: [make, test], timeout_ms: 60000 } ]
+    env_allowlist: [PATH, HOME]
+    limits: { max_iterations: 16 }
 "#;
 
     #[test]
@@ -581,6 +774,23 @@ providers:
             // No `auth` section means keys are required, so a keys file is.
             (VALID.replace("auth: { mode: disabled }\n", ""), "auth.keys_file"),
             (VALID.replace("mode: disabled", "mode: required"), "auth.keys_file"),
+            (format!("{VALID}{WS}"), "ok"),
+            (format!("{VALID}{}", WS.replace("node: mac-1", "node: mac-9")), "workspaces[0].node"),
+            (format!("{VALID}{}", WS.replace("/Users/dev/site", "Users/dev")), "workspaces[0].root"),
+            (format!("{VALID}{}", WS.replace("/Users/dev/site", "/Users/../etc")), "workspaces[0].root"),
+            (format!("{VALID}{}", WS.replace("[read, list, command]", "[read, read]")), "workspaces[0].operations"),
+            (format!("{VALID}{}", WS.replace("[read, list, command]", "[read]")), "workspaces[0].commands"),
+            (
+                format!("{VALID}{}", WS.replace("timeout_ms: 60000", "timeout_ms: 5")),
+                "workspaces[0].commands[0].timeout_ms",
+            ),
+            (format!("{VALID}{}", WS.replace("argv: [make, test]", "argv: []")), "workspaces[0].commands[0].argv"),
+            (format!("{VALID}{}", WS.replace("[PATH, HOME]", "[PATH, 1X]")), "workspaces[0].env_allowlist[1]"),
+            (
+                format!("{VALID}{}", WS.replace("max_iterations: 16", "max_iterations: 0")),
+                "workspaces[0].limits.max_iterations",
+            ),
+            (format!("{VALID}{WS}{}", WS.replace("workspaces:\n", "")), "workspaces[1].ref"),
             (format!("{VALID}    credential: {{ profile: nope }}\n"), "providers[0].credential.profile"),
             (
                 format!("{VALID}credentials: [ {{ profile: k, file: k.txt, revision: 0 }} ]\n"),
@@ -594,6 +804,12 @@ providers:
             ),
         ];
         for (doc, field) in cases {
+            if field == "ok" {
+                let config = EdgeConfig::from_yaml(&doc).unwrap();
+                assert_eq!(config.workspaces[0].limits.max_file_bytes, 4 * 1024 * 1024, "defaults fill the rest");
+                assert_eq!(EdgeConfig::from_yaml(&config.to_yaml()).unwrap(), config);
+                continue;
+            }
             match EdgeConfig::from_yaml(&doc) {
                 Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
                 other => panic!("expected invalid {field}, got {other:?}"),

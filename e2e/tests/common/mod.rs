@@ -31,6 +31,10 @@ pub struct StackOptions {
     pub credentials: Vec<Managed>,
     /// Extra `iop-edge` arguments (e.g. `--test-lease-fault tamper`).
     pub edge_args: Vec<&'static str>,
+    /// The Edge config's `workspaces`.
+    pub workspaces: Vec<iop_proto::config::WorkspaceEntry>,
+    /// Every node's `workspaces.allowed_roots`.
+    pub allowed_roots: Vec<PathBuf>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -52,6 +56,8 @@ impl Default for StackOptions {
             keys: None,
             credentials: Vec::new(),
             edge_args: Vec::new(),
+            workspaces: Vec::new(),
+            allowed_roots: Vec::new(),
         }
     }
 }
@@ -71,6 +77,7 @@ pub struct Stack {
     pub node_metrics: Option<String>,
     pub heartbeat: Option<&'static str>,
     pub edge_args: Vec<&'static str>,
+    pub allowed_roots: Vec<PathBuf>,
     pub client: reqwest::Client,
 }
 
@@ -142,6 +149,7 @@ impl Stack {
             std::fs::write(&keys_file, keys).unwrap();
             config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file) };
         }
+        config.workspaces = options.workspaces.clone();
         for managed in &options.credentials {
             let file = dir.path().join(format!("{}.key", managed.profile));
             std::fs::write(&file, managed.secret).unwrap();
@@ -171,6 +179,7 @@ impl Stack {
             node_metrics: None,
             heartbeat: options.heartbeat,
             edge_args: options.edge_args,
+            allowed_roots: options.allowed_roots,
             client: http_client(),
         };
         stack.start_edge().await;
@@ -215,6 +224,7 @@ impl Stack {
     pub async fn spawn_node(&self, pair: &PairFiles, ca_file: &std::path::Path) -> (Proc, String) {
         let mut config = harness::node_config(self.grpc, ca_file, pair, (50, 500));
         config.metrics = Some(iop_node::config::MetricsConfig { listen: "127.0.0.1:0".parse().unwrap() });
+        config.workspaces.allowed_roots = self.allowed_roots.clone();
         let name = pair.cert.file_stem().unwrap().to_str().unwrap().to_string();
         let path = self.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, serde_saphyr::to_string(&config).unwrap()).unwrap();

@@ -63,6 +63,9 @@ pub struct Session {
     /// The X25519 key this connection's node sent in Register for sealing
     /// credential leases; `None` when it sent none (or not 32 bytes).
     pub lease_key: Option<Arc<[u8]>>,
+    /// The node's verdict on each workspace assigned to it, from NodeReady
+    /// (`accepted` or a closed reason; see `session::workspace_verdicts`).
+    pub workspaces: BTreeMap<String, &'static str>,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +81,9 @@ pub struct NodeSnapshot {
     pub generation: Option<u64>,
     pub connected_at_ms: Option<u64>,
     pub version: Option<String>,
+    /// Workspace ref -> `accepted` or why the node refused it (empty while
+    /// not connected or before readiness).
+    pub workspaces: BTreeMap<String, &'static str>,
 }
 
 impl NodeRegistry {
@@ -96,6 +102,13 @@ impl NodeRegistry {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Records the workspace verdicts of `node`'s connection `generation`.
+    pub fn set_workspaces(&self, node: &str, generation: u64, verdicts: BTreeMap<String, &'static str>) {
+        if let Some(s) = self.sessions.lock().unwrap().get_mut(node).filter(|s| s.generation == generation) {
+            s.workspaces = verdicts;
         }
     }
 
@@ -180,6 +193,7 @@ impl NodeRegistry {
                     generation: s.map(|s| s.generation),
                     connected_at_ms: s.map(|s| s.connected_at_ms),
                     version: s.map(|s| s.node_version.clone()),
+                    workspaces: s.map(|s| s.workspaces.clone()).unwrap_or_default(),
                 }
             })
             .collect()
@@ -200,6 +214,7 @@ impl Session {
             close: CancellationToken::new(),
             close_reason: Default::default(),
             lease_key: None,
+            workspaces: BTreeMap::new(),
         }
     }
 }

@@ -72,6 +72,12 @@ pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb:
                 credential_profile: p.credential.as_ref().map(|c| c.profile.clone()).unwrap_or_default(),
             })
             .collect(),
+        workspaces: config
+            .workspaces
+            .iter()
+            .filter(|w| w.node == node)
+            .map(|w| pb::WorkspaceAssignment { r#ref: w.reference.clone(), root: w.root.clone() })
+            .collect(),
     }
 }
 
@@ -110,6 +116,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         close_reason: close_reason.clone(),
         lease_key: (register.lease_public_key.len() == iop_proto::lease::PUBLIC_KEY_LEN)
             .then(|| Arc::from(register.lease_public_key.as_slice())),
+        workspaces: Default::default(),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
@@ -181,6 +188,9 @@ async fn serve(
                         // Health first: the connection is dispatchable only
                         // with its readiness evidence in the overlay.
                         health::apply_statuses(state, node, generation, Source::Readiness, &ready.providers);
+                        let assigned = config_payload(&state.config.current(), node).workspaces;
+                        let verdicts = workspace_verdicts(&assigned, &ready.workspaces);
+                        state.registry.set_workspaces(node, generation, verdicts);
                         if !state.registry.mark_ready(node, generation) {
                             return CloseReason::Replaced;
                         }
@@ -210,6 +220,34 @@ async fn serve(
     }
 }
 
+/// What the node said of each workspace assigned to it: `accepted` or the
+/// closed reason. A ref it did not report is `not_reported`; one it was not
+/// assigned is ignored; a status it cannot have meant is `unknown_status`.
+pub fn workspace_verdicts(
+    assigned: &[pb::WorkspaceAssignment],
+    reported: &[pb::WorkspaceStatus],
+) -> std::collections::BTreeMap<String, &'static str> {
+    use pb::WorkspaceState as S;
+    assigned
+        .iter()
+        .map(|a| {
+            let state = reported.iter().find(|r| r.r#ref == a.r#ref).map(|r| S::try_from(r.state));
+            let verdict = match state {
+                None => "not_reported",
+                Some(Ok(S::Accepted)) => "accepted",
+                Some(Ok(S::OutsideAllowedRoots)) => "outside_allowed_roots",
+                Some(Ok(S::NotFound)) => "not_found",
+                Some(Ok(S::NotADirectory)) => "not_a_directory",
+                Some(Ok(S::Symlink)) => "symlink",
+                Some(Ok(S::InvalidPath)) => "invalid_path",
+                Some(Ok(S::Unreadable)) => "unreadable",
+                Some(Ok(S::Unspecified) | Err(_)) => "unknown_status",
+            };
+            (a.r#ref.clone(), verdict)
+        })
+        .collect()
+}
+
 fn message_name(msg: &Msg) -> &'static str {
     match msg {
         Msg::Register(_) => "register",
@@ -218,5 +256,29 @@ fn message_name(msg: &Msg) -> &'static str {
         Msg::HeartbeatAck(_) => "heartbeat_ack",
         Msg::CommandResult(_) => "command_result",
         Msg::HealthReport(_) => "health_report",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_verdicts_cover_exactly_what_was_assigned() {
+        let assigned: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|r| pb::WorkspaceAssignment { r#ref: r.to_string(), root: format!("/w/{r}") })
+            .collect();
+        let status = |r: &str, state: i32| pb::WorkspaceStatus { r#ref: r.into(), state };
+        let reported = [
+            status("a", pb::WorkspaceState::Accepted.into()),
+            status("b", pb::WorkspaceState::Symlink.into()),
+            status("c", 99),
+            status("not-assigned", pb::WorkspaceState::Accepted.into()),
+        ];
+        let verdicts = workspace_verdicts(&assigned, &reported);
+        let expected: Vec<(&str, &str)> =
+            vec![("a", "accepted"), ("b", "symlink"), ("c", "unknown_status"), ("d", "not_reported")];
+        assert_eq!(verdicts.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(), expected);
     }
 }

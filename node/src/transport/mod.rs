@@ -98,8 +98,8 @@ pub async fn supervise(
     loop {
         let end = match dialer.connect().await {
             Ok(client) => {
-                let (metrics, health) = (metrics.clone(), &config.health);
-                session::run(client, http.clone(), metrics, heartbeat, health, shutdown.clone(), ledger.clone()).await
+                let metrics = metrics.clone();
+                session::run(client, http.clone(), metrics, heartbeat, &config, shutdown.clone(), ledger.clone()).await
             }
             Err(e) => SessionEnd::ConnectFailed(e.to_string()),
         };

@@ -23,7 +23,7 @@ use tonic::transport::Channel;
 use super::sequence::SessionSequence;
 use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
-use crate::config::HealthConfig;
+use crate::config::NodeConfig;
 use crate::execution::{Cancel, ExecutionContext, Observer};
 use crate::health::{HealthMonitor, HealthSchedule, provider_status};
 use crate::lease::{LeaseLedger, SessionLeases};
@@ -93,7 +93,7 @@ pub async fn run(
     http: reqwest::Client,
     metrics: Arc<NodeMetrics>,
     heartbeat: HeartbeatProfile,
-    health: &HealthConfig,
+    config: &NodeConfig,
     shutdown: CancellationToken,
     ledger: Arc<LeaseLedger>,
 ) -> SessionEnd {
@@ -128,15 +128,24 @@ pub async fn run(
         Err(_) => return closed(false, "protocol_error: RegisterResponse without a valid node identity"),
     };
     let leases = Arc::new(SessionLeases { key, identity: registered.node_identity, node, generation, ledger });
-    let providers = Arc::new(apply_config(&registered.config.unwrap_or_default()));
+    let payload = registered.config.unwrap_or_default();
+    let providers = Arc::new(apply_config(&payload));
+    let assigned_workspaces = payload.workspaces;
     tracing::info!(generation, providers = providers.len(), "registered with the edge; checking providers");
     let statuses = probe_all(&http, &providers, None).await;
     let readiness = statuses
         .iter()
         .filter(|s| providers.get(&s.provider_id).is_some_and(Result::is_ok))
         .map(|s| (s.provider_id.clone(), s.health()));
-    let health = HealthMonitor::new(HealthSchedule::new(health.clone(), readiness, Instant::now()));
-    send(&out, pb::node_to_edge::Msg::Ready(pb::NodeReady { generation, providers: statuses }));
+    let health = HealthMonitor::new(HealthSchedule::new(config.health.clone(), readiness, Instant::now()));
+    // Held until this connection ends: the executors work beneath them.
+    let allowed = crate::workspace::resolve_allowed_roots(&config.workspaces.allowed_roots);
+    let (workspaces, workspace_statuses) = crate::workspace::admit(&allowed, &assigned_workspaces);
+    tracing::info!(generation, accepted = workspaces.len(), declared = workspace_statuses.len(), "workspaces checked");
+    send(
+        &out,
+        pb::node_to_edge::Msg::Ready(pb::NodeReady { generation, providers: statuses, workspaces: workspace_statuses }),
+    );
 
     let session = Session {
         generation,
@@ -156,6 +165,7 @@ pub async fn run(
     for cancel in session.executions.drain() {
         cancel.cancel(pb::CancelReason::ClientDisconnected);
     }
+    drop(workspaces);
     end
 }
 

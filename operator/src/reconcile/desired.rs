@@ -79,6 +79,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         limits: settings.limits.clone(),
         auth: settings.auth.clone(),
         credentials: Vec::new(),
+        workspaces: Vec::new(),
     };
     config.validate().map_err(BuildError::Settings)?;
     let mut excluded = Vec::new();
@@ -110,6 +111,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
 
     let mut nodes = Vec::new();
     let mut node_ready = BTreeMap::new();
+    let mut workspace_refs = std::collections::BTreeSet::new();
     for n in sorted(&snapshot.nodes) {
         let verdict = validate::node_catalog(n, &template_ready);
         let current = n.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
@@ -118,6 +120,23 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         match &verdict {
             Ok((entry, problems)) => {
                 config.nodes.push(entry.clone());
+                let mut problems = problems.clone();
+                for w in &n.spec.workspaces {
+                    // A template that is missing or not ready is already a problem.
+                    let template = snapshot.templates.iter().find(|t| t.name_any() == w.template);
+                    let Some(template) = template.filter(|_| template_ready.get(w.template.as_str()) == Some(&true))
+                    else {
+                        continue;
+                    };
+                    match validate::workspace(&entry.name, w, &template.spec, &workspace_refs, settings) {
+                        Ok(rendered) => {
+                            workspace_refs.insert(rendered.reference.clone());
+                            config.workspaces.push(rendered);
+                        }
+                        Err(problem) => problems.push(problem),
+                    }
+                }
+                let problems = &problems;
                 conds.push(ready(current, None, "rendered into the Edge config", generation, now));
                 conds.push(workspaces_ready(current, problems, generation, now));
             }

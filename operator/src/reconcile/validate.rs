@@ -9,13 +9,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use iop_proto::config::{ConfigError, CredentialRef, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, Target};
+use iop_proto::config::{
+    ConfigError, CredentialRef, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, Target, WorkspaceCommand,
+    WorkspaceEntry, WorkspaceLimits, WorkspaceOperation,
+};
 use iop_proto::identity;
 use kube::ResourceExt;
 
 use super::Settings;
+use crate::crd::node_catalog::Workspace;
 use crate::crd::provider::Adapter;
-use crate::crd::workspace_template::Operation;
+use crate::crd::workspace_template::{Operation, WorkspaceTemplateSpec};
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
 /// Why an object is not ready. The names are condition reasons and metric labels.
@@ -178,6 +182,68 @@ pub fn node_catalog(n: &NodeCatalog, templates: &Readiness<'_>) -> Result<(NodeE
     Ok((NodeEntry { name }, problems))
 }
 
+/// The Edge config entry of workspace `w` of node `node` with its (ready)
+/// template, checked by the Edge's own rules; `taken` holds the refs other
+/// nodes already use (a ref is unique in the Edge config).
+pub fn workspace(
+    node: &str,
+    w: &Workspace,
+    template: &WorkspaceTemplateSpec,
+    taken: &BTreeSet<String>,
+    settings: &Settings,
+) -> Result<WorkspaceEntry, Invalid> {
+    let problem = |reason: String| invalid(Reason::InvalidSpec, format!("workspace `{}`: {reason}", w.reference));
+    if taken.contains(&w.reference) {
+        return Err(problem("the ref is already used by another NodeCatalog".into()));
+    }
+    let operation = |o: &Operation| match o {
+        Operation::Read => WorkspaceOperation::Read,
+        Operation::List => WorkspaceOperation::List,
+        Operation::Write => WorkspaceOperation::Write,
+        Operation::Delete => WorkspaceOperation::Delete,
+        Operation::Command => WorkspaceOperation::Command,
+    };
+    let l = &template.limits;
+    let entry = WorkspaceEntry {
+        reference: w.reference.clone(),
+        node: node.to_string(),
+        root: w.root_path.clone(),
+        operations: template.operations.iter().map(operation).collect(),
+        commands: template
+            .commands
+            .iter()
+            .map(|c| WorkspaceCommand { id: c.id.clone(), argv: c.argv.clone(), timeout_ms: c.timeout_ms })
+            .collect(),
+        env_allowlist: template.env_allowlist.clone(),
+        limits: WorkspaceLimits {
+            max_file_bytes: l.max_file_bytes,
+            max_list_entries: l.max_list_entries,
+            max_output_bytes: l.max_output_bytes,
+            max_iterations: l.max_iterations,
+            wall_clock_ms: l.wall_clock_ms,
+        },
+    };
+    // The Edge's own rules, on a config holding just this workspace and its node.
+    let alone = EdgeConfig {
+        listen: settings.listen.clone(),
+        tls: settings.tls.clone(),
+        trust_domain: settings.trust_domain.clone(),
+        nodes: vec![NodeEntry { name: node.to_string() }],
+        providers: Vec::new(),
+        limits: settings.limits.clone(),
+        auth: settings.auth.clone(),
+        credentials: Vec::new(),
+        workspaces: vec![entry.clone()],
+    };
+    match alone.validate() {
+        Ok(()) => Ok(entry),
+        Err(ConfigError::Invalid { field, reason }) => {
+            Err(problem(format!("{}: {reason}", field.trim_start_matches("workspaces[0]."))))
+        }
+        Err(e) => Err(problem(e.to_string())),
+    }
+}
+
 pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Result<ProviderEntry, Invalid> {
     if p.metadata.deletion_timestamp.is_some() {
         return Err(invalid(Reason::Deleting, "being deleted; it is removed from the Edge config"));
@@ -215,6 +281,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
             .iter()
             .map(|c| super::credentials::profiles(&[(c.profile.clone(), 1)].into()).remove(0))
             .collect(),
+        workspaces: Vec::new(),
     };
     // Target model and base URL included: `iop_proto::config::check_base_url`
     // and `check_target_model`, the rules the CRD schema's patterns restate.

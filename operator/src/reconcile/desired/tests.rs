@@ -254,6 +254,38 @@ fn workspace_problems_are_reported_without_taking_the_node_out() {
 }
 
 #[test]
+fn workspaces_with_ready_templates_are_rendered_with_the_edges_own_rules() {
+    let mut dotted = node_with_workspace("mac-3", "tools");
+    dotted.spec.workspaces[0].reference = "other".into();
+    dotted.spec.workspaces[0].root_path = "/Users/../etc".into();
+    let s = snapshot(
+        vec![],
+        vec![node_with_workspace("mac-2", "tools"), node_with_workspace("mac-1", "tools"), dotted],
+        vec![template("tools")],
+    );
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert_eq!(prepared.config.workspaces.len(), 1, "{:?}", prepared.config.workspaces);
+    let w = &prepared.config.workspaces[0];
+    assert_eq!((w.reference.as_str(), w.node.as_str(), w.root.as_str()), ("site", "mac-1", "/Users/dev/site"));
+    use iop_proto::config::WorkspaceOperation as Op;
+    assert_eq!(w.operations, [Op::Read, Op::List, Op::Command]);
+    assert_eq!((w.commands[0].id.as_str(), w.commands[0].argv.len()), ("git-status", 2));
+    assert_eq!(w.env_allowlist, ["PATH"]);
+    let problem = |name: &str| {
+        let n = prepared.nodes.iter().find(|u| u.name == name).unwrap();
+        let c = n.status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
+        (c.reason.clone(), c.message.clone())
+    };
+    let (reason, message) = problem("mac-2");
+    assert_eq!(reason, "InvalidSpec");
+    assert!(message.contains("already used by another NodeCatalog"), "{message}");
+    let (reason, message) = problem("mac-3");
+    assert_eq!(reason, "InvalidSpec");
+    assert!(message.contains("root"), "{message}");
+    assert_eq!(problem("mac-1").0, "Accepted");
+}
+
+#[test]
 fn edge_queue_limits_are_the_largest_any_valid_provider_asks_for() {
     let defaults = settings().limits;
     let with_queue = |name: &str, depth: Option<u32>, timeout_ms: Option<u64>| {

@@ -1,0 +1,185 @@
+//! Workspaces, the Mac owner's half of the consent: a directory the cluster
+//! admin declared for this node (`NodeConfigPayload.workspaces`) is
+//! accepted only if it lies inside one of the owner's
+//! `workspaces.allowed_roots`, exists, is a directory, and neither it nor any
+//! directory on its path is a symbolic link. Each accepted root is opened
+//! (`O_DIRECTORY | O_NOFOLLOW`) and the handle held for the connection; the
+//! file and command executors work beneath these handles. Every entry gets a
+//! closed status for `NodeReady`; a bad entry never stops the node from
+//! serving its providers.
+//!
+//! The allowed-roots check is lexical and comes first, so the Edge cannot
+//! learn anything about paths outside them (not even whether they exist).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::ErrorKind;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use iop_proto::config::check_workspace_root;
+use iop_proto::pb::{self, WorkspaceState};
+
+/// An accepted workspace: its root and the directory handle held for it.
+#[derive(Debug)]
+pub struct Workspace {
+    pub root: PathBuf,
+    pub dir: File,
+}
+
+/// The workspaces of one connection, by ref.
+#[derive(Debug, Default)]
+pub struct WorkspaceCatalog {
+    accepted: HashMap<String, Workspace>,
+}
+
+impl WorkspaceCatalog {
+    pub fn get(&self, reference: &str) -> Option<&Workspace> {
+        self.accepted.get(reference)
+    }
+
+    pub fn len(&self) -> usize {
+        self.accepted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.accepted.is_empty()
+    }
+}
+
+/// The owner's allowed roots as the checks compare them: each resolved once
+/// (following links there is the owner's choice, e.g. macOS `/tmp`); one
+/// that does not resolve allows nothing (logged).
+pub fn resolve_allowed_roots(configured: &[PathBuf]) -> Vec<PathBuf> {
+    configured
+        .iter()
+        .filter_map(|root| match std::fs::canonicalize(root) {
+            Ok(resolved) => Some(resolved),
+            Err(e) => {
+                tracing::warn!(error = %e, "an allowed workspace root does not resolve; it allows nothing");
+                None
+            }
+        })
+        .collect()
+}
+
+/// Checks every assigned workspace against `allowed` (resolved roots).
+pub fn admit(
+    allowed: &[PathBuf],
+    assignments: &[pb::WorkspaceAssignment],
+) -> (WorkspaceCatalog, Vec<pb::WorkspaceStatus>) {
+    let mut catalog = WorkspaceCatalog::default();
+    let mut statuses = Vec::with_capacity(assignments.len());
+    for a in assignments {
+        let state = match open_root(allowed, &a.root) {
+            Ok(dir) => {
+                catalog.accepted.insert(a.r#ref.clone(), Workspace { root: PathBuf::from(&a.root), dir });
+                WorkspaceState::Accepted
+            }
+            Err(state) => {
+                // The reason only: paths stay out of logs.
+                tracing::warn!(workspace = %a.r#ref, reason = state.as_str_name(), "workspace not accepted");
+                state
+            }
+        };
+        statuses.push(pb::WorkspaceStatus { r#ref: a.r#ref.clone(), state: state.into() });
+    }
+    (catalog, statuses)
+}
+
+fn open_root(allowed: &[PathBuf], root: &str) -> Result<File, WorkspaceState> {
+    check_workspace_root(root).map_err(|_| WorkspaceState::InvalidPath)?;
+    let path = Path::new(root);
+    if !allowed.iter().any(|a| path.starts_with(a)) {
+        return Err(WorkspaceState::OutsideAllowedRoots);
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => WorkspaceState::NotFound,
+        // A file where a directory of the path should be.
+        ErrorKind::NotADirectory => WorkspaceState::NotADirectory,
+        _ => WorkspaceState::Unreadable,
+    })?;
+    if meta.file_type().is_symlink() {
+        return Err(WorkspaceState::Symlink);
+    }
+    if !meta.is_dir() {
+        return Err(WorkspaceState::NotADirectory);
+    }
+    // A link on the way there makes the resolved path differ.
+    let resolved = std::fs::canonicalize(path).map_err(|_| WorkspaceState::Unreadable)?;
+    if resolved != path.components().collect::<PathBuf>() {
+        return Err(WorkspaceState::Symlink);
+    }
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|_| WorkspaceState::Unreadable)?;
+    // What was opened is what was checked (not swapped in between).
+    let opened = dir.metadata().map_err(|_| WorkspaceState::Unreadable)?;
+    if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
+        return Err(WorkspaceState::Symlink);
+    }
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment(reference: &str, root: &Path) -> pb::WorkspaceAssignment {
+        pb::WorkspaceAssignment { r#ref: reference.into(), root: root.to_str().unwrap().into() }
+    }
+
+    fn states(allowed: &[PathBuf], assignments: &[pb::WorkspaceAssignment]) -> Vec<(String, WorkspaceState)> {
+        let (_, statuses) = admit(allowed, assignments);
+        statuses.into_iter().map(|s| (s.r#ref.clone(), s.state())).collect()
+    }
+
+    #[test]
+    fn only_real_directories_inside_an_allowed_root_are_accepted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let allowed = base.join("allowed");
+        std::fs::create_dir_all(allowed.join("site/src")).unwrap();
+        std::fs::write(allowed.join("file"), "x").unwrap();
+        std::fs::create_dir(base.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(base.join("elsewhere"), allowed.join("link")).unwrap();
+        std::os::unix::fs::symlink(allowed.join("site"), allowed.join("site-link")).unwrap();
+        let roots = resolve_allowed_roots(std::slice::from_ref(&allowed));
+
+        let cases = [
+            ("site", allowed.join("site"), WorkspaceState::Accepted),
+            ("nested", allowed.join("site/src"), WorkspaceState::Accepted),
+            ("outside", base.join("elsewhere"), WorkspaceState::OutsideAllowedRoots),
+            ("missing-outside", base.join("nope"), WorkspaceState::OutsideAllowedRoots),
+            ("missing", allowed.join("nope"), WorkspaceState::NotFound),
+            ("file", allowed.join("file"), WorkspaceState::NotADirectory),
+            ("under-file", allowed.join("file/x"), WorkspaceState::NotADirectory),
+            ("link", allowed.join("link"), WorkspaceState::Symlink),
+            ("link-to-inside", allowed.join("site-link"), WorkspaceState::Symlink),
+            ("via-link", allowed.join("site-link/src"), WorkspaceState::Symlink),
+            ("dotdot", PathBuf::from(format!("{}/site/../file", allowed.display())), WorkspaceState::InvalidPath),
+        ];
+        let assignments: Vec<_> = cases.iter().map(|(r, p, _)| assignment(r, p)).collect();
+        let expected: Vec<_> = cases.iter().map(|(r, _, s)| (r.to_string(), *s)).collect();
+        assert_eq!(states(&roots, &assignments), expected);
+        let relative = pb::WorkspaceAssignment { r#ref: "rel".into(), root: "site".into() };
+        assert_eq!(states(&roots, &[relative]), [("rel".to_string(), WorkspaceState::InvalidPath)]);
+
+        let (catalog, _) = admit(&roots, &assignments);
+        assert_eq!(catalog.len(), 2);
+        assert!(catalog.get("site").unwrap().dir.metadata().unwrap().is_dir());
+        assert!(catalog.get("link").is_none());
+    }
+
+    #[test]
+    fn no_allowed_roots_accept_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let assignments = [assignment("site", tmp.path())];
+        assert_eq!(states(&[], &assignments), [("site".to_string(), WorkspaceState::OutsideAllowedRoots)]);
+        // An allowed root that does not exist allows nothing either.
+        let gone = resolve_allowed_roots(&[tmp.path().join("gone")]);
+        assert!(gone.is_empty());
+    }
+}
