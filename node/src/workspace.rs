@@ -11,6 +11,8 @@
 //! The allowed-roots check is lexical and comes first, so the Edge cannot
 //! learn anything about paths outside them (not even whether they exist).
 
+pub mod files;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::ErrorKind;
