@@ -11,6 +11,7 @@
 //! The allowed-roots check is lexical and comes first, so the Edge cannot
 //! learn anything about paths outside them (not even whether they exist).
 
+pub mod cleanup;
 pub mod command;
 pub mod files;
 

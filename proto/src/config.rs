@@ -102,21 +102,23 @@ pub struct WorkspaceLimits {
     pub wall_clock_ms: u64,
 }
 
+/// The one definition of the defaults (the `WorkspaceTemplate` CRD's call
+/// these).
 impl WorkspaceLimits {
-    fn default_max_file_bytes() -> u64 {
-        4 * 1024 * 1024
+    pub fn default_max_file_bytes() -> u64 {
+        16 * 1024 * 1024
     }
-    fn default_max_list_entries() -> u32 {
-        2_000
+    pub fn default_max_list_entries() -> u32 {
+        1_000
     }
-    fn default_max_output_bytes() -> u64 {
-        256 * 1024
+    pub fn default_max_output_bytes() -> u64 {
+        1024 * 1024
     }
-    fn default_max_iterations() -> u32 {
-        16
+    pub fn default_max_iterations() -> u32 {
+        32
     }
-    fn default_wall_clock_ms() -> u64 {
-        900_000
+    pub fn default_wall_clock_ms() -> u64 {
+        600_000
     }
 }
 
@@ -806,7 +808,7 @@ providers:
         for (doc, field) in cases {
             if field == "ok" {
                 let config = EdgeConfig::from_yaml(&doc).unwrap();
-                assert_eq!(config.workspaces[0].limits.max_file_bytes, 4 * 1024 * 1024, "defaults fill the rest");
+                assert_eq!(config.workspaces[0].limits.max_file_bytes, 16 * 1024 * 1024, "defaults fill the rest");
                 assert_eq!(EdgeConfig::from_yaml(&config.to_yaml()).unwrap(), config);
                 continue;
             }

@@ -16,6 +16,9 @@
 //! resolved again and must still be the same directory, so a parent
 //! swapped for a symlink (or moved away) meanwhile is refused.
 
+// `st_dev`/`st_ino` are u64 on Linux but not on every Unix (macOS: i32 dev).
+#![allow(clippy::unnecessary_cast)]
+
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};

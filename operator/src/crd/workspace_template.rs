@@ -105,21 +105,22 @@ pub struct WorkspaceLimits {
     pub wall_clock_ms: u64,
 }
 
+/// The Edge config's defaults (`iop_proto::config::WorkspaceLimits`).
 impl WorkspaceLimits {
     fn default_max_file_bytes() -> u64 {
-        16 * 1024 * 1024
+        iop_proto::config::WorkspaceLimits::default_max_file_bytes()
     }
     fn default_max_list_entries() -> u32 {
-        1000
+        iop_proto::config::WorkspaceLimits::default_max_list_entries()
     }
     fn default_max_output_bytes() -> u64 {
-        1024 * 1024
+        iop_proto::config::WorkspaceLimits::default_max_output_bytes()
     }
     fn default_max_iterations() -> u32 {
-        32
+        iop_proto::config::WorkspaceLimits::default_max_iterations()
     }
     fn default_wall_clock_ms() -> u64 {
-        600_000
+        iop_proto::config::WorkspaceLimits::default_wall_clock_ms()
     }
 }
 

@@ -1,0 +1,325 @@
+//! Request-owned cleanup: the node's only state in a workspace is
+//! `<root>/.iop/job/<request_id>`; cleaning a request removes that tree and
+//! nothing else. User files are never touched.
+//!
+//! The tree is first inventoried without following anything (every entry
+//! `lstat`-ed relative to its parent's handle). Symlinks, special files and
+//! entries on another device are refused and left in place (counted, never
+//! named). The rest is removed deepest-first, without recursion: before each
+//! removal the entry is looked up again and must still be the one the
+//! inventory saw (an entry replaced meanwhile is refused). A directory that
+//! still holds a refused entry stays. Concurrent and later callers for the
+//! same request get the same cached outcome ([`CleanupCache`]).
+
+// `st_dev`/`st_ino` are u64 on Linux but not on every Unix (macOS: i32 dev).
+#![allow(clippy::unnecessary_cast)]
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// Where the node keeps per-request state, below the workspace root.
+pub const JOB_DIR: [&str; 2] = [".iop", "job"];
+/// Outcomes kept for late callers.
+pub const CACHE_CAPACITY: usize = 1024;
+
+/// Why an entry was left in place (closed; counted, never named).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refused {
+    Symlink,
+    SpecialFile,
+    ForeignDevice,
+    /// Not what the inventory saw by the time it was to be removed.
+    Replaced,
+    /// A directory that still holds a refused entry.
+    NotEmpty,
+}
+
+impl Refused {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Symlink => "symlink",
+            Self::SpecialFile => "special_file",
+            Self::ForeignDevice => "foreign_device",
+            Self::Replaced => "replaced",
+            Self::NotEmpty => "not_empty",
+        }
+    }
+}
+
+/// What a cleanup did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CleanupOutcome {
+    /// The request had no state.
+    NothingToClean,
+    /// Everything removed.
+    Cleaned { removed: u64 },
+    /// Some entries refused and left in place.
+    Partial { removed: u64, refused: BTreeMap<Refused, u64> },
+    /// The request id is not one the node could have created.
+    InvalidRequestId,
+    /// The state directory itself could not be opened safely (a link where
+    /// `.iop`, `job` or the request's directory should be, or an I/O error).
+    Failed,
+}
+
+impl CleanupOutcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NothingToClean => "nothing_to_clean",
+            Self::Cleaned { .. } => "cleaned",
+            Self::Partial { .. } => "partial",
+            Self::InvalidRequestId => "invalid_request_id",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+fn valid_request_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn open_dir(parent: &impl std::os::fd::AsFd, name: &str) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// One inventoried entry: its parent's index (`None`: the request's
+/// directory), name, identity and whether it is a directory.
+struct Entry {
+    parent: Option<usize>,
+    name: String,
+    dev: u64,
+    ino: u64,
+    dir: bool,
+}
+
+/// Removes `<root>/.iop/job/<request_id>`.
+pub fn clean(root: &File, request_id: &str) -> CleanupOutcome {
+    if !valid_request_id(request_id) {
+        return CleanupOutcome::InvalidRequestId;
+    }
+    let Ok(root_stat) = rustix::fs::fstat(root) else { return CleanupOutcome::Failed };
+    let mut dir = match open_dir(root, ".") {
+        Ok(dir) => dir,
+        Err(_) => return CleanupOutcome::Failed,
+    };
+    for name in JOB_DIR.iter().copied().chain([request_id]) {
+        dir = match open_dir(&dir, name) {
+            Ok(next) => next,
+            Err(Errno::NOENT) => return CleanupOutcome::NothingToClean,
+            Err(_) => return CleanupOutcome::Failed,
+        };
+        match rustix::fs::fstat(&dir) {
+            Ok(stat) if stat.st_dev == root_stat.st_dev => {}
+            _ => return CleanupOutcome::Failed,
+        }
+    }
+    let request_dir = dir;
+
+    // Inventory, breadth-first over handles (no recursion, no following).
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut refused: BTreeMap<Refused, u64> = BTreeMap::new();
+    let mut queue: VecDeque<(Option<usize>, OwnedFd)> = VecDeque::from([(None, request_dir)]);
+    let mut handles: HashMap<Option<usize>, OwnedFd> = HashMap::new();
+    while let Some((index, fd)) = queue.pop_front() {
+        let Ok(listing) = rustix::fs::Dir::read_from(&fd) else {
+            *refused.entry(Refused::NotEmpty).or_default() += 1;
+            continue;
+        };
+        for item in listing.flatten() {
+            let Ok(name) = item.file_name().to_str().map(str::to_string) else {
+                *refused.entry(Refused::SpecialFile).or_default() += 1;
+                continue;
+            };
+            if name == "." || name == ".." {
+                continue;
+            }
+            let Ok(stat) = rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else { continue };
+            let kind = FileType::from_raw_mode(stat.st_mode);
+            let why = match kind {
+                _ if stat.st_dev != root_stat.st_dev => Some(Refused::ForeignDevice),
+                FileType::Symlink => Some(Refused::Symlink),
+                FileType::RegularFile | FileType::Directory => None,
+                _ => Some(Refused::SpecialFile),
+            };
+            if let Some(why) = why {
+                *refused.entry(why).or_default() += 1;
+                continue;
+            }
+            let dir = kind == FileType::Directory;
+            entries.push(Entry {
+                parent: index,
+                name: name.clone(),
+                dev: stat.st_dev as u64,
+                ino: stat.st_ino as u64,
+                dir,
+            });
+            if dir {
+                match open_dir(&fd, &name) {
+                    Ok(child) => queue.push_back((Some(entries.len() - 1), child)),
+                    Err(_) => *refused.entry(Refused::Replaced).or_default() += 1,
+                }
+            }
+        }
+        handles.insert(index, fd);
+    }
+
+    // Deepest first: entries were found breadth-first, so reverse order
+    // removes every child before its parent.
+    let mut removed = 0u64;
+    for entry in entries.iter().rev() {
+        let Some(parent) = handles.get(&entry.parent) else { continue };
+        let same = rustix::fs::statat(parent, entry.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| (s.st_dev as u64, s.st_ino as u64) == (entry.dev, entry.ino));
+        if !same {
+            *refused.entry(Refused::Replaced).or_default() += 1;
+            continue;
+        }
+        let flags = if entry.dir { AtFlags::REMOVEDIR } else { AtFlags::empty() };
+        match rustix::fs::unlinkat(parent, entry.name.as_str(), flags) {
+            Ok(()) => removed += 1,
+            Err(Errno::NOTEMPTY) => *refused.entry(Refused::NotEmpty).or_default() += 1,
+            Err(_) => *refused.entry(Refused::Replaced).or_default() += 1,
+        }
+    }
+    // Finally the request's own directory, when nothing was left in it.
+    drop(handles);
+    let Ok(job) = open_dir(root, ".").and_then(|d| open_dir(&d, JOB_DIR[0])).and_then(|d| open_dir(&d, JOB_DIR[1]))
+    else {
+        return CleanupOutcome::Failed;
+    };
+    if refused.is_empty() {
+        match rustix::fs::unlinkat(&job, request_id, AtFlags::REMOVEDIR) {
+            Ok(()) => return CleanupOutcome::Cleaned { removed: removed + 1 },
+            Err(Errno::NOTEMPTY) => *refused.entry(Refused::NotEmpty).or_default() += 1,
+            Err(_) => *refused.entry(Refused::Replaced).or_default() += 1,
+        }
+    }
+    CleanupOutcome::Partial { removed, refused }
+}
+
+/// One outcome per request for concurrent and late callers, bounded to the
+/// [`CACHE_CAPACITY`] most recent requests.
+#[derive(Default)]
+pub struct CleanupCache {
+    state: Mutex<CacheState>,
+}
+
+/// The outcome cell of each request, and the requests oldest first.
+#[derive(Default)]
+struct CacheState {
+    cells: HashMap<String, Arc<tokio::sync::OnceCell<CleanupOutcome>>>,
+    order: VecDeque<String>,
+}
+
+impl CleanupCache {
+    /// Cleans `request_id` once; every caller gets that cleanup's outcome.
+    pub async fn clean(&self, root: &File, request_id: &str) -> CleanupOutcome {
+        let cell = {
+            let mut guard = self.state.lock().unwrap();
+            let CacheState { cells, order } = &mut *guard;
+            if !cells.contains_key(request_id) {
+                if order.len() >= CACHE_CAPACITY
+                    && let Some(oldest) = order.pop_front()
+                {
+                    cells.remove(&oldest);
+                }
+                order.push_back(request_id.to_string());
+            }
+            cells.entry(request_id.to_string()).or_default().clone()
+        };
+        cell.get_or_init(|| async { clean(root, request_id) }).await.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::path::{Path, PathBuf};
+
+    fn workspace() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(tmp.path()).unwrap().join("ws");
+        std::fs::create_dir_all(ws.join(".iop/job/r1/a/b")).unwrap();
+        std::fs::write(ws.join(".iop/job/r1/a/b/out.txt"), "x").unwrap();
+        std::fs::write(ws.join(".iop/job/r1/top.txt"), "x").unwrap();
+        std::fs::write(ws.join("user.txt"), "mine").unwrap();
+        (tmp, ws)
+    }
+
+    fn root(ws: &Path) -> File {
+        File::open(ws).unwrap()
+    }
+
+    #[test]
+    fn a_requests_tree_is_removed_and_nothing_else() {
+        let (_tmp, ws) = workspace();
+        std::fs::create_dir_all(ws.join(".iop/job/r2")).unwrap();
+        assert_eq!(clean(&root(&ws), "r1"), CleanupOutcome::Cleaned { removed: 5 });
+        assert!(!ws.join(".iop/job/r1").exists());
+        assert!(ws.join(".iop/job/r2").exists(), "another request's state stays");
+        assert_eq!(std::fs::read_to_string(ws.join("user.txt")).unwrap(), "mine");
+        assert_eq!(clean(&root(&ws), "r1"), CleanupOutcome::NothingToClean);
+        assert_eq!(clean(&root(&ws), "../r2"), CleanupOutcome::InvalidRequestId);
+        assert_eq!(clean(&root(&ws), ""), CleanupOutcome::InvalidRequestId);
+    }
+
+    #[test]
+    fn links_and_special_files_are_refused_and_their_targets_untouched() {
+        let (tmp, ws) = workspace();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("precious"), "keep").unwrap();
+        symlink(&outside, ws.join(".iop/job/r1/a/escape")).unwrap();
+        symlink(outside.join("precious"), ws.join(".iop/job/r1/file-link")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            ws.join(".iop/job/r1/fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let outcome = clean(&root(&ws), "r1");
+        let CleanupOutcome::Partial { removed, refused } = outcome else { panic!("{outcome:?}") };
+        assert_eq!(refused[&Refused::Symlink], 2);
+        assert_eq!(refused[&Refused::SpecialFile], 1);
+        assert!(refused[&Refused::NotEmpty] >= 1, "{refused:?}");
+        assert_eq!(removed, 3, "b/out.txt, b and top.txt; a and r1 keep the refused entries");
+        assert_eq!(std::fs::read_to_string(outside.join("precious")).unwrap(), "keep");
+        assert!(std::fs::symlink_metadata(ws.join(".iop/job/r1/a/escape")).is_ok(), "refused entries stay");
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_state_directories_is_not_followed() {
+        let (tmp, ws) = workspace();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(outside.join("r9")).unwrap();
+        std::fs::write(outside.join("r9/precious"), "keep").unwrap();
+        std::fs::remove_dir_all(ws.join(".iop/job")).unwrap();
+        symlink(&outside, ws.join(".iop/job")).unwrap();
+        assert_eq!(clean(&root(&ws), "r9"), CleanupOutcome::Failed);
+        assert!(outside.join("r9/precious").exists());
+    }
+
+    #[tokio::test]
+    async fn concurrent_and_late_callers_share_one_outcome() {
+        let (_tmp, ws) = workspace();
+        let cache = CleanupCache::default();
+        let root = root(&ws);
+        let (a, b) = tokio::join!(cache.clean(&root, "r1"), cache.clean(&root, "r1"));
+        assert_eq!(a, CleanupOutcome::Cleaned { removed: 5 });
+        assert_eq!(b, a);
+        assert_eq!(cache.clean(&root, "r1").await, a, "a late caller gets the same outcome, not nothing_to_clean");
+    }
+}
