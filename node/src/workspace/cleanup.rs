@@ -97,13 +97,32 @@ fn open_dir(parent: &impl std::os::fd::AsFd, name: &str) -> Result<OwnedFd, Errn
 struct Entry {
     parent: Option<usize>,
     name: String,
-    dev: u64,
-    ino: u64,
+    identity: Identity,
     dir: bool,
+}
+
+/// What "the same entry" means: device and inode, and for a file its
+/// change time too, because a file replaced under the same name often gets
+/// the inode number just freed. (A directory's change time moves as its own
+/// entries are removed, so it is not part of a directory's identity.)
+type Identity = (u64, u64, i64, i64);
+
+fn identity(stat: &rustix::fs::Stat) -> Identity {
+    let (dev, ino) = (stat.st_dev as u64, stat.st_ino as u64);
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => (dev, ino, 0, 0),
+        _ => (dev, ino, stat.st_ctime as i64, stat.st_ctime_nsec as i64),
+    }
 }
 
 /// Removes `<root>/.iop/job/<request_id>`.
 pub fn clean(root: &File, request_id: &str) -> CleanupOutcome {
+    clean_with(root, request_id, &|| {})
+}
+
+/// [`clean`] with `between` called after the inventory, before removal
+/// (tests race it there).
+pub(crate) fn clean_with(root: &File, request_id: &str, between: &dyn Fn()) -> CleanupOutcome {
     if !valid_request_id(request_id) {
         return CleanupOutcome::InvalidRequestId;
     }
@@ -156,13 +175,7 @@ pub fn clean(root: &File, request_id: &str) -> CleanupOutcome {
                 continue;
             }
             let dir = kind == FileType::Directory;
-            entries.push(Entry {
-                parent: index,
-                name: name.clone(),
-                dev: stat.st_dev as u64,
-                ino: stat.st_ino as u64,
-                dir,
-            });
+            entries.push(Entry { parent: index, name: name.clone(), identity: identity(&stat), dir });
             if dir {
                 match open_dir(&fd, &name) {
                     Ok(child) => queue.push_back((Some(entries.len() - 1), child)),
@@ -173,13 +186,14 @@ pub fn clean(root: &File, request_id: &str) -> CleanupOutcome {
         handles.insert(index, fd);
     }
 
+    between();
     // Deepest first: entries were found breadth-first, so reverse order
     // removes every child before its parent.
     let mut removed = 0u64;
     for entry in entries.iter().rev() {
         let Some(parent) = handles.get(&entry.parent) else { continue };
         let same = rustix::fs::statat(parent, entry.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|s| (s.st_dev as u64, s.st_ino as u64) == (entry.dev, entry.ino));
+            .is_ok_and(|s| identity(&s) == entry.identity);
         if !same {
             *refused.entry(Refused::Replaced).or_default() += 1;
             continue;
@@ -310,6 +324,21 @@ mod tests {
         symlink(&outside, ws.join(".iop/job")).unwrap();
         assert_eq!(clean(&root(&ws), "r9"), CleanupOutcome::Failed);
         assert!(outside.join("r9/precious").exists());
+    }
+
+    #[test]
+    fn an_entry_replaced_after_the_inventory_is_left_alone() {
+        let (_tmp, ws) = workspace();
+        let target = ws.join(".iop/job/r1/top.txt");
+        let replace = || {
+            std::fs::remove_file(&target).unwrap();
+            std::fs::write(&target, "a new file under the same name").unwrap();
+        };
+        let outcome = clean_with(&root(&ws), "r1", &replace);
+        let CleanupOutcome::Partial { removed, refused } = outcome else { panic!("{outcome:?}") };
+        assert_eq!(refused[&Refused::Replaced], 1);
+        assert_eq!(removed, 3, "a/b/out.txt, a/b and a");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "a new file under the same name");
     }
 
     #[tokio::test]
