@@ -39,7 +39,7 @@ fn tunnel_request(method: &str, path: &str) -> pb::ProviderTunnelRequest {
 
 /// A running `serve` whose uplink frames the test reads one by one.
 struct Relay {
-    frames: mpsc::Receiver<pb::TunnelUplink>,
+    frames: mpsc::Receiver<Box<pb::TunnelUplink>>,
     done: tokio::task::JoinHandle<bool>,
 }
 
