@@ -158,10 +158,7 @@ impl Keys {
         let mut principals = Vec::with_capacity(file.principals.len());
         for (i, entry) in file.principals.into_iter().enumerate() {
             let at = |field: &str| format!("principals[{i}].{field}");
-            let name_ok = !entry.name.is_empty()
-                && entry.name.len() <= 63
-                && entry.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-            if !name_ok {
+            if !iop_proto::config::is_config_name(&entry.name) {
                 return Err(format!("{}: must be 1-63 of [A-Za-z0-9-_.]", at("name")));
             }
             if !names.insert(entry.name.clone()) {

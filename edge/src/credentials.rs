@@ -122,13 +122,18 @@ pub fn lease_for(
     if profile.disabled {
         return Err(rejected("disabled"));
     }
-    if !state.registry.is_current(lease.node(), lease.generation()) {
+    let key = match state.registry.lease_key(lease.node(), lease.generation()) {
+        Some(Some(key)) => key,
+        Some(None) => return Err(rejected("no_node_key")),
         // The connection ended since admission: the same (retryable) failure
         // dispatching on it would have given.
-        return Err(pb::ExecutionFailure::new(FailureKind::TransportLost, "node connection closed before dispatch"));
-    }
-    let key =
-        state.registry.lease_key_if_current(lease.node(), lease.generation()).ok_or_else(|| rejected("no_node_key"))?;
+        None => {
+            return Err(pb::ExecutionFailure::new(
+                FailureKind::TransportLost,
+                "node connection closed before dispatch",
+            ));
+        }
+    };
     let identity = iop_proto::identity::NodeIdentity::new(state.config.current().trust_domain.clone(), lease.node())
         .map_err(|_| rejected("invalid_node"))?;
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();

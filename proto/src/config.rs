@@ -412,7 +412,11 @@ pub enum ConfigError {
     Invalid { field: String, reason: String },
 }
 
-fn is_profile_name(name: &str) -> bool {
+/// The rule for a name the config gives something: a provider id, a
+/// credential profile, a workspace ref or command id, and (in the Edge's
+/// keys file) a principal: 1-63 of `[A-Za-z0-9-_.]`, so it is also safe as
+/// a file name and a metric label value.
+pub fn is_config_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
@@ -545,7 +549,7 @@ impl EdgeConfig {
         let mut profiles = BTreeSet::new();
         for (i, c) in self.credentials.iter().enumerate() {
             let at = |f: &str| format!("credentials[{i}].{f}");
-            if !is_profile_name(&c.profile) {
+            if !is_config_name(&c.profile) {
                 return Err(invalid(at("profile"), "must be 1-63 of [A-Za-z0-9-_.]"));
             }
             if !profiles.insert(c.profile.as_str()) {
@@ -558,10 +562,7 @@ impl EdgeConfig {
         let mut ids = BTreeSet::new();
         for (i, p) in self.providers.iter().enumerate() {
             let at = |f: &str| format!("providers[{i}].{f}");
-            if p.id.is_empty()
-                || p.id.len() > 63
-                || !p.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-            {
+            if !is_config_name(&p.id) {
                 return Err(invalid(at("id"), "must be 1-63 of [A-Za-z0-9-_.]"));
             }
             if !ids.insert(p.id.as_str()) {
@@ -640,7 +641,7 @@ impl EdgeConfig {
         let mut refs = BTreeSet::new();
         for (i, w) in self.workspaces.iter().enumerate() {
             let at = |f: &str| format!("workspaces[{i}].{f}");
-            if !is_profile_name(&w.reference) {
+            if !is_config_name(&w.reference) {
                 return Err(invalid(at("ref"), "must be 1-63 of [A-Za-z0-9-_.]"));
             }
             if !refs.insert(w.reference.as_str()) {
@@ -657,7 +658,7 @@ impl EdgeConfig {
             let mut ids = BTreeSet::new();
             for (j, c) in w.commands.iter().enumerate() {
                 let at = |f: &str| format!("workspaces[{i}].commands[{j}].{f}");
-                if !is_profile_name(&c.id) {
+                if !is_config_name(&c.id) {
                     return Err(invalid(at("id"), "must be 1-63 of [A-Za-z0-9-_.]"));
                 }
                 if !ids.insert(c.id.as_str()) {

@@ -149,10 +149,11 @@ impl NodeRegistry {
             .map(|s| s.control.clone())
     }
 
-    /// The lease key of `node`'s session if `generation` is still current.
-    pub fn lease_key_if_current(&self, node: &str, generation: u64) -> Option<Arc<[u8]>> {
+    /// The lease key `node` sent on connection `generation` (`Some(None)`:
+    /// it sent none); `None` when that connection is no longer current.
+    pub fn lease_key(&self, node: &str, generation: u64) -> Option<Option<Arc<[u8]>>> {
         let sessions = self.sessions.lock().unwrap();
-        sessions.get(node).filter(|s| s.generation == generation).and_then(|s| s.lease_key.clone())
+        sessions.get(node).filter(|s| s.generation == generation).map(|s| s.lease_key.clone())
     }
 
     /// The control channel of the node's current Ready session.

@@ -19,8 +19,10 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
+
+use super::files::open_dir;
 
 /// Where the node keeps per-request state, below the workspace root.
 pub const JOB_DIR: [&str; 2] = [".iop", "job"];
@@ -81,15 +83,6 @@ impl CleanupOutcome {
 
 fn valid_request_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-fn open_dir(parent: &impl std::os::fd::AsFd, name: &str) -> Result<OwnedFd, Errno> {
-    rustix::fs::openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
 }
 
 /// One inventoried entry: its parent's index (`None`: the request's
@@ -258,6 +251,7 @@ impl CleanupCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::Mode;
     use std::os::unix::fs::symlink;
     use std::path::{Path, PathBuf};
 

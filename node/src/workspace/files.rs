@@ -22,7 +22,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -178,6 +178,8 @@ pub struct ListResult {
 /// The file operations of one accepted workspace.
 pub struct Files<'a> {
     root: &'a File,
+    /// The root's device: no entry an operation touches may be on another.
+    dev: u64,
     limits: FileLimits,
 }
 
@@ -185,9 +187,16 @@ fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
+/// Opens directory `name` of `parent`, never through a link (`ELOOP`, or
+/// `ENOTDIR` for a link with `O_DIRECTORY`).
+pub(crate) fn open_dir(parent: &impl AsFd, name: &str) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(parent, name, dir_flags(), Mode::empty())
+}
+
 impl<'a> Files<'a> {
-    pub fn new(root: &'a File, limits: FileLimits) -> Self {
-        Self { root, limits }
+    pub fn new(root: &'a File, limits: FileLimits) -> Result<Self, FileError> {
+        let dev = rustix::fs::fstat(root).map_err(FileError::of)?.st_dev as u64;
+        Ok(Self { root, dev, limits })
     }
 
     /// Up to `max` bytes (at most the file limit) from `offset`.
@@ -310,15 +319,11 @@ impl<'a> Files<'a> {
             FileType::Symlink => return Err(FileError::Symlink),
             _ => return Err(FileError::SpecialFile),
         };
-        if stat.st_dev != self.root_dev()? {
+        if stat.st_dev as u64 != self.dev {
             return Err(FileError::CrossDevice);
         }
         self.unchanged(&rel.parents, &parent)?;
         rustix::fs::unlinkat(&parent, name, flags).map_err(FileError::of)
-    }
-
-    fn root_dev(&self) -> Result<u64, FileError> {
-        Ok(rustix::fs::fstat(self.root).map_err(FileError::of)?.st_dev as u64)
     }
 
     /// The directory `parts` beneath the root, without following any link
@@ -343,10 +348,9 @@ impl<'a> Files<'a> {
     /// The portable resolution: one `O_NOFOLLOW | O_DIRECTORY` open per
     /// component, each on the same device as the root.
     pub(crate) fn walk(&self, parts: &[String]) -> Result<OwnedFd, FileError> {
-        let dev = self.root_dev()?;
-        let mut current = rustix::fs::openat(self.root, ".", dir_flags(), Mode::empty()).map_err(FileError::of)?;
+        let mut current = open_dir(self.root, ".").map_err(FileError::of)?;
         for part in parts {
-            let next = match rustix::fs::openat(&current, part.as_str(), dir_flags(), Mode::empty()) {
+            let next = match open_dir(&current, part) {
                 Ok(next) => next,
                 // O_DIRECTORY on a link gives ENOTDIR rather than ELOOP.
                 Err(Errno::NOTDIR) => {
@@ -358,7 +362,7 @@ impl<'a> Files<'a> {
                 }
                 Err(e) => return Err(FileError::of(e)),
             };
-            if rustix::fs::fstat(&next).map_err(FileError::of)?.st_dev as u64 != dev {
+            if rustix::fs::fstat(&next).map_err(FileError::of)?.st_dev as u64 != self.dev {
                 return Err(FileError::CrossDevice);
             }
             current = next;
@@ -374,7 +378,7 @@ impl<'a> Files<'a> {
             FileType::Directory => return Err(FileError::IsADirectory),
             _ => return Err(FileError::SpecialFile),
         }
-        if stat.st_dev as u64 != self.root_dev()? {
+        if stat.st_dev as u64 != self.dev {
             return Err(FileError::CrossDevice);
         }
         Ok(stat)

@@ -70,17 +70,7 @@ pub enum BuildError {
 /// Provider they are the operator defaults. No provider gets less than it
 /// asked for; a provider cannot lower the limit for the others.
 pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result<Prepared, BuildError> {
-    let mut config = EdgeConfig {
-        listen: settings.listen.clone(),
-        tls: settings.tls.clone(),
-        trust_domain: settings.trust_domain.clone(),
-        nodes: Vec::new(),
-        providers: Vec::new(),
-        limits: settings.limits.clone(),
-        auth: settings.auth.clone(),
-        credentials: Vec::new(),
-        workspaces: Vec::new(),
-    };
+    let mut config = settings.empty_config();
     config.validate().map_err(BuildError::Settings)?;
     let mut excluded = Vec::new();
     let mut exclude = |kind: &'static str, name: &str, e: &Invalid| {

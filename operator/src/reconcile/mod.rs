@@ -10,7 +10,7 @@ pub mod validate;
 
 use std::path::PathBuf;
 
-use iop_proto::config::{AuthConfig, AuthMode, EdgeTlsConfig, Limits, ListenConfig};
+use iop_proto::config::{AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig};
 
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
@@ -64,6 +64,25 @@ impl Settings {
             },
             limits: Limits::default(),
             auth: AuthConfig { mode: AuthMode::Required, keys_file: Some(PathBuf::from(EDGE_KEYS_FILE)) },
+        }
+    }
+}
+
+impl Settings {
+    /// An Edge config of these settings with no node, provider, credential
+    /// or workspace: what the build stage fills, and what one object is
+    /// checked in alone (by the Edge's own rules).
+    pub fn empty_config(&self) -> EdgeConfig {
+        EdgeConfig {
+            listen: self.listen.clone(),
+            tls: self.tls.clone(),
+            trust_domain: self.trust_domain.clone(),
+            nodes: Vec::new(),
+            providers: Vec::new(),
+            limits: self.limits.clone(),
+            auth: self.auth.clone(),
+            credentials: Vec::new(),
+            workspaces: Vec::new(),
         }
     }
 }

@@ -225,15 +225,9 @@ pub fn workspace(
     };
     // The Edge's own rules, on a config holding just this workspace and its node.
     let alone = EdgeConfig {
-        listen: settings.listen.clone(),
-        tls: settings.tls.clone(),
-        trust_domain: settings.trust_domain.clone(),
         nodes: vec![NodeEntry { name: node.to_string() }],
-        providers: Vec::new(),
-        limits: settings.limits.clone(),
-        auth: settings.auth.clone(),
-        credentials: Vec::new(),
         workspaces: vec![entry.clone()],
+        ..settings.empty_config()
     };
     match alone.validate() {
         Ok(()) => Ok(entry),
@@ -268,20 +262,15 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
     };
     // The Edge's own rules, on a config holding just this provider and its node.
     let alone = EdgeConfig {
-        listen: settings.listen.clone(),
-        tls: settings.tls.clone(),
-        trust_domain: settings.trust_domain.clone(),
         nodes: vec![NodeEntry { name: entry.node.clone() }],
         providers: vec![entry.clone()],
-        limits: settings.limits.clone(),
-        auth: settings.auth.clone(),
         // Its profile as the build stage renders it (revision and file aside).
         credentials: entry
             .credential
             .iter()
-            .map(|c| super::credentials::profiles(&[(c.profile.clone(), 1)].into()).remove(0))
+            .flat_map(|c| super::credentials::profiles(&[(c.profile.clone(), 1)].into()))
             .collect(),
-        workspaces: Vec::new(),
+        ..settings.empty_config()
     };
     // Target model and base URL included: `iop_proto::config::check_base_url`
     // and `check_target_model`, the rules the CRD schema's patterns restate.

@@ -40,7 +40,7 @@ impl Fixture {
     }
 
     fn files(&self) -> Files<'_> {
-        Files::new(&self.root, LIMITS)
+        Files::new(&self.root, LIMITS).unwrap()
     }
 
     fn ws(&self) -> PathBuf {
