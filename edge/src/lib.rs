@@ -21,6 +21,7 @@ pub mod overlay;
 pub mod recovery;
 pub mod reload;
 pub mod route;
+pub mod workspace;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,6 +66,7 @@ pub struct EdgeState {
     pub recovery: Arc<tokio::sync::Notify>,
     pub runs: Arc<RunTable<pb::RunEvent>>,
     pub tunnels: Arc<RunTable<pb::ProviderTunnelFrame>>,
+    pub workspace_calls: Arc<workspace::WorkspaceCalls>,
     pub commands: CommandTable,
     pub generations: GenerationSource,
     pub metrics: Arc<EdgeMetrics>,
@@ -72,6 +74,9 @@ pub struct EdgeState {
     pub shutting_down: CancellationToken,
     /// Test-only: make every credential lease bad in this way.
     pub lease_fault: Option<credentials::LeaseFault>,
+    /// `POST /admin/v1/workspaces/{ref}/calls` is served (`iop-edge
+    /// --admin-workspace-calls`); off by default.
+    pub admin_workspace_calls: bool,
     /// The lease a `Replay` fault repeats.
     pub first_lease: std::sync::OnceLock<pb::SealedLease>,
 }
@@ -126,12 +131,14 @@ impl Edge {
             recovery: Arc::new(tokio::sync::Notify::new()),
             runs: Arc::new(RunTable::default()),
             tunnels: Arc::new(RunTable::default()),
+            workspace_calls: Default::default(),
             commands: CommandTable::default(),
             generations: GenerationSource::default(),
             metrics,
             heartbeat,
             shutting_down: CancellationToken::new(),
             lease_fault: None,
+            admin_workspace_calls: false,
             first_lease: std::sync::OnceLock::new(),
         });
         metrics_revision(&state);
@@ -153,6 +160,13 @@ impl Edge {
     /// `fault` says (`iop-edge --test-lease-fault`).
     pub fn with_test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
         Arc::get_mut(&mut self.state).expect("set before serving").lease_fault = Some(fault);
+        self
+    }
+
+    /// Serves the admin API's workspace diagnostic
+    /// (`POST /admin/v1/workspaces/{ref}/calls`).
+    pub fn with_admin_workspace_calls(mut self) -> Self {
+        Arc::get_mut(&mut self.state).expect("set before serving").admin_workspace_calls = true;
         self
     }
 
@@ -193,7 +207,13 @@ impl Edge {
             .initial_connection_window_size(Some(NODE_CONNECTION_WINDOW))
             // hyper's default (200) would silently cap concurrent runs per node.
             .max_concurrent_streams(Some(MAX_STREAMS_PER_NODE))
-            .add_service(NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() }))
+            .add_service(
+                NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() })
+                    // Workspace answers (file contents, command output) are
+                    // larger than run frames; nodes are authenticated.
+                    .max_decoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES)
+                    .max_encoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES),
+            )
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
         let grpc_task = tokio::spawn(grpc_server);
         let recovery_task = tokio::spawn(recovery::run(state.clone()));

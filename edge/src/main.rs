@@ -29,6 +29,11 @@ struct Args {
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+    /// Serve `POST /admin/v1/workspaces/{ref}/calls` on the admin listener:
+    /// run workspace tool calls (within each workspace's template) directly,
+    /// to check a workspace end to end. Off by default.
+    #[arg(long)]
+    admin_workspace_calls: bool,
     /// Test-only heartbeat profile override, INTERVAL_MS,WAIT_MS.
     #[arg(long, hide = true, value_parser = HeartbeatProfile::parse_test_override)]
     test_heartbeat_profile: Option<HeartbeatProfile>,
@@ -96,7 +101,10 @@ async fn main() -> ExitCode {
     };
     let edge = match iop_edge::Edge::bind(config, args.test_heartbeat_profile.unwrap_or_default()).await {
         Ok(edge) => {
-            let edge = edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms));
+            let mut edge = edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms));
+            if args.admin_workspace_calls {
+                edge = edge.with_admin_workspace_calls();
+            }
             match args.test_lease_fault {
                 Some(fault) => edge.with_test_lease_fault(fault),
                 None => edge,

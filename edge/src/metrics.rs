@@ -123,6 +123,7 @@ pub struct EdgeMetrics {
     pub principal_requests: Family<PrincipalLabels, Counter>,
     pub leases_sealed: Counter,
     pub lease_refusals: Family<ReasonLabels, Counter>,
+    pub workspace_dropped: Family<ReasonLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -159,7 +160,7 @@ impl EdgeMetrics {
         let fenced_frames = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "fenced_frames",
-            "Run frames dropped because their connection generation was fenced or the run was unknown",
+            "Run, tunnel and workspace frames dropped because their connection generation was fenced or the execution was unknown",
             fenced_frames.clone(),
         );
         let runs = Family::<OutcomeLabels, Counter>::default();
@@ -232,6 +233,12 @@ impl EdgeMetrics {
             "Executions refused before dispatch because no lease could be sealed, by reason",
             lease_refusals.clone(),
         );
+        let workspace_dropped = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "workspace_frames_dropped",
+            "Workspace answers dropped (stale or repeated identity, malformed), by reason",
+            workspace_dropped.clone(),
+        );
         Arc::new(Self {
             registry,
             http_requests,
@@ -258,6 +265,7 @@ impl EdgeMetrics {
             principal_requests,
             leases_sealed,
             lease_refusals,
+            workspace_dropped,
         })
     }
 

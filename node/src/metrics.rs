@@ -58,8 +58,30 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// A workspace operation (`open`, `read`, `list`, `write`, `delete`,
+/// `command`) and its closed result (`ok` or a typed error's label).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkspaceOpLabels {
+    pub op: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
 pub struct NodeMetrics {
     registry: Registry,
+    workspace_ops: Family<WorkspaceOpLabels, Counter>,
+    workspace_op_duration: Family<OpLabels, Histogram>,
+    workspace_cleanups: Family<ResultLabels, Counter>,
+    workspace_dropped: Family<ReasonLabels, Counter>,
     stalls: Family<StallLabels, Counter>,
     stall_duration: Family<KindLabels, Histogram>,
     fenced_output: Family<KindLabels, Counter>,
@@ -86,7 +108,35 @@ impl NodeMetrics {
             "Credential leases refused before the provider call, by reason",
             lease_rejections.clone(),
         );
-        Arc::new(Self { registry, stalls, stall_duration, fenced_output, lease_rejections })
+        let workspace_ops = Family::<WorkspaceOpLabels, Counter>::default();
+        registry.register("workspace_ops", "Workspace operations, by operation and result", workspace_ops.clone());
+        let workspace_op_duration = Family::<OpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 4.0, 12))
+        });
+        registry.register(
+            "workspace_op_duration_seconds",
+            "Time a workspace operation took on the node",
+            workspace_op_duration.clone(),
+        );
+        let workspace_cleanups = Family::<ResultLabels, Counter>::default();
+        registry.register("workspace_cleanups", "Request cleanups, by outcome", workspace_cleanups.clone());
+        let workspace_dropped = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "workspace_frames_dropped",
+            "Workspace messages dropped (repeated request, malformed), by reason",
+            workspace_dropped.clone(),
+        );
+        Arc::new(Self {
+            registry,
+            workspace_ops,
+            workspace_op_duration,
+            workspace_cleanups,
+            workspace_dropped,
+            stalls,
+            stall_duration,
+            fenced_output,
+            lease_rejections,
+        })
     }
 
     pub fn observe_stall(&self, kind: ExecutionKind, evidence: &StallEvidence, silent_for: Duration) {
@@ -107,6 +157,19 @@ impl NodeMetrics {
 
     pub fn lease_refused(&self, reason: &'static str) {
         self.lease_rejections.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn workspace_op(&self, op: &'static str, result: &'static str, took: Duration) {
+        self.workspace_ops.get_or_create(&WorkspaceOpLabels { op, result }).inc();
+        self.workspace_op_duration.get_or_create(&OpLabels { op }).observe(took.as_secs_f64());
+    }
+
+    pub fn workspace_cleanup(&self, result: &'static str) {
+        self.workspace_cleanups.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn workspace_frame_dropped(&self, reason: &'static str) {
+        self.workspace_dropped.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     pub fn encode(&self) -> String {

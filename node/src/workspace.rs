@@ -11,34 +11,39 @@
 //! The allowed-roots check is lexical and comes first, so the Edge cannot
 //! learn anything about paths outside them (not even whether they exist).
 
+pub mod authority;
 pub mod cleanup;
 pub mod command;
 pub mod files;
+pub mod runtime;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use iop_proto::config::check_workspace_root;
 use iop_proto::pb::{self, WorkspaceState};
 
-/// An accepted workspace: its root and the directory handle held for it.
+/// An accepted workspace: its root, the directory handle held for it, and
+/// the most any request on it may be granted.
 #[derive(Debug)]
 pub struct Workspace {
     pub root: PathBuf,
     pub dir: File,
+    pub template: authority::Template,
 }
 
 /// The workspaces of one connection, by ref.
 #[derive(Debug, Default)]
 pub struct WorkspaceCatalog {
-    accepted: HashMap<String, Workspace>,
+    accepted: HashMap<String, Arc<Workspace>>,
 }
 
 impl WorkspaceCatalog {
-    pub fn get(&self, reference: &str) -> Option<&Workspace> {
+    pub fn get(&self, reference: &str) -> Option<&Arc<Workspace>> {
         self.accepted.get(reference)
     }
 
@@ -77,7 +82,9 @@ pub fn admit(
     for a in assignments {
         let state = match open_root(allowed, &a.root) {
             Ok(dir) => {
-                catalog.accepted.insert(a.r#ref.clone(), Workspace { root: PathBuf::from(&a.root), dir });
+                let template = authority::Template::from_assignment(a);
+                let workspace = Workspace { root: PathBuf::from(&a.root), dir, template };
+                catalog.accepted.insert(a.r#ref.clone(), Arc::new(workspace));
                 WorkspaceState::Accepted
             }
             Err(state) => {
@@ -132,7 +139,7 @@ mod tests {
     use super::*;
 
     fn assignment(reference: &str, root: &Path) -> pb::WorkspaceAssignment {
-        pb::WorkspaceAssignment { r#ref: reference.into(), root: root.to_str().unwrap().into() }
+        pb::WorkspaceAssignment { r#ref: reference.into(), root: root.to_str().unwrap().into(), ..Default::default() }
     }
 
     fn states(allowed: &[PathBuf], assignments: &[pb::WorkspaceAssignment]) -> Vec<(String, WorkspaceState)> {
@@ -168,7 +175,7 @@ mod tests {
         let assignments: Vec<_> = cases.iter().map(|(r, p, _)| assignment(r, p)).collect();
         let expected: Vec<_> = cases.iter().map(|(r, _, s)| (r.to_string(), *s)).collect();
         assert_eq!(states(&roots, &assignments), expected);
-        let relative = pb::WorkspaceAssignment { r#ref: "rel".into(), root: "site".into() };
+        let relative = pb::WorkspaceAssignment { r#ref: "rel".into(), root: "site".into(), ..Default::default() };
         assert_eq!(states(&roots, &[relative]), [("rel".to_string(), WorkspaceState::InvalidPath)]);
 
         let (catalog, _) = admit(&roots, &assignments);

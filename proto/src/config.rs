@@ -290,6 +290,67 @@ pub enum Adapter {
     Openai,
 }
 
+impl From<WorkspaceOperation> for crate::pb::WorkspaceOperation {
+    fn from(op: WorkspaceOperation) -> Self {
+        match op {
+            WorkspaceOperation::Read => Self::Read,
+            WorkspaceOperation::List => Self::List,
+            WorkspaceOperation::Write => Self::Write,
+            WorkspaceOperation::Delete => Self::Delete,
+            WorkspaceOperation::Command => Self::Command,
+        }
+    }
+}
+
+impl From<WorkspaceLimits> for crate::pb::WorkspaceLimits {
+    fn from(l: WorkspaceLimits) -> Self {
+        Self {
+            max_file_bytes: l.max_file_bytes,
+            max_list_entries: l.max_list_entries,
+            max_output_bytes: l.max_output_bytes,
+            max_iterations: l.max_iterations,
+            wall_clock_ms: l.wall_clock_ms,
+        }
+    }
+}
+
+impl WorkspaceEntry {
+    fn wire_operations(&self) -> Vec<i32> {
+        self.operations.iter().map(|op| crate::pb::WorkspaceOperation::from(*op).into()).collect()
+    }
+
+    /// The catalog entry its node receives at registration (root and the
+    /// whole template, command argv included).
+    pub fn assignment(&self) -> crate::pb::WorkspaceAssignment {
+        crate::pb::WorkspaceAssignment {
+            r#ref: self.reference.clone(),
+            root: self.root.clone(),
+            operations: self.wire_operations(),
+            commands: self
+                .commands
+                .iter()
+                .map(|c| crate::pb::WorkspaceCommandTemplate {
+                    id: c.id.clone(),
+                    argv: c.argv.clone(),
+                    timeout_ms: c.timeout_ms,
+                })
+                .collect(),
+            env_allowlist: self.env_allowlist.clone(),
+            limits: Some(self.limits.into()),
+        }
+    }
+
+    /// The whole template as a request's authority: names and limits only.
+    pub fn authority(&self) -> crate::pb::WorkspaceAuthority {
+        crate::pb::WorkspaceAuthority {
+            operations: self.wire_operations(),
+            command_ids: self.commands.iter().map(|c| c.id.clone()).collect(),
+            env_names: self.env_allowlist.clone(),
+            limits: Some(self.limits.into()),
+        }
+    }
+}
+
 impl From<Adapter> for AdapterKind {
     fn from(a: Adapter) -> Self {
         match a {

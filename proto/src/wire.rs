@@ -25,6 +25,12 @@ pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// Control-stream messages stay small and keep tonic's 4 MiB default.
 pub const MAX_RUN_REQUEST_MESSAGE_BYTES: usize = MAX_REQUEST_BODY_BYTES + 16 * 1024 * 1024;
 
+/// Largest message on a workspace call, either way: a write's content or a
+/// read's result / a command's output (bounded by the workspace limits:
+/// `max_output_bytes` at most 64 MiB) plus a margin. The Edge's gRPC server
+/// decodes node messages up to this size.
+pub const MAX_WORKSPACE_MESSAGE_BYTES: usize = 64 * 1024 * 1024 + 64 * 1024;
+
 /// Largest encoded request the Edge puts into a `RunAssign` / `TunnelAssign`
 /// on the control stream (32 KiB); a larger one goes down the execution's
 /// own call. Inline, the node calls the provider one Edge round trip sooner
@@ -153,6 +159,51 @@ pub fn classify(health: pb::ProviderHealth) -> pb::LivenessClassification {
         pb::ProviderHealth::Available => pb::LivenessClassification::RequestStalled,
         pb::ProviderHealth::Unavailable => pb::LivenessClassification::ProviderUnhealthy,
         pb::ProviderHealth::Unknown | pb::ProviderHealth::Unspecified => pb::LivenessClassification::HealthUnknown,
+    }
+}
+
+impl pb::WorkspaceToolErrorCode {
+    /// The code as logs, metrics and tool results name it (closed).
+    pub fn label(self) -> &'static str {
+        use pb::WorkspaceToolErrorCode as C;
+        match self {
+            C::Unspecified => "unspecified",
+            C::InvalidPath => "invalid_path",
+            C::Reserved => "reserved",
+            C::NotFound => "not_found",
+            C::Symlink => "symlink",
+            C::CrossDevice => "cross_device",
+            C::NotADirectory => "not_a_directory",
+            C::IsADirectory => "is_a_directory",
+            C::SpecialFile => "special_file",
+            C::Exists => "exists",
+            C::NotEmpty => "not_empty",
+            C::TooLarge => "too_large",
+            C::ParentChanged => "parent_changed",
+            C::Io => "io",
+            C::Denied => "denied",
+            C::SpawnFailed => "spawn_failed",
+            C::NotOpen => "not_open",
+            C::Busy => "busy",
+            C::DuplicateCall => "duplicate_call",
+            C::InvalidRequest => "invalid_request",
+        }
+    }
+}
+
+impl pb::WorkspaceToolResponse {
+    /// The outcome as one closed label: `ok`, a command's `exit_nonzero`,
+    /// `timed_out` or `cancelled`, or the error code's label.
+    pub fn result_label(&self) -> &'static str {
+        use pb::workspace_tool_response::Result as R;
+        match &self.result {
+            Some(R::Command(c)) if c.cancelled => "cancelled",
+            Some(R::Command(c)) if c.timed_out => "timed_out",
+            Some(R::Command(c)) if c.exit_code != Some(0) => "exit_nonzero",
+            Some(R::Read(_) | R::List(_) | R::Write(_) | R::Delete(_) | R::Command(_)) => "ok",
+            Some(R::Error(e)) => e.code().label(),
+            None => "invalid_request",
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! Admin endpoints: JSON snapshots of nodes and providers, and node
-//! commands (CAPABILITIES, TRANSPORT_STATUS, the read-only OLLAMA_API calls).
+//! Admin endpoints: JSON snapshots of nodes and providers, node commands
+//! (CAPABILITIES, TRANSPORT_STATUS, the read-only OLLAMA_API calls), and,
+//! when enabled, the workspace diagnostic.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use serde_json::json;
 use crate::EdgeState;
 use crate::node::commands::CommandError;
 use crate::overlay::{ProviderView, health_label};
+use crate::workspace::tools::{self, ToolCall};
+use crate::workspace::{self, WorkspaceCall, WorkspaceError};
 
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -131,6 +134,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         "providers": providers,
         "queued": load.queued,
         "in_flight_runs": state.runs.in_flight(),
+        "workspace_calls": state.workspace_calls.in_flight(),
         "leases": { "acquired": load.acquired, "released": load.released, "double_releases": load.double_releases },
     }))
     .into_response()
@@ -186,4 +190,113 @@ fn command_json(result: &pb::NodeCommandResult) -> serde_json::Value {
         }),
         None => json!({ "error": "empty result" }),
     }
+}
+
+/// Most tool calls one diagnostic request may carry.
+const MAX_DIAGNOSTIC_CALLS: usize = 64;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceCallsBody {
+    calls: Vec<ToolCall>,
+}
+
+/// `POST /admin/v1/workspaces/{ref}/calls` (only with `iop-edge
+/// --admin-workspace-calls`): admits the workspace as a job would (its node's
+/// current ready connection, the template as authority), opens it, runs the
+/// calls in order, cleans up, and answers with every typed result. Bounded
+/// by the workspace's `wall_clock_ms`; a caller that goes away ends the call
+/// and the node cancels and cleans by itself.
+pub async fn workspace_calls(
+    State(state): State<Arc<EdgeState>>,
+    Path(reference): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if !state.admin_workspace_calls {
+        return admin_error(
+            StatusCode::FORBIDDEN,
+            "workspace_calls_disabled",
+            "start iop-edge with --admin-workspace-calls to drive workspaces from the admin API",
+        );
+    }
+    let body: WorkspaceCallsBody = match serde_json::from_slice(&body) {
+        Ok(body) => body,
+        Err(e) => return admin_error(StatusCode::BAD_REQUEST, "invalid_request", e),
+    };
+    if body.calls.len() > MAX_DIAGNOSTIC_CALLS {
+        let message = format!("at most {MAX_DIAGNOSTIC_CALLS} calls per request");
+        return admin_error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    }
+    let admitted = match workspace::admit(&state, &reference) {
+        Ok(admitted) => admitted,
+        Err(e @ WorkspaceError::UnknownWorkspace) => return admin_error(StatusCode::NOT_FOUND, e.label(), e),
+        Err(e) => return admin_error(StatusCode::SERVICE_UNAVAILABLE, e.label(), e),
+    };
+    let limit = admitted.authority.limits.map_or(0, |l| l.wall_clock_ms);
+    match tokio::time::timeout(Duration::from_millis(limit), drive_workspace(&state, &admitted, body.calls)).await {
+        Ok(Ok(answer)) => axum::Json(answer).into_response(),
+        Ok(Err(e)) => admin_error(StatusCode::BAD_GATEWAY, e.label(), e),
+        Err(_) => admin_error(StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded", "the workspace's wall clock ran out"),
+    }
+}
+
+async fn drive_workspace(
+    state: &EdgeState,
+    admitted: &workspace::Admitted,
+    calls: Vec<ToolCall>,
+) -> Result<serde_json::Value, WorkspaceError> {
+    let request_id = crate::ids::new_uuid().to_string();
+    let mut call = WorkspaceCall::start(state, admitted, &request_id).await?;
+    let effective = call.open(&admitted.reference, &admitted.authority).await?;
+    let never = tokio_util::sync::CancellationToken::new();
+    let mut results = Vec::with_capacity(calls.len());
+    for (index, tool) in calls.into_iter().enumerate() {
+        if !tool.allowed_by(&effective) {
+            results.push(json!({ "result": "denied" }));
+            continue;
+        }
+        let answer = call.tool("admin", &format!("call-{index}"), tool.into_wire(), &never).await?;
+        results.push(tools::result_json(&answer));
+    }
+    let cleanup = call.cleanup().await?;
+    Ok(json!({
+        "request_id": request_id,
+        "node": admitted.node,
+        "effective": authority_json(&effective),
+        "results": results,
+        "cleanup": {
+            "status": workspace::cleanup_label(cleanup.status),
+            "removed": cleanup.removed,
+            "refused": cleanup.refused,
+        },
+    }))
+}
+
+fn authority_json(authority: &pb::WorkspaceAuthority) -> serde_json::Value {
+    let operations: Vec<&str> = authority
+        .operations
+        .iter()
+        .filter_map(|op| pb::WorkspaceOperation::try_from(*op).ok())
+        .map(|op| match op {
+            pb::WorkspaceOperation::Read => "read",
+            pb::WorkspaceOperation::List => "list",
+            pb::WorkspaceOperation::Write => "write",
+            pb::WorkspaceOperation::Delete => "delete",
+            pb::WorkspaceOperation::Command => "command",
+            pb::WorkspaceOperation::Unspecified => "unspecified",
+        })
+        .collect();
+    let limits = authority.limits.unwrap_or_default();
+    json!({
+        "operations": operations,
+        "command_ids": authority.command_ids,
+        "env_names": authority.env_names,
+        "limits": {
+            "max_file_bytes": limits.max_file_bytes,
+            "max_list_entries": limits.max_list_entries,
+            "max_output_bytes": limits.max_output_bytes,
+            "max_iterations": limits.max_iterations,
+            "wall_clock_ms": limits.wall_clock_ms,
+        },
+    })
 }

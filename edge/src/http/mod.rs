@@ -53,6 +53,7 @@ pub fn admin_router(state: Arc<EdgeState>) -> Router {
         .route("/admin/v1/providers", get(admin::providers))
         .route("/admin/v1/config", get(admin::config))
         .route("/admin/v1/providers/{id}/ollama/{call}", get(admin::ollama_api))
+        .route("/admin/v1/workspaces/{reference}/calls", post(admin::workspace_calls))
         .with_state(state)
 }
 

@@ -1,6 +1,7 @@
 //! The `NodeGateway` gRPC service: the control stream starts a session; each
 //! `RunEvents` / `TunnelFrames` call hands one run its request (unless the
-//! assignment carried it) and carries its frames into its `RunStream`.
+//! assignment carried it) and carries its frames into its `RunStream`; each
+//! `WorkspaceCalls` call is bound to its request's `WorkspaceCall`.
 
 use std::sync::Arc;
 
@@ -90,6 +91,7 @@ impl NodeGateway for GatewayService {
     type ControlStream = ReceiverStream<Result<pb::EdgeToNode, Status>>;
     type RunEventsStream = DownlinkStream<pb::RunDownlink>;
     type TunnelFramesStream = DownlinkStream<pb::TunnelDownlink>;
+    type WorkspaceCallsStream = ReceiverStream<Result<pb::WorkspaceDownlink, Status>>;
 
     async fn control(
         &self,
@@ -115,6 +117,48 @@ impl NodeGateway for GatewayService {
     ) -> Result<Response<Self::TunnelFramesStream>, Status> {
         let peer = peer(&request)?;
         Ok(Response::new(self.spawn_relay(self.state.tunnels.clone(), peer, request.into_inner())))
+    }
+
+    /// Binds a request's workspace call (its node, its generation, once),
+    /// then carries the node's answers to the `WorkspaceCall` until either
+    /// side ends it or the generation is fenced.
+    async fn workspace_calls(
+        &self,
+        request: Request<Streaming<pb::WorkspaceUplink>>,
+    ) -> Result<Response<Self::WorkspaceCallsStream>, Status> {
+        use pb::workspace_uplink::Msg;
+        let peer = peer(&request)?;
+        let mut inbound = request.into_inner();
+        let (request_id, generation) = match inbound.message().await? {
+            Some(pb::WorkspaceUplink { msg: Some(Msg::Attach(a)) }) => (a.request_id, a.generation),
+            _ => return Err(Status::invalid_argument("the first frame must attach the workspace call")),
+        };
+        let attached = match self.state.workspace_calls.attach(&request_id, &peer.identity.name, generation) {
+            Ok(attached) => attached,
+            Err(reason) => {
+                self.count_dropped(reason);
+                return Err(Status::failed_precondition(reason.label()));
+            }
+        };
+        let service = GatewayService { state: self.state.clone() };
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    biased;
+                    _ = attached.fence.cancelled() => break,
+                    message = inbound.message() => message,
+                };
+                let Ok(Some(answer)) = message else { return };
+                if attached.uplink.send(answer).await.is_err() {
+                    return;
+                }
+            }
+            // Fenced: whatever still arrives is counted, never delivered.
+            while let Ok(Some(_)) = inbound.message().await {
+                service.count_dropped(AttachError::FencedGeneration);
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(attached.downlink)))
     }
 }
 

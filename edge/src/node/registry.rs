@@ -112,6 +112,14 @@ impl NodeRegistry {
         }
     }
 
+    /// The node's verdict on workspace `reference` on connection
+    /// `generation` (`accepted` or why not); `None` when that connection is
+    /// not current or the node did not report it.
+    pub fn workspace_verdict(&self, node: &str, generation: u64, reference: &str) -> Option<&'static str> {
+        let sessions = self.sessions.lock().unwrap();
+        sessions.get(node).filter(|s| s.generation == generation).and_then(|s| s.workspaces.get(reference).copied())
+    }
+
     /// Removes the session only if it is still the current one for `node`.
     pub fn remove(&self, node: &str, generation: u64) -> bool {
         let mut sessions = self.sessions.lock().unwrap();

@@ -76,7 +76,7 @@ pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb:
             .workspaces
             .iter()
             .filter(|w| w.node == node)
-            .map(|w| pb::WorkspaceAssignment { r#ref: w.reference.clone(), root: w.root.clone() })
+            .map(iop_proto::config::WorkspaceEntry::assignment)
             .collect(),
     }
 }
@@ -134,7 +134,9 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
     let reason = serve(&state, &node, generation, &mut inbound, &out, &close, &close_reason).await;
 
     state.registry.remove(&node, generation);
-    let fenced = state.runs.fence_generation(&node, generation) + state.tunnels.fence_generation(&node, generation);
+    let fenced = state.runs.fence_generation(&node, generation)
+        + state.tunnels.fence_generation(&node, generation)
+        + state.workspace_calls.fence_generation(&node, generation);
     state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
     // Waiters queued for this node's providers fail fast or move elsewhere.
     state.admission.drain_queues();
@@ -267,7 +269,7 @@ mod tests {
     fn workspace_verdicts_cover_exactly_what_was_assigned() {
         let assigned: Vec<_> = ["a", "b", "c", "d"]
             .iter()
-            .map(|r| pb::WorkspaceAssignment { r#ref: r.to_string(), root: format!("/w/{r}") })
+            .map(|r| pb::WorkspaceAssignment { r#ref: r.to_string(), root: format!("/w/{r}"), ..Default::default() })
             .collect();
         let status = |r: &str, state: i32| pb::WorkspaceStatus { r#ref: r.into(), state };
         let reported = [

@@ -2,6 +2,8 @@
 //! reconnect loop, and one control session per connection.
 
 pub mod backoff;
+#[cfg(test)]
+pub(crate) mod fake_edge;
 pub mod sequence;
 pub mod session;
 

@@ -1,9 +1,10 @@
 //! One connection's control session: Register, apply the provider config,
 //! check every provider answers, NodeReady, then heartbeats, run and tunnel
-//! assignment, cancel and commands until the connection ends. Runs and
-//! tunnels share one id space (`Cancel.run_id` names either); those started
-//! on a session are cancelled when it ends: their generation is fenced at
-//! the Edge anyway.
+//! assignment, workspace requests, cancel and commands until the connection
+//! ends. Runs and tunnels share one id space (`Cancel.run_id` names either);
+//! those started on a session are cancelled when it ends: their generation
+//! is fenced at the Edge anyway. Its workspace requests are cancelled and
+//! cleaned.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,7 @@ use crate::execution::{Cancel, ExecutionContext, Observer};
 use crate::health::{HealthMonitor, HealthSchedule, provider_status};
 use crate::lease::{LeaseLedger, SessionLeases};
 use crate::metrics::NodeMetrics;
+use crate::workspace::runtime::WorkspaceRuntime;
 // The module only: `crate::run` is also a function.
 use crate::run::{self};
 use crate::{commands, tunnel};
@@ -140,8 +142,9 @@ pub async fn run(
     let health = HealthMonitor::new(HealthSchedule::new(config.health.clone(), readiness, Instant::now()));
     // Held until this connection ends: the executors work beneath them.
     let allowed = crate::workspace::resolve_allowed_roots(&config.workspaces.allowed_roots);
-    let (workspaces, workspace_statuses) = crate::workspace::admit(&allowed, &assigned_workspaces);
-    tracing::info!(generation, accepted = workspaces.len(), declared = workspace_statuses.len(), "workspaces checked");
+    let (catalog, workspace_statuses) = crate::workspace::admit(&allowed, &assigned_workspaces);
+    tracing::info!(generation, accepted = catalog.len(), declared = workspace_statuses.len(), "workspaces checked");
+    let workspaces = WorkspaceRuntime::new(generation, catalog, metrics.clone());
     send(
         &out,
         pb::node_to_edge::Msg::Ready(pb::NodeReady { generation, providers: statuses, workspaces: workspace_statuses }),
@@ -158,6 +161,7 @@ pub async fn run(
         metrics,
         health,
         leases,
+        workspaces,
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -165,7 +169,9 @@ pub async fn run(
     for cancel in session.executions.drain() {
         cancel.cancel(pb::CancelReason::ClientDisconnected);
     }
-    drop(workspaces);
+    // Workspace requests of this generation: cancelled and cleaned here,
+    // before the root handles close.
+    session.workspaces.close().await;
     end
 }
 
@@ -235,6 +241,8 @@ struct Session {
     health: Arc<HealthMonitor>,
     /// This connection's lease key and what leases must match.
     leases: Arc<SessionLeases>,
+    /// The accepted workspaces and their requests.
+    workspaces: Arc<WorkspaceRuntime>,
 }
 
 impl Session {
@@ -304,6 +312,12 @@ impl Session {
                             self.executions.cancel(&cancel.run_id, reason);
                         }
                         Msg::Command(command) if ready => self.answer(command, out),
+                        Msg::WorkspaceAssign(assign) if ready => {
+                            let client = self.client.clone()
+                                .max_decoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES)
+                                .max_encoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES);
+                            self.workspaces.assign(client, assign.request_id);
+                        }
                         other => {
                             return closed(ready, format!("protocol_error: unexpected {}", msg_name(&other)));
                         }
@@ -387,6 +401,7 @@ fn msg_name(msg: &Msg) -> &'static str {
         Msg::Cancel(_) => "Cancel",
         Msg::Command(_) => "NodeCommand before ready",
         Msg::TunnelAssign(_) => "TunnelAssign before ready",
+        Msg::WorkspaceAssign(_) => "WorkspaceAssign before ready",
     }
 }
 

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use iop_proto::pb::node_gateway_server::{NodeGateway, NodeGatewayServer};
+use iop_proto::pb::node_gateway_server::NodeGateway;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
@@ -392,6 +392,14 @@ impl NodeGateway for FakeEdge {
     type ControlStream = ReceiverStream<Result<pb::EdgeToNode, Status>>;
     type RunEventsStream = Downlink<pb::RunDownlink>;
     type TunnelFramesStream = Downlink<pb::TunnelDownlink>;
+    type WorkspaceCallsStream = Downlink<pb::WorkspaceDownlink>;
+
+    async fn workspace_calls(
+        &self,
+        _: Request<Streaming<pb::WorkspaceUplink>>,
+    ) -> Result<Response<Self::WorkspaceCallsStream>, Status> {
+        Err(Status::unimplemented("workspace_calls"))
+    }
 
     async fn control(&self, _: Request<Streaming<pb::NodeToEdge>>) -> Result<Response<Self::ControlStream>, Status> {
         Err(Status::unimplemented("control"))
@@ -440,14 +448,7 @@ async fn fake_edge(
     answer_after: Option<usize>,
 ) -> (NodeGatewayClient, mpsc::UnboundedReceiver<Vec<pb::TunnelUplink>>) {
     let (calls, received) = mpsc::unbounded_channel();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let service = NodeGatewayServer::new(FakeEdge { request, calls, answer_after });
-    tokio::spawn(
-        tonic::transport::Server::builder().add_service(service).serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-    (pb::node_gateway_client::NodeGatewayClient::new(channel), received)
+    (crate::transport::fake_edge::serve(FakeEdge { request, calls, answer_after }).await, received)
 }
 
 type NodeGatewayClient = pb::node_gateway_client::NodeGatewayClient<tonic::transport::Channel>;

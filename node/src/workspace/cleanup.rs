@@ -108,6 +108,28 @@ fn identity(stat: &rustix::fs::Stat) -> Identity {
     }
 }
 
+/// Creates `<root>/.iop/job/<request_id>` (and the two directories above it
+/// when missing), each relative to its parent's handle and never through a
+/// link: a request's state exists only where [`clean`] will find it.
+pub fn create(root: &File, request_id: &str) -> Result<(), Errno> {
+    if !valid_request_id(request_id) {
+        return Err(Errno::INVAL);
+    }
+    let root_dev = rustix::fs::fstat(root)?.st_dev;
+    let mut dir = open_dir(root, ".")?;
+    for name in JOB_DIR.iter().copied().chain([request_id]) {
+        match rustix::fs::mkdirat(&dir, name, rustix::fs::Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(e),
+        }
+        dir = open_dir(&dir, name)?;
+        if rustix::fs::fstat(&dir)?.st_dev != root_dev {
+            return Err(Errno::XDEV);
+        }
+    }
+    Ok(())
+}
+
 /// Removes `<root>/.iop/job/<request_id>`.
 pub fn clean(root: &File, request_id: &str) -> CleanupOutcome {
     clean_with(root, request_id, &|| {})
@@ -229,7 +251,13 @@ struct CacheState {
 }
 
 impl CleanupCache {
-    /// Cleans `request_id` once; every caller gets that cleanup's outcome.
+    /// Whether `request_id` was cleaned (or is being cleaned).
+    pub fn seen(&self, request_id: &str) -> bool {
+        self.state.lock().unwrap().cells.contains_key(request_id)
+    }
+
+    /// Cleans `request_id` once (on a blocking thread); every caller gets
+    /// that cleanup's outcome.
     pub async fn clean(&self, root: &File, request_id: &str) -> CleanupOutcome {
         let cell = {
             let mut guard = self.state.lock().unwrap();
@@ -244,7 +272,13 @@ impl CleanupCache {
             }
             cells.entry(request_id.to_string()).or_default().clone()
         };
-        cell.get_or_init(|| async { clean(root, request_id) }).await.clone()
+        cell.get_or_init(|| async {
+            let Ok(root) = root.try_clone() else { return CleanupOutcome::Failed };
+            let id = request_id.to_string();
+            tokio::task::spawn_blocking(move || clean(&root, &id)).await.unwrap_or(CleanupOutcome::Failed)
+        })
+        .await
+        .clone()
     }
 }
 
