@@ -13,6 +13,7 @@
 //! | `POST /mock/health`         | `{"healthy": bool}`: metadata endpoints answer 503 or not|
 //! | `POST /mock/faults`         | `k=v,k=v`: replaces the process default knobs            |
 //! | `POST /mock/api-key`        | the body becomes the required API key (empty: none)      |
+//! | `POST /mock/scripts/reset`  | rewinds every script cursor (see *Scripted turns*)       |
 //! | `GET /healthz`              | `ok`                                                     |
 //!
 //! With an API key (`--api-key`, [`MockConfig::api_key`]) every route but
@@ -29,6 +30,39 @@
 //! `length`). If the request has tools and the last message is a user message
 //! containing `call tool`, the answer is one call to the first tool with the
 //! arguments `{"query":"mock"}` instead.
+//!
+//! # Scripted turns
+//!
+//! With a script file ([`MockConfig::scripts`], `--script-file FILE`, loaded
+//! once by [`Scripts::load`]), a request whose messages contain the marker
+//! `iop-mock-script:<name>` (anywhere in any message's text; the name is
+//! `[A-Za-z0-9_-]+`; the first marker counts) gets the next turn of script
+//! `<name>` instead of the echo:
+//!
+//! ```yaml
+//! scripts:
+//!   fix-readme:
+//!     - tool_calls: [{name: workspace_read, arguments: {path: README.md}}]
+//!     - text: "I read it."
+//! ```
+//!
+//! A turn is `{text}` or `{tool_calls: [{name, arguments: <object>}]}`,
+//! exactly one of them. Each script has a cursor that advances by one on
+//! every request that takes a turn; past the end the last turn repeats;
+//! `POST /mock/scripts/reset` rewinds them all, and `GET /mock/stats` lists
+//! the turns taken per script (`scripts`, omitted while empty). A marker
+//! naming no loaded script is a 400 in the API's error shape.
+//!
+//! Text is split into pieces like the echo (so `max_tokens` / `num_predict`
+//! truncate it); tool calls are rendered like `call tool`'s, several per
+//! turn, with ids `call_<n>` (`n` counts scripted calls since start, so ids
+//! are unique across turns), finish reason `tool_calls` (OpenAI) and the
+//! arguments' keys sorted.
+//! `completion_tokens` is the number of pieces, or 1 per tool call. Every
+//! fault knob applies to a scripted reply as to the echo, except `words`
+//! (the turn's text wins). A request answered by `status` or `never_answer`
+//! takes no turn (a retry gets the same one); one that is held or delayed
+//! takes its turn when it goes on.
 //!
 //! # Fault knobs
 //!
@@ -70,10 +104,11 @@
 //! delays and stalls are real on the wire and a client disconnect drops the
 //! body (counted in [`MockStats::aborted_streams`]).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -98,6 +133,8 @@ use tokio::task::JoinHandle;
 pub const MODEL_NAME: &str = "mock";
 /// Header carrying per-request fault knobs (`k=v,k=v`).
 pub const FAULTS_HEADER: &str = "x-mock-faults";
+/// Prefix of the marker `iop-mock-script:<name>` that selects a script turn.
+pub const SCRIPT_MARKER: &str = "iop-mock-script:";
 /// All knob names accepted by [`parse_faults`].
 pub const KNOBS: &[&str] = &[
     "headers_delay_ms",
@@ -298,6 +335,143 @@ fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap) -> Result
 }
 
 // ---------------------------------------------------------------------------
+// Scripted turns
+// ---------------------------------------------------------------------------
+
+/// Scripted turns by script name, loaded once from a script file (see the
+/// module doc). Cursors live in the server, not here.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scripts {
+    /// Every script has at least one turn.
+    scripts: BTreeMap<String, Vec<ScriptTurn>>,
+}
+
+/// One scripted answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScriptTurn {
+    Text(String),
+    /// At least one call.
+    ToolCalls(Vec<ScriptToolCall>),
+}
+
+/// One tool call of a [`ScriptTurn::ToolCalls`] turn.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptToolCall {
+    pub name: String,
+    /// A JSON object (`{}` when left out).
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, Value>,
+}
+
+/// A script file that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("cannot read script file {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("invalid script file: {0}")]
+    Parse(String),
+    #[error("script name `{0}` must match [A-Za-z0-9_-]+")]
+    BadName(String),
+    #[error("script `{0}` has no turns")]
+    Empty(String),
+    #[error("script `{script}`, turn {index} (0-based): {reason}")]
+    BadTurn { script: String, index: usize, reason: &'static str },
+}
+
+/// The file as written; [`Scripts::from_yaml`] checks what serde cannot.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptFile {
+    scripts: BTreeMap<String, Vec<RawTurn>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTurn {
+    text: Option<String>,
+    tool_calls: Option<Vec<ScriptToolCall>>,
+}
+
+impl Scripts {
+    /// Reads and checks a script file.
+    ///
+    /// # Errors
+    /// The file cannot be read, or see [`Scripts::from_yaml`].
+    pub fn load(path: &Path) -> Result<Scripts, ScriptError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ScriptError::Read { path: path.to_owned(), source })?;
+        Scripts::from_yaml(&text)
+    }
+
+    /// Parses and checks the YAML text of a script file.
+    ///
+    /// # Errors
+    /// Invalid YAML or unknown fields, a bad script name, a script without
+    /// turns, or a turn without exactly one of `text` and a non-empty `tool_calls`.
+    pub fn from_yaml(text: &str) -> Result<Scripts, ScriptError> {
+        let file: ScriptFile = serde_saphyr::from_str(text).map_err(|e| ScriptError::Parse(e.to_string()))?;
+        let mut scripts = BTreeMap::new();
+        for (name, raw) in file.scripts {
+            if name.is_empty() || !name.chars().all(is_script_name_char) {
+                return Err(ScriptError::BadName(name));
+            }
+            if raw.is_empty() {
+                return Err(ScriptError::Empty(name));
+            }
+            let turns = raw
+                .into_iter()
+                .enumerate()
+                .map(|(index, turn)| {
+                    let bad = |reason| ScriptError::BadTurn { script: name.clone(), index, reason };
+                    match (turn.text, turn.tool_calls) {
+                        (Some(text), None) => Ok(ScriptTurn::Text(text)),
+                        (None, Some(calls)) if calls.is_empty() => Err(bad("`tool_calls` is empty")),
+                        (None, Some(calls)) => Ok(ScriptTurn::ToolCalls(calls)),
+                        (Some(_), Some(_)) => Err(bad("has both `text` and `tool_calls`")),
+                        (None, None) => Err(bad("needs `text` or `tool_calls`")),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            scripts.insert(name, turns);
+        }
+        Ok(Scripts { scripts })
+    }
+
+    /// The script names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.scripts.keys().map(String::as_str)
+    }
+
+    /// The turn of script `name` for a cursor at `cursor` (past the end:
+    /// the last turn); `None` if there is no such script.
+    #[must_use]
+    pub fn turn(&self, name: &str, cursor: u64) -> Option<&ScriptTurn> {
+        let turns = self.scripts.get(name)?;
+        let index = usize::try_from(cursor).unwrap_or(usize::MAX).min(turns.len() - 1);
+        turns.get(index)
+    }
+}
+
+fn is_script_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+}
+
+/// The name in the first `iop-mock-script:<name>` marker with a non-empty name.
+fn script_marker(text: &str) -> Option<&str> {
+    text.match_indices(SCRIPT_MARKER).find_map(|(at, marker)| {
+        let rest = &text[at + marker.len()..];
+        let name = &rest[..rest.find(|c| !is_script_name_char(c)).unwrap_or(rest.len())];
+        Some(name).filter(|name| !name.is_empty())
+    })
+}
+
+/// The script the request's messages name, if any (the first marker counts).
+fn requested_script(messages: &[ChatMessage]) -> Option<String> {
+    messages.iter().find_map(|m| script_marker(&m.text()).map(str::to_owned))
+}
+
+// ---------------------------------------------------------------------------
 // Server, handle and stats
 // ---------------------------------------------------------------------------
 
@@ -310,10 +484,13 @@ pub struct MockConfig {
     /// `/healthz`) needs `Authorization: Bearer <key>`, else `401`, like a
     /// keyed LM Studio or vLLM. Replaced at runtime by `POST /mock/api-key`.
     pub api_key: Option<String>,
+    /// Scripted turns selected by `iop-mock-script:<name>` markers
+    /// (`--script-file`, [`Scripts::load`]); `None`: every marker is a 400.
+    pub scripts: Option<Scripts>,
 }
 
 /// Counters served on `GET /mock/stats`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MockStats {
     /// Chat requests received (both APIs, including rejected ones).
     pub requests_total: u64,
@@ -324,6 +501,10 @@ pub struct MockStats {
     /// Bytes of streaming bodies handed to the HTTP server so far; stops
     /// growing when a client's backpressure reaches the mock.
     pub stream_bytes: u64,
+    /// Turns taken per script since start or `POST /mock/scripts/reset`
+    /// (the cursor; omitted from the JSON while empty).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scripts: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -337,6 +518,10 @@ struct Counters {
     aborted_streams: AtomicU64,
     stream_bytes: AtomicU64,
     next_completion_id: AtomicU64,
+    /// Scripted tool calls so far: their ids are `call_<n>`.
+    next_tool_call_id: AtomicU64,
+    /// Script cursors (turns taken); rewound by `POST /mock/scripts/reset`.
+    script_cursors: std::sync::Mutex<BTreeMap<String, u64>>,
     /// `hold` names released by `POST /mock/release/NAME`, and a wake-up
     /// for the requests holding on them.
     released: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -350,7 +535,16 @@ impl Counters {
             completed_streams: self.completed_streams.load(Ordering::Relaxed),
             aborted_streams: self.aborted_streams.load(Ordering::Relaxed),
             stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
+            scripts: self.script_cursors.lock().unwrap().clone(),
         }
+    }
+
+    /// Advances the cursor of script `name`; returns where it was.
+    fn take_turn(&self, name: &str) -> u64 {
+        let mut cursors = self.script_cursors.lock().unwrap();
+        let cursor = cursors.entry(name.to_owned()).or_default();
+        *cursor += 1;
+        *cursor - 1
     }
 }
 
@@ -426,6 +620,7 @@ async fn serve_with(
     let state = AppState {
         defaults: Arc::new(RwLock::new(config.defaults)),
         api_key: Arc::new(RwLock::new(config.api_key)),
+        scripts: config.scripts.map(Arc::new),
         counters,
         stopping,
     };
@@ -447,6 +642,8 @@ struct AppState {
     /// Process defaults; replaced at runtime by `POST /mock/faults`.
     defaults: Arc<RwLock<Faults>>,
     api_key: Arc<RwLock<Option<String>>>,
+    /// Loaded once at start; the cursors are in `counters`.
+    scripts: Option<Arc<Scripts>>,
     counters: Arc<Counters>,
     /// Becomes `true` (or closed) when the server shuts down.
     stopping: watch::Receiver<bool>,
@@ -465,6 +662,26 @@ impl AppState {
                 _ = self.until_stopping() => return,
             }
         }
+    }
+
+    /// Whether script `name` is loaded, else the 400 message.
+    fn check_script(&self, name: &str) -> Result<(), String> {
+        match self.scripts.as_deref() {
+            None => Err(format!("no script `{name}`: the mock provider has no script file (--script-file)")),
+            Some(scripts) if scripts.turn(name, 0).is_none() => {
+                let known = scripts.names().collect::<Vec<_>>().join(", ");
+                Err(format!("no script `{name}` in the script file (scripts: {known})"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The next turn of script `name` (its cursor advances).
+    fn take_turn(&self, name: &str) -> Result<ScriptTurn, String> {
+        self.check_script(name)?;
+        let cursor = self.counters.take_turn(name);
+        let turn = self.scripts.as_deref().and_then(|scripts| scripts.turn(name, cursor));
+        turn.cloned().ok_or_else(|| format!("no script `{name}`"))
     }
 
     async fn until_stopping(&self) {
@@ -489,6 +706,7 @@ fn router(state: AppState) -> Router {
         .route("/mock/stats", get(stats))
         .route("/mock/release/{name}", post(release))
         .route("/mock/api-key", post(set_api_key))
+        .route("/mock/scripts/reset", post(reset_scripts))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metadata_gate))
         .layer(axum::middleware::from_fn_with_state(state.clone(), key_gate))
         // Like real model servers, accept the largest prompt an Edge may send.
@@ -588,6 +806,12 @@ async fn ollama_show(body: Bytes) -> Response {
 async fn release(State(state): State<AppState>, axum::extract::Path(name): axum::extract::Path<String>) -> StatusCode {
     state.counters.released.lock().unwrap().insert(name);
     state.counters.release.notify_waiters();
+    StatusCode::NO_CONTENT
+}
+
+/// `POST /mock/scripts/reset`: every script starts again at its first turn.
+async fn reset_scripts(State(state): State<AppState>) -> StatusCode {
+    state.counters.script_cursors.lock().unwrap().clear();
     StatusCode::NO_CONTENT
 }
 
@@ -711,7 +935,13 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         Ok(faults) => faults,
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
     };
-    tracing::debug!(?api, model = %req.model, ?faults, "chat request");
+    let script = requested_script(&req.messages);
+    if let Some(name) = &script
+        && let Err(message) = state.check_script(name)
+    {
+        return api.error(StatusCode::BAD_REQUEST, &message);
+    }
+    tracing::debug!(?api, model = %req.model, ?faults, ?script, "chat request");
 
     if on(faults.exit) {
         tracing::warn!("`exit` fault requested: exiting with status 3");
@@ -729,10 +959,24 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         return fault_status(api, code, faults.retry_after);
     }
 
+    let plan = match &script {
+        Some(name) => match state.take_turn(name) {
+            Ok(turn) => {
+                let calls = match &turn {
+                    ScriptTurn::Text(_) => 0,
+                    ScriptTurn::ToolCalls(calls) => calls.len() as u64,
+                };
+                let first_call = state.counters.next_tool_call_id.fetch_add(calls, Ordering::Relaxed);
+                ReplyPlan::scripted(&req.messages, &turn, api.limit(&req), first_call)
+            }
+            Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
+        },
+        None => ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words),
+    };
     let reply = Reply {
         api,
         id: format!("chatcmpl-mock-{}", state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)),
-        plan: ReplyPlan::new(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words),
+        plan,
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         no_done: on(faults.no_done),
         model: req.model,
@@ -798,18 +1042,31 @@ fn streaming_response(reply: &Reply, faults: &Faults, state: &AppState) -> Respo
 /// What to answer, decided once per request and rendered by either API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ReplyPlan {
-    /// Text pieces, one per streamed chunk (empty for a tool call).
+    /// Text pieces, one per streamed chunk (empty for tool calls).
     pieces: Vec<String>,
-    tool_call: Option<ToolCall>,
+    tool_calls: Vec<ToolCall>,
     finish: Finish,
     usage: Usage,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ToolCall {
+    /// OpenAI's call id.
+    id: String,
     name: String,
-    /// `{"query":"mock"}` in two pieces, as OpenAI streams them.
+    /// The arguments' JSON text in two pieces, as OpenAI streams them.
     argument_pieces: Vec<String>,
+}
+
+impl ToolCall {
+    fn new(id: String, name: &str, arguments: &str) -> Self {
+        let mut middle = arguments.len() / 2;
+        while !arguments.is_char_boundary(middle) {
+            middle += 1;
+        }
+        let (head, tail) = arguments.split_at(middle);
+        ToolCall { id, name: name.to_owned(), argument_pieces: vec![head.to_owned(), tail.to_owned()] }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -826,17 +1083,45 @@ struct Usage {
 }
 
 impl ReplyPlan {
-    fn new(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<usize>) -> Self {
-        let prompt = messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum();
+    /// The echo (or `words`) reply, or the `call tool` call.
+    fn echo(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<usize>) -> Self {
+        let prompt = prompt_tokens(messages);
         if let Some(tool_call) = requested_tool_call(messages, tools) {
             return ReplyPlan {
                 usage: Usage { prompt, completion: tool_call.argument_pieces.len() as u64 },
                 pieces: Vec::new(),
-                tool_call: Some(tool_call),
+                tool_calls: vec![tool_call],
                 finish: Finish::ToolCalls,
             };
         }
-        let mut pieces = split_pieces(&reply_text(messages, words));
+        ReplyPlan::from_text(prompt, &reply_text(messages, words), limit)
+    }
+
+    /// A script turn; its tool calls get the ids `call_<first_call>`, … .
+    fn scripted(messages: &[ChatMessage], turn: &ScriptTurn, limit: Option<usize>, first_call: u64) -> Self {
+        let prompt = prompt_tokens(messages);
+        match turn {
+            ScriptTurn::Text(text) => ReplyPlan::from_text(prompt, text, limit),
+            ScriptTurn::ToolCalls(calls) => {
+                let tool_calls: Vec<ToolCall> = (first_call..)
+                    .zip(calls)
+                    .map(|(n, call)| {
+                        let arguments = Value::Object(call.arguments.clone()).to_string();
+                        ToolCall::new(format!("call_{n}"), &call.name, &arguments)
+                    })
+                    .collect();
+                ReplyPlan {
+                    usage: Usage { prompt, completion: tool_calls.len() as u64 },
+                    pieces: Vec::new(),
+                    tool_calls,
+                    finish: Finish::ToolCalls,
+                }
+            }
+        }
+    }
+
+    fn from_text(prompt: u64, text: &str, limit: Option<usize>) -> Self {
+        let mut pieces = split_pieces(text);
         let finish = match limit {
             Some(limit) if limit < pieces.len() => {
                 pieces.truncate(limit);
@@ -844,7 +1129,7 @@ impl ReplyPlan {
             }
             _ => Finish::Stop,
         };
-        ReplyPlan { usage: Usage { prompt, completion: pieces.len() as u64 }, pieces, tool_call: None, finish }
+        ReplyPlan { usage: Usage { prompt, completion: pieces.len() as u64 }, pieces, tool_calls: Vec::new(), finish }
     }
 
     fn text(&self) -> String {
@@ -852,11 +1137,13 @@ impl ReplyPlan {
     }
 
     fn chunk_count(&self) -> usize {
-        match &self.tool_call {
-            Some(call) => call.argument_pieces.len(),
-            None => self.pieces.len(),
-        }
+        self.pieces.len() + self.tool_calls.iter().map(|call| call.argument_pieces.len()).sum::<usize>()
     }
+}
+
+/// Whitespace-separated words in all messages.
+fn prompt_tokens(messages: &[ChatMessage]) -> u64 {
+    messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum()
 }
 
 fn reply_text(messages: &[ChatMessage], words: Option<usize>) -> String {
@@ -888,8 +1175,7 @@ fn requested_tool_call(messages: &[ChatMessage], tools: &[Value]) -> Option<Tool
         return None;
     }
     let name = first_tool.pointer("/function/name").and_then(Value::as_str).unwrap_or("tool");
-    let (head, tail) = TOOL_ARGUMENTS.split_at(TOOL_ARGUMENTS.len() / 2);
-    Some(ToolCall { name: name.to_owned(), argument_pieces: vec![head.to_owned(), tail.to_owned()] })
+    Some(ToolCall::new(TOOL_CALL_ID.to_owned(), name, TOOL_ARGUMENTS))
 }
 
 /// One request's answer, ready to render in its API's format.
@@ -951,17 +1237,17 @@ mod ollama {
     pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
         let mut parts: Vec<Part> =
             reply.plan.pieces.iter().map(|piece| Part::Content(line(&chunk(reply, assistant(piece))))).collect();
-        if let Some(call) = &reply.plan.tool_call {
-            parts.push(Part::Content(line(&chunk(reply, tool_message(call)))));
+        if !reply.plan.tool_calls.is_empty() {
+            parts.push(Part::Content(line(&chunk(reply, tool_message(&reply.plan.tool_calls)))));
         }
         parts.push(Part::Tail(line(&done(reply, assistant("")))));
         parts
     }
 
     pub(super) fn full_body(reply: &Reply) -> Value {
-        let message = match &reply.plan.tool_call {
-            Some(call) => tool_message(call),
-            None => assistant(&reply.plan.text()),
+        let message = match reply.plan.tool_calls.as_slice() {
+            [] => assistant(&reply.plan.text()),
+            calls => tool_message(calls),
         };
         done(reply, message)
     }
@@ -970,13 +1256,16 @@ mod ollama {
         json!({ "role": "assistant", "content": content })
     }
 
-    fn tool_message(call: &ToolCall) -> Value {
-        let arguments: Value = serde_json::from_str(&call.argument_pieces.concat()).expect("tool arguments are JSON");
-        json!({
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{ "function": { "name": call.name, "arguments": arguments } }],
-        })
+    fn tool_message(calls: &[ToolCall]) -> Value {
+        let tool_calls: Vec<Value> = calls
+            .iter()
+            .map(|call| {
+                let arguments: Value =
+                    serde_json::from_str(&call.argument_pieces.concat()).expect("tool arguments are JSON");
+                json!({ "function": { "name": call.name, "arguments": arguments } })
+            })
+            .collect();
+        json!({ "role": "assistant", "content": "", "tool_calls": tool_calls })
     }
 
     fn chunk(reply: &Reply, message: Value) -> Value {
@@ -1019,14 +1308,14 @@ mod openai {
         for piece in &plan.pieces {
             parts.push(Part::Content(event(&chunk(reply, json!({ "content": piece }), None))));
         }
-        if let Some(call) = &plan.tool_call {
+        for (index, call) in plan.tool_calls.iter().enumerate() {
             let head = json!({ "tool_calls": [{
-                "index": 0, "id": TOOL_CALL_ID, "type": "function",
+                "index": index, "id": call.id, "type": "function",
                 "function": { "name": call.name, "arguments": "" },
             }] });
             parts.push(Part::Content(event(&chunk(reply, head, None))));
             for piece in &call.argument_pieces {
-                let delta = json!({ "tool_calls": [{ "index": 0, "function": { "arguments": piece } }] });
+                let delta = json!({ "tool_calls": [{ "index": index, "function": { "arguments": piece } }] });
                 parts.push(Part::Content(event(&chunk(reply, delta, None))));
             }
         }
@@ -1047,16 +1336,20 @@ mod openai {
 
     pub(super) fn full_body(reply: &Reply) -> Value {
         let plan = &reply.plan;
-        let message = match &plan.tool_call {
-            Some(call) => json!({
-                "role": "assistant",
-                "content": null,
-                "tool_calls": [{
-                    "id": TOOL_CALL_ID, "type": "function",
-                    "function": { "name": call.name, "arguments": call.argument_pieces.concat() },
-                }],
-            }),
-            None => json!({ "role": "assistant", "content": plan.text() }),
+        let message = if plan.tool_calls.is_empty() {
+            json!({ "role": "assistant", "content": plan.text() })
+        } else {
+            let tool_calls: Vec<Value> = plan
+                .tool_calls
+                .iter()
+                .map(|call| {
+                    json!({
+                        "id": call.id, "type": "function",
+                        "function": { "name": call.name, "arguments": call.argument_pieces.concat() },
+                    })
+                })
+                .collect();
+            json!({ "role": "assistant", "content": null, "tool_calls": tool_calls })
         };
         let choices = json!([{
             "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(plan.finish),
@@ -1258,7 +1551,7 @@ mod tests {
 
     async fn spawn(defaults: Faults) -> MockHandle {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        start(listener, MockConfig { defaults, api_key: None }).await
+        start(listener, MockConfig { defaults, ..MockConfig::default() }).await
     }
 
     fn client() -> reqwest::Client {
@@ -1708,5 +2001,325 @@ mod tests {
         let resp = post(&mock, "/v1/chat/completions", &body, Some("cut_after=1")).await;
         let (text, aborted) = read_lossy(resp).await;
         assert!(aborted && !text.is_empty() && serde_json::from_str::<Value>(&text).is_err());
+    }
+
+    // -- Scripted turns ------------------------------------------------------
+
+    const SCRIPT_FILE: &str = r#"
+scripts:
+  fix-readme:
+    - tool_calls: [{name: workspace_read, arguments: {path: README.md}}]
+    - text: "I read it."
+    - tool_calls: [{name: workspace_write, arguments: {path: a.txt, content: "x"}}, {name: workspace_list, arguments: {}}]
+    - text: '{"verdict":"approve","notes":"ok"}'
+  greet:
+    - text: "hi there friend"
+"#;
+
+    async fn spawn_scripted(yaml: &str) -> MockHandle {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let scripts = Some(Scripts::from_yaml(yaml).unwrap());
+        start(listener, MockConfig { scripts, ..MockConfig::default() }).await
+    }
+
+    /// The text of a streamed OpenAI reply and its finish reason.
+    fn openai_stream_text(body: &str) -> (String, Value) {
+        let events = sse(body);
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let text = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        (text, chunks.last().unwrap()["choices"][0]["finish_reason"].clone())
+    }
+
+    #[test]
+    fn script_file_loads_and_turns_repeat_the_last() {
+        let scripts = Scripts::from_yaml(SCRIPT_FILE).unwrap();
+        assert_eq!(scripts.names().collect::<Vec<_>>(), ["fix-readme", "greet"]);
+        let call = |name: &str, arguments: Value| ScriptToolCall {
+            name: name.into(),
+            arguments: arguments.as_object().unwrap().clone(),
+        };
+        assert_eq!(
+            scripts.turn("fix-readme", 0),
+            Some(&ScriptTurn::ToolCalls(vec![call("workspace_read", json!({ "path": "README.md" }))]))
+        );
+        assert_eq!(scripts.turn("fix-readme", 1), Some(&ScriptTurn::Text("I read it.".into())));
+        assert_eq!(
+            scripts.turn("fix-readme", 2),
+            Some(&ScriptTurn::ToolCalls(vec![
+                call("workspace_write", json!({ "path": "a.txt", "content": "x" })),
+                call("workspace_list", json!({})),
+            ]))
+        );
+        let last = ScriptTurn::Text(r#"{"verdict":"approve","notes":"ok"}"#.into());
+        assert_eq!(scripts.turn("fix-readme", 3), Some(&last));
+        assert_eq!(scripts.turn("fix-readme", 4), Some(&last));
+        assert_eq!(scripts.turn("fix-readme", u64::MAX), Some(&last));
+        assert_eq!(scripts.turn("nope", 0), None);
+        assert_eq!(Scripts::from_yaml("scripts: {}\n").unwrap(), Scripts::default());
+    }
+
+    #[test]
+    fn malformed_script_files_are_typed_load_errors() {
+        let bad_turn = |yaml: &str| match Scripts::from_yaml(yaml) {
+            Err(ScriptError::BadTurn { script, index, reason }) => (script, index, reason),
+            other => panic!("expected BadTurn for {yaml:?}, got {other:?}"),
+        };
+        let (script, index, _) = bad_turn("scripts:\n  s1:\n    - text: a\n    - {text: b, tool_calls: [{name: t}]}\n");
+        assert_eq!((script.as_str(), index), ("s1", 1));
+        let error = Scripts::from_yaml("scripts:\n  s1:\n    - text: a\n    - {text: b, tool_calls: [{name: t}]}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("`s1`") && error.contains("turn 1"), "{error}");
+        assert_eq!(bad_turn("scripts:\n  s2:\n    - {}\n").1, 0);
+        assert_eq!(bad_turn("scripts:\n  s3:\n    - tool_calls: []\n").0, "s3");
+
+        let parse = |yaml: &str| matches!(Scripts::from_yaml(yaml), Err(ScriptError::Parse(_)));
+        assert!(parse("scripts: [\n"), "invalid YAML");
+        assert!(parse("script: {}\n"), "unknown top-level field");
+        assert!(parse("scripts:\n  s:\n    - txt: a\n"), "unknown turn field");
+        assert!(parse("scripts:\n  s:\n    - tool_calls: [{name: t, args: {}}]\n"), "unknown call field");
+        assert!(parse("scripts:\n  s:\n    - tool_calls: [{name: t, arguments: [1]}]\n"), "arguments not an object");
+        assert!(
+            matches!(Scripts::from_yaml("scripts:\n  a.b:\n    - text: x\n"), Err(ScriptError::BadName(n)) if n == "a.b")
+        );
+        assert!(matches!(Scripts::from_yaml("scripts:\n  e: []\n"), Err(ScriptError::Empty(n)) if n == "e"));
+
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(Scripts::load(&dir.path().join("missing.yaml")), Err(ScriptError::Read { .. })));
+        let path = dir.path().join("scripts.yaml");
+        std::fs::write(&path, SCRIPT_FILE).unwrap();
+        assert_eq!(Scripts::load(&path).unwrap(), Scripts::from_yaml(SCRIPT_FILE).unwrap());
+    }
+
+    #[test]
+    fn script_markers_are_found_anywhere_in_any_message() {
+        assert_eq!(script_marker("please iop-mock-script:fix_readme-2, thanks"), Some("fix_readme-2"));
+        assert_eq!(script_marker("iop-mock-script:"), None);
+        assert_eq!(script_marker("iop-mock-script: x iop-mock-script:second"), Some("second"));
+        assert_eq!(script_marker("iop-mock-script:a iop-mock-script:b"), Some("a"));
+        let messages: Vec<ChatMessage> = serde_json::from_value(json!([
+            { "role": "system", "content": "no marker" },
+            { "role": "user", "content": [{ "type": "text", "text": "x" }, { "type": "text", "text": "iop-mock-script:s" }] },
+            { "role": "user", "content": "iop-mock-script:later" },
+        ]))
+        .unwrap();
+        assert_eq!(requested_script(&messages).as_deref(), Some("s"));
+        assert_eq!(requested_script(&messages[..1]), None);
+    }
+
+    #[tokio::test]
+    async fn scripted_text_on_both_apis_streaming_or_not() {
+        let mock = spawn_scripted(SCRIPT_FILE).await;
+        let prompt = "iop-mock-script:greet say hi";
+
+        let reply =
+            json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", prompt, json!({})), None).await).await;
+        assert_eq!(reply["choices"][0]["message"], json!({ "role": "assistant", "content": "hi there friend" }));
+        assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+        assert_eq!(reply["usage"], json!({ "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6 }));
+
+        let body = chat_body("mock", prompt, json!({ "stream": true }));
+        let text = post(&mock, "/v1/chat/completions", &body, None).await.text().await.unwrap();
+        let events = sse(&text);
+        let pieces: Vec<Value> = events[1..4]
+            .iter()
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"]["content"].clone())
+            .collect();
+        assert_eq!(pieces, [json!("hi"), json!(" there"), json!(" friend")]);
+        assert_eq!(openai_stream_text(&text), ("hi there friend".to_owned(), json!("stop")));
+
+        let body = chat_body("mock", prompt, json!({ "stream": false }));
+        let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+        assert_eq!(reply["message"], json!({ "role": "assistant", "content": "hi there friend" }));
+        assert_eq!((reply["prompt_eval_count"].clone(), reply["eval_count"].clone()), (json!(3), json!(3)));
+
+        let lines =
+            ndjson(&post(&mock, "/api/chat", &chat_body("mock", prompt, json!({})), None).await.text().await.unwrap());
+        let contents: Vec<&str> = lines.iter().map(|l| l["message"]["content"].as_str().unwrap()).collect();
+        assert_eq!(contents, ["hi", " there", " friend", ""]);
+        assert_eq!(lines[3]["done"], true);
+        assert_eq!(lines[3]["eval_count"], 3);
+
+        // The limit truncates scripted text like the echo.
+        let body = chat_body("mock", prompt, json!({ "max_tokens": 2 }));
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["content"], "hi there");
+        assert_eq!(reply["choices"][0]["finish_reason"], "length");
+    }
+
+    #[tokio::test]
+    async fn scripted_tool_calls_on_both_apis_streaming_or_not() {
+        let mock = spawn_scripted(SCRIPT_FILE).await;
+        // Turn 2 of fix-readme has two calls; step past turns 0 and 1.
+        let body = chat_body("mock", "iop-mock-script:fix-readme", json!({ "stream": false }));
+        for _ in 0..2 {
+            post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
+        }
+        // serde_json's map sorts the keys.
+        let write_args = r#"{"content":"x","path":"a.txt"}"#;
+
+        // The last turn repeats, so rewind to replay turn 2 for each form.
+        let replay = async || {
+            let reset = client().post(format!("{}/mock/scripts/reset", mock.base_url())).send().await.unwrap();
+            assert_eq!(reset.status(), 204);
+            for _ in 0..2 {
+                post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
+            }
+        };
+
+        // OpenAI, non-streaming: ids count scripted calls (turn 0 had call_0).
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        let choice = &reply["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(
+            choice["message"],
+            json!({ "role": "assistant", "content": null, "tool_calls": [
+                { "id": "call_1", "type": "function",
+                  "function": { "name": "workspace_write", "arguments": write_args } },
+                { "id": "call_2", "type": "function",
+                  "function": { "name": "workspace_list", "arguments": "{}" } },
+            ] })
+        );
+        assert_eq!(reply["usage"], json!({ "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3 }));
+
+        // OpenAI, streaming: per call a head delta, then the arguments in two pieces.
+        replay().await;
+        let mut streaming = body.clone();
+        streaming["stream"] = json!(true);
+        streaming["stream_options"] = json!({ "include_usage": true });
+        let events = sse(&post(&mock, "/v1/chat/completions", &streaming, None).await.text().await.unwrap());
+        assert_eq!(events.len(), 1 + 2 * 3 + 1 + 1 + 1, "{events:?}");
+        let chunks: Vec<Value> = events[..8].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let deltas: Vec<&Value> = chunks[1..7].iter().map(|c| &c["choices"][0]["delta"]["tool_calls"][0]).collect();
+        assert_eq!(
+            *deltas[0],
+            json!({ "index": 0, "id": "call_4", "type": "function",
+                    "function": { "name": "workspace_write", "arguments": "" } })
+        );
+        assert_eq!(
+            *deltas[3],
+            json!({ "index": 1, "id": "call_5", "type": "function",
+                    "function": { "name": "workspace_list", "arguments": "" } })
+        );
+        let arguments = |ds: &[&Value]| -> String {
+            ds.iter()
+                .inspect(|d| assert!(d.get("id").is_none()))
+                .map(|d| d["function"]["arguments"].as_str().unwrap())
+                .collect()
+        };
+        assert_eq!(arguments(&deltas[1..3]), write_args);
+        assert_eq!(deltas[1]["index"], 0);
+        assert_eq!(arguments(&deltas[4..6]), "{}");
+        assert_eq!(deltas[4]["index"], 1);
+        assert_eq!(chunks[7]["choices"][0]["finish_reason"], "tool_calls");
+        let usage: Value = serde_json::from_str(&events[8]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], 2);
+
+        // Ollama, non-streaming and streaming: one message with both calls.
+        let ollama_calls = json!([
+            { "function": { "name": "workspace_write", "arguments": { "path": "a.txt", "content": "x" } } },
+            { "function": { "name": "workspace_list", "arguments": {} } },
+        ]);
+        replay().await;
+        let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+        assert_eq!(reply["message"], json!({ "role": "assistant", "content": "", "tool_calls": ollama_calls }));
+        assert_eq!((reply["done_reason"].clone(), reply["eval_count"].clone()), (json!("stop"), json!(2)));
+
+        replay().await;
+        let mut streaming = body.clone();
+        streaming["stream"] = json!(true);
+        let lines = ndjson(&post(&mock, "/api/chat", &streaming, None).await.text().await.unwrap());
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["done"], false);
+        assert_eq!(lines[0]["message"]["tool_calls"], ollama_calls);
+        assert_eq!(lines[1]["done"], true);
+        assert_eq!(lines[1]["eval_count"], 2);
+    }
+
+    #[tokio::test]
+    async fn script_cursors_advance_repeat_the_last_turn_and_reset() {
+        let mock = spawn_scripted(
+            "scripts:\n  a:\n    - text: one\n    - text: two\n  b:\n    - text: bee\n    - text: bee2\n",
+        )
+        .await;
+        let say = async |script: &str| {
+            let body = chat_body("mock", &format!("go iop-mock-script:{script}"), json!({}));
+            let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+            reply["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(say("a").await, "one");
+        assert_eq!(say("a").await, "two");
+        assert_eq!(say("b").await, "bee", "b has its own cursor");
+        assert_eq!(say("a").await, "two", "past the end the last turn repeats");
+        assert_eq!(say("b").await, "bee2");
+        assert_eq!(mock.stats().scripts, BTreeMap::from([("a".to_owned(), 3), ("b".to_owned(), 2)]));
+        assert_eq!(get_json(&mock, "/mock/stats").await["scripts"], json!({ "a": 3, "b": 2 }));
+
+        // Without a marker, the echo; no cursor moves.
+        let reply = json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", "a", json!({})), None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["content"], format!("{HELLO}a"));
+
+        let reset = client().post(format!("{}/mock/scripts/reset", mock.base_url())).send().await.unwrap();
+        assert_eq!(reset.status(), 204);
+        assert!(get_json(&mock, "/mock/stats").await.get("scripts").is_none());
+        assert_eq!(say("a").await, "one");
+        assert_eq!(say("b").await, "bee");
+    }
+
+    #[tokio::test]
+    async fn unknown_script_is_400_in_the_api_shape() {
+        let mock = spawn_scripted(SCRIPT_FILE).await;
+        let body = chat_body("mock", "iop-mock-script:nope", json!({ "stream": true }));
+        let resp = post(&mock, "/v1/chat/completions", &body, None).await;
+        assert_eq!(resp.status(), 400);
+        let error = json_of(resp).await;
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert!(error["error"]["message"].as_str().unwrap().contains("`nope`"), "{error}");
+
+        let resp = post(&mock, "/api/chat", &body, None).await;
+        assert_eq!(resp.status(), 400);
+        assert!(json_of(resp).await["error"].as_str().unwrap().contains("`nope`"));
+        assert!(mock.stats().scripts.is_empty());
+
+        // A mock without a script file refuses every marker.
+        let plain = spawn(Faults::default()).await;
+        let resp = post(&plain, "/api/chat", &chat_body("mock", "iop-mock-script:greet", json!({})), None).await;
+        assert_eq!(resp.status(), 400);
+        assert!(json_of(resp).await["error"].as_str().unwrap().contains("`greet`"));
+    }
+
+    #[tokio::test]
+    async fn fault_knobs_apply_to_scripted_replies() {
+        let mock = spawn_scripted(SCRIPT_FILE).await;
+        let body = chat_body("mock", "iop-mock-script:greet", json!({ "stream": true }));
+
+        // A fault status takes no turn: the retry gets the same one.
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("status=429,retry_after=1")).await;
+        assert_eq!(resp.status(), 429);
+        assert!(mock.stats().scripts.is_empty());
+
+        // `words` does not replace the script's text; chunk knobs still apply.
+        let resp = post(&mock, "/v1/chat/completions", &body, Some("words=9,cut_after=2")).await;
+        let (text, aborted) = read_lossy(resp).await;
+        assert!(aborted && !text.contains("[DONE]"));
+        assert_eq!(openai_stream_text(&format!("{text}data: [DONE]\n\n")).0, "hi there");
+        assert_eq!(mock.stats().scripts["greet"], 1);
+
+        // A held request takes its turn once released.
+        let held = tokio::spawn({
+            let url = format!("{}/v1/chat/completions", mock.base_url());
+            let body = chat_body("mock", "iop-mock-script:fix-readme", json!({}));
+            async move {
+                let resp = client().post(url).header(FAULTS_HEADER, "hold=h").body(body.to_string()).send().await;
+                json_of(resp.unwrap()).await
+            }
+        });
+        wait_for_stats(&mock, |s| s.requests_total == 3).await;
+        assert!(!mock.stats().scripts.contains_key("fix-readme"));
+        client().post(format!("{}/mock/release/h", mock.base_url())).send().await.unwrap();
+        let reply = held.await.unwrap();
+        assert_eq!(reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "workspace_read");
+        assert_eq!(mock.stats().scripts["fix-readme"], 1);
     }
 }

@@ -15,6 +15,7 @@ pub mod gate;
 pub mod http;
 pub mod ids;
 pub mod ingress;
+pub mod job;
 pub mod metrics;
 pub mod node;
 pub mod overlay;

@@ -97,6 +97,29 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// A job stage (`job::state::Stage::label`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: &'static str,
+}
+
+/// A job's tool (`workspace_read`, ...) and the call's closed result.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    pub tool: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
 pub struct EdgeMetrics {
     registry: Registry,
     pub http_requests: Family<RequestLabels, Counter>,
@@ -124,11 +147,20 @@ pub struct EdgeMetrics {
     pub leases_sealed: Counter,
     pub lease_refusals: Family<ReasonLabels, Counter>,
     pub workspace_dropped: Family<ReasonLabels, Counter>,
+    /// `iop_anthropic_single_request_ingress_total`: Messages jobs, no labels.
+    pub anthropic_job_ingress: Counter,
+    pub jobs: Family<ApiLabels, Counter>,
+    pub job_stage_seconds: Family<StageLabels, Histogram>,
+    pub job_tool_calls: Family<ToolLabels, Counter>,
+    pub job_cleanups: Family<ResultLabels, Counter>,
+    pub job_terminals: Family<StateLabels, Counter>,
 }
 
 impl EdgeMetrics {
     pub fn new() -> Arc<Self> {
-        let mut registry = Registry::with_prefix("iop_edge");
+        // Everything is `iop_edge_*` but the one metric the spec names.
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("iop_edge");
         let http_requests = Family::<RequestLabels, Counter>::default();
         registry.register("http_requests", "Client HTTP requests by API and outcome", http_requests.clone());
         let http_request_duration = Family::<ApiRouteLabels, Histogram>::new_with_constructor(|| {
@@ -239,6 +271,25 @@ impl EdgeMetrics {
             "Workspace answers dropped (stale or repeated identity, malformed), by reason",
             workspace_dropped.clone(),
         );
+        let jobs = Family::<ApiLabels, Counter>::default();
+        registry.register("jobs", "Single-request workspace jobs started, by API", jobs.clone());
+        let job_stage_seconds = Family::<StageLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.01, 3.0, 12))
+        });
+        registry.register("job_stage_seconds", "Time a job spent in one visit of a stage", job_stage_seconds.clone());
+        let job_tool_calls = Family::<ToolLabels, Counter>::default();
+        registry.register("job_tool_calls", "Workspace tool calls of jobs, by tool and result", job_tool_calls.clone());
+        let job_cleanups = Family::<ResultLabels, Counter>::default();
+        registry.register("job_cleanups", "Workspace cleanups at the end of jobs, by result", job_cleanups.clone());
+        let job_terminals = Family::<StateLabels, Counter>::default();
+        registry.register("job_terminals", "Jobs ended, by terminal state", job_terminals.clone());
+        let anthropic_job_ingress = Counter::default();
+        root.register(
+            "iop_anthropic_single_request_ingress",
+            "Anthropic Messages requests that started a single-request job",
+            anthropic_job_ingress.clone(),
+        );
+        let registry = root;
         Arc::new(Self {
             registry,
             http_requests,
@@ -266,6 +317,12 @@ impl EdgeMetrics {
             leases_sealed,
             lease_refusals,
             workspace_dropped,
+            anthropic_job_ingress,
+            jobs,
+            job_stage_seconds,
+            job_tool_calls,
+            job_cleanups,
+            job_terminals,
         })
     }
 

@@ -57,7 +57,92 @@ pub struct WorkspaceEntry {
     pub env_allowlist: Vec<String>,
     #[serde(default)]
     pub limits: WorkspaceLimits,
+    /// How a job on this workspace runs.
+    #[serde(default, skip_serializing_if = "WorkspaceStages::is_default")]
+    pub stages: WorkspaceStages,
 }
+
+/// A job's stages on one workspace (the `WorkspaceTemplate`'s `stages`):
+/// whether it plans first and has its work reviewed, how many repairs a
+/// review may ask for, each stage's deadline, and prompts that replace the
+/// built-in ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceStages {
+    #[serde(default = "WorkspaceStages::yes")]
+    pub plan: bool,
+    #[serde(default = "WorkspaceStages::yes")]
+    pub review: bool,
+    #[serde(default = "WorkspaceStages::default_max_repairs")]
+    pub max_repairs: u32,
+    #[serde(default = "WorkspaceStages::default_stage_timeout_ms")]
+    pub stage_timeout_ms: u64,
+    #[serde(default, skip_serializing_if = "StagePrompts::is_empty")]
+    pub prompts: StagePrompts,
+}
+
+/// The one definition of the stage defaults (the CRD's call these).
+impl WorkspaceStages {
+    fn yes() -> bool {
+        true
+    }
+    pub fn default_max_repairs() -> u32 {
+        1
+    }
+    pub fn default_stage_timeout_ms() -> u64 {
+        300_000
+    }
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl Default for WorkspaceStages {
+    fn default() -> Self {
+        Self {
+            plan: true,
+            review: true,
+            max_repairs: Self::default_max_repairs(),
+            stage_timeout_ms: Self::default_stage_timeout_ms(),
+            prompts: StagePrompts::default(),
+        }
+    }
+}
+
+/// Instructions that replace a stage's built-in prompt.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagePrompts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize: Option<String>,
+}
+
+impl StagePrompts {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    fn all(&self) -> [(&'static str, &Option<String>); 5] {
+        [
+            ("plan", &self.plan),
+            ("work", &self.work),
+            ("review", &self.review),
+            ("repair", &self.repair),
+            ("finalize", &self.finalize),
+        ]
+    }
+}
+
+/// Longest stage prompt accepted.
+pub const MAX_STAGE_PROMPT_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -752,6 +837,19 @@ impl EdgeConfig {
             for (field, value, min, max) in ranges {
                 if !(min..=max).contains(&value) {
                     return Err(invalid(at(&format!("limits.{field}")), format!("must be between {min} and {max}")));
+                }
+            }
+            let stages = &w.stages;
+            if stages.max_repairs > 10 {
+                return Err(invalid(at("stages.max_repairs"), "must be between 0 and 10"));
+            }
+            if !(1_000..=86_400_000).contains(&stages.stage_timeout_ms) {
+                return Err(invalid(at("stages.stage_timeout_ms"), "must be between 1000 and 86400000"));
+            }
+            for (name, prompt) in stages.prompts.all() {
+                if prompt.as_ref().is_some_and(|p| p.trim().is_empty() || p.len() > MAX_STAGE_PROMPT_BYTES) {
+                    let message = format!("must be non-empty and at most {MAX_STAGE_PROMPT_BYTES} bytes");
+                    return Err(invalid(at(&format!("stages.prompts.{name}")), message));
                 }
             }
         }

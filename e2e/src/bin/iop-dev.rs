@@ -13,7 +13,7 @@ use clap::Parser;
 use iop_e2e::harness::{self, DevPki, ProviderSpec};
 use iop_e2e::mock_provider::{self, MockConfig};
 use iop_e2e::pki::Validity;
-use iop_proto::config::{Adapter, AuthConfig, AuthMode};
+use iop_proto::config::{Adapter, AuthConfig, AuthMode, WorkspaceCommand, WorkspaceEntry};
 use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +45,46 @@ struct Args {
     /// Defaults to `mock` for the mock provider; required with --openai-base.
     #[arg(long)]
     model: Option<String>,
+    /// Expose this directory as workspace `dev` (all five operations): send
+    /// `iop-workspace: dev` to run a job in it. Also serves the admin
+    /// workspace diagnostic.
+    #[arg(long)]
+    workspace: Option<std::path::PathBuf>,
+    /// A command jobs may run in the workspace, as `ID=PROGRAM ARG...`
+    /// (split at spaces; no shell). Repeatable.
+    #[arg(long, requires = "workspace", value_parser = parse_command)]
+    workspace_command: Vec<WorkspaceCommand>,
+    /// Scripted turns for the mock provider (README "Mock provider"): a
+    /// message containing `iop-mock-script:<name>` gets the script's next turn.
+    #[arg(long, conflicts_with_all = ["ollama", "openai_base"])]
+    mock_script_file: Option<std::path::PathBuf>,
+}
+
+/// `ID=PROGRAM ARG...` as a workspace command.
+fn parse_command(text: &str) -> Result<WorkspaceCommand, String> {
+    let (id, argv) = text.split_once('=').ok_or("expected ID=PROGRAM ARG...")?;
+    let argv: Vec<String> = argv.split_whitespace().map(str::to_string).collect();
+    if id.is_empty() || argv.is_empty() {
+        return Err("expected ID=PROGRAM ARG...".into());
+    }
+    Ok(WorkspaceCommand { id: id.to_string(), argv, timeout_ms: 600_000 })
+}
+
+/// The workspace `dev` at `root`, with every operation and `commands`.
+fn dev_workspace(root: &std::path::Path, commands: Vec<WorkspaceCommand>) -> Result<WorkspaceEntry, String> {
+    use iop_proto::config::WorkspaceOperation as Op;
+    let root = std::fs::canonicalize(root).map_err(|e| format!("--workspace {}: {e}", root.display()))?;
+    let root = root.to_str().ok_or("--workspace: the path is not UTF-8")?.to_string();
+    Ok(WorkspaceEntry {
+        reference: "dev".into(),
+        node: NODE.into(),
+        root,
+        operations: vec![Op::Read, Op::List, Op::Write, Op::Delete, Op::Command],
+        commands,
+        env_allowlist: ["PATH", "HOME", "LANG"].map(String::from).to_vec(),
+        limits: Default::default(),
+        stages: Default::default(),
+    })
 }
 
 #[tokio::main]
@@ -72,7 +112,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         (None, None) => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let handle = mock_provider::start(listener, MockConfig::default()).await;
+            let scripts = match &args.mock_script_file {
+                Some(path) => Some(mock_provider::Scripts::load(path)?),
+                None => None,
+            };
+            let handle = mock_provider::start(listener, MockConfig { scripts, ..MockConfig::default() }).await;
             let url = handle.base_url();
             mock = Some(handle);
             (Adapter::Ollama, url, args.model.clone().unwrap_or_else(|| "mock".into()))
@@ -99,13 +143,22 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(keys_file) = &args.keys_file {
         config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(std::path::absolute(keys_file)?) };
     }
-    let edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;
+    let workspace = match &args.workspace {
+        Some(dir) => Some(dev_workspace(dir, args.workspace_command.clone())?),
+        None => None,
+    };
+    config.workspaces.extend(workspace.clone());
+    let mut edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;
+    if workspace.is_some() {
+        edge = edge.with_admin_workspace_calls();
+    }
     let (http_addr, grpc_addr, admin_addr, state) =
         (edge.http_addr(), edge.grpc_addr(), edge.admin_addr(), edge.state());
     let edge_stop = shutdown.clone();
     let edge_task = tokio::spawn(edge.serve(async move { edge_stop.cancelled().await }));
 
-    let node_config = harness::node_config(grpc_addr, &pki.ca_file, &node_pair, (200, 5_000));
+    let mut node_config = harness::node_config(grpc_addr, &pki.ca_file, &node_pair, (200, 5_000));
+    node_config.workspaces.allowed_roots.extend(workspace.iter().map(|w| std::path::PathBuf::from(&w.root)));
     let node_task = tokio::spawn(iop_node::run(node_config, HeartbeatProfile::default(), shutdown.clone()));
 
     wait_ready(&state).await;
@@ -116,6 +169,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "  curl -N http://{http_addr}/v1/chat/completions{key_header} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
     );
+    if workspace.is_some() {
+        println!("A job in the workspace `dev` (it plans, works with tools, reviews, answers):");
+        println!(
+            "  curl http://{http_addr}/v1/messages{key_header} -H 'content-type: application/json' -H 'iop-workspace: dev' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":1024,\"messages\":[{{\"role\":\"user\",\"content\":\"Summarize README.md\"}}]}}'"
+        );
+    }
     println!("Press Ctrl-C to stop.");
 
     iop_edge::shutdown_signal().await;

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use iop_e2e::mock_provider::{self, Faults, MockConfig};
+use iop_e2e::mock_provider::{self, Faults, MockConfig, Scripts};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -31,6 +31,10 @@ struct Cli {
     /// like a keyed model server.
     #[arg(long, env = "IOP_MOCK_API_KEY")]
     api_key: Option<String>,
+    /// YAML file of scripted turns: a request whose messages contain
+    /// `iop-mock-script:NAME` gets the next turn of script NAME. Loaded once.
+    #[arg(long, env = "IOP_MOCK_SCRIPT_FILE", value_name = "FILE")]
+    script_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -45,6 +49,13 @@ async fn main() -> ExitCode {
         eprintln!("iop-mock-provider: {e}");
         return ExitCode::from(2);
     }
+    let scripts = match cli.script_file.as_deref().map(Scripts::load).transpose() {
+        Ok(scripts) => scripts,
+        Err(e) => {
+            eprintln!("iop-mock-provider: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let listener = match TcpListener::bind(&cli.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -62,7 +73,7 @@ async fn main() -> ExitCode {
     println!("iop-mock-provider listening on http://{addr}");
     let _ = std::io::stdout().flush();
 
-    let config = MockConfig { defaults: cli.faults, api_key: cli.api_key };
+    let config = MockConfig { defaults: cli.faults, api_key: cli.api_key, scripts };
     match mock_provider::serve(listener, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

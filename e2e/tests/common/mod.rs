@@ -35,6 +35,8 @@ pub struct StackOptions {
     pub workspaces: Vec<iop_proto::config::WorkspaceEntry>,
     /// Every node's `workspaces.allowed_roots`.
     pub allowed_roots: Vec<PathBuf>,
+    /// The mock provider's `--script-file` contents (YAML), if any.
+    pub mock_script: Option<&'static str>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -58,6 +60,7 @@ impl Default for StackOptions {
             edge_args: Vec::new(),
             workspaces: Vec::new(),
             allowed_roots: Vec::new(),
+            mock_script: None,
         }
     }
 }
@@ -124,9 +127,14 @@ impl Stack {
     pub async fn start(options: StackOptions) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let pki = DevPki::create(dir.path()).unwrap();
+        let script = dir.path().join("mock-script.yaml");
+        let mut mock_args = vec!["--listen", "127.0.0.1:0"];
+        if let Some(text) = options.mock_script {
+            std::fs::write(&script, text).unwrap();
+            mock_args.extend(["--script-file", script.to_str().unwrap()]);
+        }
         let (mock, line) =
-            spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &["--listen", "127.0.0.1:0"], "listening on")
-                .await;
+            spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &mock_args, "listening on").await;
         let mock_url = line.split_whitespace().last().unwrap().to_string();
         let mut providers = vec![
             provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url),

@@ -122,10 +122,17 @@ async fn read_body(body: Body, limit: usize, idle: std::time::Duration) -> Resul
     }
 }
 
-/// One handler for every client API: parse, run through the gate, render.
+/// The request header that makes a request a single-request job.
+pub const WORKSPACE_HEADER: &str = "iop-workspace";
+/// The response header naming the job (for correlation in logs).
+pub const JOB_ID_HEADER: &str = "iop-job-id";
+
+/// One handler for every client API: parse, run through the gate (or as a
+/// job), render.
 async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone(), S::API);
-    match serve::<S>(&state, headers, body, &mut record).await {
+    let job_id = headers.contains_key(WORKSPACE_HEADER).then(|| crate::ids::new_uuid().simple().to_string());
+    let mut response = match serve::<S>(&state, headers, body, &mut record, job_id.clone()).await {
         Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
             record.first_byte();
@@ -142,7 +149,11 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
             record.first_byte();
             error_response::<S>(&err)
         }
+    };
+    if let Some(id) = job_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
+        response.headers_mut().insert(JOB_ID_HEADER, id);
     }
+    response
 }
 
 enum Reply<S: Surface> {
@@ -169,6 +180,7 @@ async fn serve<S: Surface>(
     headers: HeaderMap,
     body: Body,
     record: &mut RequestRecord,
+    job_id: Option<String>,
 ) -> Result<Reply<S>, ApiError> {
     // Before the body is read: an unknown caller costs no more than this.
     let caller = authenticate(state, &headers)?;
@@ -184,22 +196,28 @@ async fn serve<S: Surface>(
     if route::candidates(&config, &parsed.model).is_some() {
         record.route = Some(parsed.model.clone());
     }
-    let tunnel = S::TUNNEL_PATH.map(|path| TunnelForm {
-        path,
-        body: bytes.clone(),
-        headers: headers
-            .iter()
-            .filter(|(name, _)| relayable_header(name.as_str()))
-            .filter_map(|(name, value)| {
-                Some(pb::HttpHeader { name: name.to_string(), value: value.to_str().ok()?.to_string() })
-            })
-            .collect(),
-    });
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
-    let mut execution: Execution = {
-        let (state, model, run) = (state.clone(), parsed.model.clone(), parsed.run);
-        let principal = caller.name().to_string();
-        Box::pin(async move { gate::execute(&state, &principal, &model, run, tunnel, point).await })
+    let principal = caller.name().to_string();
+    let mut execution: Execution = match job_id {
+        Some(id) => {
+            let spec = job_spec::<S>(state, &config, &headers, id, principal, parsed.model.clone(), parsed.run)?;
+            Box::pin(crate::job::spawn(state.clone(), spec))
+        }
+        None => {
+            let tunnel = S::TUNNEL_PATH.map(|path| TunnelForm {
+                path,
+                body: bytes.clone(),
+                headers: headers
+                    .iter()
+                    .filter(|(name, _)| relayable_header(name.as_str()))
+                    .filter_map(|(name, value)| {
+                        Some(pb::HttpHeader { name: name.to_string(), value: value.to_str().ok()?.to_string() })
+                    })
+                    .collect(),
+            });
+            let (state, model, run) = (state.clone(), parsed.model.clone(), parsed.run);
+            Box::pin(async move { gate::execute(&state, &principal, &model, run, tunnel, point).await })
+        }
     };
     let max_response_bytes = config.limits.max_response_bytes;
     let keepalive = config.limits.stream_keepalive_ms;
@@ -218,6 +236,45 @@ async fn serve<S: Surface>(
         execution.await?
     };
     committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes)
+}
+
+/// Admits a job: the model must exist, the client may not bring tools (the
+/// job owns the tool surface), and the workspace must be one its node
+/// accepted on its current ready connection (frozen here with the
+/// authority; never another node).
+fn job_spec<S: Surface>(
+    state: &Arc<EdgeState>,
+    config: &iop_proto::config::EdgeConfig,
+    headers: &HeaderMap,
+    id: String,
+    principal: String,
+    model: String,
+    request: pb::RunRequest,
+) -> Result<crate::job::JobSpec, ApiError> {
+    use crate::workspace::WorkspaceError;
+    let reference = headers
+        .get(WORKSPACE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| ApiError::invalid_param(WORKSPACE_HEADER, "must name a workspace"))?;
+    if !request.tools.is_empty() {
+        let message = "a workspace job brings its own tools: send no `tools` with `iop-workspace`";
+        return Err(ApiError::invalid_param("tools", message));
+    }
+    if route::candidates(config, &model).is_none() {
+        return Err(ApiError::ModelNotFound(model));
+    }
+    let admitted = crate::workspace::admit(state, reference).map_err(|e| match e {
+        WorkspaceError::UnknownWorkspace => ApiError::WorkspaceNotFound(reference.to_string()),
+        _ => ApiError::WorkspaceUnavailable(reference.to_string()),
+    })?;
+    let stages = config.workspaces.iter().find(|w| w.reference == reference).map(|w| w.stages.clone());
+    state.metrics.jobs.get_or_create(&ApiLabels { api: S::API }).inc();
+    if S::API == Api::messages {
+        state.metrics.anthropic_job_ingress.inc();
+    }
+    tracing::info!(job = %id, api = ?S::API, "job admitted");
+    Ok(crate::job::JobSpec { id, principal, model, request, admitted, stages: stages.unwrap_or_default() })
 }
 
 /// How a committed request is answered.

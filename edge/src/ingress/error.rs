@@ -6,6 +6,7 @@ use iop_proto::pb::{self, FailureKind};
 use serde_json::{Value, json};
 
 use crate::auth::AuthFailure;
+use crate::job::state::JobFailure;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -37,8 +38,36 @@ pub enum ApiError {
     /// The provider or the transport failed before anything reached the client.
     #[error("{}", .0.message)]
     Execution(pb::ExecutionFailure),
+    /// `iop-workspace` names no workspace (or one its node refused): the
+    /// answer says nothing of nodes or paths.
+    #[error("no workspace `{0}` is available")]
+    WorkspaceNotFound(String),
+    /// The workspace's node is not ready right now.
+    #[error("the workspace `{0}` is not available right now, retry later")]
+    WorkspaceUnavailable(String),
+    /// A single-request job failed (the closed reason).
+    #[error("the job failed: {0}")]
+    Job(crate::job::state::JobFailure),
     #[error("internal error")]
     Internal,
+}
+
+/// A failed job's status: the workspace's node went away (503, retry),
+/// a deadline (504), the cleanup (500), anything the model did (502).
+fn job_status(failure: JobFailure) -> StatusCode {
+    match failure {
+        JobFailure::WorkspaceLost => StatusCode::SERVICE_UNAVAILABLE,
+        JobFailure::StageDeadline | JobFailure::WallClock => StatusCode::GATEWAY_TIMEOUT,
+        JobFailure::CleanupFailed | JobFailure::Internal | JobFailure::WorkspaceOpenFailed => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        JobFailure::IterationBudget
+        | JobFailure::OutputBudget
+        | JobFailure::ToolDenied
+        | JobFailure::MalformedToolCall
+        | JobFailure::UnexpectedToolCall
+        | JobFailure::ModelFailed => StatusCode::BAD_GATEWAY,
+    }
 }
 
 fn unauthenticated_message(failure: AuthFailure) -> &'static str {
@@ -69,6 +98,9 @@ impl ApiError {
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
+            Self::WorkspaceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Job(failure) => job_status(*failure),
             Self::Execution(f) => match f.kind() {
                 FailureKind::InvalidRequest => StatusCode::BAD_REQUEST,
                 // Client errors the provider reported keep their status so the
@@ -92,6 +124,7 @@ impl ApiError {
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Self::NoProviderAvailable(_) | Self::QueueFull(_) | Self::QueueTimeout(_) => Some(1),
+            Self::WorkspaceUnavailable(_) | Self::Job(JobFailure::WorkspaceLost) => Some(1),
             Self::Execution(f) if f.retry_after_ms > 0 => Some(f.retry_after_ms.div_ceil(1000)),
             _ => None,
         }
@@ -110,6 +143,9 @@ impl ApiError {
             Self::QueueFull(_) => "queue_full",
             Self::QueueTimeout(_) => "queue_timeout",
             Self::Internal => "internal",
+            Self::WorkspaceNotFound(_) => "workspace_not_found",
+            Self::WorkspaceUnavailable(_) => "workspace_unavailable",
+            Self::Job(failure) => failure.label(),
             Self::Execution(f) => match f.kind() {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
                 FailureKind::ProviderHttpStatus => "provider_http_status",

@@ -222,6 +222,7 @@ pub fn workspace(
             max_iterations: l.max_iterations,
             wall_clock_ms: l.wall_clock_ms,
         },
+        stages: Default::default(),
     };
     // The Edge's own rules, on a config holding just this workspace and its node.
     let alone = EdgeConfig {

@@ -1,0 +1,261 @@
+//! Single-request jobs end to end: real `iop-edge`, `iop-node` and a
+//! scripted `iop-mock-provider` (its turns are chosen by the
+//! `iop-mock-script:<name>` marker in the client's message), a temp
+//! workspace on disk, and the client APIs as clients call them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use iop_e2e::harness::wait_until;
+use iop_proto::config::{
+    Limits, WorkspaceCommand, WorkspaceEntry, WorkspaceLimits, WorkspaceOperation as Op, WorkspaceStages,
+};
+use serde_json::{Value, json};
+
+const SCRIPTS: &str = r#"
+scripts:
+  job:
+    - tool_calls: [{name: workspace_list, arguments: {}}]
+    - text: "1. read README.md 2. write NOTES.md"
+    - tool_calls: [{name: workspace_read, arguments: {path: README.md}}]
+    - tool_calls: [{name: workspace_write, arguments: {path: NOTES.md, content: draft}}]
+    - tool_calls: [{name: workspace_command, arguments: {command: test}}]
+    - text: "wrote NOTES.md"
+    - text: '{"verdict":"repair","notes":"NOTES.md must say final"}'
+    - text: "rewrite NOTES.md"
+    - tool_calls: [{name: workspace_write, arguments: {path: NOTES.md, content: final}}]
+    - text: "fixed"
+    - text: '{"verdict":"approve","notes":"good"}'
+    - text: "Done: NOTES.md now says final."
+  deny:
+    - tool_calls: [{name: workspace_command, arguments: {command: deploy}}]
+  malformed:
+    - tool_calls: [{name: workspace_read, arguments: {path: README.md, follow: true}}]
+  loop:
+    - tool_calls: [{name: workspace_list, arguments: {}}]
+  hang:
+    - tool_calls: [{name: workspace_command, arguments: {command: hang}}]
+  slow:
+    - tool_calls: [{name: workspace_command, arguments: {command: slow}}]
+    - text: "slow work done"
+    - text: "The slow job is done."
+"#;
+
+fn command(id: &str, script: &str) -> WorkspaceCommand {
+    WorkspaceCommand { id: id.into(), argv: vec!["sh".into(), "-c".into(), script.into()], timeout_ms: 60_000 }
+}
+
+/// `site` runs every stage; `quick` only works and answers, with at most
+/// three model turns per stage.
+fn workspaces(root: &Path) -> Vec<WorkspaceEntry> {
+    let entry = |reference: &str, stages: WorkspaceStages, limits: WorkspaceLimits| WorkspaceEntry {
+        reference: reference.into(),
+        node: NODE.into(),
+        root: root.to_str().unwrap().into(),
+        operations: vec![Op::Read, Op::List, Op::Write, Op::Delete, Op::Command],
+        commands: vec![
+            command("test", "echo all tests pass"),
+            command("hang", "sleep 300 & echo $! > grandchild.pid; wait"),
+            command("slow", "sleep 0.5"),
+        ],
+        env_allowlist: vec!["PATH".into()],
+        limits,
+        stages,
+    };
+    let quick = WorkspaceStages { plan: false, review: false, ..Default::default() };
+    vec![
+        entry("site", WorkspaceStages::default(), WorkspaceLimits::default()),
+        entry("quick", quick, WorkspaceLimits { max_iterations: 3, ..Default::default() }),
+    ]
+}
+
+struct Job {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    stack: Stack,
+}
+
+async fn start(options: StackOptions) -> Job {
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = std::fs::canonicalize(tmp.path()).unwrap();
+    let root = allowed.join("site");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("README.md"), "# site\n").unwrap();
+    let stack = Stack::start(StackOptions {
+        workspaces: workspaces(&root),
+        allowed_roots: vec![allowed],
+        mock_script: Some(SCRIPTS),
+        ..options
+    })
+    .await;
+    Job { _tmp: tmp, root, stack }
+}
+
+fn messages(script: &str, stream: bool) -> Value {
+    json!({
+        "model": "mock-ollama",
+        "max_tokens": 256,
+        "stream": stream,
+        "messages": [{"role": "user", "content": format!("Please update NOTES.md. iop-mock-script:{script}")}],
+    })
+}
+
+fn post(stack: &Stack, path: &str, workspace: &str, body: &Value) -> reqwest::RequestBuilder {
+    stack
+        .client
+        .post(stack.url(path))
+        .header("content-type", "application/json")
+        .header("iop-workspace", workspace)
+        .body(serde_json::to_vec(body).unwrap())
+}
+
+fn job_dirs(root: &Path) -> Vec<String> {
+    match std::fs::read_dir(root.join(".iop/job")) {
+        Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+async fn grandchild(root: &Path) -> i32 {
+    let file = root.join("grandchild.pid");
+    wait_until("the command's grandchild started", WAIT, || async {
+        std::fs::read_to_string(&file).is_ok_and(|s| s.ends_with('\n'))
+    })
+    .await;
+    std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_job_plans_works_is_reviewed_repairs_once_and_answers() {
+    let job = start(StackOptions::default()).await;
+    let stack = &job.stack;
+    let response = post(stack, "/v1/messages", "site", &messages("job", false)).send().await.unwrap();
+    let job_id = response.headers().get("iop-job-id").map(|v| v.to_str().unwrap().to_string());
+    let (status, body) = json_body(response).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(job_id.is_some_and(|id| id.len() == 32), "the answer names its job");
+    assert_eq!(body["content"][0]["text"], "Done: NOTES.md now says final.");
+    assert_eq!(body["stop_reason"], "end_turn");
+    // Usage is the sum over the twelve model turns.
+    assert!(body["usage"]["output_tokens"].as_u64().unwrap() >= 12, "{body}");
+    let text = body.to_string();
+    for private in ["workspace_", "README", job.root.to_str().unwrap()] {
+        assert!(!text.contains(private), "`{private}` leaked into the answer: {text}");
+    }
+
+    // The workspace as the job's results need it, and nothing of the job's own.
+    assert_eq!(std::fs::read_to_string(job.root.join("NOTES.md")).unwrap(), "final");
+    assert!(job_dirs(&job.root).is_empty());
+
+    let metric = |sample: &'static str| stack.metric(sample);
+    assert_eq!(metric("iop_anthropic_single_request_ingress_total").await, 1.0);
+    assert_eq!(metric("iop_edge_jobs_total{api=\"messages\"}").await, 1.0);
+    assert_eq!(metric("iop_edge_job_terminals_total{state=\"completed\"}").await, 1.0);
+    assert_eq!(metric("iop_edge_job_cleanups_total{result=\"cleaned\"}").await, 1.0);
+    assert_eq!(metric("iop_edge_job_tool_calls_total{tool=\"workspace_write\",result=\"ok\"}").await, 2.0);
+    assert_eq!(metric("iop_edge_job_tool_calls_total{tool=\"workspace_command\",result=\"ok\"}").await, 1.0);
+    assert_eq!(metric("iop_edge_job_stage_seconds_count{stage=\"reviewing\"}").await, 2.0);
+    assert_eq!(metric("iop_edge_job_stage_seconds_count{stage=\"repairing\"}").await, 1.0);
+    assert_eq!(metric("iop_edge_job_stage_seconds_count{stage=\"finalizing\"}").await, 1.0);
+}
+
+#[tokio::test]
+async fn entry_errors_are_typed_and_say_nothing_of_nodes_or_paths() {
+    let job = start(StackOptions::default()).await;
+    let stack = &job.stack;
+    let mut with_tools = messages("job", false);
+    with_tools["tools"] = json!([{"name": "x", "input_schema": {"type": "object"}}]);
+    let (status, body) = json_body(post(stack, "/v1/messages", "site", &with_tools).send().await.unwrap()).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) =
+        json_body(post(stack, "/v1/messages", "nope", &messages("job", false)).send().await.unwrap()).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (404, Some("not_found_error")), "{body}");
+    let chat = chat_body("mock-ollama", "hi iop-mock-script:job", false);
+    let (status, body) = json_body(post(stack, "/v1/chat/completions", "nope", &chat).send().await.unwrap()).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("workspace_not_found")));
+    assert!(!body.to_string().contains(NODE));
+    let unknown_model = json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]});
+    let response = post(stack, "/v1/chat/completions", "site", &unknown_model).send().await.unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(stack.metric("iop_edge_jobs_total{api=\"messages\"}").await, 0.0, "none of these started a job");
+}
+
+#[tokio::test]
+async fn denied_malformed_and_over_budget_calls_fail_the_job_and_it_still_cleans_up() {
+    let job = start(StackOptions::default()).await;
+    let stack = &job.stack;
+    for (script, code) in
+        [("deny", "tool_denied"), ("malformed", "malformed_tool_call"), ("loop", "iteration_budget_exhausted")]
+    {
+        let chat = chat_body("mock-ollama", &format!("go iop-mock-script:{script}"), false);
+        let (status, body) = json_body(post(stack, "/v1/chat/completions", "quick", &chat).send().await.unwrap()).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (502, Some(code)), "{body}");
+    }
+    assert_eq!(stack.metric("iop_edge_job_terminals_total{state=\"failed\"}").await, 3.0);
+    assert_eq!(stack.metric("iop_edge_job_cleanups_total{result=\"cleaned\"}").await, 3.0);
+    assert_eq!(
+        stack.metric("iop_edge_job_tool_calls_total{tool=\"workspace_command\",result=\"tool_denied\"}").await,
+        1.0
+    );
+    assert_eq!(stack.metric("iop_edge_job_tool_calls_total{tool=\"workspace_list\",result=\"ok\"}").await, 3.0);
+    assert!(job_dirs(&job.root).is_empty());
+}
+
+/// Streaming clients get keepalives while the job runs, then the answer.
+#[tokio::test]
+async fn a_streaming_job_keeps_the_client_alive_until_the_answer() {
+    let limits = Limits { stream_keepalive_ms: 100, ..Default::default() };
+    let job = start(StackOptions { limits: Some(limits), ..Default::default() }).await;
+    let response = post(&job.stack, "/v1/messages", "quick", &messages("slow", true)).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("event: ping"), "keepalives while the command runs: {text}");
+    assert!(text.contains("The slow job is done."), "{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+}
+
+/// A client that goes away cancels the job: the running command's whole
+/// process group dies, then the request is cleaned.
+#[tokio::test]
+async fn a_client_disconnect_kills_the_running_command_and_cleans_up() {
+    let job = start(StackOptions::default()).await;
+    let request =
+        post(&job.stack, "/v1/chat/completions", "quick", &chat_body("mock-ollama", "iop-mock-script:hang", true));
+    let pending = tokio::spawn(async move { request.send().await.unwrap().text().await });
+    let pid = grandchild(&job.root).await;
+    pending.abort();
+    wait_until("the grandchild was killed", WAIT, || async { !alive(pid) }).await;
+    wait_until("the job's state was cleaned", WAIT, || async { job_dirs(&job.root).is_empty() }).await;
+    let stack = &job.stack;
+    wait_until("the job ended cancelled", WAIT, || async {
+        stack.metric("iop_edge_job_terminals_total{state=\"cancelled\"}").await == 1.0
+    })
+    .await;
+    assert_eq!(stack.metric("iop_edge_job_cleanups_total{result=\"cleaned\"}").await, 1.0);
+}
+
+/// The node's connection dies mid-job: the job fails closed (no other node
+/// is tried), and the node, once it notices, kills the command and cleans.
+#[tokio::test]
+async fn losing_the_node_mid_job_fails_it_and_the_node_cleans_up() {
+    let job = start(StackOptions { heartbeat: Some("50,300"), ..Default::default() }).await;
+    let stack = &job.stack;
+    let request =
+        post(stack, "/v1/chat/completions", "quick", &chat_body("mock-ollama", "iop-mock-script:hang", false));
+    let pending = tokio::spawn(async move { json_body(request.send().await.unwrap()).await });
+    let pid = grandchild(&job.root).await;
+    stack.nodes[0].pause();
+    let (status, body) = pending.await.unwrap();
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("workspace_lost")), "{body}");
+    assert_eq!(stack.metric("iop_edge_job_terminals_total{state=\"failed\"}").await, 1.0);
+    stack.nodes[0].resume();
+    wait_until("the node killed the command", WAIT, || async { !alive(pid) }).await;
+    wait_until("the node cleaned the request", WAIT, || async { job_dirs(&job.root).is_empty() }).await;
+}
