@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{chat_body, http_client, sse_events, streamed_text};
+use common::{chat_body, http_client, run_script, sdk_installed, sse_events, streamed_text};
 use iop_e2e::harness::{bin, spawn_until};
 
 async fn start_dev() -> (iop_e2e::harness::Proc, String) {
@@ -75,31 +75,6 @@ async fn run_sdk_script(package: &str, script: &str, base_suffix: &str) {
     run_script(script, &[&base, "mock"]).await;
 }
 
-/// Whether python3 can import `package`; skipping is allowed only without
-/// IOP_REQUIRE_SDK.
-fn sdk_installed(package: &str) -> bool {
-    let has_sdk = std::process::Command::new("python3")
-        .args(["-c", &format!("import {package}")])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_sdk {
-        assert!(std::env::var_os("IOP_REQUIRE_SDK").is_none(), "IOP_REQUIRE_SDK is set but `import {package}` fails");
-        eprintln!("skipping: python3 `{package}` package not installed (pip install {package})");
-    }
-    has_sdk
-}
-
-async fn run_script(script: &str, args: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk").join(script);
-    let output = tokio::process::Command::new("python3").arg(script).args(args).output().await.unwrap();
-    assert!(
-        output.status.success(),
-        "sdk script failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 #[tokio::test]
 async fn official_openai_python_sdk_chat_completions() {
     run_sdk_script("openai", "openai_chat.py", "/v1").await;
@@ -129,4 +104,32 @@ async fn official_sdks_send_keys_and_type_401_and_403() {
     std::fs::write(&keys, format!("principals: [ {{ name: dev, key_sha256: {hash}, models: [mock] }} ]\n")).unwrap();
     let (_dev, base) = start_dev_with(&["--keys-file", keys.to_str().unwrap()]).await;
     run_script("auth.py", &[base.trim_end_matches("/v1"), "k-dev", "mock", "other"]).await;
+}
+
+/// A workspace job through both official SDKs against `iop-dev --workspace`
+/// with the example mock script: the whole job (one repair), streaming,
+/// budgets, entry errors, and a client giving up mid-command (the command's
+/// process group dies, the job's state is removed).
+#[tokio::test]
+async fn official_sdks_run_workspace_jobs() {
+    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::write(workspace.join("README.md"), "# A project\n").unwrap();
+    std::fs::write(workspace.join("hang.sh"), "sleep 300 & echo $! > grandchild.pid\nwait\n").unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mock-script.yaml");
+    let args = [
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--workspace-command",
+        "test=echo all tests pass",
+        "--workspace-command",
+        "hang=sh hang.sh",
+        "--mock-script-file",
+        script.to_str().unwrap(),
+    ];
+    let (_dev, base) = start_dev_with(&args).await;
+    run_script("jobs.py", &[base.trim_end_matches("/v1"), "mock", workspace.to_str().unwrap()]).await;
 }

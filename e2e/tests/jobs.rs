@@ -37,6 +37,13 @@ scripts:
     - tool_calls: [{name: workspace_list, arguments: {}}]
   hang:
     - tool_calls: [{name: workspace_command, arguments: {command: hang}}]
+  answer:
+    - text: "worked"
+    - text: "Answer."
+  plant:
+    - tool_calls: [{name: workspace_command, arguments: {command: plant}}]
+    - text: "planted"
+    - text: "All done."
   slow:
     - tool_calls: [{name: workspace_command, arguments: {command: slow}}]
     - text: "slow work done"
@@ -59,6 +66,8 @@ fn workspaces(root: &Path) -> Vec<WorkspaceEntry> {
             command("test", "echo all tests pass"),
             command("hang", "sleep 300 & echo $! > grandchild.pid; wait"),
             command("slow", "sleep 0.5"),
+            // Plants a link to /etc in the job's own state directory.
+            command("plant", "for d in .iop/job/*; do ln -s /etc \"$d/escape\"; done"),
         ],
         env_allowlist: vec!["PATH".into()],
         limits,
@@ -258,4 +267,66 @@ async fn losing_the_node_mid_job_fails_it_and_the_node_cleans_up() {
     stack.nodes[0].resume();
     wait_until("the node killed the command", WAIT, || async { !alive(pid) }).await;
     wait_until("the node cleaned the request", WAIT, || async { job_dirs(&job.root).is_empty() }).await;
+}
+
+/// A cleanup that cannot finish (the job's own state holds a link it will
+/// not follow or remove) turns a success into a typed failure.
+#[tokio::test]
+async fn a_failed_cleanup_turns_success_into_a_failure() {
+    let job = start(StackOptions::default()).await;
+    let stack = &job.stack;
+    let chat = chat_body("mock-ollama", "iop-mock-script:plant", false);
+    let (status, body) = json_body(post(stack, "/v1/chat/completions", "quick", &chat).send().await.unwrap()).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (500, Some("cleanup_failed")), "{body}");
+    assert_eq!(stack.metric("iop_edge_job_cleanups_total{result=\"partial\"}").await, 1.0);
+    assert_eq!(stack.metric("iop_edge_job_terminals_total{state=\"failed\"}").await, 1.0);
+    assert!(Path::new("/etc/hostname").exists() || Path::new("/etc/passwd").exists(), "the link's target is untouched");
+    let left = job_dirs(&job.root);
+    assert_eq!(left.len(), 1, "the refused entry stays, with its directory");
+}
+
+/// The same through the official `openai` SDK, against separate processes:
+/// the SDK sees a typed, retryable 503.
+#[tokio::test]
+async fn official_openai_sdk_sees_a_lost_node_as_a_typed_503() {
+    if !sdk_installed("openai") {
+        return;
+    }
+    let job = start(StackOptions { heartbeat: Some("50,300"), ..Default::default() }).await;
+    let stack = &job.stack;
+    let base = stack.url("");
+    let client = tokio::spawn(async move { run_script("job_node_loss.py", &[&base, "mock-ollama"]).await });
+    let pid = grandchild(&job.root).await;
+    stack.nodes[0].pause();
+    client.await.unwrap();
+    stack.nodes[0].resume();
+    wait_until("the node killed the command", WAIT, || async { !alive(pid) }).await;
+    wait_until("the node cleaned the request", WAIT, || async { job_dirs(&job.root).is_empty() }).await;
+}
+
+/// Every API answers a job in its own shape, streamed or not.
+#[tokio::test]
+async fn every_api_answers_a_job_in_its_own_shape() {
+    let job = start(StackOptions::default()).await;
+    let stack = &job.stack;
+    let input = "iop-mock-script:answer";
+    let responses = json!({"model": "mock-ollama", "input": input});
+    let (status, body) = json_body(post(stack, "/v1/responses", "quick", &responses).send().await.unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], "Answer.", "{body}");
+    let streamed = json!({"model": "mock-ollama", "input": input, "stream": true});
+    let text = post(stack, "/v1/responses", "quick", &streamed).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("response.completed") && text.contains("Answer."), "{text}");
+
+    let chat = chat_body("mock-ollama", input, false);
+    let (status, body) = json_body(post(stack, "/v1/chat/completions", "quick", &chat).send().await.unwrap()).await;
+    assert_eq!((status, body["choices"][0]["message"]["content"].as_str()), (200, Some("Answer.")), "{body}");
+    let response =
+        post(stack, "/v1/chat/completions", "quick", &chat_body("mock-ollama", input, true)).send().await.unwrap();
+    let events = sse_events(response).await;
+    assert_eq!(streamed_text(&events), "Answer.");
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert_eq!(stack.metric("iop_edge_jobs_total{api=\"responses\"}").await, 2.0);
+    assert_eq!(stack.metric("iop_edge_jobs_total{api=\"chat_completions\"}").await, 2.0);
+    assert_eq!(stack.metric("iop_anthropic_single_request_ingress_total").await, 0.0, "counts Messages jobs only");
 }

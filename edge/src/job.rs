@@ -418,7 +418,11 @@ impl Driver<'_> {
     fn apply(&mut self, event: JobEvent) {
         if let Err(refused) = self.job.apply(event) {
             tracing::warn!(%refused, "job event not applied");
-            self.state.metrics.reason(&self.state.metrics.workspace_dropped, "stale_tool_result");
+            let reason = match refused {
+                state::Refused::StaleToolResult => "stale_tool_result",
+                state::Refused::NotApplicable { .. } => "out_of_order",
+            };
+            self.state.metrics.reason(&self.state.metrics.workspace_dropped, reason);
         }
         if self.job.state().is_terminal() {
             self.end_visit();
