@@ -407,4 +407,51 @@ mod tests {
         fence.cancel();
         assert_eq!(calls.attach("r3", "n1", 5).err(), Some(AttachError::FencedGeneration));
     }
+
+    /// Answers that do not match the pending call (stale or repeated
+    /// identities) are dropped and counted; a fenced call fails closed.
+    #[tokio::test]
+    async fn only_the_pending_calls_answer_is_taken() {
+        let (downlink, mut sent) = mpsc::channel(4);
+        let (uplink, answers) = mpsc::channel(8);
+        let fence = CancellationToken::new();
+        let metrics = EdgeMetrics::new();
+        let mut call = WorkspaceCall {
+            request_id: "r1".into(),
+            generation: 5,
+            calls: Arc::default(),
+            metrics: metrics.clone(),
+            fence: fence.clone(),
+            downlink,
+            uplink: answers,
+        };
+        let answer = |request: &str, stage: &str, tool: &str| pb::WorkspaceUplink {
+            msg: Some(Up::Tool(pb::WorkspaceToolResponse {
+                request_id: request.into(),
+                stage_id: stage.into(),
+                tool_call_id: tool.into(),
+                result: Some(pb::workspace_tool_response::Result::Write(pb::WorkspaceDone {})),
+            })),
+        };
+        for stale in
+            [answer("r1", "working-1", "t0"), answer("r1", "planning-1", "t1"), answer("r2", "working-1", "t1")]
+        {
+            uplink.send(stale).await.unwrap();
+        }
+        uplink.send(answer("r1", "working-1", "t1")).await.unwrap();
+        let op = pb::workspace_tool_request::Op::Delete(pb::WorkspaceDelete { path: "a".into() });
+        let got = call.tool("working-1", "t1", op.clone(), &CancellationToken::new()).await.unwrap();
+        assert_eq!((got.stage_id.as_str(), got.tool_call_id.as_str()), ("working-1", "t1"));
+        assert!(matches!(
+            sent.recv().await,
+            Some(Ok(pb::WorkspaceDownlink { msg: Some(pb::workspace_downlink::Msg::Tool(_)) }))
+        ));
+        assert!(metrics.encode().contains("iop_edge_workspace_frames_dropped_total{reason=\"unexpected_answer\"} 3"));
+
+        fence.cancel();
+        assert_eq!(
+            call.tool("working-1", "t2", op, &CancellationToken::new()).await.err(),
+            Some(WorkspaceError::Fenced)
+        );
+    }
 }
