@@ -304,6 +304,11 @@ fn examples_render_a_valid_edge_config() {
     assert_eq!(config.model_index()["llama3.2"].len(), 2, "studio-qwen-tunnel is the priority-1 fallback");
     // studio-llama sets no queue (defaults 64 / 30000), studio-qwen-tunnel asks for 128 / 45000.
     assert_eq!((config.limits.queue_depth, config.limits.queue_timeout_ms), (128, 45_000));
+    // repo-tools' stages: the defaults but for its own review prompt.
+    let stages = &config.workspaces[0].stages;
+    assert_eq!((stages.plan, stages.review, stages.max_repairs, stages.stage_timeout_ms), (true, true, 1, 300_000));
+    assert!(stages.prompts.review.as_deref().is_some_and(|p| p.contains(r#"{"verdict":"repair""#)));
+    assert_eq!(stages.prompts.plan, None);
 }
 
 fn set(doc: &mut Value, pointer: &str, value: Value) {
@@ -325,7 +330,7 @@ fn pure_verdict(doc: &Value) -> Option<Result<(), validate::Invalid>> {
     Some(match doc["kind"].as_str().unwrap() {
         "Provider" => validate::provider(&serde_json::from_value(doc.clone()).ok()?, &nodes, &settings()).map(drop),
         "NodeCatalog" => validate::node_catalog(&serde_json::from_value(doc.clone()).ok()?, &templates).map(drop),
-        "WorkspaceTemplate" => validate::workspace_template(&serde_json::from_value(doc.clone()).ok()?),
+        "WorkspaceTemplate" => validate::workspace_template(&serde_json::from_value(doc.clone()).ok()?, &settings()),
         other => panic!("{other}"),
     })
 }
@@ -425,6 +430,48 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
             "/spec/limits/maxIterations",
             json!(0),
             "/spec/limits/maxIterations: 0 is less",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
+            "/spec/limits/maxIterations",
+            json!(1001),
+            "/spec/limits/maxIterations: 1001 is greater",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
+            "/spec/stages/maxRepairs",
+            json!(11),
+            "/spec/stages/maxRepairs: 11 is greater",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
+            "/spec/stages/stageTimeoutMs",
+            json!(999),
+            "/spec/stages/stageTimeoutMs: 999 is less",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
+            "/spec/stages/prompts/review",
+            json!(""),
+            "/spec/stages/prompts/review: \"\" is shorter",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
+            "/spec/stages/prompts/review",
+            json!(" \n "),
+            "/spec/stages/prompts/review: ",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
+            "/spec/stages/prompts/plan",
+            json!("x".repeat(16_385)),
+            "/spec/stages/prompts/plan: ",
         ),
     ];
     for (kind, name, pointer, value, expected) in cases {

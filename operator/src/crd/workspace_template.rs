@@ -1,12 +1,14 @@
 //! `WorkspaceTemplate`: what may be done inside a workspace that refers to it
-//! (operations, fixed command templates, environment names, limits).
+//! (operations, fixed command templates, environment names, limits) and how
+//! a job there runs (its stages).
 
+use iop_proto::config::MAX_STAGE_PROMPT_BYTES;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Operations, commands, environment names and limits of a workspace.
+/// Operations, commands, environment names, limits and job stages of a workspace.
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "iop.dev",
@@ -15,7 +17,7 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "WorkspaceTemplateStatus",
     category = "iop",
-    doc = "What may be done inside a workspace: operations, command templates, environment names, limits.",
+    doc = "What may be done inside a workspace: operations, command templates, environment names, limits, and how a job there runs (its stages).",
     printcolumn(
         name = "Operations",
         type_ = "string",
@@ -48,6 +50,13 @@ pub struct WorkspaceTemplateSpec {
     pub env_allowlist: Vec<String>,
     #[serde(default)]
     pub limits: WorkspaceLimits,
+    /// How a job on a workspace of this template runs: planning (read and
+    /// list only), then working (every granted operation), then reviewing
+    /// (read and list; answers a JSON verdict, approve or repair) and, while
+    /// a review asks for it, repairing (read and list; plans the fix) and
+    /// working again; finally finalizing (no tools).
+    #[serde(default)]
+    pub stages: WorkspaceStages,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
@@ -134,6 +143,87 @@ impl Default for WorkspaceLimits {
             wall_clock_ms: Self::default_wall_clock_ms(),
         }
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceStages {
+    /// Whether a job plans (read and list only) before it works.
+    #[serde(default = "WorkspaceStages::default_plan")]
+    pub plan: bool,
+    /// Whether a job's work is reviewed (read and list only; the review
+    /// answers a JSON verdict, approve or repair) before it finalizes.
+    #[serde(default = "WorkspaceStages::default_review")]
+    pub review: bool,
+    /// Most review/repair rounds: after this many repairs the job finalizes
+    /// whatever the review says (0: it finalizes after the first review).
+    #[serde(default = "WorkspaceStages::default_max_repairs")]
+    #[schemars(range(max = 10))]
+    pub max_repairs: u32,
+    /// Deadline of each visit of a stage; a stage still running then fails
+    /// the job (`limits.wallClockMs` bounds the whole job).
+    #[serde(default = "WorkspaceStages::default_stage_timeout_ms")]
+    #[schemars(range(min = 1000, max = 86400000))]
+    pub stage_timeout_ms: u64,
+    #[serde(default)]
+    pub prompts: StagePrompts,
+}
+
+/// The Edge config's defaults (`iop_proto::config::WorkspaceStages`).
+impl WorkspaceStages {
+    fn default_plan() -> bool {
+        iop_proto::config::WorkspaceStages::default().plan
+    }
+    fn default_review() -> bool {
+        iop_proto::config::WorkspaceStages::default().review
+    }
+    fn default_max_repairs() -> u32 {
+        iop_proto::config::WorkspaceStages::default_max_repairs()
+    }
+    fn default_stage_timeout_ms() -> u64 {
+        iop_proto::config::WorkspaceStages::default_stage_timeout_ms()
+    }
+}
+
+impl Default for WorkspaceStages {
+    fn default() -> Self {
+        Self {
+            plan: Self::default_plan(),
+            review: Self::default_review(),
+            max_repairs: Self::default_max_repairs(),
+            stage_timeout_ms: Self::default_stage_timeout_ms(),
+            prompts: StagePrompts::default(),
+        }
+    }
+}
+
+/// Instructions that replace a stage's built-in one; each must hold a
+/// non-blank character and at most 16384 bytes (16 KiB).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StagePrompts {
+    /// Replaces the instruction of planning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_STAGE_PROMPT_BYTES), regex(pattern = r"\S"))]
+    pub plan: Option<String>,
+    /// Replaces the instruction of working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_STAGE_PROMPT_BYTES), regex(pattern = r"\S"))]
+    pub work: Option<String>,
+    /// Replaces the instruction of reviewing, format included: it must ask
+    /// for exactly `{"verdict":"approve"|"repair","notes":"..."}` (any other
+    /// answer counts as a repair without notes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_STAGE_PROMPT_BYTES), regex(pattern = r"\S"))]
+    pub review: Option<String>,
+    /// Replaces the instruction of repairing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_STAGE_PROMPT_BYTES), regex(pattern = r"\S"))]
+    pub repair: Option<String>,
+    /// Replaces the instruction of finalizing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_STAGE_PROMPT_BYTES), regex(pattern = r"\S"))]
+    pub finalize: Option<String>,
 }
 
 /// Written by reconcile (`iop-operator/config`).

@@ -80,7 +80,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     let mut templates = Vec::new();
     let mut template_ready = BTreeMap::new();
     for t in sorted(&snapshot.templates) {
-        let verdict = validate::workspace_template(t);
+        let verdict = validate::workspace_template(t, settings);
         if let Err(e) = &verdict {
             exclude("WorkspaceTemplate", &t.name_any(), e);
         }

@@ -9,7 +9,7 @@ use iop_proto::config::ListenConfig;
 use super::{Settings, Snapshot};
 use crate::crd::node_catalog::{NodeCatalogSpec, Workspace};
 use crate::crd::provider::{Adapter, ProviderMode, ProviderTarget, PublicModel};
-use crate::crd::workspace_template::{CommandTemplate, Operation, WorkspaceLimits};
+use crate::crd::workspace_template::{CommandTemplate, Operation, WorkspaceLimits, WorkspaceStages};
 use crate::crd::{NodeCatalog, Provider, ProviderSpec, WorkspaceTemplate, WorkspaceTemplateSpec};
 
 pub const NS: &str = "iop";
@@ -78,6 +78,7 @@ pub fn template(name: &str) -> WorkspaceTemplate {
             }],
             env_allowlist: vec!["PATH".to_string()],
             limits: WorkspaceLimits::default(),
+            stages: WorkspaceStages::default(),
         },
     );
     meta(&mut t, name);

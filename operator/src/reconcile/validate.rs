@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iop_proto::config::{
-    ConfigError, CredentialRef, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, Target, WorkspaceCommand,
-    WorkspaceEntry, WorkspaceLimits, WorkspaceOperation,
+    ConfigError, CredentialRef, EdgeConfig, NodeEntry, ProviderEntry, PublicModel, StagePrompts, Target,
+    WorkspaceCommand, WorkspaceEntry, WorkspaceLimits, WorkspaceOperation, WorkspaceStages,
 };
 use iop_proto::identity;
 use kube::ResourceExt;
@@ -81,7 +81,9 @@ fn spec_error(field: &str, reason: impl std::fmt::Display) -> Invalid {
 /// A name that is absent does not exist.
 pub type Readiness<'a> = BTreeMap<&'a str, bool>;
 
-pub fn workspace_template(t: &WorkspaceTemplate) -> Result<(), Invalid> {
+/// A template's own rules, then the Edge's workspace rules (ranges, stages)
+/// on what it renders, so a template the Edge would refuse is not ready.
+pub fn workspace_template(t: &WorkspaceTemplate, settings: &Settings) -> Result<(), Invalid> {
     if t.metadata.deletion_timestamp.is_some() {
         return Err(invalid(Reason::Deleting, "being deleted"));
     }
@@ -131,7 +133,62 @@ pub fn workspace_template(t: &WorkspaceTemplate) -> Result<(), Invalid> {
     if let Some((field, _)) = zero.iter().find(|(_, bad)| *bad) {
         return Err(spec_error(&format!("limits.{field}"), "is below its minimum"));
     }
-    Ok(())
+    // The rest (ranges, stages) by the Edge's own rules, on a config holding
+    // the template rendered into one placeholder workspace.
+    const PROBE: &str = "template-probe";
+    let alone = EdgeConfig {
+        nodes: vec![NodeEntry { name: PROBE.to_string() }],
+        workspaces: vec![render(PROBE, PROBE, &format!("/{PROBE}"), spec)],
+        ..settings.empty_config()
+    };
+    alone.validate().map_err(template_rule_error)
+}
+
+/// `template` as the Edge config entry of workspace `reference` (at `root`
+/// on `node`).
+fn render(reference: &str, node: &str, root: &str, template: &WorkspaceTemplateSpec) -> WorkspaceEntry {
+    let operation = |o: &Operation| match o {
+        Operation::Read => WorkspaceOperation::Read,
+        Operation::List => WorkspaceOperation::List,
+        Operation::Write => WorkspaceOperation::Write,
+        Operation::Delete => WorkspaceOperation::Delete,
+        Operation::Command => WorkspaceOperation::Command,
+    };
+    let l = &template.limits;
+    let s = &template.stages;
+    let p = &s.prompts;
+    WorkspaceEntry {
+        reference: reference.to_string(),
+        node: node.to_string(),
+        root: root.to_string(),
+        operations: template.operations.iter().map(operation).collect(),
+        commands: template
+            .commands
+            .iter()
+            .map(|c| WorkspaceCommand { id: c.id.clone(), argv: c.argv.clone(), timeout_ms: c.timeout_ms })
+            .collect(),
+        env_allowlist: template.env_allowlist.clone(),
+        limits: WorkspaceLimits {
+            max_file_bytes: l.max_file_bytes,
+            max_list_entries: l.max_list_entries,
+            max_output_bytes: l.max_output_bytes,
+            max_iterations: l.max_iterations,
+            wall_clock_ms: l.wall_clock_ms,
+        },
+        stages: WorkspaceStages {
+            plan: s.plan,
+            review: s.review,
+            max_repairs: s.max_repairs,
+            stage_timeout_ms: s.stage_timeout_ms,
+            prompts: StagePrompts {
+                plan: p.plan.clone(),
+                work: p.work.clone(),
+                review: p.review.clone(),
+                repair: p.repair.clone(),
+                finalize: p.finalize.clone(),
+            },
+        },
+    }
 }
 
 /// Problems of a valid node's workspaces. They do not make the node unready
@@ -196,34 +253,7 @@ pub fn workspace(
     if taken.contains(&w.reference) {
         return Err(problem("the ref is already used by another NodeCatalog".into()));
     }
-    let operation = |o: &Operation| match o {
-        Operation::Read => WorkspaceOperation::Read,
-        Operation::List => WorkspaceOperation::List,
-        Operation::Write => WorkspaceOperation::Write,
-        Operation::Delete => WorkspaceOperation::Delete,
-        Operation::Command => WorkspaceOperation::Command,
-    };
-    let l = &template.limits;
-    let entry = WorkspaceEntry {
-        reference: w.reference.clone(),
-        node: node.to_string(),
-        root: w.root_path.clone(),
-        operations: template.operations.iter().map(operation).collect(),
-        commands: template
-            .commands
-            .iter()
-            .map(|c| WorkspaceCommand { id: c.id.clone(), argv: c.argv.clone(), timeout_ms: c.timeout_ms })
-            .collect(),
-        env_allowlist: template.env_allowlist.clone(),
-        limits: WorkspaceLimits {
-            max_file_bytes: l.max_file_bytes,
-            max_list_entries: l.max_list_entries,
-            max_output_bytes: l.max_output_bytes,
-            max_iterations: l.max_iterations,
-            wall_clock_ms: l.wall_clock_ms,
-        },
-        stages: Default::default(),
-    };
+    let entry = render(&w.reference, node, &w.root_path, template);
     // The Edge's own rules, on a config holding just this workspace and its node.
     let alone = EdgeConfig {
         nodes: vec![NodeEntry { name: node.to_string() }],
@@ -294,6 +324,18 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         Some(true) => Ok(entry),
         Some(false) => Err(invalid(Reason::NodeNotReady, format!("NodeCatalog `{}` is not ready", spec.node))),
         None => Err(invalid(Reason::NodeNotFound, format!("NodeCatalog `{}` does not exist", spec.node))),
+    }
+}
+
+/// Maps an Edge config error about a template's one-workspace probe onto
+/// the template's own fields.
+fn template_rule_error(e: ConfigError) -> Invalid {
+    match e {
+        ConfigError::Invalid { field, reason } => match field.strip_prefix("workspaces[0].") {
+            Some(path) => spec_error(&camel_case_path(path), reason),
+            None => invalid(Reason::InvalidSpec, format!("{field}: {reason}")),
+        },
+        ConfigError::Parse(reason) => invalid(Reason::InvalidSpec, reason),
     }
 }
 

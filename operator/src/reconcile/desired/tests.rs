@@ -254,6 +254,33 @@ fn workspace_problems_are_reported_without_taking_the_node_out() {
 }
 
 #[test]
+fn a_template_with_invalid_stages_is_not_ready_and_its_workspaces_stay_out() {
+    let mut bad = template("tools");
+    bad.spec.stages.max_repairs = 11;
+    let s = snapshot(vec![], vec![node_with_workspace("mac-1", "tools")], vec![bad]);
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert!(prepared.config.workspaces.is_empty());
+    let t = &prepared.templates[0].status.conditions;
+    assert_eq!(ready_of(t), ("False", "InvalidSpec"));
+    let message = &t.iter().find(|c| c.type_ == "Ready").unwrap().message;
+    assert!(message.contains("spec.stages.maxRepairs"), "{message}");
+    let n = prepared.nodes[0].status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
+    assert_eq!((n.status.as_str(), n.reason.as_str()), ("False", "TemplateNotReady"));
+
+    let mut good = template("tools");
+    good.spec.stages.review = false;
+    good.spec.stages.prompts.work = Some("Keep changes small.".into());
+    let s = snapshot(vec![], vec![node_with_workspace("mac-1", "tools")], vec![good]);
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    let stages = &prepared.config.workspaces[0].stages;
+    assert!(!stages.review && stages.plan);
+    assert_eq!(stages.prompts.work.as_deref(), Some("Keep changes small."));
+    // What the Edge reads back from the ConfigMap.
+    let yaml = &prepared.config_map.data.as_ref().unwrap()[CONFIG_KEY];
+    assert_eq!(&EdgeConfig::from_yaml(yaml).unwrap().workspaces[0].stages, stages);
+}
+
+#[test]
 fn workspaces_with_ready_templates_are_rendered_with_the_edges_own_rules() {
     let mut dotted = node_with_workspace("mac-3", "tools");
     dotted.spec.workspaces[0].reference = "other".into();

@@ -1,5 +1,9 @@
+use iop_proto::config::MAX_STAGE_PROMPT_BYTES;
+use serde_json::json;
+
 use super::*;
 use crate::crd::provider::{Adapter, QueueLimits, SecretKeyRef};
+use crate::crd::workspace_template::{StagePrompts as CrdPrompts, WorkspaceStages as CrdStages};
 use crate::reconcile::fixtures::{node, node_with_workspace, provider, settings, template};
 use crate::reconcile::validate;
 
@@ -127,7 +131,7 @@ fn objects_being_deleted_are_out() {
     assert_eq!(reason_of(validate::node_catalog(&n, &Readiness::new())), Reason::Deleting);
     let mut t = template("tools");
     t.metadata.deletion_timestamp = deleting;
-    assert_eq!(reason_of(validate::workspace_template(&t)), Reason::Deleting);
+    assert_eq!(reason_of(validate::workspace_template(&t, &settings())), Reason::Deleting);
 }
 
 #[test]
@@ -170,7 +174,7 @@ fn workspace_template_problems_leave_the_node_ready() {
 
 #[test]
 fn workspace_template_rules() {
-    assert_eq!(validate::workspace_template(&template("t")), Ok(()));
+    assert_eq!(validate::workspace_template(&template("t"), &settings()), Ok(()));
     let cases: Vec<(Mutation<WorkspaceTemplate>, &str)> = vec![
         (Box::new(|t| t.spec.operations.clear()), "spec.operations:"),
         (Box::new(|t| t.spec.operations.push(Operation::Read)), "spec.operations:"),
@@ -182,14 +186,97 @@ fn workspace_template_rules() {
         (Box::new(|t| t.spec.commands[0].id = "Bad Id".into()), "spec.commands[0].id:"),
         (Box::new(|t| t.spec.env_allowlist.push("1PATH".into())), "spec.envAllowlist[1]:"),
         (Box::new(|t| t.spec.limits.max_iterations = 0), "spec.limits.maxIterations:"),
+        (Box::new(|t| t.spec.limits.max_iterations = 1_001), "spec.limits.maxIterations: must be between 1 and 1000"),
+        (Box::new(|t| t.spec.stages.max_repairs = 11), "spec.stages.maxRepairs: must be between 0 and 10"),
+        (Box::new(|t| t.spec.stages.stage_timeout_ms = 999), "spec.stages.stageTimeoutMs: must be between 1000"),
+        (Box::new(|t| t.spec.stages.stage_timeout_ms = 86_400_001), "spec.stages.stageTimeoutMs:"),
+        (Box::new(|t| t.spec.stages.prompts.review = Some(String::new())), "spec.stages.prompts.review: must be"),
+        (Box::new(|t| t.spec.stages.prompts.plan = Some(" \n\t".into())), "spec.stages.prompts.plan: must be"),
+        (
+            Box::new(|t| t.spec.stages.prompts.finalize = Some("x".repeat(MAX_STAGE_PROMPT_BYTES + 1))),
+            "spec.stages.prompts.finalize: must be non-empty and at most 16384 bytes",
+        ),
     ];
     for (i, (mutate, prefix)) in cases.into_iter().enumerate() {
         let mut t = template("t");
         mutate(&mut t);
-        let err = validate::workspace_template(&t).expect_err(&format!("case {i} should fail"));
+        let err = validate::workspace_template(&t, &settings()).expect_err(&format!("case {i} should fail"));
         assert_eq!(err.reason, Reason::InvalidSpec);
         assert!(err.message.starts_with(prefix), "case {i}: `{}` should start with `{prefix}`", err.message);
     }
+}
+
+#[test]
+fn template_stages_render_into_the_workspace_entry() {
+    let mut t = template("t");
+    let review = "Review strictly. Answer {\"verdict\":\"approve\"|\"repair\",\"notes\":\"...\"} only.";
+    t.spec.stages = CrdStages {
+        plan: false,
+        review: true,
+        max_repairs: 3,
+        stage_timeout_ms: 60_000,
+        prompts: CrdPrompts {
+            review: Some(review.into()),
+            finalize: Some("Summarize in one line.".into()),
+            ..Default::default()
+        },
+    };
+    assert_eq!(validate::workspace_template(&t, &settings()), Ok(()));
+    let n = node_with_workspace("mac", "t");
+    let entry = validate::workspace("mac", &n.spec.workspaces[0], &t.spec, &BTreeSet::new(), &settings()).unwrap();
+    let expected = WorkspaceStages {
+        plan: false,
+        review: true,
+        max_repairs: 3,
+        stage_timeout_ms: 60_000,
+        prompts: StagePrompts {
+            review: Some(review.into()),
+            finalize: Some("Summarize in one line.".into()),
+            ..Default::default()
+        },
+    };
+    assert_eq!(entry.stages, expected);
+}
+
+#[test]
+fn absent_stages_render_the_edge_defaults() {
+    let n = node_with_workspace("mac", "t");
+    let rendered = |spec: serde_json::Value| {
+        let spec: WorkspaceTemplateSpec = serde_json::from_value(spec).unwrap();
+        validate::workspace("mac", &n.spec.workspaces[0], &spec, &BTreeSet::new(), &settings()).unwrap().stages
+    };
+    assert_eq!(rendered(json!({"operations": ["read"]})), WorkspaceStages::default());
+    // A partial `stages` keeps the defaults of what it leaves out.
+    assert_eq!(
+        rendered(json!({"operations": ["read"], "stages": {"review": false, "prompts": {"work": "Be brief."}}})),
+        WorkspaceStages {
+            review: false,
+            prompts: StagePrompts { work: Some("Be brief.".into()), ..Default::default() },
+            ..Default::default()
+        }
+    );
+    assert_eq!(template("t").spec.stages, CrdStages::default());
+    let spec: WorkspaceTemplateSpec = serde_json::from_value(json!({"operations": ["read"]})).unwrap();
+    assert_eq!(spec.stages, CrdStages::default());
+}
+
+#[test]
+fn invalid_stages_are_refused_naming_the_field() {
+    let mut t = template("t");
+    t.spec.stages.max_repairs = 11;
+    let err = validate::workspace_template(&t, &settings()).unwrap_err();
+    assert_eq!(err, invalid(Reason::InvalidSpec, "spec.stages.maxRepairs: must be between 0 and 10"));
+    let mut t = template("t");
+    t.spec.stages.prompts.repair = Some(String::new());
+    let err = validate::workspace_template(&t, &settings()).unwrap_err();
+    assert_eq!(
+        err,
+        invalid(Reason::InvalidSpec, "spec.stages.prompts.repair: must be non-empty and at most 16384 bytes")
+    );
+    // A template admitted anyway never reaches a workspace: the Edge's rules refuse it there too.
+    let n = node_with_workspace("mac", "t");
+    let err = validate::workspace("mac", &n.spec.workspaces[0], &t.spec, &BTreeSet::new(), &settings()).unwrap_err();
+    assert!(err.message.contains("stages.prompts.repair"), "{err}");
 }
 
 #[test]
