@@ -9,14 +9,13 @@
 //! starts with the field path in Anthropic's own style (`messages.0.content.1:
 //! ...`); the same path is recorded as the [`ApiError::InvalidRequest`] param.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::{Wording, body_object, field, text_message};
-use super::outcome::{self, Terminal, failure_of, synthetic_id, usage_pair};
+use super::outcome::{synthetic_id, usage_pair};
+use super::transcript::{BlockKind, CallIds, Step, Transcript, arguments_object};
 
 /// Validation messages are worded the Anthropic way (path first).
 const JSON: Wording = Wording::Anthropic;
@@ -291,105 +290,84 @@ impl ResponseMeta {
 #[derive(Debug)]
 pub struct EventRenderer {
     meta: ResponseMeta,
-    started: bool,
-    /// Index of the next content block.
-    next_index: u32,
-    open: Option<OpenBlock>,
-    /// Tool-call indices (the run's, not the content block's) that got a block.
-    seen_calls: BTreeSet<u32>,
-    usage: Option<pb::Usage>,
-    finished: bool,
-}
-
-#[derive(Debug)]
-enum OpenBlock {
-    Text,
-    ToolUse { call: u32, id: String },
+    transcript: Transcript,
+    ids: CallIds,
 }
 
 impl EventRenderer {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self {
-            meta,
-            started: false,
-            next_index: 0,
-            open: None,
-            seen_calls: BTreeSet::new(),
-            usage: None,
-            finished: false,
-        }
+        Self { meta, transcript: Transcript::default(), ids: CallIds::default() }
     }
 
     /// Zero or more complete SSE events `(event name, JSON data)` for one run
     /// event; the caller writes `event: <name>\ndata: <json>\n\n`. Events after
-    /// a terminal render nothing.
+    /// a terminal render nothing. Content block indexes are the transcript's
+    /// block positions.
     pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<(&'static str, String)> {
-        use pb::run_event::Event;
-
         let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        match event {
-            Event::Started(_) => self.ensure_started(&mut out),
-            Event::Text(t) => {
-                if !t.text.is_empty() {
-                    self.ensure_started(&mut out);
-                    if !matches!(self.open, Some(OpenBlock::Text)) {
-                        self.open_block(&mut out, OpenBlock::Text, json!({ "type": "text", "text": "" }));
-                    }
-                    self.delta(&mut out, json!({ "type": "text_delta", "text": t.text }));
+        for step in self.transcript.push(event) {
+            let t = &self.transcript;
+            let event = match step {
+                Step::Begin => {
+                    // Input tokens are not known until the provider reports
+                    // usage (normally at the end of the run), so
+                    // `message_start` carries 0 and the real counts arrive in
+                    // `message_delta`.
+                    let message = json!({
+                        "id": self.meta.id,
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [],
+                        "model": self.meta.model,
+                        "stop_reason": null,
+                        "stop_sequence": null,
+                        "usage": { "input_tokens": 0, "output_tokens": 0 },
+                    });
+                    ("message_start", json!({ "type": "message_start", "message": message }))
                 }
-            }
-            Event::ToolCall(d) => {
-                self.ensure_started(&mut out);
-                let continues_open = matches!(
-                    &self.open,
-                    Some(OpenBlock::ToolUse { call, id }) if *call == d.index && (d.id.is_empty() || d.id == *id)
-                );
-                if !continues_open {
-                    if d.id.is_empty() && self.seen_calls.contains(&d.index) {
-                        // A piece of a call whose block is already closed (the
-                        // provider interleaved calls): Anthropic blocks cannot be
-                        // reopened, so it cannot be rendered.
-                        tracing::warn!(
-                            index = d.index,
-                            "dropping a tool-call piece that arrived after its block closed"
-                        );
-                        return out;
-                    }
-                    self.seen_calls.insert(d.index);
-                    let id = if d.id.is_empty() { synthetic_tool_use_id() } else { d.id.clone() };
-                    let block = json!({ "type": "tool_use", "id": id, "name": d.name, "input": {} });
-                    self.open_block(&mut out, OpenBlock::ToolUse { call: d.index, id }, block);
+                Step::Open(i) => {
+                    let block = match &t.block(i).kind {
+                        BlockKind::Text => json!({ "type": "text", "text": "" }),
+                        BlockKind::ToolCall { name, .. } => {
+                            json!({ "type": "tool_use", "id": self.ids.of(t, i, synthetic_tool_use_id), "name": name, "input": {} })
+                        }
+                    };
+                    (
+                        "content_block_start",
+                        json!({ "type": "content_block_start", "index": i, "content_block": block }),
+                    )
                 }
-                if !d.arguments_delta.is_empty() {
-                    self.delta(&mut out, json!({ "type": "input_json_delta", "partial_json": d.arguments_delta }));
+                Step::Delta(i, text) => {
+                    let delta = match t.block(i).kind {
+                        BlockKind::Text => json!({ "type": "text_delta", "text": text }),
+                        BlockKind::ToolCall { .. } => json!({ "type": "input_json_delta", "partial_json": text }),
+                    };
+                    ("content_block_delta", json!({ "type": "content_block_delta", "index": i, "delta": delta }))
                 }
-            }
-            Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(c) => {
-                self.ensure_started(&mut out);
-                self.close_block(&mut out);
-                let (input_tokens, output_tokens) = usage_pair(self.usage.as_ref());
-                let stop_reason = stop_reason_str(c.finish_reason, !self.seen_calls.is_empty());
-                out.push((
-                    "message_delta",
-                    json!({
-                        "type": "message_delta",
-                        "delta": { "stop_reason": stop_reason, "stop_sequence": null },
-                        "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
-                    })
-                    .to_string(),
-                ));
-                out.push(("message_stop", json!({ "type": "message_stop" }).to_string()));
-                self.finished = true;
-            }
-            Event::Failed(f) => {
-                out.push(stream_error_event(&failure_of(f)));
-                self.finished = true;
-            }
-            Event::Cancelled(_) => self.finished = true,
+                Step::Close(i) => ("content_block_stop", json!({ "type": "content_block_stop", "index": i })),
+                Step::Complete { finish_reason } => {
+                    let (input_tokens, output_tokens) = usage_pair(t.usage());
+                    out.push((
+                        "message_delta",
+                        json!({
+                            "type": "message_delta",
+                            "delta": {
+                                "stop_reason": stop_reason_str(finish_reason, t.has_tool_calls()),
+                                "stop_sequence": null,
+                            },
+                            "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
+                        })
+                        .to_string(),
+                    ));
+                    ("message_stop", json!({ "type": "message_stop" }))
+                }
+                Step::Fail(failure) => {
+                    out.push(stream_error_event(&failure));
+                    continue;
+                }
+                Step::Cancel => continue,
+            };
+            out.push((event.0, event.1.to_string()));
         }
         out
     }
@@ -398,178 +376,51 @@ impl EventRenderer {
     pub fn ping() -> (&'static str, String) {
         ("ping", json!({ "type": "ping" }).to_string())
     }
-
-    fn ensure_started(&mut self, out: &mut Vec<(&'static str, String)>) {
-        if self.started {
-            return;
-        }
-        self.started = true;
-        // Input tokens are not known until the provider reports usage (normally
-        // at the end of the run), so `message_start` carries 0 and the real
-        // counts arrive in `message_delta`.
-        let message = json!({
-            "id": self.meta.id,
-            "type": "message",
-            "role": "assistant",
-            "content": [],
-            "model": self.meta.model,
-            "stop_reason": null,
-            "stop_sequence": null,
-            "usage": { "input_tokens": 0, "output_tokens": 0 },
-        });
-        out.push(("message_start", json!({ "type": "message_start", "message": message }).to_string()));
-    }
-
-    /// Closes the open block (if any) and opens `content_block` at the next index.
-    fn open_block(&mut self, out: &mut Vec<(&'static str, String)>, state: OpenBlock, content_block: Value) {
-        self.close_block(out);
-        let index = self.next_index;
-        out.push((
-            "content_block_start",
-            json!({ "type": "content_block_start", "index": index, "content_block": content_block }).to_string(),
-        ));
-        self.open = Some(state);
-    }
-
-    fn close_block(&mut self, out: &mut Vec<(&'static str, String)>) {
-        if self.open.take().is_some() {
-            out.push((
-                "content_block_stop",
-                json!({ "type": "content_block_stop", "index": self.next_index }).to_string(),
-            ));
-            self.next_index += 1;
-        }
-    }
-
-    /// A delta for the open block.
-    fn delta(&self, out: &mut Vec<(&'static str, String)>, delta: Value) {
-        out.push((
-            "content_block_delta",
-            json!({ "type": "content_block_delta", "index": self.next_index, "delta": delta }).to_string(),
-        ));
-    }
 }
 
 /// Non-streaming: collects run events and produces the final `message` JSON.
 #[derive(Debug)]
 pub struct MessageAggregator {
     meta: ResponseMeta,
-    /// Content blocks in the order they started.
-    blocks: Vec<Block>,
-    /// Run tool-call index -> position in `blocks`.
-    calls: BTreeMap<u32, usize>,
-    usage: Option<pb::Usage>,
-    terminal: Option<Terminal>,
-}
-
-#[derive(Debug)]
-enum Block {
-    Text(String),
-    ToolUse(ToolCallParts),
-}
-
-#[derive(Debug, Default)]
-struct ToolCallParts {
-    id: String,
-    name: String,
-    arguments: String,
+    transcript: Transcript,
 }
 
 impl MessageAggregator {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { meta, blocks: Vec::new(), calls: BTreeMap::new(), usage: None, terminal: None }
+        Self { meta, transcript: Transcript::default() }
     }
 
     /// Events after a terminal are ignored.
     pub fn push(&mut self, event: &pb::run_event::Event) {
-        use pb::run_event::Event;
-
-        if self.terminal.is_some() {
-            return;
-        }
-        match event {
-            Event::Started(_) => {}
-            Event::Text(t) => {
-                if t.text.is_empty() {
-                    return;
-                }
-                match self.blocks.last_mut() {
-                    Some(Block::Text(text)) => text.push_str(&t.text),
-                    _ => self.blocks.push(Block::Text(t.text.clone())),
-                }
-            }
-            Event::ToolCall(d) => {
-                // A delta continues the call with the same index unless it
-                // carries a different id (then it is a new call).
-                let pos = match self.calls.get(&d.index) {
-                    Some(&pos) if matches!(&self.blocks[pos], Block::ToolUse(c) if d.id.is_empty() || d.id == c.id) => {
-                        pos
-                    }
-                    _ => {
-                        let pos = self.blocks.len();
-                        self.blocks.push(Block::ToolUse(ToolCallParts { id: d.id.clone(), ..Default::default() }));
-                        self.calls.insert(d.index, pos);
-                        pos
-                    }
-                };
-                let Block::ToolUse(call) = &mut self.blocks[pos] else {
-                    unreachable!("calls only points at tool blocks")
-                };
-                if call.name.is_empty() && !d.name.is_empty() {
-                    call.name = d.name.clone();
-                }
-                call.arguments.push_str(&d.arguments_delta);
-            }
-            Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_) => self.terminal = Terminal::of(event),
-        }
+        self.transcript.push(event);
     }
 
     /// `Ok(body)` after a Completed terminal; `Err(ApiError::Execution(..))`
-    /// after Failed (that failure), Cancelled, no terminal at all, or when a
-    /// tool call's arguments are not a JSON object (`ProviderProtocol`).
-    pub fn finish(self) -> Result<Value, ApiError> {
-        let finish_reason = outcome::finish_reason(self.terminal)?;
-
-        let has_tool_use = !self.calls.is_empty();
-        let content = self
-            .blocks
-            .into_iter()
-            .map(|block| match block {
-                Block::Text(text) => Ok(json!({ "type": "text", "text": text })),
-                Block::ToolUse(c) => {
-                    let input = tool_input(&c)?;
-                    let id = if c.id.is_empty() { synthetic_tool_use_id() } else { c.id };
-                    Ok(json!({ "type": "tool_use", "id": id, "name": c.name, "input": input }))
-                }
+    /// after Failed (that failure, a tool call's arguments that are not a
+    /// JSON object included), Cancelled, or no terminal at all.
+    pub fn finish(mut self) -> Result<Value, ApiError> {
+        let finish_reason = self.transcript.finish()?;
+        let t = &self.transcript;
+        let mut ids = CallIds::default();
+        let content: Vec<Value> = (0..t.blocks().len())
+            .map(|i| match &t.block(i).kind {
+                BlockKind::Text => json!({ "type": "text", "text": t.block(i).content }),
+                BlockKind::ToolCall { name, .. } => json!({
+                    "type": "tool_use", "id": ids.of(t, i, synthetic_tool_use_id), "name": name, "input": arguments_object(&t.block(i).content),
+                }),
             })
-            .collect::<Result<Vec<_>, ApiError>>()?;
-        let (input_tokens, output_tokens) = usage_pair(self.usage.as_ref());
-
+            .collect();
+        let (input_tokens, output_tokens) = usage_pair(t.usage());
         Ok(json!({
             "id": self.meta.id,
             "type": "message",
             "role": "assistant",
             "model": self.meta.model,
             "content": content,
-            "stop_reason": stop_reason_str(finish_reason, has_tool_use),
+            "stop_reason": stop_reason_str(finish_reason, t.has_tool_calls()),
             "stop_sequence": null,
             "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
         }))
-    }
-}
-
-/// The concatenated arguments as a JSON object; no arguments at all is `{}`.
-fn tool_input(call: &ToolCallParts) -> Result<Value, ApiError> {
-    if call.arguments.trim().is_empty() {
-        return Ok(json!({}));
-    }
-    match serde_json::from_str::<Value>(&call.arguments) {
-        Ok(v @ Value::Object(_)) => Ok(v),
-        _ => Err(ApiError::Execution(pb::ExecutionFailure::new(
-            pb::FailureKind::ProviderProtocol,
-            format!("the provider returned arguments for tool `{}` that are not a JSON object", call.name),
-        ))),
     }
 }
 
@@ -1104,7 +955,7 @@ mod tests {
     }
 
     #[test]
-    fn streaming_repeated_id_continues_and_late_piece_of_closed_call_is_dropped() {
+    fn streaming_repeated_id_continues_and_a_late_piece_of_a_closed_call_fails_the_run() {
         let mut r = EventRenderer::new(meta());
         let events = render_all(
             &mut r,
@@ -1126,13 +977,13 @@ mod tests {
                 "content_block_stop",
                 "content_block_start",
                 "content_block_delta",
-                "content_block_stop",
-                "message_delta",
-                "message_stop"
+                // A block cannot be reopened: the transcript's one policy.
+                "error"
             ]
         );
         assert_eq!(events[3].1["delta"]["partial_json"], "}");
         assert_eq!(events[6].1["delta"], json!({"type": "text_delta", "text": "between"}));
+        assert_eq!(events[7].1["error"]["type"], "api_error");
     }
 
     #[test]
@@ -1172,8 +1023,8 @@ mod tests {
             text("Let me "),
             text("check."),
             tool(0, "toolu_a", "get_weather", "{\"city\""),
-            tool(1, "toolu_b", "noop", ""),
             tool(0, "", "", ":\"Paris\"}"),
+            tool(1, "toolu_b", "noop", ""),
             text("Done?"),
             usage(10, 5),
             completed(pb::FinishReason::ToolCalls),

@@ -1,6 +1,8 @@
 //! Client-facing APIs: parse each API into the normalized run shape and render
 //! normalized run events back into that API's wire format.
 
+#[cfg(test)]
+mod answer_fuzz;
 pub mod anthropic_messages;
 pub mod error;
 #[cfg(test)]
@@ -12,3 +14,4 @@ pub mod openai_responses;
 mod outcome;
 #[cfg(test)]
 mod test_events;
+pub mod transcript;

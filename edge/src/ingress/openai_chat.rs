@@ -5,15 +5,14 @@
 //! [`CompletionAggregator`] (non-streaming) turn run events back into the
 //! exact OpenAI wire format.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::{Wording, body_object, field};
 use super::openai_common::{expect_function_type, function_call, function_definition, text_content};
-use super::outcome::{self, Terminal, failure_of, synthetic_call_id, synthetic_id, usage_pair};
+use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
+use super::transcript::{BlockKind, CallIds, Step, Transcript};
 
 /// Validation messages are worded the OpenAI way.
 const JSON: Wording = Wording::OpenAi;
@@ -235,88 +234,67 @@ impl ResponseMeta {
 pub struct ChunkRenderer {
     meta: ResponseMeta,
     include_usage: bool,
-    role_sent: bool,
-    /// Tool-call indices whose first piece was already sent.
-    started_calls: BTreeSet<u32>,
-    usage: Option<pb::Usage>,
-    finished: bool,
+    transcript: Transcript,
+    ids: CallIds,
 }
 
 impl ChunkRenderer {
     pub fn new(meta: ResponseMeta, include_usage: bool) -> Self {
-        Self { meta, include_usage, role_sent: false, started_calls: BTreeSet::new(), usage: None, finished: false }
+        Self { meta, include_usage, transcript: Transcript::default(), ids: CallIds::default() }
     }
 
     /// The JSON payloads of zero or more SSE `data:` events for one run event
     /// (the caller writes `data: <payload>\n\n`, and `data: [DONE]` after a
-    /// Completed terminal). Events after a terminal render nothing.
+    /// Completed terminal). Events after a terminal render nothing. A tool
+    /// call's `index` is its position among the answer's tool calls.
     pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<String> {
-        use pb::run_event::Event;
-
         let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        match event {
-            Event::Started(_) => self.ensure_role(&mut out),
-            Event::Text(t) => {
-                if !t.text.is_empty() {
-                    self.ensure_role(&mut out);
-                    out.push(self.chunk(json!({ "content": t.text }), None));
+        for step in self.transcript.push(event) {
+            let t = &self.transcript;
+            match step {
+                Step::Begin => out.push(self.chunk(json!({ "role": "assistant", "content": "" }), None)),
+                Step::Open(i) => {
+                    if let BlockKind::ToolCall { name, .. } = &t.block(i).kind {
+                        let call = json!({
+                            "index": t.tool_ordinal(i),
+                            "id": self.ids.of(t, i, synthetic_call_id),
+                            "type": "function",
+                            "function": { "name": name, "arguments": "" },
+                        });
+                        out.push(self.chunk(json!({ "tool_calls": [call] }), None));
+                    }
                 }
-            }
-            Event::ToolCall(d) => {
-                self.ensure_role(&mut out);
-                let first = self.started_calls.insert(d.index);
-                let mut call = Map::new();
-                call.insert("index".into(), d.index.into());
-                let id = if first && d.id.is_empty() { synthetic_call_id() } else { d.id.clone() };
-                if !id.is_empty() {
-                    call.insert("id".into(), id.into());
-                    call.insert("type".into(), "function".into());
+                Step::Delta(i, text) => {
+                    let delta = match t.block(i).kind {
+                        BlockKind::Text => json!({ "content": text }),
+                        BlockKind::ToolCall { .. } => json!({
+                            "tool_calls": [{ "index": t.tool_ordinal(i), "function": { "arguments": text } }],
+                        }),
+                    };
+                    out.push(self.chunk(delta, None));
                 }
-                let mut function = Map::new();
-                if !d.name.is_empty() {
-                    function.insert("name".into(), d.name.clone().into());
+                Step::Close(_) | Step::Cancel => {}
+                Step::Complete { finish_reason } => {
+                    out.push(self.chunk(json!({}), Some(finish_reason_str(finish_reason))));
+                    if self.include_usage {
+                        out.push(
+                            json!({
+                                "id": self.meta.id,
+                                "object": "chat.completion.chunk",
+                                "created": self.meta.created,
+                                "model": self.meta.model,
+                                "system_fingerprint": null,
+                                "choices": [],
+                                "usage": usage_json(t.usage()),
+                            })
+                            .to_string(),
+                        );
+                    }
                 }
-                function.insert("arguments".into(), d.arguments_delta.clone().into());
-                call.insert("function".into(), function.into());
-                out.push(self.chunk(json!({ "tool_calls": [call] }), None));
+                Step::Fail(failure) => out.push(stream_error_payload(&failure)),
             }
-            Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(c) => {
-                self.ensure_role(&mut out);
-                out.push(self.chunk(json!({}), Some(finish_reason_str(c.finish_reason))));
-                if self.include_usage {
-                    out.push(
-                        json!({
-                            "id": self.meta.id,
-                            "object": "chat.completion.chunk",
-                            "created": self.meta.created,
-                            "model": self.meta.model,
-                            "system_fingerprint": null,
-                            "choices": [],
-                            "usage": usage_json(self.usage.as_ref()),
-                        })
-                        .to_string(),
-                    );
-                }
-                self.finished = true;
-            }
-            Event::Failed(f) => {
-                out.push(stream_error_payload(&failure_of(f)));
-                self.finished = true;
-            }
-            Event::Cancelled(_) => self.finished = true,
         }
         out
-    }
-
-    fn ensure_role(&mut self, out: &mut Vec<String>) {
-        if !self.role_sent {
-            self.role_sent = true;
-            out.push(self.chunk(json!({ "role": "assistant", "content": "" }), None));
-        }
     }
 
     fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> String {
@@ -340,63 +318,38 @@ impl ChunkRenderer {
 #[derive(Debug)]
 pub struct CompletionAggregator {
     meta: ResponseMeta,
-    text: String,
-    tool_calls: BTreeMap<u32, ToolCallParts>,
-    usage: Option<pb::Usage>,
-    terminal: Option<Terminal>,
-}
-
-#[derive(Debug, Default)]
-struct ToolCallParts {
-    id: String,
-    name: String,
-    arguments: String,
+    transcript: Transcript,
 }
 
 impl CompletionAggregator {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { meta, text: String::new(), tool_calls: BTreeMap::new(), usage: None, terminal: None }
+        Self { meta, transcript: Transcript::default() }
     }
 
     /// Events after a terminal are ignored.
     pub fn push(&mut self, event: &pb::run_event::Event) {
-        use pb::run_event::Event;
-
-        if self.terminal.is_some() {
-            return;
-        }
-        match event {
-            Event::Started(_) => {}
-            Event::Text(t) => self.text.push_str(&t.text),
-            Event::ToolCall(d) => {
-                let call = self.tool_calls.entry(d.index).or_default();
-                if call.id.is_empty() && !d.id.is_empty() {
-                    call.id = d.id.clone();
-                }
-                if call.name.is_empty() && !d.name.is_empty() {
-                    call.name = d.name.clone();
-                }
-                call.arguments.push_str(&d.arguments_delta);
-            }
-            Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(_) | Event::Failed(_) | Event::Cancelled(_) => self.terminal = Terminal::of(event),
-        }
+        self.transcript.push(event);
     }
 
     /// `Ok(body)` after a Completed terminal; `Err(ApiError::Execution(..))`
-    /// after Failed (that failure), Cancelled, or no terminal at all.
-    pub fn finish(self) -> Result<Value, ApiError> {
-        let finish_reason = outcome::finish_reason(self.terminal)?;
-
-        let tool_calls: Vec<Value> = self
-            .tool_calls
-            .into_values()
-            .map(|c| {
-                let id = if c.id.is_empty() { synthetic_call_id() } else { c.id };
-                json!({ "id": id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } })
+    /// after Failed (that failure), Cancelled, or no terminal at all. The
+    /// message's `content` is every text block in order.
+    pub fn finish(mut self) -> Result<Value, ApiError> {
+        let finish_reason = self.transcript.finish()?;
+        let t = &self.transcript;
+        let mut ids = CallIds::default();
+        let text: String = t.blocks().iter().filter(|b| !b.is_tool_call()).map(|b| b.content.as_str()).collect();
+        let tool_calls: Vec<Value> = (0..t.blocks().len())
+            .filter_map(|i| match &t.block(i).kind {
+                BlockKind::ToolCall { name, .. } => Some(json!({
+                    "id": ids.of(t, i, synthetic_call_id),
+                    "type": "function",
+                    "function": { "name": name, "arguments": t.block(i).content },
+                })),
+                BlockKind::Text => None,
             })
             .collect();
-        let content = if self.text.is_empty() && !tool_calls.is_empty() { Value::Null } else { self.text.into() };
+        let content = if text.is_empty() && !tool_calls.is_empty() { Value::Null } else { text.into() };
         let mut message = json!({ "role": "assistant", "content": content, "refusal": null });
         if !tool_calls.is_empty() {
             message["tool_calls"] = tool_calls.into();
@@ -414,7 +367,7 @@ impl CompletionAggregator {
                 "logprobs": null,
                 "finish_reason": finish_reason_str(finish_reason),
             }],
-            "usage": usage_json(self.usage.as_ref()),
+            "usage": usage_json(t.usage()),
         }))
     }
 }
@@ -809,7 +762,7 @@ mod tests {
                 completed(pb::FinishReason::ToolCalls),
             ],
         );
-        assert_eq!(chunks.len(), 6);
+        assert_eq!(chunks.len(), 7);
         let delta = |i: usize| chunks[i]["choices"][0]["delta"].clone();
         assert_eq!(
             delta(1),
@@ -818,12 +771,14 @@ mod tests {
         );
         assert_eq!(delta(2), json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}));
         assert_eq!(delta(3), json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}));
+        // A call opens with its id and name, its arguments follow.
         assert_eq!(
             delta(4),
             json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                                   "function": {"name": "noop", "arguments": "{}"}}]})
+                                   "function": {"name": "noop", "arguments": ""}}]})
         );
-        assert_eq!(chunks[5]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(delta(5), json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}));
+        assert_eq!(chunks[6]["choices"][0]["finish_reason"], "tool_calls");
     }
 
     #[test]
@@ -873,10 +828,11 @@ mod tests {
                         "role": "assistant",
                         "content": "Let me check.",
                         "refusal": null,
+                        // In the order the calls appeared (the transcript's blocks).
                         "tool_calls": [
+                            {"id": "call_b", "type": "function", "function": {"name": "noop", "arguments": "{}"}},
                             {"id": "call_a", "type": "function",
-                             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
-                            {"id": "call_b", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+                             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}
                         ]
                     },
                     "logprobs": null,

@@ -10,15 +10,14 @@
 //! IOP keeps no conversation state: `previous_response_id` and `conversation`
 //! are rejected, and nothing is ever stored.
 
-use std::collections::HashMap;
-
 use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::{Wording, body_object, field, text_message};
 use super::openai_common::{expect_function_type, function_call, function_definition, text_content};
-use super::outcome::{self, Terminal, failure_of, synthetic_call_id, synthetic_id, usage_pair};
+use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
+use super::transcript::{BlockKind, Step, Transcript};
 
 /// Validation messages are worded the OpenAI way.
 const JSON: Wording = Wording::OpenAi;
@@ -232,134 +231,53 @@ impl ResponseMeta {
     }
 }
 
-/// One output item of the response, in the order the run produced them.
-#[derive(Debug)]
-enum Item {
-    Message { id: String, text: String },
-    FunctionCall { id: String, call_id: String, name: String, arguments: String },
-}
-
-impl Item {
-    /// The item as `response.output_item.added` announces it: nothing generated yet.
-    fn added_json(&self) -> Value {
-        match self {
-            Item::Message { id, .. } => {
-                json!({ "type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": [] })
-            }
-            Item::FunctionCall { id, call_id, name, .. } => json!({
-                "type": "function_call", "id": id, "call_id": call_id, "name": name,
-                "arguments": "", "status": "in_progress",
-            }),
-        }
-    }
-
-    fn to_json(&self, status: &str) -> Value {
-        match self {
-            Item::Message { id, text } => json!({
-                "type": "message", "id": id, "status": status, "role": "assistant",
-                "content": [output_text_part(text)],
-            }),
-            Item::FunctionCall { id, call_id, name, arguments } => json!({
-                "type": "function_call", "id": id, "call_id": call_id, "name": name,
-                "arguments": arguments, "status": status,
-            }),
-        }
-    }
-}
-
 fn output_text_part(text: &str) -> Value {
     json!({ "type": "output_text", "text": text, "annotations": [] })
 }
 
-/// What one run event did to the output items (indices into `items`, which
-/// are also the `output_index` of the wire format).
-#[derive(Debug)]
-enum Step {
-    Opened(usize),
-    Delta(usize, String),
-    Closed(usize),
-}
-
-/// The output items built from run events. At most one item is open (being
-/// generated) at a time: text continues an open message, a new tool call or a
-/// text after a tool call closes the open item and opens a new one.
+/// The ids Responses gives each block of the transcript, in order: an item
+/// id (`msg_…` / `fc_…`) and, for a tool call, its `call_id` (the
+/// provider's, or a made-up `call_…`).
 #[derive(Debug, Default)]
-struct OutputItems {
-    items: Vec<Item>,
-    open: Option<usize>,
-    /// Tool-call index of the run events -> position in `items`.
-    calls: HashMap<u32, usize>,
-}
+struct ItemIds(Vec<(String, String)>);
 
-impl OutputItems {
-    fn push_text(&mut self, text: &str, steps: &mut Vec<Step>) {
-        if text.is_empty() {
-            return;
+impl ItemIds {
+    fn of(&mut self, transcript: &Transcript, i: usize) -> (String, String) {
+        while self.0.len() <= i {
+            let ids = match &transcript.block(self.0.len()).kind {
+                BlockKind::Text => (synthetic_id("msg_"), String::new()),
+                BlockKind::ToolCall { id, .. } => {
+                    (synthetic_id("fc_"), if id.is_empty() { synthetic_call_id() } else { id.clone() })
+                }
+            };
+            self.0.push(ids);
         }
-        let i = match self.open {
-            Some(i) if matches!(self.items[i], Item::Message { .. }) => i,
-            _ => {
-                self.close(steps);
-                self.open_item(Item::Message { id: synthetic_id("msg_"), text: String::new() }, steps)
-            }
-        };
-        if let Item::Message { text: t, .. } = &mut self.items[i] {
-            t.push_str(text);
-        }
-        steps.push(Step::Delta(i, text.to_string()));
+        self.0[i].clone()
     }
 
-    fn push_tool_call(&mut self, d: &pb::ToolCallDelta, steps: &mut Vec<Step>) {
-        let i = match self.calls.get(&d.index) {
-            Some(&i) => i,
-            None => {
-                self.close(steps);
-                let call_id = if d.id.is_empty() { synthetic_call_id() } else { d.id.clone() };
-                let item = Item::FunctionCall {
-                    id: synthetic_id("fc_"),
-                    call_id,
-                    name: d.name.clone(),
-                    arguments: String::new(),
-                };
-                let i = self.open_item(item, steps);
-                self.calls.insert(d.index, i);
-                i
+    /// Output item `i` with `status`; `added` shows it as just opened.
+    fn item(&mut self, transcript: &Transcript, i: usize, status: &str, added: bool) -> Value {
+        let (id, call_id) = self.of(transcript, i);
+        let block = transcript.block(i);
+        match &block.kind {
+            BlockKind::Text if added => {
+                json!({ "type": "message", "id": id, "status": status, "role": "assistant", "content": [] })
             }
-        };
-        if let Item::FunctionCall { name, arguments, .. } = &mut self.items[i] {
-            if name.is_empty() {
-                name.clone_from(&d.name);
-            }
-            arguments.push_str(&d.arguments_delta);
-        }
-        // A piece for a call that was already closed (providers stream calls
-        // one after another, so this should not happen) still lands in the
-        // final response object, but gets no event: its item is already done.
-        if self.open == Some(i) && !d.arguments_delta.is_empty() {
-            steps.push(Step::Delta(i, d.arguments_delta.clone()));
-        }
-    }
-
-    fn open_item(&mut self, item: Item, steps: &mut Vec<Step>) -> usize {
-        self.items.push(item);
-        let i = self.items.len() - 1;
-        self.open = Some(i);
-        steps.push(Step::Opened(i));
-        i
-    }
-
-    fn close(&mut self, steps: &mut Vec<Step>) {
-        if let Some(i) = self.open.take() {
-            steps.push(Step::Closed(i));
+            BlockKind::Text => json!({
+                "type": "message", "id": id, "status": status, "role": "assistant",
+                "content": [output_text_part(&block.content)],
+            }),
+            BlockKind::ToolCall { name, .. } => json!({
+                "type": "function_call", "id": id, "call_id": call_id, "name": name,
+                "arguments": if added { "" } else { block.content.as_str() }, "status": status,
+            }),
         }
     }
 
     /// Every item; the open one (if any) with `open_status`, the rest completed.
-    fn to_json(&self, open_status: &str) -> Vec<Value> {
-        self.items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| item.to_json(if self.open == Some(i) { open_status } else { "completed" }))
+    fn output(&mut self, transcript: &Transcript, open_status: &str) -> Vec<Value> {
+        (0..transcript.blocks().len())
+            .map(|i| self.item(transcript, i, if transcript.is_open(i) { open_status } else { "completed" }, false))
             .collect()
     }
 }
@@ -368,23 +286,15 @@ impl OutputItems {
 #[derive(Debug)]
 pub struct EventRenderer {
     meta: ResponseMeta,
-    output: OutputItems,
-    usage: Option<pb::Usage>,
+    transcript: Transcript,
+    ids: ItemIds,
     next_sequence_number: u64,
-    started: bool,
-    finished: bool,
+    begun: bool,
 }
 
 impl EventRenderer {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self {
-            meta,
-            output: OutputItems::default(),
-            usage: None,
-            next_sequence_number: 0,
-            started: false,
-            finished: false,
-        }
+        Self { meta, transcript: Transcript::default(), ids: ItemIds::default(), next_sequence_number: 0, begun: false }
     }
 
     /// Zero or more `(event type, JSON payload)` pairs for one run event; the
@@ -394,51 +304,10 @@ impl EventRenderer {
     /// `response.incomplete` or `response.failed` (there is no `[DONE]`);
     /// Cancelled renders nothing, and so does every event after a terminal.
     pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<(&'static str, String)> {
-        use pb::run_event::Event;
-
-        if self.finished {
-            return Vec::new();
-        }
-        if let Event::Cancelled(_) = event {
-            self.finished = true;
-            return Vec::new();
-        }
-
         let mut events: Vec<(&'static str, Value)> = Vec::new();
-        if !self.started {
-            self.started = true;
-            let response = response_json(&self.meta, "in_progress", Vec::new(), Value::Null);
-            events.push(("response.created", json!({ "response": response })));
-            events.push(("response.in_progress", json!({ "response": response })));
-        }
-        let mut steps = Vec::new();
-        match event {
-            Event::Started(_) | Event::Cancelled(_) => {}
-            Event::Text(t) => self.output.push_text(&t.text, &mut steps),
-            Event::ToolCall(d) => self.output.push_tool_call(d, &mut steps),
-            Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(_) => self.output.close(&mut steps),
-            Event::Failed(_) => {}
-        }
-        for step in steps {
+        for step in self.transcript.push(event) {
             self.step_events(step, &mut events);
         }
-        match event {
-            Event::Completed(c) => {
-                let response = completed_response(&self.meta, &self.output, self.usage.as_ref(), c.finish_reason);
-                let kind =
-                    if response["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
-                events.push((kind, json!({ "response": response })));
-                self.finished = true;
-            }
-            Event::Failed(f) => {
-                let response = failed_response(&self.meta, &self.output, self.usage.as_ref(), &failure_of(f));
-                events.push(("response.failed", json!({ "response": response })));
-                self.finished = true;
-            }
-            _ => {}
-        }
-
         events
             .into_iter()
             .map(|(kind, mut payload)| {
@@ -450,57 +319,83 @@ impl EventRenderer {
             .collect()
     }
 
-    fn step_events(&self, step: Step, events: &mut Vec<(&'static str, Value)>) {
+    fn begin(&mut self, events: &mut Vec<(&'static str, Value)>) {
+        if !self.begun {
+            self.begun = true;
+            let response = response_json(&self.meta, "in_progress", Vec::new(), Value::Null);
+            events.push(("response.created", json!({ "response": response })));
+            events.push(("response.in_progress", json!({ "response": response })));
+        }
+    }
+
+    fn step_events(&mut self, step: Step, events: &mut Vec<(&'static str, Value)>) {
+        let t = &self.transcript;
         match step {
-            Step::Opened(i) => {
-                let item = &self.output.items[i];
-                events.push(("response.output_item.added", json!({ "output_index": i, "item": item.added_json() })));
-                if let Item::Message { id, .. } = item {
+            Step::Begin => self.begin(events),
+            Step::Open(i) => {
+                let item = self.ids.item(t, i, "in_progress", true);
+                events.push(("response.output_item.added", json!({ "output_index": i, "item": item })));
+                if t.block(i).kind == BlockKind::Text {
+                    let (id, _) = self.ids.of(t, i);
                     events.push((
                         "response.content_part.added",
                         json!({ "item_id": id, "output_index": i, "content_index": 0, "part": output_text_part("") }),
                     ));
                 }
             }
-            Step::Delta(i, delta) => match &self.output.items[i] {
-                Item::Message { id, .. } => events.push((
-                    "response.output_text.delta",
-                    json!({ "item_id": id, "output_index": i, "content_index": 0, "delta": delta, "logprobs": [] }),
-                )),
-                Item::FunctionCall { id, .. } => events.push((
-                    "response.function_call_arguments.delta",
-                    json!({ "item_id": id, "output_index": i, "delta": delta }),
-                )),
-            },
-            Step::Closed(i) => {
-                let item = &self.output.items[i];
-                match item {
-                    Item::Message { id, text } => {
+            Step::Delta(i, delta) => {
+                let (id, _) = self.ids.of(t, i);
+                events.push(match t.block(i).kind {
+                    BlockKind::Text => (
+                        "response.output_text.delta",
+                        json!({ "item_id": id, "output_index": i, "content_index": 0, "delta": delta, "logprobs": [] }),
+                    ),
+                    BlockKind::ToolCall { .. } => (
+                        "response.function_call_arguments.delta",
+                        json!({ "item_id": id, "output_index": i, "delta": delta }),
+                    ),
+                });
+            }
+            Step::Close(i) => {
+                let (id, _) = self.ids.of(t, i);
+                let block = t.block(i);
+                match block.kind {
+                    BlockKind::Text => {
                         events.push((
                             "response.output_text.done",
                             json!({
                                 "item_id": id, "output_index": i, "content_index": 0,
-                                "text": text, "logprobs": [],
+                                "text": block.content, "logprobs": [],
                             }),
                         ));
                         events.push((
                             "response.content_part.done",
                             json!({
                                 "item_id": id, "output_index": i, "content_index": 0,
-                                "part": output_text_part(text),
+                                "part": output_text_part(&block.content),
                             }),
                         ));
                     }
-                    Item::FunctionCall { id, arguments, .. } => events.push((
+                    BlockKind::ToolCall { .. } => events.push((
                         "response.function_call_arguments.done",
-                        json!({ "item_id": id, "output_index": i, "arguments": arguments }),
+                        json!({ "item_id": id, "output_index": i, "arguments": block.content }),
                     )),
                 }
-                events.push((
-                    "response.output_item.done",
-                    json!({ "output_index": i, "item": item.to_json("completed") }),
-                ));
+                let item = self.ids.item(t, i, "completed", false);
+                events.push(("response.output_item.done", json!({ "output_index": i, "item": item })));
             }
+            Step::Complete { finish_reason } => {
+                let response = completed_response(&self.meta, t, &mut self.ids, finish_reason);
+                let kind =
+                    if response["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
+                events.push((kind, json!({ "response": response })));
+            }
+            Step::Fail(failure) => {
+                self.begin(events);
+                let response = failed_response(&self.meta, &self.transcript, &mut self.ids, &failure);
+                events.push(("response.failed", json!({ "response": response })));
+            }
+            Step::Cancel => {}
         }
     }
 }
@@ -510,45 +405,26 @@ impl EventRenderer {
 #[derive(Debug)]
 pub struct ResponseAggregator {
     meta: ResponseMeta,
-    output: OutputItems,
-    usage: Option<pb::Usage>,
-    terminal: Option<Terminal>,
+    transcript: Transcript,
 }
 
 impl ResponseAggregator {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { meta, output: OutputItems::default(), usage: None, terminal: None }
+        Self { meta, transcript: Transcript::default() }
     }
 
     /// Events after a terminal are ignored.
     pub fn push(&mut self, event: &pb::run_event::Event) {
-        use pb::run_event::Event;
-
-        if self.terminal.is_some() {
-            return;
-        }
-        // The streaming steps are not needed here.
-        let mut steps = Vec::new();
-        match event {
-            Event::Started(_) => {}
-            Event::Text(t) => self.output.push_text(&t.text, &mut steps),
-            Event::ToolCall(d) => self.output.push_tool_call(d, &mut steps),
-            Event::Usage(u) => self.usage = Some(*u),
-            Event::Completed(_) => {
-                self.output.close(&mut steps);
-                self.terminal = Terminal::of(event);
-            }
-            Event::Failed(_) | Event::Cancelled(_) => self.terminal = Terminal::of(event),
-        }
+        self.transcript.push(event);
     }
 
     /// `Ok(response object)` after a Completed terminal (status `completed`,
     /// or `incomplete` for a length / content-filter stop);
     /// `Err(ApiError::Execution(..))` after Failed (that failure), Cancelled,
     /// or no terminal at all.
-    pub fn finish(self) -> Result<Value, ApiError> {
-        let finish_reason = outcome::finish_reason(self.terminal)?;
-        Ok(completed_response(&self.meta, &self.output, self.usage.as_ref(), finish_reason))
+    pub fn finish(mut self) -> Result<Value, ApiError> {
+        let finish_reason = self.transcript.finish()?;
+        Ok(completed_response(&self.meta, &self.transcript, &mut ItemIds::default(), finish_reason))
     }
 }
 
@@ -577,19 +453,15 @@ fn response_json(meta: &ResponseMeta, status: &str, output: Vec<Value>, usage: V
 
 /// The final object after a Completed terminal: `incomplete` with a reason
 /// when the provider stopped at the token limit or its content filter.
-fn completed_response(
-    meta: &ResponseMeta,
-    output: &OutputItems,
-    usage: Option<&pb::Usage>,
-    finish_reason: i32,
-) -> Value {
+fn completed_response(meta: &ResponseMeta, transcript: &Transcript, ids: &mut ItemIds, finish_reason: i32) -> Value {
     let incomplete_reason = match pb::FinishReason::try_from(finish_reason) {
         Ok(pb::FinishReason::Length) => Some("max_output_tokens"),
         Ok(pb::FinishReason::ContentFilter) => Some("content_filter"),
         _ => None,
     };
     let status = if incomplete_reason.is_some() { "incomplete" } else { "completed" };
-    let mut response = response_json(meta, status, output.to_json("completed"), usage_json(usage));
+    let output = ids.output(transcript, "completed");
+    let mut response = response_json(meta, status, output, usage_json(transcript.usage()));
     if let Some(reason) = incomplete_reason {
         response["incomplete_details"] = json!({ "reason": reason });
     }
@@ -600,12 +472,12 @@ fn completed_response(
 /// generated as `incomplete`), usage if any was reported, and the error.
 fn failed_response(
     meta: &ResponseMeta,
-    output: &OutputItems,
-    usage: Option<&pb::Usage>,
+    transcript: &Transcript,
+    ids: &mut ItemIds,
     failure: &pb::ExecutionFailure,
 ) -> Value {
-    let usage = if usage.is_some() { usage_json(usage) } else { Value::Null };
-    let mut response = response_json(meta, "failed", output.to_json("incomplete"), usage);
+    let usage = transcript.usage().map_or(Value::Null, |u| usage_json(Some(u)));
+    let mut response = response_json(meta, "failed", ids.output(transcript, "incomplete"), usage);
     let error = ApiError::Execution(failure.clone());
     response["error"] = json!({ "code": error.code(), "message": error.to_string() });
     response

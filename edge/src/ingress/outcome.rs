@@ -3,28 +3,15 @@
 //! complete, synthetic ids and token counts.
 
 use iop_proto::pb;
-use pb::run_event::Event;
 
 use super::error::ApiError;
 
-/// How a run ended, as a non-streaming aggregator keeps it until `finish`.
+/// How a run ended, as the transcript keeps it until `finish`.
 #[derive(Debug)]
 pub(super) enum Terminal {
     Completed { finish_reason: i32 },
     Failed(pb::ExecutionFailure),
     Cancelled { reason: i32 },
-}
-
-impl Terminal {
-    /// The terminal `event` stands for; `None` if it is not a terminal.
-    pub(super) fn of(event: &Event) -> Option<Self> {
-        match event {
-            Event::Completed(c) => Some(Self::Completed { finish_reason: c.finish_reason }),
-            Event::Failed(f) => Some(Self::Failed(failure_of(f))),
-            Event::Cancelled(c) => Some(Self::Cancelled { reason: c.reason }),
-            Event::Started(_) | Event::Text(_) | Event::ToolCall(_) | Event::Usage(_) => None,
-        }
-    }
 }
 
 /// The finish reason of a completed run; otherwise `ApiError::Execution`
