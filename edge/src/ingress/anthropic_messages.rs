@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::{Wording, body_object, field, text_message};
+use super::openai_common::named_tool_choice;
 use super::outcome::{synthetic_id, usage_pair};
 use super::transcript::{BlockKind, CallIds, Step, Transcript, arguments_object};
 
@@ -66,12 +67,32 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
 
     let tools = JSON.optional_array(&obj, "tools", |i| format!("tools.{i}"), parse_tool)?;
 
-    // `tool_choice` ({"type":"auto"|"any"|"tool"|"none", ...}) is accepted and
-    // ignored for now: the normalized run shape has no field for it, so the
-    // provider applies its own default (normally "auto").
-
     let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
-    let options = parse_options(&obj)?;
+    let mut options = parse_options(&obj)?;
+    match field(&obj, "tool_choice") {
+        None => {}
+        Some(Value::Object(choice)) => {
+            let mode = |mode: pb::ToolChoiceMode| pb::ToolChoice { mode: mode.into(), name: String::new() };
+            options.tool_choice = Some(match JSON.non_empty_string(choice, "type", "tool_choice.type")? {
+                "auto" => mode(pb::ToolChoiceMode::Auto),
+                "any" => mode(pb::ToolChoiceMode::Required),
+                "none" => mode(pb::ToolChoiceMode::None),
+                "tool" => {
+                    let name = JSON.non_empty_string(choice, "name", "tool_choice.name")?;
+                    named_tool_choice(name, &tools, "tool_choice.name")?
+                }
+                other => {
+                    let message = format!("tool_choice.type: unknown type `{other}`; expected auto, any, tool or none");
+                    return Err(ApiError::invalid_param("tool_choice.type", message));
+                }
+            });
+            let single = "tool_choice.disable_parallel_tool_use";
+            if JSON.optional_bool(choice, "disable_parallel_tool_use", single)? == Some(true) {
+                options.parallel_tool_calls = Some(false);
+            }
+        }
+        Some(_) => return Err(JSON.type_error("tool_choice", "an object")),
+    }
 
     Ok(MessagesRequest { model, stream, messages, tools, options })
 }
@@ -250,12 +271,8 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
     if let Some(v) = field(obj, "top_p") {
         options.top_p = Some(JSON.number_in(v, "top_p", 0.0, 1.0)?);
     }
-    // `top_k` is validated and then ignored: the normalized options have no
-    // field for it, so the provider uses its own default.
-    if let Some(v) = field(obj, "top_k")
-        && v.as_u64().is_none()
-    {
-        return Err(JSON.type_error("top_k", "a non-negative integer"));
+    if let Some(v) = field(obj, "top_k") {
+        options.top_k = Some(JSON.positive_u32(v, "top_k")?);
     }
     options.stop = match field(obj, "stop_sequences") {
         None => Vec::new(),
@@ -552,7 +569,10 @@ mod tests {
                 temperature: Some(0.5),
                 top_p: Some(0.9),
                 stop: vec!["\n\nHuman:".into(), "END".into()],
-                seed: None,
+                top_k: Some(40),
+                tool_choice: Some(pb::ToolChoice { mode: pb::ToolChoiceMode::Auto.into(), name: String::new() }),
+                parallel_tool_calls: Some(false),
+                ..Default::default()
             }
         );
         let tool_msg =
@@ -782,8 +802,18 @@ mod tests {
             (with(json!({"temperature": "hot"})), "temperature", "temperature: Input should be a number"),
             (with(json!({"temperature": 1.5})), "temperature", "temperature: Input should be between 0 and 1"),
             (with(json!({"top_p": -0.1})), "top_p", "top_p: Input should be between 0 and 1"),
-            (with(json!({"top_k": "5"})), "top_k", "top_k: Input should be a non-negative integer"),
-            (with(json!({"top_k": -1})), "top_k", "top_k: Input should be a non-negative integer"),
+            (with(json!({"top_k": "5"})), "top_k", "top_k: Input should be an integer"),
+            (with(json!({"top_k": 0})), "top_k", "top_k: Input should be an integer between 1 and 4294967295"),
+            (
+                with(json!({"tool_choice": {"type": "tool", "name": "nope"}})),
+                "tool_choice.name",
+                "`tool_choice.name` names `nope`, which is not one of the request's tools",
+            ),
+            (
+                with(json!({"tool_choice": {"type": "maybe"}})),
+                "tool_choice.type",
+                "tool_choice.type: unknown type `maybe`; expected auto, any, tool or none",
+            ),
             (
                 with(json!({"stop_sequences": "END"})),
                 "stop_sequences",

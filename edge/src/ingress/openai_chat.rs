@@ -10,7 +10,10 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::{Wording, body_object, field};
-use super::openai_common::{expect_function_type, function_call, function_definition, text_content};
+use super::openai_common::{
+    expect_function_type, function_call, function_definition, penalties, refuse_unsupported, response_format,
+    text_content, tool_choice as openai_tool_choice,
+};
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, CallIds, Step, Transcript};
 
@@ -37,9 +40,10 @@ pub struct ChatCompletionRequest {
 
 /// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
 /// with a message saying exactly what is wrong and `param` naming the field
-/// (e.g. `messages[2].role`). Unknown top-level fields are ignored (SDKs send
-/// extras such as `user`, `metadata`, `logprobs`). An explicit `null` counts
-/// as absent.
+/// (e.g. `messages[2].role`). Fields IOP knows but cannot serve
+/// (`logprobs: true`, `logit_bias`, ...) are refused by name; other unknown
+/// top-level fields are ignored (SDKs send extras such as `user`, `metadata`,
+/// `store`). An explicit `null` counts as absent.
 pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
     let obj = body_object(body)?;
     let model = JSON.non_empty_string(&obj, "model", "model")?.to_string();
@@ -57,10 +61,6 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
 
     let tools = JSON.optional_array(&obj, "tools", |i| format!("tools[{i}]"), parse_tool)?;
 
-    // `tool_choice` ("auto", "none", "required" or {"type":"function",...}) is
-    // accepted and ignored for now: the normalized run shape has no field for
-    // it, so the provider applies its own default (normally "auto").
-
     let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
     let include_usage = match field(&obj, "stream_options") {
         None => false,
@@ -70,7 +70,24 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
         Some(_) => return Err(JSON.type_error("stream_options", "an object")),
     };
 
-    let options = parse_options(&obj)?;
+    let mut options = parse_options(&obj)?;
+    if let Some(v) = field(&obj, "tool_choice") {
+        options.tool_choice = Some(openai_tool_choice(v, &tools, |f| f.get("function").and_then(|f| f.get("name")))?);
+    }
+    options.parallel_tool_calls = JSON.optional_bool(&obj, "parallel_tool_calls", "parallel_tool_calls")?;
+    options.response_format = match field(&obj, "response_format") {
+        None => None,
+        Some(Value::Object(format)) => {
+            let kind = JSON.non_empty_string(format, "type", "response_format.type")?;
+            let spec = match field(format, "json_schema") {
+                None => None,
+                Some(Value::Object(spec)) => Some(spec),
+                Some(_) => return Err(JSON.type_error("response_format.json_schema", "an object")),
+            };
+            Some(response_format(kind, "response_format.type", spec, "response_format.json_schema")?)
+        }
+        Some(_) => return Err(JSON.type_error("response_format", "an object")),
+    };
 
     Ok(ChatCompletionRequest { model, stream, include_usage, messages, tools, options })
 }
@@ -200,6 +217,13 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
     if let Some(v) = field(obj, "seed") {
         options.seed = Some(v.as_i64().ok_or_else(|| JSON.type_error("seed", "an integer"))?);
     }
+    // Not in OpenAI's API, but vLLM, llama.cpp and LM Studio take it.
+    if let Some(v) = field(obj, "top_k") {
+        options.top_k = Some(JSON.positive_u32(v, "top_k")?);
+    }
+    penalties(obj, &mut options)?;
+    // Per-token log probabilities are not carried back from providers.
+    refuse_unsupported(obj, &["logprobs", "top_logprobs", "logit_bias", "audio", "prediction"])?;
     if let Some(v) = field(obj, "n") {
         match v.as_i64() {
             None => return Err(JSON.type_error("n", "an integer")),
@@ -889,5 +913,64 @@ mod tests {
         agg.push(&Event::Failed(pb::RunFailed { failure: None }));
         let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
         assert_eq!(f.kind(), pb::FailureKind::Internal);
+    }
+
+    /// Issue 13 items 2, 3, 5: tool choice, structured output and the wider
+    /// options reach the run; what IOP cannot serve is refused by name.
+    #[test]
+    fn tool_choice_response_format_and_sampling_options_are_carried() {
+        let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
+        let base = |extra: Value| {
+            let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            parse_request(body.to_string().as_bytes())
+        };
+        let r = base(json!({
+            "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+            "parallel_tool_calls": false,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": true, "schema": {"type": "object"}}},
+            "presence_penalty": 1.5, "frequency_penalty": -1, "top_k": 20,
+            "user": "u-1", "metadata": {"k": "v"}, "store": false, "logprobs": false
+        }))
+        .unwrap();
+        let o = r.options;
+        assert_eq!(
+            o.tool_choice,
+            Some(pb::ToolChoice { mode: pb::ToolChoiceMode::Named.into(), name: "lookup".into() })
+        );
+        assert_eq!(o.parallel_tool_calls, Some(false));
+        let format = o.response_format.unwrap();
+        assert_eq!(
+            (format.kind(), format.name.as_str(), format.strict),
+            (pb::ResponseFormatKind::JsonSchema, "a", true)
+        );
+        assert_eq!(format.schema_json, r#"{"type":"object"}"#);
+        assert_eq!((o.presence_penalty, o.frequency_penalty, o.top_k), (Some(1.5), Some(-1.0), Some(20)));
+        for (choice, mode) in [
+            ("auto", pb::ToolChoiceMode::Auto),
+            ("none", pb::ToolChoiceMode::None),
+            ("required", pb::ToolChoiceMode::Required),
+        ] {
+            let o = base(json!({"tool_choice": choice})).unwrap().options;
+            assert_eq!(o.tool_choice.unwrap().mode(), mode);
+        }
+        let o = base(json!({"response_format": {"type": "json_object"}})).unwrap().options;
+        assert_eq!(o.response_format.unwrap().kind(), pb::ResponseFormatKind::JsonObject);
+
+        let refused = [
+            (json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+            (json!({"tool_choice": "sometimes"}), "tool_choice"),
+            (json!({"response_format": {"type": "yaml"}}), "response_format.type"),
+            (json!({"response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+            (json!({"presence_penalty": 3}), "presence_penalty"),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"top_logprobs": 2}), "top_logprobs"),
+            (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
+            (json!({"n": 2}), "n"),
+        ];
+        for (extra, param) in refused {
+            let err = base(extra.clone()).unwrap_err();
+            assert!(matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == param), "{extra}: {err:?}");
+        }
     }
 }

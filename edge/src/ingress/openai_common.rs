@@ -93,3 +93,106 @@ pub(super) fn function_call(id: String, obj: &Map<String, Value>, path: &str) ->
     };
     Ok(pb::ToolCall { id, name, arguments_json })
 }
+
+/// A tool choice naming `name`, which must be one of `tools`.
+pub(super) fn named_tool_choice(
+    name: &str,
+    tools: &[pb::ToolDefinition],
+    path: &str,
+) -> Result<pb::ToolChoice, ApiError> {
+    if !tools.iter().any(|t| t.name == name) {
+        return Err(ApiError::invalid_param(
+            path,
+            format!("`{path}` names `{name}`, which is not one of the request's tools"),
+        ));
+    }
+    Ok(pb::ToolChoice { mode: pb::ToolChoiceMode::Named.into(), name: name.to_string() })
+}
+
+/// OpenAI's `tool_choice`: `"auto"`, `"none"`, `"required"`, or an object
+/// naming a function (`name_of` finds the name in it: Chat nests it under
+/// `function`, Responses does not).
+pub(super) fn tool_choice(
+    value: &Value,
+    tools: &[pb::ToolDefinition],
+    name_of: fn(&Map<String, Value>) -> Option<&Value>,
+) -> Result<pb::ToolChoice, ApiError> {
+    let mode = |mode: pb::ToolChoiceMode| Ok(pb::ToolChoice { mode: mode.into(), name: String::new() });
+    match value {
+        Value::String(s) if s == "auto" => mode(pb::ToolChoiceMode::Auto),
+        Value::String(s) if s == "none" => mode(pb::ToolChoiceMode::None),
+        Value::String(s) if s == "required" => mode(pb::ToolChoiceMode::Required),
+        Value::Object(obj) => {
+            expect_function_type(obj, "tool_choice", true)?;
+            let name = name_of(obj).and_then(Value::as_str).filter(|n| !n.is_empty());
+            let name =
+                name.ok_or_else(|| ApiError::invalid_param("tool_choice", "`tool_choice` must name a function"))?;
+            named_tool_choice(name, tools, "tool_choice")
+        }
+        _ => Err(ApiError::invalid_param(
+            "tool_choice",
+            "`tool_choice` must be \"auto\", \"none\", \"required\" or a function to call",
+        )),
+    }
+}
+
+/// A structured-output request: `kind` is `text`, `json_object` or
+/// `json_schema` (the field at `type_path`); for a schema, `spec` holds
+/// `name`, `schema` and `strict` (Chat's `response_format.json_schema`,
+/// Responses' `text.format`, at `path`).
+pub(super) fn response_format(
+    kind: &str,
+    type_path: &str,
+    spec: Option<&Map<String, Value>>,
+    path: &str,
+) -> Result<pb::ResponseFormat, ApiError> {
+    let format = |kind: pb::ResponseFormatKind| pb::ResponseFormat { kind: kind.into(), ..Default::default() };
+    match kind {
+        "text" => Ok(format(pb::ResponseFormatKind::Text)),
+        "json_object" => Ok(format(pb::ResponseFormatKind::JsonObject)),
+        "json_schema" => {
+            let spec = spec.ok_or_else(|| JSON.missing(path))?;
+            let schema = match JSON.required(spec, "schema", &format!("{path}.schema"))? {
+                schema @ Value::Object(_) => schema.to_string(),
+                _ => return Err(JSON.type_error(&format!("{path}.schema"), "an object")),
+            };
+            let name = JSON.non_empty_string(spec, "name", &format!("{path}.name"))?.to_string();
+            let strict = JSON.optional_bool(spec, "strict", &format!("{path}.strict"))?.unwrap_or(false);
+            Ok(pb::ResponseFormat {
+                kind: pb::ResponseFormatKind::JsonSchema.into(),
+                schema_json: schema,
+                name,
+                strict,
+            })
+        }
+        other => Err(ApiError::invalid_param(
+            type_path,
+            format!("`{type_path}` is `{other}`; expected text, json_object or json_schema"),
+        )),
+    }
+}
+
+/// `presence_penalty` and `frequency_penalty` (each -2 to 2).
+pub(super) fn penalties(obj: &Map<String, Value>, options: &mut pb::GenerationOptions) -> Result<(), ApiError> {
+    if let Some(v) = field(obj, "presence_penalty") {
+        options.presence_penalty = Some(JSON.number_in(v, "presence_penalty", -2.0, 2.0)?);
+    }
+    if let Some(v) = field(obj, "frequency_penalty") {
+        options.frequency_penalty = Some(JSON.number_in(v, "frequency_penalty", -2.0, 2.0)?);
+    }
+    Ok(())
+}
+
+/// Fields IOP accepts the name of but cannot serve: refused with a 400
+/// naming the field, never silently dropped. `false`, `0` and `null` ask
+/// for nothing and pass.
+pub(super) fn refuse_unsupported(obj: &Map<String, Value>, fields: &[&str]) -> Result<(), ApiError> {
+    for name in fields {
+        match field(obj, name) {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Number(n)) if n.as_f64() == Some(0.0) => {}
+            Some(_) => return Err(ApiError::invalid_param(name, format!("`{name}` is not supported by IOP"))),
+        }
+    }
+    Ok(())
+}

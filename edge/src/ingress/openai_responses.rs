@@ -15,7 +15,10 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::{Wording, body_object, field, text_message};
-use super::openai_common::{expect_function_type, function_call, function_definition, text_content};
+use super::openai_common::{
+    expect_function_type, function_call, function_definition, refuse_unsupported, response_format, text_content,
+    tool_choice as openai_tool_choice,
+};
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, Step, Transcript};
 
@@ -84,12 +87,24 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
 
     let tools = JSON.optional_array(&obj, "tools", |i| format!("tools[{i}]"), parse_tool)?;
 
-    // `tool_choice` ("auto", "none", "required" or {"type":"function","name"})
-    // is accepted and ignored for now: the normalized run shape has no field
-    // for it, so the provider applies its own default (normally "auto").
-
     let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
-    let options = parse_options(&obj)?;
+    let mut options = parse_options(&obj)?;
+    if let Some(v) = field(&obj, "tool_choice") {
+        options.tool_choice = Some(openai_tool_choice(v, &tools, |f| f.get("name"))?);
+    }
+    options.parallel_tool_calls = JSON.optional_bool(&obj, "parallel_tool_calls", "parallel_tool_calls")?;
+    options.response_format = match field(&obj, "text") {
+        None => None,
+        Some(Value::Object(text)) => match field(text, "format") {
+            None => None,
+            Some(Value::Object(format)) => {
+                let kind = JSON.non_empty_string(format, "type", "text.format.type")?;
+                Some(response_format(kind, "text.format.type", Some(format), "text.format")?)
+            }
+            Some(_) => return Err(JSON.type_error("text.format", "an object")),
+        },
+        Some(_) => return Err(JSON.type_error("text", "an object")),
+    };
 
     Ok(ResponsesRequest { model, stream, messages, tools, options, instructions })
 }
@@ -202,6 +217,7 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
     if let Some(v) = field(obj, "top_p") {
         options.top_p = Some(JSON.number_in(v, "top_p", 0.0, 1.0)?);
     }
+    refuse_unsupported(obj, &["top_logprobs", "prompt", "max_tool_calls"])?;
     Ok(options)
 }
 
@@ -1267,5 +1283,36 @@ mod tests {
         agg.push(&Event::Failed(pb::RunFailed { failure: None }));
         let Err(ApiError::Execution(f)) = agg.finish() else { panic!("expected Execution error") };
         assert_eq!(f.kind(), pb::FailureKind::Internal);
+    }
+
+    /// Issue 13 items 2, 3: tool choice and `text.format` reach the run.
+    #[test]
+    fn tool_choice_and_text_format_are_carried() {
+        let body = |extra: Value| {
+            let mut body = json!({"model": "m", "input": "hi",
+                "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            parse(body)
+        };
+        let r = body(json!({
+            "tool_choice": {"type": "function", "name": "lookup"},
+            "parallel_tool_calls": true,
+            "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": false}}
+        }))
+        .unwrap();
+        assert_eq!(r.options.tool_choice.unwrap().name, "lookup");
+        assert_eq!(r.options.parallel_tool_calls, Some(true));
+        assert_eq!(r.options.response_format.unwrap().kind(), pb::ResponseFormatKind::JsonSchema);
+        let plain = body(json!({"text": {"format": {"type": "text"}}, "tool_choice": "required"})).unwrap();
+        assert_eq!(plain.options.response_format.unwrap().kind(), pb::ResponseFormatKind::Text);
+        assert_eq!(plain.options.tool_choice.unwrap().mode(), pb::ToolChoiceMode::Required);
+        for (extra, param) in [
+            (json!({"tool_choice": {"type": "function", "name": "nope"}}), "tool_choice"),
+            (json!({"text": {"format": {"type": "json_schema", "name": "a"}}}), "text.format.schema"),
+            (json!({"top_logprobs": 3}), "top_logprobs"),
+        ] {
+            let err = body(extra.clone()).unwrap_err();
+            assert!(matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == param), "{extra}: {err:?}");
+        }
     }
 }

@@ -435,9 +435,10 @@ fn run_request() -> impl Strategy<Value = (pb::RunRequest, Option<bool>, Option<
             let (tools, tool_oks): (Vec<_>, Vec<_>) = tools.into_iter().unzip();
             let (options, options_ok) = match options {
                 None => (None, true),
-                Some((max_tokens, (temperature, t_ok), (top_p, p_ok), stop, seed)) => {
-                    (Some(pb::GenerationOptions { max_tokens, temperature, top_p, stop, seed }), t_ok && p_ok)
-                }
+                Some((max_tokens, (temperature, t_ok), (top_p, p_ok), stop, seed)) => (
+                    Some(pb::GenerationOptions { max_tokens, temperature, top_p, stop, seed, ..Default::default() }),
+                    t_ok && p_ok,
+                ),
             };
             let ok = and(all_ok(tool_oks), Some(roles_ok && options_ok));
             let request = pb::RunRequest { run_id: "r".into(), messages, tools, options, ..Default::default() };

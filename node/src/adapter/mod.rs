@@ -581,8 +581,70 @@ fn tool_parameters(index: usize, tool: &pb::ToolDefinition) -> Result<serde_json
     Ok(value)
 }
 
+/// The run's tool choice, checked: a named tool must be one of the run's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToolChoice<'a> {
+    /// Not set: the provider's default.
+    Default,
+    Auto,
+    None,
+    Required,
+    Named(&'a str),
+}
+
+fn tool_choice(request: &pb::RunRequest) -> Result<ToolChoice<'_>, AdapterError> {
+    let Some(choice) = request.options.as_ref().and_then(|o| o.tool_choice.as_ref()) else {
+        return Ok(ToolChoice::Default);
+    };
+    let mode = iop_proto::wire::closed_enum::<pb::ToolChoiceMode>("options.tool_choice.mode", choice.mode)
+        .map_err(|e| AdapterError::InvalidRequest(e.to_string()))?;
+    Ok(match mode {
+        pb::ToolChoiceMode::Auto => ToolChoice::Auto,
+        pb::ToolChoiceMode::None => ToolChoice::None,
+        pb::ToolChoiceMode::Required => ToolChoice::Required,
+        pb::ToolChoiceMode::Named if request.tools.iter().any(|t| t.name == choice.name) => {
+            ToolChoice::Named(&choice.name)
+        }
+        pb::ToolChoiceMode::Named | pb::ToolChoiceMode::Unspecified => {
+            return Err(AdapterError::InvalidRequest("options.tool_choice names no tool of the run".into()));
+        }
+    })
+}
+
+/// The run's structured-output request, checked.
+#[derive(Debug, Clone, PartialEq)]
+enum ResponseFormat<'a> {
+    Text,
+    JsonObject,
+    JsonSchema { name: &'a str, schema: serde_json::Value, strict: bool },
+}
+
+fn response_format(options: &pb::GenerationOptions) -> Result<ResponseFormat<'_>, AdapterError> {
+    let Some(format) = &options.response_format else { return Ok(ResponseFormat::Text) };
+    let kind = iop_proto::wire::closed_enum::<pb::ResponseFormatKind>("options.response_format.kind", format.kind)
+        .map_err(|e| AdapterError::InvalidRequest(e.to_string()))?;
+    Ok(match kind {
+        pb::ResponseFormatKind::Text | pb::ResponseFormatKind::Unspecified => ResponseFormat::Text,
+        pb::ResponseFormatKind::JsonObject => ResponseFormat::JsonObject,
+        pb::ResponseFormatKind::JsonSchema => {
+            let schema = parse_json_text(format_args!("options.response_format.schema_json"), &format.schema_json)?;
+            if !schema.is_object() {
+                return Err(AdapterError::InvalidRequest(
+                    "options.response_format.schema_json is not a JSON object".into(),
+                ));
+            }
+            ResponseFormat::JsonSchema { name: &format.name, schema, strict: format.strict }
+        }
+    })
+}
+
 fn check_options(options: &pb::GenerationOptions) -> Result<(), AdapterError> {
-    for (name, value) in [("temperature", options.temperature), ("top_p", options.top_p)] {
+    for (name, value) in [
+        ("temperature", options.temperature),
+        ("top_p", options.top_p),
+        ("presence_penalty", options.presence_penalty),
+        ("frequency_penalty", options.frequency_penalty),
+    ] {
         if value.is_some_and(|v| !v.is_finite()) {
             return Err(AdapterError::InvalidRequest(format!("options.{name} is not a finite number")));
         }
@@ -606,6 +668,145 @@ fn to_json_body<T: serde::Serialize>(body: &T) -> Result<Vec<u8>, AdapterError> 
     serde_json::to_vec(body).map_err(|e| {
         AdapterError::InvalidRequest(format!("request cannot be encoded as JSON ({})", json_error_summary(&e)))
     })
+}
+
+/// Issue 13 items 2, 3, 5: tool choice, structured output and the wider
+/// options, as each adapter sends them or refuses them.
+#[cfg(test)]
+mod option_tests {
+    use serde_json::{Value, json};
+
+    use super::fake;
+    use super::*;
+
+    fn with(options: pb::GenerationOptions) -> pb::RunRequest {
+        let mut request = fake::request(vec![fake::user("hi")]);
+        request.tools = vec![pb::ToolDefinition { name: "lookup".into(), ..Default::default() }];
+        request.options = Some(options);
+        request
+    }
+
+    fn body(adapter: AdapterKind, request: &pb::RunRequest) -> Result<Value, AdapterError> {
+        let target = fake::target(adapter, "http://127.0.0.1:1");
+        let bytes = match adapter {
+            AdapterKind::Ollama => ollama::request_body(&target, request)?,
+            AdapterKind::OpenAi => openai::request_body(&target, request)?,
+        };
+        Ok(serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn choice(mode: pb::ToolChoiceMode, name: &str) -> pb::GenerationOptions {
+        pb::GenerationOptions {
+            tool_choice: Some(pb::ToolChoice { mode: mode.into(), name: name.into() }),
+            ..Default::default()
+        }
+    }
+
+    fn schema() -> pb::GenerationOptions {
+        pb::GenerationOptions {
+            response_format: Some(pb::ResponseFormat {
+                kind: pb::ResponseFormatKind::JsonSchema.into(),
+                schema_json: r#"{"type":"object","properties":{"a":{"type":"string"}}}"#.into(),
+                name: "answer".into(),
+                strict: true,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn openai_compatible_providers_get_every_option() {
+        let sampling = pb::GenerationOptions {
+            top_k: Some(40),
+            presence_penalty: Some(0.5),
+            frequency_penalty: Some(-0.5),
+            parallel_tool_calls: Some(false),
+            ..choice(pb::ToolChoiceMode::Named, "lookup")
+        };
+        let sent = body(AdapterKind::OpenAi, &with(sampling)).unwrap();
+        assert_eq!(
+            (&sent["top_k"], &sent["presence_penalty"], &sent["frequency_penalty"]),
+            (&json!(40), &json!(0.5), &json!(-0.5))
+        );
+        assert_eq!(sent["tool_choice"], json!({"type": "function", "function": {"name": "lookup"}}));
+        assert_eq!(sent["parallel_tool_calls"], false);
+        for (mode, wire) in [
+            (pb::ToolChoiceMode::Auto, "auto"),
+            (pb::ToolChoiceMode::None, "none"),
+            (pb::ToolChoiceMode::Required, "required"),
+        ] {
+            assert_eq!(body(AdapterKind::OpenAi, &with(choice(mode, ""))).unwrap()["tool_choice"], wire);
+        }
+        let sent = body(AdapterKind::OpenAi, &with(schema())).unwrap();
+        assert_eq!(
+            sent["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "answer", "strict": true,
+                   "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}})
+        );
+        let json_object = pb::GenerationOptions {
+            response_format: Some(pb::ResponseFormat {
+                kind: pb::ResponseFormatKind::JsonObject.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            body(AdapterKind::OpenAi, &with(json_object)).unwrap()["response_format"],
+            json!({"type": "json_object"})
+        );
+        let plain = body(AdapterKind::OpenAi, &with(pb::GenerationOptions::default())).unwrap();
+        for absent in ["tool_choice", "parallel_tool_calls", "response_format", "top_k"] {
+            assert!(plain.get(absent).is_none(), "{absent} is not sent unless asked for");
+        }
+    }
+
+    #[test]
+    fn ollama_gets_what_it_can_enforce_and_refuses_the_rest() {
+        let sampling = pb::GenerationOptions { top_k: Some(40), presence_penalty: Some(0.5), ..Default::default() };
+        let sent = body(AdapterKind::Ollama, &with(sampling)).unwrap();
+        assert_eq!(sent["options"], json!({"top_k": 40, "presence_penalty": 0.5}));
+        assert_eq!(body(AdapterKind::Ollama, &with(schema())).unwrap()["format"]["properties"]["a"]["type"], "string");
+        let json_object = pb::GenerationOptions {
+            response_format: Some(pb::ResponseFormat {
+                kind: pb::ResponseFormatKind::JsonObject.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(body(AdapterKind::Ollama, &with(json_object)).unwrap()["format"], "json");
+        // `none` is honoured by sending no tools; `auto` is the default.
+        assert!(body(AdapterKind::Ollama, &with(choice(pb::ToolChoiceMode::None, ""))).unwrap().get("tools").is_none());
+        assert!(body(AdapterKind::Ollama, &with(choice(pb::ToolChoiceMode::Auto, ""))).unwrap()["tools"].is_array());
+        for refused in [
+            choice(pb::ToolChoiceMode::Required, ""),
+            choice(pb::ToolChoiceMode::Named, "lookup"),
+            pb::GenerationOptions { parallel_tool_calls: Some(false), ..Default::default() },
+        ] {
+            assert!(matches!(body(AdapterKind::Ollama, &with(refused)), Err(AdapterError::InvalidRequest(_))));
+        }
+    }
+
+    #[test]
+    fn malformed_choices_and_formats_are_invalid_for_both() {
+        let bad_schema = pb::GenerationOptions {
+            response_format: Some(pb::ResponseFormat {
+                kind: pb::ResponseFormatKind::JsonSchema.into(),
+                schema_json: "[1]".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for adapter in [AdapterKind::Ollama, AdapterKind::OpenAi] {
+            for bad in [
+                choice(pb::ToolChoiceMode::Named, "missing"),
+                choice(pb::ToolChoiceMode::Unspecified, ""),
+                bad_schema.clone(),
+                pb::GenerationOptions { presence_penalty: Some(f32::NAN), ..Default::default() },
+            ] {
+                assert!(matches!(body(adapter, &with(bad)), Err(AdapterError::InvalidRequest(_))), "{adapter:?}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

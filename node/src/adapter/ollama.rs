@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    AdapterError, Events, ProviderTarget, StreamDecoder, Tool, check_options, json_error_summary, message_role,
-    parse_arguments_object, stream_error, to_json_body, wire_tools,
+    AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
+    json_error_summary, message_role, parse_arguments_object, response_format, stream_error, to_json_body, tool_choice,
+    wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/api/chat";
@@ -25,6 +26,9 @@ struct ChatBody<'a> {
     tools: Vec<Tool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     options: Option<Options<'a>>,
+    /// `"json"`, or a JSON Schema the answer must follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -60,6 +64,12 @@ struct Options<'a> {
     stop: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f32>,
 }
 
 /// The `/api/chat` body for `request`. Always `"stream": true`.
@@ -97,28 +107,50 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
         messages.push(message);
     }
 
-    let tools = wire_tools(request)?;
-
-    let options = match &request.options {
-        Some(o) => {
-            check_options(o)?;
-            let any = o.max_tokens.is_some()
-                || o.temperature.is_some()
-                || o.top_p.is_some()
-                || !o.stop.is_empty()
-                || o.seed.is_some();
-            any.then_some(Options {
-                num_predict: o.max_tokens,
-                temperature: o.temperature,
-                top_p: o.top_p,
-                stop: &o.stop,
-                seed: o.seed,
-            })
+    // Ollama has no tool_choice: `none` is honoured by sending no tools;
+    // a choice it cannot enforce is refused, never ignored.
+    let tools = match tool_choice(request)? {
+        ToolChoice::Default | ToolChoice::Auto => wire_tools(request)?,
+        ToolChoice::None => Vec::new(),
+        ToolChoice::Required | ToolChoice::Named(_) => {
+            return Err(AdapterError::InvalidRequest(
+                "tool_choice `required` or a named tool cannot be enforced by Ollama (it has no tool_choice); \
+                 use `auto` or an OpenAI-compatible provider"
+                    .into(),
+            ));
         }
-        None => None,
     };
 
-    to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options })
+    let default_options = pb::GenerationOptions::default();
+    let o = request.options.as_ref().unwrap_or(&default_options);
+    check_options(o)?;
+    if o.parallel_tool_calls == Some(false) {
+        return Err(AdapterError::InvalidRequest(
+            "parallel_tool_calls=false cannot be enforced by Ollama; leave it unset or use an OpenAI-compatible \
+             provider"
+                .into(),
+        ));
+    }
+    let format = match response_format(o)? {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(Value::from("json")),
+        // Ollama constrains the answer to the schema itself.
+        ResponseFormat::JsonSchema { schema, .. } => Some(schema),
+    };
+    let options = Options {
+        num_predict: o.max_tokens,
+        temperature: o.temperature,
+        top_p: o.top_p,
+        stop: &o.stop,
+        seed: o.seed,
+        top_k: o.top_k,
+        presence_penalty: o.presence_penalty,
+        frequency_penalty: o.frequency_penalty,
+    };
+    let any = serde_json::to_value(&options).is_ok_and(|v| v.as_object().is_some_and(|m| !m.is_empty()));
+    let options = any.then_some(options);
+
+    to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options, format })
 }
 
 // ------------------------------------------------------------ response
@@ -287,6 +319,7 @@ mod tests {
             top_p: Some(0.9),
             stop: vec!["\n\n".into()],
             seed: Some(42),
+            ..Default::default()
         });
         let (result, events) = fake::run(&target(&server.base_url), &request).await;
         assert_eq!(result.unwrap(), pb::FinishReason::Length);

@@ -4,12 +4,12 @@
 
 use iop_proto::pb;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::sse::SseParser;
 use super::{
-    AdapterError, Events, ProviderTarget, StreamDecoder, Tool, check_options, json_error_summary, message_role,
-    stream_error, to_json_body, wire_tools,
+    AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
+    json_error_summary, message_role, response_format, stream_error, to_json_body, tool_choice, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
@@ -34,6 +34,19 @@ struct ChatBody<'a> {
     stop: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<i64>,
+    /// Not in OpenAI's API; vLLM, llama.cpp and LM Studio take it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -121,6 +134,25 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
         top_p: options.top_p,
         stop: &options.stop,
         seed: options.seed,
+        top_k: options.top_k,
+        presence_penalty: options.presence_penalty,
+        frequency_penalty: options.frequency_penalty,
+        tool_choice: match tool_choice(request)? {
+            ToolChoice::Default => None,
+            ToolChoice::Auto => Some(json!("auto")),
+            ToolChoice::None => Some(json!("none")),
+            ToolChoice::Required => Some(json!("required")),
+            ToolChoice::Named(name) => Some(json!({"type": "function", "function": {"name": name}})),
+        },
+        parallel_tool_calls: options.parallel_tool_calls,
+        response_format: match response_format(options)? {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(json!({"type": "json_object"})),
+            ResponseFormat::JsonSchema { name, schema, strict } => Some(json!({
+                "type": "json_schema",
+                "json_schema": {"name": if name.is_empty() { "response" } else { name }, "schema": schema, "strict": strict},
+            })),
+        },
     })
 }
 
@@ -341,6 +373,7 @@ mod tests {
                 top_p: Some(0.9),
                 stop: vec!["END".into()],
                 seed: Some(-3),
+                ..Default::default()
             }),
             ..fake::request(vec![fake::user("hi")])
         };
