@@ -151,6 +151,10 @@ async fn api_keys_decide_who_may_call_which_model_in_each_apis_shape() {
     assert_eq!((status, ids(&list)), (200, vec!["mock-ollama".to_string(), "mock-openai".to_string()]));
     let (status, error) = models(None).await;
     assert_eq!((status, error["error"]["code"].as_str()), (401, Some("missing_api_key")));
+    // One model: only a model the key may use; another is "not found".
+    let one = |id: &str| stack.client.get(stack.url(&format!("/v1/models/{id}"))).bearer_auth(OLLAMA_ONLY_KEY).send();
+    assert_eq!(one("mock-ollama").await.unwrap().status(), 200);
+    assert_eq!(one("mock-openai").await.unwrap().status(), 404);
 
     // Per principal and per refusal reason, never a key.
     assert!(stack.metric("iop_edge_principal_requests_total{principal=\"ollama-only\"}").await >= 3.0);

@@ -170,6 +170,11 @@ async fn models_lists_public_names() {
     let ids: Vec<_> = body["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["mock-400", "mock-429", "mock-cut", "mock-no-done", "mock-ollama", "mock-openai"]);
     assert_eq!(body["object"], "list");
+    let one = stack.get_json("/v1/models/mock-ollama").await;
+    assert_eq!((one["id"].as_str(), one["object"].as_str()), (Some("mock-ollama"), Some("model")));
+    let response = stack.client.get(stack.url("/v1/models/org/nope")).send().await.unwrap();
+    let (status, body) = json_body(response).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")));
 }
 
 #[tokio::test]

@@ -37,6 +37,8 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/v1/responses", post(api::<Responses>))
         .route("/v1/messages", post(api::<Messages>))
         .route("/v1/models", get(models::<ChatCompletions>))
+        // Model names may contain `/` (e.g. `qwen/qwen2.5-7b`).
+        .route("/v1/models/{*id}", get(model::<ChatCompletions>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state)
@@ -535,12 +537,33 @@ async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: Header
         Err(err) => return error_response::<S>(&err),
     };
     let config = state.config.current();
-    let data: Vec<_> = route::public_models(&config)
-        .into_iter()
-        .filter(|model| caller.may_use(model))
-        .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "iop" }))
-        .collect();
+    let data: Vec<_> =
+        route::public_models(&config).into_iter().filter(|model| caller.may_use(model)).map(model_object).collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+fn model_object(id: impl Into<String>) -> serde_json::Value {
+    json!({ "id": id.into(), "object": "model", "created": 0, "owned_by": "iop" })
+}
+
+/// `GET /v1/models/{id}`: one model the caller may use, else 404 (a model
+/// the caller may not use is not told apart from one that does not exist).
+async fn model<S: Surface>(
+    State(state): State<Arc<EdgeState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match authenticate(&state, &headers) {
+        Ok(caller) => caller,
+        Err(err) => return error_response::<S>(&err),
+    };
+    let config = state.config.current();
+    let known = route::public_models(&config).into_iter().any(|m| m == id);
+    if known && caller.may_use(&id) {
+        axum::Json(model_object(id)).into_response()
+    } else {
+        error_response::<S>(&ApiError::ModelNotFound(id))
+    }
 }
 
 async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
