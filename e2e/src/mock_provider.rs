@@ -9,7 +9,12 @@
 //! | `POST /api/chat`            | Ollama chat; NDJSON stream unless `"stream": false`      |
 //! | `GET /v1/models`            | one model, `mock` (whatever chat asked for)              |
 //! | `POST /v1/chat/completions` | OpenAI chat; SSE stream only with `"stream": true`       |
+//! | `POST /api/embed`           | Ollama embeddings (see *Embeddings*)                     |
+//! | `POST /v1/embeddings`       | OpenAI embeddings (see *Embeddings*)                     |
+//! | `POST /tokenize`            | llama.cpp's tokenizer, one token per word (*Tokenize*)   |
 //! | `GET /mock/stats`           | [`MockStats`] as JSON                                    |
+//! | `GET /mock/requests`        | the request log (see *Request log*)                      |
+//! | `POST /mock/requests/reset` | empties the request log                                  |
 //! | `POST /mock/health`         | `{"healthy": bool}`: metadata endpoints answer 503 or not|
 //! | `POST /mock/faults`         | `k=v,k=v`: replaces the process default knobs            |
 //! | `POST /mock/api-key`        | the body becomes the required API key (empty: none)      |
@@ -30,6 +35,72 @@
 //! `length`). If the request has tools and the last message is a user message
 //! containing `call tool`, the answer is one call to the first tool with the
 //! arguments `{"query":"mock"}` instead.
+//!
+//! When the request carries images (Ollama: `messages[].images`, an array of
+//! base64 strings; OpenAI: content parts `{"type": "image_url", ...}`; either
+//! form counts on either API), the echo ends in ` [images: N]`, N the number
+//! of images in all messages: `… You said: <last user message> [images: 2]`.
+//! `words`, `call tool` and scripted replies do not change.
+//!
+//! # Reasoning
+//!
+//! A request that asks for reasoning (Ollama: `"think": true` or a level
+//! string such as `"high"`; OpenAI: `reasoning_effort` present and not null)
+//! gets `Thinking about: <last user message>` (cut like the echo) before its
+//! reply, whatever the reply is (echo, `words`, tool call or scripted turn),
+//! split into pieces like the reply. Ollama carries them in `message.thinking`
+//! (one NDJSON chunk per piece, with an empty `content`; the whole text in the
+//! non-streaming `message`), the OpenAI API in `delta.reasoning_content`
+//! (after the role chunk) / `message.reasoning_content`, as llama.cpp, vLLM
+//! and DeepSeek do. Reasoning pieces are content chunks for the fault knobs
+//! and count into `completion_tokens` / `eval_count`; `max_tokens` /
+//! `num_predict` truncate only the reply. Without the switch (or with
+//! `"think": false`) nothing changes.
+//!
+//! # Embeddings
+//!
+//! `POST /api/embed` takes `{"model", "input": string | [string]}` and answers
+//! `{"model", "embeddings": [[8 floats] per input], "total_duration": 0,
+//! "load_duration": 0, "prompt_eval_count": <words in all inputs>}`.
+//! `POST /v1/embeddings` takes `{"model", "input": string | [string],
+//! "encoding_format"?: "float" | "base64", "dimensions"?: 1..=8}` and answers
+//! `{"object": "list", "data": [{"object": "embedding", "index": i,
+//! "embedding": [floats] | "<base64>"}], "model", "usage": {"prompt_tokens":
+//! <words>, "total_tokens": <words>}}`.
+//!
+//! A vector depends on its text alone ([`embedding`]): 8 floats from a hash of
+//! the text, scaled to unit length, so equal texts give equal vectors and
+//! different texts different ones. `dimensions` keeps the first n floats and
+//! scales them to unit length again (as OpenAI shortens its vectors);
+//! `base64` is the base64 of the floats' little-endian `f32` bytes. A missing
+//! `model`, an `input` that is not a string or a non-empty array of strings
+//! (token arrays included), or a bad `encoding_format` / `dimensions` is a 400
+//! in the API's error shape. The model is echoed; of the fault knobs (from
+//! all three sources) only `exit`, `hold`, `headers_delay_ms`, `never_answer`
+//! and `status` (+ `retry_after`) apply. Embeddings do not count in
+//! `requests_total`.
+//!
+//! # Tokenize
+//!
+//! `POST /tokenize` takes `{"content": "..."}` and answers `{"tokens": [ints]}`
+//! like llama.cpp's server: one token per whitespace-separated word, a hash of
+//! the word ([`tokenize`]), so a gateway that tokenizes each message's text
+//! gets exactly the `prompt_tokens` the chat endpoints report. A missing or
+//! non-string `content` is a 400 in the OpenAI error shape; no fault knobs
+//! apply. Ollama has no such endpoint, so neither has `/api/*`.
+//!
+//! # Request log
+//!
+//! Every request to a provider route (any path but `/mock/*` and `/healthz`,
+//! unknown paths and requests the API key refuses included) is logged with its
+//! body as it arrives, before anything else happens. `GET /mock/requests`
+//! answers the last [`REQUEST_LOG_LIMIT`] (100), oldest first, as
+//! `[{"method": "POST", "path": "/api/chat", "body": <body>}]` ([`RecordedRequest`]):
+//! the body as JSON (parsed, so equal to what was sent but with its object
+//! keys sorted), or as a string (lossy UTF-8; `""` when empty) when it is not
+//! JSON; the path without the query. `POST /mock/requests/reset` empties
+//! it; [`MockHandle::requests`] reads it in-process. Each body is bounded by
+//! the server's body limit, so the log is bounded too.
 //!
 //! # Scripted turns
 //!
@@ -151,6 +222,12 @@ pub const KNOBS: &[&str] = &[
     "words",
     "hold",
 ];
+/// How many requests `GET /mock/requests` keeps (the oldest go first).
+pub const REQUEST_LOG_LIMIT: usize = 100;
+/// The length of the mock's embedding vectors.
+pub const EMBEDDING_DIMENSIONS: usize = 8;
+/// Token ids from [`tokenize`] are below this.
+pub const TOKEN_VOCABULARY: u32 = 32_000;
 
 const CREATED_AT: &str = "2026-01-01T00:00:00Z";
 const CREATED_UNIX: u64 = 1_767_225_600;
@@ -159,6 +236,8 @@ const TOOL_TRIGGER: &str = "call tool";
 const TOOL_CALL_ID: &str = "call_mock_0";
 const TOOL_ARGUMENTS: &str = r#"{"query":"mock"}"#;
 const MALFORMED_JSON: &str = r#"{"broken":"#;
+/// Like real model servers, accept the largest prompt an Edge may send.
+const BODY_LIMIT: usize = iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES;
 
 // ---------------------------------------------------------------------------
 // Fault knobs
@@ -180,7 +259,7 @@ pub struct Faults {
     /// Send N content chunks, then stall (connection stays open, nothing more is sent).
     #[arg(long, value_name = "N")]
     pub stall_after: Option<usize>,
-    /// Send N content chunks, then abort the body (no final chunk, no [DONE]).
+    /// Send N content chunks, then abort the body (no final chunk, no `[DONE]`).
     #[arg(long, value_name = "N")]
     pub cut_after: Option<usize>,
     /// Replace the Nth (1-based) content chunk with invalid JSON.
@@ -198,7 +277,7 @@ pub struct Faults {
     /// Never send response headers (hold until the client disconnects).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub never_answer: Option<bool>,
-    /// Exit the process (status 3) upon receiving a chat request.
+    /// Exit the process (status 3) upon receiving a chat or embeddings request.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub exit: Option<bool>,
     /// Reply with `w1 w2 … wN` instead of the echo text.
@@ -526,6 +605,35 @@ struct Counters {
     /// for the requests holding on them.
     released: std::sync::Mutex<std::collections::BTreeSet<String>>,
     release: tokio::sync::Notify,
+    /// The last [`REQUEST_LOG_LIMIT`] provider requests, oldest first.
+    request_log: std::sync::Mutex<VecDeque<LoggedRequest>>,
+}
+
+/// One entry of the request log (`GET /mock/requests`, [`MockHandle::requests`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    pub method: String,
+    /// Without the query.
+    pub path: String,
+    /// The body as JSON, or as a string (lossy UTF-8, `""` when empty) when
+    /// it is not JSON.
+    pub body: Value,
+}
+
+/// A request log entry as kept: the body is parsed only when read.
+#[derive(Debug)]
+struct LoggedRequest {
+    method: http::Method,
+    path: String,
+    body: Bytes,
+}
+
+impl LoggedRequest {
+    fn recorded(&self) -> RecordedRequest {
+        let body = serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&self.body).into_owned()));
+        RecordedRequest { method: self.method.to_string(), path: self.path.clone(), body }
+    }
 }
 
 impl Counters {
@@ -537,6 +645,19 @@ impl Counters {
             stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
             scripts: self.script_cursors.lock().unwrap().clone(),
         }
+    }
+
+    /// Appends to the request log, dropping the oldest entry past the limit.
+    fn log_request(&self, entry: LoggedRequest) {
+        let mut log = self.request_log.lock().unwrap();
+        if log.len() >= REQUEST_LOG_LIMIT {
+            log.pop_front();
+        }
+        log.push_back(entry);
+    }
+
+    fn logged_requests(&self) -> Vec<RecordedRequest> {
+        self.request_log.lock().unwrap().iter().map(LoggedRequest::recorded).collect()
     }
 
     /// Advances the cursor of script `name`; returns where it was.
@@ -569,6 +690,12 @@ impl MockHandle {
     #[must_use]
     pub fn stats(&self) -> MockStats {
         self.counters.snapshot()
+    }
+
+    /// The same request log as `GET /mock/requests`, read in-process.
+    #[must_use]
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.counters.logged_requests()
     }
 
     /// Stops accepting, ends stalled/held responses and waits for the server task.
@@ -707,10 +834,15 @@ fn router(state: AppState) -> Router {
         .route("/mock/release/{name}", post(release))
         .route("/mock/api-key", post(set_api_key))
         .route("/mock/scripts/reset", post(reset_scripts))
+        .route("/api/embed", post(ollama_embed))
+        .route("/v1/embeddings", post(openai_embeddings))
+        .route("/tokenize", post(tokenize_text))
+        .route("/mock/requests", get(logged_requests))
+        .route("/mock/requests/reset", post(reset_requests))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metadata_gate))
         .layer(axum::middleware::from_fn_with_state(state.clone(), key_gate))
-        // Like real model servers, accept the largest prompt an Edge may send.
-        .layer(axum::extract::DefaultBodyLimit::max(iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), log_request))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
@@ -740,12 +872,46 @@ async fn set_faults(State(state): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-/// 503 from every metadata endpoint while `/mock/health` says unhealthy.
 /// `POST /mock/api-key` with the new key as the body (empty: no key needed).
 async fn set_api_key(State(state): State<AppState>, body: Bytes) -> Response {
     let key = String::from_utf8_lossy(&body).trim().to_string();
     *state.api_key.write().unwrap() = Some(key).filter(|k| !k.is_empty());
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// The mock's own routes, open without a key and left out of the request log.
+fn is_control_path(path: &str) -> bool {
+    path == "/healthz" || path.starts_with("/mock/")
+}
+
+/// Logs every request to a provider route with its body (see *Request log*).
+/// It runs before the key gate: the log shows what reached the provider.
+async fn log_request(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if is_control_path(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(body) => body,
+        Err(e) => {
+            // The statuses axum's `Bytes` extractor gives.
+            let too_large = std::error::Error::source(&e).is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            let status = if too_large { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::BAD_REQUEST };
+            return (status, format!("failed to buffer the request body: {e}")).into_response();
+        }
+    };
+    // A copy: a slice would keep the whole read buffer alive in the log.
+    let logged = Bytes::copy_from_slice(&body);
+    state.counters.log_request(LoggedRequest {
+        method: parts.method.clone(),
+        path: parts.uri.path().to_owned(),
+        body: logged,
+    });
+    next.run(axum::extract::Request::from_parts(parts, Body::from(body))).await
 }
 
 /// With an API key set, refuses API calls without `Authorization: Bearer
@@ -757,9 +923,8 @@ async fn key_gate(
     next: axum::middleware::Next,
 ) -> Response {
     let path = request.uri().path();
-    let open = path == "/healthz" || path.starts_with("/mock/");
     let expected = state.api_key.read().unwrap().clone();
-    if let Some(key) = expected.filter(|_| !open) {
+    if let Some(key) = expected.filter(|_| !is_control_path(path)) {
         let presented = request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if presented != Some(format!("Bearer {key}").as_str()) {
             if matches!(path, "/api/chat" | "/v1/chat/completions" | "/v1/responses") {
@@ -773,6 +938,7 @@ async fn key_gate(
     next.run(request).await
 }
 
+/// 503 from every metadata endpoint while `/mock/health` says unhealthy.
 async fn metadata_gate(
     State(state): State<AppState>,
     request: axum::extract::Request,
@@ -809,6 +975,17 @@ async fn release(State(state): State<AppState>, axum::extract::Path(name): axum:
     StatusCode::NO_CONTENT
 }
 
+/// `GET /mock/requests`: the request log, oldest first.
+async fn logged_requests(State(state): State<AppState>) -> Json<Vec<RecordedRequest>> {
+    Json(state.counters.logged_requests())
+}
+
+/// `POST /mock/requests/reset`: empties the request log.
+async fn reset_requests(State(state): State<AppState>) -> StatusCode {
+    state.counters.request_log.lock().unwrap().clear();
+    StatusCode::NO_CONTENT
+}
+
 /// `POST /mock/scripts/reset`: every script starts again at its first turn.
 async fn reset_scripts(State(state): State<AppState>) -> StatusCode {
     state.counters.script_cursors.lock().unwrap().clear();
@@ -827,6 +1004,23 @@ async fn openai_chat(State(state): State<AppState>, headers: HeaderMap, body: By
     chat(Api::OpenAi, state, headers, body).await
 }
 
+async fn ollama_embed(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    embed(Api::Ollama, state, headers, body).await
+}
+
+async fn openai_embeddings(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    embed(Api::OpenAi, state, headers, body).await
+}
+
+/// `POST /tokenize` (llama.cpp's server): `{"content": "..."}` -> `{"tokens": [..]}`.
+async fn tokenize_text(body: Bytes) -> Response {
+    let content = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("content")?.as_str().map(tokenize));
+    match content {
+        Some(tokens) => Json(json!({ "tokens": tokens })).into_response(),
+        None => Api::OpenAi.error(StatusCode::BAD_REQUEST, r#"the body must be {"content": "<text>"}"#),
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Chat handling shared by both APIs
 // ---------------------------------------------------------------------------
@@ -842,15 +1036,22 @@ struct ChatRequest {
     max_tokens: Option<u64>,
     max_completion_tokens: Option<u64>,
     options: Option<OllamaOptions>,
+    /// Ollama: `true` or a level (`"high"`) asks for reasoning.
+    think: Option<Value>,
+    /// OpenAI: any value but null asks for reasoning.
+    reasoning_effort: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
 struct ChatMessage {
     #[serde(default)]
     role: String,
-    /// A string, or (OpenAI) an array of `{type:"text",text}` parts, or null.
+    /// A string, or (OpenAI) an array of `{type:"text",text}` and
+    /// `{type:"image_url",image_url}` parts, or null.
     #[serde(default)]
     content: Value,
+    /// Ollama: base64 images.
+    images: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -875,6 +1076,17 @@ impl ChatMessage {
             _ => String::new(),
         }
     }
+
+    /// Ollama `images` plus OpenAI `image_url` content parts.
+    fn image_count(&self) -> usize {
+        let parts = match &self.content {
+            Value::Array(parts) => {
+                parts.iter().filter(|p| p.get("type").and_then(Value::as_str) == Some("image_url")).count()
+            }
+            _ => 0,
+        };
+        self.images.as_ref().map_or(0, Vec::len) + parts
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -895,6 +1107,14 @@ impl Api {
             Api::OpenAi => req.max_completion_tokens.or(req.max_tokens),
         };
         limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    /// Whether the request asks for reasoning (see *Reasoning*).
+    fn wants_reasoning(self, req: &ChatRequest) -> bool {
+        match self {
+            Api::Ollama => matches!(req.think, Some(Value::Bool(true) | Value::String(_))),
+            Api::OpenAi => req.reasoning_effort.is_some(),
+        }
     }
 
     fn stream_content_type(self) -> &'static str {
@@ -942,21 +1162,8 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         return api.error(StatusCode::BAD_REQUEST, &message);
     }
     tracing::debug!(?api, model = %req.model, ?faults, ?script, "chat request");
-
-    if on(faults.exit) {
-        tracing::warn!("`exit` fault requested: exiting with status 3");
-        std::process::exit(3);
-    }
-    if let Some(name) = &faults.hold {
-        state.until_released(name).await;
-    }
-    sleep_ms(faults.headers_delay_ms).await;
-    if on(faults.never_answer) {
-        state.until_stopping().await;
-        return api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down");
-    }
-    if let Some(code) = faults.status {
-        return fault_status(api, code, faults.retry_after);
+    if let Some(answer) = before_answer(api, &state, &faults).await {
+        return answer;
     }
 
     let plan = match &script {
@@ -973,6 +1180,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         },
         None => ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words),
     };
+    let plan = if api.wants_reasoning(&req) { plan.with_reasoning(&reasoning_text(&req.messages)) } else { plan };
     let reply = Reply {
         api,
         id: format!("chatcmpl-mock-{}", state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)),
@@ -986,6 +1194,25 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
     } else {
         full_response(&reply, &faults, &state).await
     }
+}
+
+/// The knobs that act before any answer, in this order: `exit`, `hold`,
+/// `headers_delay_ms`, `never_answer`, `status`. Returns the answer to send
+/// instead of the normal one, if any.
+async fn before_answer(api: Api, state: &AppState, faults: &Faults) -> Option<Response> {
+    if on(faults.exit) {
+        tracing::warn!("`exit` fault requested: exiting with status 3");
+        std::process::exit(3);
+    }
+    if let Some(name) = &faults.hold {
+        state.until_released(name).await;
+    }
+    sleep_ms(faults.headers_delay_ms).await;
+    if on(faults.never_answer) {
+        state.until_stopping().await;
+        return Some(api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down"));
+    }
+    faults.status.map(|code| fault_status(api, code, faults.retry_after))
 }
 
 fn fault_status(api: Api, code: u16, retry_after: Option<u64>) -> Response {
@@ -1036,12 +1263,174 @@ fn streaming_response(reply: &Reply, faults: &Faults, state: &AppState) -> Respo
 }
 
 // ---------------------------------------------------------------------------
+// Embeddings and tokens
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+struct EmbedRequest {
+    model: String,
+    #[serde(default)]
+    input: Value,
+    /// OpenAI only: `"float"` (default) or `"base64"`.
+    encoding_format: Option<Value>,
+    /// OpenAI only: keep the first n floats (1..=8).
+    dimensions: Option<Value>,
+}
+
+/// What to answer to an embeddings request, in either API.
+#[derive(Debug, Clone, PartialEq)]
+struct EmbedPlan {
+    /// One vector per input, in order.
+    vectors: Vec<Vec<f32>>,
+    /// Whitespace-separated words in all inputs.
+    prompt_tokens: u64,
+    /// OpenAI `encoding_format: "base64"`.
+    base64: bool,
+}
+
+impl EmbedPlan {
+    /// Checks the request; `Err` is the 400 message.
+    fn new(api: Api, req: &EmbedRequest) -> Result<Self, String> {
+        let inputs: Vec<&str> = match &req.input {
+            Value::String(text) => vec![text],
+            Value::Array(items) if !items.is_empty() => items
+                .iter()
+                .map(Value::as_str)
+                .collect::<Option<_>>()
+                .ok_or("`input` must be a string or an array of strings")?,
+            Value::Array(_) => return Err("`input` must not be an empty array".to_owned()),
+            Value::Null => return Err("`input` is required: a string or an array of strings".to_owned()),
+            _ => return Err("`input` must be a string or an array of strings".to_owned()),
+        };
+        let (base64, dimensions) = match api {
+            Api::Ollama => (false, EMBEDDING_DIMENSIONS),
+            Api::OpenAi => (encoding_is_base64(req.encoding_format.as_ref())?, dimensions(req.dimensions.as_ref())?),
+        };
+        Ok(EmbedPlan {
+            vectors: inputs.iter().map(|text| shortened_embedding(text, dimensions)).collect(),
+            prompt_tokens: inputs.iter().map(|text| text.split_whitespace().count() as u64).sum(),
+            base64,
+        })
+    }
+}
+
+fn encoding_is_base64(format: Option<&Value>) -> Result<bool, String> {
+    let Some(format) = format else {
+        return Ok(false);
+    };
+    match format.as_str() {
+        Some("float") => Ok(false),
+        Some("base64") => Ok(true),
+        _ => Err(format!(r#"`encoding_format` must be "float" or "base64", not `{format}`"#)),
+    }
+}
+
+fn dimensions(dimensions: Option<&Value>) -> Result<usize, String> {
+    let Some(value) = dimensions else {
+        return Ok(EMBEDDING_DIMENSIONS);
+    };
+    value
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=EMBEDDING_DIMENSIONS).contains(n))
+        .ok_or_else(|| format!("`dimensions` must be an integer in 1..={EMBEDDING_DIMENSIONS}, not `{value}`"))
+}
+
+async fn embed(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Response {
+    let req: EmbedRequest = match serde_json::from_slice(&body) {
+        Ok(req) => req,
+        Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid embeddings request: {e}")),
+    };
+    let defaults = state.defaults.read().expect("fault defaults lock").clone();
+    let faults = match request_faults(&defaults, &req.model, &headers) {
+        Ok(faults) => faults,
+        Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
+    };
+    let plan = match EmbedPlan::new(api, &req) {
+        Ok(plan) => plan,
+        Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
+    };
+    tracing::debug!(?api, model = %req.model, ?faults, inputs = plan.vectors.len(), "embeddings request");
+    if let Some(answer) = before_answer(api, &state, &faults).await {
+        return answer;
+    }
+    let body = match api {
+        Api::Ollama => ollama::embed(&req.model, &plan),
+        Api::OpenAi => openai::embeddings(&req.model, &plan),
+    };
+    Json(body).into_response()
+}
+
+/// The mock's embedding of `text`: 8 floats from a hash of the text, scaled
+/// to unit length. Equal texts give equal vectors, different texts (in
+/// practice) different ones.
+#[must_use]
+pub fn embedding(text: &str) -> [f32; EMBEDDING_DIMENSIONS] {
+    let mut state = fnv1a(text.as_bytes());
+    let mut vector = [0f32; EMBEDDING_DIMENSIONS];
+    for x in &mut vector {
+        // 24 bits (exact in an f32) spread over [-1, 1).
+        *x = (splitmix64(&mut state) >> 40) as f32 / (1 << 23) as f32 - 1.0;
+    }
+    to_unit_length(&mut vector);
+    vector
+}
+
+/// The first `dimensions` floats of [`embedding`], scaled to unit length
+/// (all of them: [`embedding`] itself).
+fn shortened_embedding(text: &str, dimensions: usize) -> Vec<f32> {
+    let mut vector = embedding(text)[..dimensions].to_vec();
+    if dimensions < EMBEDDING_DIMENSIONS {
+        to_unit_length(&mut vector);
+    }
+    vector
+}
+
+fn to_unit_length(vector: &mut [f32]) {
+    let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        vector.iter_mut().for_each(|x| *x /= norm);
+    }
+}
+
+/// The mock's tokens of `text`: one per whitespace-separated word, a hash of
+/// the word below [`TOKEN_VOCABULARY`] (equal words, equal tokens).
+#[must_use]
+pub fn tokenize(text: &str) -> Vec<u32> {
+    text.split_whitespace().map(|word| (fnv1a(word.as_bytes()) % u64::from(TOKEN_VOCABULARY)) as u32).collect()
+}
+
+/// FNV-1a (64 bits): stable across releases, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// SplitMix64: the next well-mixed value of the sequence at `state`.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// OpenAI's `encoding_format: "base64"`: the floats' little-endian bytes in
+/// standard base64 (with padding).
+fn base64_f32s(vector: &[f32]) -> String {
+    use base64::Engine as _;
+    let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+// ---------------------------------------------------------------------------
 // Content planning (API independent)
 // ---------------------------------------------------------------------------
 
 /// What to answer, decided once per request and rendered by either API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ReplyPlan {
+    /// Reasoning pieces, streamed before the reply (empty unless asked for).
+    reasoning: Vec<String>,
     /// Text pieces, one per streamed chunk (empty for tool calls).
     pieces: Vec<String>,
     tool_calls: Vec<ToolCall>,
@@ -1089,6 +1478,7 @@ impl ReplyPlan {
         if let Some(tool_call) = requested_tool_call(messages, tools) {
             return ReplyPlan {
                 usage: Usage { prompt, completion: tool_call.argument_pieces.len() as u64 },
+                reasoning: Vec::new(),
                 pieces: Vec::new(),
                 tool_calls: vec![tool_call],
                 finish: Finish::ToolCalls,
@@ -1112,6 +1502,7 @@ impl ReplyPlan {
                     .collect();
                 ReplyPlan {
                     usage: Usage { prompt, completion: tool_calls.len() as u64 },
+                    reasoning: Vec::new(),
                     pieces: Vec::new(),
                     tool_calls,
                     finish: Finish::ToolCalls,
@@ -1129,15 +1520,34 @@ impl ReplyPlan {
             }
             _ => Finish::Stop,
         };
-        ReplyPlan { usage: Usage { prompt, completion: pieces.len() as u64 }, pieces, tool_calls: Vec::new(), finish }
+        ReplyPlan {
+            usage: Usage { prompt, completion: pieces.len() as u64 },
+            reasoning: Vec::new(),
+            pieces,
+            tool_calls: Vec::new(),
+            finish,
+        }
+    }
+
+    /// Reasoning `text` before the reply; its pieces count as completion tokens.
+    fn with_reasoning(mut self, text: &str) -> Self {
+        self.reasoning = split_pieces(text);
+        self.usage.completion += self.reasoning.len() as u64;
+        self
     }
 
     fn text(&self) -> String {
         self.pieces.concat()
     }
 
+    fn reasoning_text(&self) -> String {
+        self.reasoning.concat()
+    }
+
     fn chunk_count(&self) -> usize {
-        self.pieces.len() + self.tool_calls.iter().map(|call| call.argument_pieces.len()).sum::<usize>()
+        self.reasoning.len()
+            + self.pieces.len()
+            + self.tool_calls.iter().map(|call| call.argument_pieces.len()).sum::<usize>()
     }
 }
 
@@ -1150,9 +1560,19 @@ fn reply_text(messages: &[ChatMessage], words: Option<usize>) -> String {
     if let Some(n) = words {
         return (1..=n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
     }
+    let images: usize = messages.iter().map(ChatMessage::image_count).sum();
+    let images = if images > 0 { format!(" [images: {images}]") } else { String::new() };
+    format!("Hello from the IOP mock provider. You said: {}{images}", last_user_echo(messages))
+}
+
+fn reasoning_text(messages: &[ChatMessage]) -> String {
+    format!("Thinking about: {}", last_user_echo(messages))
+}
+
+/// The last user message's text, cut to [`ECHO_LIMIT_CHARS`].
+fn last_user_echo(messages: &[ChatMessage]) -> String {
     let last_user = messages.iter().rev().find(|m| m.role == "user").map(ChatMessage::text).unwrap_or_default();
-    let echo: String = last_user.chars().take(ECHO_LIMIT_CHARS).collect();
-    format!("Hello from the IOP mock provider. You said: {echo}")
+    last_user.chars().take(ECHO_LIMIT_CHARS).collect()
 }
 
 /// Splits before every space (except at the start): the pieces concatenate
@@ -1235,8 +1655,10 @@ mod ollama {
     }
 
     pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
+        let thinking = reply.plan.reasoning.iter().map(|piece| thinking(assistant(""), piece));
+        let pieces = reply.plan.pieces.iter().map(|piece| assistant(piece));
         let mut parts: Vec<Part> =
-            reply.plan.pieces.iter().map(|piece| Part::Content(line(&chunk(reply, assistant(piece))))).collect();
+            thinking.chain(pieces).map(|message| Part::Content(line(&chunk(reply, message)))).collect();
         if !reply.plan.tool_calls.is_empty() {
             parts.push(Part::Content(line(&chunk(reply, tool_message(&reply.plan.tool_calls)))));
         }
@@ -1249,11 +1671,29 @@ mod ollama {
             [] => assistant(&reply.plan.text()),
             calls => tool_message(calls),
         };
-        done(reply, message)
+        match reply.plan.reasoning.as_slice() {
+            [] => done(reply, message),
+            _ => done(reply, thinking(message, &reply.plan.reasoning_text())),
+        }
+    }
+
+    pub(super) fn embed(model: &str, plan: &EmbedPlan) -> Value {
+        json!({
+            "model": model,
+            "embeddings": plan.vectors,
+            "total_duration": 0,
+            "load_duration": 0,
+            "prompt_eval_count": plan.prompt_tokens,
+        })
     }
 
     fn assistant(content: &str) -> Value {
         json!({ "role": "assistant", "content": content })
+    }
+
+    fn thinking(mut message: Value, thinking: &str) -> Value {
+        message["thinking"] = json!(thinking);
+        message
     }
 
     fn tool_message(calls: &[ToolCall]) -> Value {
@@ -1305,6 +1745,9 @@ mod openai {
     pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
         let plan = &reply.plan;
         let mut parts = vec![Part::Lead(event(&chunk(reply, json!({ "role": "assistant", "content": "" }), None)))];
+        for piece in &plan.reasoning {
+            parts.push(Part::Content(event(&chunk(reply, json!({ "reasoning_content": piece }), None))));
+        }
         for piece in &plan.pieces {
             parts.push(Part::Content(event(&chunk(reply, json!({ "content": piece }), None))));
         }
@@ -1336,7 +1779,7 @@ mod openai {
 
     pub(super) fn full_body(reply: &Reply) -> Value {
         let plan = &reply.plan;
-        let message = if plan.tool_calls.is_empty() {
+        let mut message = if plan.tool_calls.is_empty() {
             json!({ "role": "assistant", "content": plan.text() })
         } else {
             let tool_calls: Vec<Value> = plan
@@ -1351,10 +1794,27 @@ mod openai {
                 .collect();
             json!({ "role": "assistant", "content": null, "tool_calls": tool_calls })
         };
+        if !plan.reasoning.is_empty() {
+            message["reasoning_content"] = json!(plan.reasoning_text());
+        }
         let choices = json!([{
             "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(plan.finish),
         }]);
         envelope(reply, "chat.completion", choices, Some(usage(plan.usage)))
+    }
+
+    pub(super) fn embeddings(model: &str, plan: &EmbedPlan) -> Value {
+        let data: Vec<Value> = plan
+            .vectors
+            .iter()
+            .enumerate()
+            .map(|(index, vector)| {
+                let embedding = if plan.base64 { json!(base64_f32s(vector)) } else { json!(vector) };
+                json!({ "object": "embedding", "index": index, "embedding": embedding })
+            })
+            .collect();
+        let usage = json!({ "prompt_tokens": plan.prompt_tokens, "total_tokens": plan.prompt_tokens });
+        json!({ "object": "list", "data": data, "model": model, "usage": usage })
     }
 
     fn chunk(reply: &Reply, delta: Value, finish: Option<&str>) -> Value {
@@ -2001,6 +2461,381 @@ mod tests {
         let resp = post(&mock, "/v1/chat/completions", &body, Some("cut_after=1")).await;
         let (text, aborted) = read_lossy(resp).await;
         assert!(aborted && !text.is_empty() && serde_json::from_str::<Value>(&text).is_err());
+    }
+
+    // -- Request log ---------------------------------------------------------
+
+    #[tokio::test]
+    async fn request_log_records_provider_requests_with_bodies_as_sent() {
+        let mock = spawn(Faults::default()).await;
+        let chat = chat_body("mock", "hi", json!({ "stream": false, "temperature": 0.5 }));
+        post(&mock, "/api/chat", &chat, None).await.text().await.unwrap();
+        let url = |path: &str| format!("{}{path}", mock.base_url());
+        let raw = client().post(url("/v1/chat/completions?trace=1")).body("not json").send().await.unwrap();
+        assert_eq!(raw.status(), 400);
+        get_json(&mock, "/api/tags").await;
+        let missing = client().post(url("/nowhere")).body(r#"{"a":1}"#).send().await.unwrap();
+        assert_eq!(missing.status(), 404);
+        // Neither the mock's own routes nor `/healthz` are logged.
+        get_json(&mock, "/mock/stats").await;
+        client().get(url("/healthz")).send().await.unwrap();
+        // A request the API key refuses still reached the provider.
+        client().post(url("/mock/api-key")).body("k").send().await.unwrap();
+        let refused = post(&mock, "/v1/embeddings", &json!({ "model": "mock", "input": "x" }), None).await;
+        assert_eq!(refused.status(), 401);
+
+        let expected = json!([
+            { "method": "POST", "path": "/api/chat", "body": chat },
+            { "method": "POST", "path": "/v1/chat/completions", "body": "not json" },
+            { "method": "GET", "path": "/api/tags", "body": "" },
+            { "method": "POST", "path": "/nowhere", "body": { "a": 1 } },
+            { "method": "POST", "path": "/v1/embeddings", "body": { "model": "mock", "input": "x" } },
+        ]);
+        assert_eq!(get_json(&mock, "/mock/requests").await, expected);
+        assert_eq!(serde_json::to_value(mock.requests()).unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn request_log_keeps_the_last_100_oldest_first_and_resets() {
+        let mock = spawn(Faults::default()).await;
+        // One client: one connection for all of them.
+        let one = client();
+        for i in 0..REQUEST_LOG_LIMIT + 5 {
+            let body = json!({ "content": format!("n{i}") }).to_string();
+            one.post(format!("{}/tokenize", mock.base_url())).body(body).send().await.unwrap();
+        }
+        let log: Vec<RecordedRequest> = serde_json::from_value(get_json(&mock, "/mock/requests").await).unwrap();
+        assert_eq!(log.len(), REQUEST_LOG_LIMIT);
+        let contents: Vec<Value> = log.iter().map(|r| r.body["content"].clone()).collect();
+        let expected: Vec<Value> = (5..REQUEST_LOG_LIMIT + 5).map(|i| json!(format!("n{i}"))).collect();
+        assert_eq!(contents, expected);
+
+        let reset = client().post(format!("{}/mock/requests/reset", mock.base_url())).send().await.unwrap();
+        assert_eq!(reset.status(), 204);
+        assert_eq!(get_json(&mock, "/mock/requests").await, json!([]));
+        post(&mock, "/tokenize", &json!({ "content": "again" }), None).await;
+        assert_eq!(
+            mock.requests(),
+            [RecordedRequest { method: "POST".into(), path: "/tokenize".into(), body: json!({ "content": "again" }) }]
+        );
+    }
+
+    // -- Embeddings and tokens -----------------------------------------------
+
+    /// A JSON array of numbers as `f32`s (exact for numbers written from `f32`s).
+    fn floats(value: &Value) -> Vec<f32> {
+        value.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    }
+
+    fn norm(vector: &[f32]) -> f32 {
+        vector.iter().map(|x| x * x).sum::<f32>().sqrt()
+    }
+
+    #[test]
+    fn embeddings_are_deterministic_unit_vectors_and_base64_is_standard() {
+        let hello = embedding("hello");
+        assert_eq!(hello, embedding("hello"));
+        assert_ne!(hello, embedding("hello!"));
+        assert_ne!(embedding(""), embedding(" "));
+        assert!((norm(&hello) - 1.0).abs() < 1e-5, "{hello:?}");
+
+        let short = shortened_embedding("hello", 3);
+        assert_eq!(short.len(), 3);
+        assert!((norm(&short) - 1.0).abs() < 1e-5);
+        let prefix = norm(&hello[..3]);
+        assert!(short.iter().zip(&hello).all(|(s, h)| (s - h / prefix).abs() < 1e-6), "{short:?} vs {hello:?}");
+        assert_eq!(shortened_embedding("hello", EMBEDDING_DIMENSIONS), hello);
+
+        // 1.0 and -2.0 as little-endian f32s.
+        assert_eq!(base64_f32s(&[1.0, -2.0]), "AACAPwAAAMA=");
+    }
+
+    #[tokio::test]
+    async fn ollama_embed_batch_shape_and_determinism() {
+        let mock = spawn(Faults::default()).await;
+        let body = json!({ "model": "mock", "input": ["hello world", "bye", "hello world"] });
+        let reply = json_of(post(&mock, "/api/embed", &body, None).await).await;
+        let embeddings = reply["embeddings"].as_array().unwrap();
+        let vectors: Vec<Vec<f32>> = embeddings.iter().map(floats).collect();
+        assert_eq!(
+            vectors,
+            [embedding("hello world").to_vec(), embedding("bye").to_vec(), embedding("hello world").to_vec()]
+        );
+        let mut rest = reply.clone();
+        rest.as_object_mut().unwrap().remove("embeddings");
+        assert_eq!(rest, json!({ "model": "mock", "total_duration": 0, "load_duration": 0, "prompt_eval_count": 5 }));
+
+        // A single string; the same text, the same vector in another request.
+        let reply = json_of(post(&mock, "/api/embed", &json!({ "model": "m", "input": "bye" }), None).await).await;
+        assert_eq!(reply["embeddings"].as_array().unwrap().len(), 1);
+        assert_eq!(floats(&reply["embeddings"][0]), vectors[1]);
+        assert_eq!((reply["model"].clone(), reply["prompt_eval_count"].clone()), (json!("m"), json!(1)));
+    }
+
+    #[tokio::test]
+    async fn openai_embeddings_shape_base64_and_dimensions() {
+        let mock = spawn(Faults::default()).await;
+        let embed = async |extra: Value| {
+            let mut body = json!({ "model": "mock", "input": ["a b", "c"] });
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let resp = post(&mock, "/v1/embeddings", &body, None).await;
+            assert_eq!(resp.status(), 200);
+            json_of(resp).await
+        };
+
+        let reply = embed(json!({})).await;
+        assert_eq!(reply["object"], "list");
+        assert_eq!(reply["model"], "mock");
+        assert_eq!(reply["usage"], json!({ "prompt_tokens": 3, "total_tokens": 3 }));
+        let data = reply["data"].as_array().unwrap();
+        assert_eq!(data.len(), 2);
+        for (index, (item, text)) in data.iter().zip(["a b", "c"]).enumerate() {
+            assert_eq!((item["object"].clone(), item["index"].clone()), (json!("embedding"), json!(index)));
+            assert_eq!(floats(&item["embedding"]), embedding(text));
+        }
+        assert_eq!(embed(json!({ "encoding_format": "float" })).await, reply);
+
+        let reply = embed(json!({ "encoding_format": "base64" })).await;
+        assert_eq!(reply["data"][0]["embedding"], base64_f32s(&embedding("a b")));
+        assert_eq!(reply["data"][1]["embedding"], base64_f32s(&embedding("c")));
+        assert_eq!(reply["data"][0]["embedding"].as_str().unwrap().len(), 44, "32 bytes of base64");
+
+        let reply = embed(json!({ "dimensions": 3 })).await;
+        assert_eq!(floats(&reply["data"][0]["embedding"]), shortened_embedding("a b", 3));
+        assert_eq!(floats(&reply["data"][1]["embedding"]).len(), 3);
+
+        let reply = embed(json!({ "dimensions": 2, "encoding_format": "base64" })).await;
+        assert_eq!(reply["data"][1]["embedding"], base64_f32s(&shortened_embedding("c", 2)));
+    }
+
+    #[tokio::test]
+    async fn bad_embedding_input_is_400_in_the_api_shape() {
+        let mock = spawn(Faults::default()).await;
+        let inputs = [json!(null), json!([]), json!([1, 2]), json!([["a"]]), json!(7), json!(["a", null])];
+        for input in inputs {
+            let mut body = json!({ "model": "mock" });
+            if !input.is_null() {
+                body["input"] = input;
+            }
+            let resp = post(&mock, "/v1/embeddings", &body, None).await;
+            assert_eq!(resp.status(), 400, "{body}");
+            let error = json_of(resp).await;
+            assert_eq!(error["error"]["type"], "invalid_request_error");
+            assert!(error["error"]["message"].as_str().unwrap().contains("`input`"), "{error}");
+            let resp = post(&mock, "/api/embed", &body, None).await;
+            assert_eq!(resp.status(), 400, "{body}");
+            assert!(json_of(resp).await["error"].as_str().unwrap().contains("`input`"));
+        }
+
+        let options = [
+            json!({ "encoding_format": "hex" }),
+            json!({ "encoding_format": 1 }),
+            json!({ "dimensions": 0 }),
+            json!({ "dimensions": EMBEDDING_DIMENSIONS + 1 }),
+            json!({ "dimensions": "2" }),
+        ];
+        for extra in options {
+            let mut body = json!({ "model": "mock", "input": "a" });
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let resp = post(&mock, "/v1/embeddings", &body, None).await;
+            assert_eq!(resp.status(), 400, "{body}");
+            assert_eq!(json_of(resp).await["error"]["type"], "invalid_request_error");
+            // They are OpenAI's: Ollama ignores them.
+            assert_eq!(post(&mock, "/api/embed", &body, None).await.status(), 200, "{body}");
+        }
+
+        for path in ["/v1/embeddings", "/api/embed"] {
+            let resp = post(&mock, path, &json!({ "input": "a" }), None).await;
+            assert_eq!(resp.status(), 400);
+            assert!(json_of(resp).await.to_string().contains("model"));
+        }
+    }
+
+    #[tokio::test]
+    async fn fault_knobs_apply_to_embeddings() {
+        let mock = spawn(Faults::default()).await;
+        let body = json!({ "model": "mock@status=503,retry_after=2", "input": "x" });
+        let resp = post(&mock, "/v1/embeddings", &body, None).await;
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "2");
+        assert_eq!(json_of(resp).await["error"]["type"], "server_error");
+
+        let body = json!({ "model": "mock", "input": "x" });
+        let resp = post(&mock, "/api/embed", &body, Some("status=429")).await;
+        assert_eq!(resp.status(), 429);
+        assert!(json_of(resp).await["error"].is_string());
+        let resp = post(&mock, "/api/embed", &body, Some("bogus=1")).await;
+        assert_eq!(resp.status(), 400);
+
+        // The chunk knobs and `words` do not apply; embeddings are no chat requests.
+        let resp = post(&mock, "/v1/embeddings", &body, Some("words=2,stall_after=0,malformed_at=1")).await;
+        assert_eq!(floats(&json_of(resp).await["data"][0]["embedding"]), embedding("x"));
+        assert_eq!(mock.stats().requests_total, 0);
+    }
+
+    #[test]
+    fn tokens_are_one_hash_per_word() {
+        let tokens = tokenize("  the cat\tsat on the\nmat ");
+        assert_eq!(tokens.len(), 6);
+        assert_eq!(tokens[0], tokens[4]);
+        assert_ne!(tokens[0], tokens[1]);
+        assert!(tokens.iter().all(|t| *t < TOKEN_VOCABULARY));
+        assert_eq!(tokens, tokenize("the cat sat on the mat"));
+        assert!(tokenize(" \n").is_empty());
+    }
+
+    #[tokio::test]
+    async fn tokenize_counts_the_chat_prompt_tokens() {
+        let mock = spawn(Faults::default()).await;
+        let text = "one two  three one";
+        let reply = json_of(post(&mock, "/tokenize", &json!({ "content": text }), None).await).await;
+        assert_eq!(reply, json!({ "tokens": tokenize(text) }));
+        assert_eq!(reply["tokens"].as_array().unwrap().len(), 4);
+        let chat = json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", text, json!({})), None).await).await;
+        assert_eq!(chat["usage"]["prompt_tokens"], 4);
+
+        for bad in [json!({}), json!({ "content": 1 }), json!("one")] {
+            let resp = post(&mock, "/tokenize", &bad, None).await;
+            assert_eq!(resp.status(), 400, "{bad}");
+            assert_eq!(json_of(resp).await["error"]["type"], "invalid_request_error");
+        }
+        // Ollama has no tokenizer endpoint.
+        assert_eq!(post(&mock, "/api/tokenize", &json!({ "content": text }), None).await.status(), 404);
+    }
+
+    // -- Images and reasoning ------------------------------------------------
+
+    #[tokio::test]
+    async fn images_are_counted_in_the_echo_on_both_apis() {
+        let mock = spawn_scripted(SCRIPT_FILE).await;
+        let ollama = json!({ "model": "mock", "stream": false, "messages": [
+            { "role": "user", "content": "first", "images": ["aGk="] },
+            { "role": "assistant", "content": "ok", "images": null },
+            { "role": "user", "content": "what is this?", "images": ["aGk=", "aGk="] },
+        ] });
+        let reply = json_of(post(&mock, "/api/chat", &ollama, None).await).await;
+        assert_eq!(reply["message"]["content"], format!("{HELLO}what is this? [images: 3]"));
+        assert_eq!(reply["prompt_eval_count"], 5, "images are no words");
+        let mut streaming = ollama.clone();
+        streaming["stream"] = json!(true);
+        let lines = ndjson(&post(&mock, "/api/chat", &streaming, None).await.text().await.unwrap());
+        let text: String = lines.iter().map(|l| l["message"]["content"].as_str().unwrap()).collect();
+        assert_eq!(text, format!("{HELLO}what is this? [images: 3]"));
+
+        let openai = json!({ "model": "mock", "messages": [{ "role": "user", "content": [
+            { "type": "text", "text": "describe" },
+            { "type": "image_url", "image_url": { "url": "data:image/png;base64,aGk=" } },
+            { "type": "image_url", "image_url": { "url": "https://example.com/a.png" } },
+        ] }] });
+        let reply = json_of(post(&mock, "/v1/chat/completions", &openai, None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["content"], format!("{HELLO}describe [images: 2]"));
+        let mut streaming = openai.clone();
+        streaming["stream"] = json!(true);
+        let text = post(&mock, "/v1/chat/completions", &streaming, None).await.text().await.unwrap();
+        assert_eq!(openai_stream_text(&text).0, format!("{HELLO}describe [images: 2]"));
+
+        // Only the echo shows the count: not `words`, not a scripted turn.
+        let mut words = openai.clone();
+        words["model"] = json!("mock@words=2");
+        let reply = json_of(post(&mock, "/v1/chat/completions", &words, None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["content"], "w1 w2");
+        let mut scripted = openai.clone();
+        scripted["messages"][0]["content"][0]["text"] = json!("iop-mock-script:greet");
+        let reply = json_of(post(&mock, "/v1/chat/completions", &scripted, None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["content"], "hi there friend");
+    }
+
+    const THINKING: [&str; 4] = ["Thinking", " about:", " hi", " there"];
+
+    #[tokio::test]
+    async fn ollama_reasoning_in_thinking_streaming_or_not() {
+        let mock = spawn(Faults::default()).await;
+        let reply_text = format!("{HELLO}hi there");
+
+        for think in [json!(true), json!("high")] {
+            let body = chat_body("mock", "hi there", json!({ "stream": false, "think": think }));
+            let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+            assert_eq!(
+                reply["message"],
+                json!({ "role": "assistant", "content": reply_text, "thinking": "Thinking about: hi there" })
+            );
+            assert_eq!((reply["prompt_eval_count"].clone(), reply["eval_count"].clone()), (json!(2), json!(14)));
+        }
+
+        let body = chat_body("mock", "hi there", json!({ "think": "high" }));
+        let lines = ndjson(&post(&mock, "/api/chat", &body, None).await.text().await.unwrap());
+        assert_eq!(lines.len(), 4 + 10 + 1);
+        for (line, piece) in lines.iter().zip(THINKING) {
+            assert_eq!(line["message"], json!({ "role": "assistant", "content": "", "thinking": piece }));
+            assert_eq!(line["done"], false);
+        }
+        assert!(lines[4..].iter().all(|l| l["message"].get("thinking").is_none()));
+        let text: String = lines[4..].iter().map(|l| l["message"]["content"].as_str().unwrap()).collect();
+        assert_eq!(text, reply_text);
+        assert_eq!((lines[14]["done"].clone(), lines[14]["eval_count"].clone()), (json!(true), json!(14)));
+
+        // Reasoning chunks are content chunks for the knobs.
+        let (text, aborted) = read_lossy(post(&mock, "/api/chat", &body, Some("cut_after=2")).await).await;
+        assert!(aborted);
+        let thinking: Vec<Value> = ndjson(&text).iter().map(|l| l["message"]["thinking"].clone()).collect();
+        assert_eq!(thinking, [json!("Thinking"), json!(" about:")]);
+
+        // Without the switch, nothing changes.
+        for extra in [json!({ "stream": false }), json!({ "stream": false, "think": false })] {
+            let reply = json_of(post(&mock, "/api/chat", &chat_body("mock", "hi there", extra), None).await).await;
+            assert_eq!(reply["message"], json!({ "role": "assistant", "content": reply_text }));
+            assert_eq!(reply["eval_count"], 10);
+        }
+    }
+
+    #[tokio::test]
+    async fn openai_reasoning_in_reasoning_content_streaming_or_not() {
+        let mock = spawn(Faults::default()).await;
+        let reply_text = format!("{HELLO}hi there");
+
+        let body = chat_body("mock", "hi there", json!({ "reasoning_effort": "low" }));
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        assert_eq!(
+            reply["choices"][0]["message"],
+            json!({ "role": "assistant", "content": reply_text, "reasoning_content": "Thinking about: hi there" })
+        );
+        assert_eq!(reply["usage"], json!({ "prompt_tokens": 2, "completion_tokens": 14, "total_tokens": 16 }));
+
+        let mut streaming = body.clone();
+        streaming["stream"] = json!(true);
+        streaming["stream_options"] = json!({ "include_usage": true });
+        let text = post(&mock, "/v1/chat/completions", &streaming, None).await.text().await.unwrap();
+        let events = sse(&text);
+        assert_eq!(events.len(), 1 + 4 + 10 + 1 + 1 + 1, "{events:?}");
+        let delta = |i: usize| serde_json::from_str::<Value>(&events[i]).unwrap()["choices"][0]["delta"].clone();
+        assert_eq!(delta(0), json!({ "role": "assistant", "content": "" }));
+        for (i, piece) in (1..).zip(THINKING) {
+            assert_eq!(delta(i), json!({ "reasoning_content": piece }));
+        }
+        assert_eq!(delta(5), json!({ "content": "Hello" }));
+        let content: String = (5..15).map(|i| delta(i)["content"].as_str().unwrap().to_owned()).collect();
+        assert_eq!(content, reply_text);
+        let finish: Value = serde_json::from_str(&events[15]).unwrap();
+        assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+        let usage: Value = serde_json::from_str(&events[16]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], 14);
+
+        // Reasoning comes before a tool call too.
+        let mut tool = chat_body("mock", "call tool", tools());
+        tool["reasoning_effort"] = json!("high");
+        let reply = json_of(post(&mock, "/v1/chat/completions", &tool, None).await).await;
+        let message = &reply["choices"][0]["message"];
+        assert_eq!(message["reasoning_content"], "Thinking about: call tool");
+        assert_eq!(message["tool_calls"][0]["function"]["name"], "search");
+        assert_eq!(reply["usage"]["completion_tokens"], 2 + 4, "two argument pieces and four of reasoning");
+
+        // Without the switch (null, or Ollama's `think`), nothing changes.
+        for extra in [json!({ "reasoning_effort": null }), json!({ "think": true })] {
+            let body = chat_body("mock", "hi there", extra);
+            let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+            assert_eq!(reply["choices"][0]["message"], json!({ "role": "assistant", "content": reply_text }));
+            assert_eq!(reply["usage"]["completion_tokens"], 10);
+        }
     }
 
     // -- Scripted turns ------------------------------------------------------
