@@ -53,4 +53,22 @@ try:
     raise AssertionError("unknown model must fail")
 except anthropic.NotFoundError:
     pass
+# Extended thinking comes back as a thinking block; earlier thinking can be
+# handed back; tool_choice and top_k are taken.
+thought = client.messages.create(
+    model=model, max_tokens=100, thinking={"type": "enabled", "budget_tokens": 2048},
+    messages=[{"role": "user", "content": "why"}],
+)
+assert thought.content[0].type == "thinking" and thought.content[0].thinking == "Thinking about: why", thought
+assert thought.content[1].type == "text", thought
+again = client.messages.create(
+    model=model, max_tokens=100, tools=tools, tool_choice={"type": "auto"}, extra_body={"top_k": 10},
+    messages=[
+        {"role": "user", "content": "why"},
+        {"role": "assistant", "content": thought.content},
+        {"role": "user", "content": "and then"},
+    ],
+)
+assert again.content[0].text.endswith("and then"), again
+
 print("anthropic sdk: ok")

@@ -40,4 +40,24 @@ try:
 except Exception as err:  # the SDK raises NotFoundError
     assert type(err).__name__ == "NotFoundError", repr(err)
 
+# Client fidelity: a model's reasoning comes back (as llama.cpp / DeepSeek
+# name it), structured output, tool choice and sampling options are taken,
+# and what IOP cannot serve is a typed 400 naming the field.
+reasoned = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "why"}], reasoning_effort="low",
+    response_format={"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": {"type": "object"}}},
+    presence_penalty=0.5, frequency_penalty=0.5, seed=1, extra_body={"top_k": 20},
+)
+assert reasoned.choices[0].message.model_extra["reasoning_content"] == "Thinking about: why", reasoned
+lookup = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+chosen = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "hi"}], tools=lookup, tool_choice="none",
+)
+assert chosen.choices[0].message.content.startswith("Hello from"), chosen
+try:
+    client.chat.completions.create(model=model, messages=messages, logprobs=True)
+    raise AssertionError("logprobs must be refused")
+except Exception as err:
+    assert type(err).__name__ == "BadRequestError" and err.body["param"] == "logprobs", repr(err)
+
 print("openai sdk: ok")

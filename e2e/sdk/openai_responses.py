@@ -44,4 +44,16 @@ follow_up = client.responses.create(
     ],
 )
 assert follow_up.output_text == "Hello from the IOP mock provider. You said: thanks", follow_up.output_text
+# Reasoning comes back as a reasoning item; a client hands it back (as Codex
+# CLI does with store=false).
+reasoned = client.responses.create(model=model, input="why", reasoning={"effort": "low"}, store=False)
+kinds = [item.type for item in reasoned.output]
+assert kinds == ["reasoning", "message"], kinds
+assert reasoned.output[0].content[0].text == "Thinking about: why", reasoned.output[0]
+again = client.responses.create(
+    model=model, store=False, tools=tools, tool_choice="auto",
+    text={"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}},
+    input=[{"role": "user", "content": "why"}, reasoned.output[0].model_dump(exclude_none=True), {"role": "user", "content": "then"}],
+)
+assert again.output_text.endswith("then"), again.output_text
 print("openai responses sdk: ok")

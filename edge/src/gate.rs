@@ -132,6 +132,7 @@ impl AnswerBudget {
 fn held_bytes(event: &Event) -> usize {
     match event {
         Event::Text(t) => t.text.len(),
+        Event::Reasoning(r) => r.text.len(),
         Event::ToolCall(d) => d.id.len() + d.name.len() + d.arguments_delta.len(),
         Event::Started(s) => s.model.len(),
         Event::Failed(f) => f.failure.as_ref().map_or(0, |f| f.message.len()),
@@ -191,7 +192,10 @@ pub fn retry_delay(failure: &pb::ExecutionFailure, attempt: u32, alternative: bo
 
 fn is_commit(event: &Event, point: CommitPoint) -> bool {
     match point {
-        CommitPoint::FirstContent => matches!(event, Event::Text(_) | Event::ToolCall(_) | Event::Completed(_)),
+        // Reasoning is content: it reaches the client as it comes.
+        CommitPoint::FirstContent => {
+            matches!(event, Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_) | Event::Completed(_))
+        }
         CommitPoint::Terminal => matches!(event, Event::Completed(_)),
     }
 }

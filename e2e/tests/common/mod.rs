@@ -320,6 +320,14 @@ impl Stack {
         let response = self.client.get(format!("{}/mock/stats", self.mock_url)).send().await.unwrap();
         serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
     }
+
+    /// The body of the last request the mock provider received at `path`.
+    pub async fn last_provider_request(&self, path: &str) -> Value {
+        let response = self.client.get(format!("{}/mock/requests", self.mock_url)).send().await.unwrap();
+        let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        let entry = log.as_array().unwrap().iter().rev().find(|r| r["path"] == path);
+        entry.unwrap_or_else(|| panic!("no request to {path} in {log}"))["body"].clone()
+    }
 }
 
 pub async fn json_body(response: reqwest::Response) -> (u16, Value) {

@@ -15,6 +15,7 @@ use super::{anthropic_messages as messages, openai_chat as chat, openai_response
 
 fn event() -> impl Strategy<Value = Event> {
     let text = "[a-z ]{0,3}".prop_map(|text| Event::Text(pb::TextDelta { text }));
+    let reasoning = "[a-z ]{0,3}".prop_map(|text| Event::Reasoning(pb::ReasoningDelta { text }));
     let piece = prop::sample::select(vec!["", "{", "}", "\"k\":", "1", "{}", "{\"k\":1}", "[1]"]);
     let tool = (0u32..3, prop::sample::select(vec!["", "a", "b"]), prop::sample::select(vec!["", "f", "g"]), piece)
         .prop_map(|(index, id, name, arguments)| {
@@ -30,6 +31,7 @@ fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
         1 => Just(Event::Started(pb::RunStarted { model: "m".into() })),
         4 => text,
+        2 => reasoning,
         4 => tool,
         1 => usage,
     ]
@@ -103,6 +105,7 @@ fn agree(streamed: &Outcome, whole: &Outcome) -> bool {
 fn chat_streamed(events: &[Event]) -> Outcome {
     let mut renderer = chat::ChunkRenderer::new(chat::ResponseMeta::new("m".into(), 1), true);
     let (mut content, mut calls, mut finish, mut usage) = (String::new(), Vec::<(String, String)>::new(), None, None);
+    let mut reasoning = String::new();
     for payload in events.iter().flat_map(|e| renderer.render(e)) {
         let chunk: Value = serde_json::from_str(&payload).unwrap();
         if let Some(error) = chunk.get("error") {
@@ -113,6 +116,7 @@ fn chat_streamed(events: &[Event]) -> Outcome {
             continue;
         };
         content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        reasoning.push_str(choice["delta"]["reasoning_content"].as_str().unwrap_or(""));
         for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
             let index = call["index"].as_u64().unwrap() as usize;
             if index == calls.len() {
@@ -127,7 +131,9 @@ fn chat_streamed(events: &[Event]) -> Outcome {
     let finish = finish.ok_or(None)?;
     let tool_calls: Vec<Value> =
         calls.iter().map(|(name, arguments)| json!({"name": name, "arguments": arguments})).collect();
-    Ok(json!({"content": content, "tool_calls": tool_calls, "finish_reason": finish, "usage": usage}))
+    Ok(
+        json!({"content": content, "reasoning": reasoning, "tool_calls": tool_calls, "finish_reason": finish, "usage": usage}),
+    )
 }
 
 fn chat_whole(events: &[Event]) -> Outcome {
@@ -143,6 +149,7 @@ fn chat_whole(events: &[Event]) -> Outcome {
         .collect();
     Ok(json!({
         "content": message["content"].as_str().unwrap_or(""),
+        "reasoning": message["reasoning_content"].as_str().unwrap_or(""),
         "tool_calls": tool_calls,
         "finish_reason": body["choices"][0]["finish_reason"],
         "usage": body["usage"],
@@ -176,6 +183,10 @@ fn messages_streamed(events: &[Event]) -> Outcome {
                             data["delta"]["text"].as_str().unwrap()
                         );
                         content[i]["text"] = text.into();
+                    }
+                    Some("thinking_delta") => {
+                        let thinking = content[i]["thinking"].as_str().unwrap().to_string();
+                        content[i]["thinking"] = (thinking + data["delta"]["thinking"].as_str().unwrap()).into();
                     }
                     _ => partial[i].push_str(data["delta"]["partial_json"].as_str().unwrap()),
                 }
@@ -218,7 +229,9 @@ fn responses_streamed(events: &[Event]) -> Outcome {
         let data: Value = serde_json::from_str(&data).unwrap();
         match name {
             "response.output_item.added" => deltas.push(String::new()),
-            "response.output_text.delta" | "response.function_call_arguments.delta" => {
+            "response.output_text.delta"
+            | "response.reasoning_text.delta"
+            | "response.function_call_arguments.delta" => {
                 let i = data["output_index"].as_u64().unwrap() as usize;
                 deltas[i].push_str(data["delta"].as_str().unwrap());
             }

@@ -142,6 +142,9 @@ fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Res
         match JSON.string(JSON.required(b, "type", &type_path)?, &type_path)? {
             "text" => texts.push(text_of(b, &block_path)?),
             "tool_use" if role == pb::Role::Assistant => tool_calls.push(parse_tool_use(b, &block_path)?),
+            // A client hands back the reasoning of earlier turns (Claude
+            // Code does); no provider takes it back, so it is dropped.
+            "thinking" | "redacted_thinking" if role == pb::Role::Assistant => {}
             "tool_result" if role == pb::Role::User => tool_results.push(parse_tool_result(b, &block_path)?),
             ty @ "tool_use" => return Err(block_not_allowed(&type_path, &block_path, ty, "assistant")),
             ty @ "tool_result" => return Err(block_not_allowed(&type_path, &block_path, ty, "user")),
@@ -274,6 +277,29 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
     if let Some(v) = field(obj, "top_k") {
         options.top_k = Some(JSON.positive_u32(v, "top_k")?);
     }
+    // Extended thinking: on with a token budget (mapped to an effort), or off.
+    match field(obj, "thinking") {
+        None => {}
+        Some(Value::Object(thinking)) => {
+            let effort = match JSON.non_empty_string(thinking, "type", "thinking.type")? {
+                "disabled" => pb::ReasoningEffort::None,
+                "enabled" => {
+                    let budget = JSON.required(thinking, "budget_tokens", "thinking.budget_tokens")?;
+                    match JSON.positive_u32(budget, "thinking.budget_tokens")? {
+                        ..4_096 => pb::ReasoningEffort::Low,
+                        4_096..16_384 => pb::ReasoningEffort::Medium,
+                        _ => pb::ReasoningEffort::High,
+                    }
+                }
+                other => {
+                    let message = format!("thinking.type: unknown type `{other}`; expected enabled or disabled");
+                    return Err(ApiError::invalid_param("thinking.type", message));
+                }
+            };
+            options.reasoning_effort = Some(effort.into());
+        }
+        Some(_) => return Err(JSON.type_error("thinking", "an object")),
+    }
     options.stop = match field(obj, "stop_sequences") {
         None => Vec::new(),
         Some(Value::Array(items)) => items
@@ -345,6 +371,9 @@ impl EventRenderer {
                 Step::Open(i) => {
                     let block = match &t.block(i).kind {
                         BlockKind::Text => json!({ "type": "text", "text": "" }),
+                        // No provider signs its reasoning; the field is there
+                        // (empty) so clients that require it parse the block.
+                        BlockKind::Reasoning => json!({ "type": "thinking", "thinking": "", "signature": "" }),
                         BlockKind::ToolCall { name, .. } => {
                             json!({ "type": "tool_use", "id": self.ids.of(t, i, synthetic_tool_use_id), "name": name, "input": {} })
                         }
@@ -357,6 +386,7 @@ impl EventRenderer {
                 Step::Delta(i, text) => {
                     let delta = match t.block(i).kind {
                         BlockKind::Text => json!({ "type": "text_delta", "text": text }),
+                        BlockKind::Reasoning => json!({ "type": "thinking_delta", "thinking": text }),
                         BlockKind::ToolCall { .. } => json!({ "type": "input_json_delta", "partial_json": text }),
                     };
                     ("content_block_delta", json!({ "type": "content_block_delta", "index": i, "delta": delta }))
@@ -422,6 +452,7 @@ impl MessageAggregator {
         let content: Vec<Value> = (0..t.blocks().len())
             .map(|i| match &t.block(i).kind {
                 BlockKind::Text => json!({ "type": "text", "text": t.block(i).content }),
+                BlockKind::Reasoning => json!({ "type": "thinking", "thinking": t.block(i).content, "signature": "" }),
                 BlockKind::ToolCall { name, .. } => json!({
                     "type": "tool_use", "id": ids.of(t, i, synthetic_tool_use_id), "name": name, "input": arguments_object(&t.block(i).content),
                 }),
@@ -711,7 +742,7 @@ mod tests {
                 "messages.0.content.0: content block type `document` is not supported",
             ),
             (
-                msgs(json!([{"role": "assistant", "content": [
+                msgs(json!([{"role": "user", "content": [
                     {"type": "thinking", "thinking": "hm", "signature": "s"}
                 ]}])),
                 "messages.0.content.0.type",

@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 use super::error::ApiError;
 use super::json::{Wording, body_object, field};
 use super::openai_common::{
-    expect_function_type, function_call, function_definition, penalties, refuse_unsupported, response_format,
-    text_content, tool_choice as openai_tool_choice,
+    expect_function_type, function_call, function_definition, penalties, reasoning_effort, refuse_unsupported,
+    response_format, text_content, tool_choice as openai_tool_choice,
 };
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, CallIds, Step, Transcript};
@@ -75,6 +75,9 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
         options.tool_choice = Some(openai_tool_choice(v, &tools, |f| f.get("function").and_then(|f| f.get("name")))?);
     }
     options.parallel_tool_calls = JSON.optional_bool(&obj, "parallel_tool_calls", "parallel_tool_calls")?;
+    if let Some(v) = field(&obj, "reasoning_effort") {
+        options.reasoning_effort = Some(reasoning_effort(v, "reasoning_effort")?.into());
+    }
     options.response_format = match field(&obj, "response_format") {
         None => None,
         Some(Value::Object(format)) => {
@@ -291,6 +294,8 @@ impl ChunkRenderer {
                 Step::Delta(i, text) => {
                     let delta = match t.block(i).kind {
                         BlockKind::Text => json!({ "content": text }),
+                        // As llama.cpp, vLLM and DeepSeek stream it.
+                        BlockKind::Reasoning => json!({ "reasoning_content": text }),
                         BlockKind::ToolCall { .. } => json!({
                             "tool_calls": [{ "index": t.tool_ordinal(i), "function": { "arguments": text } }],
                         }),
@@ -357,12 +362,14 @@ impl CompletionAggregator {
 
     /// `Ok(body)` after a Completed terminal; `Err(ApiError::Execution(..))`
     /// after Failed (that failure), Cancelled, or no terminal at all. The
-    /// message's `content` is every text block in order.
+    /// message's `content` is every text block in order, its
+    /// `reasoning_content` (when there is any) every reasoning block.
     pub fn finish(mut self) -> Result<Value, ApiError> {
         let finish_reason = self.transcript.finish()?;
         let t = &self.transcript;
         let mut ids = CallIds::default();
-        let text: String = t.blocks().iter().filter(|b| !b.is_tool_call()).map(|b| b.content.as_str()).collect();
+        let text = t.joined(&BlockKind::Text);
+        let reasoning = t.joined(&BlockKind::Reasoning);
         let tool_calls: Vec<Value> = (0..t.blocks().len())
             .filter_map(|i| match &t.block(i).kind {
                 BlockKind::ToolCall { name, .. } => Some(json!({
@@ -370,11 +377,14 @@ impl CompletionAggregator {
                     "type": "function",
                     "function": { "name": name, "arguments": t.block(i).content },
                 })),
-                BlockKind::Text => None,
+                BlockKind::Text | BlockKind::Reasoning => None,
             })
             .collect();
         let content = if text.is_empty() && !tool_calls.is_empty() { Value::Null } else { text.into() };
         let mut message = json!({ "role": "assistant", "content": content, "refusal": null });
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = reasoning.into();
+        }
         if !tool_calls.is_empty() {
             message["tool_calls"] = tool_calls.into();
         }

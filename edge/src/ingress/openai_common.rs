@@ -196,3 +196,18 @@ pub(super) fn refuse_unsupported(obj: &Map<String, Value>, fields: &[&str]) -> R
     }
     Ok(())
 }
+
+/// OpenAI's reasoning effort (`reasoning_effort`, Responses'
+/// `reasoning.effort`): `none`, `minimal` (as low), `low`, `medium`, `high`.
+pub(super) fn reasoning_effort(value: &Value, path: &str) -> Result<pb::ReasoningEffort, ApiError> {
+    match JSON.string(value, path)? {
+        "none" => Ok(pb::ReasoningEffort::None),
+        "minimal" | "low" => Ok(pb::ReasoningEffort::Low),
+        "medium" => Ok(pb::ReasoningEffort::Medium),
+        "high" => Ok(pb::ReasoningEffort::High),
+        other => Err(ApiError::invalid_param(
+            path,
+            format!("`{path}` is `{other}`; expected none, minimal, low, medium or high"),
+        )),
+    }
+}

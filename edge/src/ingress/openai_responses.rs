@@ -16,8 +16,8 @@ use serde_json::{Map, Value, json};
 use super::error::ApiError;
 use super::json::{Wording, body_object, field, text_message};
 use super::openai_common::{
-    expect_function_type, function_call, function_definition, refuse_unsupported, response_format, text_content,
-    tool_choice as openai_tool_choice,
+    expect_function_type, function_call, function_definition, reasoning_effort, refuse_unsupported, response_format,
+    text_content, tool_choice as openai_tool_choice,
 };
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, Step, Transcript};
@@ -93,6 +93,15 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         options.tool_choice = Some(openai_tool_choice(v, &tools, |f| f.get("name"))?);
     }
     options.parallel_tool_calls = JSON.optional_bool(&obj, "parallel_tool_calls", "parallel_tool_calls")?;
+    match field(&obj, "reasoning") {
+        None => {}
+        Some(Value::Object(reasoning)) => {
+            if let Some(v) = field(reasoning, "effort") {
+                options.reasoning_effort = Some(reasoning_effort(v, "reasoning.effort")?.into());
+            }
+        }
+        Some(_) => return Err(JSON.type_error("reasoning", "an object")),
+    }
     options.response_format = match field(&obj, "text") {
         None => None,
         Some(Value::Object(text)) => match field(text, "format") {
@@ -137,6 +146,9 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
                 }),
             }
         }
+        // Earlier turns' reasoning a client hands back (Codex CLI does, with
+        // `store: false`): no provider takes it back, so it is dropped.
+        "reasoning" => {}
         "function_call_output" => {
             let tool_call_id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
             let output_path = format!("{path}.output");
@@ -152,7 +164,7 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
             return Err(ApiError::invalid_param(
                 &type_path,
                 format!(
-                    "{path}: item type `{other}` is not supported; only message, function_call and function_call_output are"
+                    "{path}: item type `{other}` is not supported; only message, function_call, function_call_output and reasoning are"
                 ),
             ));
         }
@@ -262,6 +274,7 @@ impl ItemIds {
         while self.0.len() <= i {
             let ids = match &transcript.block(self.0.len()).kind {
                 BlockKind::Text => (synthetic_id("msg_"), String::new()),
+                BlockKind::Reasoning => (synthetic_id("rs_"), String::new()),
                 BlockKind::ToolCall { id, .. } => {
                     (synthetic_id("fc_"), if id.is_empty() { synthetic_call_id() } else { id.clone() })
                 }
@@ -282,6 +295,13 @@ impl ItemIds {
             BlockKind::Text => json!({
                 "type": "message", "id": id, "status": status, "role": "assistant",
                 "content": [output_text_part(&block.content)],
+            }),
+            // The raw reasoning, as gpt-oss models answer on the Responses
+            // API (no summary is made up).
+            BlockKind::Reasoning if added => json!({ "type": "reasoning", "id": id, "summary": [], "content": [] }),
+            BlockKind::Reasoning => json!({
+                "type": "reasoning", "id": id, "summary": [],
+                "content": [{ "type": "reasoning_text", "text": block.content }],
             }),
             BlockKind::ToolCall { name, .. } => json!({
                 "type": "function_call", "id": id, "call_id": call_id, "name": name,
@@ -366,6 +386,10 @@ impl EventRenderer {
                         "response.output_text.delta",
                         json!({ "item_id": id, "output_index": i, "content_index": 0, "delta": delta, "logprobs": [] }),
                     ),
+                    BlockKind::Reasoning => (
+                        "response.reasoning_text.delta",
+                        json!({ "item_id": id, "output_index": i, "content_index": 0, "delta": delta }),
+                    ),
                     BlockKind::ToolCall { .. } => (
                         "response.function_call_arguments.delta",
                         json!({ "item_id": id, "output_index": i, "delta": delta }),
@@ -392,6 +416,10 @@ impl EventRenderer {
                             }),
                         ));
                     }
+                    BlockKind::Reasoning => events.push((
+                        "response.reasoning_text.done",
+                        json!({ "item_id": id, "output_index": i, "content_index": 0, "text": block.content }),
+                    )),
                     BlockKind::ToolCall { .. } => events.push((
                         "response.function_call_arguments.done",
                         json!({ "item_id": id, "output_index": i, "arguments": block.content }),
@@ -830,14 +858,9 @@ mod tests {
                 "`input[0].content[0].text` is required",
             ),
             (
-                input(json!([user.clone(), {"type": "reasoning", "id": "rs_1", "summary": []}])),
-                "input[1].type",
-                "input[1]: item type `reasoning` is not supported; only message, function_call and function_call_output are",
-            ),
-            (
                 input(json!([{"type": "web_search_call", "id": "ws_1", "status": "completed"}])),
                 "input[0].type",
-                "input[0]: item type `web_search_call` is not supported; only message, function_call and function_call_output are",
+                "input[0]: item type `web_search_call` is not supported; only message, function_call, function_call_output and reasoning are",
             ),
             (
                 input(json!([{"type": "function_call", "name": "f", "arguments": "{}"}])),

@@ -10,7 +10,8 @@
 //!
 //! One policy for blocks and tool calls:
 //! - At most one block is open. Text continues an open text block, or
-//!   closes the open block and opens a text block.
+//!   closes the open block and opens a text block; reasoning the same with
+//!   reasoning blocks.
 //! - A tool-call piece continues the open tool call when it has the same
 //!   run index and no other id; a piece with a new index, or a known index
 //!   with a different id, closes the open block and opens a new call.
@@ -36,6 +37,8 @@ use super::outcome::{Terminal, failure_of, finish_reason};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BlockKind {
     Text,
+    /// The model's reasoning, apart from the answer's text.
+    Reasoning,
     /// `id` as the provider sent it (empty when it sent none: each API then
     /// makes one in its own format).
     ToolCall {
@@ -106,6 +109,11 @@ impl Transcript {
         self.usage.as_ref()
     }
 
+    /// Every block of `kind`'s content, joined (all text, all reasoning).
+    pub fn joined(&self, kind: &BlockKind) -> String {
+        self.blocks.iter().filter(|b| b.kind == *kind).map(|b| b.content.as_str()).collect()
+    }
+
     pub fn has_tool_calls(&self) -> bool {
         self.blocks.iter().any(Block::is_tool_call)
     }
@@ -133,7 +141,8 @@ impl Transcript {
         }
         match event {
             Event::Started(_) => {}
-            Event::Text(t) => self.text(&t.text, &mut steps),
+            Event::Text(t) => self.text(BlockKind::Text, &t.text, &mut steps),
+            Event::Reasoning(r) => self.text(BlockKind::Reasoning, &r.text, &mut steps),
             Event::ToolCall(d) => self.tool_call(d, &mut steps),
             Event::Usage(u) => self.usage = Some(*u),
             Event::Completed(c) => {
@@ -152,13 +161,14 @@ impl Transcript {
         steps
     }
 
-    fn text(&mut self, text: &str, steps: &mut Vec<Step>) {
+    /// Text or reasoning: continues an open block of the same kind.
+    fn text(&mut self, kind: BlockKind, text: &str, steps: &mut Vec<Step>) {
         if text.is_empty() {
             return;
         }
         let i = match self.open {
-            Some(i) if self.blocks[i].kind == BlockKind::Text => i,
-            _ => match self.open_block(BlockKind::Text, steps) {
+            Some(i) if self.blocks[i].kind == kind => i,
+            _ => match self.open_block(kind, steps) {
                 Some(i) => i,
                 None => return,
             },
@@ -171,7 +181,7 @@ impl Transcript {
         let known = self.calls.get(&d.index).copied();
         let same_call = |block: &Block| match &block.kind {
             BlockKind::ToolCall { id, .. } => d.id.is_empty() || d.id == *id,
-            BlockKind::Text => false,
+            BlockKind::Text | BlockKind::Reasoning => false,
         };
         let i = match known {
             Some(i) if self.open == Some(i) && same_call(&self.blocks[i]) => i,
@@ -240,7 +250,7 @@ impl CallIds {
     pub fn of(&mut self, transcript: &Transcript, i: usize, make_up: fn() -> String) -> String {
         let provider = match &transcript.block(i).kind {
             BlockKind::ToolCall { id, .. } => id.as_str(),
-            BlockKind::Text => "",
+            BlockKind::Text | BlockKind::Reasoning => "",
         };
         self.0.entry(i).or_insert_with(|| if provider.is_empty() { make_up() } else { provider.to_string() }).clone()
     }

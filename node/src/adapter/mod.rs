@@ -493,6 +493,21 @@ fn text(text: &str) -> pb::run_event::Event {
     pb::run_event::Event::Text(pb::TextDelta { text: text.to_owned() })
 }
 
+fn reasoning(text: &str) -> pb::run_event::Event {
+    pb::run_event::Event::Reasoning(pb::ReasoningDelta { text: text.to_owned() })
+}
+
+/// The run's reasoning switch: `None` when the client did not ask.
+fn reasoning_effort(options: &pb::GenerationOptions) -> Result<Option<pb::ReasoningEffort>, AdapterError> {
+    options
+        .reasoning_effort
+        .map(|effort| {
+            iop_proto::wire::closed_enum::<pb::ReasoningEffort>("options.reasoning_effort", effort)
+                .map_err(|e| AdapterError::InvalidRequest(e.to_string()))
+        })
+        .transpose()
+}
+
 fn tool_call(index: u32, id: &str, name: &str, arguments_delta: &str) -> pb::run_event::Event {
     pb::run_event::Event::ToolCall(pb::ToolCallDelta {
         index,
@@ -784,6 +799,28 @@ mod option_tests {
         ] {
             assert!(matches!(body(AdapterKind::Ollama, &with(refused)), Err(AdapterError::InvalidRequest(_))));
         }
+    }
+
+    #[test]
+    fn reasoning_switches_map_per_provider() {
+        let effort =
+            |e: pb::ReasoningEffort| pb::GenerationOptions { reasoning_effort: Some(e.into()), ..Default::default() };
+        let openai = body(AdapterKind::OpenAi, &with(effort(pb::ReasoningEffort::Medium))).unwrap();
+        assert_eq!(openai["reasoning_effort"], "medium");
+        let ollama = body(AdapterKind::Ollama, &with(effort(pb::ReasoningEffort::High))).unwrap();
+        assert_eq!(ollama["think"], true, "Ollama takes the switch, not the level");
+        let off = body(AdapterKind::Ollama, &with(effort(pb::ReasoningEffort::None))).unwrap();
+        assert_eq!(off["think"], false);
+        let unset = body(AdapterKind::Ollama, &with(pb::GenerationOptions::default())).unwrap();
+        assert!(
+            unset.get("think").is_none()
+                && body(AdapterKind::OpenAi, &with(pb::GenerationOptions::default()))
+                    .unwrap()
+                    .get("reasoning_effort")
+                    .is_none()
+        );
+        let unknown = pb::GenerationOptions { reasoning_effort: Some(99), ..Default::default() };
+        assert!(matches!(body(AdapterKind::OpenAi, &with(unknown)), Err(AdapterError::InvalidRequest(_))));
     }
 
     #[test]

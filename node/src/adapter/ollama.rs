@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::{
     AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, message_role, parse_arguments_object, response_format, stream_error, to_json_body, tool_choice,
-    wire_tools,
+    json_error_summary, message_role, parse_arguments_object, reasoning_effort, response_format, stream_error,
+    to_json_body, tool_choice, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/api/chat";
@@ -29,6 +29,10 @@ struct ChatBody<'a> {
     /// `"json"`, or a JSON Schema the answer must follow.
     #[serde(skip_serializing_if = "Option::is_none")]
     format: Option<Value>,
+    /// Reasoning on or off (levels are model-specific in Ollama, so only
+    /// the switch is sent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    think: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -150,7 +154,9 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
     let any = serde_json::to_value(&options).is_ok_and(|v| v.as_object().is_some_and(|m| !m.is_empty()));
     let options = any.then_some(options);
 
-    to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options, format })
+    let think = reasoning_effort(o)?.map(|effort| effort != pb::ReasoningEffort::None);
+
+    to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options, format, think })
 }
 
 // ------------------------------------------------------------ response
@@ -170,6 +176,8 @@ struct Chunk {
 #[derive(Deserialize)]
 struct ChunkMessage {
     content: Option<String>,
+    /// A reasoning model's thinking (with `think` on).
+    thinking: Option<String>,
     tool_calls: Option<Vec<ChunkToolCall>>,
 }
 
@@ -219,6 +227,9 @@ impl StreamDecoder for Decoder {
             out.push(super::started(model));
         }
         if let Some(message) = &chunk.message {
+            if let Some(thinking) = message.thinking.as_deref().filter(|t| !t.is_empty()) {
+                out.push(super::reasoning(thinking));
+            }
             if let Some(content) = message.content.as_deref().filter(|c| !c.is_empty()) {
                 out.push(super::text(content));
             }

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use super::sse::SseParser;
 use super::{
     AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, message_role, response_format, stream_error, to_json_body, tool_choice, wire_tools,
+    json_error_summary, message_role, reasoning_effort, response_format, stream_error, to_json_body, tool_choice,
+    wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
@@ -47,6 +48,8 @@ struct ChatBody<'a> {
     parallel_tool_calls: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -145,6 +148,12 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
             ToolChoice::Named(name) => Some(json!({"type": "function", "function": {"name": name}})),
         },
         parallel_tool_calls: options.parallel_tool_calls,
+        reasoning_effort: reasoning_effort(options)?.map(|effort| match effort {
+            pb::ReasoningEffort::None | pb::ReasoningEffort::Unspecified => "none",
+            pb::ReasoningEffort::Low => "low",
+            pb::ReasoningEffort::Medium => "medium",
+            pb::ReasoningEffort::High => "high",
+        }),
         response_format: match response_format(options)? {
             ResponseFormat::Text => None,
             ResponseFormat::JsonObject => Some(json!({"type": "json_object"})),
@@ -175,6 +184,10 @@ struct Choice {
 #[derive(Deserialize)]
 struct Delta {
     content: Option<String>,
+    /// Reasoning as llama.cpp, vLLM and DeepSeek stream it; newer vLLM and
+    /// OpenRouter call it `reasoning`.
+    #[serde(alias = "reasoning")]
+    reasoning_content: Option<String>,
     tool_calls: Option<Vec<DeltaToolCall>>,
 }
 
@@ -232,6 +245,9 @@ impl Decoder {
         }
         if let Some(choice) = chunk.choices.iter().flatten().next() {
             if let Some(delta) = &choice.delta {
+                if let Some(reasoning) = delta.reasoning_content.as_deref().filter(|r| !r.is_empty()) {
+                    out.push(super::reasoning(reasoning));
+                }
                 if let Some(content) = delta.content.as_deref().filter(|c| !c.is_empty()) {
                     out.push(super::text(content));
                 }

@@ -1,0 +1,145 @@
+//! What clients send survives the trip to the provider and back, through
+//! both adapters (issue 13): tool choice, structured output, sampling
+//! options and reasoning, checked in the request the provider received
+//! (`iop-mock-provider`'s request log) and in each API's answer.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const OLLAMA: &str = "/api/chat";
+const OPENAI: &str = "/v1/chat/completions";
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}])
+}
+
+#[tokio::test]
+async fn chat_options_reach_both_providers_or_fail_typed() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let request = |model: &str, extra: Value| {
+        let mut body = chat_body(model, "hi", false);
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let stack = &stack;
+        async move { stack.post("/v1/chat/completions", &body).await }
+    };
+    let everything = json!({
+        "tools": tools(),
+        "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+        "parallel_tool_calls": false,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": true, "schema": {"type": "object"}}},
+        "top_k": 20, "presence_penalty": 0.5, "frequency_penalty": 0.25, "seed": 7,
+        "reasoning_effort": "high",
+    });
+    let (status, _) = json_body(request("mock-openai", everything.clone()).await).await;
+    assert_eq!(status, 200);
+    let sent = stack.last_provider_request(OPENAI).await;
+    assert_eq!(sent["tool_choice"], json!({"type": "function", "function": {"name": "lookup"}}));
+    assert_eq!(sent["parallel_tool_calls"], false);
+    assert_eq!(sent["response_format"]["json_schema"]["strict"], true);
+    assert_eq!((&sent["top_k"], &sent["presence_penalty"], &sent["seed"]), (&json!(20), &json!(0.5), &json!(7)));
+    assert_eq!(sent["reasoning_effort"], "high");
+
+    // Ollama cannot enforce a named tool or parallel_tool_calls=false: a 400
+    // that says so, never silence.
+    let (status, body) = json_body(request("mock-ollama", everything).await).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_request")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("tool_choice"), "{body}");
+    let honoured = json!({
+        "tools": tools(), "tool_choice": "none",
+        "response_format": {"type": "json_object"}, "top_k": 20, "presence_penalty": 0.5,
+        "reasoning_effort": "low",
+    });
+    let (status, _) = json_body(request("mock-ollama", honoured).await).await;
+    assert_eq!(status, 200);
+    let sent = stack.last_provider_request(OLLAMA).await;
+    assert!(sent.get("tools").is_none(), "tool_choice none sends no tools: {sent}");
+    assert_eq!(sent["format"], "json");
+    assert_eq!(sent["options"]["top_k"], 20);
+    assert_eq!(sent["think"], true);
+
+    let (status, body) = json_body(request("mock-openai", json!({"logprobs": true})).await).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("logprobs")), "{body}");
+}
+
+#[tokio::test]
+async fn reasoning_comes_back_in_every_apis_shape_from_both_providers() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let thinking = "Thinking about: why";
+    for model in ["mock-ollama", "mock-openai"] {
+        let mut chat = chat_body(model, "why", false);
+        chat["reasoning_effort"] = json!("medium");
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["choices"][0]["message"]["reasoning_content"], thinking, "{model}: {body}");
+        assert!(body["choices"][0]["message"]["content"].as_str().unwrap().starts_with("Hello from"));
+
+        chat["stream"] = json!(true);
+        let events = sse_events(stack.post("/v1/chat/completions", &chat).await).await;
+        let streamed: String = events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(streamed, thinking, "{model}");
+
+        let messages = json!({"model": model, "max_tokens": 100, "thinking": {"type": "enabled", "budget_tokens": 2048},
+                              "messages": [{"role": "user", "content": "why"}]});
+        let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["content"][0], json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+        assert_eq!(body["content"][1]["type"], "text");
+
+        let responses = json!({"model": model, "input": "why", "reasoning": {"effort": "low"}});
+        let (status, body) = json_body(stack.post("/v1/responses", &responses).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["output"][0]["type"], "reasoning");
+        assert_eq!(body["output"][0]["content"][0]["text"], thinking);
+        assert_eq!(body["output"][1]["type"], "message");
+    }
+    // Without the switch, no reasoning.
+    let (_, body) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "why", false)).await).await;
+    assert!(body["choices"][0]["message"].get("reasoning_content").is_none(), "{body}");
+}
+
+#[tokio::test]
+async fn messages_and_responses_carry_tool_choice_and_clients_can_hand_back_reasoning() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let anthropic_tools = json!([{"name": "lookup", "input_schema": {"type": "object"}}]);
+    let messages = json!({
+        "model": "mock-openai", "max_tokens": 100, "top_k": 5,
+        "tools": anthropic_tools, "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"}, {"type": "text", "text": "ok"}]},
+            {"role": "user", "content": "again"}
+        ],
+    });
+    let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+    assert_eq!(status, 200, "{body}");
+    let sent = stack.last_provider_request(OPENAI).await;
+    assert_eq!(
+        (&sent["tool_choice"], &sent["parallel_tool_calls"], &sent["top_k"]),
+        (&json!("required"), &json!(false), &json!(5))
+    );
+    assert!(!sent.to_string().contains("sig"), "earlier thinking is not sent back: {sent}");
+
+    let responses = json!({
+        "model": "mock-openai", "store": false,
+        "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}],
+        "tool_choice": "auto",
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}},
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+            {"role": "user", "content": "again"}
+        ],
+    });
+    let (status, body) = json_body(stack.post("/v1/responses", &responses).await).await;
+    assert_eq!(status, 200, "{body}");
+    let sent = stack.last_provider_request(OPENAI).await;
+    assert_eq!(sent["tool_choice"], "auto");
+    assert_eq!(sent["response_format"]["type"], "json_schema");
+    assert!(!sent.to_string().contains("opaque"));
+}
