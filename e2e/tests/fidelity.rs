@@ -143,3 +143,56 @@ async fn messages_and_responses_carry_tool_choice_and_clients_can_hand_back_reas
     assert_eq!(sent["response_format"]["type"], "json_schema");
     assert!(!sent.to_string().contains("opaque"));
 }
+
+/// Images from every API reach both providers (as Ollama `images` or
+/// OpenAI `image_url` parts; the mock counts them in its echo); an image URL
+/// cannot reach Ollama and says so.
+#[tokio::test]
+async fn images_reach_both_providers_from_every_api() {
+    let stack = Stack::start(StackOptions::default()).await;
+    // A 1x1 PNG.
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    let data_url = format!("data:image/png;base64,{png}");
+    for model in ["mock-ollama", "mock-openai"] {
+        let chat = json!({"model": model, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": data_url}},
+            {"type": "image_url", "image_url": {"url": data_url, "detail": "low"}}
+        ]}]});
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert!(body["choices"][0]["message"]["content"].as_str().unwrap().ends_with("[images: 2]"), "{model}: {body}");
+
+        let messages = json!({"model": model, "max_tokens": 50, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+            {"type": "text", "text": "and this"}
+        ]}]});
+        let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert!(body["content"][0]["text"].as_str().unwrap().ends_with("[images: 1]"), "{model}: {body}");
+
+        let responses = json!({"model": model, "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "and that"}, {"type": "input_image", "image_url": data_url}
+        ]}]});
+        let (status, body) = json_body(stack.post("/v1/responses", &responses).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert!(body["output"][0]["content"][0]["text"].as_str().unwrap().ends_with("[images: 1]"), "{model}: {body}");
+    }
+    let sent = stack.last_provider_request(OLLAMA).await;
+    assert_eq!(sent["messages"][0]["images"], json!([png]), "Ollama gets the image's base64");
+
+    let by_url = json!({"model": "mock-ollama", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    ]}]});
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &by_url).await).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("URLs"), "{body}");
+    let mut to_openai = by_url.clone();
+    to_openai["model"] = json!("mock-openai");
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &to_openai).await).await;
+    assert_eq!(status, 200, "an OpenAI-compatible provider fetches URLs itself");
+    assert_eq!(
+        stack.last_provider_request(OPENAI).await["messages"][0]["content"][0]["image_url"]["url"],
+        "https://example.com/cat.png"
+    );
+}

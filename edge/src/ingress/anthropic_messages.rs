@@ -132,6 +132,7 @@ fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Res
     let mut texts: Vec<&str> = Vec::new();
     let mut tool_calls = Vec::new();
     let mut tool_results = Vec::new();
+    let mut images = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let block_path = format!("{content_path}.{j}");
         let Value::Object(b) = block else {
@@ -146,6 +147,7 @@ fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Res
             // Code does); no provider takes it back, so it is dropped.
             "thinking" | "redacted_thinking" if role == pb::Role::Assistant => {}
             "tool_result" if role == pb::Role::User => tool_results.push(parse_tool_result(b, &block_path)?),
+            "image" if role == pb::Role::User => images.push(parse_image(b, &block_path)?),
             ty @ "tool_use" => return Err(block_not_allowed(&type_path, &block_path, ty, "assistant")),
             ty @ "tool_result" => return Err(block_not_allowed(&type_path, &block_path, ty, "user")),
             other => return Err(unsupported_block(&type_path, &block_path, other)),
@@ -160,12 +162,37 @@ fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Res
             // Tool results answer the previous assistant turn, so they come
             // first (Anthropic also requires them before any text).
             out.extend(tool_results);
-            if !texts.is_empty() {
-                out.push(text_message(role, texts.join("\n")));
+            if !texts.is_empty() || !images.is_empty() {
+                out.push(pb::ChatMessage { images, ..text_message(role, texts.join("\n")) });
             }
         }
     }
     Ok(())
+}
+
+/// `{"type":"image","source":{"type":"base64","media_type","data"} |
+/// {"type":"url","url"}}`.
+fn parse_image(obj: &Map<String, Value>, path: &str) -> Result<pb::Image, ApiError> {
+    let source_path = format!("{path}.source");
+    let Value::Object(source) = JSON.required(obj, "source", &source_path)? else {
+        return Err(JSON.type_error(&source_path, "an object"));
+    };
+    let type_path = format!("{source_path}.type");
+    match JSON.non_empty_string(source, "type", &type_path)? {
+        "base64" => {
+            let media_type = JSON.non_empty_string(source, "media_type", &format!("{source_path}.media_type"))?;
+            let data_path = format!("{source_path}.data");
+            super::images::from_base64(media_type, JSON.non_empty_string(source, "data", &data_path)?, &data_path)
+        }
+        "url" => {
+            let url_path = format!("{source_path}.url");
+            super::images::from_url(JSON.non_empty_string(source, "url", &url_path)?, &url_path)
+        }
+        other => Err(ApiError::invalid_param(
+            &type_path,
+            format!("{type_path}: image source type `{other}` is not supported (base64 or url)"),
+        )),
+    }
 }
 
 /// `{"type":"tool_use","id","name","input":{...}}` -> a tool call whose
@@ -731,10 +758,10 @@ mod tests {
             (
                 msgs(json!([{"role": "user", "content": [
                     {"type": "text", "text": "look"},
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "AA=="}}
                 ]}])),
-                "messages.0.content.1.type",
-                "messages.0.content.1: content block type `image` is not supported",
+                "messages.0.content.1.source.data",
+                "`messages.0.content.1.source.data`: image type `image/bmp` is not supported (png, jpeg, gif or webp)",
             ),
             (
                 msgs(json!([{"role": "user", "content": [{"type": "document", "source": {}}]}])),

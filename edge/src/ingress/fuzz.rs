@@ -451,6 +451,7 @@ fn anthropic_json(c: &Conversation) -> Value {
 /// tool calls), given whether an empty system text still yields a message.
 fn expected_messages(c: &Conversation, empty_system_is_a_message: bool) -> Vec<pb::ChatMessage> {
     let message = |role: pb::Role, content: &str| pb::ChatMessage {
+        images: Vec::new(),
         role: role.into(),
         content: content.to_string(),
         tool_calls: Vec::new(),

@@ -26,7 +26,7 @@ pub(super) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Va
 
 /// A normalized message with text content only.
 pub(super) fn text_message(role: pb::Role, content: String) -> pb::ChatMessage {
-    pb::ChatMessage { role: role.into(), content, tool_calls: Vec::new(), tool_call_id: String::new() }
+    pb::ChatMessage { role: role.into(), content, ..Default::default() }
 }
 
 /// How an API words a validation message about the field at `path`.

@@ -7,6 +7,7 @@ pub mod anthropic_messages;
 pub mod error;
 #[cfg(test)]
 pub(crate) mod fuzz;
+mod images;
 mod json;
 pub mod openai_chat;
 mod openai_common;

@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 use super::error::ApiError;
 use super::json::{Wording, body_object, field};
 use super::openai_common::{
-    expect_function_type, function_call, function_definition, penalties, reasoning_effort, refuse_unsupported,
-    response_format, text_content, tool_choice as openai_tool_choice,
+    ImagePart, expect_function_type, function_call, function_definition, penalties, reasoning_effort,
+    refuse_unsupported, response_format, text_content, tool_choice as openai_tool_choice, user_content,
 };
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, CallIds, Step, Transcript};
@@ -136,7 +136,13 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
 
     // `name` is allowed and ignored.
     let content_path = format!("{path}.content");
+    let mut images = Vec::new();
     let content = match field(obj, "content") {
+        Some(v) if role == pb::Role::User => {
+            let (text, parts) = user_content(v, &content_path, TEXT_PART_TYPES, &IMAGE_PART)?;
+            images = parts;
+            text
+        }
         Some(v) => text_content(v, &content_path, TEXT_PART_TYPES)?,
         None if role == pb::Role::Assistant && !tool_calls.is_empty() => String::new(),
         None if role == pb::Role::Assistant => {
@@ -154,8 +160,15 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
         String::new()
     };
 
-    Ok(pb::ChatMessage { role: role.into(), content, tool_calls, tool_call_id })
+    Ok(pb::ChatMessage { role: role.into(), content, tool_calls, tool_call_id, images })
 }
+
+/// `{"type": "image_url", "image_url": {"url": ..., "detail"?: ...}}`.
+const IMAGE_PART: ImagePart = ImagePart {
+    kind: "image_url",
+    url_of: |part| part.get("image_url").and_then(|u| u.get("url")),
+    url_path: ".image_url.url",
+};
 
 /// `{"id","type":"function","function":{"name","arguments":<string>}}`.
 fn parse_tool_call(value: &Value, path: &str) -> Result<pb::ToolCall, ApiError> {
@@ -466,6 +479,7 @@ mod tests {
         assert_eq!(
             req.messages,
             vec![pb::ChatMessage {
+                images: Vec::new(),
                 role: pb::Role::User.into(),
                 content: "hi".into(),
                 tool_calls: vec![],
@@ -637,10 +651,10 @@ mod tests {
             (
                 msgs(json!([{"role": "user", "content": [
                     {"type": "text", "text": "look"},
-                    {"type": "image_url", "image_url": {"url": "http://x"}}
+                    {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}
                 ]}])),
-                "messages[0].content[1].type",
-                "messages[0].content[1]: content part type `image_url` is not supported",
+                "messages[0].content[1].image_url.url",
+                "`messages[0].content[1].image_url.url` must be an http(s) URL or a base64 `data:` URL",
             ),
             (
                 msgs(json!([{"role": "user", "content": [{"type": "text"}]}])),

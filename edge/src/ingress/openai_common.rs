@@ -17,13 +17,40 @@ const DEFAULT_PARAMETERS_JSON: &str = r#"{"type":"object","properties":{}}"#;
 /// A string, or an array of content parts whose type is one of `text_types`;
 /// their texts are joined with "\n".
 pub(super) fn text_content(value: &Value, path: &str, text_types: &[&str]) -> Result<String, ApiError> {
+    content_parts(value, path, text_types, None).map(|(text, _)| text)
+}
+
+/// How an API spells an image part: its `type`, and where the URL is in it.
+pub(super) struct ImagePart {
+    pub kind: &'static str,
+    pub url_of: fn(&Map<String, Value>) -> Option<&Value>,
+    /// The URL's path below the part, for errors (e.g. `.image_url.url`).
+    pub url_path: &'static str,
+}
+
+/// Like [`text_content`], with image parts too (a user message's content).
+pub(super) fn user_content(
+    value: &Value,
+    path: &str,
+    text_types: &[&str],
+    image: &ImagePart,
+) -> Result<(String, Vec<pb::Image>), ApiError> {
+    content_parts(value, path, text_types, Some(image))
+}
+
+fn content_parts(
+    value: &Value,
+    path: &str,
+    text_types: &[&str],
+    image: Option<&ImagePart>,
+) -> Result<(String, Vec<pb::Image>), ApiError> {
     match value {
-        Value::String(s) => Ok(s.clone()),
+        Value::String(s) => Ok((s.clone(), Vec::new())),
         Value::Array(parts) if parts.is_empty() => {
             Err(ApiError::invalid_param(path, format!("`{path}` must not be an empty array")))
         }
         Value::Array(parts) => {
-            let mut texts = Vec::with_capacity(parts.len());
+            let (mut texts, mut images) = (Vec::with_capacity(parts.len()), Vec::new());
             for (j, part) in parts.iter().enumerate() {
                 let part_path = format!("{path}[{j}]");
                 let Value::Object(p) = part else {
@@ -35,6 +62,12 @@ pub(super) fn text_content(value: &Value, path: &str, text_types: &[&str]) -> Re
                         let text_path = format!("{part_path}.text");
                         texts.push(JSON.string(JSON.required(p, "text", &text_path)?, &text_path)?);
                     }
+                    ty if image.is_some_and(|i| i.kind == ty) => {
+                        let image = image.expect("checked");
+                        let url_path = format!("{part_path}{}", image.url_path);
+                        let url = (image.url_of)(p).ok_or_else(|| JSON.missing(&url_path))?;
+                        images.push(super::images::from_url(JSON.string(url, &url_path)?, &url_path)?);
+                    }
                     other => {
                         return Err(ApiError::invalid_param(
                             &type_path,
@@ -43,7 +76,7 @@ pub(super) fn text_content(value: &Value, path: &str, text_types: &[&str]) -> Re
                     }
                 }
             }
-            Ok(texts.join("\n"))
+            Ok((texts.join("\n"), images))
         }
         _ => Err(JSON.type_error(path, "a string or an array of content parts")),
     }

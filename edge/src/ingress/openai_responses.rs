@@ -16,8 +16,8 @@ use serde_json::{Map, Value, json};
 use super::error::ApiError;
 use super::json::{Wording, body_object, field, text_message};
 use super::openai_common::{
-    expect_function_type, function_call, function_definition, reasoning_effort, refuse_unsupported, response_format,
-    text_content, tool_choice as openai_tool_choice,
+    ImagePart, expect_function_type, function_call, function_definition, reasoning_effort, refuse_unsupported,
+    response_format, text_content, tool_choice as openai_tool_choice, user_content,
 };
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, Step, Transcript};
@@ -140,9 +140,8 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
                 Some(last) if last.role == i32::from(pb::Role::Assistant) => last.tool_calls.push(call),
                 _ => messages.push(pb::ChatMessage {
                     role: pb::Role::Assistant.into(),
-                    content: String::new(),
                     tool_calls: vec![call],
-                    tool_call_id: String::new(),
+                    ..Default::default()
                 }),
             }
         }
@@ -153,12 +152,7 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
             let tool_call_id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
             let output_path = format!("{path}.output");
             let content = text_content(JSON.required(obj, "output", &output_path)?, &output_path, TEXT_PART_TYPES)?;
-            messages.push(pb::ChatMessage {
-                role: pb::Role::Tool.into(),
-                content,
-                tool_calls: Vec::new(),
-                tool_call_id,
-            });
+            messages.push(pb::ChatMessage { role: pb::Role::Tool.into(), content, tool_call_id, ..Default::default() });
         }
         other => {
             return Err(ApiError::invalid_param(
@@ -188,9 +182,18 @@ fn parse_message_item(obj: &Map<String, Value>, path: &str) -> Result<pb::ChatMe
         }
     };
     let content_path = format!("{path}.content");
-    let content = text_content(JSON.required(obj, "content", &content_path)?, &content_path, TEXT_PART_TYPES)?;
-    Ok(text_message(role, content))
+    let content = JSON.required(obj, "content", &content_path)?;
+    if role == pb::Role::User {
+        let (text, images) = user_content(content, &content_path, TEXT_PART_TYPES, &IMAGE_PART)?;
+        return Ok(pb::ChatMessage { images, ..text_message(role, text) });
+    }
+    Ok(text_message(role, text_content(content, &content_path, TEXT_PART_TYPES)?))
 }
+
+/// `{"type": "input_image", "image_url": <URL>, "detail"?: ...}` (a
+/// `file_id` image cannot be fetched: IOP stores no files).
+const IMAGE_PART: ImagePart =
+    ImagePart { kind: "input_image", url_of: |part| part.get("image_url"), url_path: ".image_url" };
 
 /// `{"type":"function_call","call_id","name","arguments":<string>}`; `id`
 /// and `status` are ignored.
@@ -735,6 +738,7 @@ mod tests {
             arguments_json: args.into(),
         };
         let tool_msg = |id: &str, content: &str| pb::ChatMessage {
+            images: Vec::new(),
             role: pb::Role::Tool.into(),
             content: content.into(),
             tool_calls: vec![],
@@ -745,6 +749,7 @@ mod tests {
             vec![
                 msg(pb::Role::User, "weather in Paris and Rome?"),
                 pb::ChatMessage {
+                    images: Vec::new(),
                     role: pb::Role::Assistant.into(),
                     content: "Let me check.".into(),
                     tool_calls: vec![
@@ -756,6 +761,7 @@ mod tests {
                 tool_msg("call_1", "sunny"),
                 tool_msg("call_2", "rainy"),
                 pb::ChatMessage {
+                    images: Vec::new(),
                     role: pb::Role::Assistant.into(),
                     content: String::new(),
                     tool_calls: vec![call("call_3", "noop", "{}")],
@@ -842,10 +848,10 @@ mod tests {
             (
                 input(json!([{"role": "user", "content": [
                     {"type": "input_text", "text": "look"},
-                    {"type": "input_image", "image_url": "https://x/y.png", "detail": "auto"}
+                    {"type": "input_image", "file_id": "file-1", "detail": "auto"}
                 ]}])),
-                "input[0].content[1].type",
-                "input[0].content[1]: content part type `input_image` is not supported",
+                "input[0].content[1].image_url",
+                "`input[0].content[1].image_url` is required",
             ),
             (
                 input(json!([user.clone(), {"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])),

@@ -415,7 +415,7 @@ fn run_request() -> impl Strategy<Value = (pb::RunRequest, Option<bool>, Option<
                 // Only an assistant's calls are translated.
                 let args_ok = if role == i32::from(pb::Role::Assistant) { all_ok(oks) } else { Some(true) };
                 let role_ok = (1..=4).contains(&role);
-                (pb::ChatMessage { role, content, tool_calls, tool_call_id }, role_ok, args_ok)
+                (pb::ChatMessage { role, content, tool_calls, tool_call_id, images: Vec::new() }, role_ok, args_ok)
             });
     let tool = (data_text(), data_text(), json_text()).prop_map(|(name, description, (parameters_json, ok))| {
         (pb::ToolDefinition { name, description, parameters_json }, ok)

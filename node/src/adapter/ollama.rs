@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use base64::Engine as _;
 use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -39,6 +40,9 @@ struct ChatBody<'a> {
 struct Message<'a> {
     role: &'static str,
     content: &'a str,
+    /// Base64 image data (Ollama takes no URLs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    images: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<ToolCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +87,21 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
     let mut call_names: HashMap<&str, &str> = HashMap::new();
     let mut messages = Vec::with_capacity(request.messages.len());
     for (i, m) in request.messages.iter().enumerate() {
-        let mut message = Message { role: "", content: &m.content, tool_calls: Vec::new(), tool_name: None };
+        let images = m
+            .images
+            .iter()
+            .enumerate()
+            .map(|(j, image)| {
+                if image.data.is_empty() {
+                    return Err(AdapterError::InvalidRequest(format!(
+                        "messages[{i}].images[{j}]: Ollama takes image data, not URLs; send the image inline \
+                         (base64) or use an OpenAI-compatible provider"
+                    )));
+                }
+                Ok(base64::engine::general_purpose::STANDARD.encode(&image.data))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut message = Message { role: "", content: &m.content, images, tool_calls: Vec::new(), tool_name: None };
         match message_role(i, m)? {
             pb::Role::System => message.role = "system",
             pb::Role::User => message.role = "user",

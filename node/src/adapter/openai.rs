@@ -2,6 +2,7 @@
 //! with `"stream": true`, answered as server-sent events ending in
 //! `data: [DONE]`.
 
+use base64::Engine as _;
 use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -60,8 +61,9 @@ struct StreamOptions {
 #[derive(Serialize)]
 struct Message<'a> {
     role: &'static str,
-    /// `null` only for an assistant turn that is nothing but tool calls.
-    content: Option<&'a str>,
+    /// `null` only for an assistant turn that is nothing but tool calls;
+    /// text and image parts for a user turn with images.
+    content: Option<Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<ToolCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,7 +89,22 @@ struct CallFunction<'a> {
 pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<Vec<u8>, AdapterError> {
     let mut messages = Vec::with_capacity(request.messages.len());
     for (i, m) in request.messages.iter().enumerate() {
-        let mut message = Message { role: "", content: Some(&m.content), tool_calls: Vec::new(), tool_call_id: None };
+        let content = if m.images.is_empty() {
+            Value::from(m.content.as_str())
+        } else {
+            let text = (!m.content.is_empty()).then(|| json!({"type": "text", "text": m.content}));
+            let images = m.images.iter().map(|image| {
+                let url = if image.data.is_empty() {
+                    image.url.clone()
+                } else {
+                    let data = base64::engine::general_purpose::STANDARD.encode(&image.data);
+                    format!("data:{};base64,{data}", image.media_type)
+                };
+                json!({"type": "image_url", "image_url": {"url": url}})
+            });
+            Value::Array(text.into_iter().chain(images).collect())
+        };
+        let mut message = Message { role: "", content: Some(content), tool_calls: Vec::new(), tool_call_id: None };
         match message_role(i, m)? {
             pb::Role::System => message.role = "system",
             pb::Role::User => message.role = "user",

@@ -1,0 +1,62 @@
+//! Images in client requests, one way for all three APIs: a `data:` URL or
+//! base64 with its media type is decoded and bounded; an http(s) URL is kept
+//! for whoever fetches it. Anything else is a `400` naming the field.
+
+use base64::Engine as _;
+use iop_proto::pb;
+
+use super::error::ApiError;
+
+/// Largest image accepted (decoded), as the big providers bound them.
+pub const MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
+/// The image types every provider that takes images reads.
+const MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// An image given by URL (OpenAI's `image_url`, Responses' `input_image`,
+/// Anthropic's `{"type": "url"}` source).
+pub(super) fn from_url(url: &str, path: &str) -> Result<pb::Image, ApiError> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let (media_type, data) = rest
+            .split_once(";base64,")
+            .ok_or_else(|| ApiError::invalid_param(path, format!("`{path}` must be a base64 `data:` URL")))?;
+        return from_base64(media_type, data, path);
+    }
+    if url.starts_with("https://") || url.starts_with("http://") {
+        return Ok(pb::Image { url: url.to_string(), ..Default::default() });
+    }
+    Err(ApiError::invalid_param(path, format!("`{path}` must be an http(s) URL or a base64 `data:` URL")))
+}
+
+/// An image given as base64 with its media type.
+pub(super) fn from_base64(media_type: &str, data: &str, path: &str) -> Result<pb::Image, ApiError> {
+    if !MEDIA_TYPES.contains(&media_type) {
+        let message = format!("`{path}`: image type `{media_type}` is not supported (png, jpeg, gif or webp)");
+        return Err(ApiError::invalid_param(path, message));
+    }
+    if data.len() / 4 * 3 > MAX_IMAGE_BYTES {
+        return Err(ApiError::invalid_param(path, format!("`{path}` is larger than {MAX_IMAGE_BYTES} bytes")));
+    }
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|_| ApiError::invalid_param(path, format!("`{path}` is not valid base64")))?;
+    Ok(pb::Image { media_type: media_type.to_string(), data, url: String::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_urls_decode_http_urls_pass_and_the_rest_is_refused() {
+        let image = from_url("data:image/png;base64,aGk=", "p").unwrap();
+        assert_eq!((image.media_type.as_str(), image.data.as_slice()), ("image/png", b"hi".as_slice()));
+        assert_eq!(from_url("https://example.com/a.png", "p").unwrap().url, "https://example.com/a.png");
+        for bad in
+            ["file:///etc/passwd", "data:image/png,plain", "data:text/html;base64,aGk=", "data:image/png;base64,***"]
+        {
+            assert!(matches!(from_url(bad, "p"), Err(ApiError::InvalidRequest { .. })), "{bad}");
+        }
+        let huge = "A".repeat(MAX_IMAGE_BYTES / 3 * 4 + 8);
+        assert!(from_base64("image/png", &huge, "p").is_err());
+    }
+}
