@@ -99,6 +99,7 @@ pub fn edge_config(
         auth: AuthConfig { mode: AuthMode::Disabled, keys_file: None },
         credentials: Vec::new(),
         workspaces: Vec::new(),
+        context_fallbacks: Default::default(),
     }
 }
 

@@ -158,6 +158,7 @@
 //! | `exit[=BOOL]`            | the process exits with status 3 upon receiving the request    |
 //! | `words=N`                | the reply is `w1 w2 … wN`                                     |
 //! | `hold=NAME`              | before anything else, wait until `POST /mock/release/NAME`    |
+//! | `context_window=N`       | a prompt of more than N words gets a 400 context-length error |
 //!
 //! `stall_after` / `cut_after` with N at or beyond the number of content chunks
 //! act just before the final chunk (done line / finish reason), so the reply
@@ -221,6 +222,7 @@ pub const KNOBS: &[&str] = &[
     "exit",
     "words",
     "hold",
+    "context_window",
 ];
 /// How many requests `GET /mock/requests` keeps (the oldest go first).
 pub const REQUEST_LOG_LIMIT: usize = 100;
@@ -287,6 +289,10 @@ pub struct Faults {
     /// the other knobs apply after that. A test-controlled stall.
     #[arg(long, value_name = "NAME")]
     pub hold: Option<String>,
+    /// A prompt longer than N words is refused with a 400 whose error says
+    /// the context length was exceeded (as OpenAI and vLLM word it).
+    #[arg(long, value_name = "N")]
+    pub context_window: Option<u64>,
 }
 
 /// A fault spec that could not be parsed.
@@ -336,6 +342,7 @@ impl Faults {
             exit: over.exit.or(self.exit),
             words: over.words.or(self.words),
             hold: over.hold.clone().or_else(|| self.hold.clone()),
+            context_window: over.context_window.or(self.context_window),
         }
     }
 
@@ -369,6 +376,7 @@ impl Faults {
             "never_answer" => self.never_answer = Some(flag(knob, value)?),
             "exit" => self.exit = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
+            "context_window" => self.context_window = Some(number(knob, value)?),
             "hold" => {
                 let name =
                     value.filter(|v| !v.is_empty()).ok_or_else(|| bad_value(knob, "", "expected `hold=NAME`"))?;
@@ -1164,6 +1172,15 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
     tracing::debug!(?api, model = %req.model, ?faults, ?script, "chat request");
     if let Some(answer) = before_answer(api, &state, &faults).await {
         return answer;
+    }
+    if let Some(window) = faults.context_window
+        && prompt_tokens(&req.messages) > window
+    {
+        let message = format!(
+            "This model's maximum context length is {window} tokens. However, your messages resulted in {} tokens.",
+            prompt_tokens(&req.messages)
+        );
+        return api.error(StatusCode::BAD_REQUEST, &message);
     }
 
     let plan = match &script {
@@ -2103,7 +2120,8 @@ mod tests {
     fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
-             malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,",
+             malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
+             context_window=9",
         )
         .unwrap();
         assert_eq!(
@@ -2122,6 +2140,7 @@ mod tests {
                 exit: Some(false),
                 words: Some(8),
                 hold: Some("h1".into()),
+                context_window: Some(9),
             }
         );
         assert_eq!(parse_faults("").unwrap(), Faults::default());

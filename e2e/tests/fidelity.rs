@@ -196,3 +196,45 @@ async fn images_reach_both_providers_from_every_api() {
         "https://example.com/cat.png"
     );
 }
+
+/// A request too long for a route's model moves to the route's
+/// larger-context fallback before the first byte; other 4xx never move.
+#[tokio::test]
+async fn a_context_length_error_moves_the_request_to_the_fallback_model() {
+    let mut small = provider("small", iop_proto::config::Adapter::Openai, "mock@context_window=5", "mock-small", "");
+    small.priority = 0;
+    let large = provider("large", iop_proto::config::Adapter::Ollama, "mock", "mock-large", "");
+    let strict = provider("strict", iop_proto::config::Adapter::Openai, "mock@status=400", "mock-strict", "");
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![small, large, strict],
+        context_fallbacks: vec![("mock-small", "mock-large"), ("mock-strict", "mock-large")],
+        ..Default::default()
+    })
+    .await;
+    let short = chat_body("mock-small", "hi", false);
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &short).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "mock@context_window=5", "a short prompt stays on the small model");
+
+    let long = chat_body("mock-small", "one two three four five six seven", false);
+    for stream in [false, true] {
+        let mut request = long.clone();
+        request["stream"] = json!(stream);
+        let response = stack.post("/v1/chat/completions", &request).await;
+        assert_eq!(response.status(), 200, "stream={stream}");
+        if stream {
+            assert!(streamed_text(&sse_events(response).await).ends_with("seven"));
+        } else {
+            let (_, body) = json_body(response).await;
+            assert!(body["choices"][0]["message"]["content"].as_str().unwrap().ends_with("seven"), "{body}");
+            assert_eq!(body["model"], "mock", "the fallback's model answered");
+        }
+    }
+    assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"small\",outcome=\"context_fallback\"}").await, 2.0);
+    assert_eq!(stack.last_provider_request(OLLAMA).await["model"], "mock", "the fallback's provider answered");
+
+    // Any other client error is the client's, never retried elsewhere.
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-strict", "hi", false)).await).await;
+    assert_eq!(status, 400);
+    assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"strict\",outcome=\"context_fallback\"}").await, 0.0);
+}

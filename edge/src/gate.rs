@@ -177,6 +177,15 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
     }
 }
 
+/// The route to move to when `failure` says the request did not fit
+/// `route`'s context window and the config names a fallback for it. Pure.
+pub fn context_fallback<'a>(config: &'a EdgeConfig, route: &str, failure: &pb::ExecutionFailure) -> Option<&'a str> {
+    if !failure.context_length_exceeded || failure.kind() != FailureKind::ProviderHttpStatus {
+        return None;
+    }
+    config.context_fallbacks.get(route).map(String::as_str)
+}
+
 /// How long to wait before retrying after `failure` on attempt `attempt`
 /// (1-based). Pure. With an untried alternative there is no wait; on the
 /// same provider(s) a 429's Retry-After wins, else exponential backoff.
@@ -211,7 +220,9 @@ pub async fn execute(
     point: CommitPoint,
 ) -> Result<Committed, ApiError> {
     let config = state.config.current();
-    let candidates = candidates(&config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
+    let mut candidates = candidates(&config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
+    // The route being tried: the client's model, or its context fallback.
+    let mut route = model;
     let limits = &config.limits;
     let deadline = Instant::now() + Duration::from_millis(limits.request_timeout_ms);
     let queue_timeout = Duration::from_millis(limits.queue_timeout_ms);
@@ -220,9 +231,12 @@ pub async fn execute(
     // The provider whose stall this request is being replayed for, if any.
     let mut replaying_stall_of: Option<String> = None;
 
-    for attempt in 1..=limits.max_attempts {
+    let mut max_attempts = limits.max_attempts;
+    let mut attempt = 0;
+    while attempt < max_attempts {
+        attempt += 1;
         let admit = AdmitRequest {
-            route: model.to_string(),
+            route: route.to_string(),
             run_id: crate::ids::new_uuid().simple().to_string(),
             candidates: candidates.clone(),
             avoid: avoid.clone(),
@@ -232,11 +246,11 @@ pub async fn execute(
             Ok(lease) => lease,
             // After a failed attempt, the provider's own answer says more
             // than "nothing else is available".
-            Err(e) => return Err(last_failure.map(ApiError::Execution).unwrap_or_else(|| admit_error(e, model))),
+            Err(e) => return Err(last_failure.map(ApiError::Execution).unwrap_or_else(|| admit_error(e, route))),
         };
         let provider_id = lease.lease().provider_id().to_string();
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
-        let scope = LeaseScope { principal, route: model };
+        let scope = LeaseScope { principal, route };
         let outcome = match (lease_for(state, &scope, provider, lease.lease()), provider.map(|p| p.mode), &tunnel) {
             // No lease, no dispatch: the attempt fails closed (not retried).
             (Err(failure), _, _) => failed(failure),
@@ -263,8 +277,24 @@ pub async fn execute(
             }
             Attempt::Failed { failure, relay, run } => (failure, relay, run),
         };
+        // Too long for this model's context window: the route's larger
+        // model, with an attempt of its own (one hop: only from the
+        // client's own model).
+        if let Some(next) = context_fallback(&config, route, &failure).filter(|_| route == model)
+            && let Some(next_candidates) = self::candidates(&config, next)
+        {
+            count("context_fallback");
+            settle(run, true, &failure);
+            tracing::info!(provider = %provider_id, "the request exceeds the model's context window; trying its fallback");
+            route = next;
+            candidates = next_candidates;
+            avoid.clear();
+            max_attempts += 1;
+            last_failure = Some(failure);
+            continue;
+        }
         let stalled = failure.kind() == FailureKind::ResponseStalled;
-        let last = !retryable(&failure) || attempt == limits.max_attempts;
+        let last = !retryable(&failure) || attempt == max_attempts;
         if stalled {
             let eligible = !last && Instant::now() < deadline;
             let label = if eligible { "eligible" } else { "attempts_exhausted" };
@@ -632,6 +662,22 @@ mod tests {
         f.provider_status = status;
         f.retry_after_ms = retry_after_ms;
         f
+    }
+
+    /// Issue 13 item 7: only a provider 400 the node classified as context
+    /// length moves, and only where the route names a fallback.
+    #[test]
+    fn only_context_length_errors_move_to_a_configured_fallback() {
+        let mut config = crate::admission::test_support::one_provider_config("n1");
+        config.context_fallbacks.insert("small".into(), "large".into());
+        let mut too_long = failure(FailureKind::ProviderHttpStatus, 400, 0);
+        too_long.context_length_exceeded = true;
+        assert_eq!(context_fallback(&config, "small", &too_long), Some("large"));
+        assert_eq!(context_fallback(&config, "other", &too_long), None, "no fallback configured");
+        assert_eq!(context_fallback(&config, "small", &failure(FailureKind::ProviderHttpStatus, 400, 0)), None);
+        let mut not_http = failure(FailureKind::ProviderProtocol, 0, 0);
+        not_http.context_length_exceeded = true;
+        assert_eq!(context_fallback(&config, "small", &not_http), None);
     }
 
     #[test]

@@ -37,6 +37,11 @@ pub struct EdgeConfig {
     /// node's `workspaces.allowed_roots`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<WorkspaceEntry>,
+    /// Public model -> a larger-context public model: a request the first
+    /// one's provider refuses as too long for its context window moves to
+    /// the second before anything reached the client (one hop).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub context_fallbacks: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -755,6 +760,19 @@ impl EdgeConfig {
             ));
         }
         self.validate_workspaces(&nodes)?;
+        let models = self.model_index();
+        for (from, to) in &self.context_fallbacks {
+            let at = format!("context_fallbacks.{from}");
+            if !models.contains_key(from.as_str()) {
+                return Err(invalid(at, "is not a public model of any provider"));
+            }
+            if !models.contains_key(to.as_str()) {
+                return Err(invalid(at, format!("falls back to `{to}`, which is not a public model of any provider")));
+            }
+            if from == to {
+                return Err(invalid(at, "cannot fall back to itself"));
+            }
+        }
         let l = &self.limits;
         if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
             return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
@@ -895,6 +913,23 @@ providers:
     env_allowlist: [PATH, HOME]
     limits: { max_iterations: 16 }
 "#;
+
+    #[test]
+    fn context_fallbacks_name_public_models_and_not_themselves() {
+        let two = VALID
+            .replace("models: [ { name: llama, priority: 0 } ]", "models: [ { name: llama }, { name: llama-long } ]");
+        let ok = EdgeConfig::from_yaml(&format!("{two}context_fallbacks: {{ llama: llama-long }}\n")).unwrap();
+        assert_eq!(ok.context_fallbacks["llama"], "llama-long");
+        assert_eq!(EdgeConfig::from_yaml(&ok.to_yaml()).unwrap(), ok);
+        for (fallbacks, reason) in [
+            ("{ nope: llama }", "is not a public model"),
+            ("{ llama: nope }", "falls back to `nope`"),
+            ("{ llama: llama }", "cannot fall back to itself"),
+        ] {
+            let err = EdgeConfig::from_yaml(&format!("{two}context_fallbacks: {fallbacks}\n")).unwrap_err().to_string();
+            assert!(err.contains("context_fallbacks.") && err.contains(reason), "{fallbacks}: {err}");
+        }
+    }
 
     #[test]
     fn valid_document_loads_with_defaults() {

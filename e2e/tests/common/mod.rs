@@ -37,6 +37,8 @@ pub struct StackOptions {
     pub allowed_roots: Vec<PathBuf>,
     /// The mock provider's `--script-file` contents (YAML), if any.
     pub mock_script: Option<&'static str>,
+    /// The Edge config's `context_fallbacks` (model -> larger model).
+    pub context_fallbacks: Vec<(&'static str, &'static str)>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -61,6 +63,7 @@ impl Default for StackOptions {
             workspaces: Vec::new(),
             allowed_roots: Vec::new(),
             mock_script: None,
+            context_fallbacks: Vec::new(),
         }
     }
 }
@@ -158,6 +161,8 @@ impl Stack {
             config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file) };
         }
         config.workspaces = options.workspaces.clone();
+        config.context_fallbacks =
+            options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
         for managed in &options.credentials {
             let file = dir.path().join(format!("{}.key", managed.profile));
             std::fs::write(&file, managed.secret).unwrap();

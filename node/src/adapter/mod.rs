@@ -162,7 +162,7 @@ pub enum AdapterError {
     /// The provider answered with a non-2xx status. `message` is the
     /// provider's own error message (truncated to 500 chars) or the status text.
     #[error("provider answered HTTP {status}: {message}")]
-    HttpStatus { status: u16, retry_after_ms: Option<u64>, message: String },
+    HttpStatus { status: u16, retry_after_ms: Option<u64>, message: String, context_length: bool },
     /// Malformed chunk, or the stream ended without its terminal.
     #[error("provider protocol error: {0}")]
     Protocol(String),
@@ -189,9 +189,10 @@ impl AdapterError {
             Self::SinkClosed => pb::FailureKind::Internal,
         };
         let mut failure = pb::ExecutionFailure::new(kind, self.to_string());
-        if let Self::HttpStatus { status, retry_after_ms, .. } = self {
+        if let Self::HttpStatus { status, retry_after_ms, context_length, .. } = self {
             failure.provider_status = u32::from(*status);
             failure.retry_after_ms = retry_after_ms.unwrap_or(0);
+            failure.context_length_exceeded = *context_length;
         }
         failure
     }
@@ -316,7 +317,35 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
     let (body, _) = read_capped(response, ERROR_BODY_LIMIT).await;
     let message = provider_error_message(&body)
         .unwrap_or_else(|| status.canonical_reason().unwrap_or("unrecognized status").to_owned());
-    Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message })
+    let context_length = context_length_exceeded(status.as_u16(), &body);
+    Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message, context_length })
+}
+
+/// Whether an error answer says the request did not fit the model's
+/// context window: OpenAI's `context_length_exceeded` code, llama.cpp's
+/// `exceed_context_size_error` type, or the wording vLLM, Ollama, LM Studio
+/// and others put in the message. Only 400 and 413 answers qualify.
+fn context_length_exceeded(status: u16, body: &[u8]) -> bool {
+    if !matches!(status, 400 | 413) {
+        return false;
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return false };
+    let error = value.get("error").unwrap_or(&value);
+    let tagged = ["code", "type"].iter().any(|key| {
+        error.get(key).and_then(|v| v.as_str()).is_some_and(|v| {
+            matches!(v, "context_length_exceeded" | "exceed_context_size_error" | "string_above_max_length")
+        })
+    });
+    let message = error_message_in(&value).unwrap_or_default().to_lowercase();
+    const WORDING: [&str; 6] = [
+        "context length",
+        "context window",
+        "context size",
+        "maximum context",
+        "prompt is too long",
+        "input length exceeds",
+    ];
+    tagged || WORDING.iter().any(|w| message.contains(w))
 }
 
 /// `Retry-After` as delta-seconds, in milliseconds. HTTP-date forms are ignored.
@@ -899,13 +928,19 @@ mod tests {
         assert_eq!(f.kind(), pb::FailureKind::ProviderUnreachable);
         assert!(f.message.contains("connect refused"));
 
-        let f = AdapterError::HttpStatus { status: 429, retry_after_ms: Some(2000), message: "slow down".into() }
+        let f = AdapterError::HttpStatus {
+            status: 429,
+            retry_after_ms: Some(2000),
+            message: "slow down".into(),
+            context_length: false,
+        }
             .to_failure();
         assert_eq!(f.kind(), pb::FailureKind::ProviderHttpStatus);
         assert_eq!((f.provider_status, f.retry_after_ms), (429, 2000));
         assert_eq!(f.message, "provider answered HTTP 429: slow down");
 
-        let f = AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into() }.to_failure();
+        let f = AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into(), context_length: false }
+            .to_failure();
         assert_eq!((f.provider_status, f.retry_after_ms), (500, 0));
 
         let f = AdapterError::TooLarge("line".into()).to_failure();
@@ -926,6 +961,24 @@ mod tests {
         assert_eq!(parse(" 0 "), Some(0));
         assert_eq!(parse("Wed, 21 Oct 2015 07:28:00 GMT"), None);
         assert_eq!(parse("-1"), None);
+    }
+
+    #[test]
+    fn context_window_errors_are_recognized_and_nothing_else() {
+        let yes: [&[u8]; 5] = [
+            br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
+            br#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+            br#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"}"#,
+            br#"{"error":"input length exceeds the context length"}"#,
+            br#"{"error":{"message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+        ];
+        for body in yes {
+            assert!(context_length_exceeded(400, body), "{}", String::from_utf8_lossy(body));
+        }
+        assert!(!context_length_exceeded(500, yes[0]), "only client errors");
+        for body in [br#"{"error":{"message":"model not found"}}"#.as_slice(), b"<html>context length</html>"] {
+            assert!(!context_length_exceeded(400, body));
+        }
     }
 
     #[test]

@@ -480,7 +480,7 @@ mod tests {
         let server =
             fake::serve(Reply::json(429, r#"{"error":"server busy, please retry"}"#).header("retry-after", "2")).await;
         match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await {
-            (Err(AdapterError::HttpStatus { status, retry_after_ms, message }), events) => {
+            (Err(AdapterError::HttpStatus { status, retry_after_ms, message, .. }), events) => {
                 assert_eq!((status, retry_after_ms), (429, Some(2000)));
                 assert_eq!(message, "server busy, please retry");
                 assert!(events.is_empty());
@@ -494,7 +494,7 @@ mod tests {
         let server =
             fake::serve(Reply::json(400, r#"{"error":"model \"nope\" not found, try pulling it first"}"#)).await;
         match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
-            Err(AdapterError::HttpStatus { status: 400, retry_after_ms: None, message }) => {
+            Err(AdapterError::HttpStatus { status: 400, retry_after_ms: None, message, .. }) => {
                 assert_eq!(message, "model \"nope\" not found, try pulling it first")
             }
             other => panic!("{other:?}"),

@@ -507,7 +507,7 @@ mod tests {
         .await;
         match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
             Err(e @ AdapterError::HttpStatus { .. }) => {
-                let AdapterError::HttpStatus { status, retry_after_ms, message } = &e else { unreachable!() };
+                let AdapterError::HttpStatus { status, retry_after_ms, message, .. } = &e else { unreachable!() };
                 assert_eq!((*status, *retry_after_ms), (429, Some(2000)));
                 assert_eq!(message, "Rate limit reached for requests");
                 let failure = e.to_failure();
@@ -525,7 +525,7 @@ mod tests {
         )
         .await;
         match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
-            Err(AdapterError::HttpStatus { status: 400, retry_after_ms: None, message }) => {
+            Err(AdapterError::HttpStatus { status: 400, retry_after_ms: None, message, .. }) => {
                 assert_eq!(message, "This model's maximum context length is 8192 tokens")
             }
             other => panic!("{other:?}"),

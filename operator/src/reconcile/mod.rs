@@ -83,6 +83,7 @@ impl Settings {
             auth: self.auth.clone(),
             credentials: Vec::new(),
             workspaces: Vec::new(),
+            context_fallbacks: Default::default(),
         }
     }
 }
