@@ -71,4 +71,7 @@ again = client.messages.create(
 )
 assert again.content[0].text.endswith("and then"), again
 
+counted = client.messages.count_tokens(model=model, messages=[{"role": "user", "content": "count me"}])
+assert counted.input_tokens > 0, counted
+
 print("anthropic sdk: ok")

@@ -238,3 +238,36 @@ async fn a_context_length_error_moves_the_request_to_the_fallback_model() {
     assert_eq!(status, 400);
     assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"strict\",outcome=\"context_fallback\"}").await, 0.0);
 }
+
+/// `count_tokens` answers an estimate, flagged as one, in Anthropic's shape.
+#[tokio::test]
+async fn count_tokens_estimates_and_says_so() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let count = |text: &str| {
+        let body =
+            json!({"model": "mock-ollama", "system": "be brief", "messages": [{"role": "user", "content": text}]});
+        let request = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&body);
+        async move { request.send().await.unwrap() }
+    };
+    let response = count("hello there").await;
+    assert_eq!(response.headers()["iop-token-count"], "estimate");
+    let (status, short) = json_body(response).await;
+    assert_eq!(status, 200, "{short}");
+    let (_, long) = json_body(count(&"word ".repeat(400)).await).await;
+    assert!(long["input_tokens"].as_u64().unwrap() > short["input_tokens"].as_u64().unwrap() + 400, "{long}");
+    let unknown = json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]});
+    let response = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&unknown).send().await.unwrap();
+    let (status, body) = json_body(response).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (404, Some("not_found_error")));
+    assert_eq!(stack.mock_stats().await["requests_total"], 0, "counting never calls a provider");
+}
+
+trait JsonBody {
+    fn json_body(self, body: &Value) -> Self;
+}
+
+impl JsonBody for reqwest::RequestBuilder {
+    fn json_body(self, body: &Value) -> Self {
+        self.header("content-type", "application/json").body(serde_json::to_vec(body).unwrap())
+    }
+}

@@ -36,6 +36,7 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/v1/chat/completions", post(api::<ChatCompletions>))
         .route("/v1/responses", post(api::<Responses>))
         .route("/v1/messages", post(api::<Messages>))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/models", get(models::<ChatCompletions>))
         // Model names may contain `/` (e.g. `qwen/qwen2.5-7b`).
         .route("/v1/models/{*id}", get(model::<ChatCompletions>))
@@ -540,6 +541,42 @@ async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: Header
     let data: Vec<_> =
         route::public_models(&config).into_iter().filter(|model| caller.may_use(model)).map(model_object).collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// How `count_tokens` counted (the response header `iop-token-count`).
+pub const TOKEN_COUNT_HEADER: &str = "iop-token-count";
+
+/// `POST /v1/messages/count_tokens`: the request's input tokens, estimated
+/// (about four characters per token over every text, tool definition and
+/// tool call) and flagged `iop-token-count: estimate`: no provider behind
+/// IOP counts Anthropic-shaped requests itself.
+async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
+    let caller = match authenticate(&state, &headers) {
+        Ok(caller) => caller,
+        Err(err) => return error_response::<Messages>(&err),
+    };
+    let config = state.config.current();
+    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
+    let bytes = match read_body(body, config.limits.max_body_bytes, idle).await {
+        Ok(bytes) => bytes,
+        Err(err) => return error_response::<Messages>(&err),
+    };
+    let request = match crate::ingress::anthropic_messages::parse_count_tokens_request(&bytes) {
+        Ok(request) => request,
+        Err(err) => return error_response::<Messages>(&err),
+    };
+    if !caller.may_use(&request.model) || route::candidates(&config, &request.model).is_none() {
+        let err = if caller.may_use(&request.model) {
+            ApiError::ModelNotFound(request.model)
+        } else {
+            ApiError::ModelNotAllowed(request.model)
+        };
+        return error_response::<Messages>(&err);
+    }
+    let tokens = crate::ingress::estimate_input_tokens(&request.messages, &request.tools);
+    let mut response = axum::Json(json!({ "input_tokens": tokens })).into_response();
+    response.headers_mut().insert(TOKEN_COUNT_HEADER, HeaderValue::from_static("estimate"));
+    response
 }
 
 fn model_object(id: impl Into<String>) -> serde_json::Value {

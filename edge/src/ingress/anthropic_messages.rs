@@ -97,6 +97,15 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
     Ok(MessagesRequest { model, stream, messages, tools, options })
 }
 
+/// A `count_tokens` request: a Messages request without `max_tokens` (and
+/// without `stream`); the same strict parse otherwise.
+pub fn parse_count_tokens_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+    let mut obj = body_object(body)?;
+    obj.entry("max_tokens").or_insert(Value::from(1));
+    obj.remove("stream");
+    parse_request(Value::Object(obj).to_string().as_bytes())
+}
+
 /// Appends the normalized message(s) for `messages[i]` to `out`.
 fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Result<(), ApiError> {
     let path = format!("messages.{i}");
