@@ -271,3 +271,45 @@ impl JsonBody for reqwest::RequestBuilder {
         self.header("content-type", "application/json").body(serde_json::to_vec(body).unwrap())
     }
 }
+
+/// What well-known clients send (`e2e/fixtures/clients/`, written from their
+/// public docs) is parsed and answered through both adapters, or refused
+/// with the documented typed error where the provider cannot honour it.
+#[tokio::test]
+async fn real_client_request_shapes_are_answered() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/clients");
+    let cases = [
+        ("claude_code.json", "/v1/messages"),
+        ("codex_cli.json", "/v1/responses"),
+        ("open_webui.json", "/v1/chat/completions"),
+        ("continue.json", "/v1/chat/completions"),
+        ("instructor.json", "/v1/chat/completions"),
+    ];
+    for (file, path) in cases {
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();
+        for model in ["mock-ollama", "mock-openai"] {
+            let mut body = fixture.clone();
+            body["model"] = json!(model);
+            let response = stack.post(path, &body).await;
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            // Codex asks for one tool call at a time, which Ollama cannot enforce.
+            if file == "codex_cli.json" && model == "mock-ollama" {
+                assert_eq!(status, 400, "{file} {model}: {text}");
+                assert!(text.contains("parallel_tool_calls"), "{file} {model}: {text}");
+                continue;
+            }
+            assert_eq!(status, 200, "{file} {model}: {text}");
+            let failed = ["event: error", "response.failed", "data: {\"error\""].iter().any(|e| text.contains(e));
+            assert!(!failed, "{file} {model}: {text}");
+            let done = match path {
+                "/v1/messages" => "event: message_stop",
+                "/v1/responses" => "event: response.completed",
+                _ if body["stream"] == true => "data: [DONE]",
+                _ => "\"finish_reason\":\"stop\"",
+            };
+            assert!(text.contains(done), "{file} {model}: {text}");
+        }
+    }
+}
