@@ -60,4 +60,9 @@ try:
 except Exception as err:
     assert type(err).__name__ == "BadRequestError" and err.body["param"] == "logprobs", repr(err)
 
+vectors = client.embeddings.create(model=model, input=["hello world", "bye"])
+assert [d.index for d in vectors.data] == [0, 1] and len(vectors.data[0].embedding) == 8, vectors
+# The SDK asks for base64 by default when numpy is absent; both decode alike.
+assert vectors.data[0].embedding != vectors.data[1].embedding
+
 print("openai sdk: ok")

@@ -313,3 +313,41 @@ async fn real_client_request_shapes_are_answered() {
         }
     }
 }
+
+/// Embeddings through the ordinary routing to both providers, in OpenAI's
+/// shape (float or base64), in input order.
+#[tokio::test]
+async fn embeddings_come_back_from_both_providers() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let expected: Vec<Vec<f32>> =
+        ["hello world", "bye"].iter().map(|t| iop_e2e::mock_provider::embedding(t).to_vec()).collect();
+    for model in ["mock-ollama", "mock-openai"] {
+        let body = json!({"model": model, "input": ["hello world", "bye"]});
+        let (status, answer) = json_body(stack.post("/v1/embeddings", &body).await).await;
+        assert_eq!(status, 200, "{model}: {answer}");
+        let got: Vec<Vec<f32>> = answer["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+            .collect();
+        assert_eq!(got, expected, "{model}");
+        assert_eq!(answer["object"], "list");
+        assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() >= 3, "{model}: {answer}");
+
+        let base64 = json!({"model": model, "input": "bye", "encoding_format": "base64"});
+        let (status, answer) = json_body(stack.post("/v1/embeddings", &base64).await).await;
+        assert_eq!(status, 200);
+        assert!(answer["data"][0]["embedding"].is_string(), "{answer}");
+    }
+    let sized = json!({"model": "mock-openai", "input": "bye", "dimensions": 4});
+    let (status, answer) = json_body(stack.post("/v1/embeddings", &sized).await).await;
+    assert_eq!((status, answer["data"][0]["embedding"].as_array().map(Vec::len)), (200, Some(4)));
+    assert_eq!(stack.last_provider_request("/v1/embeddings").await["dimensions"], 4);
+    let sized = json!({"model": "mock-ollama", "input": "bye", "dimensions": 4});
+    let (status, _) = json_body(stack.post("/v1/embeddings", &sized).await).await;
+    assert_eq!(status, 400, "Ollama cannot enforce dimensions");
+    let tokens = json!({"model": "mock-ollama", "input": [[1, 2, 3]]});
+    let (status, body) = json_body(stack.post("/v1/embeddings", &tokens).await).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("input[0]")));
+}

@@ -133,6 +133,7 @@ fn held_bytes(event: &Event) -> usize {
     match event {
         Event::Text(t) => t.text.len(),
         Event::Reasoning(r) => r.text.len(),
+        Event::Embeddings(e) => e.embeddings.iter().map(|v| v.values.len() * 4).sum(),
         Event::ToolCall(d) => d.id.len() + d.name.len() + d.arguments_delta.len(),
         Event::Started(s) => s.model.len(),
         Event::Failed(f) => f.failure.as_ref().map_or(0, |f| f.message.len()),

@@ -16,6 +16,7 @@ pub enum Api {
     chat_completions,
     responses,
     messages,
+    embeddings,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

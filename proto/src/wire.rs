@@ -77,7 +77,12 @@ impl pb::RunEvent {
                 closed_enum::<pb::FailureKind>("failure.kind", failure.kind).map(drop)
             }
             Event::Cancelled(c) => closed_enum::<pb::CancelReason>("cancelled.reason", c.reason).map(drop),
-            Event::Started(_) | Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_) | Event::Usage(_) => Ok(()),
+            Event::Started(_)
+            | Event::Text(_)
+            | Event::Reasoning(_)
+            | Event::ToolCall(_)
+            | Event::Usage(_)
+            | Event::Embeddings(_) => Ok(()),
         }
     }
 }

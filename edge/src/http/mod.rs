@@ -37,6 +37,7 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/v1/responses", post(api::<Responses>))
         .route("/v1/messages", post(api::<Messages>))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models::<ChatCompletions>))
         // Model names may contain `/` (e.g. `qwen/qwen2.5-7b`).
         .route("/v1/models/{*id}", get(model::<ChatCompletions>))
@@ -541,6 +542,49 @@ async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: Header
     let data: Vec<_> =
         route::public_models(&config).into_iter().filter(|model| caller.may_use(model)).map(model_object).collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// `POST /v1/embeddings` (OpenAI's shape) through the same routing,
+/// admission, credential leases and pre-first-byte retries as a chat: the
+/// run carries the inputs, the node calls Ollama's `/api/embed` or the
+/// provider's `/v1/embeddings`, and the vectors come back in input order.
+async fn embeddings(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
+    let mut record = RequestRecord::new(state.metrics.clone(), Api::embeddings);
+    match embed(&state, &headers, body, &mut record).await {
+        Ok(answer) => {
+            record.outcome = "ok";
+            record.first_byte();
+            axum::Json(answer).into_response()
+        }
+        Err(err) => {
+            record.outcome = err.code();
+            record.first_byte();
+            error_response::<ChatCompletions>(&err)
+        }
+    }
+}
+
+async fn embed(
+    state: &Arc<EdgeState>,
+    headers: &HeaderMap,
+    body: Body,
+    record: &mut RequestRecord,
+) -> Result<serde_json::Value, ApiError> {
+    let caller = authenticate(state, headers)?;
+    let config = state.config.current();
+    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
+    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
+    let request = crate::ingress::embeddings::parse_request(&bytes)?;
+    if !caller.may_use(&request.model) {
+        return Err(ApiError::ModelNotAllowed(request.model));
+    }
+    if route::candidates(&config, &request.model).is_some() {
+        record.route = Some(request.model.clone());
+    }
+    let run = pb::RunRequest { embed: Some(request.embed.clone()), ..Default::default() };
+    let committed = gate::execute(state, caller.name(), &request.model, run, None, CommitPoint::Terminal).await?;
+    let Answer::Normalized { buffered, .. } = committed.answer else { return Err(ApiError::Internal) };
+    crate::ingress::embeddings::answer(&request, &buffered)
 }
 
 /// How `count_tokens` counted (the response header `iop-token-count`).

@@ -145,6 +145,9 @@ impl Transcript {
             Event::Reasoning(r) => self.text(BlockKind::Reasoning, &r.text, &mut steps),
             Event::ToolCall(d) => self.tool_call(d, &mut steps),
             Event::Usage(u) => self.usage = Some(*u),
+            // An embeddings run's answer is not a chat answer (see
+            // `crate::http` embeddings).
+            Event::Embeddings(_) => {}
             Event::Completed(c) => {
                 self.close(&mut steps);
                 if self.terminal.is_none() {

@@ -9,6 +9,7 @@
 //! the [`execute`] future drops the in-flight response, which closes the
 //! provider connection.
 
+mod embed;
 mod lines;
 mod ollama;
 mod openai;
@@ -269,6 +270,9 @@ pub async fn execute(
     }
     if sink.is_closed() {
         return Err(AdapterError::SinkClosed);
+    }
+    if let Some(embed) = &request.embed {
+        return embed::execute(client, target, embed, authorization, sink).await;
     }
     match target.adapter {
         AdapterKind::Ollama => {

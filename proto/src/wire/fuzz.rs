@@ -111,7 +111,14 @@ fn run_event_is_valid(e: &pb::RunEvent) -> bool {
         Some(Event::Completed(c)) => known(c.finish_reason, pb::FinishReason::is_valid),
         Some(Event::Failed(f)) => f.failure.as_ref().is_some_and(|f| known(f.kind, pb::FailureKind::is_valid)),
         Some(Event::Cancelled(c)) => known(c.reason, pb::CancelReason::is_valid),
-        Some(Event::Started(_) | Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_) | Event::Usage(_)) => true,
+        Some(
+            Event::Started(_)
+            | Event::Text(_)
+            | Event::Reasoning(_)
+            | Event::ToolCall(_)
+            | Event::Usage(_)
+            | Event::Embeddings(_),
+        ) => true,
     }
 }
 
