@@ -71,6 +71,13 @@ again = client.messages.create(
 )
 assert again.content[0].text.endswith("and then"), again
 
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+seen = client.messages.create(model=model, max_tokens=50, messages=[{"role": "user", "content": [
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+    {"type": "text", "text": "what is this"},
+]}])
+assert seen.content[0].text.endswith("[images: 1]"), seen
+
 counted = client.messages.count_tokens(model=model, messages=[{"role": "user", "content": "count me"}])
 assert counted.input_tokens > 0, counted
 

@@ -60,6 +60,13 @@ try:
 except Exception as err:
     assert type(err).__name__ == "BadRequestError" and err.body["param"] == "logprobs", repr(err)
 
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+seen = client.chat.completions.create(model=model, messages=[{"role": "user", "content": [
+    {"type": "text", "text": "what is this"},
+    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+]}])
+assert seen.choices[0].message.content.endswith("[images: 1]"), seen
+
 vectors = client.embeddings.create(model=model, input=["hello world", "bye"])
 assert [d.index for d in vectors.data] == [0, 1] and len(vectors.data[0].embedding) == 8, vectors
 # The SDK asks for base64 by default when numpy is absent; both decode alike.
