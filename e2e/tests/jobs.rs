@@ -120,27 +120,6 @@ fn post(stack: &Stack, path: &str, workspace: &str, body: &Value) -> reqwest::Re
         .body(serde_json::to_vec(body).unwrap())
 }
 
-fn job_dirs(root: &Path) -> Vec<String> {
-    match std::fs::read_dir(root.join(".iop/job")) {
-        Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-}
-
-async fn grandchild(root: &Path) -> i32 {
-    let file = root.join("grandchild.pid");
-    wait_until("the command's grandchild started", WAIT, || async {
-        std::fs::read_to_string(&file).is_ok_and(|s| s.ends_with('\n'))
-    })
-    .await;
-    std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
-}
-
 #[tokio::test]
 async fn a_job_plans_works_is_reviewed_repairs_once_and_answers() {
     let job = start(StackOptions::default()).await;

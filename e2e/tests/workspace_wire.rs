@@ -85,31 +85,6 @@ fn hang(stack: &Stack) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Respo
     tokio::spawn(async move { post_calls(&client, url, json!([{"op": "command", "command": "hang"}])).await })
 }
 
-/// Names under `<root>/.iop/job` (request state still on disk).
-fn job_dirs(root: &Path) -> Vec<String> {
-    match std::fs::read_dir(root.join(".iop/job")) {
-        Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// Whether process `pid` exists and is not a zombie (nothing may reap an
-/// orphan promptly in a container).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-}
-
-async fn grandchild(root: &Path) -> i32 {
-    let file = root.join("grandchild.pid");
-    wait_until("the command's grandchild started", WAIT, || async { file.exists() }).await;
-    wait_until("the pid was written", WAIT, || async {
-        std::fs::read_to_string(&file).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
-    })
-    .await;
-    std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
-}
-
 #[tokio::test]
 async fn tools_work_inside_the_workspace_and_nowhere_else() {
     let ws = workspace();

@@ -385,3 +385,29 @@ pub async fn run_script(script: &str, args: &[&str]) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Names under `<root>/.iop/job` (workspace request state still on disk).
+pub fn job_dirs(root: &std::path::Path) -> Vec<String> {
+    match std::fs::read_dir(root.join(".iop/job")) {
+        Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie (nothing may reap an
+/// orphan promptly in a container).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+/// The pid a workspace command wrote to `<root>/grandchild.pid` (the
+/// commands of the workspace tests start a grandchild and record it).
+pub async fn grandchild(root: &std::path::Path) -> i32 {
+    let file = root.join("grandchild.pid");
+    wait_until("the command's grandchild started", WAIT, || async {
+        std::fs::read_to_string(&file).is_ok_and(|s| s.ends_with('\n') && s.trim().parse::<i32>().is_ok())
+    })
+    .await;
+    std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
+}

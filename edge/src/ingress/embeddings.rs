@@ -74,7 +74,10 @@ pub fn answer(request: &EmbeddingsRequest, events: &[Event]) -> Result<Value, Ap
     }
     finish_reason(terminal)?;
     let vectors = vectors.ok_or_else(|| {
-        ApiError::Execution(pb::ExecutionFailure::new(pb::FailureKind::ProviderProtocol, "the run returned no embeddings"))
+        ApiError::Execution(pb::ExecutionFailure::new(
+            pb::FailureKind::ProviderProtocol,
+            "the run returned no embeddings",
+        ))
     })?;
     let data: Vec<Value> = vectors
         .embeddings

@@ -95,9 +95,8 @@ pub(super) async fn execute(
             embed.inputs.len()
         )));
     }
-    let result = pb::EmbeddingResult {
-        embeddings: vectors.into_iter().map(|values| pb::Embedding { values }).collect(),
-    };
+    let result =
+        pb::EmbeddingResult { embeddings: vectors.into_iter().map(|values| pb::Embedding { values }).collect() };
     let events = [
         super::started(&target.target_model),
         pb::run_event::Event::Embeddings(result),

@@ -938,13 +938,14 @@ mod tests {
             message: "slow down".into(),
             context_length: false,
         }
-            .to_failure();
+        .to_failure();
         assert_eq!(f.kind(), pb::FailureKind::ProviderHttpStatus);
         assert_eq!((f.provider_status, f.retry_after_ms), (429, 2000));
         assert_eq!(f.message, "provider answered HTTP 429: slow down");
 
-        let f = AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into(), context_length: false }
-            .to_failure();
+        let f =
+            AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into(), context_length: false }
+                .to_failure();
         assert_eq!((f.provider_status, f.retry_after_ms), (500, 0));
 
         let f = AdapterError::TooLarge("line".into()).to_failure();
