@@ -16,6 +16,11 @@ fn example_edge_config_loads() {
     let llama: Vec<_> =
         iop_edge::route::candidates(&config, "llama3.2").unwrap().iter().map(|p| p.id.clone()).collect();
     assert_eq!(llama, ["studio-llama", "laptop-lmstudio"]);
+    assert_eq!(config.context_fallbacks["llama3.2"], "qwen2.5");
+    let website = &config.workspaces[0];
+    assert_eq!((website.reference.as_str(), website.node.as_str()), ("website", "studio-mac"));
+    assert_eq!((website.stages.max_repairs, website.limits.max_iterations), (1, 16));
+    assert!(website.stages.prompts.review.as_deref().is_some_and(|p| p.contains("verdict")));
 
     // Its keys file loads, and the example key is the example principal's.
     let keys = iop_edge::auth::Keys::load(&config.auth).expect("examples/keys.yaml is valid");
