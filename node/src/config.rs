@@ -23,6 +23,19 @@ pub struct NodeConfig {
     /// The Mac owner's consent for workspaces (see `crate::workspace`).
     #[serde(default)]
     pub workspaces: WorkspacesConfig,
+    /// Images a client gives by URL (see `crate::adapter::images`).
+    #[serde(default)]
+    pub images: ImagesConfig,
+}
+
+/// Whether this node may fetch an image a client gave by URL for a
+/// provider that takes only image data (Ollama). Off by default: the node
+/// would make requests from the owner's network on a client's behalf.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagesConfig {
+    #[serde(default)]
+    pub fetch_urls: bool,
 }
 
 /// Directories under which the Edge may declare workspaces on this node.

@@ -10,6 +10,7 @@
 //! provider connection.
 
 mod embed;
+mod images;
 mod lines;
 mod ollama;
 mod openai;
@@ -79,6 +80,9 @@ pub struct ProviderTarget {
     /// Set when the Edge manages the provider's credential: every execution
     /// needs a lease for this profile (`crate::lease`).
     pub credential_profile: Option<String>,
+    /// The node owner allows fetching image URLs for this provider
+    /// (`images.fetch_urls`; only an adapter that takes image data needs it).
+    pub fetch_image_urls: bool,
 }
 
 impl ProviderTarget {
@@ -121,6 +125,7 @@ impl ProviderTarget {
             base_url: base_url.to_owned(),
             chat_url,
             credential_profile: None,
+            fetch_image_urls: false,
         })
     }
 
@@ -276,6 +281,13 @@ pub async fn execute(
     }
     match target.adapter {
         AdapterKind::Ollama => {
+            let fetched;
+            let request = if target.fetch_image_urls && images::any_url(request) {
+                fetched = images::fetch_urls(request).await?;
+                &fetched
+            } else {
+                request
+            };
             let body = ollama::request_body(target, request)?;
             let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
             drive(response, ollama::Decoder::new(&target.target_model, &request.run_id), sink).await

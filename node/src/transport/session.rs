@@ -49,11 +49,19 @@ fn closed(was_ready: bool, reason: impl Into<String>) -> SessionEnd {
 /// are kept as errors so readiness reports them unavailable.
 pub type Providers = HashMap<String, Result<ProviderTarget, String>>;
 
-pub fn apply_config(payload: &pb::NodeConfigPayload) -> Providers {
+pub fn apply_config(payload: &pb::NodeConfigPayload, config: &NodeConfig) -> Providers {
     payload
         .providers
         .iter()
-        .map(|a| (a.provider_id.clone(), ProviderTarget::from_assignment(a).map_err(|e| e.to_string())))
+        .map(|a| {
+            let target = ProviderTarget::from_assignment(a)
+                .map(|mut t| {
+                    t.fetch_image_urls = config.images.fetch_urls;
+                    t
+                })
+                .map_err(|e| e.to_string());
+            (a.provider_id.clone(), target)
+        })
         .collect()
 }
 
@@ -131,7 +139,7 @@ pub async fn run(
     };
     let leases = Arc::new(SessionLeases { key, identity: registered.node_identity, node, generation, ledger });
     let payload = registered.config.unwrap_or_default();
-    let providers = Arc::new(apply_config(&payload));
+    let providers = Arc::new(apply_config(&payload, config));
     let assigned_workspaces = payload.workspaces;
     tracing::info!(generation, providers = providers.len(), "registered with the edge; checking providers");
     let statuses = probe_all(&http, &providers, None).await;
