@@ -138,6 +138,9 @@ async fn messages_and_responses_carry_tool_choice_and_clients_can_hand_back_reas
     });
     let (status, body) = json_body(stack.post("/v1/responses", &responses).await).await;
     assert_eq!(status, 200, "{body}");
+    // The response object echoes what the client asked for.
+    assert_eq!((&body["tool_choice"], &body["parallel_tool_calls"]), (&json!("auto"), &json!(true)), "{body}");
+    assert_eq!(body["tools"][0]["name"], "lookup", "{body}");
     let sent = stack.last_provider_request(OPENAI).await;
     assert_eq!(sent["tool_choice"], "auto");
     assert_eq!(sent["response_format"]["type"], "json_schema");

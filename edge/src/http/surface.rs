@@ -120,24 +120,26 @@ impl Surface for Responses {
     const TUNNEL_PATH: Option<&'static str> = Some("/v1/responses");
     const HOLDS_STREAMED_OUTPUT: bool = true;
     const KEEPALIVE: &'static [u8] = b": keepalive\n\n";
-    type Context = (Option<String>, Option<u32>);
+    /// What the answer echoes of the request (its id, time and model are
+    /// filled in when the answer starts).
+    type Context = responses::ResponseMeta;
     type Streamer = responses::EventRenderer;
     type Collector = responses::ResponseAggregator;
 
     fn parse(body: &[u8]) -> Result<Parsed<Self::Context>, ApiError> {
         let r = responses::parse_request(body)?;
-        let context = (r.instructions.clone(), r.options.max_tokens);
+        let context = responses::ResponseMeta::for_request(&r, 0);
         let run = run_request(r.messages, r.tools, r.options, r.stream);
         Ok(Parsed { model: r.model, stream: r.stream, run, context })
     }
-    fn streamer((instructions, max): Self::Context, model: String) -> Self::Streamer {
-        responses::EventRenderer::new(responses::ResponseMeta::new(model, unix_now(), instructions, max))
+    fn streamer(echo: Self::Context, model: String) -> Self::Streamer {
+        responses::EventRenderer::new(responses::ResponseMeta { model, created_at: unix_now(), ..echo })
     }
     fn stream(streamer: &mut Self::Streamer, event: &Event) -> Vec<Bytes> {
         streamer.render(event).into_iter().map(event_frame).collect()
     }
-    fn collector((instructions, max): Self::Context, model: String) -> Self::Collector {
-        responses::ResponseAggregator::new(responses::ResponseMeta::new(model, unix_now(), instructions, max))
+    fn collector(echo: Self::Context, model: String) -> Self::Collector {
+        responses::ResponseAggregator::new(responses::ResponseMeta { model, created_at: unix_now(), ..echo })
     }
     fn collect(collector: &mut Self::Collector, event: &Event) {
         collector.push(event);

@@ -238,8 +238,9 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
 
 // ---------------------------------------------------------------- response
 
-/// What every response object of one response carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What every response object of one response carries: its identity and
+/// what it echoes of the request.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResponseMeta {
     /// `resp_` followed by 32 hex digits.
     pub id: String,
@@ -248,17 +249,61 @@ pub struct ResponseMeta {
     pub model: String,
     pub instructions: Option<String>,
     pub max_output_tokens: Option<u32>,
+    pub tool_choice: Value,
+    pub parallel_tool_calls: bool,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// The request's tools as Responses spells them.
+    pub tools: Vec<Value>,
 }
 
 impl ResponseMeta {
-    /// A fresh id: `resp_` followed by a v4 UUID in simple form.
+    /// A fresh id: `resp_` followed by a v4 UUID in simple form; the
+    /// defaults of a request that set nothing else.
     pub fn new(model: String, created_at: u64, instructions: Option<String>, max_output_tokens: Option<u32>) -> Self {
-        Self { id: synthetic_id("resp_"), created_at, model, instructions, max_output_tokens }
+        Self {
+            id: synthetic_id("resp_"),
+            created_at,
+            model,
+            instructions,
+            max_output_tokens,
+            tool_choice: json!("auto"),
+            parallel_tool_calls: true,
+            temperature: None,
+            top_p: None,
+            tools: Vec::new(),
+        }
     }
 
-    /// The meta echoing `request` (model, instructions, max_output_tokens).
+    /// The meta echoing `request`: instructions, limits, sampling, tools
+    /// and tool choice as the client sent them.
     pub fn for_request(request: &ResponsesRequest, created_at: u64) -> Self {
-        Self::new(request.model.clone(), created_at, request.instructions.clone(), request.options.max_tokens)
+        let o = &request.options;
+        let tool_choice = match &o.tool_choice {
+            None => json!("auto"),
+            Some(choice) => match choice.mode() {
+                pb::ToolChoiceMode::None => json!("none"),
+                pb::ToolChoiceMode::Required => json!("required"),
+                pb::ToolChoiceMode::Named => json!({ "type": "function", "name": choice.name }),
+                pb::ToolChoiceMode::Auto | pb::ToolChoiceMode::Unspecified => json!("auto"),
+            },
+        };
+        let tools = request
+            .tools
+            .iter()
+            .map(|t| {
+                let parameters: Value = serde_json::from_str(&t.parameters_json).unwrap_or(Value::Null);
+                json!({ "type": "function", "name": t.name, "description": t.description, "parameters": parameters })
+            })
+            .collect();
+        Self {
+            tool_choice,
+            parallel_tool_calls: o.parallel_tool_calls.unwrap_or(true),
+            temperature: o.temperature,
+            top_p: o.top_p,
+            tools,
+            ..Self::new(request.model.clone(), created_at, request.instructions.clone(), o.max_tokens)
+        }
     }
 }
 
@@ -475,8 +520,7 @@ impl ResponseAggregator {
     }
 }
 
-/// The response object. `temperature`, `top_p` and `tools` are not echoed
-/// (null / empty): the normalized run does not keep them per response.
+/// The response object, echoing what [`ResponseMeta`] keeps of the request.
 fn response_json(meta: &ResponseMeta, status: &str, output: Vec<Value>, usage: Value) -> Value {
     json!({
         "id": meta.id,
@@ -489,11 +533,11 @@ fn response_json(meta: &ResponseMeta, status: &str, output: Vec<Value>, usage: V
         "max_output_tokens": meta.max_output_tokens,
         "model": meta.model,
         "output": output,
-        "parallel_tool_calls": true,
-        "temperature": null,
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": null,
+        "parallel_tool_calls": meta.parallel_tool_calls,
+        "temperature": meta.temperature,
+        "tool_choice": meta.tool_choice,
+        "tools": meta.tools,
+        "top_p": meta.top_p,
         "usage": usage,
     })
 }
@@ -562,6 +606,7 @@ mod tests {
             model: "llama".into(),
             instructions: Some("be brief".into()),
             max_output_tokens: Some(64),
+            ..ResponseMeta::new(String::new(), 0, None, None)
         }
     }
 
