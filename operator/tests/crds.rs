@@ -302,6 +302,7 @@ fn examples_render_a_valid_edge_config() {
         ["studio-llama", "studio-qwen-tunnel"]
     );
     assert_eq!(config.model_index()["llama3.2"].len(), 2, "studio-qwen-tunnel is the priority-1 fallback");
+    assert_eq!(config.context_fallbacks.get("qwen2.5").map(String::as_str), Some("llama3.2"));
     // studio-llama sets no queue (defaults 64 / 30000), studio-qwen-tunnel asks for 128 / 45000.
     assert_eq!((config.limits.queue_depth, config.limits.queue_timeout_ms), (128, 45_000));
     // repo-tools' stages: the defaults but for its own review prompt.

@@ -159,6 +159,14 @@ pub struct PublicModel {
     #[serde(default)]
     #[schemars(range(max = 1000))]
     pub priority: u32,
+    /// A request for this model that the provider refuses as too long for
+    /// its context window moves, before anything reached the client, to this
+    /// larger-context model (one hop). A public model name of a Provider in
+    /// the namespace, not this one; it applies to this public model on every
+    /// Provider that serves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^\S+$"))]
+    pub context_fallback: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

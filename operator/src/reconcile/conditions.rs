@@ -9,11 +9,15 @@ pub const READY: &str = "Ready";
 /// Condition of a NodeCatalog saying whether all its workspaces refer to
 /// ready templates. Workspace problems never take the node itself out.
 pub const WORKSPACES_READY: &str = "WorkspacesReady";
+/// Condition of a ready Provider that sets a `contextFallback`, saying
+/// whether each one is rendered. A fallback problem never takes the
+/// provider itself out.
+pub const CONTEXT_FALLBACKS_READY: &str = "ContextFallbacksReady";
 
 /// The condition types reconcile writes (field manager `iop-operator/config`).
 /// Other writers own other types of the same list (server-side apply merges
 /// the list by `type`), e.g. `CAExpiring` (`iop-operator/certs`).
-pub const RECONCILE_TYPES: [&str; 2] = [READY, WORKSPACES_READY];
+pub const RECONCILE_TYPES: [&str; 3] = [READY, WORKSPACES_READY, CONTEXT_FALLBACKS_READY];
 
 /// Whether `current` already holds exactly the reconcile-owned conditions
 /// `desired`: conditions of other writers are not compared (else every

@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-pub use super::conditions::WORKSPACES_READY;
 use super::conditions::{self, READY, Status};
+pub use super::conditions::{CONTEXT_FALLBACKS_READY, WORKSPACES_READY};
 use super::validate::{self, ACCEPTED, Invalid, Reason};
 use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot, credentials};
 use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
@@ -69,6 +69,11 @@ pub enum BuildError {
 /// Provider that sets none counts with the operator default. With no valid
 /// Provider they are the operator defaults. No provider gets less than it
 /// asked for; a provider cannot lower the limit for the others.
+///
+/// Context fallbacks are per public model, from the rendered Providers
+/// together ([`validate::context_fallbacks`]); a Provider that sets one gets
+/// a `ContextFallbacksReady` condition, and a bad fallback is left out
+/// without taking the Provider out.
 pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result<Prepared, BuildError> {
     let mut config = settings.empty_config();
     config.validate().map_err(BuildError::Settings)?;
@@ -148,6 +153,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     let mut providers = Vec::new();
     let mut queue = None::<(usize, u64)>;
     let mut credential_values = BTreeMap::new();
+    let mut rendered = Vec::new();
     for p in sorted(&snapshot.providers) {
         let verdict = validate::provider(p, &node_ready, settings).and_then(|entry| {
             let Some(reference) = &p.spec.credential_secret_ref else { return Ok(entry) };
@@ -165,6 +171,7 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         match &verdict {
             Ok(entry) => {
                 config.providers.push(entry.clone());
+                rendered.push(p);
                 let asked = p.spec.queue.clone().unwrap_or_default();
                 let depth = asked.depth.map_or(settings.limits.queue_depth, |d| d as usize);
                 let timeout = asked.timeout_ms.unwrap_or(settings.limits.queue_timeout_ms);
@@ -189,6 +196,16 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
                 ..Default::default()
             },
         });
+    }
+    // Route-level, so from the rendered providers together.
+    let (fallbacks, fallback_problems) = validate::context_fallbacks(&rendered);
+    config.context_fallbacks = fallbacks;
+    for p in rendered.iter().filter(|p| p.spec.models.iter().any(|m| m.context_fallback.is_some())) {
+        let name = p.name_any();
+        let Some(update) = providers.iter_mut().find(|u| u.name == name) else { continue };
+        let current = p.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        let problems = fallback_problems.get(name.as_str()).map_or(&[][..], |v| &v[..]);
+        update.status.conditions.push(fallbacks_ready(current, problems, p.metadata.generation, now));
     }
     if let Some((depth, timeout)) = queue {
         config.limits = Limits { queue_depth: depth, queue_timeout_ms: timeout, ..settings.limits.clone() };
@@ -229,6 +246,17 @@ fn workspaces_ready(current: &[Condition], problems: &[Invalid], generation: Opt
             conditions::next(current, WORKSPACES_READY, Status::False, first.reason.as_str(), message, generation, now)
         }
     }
+}
+
+fn fallbacks_ready(current: &[Condition], problems: &[Invalid], generation: Option<i64>, now: Timestamp) -> Condition {
+    let (status, reason, message) = match problems.first() {
+        None => (Status::True, ACCEPTED, "rendered into the Edge config".to_string()),
+        Some(first) => {
+            let message = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
+            (Status::False, first.reason.as_str(), message)
+        }
+    };
+    conditions::next(current, CONTEXT_FALLBACKS_READY, status, reason, message, generation, now)
 }
 
 fn config_map(snapshot: &Snapshot, config: &EdgeConfig) -> ConfigMap {

@@ -38,7 +38,7 @@ pub fn provider(name: &str, node: &str) -> Provider {
             node: node.to_string(),
             adapter: Adapter::Ollama,
             target: ProviderTarget { model: "llama3.2:3b".to_string(), base_url: "http://127.0.0.1:11434".to_string() },
-            models: vec![PublicModel { name: "llama3.2".to_string(), priority: 0 }],
+            models: vec![PublicModel { name: "llama3.2".to_string(), priority: 0, context_fallback: None }],
             capacity: 4,
             queue: None,
             response_stall_timeout_ms: 0,

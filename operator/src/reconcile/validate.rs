@@ -14,7 +14,7 @@ use iop_proto::config::{
     WorkspaceCommand, WorkspaceEntry, WorkspaceLimits, WorkspaceOperation, WorkspaceStages,
 };
 use iop_proto::identity;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 use super::Settings;
 use crate::crd::node_catalog::Workspace;
@@ -22,7 +22,7 @@ use crate::crd::provider::Adapter;
 use crate::crd::workspace_template::{Operation, WorkspaceTemplateSpec};
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
-/// Why an object is not ready. The names are condition reasons and metric labels.
+/// Why an object (or a part of it) is not ready. The names are condition reasons and metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reason {
     /// A spec field breaks a rule.
@@ -42,6 +42,12 @@ pub enum Reason {
     /// `credentialSecretRef` names a Secret or key that does not exist (or
     /// is blank); the provider is kept out rather than run without its key.
     CredentialSecretMissing,
+    /// A `contextFallback` names no public model of any rendered Provider
+    /// (condition `ContextFallbacksReady`; the provider stays in).
+    ContextFallbackNotFound,
+    /// Providers name different `contextFallback`s for one public model;
+    /// none of them is rendered (condition `ContextFallbacksReady`).
+    ContextFallbackConflict,
 }
 
 impl Reason {
@@ -55,6 +61,8 @@ impl Reason {
             Self::TemplateNotFound => "TemplateNotFound",
             Self::TemplateNotReady => "TemplateNotReady",
             Self::CredentialSecretMissing => "CredentialSecretMissing",
+            Self::ContextFallbackNotFound => "ContextFallbackNotFound",
+            Self::ContextFallbackConflict => "ContextFallbackConflict",
         }
     }
 }
@@ -325,6 +333,70 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         Some(false) => Err(invalid(Reason::NodeNotReady, format!("NodeCatalog `{}` is not ready", spec.node))),
         None => Err(invalid(Reason::NodeNotFound, format!("NodeCatalog `{}` does not exist", spec.node))),
     }
+}
+
+/// Problems of rendered Providers' context fallbacks, by Provider name.
+pub type FallbackProblems<'a> = BTreeMap<&'a str, Vec<Invalid>>;
+
+/// `context_fallbacks` of the Edge config from the `contextFallback`s of
+/// the Providers rendered into it (`rendered`), and the problems of those
+/// left out. A fallback is a route-level setting: one on any Provider
+/// applies to the public model on all of them. Left out and reported: a
+/// fallback to the model itself (`InvalidSpec`), to a name that is no public
+/// model of a rendered Provider (`ContextFallbackNotFound`), and every
+/// fallback of a public model for which Providers name different ones
+/// (`ContextFallbackConflict`, on each of them). What is rendered thus
+/// passes `EdgeConfig::validate`'s fallback rules.
+pub fn context_fallbacks<'a>(rendered: &[&'a Provider]) -> (BTreeMap<String, String>, FallbackProblems<'a>) {
+    let public: BTreeSet<&str> = rendered.iter().flat_map(|p| &p.spec.models).map(|m| m.name.as_str()).collect();
+    let mut problems = FallbackProblems::new();
+    // Public model -> fallback -> the (provider, models index) naming it.
+    let mut claims = BTreeMap::<&str, BTreeMap<&str, Vec<(&str, usize)>>>::new();
+    for p in rendered {
+        let provider = p.meta().name.as_deref().unwrap_or_default();
+        for (i, m) in p.spec.models.iter().enumerate() {
+            let Some(to) = m.context_fallback.as_deref() else { continue };
+            let field = format!("models[{i}].contextFallback");
+            let problem = if to == m.name {
+                spec_error(&field, "cannot fall back to the model itself")
+            } else if !public.contains(to) {
+                invalid(
+                    Reason::ContextFallbackNotFound,
+                    format!("spec.{field}: `{to}` is not a public model of any rendered Provider; not rendered"),
+                )
+            } else {
+                claims.entry(m.name.as_str()).or_default().entry(to).or_default().push((provider, i));
+                continue;
+            };
+            problems.entry(provider).or_default().push(problem);
+        }
+    }
+    let mut fallbacks = BTreeMap::new();
+    for (from, targets) in claims {
+        if targets.len() == 1 {
+            let to = targets.into_keys().next().unwrap_or_default();
+            fallbacks.insert(from.to_string(), to.to_string());
+            continue;
+        }
+        let named = targets
+            .iter()
+            .map(|(to, by)| {
+                let by = by.iter().map(|(p, _)| format!("`{p}`")).collect::<Vec<_>>().join(", ");
+                format!("`{to}` ({by})")
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        for (provider, i) in targets.values().flatten() {
+            problems.entry(provider).or_default().push(invalid(
+                Reason::ContextFallbackConflict,
+                format!(
+                    "spec.models[{i}].contextFallback: Providers name different fallbacks for `{from}`: {named}; \
+                     none is rendered"
+                ),
+            ));
+        }
+    }
+    (fallbacks, problems)
 }
 
 /// Maps an Edge config error about a template's one-workspace probe onto

@@ -208,7 +208,11 @@ fn public_models_are_every_name_comma_joined_in_spec_order() {
     p.spec.models = ["llama3.2", "llama", "default"]
         .iter()
         .enumerate()
-        .map(|(i, n)| crate::crd::provider::PublicModel { name: n.to_string(), priority: i as u32 })
+        .map(|(i, n)| crate::crd::provider::PublicModel {
+            name: n.to_string(),
+            priority: i as u32,
+            context_fallback: None,
+        })
         .collect();
     // Invalid or not, the names are what the spec says.
     for nodes in [vec![node("mac-1")], vec![]] {
@@ -356,4 +360,118 @@ fn an_empty_namespace_renders_an_empty_config_without_owners() {
     assert!(prepared.config.nodes.is_empty() && prepared.config.providers.is_empty());
     assert!(prepared.config_map.metadata.owner_references.is_none());
     EdgeConfig::from_yaml(&prepared.config_map.data.unwrap()[CONFIG_KEY]).unwrap();
+}
+
+/// A provider on `node` serving `models`, each `(public name, contextFallback)`.
+fn serving(name: &str, node: &str, models: &[(&str, Option<&str>)]) -> crate::crd::Provider {
+    let mut p = provider(name, node);
+    p.spec.models = models
+        .iter()
+        .map(|(m, to)| crate::crd::provider::PublicModel {
+            name: m.to_string(),
+            priority: 0,
+            context_fallback: to.map(str::to_string),
+        })
+        .collect();
+    p
+}
+
+fn fallbacks_condition<'a>(p: &'a Prepared, name: &str) -> Option<(&'a str, &'a str, &'a str)> {
+    let u = p.providers.iter().find(|u| u.name == name).unwrap();
+    let c = u.status.conditions.iter().find(|c| c.type_ == CONTEXT_FALLBACKS_READY)?;
+    Some((c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+}
+
+fn fallbacks_of(p: &Prepared) -> Vec<(&str, &str)> {
+    p.config.context_fallbacks.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+#[test]
+fn a_context_fallback_is_rendered_for_the_public_model_of_every_provider() {
+    let s = snapshot(
+        vec![
+            serving("small", "mac-1", &[("llama3.2", Some("llama-long"))]),
+            // Also serves llama3.2, sets no fallback: the route's applies to it too.
+            serving("large", "mac-1", &[("llama-long", None), ("llama3.2", None)]),
+        ],
+        vec![node("mac-1")],
+        vec![],
+    );
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert_eq!(fallbacks_of(&prepared), [("llama3.2", "llama-long")]);
+    assert_eq!(fallbacks_condition(&prepared, "small"), Some(("True", "Accepted", "rendered into the Edge config")));
+    assert_eq!(fallbacks_condition(&prepared, "large"), None, "written only where a fallback is set");
+    assert_eq!(provider_ready(&prepared, "small"), ("True", "Accepted"));
+    let yaml = &prepared.config_map.data.as_ref().unwrap()[crate::reconcile::CONFIG_KEY];
+    assert_eq!(EdgeConfig::from_yaml(yaml).unwrap().context_fallbacks, prepared.config.context_fallbacks);
+}
+
+#[test]
+fn a_context_fallback_to_no_rendered_public_model_is_reported_and_not_rendered() {
+    let s = snapshot(
+        vec![
+            serving("typo", "mac-1", &[("llama3.2", None), ("qwen", Some("no-such-model"))]),
+            // `llama-long` exists, but only on a provider left out of the config.
+            serving("to-absent", "mac-1", &[("mistral", Some("llama-long"))]),
+            serving("orphan", "no-such-node", &[("llama-long", None)]),
+        ],
+        vec![node("mac-1")],
+        vec![],
+    );
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert!(prepared.config.context_fallbacks.is_empty());
+    let (status, reason, message) = fallbacks_condition(&prepared, "typo").unwrap();
+    assert_eq!((status, reason), ("False", "ContextFallbackNotFound"));
+    assert!(message.starts_with("spec.models[1].contextFallback: `no-such-model`"), "{message}");
+    assert_eq!(fallbacks_condition(&prepared, "to-absent").unwrap().1, "ContextFallbackNotFound");
+    assert_eq!(fallbacks_condition(&prepared, "orphan"), None, "not rendered: no fallback condition");
+    // The providers themselves stay in.
+    assert_eq!(provider_ready(&prepared, "typo"), ("True", "Accepted"));
+    assert_eq!(provider_ready(&prepared, "to-absent"), ("True", "Accepted"));
+    assert_eq!(prepared.excluded.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["orphan"]);
+}
+
+#[test]
+fn a_context_fallback_to_the_model_itself_is_reported_and_not_rendered() {
+    let s = snapshot(
+        vec![serving("p", "mac-1", &[("llama3.2", Some("llama3.2")), ("llama-long", None)])],
+        vec![node("mac-1")],
+        vec![],
+    );
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert!(prepared.config.context_fallbacks.is_empty());
+    assert_eq!(
+        fallbacks_condition(&prepared, "p"),
+        Some(("False", "InvalidSpec", "spec.models[0].contextFallback: cannot fall back to the model itself"))
+    );
+    assert_eq!(provider_ready(&prepared, "p"), ("True", "Accepted"));
+}
+
+#[test]
+fn providers_naming_different_context_fallbacks_for_one_model_render_neither() {
+    let s = snapshot(
+        vec![
+            serving("a", "mac-1", &[("llama3.2", Some("llama-long"))]),
+            serving("b", "mac-1", &[("llama3.2", Some("qwen-long"))]),
+            // Agrees with `a`, but the model's fallback is still contested.
+            serving("c", "mac-1", &[("llama3.2", Some("llama-long"))]),
+            // An uncontested fallback of another model is still rendered.
+            serving("d", "mac-1", &[("llama-long", Some("qwen-long")), ("qwen-long", None)]),
+        ],
+        vec![node("mac-1")],
+        vec![],
+    );
+    let prepared = build(&s, &settings(), at(1)).unwrap();
+    assert_eq!(fallbacks_of(&prepared), [("llama-long", "qwen-long")]);
+    for name in ["a", "b", "c"] {
+        let (status, reason, message) = fallbacks_condition(&prepared, name).unwrap();
+        assert_eq!((status, reason), ("False", "ContextFallbackConflict"), "{name}");
+        assert!(
+            message.starts_with("spec.models[0].contextFallback:")
+                && message.contains("`llama-long` (`a`, `c`), `qwen-long` (`b`)"),
+            "{name}: {message}"
+        );
+        assert_eq!(provider_ready(&prepared, name), ("True", "Accepted"));
+    }
+    assert_eq!(fallbacks_condition(&prepared, "d").unwrap().0, "True");
 }
