@@ -208,9 +208,15 @@ async fn a_context_length_error_moves_the_request_to_the_fallback_model() {
     small.priority = 0;
     let large = provider("large", iop_proto::config::Adapter::Ollama, "mock", "mock-large", "");
     let strict = provider("strict", iop_proto::config::Adapter::Openai, "mock@status=400", "mock-strict", "");
+    let mut tunnel = provider("tunnel", iop_proto::config::Adapter::Openai, "mock@context_window=5", "mock-tunnel", "");
+    tunnel.mode = iop_proto::config::ProviderMode::Tunnel;
     let stack = Stack::start(StackOptions {
-        extra_providers: vec![small, large, strict],
-        context_fallbacks: vec![("mock-small", "mock-large"), ("mock-strict", "mock-large")],
+        extra_providers: vec![small, large, strict, tunnel],
+        context_fallbacks: vec![
+            ("mock-small", "mock-large"),
+            ("mock-strict", "mock-large"),
+            ("mock-tunnel", "mock-large"),
+        ],
         ..Default::default()
     })
     .await;
@@ -235,6 +241,13 @@ async fn a_context_length_error_moves_the_request_to_the_fallback_model() {
     }
     assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"small\",outcome=\"context_fallback\"}").await, 2.0);
     assert_eq!(stack.last_provider_request(OLLAMA).await["model"], "mock", "the fallback's provider answered");
+
+    // A tunnel-mode provider's relayed error is read the same way.
+    let mut long_tunnel = long.clone();
+    long_tunnel["model"] = json!("mock-tunnel");
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &long_tunnel).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "mock", "the fallback answered: {body}");
 
     // Any other client error is the client's, never retried elsewhere.
     let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("mock-strict", "hi", false)).await).await;

@@ -616,12 +616,16 @@ fn rewrite_model(body: &[u8], target_model: &str) -> Result<Vec<u8>, pb::Executi
 
 /// The failure a tunnelled error response stands for (for the retry decision).
 pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
-    let text: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).take(512).collect();
+    // Enough of the body to read the provider's error object whole.
+    let whole: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).take(64 * 1024).collect();
+    let text = &whole[..whole.len().min(512)];
     let mut failure = pb::ExecutionFailure::new(
         FailureKind::ProviderHttpStatus,
-        format!("provider answered HTTP {}: {}", head.status, String::from_utf8_lossy(&text)),
+        format!("provider answered HTTP {}: {}", head.status, String::from_utf8_lossy(text)),
     );
     failure.provider_status = head.status;
+    failure.context_length_exceeded =
+        u16::try_from(head.status).is_ok_and(|s| iop_proto::provider_error::context_length_exceeded(s, &whole));
     failure.retry_after_ms = head
         .headers
         .iter()

@@ -7,6 +7,7 @@ pub mod config;
 pub mod identity;
 pub mod lease;
 pub mod liveness;
+pub mod provider_error;
 pub mod wire;
 
 /// Generated protobuf messages and the tonic client/server for `iop.v1.NodeGateway`.

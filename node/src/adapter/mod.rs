@@ -333,35 +333,8 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
     let (body, _) = read_capped(response, ERROR_BODY_LIMIT).await;
     let message = provider_error_message(&body)
         .unwrap_or_else(|| status.canonical_reason().unwrap_or("unrecognized status").to_owned());
-    let context_length = context_length_exceeded(status.as_u16(), &body);
+    let context_length = iop_proto::provider_error::context_length_exceeded(status.as_u16(), &body);
     Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message, context_length })
-}
-
-/// Whether an error answer says the request did not fit the model's
-/// context window: OpenAI's `context_length_exceeded` code, llama.cpp's
-/// `exceed_context_size_error` type, or the wording vLLM, Ollama, LM Studio
-/// and others put in the message. Only 400 and 413 answers qualify.
-fn context_length_exceeded(status: u16, body: &[u8]) -> bool {
-    if !matches!(status, 400 | 413) {
-        return false;
-    }
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else { return false };
-    let error = value.get("error").unwrap_or(&value);
-    let tagged = ["code", "type"].iter().any(|key| {
-        error.get(key).and_then(|v| v.as_str()).is_some_and(|v| {
-            matches!(v, "context_length_exceeded" | "exceed_context_size_error" | "string_above_max_length")
-        })
-    });
-    let message = error_message_in(&value).unwrap_or_default().to_lowercase();
-    const WORDING: [&str; 6] = [
-        "context length",
-        "context window",
-        "context size",
-        "maximum context",
-        "prompt is too long",
-        "input length exceeds",
-    ];
-    tagged || WORDING.iter().any(|w| message.contains(w))
 }
 
 /// `Retry-After` as delta-seconds, in milliseconds. HTTP-date forms are ignored.
@@ -397,30 +370,16 @@ fn provider_error_message(body: &[u8]) -> Option<String> {
 }
 
 fn error_message_in(value: &serde_json::Value) -> Option<String> {
-    value
-        .get("error")
-        .and_then(error_field_text)
-        .or_else(|| value.get("message").and_then(|m| m.as_str()))
-        .or_else(|| value.get("detail").and_then(|m| m.as_str()))
-        .map(str::trim)
-        .filter(|text| !text.is_empty())
-        .map(|text| truncate_chars(text, ERROR_MESSAGE_CHARS))
-}
-
-/// The text of an `"error"` field: a string, or an object's `message`.
-fn error_field_text(error: &serde_json::Value) -> Option<&str> {
-    match error {
-        serde_json::Value::String(s) => Some(s),
-        other => other.get("message").and_then(|m| m.as_str()),
-    }
+    iop_proto::provider_error::message(value).map(|text| truncate_chars(text, ERROR_MESSAGE_CHARS))
 }
 
 /// An `"error"` field inside an otherwise successful stream.
 fn stream_error(error: &serde_json::Value) -> AdapterError {
-    let message = error_field_text(error).map(str::trim).filter(|text| !text.is_empty()).map_or_else(
-        || "provider reported an error mid-stream".to_owned(),
-        |text| truncate_chars(text, ERROR_MESSAGE_CHARS),
-    );
+    let message =
+        iop_proto::provider_error::error_field_text(error).map(str::trim).filter(|text| !text.is_empty()).map_or_else(
+            || "provider reported an error mid-stream".to_owned(),
+            |text| truncate_chars(text, ERROR_MESSAGE_CHARS),
+        );
     AdapterError::Protocol(message)
 }
 
@@ -978,24 +937,6 @@ mod tests {
         assert_eq!(parse(" 0 "), Some(0));
         assert_eq!(parse("Wed, 21 Oct 2015 07:28:00 GMT"), None);
         assert_eq!(parse("-1"), None);
-    }
-
-    #[test]
-    fn context_window_errors_are_recognized_and_nothing_else() {
-        let yes: [&[u8]; 5] = [
-            br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
-            br#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
-            br#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"}"#,
-            br#"{"error":"input length exceeds the context length"}"#,
-            br#"{"error":{"message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
-        ];
-        for body in yes {
-            assert!(context_length_exceeded(400, body), "{}", String::from_utf8_lossy(body));
-        }
-        assert!(!context_length_exceeded(500, yes[0]), "only client errors");
-        for body in [br#"{"error":{"message":"model not found"}}"#.as_slice(), b"<html>context length</html>"] {
-            assert!(!context_length_exceeded(400, body));
-        }
     }
 
     #[test]

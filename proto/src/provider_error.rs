@@ -1,0 +1,85 @@
+//! What a provider's error answer says, read one way by the node (its
+//! failure message, and whether the request exceeded the model's context
+//! window) and by the Edge (a tunnel's relayed error answer).
+
+use serde_json::Value;
+
+/// The provider's own message in a JSON error body: OpenAI
+/// `{"error":{"message":..}}`, Ollama `{"error":".."}`, and the common
+/// `{"message":..}` / `{"detail":..}` shapes of OpenAI-compatible servers.
+pub fn message(value: &Value) -> Option<&str> {
+    value
+        .get("error")
+        .and_then(error_field_text)
+        .or_else(|| value.get("message").and_then(Value::as_str))
+        .or_else(|| value.get("detail").and_then(Value::as_str))
+        .map(str::trim)
+        .filter(|text| !text.is_empty())
+}
+
+/// The text of an `"error"` field: a string, or an object's `message`.
+pub fn error_field_text(error: &Value) -> Option<&str> {
+    match error {
+        Value::String(s) => Some(s),
+        other => other.get("message").and_then(Value::as_str),
+    }
+}
+
+/// Whether an error answer says the request did not fit the model's
+/// context window: OpenAI's `context_length_exceeded` code, llama.cpp's
+/// `exceed_context_size_error` type, or the wording vLLM, Ollama, LM Studio
+/// and others put in the message. Only 400 and 413 answers qualify.
+pub fn context_length_exceeded(status: u16, body: &[u8]) -> bool {
+    if !matches!(status, 400 | 413) {
+        return false;
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(body) else { return false };
+    let error = value.get("error").unwrap_or(&value);
+    let tagged = ["code", "type"].iter().any(|key| {
+        error.get(key).and_then(Value::as_str).is_some_and(|v| {
+            matches!(v, "context_length_exceeded" | "exceed_context_size_error" | "string_above_max_length")
+        })
+    });
+    const WORDING: [&str; 6] = [
+        "context length",
+        "context window",
+        "context size",
+        "maximum context",
+        "prompt is too long",
+        "input length exceeds",
+    ];
+    let said = message(&value).map(str::to_lowercase).unwrap_or_default();
+    tagged || WORDING.iter().any(|w| said.contains(w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_window_errors_are_recognized_and_nothing_else() {
+        let yes: [&[u8]; 5] = [
+            br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
+            br#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+            br#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"}"#,
+            br#"{"error":"input length exceeds the context length"}"#,
+            br#"{"error":{"message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+        ];
+        for body in yes {
+            assert!(context_length_exceeded(400, body), "{}", String::from_utf8_lossy(body));
+        }
+        assert!(!context_length_exceeded(500, yes[0]), "only client errors");
+        for body in [br#"{"error":{"message":"model not found"}}"#.as_slice(), b"<html>context length</html>"] {
+            assert!(!context_length_exceeded(400, body));
+        }
+    }
+
+    #[test]
+    fn messages_are_found_in_every_common_shape() {
+        let of = |body: &str| message(&serde_json::from_str(body).unwrap()).map(str::to_string);
+        assert_eq!(of(r#"{"error":{"message":"bad model","type":"x"}}"#).as_deref(), Some("bad model"));
+        assert_eq!(of(r#"{"error":"model 'x' not found"}"#).as_deref(), Some("model 'x' not found"));
+        assert_eq!(of(r#"{"object":"error","message":"vllm says no"}"#).as_deref(), Some("vllm says no"));
+        assert_eq!(of(r#"{"detail":"  "}"#), None);
+    }
+}
