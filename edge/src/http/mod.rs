@@ -105,6 +105,21 @@ impl Drop for RequestRecord {
     }
 }
 
+/// The caller, the config the request runs under, and its body: the caller
+/// is authenticated before the body is read, so an unknown caller costs no
+/// more than its headers.
+async fn authenticated_body(
+    state: &EdgeState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Caller, Arc<iop_proto::config::EdgeConfig>, Bytes), ApiError> {
+    let caller = authenticate(state, headers)?;
+    let config = state.config.current();
+    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
+    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
+    Ok((caller, config, bytes))
+}
+
 /// The request body, at most `limit` bytes, each chunk arriving within
 /// `idle` of the previous one (a trickling client cannot hold its slot).
 async fn read_body(body: Body, limit: usize, idle: std::time::Duration) -> Result<Bytes, ApiError> {
@@ -186,11 +201,7 @@ async fn serve<S: Surface>(
     record: &mut RequestRecord,
     job_id: Option<String>,
 ) -> Result<Reply<S>, ApiError> {
-    // Before the body is read: an unknown caller costs no more than this.
-    let caller = authenticate(state, &headers)?;
-    let config = state.config.current();
-    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
-    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
+    let (caller, config, bytes) = authenticated_body(state, &headers, body).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
     // Whether the model exists is not told to a caller who may not use it.
@@ -272,13 +283,12 @@ fn job_spec<S: Surface>(
         WorkspaceError::UnknownWorkspace => ApiError::WorkspaceNotFound(reference.to_string()),
         _ => ApiError::WorkspaceUnavailable(reference.to_string()),
     })?;
-    let stages = config.workspaces.iter().find(|w| w.reference == reference).map(|w| w.stages.clone());
     state.metrics.jobs.get_or_create(&ApiLabels { api: S::API }).inc();
     if S::API == Api::messages {
         state.metrics.anthropic_job_ingress.inc();
     }
     tracing::info!(job = %id, api = ?S::API, "job admitted");
-    Ok(crate::job::JobSpec { id, principal, model, request, admitted, stages: stages.unwrap_or_default() })
+    Ok(crate::job::JobSpec { id, principal, model, request, admitted })
 }
 
 /// How a committed request is answered.
@@ -570,10 +580,7 @@ async fn embed(
     body: Body,
     record: &mut RequestRecord,
 ) -> Result<serde_json::Value, ApiError> {
-    let caller = authenticate(state, headers)?;
-    let config = state.config.current();
-    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
-    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
+    let (caller, config, bytes) = authenticated_body(state, headers, body).await?;
     let request = crate::ingress::embeddings::parse_request(&bytes)?;
     if !caller.may_use(&request.model) {
         return Err(ApiError::ModelNotAllowed(request.model));
@@ -595,14 +602,8 @@ pub const TOKEN_COUNT_HEADER: &str = "iop-token-count";
 /// tool call) and flagged `iop-token-count: estimate`: no provider behind
 /// IOP counts Anthropic-shaped requests itself.
 async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
-    let caller = match authenticate(&state, &headers) {
-        Ok(caller) => caller,
-        Err(err) => return error_response::<Messages>(&err),
-    };
-    let config = state.config.current();
-    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
-    let bytes = match read_body(body, config.limits.max_body_bytes, idle).await {
-        Ok(bytes) => bytes,
+    let (caller, config, bytes) = match authenticated_body(&state, &headers, body).await {
+        Ok(read) => read,
         Err(err) => return error_response::<Messages>(&err),
     };
     let request = match crate::ingress::anthropic_messages::parse_count_tokens_request(&bytes) {
