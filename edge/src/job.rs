@@ -24,7 +24,6 @@ pub mod tools;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iop_proto::config::WorkspaceStages;
 use iop_proto::pb::{self, run_event::Event};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +49,6 @@ pub struct JobSpec {
     /// The client's request, normalized: its messages and options.
     pub request: pb::RunRequest,
     pub admitted: Admitted,
-    pub stages: WorkspaceStages,
 }
 
 /// How a job ended for its client.
@@ -113,9 +111,9 @@ pub async fn run(state: Arc<EdgeState>, spec: JobSpec, cancel: CancellationToken
         call,
         authority: effective,
         job: Job::new(StagePlan {
-            plan: spec.stages.plan,
-            review: spec.stages.review,
-            max_repairs: spec.stages.max_repairs,
+            plan: spec.admitted.stages.plan,
+            review: spec.admitted.stages.review,
+            max_repairs: spec.admitted.stages.max_repairs,
         }),
         conversation: conversation(&spec.request),
         usage: pb::Usage::default(),
@@ -231,7 +229,7 @@ impl Driver<'_> {
     async fn drive(&mut self, cancel: &CancellationToken) -> Result<String, JobError> {
         self.apply(JobEvent::Opened);
         let limits = self.authority.limits.unwrap_or_default();
-        let stage_timeout = Duration::from_millis(self.spec.stages.stage_timeout_ms);
+        let stage_timeout = Duration::from_millis(self.spec.admitted.stages.stage_timeout_ms);
         let mut visits = 0u32;
         let mut answer = String::new();
         loop {
@@ -258,7 +256,8 @@ impl Driver<'_> {
                     now,
                 );
                 self.current = Some(Visit { stage, id: format!("{}-{visits}", stage.label()), budget, started: now });
-                let instruction = prompts::instruction(stage, &self.spec.stages.prompts, self.job.review_notes());
+                let instruction =
+                    prompts::instruction(stage, &self.spec.admitted.stages.prompts, self.job.review_notes());
                 self.conversation.push(message(pb::Role::User, instruction));
             }
             let visit = self.current.as_mut().expect("set above");

@@ -86,6 +86,8 @@ pub struct Admitted {
     pub node: String,
     pub generation: u64,
     pub authority: pb::WorkspaceAuthority,
+    /// How a job runs on it (from the same config as the authority).
+    pub stages: iop_proto::config::WorkspaceStages,
 }
 
 /// Resolves `reference` to its configured owner's current ready connection,
@@ -102,6 +104,7 @@ pub fn admit(state: &EdgeState, reference: &str) -> Result<Admitted, WorkspaceEr
         node: entry.node.clone(),
         generation,
         authority: entry.authority(),
+        stages: entry.stages.clone(),
     })
 }
 
