@@ -31,6 +31,13 @@ pub const MAX_RUN_REQUEST_MESSAGE_BYTES: usize = MAX_REQUEST_BODY_BYTES + 16 * 1
 /// decodes node messages up to this size.
 pub const MAX_WORKSPACE_MESSAGE_BYTES: usize = 64 * 1024 * 1024 + 64 * 1024;
 
+/// Largest image accepted in a request (decoded), as the big providers
+/// bound them; the Edge checks images clients send, the node images it
+/// fetches by URL.
+pub const MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
+/// The image types every provider that takes images reads.
+pub const IMAGE_MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
 /// Largest encoded request the Edge puts into a `RunAssign` / `TunnelAssign`
 /// on the control stream (32 KiB); a larger one goes down the execution's
 /// own call. Inline, the node calls the provider one Edge round trip sooner

@@ -4,13 +4,9 @@
 
 use base64::Engine as _;
 use iop_proto::pb;
+use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
 use super::error::ApiError;
-
-/// Largest image accepted (decoded), as the big providers bound them.
-pub const MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
-/// The image types every provider that takes images reads.
-const MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// An image given by URL (OpenAI's `image_url`, Responses' `input_image`,
 /// Anthropic's `{"type": "url"}` source).
@@ -29,7 +25,7 @@ pub(super) fn from_url(url: &str, path: &str) -> Result<pb::Image, ApiError> {
 
 /// An image given as base64 with its media type.
 pub(super) fn from_base64(media_type: &str, data: &str, path: &str) -> Result<pb::Image, ApiError> {
-    if !MEDIA_TYPES.contains(&media_type) {
+    if !IMAGE_MEDIA_TYPES.contains(&media_type) {
         let message = format!("`{path}`: image type `{media_type}` is not supported (png, jpeg, gif or webp)");
         return Err(ApiError::invalid_param(path, message));
     }

@@ -2,7 +2,7 @@
 //! takes only image data (Ollama), when the node's owner allows it
 //! (`images.fetch_urls`). Bounded: http(s) only, no credentials in the URL,
 //! never a loopback, private or link-local address given literally or as
-//! `localhost`, at most [`MAX_IMAGE_BYTES`], an `image/*` answer, within
+//! `localhost`, at most `MAX_IMAGE_BYTES` (`iop_proto::wire`), an image answer, within
 //! [`FETCH_TIMEOUT`]. (A name that resolves to a private address is not
 //! caught here: the owner's switch is the consent to that risk.)
 
@@ -10,13 +10,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use iop_proto::pb;
+use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
 use super::{AdapterError, read_capped};
 
-/// The Edge's own bound on an image.
-pub const MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
-const MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 pub(super) fn any_url(request: &pb::RunRequest) -> bool {
     request.messages.iter().flat_map(|m| &m.images).any(|i| i.data.is_empty() && !i.url.is_empty())
@@ -73,7 +71,7 @@ async fn fetch_urls_checked(
                 .and_then(|v| v.to_str().ok())
                 .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
                 .unwrap_or_default();
-            if !MEDIA_TYPES.contains(&media_type.as_str()) {
+            if !IMAGE_MEDIA_TYPES.contains(&media_type.as_str()) {
                 return Err(refuse("the image URL did not answer with a png, jpeg, gif or webp image"));
             }
             let (data, error) = read_capped(response, MAX_IMAGE_BYTES + 1).await;
