@@ -34,7 +34,8 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// The node's own state lives under `<root>/.iop`; no tool may touch it.
 pub const RESERVED: &str = ".iop";
 
-/// Why a file operation was refused or failed (closed; the metric label).
+/// Why a file operation was refused or failed (closed; on the wire as a
+/// `WorkspaceToolErrorCode`, whose label metrics and logs use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FileError {
     #[error("invalid path: {0}")]
@@ -66,24 +67,6 @@ pub enum FileError {
 }
 
 impl FileError {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::InvalidPath(_) => "invalid_path",
-            Self::Reserved => "reserved",
-            Self::NotFound => "not_found",
-            Self::Symlink => "symlink",
-            Self::CrossDevice => "cross_device",
-            Self::NotADirectory => "not_a_directory",
-            Self::IsADirectory => "is_a_directory",
-            Self::SpecialFile => "special_file",
-            Self::Exists => "exists",
-            Self::NotEmpty => "not_empty",
-            Self::TooLarge => "too_large",
-            Self::ParentChanged => "parent_changed",
-            Self::Io => "io",
-        }
-    }
-
     fn of(errno: Errno) -> Self {
         match errno {
             Errno::NOENT => Self::NotFound,

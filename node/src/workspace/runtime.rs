@@ -383,7 +383,12 @@ impl WorkspaceRuntime {
         let (status, removed, refused) = match outcome {
             CleanupOutcome::NothingToClean => (S::NothingToClean, 0, 0),
             CleanupOutcome::Cleaned { removed } => (S::Cleaned, removed, 0),
-            CleanupOutcome::Partial { removed, refused } => (S::Partial, removed, refused.values().sum()),
+            CleanupOutcome::Partial { removed, refused } => {
+                // The kinds only (closed labels), never a name.
+                let kinds: Vec<String> = refused.iter().map(|(why, n)| format!("{}={n}", why.label())).collect();
+                tracing::warn!(refused = %kinds.join(","), "workspace cleanup left entries in place");
+                (S::Partial, removed, refused.values().sum())
+            }
             CleanupOutcome::InvalidRequestId | CleanupOutcome::Failed => (S::Failed, 0, 0),
         };
         response.status = status.into();
