@@ -412,7 +412,7 @@ impl EventRenderer {
         }
     }
 
-    fn step_events(&mut self, step: Step, events: &mut Vec<(&'static str, Value)>) {
+    fn step_events(&mut self, step: Step<'_>, events: &mut Vec<(&'static str, Value)>) {
         let t = &self.transcript;
         match step {
             Step::Begin => self.begin(events),

@@ -60,16 +60,17 @@ impl Block {
     }
 }
 
-/// What one run event did to the answer.
+/// What one run event did to the answer. A delta borrows its text from
+/// the event, so rendering an event allocates nothing here.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub enum Step<'e> {
     /// The answer began: the first event of a run, unless it is a failure
     /// or a cancel.
     Begin,
     /// Block `i` opened (it is empty).
     Open(usize),
     /// Block `i` grew by this text.
-    Delta(usize, String),
+    Delta(usize, &'e str),
     /// Block `i` is complete.
     Close(usize),
     /// The run completed; every block is closed.
@@ -79,6 +80,10 @@ pub enum Step {
     Fail(pb::ExecutionFailure),
     Cancel,
 }
+
+/// The steps of one event: at most four (begin, close, open, delta), so
+/// they stay on the stack.
+pub type Steps<'e> = smallvec::SmallVec<[Step<'e>; 4]>;
 
 #[derive(Debug, Default)]
 pub struct Transcript {
@@ -130,8 +135,8 @@ impl Transcript {
         finish_reason(self.terminal.take())
     }
 
-    pub fn push(&mut self, event: &Event) -> Vec<Step> {
-        let mut steps = Vec::new();
+    pub fn push<'e>(&mut self, event: &'e Event) -> Steps<'e> {
+        let mut steps = Steps::new();
         if self.terminal.is_some() {
             return steps;
         }
@@ -165,7 +170,7 @@ impl Transcript {
     }
 
     /// Text or reasoning: continues an open block of the same kind.
-    fn text(&mut self, kind: BlockKind, text: &str, steps: &mut Vec<Step>) {
+    fn text<'e>(&mut self, kind: BlockKind, text: &'e str, steps: &mut Steps<'e>) {
         if text.is_empty() {
             return;
         }
@@ -177,10 +182,10 @@ impl Transcript {
             },
         };
         self.blocks[i].content.push_str(text);
-        steps.push(Step::Delta(i, text.to_string()));
+        steps.push(Step::Delta(i, text));
     }
 
-    fn tool_call(&mut self, d: &pb::ToolCallDelta, steps: &mut Vec<Step>) {
+    fn tool_call<'e>(&mut self, d: &'e pb::ToolCallDelta, steps: &mut Steps<'e>) {
         let known = self.calls.get(&d.index).copied();
         let same_call = |block: &Block| match &block.kind {
             BlockKind::ToolCall { id, .. } => d.id.is_empty() || d.id == *id,
@@ -202,13 +207,13 @@ impl Transcript {
         };
         if !d.arguments_delta.is_empty() {
             self.blocks[i].content.push_str(&d.arguments_delta);
-            steps.push(Step::Delta(i, d.arguments_delta.clone()));
+            steps.push(Step::Delta(i, &d.arguments_delta));
         }
     }
 
     /// Closes the open block and opens a new one; `None` if closing failed
     /// the run.
-    fn open_block(&mut self, kind: BlockKind, steps: &mut Vec<Step>) -> Option<usize> {
+    fn open_block(&mut self, kind: BlockKind, steps: &mut Steps<'_>) -> Option<usize> {
         self.close(steps);
         if self.terminal.is_some() {
             return None;
@@ -222,7 +227,7 @@ impl Transcript {
 
     /// Closes the open block; a tool call whose arguments are not a JSON
     /// object fails the run instead.
-    fn close(&mut self, steps: &mut Vec<Step>) {
+    fn close(&mut self, steps: &mut Steps<'_>) {
         let Some(i) = self.open else { return };
         let block = &self.blocks[i];
         if let BlockKind::ToolCall { name, .. } = &block.kind
@@ -238,7 +243,7 @@ impl Transcript {
 
     /// Ends the run as failed; the open block (if any) stays open, so an
     /// API can show it as incomplete.
-    fn fail(&mut self, failure: pb::ExecutionFailure, steps: &mut Vec<Step>) {
+    fn fail(&mut self, failure: pb::ExecutionFailure, steps: &mut Steps<'_>) {
         self.terminal = Some(Terminal::Failed(failure.clone()));
         steps.push(Step::Fail(failure));
     }
@@ -274,7 +279,7 @@ mod tests {
     use super::*;
     use crate::ingress::test_events::{completed, started, text, tool, usage};
 
-    fn run(events: &[Event]) -> (Transcript, Vec<Step>) {
+    fn run(events: &[Event]) -> (Transcript, Vec<Step<'_>>) {
         let mut transcript = Transcript::default();
         let steps = events.iter().flat_map(|e| transcript.push(e)).collect();
         (transcript, steps)
@@ -282,7 +287,7 @@ mod tests {
 
     #[test]
     fn blocks_open_grow_and_close_in_order() {
-        let (mut transcript, steps) = run(&[
+        let events = [
             started(),
             text("Hel"),
             text("lo"),
@@ -292,24 +297,25 @@ mod tests {
             text("after"),
             usage(3, 4),
             completed(pb::FinishReason::ToolCalls),
-        ]);
+        ];
+        let (mut transcript, steps) = run(&events);
         use Step::*;
         assert_eq!(
             steps,
             vec![
                 Begin,
                 Open(0),
-                Delta(0, "Hel".into()),
-                Delta(0, "lo".into()),
+                Delta(0, "Hel"),
+                Delta(0, "lo"),
                 Close(0),
                 Open(1),
-                Delta(1, "{\"q\":".into()),
-                Delta(1, "1}".into()),
+                Delta(1, "{\"q\":"),
+                Delta(1, "1}"),
                 Close(1),
                 Open(2),
                 Close(2),
                 Open(3),
-                Delta(3, "after".into()),
+                Delta(3, "after"),
                 Close(3),
                 Complete { finish_reason: pb::FinishReason::ToolCalls.into() },
             ]
@@ -323,23 +329,23 @@ mod tests {
 
     #[test]
     fn a_known_index_with_a_new_id_is_a_new_call_and_a_late_piece_fails_the_run() {
-        let (transcript, steps) = run(&[tool(0, "a", "f", "{}"), tool(0, "b", "f", "{}")]);
+        let events = [tool(0, "a", "f", "{}"), tool(0, "b", "f", "{}")];
+        let (transcript, steps) = run(&events);
         assert_eq!(transcript.blocks().len(), 2, "{steps:?}");
 
-        let (mut transcript, steps) = steps_of_late_piece();
+        // A late piece: call 0 closed when call 1 opened.
+        let events = [tool(0, "a", "f", "{"), tool(0, "", "", "}"), tool(1, "b", "g", "{}"), tool(0, "", "", "")];
+        let (mut transcript, steps) = run(&events);
         assert!(matches!(steps.last(), Some(Step::Fail(f)) if f.kind() == pb::FailureKind::ProviderProtocol));
         assert!(transcript.push(&completed(pb::FinishReason::Stop)).is_empty(), "nothing after a terminal counts");
         assert!(transcript.finish().is_err());
     }
 
-    fn steps_of_late_piece() -> (Transcript, Vec<Step>) {
-        run(&[tool(0, "a", "f", "{"), tool(0, "", "", "}"), tool(1, "b", "g", "{}"), tool(0, "", "", "")])
-    }
-
     #[test]
     fn arguments_that_are_not_an_object_fail_the_run_when_the_call_closes() {
         for bad in ["[1]", "{", "\"x\""] {
-            let (mut transcript, steps) = run(&[tool(0, "a", "f", bad), completed(pb::FinishReason::Stop)]);
+            let events = [tool(0, "a", "f", bad), completed(pb::FinishReason::Stop)];
+            let (mut transcript, steps) = run(&events);
             assert!(matches!(steps.last(), Some(Step::Fail(_))), "{bad}: {steps:?}");
             assert!(transcript.finish().is_err());
         }
@@ -351,9 +357,11 @@ mod tests {
     #[test]
     fn a_failure_or_cancel_first_does_not_begin_the_answer() {
         let failed = Event::Failed(pb::RunFailed { failure: None });
-        let (_, steps) = run(&[failed]);
+        let events = [failed];
+        let (_, steps) = run(&events);
         assert!(matches!(steps.as_slice(), [Step::Fail(_)]));
-        let (mut transcript, steps) = run(&[Event::Cancelled(pb::RunCancelled { reason: 0 })]);
+        let events = [Event::Cancelled(pb::RunCancelled { reason: 0 })];
+        let (mut transcript, steps) = run(&events);
         assert_eq!(steps, vec![Step::Cancel]);
         assert!(transcript.finish().is_err());
         let (mut transcript, _) = run(&[text("x")]);
