@@ -78,7 +78,9 @@ seen = client.messages.create(model=model, max_tokens=50, messages=[{"role": "us
 ]}])
 assert seen.content[0].text.endswith("[images: 1]"), seen
 
-counted = client.messages.count_tokens(model=model, messages=[{"role": "user", "content": "count me"}])
+raw = client.messages.with_raw_response.count_tokens(model=model, messages=[{"role": "user", "content": "count me"}])
+assert raw.headers.get("iop-token-count") in ("exact", "estimate"), raw.headers
+counted = raw.parse()
 assert counted.input_tokens > 0, counted
 
 print("anthropic sdk: ok")

@@ -11,6 +11,7 @@
 //! | `POST /v1/chat/completions` | OpenAI chat; SSE stream only with `"stream": true`       |
 //! | `POST /api/embed`           | Ollama embeddings (see *Embeddings*)                     |
 //! | `POST /v1/embeddings`       | OpenAI embeddings (see *Embeddings*)                     |
+//! | `POST /apply-template`      | llama.cpp's chat template (see *Tokenize*)               |
 //! | `POST /tokenize`            | llama.cpp's tokenizer, one token per word (*Tokenize*)   |
 //! | `GET /mock/stats`           | [`MockStats`] as JSON                                    |
 //! | `GET /mock/requests`        | the request log (see *Request log*)                      |
@@ -40,7 +41,10 @@
 //! base64 strings; OpenAI: content parts `{"type": "image_url", ...}`; either
 //! form counts on either API), the echo ends in ` [images: N]`, N the number
 //! of images in all messages: `… You said: <last user message> [images: 2]`.
-//! `words`, `call tool` and scripted replies do not change.
+//! `words`, `call tool` and scripted replies do not change. `POST /api/show`
+//! lists the model's `capabilities` as Ollama does: `completion`, `tools`,
+//! and `vision` unless the model's name starts with `text` (a text-only
+//! model; the chat endpoints still answer it).
 //!
 //! # Reasoning
 //!
@@ -84,10 +88,12 @@
 //!
 //! `POST /tokenize` takes `{"content": "..."}` and answers `{"tokens": [ints]}`
 //! like llama.cpp's server: one token per whitespace-separated word, a hash of
-//! the word ([`tokenize`]), so a gateway that tokenizes each message's text
-//! gets exactly the `prompt_tokens` the chat endpoints report. A missing or
-//! non-string `content` is a 400 in the OpenAI error shape; no fault knobs
-//! apply. Ollama has no such endpoint, so neither has `/api/*`.
+//! the word ([`tokenize`]). `POST /apply-template` takes an OpenAI chat body
+//! and answers `{"prompt": "..."}`, the mock's chat template: every
+//! message's text, joined by newlines. Tokenizing that prompt gives exactly
+//! the `prompt_tokens` the chat endpoints report for the same messages. A
+//! body of the wrong shape is a 400 in the OpenAI error shape; no fault
+//! knobs apply. Ollama has no such endpoints, so neither has `/api/*`.
 //!
 //! # Request log
 //!
@@ -844,6 +850,7 @@ fn router(state: AppState) -> Router {
         .route("/mock/scripts/reset", post(reset_scripts))
         .route("/api/embed", post(ollama_embed))
         .route("/v1/embeddings", post(openai_embeddings))
+        .route("/apply-template", post(apply_template))
         .route("/tokenize", post(tokenize_text))
         .route("/mock/requests", get(logged_requests))
         .route("/mock/requests/reset", post(reset_requests))
@@ -970,7 +977,12 @@ async fn list_models() -> Json<Value> {
 /// `POST /api/show`: echoes which model was asked about.
 async fn ollama_show(body: Bytes) -> Response {
     match serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_string)) {
-        Some(model) => Json(serde_json::json!({ "model": model, "details": { "family": "mock" } })).into_response(),
+        Some(model) => {
+            let capabilities: &[&str] =
+                if model.starts_with("text") { &["completion", "tools"] } else { &["completion", "tools", "vision"] };
+            Json(json!({ "model": model, "details": { "family": "mock" }, "capabilities": capabilities }))
+                .into_response()
+        }
         None => (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": "model is required" }))).into_response(),
     }
 }
@@ -1018,6 +1030,22 @@ async fn ollama_embed(State(state): State<AppState>, headers: HeaderMap, body: B
 
 async fn openai_embeddings(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     embed(Api::OpenAi, state, headers, body).await
+}
+
+/// `POST /apply-template` (llama.cpp's server): an OpenAI chat body ->
+/// `{"prompt": "..."}`, the messages' text joined by newlines.
+async fn apply_template(body: Bytes) -> Response {
+    #[derive(Deserialize)]
+    struct Chat {
+        messages: Vec<ChatMessage>,
+    }
+    match serde_json::from_slice::<Chat>(&body) {
+        Ok(chat) => {
+            let prompt = chat.messages.iter().map(ChatMessage::text).collect::<Vec<_>>().join("\n");
+            Json(json!({ "prompt": prompt })).into_response()
+        }
+        Err(_) => Api::OpenAi.error(StatusCode::BAD_REQUEST, r#"the body must be a chat request with "messages""#),
+    }
 }
 
 /// `POST /tokenize` (llama.cpp's server): `{"content": "..."}` -> `{"tokens": [..]}`.
@@ -2166,6 +2194,12 @@ mod tests {
         let models = get_json(&mock, "/v1/models").await;
         assert_eq!(models["data"][0]["id"], "mock");
         assert_eq!(models["data"][0]["owned_by"], "iop-mock");
+        for (model, capabilities) in
+            [("mock", json!(["completion", "tools", "vision"])), ("text-only", json!(["completion", "tools"]))]
+        {
+            let shown = json_of(post(&mock, "/api/show", &json!({ "model": model }), None).await).await;
+            assert_eq!(shown["capabilities"], capabilities);
+        }
         let health = client().get(format!("{}/healthz", mock.base_url())).send().await.unwrap();
         assert_eq!(health.text().await.unwrap(), "ok");
         assert_eq!(
@@ -2713,6 +2747,19 @@ mod tests {
         let chat = json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", text, json!({})), None).await).await;
         assert_eq!(chat["usage"]["prompt_tokens"], 4);
 
+        let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]);
+        let chat =
+            json_of(post(&mock, "/v1/chat/completions", &json!({"model": "mock", "messages": messages}), None).await)
+                .await;
+        let template =
+            json_of(post(&mock, "/apply-template", &json!({"model": "mock", "messages": messages}), None).await).await;
+        assert_eq!(template, json!({ "prompt": "be brief\none two  three one" }));
+        let counted = json_of(post(&mock, "/tokenize", &json!({ "content": template["prompt"] }), None).await).await;
+        assert_eq!(counted["tokens"].as_array().unwrap().len(), 6);
+        assert_eq!(chat["usage"]["prompt_tokens"], 6);
+
+        let resp = post(&mock, "/apply-template", &json!({ "prompt": "x" }), None).await;
+        assert_eq!(resp.status(), 400);
         for bad in [json!({}), json!({ "content": 1 }), json!("one")] {
             let resp = post(&mock, "/tokenize", &bad, None).await;
             assert_eq!(resp.status(), 400, "{bad}");

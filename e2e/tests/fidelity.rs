@@ -149,10 +149,12 @@ async fn messages_and_responses_carry_tool_choice_and_clients_can_hand_back_reas
 
 /// Images from every API reach both providers (as Ollama `images` or
 /// OpenAI `image_url` parts; the mock counts them in its echo); an image URL
-/// cannot reach Ollama and says so.
+/// cannot reach Ollama and says so, and neither can an image reach an Ollama
+/// model whose capabilities lack `vision`.
 #[tokio::test]
 async fn images_reach_both_providers_from_every_api() {
-    let stack = Stack::start(StackOptions::default()).await;
+    let text_only = provider("text-only", iop_proto::config::Adapter::Ollama, "text-model", "mock-text", "");
+    let stack = Stack::start(StackOptions { extra_providers: vec![text_only], ..Default::default() }).await;
     // A 1x1 PNG.
     let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
     let data_url = format!("data:image/png;base64,{png}");
@@ -183,6 +185,17 @@ async fn images_reach_both_providers_from_every_api() {
     }
     let sent = stack.last_provider_request(OLLAMA).await;
     assert_eq!(sent["messages"][0]["images"], json!([png]), "Ollama gets the image's base64");
+
+    let requests_before = stack.mock_stats().await["requests_total"].clone();
+    let to_text_only = json!({"model": "mock-text", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": data_url}}
+    ]}]});
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &to_text_only).await).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("does not accept images"), "{body}");
+    assert_eq!(stack.mock_stats().await["requests_total"], requests_before, "the model was never asked");
+    let text = json!({"model": "mock-text", "messages": [{"role": "user", "content": "just text"}]});
+    assert_eq!(json_body(stack.post("/v1/chat/completions", &text).await).await.0, 200);
 
     let by_url = json!({"model": "mock-ollama", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
@@ -255,27 +268,52 @@ async fn a_context_length_error_moves_the_request_to_the_fallback_model() {
     assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"strict\",outcome=\"context_fallback\"}").await, 0.0);
 }
 
-/// `count_tokens` answers an estimate, flagged as one, in Anthropic's shape.
+/// `count_tokens` asks the provider's tokenizer where it has one (llama.cpp's
+/// `/apply-template` + `/tokenize`: the count equals the chat's own input
+/// tokens) and answers an estimate, flagged as one, where it has none
+/// (Ollama), in Anthropic's shape either way.
 #[tokio::test]
-async fn count_tokens_estimates_and_says_so() {
+async fn count_tokens_is_exact_through_a_tokenizer_and_an_estimate_otherwise() {
     let stack = Stack::start(StackOptions::default()).await;
-    let count = |text: &str| {
-        let body =
-            json!({"model": "mock-ollama", "system": "be brief", "messages": [{"role": "user", "content": text}]});
+    let request = |model: &str, text: &str| {
+        json!({"model": model, "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+               "messages": [{"role": "user", "content": text}]})
+    };
+    let count = |body: Value| {
         let request = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&body);
         async move { request.send().await.unwrap() }
     };
-    let response = count("hello there").await;
+
+    // Exact: the OpenAI-compatible provider's tokenizer, asked over the
+    // rendered chat template.
+    let text = "count these five words please";
+    let response = count(request("mock-openai", text)).await;
+    assert_eq!(response.headers()["iop-token-count"], "exact");
+    let (status, exact) = json_body(response).await;
+    assert_eq!(status, 200, "{exact}");
+    let mut chat = request("mock-openai", text);
+    chat["max_tokens"] = json!(16);
+    let (status, answered) = json_body(stack.post("/v1/messages", &chat).await).await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(exact["input_tokens"], answered["usage"]["input_tokens"], "the count is the chat's own");
+    assert_eq!(exact, json!({"input_tokens": 7}));
+    let template = stack.last_provider_request("/apply-template").await;
+    assert_eq!(template["messages"][1]["content"], text, "the template saw the request's messages");
+    assert_eq!(template["model"], "mock");
+
+    // Estimate: Ollama has no tokenizer; nothing is generated.
+    let before = stack.mock_stats().await["requests_total"].clone();
+    let response = count(request("mock-ollama", "hello there")).await;
     assert_eq!(response.headers()["iop-token-count"], "estimate");
     let (status, short) = json_body(response).await;
     assert_eq!(status, 200, "{short}");
-    let (_, long) = json_body(count(&"word ".repeat(400)).await).await;
+    let (_, long) = json_body(count(request("mock-ollama", &"word ".repeat(400))).await).await;
     assert!(long["input_tokens"].as_u64().unwrap() > short["input_tokens"].as_u64().unwrap() + 400, "{long}");
+    assert_eq!(stack.mock_stats().await["requests_total"], before, "counting generates nothing");
+
     let unknown = json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]});
-    let response = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&unknown).send().await.unwrap();
-    let (status, body) = json_body(response).await;
+    let (status, body) = json_body(count(unknown).await).await;
     assert_eq!((status, body["error"]["type"].as_str()), (404, Some("not_found_error")));
-    assert_eq!(stack.mock_stats().await["requests_total"], 0, "counting never calls a provider");
 }
 
 trait JsonBody {

@@ -243,7 +243,10 @@ pub async fn execute(
             avoid: avoid.clone(),
         };
         let wait = queue_timeout.min(deadline.saturating_duration_since(Instant::now()));
-        let lease = match state.admission.admit(admit, limits.queue_depth, wait).await {
+        // A token count takes a free slot or none: it never waits behind
+        // generations (the caller answers an estimate instead).
+        let queue_depth = if request.count_tokens { 0 } else { limits.queue_depth };
+        let lease = match state.admission.admit(admit, queue_depth, wait).await {
             Ok(lease) => lease,
             // After a failed attempt, the provider's own answer says more
             // than "nothing else is available".

@@ -594,13 +594,16 @@ async fn embed(
     crate::ingress::embeddings::answer(&request, &buffered)
 }
 
-/// How `count_tokens` counted (the response header `iop-token-count`).
+/// How `count_tokens` counted (the response header `iop-token-count`):
+/// `exact` (the provider's own tokenizer) or `estimate`.
 pub const TOKEN_COUNT_HEADER: &str = "iop-token-count";
 
-/// `POST /v1/messages/count_tokens`: the request's input tokens, estimated
-/// (about four characters per token over every text, tool definition and
-/// tool call) and flagged `iop-token-count: estimate`: no provider behind
-/// IOP counts Anthropic-shaped requests itself.
+/// `POST /v1/messages/count_tokens`: the request's input tokens, counted
+/// by the route's provider where it can tokenize (a count run through the
+/// same routing and credential leases as a chat, that never queues: it
+/// takes a free slot or none), else estimated (about four characters per
+/// token over every text, tool definition and tool call). The header
+/// `iop-token-count` says which.
 async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
     let (caller, config, bytes) = match authenticated_body(&state, &headers, body).await {
         Ok(read) => read,
@@ -618,9 +621,28 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
         };
         return error_response::<Messages>(&err);
     }
-    let tokens = crate::ingress::estimate_input_tokens(&request.messages, &request.tools);
+    let run = pb::RunRequest {
+        messages: request.messages.clone(),
+        tools: request.tools.clone(),
+        count_tokens: true,
+        ..Default::default()
+    };
+    let counted = match gate::execute(&state, caller.name(), &request.model, run, None, CommitPoint::Terminal).await {
+        Ok(gate::Committed { answer: Answer::Normalized { buffered, .. }, .. }) => {
+            crate::ingress::anthropic_messages::counted_tokens(&buffered)
+        }
+        Ok(_) => None,
+        Err(err) => {
+            tracing::debug!(code = err.code(), "no provider count; answering the estimate");
+            None
+        }
+    };
+    let (tokens, how) = match counted {
+        Some(tokens) => (tokens, "exact"),
+        None => (crate::ingress::estimate_input_tokens(&request.messages, &request.tools), "estimate"),
+    };
     let mut response = axum::Json(json!({ "input_tokens": tokens })).into_response();
-    response.headers_mut().insert(TOKEN_COUNT_HEADER, HeaderValue::from_static("estimate"));
+    response.headers_mut().insert(TOKEN_COUNT_HEADER, HeaderValue::from_static(how));
     response
 }
 

@@ -106,6 +106,17 @@ pub fn parse_count_tokens_request(body: &[u8]) -> Result<MessagesRequest, ApiErr
     parse_request(Value::Object(obj).to_string().as_bytes())
 }
 
+/// The prompt tokens a completed count run reported, if it completed.
+pub fn counted_tokens(events: &[pb::run_event::Event]) -> Option<u64> {
+    use pb::run_event::Event;
+    let completed = events.iter().any(|e| matches!(e, Event::Completed(_)));
+    let usage = events.iter().find_map(|e| match e {
+        Event::Usage(u) => Some(u64::from(u.prompt_tokens)),
+        _ => None,
+    });
+    usage.filter(|_| completed)
+}
+
 /// Appends the normalized message(s) for `messages[i]` to `out`.
 fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Result<(), ApiError> {
     let path = format!("messages.{i}");

@@ -16,6 +16,7 @@ mod ollama;
 mod openai;
 pub mod probe;
 mod sse;
+mod tokens;
 
 #[cfg(test)]
 pub(crate) mod fake;
@@ -279,8 +280,14 @@ pub async fn execute(
     if let Some(embed) = &request.embed {
         return embed::execute(client, target, embed, authorization, sink).await;
     }
+    if request.count_tokens {
+        return tokens::execute(client, target, request, authorization, sink).await;
+    }
     match target.adapter {
         AdapterKind::Ollama => {
+            if images::any_image(request) {
+                images::ensure_ollama_takes_images(client, target).await?;
+            }
             let fetched;
             let request = if target.fetch_image_urls && images::any_url(request) {
                 fetched = images::fetch_urls(request).await?;

@@ -1,0 +1,121 @@
+//! Exact prompt-token counts (`RunRequest.count_tokens`), asked of the
+//! provider's own tokenizer: llama.cpp's server renders the model's chat
+//! template over the same body a chat would send (`POST /apply-template`)
+//! and tokenizes the rendered prompt (`POST /tokenize`), so the count is the
+//! one the chat would report. Ollama has no tokenizer endpoint, and neither
+//! has an OpenAI-compatible server without these two; both fail the run with
+//! `InvalidRequest` without generating anything, and the Edge then answers
+//! its documented estimate.
+
+use iop_proto::pb;
+use reqwest::StatusCode;
+use reqwest::header::HeaderValue;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{AdapterError, AdapterKind, EventSink, ProviderTarget, json_error_summary, post_json, read_capped};
+
+pub(super) const TEMPLATE_PATH: &str = "/apply-template";
+pub(super) const TOKENIZE_PATH: &str = "/tokenize";
+/// Largest tokenizer answer read (a long prompt's token ids as JSON text).
+const BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+#[derive(Deserialize)]
+struct Template {
+    prompt: String,
+}
+
+#[derive(Deserialize)]
+struct Tokens {
+    tokens: Vec<serde_json::Value>,
+}
+
+pub(super) async fn execute(
+    client: &reqwest::Client,
+    target: &ProviderTarget,
+    request: &pb::RunRequest,
+    authorization: Option<HeaderValue>,
+    sink: &EventSink,
+) -> Result<pb::FinishReason, AdapterError> {
+    if target.adapter == AdapterKind::Ollama {
+        return Err(no_tokenizer(target, "Ollama has no tokenizer endpoint"));
+    }
+    let chat = super::openai::request_body(target, request)?;
+    let template: Template = call(client, target, TEMPLATE_PATH, chat, authorization.clone()).await?;
+    let body = json!({ "content": template.prompt, "add_special": true }).to_string().into_bytes();
+    let tokens: Tokens = call(client, target, TOKENIZE_PATH, body, authorization).await?;
+    let prompt_tokens = u32::try_from(tokens.tokens.len()).unwrap_or(u32::MAX);
+    let events = [
+        super::started(&target.target_model),
+        pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0 }),
+    ];
+    for event in events {
+        sink.send(event).await.map_err(|_| AdapterError::SinkClosed)?;
+    }
+    Ok(pb::FinishReason::Stop)
+}
+
+/// One tokenizer call; a provider that does not serve `path` (404, 405,
+/// 501) has no tokenizer, which is not the provider failing.
+async fn call<T: serde::de::DeserializeOwned>(
+    client: &reqwest::Client,
+    target: &ProviderTarget,
+    path: &str,
+    body: Vec<u8>,
+    authorization: Option<HeaderValue>,
+) -> Result<T, AdapterError> {
+    let url = reqwest::Url::parse(&target.url(path)).map_err(|e| AdapterError::InvalidRequest(e.to_string()))?;
+    let response = match post_json(client, url, body, authorization).await {
+        Err(AdapterError::HttpStatus { status, .. })
+            if [StatusCode::NOT_FOUND, StatusCode::METHOD_NOT_ALLOWED, StatusCode::NOT_IMPLEMENTED]
+                .map(|s| s.as_u16())
+                .contains(&status) =>
+        {
+            return Err(no_tokenizer(target, &format!("the provider answers HTTP {status} to {path}")));
+        }
+        other => other?,
+    };
+    let (bytes, error) = read_capped(response, BODY_LIMIT).await;
+    if error.is_some() {
+        return Err(AdapterError::Unreachable(format!("the answer to {path} was cut off")));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        AdapterError::Protocol(format!("provider sent an invalid answer to {path} ({})", json_error_summary(&e)))
+    })
+}
+
+fn no_tokenizer(target: &ProviderTarget, why: &str) -> AdapterError {
+    AdapterError::InvalidRequest(format!("provider `{}` cannot count tokens: {why}", target.provider_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::fake::{self, Reply};
+
+    fn count_run() -> pb::RunRequest {
+        pb::RunRequest { count_tokens: true, ..fake::request(vec![fake::user("count me")]) }
+    }
+
+    #[tokio::test]
+    async fn a_provider_without_a_tokenizer_fails_the_count_as_invalid_and_generates_nothing() {
+        let mut missing = fake::serve(Reply::json(404, r#"{"error":"not found"}"#)).await;
+        let (result, events) = fake::run(&fake::target(AdapterKind::OpenAi, &missing.base_url), &count_run()).await;
+        assert!(
+            matches!(&result, Err(AdapterError::InvalidRequest(m)) if m.contains("cannot count tokens") && m.contains("404")),
+            "{result:?}"
+        );
+        assert!(events.is_empty());
+        assert_eq!(missing.request().await.path, TEMPLATE_PATH, "the template is asked first");
+
+        // Ollama is not asked at all.
+        let (result, events) = fake::run(&fake::target(AdapterKind::Ollama, "http://127.0.0.1:9"), &count_run()).await;
+        assert!(matches!(&result, Err(AdapterError::InvalidRequest(m)) if m.contains("Ollama")), "{result:?}");
+        assert!(events.is_empty());
+
+        // A provider failing is the provider failing, not a missing tokenizer.
+        let broken = fake::serve(Reply::json(500, r#"{"error":"boom"}"#)).await;
+        let (result, _) = fake::run(&fake::target(AdapterKind::OpenAi, &broken.base_url), &count_run()).await;
+        assert!(matches!(result, Err(AdapterError::HttpStatus { status: 500, .. })), "{result:?}");
+    }
+}
