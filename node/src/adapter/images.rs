@@ -12,13 +12,53 @@ use std::time::Duration;
 use iop_proto::pb;
 use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
-use super::{AdapterError, read_capped};
+use super::{AdapterError, ProviderTarget, read_capped};
 
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(super) fn any_url(request: &pb::RunRequest) -> bool {
     request.messages.iter().flat_map(|m| &m.images).any(|i| i.data.is_empty() && !i.url.is_empty())
 }
+
+pub(super) fn any_image(request: &pb::RunRequest) -> bool {
+    request.messages.iter().any(|m| !m.images.is_empty())
+}
+
+/// Refuses a run with images for an Ollama model known not to take them:
+/// `/api/show` lists the model's capabilities and `vision` is not among
+/// them. Not knowing (an Ollama too old to list capabilities, a failed
+/// call) is not refusing: the chat itself then decides.
+pub(super) async fn ensure_ollama_takes_images(
+    client: &reqwest::Client,
+    target: &ProviderTarget,
+) -> Result<(), AdapterError> {
+    #[derive(serde::Deserialize)]
+    struct Show {
+        capabilities: Option<Vec<String>>,
+    }
+    let show = async {
+        let response = super::probe::ollama_show(client, target).send().await.ok()?.error_for_status().ok()?;
+        let (body, error) = read_capped(response, SHOW_LIMIT).await;
+        if error.is_some() {
+            return None;
+        }
+        serde_json::from_slice::<Show>(&body).ok()?.capabilities
+    };
+    match tokio::time::timeout(super::probe::PROBE_TIMEOUT, show).await {
+        Ok(Some(capabilities)) if !capabilities.iter().any(|c| c == "vision") => {
+            Err(AdapterError::InvalidRequest(format!(
+                "model `{}` does not accept images (Ollama lists its capabilities as: {})",
+                target.target_model,
+                capabilities.join(", ")
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Largest `/api/show` answer read (it carries the model's template and
+/// parameters).
+const SHOW_LIMIT: usize = 4 * 1024 * 1024;
 
 /// A copy of `request` with every image URL replaced by the image's data.
 pub(super) async fn fetch_urls(request: &pb::RunRequest) -> Result<pb::RunRequest, AdapterError> {
@@ -132,6 +172,7 @@ fn is_public(ip: IpAddr) -> bool {
 mod tests {
     use super::super::fake::{self, Reply};
     use super::*;
+    use crate::adapter::AdapterKind;
 
     fn with_url(url: &str) -> pb::RunRequest {
         let image = pb::Image { url: url.into(), ..Default::default() };
@@ -164,6 +205,28 @@ mod tests {
         // The real rule refuses this machine.
         let refused = fetch_urls(&request).await;
         assert!(matches!(refused, Err(AdapterError::InvalidRequest(m)) if m.contains("this machine")));
+    }
+
+    #[tokio::test]
+    async fn an_ollama_model_without_vision_refuses_images_and_not_knowing_does_not() {
+        let client = crate::adapter::http_client();
+        let text_only = r#"{"capabilities":["completion","tools"]}"#;
+        let server = fake::serve(Reply::json(200, text_only)).await;
+        let refused = ensure_ollama_takes_images(&client, &fake::target(AdapterKind::Ollama, &server.base_url)).await;
+        assert!(
+            matches!(&refused, Err(AdapterError::InvalidRequest(m)) if m == "model `test-model` does not accept images (Ollama lists its capabilities as: completion, tools)"),
+            "{refused:?}"
+        );
+        for answer in [
+            Reply::json(200, r#"{"capabilities":["completion","vision"]}"#),
+            Reply::json(200, r#"{"details":{}}"#),
+            Reply::json(500, r#"{"error":"boom"}"#),
+            Reply::json(200, "not json"),
+        ] {
+            let server = fake::serve(answer).await;
+            let target = fake::target(AdapterKind::Ollama, &server.base_url);
+            assert!(ensure_ollama_takes_images(&client, &target).await.is_ok());
+        }
     }
 
     #[test]

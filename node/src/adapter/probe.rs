@@ -88,10 +88,7 @@ impl Probe {
 /// Probes `target` once, bounded by [`PROBE_TIMEOUT`].
 pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Probe {
     let request = match target.adapter {
-        AdapterKind::Ollama => client
-            .post(target.url("/api/show"))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::json!({ "model": target.target_model }).to_string()),
+        AdapterKind::Ollama => ollama_show(client, target),
         AdapterKind::OpenAi => client.get(target.url("/v1/models")),
     };
     match tokio::time::timeout(PROBE_TIMEOUT, request.send()).await {
@@ -105,6 +102,14 @@ pub async fn probe(client: &reqwest::Client, target: &ProviderTarget) -> Probe {
         }
         Ok(Ok(response)) => Probe::failed(ProbeFailure::Status(response.status().as_u16())),
     }
+}
+
+/// Ollama's metadata call for the exact target: `POST /api/show`.
+pub(super) fn ollama_show(client: &reqwest::Client, target: &ProviderTarget) -> reqwest::RequestBuilder {
+    client
+        .post(target.url("/api/show"))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::json!({ "model": target.target_model }).to_string())
 }
 
 #[cfg(test)]
