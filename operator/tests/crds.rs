@@ -156,7 +156,10 @@ fn every_cel_rule_compiles_and_stays_in_scope() {
             assert!(scope.is_empty(), "{kind}: {scope:?}");
         }
     }
-    assert_eq!(count, 6, "names of nodes and providers, stall timeout, credentials, renewBefore, commands");
+    assert_eq!(
+        count, 7,
+        "names of nodes and providers, stall timeout, credentials, contextFallback, renewBefore, commands"
+    );
 }
 
 /// Everything the API server would say about `object` (empty: accepted).
@@ -370,6 +373,28 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
         ("Provider", "studio-llama", "/spec/models", json!([]), "/spec/models: [] has less than 1 item"),
         ("Provider", "studio-llama", "/spec/models/0/name", json!("two words"), "/spec/models/0/name: "),
         ("Provider", "studio-llama", "/spec/node", json!("Studio_Mac"), "/spec/node: "),
+        ("Provider", "studio-llama", "/spec/models/0/contextFallback", json!(""), "/spec/models/0/contextFallback: "),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/models/0/contextFallback",
+            json!("two words"),
+            "/spec/models/0/contextFallback: ",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/models/0/contextFallback",
+            json!("x".repeat(257)),
+            "/spec/models/0/contextFallback: ",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/models/0/contextFallback",
+            json!("llama3.2"),
+            "CEL: spec.models[0].contextFallback",
+        ),
         (
             "Provider",
             "studio-llama",

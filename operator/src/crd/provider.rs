@@ -152,6 +152,11 @@ pub struct ProviderTarget {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.contextFallback) || self.contextFallback != self.name",
+    "message": "a model cannot fall back to itself",
+    "fieldPath": ".contextFallback",
+}]))]
 pub struct PublicModel {
     #[schemars(length(min = 1, max = 256), regex(pattern = r"^\S+$"))]
     pub name: String,

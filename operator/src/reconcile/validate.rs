@@ -319,6 +319,17 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         if !names.insert(m.name.as_str()) {
             return Err(spec_error(&format!("models[{i}].name"), format!("duplicate public model `{}`", m.name)));
         }
+        // The CRD schema's length, pattern and CEL rule, restated (whether
+        // the fallback exists is decided across Providers: `context_fallbacks`).
+        if let Some(to) = m.context_fallback.as_deref() {
+            let field = format!("models[{i}].contextFallback");
+            if to.is_empty() || to.len() > 256 || to.chars().any(char::is_whitespace) {
+                return Err(spec_error(&field, "must be 1-256 characters without whitespace"));
+            }
+            if to == m.name {
+                return Err(spec_error(&field, "cannot fall back to the model itself"));
+            }
+        }
     }
     if let Some(q) = &spec.queue {
         if q.depth.is_some_and(|d| d > 100_000) {
@@ -357,9 +368,8 @@ pub fn context_fallbacks<'a>(rendered: &[&'a Provider]) -> (BTreeMap<String, Str
         for (i, m) in p.spec.models.iter().enumerate() {
             let Some(to) = m.context_fallback.as_deref() else { continue };
             let field = format!("models[{i}].contextFallback");
-            let problem = if to == m.name {
-                spec_error(&field, "cannot fall back to the model itself")
-            } else if !public.contains(to) {
+            // (A fallback to the model itself never gets here: `provider`.)
+            let problem = if !public.contains(to) {
                 invalid(
                     Reason::ContextFallbackNotFound,
                     format!("spec.{field}: `{to}` is not a public model of any rendered Provider; not rendered"),
