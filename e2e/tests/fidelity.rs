@@ -405,3 +405,22 @@ async fn embeddings_come_back_from_both_providers() {
     let (status, body) = json_body(stack.post("/v1/embeddings", &tokens).await).await;
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("input[0]")));
 }
+
+/// The official openai and anthropic SDKs, unmodified, exercise every
+/// client-fidelity item through both adapters (`e2e/sdk/fidelity.py`).
+#[tokio::test]
+async fn official_sdks_exercise_every_field_through_both_adapters() {
+    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
+        return;
+    }
+    let small = provider("small", iop_proto::config::Adapter::Openai, "mock@context_window=5", "mock-small", "");
+    let large = provider("large", iop_proto::config::Adapter::Ollama, "mock", "mock-large", "");
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![small, large],
+        context_fallbacks: vec![("mock-small", "mock-large")],
+        ..Default::default()
+    })
+    .await;
+    run_script("fidelity.py", &[stack.url("").trim_end_matches('/')]).await;
+    assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"small\",outcome=\"context_fallback\"}").await, 1.0);
+}
