@@ -165,7 +165,8 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         FailureKind::ProviderUnreachable
         | FailureKind::TransportLost
         | FailureKind::ResponseStalled
-        | FailureKind::ProviderProtocol => true,
+        | FailureKind::ProviderProtocol
+        | FailureKind::CapacityExhausted => true,
         FailureKind::ProviderHttpStatus => failure.provider_status == 429 || failure.provider_status >= 500,
         FailureKind::InvalidRequest
         | FailureKind::Internal

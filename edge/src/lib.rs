@@ -80,6 +80,28 @@ pub struct EdgeState {
     pub admin_workspace_calls: bool,
     /// The lease a `Replay` fault repeats.
     pub first_lease: std::sync::OnceLock<pb::SealedLease>,
+    /// This replica's id (`iop-edge --replica-id`), told to every node.
+    pub replica_id: String,
+}
+
+impl EdgeState {
+    /// Every replica of the Edge as nodes are told it: the config's
+    /// `replicas`, or this one alone when the config lists none.
+    pub fn replica_set(&self, config: &EdgeConfig) -> Vec<String> {
+        if config.replicas.is_empty() { vec![self.replica_id.clone()] } else { config.replicas.clone() }
+    }
+}
+
+/// The replica id when `--replica-id` is not given: the host name (in a
+/// pod, the pod name), else `iop-edge`.
+pub fn default_replica_id() -> String {
+    let from_file = |path| std::fs::read_to_string(path).ok().map(|s: String| s.trim().to_string());
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| from_file("/proc/sys/kernel/hostname"))
+        .or_else(|| from_file("/etc/hostname"))
+        .filter(|id| iop_proto::config::is_replica_id(id))
+        .unwrap_or_else(|| "iop-edge".to_string())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +163,7 @@ impl Edge {
             lease_fault: None,
             admin_workspace_calls: false,
             first_lease: std::sync::OnceLock::new(),
+            replica_id: default_replica_id(),
         });
         metrics_revision(&state);
         Ok(Self { state, http, grpc, admin, policy, reload: None })
@@ -161,6 +184,12 @@ impl Edge {
     /// `fault` says (`iop-edge --test-lease-fault`).
     pub fn with_test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
         Arc::get_mut(&mut self.state).expect("set before serving").lease_fault = Some(fault);
+        self
+    }
+
+    /// This process's replica id (`iop-edge --replica-id`).
+    pub fn with_replica_id(mut self, id: String) -> Self {
+        Arc::get_mut(&mut self.state).expect("set before serving").replica_id = id;
         self
     }
 

@@ -34,12 +34,22 @@ struct Args {
     /// to check a workspace end to end. Off by default.
     #[arg(long)]
     admin_workspace_calls: bool,
+    /// This replica's id, told to nodes (they keep one session with each
+    /// replica the config's `replicas` lists). Default: the host name.
+    #[arg(long, value_parser = parse_replica_id)]
+    replica_id: Option<String>,
     /// Test-only heartbeat profile override, INTERVAL_MS,WAIT_MS.
     #[arg(long, hide = true, value_parser = HeartbeatProfile::parse_test_override)]
     test_heartbeat_profile: Option<HeartbeatProfile>,
     /// Test-only: seal every credential lease wrongly in this way.
     #[arg(long, hide = true, value_enum)]
     test_lease_fault: Option<iop_edge::credentials::LeaseFault>,
+}
+
+fn parse_replica_id(id: &str) -> Result<String, String> {
+    iop_proto::config::is_replica_id(id)
+        .then(|| id.to_string())
+        .ok_or_else(|| "a replica id is 1-253 of [A-Za-z0-9-_.]".to_string())
 }
 
 #[derive(clap::Subcommand)]
@@ -104,6 +114,9 @@ async fn main() -> ExitCode {
             let mut edge = edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms));
             if args.admin_workspace_calls {
                 edge = edge.with_admin_workspace_calls();
+            }
+            if let Some(id) = args.replica_id {
+                edge = edge.with_replica_id(id);
             }
             match args.test_lease_fault {
                 Some(fault) => edge.with_test_lease_fault(fault),

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iop_proto::config::EdgeConfig;
+use iop_proto::pb;
 use rustls::ServerConfig;
 
 use crate::EdgeState;
@@ -79,6 +80,14 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
     let current = state.config.current();
     for node in nodes_to_close(&previous, &current) {
         state.registry.close(&node, CloseReason::ConfigChanged);
+    }
+    let replicas = state.replica_set(&current);
+    if replicas != state.replica_set(&previous) {
+        tracing::info!(replicas = replicas.len(), "the replica set changed; telling every node");
+        for control in state.registry.controls() {
+            let update = pb::ReplicaSet { replicas: replicas.clone() };
+            crate::node::session::send_now(&control, pb::edge_to_node::Msg::ReplicaSet(update));
+        }
     }
     super::metrics_revision(state);
     state.metrics.config_reloads.get_or_create(&RecoveryLabels { result: "applied" }).inc();

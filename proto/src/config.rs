@@ -42,6 +42,11 @@ pub struct EdgeConfig {
     /// the second before anything reached the client (one hop).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub context_fallbacks: BTreeMap<String, String>,
+    /// Every replica of this Edge by id (`iop-edge --replica-id`; in
+    /// Kubernetes the pod names, rendered by the operator). Each node keeps
+    /// one session with each. Empty: one replica, whatever its id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -567,6 +572,11 @@ pub enum ConfigError {
 /// credential profile, a workspace ref or command id, and (in the Edge's
 /// keys file) a principal: 1-63 of `[A-Za-z0-9-_.]`, so it is also safe as
 /// a file name and a metric label value.
+/// A replica id: a host or pod name, 1-253 of `[A-Za-z0-9-_.]`.
+pub fn is_replica_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 253 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 pub fn is_config_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
@@ -773,6 +783,15 @@ impl EdgeConfig {
                 return Err(invalid(at, "cannot fall back to itself"));
             }
         }
+        let mut replicas = BTreeSet::new();
+        for (i, id) in self.replicas.iter().enumerate() {
+            if !is_replica_id(id) {
+                return Err(invalid(format!("replicas[{i}]"), "must be 1-253 of [A-Za-z0-9-_.]"));
+            }
+            if !replicas.insert(id.as_str()) {
+                return Err(invalid(format!("replicas[{i}]"), format!("duplicate replica `{id}`")));
+            }
+        }
         let l = &self.limits;
         if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
             return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
@@ -928,6 +947,21 @@ providers:
         ] {
             let err = EdgeConfig::from_yaml(&format!("{two}context_fallbacks: {fallbacks}\n")).unwrap_err().to_string();
             assert!(err.contains("context_fallbacks.") && err.contains(reason), "{fallbacks}: {err}");
+        }
+    }
+
+    #[test]
+    fn replicas_are_unique_host_names() {
+        let ok =
+            EdgeConfig::from_yaml(&format!("{VALID}replicas: [iop-edge-7d9f-abc12, iop-edge-7d9f-def34]\n")).unwrap();
+        assert_eq!(ok.replicas, ["iop-edge-7d9f-abc12", "iop-edge-7d9f-def34"]);
+        assert_eq!(EdgeConfig::from_yaml(&ok.to_yaml()).unwrap(), ok);
+        assert!(EdgeConfig::from_yaml(VALID).unwrap().replicas.is_empty());
+        for (replicas, reason) in
+            [("[a, a]", "duplicate replica `a`"), ("[\"\"]", "must be 1-253"), ("[\"a b\"]", "must be 1-253")]
+        {
+            let err = EdgeConfig::from_yaml(&format!("{VALID}replicas: {replicas}\n")).unwrap_err().to_string();
+            assert!(err.contains("replicas[") && err.contains(reason), "{replicas}: {err}");
         }
     }
 

@@ -114,6 +114,8 @@ impl ApiError {
                 FailureKind::ProviderUnreachable | FailureKind::ProviderProtocol => StatusCode::BAD_GATEWAY,
                 FailureKind::ResponseTooLarge | FailureKind::CredentialRejected => StatusCode::BAD_GATEWAY,
                 FailureKind::TransportLost => StatusCode::BAD_GATEWAY,
+                // Every provider's capacity was taken by other replicas' work.
+                FailureKind::CapacityExhausted => StatusCode::SERVICE_UNAVAILABLE,
                 FailureKind::ResponseStalled | FailureKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
                 FailureKind::Internal | FailureKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
             },
@@ -126,6 +128,7 @@ impl ApiError {
             Self::NoProviderAvailable(_) | Self::QueueFull(_) | Self::QueueTimeout(_) => Some(1),
             Self::WorkspaceUnavailable(_) | Self::Job(JobFailure::WorkspaceLost) => Some(1),
             Self::Execution(f) if f.retry_after_ms > 0 => Some(f.retry_after_ms.div_ceil(1000)),
+            Self::Execution(f) if f.kind() == FailureKind::CapacityExhausted => Some(1),
             _ => None,
         }
     }
@@ -154,6 +157,7 @@ impl ApiError {
                 FailureKind::CredentialRejected => "credential_rejected",
                 FailureKind::InvalidRequest => "invalid_request",
                 FailureKind::TransportLost => "transport_lost",
+                FailureKind::CapacityExhausted => "capacity_exhausted",
                 FailureKind::ResponseStalled => "response_stalled",
                 // The request's own budget (`limits.request_timeout_ms`).
                 FailureKind::DeadlineExceeded => "request_timeout",

@@ -174,6 +174,11 @@ impl NodeRegistry {
         self.sessions.lock().unwrap().values().filter(|s| s.phase == SessionPhase::Ready).count()
     }
 
+    /// The control channel of every session, whatever its phase.
+    pub fn controls(&self) -> Vec<ControlSender> {
+        self.sessions.lock().unwrap().values().map(|s| s.control.clone()).collect()
+    }
+
     /// Closes every session (edge shutdown).
     pub fn close_all(&self) {
         for s in self.sessions.lock().unwrap().values() {

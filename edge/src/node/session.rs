@@ -30,6 +30,9 @@ pub enum CloseReason {
     EdgeShutdown,
     /// A config reload removed the node or changed its providers.
     ConfigChanged,
+    /// The node holds a session with this replica already; the new one
+    /// was answered and never registered.
+    Duplicate,
 }
 
 impl CloseReason {
@@ -42,6 +45,7 @@ impl CloseReason {
             Self::Replaced => "replaced",
             Self::EdgeShutdown => "edge_shutdown",
             Self::ConfigChanged => "config_changed",
+            Self::Duplicate => "duplicate",
         }
     }
 }
@@ -50,7 +54,7 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-fn send_now(out: &ControlSender, msg: pb::edge_to_node::Msg) {
+pub(crate) fn send_now(out: &ControlSender, msg: pb::edge_to_node::Msg) {
     // Never block the session loop on a node that stopped reading: a full
     // outbound queue is exactly what the heartbeat wait will detect.
     let _ = out.try_send(Ok(pb::EdgeToNode { msg: Some(msg) }));
@@ -70,6 +74,7 @@ pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb:
                 base_url: p.target.base_url.clone(),
                 response_stall_timeout_ms: p.response_stall_timeout_ms,
                 credential_profile: p.credential.as_ref().map(|c| c.profile.clone()).unwrap_or_default(),
+                capacity: p.capacity,
             })
             .collect(),
         workspaces: config
@@ -102,6 +107,22 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         }
     };
 
+    if register.held_replicas.contains(&state.replica_id) {
+        // The load balancer brought the node here again: the session it
+        // holds with this replica stays registered.
+        let config = state.config.current();
+        let answer = pb::RegisterResponse {
+            duplicate: true,
+            replica_id: state.replica_id.clone(),
+            replicas: state.replica_set(&config),
+            ..Default::default()
+        };
+        send_now(&out, pb::edge_to_node::Msg::RegisterResponse(answer));
+        state.metrics.reason(&state.metrics.sessions_closed, CloseReason::Duplicate.label());
+        tracing::debug!(%node, "a second session to this replica; answered as a duplicate");
+        return;
+    }
+
     let generation = state.generations.next();
     let close = CancellationToken::new();
     let close_reason: Arc<std::sync::OnceLock<CloseReason>> = Default::default();
@@ -122,14 +143,19 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         previous.close.cancel();
     }
     tracing::info!(%node, generation, version = %register.node_version, "node registered");
+    let config = state.config.current();
     send_now(
         &out,
         pb::edge_to_node::Msg::RegisterResponse(pb::RegisterResponse {
             generation,
-            config: Some(config_payload(&state.config.current(), &node)),
+            config: Some(config_payload(&config, &node)),
             node_identity: peer.identity.uri(),
+            replica_id: state.replica_id.clone(),
+            replicas: state.replica_set(&config),
+            duplicate: false,
         }),
     );
+    drop(config);
 
     let reason = serve(&state, &node, generation, &mut inbound, &out, &close, &close_reason).await;
 

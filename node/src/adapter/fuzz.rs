@@ -507,6 +507,7 @@ proptest! {
             base_url: pieces.concat(),
             response_stall_timeout_ms: 0,
             credential_profile: String::new(),
+            capacity: 0,
         };
         match super::ProviderTarget::from_assignment(&assignment) {
             Ok(target) => {

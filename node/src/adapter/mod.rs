@@ -869,6 +869,7 @@ mod tests {
             base_url: base_url.into(),
             response_stall_timeout_ms: 0,
             credential_profile: String::new(),
+            capacity: 0,
         }
     }
 

@@ -4,8 +4,10 @@
 pub mod backoff;
 #[cfg(test)]
 pub(crate) mod fake_edge;
+pub mod replicas;
 pub mod sequence;
 pub mod session;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use backoff::Backoff;
+use replicas::Replicas;
 use session::SessionEnd;
 use std::sync::Arc;
 
@@ -38,20 +41,11 @@ pub struct Dialer {
 
 impl Dialer {
     pub fn new(config: &NodeConfig) -> Result<Self, TransportError> {
-        let read = |field, path: &std::path::Path| {
-            std::fs::read(path).map_err(|source| TransportError::ReadTls {
-                field,
-                path: path.display().to_string(),
-                source,
-            })
-        };
-        let ca = read("tls.ca_file", &config.tls.ca_file)?;
-        let cert = read("tls.cert_file", &config.tls.cert_file)?;
-        let key = read("tls.key_file", &config.tls.key_file)?;
+        let files = tls::TlsFiles::read(&config.tls)?;
         let server_name = config.server_name().ok_or_else(|| TransportError::Endpoint("no server name".into()))?;
         let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(ca))
-            .identity(Identity::from_pem(cert, key))
+            .ca_certificate(Certificate::from_pem(files.ca))
+            .identity(Identity::from_pem(files.cert, files.key.expose()))
             .domain_name(server_name);
         let endpoint = Endpoint::from_shared(config.edge.url.clone())
             .map_err(|e| TransportError::Endpoint(e.to_string()))?
@@ -84,8 +78,12 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// Keeps a session with the Edge alive until `shutdown`: dial, run the
-/// session, and on any loss reconnect with capped exponential backoff.
+/// Keeps one session with every Edge replica until `shutdown`. It dials
+/// the Edge URL (a new connection each time, so a load balancer may bring
+/// it to any replica) while [`Replicas::wants_dial`] says a replica is
+/// missing, one dial at a time: a session that registers with a replica
+/// already held is closed, and the next dial waits the capped exponential
+/// backoff. A dial that reaches a new replica resets the backoff.
 pub async fn supervise(
     config: NodeConfig,
     heartbeat: HeartbeatProfile,
@@ -93,32 +91,55 @@ pub async fn supervise(
     shutdown: CancellationToken,
 ) -> Result<(), TransportError> {
     let dialer = Dialer::new(&config)?;
+    let config = Arc::new(config);
     let http = crate::adapter::http_client();
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
-    // Spent lease ids and credential revisions outlive each connection.
-    let ledger = Arc::new(crate::lease::LeaseLedger::default());
-    loop {
-        let end = match dialer.connect().await {
-            Ok(client) => {
-                let metrics = metrics.clone();
-                session::run(client, http.clone(), metrics, heartbeat, &config, shutdown.clone(), ledger.clone()).await
+    let shared = session::Shared {
+        // Spent lease ids and credential revisions outlive each connection.
+        ledger: Arc::new(crate::lease::LeaseLedger::default()),
+        replicas: Replicas::default(),
+    };
+    let mut sessions = tokio::task::JoinSet::new();
+    let mut next_session = 0u64;
+    while !shutdown.is_cancelled() {
+        if !shared.replicas.wants_dial() {
+            tokio::select! {
+                _ = shared.replicas.changed() => continue,
+                _ = shutdown.cancelled() => break,
             }
-            Err(e) => SessionEnd::ConnectFailed(e.to_string()),
-        };
-        match &end {
-            SessionEnd::Shutdown => return Ok(()),
-            SessionEnd::Closed { was_ready, reason } => {
-                tracing::warn!(reason, "edge session ended; reconnecting");
-                if *was_ready {
-                    backoff.reset();
+        }
+        let (registered, verdict) = tokio::sync::oneshot::channel();
+        match dialer.connect().await {
+            Ok(client) => {
+                next_session += 1;
+                let (config, http, metrics, shared) = (config.clone(), http.clone(), metrics.clone(), shared.clone());
+                let ours = session::Ours { id: next_session, registered, shared };
+                let shutdown = shutdown.clone();
+                sessions.spawn(async move {
+                    match session::run(client, http, metrics, heartbeat, &config, shutdown, ours).await {
+                        SessionEnd::Shutdown => {}
+                        SessionEnd::Closed { reason, .. } => tracing::warn!(reason, "edge session ended"),
+                        SessionEnd::ConnectFailed(reason) => tracing::warn!(%reason, "edge session refused"),
+                        SessionEnd::Duplicate => {}
+                    }
+                });
+                match verdict.await {
+                    Ok(replicas::ReplicaClaim::Held) => backoff.reset(),
+                    Ok(replicas::ReplicaClaim::Duplicate) => {
+                        tracing::debug!("reached a replica already held; dialing again")
+                    }
+                    Err(_) => {}
                 }
             }
-            SessionEnd::ConnectFailed(reason) => tracing::warn!(%reason, "cannot reach the edge"),
+            Err(e) => tracing::warn!(reason = %e, "cannot reach the edge"),
         }
         let delay = backoff.next_delay(fastrand::f64());
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => break,
         }
     }
+    // Each session ends on `shutdown` itself (cancelling its work).
+    while sessions.join_next().await.is_some() {}
+    Ok(())
 }

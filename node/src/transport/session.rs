@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
+use super::replicas::{ReplicaClaim, ReplicaHold, Replicas};
 use super::sequence::SessionSequence;
 use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
@@ -38,7 +39,31 @@ use crate::{commands, tunnel};
 pub enum SessionEnd {
     Shutdown,
     ConnectFailed(String),
-    Closed { was_ready: bool, reason: String },
+    Closed {
+        was_ready: bool,
+        reason: String,
+    },
+    /// The replica that answered is held by another session.
+    Duplicate,
+}
+
+/// What every session of the node process shares.
+#[derive(Clone)]
+pub struct Shared {
+    /// Spent lease ids and credential revisions outlive each connection.
+    pub ledger: Arc<LeaseLedger>,
+    /// Which Edge replica each session holds.
+    pub replicas: Replicas,
+}
+
+/// One session's place among the node's sessions.
+pub struct Ours {
+    /// Unique in the node process (the generation is the Edge's to give).
+    pub id: u64,
+    /// Told once the replica that answered is known (dropped unsent when
+    /// the session ends before).
+    pub registered: tokio::sync::oneshot::Sender<ReplicaClaim>,
+    pub shared: Shared,
 }
 
 fn closed(was_ready: bool, reason: impl Into<String>) -> SessionEnd {
@@ -105,9 +130,10 @@ pub async fn run(
     heartbeat: HeartbeatProfile,
     config: &NodeConfig,
     shutdown: CancellationToken,
-    ledger: Arc<LeaseLedger>,
+    ours: Ours,
 ) -> SessionEnd {
     let (out, out_rx) = mpsc::channel(64);
+    let Ours { id, registered: verdict, shared } = ours;
     // A key pair for this connection only: leases sealed to it die with it.
     let key = LeaseKey::generate();
     send(
@@ -115,6 +141,7 @@ pub async fn run(
         pb::node_to_edge::Msg::Register(pb::Register {
             node_version: env!("CARGO_PKG_VERSION").to_string(),
             lease_public_key: key.public_key().to_vec(),
+            held_replicas: shared.replicas.held(),
         }),
     );
     let mut inbound = match client.control(ReceiverStream::new(out_rx)).await {
@@ -132,16 +159,27 @@ pub async fn run(
         }
         Err(_) => return closed(false, "no RegisterResponse within the heartbeat wait"),
     };
+    if registered.duplicate {
+        let _ = verdict.send(ReplicaClaim::Duplicate);
+        return SessionEnd::Duplicate;
+    }
+    let Some(hold) = shared.replicas.claim(&registered.replica_id, id, &registered.replicas) else {
+        let _ = verdict.send(ReplicaClaim::Duplicate);
+        return SessionEnd::Duplicate;
+    };
+    let _ = verdict.send(ReplicaClaim::Held);
     let generation = registered.generation;
     let node = match NodeIdentity::parse(&registered.node_identity) {
         Ok(identity) => identity.name,
         Err(_) => return closed(false, "protocol_error: RegisterResponse without a valid node identity"),
     };
+    let ledger = shared.ledger.clone();
     let leases = Arc::new(SessionLeases { key, identity: registered.node_identity, node, generation, ledger });
     let payload = registered.config.unwrap_or_default();
     let providers = Arc::new(apply_config(&payload, config));
     let assigned_workspaces = payload.workspaces;
-    tracing::info!(generation, providers = providers.len(), "registered with the edge; checking providers");
+    let replica = hold.replica().to_string();
+    tracing::info!(generation, %replica, providers = providers.len(), "registered with the edge; checking providers");
     let statuses = probe_all(&http, &providers, None).await;
     let readiness = statuses
         .iter()
@@ -170,6 +208,7 @@ pub async fn run(
         health,
         leases,
         workspaces,
+        hold,
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -251,6 +290,8 @@ struct Session {
     leases: Arc<SessionLeases>,
     /// The accepted workspaces and their requests.
     workspaces: Arc<WorkspaceRuntime>,
+    /// This session's Edge replica, freed when the session ends.
+    hold: ReplicaHold,
 }
 
 impl Session {
@@ -312,6 +353,11 @@ impl Session {
                         Msg::TunnelAssign(assign) if ready => {
                             let (id, request) = (assign.tunnel_id, assign.request);
                             self.spawn_execution(id.clone(), |ctx, cancel| tunnel::execute(ctx, id, request, cancel));
+                        }
+                        Msg::ReplicaSet(set) => self.hold.set_replicas(&set.replicas),
+                        Msg::Draining(_) => {
+                            tracing::info!(generation = self.generation, replica = self.hold.replica(), "the edge replica is draining");
+                            self.hold.drain();
                         }
                         Msg::Cancel(cancel) => {
                             // An unknown reason still cancels.
@@ -410,6 +456,8 @@ fn msg_name(msg: &Msg) -> &'static str {
         Msg::Command(_) => "NodeCommand before ready",
         Msg::TunnelAssign(_) => "TunnelAssign before ready",
         Msg::WorkspaceAssign(_) => "WorkspaceAssign before ready",
+        Msg::ReplicaSet(_) => "ReplicaSet",
+        Msg::Draining(_) => "Draining",
     }
 }
 

@@ -84,6 +84,7 @@ impl Settings {
             credentials: Vec::new(),
             workspaces: Vec::new(),
             context_fallbacks: Default::default(),
+            replicas: Vec::new(),
         }
     }
 }
