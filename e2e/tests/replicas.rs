@@ -67,7 +67,11 @@ impl Replica {
     }
 
     async fn chat(&self, client: &reqwest::Client) -> (u16, Value) {
-        let body = json!({"model": "mock-ollama", "messages": [{"role": "user", "content": "hi"}]});
+        self.chat_with(client, "mock-ollama").await
+    }
+
+    async fn chat_with(&self, client: &reqwest::Client, model: &str) -> (u16, Value) {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
         let url = format!("http://{}/v1/chat/completions", self.http);
         let body = serde_json::to_vec(&body).unwrap();
         let response = client.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
@@ -80,6 +84,7 @@ impl Replica {
 struct Fleet {
     _dir: tempfile::TempDir,
     _mock: Proc,
+    mock_url: String,
     _haproxy: Proc,
     node: Option<Proc>,
     replicas: Vec<Replica>,
@@ -91,7 +96,10 @@ impl Fleet {
         let dir = tempfile::tempdir().unwrap();
         let pki = harness::DevPki::create(dir.path()).unwrap();
         let (mock, mock_url) = spawn_mock("127.0.0.1:0").await;
-        let providers = [provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url)];
+        // One slot, and its requests wait for `POST /mock/release/h1`.
+        let mut held = provider("held", Adapter::Ollama, "mock@hold=h1", "mock-held", &mock_url);
+        held.capacity = 1;
+        let providers = [provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url), held];
         let ids = ["edge-a", "edge-b"];
         let mut replicas = Vec::new();
         for id in ids {
@@ -135,7 +143,7 @@ impl Fleet {
         std::fs::write(&node_file, serde_saphyr::to_string(&node_config).unwrap()).unwrap();
         let args = ["--config", node_file.to_str().unwrap(), "--test-heartbeat-profile", FAST_HEARTBEAT];
         let (node, _) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
-        Fleet { _dir: dir, _mock: mock, _haproxy: haproxy, node: Some(node), replicas, client: http_client() }
+        Fleet { _dir: dir, _mock: mock, mock_url, _haproxy: haproxy, node: Some(node), replicas, client: http_client() }
     }
 }
 
@@ -174,4 +182,51 @@ async fn a_node_behind_a_load_balancer_holds_a_session_with_every_replica() {
     assert_eq!(fleet.replicas[1].chat(&client).await.0, 200, "the restarted replica serves again");
     assert_eq!(fleet.replicas[0].node(&client).await["generation"], generation_a);
     drop(fleet.node.take());
+}
+
+/// A provider of capacity 1 busy with a run one replica admitted: the node
+/// refuses the other replica's run as `capacity_exhausted`, which waits
+/// like a queued request (no failure, health untouched) and is answered
+/// once the slot frees.
+#[tokio::test]
+async fn the_node_enforces_capacity_across_replicas() {
+    if !haproxy_installed() {
+        return;
+    }
+    let fleet = Fleet::start().await;
+    let client = fleet.client.clone();
+    for replica in &fleet.replicas {
+        replica.wait_ready(&client).await;
+    }
+    let stats = || async {
+        let response = client.get(format!("{}/mock/stats", fleet.mock_url)).send().await.unwrap();
+        serde_json::from_slice::<Value>(&response.bytes().await.unwrap()).unwrap()["requests_total"].as_u64().unwrap()
+    };
+    let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
+    let first = a.chat_with(&client, "mock-held");
+    tokio::pin!(first);
+    // The first run holds the slot at the provider.
+    tokio::select! {
+        _ = &mut first => panic!("the held run answered before its release"),
+        _ = wait_until("the first run at the provider", WAIT, || async { stats().await == 1 }) => {}
+    }
+    let second = b.chat_with(&client, "mock-held");
+    tokio::pin!(second);
+    let refused = "iop_edge_attempts_total{provider=\"held\",outcome=\"retried\"}";
+    tokio::select! {
+        _ = &mut first => panic!("the held run answered before its release"),
+        _ = &mut second => panic!("the second run answered while the slot was taken"),
+        _ = wait_until("edge-b's run refused at the node", WAIT, || async { b.metric(&client, refused).await >= 1.0 }) => {}
+    }
+    assert_eq!(stats().await, 1, "the refused run never reached the provider");
+    client.post(format!("{}/mock/release/h1", fleet.mock_url)).send().await.unwrap();
+    let ((status_a, body_a), (status_b, body_b)) = tokio::join!(first, second);
+    assert_eq!((status_a, status_b), (200, 200), "{body_a} {body_b}");
+    assert_eq!(stats().await, 2);
+    let providers: Value = serde_json::from_slice(
+        &client.get(format!("http://{}/admin/v1/providers", b.admin)).send().await.unwrap().bytes().await.unwrap(),
+    )
+    .unwrap();
+    let held = providers["providers"].as_array().unwrap().iter().find(|p| p["id"] == "held").unwrap();
+    assert_eq!(held["health"], "available", "a capacity refusal never lowers health: {held}");
 }

@@ -198,6 +198,10 @@ pub fn retry_delay(failure: &pb::ExecutionFailure, attempt: u32, alternative: bo
     if failure.provider_status == 429 && failure.retry_after_ms > 0 {
         return Duration::from_millis(failure.retry_after_ms);
     }
+    // A slot frees when another replica's run ends: look again soon.
+    if failure.kind() == FailureKind::CapacityExhausted {
+        return Duration::from_millis(25u64 << attempt.saturating_sub(1).min(4));
+    }
     Duration::from_millis(100u64 << attempt.saturating_sub(1).min(6))
 }
 
@@ -228,6 +232,9 @@ pub async fn execute(
     let limits = &config.limits;
     let deadline = Instant::now() + Duration::from_millis(limits.request_timeout_ms);
     let queue_timeout = Duration::from_millis(limits.queue_timeout_ms);
+    // Refusals for capacity other replicas hold at the node wait like the
+    // queue does, until then.
+    let queued_until = Instant::now() + queue_timeout;
     let mut avoid: HashMap<String, bool> = HashMap::new();
     let mut last_failure: Option<pb::ExecutionFailure> = None;
     // The provider whose stall this request is being replayed for, if any.
@@ -297,6 +304,9 @@ pub async fn execute(
             max_attempts += 1;
             last_failure = Some(failure);
             continue;
+        }
+        if failure.kind() == FailureKind::CapacityExhausted && Instant::now() < queued_until {
+            max_attempts += 1;
         }
         let stalled = failure.kind() == FailureKind::ResponseStalled;
         let last = !retryable(&failure) || attempt == max_attempts;
@@ -711,6 +721,10 @@ mod tests {
         assert_eq!(retry_delay(&down, 1, false), Duration::from_millis(100));
         assert_eq!(retry_delay(&down, 3, false), Duration::from_millis(400));
         assert_eq!(retry_delay(&down, 30, false), Duration::from_millis(6_400), "capped");
+        let full = failure(FailureKind::CapacityExhausted, 0, 0);
+        assert_eq!(retry_delay(&full, 1, true), Duration::ZERO);
+        assert_eq!(retry_delay(&full, 1, false), Duration::from_millis(25));
+        assert_eq!(retry_delay(&full, 30, false), Duration::from_millis(400), "capped lower: a slot frees any time");
     }
 
     /// Issue 8 item 5: a held answer is bounded.

@@ -48,6 +48,8 @@ pub struct ExecutionContext {
     /// The connection's lease key; `None` only on paths bound to no
     /// connection (there, a provider with a managed credential is refused).
     pub leases: Option<Arc<SessionLeases>>,
+    /// Provider capacity across all of the node's sessions.
+    pub admission: crate::capacity::LocalAdmission,
 }
 
 /// Where an execution's liveness observations go.

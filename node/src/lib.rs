@@ -9,6 +9,7 @@
 //! commands that reach a provider.
 
 pub mod adapter;
+pub mod capacity;
 pub mod commands;
 pub mod config;
 pub mod execution;

@@ -9,6 +9,7 @@ use iop_proto::pb::{self, run_event::Event};
 use tokio::sync::mpsc;
 
 use crate::adapter;
+use crate::capacity::LocalAdmission;
 use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Settled, UPLINK_CAPACITY, Uplink, Watched};
 use crate::lease::{self, SessionLeases};
 use crate::metrics::ExecutionKind;
@@ -29,7 +30,8 @@ pub async fn execute(ctx: ExecutionContext, run_id: String, assigned: Option<pb:
     };
     let edge_gone = downlink.ended();
     let leases = ctx.leases.as_deref();
-    if serve(&ctx.http, &ctx.providers, leases, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
+    let providers = (&*ctx.providers, &ctx.admission);
+    if serve(&ctx.http, providers, leases, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, downlink, "run", &run_id).await;
     }
 }
@@ -40,7 +42,7 @@ pub async fn execute(ctx: ExecutionContext, run_id: String, assigned: Option<pb:
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     http: &reqwest::Client,
-    providers: &Providers,
+    (providers, admission): (&Providers, &LocalAdmission),
     leases: Option<&SessionLeases>,
     request: &pb::RunRequest,
     uplink: &mut Uplink<pb::RunUplink>,
@@ -49,12 +51,14 @@ async fn serve(
     observer: &Observer,
 ) -> bool {
     let admitted = validate(providers, request.into()).map_err(|r| r.to_failure()).and_then(|(target, stall)| {
+        // Before the lease: a refused run spends none.
+        let permit = admission.admit(&target.provider_id, target.capacity)?;
         let authorization = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
-        Ok((target, stall, authorization))
+        Ok((target, stall, authorization, permit))
     });
     let outcome = match admitted {
         Err(failure) => Settled::Finished(Err(failure)),
-        Ok((target, stall_timeout, authorization)) => {
+        Ok((target, stall_timeout, authorization, _permit)) => {
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
             let producer =
                 Producer::new(async move { adapter::execute(http, target, request, authorization, &sink).await });

@@ -15,6 +15,8 @@
 //! decides about retries.
 
 use bytes::Bytes;
+
+use crate::capacity::LocalAdmission;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
 use iop_proto::wire::relayable_header;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -54,7 +56,8 @@ pub async fn execute(
     };
     let edge_gone = downlink.ended();
     let leases = ctx.leases.as_deref();
-    if serve(&ctx.http, &ctx.providers, leases, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
+    let providers = (&*ctx.providers, &ctx.admission);
+    if serve(&ctx.http, providers, leases, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
         execution::await_ack(uplink, downlink, "tunnel", &tunnel_id).await;
     }
 }
@@ -65,7 +68,7 @@ pub async fn execute(
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     http: &reqwest::Client,
-    providers: &Providers,
+    (providers, admission): (&Providers, &LocalAdmission),
     leases: Option<&SessionLeases>,
     mut request: pb::ProviderTunnelRequest,
     uplink: &mut Uplink<pb::TunnelUplink>,
@@ -74,17 +77,19 @@ pub(crate) async fn serve(
     observer: &Observer,
 ) -> bool {
     let admitted = prepare(providers, &request).map_err(|r| r.to_failure()).and_then(|mut prepared| {
+        // Before the lease: a refused tunnel spends none.
+        let permit = admission.admit(&prepared.target.provider_id, prepared.target.capacity)?;
         let lease = request.lease.as_ref();
         // After the client's headers: a client's Authorization never crosses
         // (`relayable_header`), the lease's is the only one.
         if let Some(value) = lease::admit(leases, &request.tunnel_id, &prepared.target, lease, observer)? {
             prepared.headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        Ok(prepared)
+        Ok((prepared, permit))
     });
     let outcome = match admitted {
         Err(failure) => Settled::Finished(Err(failure)),
-        Ok(prepared) => {
+        Ok((prepared, _permit)) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
             let (target, stall_timeout) = (prepared.target.clone(), prepared.stall_timeout);

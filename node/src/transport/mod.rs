@@ -98,6 +98,7 @@ pub async fn supervise(
         // Spent lease ids and credential revisions outlive each connection.
         ledger: Arc::new(crate::lease::LeaseLedger::default()),
         replicas: Replicas::default(),
+        admission: Default::default(),
     };
     let mut sessions = tokio::task::JoinSet::new();
     let mut next_session = 0u64;

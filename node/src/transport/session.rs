@@ -25,6 +25,7 @@ use super::replicas::{ReplicaClaim, ReplicaHold, Replicas};
 use super::sequence::SessionSequence;
 use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
+use crate::capacity::LocalAdmission;
 use crate::config::NodeConfig;
 use crate::execution::{Cancel, ExecutionContext, Observer};
 use crate::health::{HealthMonitor, HealthSchedule, provider_status};
@@ -54,6 +55,8 @@ pub struct Shared {
     pub ledger: Arc<LeaseLedger>,
     /// Which Edge replica each session holds.
     pub replicas: Replicas,
+    /// Provider capacity across the sessions.
+    pub admission: LocalAdmission,
 }
 
 /// One session's place among the node's sessions.
@@ -209,6 +212,7 @@ pub async fn run(
         leases,
         workspaces,
         hold,
+        admission: shared.admission.clone(),
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -292,6 +296,7 @@ struct Session {
     workspaces: Arc<WorkspaceRuntime>,
     /// This session's Edge replica, freed when the session ends.
     hold: ReplicaHold,
+    admission: LocalAdmission,
 }
 
 impl Session {
@@ -400,6 +405,7 @@ impl Session {
             providers: self.providers.clone(),
             generation: self.generation,
             leases: Some(self.leases.clone()),
+            admission: self.admission.clone(),
             observer: Observer {
                 sequence: Some(self.sequence.clone()),
                 metrics: self.metrics.clone(),

@@ -50,11 +50,22 @@ impl Relay {
         cancel: Cancel,
         edge_gone: impl Future<Output = ()> + Send + 'static,
     ) -> Self {
+        Self::start_with(LocalAdmission::default(), providers, request, cancel, edge_gone)
+    }
+
+    fn start_with(
+        admission: LocalAdmission,
+        providers: Providers,
+        request: pb::ProviderTunnelRequest,
+        cancel: Cancel,
+        edge_gone: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
         let (tx, frames) = mpsc::channel(8);
         let done = tokio::spawn(async move {
             let mut uplink = Uplink::new(tx);
             let http = adapter::http_client();
-            serve(&http, &providers, None, request, &mut uplink, &cancel, edge_gone, &Observer::unbound()).await
+            let observer = Observer::unbound();
+            serve(&http, (&providers, &admission), None, request, &mut uplink, &cancel, edge_gone, &observer).await
         });
         Self { frames, done }
     }
@@ -247,6 +258,44 @@ async fn connection_refused_is_a_single_failed_terminal() {
     // Issue 8 item 7: nor the provider's (internal) address.
     let host = base_url.trim_start_matches("http://");
     assert!(!failure.message.contains(host), "the address stays out of the message: {}", failure.message);
+}
+
+/// Another session's tunnel holds the provider's one slot: refused as
+/// capacity exhausted before the provider is called; the slot freed, the
+/// next one runs.
+#[tokio::test]
+async fn a_provider_at_capacity_across_sessions_refuses_before_calling() {
+    let mut provider = fake::serve(Reply::json(200, "{}")).await;
+    let mut full = providers(&provider.base_url);
+    if let Some(Ok(target)) = full.get_mut("p1") {
+        target.capacity = 1;
+    }
+    let admission = LocalAdmission::default();
+    let held = admission.admit("p1", 1).unwrap();
+    let relay = Relay::start_with(
+        admission.clone(),
+        full.clone(),
+        tunnel_request("POST", "/v1/x"),
+        Cancel::new(),
+        std::future::pending(),
+    );
+    let (frames, terminal_sent) = relay.finish().await;
+    assert!(terminal_sent);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!(failure(&frames[0]).kind(), pb::FailureKind::CapacityExhausted);
+
+    drop(held);
+    let relay = Relay::start_with(
+        admission.clone(),
+        full,
+        tunnel_request("POST", "/v1/x"),
+        Cancel::new(),
+        std::future::pending(),
+    );
+    let (frames, _) = relay.finish().await;
+    assert_eq!(head(&frames).status, 200);
+    assert_eq!(provider.request().await.path, "/v1/x", "only the admitted tunnel reached the provider");
+    assert_eq!(admission.running("p1"), 0, "the tunnel's slot is freed when it ends");
 }
 
 #[tokio::test]
@@ -461,6 +510,7 @@ fn context(client: NodeGatewayClient, providers: Providers) -> ExecutionContext 
         generation: 7,
         observer: Observer::unbound(),
         leases: None,
+        admission: Default::default(),
     }
 }
 
