@@ -218,6 +218,14 @@ impl NodeConfig {
         Ok(())
     }
 
+    /// The host and port the node dials: the URL's, 443 when it names no
+    /// port, read with the URI parser the dialer's `Endpoint` uses.
+    pub fn edge_host_port(&self) -> Option<(String, u16)> {
+        let uri: tonic::transport::Uri = self.edge.url.parse().ok()?;
+        let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+        (!host.is_empty()).then(|| (host.to_string(), uri.port_u16().unwrap_or(443)))
+    }
+
     /// The TLS server name to verify: explicit, or the URL's host.
     pub fn server_name(&self) -> Option<String> {
         if let Some(name) = &self.edge.server_name {
@@ -243,6 +251,11 @@ mod tests {
     fn defaults_and_server_name_from_url() {
         let c = NodeConfig::from_yaml(VALID).unwrap();
         assert_eq!(c.server_name().as_deref(), Some("edge.example"));
+        assert_eq!(c.edge_host_port(), Some(("edge.example".to_string(), 7443)));
+        let default_port = NodeConfig::from_yaml(&VALID.replace(":7443", "")).unwrap();
+        assert_eq!(default_port.edge_host_port(), Some(("edge.example".to_string(), 443)));
+        let v6 = NodeConfig::from_yaml(&VALID.replace("edge.example", "[::1]")).unwrap();
+        assert_eq!(v6.edge_host_port(), Some(("::1".to_string(), 7443)));
         assert_eq!(c.reconnect, ReconnectConfig::default());
         assert_eq!(c.health, HealthConfig::default());
     }
