@@ -41,7 +41,17 @@ struct Replica {
 impl Replica {
     async fn start(&mut self) {
         let config = self.config.to_str().unwrap();
-        let args = ["--config", config, "--replica-id", self.id, "--test-heartbeat-profile", FAST_HEARTBEAT];
+        let args = [
+            "--config",
+            config,
+            "--replica-id",
+            self.id,
+            "--test-heartbeat-profile",
+            FAST_HEARTBEAT,
+            // HAProxy checks /readyz every 100 ms.
+            "--drain-delay-ms",
+            "400",
+        ];
         let (process, _) = spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await;
         self.process = Some(process);
     }
@@ -86,6 +96,8 @@ struct Fleet {
     _mock: Proc,
     mock_url: String,
     _haproxy: Proc,
+    /// HAProxy's HTTP frontend: any replica whose `/readyz` passes.
+    lb_http: SocketAddr,
     node: Option<Proc>,
     replicas: Vec<Replica>,
     client: reqwest::Client,
@@ -99,7 +111,10 @@ impl Fleet {
         // One slot, and its requests wait for `POST /mock/release/h1`.
         let mut held = provider("held", Adapter::Ollama, "mock@hold=h1", "mock-held", &mock_url);
         held.capacity = 1;
-        let providers = [provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url), held];
+        // Streams of about 300 ms.
+        let mut slow = provider("slow", Adapter::Ollama, "mock@words=10,chunk_delay_ms=30", "mock-slow", &mock_url);
+        slow.capacity = 32;
+        let providers = [provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url), held, slow];
         let ids = ["edge-a", "edge-b"];
         let mut replicas = Vec::new();
         for id in ids {
@@ -115,16 +130,25 @@ impl Fleet {
             replica.start().await;
         }
 
-        // TCP passthrough: TLS stays end to end between node and Edge.
-        let lb = free_port();
-        let servers: String = replicas
-            .iter()
-            .map(|r| format!("  server {} {} check inter 100ms fall 1 rise 1\n", r.id, r.grpc))
-            .collect();
+        // gRPC: TCP passthrough (TLS stays end to end between node and
+        // Edge). HTTP: to replicas whose /readyz passes, a new server
+        // connection per request, never retried (as kube-proxy does not).
+        let (lb, lb_http) = (free_port(), free_port());
+        let servers = |port: fn(&Replica) -> SocketAddr| -> String {
+            replicas
+                .iter()
+                .map(|r| format!("  server {} {} check inter 100ms fall 1 rise 1\n", r.id, port(r)))
+                .collect()
+        };
         let haproxy_config = format!(
-            "global\n  maxconn 256\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 1h\n  \
-             timeout server 1h\nfrontend grpc\n  bind {lb}\n  default_backend edges\nbackend edges\n  \
-             balance roundrobin\n{servers}"
+            "global\n  maxconn 256\ndefaults\n  retries 0\n  timeout connect 2s\n  timeout client 1h\n  timeout server 1h\n\
+             frontend grpc\n  mode tcp\n  bind {lb}\n  default_backend edges_grpc\n\
+             backend edges_grpc\n  mode tcp\n  balance roundrobin\n{grpc}\
+             frontend http\n  mode http\n  bind {lb_http}\n  default_backend edges_http\n\
+             backend edges_http\n  mode http\n  balance roundrobin\n  option httpclose\n  \
+             option httpchk GET /readyz\n  http-check expect status 200\n{http}",
+            grpc = servers(|r| r.grpc),
+            http = servers(|r| r.http),
         );
         let haproxy_file = dir.path().join("haproxy.cfg");
         std::fs::write(&haproxy_file, haproxy_config).unwrap();
@@ -143,7 +167,16 @@ impl Fleet {
         std::fs::write(&node_file, serde_saphyr::to_string(&node_config).unwrap()).unwrap();
         let args = ["--config", node_file.to_str().unwrap(), "--test-heartbeat-profile", FAST_HEARTBEAT];
         let (node, _) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
-        Fleet { _dir: dir, _mock: mock, mock_url, _haproxy: haproxy, node: Some(node), replicas, client: http_client() }
+        Fleet {
+            _dir: dir,
+            _mock: mock,
+            mock_url,
+            _haproxy: haproxy,
+            lb_http,
+            node: Some(node),
+            replicas,
+            client: http_client(),
+        }
     }
 }
 
@@ -229,4 +262,118 @@ async fn the_node_enforces_capacity_across_replicas() {
     .unwrap();
     let held = providers["providers"].as_array().unwrap().iter().find(|p| p["id"] == "held").unwrap();
     assert_eq!(held["health"], "available", "a capacity refusal never lowers health: {held}");
+}
+
+/// One streamed chat through HAProxy's HTTP frontend: whether it answered
+/// 200 and its stream ended with `[DONE]`.
+async fn streamed_through(client: &reqwest::Client, lb_http: SocketAddr) -> Result<(), String> {
+    let body = json!({"model": "mock-slow", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let response = client
+        .post(format!("http://{lb_http}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .send()
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let status = response.status().as_u16();
+    let text = response.text().await.map_err(|e| format!("body after {status}: {e}"))?;
+    if status != 200 || !text.trim_end().ends_with("data: [DONE]") {
+        return Err(format!("{status}: {}", text.chars().take(300).collect::<String>()));
+    }
+    Ok(())
+}
+
+/// A rolling restart under steady streaming load fails nothing: each
+/// replica in turn drains (not ready, nodes told, in-flight streams
+/// finish) and comes back, and the node reaches it again before the next
+/// one goes.
+#[tokio::test]
+async fn a_rolling_restart_under_streaming_load_fails_no_request() {
+    if !haproxy_installed() {
+        return;
+    }
+    let mut fleet = Fleet::start().await;
+    let client = fleet.client.clone();
+    for replica in &fleet.replicas {
+        replica.wait_ready(&client).await;
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let lb_http = fleet.lb_http;
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u32, Vec::new());
+                while !stop.is_cancelled() {
+                    match streamed_through(&client, lb_http).await {
+                        Ok(()) => answered += 1,
+                        Err(e) => failed.push(e),
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+    // Both replicas answer before, between and after the restarts.
+    let answered_by = |replica: &Replica| {
+        let sample = "iop_edge_http_requests_total{api=\"chat_completions\",route=\"mock-slow\",outcome=\"ok\"}";
+        let client = client.clone();
+        let admin = replica.admin;
+        async move {
+            let text = client.get(format!("http://{admin}/metrics")).send().await.unwrap().text().await.unwrap();
+            text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok())).unwrap_or(0.0)
+        }
+    };
+    for i in 0..fleet.replicas.len() {
+        let replica = &fleet.replicas[i];
+        wait_until(&format!("{} answering", replica.id), WAIT, || async { answered_by(replica).await >= 2.0 }).await;
+        let process = fleet.replicas[i].process.take().unwrap();
+        let status = process.terminate().await;
+        assert!(status.success(), "{} exits cleanly after draining: {status}", fleet.replicas[i].id);
+        fleet.replicas[i].start().await;
+        fleet.replicas[i].wait_ready(&client).await;
+    }
+    let last = &fleet.replicas[1];
+    wait_until("the restarted replica answering", WAIT, || async { answered_by(last).await >= 2.0 }).await;
+    stop.cancel();
+    let (mut answered, mut failed) = (0, Vec::new());
+    for task in load {
+        let (a, f) = task.await.unwrap();
+        answered += a;
+        failed.extend(f);
+    }
+    assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), answered as usize + failed.len());
+    assert!(answered >= 20, "a steady load: {answered}");
+    drop(fleet.node.take());
+}
+
+/// `/readyz` says `starting` until a node is ready (a load balancer sends
+/// nothing to a replica that cannot run it), then `ready`; on SIGTERM it
+/// says `draining` while the replica still answers for the drain delay.
+#[tokio::test]
+async fn readyz_waits_for_a_node_and_fails_while_draining() {
+    let mut stack = Stack::start(StackOptions {
+        start_node: false,
+        edge_args: vec!["--drain-delay-ms", "2000"],
+        ..Default::default()
+    })
+    .await;
+    let readyz = |stack: &Stack| {
+        let request = stack.client.get(stack.url("/readyz"));
+        async move { json_body(request.send().await.unwrap()).await }
+    };
+    assert_eq!(readyz(&stack).await, (503, json!({"status": "starting", "ready_nodes": 0})));
+    let pair = stack.pki.node_cert(NODE, iop_e2e::pki::Validity::Current).unwrap();
+    let (node, _) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
+    stack.nodes.push(node);
+    stack.wait_node_ready(NODE).await;
+    assert_eq!(readyz(&stack).await, (200, json!({"status": "ready", "ready_nodes": 1})));
+
+    let edge = stack.edge.as_ref().unwrap().pid();
+    assert!(std::process::Command::new("kill").args(["-TERM", &edge.to_string()]).status().unwrap().success());
+    wait_until("readyz says draining", WAIT, || async { readyz(&stack).await.0 == 503 }).await;
+    assert_eq!(readyz(&stack).await.1["status"], "draining");
+    let chat = json!({"model": "mock-ollama", "messages": [{"role": "user", "content": "still there?"}]});
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat).await).await;
+    assert_eq!(status, 200, "a draining replica still answers during the delay: {body}");
 }

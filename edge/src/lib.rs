@@ -52,8 +52,36 @@ const NODE_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 /// Concurrent runs and tunnels one node connection may carry.
 const MAX_STREAMS_PER_NODE: u32 = 10_000;
 
-/// How long in-flight HTTP responses may take to finish after shutdown starts.
+/// How long the listeners may take to close once the drain is over.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
+
+/// How a replica starts and stops (`iop-edge --startup-grace-ms
+/// --drain-delay-ms --drain-timeout-ms`), so a rolling update drops nothing.
+///
+/// Starting, `/readyz` waits until a node is ready (or the config lists
+/// none, or `startup_grace` passed): a load balancer then sends requests
+/// only once there is someone to run them. On the shutdown signal the
+/// replica drains: `/readyz` fails and its nodes are told (they reach the
+/// other replicas for new work), it keeps serving for `drain_delay` (the
+/// time a load balancer takes to see `/readyz`), then stops taking
+/// connections and lets the requests in flight finish, all within
+/// `drain_timeout`; only then are node sessions closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    pub startup_grace: Duration,
+    pub drain_delay: Duration,
+    pub drain_timeout: Duration,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self {
+            startup_grace: Duration::from_secs(30),
+            drain_delay: Duration::ZERO,
+            drain_timeout: Duration::from_secs(25),
+        }
+    }
+}
 
 /// Shared state of one Edge process.
 pub struct EdgeState {
@@ -73,6 +101,11 @@ pub struct EdgeState {
     pub metrics: Arc<EdgeMetrics>,
     pub heartbeat: HeartbeatProfile,
     pub shutting_down: CancellationToken,
+    /// Cancelled when the shutdown signal arrives: the replica drains
+    /// ([`Lifecycle`]) before `shutting_down`.
+    pub draining: CancellationToken,
+    pub lifecycle: Lifecycle,
+    pub started: std::time::Instant,
     /// Test-only: make every credential lease bad in this way.
     pub lease_fault: Option<credentials::LeaseFault>,
     /// `POST /admin/v1/workspaces/{ref}/calls` is served (`iop-edge
@@ -85,6 +118,15 @@ pub struct EdgeState {
 }
 
 impl EdgeState {
+    /// `/readyz`: not draining, and a node is ready, or the config lists
+    /// none, or the startup grace passed ([`Lifecycle`]).
+    pub fn ready(&self) -> bool {
+        !self.draining.is_cancelled()
+            && (self.registry.ready_count() > 0
+                || self.config.current().nodes.is_empty()
+                || self.started.elapsed() >= self.lifecycle.startup_grace)
+    }
+
     /// Every replica of the Edge as nodes are told it: the config's
     /// `replicas`, or this one alone when the config lists none.
     pub fn replica_set(&self, config: &EdgeConfig) -> Vec<String> {
@@ -160,6 +202,9 @@ impl Edge {
             metrics,
             heartbeat,
             shutting_down: CancellationToken::new(),
+            draining: CancellationToken::new(),
+            lifecycle: Lifecycle::default(),
+            started: std::time::Instant::now(),
             lease_fault: None,
             admin_workspace_calls: false,
             first_lease: std::sync::OnceLock::new(),
@@ -184,6 +229,11 @@ impl Edge {
     /// `fault` says (`iop-edge --test-lease-fault`).
     pub fn with_test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
         Arc::get_mut(&mut self.state).expect("set before serving").lease_fault = Some(fault);
+        self
+    }
+
+    pub fn with_lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        Arc::get_mut(&mut self.state).expect("set before serving").lifecycle = lifecycle;
         self
     }
 
@@ -212,17 +262,17 @@ impl Edge {
         self.admin.local_addr().expect("bound listener has an address")
     }
 
-    /// Serves until `shutdown` resolves, then closes node sessions and drains
-    /// in-flight HTTP responses for a bounded time.
+    /// Serves until `shutdown` resolves, then drains ([`DrainPolicy`]) and
+    /// closes node sessions.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), EdgeError> {
         let Edge { state, http, grpc, admin, policy, reload } = self;
-        let stop = state.shutting_down.clone();
+        let draining = state.draining.clone();
         tokio::spawn(async move {
             shutdown.await;
-            stop.cancel();
+            draining.cancel();
         });
 
         let (incoming, accept_task) = node::tls::accept_loop(grpc, policy.clone(), state.metrics.clone());
@@ -255,8 +305,11 @@ impl Edge {
         // The listeners' bounds are read once at start (a reload does not rebind them).
         let limits = http::listener::ListenLimits::of(&state.config.current().limits);
         let open = state.metrics.http_connections.clone();
-        let stop = state.shutting_down.clone();
-        let http_task = tokio::spawn(http::listener::serve(http, http::router(state.clone()), limits, open, stop));
+        // Client connections stop before node sessions: the answers in
+        // flight need their nodes.
+        let http_stop = CancellationToken::new();
+        let http_router = http::router(state.clone());
+        let http_task = tokio::spawn(http::listener::serve(http, http_router, limits, open, http_stop.clone()));
         // Admin connections are not client connections: their own (unexported) count.
         let stop = state.shutting_down.clone();
         let admin_server =
@@ -264,8 +317,18 @@ impl Edge {
         let admin_task = tokio::spawn(admin_server);
         tracing::info!(%http_addr, %admin_addr, "edge serving");
 
-        state.shutting_down.cancelled().await;
-        tracing::info!("edge shutting down");
+        state.draining.cancelled().await;
+        let started = tokio::time::Instant::now();
+        let drain = state.lifecycle;
+        tracing::info!(delay_ms = drain.drain_delay.as_millis() as u64, "edge draining: not ready, telling nodes");
+        for control in state.registry.controls() {
+            node::session::send_now(&control, pb::edge_to_node::Msg::Draining(pb::Draining {}));
+        }
+        tokio::time::sleep(drain.drain_delay).await;
+        http_stop.cancel();
+        let in_flight = tokio::time::timeout(drain.drain_timeout.saturating_sub(started.elapsed()), http_task).await;
+        tracing::info!(finished = in_flight.is_ok(), "client connections closed; edge shutting down");
+        state.shutting_down.cancel();
         state.runs.begin_shutdown();
         state.tunnels.begin_shutdown();
         state.registry.close_all();
@@ -274,7 +337,6 @@ impl Edge {
         if let Some(task) = reload_task {
             task.abort();
         }
-        let _ = tokio::time::timeout(SHUTDOWN_DRAIN, http_task).await;
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, admin_task).await;
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, grpc_task).await;
         Ok(())

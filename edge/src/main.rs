@@ -38,6 +38,18 @@ struct Args {
     /// replica the config's `replicas` lists). Default: the host name.
     #[arg(long, value_parser = parse_replica_id)]
     replica_id: Option<String>,
+    /// At start, `/readyz` fails until a node is ready or this long passed
+    /// (a config without nodes is ready at once).
+    #[arg(long, default_value_t = 30_000)]
+    startup_grace_ms: u64,
+    /// On SIGTERM, keep serving this long with `/readyz` failing, so load
+    /// balancers stop sending new requests first (the chart sets 5000).
+    #[arg(long, default_value_t = 0)]
+    drain_delay_ms: u64,
+    /// On SIGTERM, the longest wait (delay included) for the requests in
+    /// flight to finish; keep it below the pod's terminationGracePeriodSeconds.
+    #[arg(long, default_value_t = 25_000)]
+    drain_timeout_ms: u64,
     /// Test-only heartbeat profile override, INTERVAL_MS,WAIT_MS.
     #[arg(long, hide = true, value_parser = HeartbeatProfile::parse_test_override)]
     test_heartbeat_profile: Option<HeartbeatProfile>,
@@ -118,6 +130,12 @@ async fn main() -> ExitCode {
             if let Some(id) = args.replica_id {
                 edge = edge.with_replica_id(id);
             }
+            let ms = std::time::Duration::from_millis;
+            edge = edge.with_lifecycle(iop_edge::Lifecycle {
+                startup_grace: ms(args.startup_grace_ms),
+                drain_delay: ms(args.drain_delay_ms),
+                drain_timeout: ms(args.drain_timeout_ms.max(args.drain_delay_ms)),
+            });
             match args.test_lease_fault {
                 Some(fault) => edge.with_test_lease_fault(fault),
                 None => edge,

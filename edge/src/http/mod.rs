@@ -671,9 +671,16 @@ async fn model<S: Surface>(
 }
 
 async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
-    // Ready means the listeners are serving; nodes come and go and are
-    // reported, not required (an Edge with no node must still accept them).
-    axum::Json(json!({ "status": "ready", "ready_nodes": state.registry.ready_count() })).into_response()
+    // `EdgeState::ready`: a replica that drains, or that starts and has no
+    // node yet (within the startup grace), sends load balancers elsewhere.
+    let ready_nodes = state.registry.ready_count();
+    let status = match (state.ready(), state.draining.is_cancelled()) {
+        (true, _) => return axum::Json(json!({ "status": "ready", "ready_nodes": ready_nodes })).into_response(),
+        (false, true) => "draining",
+        (false, false) => "starting",
+    };
+    (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": status, "ready_nodes": ready_nodes })))
+        .into_response()
 }
 
 async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {

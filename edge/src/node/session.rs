@@ -156,6 +156,10 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         }),
     );
     drop(config);
+    // A replica that drains takes no new work, from a late node neither.
+    if state.draining.is_cancelled() {
+        send_now(&out, pb::edge_to_node::Msg::Draining(pb::Draining {}));
+    }
 
     let reason = serve(&state, &node, generation, &mut inbound, &out, &close, &close_reason).await;
 
