@@ -23,6 +23,7 @@ fn free_port() -> SocketAddr {
 fn haproxy_installed() -> bool {
     let found = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
     if !found {
+        assert!(std::env::var_os("IOP_REQUIRE_HAPROXY").is_none(), "IOP_REQUIRE_HAPROXY is set but haproxy is missing");
         eprintln!("skipping: haproxy is not installed (apt-get install haproxy)");
     }
     found
