@@ -3,18 +3,21 @@
 
 1. Every object against the Kubernetes JSON schema of --kubernetes-version, strictly
    (kubernetes-validate, as a library). A kind it has no schema for fails, except the
-   CRD-typed kinds listed in CRD_SCHEMAS, which are checked against the schema here.
+   CRD-typed kinds listed in CRD_SCHEMAS (ServiceMonitor, PrometheusRule), which are
+   checked against the schema here.
 2. What a schema cannot see: selectors that match no pods, ports that do not exist,
    ServiceAccounts and Roles that are not rendered, pods that hold an API token without
    needing one, containers outside the restricted Pod Security Standard, RBAC rights
    beyond exactly what the operator calls (OPERATOR_RULES), and the operator's view of
    the Edge (IOP_EDGE_ADMIN_URL reaches the Edge's `admin` port; IOP_EDGE_AUTH_MODE
-   matches whether the keys Secret is mounted at EDGE_KEYS_DIR).
+   matches whether the keys Secret is mounted at EDGE_KEYS_DIR), dashboard ConfigMaps whose
+   `*.json` keys are not JSON, PrometheusRule groups named twice.
 
 Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and jsonschema).
 """
 
 import argparse
+import json
 import re
 import sys
 
@@ -101,7 +104,61 @@ SERVICE_MONITOR = {
         },
     },
 }
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR}
+# The fields of monitoring.coreos.com/v1 PrometheusRule (Prometheus Operator API); unknown
+# fields fail. The expressions themselves are checked by scripts/check-observability (promtool).
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["expr"],
+    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+    "properties": {
+        "alert": {"type": "string", "minLength": 1},
+        "record": {"type": "string", "minLength": 1},
+        "expr": {"type": ["string", "integer"], "minLength": 1},
+        "for": _DURATION,
+        "keep_firing_for": _DURATION,
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
+}
+PROMETHEUS_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICE_MONITOR["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": _DURATION,
+                            "query_offset": _DURATION,
+                            "limit": {"type": "integer"},
+                            "partial_response_strategy": {"type": "string"},
+                            "labels": _STRING_MAP,
+                            "rules": {"type": "array", "items": _RULE},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
+}
 
 # Where the operator's rendered Edge config reads the keys file (operator/src/reconcile/mod.rs
 # EDGE_KEYS_FILE) when IOP_EDGE_AUTH_MODE is `required` (its default).
@@ -355,6 +412,22 @@ def check(objects, version):
         for e in sm["spec"]["endpoints"]:
             if e.get("port") not in port_names:
                 fail(sm, f"endpoint port {e.get('port')} is not a port of {name_of(selected[0])}")
+
+    # Dashboards for the Grafana sidecar: every `*.json` key of a ConfigMap is a JSON object.
+    for cm in by_kind.get("ConfigMap", []):
+        for key, text in (cm.get("data") or {}).items():
+            if key.endswith(".json"):
+                try:
+                    if not isinstance(json.loads(text), dict):
+                        fail(cm, f"data.{key} is not a JSON object")
+                except ValueError as e:
+                    fail(cm, f"data.{key} is not JSON: {e}")
+
+    # Rule names are unique within a group (Prometheus refuses duplicates in a rule file).
+    for pr in by_kind.get("PrometheusRule", []):
+        names = [g.get("name") for g in pr["spec"].get("groups", [])]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            fail(pr, f"group {dup} appears twice")
 
     return errors, by_kind
 

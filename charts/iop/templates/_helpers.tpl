@@ -136,3 +136,10 @@ Whether the ServiceMonitor is rendered: the value AND the Prometheus Operator AP
 {{- define "iop.serviceMonitor.enabled" -}}
 {{- if and .Values.metrics.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
 {{- end }}
+
+{{/*
+Whether the PrometheusRule is rendered: the value AND the Prometheus Operator API.
+*/}}
+{{- define "iop.prometheusRule.enabled" -}}
+{{- if and .Values.prometheusRule.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}
