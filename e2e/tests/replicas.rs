@@ -316,18 +316,13 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
         })
         .collect();
     // Both replicas answer before, between and after the restarts.
-    let answered_by = |replica: &Replica| {
-        let sample = "iop_edge_http_requests_total{api=\"chat_completions\",route=\"mock-slow\",outcome=\"ok\"}";
-        let client = client.clone();
-        let admin = replica.admin;
-        async move {
-            let text = client.get(format!("http://{admin}/metrics")).send().await.unwrap().text().await.unwrap();
-            text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok())).unwrap_or(0.0)
-        }
-    };
+    let answered = "iop_edge_http_requests_total{api=\"chat_completions\",route=\"mock-slow\",outcome=\"ok\"}";
     for i in 0..fleet.replicas.len() {
         let replica = &fleet.replicas[i];
-        wait_until(&format!("{} answering", replica.id), WAIT, || async { answered_by(replica).await >= 2.0 }).await;
+        wait_until(&format!("{} answering", replica.id), WAIT, || async {
+            replica.metric(&client, answered).await >= 2.0
+        })
+        .await;
         let process = fleet.replicas[i].process.take().unwrap();
         let status = process.terminate().await;
         assert!(status.success(), "{} exits cleanly after draining: {status}", fleet.replicas[i].id);
@@ -335,7 +330,7 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
         fleet.replicas[i].wait_ready(&client).await;
     }
     let last = &fleet.replicas[1];
-    wait_until("the restarted replica answering", WAIT, || async { answered_by(last).await >= 2.0 }).await;
+    wait_until("the restarted replica answering", WAIT, || async { last.metric(&client, answered).await >= 2.0 }).await;
     stop.cancel();
     let (mut answered, mut failed) = (0, Vec::new());
     for task in load {
