@@ -130,7 +130,15 @@ impl EdgeState {
     /// Every replica of the Edge as nodes are told it: the config's
     /// `replicas`, or this one alone when the config lists none.
     pub fn replica_set(&self, config: &EdgeConfig) -> Vec<String> {
-        if config.replicas.is_empty() { vec![self.replica_id.clone()] } else { config.replicas.clone() }
+        if config.replicas.is_empty() {
+            return vec![self.replica_id.clone()];
+        }
+        if !config.replicas.contains(&self.replica_id) {
+            // Nodes then keep dialing for the listed replicas while holding
+            // this one: a deployment mistake worth a loud line.
+            tracing::warn!(replica_id = %self.replica_id, "this replica is not in the config's `replicas`");
+        }
+        config.replicas.clone()
     }
 }
 
