@@ -12,7 +12,7 @@
 //! terminal path (success, provider error, client or node disconnect,
 //! fencing, queue timeout, shutdown) releases exactly once, and records why.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -245,6 +245,10 @@ struct Waiter {
 struct PoolState {
     slots: HashMap<String, Slots>,
     queues: HashMap<String, VecDeque<Waiter>>,
+    /// The config's routes (public model names). The queue of another route
+    /// (a reload removed it; requests admitted before may still wait in
+    /// it) is dropped with its gauge once empty.
+    routes: HashSet<String>,
     rotation: HashMap<(String, u32), usize>,
     next_waiter: u64,
     acquired: u64,
@@ -283,6 +287,7 @@ impl AdmissionPool {
     ) -> Arc<Self> {
         let state = PoolState {
             slots: config.providers.iter().map(|p| (p.id.clone(), Slots::new(p.capacity))).collect(),
+            routes: configured_routes(config),
             ..Default::default()
         };
         Arc::new(Self { state: Mutex::new(state), registry, overlay, metrics })
@@ -299,7 +304,7 @@ impl AdmissionPool {
             let mut state = self.state.lock().unwrap();
             match self.try_acquire(&mut state, &request) {
                 Attempt::Granted(lease) => {
-                    self.publish(&state);
+                    self.publish(&mut state);
                     drop(state);
                     return Ok(self.guard(lease));
                 }
@@ -336,12 +341,21 @@ impl AdmissionPool {
         outcome
     }
 
-    /// Mirrors slot and queue occupancy into the gauges.
-    fn publish(&self, state: &PoolState) {
+    /// Mirrors slot and queue occupancy into the gauges. Drops the empty
+    /// queues of routes no longer configured, and their gauges.
+    fn publish(&self, state: &mut PoolState) {
         for (provider, slots) in &state.slots {
             let labels = ProviderLabels { provider: provider.clone() };
             self.metrics.in_flight.get_or_create(&labels).set(i64::from(slots.in_flight()));
         }
+        let routes = &state.routes;
+        state.queues.retain(|route, queue| {
+            let keep = !queue.is_empty() || routes.contains(route);
+            if !keep {
+                self.metrics.queue_depth.remove(&RouteLabels { route: route.clone() });
+            }
+            keep
+        });
         for (route, queue) in &state.queues {
             self.metrics.queue_depth.get_or_create(&RouteLabels { route: route.clone() }).set(queue.len() as i64);
         }
@@ -415,7 +429,7 @@ impl AdmissionPool {
             }
             state.released += 1;
             let grants = self.drain(&mut state);
-            self.publish(&state);
+            self.publish(&mut state);
             grants
         };
         self.metrics.reason(&self.metrics.lease_releases, reason.label());
@@ -423,8 +437,9 @@ impl AdmissionPool {
     }
 
     /// Applies a reloaded config: new providers get slots, removed ones
-    /// lose theirs, a changed capacity keeps the slots in use (a shrink
-    /// takes effect as they are released). Queues are re-evaluated.
+    /// lose theirs and their `in_flight` gauge, a changed capacity keeps the
+    /// slots in use (a shrink takes effect as they are released). Queues
+    /// are re-evaluated; a removed route's loses its gauge once empty.
     pub fn reconfigure(self: &Arc<Self>, config: &EdgeConfig) {
         let grants = {
             let mut state = self.state.lock().unwrap();
@@ -436,9 +451,12 @@ impl AdmissionPool {
                 };
                 slots.insert(p.id.clone(), next);
             }
-            state.slots = slots;
+            for removed in std::mem::replace(&mut state.slots, slots).into_keys() {
+                self.metrics.in_flight.remove(&ProviderLabels { provider: removed });
+            }
+            state.routes = configured_routes(config);
             let grants = self.drain(&mut state);
-            self.publish(&state);
+            self.publish(&mut state);
             grants
         };
         self.deliver(grants);
@@ -488,7 +506,7 @@ impl AdmissionPool {
         if let Some(queue) = state.queues.get_mut(route) {
             queue.retain(|w| w.id != id);
         }
-        self.publish(&state);
+        self.publish(&mut state);
     }
 
     pub fn snapshot(&self) -> PoolSnapshot {
@@ -505,6 +523,10 @@ impl AdmissionPool {
             double_releases: state.double_releases,
         }
     }
+}
+
+fn configured_routes(config: &EdgeConfig) -> HashSet<String> {
+    crate::route::public_models(config).into_iter().map(str::to_string).collect()
 }
 
 enum Attempt {
@@ -713,6 +735,62 @@ providers:
         assert_eq!(snap.double_releases, 0);
         let next = f.pool.admit(f.request("r2"), 8, Duration::from_secs(1)).await.unwrap();
         assert_eq!((slot, next.lease().slot()), (0, 0), "the one remaining slot");
+    }
+
+    /// The series of the metric `name`, as exposed.
+    fn gauge_lines(pool: &AdmissionPool, name: &str) -> Vec<String> {
+        let text = pool.metrics.encode();
+        let mut lines: Vec<String> =
+            text.lines().filter(|l| l.starts_with(&format!("{name}{{"))).map(str::to_string).collect();
+        lines.sort();
+        lines
+    }
+
+    /// A reload that removes a provider removes its `in_flight` series at
+    /// once (a lease it still holds does not bring it back); one that removes
+    /// a route removes its `queue_depth` series once the requests that still
+    /// wait in it are gone. A configured route keeps its series at 0.
+    #[tokio::test]
+    async fn reconfigure_removes_the_gauges_of_removed_providers_and_routes() {
+        let f = fixture();
+        let mut held = Vec::new();
+        for i in 0..3 {
+            held.push(f.pool.admit(f.request(&format!("h{i}")), 8, Duration::from_secs(1)).await.unwrap());
+        }
+        let gave_up = f.pool.admit(f.request("w0"), 8, Duration::from_millis(10)).await;
+        assert_eq!(gave_up.err(), Some(AdmitError::QueueTimeout));
+        assert_eq!(gauge_lines(&f.pool, "iop_edge_queue_depth"), [r#"iop_edge_queue_depth{route="chat"} 0"#]);
+        let waiter = tokio::spawn({
+            let (pool, request) = (f.pool.clone(), f.request("w1"));
+            async move { pool.admit(request, 8, Duration::from_secs(30)).await }
+        });
+        while f.pool.snapshot().queued.get("chat") != Some(&1) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            gauge_lines(&f.pool, "iop_edge_in_flight"),
+            [r#"iop_edge_in_flight{provider="a"} 2"#, r#"iop_edge_in_flight{provider="b"} 1"#]
+        );
+        assert_eq!(gauge_lines(&f.pool, "iop_edge_queue_depth"), [r#"iop_edge_queue_depth{route="chat"} 1"#]);
+
+        // Provider b goes; a serves `chat2` instead of `chat`.
+        let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+        config.providers.retain(|p| p.id == "a");
+        config.providers[0].models[0].name = "chat2".into();
+        f.pool.reconfigure(&config);
+        assert_eq!(gauge_lines(&f.pool, "iop_edge_in_flight"), [r#"iop_edge_in_flight{provider="a"} 2"#]);
+        assert_eq!(
+            gauge_lines(&f.pool, "iop_edge_queue_depth"),
+            [r#"iop_edge_queue_depth{route="chat"} 1"#],
+            "a request admitted before the reload still waits"
+        );
+        drop(held);
+        let granted = waiter.await.unwrap().unwrap();
+        assert_eq!(granted.lease().provider_id(), "a");
+        assert_eq!(gauge_lines(&f.pool, "iop_edge_in_flight"), [r#"iop_edge_in_flight{provider="a"} 1"#]);
+        assert!(gauge_lines(&f.pool, "iop_edge_queue_depth").is_empty(), "the removed route's queue emptied");
+        drop(granted);
+        assert_eq!(gauge_lines(&f.pool, "iop_edge_in_flight"), [r#"iop_edge_in_flight{provider="a"} 0"#]);
     }
 
     /// Issue 8 item 7: capacity lowered then raised by reloads while runs

@@ -191,6 +191,7 @@ impl Edge {
         let policy = Arc::new(AcceptPolicy::new(reload::rules(&config, tls)));
         let registry = Arc::new(NodeRegistry::default());
         let metrics = EdgeMetrics::new();
+        node::tls::record_server_certificate(&metrics, &config.tls.cert_file);
         let overlay = Arc::new(HealthOverlay::default());
         let admission = AdmissionPool::new(&config, registry.clone(), overlay.clone(), metrics.clone());
         let handoff =

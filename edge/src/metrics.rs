@@ -1,7 +1,8 @@
 //! Prometheus metrics of the Edge. Every label value comes from a closed enum
 //! so cardinality is bounded: no ids, model names, paths or prompts.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -9,6 +10,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::overlay::OverlayState;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -34,6 +37,21 @@ pub struct RequestLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderLabels {
     pub provider: String,
+}
+
+/// A provider's effective health as a state set: one series per health.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderHealthLabels {
+    /// A configured provider id.
+    pub provider: String,
+    /// available | unavailable | unknown (`OverlayState::label`)
+    pub health: &'static str,
+}
+
+/// A configured node's name (the identity check admits no other).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -137,6 +155,16 @@ pub struct EdgeMetrics {
     pub queue_depth: Family<RouteLabels, Gauge>,
     pub health_evidence: Family<EvidenceLabels, Counter>,
     pub health_transitions: Family<TransitionLabels, Counter>,
+    /// Set through [`EdgeMetrics::set_provider_health`] only.
+    provider_health: Family<ProviderHealthLabels, Gauge>,
+    /// The providers `provider_health` has series of; held for a whole
+    /// refresh, so concurrent refreshes do not interleave.
+    provider_health_series: Mutex<BTreeSet<String>>,
+    /// notAfter (Unix seconds) of the certificate each node presented at its
+    /// last accepted handshake.
+    pub node_certificate_expiry: Family<NodeLabels, Gauge>,
+    /// notAfter (Unix seconds) of the Edge's serving certificate as loaded.
+    pub server_certificate_expiry: Gauge,
     pub recovery_eligibility: Family<RecoveryLabels, Counter>,
     pub recovery_results: Family<RecoveryLabels, Counter>,
     pub config_revision: Gauge,
@@ -214,6 +242,24 @@ impl EdgeMetrics {
         );
         let health_transitions = Family::<TransitionLabels, Counter>::default();
         registry.register("provider_health_transitions", "Runtime overlay transitions", health_transitions.clone());
+        let provider_health = Family::<ProviderHealthLabels, Gauge>::default();
+        registry.register(
+            "provider_health",
+            "Effective health of each configured provider, as /admin/v1/providers reports it: 1 on its health, 0 on the others",
+            provider_health.clone(),
+        );
+        let node_certificate_expiry = Family::<NodeLabels, Gauge>::default();
+        registry.register(
+            "node_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix seconds) of the client certificate a node presented at its last accepted handshake",
+            node_certificate_expiry.clone(),
+        );
+        let server_certificate_expiry = Gauge::default();
+        registry.register(
+            "server_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix seconds) of the Edge's serving certificate as loaded (at start and on every applied reload)",
+            server_certificate_expiry.clone(),
+        );
         let recovery_eligibility = Family::<RecoveryLabels, Counter>::default();
         registry.register(
             "liveness_recovery_eligibility",
@@ -307,6 +353,10 @@ impl EdgeMetrics {
             queue_depth,
             health_evidence,
             health_transitions,
+            provider_health,
+            provider_health_series: Mutex::default(),
+            node_certificate_expiry,
+            server_certificate_expiry,
             recovery_eligibility,
             recovery_results,
             config_revision,
@@ -329,6 +379,27 @@ impl EdgeMetrics {
 
     pub fn reason(&self, family: &Family<ReasonLabels, Counter>, reason: &'static str) {
         family.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Makes `iop_edge_provider_health` the state set of `providers` (every
+    /// configured provider with its effective health): 1 on the provider's
+    /// health, 0 on the others; the series of providers not listed (a
+    /// reload removed them) are removed.
+    pub fn set_provider_health(&self, providers: &[(&str, OverlayState)]) {
+        let mut series = self.provider_health_series.lock().unwrap();
+        let listed: BTreeSet<String> = providers.iter().map(|(provider, _)| provider.to_string()).collect();
+        for gone in series.difference(&listed) {
+            for health in OverlayState::ALL {
+                self.provider_health.remove(&ProviderHealthLabels { provider: gone.clone(), health: health.label() });
+            }
+        }
+        for &(provider, current) in providers {
+            for health in OverlayState::ALL {
+                let labels = ProviderHealthLabels { provider: provider.to_string(), health: health.label() };
+                self.provider_health.get_or_create(&labels).set(i64::from(health == current));
+            }
+        }
+        *series = listed;
     }
 
     /// Prometheus text exposition.

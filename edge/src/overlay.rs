@@ -50,6 +50,9 @@ pub enum OverlayState {
 }
 
 impl OverlayState {
+    /// Every state, in the order of the `iop_edge_provider_health` state set.
+    pub const ALL: [Self; 3] = [Self::Available, Self::Unavailable, Self::Unknown];
+
     fn of(health: ProviderHealth) -> Self {
         match health {
             ProviderHealth::Available => Self::Available,
@@ -238,6 +241,30 @@ impl ProviderView {
             None => Self { health: OverlayState::Unknown, dispatchable_on: None },
         }
     }
+}
+
+/// Publishes every provider of `providers` (the config's) with its
+/// effective health, [`ProviderView::health`] (what `/admin/v1/providers`
+/// and `/admin/v1/nodes` report), as `iop_edge_provider_health`. The
+/// `/metrics` handler calls it with the Edge's current config, registry and
+/// overlay before encoding.
+///
+/// At scrape time rather than on change because the effective health
+/// combines three sources written from many places (the config on reloads,
+/// the node's session in the registry on connect, readiness and disconnect,
+/// the overlay on evidence): computed when scraped, the gauges say exactly
+/// what the admin snapshot would say at that moment, no writer can forget
+/// them, and the series of a provider a reload removed go at the next
+/// scrape. It costs one `ProviderView` per configured provider.
+pub fn publish_health(
+    metrics: &EdgeMetrics,
+    registry: &NodeRegistry,
+    overlay: &HealthOverlay,
+    providers: &[ProviderEntry],
+) {
+    let healths: Vec<(&str, OverlayState)> =
+        providers.iter().map(|p| (p.id.as_str(), ProviderView::of(registry, overlay, p).health)).collect();
+    metrics.set_provider_health(&healths);
 }
 
 /// Applies evidence with its metrics and the dedicated structured log
@@ -455,6 +482,70 @@ mod tests {
         registry.register("n1", crate::node::registry::Session::registered(8, control));
         assert!(registry.mark_ready("n1", 8));
         assert_eq!(view(&o), nowhere, "evidence of an older connection says nothing about this one");
+    }
+
+    /// `iop_edge_provider_health` is the state set of the effective health
+    /// (`ProviderView`, what the admin snapshot reports) of every configured
+    /// provider: it follows a connection and a probe, and loses a provider a
+    /// reload removed.
+    #[test]
+    fn provider_health_series_follow_the_view_and_the_config() {
+        let mut config = crate::admission::test_support::one_provider_config("n1");
+        let mut q = config.providers[0].clone();
+        q.id = "q".into();
+        config.providers.push(q);
+        let registry = NodeRegistry::default();
+        let o = HealthOverlay::default();
+        let metrics = EdgeMetrics::new();
+        let series = |metrics: &EdgeMetrics| -> Vec<String> {
+            let text = metrics.encode();
+            let mut lines: Vec<String> =
+                text.lines().filter(|l| l.starts_with("iop_edge_provider_health{")).map(str::to_string).collect();
+            lines.sort();
+            lines
+        };
+        let state_set = |current: &[(&str, &str)]| -> Vec<String> {
+            let mut lines: Vec<String> = current
+                .iter()
+                .flat_map(|(provider, now)| {
+                    ["available", "unavailable", "unknown"].map(|health| {
+                        let value = i64::from(health == *now);
+                        format!("iop_edge_provider_health{{provider=\"{provider}\",health=\"{health}\"}} {value}")
+                    })
+                })
+                .collect();
+            lines.sort();
+            lines
+        };
+        // Publishes, and checks the series against the view the admin
+        // snapshot reports.
+        let publish = |providers: &[ProviderEntry]| {
+            publish_health(&metrics, &registry, &o, providers);
+            let views: Vec<(&str, &str)> =
+                providers.iter().map(|p| (p.id.as_str(), ProviderView::of(&registry, &o, p).health.label())).collect();
+            assert_eq!(series(&metrics), state_set(&views));
+        };
+
+        publish(&config.providers);
+        assert_eq!(series(&metrics), state_set(&[("p", "unknown"), ("q", "unknown")]), "no session");
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", crate::node::registry::Session::registered(7, control));
+        o.apply("p", ev(Source::Readiness, 7, 7, 0, Available));
+        o.apply("q", ev(Source::Readiness, 7, 7, 0, Unavailable));
+        publish(&config.providers);
+        assert_eq!(series(&metrics), state_set(&[("p", "unknown"), ("q", "unknown")]), "registered, not ready");
+        assert!(registry.mark_ready("n1", 7));
+        publish(&config.providers);
+        assert_eq!(series(&metrics), state_set(&[("p", "available"), ("q", "unavailable")]));
+        o.apply("p", ev(Source::Probe, 7, 7, 1, Unavailable));
+        publish(&config.providers);
+        assert_eq!(series(&metrics), state_set(&[("p", "unavailable"), ("q", "unavailable")]), "a probe lowered p");
+        config.providers.retain(|p| p.id == "p");
+        publish(&config.providers);
+        assert_eq!(series(&metrics), state_set(&[("p", "unavailable")]), "a reload removed q");
+        registry.remove("n1", 7);
+        publish(&config.providers);
+        assert_eq!(series(&metrics), state_set(&[("p", "unknown")]), "its node left");
     }
 
     #[test]

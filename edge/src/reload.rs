@@ -71,7 +71,8 @@ pub fn nodes_to_close(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<String> {
 }
 
 pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, tls, secrets }: Loaded) {
-    policy.replace(rules(&next, tls));
+    // Also removes the node certificate expiry series of the nodes removed.
+    policy.replace(rules(&next, tls), &state.metrics);
     state.admission.reconfigure(&next);
     if secrets.keys.mode() != state.config.secrets().keys.mode() {
         crate::auth::log_mode(secrets.keys.mode());
@@ -90,6 +91,7 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
         }
     }
     super::metrics_revision(state);
+    crate::node::tls::record_server_certificate(&state.metrics, &current.tls.cert_file);
     state.metrics.config_reloads.get_or_create(&RecoveryLabels { result: "applied" }).inc();
     tracing::info!(revision = state.config.status().revision, "config reloaded");
 }

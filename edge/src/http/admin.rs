@@ -119,8 +119,9 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 "target_model": p.target.model,
                 "models": p.models.iter().map(|m| json!({ "name": m.name, "priority": m.priority })).collect::<Vec<_>>(),
                 "node_ready": node_ready,
-                // Effective health (config, readiness and overlay combined)
-                // and the admission's own verdict.
+                // Effective health (config, readiness and overlay combined;
+                // `iop_edge_provider_health` publishes the same view) and the
+                // admission's own verdict.
                 "health": view.health.label(),
                 "dispatchable": view.dispatchable_on.is_some(),
                 "capacity": p.capacity,

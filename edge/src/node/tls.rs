@@ -2,6 +2,10 @@
 //! (not tonic's `ServerTlsConfig`) so that every refusal gets a typed reason,
 //! a log line and a metric, and so the node identity is parsed once per
 //! connection and handed to the gRPC service as connection info.
+//!
+//! It also keeps the certificate expiry gauges: the notAfter of the
+//! certificate each node presented at its last accepted handshake (until a
+//! reload unlists the node) and of the Edge's own serving certificate.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -24,7 +28,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use crate::metrics::EdgeMetrics;
+use crate::metrics::{EdgeMetrics, NodeLabels};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Node TLS handshakes under way at once. Past it the accept loop waits for
@@ -63,6 +67,25 @@ pub fn load_key(field: &'static str, path: &Path) -> Result<PrivateKeyDer<'stati
         path: path.display().to_string(),
         what: "private key",
     })
+}
+
+/// notAfter of the Edge's serving certificate (the first of `cert_file`, the
+/// leaf `server_config` serves) into
+/// `iop_edge_server_certificate_expiry_timestamp_seconds`. Called at start
+/// and by every applied reload; a file that cannot be read or parsed leaves
+/// the gauge as it was (the config loaded it a moment before, so only a
+/// racing rewrite can do that, and the next reload records it).
+pub fn record_server_certificate(metrics: &EdgeMetrics, cert_file: &Path) {
+    let leaf = load_certs("tls.cert_file", cert_file).map_err(|e| e.to_string()).and_then(|certs| {
+        let (_, cert) = x509_parser::parse_x509_certificate(&certs[0]).map_err(|e| e.to_string())?;
+        Ok(cert.validity().not_after.timestamp())
+    });
+    match leaf {
+        Ok(not_after) => {
+            metrics.server_certificate_expiry.set(not_after);
+        }
+        Err(error) => tracing::warn!(%error, "cannot read the expiry of the Edge's server certificate"),
+    }
 }
 
 /// Server config that requires a client certificate chaining to `ca_file`.
@@ -152,12 +175,20 @@ pub struct NodePeer {
     pub remote: SocketAddr,
 }
 
+/// What the verified leaf certificate of an accepted node says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identified {
+    pub identity: NodeIdentity,
+    /// The certificate's notAfter, Unix seconds.
+    pub not_after: i64,
+}
+
 /// Maps the verified leaf certificate to a listed node identity.
 pub fn identify(
     leaf: &CertificateDer<'_>,
     trust_domain: &str,
     allowed: &BTreeSet<String>,
-) -> Result<NodeIdentity, HandshakeRejection> {
+) -> Result<Identified, HandshakeRejection> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (_, cert) = X509Certificate::from_der(leaf).map_err(|_| HandshakeRejection::BadCertificate)?;
     let san = cert
@@ -183,13 +214,15 @@ pub fn identify(
     if !allowed.contains(&identity.name) {
         return Err(HandshakeRejection::UnknownNode);
     }
-    Ok(identity)
+    Ok(Identified { identity, not_after: cert.validity().not_after.timestamp() })
 }
 
 /// An accepted, verified and identified node connection.
 pub struct NodeConn {
     stream: TlsStream<TcpStream>,
     peer: NodePeer,
+    /// notAfter of the certificate the node presented (Unix seconds).
+    not_after: i64,
 }
 
 impl Connected for NodeConn {
@@ -248,8 +281,28 @@ impl AcceptPolicy {
         self.rules.read().unwrap().clone()
     }
 
-    pub fn replace(&self, rules: PolicyRules) {
-        *self.rules.write().unwrap() = Arc::new(rules);
+    /// Replaces the rules and removes the certificate expiry series of the
+    /// nodes they no longer list, under the write lock (see
+    /// [`AcceptPolicy::record_node_certificate`]).
+    pub fn replace(&self, rules: PolicyRules, metrics: &EdgeMetrics) {
+        let mut current = self.rules.write().unwrap();
+        for node in current.allowed_nodes.difference(&rules.allowed_nodes) {
+            metrics.node_certificate_expiry.remove(&NodeLabels { node: node.clone() });
+        }
+        *current = Arc::new(rules);
+    }
+
+    /// Records the notAfter of the certificate `node` presented at an
+    /// accepted handshake, if the current rules still list it. The series
+    /// stays after the node disconnects. It is set under the read lock and
+    /// removed under the write lock of `replace`, so a handshake that ends
+    /// while a reload unlists its node leaves no series behind: either it
+    /// sets the series before `replace` removes it, or it sees the new rules.
+    fn record_node_certificate(&self, metrics: &EdgeMetrics, node: &str, not_after: i64) {
+        let rules = self.rules.read().unwrap();
+        if rules.allowed_nodes.contains(node) {
+            metrics.node_certificate_expiry.get_or_create(&NodeLabels { node: node.to_string() }).set(not_after);
+        }
     }
 }
 
@@ -286,7 +339,7 @@ pub fn accept_loop_with(
             let _ = tcp.set_nodelay(true);
             let rules = policy.current();
             let acceptor = TlsAcceptor::from(rules.tls.clone());
-            let (metrics, tx) = (metrics.clone(), tx.clone());
+            let (policy, metrics, tx) = (policy.clone(), metrics.clone(), tx.clone());
             metrics.node_handshakes_in_progress.inc();
             tokio::spawn(async move {
                 let result = handshake(&acceptor, tcp, remote, &rules).await;
@@ -294,6 +347,7 @@ pub fn accept_loop_with(
                 drop(permit);
                 match result {
                     Ok(conn) => {
+                        policy.record_node_certificate(&metrics, &conn.peer.identity.name, conn.not_after);
                         tracing::info!(node = %conn.peer.identity.name, %remote, "node connection accepted");
                         let _ = tx.send(Ok(conn)).await;
                     }
@@ -324,14 +378,17 @@ async fn handshake(
         .peer_certificates()
         .and_then(|certs| certs.first())
         .ok_or(HandshakeRejection::NoClientCertificate)?;
-    let identity = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
-    Ok(NodeConn { stream, peer: NodePeer { identity, remote } })
+    let Identified { identity, not_after } = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
+    Ok(NodeConn { stream, peer: NodePeer { identity, remote }, not_after })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rcgen::{CertificateParams, KeyPair, SanType};
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+        SanType, date_time_ymd,
+    };
 
     fn leaf(sans: Vec<SanType>) -> CertificateDer<'static> {
         let mut params = CertificateParams::default();
@@ -399,7 +456,143 @@ mod tests {
     #[test]
     fn a_listed_spiffe_node_is_identified() {
         let id = identify(&leaf(vec![uri("spiffe://iop.local/node/mac-1")]), "iop.local", &allowed()).unwrap();
-        assert_eq!(id.name, "mac-1");
+        assert_eq!(id.identity.name, "mac-1");
+    }
+
+    /// A CA and the leaves it signs, real certificates written as PEM files.
+    struct Pki {
+        ca: CertifiedIssuer<'static, KeyPair>,
+        dir: tempfile::TempDir,
+    }
+
+    impl Pki {
+        fn new() -> Self {
+            let mut params = CertificateParams::default();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+            let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+            let pki = Self { ca, dir: tempfile::tempdir().unwrap() };
+            std::fs::write(pki.path("ca.pem"), pki.ca.pem()).unwrap();
+            pki
+        }
+
+        fn path(&self, name: &str) -> std::path::PathBuf {
+            self.dir.path().join(name)
+        }
+
+        /// A leaf valid from 2020 to January 1st of `until`, written as
+        /// `<name>.pem` and `<name>.key`; returns its DER and key.
+        fn issue(
+            &self,
+            name: &str,
+            san: SanType,
+            usage: ExtendedKeyUsagePurpose,
+            until: i32,
+        ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+            let mut params = CertificateParams::default();
+            params.subject_alt_names = vec![san];
+            params.extended_key_usages = vec![usage];
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            params.not_before = date_time_ymd(2020, 1, 1);
+            params.not_after = date_time_ymd(until, 1, 1);
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &self.ca).unwrap();
+            std::fs::write(self.path(&format!("{name}.pem")), cert.pem()).unwrap();
+            std::fs::write(self.path(&format!("{name}.key")), key.serialize_pem()).unwrap();
+            (cert.der().clone(), PrivateKeyDer::try_from(key.serialize_der()).unwrap())
+        }
+
+        /// The Edge's server config from the files, as a reload loads it.
+        fn server_config(&self) -> Arc<ServerConfig> {
+            server_config(&self.path("ca.pem"), &self.path("edge.pem"), &self.path("edge.key")).unwrap()
+        }
+    }
+
+    fn jan_1(year: i32) -> i64 {
+        date_time_ymd(year, 1, 1).unix_timestamp()
+    }
+
+    fn node_rules(tls: Arc<ServerConfig>, nodes: &[&str]) -> PolicyRules {
+        let allowed_nodes = nodes.iter().map(|n| n.to_string()).collect();
+        PolicyRules { tls, trust_domain: "iop.local".into(), allowed_nodes }
+    }
+
+    fn node_expiry_lines(metrics: &EdgeMetrics) -> Vec<String> {
+        let text = metrics.encode();
+        text.lines()
+            .filter(|l| l.starts_with("iop_edge_node_certificate_expiry_timestamp_seconds{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// A real mTLS handshake through the accept loop records the notAfter of
+    /// the certificate the node presented; the series outlives the
+    /// connection and a reload that keeps the node, and goes with the
+    /// reload that unlists it. A handshake that ends after that records
+    /// nothing.
+    #[tokio::test]
+    async fn an_accepted_handshake_records_the_node_certificate_until_a_reload_unlists_the_node() {
+        crate::install_crypto_provider();
+        let pki = Pki::new();
+        let dns = SanType::DnsName("localhost".try_into().unwrap());
+        pki.issue("edge", dns, ExtendedKeyUsagePurpose::ServerAuth, 2091);
+        let node = uri("spiffe://iop.local/node/mac-1");
+        let (node_cert, node_key) = pki.issue("mac-1", node, ExtendedKeyUsagePurpose::ClientAuth, 2092);
+        let tls = pki.server_config();
+        let policy = Arc::new(AcceptPolicy::new(node_rules(tls.clone(), &["mac-1", "mac-2"])));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = EdgeMetrics::new();
+        let (mut incoming, task) = accept_loop_with(listener, policy.clone(), metrics.clone(), 4);
+        assert!(node_expiry_lines(&metrics).is_empty());
+
+        let mut roots = RootCertStore::empty();
+        roots.add(pki.ca.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![node_cert], node_key)
+            .unwrap();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let client = connector.connect(name, tcp).await.unwrap();
+        let conn = incoming.recv().await.unwrap().unwrap();
+        assert_eq!(conn.peer.identity.name, "mac-1");
+        let expected =
+            [format!(r#"iop_edge_node_certificate_expiry_timestamp_seconds{{node="mac-1"}} {}"#, jan_1(2092))];
+        assert_eq!(node_expiry_lines(&metrics), expected);
+
+        drop((conn, client));
+        assert_eq!(node_expiry_lines(&metrics), expected, "kept after the node disconnects");
+        policy.replace(node_rules(tls.clone(), &["mac-1"]), &metrics);
+        assert_eq!(node_expiry_lines(&metrics), expected, "a reload that keeps the node keeps it");
+        policy.replace(node_rules(tls, &["mac-2"]), &metrics);
+        assert!(node_expiry_lines(&metrics).is_empty(), "a reload that unlists the node removes it");
+        policy.record_node_certificate(&metrics, "mac-1", jan_1(2092));
+        assert!(node_expiry_lines(&metrics).is_empty(), "a handshake that ends after the reload records nothing");
+        task.abort();
+    }
+
+    /// The serving certificate's notAfter, at start and after a reload
+    /// renewed the file; an unreadable file keeps the last value.
+    #[test]
+    fn the_server_certificate_expiry_follows_the_loaded_file() {
+        let pki = Pki::new();
+        let metrics = EdgeMetrics::new();
+        let dns = || SanType::DnsName("localhost".try_into().unwrap());
+        pki.issue("edge", dns(), ExtendedKeyUsagePurpose::ServerAuth, 2091);
+        record_server_certificate(&metrics, &pki.path("edge.pem"));
+        assert_eq!(metrics.server_certificate_expiry.get(), jan_1(2091));
+        let line = format!("iop_edge_server_certificate_expiry_timestamp_seconds {}", jan_1(2091));
+        assert!(metrics.encode().lines().any(|l| l == line), "{}", metrics.encode());
+        pki.issue("edge", dns(), ExtendedKeyUsagePurpose::ServerAuth, 2093);
+        record_server_certificate(&metrics, &pki.path("edge.pem"));
+        assert_eq!(metrics.server_certificate_expiry.get(), jan_1(2093), "renewed");
+        record_server_certificate(&metrics, &pki.path("missing.pem"));
+        std::fs::write(pki.path("garbage.pem"), "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+            .unwrap();
+        record_server_certificate(&metrics, &pki.path("garbage.pem"));
+        assert_eq!(metrics.server_certificate_expiry.get(), jan_1(2093), "unchanged by a file it cannot read");
     }
 
     #[test]
