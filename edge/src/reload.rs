@@ -55,18 +55,43 @@ fn load(path: &std::path::Path) -> Result<Loaded, String> {
     Ok(Loaded { config, tls, secrets })
 }
 
-/// Nodes whose sessions must close when `previous` becomes `next`.
+/// Nodes whose sessions must close when `previous` becomes `next`. A
+/// change of capacities alone does not close them ([`capacity_changes`]).
 pub fn nodes_to_close(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<String> {
+    let without_capacities = |config, name| {
+        let mut payload = config_payload(config, name);
+        payload.providers.iter_mut().for_each(|p| p.capacity = 0);
+        payload
+    };
     previous
         .nodes
         .iter()
         .map(|n| n.name.as_str())
         .filter(|name| {
             !next.nodes.iter().any(|n| n.name == *name)
-                || config_payload(previous, name) != config_payload(next, name)
+                || without_capacities(previous, name) != without_capacities(next, name)
                 || previous.trust_domain != next.trust_domain
         })
         .map(str::to_string)
+        .collect()
+}
+
+/// Nodes kept by a reload whose providers' capacities changed, with the
+/// new capacities of all their providers (the node enforces them across
+/// its sessions, `ProviderAssignment.capacity`).
+pub fn capacity_changes(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<(String, pb::ProviderCapacities)> {
+    let closed = nodes_to_close(previous, next);
+    let capacities = |config, name| -> std::collections::HashMap<String, u32> {
+        config_payload(config, name).providers.into_iter().map(|p| (p.provider_id, p.capacity)).collect()
+    };
+    next.nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .filter(|name| previous.nodes.iter().any(|n| n.name == *name) && !closed.iter().any(|c| c == name))
+        .filter_map(|name| {
+            let capacity = capacities(next, name);
+            (capacity != capacities(previous, name)).then(|| (name.to_string(), pb::ProviderCapacities { capacity }))
+        })
         .collect()
 }
 
@@ -81,6 +106,11 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
     let current = state.config.current();
     for node in nodes_to_close(&previous, &current) {
         state.registry.close(&node, CloseReason::ConfigChanged);
+    }
+    for (node, capacities) in capacity_changes(&previous, &current) {
+        if let Some(control) = state.registry.control_in_any_phase(&node) {
+            crate::node::session::send_now(&control, pb::edge_to_node::Msg::Capacities(capacities));
+        }
     }
     let replicas = state.replica_set(&current);
     if replicas != state.replica_set(&previous) {
@@ -179,5 +209,19 @@ providers:
         next.limits.queue_depth = 7;
         assert_eq!(nodes_to_close(&previous, &next), ["n2", "n3"]);
         assert!(nodes_to_close(&previous, &previous).is_empty());
+        assert!(capacity_changes(&previous, &next).is_empty(), "the changed nodes are closed instead");
+    }
+
+    #[test]
+    fn a_capacity_change_alone_keeps_the_session_and_tells_the_node() {
+        let previous = EdgeConfig::from_yaml(BASE).unwrap();
+        let mut next = previous.clone();
+        next.providers[0].capacity += 3;
+        assert!(nodes_to_close(&previous, &next).is_empty());
+        let changes = capacity_changes(&previous, &next);
+        let node = &next.providers[0].node;
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(&changes[0].0, node);
+        assert_eq!(changes[0].1.capacity[&next.providers[0].id], next.providers[0].capacity);
     }
 }

@@ -10,18 +10,33 @@ use std::sync::{Arc, Mutex};
 
 use iop_proto::pb;
 
-/// Runs and tunnels in progress per provider id, shared by every session.
+/// Runs and tunnels in progress per provider id, and each provider's
+/// capacity, shared by every session.
 #[derive(Debug, Clone, Default)]
 pub struct LocalAdmission {
-    running: Arc<Mutex<HashMap<String, u32>>>,
+    state: Arc<Mutex<Slots>>,
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    running: HashMap<String, u32>,
+    /// From the latest registration or `ProviderCapacities` of any session
+    /// (replicas render one config; during a config rollout the newest
+    /// word wins). Absent or 0: no node-side limit.
+    capacity: HashMap<String, u32>,
 }
 
 impl LocalAdmission {
-    /// A slot of `provider`, whose capacity is `capacity` (0: no limit here),
-    /// held until the permit drops.
-    pub fn admit(&self, provider: &str, capacity: u32) -> Result<CapacityPermit, pb::ExecutionFailure> {
-        let mut running = self.running.lock().unwrap();
-        let count = running.entry(provider.to_owned()).or_default();
+    /// Records the capacity of each provider named.
+    pub fn set_capacities(&self, capacities: impl IntoIterator<Item = (String, u32)>) {
+        self.state.lock().unwrap().capacity.extend(capacities);
+    }
+
+    /// A slot of `provider`, held until the permit drops.
+    pub fn admit(&self, provider: &str) -> Result<CapacityPermit, pb::ExecutionFailure> {
+        let mut state = self.state.lock().unwrap();
+        let capacity = state.capacity.get(provider).copied().unwrap_or(0);
+        let count = state.running.entry(provider.to_owned()).or_default();
         if capacity != 0 && *count >= capacity {
             return Err(pb::ExecutionFailure::new(
                 pb::FailureKind::CapacityExhausted,
@@ -34,7 +49,7 @@ impl LocalAdmission {
 
     /// Runs and tunnels `provider` has now.
     pub fn running(&self, provider: &str) -> u32 {
-        self.running.lock().unwrap().get(provider).copied().unwrap_or(0)
+        self.state.lock().unwrap().running.get(provider).copied().unwrap_or(0)
     }
 }
 
@@ -47,11 +62,11 @@ pub struct CapacityPermit {
 
 impl Drop for CapacityPermit {
     fn drop(&mut self) {
-        let mut running = self.admission.running.lock().unwrap();
-        if let Some(count) = running.get_mut(&self.provider) {
+        let mut state = self.admission.state.lock().unwrap();
+        if let Some(count) = state.running.get_mut(&self.provider) {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                running.remove(&self.provider);
+                state.running.remove(&self.provider);
             }
         }
     }
@@ -65,18 +80,31 @@ mod tests {
     fn admits_up_to_capacity_across_holders_and_frees_on_drop() {
         let admission = LocalAdmission::default();
         let other_session = admission.clone();
-        let first = admission.admit("p", 2).unwrap();
-        let second = other_session.admit("p", 2).unwrap();
-        let refused = admission.admit("p", 2).unwrap_err();
+        admission.set_capacities([("p".to_string(), 2), ("q".to_string(), 1)]);
+        let first = admission.admit("p").unwrap();
+        let second = other_session.admit("p").unwrap();
+        let refused = admission.admit("p").unwrap_err();
         assert_eq!(refused.kind(), pb::FailureKind::CapacityExhausted);
         assert!(refused.message.contains("`p`") && refused.message.contains("(2)"), "{}", refused.message);
         assert_eq!(admission.running("p"), 2);
-        let _other_provider = admission.admit("q", 1).expect("capacity is per provider");
+        let _other_provider = admission.admit("q").expect("capacity is per provider");
         drop(first);
-        let third = admission.admit("p", 2).expect("a freed slot is taken again");
+        let third = admission.admit("p").expect("a freed slot is taken again");
         drop((second, third));
         assert_eq!(admission.running("p"), 0);
-        let _unlimited: Vec<_> = (0..100).map(|_| admission.admit("u", 0).unwrap()).collect();
-        assert_eq!(admission.running("u"), 100, "capacity 0 sets no node-side limit");
+        let _unlimited: Vec<_> = (0..100).map(|_| admission.admit("u").unwrap()).collect();
+        assert_eq!(admission.running("u"), 100, "no capacity known: no node-side limit");
+    }
+
+    #[test]
+    fn a_new_capacity_applies_to_the_next_admission() {
+        let admission = LocalAdmission::default();
+        admission.set_capacities([("p".to_string(), 1)]);
+        let held = admission.admit("p").unwrap();
+        assert!(admission.admit("p").is_err());
+        // A reload raised it (ProviderCapacities on any session).
+        admission.set_capacities([("p".to_string(), 2)]);
+        let _second = admission.admit("p").expect("the raised capacity");
+        drop(held);
     }
 }

@@ -52,7 +52,7 @@ async fn serve(
 ) -> bool {
     let admitted = validate(providers, request.into()).map_err(|r| r.to_failure()).and_then(|(target, stall)| {
         // Before the lease: a refused run spends none.
-        let permit = admission.admit(&target.provider_id, target.capacity)?;
+        let permit = admission.admit(&target.provider_id)?;
         let authorization = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
         Ok((target, stall, authorization, permit))
     });

@@ -78,7 +78,7 @@ pub(crate) async fn serve(
 ) -> bool {
     let admitted = prepare(providers, &request).map_err(|r| r.to_failure()).and_then(|mut prepared| {
         // Before the lease: a refused tunnel spends none.
-        let permit = admission.admit(&prepared.target.provider_id, prepared.target.capacity)?;
+        let permit = admission.admit(&prepared.target.provider_id)?;
         let lease = request.lease.as_ref();
         // After the client's headers: a client's Authorization never crosses
         // (`relayable_header`), the lease's is the only one.

@@ -174,6 +174,11 @@ impl NodeRegistry {
         self.sessions.lock().unwrap().values().filter(|s| s.phase == SessionPhase::Ready).count()
     }
 
+    /// The control channel of `node`'s session, whatever its phase.
+    pub fn control_in_any_phase(&self, node: &str) -> Option<ControlSender> {
+        self.sessions.lock().unwrap().get(node).map(|s| s.control.clone())
+    }
+
     /// The control channel of every session, whatever its phase.
     pub fn controls(&self) -> Vec<ControlSender> {
         self.sessions.lock().unwrap().values().map(|s| s.control.clone()).collect()

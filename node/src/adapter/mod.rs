@@ -84,9 +84,6 @@ pub struct ProviderTarget {
     /// The node owner allows fetching image URLs for this provider
     /// (`images.fetch_urls`; only an adapter that takes image data needs it).
     pub fetch_image_urls: bool,
-    /// Runs and tunnels at once across the node's Edge sessions (0: no
-    /// node-side limit; `crate::capacity`).
-    pub capacity: u32,
 }
 
 impl ProviderTarget {
@@ -106,7 +103,6 @@ impl ProviderTarget {
         let base_url = validate_base_url(&a.base_url).map_err(invalid)?;
         let mut target = Self::new(&a.provider_id, adapter, &a.target_model, &base_url).map_err(invalid)?;
         target.credential_profile = Some(a.credential_profile.clone()).filter(|p| !p.is_empty());
-        target.capacity = a.capacity;
         Ok(target)
     }
 
@@ -131,7 +127,6 @@ impl ProviderTarget {
             chat_url,
             credential_profile: None,
             fetch_image_urls: false,
-            capacity: 0,
         })
     }
 

@@ -180,6 +180,7 @@ pub async fn run(
     let leases = Arc::new(SessionLeases { key, identity: registered.node_identity, node, generation, ledger });
     let payload = registered.config.unwrap_or_default();
     let providers = Arc::new(apply_config(&payload, config));
+    shared.admission.set_capacities(payload.providers.iter().map(|a| (a.provider_id.clone(), a.capacity)));
     let assigned_workspaces = payload.workspaces;
     let replica = hold.replica().to_string();
     tracing::info!(generation, %replica, providers = providers.len(), "registered with the edge; checking providers");
@@ -360,6 +361,7 @@ impl Session {
                             self.spawn_execution(id.clone(), |ctx, cancel| tunnel::execute(ctx, id, request, cancel));
                         }
                         Msg::ReplicaSet(set) => self.hold.set_replicas(&set.replicas),
+                        Msg::Capacities(update) => self.admission.set_capacities(update.capacity),
                         Msg::Draining(_) => {
                             tracing::info!(generation = self.generation, replica = self.hold.replica(), "the edge replica is draining");
                             self.hold.drain();
@@ -463,6 +465,7 @@ fn msg_name(msg: &Msg) -> &'static str {
         Msg::TunnelAssign(_) => "TunnelAssign before ready",
         Msg::WorkspaceAssign(_) => "WorkspaceAssign before ready",
         Msg::ReplicaSet(_) => "ReplicaSet",
+        Msg::Capacities(_) => "ProviderCapacities",
         Msg::Draining(_) => "Draining",
     }
 }

@@ -266,12 +266,10 @@ async fn connection_refused_is_a_single_failed_terminal() {
 #[tokio::test]
 async fn a_provider_at_capacity_across_sessions_refuses_before_calling() {
     let mut provider = fake::serve(Reply::json(200, "{}")).await;
-    let mut full = providers(&provider.base_url);
-    if let Some(Ok(target)) = full.get_mut("p1") {
-        target.capacity = 1;
-    }
+    let full = providers(&provider.base_url);
     let admission = LocalAdmission::default();
-    let held = admission.admit("p1", 1).unwrap();
+    admission.set_capacities([("p1".to_string(), 1)]);
+    let held = admission.admit("p1").unwrap();
     let relay = Relay::start_with(
         admission.clone(),
         full.clone(),
