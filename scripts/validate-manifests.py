@@ -9,8 +9,9 @@
    ServiceAccounts and Roles that are not rendered, pods that hold an API token without
    needing one, containers outside the restricted Pod Security Standard, RBAC rights
    beyond exactly what the operator calls (OPERATOR_RULES), and the operator's view of
-   the Edge (IOP_EDGE_ADMIN_URL reaches the Edge's `admin` port; IOP_EDGE_AUTH_MODE
-   matches whether the keys Secret is mounted at EDGE_KEYS_DIR), dashboard ConfigMaps whose
+   the Edge (IOP_EDGE_POD_SELECTOR selects exactly the Edge's pods, whose container port
+   `admin` is EDGE_ADMIN_PORT; IOP_EDGE_AUTH_MODE matches whether the keys Secret is
+   mounted at EDGE_KEYS_DIR), dashboard ConfigMaps whose
    `*.json` keys are not JSON, PrometheusRule groups named twice.
 
 Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and jsonschema).
@@ -18,7 +19,6 @@ Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and 
 
 import argparse
 import json
-import re
 import sys
 
 import jsonschema
@@ -163,6 +163,9 @@ CRD_SCHEMAS = {
 # Where the operator's rendered Edge config reads the keys file (operator/src/reconcile/mod.rs
 # EDGE_KEYS_FILE) when IOP_EDGE_AUTH_MODE is `required` (its default).
 EDGE_KEYS_DIR = "/etc/iop/keys"
+# The admin listener the operator renders into the Edge config and reads at every Edge pod's
+# IP (operator/src/env.rs EDGE_ADMIN_LISTEN).
+EDGE_ADMIN_PORT = 8081
 
 # Every (apiGroup, resource, resourceName or None, verb) the operator's Roles may grant:
 # exactly what operator/src/runtime/ calls (least privilege; charts/iop/templates/rbac.yaml
@@ -190,6 +193,10 @@ OPERATOR_RULES = {
     ("", "secrets", None, "get"),
     ("", "secrets", None, "create"),
     ("", "secrets", None, "patch"),
+    # controller.rs: list + watch of the Edge pods (IOP_EDGE_POD_SELECTOR): the config's
+    # replicas and where the status mirror reads each replica's admin API.
+    ("", "pods", None, "list"),
+    ("", "pods", None, "watch"),
     # leader.rs: get, create, replace (update) the Lease.
     ("coordination.k8s.io", "leases", None, "get"),
     ("coordination.k8s.io", "leases", None, "create"),
@@ -343,33 +350,29 @@ def check(objects, version):
             if "nodePort" in p and s["spec"].get("type") not in ("NodePort", "LoadBalancer"):
                 fail(s, "nodePort on a Service that is not NodePort/LoadBalancer")
 
-    # The operator's env against the rendered Edge: the admin URL names a rendered Service
-    # whose port reaches the Edge's container port `admin` (not the client API), and the
-    # auth mode it renders matches whether the keys Secret is mounted where the config says.
+    # The operator's env against the rendered Edge: the pod selector selects exactly the Edge
+    # Deployment's pods (the config's replicas; each one's admin API is read at its pod IP on
+    # EDGE_ADMIN_PORT, which must be its container port `admin`), and the auth mode it
+    # renders matches whether the keys Secret is mounted where the config says.
     for d in deployments:
         for c in d["spec"]["template"]["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
-            url = env.get("IOP_EDGE_ADMIN_URL")
-            if url is None:
+            selector = env.get("IOP_EDGE_POD_SELECTOR")
+            if selector is None:
+                if "IOP_NAMESPACE" in {e["name"] for e in c.get("env", [])}:
+                    fail(d, "the operator has no IOP_EDGE_POD_SELECTOR")
                 continue
-            m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc:([0-9]+)", url or "")
-            if not m:
-                fail(d, f"IOP_EDGE_ADMIN_URL {url!r} is not http://SERVICE.NAMESPACE.svc:PORT")
+            terms = [t.split("=", 1) for t in (selector or "").split(",")]
+            if not selector or any(len(t) != 2 or not t[0] for t in terms):
+                fail(d, f"IOP_EDGE_POD_SELECTOR {selector!r} is not KEY=VALUE[,KEY=VALUE...]")
                 continue
-            name, namespace, port = m[1], m[2], int(m[3])
-            svc = [s for s in services if s["metadata"]["name"] == name and s["metadata"].get("namespace") == namespace]
-            if not svc:
-                fail(d, f"IOP_EDGE_ADMIN_URL names Service {namespace}/{name}, which is not rendered")
+            edges = pods_matching({"matchLabels": dict(terms)})
+            if len(edges) != 1:
+                fail(d, f"IOP_EDGE_POD_SELECTOR {selector!r} matches {len(edges)} Deployments, want the Edge alone")
                 continue
-            svc_ports = [p for p in svc[0]["spec"]["ports"] if p["port"] == port]
-            edges = pods_matching({"matchLabels": svc[0]["spec"].get("selector", {})})
-            if not svc_ports or len(edges) != 1:
-                fail(d, f"IOP_EDGE_ADMIN_URL port {port} is not a port of {name_of(svc[0])} (or it selects no single Deployment)")
-                continue
-            target = svc_ports[0].get("targetPort", port)
             admin_port = container_ports(edges[0]).get("admin")
-            if admin_port is None or target not in ("admin", admin_port):
-                fail(d, f"IOP_EDGE_ADMIN_URL reaches target port {target} of {name_of(edges[0])}, not its `admin` port")
+            if admin_port != EDGE_ADMIN_PORT:
+                fail(d, f"{name_of(edges[0])} has container port admin {admin_port}, but the operator reads each Edge pod's admin API on {EDGE_ADMIN_PORT}")
             mode = env.get("IOP_EDGE_AUTH_MODE") or "required"
             if mode not in ("required", "disabled"):
                 fail(d, f"IOP_EDGE_AUTH_MODE {mode!r} is not `required` or `disabled`")

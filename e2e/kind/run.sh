@@ -2,22 +2,28 @@
 # Kubernetes end-to-end test of IOP on a kind cluster. Needs Docker, kind, kubectl, helm,
 # cargo, curl, openssl and python3 with PyYAML; see e2e/kind/README.md.
 #
-#   1. creates a kind cluster whose node port IOP_KIND_GRPC_PORT is published on 127.0.0.1,
+#   1. creates a kind cluster whose node ports IOP_KIND_GRPC_PORT (node gRPC) and
+#      IOP_KIND_HTTP_NODE_PORT (HTTP API) are published on 127.0.0.1,
 #   2. builds the Edge and operator images (Dockerfile) and loads them into the cluster,
 #   3. applies crds/, creates the client API keys Secret (two fresh keys: one for every model,
-#      one for none of the example's), installs charts/iop (node gRPC as NodePort, namespace
-#      under the restricted Pod Security Standard) and applies examples/k8s/,
-#   4. waits for the operator to render the Edge config and the Edge to become ready,
+#      one for none of the example's), installs charts/iop (IOP_KIND_EDGE_REPLICAS Edge
+#      replicas, the chart's default 2; node gRPC and HTTP API as NodePorts; namespace under
+#      the restricted Pod Security Standard) and applies examples/k8s/,
+#   4. waits for the operator to render the Edge config, the Edge replicas to become ready,
+#      and the config's `replicas` to list exactly the Edge pods,
 #   5. makes the node bundle (Secret iop-node-<node> with kubectl, `iop-operator node-bundle`),
 #   6. runs iop-mock-provider and iop-node on this host (cargo build), the node dialing the
-#      Edge through the published node port,
-#   7. sends chat requests through the Edge's HTTP API Service (kubectl port-forward, with
-#      `Authorization: Bearer KEY`) and asserts the mock's answer, that requests without a
-#      valid key or for a model the key may not use are refused, that /admin/v1/* and
-#      /metrics are served on the admin Service only, and that `kubectl get providers`
-#      shows HEALTH available,
-#   8. stops the mock provider and asserts HEALTH turns unavailable,
-#   9. disables the key in the Secret and asserts the Edge refuses it (reloaded, no restart).
+#      Edge through the published node port until it holds a session with every replica;
+#      asserts `kubectl get nodecatalogs` shows REPLICAS 2/2,
+#   7. sends chat requests through the Edge's HTTP API Service (the published node port, with
+#      `Authorization: Bearer KEY`) and through each replica (kubectl port-forward), and
+#      asserts the mock's answer, that requests without a valid key or for a model the key
+#      may not use are refused, that /admin/v1/* and /metrics are served on the admin port
+#      only, and that `kubectl get providers` shows HEALTH available,
+#   8. restarts the Edge (`kubectl rollout restart`) while a loop of requests runs through
+#      the HTTP API Service, and asserts none failed and the node is back on every replica,
+#   9. stops the mock provider and asserts HEALTH turns unavailable,
+#  10. disables the key in the Secret and asserts the Edge refuses it (reloaded, no restart).
 # Every wait is bounded; the cluster and the host processes are removed on exit (also on
 # failure, after collecting diagnostics into IOP_KIND_WORK_DIR/diagnostics).
 set -euo pipefail
@@ -33,10 +39,14 @@ IMAGE_TAG=${IOP_KIND_IMAGE_TAG:-e2e}
 KIND_NODE_IMAGE=${IOP_KIND_NODE_IMAGE:-}
 # Node port of the Edge's gRPC Service, published by kind on 127.0.0.1 of this host.
 GRPC_PORT=${IOP_KIND_GRPC_PORT:-30743}
-# Local port of the `kubectl port-forward` to the Edge's HTTP API.
+# Node port of the Edge's HTTP API Service, published by kind on 127.0.0.1 of this host.
+HTTP_NODE_PORT=${IOP_KIND_HTTP_NODE_PORT:-30080}
+# Edge replicas (the chart's default is 2).
+EDGE_REPLICAS=${IOP_KIND_EDGE_REPLICAS:-2}
+# First local ports of the `kubectl port-forward`s to each Edge pod's HTTP API and admin API
+# (/admin/v1/*, /metrics): replica i (0, 1, ...) gets HTTP_PORT+i and ADMIN_PORT+i.
 HTTP_PORT=${IOP_KIND_HTTP_PORT:-18080}
-# Local port of the `kubectl port-forward` to the Edge's admin API (/admin/v1/*, /metrics).
-ADMIN_PORT=${IOP_KIND_ADMIN_PORT:-18081}
+ADMIN_PORT=${IOP_KIND_ADMIN_PORT:-18180}
 # Seconds for each wait (rollouts, config rendering, health changes).
 TIMEOUT=${IOP_KIND_TIMEOUT:-180}
 # 1: keep the cluster afterwards, and reuse an existing cluster of that name.
@@ -53,7 +63,7 @@ OPERATOR_IMAGE=iop-operator:$IMAGE_TAG
 EDGE=$RELEASE-edge
 OPERATOR=$RELEASE-operator
 [[ $RELEASE == *iop* ]] || { EDGE=$RELEASE-iop-edge; OPERATOR=$RELEASE-iop-operator; }
-EDGE_ADMIN=$EDGE-admin
+EDGE_SELECTOR="app.kubernetes.io/component=edge,app.kubernetes.io/instance=$RELEASE"
 CONFIG_MAP=iop-edge-config
 EDGE_TLS_SECRET=iop-edge-tls
 # The client API keys Secret (chart value edge.auth.keysSecret), made by this script.
@@ -74,7 +84,7 @@ wait_for() {
   done
 }
 
-pids=()   # background processes of this script (node, port-forward)
+pids=()   # background processes of this script (node, port-forwards, request loop)
 MOCK_PID=
 created_cluster=0
 cleanup() {
@@ -111,8 +121,9 @@ collect_diagnostics() {
   k get configmap "$CONFIG_MAP" -o yaml >"$d/edge-config.yaml" 2>&1
   k describe pods >"$d/pods.txt" 2>&1
   k logs "deployment/$OPERATOR" --all-containers --tail=-1 >"$d/operator.log" 2>&1
-  k logs "deployment/$EDGE" --all-containers --tail=-1 >"$d/edge.log" 2>&1
-  k logs "deployment/$EDGE" --all-containers --previous >"$d/edge-previous.log" 2>&1
+  # Every Edge replica, each line prefixed with its pod.
+  k logs -l "$EDGE_SELECTOR" --all-containers --prefix --tail=-1 >"$d/edge.log" 2>&1
+  k logs -l "$EDGE_SELECTOR" --all-containers --prefix --previous >"$d/edge-previous.log" 2>&1
   cp "$WORK"/*.log "$d/" 2>/dev/null
   local f
   for f in objects.txt operator.log edge.log node.log mock-provider.log; do
@@ -143,6 +154,7 @@ trap 'exit 130' INT TERM
 # --- 1. cluster ----------------------------------------------------------------------
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   [[ $KEEP == 1 ]] || die "a kind cluster named $CLUSTER exists (delete it, or set IOP_KIND_KEEP=1 to reuse it)"
+  # It must publish both node ports (a cluster this script created does).
   log "reusing kind cluster $CLUSTER"
 else
   log "creating kind cluster $CLUSTER"
@@ -155,6 +167,12 @@ nodes:
       # The Edge's node gRPC NodePort, reachable from this host as 127.0.0.1:$GRPC_PORT.
       - containerPort: $GRPC_PORT
         hostPort: $GRPC_PORT
+        listenAddress: 127.0.0.1
+        protocol: TCP
+      # The Edge's HTTP API NodePort (kube-proxy balances over the Ready replicas, and keeps
+      # doing so through a rolling restart, which a port-forward to one pod cannot).
+      - containerPort: $HTTP_NODE_PORT
+        hostPort: $HTTP_NODE_PORT
         listenAddress: 127.0.0.1
         protocol: TCP
 EOF
@@ -222,8 +240,10 @@ helm upgrade --install "$RELEASE" charts/iop \
   --set edge.image.pullPolicy=Never \
   --set operator.image.repository=iop-operator --set-string operator.image.tag="$IMAGE_TAG" \
   --set operator.image.pullPolicy=Never \
+  --set edge.replicaCount="$EDGE_REPLICAS" \
   --set edge.grpcService.type=NodePort --set edge.grpcService.nodePort="$GRPC_PORT" \
   --set edge.grpcService.publicUrl="https://localhost:$GRPC_PORT" \
+  --set edge.service.type=NodePort --set edge.service.nodePort="$HTTP_NODE_PORT" \
   --set edge.logFormat=text \
   --set networkPolicy.enabled="$([[ $NETWORK_POLICY == 1 ]] && echo true || echo false)"
 k rollout status "deployment/$OPERATOR" --timeout="${TIMEOUT}s"
@@ -239,7 +259,27 @@ config_has_providers() {
 log "waiting for the operator to render ConfigMap $CONFIG_MAP with the example providers"
 wait_for "ConfigMap $CONFIG_MAP with providers" config_has_providers
 wait_for "Secret $EDGE_TLS_SECRET" exists secret "$EDGE_TLS_SECRET"
+# Ready: no node is connected yet, so each replica becomes Ready when its startup grace ends.
 k rollout status "deployment/$EDGE" --timeout="${TIMEOUT}s"
+
+# The Edge pods that are not terminating, sorted: the replicas the config must list.
+edge_pods() {
+  k get pods -l "$EDGE_SELECTOR" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.metadata.deletionTimestamp}{"\n"}{end}' \
+    | awk 'NF == 1 {print $1}' | sort
+}
+config_replicas() {
+  edge_config | python3 -c 'import sys, yaml; print("\n".join(sorted((yaml.safe_load(sys.stdin) or {}).get("replicas") or [])))'
+}
+# The config's replicas are exactly the Edge pods, and there are EDGE_REPLICAS of them.
+replicas_rendered() {
+  local pods
+  pods=$(edge_pods)
+  [[ $(grep -c . <<<"$pods") == "$EDGE_REPLICAS" && $(config_replicas) == "$pods" ]]
+}
+log "waiting for the Edge config's replicas to list the $EDGE_REPLICAS Edge pods"
+wait_for "replicas in ConfigMap $CONFIG_MAP equal to the Edge pods" replicas_rendered
+mapfile -t EDGE_PODS < <(edge_pods)
+echo "  replicas: ${EDGE_PODS[*]}"
 edge_config >"$WORK/edge.yaml"
 
 # The provider under test: id, node, base URL on the node, first public model name.
@@ -306,27 +346,76 @@ wait_for "the mock provider" curl -fsS -o /dev/null "http://$MOCK_ADDR/healthz"
 "$NODE_BIN" --config "$NODE_CONFIG" >"$WORK/node.log" 2>&1 &
 pids+=("$!")
 
-# Not through k(): $! must be kubectl itself, not a subshell, so cleanup can stop it.
-# The client API (HTTP API Service) and the admin API (admin Service: /admin/v1/*, /metrics).
-kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" port-forward "service/$EDGE" "$HTTP_PORT:8080" \
-  >"$WORK/port-forward.log" 2>&1 &
-pids+=("$!")
-kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" port-forward "service/$EDGE_ADMIN" "$ADMIN_PORT:8081" \
-  >"$WORK/port-forward-admin.log" 2>&1 &
-pids+=("$!")
-EDGE_URL=http://127.0.0.1:$HTTP_PORT
-ADMIN_URL=http://127.0.0.1:$ADMIN_PORT
-wait_for "the Edge HTTP API through port-forward" curl -fsS -o /dev/null "$EDGE_URL/healthz"
-wait_for "the Edge admin API through port-forward" curl -fsS -o /dev/null "$ADMIN_URL/healthz"
+# The client API through the HTTP API Service (published node port: any Ready replica), and
+# each replica's own HTTP and admin API (/admin/v1/*, /metrics) through a port-forward to its
+# pod. Not through k(): $! must be kubectl itself, not a subshell, so cleanup can stop it.
+EDGE_URL=http://127.0.0.1:$HTTP_NODE_PORT
+REPLICA_URLS=()
+ADMIN_URLS=()
+for i in "${!EDGE_PODS[@]}"; do
+  kubectl --context "kind-$CLUSTER" -n "$NAMESPACE" port-forward "pod/${EDGE_PODS[i]}" \
+    "$((HTTP_PORT + i)):8080" "$((ADMIN_PORT + i)):8081" >"$WORK/port-forward-$i.log" 2>&1 &
+  pids+=("$!")
+  REPLICA_URLS+=("http://127.0.0.1:$((HTTP_PORT + i))")
+  ADMIN_URLS+=("http://127.0.0.1:$((ADMIN_PORT + i))")
+done
+wait_for "the Edge HTTP API through node port $HTTP_NODE_PORT" curl -fsS -o /dev/null "$EDGE_URL/healthz"
+for i in "${!EDGE_PODS[@]}"; do
+  wait_for "${EDGE_PODS[i]}'s admin API through port-forward" curl -fsS -o /dev/null "${ADMIN_URLS[i]}/healthz"
+done
 
+# dispatchable ADMIN_URL: the provider is dispatchable on that replica (its own session with
+# the node is ready).
 dispatchable() {
-  curl -fsS "$ADMIN_URL/admin/v1/providers" | python3 -c '
+  curl -fsS "$1/admin/v1/providers" | python3 -c '
 import json, sys
 ids = {p["id"]: p for p in json.load(sys.stdin)["providers"]}
 sys.exit(0 if ids.get(sys.argv[1], {}).get("dispatchable") else 1)' "$PROVIDER"
 }
-log "waiting for node $NODE to register and provider $PROVIDER to be dispatchable"
-wait_for "provider $PROVIDER dispatchable on the Edge" dispatchable
+log "waiting for node $NODE to register with every replica and provider $PROVIDER to be dispatchable on each"
+for i in "${!EDGE_PODS[@]}"; do
+  wait_for "provider $PROVIDER dispatchable on ${EDGE_PODS[i]}" dispatchable "${ADMIN_URLS[i]}"
+done
+
+# cell KIND NAME COLUMN: the cell under COLUMN of the object NAME as `kubectl get KIND`
+# prints it (an empty cell prints as <empty>, no such object as <missing>).
+cell() {
+  k get "$1" 2>/dev/null | python3 -c '
+import re, sys
+lines = sys.stdin.read().splitlines()
+if not lines:
+    sys.exit("kubectl get printed nothing")
+cols = [(m.group(), m.start()) for m in re.finditer(r"\S+", lines[0])]
+names = [name for name, _ in cols]
+column = sys.argv[2]
+if column not in names:
+    sys.exit(f"kubectl get has no {column} column: " + lines[0])
+i = names.index(column)
+start, end = cols[i][1], (cols[i + 1][1] if i + 1 < len(cols) else None)
+wanted = sys.argv[1]
+# The object named like wanted (or its last segment, should the id be qualified).
+for line in lines[1:]:
+    name = line.split()[0]
+    if wanted == name or wanted.endswith(("/" + name, "." + name)):
+        print(line[start:end].strip() or "<empty>")
+        sys.exit(0)
+print("<missing>")' "$2" "$3"
+}
+last_replicas=
+# node_replicas_are N/M: `kubectl get nodecatalogs` shows the node CONNECTED with REPLICAS N/M.
+node_replicas_are() {
+  local replicas connected
+  replicas=$(cell nodecatalogs "$NODE" REPLICAS) || return 1
+  connected=$(cell nodecatalogs "$NODE" CONNECTED) || return 1
+  if [[ $replicas != "$last_replicas" ]]; then
+    echo "  kubectl get nodecatalogs: $NODE CONNECTED=$connected REPLICAS=$replicas"
+    last_replicas=$replicas
+  fi
+  [[ $replicas == "$1" && $connected == true ]]
+}
+log "waiting for kubectl get nodecatalogs to show $NODE connected to $EDGE_REPLICAS of $EDGE_REPLICAS replicas"
+wait_for "$NODE REPLICAS $EDGE_REPLICAS/$EDGE_REPLICAS" node_replicas_are "$EDGE_REPLICAS/$EDGE_REPLICAS"
+k get nodecatalogs
 
 # --- 7. requests through the Edge, health available ----------------------------------
 # chat STREAM [KEY] -> prints the HTTP status, body in $WORK/chat.out. KEY defaults to $KEY;
@@ -358,7 +447,7 @@ if [[ $status != 200 ]] || ! grep -q "\"$MODEL\"" "$WORK/get.out"; then
   die "GET /v1/models with the key: HTTP $status, want 200 listing $MODEL: $(cat "$WORK/get.out")"
 fi
 
-log "admin API and metrics: on the admin Service, not on the HTTP API"
+log "admin API and metrics: on the admin port, not on the HTTP API"
 for path in /admin/v1/providers /metrics; do
   status=$(get "$EDGE_URL$path" "$KEY")
   [[ $status != 2* ]] || die "the HTTP API Service serves $path (HTTP $status); it belongs to the admin Service only"
@@ -372,36 +461,20 @@ log "chat request (SSE stream) through the Edge"
 status=$(chat true)
 [[ $status == 200 ]] || die "streamed chat returned HTTP $status: $(cat "$WORK/chat.out")"
 grep -q '^data: \[DONE\]' "$WORK/chat.out" || die "the stream did not end with [DONE]: $(cat "$WORK/chat.out")"
-# The admin Service's /metrics (what the chart's ServiceMonitor scrapes) counts the requests,
-# per principal.
-status=$(get "$ADMIN_URL/metrics")
-[[ $status == 200 ]] || die "GET /metrics on the admin Service returned HTTP $status"
-grep -q '^iop_edge_http_requests' "$WORK/get.out" || die "the admin /metrics has no iop_edge_http_requests"
-grep -q 'principal="kind-e2e"' "$WORK/get.out" || die "the admin /metrics does not count principal kind-e2e"
+log "chat request through each replica: any replica serves the node's provider"
+for i in "${!EDGE_PODS[@]}"; do
+  status=$(EDGE_URL=${REPLICA_URLS[i]} chat false)
+  [[ $status == 200 ]] || die "chat through ${EDGE_PODS[i]} returned HTTP $status: $(cat "$WORK/chat.out")"
+  # Each replica's /metrics (what the chart's ServiceMonitor scrapes, on the admin port)
+  # counts its requests, per principal.
+  status=$(get "${ADMIN_URLS[i]}/metrics")
+  [[ $status == 200 ]] || die "GET /metrics on ${EDGE_PODS[i]}'s admin port returned HTTP $status"
+  grep -q '^iop_edge_http_requests' "$WORK/get.out" || die "${EDGE_PODS[i]}'s /metrics has no iop_edge_http_requests"
+  grep -q 'principal="kind-e2e"' "$WORK/get.out" || die "${EDGE_PODS[i]}'s /metrics does not count principal kind-e2e"
+done
 
-# HEALTH of the provider as `kubectl get providers` prints it: the text under the HEALTH
-# header, up to the next column (an empty cell prints as <empty>).
-provider_health() {
-  k get providers 2>/dev/null | python3 -c '
-import re, sys
-lines = sys.stdin.read().splitlines()
-if not lines:
-    sys.exit("kubectl get providers printed nothing")
-cols = [(m.group(), m.start()) for m in re.finditer(r"\S+", lines[0])]
-names = [name for name, _ in cols]
-if "HEALTH" not in names:
-    sys.exit("kubectl get providers has no HEALTH column: " + lines[0])
-i = names.index("HEALTH")
-start, end = cols[i][1], (cols[i + 1][1] if i + 1 < len(cols) else None)
-provider = sys.argv[1]
-# The object named like the provider id (or its last segment, should the id be qualified).
-for line in lines[1:]:
-    name = line.split()[0]
-    if provider == name or provider.endswith(("/" + name, "." + name)):
-        print(line[start:end].strip() or "<empty>")
-        sys.exit(0)
-print("<missing>")' "$PROVIDER"
-}
+# HEALTH of the provider as `kubectl get providers` prints it.
+provider_health() { cell providers "$PROVIDER" HEALTH; }
 last_health=
 health_is() { # health_is REGEX: the provider's HEALTH matches (case-insensitive)
   local health
@@ -416,7 +489,78 @@ log "waiting for kubectl get providers to show $PROVIDER HEALTH available"
 wait_for "$PROVIDER HEALTH available" health_is '^available$'
 k get providers
 
-# --- 8. mock provider gone: health unavailable ---------------------------------------
+# --- 8. rolling restart of the Edge under load: no request fails ----------------------
+# Requests one after the other through the HTTP API Service (JSON and streamed in turn)
+# until $WORK/load.stop exists; one line per request in $WORK/load.log: `ok`, or `fail
+# STATUS` (the body is kept in $WORK/load-failed-N.out).
+load_loop() {
+  local i=0 stream status ok
+  while [[ ! -e $WORK/load.stop ]]; do
+    i=$((i + 1))
+    stream=$([[ $((i % 2)) == 0 ]] && echo true || echo false)
+    status=$(printf '%s\n' "Authorization: Bearer $KEY" \
+      | curl -sS -o "$WORK/load.out" -w '%{http_code}' --max-time 60 "$EDGE_URL/v1/chat/completions" \
+        -H @- -H 'content-type: application/json' \
+        -d "{\"model\":\"$MODEL\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"hello from kind\"}]}" \
+        2>>"$WORK/load-curl.log" || true)
+    ok=0
+    if [[ $status == 200 ]]; then
+      if [[ $stream == true ]]; then
+        grep -q '^data: \[DONE\]' "$WORK/load.out" && ok=1
+      else
+        grep -q 'You said: hello from kind' "$WORK/load.out" && ok=1
+      fi
+    fi
+    if ((ok)); then
+      echo ok >>"$WORK/load.log"
+    else
+      echo "fail $status" >>"$WORK/load.log"
+      cp "$WORK/load.out" "$WORK/load-failed-$i.out" 2>/dev/null || true
+    fi
+    sleep 0.2
+  done
+}
+load_count() {
+  local n
+  n=$(grep -c . "$WORK/load.log" 2>/dev/null) || true
+  echo "${n:-0}"
+}
+load_at_least() { (($(load_count) >= $1)); }
+# gone POD...: none of these pods exists any more (each drained and exited).
+gone() {
+  local pod
+  for pod in "$@"; do
+    ! exists pod "$pod" || return 1
+  done
+}
+log "rolling restart of deployment/$EDGE while requests run through the HTTP API Service"
+rm -f "$WORK/load.stop" "$WORK/load.log" "$WORK"/load-failed-*.out
+load_loop &
+LOAD_PID=$!
+pids+=("$LOAD_PID")
+wait_for "requests flowing before the restart" load_at_least 5
+before=$(load_count)
+k rollout restart "deployment/$EDGE"
+k rollout status "deployment/$EDGE" --timeout="${TIMEOUT}s"
+wait_for "the old Edge pods to drain and exit (${EDGE_PODS[*]})" gone "${EDGE_PODS[@]}"
+wait_for "replicas in ConfigMap $CONFIG_MAP equal to the new Edge pods" replicas_rendered
+mapfile -t new_pods < <(edge_pods)
+echo "  replicas now: ${new_pods[*]}"
+wait_for "$NODE REPLICAS $EDGE_REPLICAS/$EDGE_REPLICAS after the restart" \
+  node_replicas_are "$EDGE_REPLICAS/$EDGE_REPLICAS"
+# Some more requests on the new replicas only.
+after=$(load_count)
+wait_for "requests after the restart" load_at_least $((after + 10))
+touch "$WORK/load.stop"
+wait "$LOAD_PID" || true
+total=$(load_count)
+failed=$(grep -vc '^ok$' "$WORK/load.log" || true)
+echo "  requests: $total ($((after - before)) during the restart), failed: $failed"
+((after - before >= 5)) || die "too few requests ran during the rolling restart ($((after - before)))"
+((failed == 0)) || die "$failed of $total requests failed during the rolling restart: $(grep -v '^ok$' "$WORK/load.log" | sort | uniq -c | tr '\n' ';') (bodies in ${WORK#"$ROOT"/}/load-failed-*.out)"
+k get nodecatalogs
+
+# --- 9. mock provider gone: health unavailable ---------------------------------------
 log "stopping the mock provider"
 kill "$MOCK_PID"
 wait "$MOCK_PID" 2>/dev/null || true
@@ -437,19 +581,27 @@ log "waiting for kubectl get providers to show $PROVIDER HEALTH unavailable"
 wait_for "$PROVIDER HEALTH unavailable" unhealthy
 k get providers
 
-# --- 9. key disabled in the Secret: refused without a restart -------------------------
+# --- 10. key disabled in the Secret: refused without a restart ------------------------
 # The keys Secret is mounted without subPath: the kubelet updates the file (within about a
-# minute) and the Edge reloads it.
+# minute, on each replica on its own) and the Edge reloads it.
 log "disabling principal kind-e2e in Secret $KEYS_SECRET"
-edge_pods=$(k get pods -l "app.kubernetes.io/component=edge,app.kubernetes.io/instance=$RELEASE" \
-  -o jsonpath='{range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount}{" "}{end}')
+pod_restarts() {
+  k get pods -l "$EDGE_SELECTOR" \
+    -o jsonpath='{range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount}{" "}{end}'
+}
+edge_pods_before=$(pod_restarts)
 write_keys true
-key_refused() { [[ $(get "$EDGE_URL/v1/models" "$KEY") == 401 ]]; }
-wait_for "the Edge to refuse the disabled key" key_refused
+# Refused by every replica: the Service balances over them, so several answers in a row.
+key_refused() {
+  local i
+  for i in 1 2 3 4 5 6 7 8; do
+    [[ $(get "$EDGE_URL/v1/models" "$KEY") == 401 ]] || return 1
+  done
+}
+wait_for "every Edge replica to refuse the disabled key" key_refused
 [[ $(get "$EDGE_URL/v1/models" "$OTHER_KEY") == 200 ]] || die "the Edge refuses the other, still enabled, key too"
 # Same pods, same restart counts: the change was reloaded, not restarted into.
-now=$(k get pods -l "app.kubernetes.io/component=edge,app.kubernetes.io/instance=$RELEASE" \
-  -o jsonpath='{range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount}{" "}{end}')
-[[ $now == "$edge_pods" ]] || die "the Edge pods restarted or were replaced (before: $edge_pods; after: $now)"
+now=$(pod_restarts)
+[[ $now == "$edge_pods_before" ]] || die "the Edge pods restarted or were replaced (before: $edge_pods_before; after: $now)"
 
-log "PASS: kind e2e (chat through the Edge with an API key; $PROVIDER available, then unavailable; key revoked live)"
+log "PASS: kind e2e ($EDGE_REPLICAS Edge replicas, the node on each; chat through the Edge with an API key; $total requests through a rolling restart, none failed; $PROVIDER available, then unavailable; key revoked live)"

@@ -8,6 +8,12 @@
 //! they are available, with a short backoff while they are not), so turning
 //! the mock's health endpoints off lowers every provider on it without any
 //! request, and turning them on brings them back.
+//!
+//! Several replicas: the running Edge is read the way the operator reads
+//! every Edge pod (`poll_all` at an IP and the admin port) next to replicas
+//! that do not answer or see otherwise, and the merge turns that into
+//! `degraded` and `1/2` (the merge rule itself is unit-tested in
+//! `operator/src/mirror/tests.rs`; two real replicas run in `replicas.rs`).
 
 mod common;
 
@@ -16,9 +22,10 @@ use std::collections::BTreeMap;
 use common::*;
 use iop_e2e::harness::wait_until;
 use iop_operator::crd::provider::{Classification, Health};
-use iop_operator::env::EdgeAdminUrl;
-use iop_operator::mirror::{self, NodeMirror, ProviderMirror};
-use iop_operator::runtime::admin::AdminClient;
+use iop_operator::mirror::{self, EdgeHealth, EdgeView, NodeMirror, ProviderMirror};
+use iop_operator::replicas::Replica;
+use iop_operator::runtime::admin::{AdminClient, EdgeAdminUrl};
+use iop_operator::runtime::metrics::Metrics;
 use k8s_openapi::jiff::Timestamp;
 
 const PROVIDER: &str = "ollama-mock";
@@ -26,7 +33,7 @@ const PROVIDER: &str = "ollama-mock";
 #[tokio::test]
 async fn the_status_mirror_reads_health_from_a_running_edge() {
     let stack = Stack::start(StackOptions::default()).await;
-    let admin = AdminClient::new(EdgeAdminUrl { authority: stack.admin.to_string() });
+    let admin = Admin { client: AdminClient::new(), url: EdgeAdminUrl { authority: stack.admin.to_string() } };
 
     let (providers, nodes) = mirror_fetch(&admin).await;
     let node = nodes.nodes.iter().find(|n| n.name == NODE).expect("the node is listed");
@@ -56,7 +63,8 @@ async fn the_status_mirror_reads_health_from_a_running_edge() {
     for _ in 0..3 {
         tokio::time::sleep(std::time::Duration::from_millis(600)).await;
         let (providers, nodes) = mirror_fetch(&admin).await;
-        let planned = mirror::plan(&providers, &nodes, &current, &BTreeMap::new(), Timestamp::now());
+        let edge = EdgeView::one("edge", providers, nodes);
+        let planned = mirror::plan(&edge, &current, &BTreeMap::new(), Timestamp::now());
         assert!(planned.providers.is_empty(), "{planned:?}");
     }
 
@@ -85,6 +93,53 @@ async fn set_mock_health(stack: &Stack, healthy: bool) {
     assert!(response.status().is_success(), "{}", response.status());
 }
 
-async fn mirror_fetch(admin: &AdminClient) -> (mirror::ProvidersSnapshot, mirror::NodesSnapshot) {
-    iop_operator::runtime::mirror::fetch(admin).await.expect("the Edge admin API parses")
+/// The merge of several replicas' views, with one real replica: the
+/// running Edge read as the operator reads an Edge pod, a replica without
+/// an IP yet (not polled), and a stand-in replica that sees the provider
+/// down.
+#[tokio::test]
+async fn replicas_views_merge_with_one_real_edge() {
+    let stack = Stack::start(StackOptions::default()).await;
+    stack.wait_node_ready(NODE).await;
+    wait_until("the Edge sees the provider available", WAIT, || async {
+        stack.provider_admin(PROVIDER).await["health"] == "available"
+    })
+    .await;
+
+    let replicas = [
+        Replica { id: "iop-edge-a".into(), ip: Some(stack.admin.ip()) },
+        Replica { id: "iop-edge-b".into(), ip: None },
+    ];
+    let mut edge =
+        iop_operator::runtime::mirror::poll_all(&AdminClient::new(), &replicas, stack.admin.port(), &Metrics::new())
+            .await;
+    assert!(edge.replicas["iop-edge-a"].is_some(), "the real Edge answers at its IP and admin port");
+    assert!(edge.replicas["iop-edge-b"].is_none(), "no IP: not polled, sees nothing");
+
+    let providers = BTreeMap::from([(PROVIDER.to_string(), ProviderMirror::default())]);
+    let nodes = BTreeMap::from([(NODE.to_string(), NodeMirror::default())]);
+    let writes = mirror::plan(&edge, &providers, &nodes, Timestamp::now());
+    let (p, n) = (&writes.providers[0].1, &writes.nodes[0].1);
+    assert_eq!((p.health, p.classification), (Some(Health::Available), None), "a silent replica sees nothing");
+    assert_eq!((n.connected, n.replicas_summary.as_deref()), (Some(true), Some("1/2")));
+
+    // Replica b answers and sees the provider down on its own session.
+    let (mut providers_b, nodes_b) = edge.replicas["iop-edge-a"].clone().unwrap();
+    for p in &mut providers_b.providers {
+        p.health = EdgeHealth::Unavailable;
+    }
+    edge.replicas.insert("iop-edge-b".into(), Some((providers_b, nodes_b)));
+    let writes = mirror::plan(&edge, &providers, &nodes, Timestamp::now());
+    let (p, n) = (&writes.providers[0].1, &writes.nodes[0].1);
+    assert_eq!((p.health, p.classification), (Some(Health::Degraded), Some(Classification::ProviderUnhealthy)));
+    assert_eq!((n.connected_replicas, n.replicas, n.replicas_summary.as_deref()), (Some(2), Some(2), Some("2/2")));
+}
+
+struct Admin {
+    client: AdminClient,
+    url: EdgeAdminUrl,
+}
+
+async fn mirror_fetch(admin: &Admin) -> (mirror::ProvidersSnapshot, mirror::NodesSnapshot) {
+    iop_operator::runtime::mirror::fetch(&admin.client, &admin.url).await.expect("the Edge admin API parses")
 }

@@ -11,7 +11,9 @@ use crate::reconcile::Settings;
 
 pub const NAMESPACE: &str = "IOP_NAMESPACE";
 pub const POD_NAME: &str = "IOP_POD_NAME";
-pub const EDGE_ADMIN_URL: &str = "IOP_EDGE_ADMIN_URL";
+/// Label selector of the Edge pods (`KEY=VALUE[,KEY=VALUE...]`): the
+/// replicas rendered into the Edge config and polled for status.
+pub const EDGE_POD_SELECTOR: &str = "IOP_EDGE_POD_SELECTOR";
 pub const EDGE_SERVER_NAMES: &str = "IOP_EDGE_SERVER_NAMES";
 pub const TRUST_DOMAIN: &str = "IOP_TRUST_DOMAIN";
 /// Optional: where `/metrics`, `/healthz` and `/readyz` are served.
@@ -23,7 +25,8 @@ pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
 pub const EDGE_HTTP_LISTEN: &str = "0.0.0.0:8080";
 pub const EDGE_GRPC_LISTEN: &str = "0.0.0.0:7443";
 /// The admin listener: reachable in the cluster, limited by the chart's
-/// NetworkPolicy to the operator (and the metrics scraper).
+/// NetworkPolicy to the operator (and the metrics scraper). The operator
+/// reads each replica's admin API at `<pod IP>:<this port>`.
 pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
 /// Optional: `required` (default) or `disabled` (no client API keys).
 pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
@@ -34,8 +37,9 @@ pub struct RunConfig {
     pub namespace: String,
     /// Holder identity in the leader-election Lease.
     pub pod_name: String,
-    /// The Edge admin API, `http://HOST[:PORT]` without a path.
-    pub edge_admin_url: EdgeAdminUrl,
+    /// Label selector of the Edge pods, `KEY=VALUE[,KEY=VALUE...]`
+    /// (equality terms only, as the chart writes it).
+    pub edge_pod_selector: String,
     /// DNS names (or IP addresses) on the Edge server certificate.
     pub edge_server_names: Vec<String>,
     /// SPIFFE trust domain of node identities.
@@ -44,20 +48,6 @@ pub struct RunConfig {
     pub metrics_addr: SocketAddr,
     /// Whether the Edge requires client API keys ([`EDGE_AUTH_MODE`]).
     pub edge_auth: AuthMode,
-}
-
-/// A plain-HTTP base URL (in-cluster Service), split for the HTTP client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EdgeAdminUrl {
-    /// `host[:port]`.
-    pub authority: String,
-}
-
-impl EdgeAdminUrl {
-    /// `http://<authority><path>`.
-    pub fn join(&self, path: &str) -> String {
-        format!("http://{}{path}", self.authority)
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,19 +84,13 @@ impl RunConfig {
             return Err(invalid(POD_NAME, &pod_name, "not a pod name"));
         }
 
-        let url = get(EDGE_ADMIN_URL)?;
-        let authority = url
-            .strip_prefix("http://")
-            .map(|rest| rest.strip_suffix('/').unwrap_or(rest))
-            .filter(|a| !a.is_empty() && !a.contains(['/', '?', '#', '@']) && !a.starts_with(':'))
-            .ok_or_else(|| {
-                invalid(EDGE_ADMIN_URL, &url, "must be http://HOST[:PORT] (the Edge admin Service's port)")
-            })?;
-        if let Some((_, port)) = authority.rsplit_once(':')
-            && !authority.ends_with(']')
-            && port.parse::<u16>().is_err()
-        {
-            return Err(invalid(EDGE_ADMIN_URL, &url, "the port is not a number"));
+        let edge_pod_selector = get(EDGE_POD_SELECTOR)?;
+        if !is_equality_selector(&edge_pod_selector) {
+            return Err(invalid(
+                EDGE_POD_SELECTOR,
+                &edge_pod_selector,
+                "must be KEY=VALUE[,KEY=VALUE...] (the Edge pods' labels)",
+            ));
         }
 
         let names_raw = get(EDGE_SERVER_NAMES)?;
@@ -142,15 +126,7 @@ impl RunConfig {
             Some(other) => return Err(invalid(EDGE_AUTH_MODE, other, "must be `required` or `disabled`")),
         };
 
-        Ok(Self {
-            namespace,
-            pod_name,
-            edge_admin_url: EdgeAdminUrl { authority: authority.to_string() },
-            edge_server_names,
-            trust_domain,
-            metrics_addr,
-            edge_auth,
-        })
+        Ok(Self { namespace, pod_name, edge_pod_selector, edge_server_names, trust_domain, metrics_addr, edge_auth })
     }
 
     /// The reconcile settings: trust domain, the chart's fixed Edge listen
@@ -165,6 +141,22 @@ impl RunConfig {
         }
         settings
     }
+}
+
+/// `KEY=VALUE[,KEY=VALUE...]`: label keys (an optional DNS prefix and `/`,
+/// then a name) and values of letters, digits, `-`, `_`, `.` (values may be
+/// empty), as `kubectl get pods -l` takes them.
+fn is_equality_selector(s: &str) -> bool {
+    let label =
+        |v: &str, max: usize| v.len() <= max && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    s.split(',').all(|term| {
+        let Some((key, value)) = term.split_once('=') else { return false };
+        let (prefix, name) = key.rsplit_once('/').map_or((None, key), |(p, n)| (Some(p), n));
+        !name.is_empty()
+            && label(name, 63)
+            && prefix.is_none_or(|p| !p.is_empty() && is_dns_name(p))
+            && label(value, 63)
+    })
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -197,7 +189,10 @@ mod tests {
         HashMap::from([
             (NAMESPACE, "iop"),
             (POD_NAME, "iop-operator-7d9c-abcde"),
-            (EDGE_ADMIN_URL, "http://iop-edge-admin.iop.svc:8081"),
+            (
+                EDGE_POD_SELECTOR,
+                "app.kubernetes.io/name=iop,app.kubernetes.io/instance=iop,app.kubernetes.io/component=edge",
+            ),
             (EDGE_SERVER_NAMES, "iop-edge-grpc,iop-edge-grpc.iop.svc, edge.example.com,10.0.0.7"),
             (TRUST_DOMAIN, "iop.example"),
         ])
@@ -212,7 +207,10 @@ mod tests {
         let config = parse(&chart_env()).unwrap();
         assert_eq!(config.namespace, "iop");
         assert_eq!(config.pod_name, "iop-operator-7d9c-abcde");
-        assert_eq!(config.edge_admin_url.join("/admin/v1/nodes"), "http://iop-edge-admin.iop.svc:8081/admin/v1/nodes");
+        assert_eq!(
+            config.edge_pod_selector,
+            "app.kubernetes.io/name=iop,app.kubernetes.io/instance=iop,app.kubernetes.io/component=edge"
+        );
         assert_eq!(
             config.edge_server_names,
             ["iop-edge-grpc", "iop-edge-grpc.iop.svc", "edge.example.com", "10.0.0.7"]
@@ -264,7 +262,7 @@ mod tests {
 
     #[test]
     fn every_missing_variable_is_named() {
-        for var in [NAMESPACE, POD_NAME, EDGE_ADMIN_URL, EDGE_SERVER_NAMES, TRUST_DOMAIN] {
+        for var in [NAMESPACE, POD_NAME, EDGE_POD_SELECTOR, EDGE_SERVER_NAMES, TRUST_DOMAIN] {
             let mut env = chart_env();
             env.remove(var);
             assert_eq!(parse(&env), Err(EnvError::Missing { var }));
@@ -278,10 +276,13 @@ mod tests {
     fn invalid_values_name_the_variable() {
         let cases = [
             (NAMESPACE, "Not_A_Namespace"),
-            (EDGE_ADMIN_URL, "https://iop-edge:8080"),
-            (EDGE_ADMIN_URL, "http://iop-edge:8080/admin"),
-            (EDGE_ADMIN_URL, "http://iop-edge:http"),
-            (EDGE_ADMIN_URL, "iop-edge:8080"),
+            (EDGE_POD_SELECTOR, "app.kubernetes.io/component"),
+            (EDGE_POD_SELECTOR, "app in (edge)"),
+            (EDGE_POD_SELECTOR, "app!=edge"),
+            (EDGE_POD_SELECTOR, "app==edge"),
+            (EDGE_POD_SELECTOR, "app=edge,"),
+            (EDGE_POD_SELECTOR, "=edge"),
+            (EDGE_POD_SELECTOR, "/app=edge"),
             (EDGE_SERVER_NAMES, ",,"),
             (EDGE_SERVER_NAMES, "iop-edge,bad name"),
             (TRUST_DOMAIN, "IOP.Example"),
@@ -302,9 +303,11 @@ mod tests {
     }
 
     #[test]
-    fn a_trailing_slash_on_the_admin_url_is_fine() {
+    fn the_pod_selector_takes_equality_terms() {
         let mut env = chart_env();
-        env.insert(EDGE_ADMIN_URL, "http://127.0.0.1:8080/");
-        assert_eq!(parse(&env).unwrap().edge_admin_url.authority, "127.0.0.1:8080");
+        for ok in ["app=edge", "app.kubernetes.io/component=edge", "a=b,c=d", "example.com/tier=", "k_1=v.2-x"] {
+            env.insert(EDGE_POD_SELECTOR, ok);
+            assert_eq!(parse(&env).unwrap().edge_pod_selector, ok);
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! IOP operator: CRD types, the pure reconcile stages (validate, build the
-//! Edge config), certificate issuance, status mirroring and the node bundle
-//! (pure), and the controller that runs them against the Kubernetes API
-//! ([`runtime`]).
+//! Edge config), certificate issuance, status mirroring, the Edge's replicas
+//! and the node bundle (pure), and the controller that runs them against the
+//! Kubernetes API ([`runtime`]).
 
 pub mod bundle;
 pub mod certs;
@@ -9,4 +9,5 @@ pub mod crd;
 pub mod env;
 pub mod mirror;
 pub mod reconcile;
+pub mod replicas;
 pub mod runtime;

@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller in the cluster. Settings come from the environment
-    /// the Helm chart sets: IOP_NAMESPACE, IOP_POD_NAME, IOP_EDGE_ADMIN_URL,
+    /// the Helm chart sets: IOP_NAMESPACE, IOP_POD_NAME, IOP_EDGE_POD_SELECTOR,
     /// IOP_EDGE_SERVER_NAMES, IOP_TRUST_DOMAIN, IOP_METRICS_ADDR (optional,
     /// default 0.0.0.0:9464: /metrics, /healthz, /readyz) and RUST_LOG.
     Run,

@@ -1,13 +1,14 @@
-//! Status mirroring (pure): from the Edge admin API's snapshots
-//! (`GET /admin/v1/providers`, `GET /admin/v1/nodes`) to the fields of
-//! `Provider.status` and `NodeCatalog.status` the mirror owns (field manager
-//! `iop-operator/status`), and which objects need a write.
+//! Status mirroring (pure): from the admin API snapshots of every Edge
+//! replica (`GET /admin/v1/providers`, `GET /admin/v1/nodes`) to the fields
+//! of `Provider.status` and `NodeCatalog.status` the mirror owns (field
+//! manager `iop-operator/status`), and which objects need a write.
 //!
-//! # Provider health
+//! # One replica's view of a provider
 //!
-//! The Edge's `health` is each provider's effective health: config, its
-//! node's readiness and the runtime overlay combined, the one definition the
-//! Edge's admission uses too. The mirror takes it as it is:
+//! Each replica's `health` is its effective health of the provider: config,
+//! its session with the node (readiness) and its runtime overlay combined,
+//! the one definition the Edge's admission uses too. [`classify`] takes it
+//! as it is, and is the only mapping from the Edge's view to a `Health`:
 //!
 //! | Edge `health`  | health        | classification       |
 //! |----------------|---------------|----------------------|
@@ -22,13 +23,35 @@
 //! snapshot cannot tell that apart from a provider that never stalled, so a
 //! healthy provider shows no classification.
 //!
-//! `generation` and `lastObservationSequence` are those of the overlay's
-//! last applied evidence when there is any (its `state` may be `available`,
-//! `unavailable` or `unknown`); without it `generation` is the node's
-//! current connection generation and there is no sequence.
-//! `lastTransitionTime` moves only when `health` changes: to the overlay's
-//! `since_ms` when the overlay holds the new health since after the last
-//! transition, otherwise to `now`.
+//! # Several replicas: the merge rule ([`merge_health`])
+//!
+//! Every node keeps one session with every Edge replica, and each replica
+//! judges the provider on its own session. Only the replicas that **answered
+//! this poll and are connected to the provider's node** (their
+//! `/admin/v1/nodes` says `connected`) have a say; a replica that did not
+//! answer, or answered without a session to the node, is not counted as
+//! seeing anything (neither up nor down). Of the replicas that have a say:
+//!
+//! | what they see (after [`classify`])             | health        | classification                          |
+//! |------------------------------------------------|---------------|-----------------------------------------|
+//! | none has a say                                 | `Unknown`     | `health_unknown`                        |
+//! | all the same                                   | that one      | its classification                      |
+//! | some `Available`, some not                     | `Degraded`    | `provider_unhealthy` if one sees it `Unavailable`, else `health_unknown` |
+//! | none `Available`, some `Unavailable`, some `Unknown` | `Unavailable` | `provider_unhealthy`              |
+//!
+//! So `available` means every connected replica may route to it, `degraded`
+//! that only some may (a request on one that may not is served as with the
+//! provider down there), `unavailable` that none may and at least one has
+//! evidence it is down. With one replica the rule is the first table.
+//!
+//! `generation` and `lastObservationSequence` are those of the newest
+//! evidence among the replicas that have a say (all replicas listing the
+//! provider when none has): the overlay with the largest (generation,
+//! sequence) when any has one, otherwise the largest node connection
+//! generation and no sequence. `lastTransitionTime` moves only when
+//! `health` changes: to that overlay's `since_ms` when the overlay holds the
+//! new health since after the last transition, otherwise to `now` (always
+//! `now` for `degraded`, which no single overlay holds).
 //!
 //! # Writes only when what a user sees changes
 //!
@@ -41,15 +64,21 @@
 //!
 //! # Node connection
 //!
-//! `connected` is the Edge's; `generation` is the current connection's, kept
-//! from the last connection while the node is away; `since` moves when
-//! `connected` flips or the node reconnects (a new generation): to the
-//! connection's `connected_at_ms` when connected, to `now` when it went away.
+//! `replicas` is the number of Edge replicas (the pods the config lists,
+//! answering or not); `connectedReplicas` the number of answering replicas
+//! with a session to the node (`replicasSummary`: `connected/replicas`, the
+//! REPLICAS column). `connected` is true while at least one is. `generation`
+//! is the newest session's (the largest: generations grow with time), and
+//! never goes back to an older one: it is kept while that session's replica
+//! is away (restarting) and while the node is away; `since` moves when
+//! `connected` flips or a newer session appears (a larger generation): to
+//! that session's `connected_at_ms` when connected, to `now` when the node
+//! went away. `version` is the newest current session's.
 //!
-//! Providers and nodes the Edge does not list (not in its config yet, or
+//! Providers and nodes no answering replica lists (not in its config yet, or
 //! left out as not ready) get these fields cleared: the Edge has no live
-//! state for them. Objects that do not exist are not written; while the
-//! Edge does not answer, nothing is written.
+//! state for them. Objects that do not exist are not written; while no
+//! replica answers, nothing is written.
 
 use std::collections::BTreeMap;
 
@@ -106,12 +135,15 @@ pub enum OverlayState {
 }
 
 impl OverlayState {
+    /// The health this overlay state stands for: [`classify`] of the same
+    /// Edge health.
     fn health(self) -> Health {
-        match self {
-            Self::Available => Health::Available,
-            Self::Unavailable => Health::Unavailable,
-            Self::Unknown => Health::Unknown,
-        }
+        let edge = match self {
+            Self::Available => EdgeHealth::Available,
+            Self::Unavailable => EdgeHealth::Unavailable,
+            Self::Unknown => EdgeHealth::Unknown,
+        };
+        classify(edge).0
     }
 }
 
@@ -182,6 +214,9 @@ impl ProviderMirror {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeMirror {
     pub connected: Option<bool>,
+    pub connected_replicas: Option<u32>,
+    pub replicas: Option<u32>,
+    pub replicas_summary: Option<String>,
     pub generation: Option<u64>,
     pub since: Option<Time>,
     pub version: Option<String>,
@@ -190,15 +225,27 @@ pub struct NodeMirror {
 impl NodeMirror {
     pub fn of(status: Option<&NodeCatalogStatus>) -> Self {
         let Some(s) = status else { return Self::default() };
-        Self { connected: s.connected, generation: s.generation, since: s.since.clone(), version: s.version.clone() }
+        Self {
+            connected: s.connected,
+            connected_replicas: s.connected_replicas,
+            replicas: s.replicas,
+            replicas_summary: s.replicas_summary.clone(),
+            generation: s.generation,
+            since: s.since.clone(),
+            version: s.version.clone(),
+        }
     }
 
     pub fn to_status(&self) -> NodeCatalogStatus {
+        let Self { connected, connected_replicas, replicas, replicas_summary, generation, since, version } = self;
         NodeCatalogStatus {
-            connected: self.connected,
-            generation: self.generation,
-            since: self.since.clone(),
-            version: self.version.clone(),
+            connected: *connected,
+            connected_replicas: *connected_replicas,
+            replicas: *replicas,
+            replicas_summary: replicas_summary.clone(),
+            generation: *generation,
+            since: since.clone(),
+            version: version.clone(),
             ..Default::default()
         }
     }
@@ -214,30 +261,70 @@ fn from_ms(ms: u64) -> Option<Time> {
     i64::try_from(ms / 1000).ok().and_then(|s| Timestamp::from_second(s).ok()).map(Time)
 }
 
-/// The mirrored fields of one provider (see the module docs for the table).
+/// The only mapping from an Edge replica's view of a provider to `Health`
+/// and `Classification` (see the module docs).
+pub fn classify(health: EdgeHealth) -> (Health, Option<Classification>) {
+    match health {
+        EdgeHealth::Available => (Health::Available, None),
+        EdgeHealth::Unavailable => (Health::Unavailable, Some(Classification::ProviderUnhealthy)),
+        EdgeHealth::Unknown => (Health::Unknown, Some(Classification::HealthUnknown)),
+    }
+}
+
+/// The merge rule: the views of the replicas that have a say (answered,
+/// connected to the provider's node), each as [`classify`] reads it. See
+/// the module docs for the table.
+pub fn merge_health(seen: &[EdgeHealth]) -> (Health, Option<Classification>) {
+    let Some(&first) = seen.first() else { return classify(EdgeHealth::Unknown) };
+    if seen.iter().all(|&h| h == first) {
+        return classify(first);
+    }
+    let down = seen.contains(&EdgeHealth::Unavailable);
+    if seen.contains(&EdgeHealth::Available) {
+        // Some may route to it, some may not: the worse of the others' classifications.
+        let worst = if down { EdgeHealth::Unavailable } else { EdgeHealth::Unknown };
+        (Health::Degraded, classify(worst).1)
+    } else {
+        // Unavailable and unknown: nobody may route to it, and there is evidence it is down.
+        classify(EdgeHealth::Unavailable)
+    }
+}
+
+/// One replica's view of a provider: the provider as it lists it, and its
+/// session with the provider's node (absent when it does not list the node).
+pub type ProviderView<'a> = (&'a EdgeProvider, Option<&'a EdgeNode>);
+
+/// The mirrored fields of one provider as one replica sees it.
 pub fn provider(
     p: &EdgeProvider,
     node: Option<&EdgeNode>,
     previous: &ProviderMirror,
     now: Timestamp,
 ) -> ProviderMirror {
-    let (health, classification) = match p.health {
-        EdgeHealth::Available => (Health::Available, None),
-        EdgeHealth::Unavailable => (Health::Unavailable, Some(Classification::ProviderUnhealthy)),
-        EdgeHealth::Unknown => (Health::Unknown, Some(Classification::HealthUnknown)),
-    };
-    let (generation, last_observation_sequence) = match &p.overlay {
+    merged_provider(&[(p, node)], previous, now)
+}
+
+/// The mirrored fields of one provider from the views of every answering
+/// replica that lists it (see the module docs).
+pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, now: Timestamp) -> ProviderMirror {
+    let connected = |(_, node): &&ProviderView<'_>| node.is_some_and(|n| n.connected);
+    let with_say: Vec<&ProviderView<'_>> = views.iter().filter(connected).collect();
+    let seen: Vec<EdgeHealth> = with_say.iter().map(|(p, _)| p.health).collect();
+    let (health, classification) = merge_health(&seen);
+
+    // The newest evidence: of the replicas with a say, or of all when none has one.
+    let evidence: Vec<&ProviderView<'_>> = if with_say.is_empty() { views.iter().collect() } else { with_say };
+    let overlay = evidence.iter().filter_map(|(p, _)| p.overlay.as_ref()).max_by_key(|o| (o.generation, o.sequence));
+    let (generation, last_observation_sequence) = match overlay {
         Some(o) => (Some(o.generation), Some(o.sequence)),
-        None => (node.and_then(|n| n.generation), None),
+        None => (evidence.iter().filter_map(|(_, n)| n.and_then(|n| n.generation)).max(), None),
     };
     let last_transition_time = match &previous.last_transition_time {
         Some(t) if previous.health == Some(health) => Some(t.clone()),
         since => {
             // The overlay's own transition, when it is this one (never one
             // older than the transition already recorded).
-            let overlay_since = p
-                .overlay
-                .as_ref()
+            let overlay_since = overlay
                 .filter(|o| o.state.health() == health)
                 .and_then(|o| from_ms(o.since_ms))
                 .filter(|t| since.as_ref().is_none_or(|s| t.0 > s.0));
@@ -257,18 +344,39 @@ pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool 
         != (&previous.health, &previous.classification, &previous.generation, &previous.last_transition_time)
 }
 
-/// The mirrored fields of one node.
+/// The mirrored fields of one node as one replica (of one) sees it.
 pub fn node(n: &EdgeNode, previous: &NodeMirror, now: Timestamp) -> NodeMirror {
-    let generation = n.generation.or(previous.generation);
-    let moved = previous.connected != Some(n.connected) || (n.connected && generation != previous.generation);
+    merged_node(&[n], 1, previous, now)
+}
+
+/// The mirrored fields of one node from the views of every answering
+/// replica that lists it, of `replicas` replicas in all (see the module docs).
+pub fn merged_node(seen: &[&EdgeNode], replicas: usize, previous: &NodeMirror, now: Timestamp) -> NodeMirror {
+    let connected_replicas = seen.iter().filter(|n| n.connected).count();
+    let connected = connected_replicas > 0;
+    // The newest session (the largest generation), of the connected replicas when any is.
+    let newest =
+        seen.iter().filter(|n| n.connected || !connected).max_by_key(|n| (n.generation, n.connected_at_ms)).copied();
+    // Never back to an older session's while a newer one is away (generations grow with time).
+    let generation = newest.and_then(|n| n.generation).max(previous.generation);
+    let moved = previous.connected != Some(connected) || (connected && generation != previous.generation);
     let since = match &previous.since {
         Some(t) if !moved => Some(t.clone()),
-        _ if n.connected => n.connected_at_ms.and_then(from_ms).or_else(|| Some(seconds(now))),
+        _ if connected => newest.and_then(|n| n.connected_at_ms).and_then(from_ms).or_else(|| Some(seconds(now))),
         _ => Some(seconds(now)),
     };
     // The version of the last connection stays while the node is away.
-    let version = n.version.clone().or_else(|| previous.version.clone());
-    NodeMirror { connected: Some(n.connected), generation, since, version }
+    let version = newest.and_then(|n| n.version.clone()).or_else(|| previous.version.clone());
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    NodeMirror {
+        connected: Some(connected),
+        connected_replicas: Some(count(connected_replicas)),
+        replicas: Some(count(replicas)),
+        replicas_summary: Some(format!("{connected_replicas}/{replicas}")),
+        generation,
+        since,
+        version,
+    }
 }
 
 /// What to write after one poll.
@@ -278,32 +386,67 @@ pub struct Writes {
     pub nodes: Vec<(String, NodeMirror)>,
 }
 
-/// Compares the Edge's view with the current mirrored fields of every
+/// Both admin snapshots of one replica.
+pub type AdminSnapshots = (ProvidersSnapshot, NodesSnapshot);
+
+/// What one poll learned from every Edge replica: by replica id, its
+/// snapshots, or `None` when it did not answer (or has no address yet).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EdgeView {
+    pub replicas: BTreeMap<String, Option<AdminSnapshots>>,
+}
+
+impl EdgeView {
+    /// One replica that answered (an Edge without `replicas`).
+    pub fn one(id: &str, providers: ProvidersSnapshot, nodes: NodesSnapshot) -> Self {
+        Self { replicas: BTreeMap::from([(id.to_string(), Some((providers, nodes)))]) }
+    }
+
+    /// The snapshots of the replicas that answered.
+    pub fn answered(&self) -> impl Iterator<Item = &AdminSnapshots> {
+        self.replicas.values().flatten()
+    }
+}
+
+/// Compares what the replicas say with the current mirrored fields of every
 /// existing object (by name) and returns only the ones that differ in what
-/// a user sees ([`visible_change`]). An object the Edge does not list gets
-/// its mirrored fields cleared.
+/// a user sees ([`visible_change`]). An object no answering replica lists
+/// gets its mirrored fields cleared. Nothing at all while no replica answered.
 pub fn plan(
-    providers: &ProvidersSnapshot,
-    nodes: &NodesSnapshot,
+    edge: &EdgeView,
     current_providers: &BTreeMap<String, ProviderMirror>,
     current_nodes: &BTreeMap<String, NodeMirror>,
     now: Timestamp,
 ) -> Writes {
-    let node_of = |name: &str| nodes.nodes.iter().find(|n| n.name == name);
+    let answered: Vec<&AdminSnapshots> = edge.answered().collect();
+    if answered.is_empty() {
+        return Writes::default();
+    }
     let providers = current_providers
         .iter()
         .filter_map(|(name, previous)| {
-            let next = match providers.providers.iter().find(|p| &p.id == name) {
-                Some(p) => provider(p, node_of(&p.node), previous, now),
-                None => ProviderMirror::default(),
-            };
+            let views: Vec<ProviderView<'_>> = answered
+                .iter()
+                .filter_map(|(providers, nodes)| {
+                    let p = providers.providers.iter().find(|p| &p.id == name)?;
+                    Some((p, nodes.nodes.iter().find(|n| n.name == p.node)))
+                })
+                .collect();
+            let next =
+                if views.is_empty() { ProviderMirror::default() } else { merged_provider(&views, previous, now) };
             visible_change(previous, &next).then(|| (name.clone(), next))
         })
         .collect();
     let nodes = current_nodes
         .iter()
         .filter_map(|(name, previous)| {
-            let next = node_of(name).map_or_else(NodeMirror::default, |n| node(n, previous, now));
+            let seen: Vec<&EdgeNode> =
+                answered.iter().filter_map(|(_, nodes)| nodes.nodes.iter().find(|n| &n.name == name)).collect();
+            let next = if seen.is_empty() {
+                NodeMirror::default()
+            } else {
+                merged_node(&seen, edge.replicas.len(), previous, now)
+            };
             (&next != previous).then(|| (name.clone(), next))
         })
         .collect();

@@ -84,21 +84,21 @@ fn run_names_the_missing_or_invalid_variable() {
         .env_clear()
         .env("IOP_NAMESPACE", "iop")
         .env("IOP_POD_NAME", "iop-operator-0")
-        .env("IOP_EDGE_ADMIN_URL", "https://iop-edge.iop.svc:8080")
+        .env("IOP_EDGE_POD_SELECTOR", "app.kubernetes.io/component in (edge)")
         .env("IOP_EDGE_SERVER_NAMES", "iop-edge-grpc")
         .env("IOP_TRUST_DOMAIN", "iop.example")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("IOP_EDGE_ADMIN_URL=`https://iop-edge.iop.svc:8080`"), "{stderr}");
+    assert!(stderr.contains("IOP_EDGE_POD_SELECTOR=`app.kubernetes.io/component in (edge)`"), "{stderr}");
 
     let out = operator()
         .arg("run")
         .env_clear()
         .env("IOP_NAMESPACE", "iop")
         .env("IOP_POD_NAME", "iop-operator-0")
-        .env("IOP_EDGE_ADMIN_URL", "http://iop-edge.iop.svc:8080")
+        .env("IOP_EDGE_POD_SELECTOR", "app.kubernetes.io/component=edge")
         .env("IOP_EDGE_SERVER_NAMES", "iop-edge-grpc")
         .env("IOP_TRUST_DOMAIN", "iop.example")
         .env("IOP_METRICS_ADDR", "metrics:9464")
@@ -147,7 +147,7 @@ fn run_logs_without_colour_codes_when_not_on_a_terminal() {
         .env("KUBECONFIG", home.path().join("no-such-kubeconfig"))
         .env("IOP_NAMESPACE", "iop")
         .env("IOP_POD_NAME", "iop-operator-0")
-        .env("IOP_EDGE_ADMIN_URL", "http://iop-edge:8080")
+        .env("IOP_EDGE_POD_SELECTOR", "app.kubernetes.io/component=edge")
         .env("IOP_EDGE_SERVER_NAMES", "iop-edge-grpc.iop.svc")
         .env("IOP_TRUST_DOMAIN", "iop.local")
         .output()

@@ -84,7 +84,7 @@ fn resolve<'a>(schema: &'a Value, path: &str) -> Result<&'a Value, String> {
 #[test]
 fn printer_columns_point_into_the_schema() {
     let expected = BTreeMap::from([
-        ("NodeCatalog", vec!["Connected", "Generation", "Cert-Expiry", "Age"]),
+        ("NodeCatalog", vec!["Connected", "Replicas", "Generation", "Cert-Expiry", "Age"]),
         ("Provider", vec!["Node", "Model", "Health", "Classification", "Age", "Public"]),
         ("WorkspaceTemplate", vec!["Operations", "Age"]),
     ]);

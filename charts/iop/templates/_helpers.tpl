@@ -60,6 +60,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-edge-admin" (include "iop.fullname" .) }}
 {{- end }}
 
+{{/*
+The headless Service of the Edge's admin port: one DNS record per Edge pod (ready or not).
+"<fullname>-edge-replicas" fits 63 characters with the 48-character fullname.
+*/}}
+{{- define "iop.edge.replicasName" -}}
+{{- printf "%s-edge-replicas" (include "iop.fullname" .) }}
+{{- end }}
+
+{{/*
+The Edge pods' label selector as `kubectl get pods -l` takes it (KEY=VALUE,...): the
+operator's IOP_EDGE_POD_SELECTOR (the pods it renders as the config's replicas and reads).
+*/}}
+{{- define "iop.edge.podSelector" -}}
+{{- $pairs := list }}
+{{- range $k, $v := include "iop.edge.selectorLabels" . | fromYaml }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
 {{- define "iop.edge.selectorLabels" -}}
 {{ include "iop.selectorLabels" . }}
 app.kubernetes.io/component: edge

@@ -27,13 +27,19 @@ use serde::{Deserialize, Serialize};
         name = "Connected",
         type_ = "boolean",
         json_path = ".status.connected",
-        description = "A session to the Edge is open",
+        description = "A session to at least one Edge replica is open",
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "string",
+        json_path = ".status.replicasSummary",
+        description = "Edge replicas the node holds a session with, of all replicas",
     ),
     printcolumn(
         name = "Generation",
         type_ = "integer",
         json_path = ".status.generation",
-        description = "Edge connection generation",
+        description = "Generation of the newest Edge connection",
     ),
     printcolumn(
         name = "Cert-Expiry",
@@ -115,12 +121,22 @@ pub struct Workspace {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeCatalogStatus {
+    /// A session to at least one Edge replica is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connected: Option<bool>,
-    /// Generation of the current (or last) Edge connection.
+    /// Edge replicas the node holds a session with (that answered the operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected_replicas: Option<u32>,
+    /// Edge replicas (the Edge pods listed in the Edge config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    /// `connectedReplicas/replicas`, e.g. `2/2` (the REPLICAS column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_summary: Option<String>,
+    /// Generation of the newest (or last) Edge connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
-    /// When `connected` last changed.
+    /// When `connected` last changed, or the newest connection began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
     /// Version the node reported at registration.

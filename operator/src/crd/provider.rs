@@ -207,10 +207,12 @@ pub struct ProviderStatus {
     pub health: Option<Health>,
     /// Liveness classification of the node's last health evidence (paired
     /// with `health`: available/request_stalled, unavailable/provider_unhealthy,
-    /// unknown/health_unknown).
+    /// unknown/health_unknown; degraded takes the worse of its replicas'
+    /// views: provider_unhealthy, else health_unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub classification: Option<Classification>,
-    /// The node session's health observation sequence of the last update.
+    /// The node session's health observation sequence of the last update
+    /// (of the newest session's evidence, with several Edge replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_observation_sequence: Option<u64>,
     /// The node connection generation the health belongs to.
@@ -238,10 +240,16 @@ impl ProviderSpec {
     }
 }
 
+/// A provider's health as the Edge replicas connected to its node see it:
+/// `available` (every one of them), `degraded` (some, not all),
+/// `unavailable` (none sees it available, at least one sees it down),
+/// `unknown` (no replica is connected to its node or answers, or none can
+/// tell). The whole rule is in docs/crds.md (Provider status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Health {
     Available,
+    Degraded,
     Unavailable,
     Unknown,
 }

@@ -18,6 +18,11 @@ fn overlay(state: OverlayState, generation: u64, sequence: u64, since_s: u64) ->
     Some(Overlay { state, generation, sequence, since_ms: since_s * 1000 + 250 })
 }
 
+/// One replica that answered.
+fn one(providers: &ProvidersSnapshot, nodes: &NodesSnapshot) -> EdgeView {
+    EdgeView::one("edge", providers.clone(), nodes.clone())
+}
+
 fn edge_node(connected: bool, generation: Option<u64>, connected_at_s: Option<u64>) -> EdgeNode {
     EdgeNode {
         name: "mac-1".to_string(),
@@ -183,20 +188,20 @@ fn a_new_observation_sequence_alone_is_not_written() {
     let nodes = NodesSnapshot { nodes: vec![node] };
     let mut current = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
     let none = BTreeMap::new();
-    let writes = plan(&down(3), &nodes, &current, &none, at(2000));
+    let writes = plan(&one(&down(3), &nodes), &current, &none, at(2000));
     assert_eq!(writes.providers.len(), 1);
     current.insert("llama".into(), writes.providers[0].1.clone());
 
     for (i, sequence) in (4..40).enumerate() {
         let t = at(2000 + 30 * i as i64);
-        assert_eq!(plan(&down(sequence), &nodes, &current, &none, t), Writes::default(), "sequence {sequence}");
+        assert_eq!(plan(&one(&down(sequence), &nodes), &current, &none, t), Writes::default(), "sequence {sequence}");
     }
 
     // Health changes: written, with the sequence of that evidence.
     let up = ProvidersSnapshot {
         providers: vec![edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 41, 3300))],
     };
-    let writes = plan(&up, &nodes, &current, &none, at(3400));
+    let writes = plan(&one(&up, &nodes), &current, &none, at(3400));
     assert_eq!(writes.providers.len(), 1);
     let m = &writes.providers[0].1;
     assert_eq!((m.health, m.last_observation_sequence), (Some(Health::Available), Some(41)));
@@ -210,17 +215,46 @@ fn node_connection_and_since() {
     let fresh = NodeMirror::default();
     let up = node(&edge_node(true, Some(4), Some(100)), &fresh, at(1000));
     let v = Some("0.1.0".to_string());
-    assert_eq!(up, NodeMirror { connected: Some(true), generation: Some(4), since: time(100), version: v.clone() });
+    let one_of_one = NodeMirror {
+        connected_replicas: Some(1),
+        replicas: Some(1),
+        replicas_summary: Some("1/1".into()),
+        ..Default::default()
+    };
+    let none_of_one =
+        NodeMirror { connected_replicas: Some(0), replicas_summary: Some("0/1".into()), ..one_of_one.clone() };
+    assert_eq!(
+        up,
+        NodeMirror {
+            connected: Some(true),
+            generation: Some(4),
+            since: time(100),
+            version: v.clone(),
+            ..one_of_one.clone()
+        }
+    );
     assert_eq!(node(&edge_node(true, Some(4), Some(100)), &up, at(2000)), up, "unchanged");
 
     // Away: keeps the last generation and version, since = now.
     let away = node(&edge_node(false, None, None), &up, at(3000));
-    assert_eq!(away, NodeMirror { connected: Some(false), generation: Some(4), since: time(3000), version: v.clone() });
+    assert_eq!(
+        away,
+        NodeMirror {
+            connected: Some(false),
+            generation: Some(4),
+            since: time(3000),
+            version: v.clone(),
+            ..none_of_one
+        }
+    );
     assert_eq!(node(&edge_node(false, None, None), &away, at(4000)), away, "unchanged");
 
     // A reconnect between two polls (new generation) moves `since`.
     let back = node(&edge_node(true, Some(6), Some(3500)), &up, at(4000));
-    assert_eq!(back, NodeMirror { connected: Some(true), generation: Some(6), since: time(3500), version: v });
+    assert_eq!(
+        back,
+        NodeMirror { connected: Some(true), generation: Some(6), since: time(3500), version: v, ..one_of_one }
+    );
 }
 
 #[test]
@@ -239,7 +273,7 @@ fn plan_writes_only_what_changed_and_only_existing_objects() {
     ]);
     let mut current_nodes = BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]);
 
-    let writes = plan(&providers, &nodes, &current_providers, &current_nodes, at(1000));
+    let writes = plan(&one(&providers, &nodes), &current_providers, &current_nodes, at(1000));
     assert_eq!(writes.providers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["llama"], "no object: no write");
     assert_eq!(writes.nodes.len(), 1);
 
@@ -250,11 +284,11 @@ fn plan_writes_only_what_changed_and_only_existing_objects() {
     for (name, m) in writes.nodes {
         current_nodes.insert(name, m);
     }
-    assert_eq!(plan(&providers, &nodes, &current_providers, &current_nodes, at(2000)), Writes::default());
+    assert_eq!(plan(&one(&providers, &nodes), &current_providers, &current_nodes, at(2000)), Writes::default());
 
     // The Edge no longer has them (left out of its config): cleared.
     let empty = (ProvidersSnapshot { providers: vec![] }, NodesSnapshot { nodes: vec![] });
-    let writes = plan(&empty.0, &empty.1, &current_providers, &current_nodes, at(3000));
+    let writes = plan(&one(&empty.0, &empty.1), &current_providers, &current_nodes, at(3000));
     assert_eq!(writes.providers, [("llama".to_string(), ProviderMirror::default())]);
     assert_eq!(writes.nodes, [("mac-1".to_string(), NodeMirror::default())]);
 }
@@ -276,9 +310,182 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
         json!({"health": "unavailable", "classification": "provider_unhealthy", "lastObservationSequence": 7,
                "generation": 3, "lastTransitionTime": "1970-01-01T00:00:10Z"})
     );
-    let n = NodeMirror { connected: Some(false), generation: Some(2), since: time(20), version: None };
+    let n = NodeMirror {
+        connected: Some(true),
+        connected_replicas: Some(1),
+        replicas: Some(2),
+        replicas_summary: Some("1/2".into()),
+        generation: Some(2),
+        since: time(20),
+        version: None,
+    };
+    let status = n.to_status();
+    assert!(status.conditions.is_empty() && status.certificate.is_none());
+    assert_eq!(NodeMirror::of(Some(&status)), n);
     assert_eq!(
-        serde_json::to_value(n.to_status()).unwrap(),
-        json!({"connected": false, "generation": 2, "since": "1970-01-01T00:00:20Z"})
+        serde_json::to_value(status).unwrap(),
+        json!({"connected": true, "connectedReplicas": 1, "replicas": 2, "replicasSummary": "1/2",
+               "generation": 2, "since": "1970-01-01T00:00:20Z"})
     );
+}
+
+// --- Several replicas ---------------------------------------------------------
+
+use EdgeHealth::{Available as Up, Unavailable as Down, Unknown as Unsure};
+
+#[test]
+fn the_merge_table() {
+    let unhealthy = Some(Classification::ProviderUnhealthy);
+    let unknown = Some(Classification::HealthUnknown);
+    type Merged = (Health, Option<Classification>);
+    let cases: [(&[EdgeHealth], Merged); 12] = [
+        // Nobody with a say (no replica answers or is connected to the node).
+        (&[], (Health::Unknown, unknown)),
+        // Unanimous: the one replica's mapping (`classify`).
+        (&[Up], (Health::Available, None)),
+        (&[Up, Up], (Health::Available, None)),
+        (&[Down, Down], (Health::Unavailable, unhealthy)),
+        (&[Unsure], (Health::Unknown, unknown)),
+        (&[Unsure, Unsure, Unsure], (Health::Unknown, unknown)),
+        // Some may route to it, some may not: degraded, with the worse classification.
+        (&[Up, Down], (Health::Degraded, unhealthy)),
+        (&[Down, Up, Up], (Health::Degraded, unhealthy)),
+        (&[Up, Unsure], (Health::Degraded, unknown)),
+        (&[Up, Unsure, Down], (Health::Degraded, unhealthy)),
+        // Nobody may route to it, and one has evidence it is down.
+        (&[Down, Unsure], (Health::Unavailable, unhealthy)),
+        (&[Unsure, Unsure, Down], (Health::Unavailable, unhealthy)),
+    ];
+    for (seen, expected) in cases {
+        assert_eq!(merge_health(seen), expected, "{seen:?}");
+    }
+    // One replica: exactly the single-replica mapping.
+    for h in [Up, Down, Unsure] {
+        assert_eq!(merge_health(&[h]), classify(h));
+    }
+}
+
+fn replica_provider(health: EdgeHealth, overlay: Option<Overlay>) -> EdgeProvider {
+    edge_provider(health != Unsure, health, overlay)
+}
+
+/// Two replicas as `plan` reads them: (id, answered snapshots) each.
+fn two(a: Option<(EdgeProvider, EdgeNode)>, b: Option<(EdgeProvider, EdgeNode)>) -> EdgeView {
+    let answer = |x: Option<(EdgeProvider, EdgeNode)>| {
+        x.map(|(p, n)| (ProvidersSnapshot { providers: vec![p] }, NodesSnapshot { nodes: vec![n] }))
+    };
+    EdgeView { replicas: BTreeMap::from([("edge-a".to_string(), answer(a)), ("edge-b".to_string(), answer(b))]) }
+}
+
+fn planned(edge: &EdgeView) -> (ProviderMirror, NodeMirror) {
+    let providers = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
+    let nodes = BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]);
+    let writes = plan(edge, &providers, &nodes, at(1000));
+    let p = writes.providers.first().map_or_else(ProviderMirror::default, |(_, m)| m.clone());
+    let n = writes.nodes.first().map_or_else(NodeMirror::default, |(_, m)| m.clone());
+    (p, n)
+}
+
+#[test]
+fn two_replicas_are_merged_into_one_status() {
+    let connected = |generation: u64| edge_node(true, Some(generation), Some(generation * 10));
+    let away = edge_node(false, None, None);
+    let up = |g| overlay(OverlayState::Available, g, 1, 50);
+    let down = |g, seq| overlay(OverlayState::Unavailable, g, seq, 60);
+
+    // Both connected, both see it available.
+    let (p, n) = planned(&two(
+        Some((replica_provider(Up, up(4)), connected(4))),
+        Some((replica_provider(Up, up(7)), connected(7))),
+    ));
+    assert_eq!((p.health, p.classification), (Some(Health::Available), None));
+    assert_eq!((p.generation, p.last_observation_sequence), (Some(7), Some(1)), "the newest evidence");
+    assert_eq!(p.last_transition_time, time(50), "the overlay's own time: it holds this health");
+    assert_eq!(
+        (n.connected, n.connected_replicas, n.replicas, n.replicas_summary.as_deref()),
+        (Some(true), Some(2), Some(2), Some("2/2"))
+    );
+    assert_eq!((n.generation, n.since.clone()), (Some(7), time(70)), "the newest session");
+
+    // One sees it down: degraded, at `now` (no overlay holds "degraded").
+    let (p, _) = planned(&two(
+        Some((replica_provider(Up, up(4)), connected(4))),
+        Some((replica_provider(Down, down(7, 3)), connected(7))),
+    ));
+    assert_eq!((p.health, p.classification), (Some(Health::Degraded), Some(Classification::ProviderUnhealthy)));
+    assert_eq!((p.generation, p.last_observation_sequence), (Some(7), Some(3)));
+    assert_eq!(p.last_transition_time, time(1000));
+
+    // Both see it down.
+    let (p, _) = planned(&two(
+        Some((replica_provider(Down, down(4, 9)), connected(4))),
+        Some((replica_provider(Down, down(7, 3)), connected(7))),
+    ));
+    assert_eq!((p.health, p.classification), (Some(Health::Unavailable), Some(Classification::ProviderUnhealthy)));
+    assert_eq!((p.generation, p.last_observation_sequence), (Some(7), Some(3)), "newest by generation first");
+
+    // A replica without a session to the node has no say: available, on 1 of 2.
+    let (p, n) = planned(&two(
+        Some((replica_provider(Up, up(4)), connected(4))),
+        Some((replica_provider(Unsure, None), away.clone())),
+    ));
+    assert_eq!((p.health, p.classification), (Some(Health::Available), None));
+    assert_eq!((n.connected, n.replicas_summary.as_deref()), (Some(true), Some("1/2")));
+
+    // A replica that does not answer sees nothing: the same.
+    let (p, n) = planned(&two(Some((replica_provider(Up, up(4)), connected(4))), None));
+    assert_eq!((p.health, p.classification), (Some(Health::Available), None));
+    assert_eq!(
+        (n.connected, n.connected_replicas, n.replicas, n.replicas_summary.as_deref()),
+        (Some(true), Some(1), Some(2), Some("1/2")),
+        "a silent replica is still one of the replicas"
+    );
+
+    // No replica connected to the node: unknown, and the node is away (0 of 2).
+    let (p, n) = planned(&two(
+        Some((replica_provider(Unsure, down(4, 2)), away.clone())),
+        Some((replica_provider(Unsure, None), away)),
+    ));
+    assert_eq!((p.health, p.classification), (Some(Health::Unknown), Some(Classification::HealthUnknown)));
+    assert_eq!((p.generation, p.last_observation_sequence), (Some(4), Some(2)), "the last evidence still");
+    assert_eq!((n.connected, n.replicas_summary.as_deref()), (Some(false), Some("0/2")));
+
+    // No replica answers: nothing is written at all (the last status stays).
+    assert_eq!(
+        plan(
+            &two(None, None),
+            &BTreeMap::from([("llama".to_string(), ProviderMirror::default())]),
+            &BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]),
+            at(1000)
+        ),
+        Writes::default()
+    );
+}
+
+#[test]
+fn a_node_keeps_its_newest_session_while_a_replica_restarts() {
+    let connected = |generation: u64| edge_node(true, Some(generation), Some(generation * 10));
+    let both = merged_node(&[&connected(4), &connected(7)], 2, &NodeMirror::default(), at(1000));
+    assert_eq!(
+        (both.generation, both.since.clone(), both.replicas_summary.as_deref()),
+        (Some(7), time(70), Some("2/2"))
+    );
+
+    // Replica b (generation 7) restarts: still connected through a; the
+    // generation does not go back and `since` stays.
+    let away = edge_node(false, None, None);
+    let one = merged_node(&[&connected(4), &away], 2, &both, at(2000));
+    assert_eq!((one.connected, one.generation, one.since.clone()), (Some(true), Some(7), time(70)));
+    assert_eq!(one.replicas_summary.as_deref(), Some("1/2"));
+
+    // Back with a new session: a newer generation, and `since` moves to it.
+    let back = merged_node(&[&connected(4), &connected(90)], 2, &one, at(3000));
+    assert_eq!(
+        (back.generation, back.since.clone(), back.replicas_summary.as_deref()),
+        (Some(90), time(900), Some("2/2"))
+    );
+
+    // Gone from both: away since now, the last generation kept.
+    let gone = merged_node(&[&away, &away], 2, &back, at(4000));
+    assert_eq!((gone.connected, gone.generation, gone.since), (Some(false), Some(90), time(4000)));
 }

@@ -70,6 +70,9 @@ pub enum BuildError {
 /// Provider they are the operator defaults. No provider gets less than it
 /// asked for; a provider cannot lower the limit for the others.
 ///
+/// `replicas` are the Edge pods' names ([`Snapshot::replicas`]), rendered
+/// whenever pods are known, one included (see [`crate::replicas`]).
+///
 /// Context fallbacks are per public model, from the rendered Providers
 /// together ([`validate::context_fallbacks`]); a Provider that sets one gets
 /// a `ContextFallbacksReady` condition, and a bad fallback is left out
@@ -77,6 +80,7 @@ pub enum BuildError {
 pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result<Prepared, BuildError> {
     let mut config = settings.empty_config();
     config.validate().map_err(BuildError::Settings)?;
+    config.replicas = snapshot.replicas.clone();
     let mut excluded = Vec::new();
     let mut exclude = |kind: &'static str, name: &str, e: &Invalid| {
         excluded.push(Excluded { kind, name: name.to_string(), reason: e.reason, message: e.message.clone() });

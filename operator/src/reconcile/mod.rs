@@ -102,6 +102,9 @@ pub struct Snapshot {
     /// The operator's own `iop-edge-credentials` as last written (for the
     /// revisions it carries).
     pub edge_credentials: Option<k8s_openapi::api::core::v1::Secret>,
+    /// The Edge's replica ids: its pods' names, sorted
+    /// ([`crate::replicas::replica_ids`]); the config's `replicas`.
+    pub replicas: Vec<String>,
 }
 
 #[cfg(test)]

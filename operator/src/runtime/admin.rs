@@ -1,7 +1,8 @@
-//! A client of the Edge admin API (plain HTTP to the in-cluster Service):
-//! `GET /admin/v1/providers` and `GET /admin/v1/nodes`, each bounded by a
-//! timeout and a response size limit. Built on the hyper client kube
-//! already uses, so it adds no HTTP stack of its own.
+//! A client of the Edge admin API (plain HTTP inside the cluster, to one
+//! replica's pod IP and admin port): `GET /admin/v1/providers` and
+//! `GET /admin/v1/nodes`, each bounded by a timeout and a response size
+//! limit. One client (one connection pool) serves every replica. Built on
+//! the hyper client kube already uses, so it adds no HTTP stack of its own.
 
 use std::time::Duration;
 
@@ -12,7 +13,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
-use crate::env::EdgeAdminUrl;
 use crate::mirror::{NodesSnapshot, ProvidersSnapshot};
 
 pub const PROVIDERS_PATH: &str = "/admin/v1/providers";
@@ -47,15 +47,39 @@ impl AdminError {
     }
 }
 
+/// Where one replica's admin API is: `http://<authority>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeAdminUrl {
+    /// `host:port` (an IPv6 host in brackets).
+    pub authority: String,
+}
+
+impl EdgeAdminUrl {
+    /// A replica's admin API at its pod IP.
+    pub fn of(ip: std::net::IpAddr, port: u16) -> Self {
+        Self { authority: std::net::SocketAddr::new(ip, port).to_string() }
+    }
+
+    /// `http://<authority><path>`.
+    pub fn join(&self, path: &str) -> String {
+        format!("http://{}{path}", self.authority)
+    }
+}
+
 #[derive(Clone)]
 pub struct AdminClient {
-    base: EdgeAdminUrl,
     client: Client<HttpConnector, Empty<Bytes>>,
     timeout: Duration,
 }
 
+impl Default for AdminClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl AdminClient {
-    pub fn new(base: EdgeAdminUrl) -> Self {
+    pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
@@ -63,7 +87,7 @@ impl AdminClient {
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(2)
             .build(connector);
-        Self { base, client, timeout: Duration::from_secs(3) }
+        Self { client, timeout: Duration::from_secs(3) }
     }
 
     /// The same client with another bound per request.
@@ -72,9 +96,9 @@ impl AdminClient {
         self
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, AdminError> {
+    async fn get<T: DeserializeOwned>(&self, edge: &EdgeAdminUrl, path: &str) -> Result<T, AdminError> {
         let fetch = async {
-            let uri: http::Uri = self.base.join(path).parse().map_err(|e| AdminError::Request(format!("{e}")))?;
+            let uri: http::Uri = edge.join(path).parse().map_err(|e| AdminError::Request(format!("{e}")))?;
             let request = http::Request::get(uri)
                 .header(http::header::ACCEPT, "application/json")
                 .body(Empty::new())
@@ -93,11 +117,25 @@ impl AdminClient {
         tokio::time::timeout(self.timeout, fetch).await.map_err(|_| AdminError::Timeout(self.timeout))?
     }
 
-    pub async fn providers(&self) -> Result<ProvidersSnapshot, AdminError> {
-        self.get(PROVIDERS_PATH).await
+    pub async fn providers(&self, edge: &EdgeAdminUrl) -> Result<ProvidersSnapshot, AdminError> {
+        self.get(edge, PROVIDERS_PATH).await
     }
 
-    pub async fn nodes(&self) -> Result<NodesSnapshot, AdminError> {
-        self.get(NODES_PATH).await
+    pub async fn nodes(&self, edge: &EdgeAdminUrl) -> Result<NodesSnapshot, AdminError> {
+        self.get(edge, NODES_PATH).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_is_read_at_its_pod_ip_and_the_admin_port() {
+        let v4 = EdgeAdminUrl::of("10.244.0.7".parse().unwrap(), 8081);
+        assert_eq!(v4.join(NODES_PATH), "http://10.244.0.7:8081/admin/v1/nodes");
+        let v6 = EdgeAdminUrl::of("fd00:10:244::7".parse().unwrap(), 8081);
+        assert_eq!(v6.join(PROVIDERS_PATH), "http://[fd00:10:244::7]:8081/admin/v1/providers");
+        assert!(v6.join(PROVIDERS_PATH).parse::<http::Uri>().is_ok());
     }
 }

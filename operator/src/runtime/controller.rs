@@ -5,6 +5,14 @@
 //! dir/`) into one reconcile of the whole namespace, read from the
 //! reflectors' caches.
 //!
+//! The Edge pods (label selector `IOP_EDGE_POD_SELECTOR`) are watched too:
+//! their names are the Edge config's `replicas` ([`crate::replicas`]), and
+//! their IPs where the status mirror reads each replica's admin API. A pod
+//! event wakes the loop only when the replica ids change (a pod created,
+//! terminating, ended or gone), never for readiness or other status updates
+//! ([`pod_signals`]). The first reconcile waits for the pods' list as for the
+//! three kinds', so a new leader never renders the config without them.
+//!
 //! (kube-runtime's `Controller` reconciles one object per key and only
 //! objects present in its store; a namespace-wide key that is not an object
 //! does not fit it, so this loop is its own.)
@@ -27,6 +35,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Store};
@@ -39,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use super::Error;
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 use crate::reconcile::Snapshot;
+use crate::replicas::replica_ids;
 
 /// A change is reconciled this long after the first event of a burst; the
 /// burst's later events join that reconcile.
@@ -53,14 +63,20 @@ pub enum Kind {
     Provider,
     NodeCatalog,
     WorkspaceTemplate,
+    /// The Edge's pods (its replicas).
+    EdgePod,
 }
 
 impl Kind {
+    /// Every watched kind: a reconcile waits until each one is listed.
+    pub const ALL: [Self; 4] = [Self::Provider, Self::NodeCatalog, Self::WorkspaceTemplate, Self::EdgePod];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Provider => "Provider",
             Self::NodeCatalog => "NodeCatalog",
             Self::WorkspaceTemplate => "WorkspaceTemplate",
+            Self::EdgePod => "Pod",
         }
     }
 
@@ -86,6 +102,8 @@ pub struct Stores {
     pub providers: Store<DeserializeGuard<Provider>>,
     pub nodes: Store<DeserializeGuard<NodeCatalog>>,
     pub templates: Store<DeserializeGuard<WorkspaceTemplate>>,
+    /// The Edge pods (by `IOP_EDGE_POD_SELECTOR`).
+    pub pods: Store<Pod>,
 }
 
 /// An object that did not decode: only its metadata is known.
@@ -125,6 +143,7 @@ impl Stores {
         split(Kind::Provider, self.providers.state(), &mut read.snapshot.providers, &mut read.undecodable);
         split(Kind::NodeCatalog, self.nodes.state(), &mut read.snapshot.nodes, &mut read.undecodable);
         split(Kind::WorkspaceTemplate, self.templates.state(), &mut read.snapshot.templates, &mut read.undecodable);
+        read.snapshot.replicas = replica_ids(self.pods.state().iter().map(|p| p.as_ref()));
         read
     }
 }
@@ -216,8 +235,42 @@ where
         .boxed()
 }
 
-/// Watches the three kinds in `namespace` (with the watcher's own backoff).
-pub fn watch(client: &Client, namespace: &str) -> (Stores, Signals) {
+/// Feeds the Edge pods' watch events into their cache and signals a change
+/// only when the replica ids ([`replica_ids`]) differ from the last ones
+/// signalled: pods become ready, get IPs and restart containers all the
+/// time, and none of that changes the Edge config.
+pub fn pod_signals(
+    writer: Writer<Pod>,
+    events: impl Stream<Item = Result<Event<Pod>, watcher::Error>> + Send + 'static,
+) -> Signals {
+    let store = writer.as_reader();
+    let mut last: Option<Vec<String>> = None;
+    reflector::reflector(writer, events)
+        .filter_map(move |event| {
+            let ids = || replica_ids(store.state().iter().map(|p| p.as_ref()));
+            let signal = match event {
+                Ok(Event::InitDone) => {
+                    last = Some(ids());
+                    Some(Signal::Listed(Kind::EdgePod))
+                }
+                Ok(Event::Init | Event::InitApply(_)) => None,
+                Ok(Event::Apply(_) | Event::Delete(_)) => {
+                    let now = ids();
+                    (last.as_ref() != Some(&now)).then(|| {
+                        last = Some(now);
+                        Signal::Changed(Kind::EdgePod)
+                    })
+                }
+                Err(e) => Some(Signal::WatchFailed(Kind::EdgePod, e.to_string())),
+            };
+            std::future::ready(signal)
+        })
+        .boxed()
+}
+
+/// Watches the three kinds and the Edge pods (`pod_selector`) in
+/// `namespace` (with the watcher's own backoff).
+pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, Signals) {
     fn one<K>(client: &Client, namespace: &str, kind: Kind) -> (Store<DeserializeGuard<K>>, Signals)
     where
         K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
@@ -236,7 +289,18 @@ pub fn watch(client: &Client, namespace: &str) -> (Stores, Signals) {
     let (providers, p) = one::<Provider>(client, namespace, Kind::Provider);
     let (nodes, n) = one::<NodeCatalog>(client, namespace, Kind::NodeCatalog);
     let (templates, t) = one::<WorkspaceTemplate>(client, namespace, Kind::WorkspaceTemplate);
-    (Stores { providers, nodes, templates }, stream::select_all([p, n, t]).boxed())
+    let (pods, writer) = reflector::store();
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let events = watcher::watcher(api, watcher::Config::default().labels(pod_selector))
+        .default_backoff()
+        // Only names, deletion, phase and IP are read: keep the cache small.
+        .modify(|pod: &mut Pod| {
+            pod.metadata.managed_fields = None;
+            pod.metadata.annotations = None;
+            pod.spec = None;
+        });
+    let e = pod_signals(writer, events);
+    (Stores { providers, nodes, templates, pods }, stream::select_all([p, n, t, e]).boxed())
 }
 
 /// Exponential backoff without jitter (one reconciler per namespace has
@@ -271,7 +335,7 @@ pub async fn run<F, Fut>(
     F: FnMut(Read) -> Fut,
     Fut: Future<Output = Result<(), Error>>,
 {
-    let mut listed = [false; 3];
+    let mut listed = [false; Kind::ALL.len()];
     let mut due: Option<Instant> = None;
     let mut backoff = Backoff::default();
     loop {

@@ -1,36 +1,49 @@
-//! Status mirroring, the I/O half (leader only): polls the Edge admin API
-//! every [`MirrorConfig::interval`] and writes the mirrored fields of
+//! Status mirroring, the I/O half (leader only): every
+//! [`MirrorConfig::interval`] it reads the admin API of every Edge replica
+//! (`GET /admin/v1/providers` and `/admin/v1/nodes` at the pod's IP and the
+//! admin port, all replicas at once, each bounded by the client's timeout),
+//! merges them ([`crate::mirror`], pure) and writes the mirrored fields of
 //! `Provider.status` and `NodeCatalog.status` (server-side apply on the
 //! status subresource, field manager `iop-operator/status`) only for objects
-//! whose fields changed since the last write. What to write is decided by
-//! [`crate::mirror`] (pure).
+//! whose fields changed since the last write.
+//!
+//! The replicas are the Edge pods of the controller's pod cache
+//! ([`crate::replicas`]): the same pods the Edge config lists. Their
+//! addresses come from the pods (`status.podIP`) rather than a Service's
+//! EndpointSlices: the operator already watches the pods for the config, so
+//! ids, addresses and the list the config holds come from one cache, and a
+//! replica that is not Ready yet (starting, waiting for a node) is read too.
+//! A replica without an IP yet, or that does not answer, counts as one that
+//! sees nothing.
 //!
 //! Each write is bounded by [`super::namespace::STATUS_WRITE_TIMEOUT`] and a
-//! round by [`MirrorConfig::write_timeout`]; polls and writes are counted
-//! (`iop_operator_mirror_polls_total`, `iop_operator_status_writes_total`
-//! with `writer="mirror"`).
+//! round by [`MirrorConfig::write_timeout`]; polls (one per replica) and
+//! writes are counted (`iop_operator_mirror_polls_total`,
+//! `iop_operator_status_writes_total` with `writer="mirror"`).
 //!
 //! The last written value of each object (by uid) is remembered; an object
 //! never written by this process compares against the status it carries, so
-//! a restart or a new leader does not rewrite everything. While the Edge does
-//! not answer nothing is written (the last mirrored state stays).
+//! a restart or a new leader does not rewrite everything. While no replica
+//! answers nothing is written (the last mirrored state stays).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Api, ResourceExt};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use super::admin::{AdminClient, AdminError};
+use super::admin::{AdminClient, AdminError, EdgeAdminUrl};
 use super::controller::Stores;
 use super::metrics::{Metrics, Writer};
 use super::namespace::apply_status;
 use super::{Context, timestamp};
 use crate::crd::{NodeCatalog, Provider};
-use crate::mirror::{self, NodeMirror, NodesSnapshot, ProviderMirror, ProvidersSnapshot};
+use crate::mirror::{self, AdminSnapshots, EdgeView, NodeMirror, ProviderMirror};
+use crate::replicas::Replica;
 
 #[derive(Debug, Clone, Copy)]
 pub struct MirrorConfig {
@@ -45,12 +58,14 @@ impl Default for MirrorConfig {
     }
 }
 
-/// What was last written, by object uid.
+/// What was last written, by object uid, and which replicas were silent.
 #[derive(Debug, Default)]
 pub struct MirrorState {
     providers: HashMap<String, ProviderMirror>,
     nodes: HashMap<String, NodeMirror>,
-    edge_unreachable: bool,
+    /// Replicas that did not answer the last poll (for logging changes only).
+    silent: BTreeSet<String>,
+    none_answered: bool,
 }
 
 /// Counts of one round (for logs and tests).
@@ -60,28 +75,41 @@ pub struct Round {
     pub failed: usize,
 }
 
-/// Both admin snapshots.
-pub async fn fetch(admin: &AdminClient) -> Result<(ProvidersSnapshot, NodesSnapshot), AdminError> {
-    tokio::try_join!(admin.providers(), admin.nodes())
+/// Both admin snapshots of one replica.
+pub async fn fetch(admin: &AdminClient, edge: &EdgeAdminUrl) -> Result<AdminSnapshots, AdminError> {
+    tokio::try_join!(admin.providers(edge), admin.nodes(edge))
 }
 
 /// [`fetch`], counted in `iop_operator_mirror_polls_total` (`ok` or the
 /// [`AdminError::label`]).
-pub async fn poll(admin: &AdminClient, metrics: &Metrics) -> Result<(ProvidersSnapshot, NodesSnapshot), AdminError> {
-    let fetched = fetch(admin).await;
+pub async fn poll(admin: &AdminClient, edge: &EdgeAdminUrl, metrics: &Metrics) -> Result<AdminSnapshots, AdminError> {
+    let fetched = fetch(admin, edge).await;
     metrics.polled(&fetched);
     fetched
 }
 
+/// Polls every replica at once (`admin_port` on its pod IP); a replica
+/// without an IP is not polled and counts as not answering.
+pub async fn poll_all(admin: &AdminClient, replicas: &[Replica], admin_port: u16, metrics: &Metrics) -> EdgeView {
+    let polls = replicas.iter().map(|r| async move {
+        let answer = match r.ip {
+            Some(ip) => match poll(admin, &EdgeAdminUrl::of(ip, admin_port), metrics).await {
+                Ok(snapshots) => Some(snapshots),
+                Err(e) => {
+                    tracing::debug!(replica = %r.id, error = %e, kind = e.label(), "Edge replica admin API did not answer");
+                    None
+                }
+            },
+            None => None,
+        };
+        (r.id.clone(), answer)
+    });
+    EdgeView { replicas: join_all(polls).await.into_iter().collect::<BTreeMap<_, _>>() }
+}
+
 /// Writes what changed between the Edge's view and the objects' mirrored
 /// fields.
-pub async fn write(
-    ctx: &Context,
-    stores: &Stores,
-    edge: &(ProvidersSnapshot, NodesSnapshot),
-    state: &mut MirrorState,
-    now: Timestamp,
-) -> Round {
+pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut MirrorState, now: Timestamp) -> Round {
     let live = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| m.deletion_timestamp.is_none();
     let providers: Vec<Provider> = stores
         .providers
@@ -107,7 +135,7 @@ pub async fn write(
             (n.name_any(), current.unwrap_or_else(|| NodeMirror::of(n.status.as_ref())))
         })
         .collect();
-    let writes = mirror::plan(&edge.0, &edge.1, &current_providers, &current_nodes, now);
+    let writes = mirror::plan(edge, &current_providers, &current_nodes, now);
 
     let mut round = Round::default();
     let api: Api<Provider> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
@@ -130,7 +158,7 @@ pub async fn write(
         let Some(n) = nodes.iter().find(|n| n.name_any() == name) else { continue };
         match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
             Ok(()) => {
-                tracing::debug!(node = %name, connected = ?m.connected, "mirrored node connection");
+                tracing::debug!(node = %name, connected = ?m.connected, replicas = ?m.replicas_summary, "mirrored node connection");
                 state.nodes.insert(uid(&n.metadata), m);
                 round.written += 1;
             }
@@ -148,6 +176,27 @@ pub async fn write(
     round
 }
 
+/// Logs which replicas stopped or started answering (only changes).
+fn log_answers(edge: &EdgeView, state: &mut MirrorState) {
+    let silent: BTreeSet<String> =
+        edge.replicas.iter().filter(|(_, answer)| answer.is_none()).map(|(id, _)| id.clone()).collect();
+    for id in silent.difference(&state.silent) {
+        // Expected for a moment while a replica starts or stops (rolling update): not a warning.
+        tracing::info!(replica = %id, "an Edge replica's admin API does not answer (or its pod has no IP yet); it counts as seeing nothing");
+    }
+    for id in state.silent.difference(&silent).filter(|id| edge.replicas.contains_key(*id)) {
+        tracing::info!(replica = %id, "an Edge replica's admin API answers again");
+    }
+    state.silent = silent;
+    let none = edge.answered().next().is_none();
+    if none && !state.none_answered {
+        tracing::warn!(replicas = edge.replicas.len(), "no Edge replica answers; status mirroring paused");
+    } else if !none && state.none_answered {
+        tracing::info!("an Edge replica answers again; status mirroring resumed");
+    }
+    state.none_answered = none;
+}
+
 /// Polls and writes until `cancel`.
 pub async fn run(
     ctx: Arc<Context>,
@@ -159,23 +208,21 @@ pub async fn run(
     let mut interval = tokio::time::interval(config.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut state = MirrorState::default();
+    let admin_port = ctx.settings.listen.admin.port();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = interval.tick() => {}
         }
-        let edge = match poll(&admin, &ctx.metrics).await {
-            Ok(edge) => edge,
-            Err(e) => {
-                if !state.edge_unreachable {
-                    tracing::warn!(error = %e, kind = e.label(), "the Edge admin API does not answer; status mirroring paused");
-                }
-                state.edge_unreachable = true;
-                continue;
-            }
-        };
-        if std::mem::take(&mut state.edge_unreachable) {
-            tracing::info!("the Edge admin API answers again; status mirroring resumed");
+        let replicas = crate::replicas::replicas(stores.pods.state().iter().map(|p| p.as_ref()));
+        if replicas.is_empty() {
+            tracing::debug!("no Edge pod: nothing to mirror");
+            continue;
+        }
+        let edge = poll_all(&admin, &replicas, admin_port, &ctx.metrics).await;
+        log_answers(&edge, &mut state);
+        if state.none_answered {
+            continue;
         }
         let now = timestamp(ctx.clock.now());
         match tokio::time::timeout(config.write_timeout, write(&ctx, &stores, &edge, &mut state, now)).await {

@@ -6,7 +6,10 @@
 //! a leader through a Lease ([`leader`]); the leader watches the namespace's
 //! Providers, NodeCatalogs and WorkspaceTemplates and reconciles the whole
 //! namespace on any change ([`controller`] -> [`namespace`] -> [`pki`]),
-//! and mirrors the Edge's health and sessions into status ([`mirror`]).
+//! renders the Edge pods as the config's replicas, and mirrors every Edge
+//! replica's health and sessions into status ([`mirror`]). Only the leader
+//! writes anything: the watches, the reconcile loop and the mirror run
+//! inside its term and stop when it ends.
 //! Every replica serves `/metrics`, `/healthz` and `/readyz` ([`listener`],
 //! [`metrics`]) from the start.
 
@@ -188,7 +191,7 @@ async fn operate(
     let (leading_tx, mut leading) = watch::channel(false);
     let elector = tokio::spawn(leader::run(elector, leading_tx, shutdown.clone()));
     let mut led = false;
-    let admin = admin::AdminClient::new(config.edge_admin_url.clone());
+    let admin = admin::AdminClient::new();
 
     let mut result = Ok(());
     while !shutdown.is_cancelled() {
@@ -200,7 +203,7 @@ async fn operate(
         led = true;
         ctx.metrics.set_leader(true);
         let term = shutdown.child_token();
-        let (stores, signals) = controller::watch(&client, &config.namespace);
+        let (stores, signals) = controller::watch(&client, &config.namespace, &config.edge_pod_selector);
         let reconcile_ctx = ctx.clone();
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(controller::run(

@@ -362,6 +362,23 @@ fn an_empty_namespace_renders_an_empty_config_without_owners() {
     EdgeConfig::from_yaml(&prepared.config_map.data.unwrap()[CONFIG_KEY]).unwrap();
 }
 
+#[test]
+fn the_edge_pods_are_the_rendered_replicas() {
+    let mut s = snapshot(vec![provider("a", "mac-1")], vec![node("mac-1")], vec![]);
+    let none = build(&s, &settings(), at(1)).unwrap();
+    assert!(none.config.replicas.is_empty(), "no Edge pod yet: one replica, whatever its id");
+    assert!(!none.config_map.data.as_ref().unwrap()[CONFIG_KEY].contains("replicas"));
+
+    // One pod is listed too; the ConfigMap carries what the Edge will load.
+    for ids in [vec!["iop-edge-7d9f-abc12"], vec!["iop-edge-7d9f-abc12", "iop-edge-7d9f-def34"]] {
+        s.replicas = ids.iter().map(|s| s.to_string()).collect();
+        let prepared = build(&s, &settings(), at(1)).unwrap();
+        assert_eq!(prepared.config.replicas, ids);
+        let yaml = &prepared.config_map.data.as_ref().unwrap()[CONFIG_KEY];
+        assert_eq!(EdgeConfig::from_yaml(yaml).unwrap().replicas, ids);
+    }
+}
+
 /// A provider on `node` serving `models`, each `(public name, contextFallback)`.
 fn serving(name: &str, node: &str, models: &[(&str, Option<&str>)]) -> crate::crd::Provider {
     let mut p = provider(name, node);

@@ -15,11 +15,15 @@ use super::*;
 use crate::reconcile::fixtures::{NS, node, provider, template};
 
 type Tx<K> = mpsc::UnboundedSender<Result<Event<DeserializeGuard<K>>, watcher::Error>>;
+type PodTx = mpsc::UnboundedSender<Result<Event<Pod>, watcher::Error>>;
 
 struct Harness {
     providers: Tx<Provider>,
     nodes: Tx<NodeCatalog>,
     templates: Tx<WorkspaceTemplate>,
+    pods: PodTx,
+    /// The replica ids each reconcile read, in order.
+    replicas: Arc<Mutex<Vec<Vec<String>>>>,
     /// (when, provider names, undecodable names) of each reconcile.
     calls: mpsc::UnboundedReceiver<(Instant, Vec<String>, Vec<String>)>,
     cancel: CancellationToken,
@@ -36,15 +40,25 @@ where
     (tx, store, signals(kind, writer, events))
 }
 
+fn pod_channel() -> (PodTx, Store<Pod>, Signals) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (store, writer) = reflector::store();
+    let events = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    (tx, store, pod_signals(writer, events))
+}
+
 /// Starts the loop; `results` are returned by successive reconciles (then Ok).
 fn start(results: Vec<Result<(), Error>>) -> Harness {
     let (providers, p_store, p) = channel::<Provider>(Kind::Provider);
     let (nodes, n_store, n) = channel::<NodeCatalog>(Kind::NodeCatalog);
     let (templates, t_store, t) = channel::<WorkspaceTemplate>(Kind::WorkspaceTemplate);
-    let stores = Stores { providers: p_store, nodes: n_store, templates: t_store };
-    let signals = stream::select_all([p, n, t]).boxed();
+    let (pods, pod_store, e) = pod_channel();
+    let stores = Stores { providers: p_store, nodes: n_store, templates: t_store, pods: pod_store };
+    let signals = stream::select_all([p, n, t, e]).boxed();
     let (calls_tx, calls) = mpsc::unbounded_channel();
     let results = Arc::new(Mutex::new(VecDeque::from(results)));
+    let replicas = Arc::new(Mutex::new(Vec::new()));
+    let seen_replicas = replicas.clone();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run(
         NS.to_string(),
@@ -55,13 +69,14 @@ fn start(results: Vec<Result<(), Error>>) -> Harness {
             let mut names: Vec<String> = read.snapshot.providers.iter().map(|p| p.name_any()).collect();
             names.sort();
             let bad = read.undecodable.iter().map(|u| u.metadata.name.clone().unwrap_or_default()).collect();
+            seen_replicas.lock().unwrap().push(read.snapshot.replicas.clone());
             calls_tx.send((Instant::now(), names, bad)).unwrap();
             let result = results.lock().unwrap().pop_front().unwrap_or(Ok(()));
             async move { result }
         },
         cancel.clone(),
     ));
-    Harness { providers, nodes, templates, calls, cancel, task }
+    Harness { providers, nodes, templates, pods, replicas, calls, cancel, task }
 }
 
 fn ok<K>(object: K) -> Result<Event<DeserializeGuard<K>>, watcher::Error> {
@@ -74,6 +89,27 @@ fn listed<K>(tx: &Tx<K>, objects: Vec<K>) {
         tx.send(Ok(Event::InitApply(DeserializeGuard(Ok(o))))).unwrap();
     }
     tx.send(Ok(Event::InitDone)).unwrap();
+}
+
+fn pods_listed(tx: &PodTx, pods: Vec<Pod>) {
+    tx.send(Ok(Event::Init)).unwrap();
+    for p in pods {
+        tx.send(Ok(Event::InitApply(p))).unwrap();
+    }
+    tx.send(Ok(Event::InitDone)).unwrap();
+}
+
+/// An Edge pod (`Running`, with an IP) of uid `uid-<name>`.
+fn edge_pod(name: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta { name: Some(name.to_string()), uid: Some(format!("uid-{name}")), ..Default::default() },
+        status: Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some("10.0.0.7".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 impl Harness {
@@ -104,6 +140,7 @@ async fn waits_for_every_kind_then_reconciles_the_namespace_once_per_burst() {
     let t0 = Instant::now();
     listed(&h.providers, vec![provider("b", "mac-1"), provider("a", "mac-1")]);
     listed(&h.nodes, vec![node("mac-1")]);
+    pods_listed(&h.pods, vec![]);
     // Templates not listed yet: the namespace is not known completely.
     h.quiet(Duration::from_secs(30)).await;
 
@@ -136,6 +173,7 @@ async fn failures_back_off_exponentially_and_success_resets_the_backoff() {
     listed(&h.providers, vec![]);
     listed(&h.nodes, vec![]);
     listed(&h.templates, vec![]);
+    pods_listed(&h.pods, vec![]);
     let mut last = h.call(Duration::from_secs(5)).await.0;
     let mut gaps = Vec::new();
     for _ in 0..5 {
@@ -176,6 +214,7 @@ async fn an_undecodable_object_is_reported_and_never_stops_the_others() {
     h.providers.send(Ok(Event::InitDone)).unwrap();
     listed(&h.nodes, vec![node("mac-1")]);
     listed(&h.templates, vec![]);
+    pods_listed(&h.pods, vec![]);
     let (_, providers, undecodable) = h.call(Duration::from_secs(5)).await;
     assert_eq!((providers, undecodable), (vec!["fine".to_string()], vec!["broken".to_string()]));
 
@@ -207,6 +246,7 @@ async fn status_only_updates_do_not_reconcile() {
     listed(&h.providers, vec![provider("a", "mac-1")]);
     listed(&h.nodes, vec![node("mac-1")]);
     listed(&h.templates, vec![]);
+    pods_listed(&h.pods, vec![]);
     h.call(Duration::from_secs(5)).await;
 
     // Status written (by the mirror, the certificate writer, reconcile): nothing.
@@ -241,6 +281,7 @@ async fn status_only_updates_do_not_reconcile() {
         listed(&h.providers, vec![provider("a", "mac-1")]);
         listed(&h.nodes, vec![]);
         listed(&h.templates, vec![]);
+        pods_listed(&h.pods, vec![]);
         h.call(Duration::from_secs(5)).await;
         let mut p = provider("a", "mac-1");
         change(&mut p);
@@ -249,6 +290,61 @@ async fn status_only_updates_do_not_reconcile() {
         h.call(Duration::from_secs(5)).await;
         h.stop().await;
     }
+}
+
+/// The Edge pods are the config's replicas: the first reconcile waits for
+/// their list, and only a change of the replica ids (a pod added,
+/// terminating, ended or gone) reconciles; a pod getting ready, an IP or a
+/// restarted container does not.
+#[tokio::test(start_paused = true)]
+async fn edge_pods_reconcile_only_when_the_replica_ids_change() {
+    let mut h = start(vec![]);
+    listed(&h.providers, vec![]);
+    listed(&h.nodes, vec![]);
+    listed(&h.templates, vec![]);
+    // Pods not listed yet: the config would miss its replicas.
+    h.quiet(Duration::from_secs(30)).await;
+    pods_listed(&h.pods, vec![edge_pod("iop-edge-b"), edge_pod("iop-edge-a")]);
+    h.call(Duration::from_secs(5)).await;
+
+    // Status only: nothing.
+    let mut ready = edge_pod("iop-edge-a");
+    ready.status.as_mut().unwrap().pod_ip = Some("10.0.0.8".into());
+    ready.status.as_mut().unwrap().conditions = Some(vec![]);
+    h.pods.send(Ok(Event::Apply(ready))).unwrap();
+    h.quiet(Duration::from_secs(60)).await;
+
+    // A new pod (rolling update), then the old one terminating, then gone.
+    h.pods.send(Ok(Event::Apply(edge_pod("iop-edge-c")))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+    let mut leaving = edge_pod("iop-edge-a");
+    leaving.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::reconcile::fixtures::at(5)));
+    h.pods.send(Ok(Event::Apply(leaving.clone()))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+    // Already out of the replicas: its deletion changes nothing more.
+    h.pods.send(Ok(Event::Delete(leaving))).unwrap();
+    h.quiet(Duration::from_secs(60)).await;
+    // Evicted (phase Failed, still in the API): out.
+    let mut evicted = edge_pod("iop-edge-b");
+    evicted.status.as_mut().unwrap().phase = Some("Failed".into());
+    h.pods.send(Ok(Event::Apply(evicted))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+
+    let seen = h.replicas.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            vec!["iop-edge-a", "iop-edge-b"],
+            vec!["iop-edge-a", "iop-edge-b", "iop-edge-c"],
+            vec!["iop-edge-b", "iop-edge-c"],
+            vec!["iop-edge-c"],
+        ]
+    );
+    // A failing pod watch is reported; the loop goes on.
+    h.pods.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+    h.quiet(Duration::from_secs(5)).await;
+    h.stop().await;
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Status mirroring against a stand-in Edge admin API (a real HTTP server on
-//! a local port) and the mocked Kubernetes API.
+//! Status mirroring against stand-in Edge admin APIs (real HTTP servers on
+//! local addresses) and the mocked Kubernetes API.
 
 use std::time::Duration;
 
@@ -12,9 +12,11 @@ use tokio::net::TcpListener;
 
 use super::*;
 use crate::crd::provider::Health;
-use crate::env::EdgeAdminUrl;
-use crate::mirror::{EdgeHealth, EdgeNode, EdgeProvider, Overlay, OverlayState, SessionPhase};
+use crate::mirror::{
+    EdgeHealth, EdgeNode, EdgeProvider, NodesSnapshot, Overlay, OverlayState, ProvidersSnapshot, SessionPhase,
+};
 use crate::reconcile::fixtures::{node, provider};
+use crate::replicas::Replica;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::namespace::STATUS_WRITE_TIMEOUT;
 use crate::runtime::tests::{NOW, context, mock, status_writes, value};
@@ -24,7 +26,11 @@ const STATUS: &str = "iop-operator/status";
 
 /// Serves one canned answer per path, one request per connection.
 async fn fake_edge(routes: Vec<(&'static str, u16, String)>, hang: bool) -> EdgeAdminUrl {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    fake_edge_at("127.0.0.1:0", routes, hang).await
+}
+
+async fn fake_edge_at(addr: &str, routes: Vec<(&'static str, u16, String)>, hang: bool) -> EdgeAdminUrl {
+    let listener = TcpListener::bind(addr).await.unwrap();
     let authority = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
         loop {
@@ -73,33 +79,33 @@ async fn fetches_both_admin_snapshots_and_reports_failures_by_kind() {
     )
     .await;
     let metrics = Metrics::new();
-    let (p, n) = poll(&AdminClient::new(url.clone()), &metrics).await.unwrap();
+    let admin = AdminClient::new();
+    let (p, n) = poll(&admin, &url, &metrics).await.unwrap();
     assert_eq!(p.providers[0].id, "llama");
     assert_eq!(n.nodes[0].phase, Some(SessionPhase::Ready));
-    poll(&AdminClient::new(url), &metrics).await.unwrap();
+    poll(&admin, &url, &metrics).await.unwrap();
 
     let url =
         fake_edge(vec![("/admin/v1/providers", 500, "{}".into()), ("/admin/v1/nodes", 200, nodes.to_string())], false)
             .await;
-    assert!(matches!(poll(&AdminClient::new(url), &metrics).await, Err(AdminError::Status(500))));
+    assert!(matches!(poll(&admin, &url, &metrics).await, Err(AdminError::Status(500))));
 
     let url = fake_edge(
         vec![("/admin/v1/providers", 200, "[1,2".into()), ("/admin/v1/nodes", 200, nodes.to_string())],
         false,
     )
     .await;
-    assert_eq!(poll(&AdminClient::new(url), &metrics).await.unwrap_err().label(), "decode");
+    assert_eq!(poll(&admin, &url, &metrics).await.unwrap_err().label(), "decode");
 
     let url = fake_edge(vec![], true).await;
-    let client = AdminClient::new(url).with_timeout(Duration::from_millis(200));
-    assert!(matches!(poll(&client, &metrics).await, Err(AdminError::Timeout(_))));
+    let client = AdminClient::new().with_timeout(Duration::from_millis(200));
+    assert!(matches!(poll(&client, &url, &metrics).await, Err(AdminError::Timeout(_))));
 
     // Nothing listening.
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let authority = closed.local_addr().unwrap().to_string();
     drop(closed);
-    let refused = AdminClient::new(EdgeAdminUrl { authority });
-    assert_eq!(poll(&refused, &metrics).await.unwrap_err().label(), "request");
+    assert_eq!(poll(&admin, &EdgeAdminUrl { authority }, &metrics).await.unwrap_err().label(), "request");
 
     // One poll, one count, under `ok` or the error's label.
     let polls = |result: &str| value(&metrics, "iop_operator_mirror_polls_total", &[("result", result)]);
@@ -121,10 +127,11 @@ fn stores(providers: Vec<Provider>, nodes: Vec<NodeCatalog>) -> Stores {
         n.apply_watcher_event(&Event::Apply(DeserializeGuard(Ok(o))));
     }
     let (templates, _) = reflector::store();
-    Stores { providers: p_store, nodes: n_store, templates }
+    let (pods, _) = reflector::store();
+    Stores { providers: p_store, nodes: n_store, templates, pods }
 }
 
-fn view(overlay: Option<Overlay>) -> (ProvidersSnapshot, NodesSnapshot) {
+fn view(overlay: Option<Overlay>) -> EdgeView {
     let p = |id: &str| EdgeProvider {
         id: id.to_string(),
         node: "mac-1".to_string(),
@@ -138,7 +145,8 @@ fn view(overlay: Option<Overlay>) -> (ProvidersSnapshot, NodesSnapshot) {
         Some(OverlayState::Unknown) => EdgeHealth::Unknown,
         _ => EdgeHealth::Available,
     };
-    (
+    EdgeView::one(
+        "iop-edge-0",
         ProvidersSnapshot { providers: vec![EdgeProvider { overlay, health, ..p("llama") }, p("qwen")] },
         NodesSnapshot {
             nodes: vec![EdgeNode {
@@ -196,7 +204,8 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), STATUS).await;
     assert_eq!(
         call.body["status"],
-        json!({"connected": true, "generation": 4, "since": "2026-11-01T11:53:20Z", "version": "0.1.0"})
+        json!({"connected": true, "connectedReplicas": 1, "replicas": 1, "replicasSummary": "1/1", "generation": 4,
+               "since": "2026-11-01T11:53:20Z", "version": "0.1.0"})
     );
     call.ok(&mac);
 
@@ -254,4 +263,57 @@ async fn a_write_without_an_answer_times_out_is_counted_and_retried_next_round()
     assert_eq!(status_writes(&metrics, "provider", "mirror", "ok"), 1.0);
     assert_eq!(status_writes(&metrics, "nodecatalog", "mirror", "ok"), 1.0);
     assert_eq!(status_writes(&metrics, "provider", "mirror", "failed"), 0.0);
+}
+
+/// Every replica is polled at once at its pod IP and the admin port: one
+/// answers, one refuses, one hangs (bounded by the client's timeout), one
+/// has no IP yet (not polled). Only the answer counts; the others are
+/// replicas that see nothing.
+#[tokio::test]
+async fn polls_every_replica_at_its_pod_ip_at_once() {
+    let providers = json!({"providers": [{"id": "llama", "node": "mac-1", "node_ready": true, "health": "available"}]});
+    let nodes = json!({"nodes": [{"name": "mac-1", "connected": true, "phase": "ready", "generation": 4}]});
+    let routes = vec![("/admin/v1/providers", 200, providers.to_string()), ("/admin/v1/nodes", 200, nodes.to_string())];
+    // Several loopback addresses, one port: as pod IPs with the one admin port.
+    let answering = fake_edge_at("127.0.0.1:0", routes, false).await;
+    let port: u16 = answering.authority.rsplit_once(':').unwrap().1.parse().unwrap();
+    fake_edge_at(&format!("127.0.0.3:{port}"), vec![], true).await;
+    let replica = |id: &str, ip: Option<&str>| Replica { id: id.to_string(), ip: ip.map(|ip| ip.parse().unwrap()) };
+    let replicas = [
+        replica("edge-a", Some("127.0.0.1")),
+        replica("edge-b", Some("127.0.0.2")),
+        replica("edge-c", Some("127.0.0.3")),
+        replica("edge-d", None),
+    ];
+    let metrics = Metrics::new();
+    let admin = AdminClient::new().with_timeout(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    let edge = poll_all(&admin, &replicas, port, &metrics).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "at once, not one after the other: {:?}",
+        started.elapsed()
+    );
+    let answered: Vec<(&str, bool)> = edge.replicas.iter().map(|(id, a)| (id.as_str(), a.is_some())).collect();
+    assert_eq!(answered, [("edge-a", true), ("edge-b", false), ("edge-c", false), ("edge-d", false)]);
+    assert_eq!(edge.replicas["edge-a"].as_ref().unwrap().0.providers[0].id, "llama");
+    let polls = |result: &str| value(&metrics, "iop_operator_mirror_polls_total", &[("result", result)]);
+    assert_eq!((polls("ok"), polls("request"), polls("timeout")), (1.0, 1.0, 1.0), "one poll per replica with an IP");
+
+    // One answering replica of four: the node is connected to 1 of 4.
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let mac = node("mac-1");
+    let stores = stores(vec![], vec![mac.clone()]);
+    let task = tokio::spawn(async move {
+        write(&ctx, &stores, &edge, &mut MirrorState::default(), crate::runtime::timestamp(NOW)).await
+    });
+    let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), STATUS).await;
+    assert_eq!(
+        (&call.body["status"]["connected"], &call.body["status"]["replicasSummary"], &call.body["status"]["replicas"]),
+        (&json!(true), &json!("1/4"), &json!(4))
+    );
+    call.ok(&mac);
+    assert_eq!(task.await.unwrap(), Round { written: 1, failed: 0 });
+    server.done().await;
 }
