@@ -171,6 +171,8 @@ async fn metric_labels_are_closed_sets() {
         ("api", BTreeSet::from(["chat_completions", "responses", "messages"])),
         ("route", BTreeSet::from(["replay", "mock-ollama", "mock-openai", "unknown"])),
         ("provider", BTreeSet::from(["sleepy", "awake", "ollama-mock", "openai-mock"])),
+        // Configured node names.
+        ("node", BTreeSet::from([NODE])),
         (
             "outcome",
             BTreeSet::from([
