@@ -130,15 +130,16 @@ impl EdgeState {
     /// Every replica of the Edge as nodes are told it: the config's
     /// `replicas`, or this one alone when the config lists none.
     pub fn replica_set(&self, config: &EdgeConfig) -> Vec<String> {
-        if config.replicas.is_empty() {
-            return vec![self.replica_id.clone()];
-        }
-        if !config.replicas.contains(&self.replica_id) {
-            // Nodes then keep dialing for the listed replicas while holding
-            // this one: a deployment mistake worth a loud line.
+        if config.replicas.is_empty() { vec![self.replica_id.clone()] } else { config.replicas.clone() }
+    }
+
+    /// At start and on each reload: nodes keep dialing for the listed
+    /// replicas while holding one that is not listed, a deployment mistake
+    /// worth a loud line.
+    pub fn warn_if_unlisted(&self, config: &EdgeConfig) {
+        if !config.replicas.is_empty() && !config.replicas.contains(&self.replica_id) {
             tracing::warn!(replica_id = %self.replica_id, "this replica is not in the config's `replicas`");
         }
-        config.replicas.clone()
     }
 }
 
@@ -326,6 +327,7 @@ impl Edge {
         let admin_task = tokio::spawn(admin_server);
         tracing::info!(%http_addr, %admin_addr, "edge serving");
 
+        state.warn_if_unlisted(&state.config.current());
         state.draining.cancelled().await;
         let started = tokio::time::Instant::now();
         let drain = state.lifecycle;

@@ -76,11 +76,15 @@ pub fn nodes_to_close(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<String> {
         .collect()
 }
 
-/// Nodes kept by a reload whose providers' capacities changed, with the
-/// new capacities of all their providers (the node enforces them across
-/// its sessions, `ProviderAssignment.capacity`).
-pub fn capacity_changes(previous: &EdgeConfig, next: &EdgeConfig) -> Vec<(String, pb::ProviderCapacities)> {
-    let closed = nodes_to_close(previous, next);
+/// Nodes kept by a reload (not in `closed`, [`nodes_to_close`]) whose
+/// providers' capacities changed, with the new capacities of all their
+/// providers (the node enforces them across its sessions,
+/// `ProviderAssignment.capacity`).
+pub fn capacity_changes(
+    previous: &EdgeConfig,
+    next: &EdgeConfig,
+    closed: &[String],
+) -> Vec<(String, pb::ProviderCapacities)> {
     let capacities = |config, name| -> std::collections::HashMap<String, u32> {
         config_payload(config, name).providers.into_iter().map(|p| (p.provider_id, p.capacity)).collect()
     };
@@ -104,14 +108,16 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
     }
     let previous = state.config.swap(next, secrets);
     let current = state.config.current();
-    for node in nodes_to_close(&previous, &current) {
-        state.registry.close(&node, CloseReason::ConfigChanged);
+    let closed = nodes_to_close(&previous, &current);
+    for node in &closed {
+        state.registry.close(node, CloseReason::ConfigChanged);
     }
-    for (node, capacities) in capacity_changes(&previous, &current) {
+    for (node, capacities) in capacity_changes(&previous, &current, &closed) {
         if let Some(control) = state.registry.control_in_any_phase(&node) {
             crate::node::session::send_now(&control, pb::edge_to_node::Msg::Capacities(capacities));
         }
     }
+    state.warn_if_unlisted(&current);
     let replicas = state.replica_set(&current);
     if replicas != state.replica_set(&previous) {
         tracing::info!(replicas = replicas.len(), "the replica set changed; telling every node");
@@ -209,7 +215,8 @@ providers:
         next.limits.queue_depth = 7;
         assert_eq!(nodes_to_close(&previous, &next), ["n2", "n3"]);
         assert!(nodes_to_close(&previous, &previous).is_empty());
-        assert!(capacity_changes(&previous, &next).is_empty(), "the changed nodes are closed instead");
+        let closed = nodes_to_close(&previous, &next);
+        assert!(capacity_changes(&previous, &next, &closed).is_empty(), "the changed nodes are closed instead");
     }
 
     #[test]
@@ -218,7 +225,7 @@ providers:
         let mut next = previous.clone();
         next.providers[0].capacity += 3;
         assert!(nodes_to_close(&previous, &next).is_empty());
-        let changes = capacity_changes(&previous, &next);
+        let changes = capacity_changes(&previous, &next, &[]);
         let node = &next.providers[0].node;
         assert_eq!(changes.len(), 1, "{changes:?}");
         assert_eq!(&changes[0].0, node);

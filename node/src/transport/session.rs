@@ -162,11 +162,12 @@ pub async fn run(
         }
         Err(_) => return closed(false, "no RegisterResponse within the heartbeat wait"),
     };
-    if registered.duplicate {
-        let _ = verdict.send(ReplicaClaim::Duplicate);
-        return SessionEnd::Duplicate;
-    }
-    let Some(hold) = shared.replicas.claim(&registered.replica_id, id, &registered.replicas) else {
+    // The Edge found the replica held already, or (a race) another session
+    // claimed it meanwhile.
+    let claimed = (!registered.duplicate)
+        .then(|| shared.replicas.claim(&registered.replica_id, id, &registered.replicas))
+        .flatten();
+    let Some(hold) = claimed else {
         let _ = verdict.send(ReplicaClaim::Duplicate);
         return SessionEnd::Duplicate;
     };
