@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use common::*;
-use iop_e2e::harness::{self, Proc, bin, spawn_until, wait_until};
+use iop_e2e::harness::{self, Proc, ProviderSpec, bin, spawn_until, wait_until};
 use iop_e2e::pki::Validity;
 use iop_proto::config::Adapter;
 use serde_json::{Value, json};
@@ -72,6 +72,21 @@ impl Replica {
         self.node(client).await["generation"].as_u64().unwrap()
     }
 
+    async fn health(&self, client: &reqwest::Client, provider: &str) -> Value {
+        let url = format!("http://{}/admin/v1/providers", self.admin);
+        let Ok(response) = client.get(url).send().await else { return Value::Null };
+        let providers: Value = serde_json::from_slice(&response.bytes().await.unwrap_or_default()).unwrap_or_default();
+        let found = providers["providers"].as_array().and_then(|p| p.iter().find(|p| p["id"] == provider).cloned());
+        found.map(|p| p["health"].clone()).unwrap_or_default()
+    }
+
+    async fn wait_health(&self, client: &reqwest::Client, provider: &str, health: &str) {
+        wait_until(&format!("{provider} {health} on {}", self.id), WAIT, || async {
+            self.health(client, provider).await == health
+        })
+        .await;
+    }
+
     async fn metric(&self, client: &reqwest::Client, sample: &str) -> f64 {
         let text = client.get(format!("http://{}/metrics", self.admin)).send().await.unwrap().text().await.unwrap();
         text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
@@ -106,6 +121,11 @@ struct Fleet {
 
 impl Fleet {
     async fn start() -> Fleet {
+        Fleet::start_with(Vec::new()).await
+    }
+
+    /// The fleet with `extra` providers on the node besides its three.
+    async fn start_with(extra: Vec<ProviderSpec>) -> Fleet {
         let dir = tempfile::tempdir().unwrap();
         let pki = harness::DevPki::create(dir.path()).unwrap();
         let (mock, mock_url) = spawn_mock("127.0.0.1:0").await;
@@ -115,7 +135,9 @@ impl Fleet {
         // Streams of about 300 ms.
         let mut slow = provider("slow", Adapter::Ollama, "mock@words=10,chunk_delay_ms=30", "mock-slow", &mock_url);
         slow.capacity = 32;
-        let providers = [provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url), held, slow];
+        let mut providers =
+            vec![provider("ollama-mock", Adapter::Ollama, "mock", "mock-ollama", &mock_url), held, slow];
+        providers.extend(extra);
         let ids = ["edge-a", "edge-b"];
         let mut replicas = Vec::new();
         for id in ids {
@@ -257,12 +279,7 @@ async fn the_node_enforces_capacity_across_replicas() {
     let ((status_a, body_a), (status_b, body_b)) = tokio::join!(first, second);
     assert_eq!((status_a, status_b), (200, 200), "{body_a} {body_b}");
     assert_eq!(stats().await, 2);
-    let providers: Value = serde_json::from_slice(
-        &client.get(format!("http://{}/admin/v1/providers", b.admin)).send().await.unwrap().bytes().await.unwrap(),
-    )
-    .unwrap();
-    let held = providers["providers"].as_array().unwrap().iter().find(|p| p["id"] == "held").unwrap();
-    assert_eq!(held["health"], "available", "a capacity refusal never lowers health: {held}");
+    assert_eq!(b.health(&client, "held").await, "available", "a capacity refusal never lowers health");
 }
 
 /// One streamed chat through HAProxy's HTTP frontend: whether it answered
@@ -298,8 +315,12 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
     for replica in &fleet.replicas {
         replica.wait_ready(&client).await;
     }
-    let stop = tokio_util::sync::CancellationToken::new();
     let lb_http = fleet.lb_http;
+    // HAProxy's checks see a replica ready up to 100 ms after it is: the
+    // load starts once the load balancer routes (as clients reach a
+    // Service once an endpoint is ready).
+    wait_until("the load balancer routes", WAIT, || async { streamed_through(&client, lb_http).await.is_ok() }).await;
+    let stop = tokio_util::sync::CancellationToken::new();
     let load: Vec<_> = (0..4)
         .map(|_| {
             let (client, stop) = (client.clone(), stop.clone());
@@ -378,4 +399,54 @@ async fn readyz_waits_for_a_node_and_fails_while_draining() {
     let chat = json!({"model": "mock-ollama", "messages": [{"role": "user", "content": "still there?"}]});
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat).await).await;
     assert_eq!(status, 200, "a draining replica still answers during the delay: {body}");
+}
+
+/// Faults in sequence across replicas: a provider that starts after its
+/// node turns available on both replicas without a node restart; a replica
+/// that crashes (SIGKILL, no drain) leaves the other's session untouched
+/// and, restarted, learns the provider's health on its new session; the
+/// provider's death is then seen by both.
+#[tokio::test]
+async fn a_late_provider_then_a_crashed_replica_then_a_dead_provider() {
+    if !haproxy_installed() {
+        return;
+    }
+    let late = free_port();
+    let late_url = format!("http://{late}");
+    let mut fleet = Fleet::start_with(vec![provider("late", Adapter::Ollama, "mock", "mock-late", &late_url)]).await;
+    let client = fleet.client.clone();
+    fleet.replicas[0].wait_ready(&client).await;
+    let generation_b = fleet.replicas[1].wait_ready(&client).await;
+    for replica in &fleet.replicas {
+        replica.wait_health(&client, "late", "unavailable").await;
+        let (status, body) = replica.chat_with(&client, "mock-late").await;
+        assert_eq!((status, body["error"]["code"].as_str()), (503, Some("no_provider_available")), "{body}");
+    }
+
+    let (late_mock, _) = spawn_mock(&late.to_string()).await;
+    for replica in &fleet.replicas {
+        replica.wait_health(&client, "late", "available").await;
+        let (status, body) = replica.chat_with(&client, "mock-late").await;
+        assert_eq!(status, 200, "{} serves the late provider: {body}", replica.id);
+    }
+
+    // edge-a crashes: edge-b's session is the same one and serves on.
+    drop(fleet.replicas[0].process.take());
+    let (status, body) = fleet.replicas[1].chat_with(&client, "mock-late").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(fleet.replicas[1].node(&client).await["generation"], generation_b);
+
+    fleet.replicas[0].start().await;
+    fleet.replicas[0].wait_ready(&client).await;
+    fleet.replicas[0].wait_health(&client, "late", "available").await;
+    let (status, body) = fleet.replicas[0].chat_with(&client, "mock-late").await;
+    assert_eq!(status, 200, "the restarted replica serves the late provider: {body}");
+    assert_eq!(fleet.replicas[1].node(&client).await["generation"], generation_b, "edge-b's session never moved");
+
+    drop(late_mock);
+    for replica in &fleet.replicas {
+        replica.wait_health(&client, "late", "unavailable").await;
+        assert_eq!(replica.health(&client, "ollama-mock").await, "available", "evidence about one provider only");
+    }
+    drop(fleet.node.take());
 }
