@@ -27,10 +27,14 @@
 //!
 //! Every node keeps one session with every Edge replica, and each replica
 //! judges the provider on its own session. Only the replicas that **answered
-//! this poll and are connected to the provider's node** (their
-//! `/admin/v1/nodes` says `connected`) have a say; a replica that did not
-//! answer, or answered without a session to the node, is not counted as
-//! seeing anything (neither up nor down). Of the replicas that have a say:
+//! this poll and hold a ready session with the provider's node** (their
+//! `/admin/v1/nodes` says `connected`, phase `ready`) have a say; a replica
+//! that did not answer, answered without a session to the node, or whose
+//! session has not reached `ready` yet, is not counted as seeing anything
+//! (neither up nor down). The last keeps a replica that just (re)started
+//! from showing `degraded` in the moment between the node's registration,
+//! when it has heard nothing of the providers yet (`unknown`), and its
+//! readiness report. Of the replicas that have a say:
 //!
 //! | what they see (after [`classify`])             | health        | classification                          |
 //! |------------------------------------------------|---------------|-----------------------------------------|
@@ -39,7 +43,7 @@
 //! | some `Available`, some not                     | `Degraded`    | `provider_unhealthy` if one sees it `Unavailable`, else `health_unknown` |
 //! | none `Available`, some `Unavailable`, some `Unknown` | `Unavailable` | `provider_unhealthy`              |
 //!
-//! So `available` means every connected replica may route to it, `degraded`
+//! So `available` means every replica with a say may route to it, `degraded`
 //! that only some may (a request on one that may not is served as with the
 //! provider down there), `unavailable` that none may and at least one has
 //! evidence it is down. With one replica the rule is the first table.
@@ -272,7 +276,7 @@ pub fn classify(health: EdgeHealth) -> (Health, Option<Classification>) {
 }
 
 /// The merge rule: the views of the replicas that have a say (answered,
-/// connected to the provider's node), each as [`classify`] reads it. See
+/// a ready session with the provider's node), each as [`classify`] reads it. See
 /// the module docs for the table.
 pub fn merge_health(seen: &[EdgeHealth]) -> (Health, Option<Classification>) {
     let Some(&first) = seen.first() else { return classify(EdgeHealth::Unknown) };
@@ -307,8 +311,9 @@ pub fn provider(
 /// The mirrored fields of one provider from the views of every answering
 /// replica that lists it (see the module docs).
 pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, now: Timestamp) -> ProviderMirror {
-    let connected = |(_, node): &&ProviderView<'_>| node.is_some_and(|n| n.connected);
-    let with_say: Vec<&ProviderView<'_>> = views.iter().filter(connected).collect();
+    let ready =
+        |(_, node): &&ProviderView<'_>| node.is_some_and(|n| n.connected && n.phase == Some(SessionPhase::Ready));
+    let with_say: Vec<&ProviderView<'_>> = views.iter().filter(ready).collect();
     let seen: Vec<EdgeHealth> = with_say.iter().map(|(p, _)| p.health).collect();
     let (health, classification) = merge_health(&seen);
 

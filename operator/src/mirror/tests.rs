@@ -432,6 +432,17 @@ fn two_replicas_are_merged_into_one_status() {
     assert_eq!((p.health, p.classification), (Some(Health::Available), None));
     assert_eq!((n.connected, n.replicas_summary.as_deref()), (Some(true), Some("1/2")));
 
+    // A replica whose session has registered but not reached `ready` (it
+    // has heard nothing of the providers yet) has no say either: a
+    // restarting replica does not make the provider flicker `degraded`.
+    let registered = EdgeNode { phase: Some(SessionPhase::Registered), ..connected(9) };
+    let (p, n) = planned(&two(
+        Some((replica_provider(Up, up(4)), connected(4))),
+        Some((replica_provider(Unsure, None), registered)),
+    ));
+    assert_eq!((p.health, p.classification), (Some(Health::Available), None));
+    assert_eq!(n.replicas_summary.as_deref(), Some("2/2"), "it is connected all the same");
+
     // A replica that does not answer sees nothing: the same.
     let (p, n) = planned(&two(Some((replica_provider(Up, up(4)), connected(4))), None));
     assert_eq!((p.health, p.classification), (Some(Health::Available), None));
