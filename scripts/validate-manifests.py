@@ -193,6 +193,9 @@ OPERATOR_RULES = {
     ("", "secrets", None, "get"),
     ("", "secrets", None, "create"),
     ("", "secrets", None, "patch"),
+    # controller.rs: list + watch of Secrets' metadata (a rotated credentialSecretRef reconciles).
+    ("", "secrets", None, "list"),
+    ("", "secrets", None, "watch"),
     # controller.rs: list + watch of the Edge pods (IOP_EDGE_POD_SELECTOR): the config's
     # replicas and where the status mirror reads each replica's admin API.
     ("", "pods", None, "list"),

@@ -5,6 +5,10 @@
 //! dir/`) into one reconcile of the whole namespace, read from the
 //! reflectors' caches.
 //!
+//! The Secrets Providers' `credentialSecretRef`s name are watched by their
+//! metadata only ([`secret_signals`]): rotating a provider key reconciles
+//! within the debounce, not at the next resync.
+//!
 //! The Edge pods (label selector `IOP_EDGE_POD_SELECTOR`) are watched too:
 //! their names are the Edge config's `replicas` ([`crate::replicas`]), and
 //! their IPs where the status mirror reads each replica's admin API. A pod
@@ -35,13 +39,13 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::DeserializeGuard;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -65,11 +69,14 @@ pub enum Kind {
     WorkspaceTemplate,
     /// The Edge's pods (its replicas).
     EdgePod,
+    /// Secrets, for the ones a Provider's `credentialSecretRef` names.
+    CredentialSecret,
 }
 
 impl Kind {
     /// Every watched kind: a reconcile waits until each one is listed.
-    pub const ALL: [Self; 4] = [Self::Provider, Self::NodeCatalog, Self::WorkspaceTemplate, Self::EdgePod];
+    pub const ALL: [Self; 5] =
+        [Self::Provider, Self::NodeCatalog, Self::WorkspaceTemplate, Self::EdgePod, Self::CredentialSecret];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -77,6 +84,7 @@ impl Kind {
             Self::NodeCatalog => "NodeCatalog",
             Self::WorkspaceTemplate => "WorkspaceTemplate",
             Self::EdgePod => "Pod",
+            Self::CredentialSecret => "Secret",
         }
     }
 
@@ -268,8 +276,59 @@ pub fn pod_signals(
         .boxed()
 }
 
-/// Watches the three kinds and the Edge pods (`pod_selector`) in
-/// `namespace` (with the watcher's own backoff).
+/// Signals a change of a Secret that a Provider's `credentialSecretRef`
+/// names (`referenced`), so a rotated provider key reaches the Edge within
+/// the debounce rather than at the next resync. Only metadata is watched
+/// (`Api<PartialObjectMeta<Secret>>`): a change moves `resourceVersion`,
+/// and the data is read by the reconcile itself, never cached here. Other
+/// Secrets, the operator's own `iop-edge-credentials` among them, change
+/// nothing.
+pub fn secret_signals(
+    referenced: impl Fn(&str) -> bool + Send + 'static,
+    events: impl Stream<Item = Result<Event<PartialObjectMeta<Secret>>, watcher::Error>> + Send + 'static,
+) -> Signals {
+    // The last resourceVersion seen of each Secret (a watch restart
+    // replays objects it already delivered).
+    let mut versions: HashMap<String, Option<String>> = HashMap::new();
+    events
+        .filter_map(move |event| {
+            let signal = match event {
+                Ok(Event::Init) => None,
+                Ok(Event::InitApply(secret)) => {
+                    versions.insert(secret.name_any(), secret.metadata.resource_version.clone());
+                    None
+                }
+                Ok(Event::InitDone) => Some(Signal::Listed(Kind::CredentialSecret)),
+                Ok(Event::Apply(secret)) => {
+                    let (name, version) = (secret.name_any(), secret.metadata.resource_version);
+                    let moved = versions.insert(name.clone(), version.clone()) != Some(version);
+                    (moved && referenced(&name)).then_some(Signal::Changed(Kind::CredentialSecret))
+                }
+                Ok(Event::Delete(secret)) => {
+                    let name = secret.name_any();
+                    versions.remove(&name);
+                    referenced(&name).then_some(Signal::Changed(Kind::CredentialSecret))
+                }
+                Err(e) => Some(Signal::WatchFailed(Kind::CredentialSecret, e.to_string())),
+            };
+            std::future::ready(signal)
+        })
+        .boxed()
+}
+
+/// Whether a Provider in `providers` names Secret `name` in its
+/// `credentialSecretRef`.
+fn names_a_credential(providers: Store<DeserializeGuard<Provider>>) -> impl Fn(&str) -> bool + Send + 'static {
+    move |name| {
+        providers
+            .state()
+            .iter()
+            .any(|p| p.0.as_ref().is_ok_and(|p| p.spec.credential_secret_ref.as_ref().is_some_and(|r| r.name == name)))
+    }
+}
+
+/// Watches the three kinds, the Secrets' metadata and the Edge pods
+/// (`pod_selector`) in `namespace` (with the watcher's own backoff).
 pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, Signals) {
     fn one<K>(client: &Client, namespace: &str, kind: Kind) -> (Store<DeserializeGuard<K>>, Signals)
     where
@@ -300,7 +359,11 @@ pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, S
             pod.spec = None;
         });
     let e = pod_signals(writer, events);
-    (Stores { providers, nodes, templates, pods }, stream::select_all([p, n, t, e]).boxed())
+    // `Api<PartialObjectMeta<_>>` lists and watches metadata only.
+    let secrets: Api<PartialObjectMeta<Secret>> = Api::namespaced(client.clone(), namespace);
+    let events = watcher::watcher(secrets, watcher::Config::default()).default_backoff();
+    let s = secret_signals(names_a_credential(providers.clone()), events);
+    (Stores { providers, nodes, templates, pods }, stream::select_all([p, n, t, e, s]).boxed())
 }
 
 /// Exponential backoff without jitter (one reconciler per namespace has

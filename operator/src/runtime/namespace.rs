@@ -96,8 +96,8 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
 /// Reads what the build stage needs besides the IOP objects: each Secret a
 /// Provider's `credentialSecretRef` names (a missing one is left out: the
 /// build reports it on the Provider) and the operator's own credentials
-/// Secret. Rotating a referenced Secret is picked up at the next reconcile
-/// (any change to an IOP object, or the periodic resync).
+/// Secret. A change to a referenced Secret reconciles by itself
+/// ([`super::controller::secret_signals`]).
 async fn read_credential_secrets(ctx: &Context, snapshot: &mut reconcile::Snapshot) -> Result<(), Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let names: std::collections::BTreeSet<&str> = snapshot

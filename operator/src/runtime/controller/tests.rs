@@ -16,12 +16,14 @@ use crate::reconcile::fixtures::{NS, node, provider, template};
 
 type Tx<K> = mpsc::UnboundedSender<Result<Event<DeserializeGuard<K>>, watcher::Error>>;
 type PodTx = mpsc::UnboundedSender<Result<Event<Pod>, watcher::Error>>;
+type SecretTx = mpsc::UnboundedSender<Result<Event<PartialObjectMeta<Secret>>, watcher::Error>>;
 
 struct Harness {
     providers: Tx<Provider>,
     nodes: Tx<NodeCatalog>,
     templates: Tx<WorkspaceTemplate>,
     pods: PodTx,
+    secrets: SecretTx,
     /// The replica ids each reconcile read, in order.
     replicas: Arc<Mutex<Vec<Vec<String>>>>,
     /// (when, provider names, undecodable names) of each reconcile.
@@ -40,6 +42,16 @@ where
     (tx, store, signals(kind, writer, events))
 }
 
+/// The Secrets' metadata watch, listed empty (a reconcile reads the
+/// Secrets it needs itself; no test waits on this list).
+fn secret_channel(providers: Store<DeserializeGuard<Provider>>) -> (SecretTx, Signals) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let events = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    tx.send(Ok(Event::Init)).unwrap();
+    tx.send(Ok(Event::InitDone)).unwrap();
+    (tx, secret_signals(names_a_credential(providers), events))
+}
+
 fn pod_channel() -> (PodTx, Store<Pod>, Signals) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (store, writer) = reflector::store();
@@ -53,8 +65,9 @@ fn start(results: Vec<Result<(), Error>>) -> Harness {
     let (nodes, n_store, n) = channel::<NodeCatalog>(Kind::NodeCatalog);
     let (templates, t_store, t) = channel::<WorkspaceTemplate>(Kind::WorkspaceTemplate);
     let (pods, pod_store, e) = pod_channel();
+    let (secrets, s) = secret_channel(p_store.clone());
     let stores = Stores { providers: p_store, nodes: n_store, templates: t_store, pods: pod_store };
-    let signals = stream::select_all([p, n, t, e]).boxed();
+    let signals = stream::select_all([p, n, t, e, s]).boxed();
     let (calls_tx, calls) = mpsc::unbounded_channel();
     let results = Arc::new(Mutex::new(VecDeque::from(results)));
     let replicas = Arc::new(Mutex::new(Vec::new()));
@@ -76,7 +89,7 @@ fn start(results: Vec<Result<(), Error>>) -> Harness {
         },
         cancel.clone(),
     ));
-    Harness { providers, nodes, templates, pods, replicas, calls, cancel, task }
+    Harness { providers, nodes, templates, pods, secrets, replicas, calls, cancel, task }
 }
 
 fn ok<K>(object: K) -> Result<Event<DeserializeGuard<K>>, watcher::Error> {
@@ -344,6 +357,50 @@ async fn edge_pods_reconcile_only_when_the_replica_ids_change() {
     // A failing pod watch is reported; the loop goes on.
     h.pods.send(Err(watcher::Error::NoResourceVersion)).unwrap();
     h.quiet(Duration::from_secs(5)).await;
+    h.stop().await;
+}
+
+/// A Secret's metadata at `resource_version`.
+fn secret(name: &str, resource_version: &str) -> PartialObjectMeta<Secret> {
+    let mut meta = PartialObjectMeta::<Secret>::default();
+    meta.metadata.name = Some(name.to_string());
+    meta.metadata.resource_version = Some(resource_version.to_string());
+    meta
+}
+
+/// A Secret a Provider's `credentialSecretRef` names reconciles when it
+/// changes or goes (a rotated key reaches the Edge within the debounce);
+/// a replayed version, other Secrets (the operator's own credentials
+/// Secret among them) and a failing watch do not.
+#[tokio::test(start_paused = true)]
+async fn a_rotated_credential_secret_reconciles_and_other_secrets_do_not() {
+    let mut h = start(vec![]);
+    let mut keyed = provider("keyed", "mac-1");
+    keyed.spec.credential_secret_ref =
+        Some(crate::crd::provider::SecretKeyRef { name: "llama-key".into(), key: "api-key".into() });
+    listed(&h.providers, vec![keyed, provider("plain", "mac-1")]);
+    listed(&h.nodes, vec![]);
+    listed(&h.templates, vec![]);
+    pods_listed(&h.pods, vec![]);
+    h.call(Duration::from_secs(5)).await;
+
+    let rotated = Instant::now();
+    h.secrets.send(Ok(Event::Apply(secret("llama-key", "7")))).unwrap();
+    let (at, _, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(at - rotated, DEBOUNCE);
+    // The same version again (a watch restart replays it): nothing.
+    h.secrets.send(Ok(Event::Apply(secret("llama-key", "7")))).unwrap();
+    h.secrets.send(Ok(Event::Apply(secret("unrelated", "8")))).unwrap();
+    h.secrets.send(Ok(Event::Apply(secret(crate::reconcile::credentials::EDGE_CREDENTIALS_SECRET, "9")))).unwrap();
+    h.secrets.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+    h.quiet(Duration::from_secs(60)).await;
+
+    h.secrets.send(Ok(Event::Apply(secret("llama-key", "10")))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+    h.secrets.send(Ok(Event::Delete(secret("unrelated", "11")))).unwrap();
+    h.quiet(Duration::from_secs(60)).await;
+    h.secrets.send(Ok(Event::Delete(secret("llama-key", "12")))).unwrap();
+    h.call(Duration::from_secs(5)).await;
     h.stop().await;
 }
 
