@@ -12,13 +12,16 @@
    the Edge (IOP_EDGE_POD_SELECTOR selects exactly the Edge's pods, whose container port
    `admin` is EDGE_ADMIN_PORT; IOP_EDGE_AUTH_MODE matches whether the keys Secret is
    mounted at EDGE_KEYS_DIR), dashboard ConfigMaps whose
-   `*.json` keys are not JSON, PrometheusRule groups named twice.
+   `*.json` keys are not JSON, PrometheusRule groups named twice, and a table of the
+   operator's rights in docs/kubernetes.md that says other than OPERATOR_RULES.
 
 Used by scripts/chart-check; needs kubernetes-validate (which brings PyYAML and jsonschema).
 """
 
 import argparse
 import json
+import pathlib
+import re
 import sys
 
 import jsonschema
@@ -438,6 +441,34 @@ def check(objects, version):
     return errors, by_kind
 
 
+# docs/kubernetes.md's table of the operator's rights (for `rbac.create: false`), which must
+# say exactly OPERATOR_RULES' (resource, verb) pairs.
+RIGHTS_DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "kubernetes.md"
+RIGHTS_TABLE_HEADER = "| in the release namespace | verbs |"
+VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+
+def documented_rights_errors():
+    """Differences between the rights table in RIGHTS_DOC and OPERATOR_RULES."""
+    lines = RIGHTS_DOC.read_text().splitlines()
+    if RIGHTS_TABLE_HEADER not in lines:
+        return [f"{RIGHTS_DOC.name}: the operator's rights table ({RIGHTS_TABLE_HEADER}) is missing"]
+    resources = {resource for _, resource, _, _ in OPERATOR_RULES}
+    documented = set()
+    for line in lines[lines.index(RIGHTS_TABLE_HEADER) + 2 :]:
+        if not line.startswith("|"):
+            break
+        what, verbs = line.strip("|").split("|")
+        named = [r for r in re.findall(r"`([^`]+)`", what) if r in resources]
+        said = {v for v in re.findall(r"[a-z]+", verbs) if v in VERBS}
+        documented |= {(r, v) for r in named for v in said}
+    expected = {(resource, verb) for _, resource, _, verb in OPERATOR_RULES}
+    return [f"{RIGHTS_DOC.name}: the operator's rights table lacks {r} {v}" for r, v in sorted(expected - documented)] + [
+        f"{RIGHTS_DOC.name}: the operator's rights table grants {r} {v}, which the operator does not call"
+        for r, v in sorted(documented - expected)
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubernetes-version", required=True)
@@ -448,6 +479,7 @@ def main():
 
     objects = [o for o in yaml.safe_load_all(sys.stdin) if o]
     errors, by_kind = check(objects, args.kubernetes_version)
+    errors += documented_rights_errors()
     for kind in args.require_kind:
         if kind not in by_kind:
             errors.append(f"no {kind} was rendered")
