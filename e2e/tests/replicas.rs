@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use common::*;
 use iop_e2e::harness::{self, Proc, ProviderSpec, bin, spawn_until, wait_until};
 use iop_e2e::pki::Validity;
-use iop_proto::config::Adapter;
+use iop_proto::config::{Adapter, EdgeConfig};
 use serde_json::{Value, json};
 
 fn free_port() -> SocketAddr {
@@ -70,6 +70,20 @@ impl Replica {
         })
         .await;
         self.node(client).await["generation"].as_u64().unwrap()
+    }
+
+    /// Rewrites this replica's config with replica set `ids` and reloads
+    /// it (SIGHUP), returning once the reload is applied.
+    async fn reload_replicas(&self, client: &reqwest::Client, ids: &[&str]) {
+        let revision = "iop_edge_config_revision";
+        let before = self.metric(client, revision).await;
+        let mut config = EdgeConfig::from_yaml(&std::fs::read_to_string(&self.config).unwrap()).unwrap();
+        config.replicas = ids.iter().map(|id| id.to_string()).collect();
+        std::fs::write(&self.config, config.to_yaml()).unwrap();
+        let pid = self.process.as_ref().unwrap().pid().to_string();
+        assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+        wait_until(&format!("{} reloaded", self.id), WAIT, || async { self.metric(client, revision).await > before })
+            .await;
     }
 
     async fn health(&self, client: &reqwest::Client, provider: &str) -> Value {
@@ -448,5 +462,51 @@ async fn a_late_provider_then_a_crashed_replica_then_a_dead_provider() {
         replica.wait_health(&client, "late", "unavailable").await;
         assert_eq!(replica.health(&client, "ollama-mock").await, "available", "evidence about one provider only");
     }
+    drop(fleet.node.take());
+}
+
+/// The node follows the replica set: a reload that lists a replica it does
+/// not hold sends it dialing (every dial lands on a held replica here, a
+/// duplicate), and a new replica id in place of an old one, as a rollout
+/// names its new pods, is reached and held, all without touching the
+/// sessions it keeps.
+#[tokio::test]
+async fn the_node_follows_the_replica_set() {
+    if !haproxy_installed() {
+        return;
+    }
+    let mut fleet = Fleet::start().await;
+    let client = fleet.client.clone();
+    let generation_a = fleet.replicas[0].wait_ready(&client).await;
+    let generation_b = fleet.replicas[1].wait_ready(&client).await;
+    let duplicate = "iop_edge_node_sessions_closed_total{reason=\"duplicate\"}";
+    let duplicates = || async {
+        fleet.replicas[0].metric(&client, duplicate).await + fleet.replicas[1].metric(&client, duplicate).await
+    };
+
+    // A third replica is listed (its pod is starting): the node dials for it.
+    let before = duplicates().await;
+    for replica in &fleet.replicas {
+        replica.reload_replicas(&client, &["edge-a", "edge-b", "edge-c"]).await;
+    }
+    wait_until("the node dials for the listed edge-c", WAIT, || async { duplicates().await > before }).await;
+    assert_eq!(fleet.replicas[0].node(&client).await["generation"], generation_a, "a set change keeps sessions");
+    assert_eq!(fleet.replicas[1].node(&client).await["generation"], generation_b);
+
+    // edge-b goes and edge-c comes up on its address (a rollout's new pod):
+    // the node reaches it through the load balancer and holds it.
+    let b = fleet.replicas.pop().unwrap();
+    b.process.unwrap().terminate().await;
+    let config = b.config.with_file_name("edge-c.yaml");
+    std::fs::copy(&b.config, &config).unwrap();
+    let mut c = Replica { id: "edge-c", config, process: None, ..b };
+    c.start().await;
+    fleet.replicas[0].reload_replicas(&client, &["edge-a", "edge-c"]).await;
+    c.reload_replicas(&client, &["edge-a", "edge-c"]).await;
+    c.wait_ready(&client).await;
+    let (status, body) = c.chat(&client).await;
+    assert_eq!(status, 200, "the new replica serves the node's provider: {body}");
+    assert_eq!(fleet.replicas[0].node(&client).await["generation"], generation_a, "edge-a's session never moved");
+    fleet.replicas.push(c);
     drop(fleet.node.take());
 }
