@@ -16,6 +16,9 @@ use iop_e2e::pki::Validity;
 use iop_proto::config::{Adapter, EdgeConfig};
 use serde_json::{Value, json};
 
+/// The sample counting sessions a replica answered as duplicates.
+const DUPLICATES: &str = "iop_edge_node_sessions_closed_total{reason=\"duplicate\"}";
+
 fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
@@ -239,9 +242,8 @@ async fn a_node_behind_a_load_balancer_holds_a_session_with_every_replica() {
     // answered as duplicates, and edge-a's session stays the same one.
     let b = fleet.replicas[1].process.take().unwrap();
     b.terminate().await;
-    let duplicate = "iop_edge_node_sessions_closed_total{reason=\"duplicate\"}";
     wait_until("a duplicate dial reached edge-a", WAIT, || async {
-        fleet.replicas[0].metric(&client, duplicate).await >= 1.0
+        fleet.replicas[0].metric(&client, DUPLICATES).await >= 1.0
     })
     .await;
     assert_eq!(fleet.replicas[0].node(&client).await["generation"], generation_a, "the held session stays");
@@ -479,9 +481,8 @@ async fn the_node_follows_the_replica_set() {
     let client = fleet.client.clone();
     let generation_a = fleet.replicas[0].wait_ready(&client).await;
     let generation_b = fleet.replicas[1].wait_ready(&client).await;
-    let duplicate = "iop_edge_node_sessions_closed_total{reason=\"duplicate\"}";
     let duplicates = || async {
-        fleet.replicas[0].metric(&client, duplicate).await + fleet.replicas[1].metric(&client, duplicate).await
+        fleet.replicas[0].metric(&client, DUPLICATES).await + fleet.replicas[1].metric(&client, DUPLICATES).await
     };
 
     // A third replica is listed (its pod is starting): the node dials for it.
