@@ -238,9 +238,16 @@ impl ProviderSpec {
     pub fn public_models(&self) -> String {
         self.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(",")
     }
+
+    /// The name of the Secret `credentialSecretRef` names, if any: the
+    /// Secrets the reconcile reads and the watch reacts to.
+    pub fn credential_secret(&self) -> Option<&str> {
+        self.credential_secret_ref.as_ref().map(|r| r.name.as_str())
+    }
 }
 
-/// A provider's health as the Edge replicas connected to its node see it:
+/// A provider's health as the Edge replicas with a ready session with its
+/// node see it:
 /// `available` (every one of them), `degraded` (some, not all),
 /// `unavailable` (none sees it available, at least one sees it down),
 /// `unknown` (no replica is connected to its node or answers, or none can

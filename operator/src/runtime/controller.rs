@@ -293,7 +293,11 @@ pub fn secret_signals(
     events
         .filter_map(move |event| {
             let signal = match event {
-                Ok(Event::Init) => None,
+                // A relist restates every Secret: forget the ones gone meanwhile.
+                Ok(Event::Init) => {
+                    versions.clear();
+                    None
+                }
                 Ok(Event::InitApply(secret)) => {
                     versions.insert(secret.name_any(), secret.metadata.resource_version.clone());
                     None
@@ -319,12 +323,7 @@ pub fn secret_signals(
 /// Whether a Provider in `providers` names Secret `name` in its
 /// `credentialSecretRef`.
 fn names_a_credential(providers: Store<DeserializeGuard<Provider>>) -> impl Fn(&str) -> bool + Send + 'static {
-    move |name| {
-        providers
-            .state()
-            .iter()
-            .any(|p| p.0.as_ref().is_ok_and(|p| p.spec.credential_secret_ref.as_ref().is_some_and(|r| r.name == name)))
-    }
+    move |name| providers.state().iter().any(|p| p.0.as_ref().is_ok_and(|p| p.spec.credential_secret() == Some(name)))
 }
 
 /// Watches the three kinds, the Secrets' metadata and the Edge pods

@@ -100,12 +100,8 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
 /// ([`super::controller::secret_signals`]).
 async fn read_credential_secrets(ctx: &Context, snapshot: &mut reconcile::Snapshot) -> Result<(), Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let names: std::collections::BTreeSet<&str> = snapshot
-        .providers
-        .iter()
-        .filter_map(|p| p.spec.credential_secret_ref.as_ref())
-        .map(|r| r.name.as_str())
-        .collect();
+    let names: std::collections::BTreeSet<&str> =
+        snapshot.providers.iter().filter_map(|p| p.spec.credential_secret()).collect();
     let mut secrets = std::collections::BTreeMap::new();
     for name in names {
         if let Some(secret) = api.get_opt(name).await? {
