@@ -161,7 +161,7 @@ async fn assert_siblings_available_except(stack: &Stack, except: &str) {
 #[tokio::test]
 async fn a_provider_that_starts_after_its_node_returns_without_a_node_restart() {
     // A free port nothing listens on yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port().port();
     let late_url = format!("http://127.0.0.1:{port}");
     let stack = Stack::start(StackOptions {
         extra_providers: vec![p("late", Adapter::Ollama, "mock", "late", 0, &late_url)],

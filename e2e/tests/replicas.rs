@@ -19,10 +19,6 @@ use serde_json::{Value, json};
 /// The sample counting sessions a replica answered as duplicates.
 const DUPLICATES: &str = "iop_edge_node_sessions_closed_total{reason=\"duplicate\"}";
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 fn haproxy_installed() -> bool {
     let found = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
     if !found {

@@ -16,6 +16,23 @@ pub const NODE: &str = "mac-1";
 pub const FAST_HEARTBEAT: &str = "100,400";
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// A port free now, below the kernel's ephemeral range. An Edge comes back
+/// on its ports after a restart, so they are chosen up front; a port from
+/// the ephemeral range (what binding port 0 hands out) can be taken by any
+/// outgoing connection of a test running alongside before the Edge binds
+/// it, which CI once saw as `Address already in use`.
+pub fn free_port() -> SocketAddr {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let ephemeral_low = range.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32768u16);
+    let low = 10_000.min(ephemeral_low / 2);
+    loop {
+        let addr = SocketAddr::from(([127, 0, 0, 1], fastrand::u16(low..ephemeral_low)));
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+}
+
 pub struct StackOptions {
     pub heartbeat: Option<&'static str>,
     pub start_node: bool,
@@ -149,9 +166,10 @@ impl Stack {
             }
             providers.push(p);
         }
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let nodes: Vec<&str> = std::iter::once(NODE).chain(options.extra_nodes.iter().copied()).collect();
-        let mut config = harness::edge_config(&pki, any, any, &nodes, &providers);
+        // Fixed up front so that a restart comes back on the same ports.
+        let mut config = harness::edge_config(&pki, free_port(), free_port(), &nodes, &providers);
+        config.listen.admin = free_port();
         if let Some(limits) = options.limits {
             config.limits = limits;
         }
@@ -178,6 +196,7 @@ impl Stack {
         }
         let edge_config = dir.path().join("edge.yaml");
         std::fs::write(&edge_config, config.to_yaml()).unwrap();
+        let listen = &config.listen;
         let mut stack = Stack {
             dir,
             pki,
@@ -185,9 +204,9 @@ impl Stack {
             mock_url,
             edge: None,
             edge_config,
-            http: any,
-            grpc: any,
-            admin: any,
+            http: listen.http,
+            grpc: listen.grpc,
+            admin: listen.admin,
             nodes: Vec::new(),
             node_metrics: None,
             heartbeat: options.heartbeat,
@@ -209,16 +228,6 @@ impl Stack {
     }
 
     pub async fn start_edge(&mut self) {
-        if self.http.port() != 0 {
-            // A restart comes back on the same ports. (Rewritten only now: a
-            // running Edge would take any change of its file as a reload.)
-            let text = std::fs::read_to_string(&self.edge_config).unwrap();
-            let mut pinned = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
-            pinned.listen.http = self.http;
-            pinned.listen.grpc = self.grpc;
-            pinned.listen.admin = self.admin;
-            std::fs::write(&self.edge_config, pinned.to_yaml()).unwrap();
-        }
         let config = self.edge_config.to_str().unwrap().to_string();
         let mut args = vec!["--config", config.as_str(), "--reload-interval-ms", "100"];
         if let Some(profile) = self.heartbeat {
