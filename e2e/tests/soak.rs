@@ -55,8 +55,9 @@ struct Mock {
 }
 
 impl Mock {
-    async fn start(listen: &str) -> Mock {
-        let (proc, url) = spawn_mock(listen).await;
+    /// On a port below the ephemeral range, so that a restart finds it free.
+    async fn start() -> Mock {
+        let (proc, url) = spawn_mock(&free_port().to_string()).await;
         Mock { addr: url.trim_start_matches("http://").to_string(), proc: Some(proc) }
     }
 
@@ -273,7 +274,7 @@ async fn soak() {
 
     let mut mocks = Vec::new();
     for _ in 0..4 {
-        mocks.push(Mock::start("127.0.0.1:0").await);
+        mocks.push(Mock::start().await);
     }
     let mut tunnel = soak_provider("t2", Adapter::Openai, &mocks[2], NODES[1], 0);
     tunnel.mode = ProviderMode::Tunnel;
