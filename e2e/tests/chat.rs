@@ -156,6 +156,21 @@ async fn bad_input_gets_openai_errors() {
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("JSON"), "{body}");
 
+    // A long model name is not echoed back whole, on either API.
+    let long_name = "m".repeat(512 * 1024);
+    for (path, body) in [
+        ("/v1/chat/completions", json!({ "model": long_name, "messages": [{ "role": "user", "content": "x" }] })),
+        (
+            "/v1/messages",
+            json!({ "model": long_name, "max_tokens": 8, "messages": [{ "role": "user", "content": "x" }] }),
+        ),
+    ] {
+        let (status, response) = json_body(stack.post(path, &body).await).await;
+        let message = response["error"]["message"].as_str().unwrap();
+        assert_eq!(status, 404, "{path}");
+        assert!(message.len() < 2048 && message.ends_with('…'), "{path}: {} bytes", message.len());
+    }
+
     let huge = "x".repeat(5 * 1024 * 1024);
     let (status, body) =
         json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", &huge, false)).await).await;

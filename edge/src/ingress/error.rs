@@ -78,7 +78,24 @@ fn unauthenticated_message(failure: AuthFailure) -> &'static str {
     }
 }
 
+/// The longest message a client sees, in characters. Messages quote what
+/// the client sent (a model name, a block type, serde's `invalid type:
+/// string "..."`) and a provider's error text; a megabyte-long model name
+/// must not come back a megabyte long.
+const MAX_MESSAGE_CHARS: usize = 1024;
+
 impl ApiError {
+    /// The message as clients see it: the error's text, cut to
+    /// [`MAX_MESSAGE_CHARS`] with a trailing `…` when longer.
+    pub fn message(&self) -> String {
+        let mut text = self.to_string();
+        if let Some((cut, _)) = text.char_indices().nth(MAX_MESSAGE_CHARS) {
+            text.truncate(cut);
+            text.push('…');
+        }
+        text
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::InvalidRequest { message: message.into(), param: None }
     }
@@ -182,7 +199,7 @@ impl ApiError {
             Self::ModelNotFound(_) | Self::ModelNotAllowed(_) => Some("model".to_string()),
             _ => None,
         };
-        json!({ "error": { "message": self.to_string(), "type": kind, "param": param, "code": self.code() } })
+        json!({ "error": { "message": self.message(), "type": kind, "param": param, "code": self.code() } })
     }
 
     /// Anthropic error object: `{"type":"error","error":{"type","message"}}`,
@@ -201,7 +218,7 @@ impl ApiError {
             400..=499 => "invalid_request_error",
             _ => "api_error",
         };
-        json!({ "type": "error", "error": { "type": kind, "message": self.to_string() } })
+        json!({ "type": "error", "error": { "type": kind, "message": self.message() } })
     }
 }
 
@@ -235,6 +252,20 @@ mod tests {
         assert_eq!(body["error"]["type"], "invalid_request_error");
         let body = ApiError::invalid_param("messages", "messages must be an array").openai_body();
         assert_eq!(body["error"]["message"], "messages must be an array");
+    }
+
+    #[test]
+    fn messages_quoting_client_input_are_capped() {
+        let huge = "é".repeat(100_000);
+        let err = ApiError::ModelNotFound(huge.clone());
+        for message in [err.openai_body()["error"]["message"].clone(), err.anthropic_body()["error"]["message"].clone()]
+        {
+            let message = message.as_str().unwrap().to_string();
+            assert_eq!(message.chars().count(), MAX_MESSAGE_CHARS + 1, "cut, plus the ellipsis");
+            assert!(message.starts_with("the model `éé") && message.ends_with("é…"), "{}", &message[..40]);
+        }
+        let short = ApiError::ModelNotFound("llama3".into());
+        assert_eq!(short.message(), "the model `llama3` does not exist", "short messages are untouched");
     }
 
     #[test]
