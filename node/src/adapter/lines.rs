@@ -8,18 +8,24 @@ use super::AdapterError;
 /// tool call's arguments.
 pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Turns byte chunks into complete lines. A line ends at `\n`; a trailing
-/// `\r` is stripped, so `\r\n` works too. Blank lines are returned (SSE needs
-/// them); callers that do not care skip them.
+/// Turns byte chunks into complete lines. A line ends at `\r\n`, `\n` or a
+/// lone `\r`, the three terminators the SSE format allows (NDJSON uses the
+/// first two; a JSON encoder never writes a raw `\r` inside an object).
+/// Blank lines are returned (SSE needs them); callers that do not care skip
+/// them.
 #[derive(Debug)]
 pub(crate) struct LineSplitter {
     buf: Vec<u8>,
     /// Start of the first line not yet returned.
     start: usize,
-    /// Where the next search for `\n` begins (everything in `start..scan` is
-    /// known to hold no newline), so a long line split over many chunks is
-    /// scanned once.
+    /// Where the next search for a terminator begins (everything in
+    /// `start..scan` is known to hold none), so a long line split over many
+    /// chunks is scanned once.
     scan: usize,
+    /// The last line ended at a `\r` that was the last byte buffered: a `\n`
+    /// arriving next belongs to it (`\r\n` cut by the network), not a blank
+    /// line of its own.
+    after_cr: bool,
     max_line: usize,
 }
 
@@ -35,7 +41,7 @@ impl LineSplitter {
     }
 
     pub(crate) fn with_max_line(max_line: usize) -> Self {
-        Self { buf: Vec::new(), start: 0, scan: 0, max_line }
+        Self { buf: Vec::new(), start: 0, scan: 0, after_cr: false, max_line }
     }
 
     /// Appends one network chunk.
@@ -51,7 +57,14 @@ impl LineSplitter {
 
     /// The next complete line (without its terminator), if one is buffered.
     pub(crate) fn next_line(&mut self) -> Result<Option<String>, AdapterError> {
-        match self.buf[self.scan..].iter().position(|&b| b == b'\n') {
+        if self.after_cr && self.start < self.buf.len() {
+            self.after_cr = false;
+            if self.buf[self.start] == b'\n' {
+                self.start += 1;
+                self.scan = self.scan.max(self.start);
+            }
+        }
+        match self.buf[self.scan..].iter().position(|&b| b == b'\n' || b == b'\r') {
             Some(offset) => {
                 let end = self.scan + offset;
                 // Also when the whole line arrived in one chunk: the cap must
@@ -60,7 +73,13 @@ impl LineSplitter {
                     return Err(self.line_too_long());
                 }
                 let line = take_line(&self.buf[self.start..end])?;
-                self.start = end + 1;
+                self.start = match self.buf.get(end..end + 2) {
+                    Some(b"\r\n") => end + 2,
+                    _ => end + 1,
+                };
+                // Found by the chunking fuzz: only a `\r` that is the last
+                // byte buffered waits for its `\n`, not a whole `\r\n`.
+                self.after_cr = self.buf[end] == b'\r' && end + 1 == self.buf.len();
                 self.scan = self.start;
                 Ok(Some(line))
             }
@@ -92,7 +111,6 @@ impl LineSplitter {
 }
 
 fn take_line(bytes: &[u8]) -> Result<String, AdapterError> {
-    let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
     String::from_utf8(bytes.to_vec())
         .map_err(|_| AdapterError::Protocol("provider sent a line that is not valid UTF-8".into()))
 }
@@ -141,6 +159,30 @@ mod tests {
                 "cut at {cut}"
             );
         }
+    }
+
+    /// SSE allows a lone `\r` as a terminator; `\r\r` is a line and a blank
+    /// line, and `\r\n` cut between its bytes is still one terminator.
+    #[test]
+    fn a_lone_carriage_return_ends_a_line() {
+        let text = b"data: a\r\rdata: b\r\n\r\ndata: c\rlast";
+        let want = vec!["data: a", "", "data: b", "", "data: c", "last"];
+        for cut in 0..=text.len() {
+            let mut s = LineSplitter::new();
+            s.push(&text[..cut]);
+            let mut lines = drain(&mut s);
+            s.push(&text[cut..]);
+            lines.extend(drain(&mut s));
+            lines.extend(s.finish().unwrap());
+            assert_eq!(lines, want, "cut at {cut}");
+        }
+        // A `\r` that ends the buffer gives its line at once (an SSE event
+        // is not held back waiting for a `\n` that may never come).
+        let mut s = LineSplitter::new();
+        s.push(b"data: now\r");
+        assert_eq!(drain(&mut s), vec!["data: now"]);
+        s.push(b"\n\n");
+        assert_eq!(drain(&mut s), vec![""], "the `\\n` completes `\\r\\n`; then one blank line");
     }
 
     #[test]
