@@ -165,6 +165,7 @@
 //! | `words=N`                | the reply is `w1 w2 … wN`                                     |
 //! | `hold=NAME`              | before anything else, wait until `POST /mock/release/NAME`    |
 //! | `context_window=N`       | a prompt of more than N words gets a 400 context-length error |
+//! | `sse_line_end=lf\|crlf\|cr`| OpenAI streams only: how SSE lines end (all three are valid)  |
 //!
 //! `stall_after` / `cut_after` with N at or beyond the number of content chunks
 //! act just before the final chunk (done line / finish reason), so the reply
@@ -229,6 +230,7 @@ pub const KNOBS: &[&str] = &[
     "words",
     "hold",
     "context_window",
+    "sse_line_end",
 ];
 /// How many requests `GET /mock/requests` keeps (the oldest go first).
 pub const REQUEST_LOG_LIMIT: usize = 100;
@@ -299,6 +301,47 @@ pub struct Faults {
     /// the context length was exceeded (as OpenAI and vLLM word it).
     #[arg(long, value_name = "N")]
     pub context_window: Option<u64>,
+    /// OpenAI streams only: end SSE lines with `\n` (the default), `\r\n`
+    /// or a lone `\r`, the three terminators the SSE format allows.
+    #[arg(long, value_enum)]
+    pub sse_line_end: Option<LineEnd>,
+}
+
+/// An SSE line terminator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LineEnd {
+    #[default]
+    Lf,
+    Crlf,
+    Cr,
+}
+
+impl LineEnd {
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            LineEnd::Lf => b"\n",
+            LineEnd::Crlf => b"\r\n",
+            LineEnd::Cr => b"\r",
+        }
+    }
+
+    /// `bytes` (SSE text ending its lines with `\n`) with each `\n` written
+    /// as this terminator. A JSON payload holds no raw `\n`, so every one is
+    /// a line end.
+    fn apply(self, bytes: Bytes) -> Bytes {
+        if self == LineEnd::Lf {
+            return bytes;
+        }
+        let mut out = Vec::with_capacity(bytes.len() + 8);
+        for &b in bytes.iter() {
+            if b == b'\n' {
+                out.extend_from_slice(self.bytes());
+            } else {
+                out.push(b);
+            }
+        }
+        Bytes::from(out)
+    }
 }
 
 /// A fault spec that could not be parsed.
@@ -349,6 +392,7 @@ impl Faults {
             words: over.words.or(self.words),
             hold: over.hold.clone().or_else(|| self.hold.clone()),
             context_window: over.context_window.or(self.context_window),
+            sse_line_end: over.sse_line_end.or(self.sse_line_end),
         }
     }
 
@@ -383,6 +427,11 @@ impl Faults {
             "exit" => self.exit = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
             "context_window" => self.context_window = Some(number(knob, value)?),
+            "sse_line_end" => {
+                let end = value.and_then(|v| <LineEnd as clap::ValueEnum>::from_str(v, true).ok());
+                self.sse_line_end =
+                    Some(end.ok_or_else(|| bad_value(knob, value.unwrap_or(""), "expected lf, crlf or cr"))?);
+            }
             "hold" => {
                 let name =
                     value.filter(|v| !v.is_empty()).ok_or_else(|| bad_value(knob, "", "expected `hold=NAME`"))?;
@@ -1232,6 +1281,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         plan,
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         no_done: on(faults.no_done),
+        line_end: faults.sse_line_end.unwrap_or_default(),
         model: req.model,
     };
     if req.stream.unwrap_or(api.streams_by_default()) {
@@ -1653,13 +1703,17 @@ struct Reply {
     plan: ReplyPlan,
     include_usage: bool,
     no_done: bool,
+    /// OpenAI streams: how SSE lines end.
+    line_end: LineEnd,
 }
 
 impl Reply {
     fn stream_parts(&self) -> Vec<Part> {
         match self.api {
             Api::Ollama => ollama::stream_parts(self),
-            Api::OpenAi => openai::stream_parts(self),
+            Api::OpenAi => {
+                openai::stream_parts(self).into_iter().map(|part| part.map(|b| self.line_end.apply(b))).collect()
+            }
         }
     }
 
@@ -1683,6 +1737,16 @@ enum Part {
     Content(Bytes),
     /// After the content (done line, finish/usage chunks, `[DONE]`).
     Tail(Bytes),
+}
+
+impl Part {
+    fn map(self, f: impl FnOnce(Bytes) -> Bytes) -> Part {
+        match self {
+            Part::Lead(b) => Part::Lead(f(b)),
+            Part::Content(b) => Part::Content(f(b)),
+            Part::Tail(b) => Part::Tail(f(b)),
+        }
+    }
 }
 
 mod ollama {
@@ -2149,7 +2213,7 @@ mod tests {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
              malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
-             context_window=9",
+             context_window=9,sse_line_end=CR",
         )
         .unwrap();
         assert_eq!(
@@ -2169,6 +2233,7 @@ mod tests {
                 words: Some(8),
                 hold: Some("h1".into()),
                 context_window: Some(9),
+                sse_line_end: Some(LineEnd::Cr),
             }
         );
         assert_eq!(parse_faults("").unwrap(), Faults::default());
@@ -2178,6 +2243,8 @@ mod tests {
         assert!(matches!(parse_faults("no_done=maybe"), Err(FaultError::BadValue { .. })));
         assert!(matches!(parse_faults("status=200"), Err(FaultError::BadValue { .. })));
         assert!(matches!(parse_faults("malformed_at=0"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("sse_line_end=lfcr"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("sse_line_end"), Err(FaultError::BadValue { .. })));
     }
 
     #[test]
@@ -2423,6 +2490,22 @@ mod tests {
         let text = post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
         assert_eq!(text.lines().next().unwrap(), MALFORMED_JSON);
         assert_eq!(text.lines().count(), 4);
+    }
+
+    #[tokio::test]
+    async fn sse_line_end_writes_every_line_with_that_terminator() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock", "hi", json!({ "stream": true }));
+        // Requests are numbered in their completion ids; the rest is equal.
+        let lf = post(&mock, "/v1/chat/completions", &body, None).await.text().await.unwrap();
+        for (n, end, terminator) in [(1, "cr", "\r"), (2, "crlf", "\r\n")] {
+            let faults = format!("sse_line_end={end}");
+            let text = post(&mock, "/v1/chat/completions", &body, Some(&faults)).await.text().await.unwrap();
+            let text = text.replace(&format!("chatcmpl-mock-{n}"), "chatcmpl-mock-0");
+            assert_eq!(text, lf.replace('\n', terminator), "{end}");
+        }
+        let ollama = post(&mock, "/api/chat", &body, Some("sse_line_end=cr")).await.text().await.unwrap();
+        assert!(!ollama.contains('\r'), "NDJSON keeps its `\\n`");
     }
 
     #[tokio::test]

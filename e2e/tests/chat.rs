@@ -16,6 +16,8 @@ async fn stack() -> Stack {
             provider("openai-400", Adapter::Openai, "mock@status=400", "mock-400", ""),
             provider("ollama-cut", Adapter::Ollama, "mock@cut_after=2", "mock-cut", ""),
             provider("openai-no-done", Adapter::Openai, "mock@no_done", "mock-no-done", ""),
+            provider("openai-crlf", Adapter::Openai, "mock@sse_line_end=crlf", "mock-crlf", ""),
+            provider("openai-cr", Adapter::Openai, "mock@sse_line_end=cr", "mock-cr", ""),
         ],
         ..Default::default()
     })
@@ -121,6 +123,23 @@ async fn a_cut_stream_is_never_reported_as_success() {
     assert!(last["error"]["code"].is_string(), "the stream ends with an error event: {last}");
 }
 
+/// SSE lines may end with `\n`, `\r\n` or a lone `\r`: an
+/// OpenAI-compatible server using any of them streams the same answer,
+/// usage included.
+#[tokio::test]
+async fn every_sse_line_terminator_streams_the_same_answer() {
+    let stack = stack().await;
+    for model in ["mock-openai", "mock-crlf", "mock-cr"] {
+        let mut body = chat_body(model, "hi there", true);
+        body["stream_options"] = json!({ "include_usage": true });
+        let events = sse_events(stack.post("/v1/chat/completions", &body).await).await;
+        assert_eq!(streamed_text(&events), EXPECTED, "{model}");
+        assert_eq!(events.last().unwrap(), "[DONE]", "{model}");
+        let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], 10, "{model}: {usage}");
+    }
+}
+
 #[tokio::test]
 async fn a_complete_answer_without_done_is_finalised() {
     let stack = stack().await;
@@ -183,7 +202,10 @@ async fn models_lists_public_names() {
     let stack = stack().await;
     let body = stack.get_json("/v1/models").await;
     let ids: Vec<_> = body["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["mock-400", "mock-429", "mock-cut", "mock-no-done", "mock-ollama", "mock-openai"]);
+    assert_eq!(
+        ids,
+        ["mock-400", "mock-429", "mock-cr", "mock-crlf", "mock-cut", "mock-no-done", "mock-ollama", "mock-openai"]
+    );
     assert_eq!(body["object"], "list");
     let one = stack.get_json("/v1/models/mock-ollama").await;
     assert_eq!((one["id"].as_str(), one["object"].as_str()), (Some("mock-ollama"), Some("model")));
