@@ -324,7 +324,13 @@ async fn config_reload_applies_valid_changes_keeps_the_old_config_on_errors_and_
 async fn a_large_prompt_in_transit_does_not_hold_up_the_control_stream() {
     let limits = iop_proto::config::Limits { max_body_bytes: 32 * 1024 * 1024, ..Default::default() };
     let stack = Stack::start(StackOptions {
-        heartbeat: Some(FAST_HEARTBEAT),
+        // Heartbeats every 100 ms; a session is fenced after 5 s without
+        // one. A control stream held up behind the prompt stops them for
+        // good, which fails the test either way; the 5 s only keep a
+        // machine busy with other tests (and this test's 32 MiB copies in
+        // debug builds) from fencing a healthy session: CI saw the 400 ms
+        // of FAST_HEARTBEAT run out, and three CPU hogs the next 2 s.
+        heartbeat: Some("100,5000"),
         start_node: false,
         limits: Some(limits),
         ..Default::default()
@@ -361,7 +367,7 @@ async fn a_large_prompt_in_transit_does_not_hold_up_the_control_stream() {
         .into_inner();
 
     // Heartbeats keep flowing both ways (the Edge would fence a session
-    // whose heartbeats stopped for 400 ms), and so do other runs.
+    // whose heartbeats stopped), and so do other runs.
     let mut answered = 0;
     while answered < 5 {
         if let Msg::Heartbeat(hb) = fake.inbound.message().await.unwrap().unwrap().msg.unwrap() {
