@@ -296,8 +296,8 @@ async fn the_node_enforces_capacity_across_replicas() {
 
 /// One streamed chat through HAProxy's HTTP frontend: whether it answered
 /// 200 and its stream ended with `[DONE]`.
-async fn streamed_through(client: &reqwest::Client, lb_http: SocketAddr) -> Result<(), String> {
-    let body = json!({"model": "mock-slow", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+async fn streamed_through(client: &reqwest::Client, lb_http: SocketAddr, model: &str) -> Result<(), String> {
+    let body = json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let response = client
         .post(format!("http://{lb_http}/v1/chat/completions"))
         .header("content-type", "application/json")
@@ -331,15 +331,24 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
     // HAProxy's checks see a replica ready up to 100 ms after it is: the
     // load starts once the load balancer routes (as clients reach a
     // Service once an endpoint is ready).
-    wait_until("the load balancer routes", WAIT, || async { streamed_through(&client, lb_http).await.is_ok() }).await;
+    wait_until("the load balancer routes", WAIT, || async {
+        streamed_through(&client, lb_http, "mock-slow").await.is_ok()
+    })
+    .await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let load: Vec<_> = (0..4)
-        .map(|_| {
+    // Streams of 300 ms (in flight when a replica drains), and short ones
+    // back to back: those reach a replica in any window it refuses
+    // connections while the load balancer still lists it (with
+    // `--drain-delay-ms 0` they fail in every run tried).
+    let models = ["mock-slow", "mock-slow", "mock-slow", "mock-slow", "mock-ollama", "mock-ollama"];
+    let load: Vec<_> = models
+        .into_iter()
+        .map(|model| {
             let (client, stop) = (client.clone(), stop.clone());
             tokio::spawn(async move {
                 let (mut answered, mut failed) = (0u32, Vec::new());
                 while !stop.is_cancelled() {
-                    match streamed_through(&client, lb_http).await {
+                    match streamed_through(&client, lb_http, model).await {
                         Ok(()) => answered += 1,
                         Err(e) => failed.push(e),
                     }
