@@ -9,6 +9,7 @@
 //! | `POST /api/chat`            | Ollama chat; NDJSON stream unless `"stream": false`      |
 //! | `GET /v1/models`            | one model, `mock` (whatever chat asked for)              |
 //! | `POST /v1/chat/completions` | OpenAI chat; SSE stream only with `"stream": true`       |
+//! | `POST /v1/responses`        | OpenAI Responses, the same replies (see *Responses*)     |
 //! | `POST /api/embed`           | Ollama embeddings (see *Embeddings*)                     |
 //! | `POST /v1/embeddings`       | OpenAI embeddings (see *Embeddings*)                     |
 //! | `POST /apply-template`      | llama.cpp's chat template (see *Tokenize*)               |
@@ -60,6 +61,25 @@
 //! and count into `completion_tokens` / `eval_count`; `max_tokens` /
 //! `num_predict` truncate only the reply. Without the switch (or with
 //! `"think": false`) nothing changes.
+//!
+//! # Responses
+//!
+//! `POST /v1/responses` reads `instructions` as the system message and
+//! `input` (a string, or message items whose `content` is a string or
+//! `input_text` parts, and `function_call_output` items, read as tool
+//! messages) as the conversation, then plans the same reply as the chat
+//! endpoints (`max_output_tokens` truncates, `reasoning` asks for
+//! reasoning, `call tool` calls the first of `tools`). It answers a
+//! `response` object (`output`: a `reasoning` item if asked, then a
+//! `message` with one `output_text`, or `function_call` items; `usage` in
+//! input/output tokens; `status` `incomplete` when truncated), or with
+//! `"stream": true` its typed events: `response.created`, each item's
+//! `response.output_item.added`, its deltas (`response.reasoning_text.delta`,
+//! `response.output_text.delta`, `response.function_call_arguments.delta`)
+//! and `.done` events, then `response.completed` (or
+//! `response.incomplete`) carrying the whole response. The fault knobs
+//! apply as on the chat endpoints (the deltas, and a call's first event, are
+//! the content chunks).
 //!
 //! # Embeddings
 //!
@@ -893,6 +913,7 @@ fn router(state: AppState) -> Router {
         .route("/api/chat", post(ollama_chat))
         .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(openai_chat))
+        .route("/v1/responses", post(openai_responses))
         .route("/mock/stats", get(stats))
         .route("/mock/release/{name}", post(release))
         .route("/mock/api-key", post(set_api_key))
@@ -1073,6 +1094,10 @@ async fn openai_chat(State(state): State<AppState>, headers: HeaderMap, body: By
     chat(Api::OpenAi, state, headers, body).await
 }
 
+async fn openai_responses(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    chat(Api::Responses, state, headers, body).await
+}
+
 async fn ollama_embed(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     embed(Api::Ollama, state, headers, body).await
 }
@@ -1125,6 +1150,43 @@ struct ChatRequest {
     think: Option<Value>,
     /// OpenAI: any value but null asks for reasoning.
     reasoning_effort: Option<Value>,
+    /// Responses: the conversation (a string, or message and tool-output
+    /// items), read into `messages`.
+    input: Option<Value>,
+    /// Responses: the system message.
+    instructions: Option<String>,
+    max_output_tokens: Option<u64>,
+    /// Responses: any value but null asks for reasoning.
+    reasoning: Option<Value>,
+}
+
+impl ChatRequest {
+    /// A Responses request's `instructions` and `input` as chat messages
+    /// (a tool's output reads as a `tool` message), so one reply planner
+    /// serves every API.
+    fn responses_messages(&mut self) {
+        let mut messages = Vec::new();
+        if let Some(instructions) = self.instructions.take() {
+            messages.push(ChatMessage { role: "system".into(), content: Value::String(instructions), images: None });
+        }
+        let items = match self.input.take() {
+            Some(Value::String(text)) => vec![json!({ "role": "user", "content": text })],
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        for item in items {
+            let (role, content) = match item.get("type").and_then(Value::as_str) {
+                Some("function_call_output") => ("tool", item.get("output").cloned().unwrap_or_default()),
+                Some("message") | None => {
+                    let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                    (role, item.get("content").cloned().unwrap_or_default())
+                }
+                Some(_) => continue,
+            };
+            messages.push(ChatMessage { role: role.into(), content, images: None });
+        }
+        self.messages = messages;
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -1177,7 +1239,10 @@ impl ChatMessage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Api {
     Ollama,
+    /// OpenAI Chat Completions.
     OpenAi,
+    /// OpenAI Responses.
+    Responses,
 }
 
 impl Api {
@@ -1190,6 +1255,7 @@ impl Api {
         let limit = match self {
             Api::Ollama => req.options.as_ref().and_then(|o| o.num_predict).and_then(|n| u64::try_from(n).ok()),
             Api::OpenAi => req.max_completion_tokens.or(req.max_tokens),
+            Api::Responses => req.max_output_tokens,
         };
         limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     }
@@ -1199,13 +1265,22 @@ impl Api {
         match self {
             Api::Ollama => matches!(req.think, Some(Value::Bool(true) | Value::String(_))),
             Api::OpenAi => req.reasoning_effort.is_some(),
+            Api::Responses => req.reasoning.is_some(),
+        }
+    }
+
+    /// What a reply's id starts with (a number follows).
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Api::Ollama | Api::OpenAi => "chatcmpl-mock-",
+            Api::Responses => "resp_mock",
         }
     }
 
     fn stream_content_type(self) -> &'static str {
         match self {
             Api::Ollama => "application/x-ndjson",
-            Api::OpenAi => "text/event-stream",
+            Api::OpenAi | Api::Responses => "text/event-stream",
         }
     }
 
@@ -1214,13 +1289,14 @@ impl Api {
         match self {
             Api::Ollama => Bytes::from(format!("{MALFORMED_JSON}\n")),
             Api::OpenAi => Bytes::from(format!("data: {MALFORMED_JSON}\n\n")),
+            Api::Responses => Bytes::from(format!("event: response.output_text.delta\ndata: {MALFORMED_JSON}\n\n")),
         }
     }
 
     fn error(self, status: StatusCode, message: &str) -> Response {
         let body = match self {
             Api::Ollama => json!({ "error": message }),
-            Api::OpenAi => {
+            Api::OpenAi | Api::Responses => {
                 let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
                 json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
             }
@@ -1231,10 +1307,13 @@ impl Api {
 
 async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Response {
     state.counters.requests_total.fetch_add(1, Ordering::Relaxed);
-    let req: ChatRequest = match serde_json::from_slice(&body) {
+    let mut req: ChatRequest = match serde_json::from_slice(&body) {
         Ok(req) => req,
         Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid chat request: {e}")),
     };
+    if api == Api::Responses {
+        req.responses_messages();
+    }
     let defaults = state.defaults.read().expect("fault defaults lock").clone();
     let faults = match request_faults(&defaults, &req.model, &headers) {
         Ok(faults) => faults,
@@ -1277,7 +1356,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
     let plan = if api.wants_reasoning(&req) { plan.with_reasoning(&reasoning_text(&req.messages)) } else { plan };
     let reply = Reply {
         api,
-        id: format!("chatcmpl-mock-{}", state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)),
+        id: format!("{}{}", api.id_prefix(), state.counters.next_completion_id.fetch_add(1, Ordering::Relaxed)),
         plan,
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         no_done: on(faults.no_done),
@@ -1399,7 +1478,9 @@ impl EmbedPlan {
         };
         let (base64, dimensions) = match api {
             Api::Ollama => (false, EMBEDDING_DIMENSIONS),
-            Api::OpenAi => (encoding_is_base64(req.encoding_format.as_ref())?, dimensions(req.dimensions.as_ref())?),
+            Api::OpenAi | Api::Responses => {
+                (encoding_is_base64(req.encoding_format.as_ref())?, dimensions(req.dimensions.as_ref())?)
+            }
         };
         Ok(EmbedPlan {
             vectors: inputs.iter().map(|text| shortened_embedding(text, dimensions)).collect(),
@@ -1451,7 +1532,7 @@ async fn embed(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Re
     }
     let body = match api {
         Api::Ollama => ollama::embed(&req.model, &plan),
-        Api::OpenAi => openai::embeddings(&req.model, &plan),
+        Api::OpenAi | Api::Responses => openai::embeddings(&req.model, &plan),
     };
     Json(body).into_response()
 }
@@ -1689,7 +1770,9 @@ fn requested_tool_call(messages: &[ChatMessage], tools: &[Value]) -> Option<Tool
     if last.role != "user" || !last.text().contains(TOOL_TRIGGER) {
         return None;
     }
-    let name = first_tool.pointer("/function/name").and_then(Value::as_str).unwrap_or("tool");
+    // Chat Completions nests the name under `function`; Responses does not.
+    let name = first_tool.pointer("/function/name").or_else(|| first_tool.get("name"));
+    let name = name.and_then(Value::as_str).unwrap_or("tool");
     Some(ToolCall::new(TOOL_CALL_ID.to_owned(), name, TOOL_ARGUMENTS))
 }
 
@@ -1698,7 +1781,7 @@ struct Reply {
     api: Api,
     /// Echoed back verbatim (including any `@knobs` suffix).
     model: String,
-    /// OpenAI completion id.
+    /// OpenAI completion or response id.
     id: String,
     plan: ReplyPlan,
     include_usage: bool,
@@ -1709,18 +1792,20 @@ struct Reply {
 
 impl Reply {
     fn stream_parts(&self) -> Vec<Part> {
-        match self.api {
-            Api::Ollama => ollama::stream_parts(self),
-            Api::OpenAi => {
-                openai::stream_parts(self).into_iter().map(|part| part.map(|b| self.line_end.apply(b))).collect()
-            }
-        }
+        let parts = match self.api {
+            // NDJSON lines end with `\n` whatever `sse_line_end` says.
+            Api::Ollama => return ollama::stream_parts(self),
+            Api::OpenAi => openai::stream_parts(self),
+            Api::Responses => responses::stream_parts(self),
+        };
+        parts.into_iter().map(|part| part.map(|b| self.line_end.apply(b))).collect()
     }
 
     fn full_body(&self) -> Value {
         match self.api {
             Api::Ollama => ollama::full_body(self),
             Api::OpenAi => openai::full_body(self),
+            Api::Responses => responses::full_body(self),
         }
     }
 }
@@ -1963,6 +2048,161 @@ mod openai {
 
     fn event(value: &Value) -> Bytes {
         Bytes::from(format!("data: {value}\n\n"))
+    }
+}
+
+/// OpenAI Responses: a reply as `response` object, or as its typed
+/// stream events (`response.created`, the output items with their deltas,
+/// `response.completed`), each with its `sequence_number`.
+mod responses {
+    use super::*;
+
+    pub(super) fn full_body(reply: &Reply) -> Value {
+        response(reply, status(reply.plan.finish), output(reply))
+    }
+
+    pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
+        let plan = &reply.plan;
+        let mut events = Events::default();
+        let mut parts = vec![Part::Lead(
+            events.next("response.created", json!({ "response": response(reply, "in_progress", json!([])) })),
+        )];
+        let mut index = 0;
+        if !plan.reasoning.is_empty() {
+            let item = json!({ "type": "reasoning", "id": "rs_mock", "summary": [], "content": [] });
+            parts.push(Part::Lead(
+                events.next("response.output_item.added", json!({ "output_index": index, "item": item })),
+            ));
+            for piece in &plan.reasoning {
+                let delta = json!({ "output_index": index, "item_id": "rs_mock", "content_index": 0, "delta": piece });
+                parts.push(Part::Content(events.next("response.reasoning_text.delta", delta)));
+            }
+            let done = json!({ "output_index": index, "item": reasoning_item(plan) });
+            parts.push(Part::Tail(events.next("response.output_item.done", done)));
+            index += 1;
+        }
+        if plan.tool_calls.is_empty() {
+            let item = json!({ "type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": [] });
+            parts.push(Part::Lead(
+                events.next("response.output_item.added", json!({ "output_index": index, "item": item })),
+            ));
+            let part = json!({ "type": "output_text", "text": "", "annotations": [] });
+            let at = json!({ "output_index": index, "item_id": "msg_mock", "content_index": 0 });
+            parts.push(Part::Lead(events.next("response.content_part.added", with(&at, "part", part))));
+            for piece in &plan.pieces {
+                parts.push(Part::Content(events.next("response.output_text.delta", with(&at, "delta", json!(piece)))));
+            }
+            parts.push(Part::Tail(events.next("response.output_text.done", with(&at, "text", json!(plan.text())))));
+            let part = json!({ "type": "output_text", "text": plan.text(), "annotations": [] });
+            parts.push(Part::Tail(events.next("response.content_part.done", with(&at, "part", part))));
+            let done = json!({ "output_index": index, "item": message_item(plan) });
+            parts.push(Part::Tail(events.next("response.output_item.done", done)));
+        }
+        for call in &plan.tool_calls {
+            let mut item = call_item(call);
+            item["arguments"] = json!("");
+            item["status"] = json!("in_progress");
+            parts.push(Part::Content(
+                events.next("response.output_item.added", json!({ "output_index": index, "item": item })),
+            ));
+            for piece in &call.argument_pieces {
+                let delta = json!({ "output_index": index, "item_id": format!("fc_{}", call.id), "delta": piece });
+                parts.push(Part::Content(events.next("response.function_call_arguments.delta", delta)));
+            }
+            let done = json!({ "output_index": index, "item": call_item(call) });
+            parts.push(Part::Tail(events.next("response.output_item.done", done)));
+            index += 1;
+        }
+        let finished = response(reply, status(plan.finish), output(reply));
+        let kind = if plan.finish == Finish::Length { "response.incomplete" } else { "response.completed" };
+        parts.push(Part::Tail(events.next(kind, json!({ "response": finished }))));
+        parts
+    }
+
+    /// Numbers the stream's events in order.
+    #[derive(Default)]
+    struct Events {
+        sequence: u64,
+    }
+
+    impl Events {
+        fn next(&mut self, kind: &str, mut data: Value) -> Bytes {
+            data["type"] = json!(kind);
+            data["sequence_number"] = json!(self.sequence);
+            self.sequence += 1;
+            Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+        }
+    }
+
+    fn with(base: &Value, key: &str, value: Value) -> Value {
+        let mut out = base.clone();
+        out[key] = value;
+        out
+    }
+
+    fn response(reply: &Reply, status: &str, output: Value) -> Value {
+        let mut value = json!({
+            "id": reply.id,
+            "object": "response",
+            "created_at": CREATED_UNIX,
+            "status": status,
+            "model": reply.model,
+            "output": output,
+            "usage": null,
+        });
+        if status != "in_progress" {
+            let usage = reply.plan.usage;
+            value["usage"] = json!({
+                "input_tokens": usage.prompt,
+                "output_tokens": usage.completion,
+                "total_tokens": usage.prompt + usage.completion,
+            });
+        }
+        if status == "incomplete" {
+            value["incomplete_details"] = json!({ "reason": "max_output_tokens" });
+        }
+        value
+    }
+
+    fn status(finish: Finish) -> &'static str {
+        match finish {
+            Finish::Stop | Finish::ToolCalls => "completed",
+            Finish::Length => "incomplete",
+        }
+    }
+
+    fn output(reply: &Reply) -> Value {
+        let plan = &reply.plan;
+        let mut items = Vec::new();
+        if !plan.reasoning.is_empty() {
+            items.push(reasoning_item(plan));
+        }
+        if plan.tool_calls.is_empty() {
+            items.push(message_item(plan));
+        }
+        items.extend(plan.tool_calls.iter().map(call_item));
+        Value::Array(items)
+    }
+
+    fn reasoning_item(plan: &ReplyPlan) -> Value {
+        let content = json!([{ "type": "reasoning_text", "text": plan.reasoning_text() }]);
+        json!({ "type": "reasoning", "id": "rs_mock", "summary": [], "content": content })
+    }
+
+    fn message_item(plan: &ReplyPlan) -> Value {
+        let content = json!([{ "type": "output_text", "text": plan.text(), "annotations": [] }]);
+        json!({ "type": "message", "id": "msg_mock", "status": "completed", "role": "assistant", "content": content })
+    }
+
+    fn call_item(call: &ToolCall) -> Value {
+        json!({
+            "type": "function_call",
+            "id": format!("fc_{}", call.id),
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.argument_pieces.concat(),
+            "status": "completed",
+        })
     }
 }
 
@@ -2490,6 +2730,83 @@ mod tests {
         let text = post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
         assert_eq!(text.lines().next().unwrap(), MALFORMED_JSON);
         assert_eq!(text.lines().count(), 4);
+    }
+
+    /// `(type, data)` of each typed SSE event (`event:` then `data:`).
+    fn typed_events(body: &str) -> Vec<(String, Value)> {
+        body.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let (kind, data) = e.split_once('\n').expect("event and data lines");
+                let kind = kind.strip_prefix("event: ").expect("event line").to_owned();
+                (kind, serde_json::from_str(data.strip_prefix("data: ").expect("data line")).unwrap())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn responses_answer_the_same_reply_as_a_response_object() {
+        let mock = spawn(Faults::default()).await;
+        let body = json!({ "model": "mock", "instructions": "be brief", "input": [
+            { "role": "user", "content": [{ "type": "input_text", "text": "hi there" }] },
+        ] });
+        let answer = json_of(post(&mock, "/v1/responses", &body, None).await).await;
+        assert_eq!((answer["object"].as_str(), answer["status"].as_str()), (Some("response"), Some("completed")));
+        assert!(answer["id"].as_str().unwrap().starts_with("resp_mock"), "{answer}");
+        let item = &answer["output"][0];
+        assert_eq!((item["type"].as_str(), item["role"].as_str()), (Some("message"), Some("assistant")));
+        assert_eq!(item["content"][0]["text"], "Hello from the IOP mock provider. You said: hi there");
+        // Words of the instructions and the input; one token per piece.
+        assert_eq!(answer["usage"], json!({ "input_tokens": 4, "output_tokens": 10, "total_tokens": 14 }));
+
+        let cut = json_of(
+            post(&mock, "/v1/responses", &json!({ "model": "mock", "input": "hi", "max_output_tokens": 2 }), None)
+                .await,
+        )
+        .await;
+        assert_eq!(cut["status"], "incomplete");
+        assert_eq!(cut["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(cut["output"][0]["content"][0]["text"], "Hello from");
+
+        let tools = json!([{ "type": "function", "name": "search", "parameters": {} }]);
+        let call = json!({ "model": "mock", "input": "please call tool", "tools": tools });
+        let answer = json_of(post(&mock, "/v1/responses", &call, None).await).await;
+        let item = &answer["output"][0];
+        assert_eq!((item["type"].as_str(), item["name"].as_str()), (Some("function_call"), Some("search")));
+        assert_eq!(item["arguments"], TOOL_ARGUMENTS);
+    }
+
+    #[tokio::test]
+    async fn responses_stream_typed_events_in_sequence() {
+        let mock = spawn(Faults::default()).await;
+        let body = json!({ "model": "mock", "input": "hi", "stream": true, "reasoning": { "effort": "low" } });
+        let response = post(&mock, "/v1/responses", &body, None).await;
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let events = typed_events(&response.text().await.unwrap());
+        for (n, (kind, data)) in events.iter().enumerate() {
+            assert_eq!(
+                (data["type"].as_str(), data["sequence_number"].as_u64()),
+                (Some(kind.as_str()), Some(n as u64))
+            );
+        }
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kinds.first(), Some(&"response.created"));
+        assert_eq!(kinds.last(), Some(&"response.completed"));
+        let deltas = |kind: &str| -> String {
+            events.iter().filter(|(k, _)| k == kind).map(|(_, d)| d["delta"].as_str().unwrap()).collect()
+        };
+        assert_eq!(deltas("response.output_text.delta"), "Hello from the IOP mock provider. You said: hi");
+        assert_eq!(deltas("response.reasoning_text.delta"), "Thinking about: hi");
+        let done = &events.last().unwrap().1["response"];
+        assert_eq!(done["output"][1]["content"][0]["text"], "Hello from the IOP mock provider. You said: hi");
+        assert_eq!(done["output"][0]["type"], "reasoning");
+        assert!(done["usage"]["output_tokens"].as_u64().unwrap() > 0);
+
+        // The fault knobs count the deltas.
+        let body = json!({ "model": "mock@cut_after=2", "input": "hi", "stream": true });
+        let (text, aborted) = read_lossy(post(&mock, "/v1/responses", &body, None).await).await;
+        assert!(aborted);
+        assert_eq!(text.matches("event: response.output_text.delta").count(), 2);
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use common::*;
 use futures_util::StreamExt;
 use iop_e2e::harness::{ProviderSpec, wait_until};
 use iop_proto::config::{Adapter, Limits};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn p(id: &str, adapter: Adapter, target: &str, public: &str, priority: u32, capacity: u32) -> ProviderSpec {
     let mut spec = provider(id, adapter, target, public, "");
@@ -272,6 +272,26 @@ async fn tunnel_mode_relays_the_providers_answer_as_sent() {
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("tun-fb", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["message"]["content"], "w1 w2");
+
+    // The Responses API is relayed the same way, to the provider's own
+    // `/v1/responses`, with fields the Edge does not model left as sent.
+    let responses = serde_json::json!({
+        "model": "tun", "input": "hi", "store": false, "metadata": { "ticket": "42" },
+    });
+    let (status, body) = json_body(stack.post("/v1/responses", &responses).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["id"].as_str().unwrap().starts_with("resp_mock"), "the provider's own response: {body}");
+    assert_eq!(body["model"], "mock@words=3");
+    assert_eq!(body["output"][0]["content"][0]["text"], "w1 w2 w3");
+    let relayed = stack.last_provider_request("/v1/responses").await;
+    assert_eq!((&relayed["model"], &relayed["metadata"]), (&json!("mock@words=3"), &json!({ "ticket": "42" })));
+    let mut streamed = responses.clone();
+    streamed["stream"] = json!(true);
+    let text = stack.post("/v1/responses", &streamed).await.text().await.unwrap();
+    let completed = text.split("\n\n").find(|e| e.starts_with("event: response.completed")).expect(&text);
+    let completed: Value = serde_json::from_str(completed.split_once("data: ").unwrap().1).unwrap();
+    assert_eq!(completed["response"]["output"][0]["content"][0]["text"], "w1 w2 w3");
+    assert!(completed["response"]["id"].as_str().unwrap().starts_with("resp_mock"), "{completed}");
 
     // APIs the provider does not serve itself are still normalized.
     let messages =

@@ -99,24 +99,31 @@ impl Tally {
     }
 }
 
-/// APIs: 0 chat, 1 responses, 2 messages, 3 chat to the tunnel provider
-/// (the mock speaks Chat Completions only, so Responses is not tunnelled).
+/// How many APIs [`body`] sends to.
+const APIS: usize = 5;
+
+/// APIs: 0 chat, 1 responses, 2 messages, 3 chat and 4 responses to the
+/// tunnel provider.
 fn body(api: usize, stream: bool, n: u64) -> (&'static str, Value) {
     let text = format!("soak request {n}");
-    let model = if api == 3 { "soak-tunnel" } else { "soak" };
+    let model = if tunnelled(api) { "soak-tunnel" } else { "soak" };
     match api {
         0 | 3 => (
             "/v1/chat/completions",
             json!({ "model": model, "stream": stream,
             "messages": [{ "role": "user", "content": text }] }),
         ),
-        1 => ("/v1/responses", json!({ "model": "soak", "stream": stream, "input": text })),
+        1 | 4 => ("/v1/responses", json!({ "model": model, "stream": stream, "input": text })),
         _ => (
             "/v1/messages",
             json!({ "model": "soak", "stream": stream, "max_tokens": 64,
             "messages": [{ "role": "user", "content": text }] }),
         ),
     }
+}
+
+fn tunnelled(api: usize) -> bool {
+    api >= 3
 }
 
 /// Sends one request and classifies what came back. A stream is read to its
@@ -135,13 +142,13 @@ async fn one_request(stack: &Stack, api: usize, stream: bool, abandon: bool, n: 
         Ok(response) => response,
         // A tunnel cut right after its commit can abort the connection
         // before the relayed head was flushed: a broken response too.
-        Err(e) if api == 3 && format!("{e:?}").contains("IncompleteMessage") => return Ok("tunnel cut".into()),
+        Err(e) if tunnelled(api) && format!("{e:?}").contains("IncompleteMessage") => return Ok("tunnel cut".into()),
         Err(e) => return Err(format!("api {api} stream {stream}: no answer: {e:?}")),
     };
     let status = response.status().as_u16();
     // A tunnel relays the provider's own error status when no other
     // provider could answer.
-    let relayed = api == 3 && status >= 400;
+    let relayed = tunnelled(api) && status >= 400;
     if !matches!(status, 200 | 429 | 502 | 503 | 504) && !relayed {
         let text = response.text().await.unwrap_or_default();
         return Err(format!("{path}: undocumented status {status}: {text}"));
@@ -162,7 +169,7 @@ async fn one_request(stack: &Stack, api: usize, stream: bool, abandon: bool, n: 
         // A tunnel relays the provider's bytes as they are: when the
         // provider cuts its body, the client's body is cut too (never a
         // clean end).
-        Err(_) if api == 3 => return Ok("tunnel cut".into()),
+        Err(_) if tunnelled(api) => return Ok("tunnel cut".into()),
         Err(e) => return Err(format!("api {api} stream {stream}: body cut: {e:?}")),
     };
     if !stream {
@@ -171,7 +178,7 @@ async fn one_request(stack: &Stack, api: usize, stream: bool, abandon: bool, n: 
     // Each API's own completion and error events.
     let (finished, failed) = match api {
         0 | 3 => (text.contains("data: [DONE]"), text.contains("data: {\"error\":")),
-        1 => (
+        1 | 4 => (
             text.contains("event: response.completed"),
             text.contains("event: error") || text.contains("event: response.failed"),
         ),
@@ -189,7 +196,7 @@ async fn client(stack: Arc<Stack>, seed: u64, until: Instant, tally: Arc<Mutex<T
     let mut n = 0;
     while Instant::now() < until {
         n += 1;
-        let (api, stream, abandon) = (rng.usize(0..4), rng.bool(), rng.u8(0..10) == 0);
+        let (api, stream, abandon) = (rng.usize(0..APIS), rng.bool(), rng.u8(0..10) == 0);
         let started = Instant::now();
         let result = one_request(&stack, api, stream, abandon, seed.wrapping_mul(1_000_000).wrapping_add(n)).await;
         let elapsed = started.elapsed();
@@ -352,7 +359,7 @@ async fn soak() {
         })
         .await;
     }
-    for api in 0..4 {
+    for api in 0..APIS {
         for stream in [false, true] {
             let outcome = one_request(&stack, api, stream, false, api as u64).await;
             assert!(
