@@ -644,8 +644,8 @@ pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::Execut
         .headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("retry-after"))
-        .and_then(|h| h.value.trim().parse::<u64>().ok())
-        .map_or(0, |secs| secs.saturating_mul(1000));
+        .and_then(|h| iop_proto::provider_error::retry_after_ms(&h.value))
+        .unwrap_or(0);
     failure
 }
 

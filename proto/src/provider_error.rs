@@ -1,6 +1,6 @@
 //! What a provider's error answer says, read one way by the node (its
-//! failure message, and whether the request exceeded the model's context
-//! window) and by the Edge (a tunnel's relayed error answer).
+//! failure message, whether the request exceeded the model's context
+//! window, when to retry) and by the Edge (a tunnel's relayed error answer).
 
 use serde_json::Value;
 
@@ -52,6 +52,13 @@ pub fn context_length_exceeded(status: u16, body: &[u8]) -> bool {
     tagged || WORDING.iter().any(|w| said.contains(w))
 }
 
+/// A `Retry-After` header value in milliseconds. Only the delta-seconds
+/// form is read; an HTTP date (or anything else) is `None`, as if absent.
+pub fn retry_after_ms(value: &str) -> Option<u64> {
+    let seconds: u64 = value.trim().parse().ok()?;
+    Some(seconds.saturating_mul(1000))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +88,14 @@ mod tests {
         assert_eq!(of(r#"{"error":"model 'x' not found"}"#).as_deref(), Some("model 'x' not found"));
         assert_eq!(of(r#"{"object":"error","message":"vllm says no"}"#).as_deref(), Some("vllm says no"));
         assert_eq!(of(r#"{"detail":"  "}"#), None);
+    }
+
+    #[test]
+    fn retry_after_takes_delta_seconds_only() {
+        assert_eq!(retry_after_ms("2"), Some(2000));
+        assert_eq!(retry_after_ms(" 0 "), Some(0));
+        assert_eq!(retry_after_ms("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(retry_after_ms("-1"), None);
+        assert_eq!(retry_after_ms(&u64::MAX.to_string()), Some(u64::MAX), "saturates");
     }
 }

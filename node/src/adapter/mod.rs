@@ -344,10 +344,9 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
     Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message, context_length })
 }
 
-/// `Retry-After` as delta-seconds, in milliseconds. HTTP-date forms are ignored.
+/// `Retry-After` in milliseconds, read as the Edge reads a tunnel's.
 fn parse_retry_after(value: &HeaderValue) -> Option<u64> {
-    let seconds: u64 = value.to_str().ok()?.trim().parse().ok()?;
-    Some(seconds.saturating_mul(1000))
+    iop_proto::provider_error::retry_after_ms(value.to_str().ok()?)
 }
 
 /// Reads at most `cap` bytes of the body, then drops the response (which
@@ -939,12 +938,11 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_takes_delta_seconds_only() {
+    fn retry_after_headers_are_read_as_delta_seconds() {
         let parse = |s: &'static str| parse_retry_after(&HeaderValue::from_static(s));
         assert_eq!(parse("2"), Some(2000));
-        assert_eq!(parse(" 0 "), Some(0));
         assert_eq!(parse("Wed, 21 Oct 2015 07:28:00 GMT"), None);
-        assert_eq!(parse("-1"), None);
+        assert_eq!(parse_retry_after(&HeaderValue::from_bytes(b"\xff").unwrap()), None, "not text");
     }
 
     #[test]
