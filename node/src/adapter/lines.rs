@@ -127,6 +127,17 @@ mod tests {
         out
     }
 
+    /// Every line of `bytes` pushed in two chunks, cut at `cut`.
+    fn lines_cut_at(bytes: &[u8], cut: usize) -> Vec<String> {
+        let mut s = LineSplitter::new();
+        s.push(&bytes[..cut]);
+        let mut lines = drain(&mut s);
+        s.push(&bytes[cut..]);
+        lines.extend(drain(&mut s));
+        lines.extend(s.finish().unwrap());
+        lines
+    }
+
     #[test]
     fn lines_split_across_chunks_are_reassembled() {
         let mut s = LineSplitter::new();
@@ -145,19 +156,9 @@ mod tests {
     #[test]
     fn every_split_point_gives_the_same_lines() {
         let text = "data: {\"x\":\"h\u{e9}llo\"}\r\n\r\n: comment\ndata: [DONE]\n\nlast";
-        let bytes = text.as_bytes();
-        for cut in 0..=bytes.len() {
-            let mut s = LineSplitter::new();
-            s.push(&bytes[..cut]);
-            let mut lines = drain(&mut s);
-            s.push(&bytes[cut..]);
-            lines.extend(drain(&mut s));
-            lines.extend(s.finish().unwrap());
-            assert_eq!(
-                lines,
-                vec!["data: {\"x\":\"h\u{e9}llo\"}", "", ": comment", "data: [DONE]", "", "last"],
-                "cut at {cut}"
-            );
+        let want = vec!["data: {\"x\":\"h\u{e9}llo\"}", "", ": comment", "data: [DONE]", "", "last"];
+        for cut in 0..=text.len() {
+            assert_eq!(lines_cut_at(text.as_bytes(), cut), want, "cut at {cut}");
         }
     }
 
@@ -168,13 +169,7 @@ mod tests {
         let text = b"data: a\r\rdata: b\r\n\r\ndata: c\rlast";
         let want = vec!["data: a", "", "data: b", "", "data: c", "last"];
         for cut in 0..=text.len() {
-            let mut s = LineSplitter::new();
-            s.push(&text[..cut]);
-            let mut lines = drain(&mut s);
-            s.push(&text[cut..]);
-            lines.extend(drain(&mut s));
-            lines.extend(s.finish().unwrap());
-            assert_eq!(lines, want, "cut at {cut}");
+            assert_eq!(lines_cut_at(text, cut), want, "cut at {cut}");
         }
         // A `\r` that ends the buffer gives its line at once (an SSE event
         // is not held back waiting for a `\n` that may never come).
