@@ -68,6 +68,11 @@ impl Replica {
             self.node(client).await["phase"] == "ready"
         })
         .await;
+        self.generation(client).await
+    }
+
+    /// The generation of this replica's session with the node.
+    async fn generation(&self, client: &reqwest::Client) -> u64 {
         self.node(client).await["generation"].as_u64().unwrap()
     }
 
@@ -203,7 +208,7 @@ impl Fleet {
         std::fs::write(&node_file, serde_saphyr::to_string(&node_config).unwrap()).unwrap();
         let args = ["--config", node_file.to_str().unwrap(), "--test-heartbeat-profile", FAST_HEARTBEAT];
         let (node, _) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
-        Fleet {
+        let fleet = Fleet {
             _dir: dir,
             _mock: mock,
             mock_url,
@@ -212,7 +217,12 @@ impl Fleet {
             node: Some(node),
             replicas,
             client: http_client(),
+        };
+        // Every test starts from a node ready on each replica.
+        for replica in &fleet.replicas {
+            replica.wait_ready(&fleet.client).await;
         }
+        fleet
     }
 }
 
@@ -227,8 +237,7 @@ async fn a_node_behind_a_load_balancer_holds_a_session_with_every_replica() {
     }
     let mut fleet = Fleet::start().await;
     let client = fleet.client.clone();
-    let generation_a = fleet.replicas[0].wait_ready(&client).await;
-    fleet.replicas[1].wait_ready(&client).await;
+    let generation_a = fleet.replicas[0].generation(&client).await;
     for replica in &fleet.replicas {
         let (status, body) = replica.chat(&client).await;
         assert_eq!(status, 200, "{} serves the node's provider: {body}", replica.id);
@@ -263,9 +272,6 @@ async fn the_node_enforces_capacity_across_replicas() {
     }
     let fleet = Fleet::start().await;
     let client = fleet.client.clone();
-    for replica in &fleet.replicas {
-        replica.wait_ready(&client).await;
-    }
     let stats = || async {
         let response = client.get(format!("{}/mock/stats", fleet.mock_url)).send().await.unwrap();
         serde_json::from_slice::<Value>(&response.bytes().await.unwrap()).unwrap()["requests_total"].as_u64().unwrap()
@@ -324,9 +330,6 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
     }
     let mut fleet = Fleet::start().await;
     let client = fleet.client.clone();
-    for replica in &fleet.replicas {
-        replica.wait_ready(&client).await;
-    }
     let lb_http = fleet.lb_http;
     // HAProxy's checks see a replica ready up to 100 ms after it is: the
     // load starts once the load balancer routes (as clients reach a
@@ -436,8 +439,7 @@ async fn a_late_provider_then_a_crashed_replica_then_a_dead_provider() {
     let late_url = format!("http://{late}");
     let mut fleet = Fleet::start_with(vec![provider("late", Adapter::Ollama, "mock", "mock-late", &late_url)]).await;
     let client = fleet.client.clone();
-    fleet.replicas[0].wait_ready(&client).await;
-    let generation_b = fleet.replicas[1].wait_ready(&client).await;
+    let generation_b = fleet.replicas[1].generation(&client).await;
     for replica in &fleet.replicas {
         replica.wait_health(&client, "late", "unavailable").await;
         let (status, body) = replica.chat_with(&client, "mock-late").await;
@@ -484,8 +486,8 @@ async fn the_node_follows_the_replica_set() {
     }
     let mut fleet = Fleet::start().await;
     let client = fleet.client.clone();
-    let generation_a = fleet.replicas[0].wait_ready(&client).await;
-    let generation_b = fleet.replicas[1].wait_ready(&client).await;
+    let generation_a = fleet.replicas[0].generation(&client).await;
+    let generation_b = fleet.replicas[1].generation(&client).await;
     let duplicates = || async {
         fleet.replicas[0].metric(&client, DUPLICATES).await + fleet.replicas[1].metric(&client, DUPLICATES).await
     };
