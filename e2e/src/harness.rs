@@ -122,6 +122,7 @@ pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_m
         health: iop_node::config::HealthConfig { idle_interval_ms: 1_000, retry_initial_ms: 50, retry_max_ms: 500 },
         workspaces: Default::default(),
         images: Default::default(),
+        source: None,
     }
 }
 

@@ -26,6 +26,9 @@ pub struct NodeConfig {
     /// Images a client gives by URL (see `crate::adapter::images`).
     #[serde(default)]
     pub images: ImagesConfig,
+    /// The file this config was loaded from (no sandboxed command reads it).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// Whether this node may fetch an image a client gave by URL for a
@@ -38,13 +41,22 @@ pub struct ImagesConfig {
     pub fetch_urls: bool,
 }
 
-/// Directories under which the Edge may declare workspaces on this node.
-/// Empty (the default): no workspace is accepted.
+/// The owner's consent for workspaces (README "Workspaces", "Security").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspacesConfig {
+    /// Directories under which the Edge may declare workspaces on this
+    /// node. Empty (the default): no workspace is accepted.
     #[serde(default)]
     pub allowed_roots: Vec<std::path::PathBuf>,
+    /// Run workspace commands even where this machine has no OS sandbox
+    /// (Landlock, Seatbelt). Off by default: such commands are refused.
+    #[serde(default)]
+    pub unsandboxed_commands: bool,
+    /// Paths a sandboxed command may read (and execute) besides the
+    /// workspace and the system directories, e.g. `~/.cargo`, `~/.rustup`.
+    #[serde(default)]
+    pub command_read_paths: Vec<std::path::PathBuf>,
 }
 
 /// The provider health monitor's timing (see `crate::health`).
@@ -177,11 +189,13 @@ impl NodeConfig {
             other => other,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for file in [&mut config.tls.ca_file, &mut config.tls.cert_file, &mut config.tls.key_file] {
+        let files = [&mut config.tls.ca_file, &mut config.tls.cert_file, &mut config.tls.key_file];
+        for file in files.into_iter().chain(config.workspaces.command_read_paths.iter_mut()) {
             if file.is_relative() {
                 *file = base.join(&*file);
             }
         }
+        config.source = Some(path.to_path_buf());
         Ok(config)
     }
 

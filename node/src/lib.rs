@@ -45,5 +45,9 @@ pub async fn run(
             .map_err(|e| TransportError::Endpoint(format!("metrics.listen {listen}: {e}")))?;
         println!("iop-node metrics on http://{addr}");
     }
-    transport::supervise(config, heartbeat, metrics, shutdown).await
+    // Every workspace command runs under this executable as its supervisor
+    // (`iop_sandbox::main_if_invoked` in `main`).
+    let supervisor = std::env::current_exe().map_err(|e| TransportError::Endpoint(format!("own executable: {e}")))?;
+    let commands = workspace::sandbox::CommandEnvironment::detect(&config, supervisor).await;
+    transport::supervise(config, heartbeat, metrics, commands, shutdown).await
 }

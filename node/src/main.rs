@@ -83,6 +83,11 @@ enum ServiceAction {
 }
 
 fn main() -> ExitCode {
+    // Workspace commands run under this executable as their supervisor
+    // (`iop_sandbox::supervisor`), started with a hidden first argument.
+    if let Some(code) = iop_node::workspace::sandbox::main_if_invoked() {
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
     let args = Args::parse();
     let level = if args.command.is_some() { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -16,6 +16,7 @@ pub mod cleanup;
 pub mod command;
 pub mod files;
 pub mod runtime;
+pub mod sandbox;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -72,15 +73,21 @@ pub fn resolve_allowed_roots(configured: &[PathBuf]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Checks every assigned workspace against `allowed` (resolved roots).
+/// Checks every assigned workspace against `allowed` (resolved roots) and
+/// the node's own files (`node_files` says whether a root overlaps them).
 pub fn admit(
     allowed: &[PathBuf],
+    node_files: &dyn Fn(&Path) -> bool,
     assignments: &[pb::WorkspaceAssignment],
 ) -> (WorkspaceCatalog, Vec<pb::WorkspaceStatus>) {
     let mut catalog = WorkspaceCatalog::default();
     let mut statuses = Vec::with_capacity(assignments.len());
     for a in assignments {
-        let state = match open_root(allowed, &a.root) {
+        let opened = open_root(allowed, &a.root).and_then(|dir| match node_files(Path::new(&a.root)) {
+            true => Err(WorkspaceState::NodeFiles),
+            false => Ok(dir),
+        });
+        let state = match opened {
             Ok(dir) => {
                 let template = authority::Template::from_assignment(a);
                 let workspace = Workspace { root: PathBuf::from(&a.root), dir, template };
@@ -143,7 +150,7 @@ mod tests {
     }
 
     fn states(allowed: &[PathBuf], assignments: &[pb::WorkspaceAssignment]) -> Vec<(String, WorkspaceState)> {
-        let (_, statuses) = admit(allowed, assignments);
+        let (_, statuses) = admit(allowed, &|_| false, assignments);
         statuses.into_iter().map(|s| (s.r#ref.clone(), s.state())).collect()
     }
 
@@ -178,7 +185,13 @@ mod tests {
         let relative = pb::WorkspaceAssignment { r#ref: "rel".into(), root: "site".into(), ..Default::default() };
         assert_eq!(states(&roots, &[relative]), [("rel".to_string(), WorkspaceState::InvalidPath)]);
 
-        let (catalog, _) = admit(&roots, &assignments);
+        let (catalog, _) = admit(&roots, &|_| false, &assignments);
+        // A root that holds (or lies in) the node's own files is refused.
+        let node_dir = allowed.join("site/src");
+        let (_, statuses) =
+            admit(&roots, &|root| root.starts_with(&node_dir) || node_dir.starts_with(root), &assignments[..2]);
+        let refused: Vec<_> = statuses.iter().map(|s| s.state()).collect();
+        assert_eq!(refused, [WorkspaceState::NodeFiles, WorkspaceState::NodeFiles]);
         assert_eq!(catalog.len(), 2);
         assert!(catalog.get("site").unwrap().dir.metadata().unwrap().is_dir());
         assert!(catalog.get("link").is_none());

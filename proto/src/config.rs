@@ -432,6 +432,7 @@ impl WorkspaceEntry {
                 .collect(),
             env_allowlist: self.env_allowlist.clone(),
             limits: Some(self.limits.into()),
+            network: false,
         }
     }
 

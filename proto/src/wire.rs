@@ -199,6 +199,8 @@ impl pb::WorkspaceToolErrorCode {
             C::Busy => "busy",
             C::DuplicateCall => "duplicate_call",
             C::InvalidRequest => "invalid_request",
+            C::SandboxUnavailable => "sandbox_unavailable",
+            C::SandboxFailed => "sandbox_failed",
         }
     }
 }

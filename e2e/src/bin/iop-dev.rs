@@ -87,8 +87,23 @@ fn dev_workspace(root: &std::path::Path, commands: Vec<WorkspaceCommand>) -> Res
     })
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // This executable is also the node's workspace command supervisor; it
+    // must run before any thread exists.
+    if let Some(code) = iop_node::workspace::sandbox::main_if_invoked() {
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(async_main()),
+        Err(e) => {
+            eprintln!("iop-dev: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main() -> ExitCode {
     let args = Args::parse();
     iop_edge::init_logging(false);
     iop_edge::install_crypto_provider();

@@ -273,6 +273,7 @@ pub fn workspace_verdicts(
                 Some(Ok(S::Symlink)) => "symlink",
                 Some(Ok(S::InvalidPath)) => "invalid_path",
                 Some(Ok(S::Unreadable)) => "unreadable",
+                Some(Ok(S::NodeFiles)) => "node_files",
                 Some(Ok(S::Unspecified) | Err(_)) => "unknown_status",
             };
             (a.r#ref.clone(), verdict)

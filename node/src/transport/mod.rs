@@ -88,6 +88,7 @@ pub async fn supervise(
     config: NodeConfig,
     heartbeat: HeartbeatProfile,
     metrics: Arc<NodeMetrics>,
+    commands: crate::workspace::sandbox::CommandEnvironment,
     shutdown: CancellationToken,
 ) -> Result<(), TransportError> {
     let dialer = Dialer::new(&config)?;
@@ -99,6 +100,7 @@ pub async fn supervise(
         ledger: Arc::new(crate::lease::LeaseLedger::default()),
         replicas: Replicas::default(),
         admission: Default::default(),
+        commands: Arc::new(commands),
     };
     let mut sessions = tokio::task::JoinSet::new();
     let mut next_session = 0u64;

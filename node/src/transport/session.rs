@@ -32,6 +32,7 @@ use crate::health::{HealthMonitor, HealthSchedule, provider_status};
 use crate::lease::{LeaseLedger, SessionLeases};
 use crate::metrics::NodeMetrics;
 use crate::workspace::runtime::WorkspaceRuntime;
+use crate::workspace::sandbox::CommandEnvironment;
 // The module only: `crate::run` is also a function.
 use crate::run::{self};
 use crate::{commands, tunnel};
@@ -57,6 +58,8 @@ pub struct Shared {
     pub replicas: Replicas,
     /// Provider capacity across the sessions.
     pub admission: LocalAdmission,
+    /// How workspace commands run on this machine.
+    pub commands: Arc<CommandEnvironment>,
 }
 
 /// One session's place among the node's sessions.
@@ -145,6 +148,7 @@ pub async fn run(
             node_version: env!("CARGO_PKG_VERSION").to_string(),
             lease_public_key: key.public_key().to_vec(),
             held_replicas: shared.replicas.held(),
+            command_sandbox: shared.commands.wire().into(),
         }),
     );
     let mut inbound = match client.control(ReceiverStream::new(out_rx)).await {
@@ -193,9 +197,10 @@ pub async fn run(
     let health = HealthMonitor::new(HealthSchedule::new(config.health.clone(), readiness, Instant::now()));
     // Held until this connection ends: the executors work beneath them.
     let allowed = crate::workspace::resolve_allowed_roots(&config.workspaces.allowed_roots);
-    let (catalog, workspace_statuses) = crate::workspace::admit(&allowed, &assigned_workspaces);
+    let node_files = |root: &std::path::Path| shared.commands.overlaps_node_files(root);
+    let (catalog, workspace_statuses) = crate::workspace::admit(&allowed, &node_files, &assigned_workspaces);
     tracing::info!(generation, accepted = catalog.len(), declared = workspace_statuses.len(), "workspaces checked");
-    let workspaces = WorkspaceRuntime::new(generation, catalog, metrics.clone());
+    let workspaces = WorkspaceRuntime::new(generation, catalog, metrics.clone(), shared.commands.clone());
     send(
         &out,
         pb::node_to_edge::Msg::Ready(pb::NodeReady { generation, providers: statuses, workspaces: workspace_statuses }),

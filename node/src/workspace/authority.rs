@@ -23,6 +23,8 @@ pub struct Template {
     pub commands: BTreeMap<String, CommandTemplate>,
     pub env_allowlist: Vec<String>,
     pub limits: pb::WorkspaceLimits,
+    /// Commands may use the network (the catalog's alone to grant).
+    pub network: bool,
 }
 
 /// An operation value the node does not know grants nothing.
@@ -46,6 +48,7 @@ impl Template {
                 .collect(),
             env_allowlist: a.env_allowlist.clone(),
             limits: a.limits.unwrap_or_else(|| iop_proto::config::WorkspaceLimits::default().into()),
+            network: a.network,
         }
     }
 
@@ -91,6 +94,7 @@ pub fn effective(template: &Template, requested: &pb::WorkspaceAuthority) -> Tem
             .collect(),
         env_allowlist: template.env_allowlist.iter().filter(|n| requested.env_names.contains(n)).cloned().collect(),
         limits,
+        network: template.network,
     }
 }
 
@@ -119,6 +123,7 @@ mod tests {
                 max_iterations: 4,
                 wall_clock_ms: 1000,
             }),
+            network: true,
         })
     }
 
@@ -153,6 +158,7 @@ mod tests {
             }
         );
         assert_eq!(granted.to_wire().command_ids, ["test"]);
+        assert!(granted.network, "the network grant is the catalog's, not the request's");
     }
 
     #[test]

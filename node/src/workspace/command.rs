@@ -1,30 +1,45 @@
 //! The command executor: a template's fixed argv, run in an accepted
-//! workspace. No shell, no PTY, no argument from the model.
+//! workspace under the command supervisor (`iop_sandbox::supervisor`). No
+//! shell, no PTY, no argument from the model.
 //!
-//! - The child starts in the workspace root: `fchdir` on the held handle in
-//!   `pre_exec`, so a root renamed or swapped since acceptance is not
-//!   followed by path.
-//! - Its environment is cleared down to the allowlisted names (their values
-//!   taken from the node's own environment).
-//! - It leads a process group of its own. A timeout or a cancel ends the
-//!   whole group: `SIGTERM`, a grace period, then `SIGKILL`. When the child
-//!   exits by itself, whatever it left running in its group is killed too
-//!   (the request owns everything it started).
+//! - The node starts its own executable as the supervisor and hands it the
+//!   workspace root's held handle (fd 3; the command starts there, so a
+//!   root renamed or swapped since acceptance is not followed by path) and
+//!   a status pipe (fd 4) for the command's exit.
+//! - The supervisor applies the OS sandbox (`policy`; `None` only where the
+//!   owner allowed unsandboxed commands) between `fork` and `exec`.
+//! - The environment is cleared down to the allowlisted names (their
+//!   values taken from the node's own environment).
+//! - A timeout or a cancel sends the supervisor `SIGTERM`: it ends every
+//!   process the command started (`SIGTERM`, the grace, then `SIGKILL`),
+//!   `setsid` and double-fork escapes included, and so it does when the
+//!   command exits by itself with leftovers running. The call returns when
+//!   the supervisor exits; the pipes then get a short bounded drain
+//!   ([`DRAIN_AFTER_EXIT`]), never a wait on a leftover's descriptor.
 //! - stdout and stderr are drained together into one output buffer with one
 //!   cap; past it the rest is read and dropped (so the child never blocks on
 //!   a full pipe) and the result says `truncated`.
 
 use std::fs::File;
+use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use iop_sandbox::{Invocation, Policy, Report};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-/// Time between `SIGTERM` and `SIGKILL` of a group being ended.
+/// Time between `SIGTERM` and `SIGKILL` of a command being ended.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
+/// How long the pipes may still deliver output once the supervisor exited
+/// (everything the command started is gone by then; this only bounds it).
+pub const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+/// How long past the grace a supervisor asked to stop may take before the
+/// node kills it outright.
+const SUPERVISOR_SLACK: Duration = Duration::from_secs(5);
 
 /// What to run and with what bounds.
 #[derive(Debug, Clone)]
@@ -34,6 +49,10 @@ pub struct CommandSpec<'a> {
     pub timeout: Duration,
     pub max_output_bytes: usize,
     pub grace: Duration,
+    /// The supervisor executable (the node's own).
+    pub supervisor: &'a Path,
+    /// The sandbox; `None` runs the command without one.
+    pub policy: Option<&'a Policy>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +80,9 @@ pub enum CommandError {
     /// argv stays out of errors and logs).
     #[error("the command could not be started")]
     SpawnFailed,
+    /// The sandbox could not be applied; nothing ran.
+    #[error("the command sandbox could not be applied")]
+    SandboxFailed,
 }
 
 /// The bytes kept of a command's output, shared by its two pipes.
@@ -77,24 +99,46 @@ pub async fn run(
     spec: &CommandSpec<'_>,
     cancel: &CancellationToken,
 ) -> Result<CommandResult, CommandError> {
-    let (program, args) = spec.argv.split_first().ok_or(CommandError::EmptyArgv)?;
-    let mut command = tokio::process::Command::new(program);
-    command.args(args).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if spec.argv.is_empty() {
+        return Err(CommandError::EmptyArgv);
+    }
+    let invocation =
+        Invocation { policy: spec.policy.cloned(), grace_ms: spec.grace.as_millis() as u64, argv: spec.argv.to_vec() };
+    let invocation = serde_json::to_string(&invocation).map_err(|_| CommandError::SpawnFailed)?;
+    let (mut status_read, status_write) = std::io::pipe().map_err(|_| CommandError::SpawnFailed)?;
+    let mut command = tokio::process::Command::new(spec.supervisor);
+    command.arg(iop_sandbox::EXEC_ARG).arg(invocation);
+    command.env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for name in spec.env_allowlist {
         if let Some(value) = std::env::var_os(name) {
             command.env(name, value);
         }
     }
-    command.process_group(0).kill_on_drop(true);
-    let dir = root.as_raw_fd();
-    // SAFETY: only fchdir, which is async-signal-safe, runs between fork
-    // and exec; `dir` stays open in the parent until the spawn returns.
+    command.kill_on_drop(true);
+    let (dir, status_fd) = (root.as_raw_fd(), status_write.as_raw_fd());
+    // SAFETY: only fcntl and dup2, both async-signal-safe, run between fork
+    // and exec; both descriptors stay open in the parent until the spawn
+    // returns. Each is first copied above the target numbers, so placing
+    // one cannot close the other.
     unsafe {
-        command.pre_exec(move || if libc::fchdir(dir) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
+        command.pre_exec(move || {
+            let root = libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 10);
+            let status = libc::fcntl(status_fd, libc::F_DUPFD_CLOEXEC, 10);
+            if root < 0
+                || status < 0
+                || libc::dup2(root, iop_sandbox::supervisor::ROOT_FD) < 0
+                || libc::dup2(status, iop_sandbox::supervisor::STATUS_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
     let started = Instant::now();
     let mut child = command.spawn().map_err(|_| CommandError::SpawnFailed)?;
-    let group = child.id().map(|pid| pid as i32);
+    // The supervisor holds the only write end now: EOF once it exits.
+    drop(status_write);
+    let supervisor = child.id().map(|pid| pid as i32);
     let output = Arc::new(Mutex::new(Output::default()));
     let drain = |pipe: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>| {
         let (output, cap) = (output.clone(), spec.max_output_bytes);
@@ -114,60 +158,66 @@ pub async fn run(
     };
     let stdout = child.stdout.take().map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
     let stderr = child.stderr.take().map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
-    let drained = futures_util::future::join(drain(stdout), drain(stderr));
-    let (mut timed_out, mut cancelled) = (false, false);
+    let mut drained = Box::pin(futures_util::future::join(drain(stdout), drain(stderr)));
+    // (status, timed out, cancelled)
     let waited = async {
-        let status = tokio::select! {
-            status = child.wait() => status,
-            _ = tokio::time::sleep(spec.timeout) => {
-                timed_out = true;
-                end_group(group, &mut child, spec.grace).await
-            }
-            _ = cancel.cancelled() => {
-                cancelled = true;
-                end_group(group, &mut child, spec.grace).await
-            }
-        };
-        // Whatever the child left running in its group goes with it; then
-        // the pipes close and the drain ends.
-        kill_group(group, libc::SIGKILL);
-        status
+        tokio::select! {
+            status = child.wait() => (status, false, false),
+            _ = tokio::time::sleep(spec.timeout) => (stop(supervisor, &mut child, spec.grace).await, true, false),
+            _ = cancel.cancelled() => (stop(supervisor, &mut child, spec.grace).await, false, true),
+        }
     };
-    // The pipes are drained while the child runs, or it blocks on them.
-    let (status, _) = tokio::join!(waited, drained);
+    // The pipes are drained while the command runs, or it blocks on them;
+    // once the supervisor is gone, only briefly.
+    tokio::pin!(waited);
+    let mut pipes_closed = false;
+    let (status, timed_out, cancelled) = tokio::select! {
+        status = &mut waited => status,
+        _ = &mut drained => {
+            pipes_closed = true;
+            waited.await
+        }
+    };
+    if !pipes_closed {
+        let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut drained).await;
+    }
     let status = status.map_err(|_| CommandError::SpawnFailed)?;
-    let exit = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
-        (Some(code), _) => Exit::Code(code),
-        (None, Some(signal)) => Exit::Signal(signal),
-        (None, None) => Exit::Code(-1),
+    let mut line = String::new();
+    // The write end closed with the supervisor: this read does not block.
+    let _ = status_read.read_to_string(&mut line);
+    let exit = match serde_json::from_str::<Report>(line.trim()) {
+        Ok(Report::Exited { code }) => Exit::Code(code),
+        Ok(Report::Signaled { signal }) => Exit::Signal(signal),
+        Ok(Report::SpawnFailed) => return Err(CommandError::SpawnFailed),
+        Ok(Report::SandboxFailed) => return Err(CommandError::SandboxFailed),
+        // The supervisor itself was killed (it did not stop in time).
+        Err(_) if timed_out || cancelled => {
+            Exit::Signal(std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(libc::SIGKILL))
+        }
+        Err(_) => return Err(CommandError::SpawnFailed),
     };
     let Output { kept, truncated } = std::mem::take(&mut *output.lock().unwrap());
     Ok(CommandResult { exit, timed_out, cancelled, output: kept, truncated, duration: started.elapsed() })
 }
 
-/// `SIGTERM` to the group, `SIGKILL` after `grace` if the child is still
-/// there; the child's status.
-async fn end_group(
-    group: Option<i32>,
+/// Asks the supervisor to end the command (`SIGTERM`: it ends the whole
+/// tree, `SIGKILL` after `grace`); kills the supervisor itself only if it
+/// does not finish in time.
+async fn stop(
+    supervisor: Option<i32>,
     child: &mut tokio::process::Child,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
-    kill_group(group, libc::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
+    if let Some(pid) = supervisor {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    match tokio::time::timeout(grace + SUPERVISOR_SLACK, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
-            kill_group(group, libc::SIGKILL);
+            tracing::warn!("a command supervisor did not stop in time; killed");
+            let _ = child.start_kill();
             child.wait().await
-        }
-    }
-}
-
-fn kill_group(group: Option<i32>, signal: i32) {
-    if let Some(pgid) = group {
-        // SAFETY: killpg has no memory-safety preconditions; a group that is
-        // already gone answers ESRCH, which is fine.
-        unsafe {
-            libc::killpg(pgid, signal);
         }
     }
 }
@@ -189,6 +239,8 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             max_output_bytes: cap,
             grace: Duration::from_millis(200),
+            supervisor: &super::super::sandbox::test_supervisor(),
+            policy: None,
         };
         run(&root, &spec, &CancellationToken::new()).await.unwrap()
     }
@@ -211,6 +263,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             max_output_bytes: 10,
             grace: Duration::ZERO,
+            supervisor: &super::super::sandbox::test_supervisor(),
+            policy: None,
         };
         assert_eq!(run(&root, &spec, &CancellationToken::new()).await, Err(CommandError::SpawnFailed));
         let empty = CommandSpec { argv: &[], ..spec };
@@ -294,6 +348,8 @@ mod tests {
             timeout: Duration::from_secs(60),
             max_output_bytes: 10,
             grace: Duration::from_millis(200),
+            supervisor: &super::super::sandbox::test_supervisor(),
+            policy: None,
         };
         let cancel = CancellationToken::new();
         let (result, ()) = tokio::join!(run(&root, &spec, &cancel), async { cancel.cancel() });
@@ -311,5 +367,135 @@ mod tests {
         let grandchild: i32 = String::from_utf8(result.output).unwrap().trim().parse().unwrap();
         assert!(ended(grandchild));
         assert!(result.duration < Duration::from_secs(300), "run waited for the leftover sleep");
+    }
+
+    /// `setsid` leaves the process group, a double fork leaves the parent:
+    /// neither outlives the command (issue: `setsid sleep 3000 &` survived
+    /// a completed job).
+    #[tokio::test]
+    async fn setsid_and_double_fork_escapes_end_with_the_command() {
+        let tmp = tempfile::tempdir().unwrap();
+        let script = "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $!; \
+                      (sleep 3000 </dev/null >/dev/null 2>&1 & echo $!) ; exit 0";
+        let result = run_in(tmp.path(), &["sh", "-c", script], &["PATH"], 10_000, 1024).await;
+        assert_eq!(result.exit, Exit::Code(0));
+        let pids: Vec<i32> =
+            String::from_utf8(result.output).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect();
+        assert_eq!(pids.len(), 2);
+        for pid in pids {
+            assert!(ended(pid), "{pid} outlived its command");
+        }
+    }
+
+    /// A leftover that left the group and keeps stdout open does not hold
+    /// the call until the timeout (it used to wait the whole wall clock).
+    #[tokio::test]
+    async fn a_leftover_holding_the_pipe_does_not_hold_the_call() {
+        let tmp = tempfile::tempdir().unwrap();
+        let script = "setsid sh -c 'trap \"\" TERM; echo $$; sleep 3000' & sleep 0.2; exit 7";
+        let result = run_in(tmp.path(), &["sh", "-c", script], &["PATH"], 120_000, 1024).await;
+        assert_eq!((result.exit, result.timed_out), (Exit::Code(7), false));
+        assert!(result.duration < Duration::from_secs(60), "the call waited on the leftover: {:?}", result.duration);
+        let leftover: i32 = String::from_utf8(result.output).unwrap().trim().parse().unwrap();
+        assert!(ended(leftover), "the leftover {leftover} outlived its command");
+    }
+
+    /// A timeout ends an escaped process that ignores `SIGTERM` too.
+    #[tokio::test]
+    async fn a_timeout_ends_escapes_that_ignore_term() {
+        let tmp = tempfile::tempdir().unwrap();
+        let script = "setsid sh -c 'trap \"\" TERM; sleep 3000' & echo $!; trap '' TERM; sleep 3000";
+        let result = run_in(tmp.path(), &["sh", "-c", script], &["PATH"], 300, 1024).await;
+        assert!(result.timed_out);
+        assert_eq!(result.exit, Exit::Signal(libc::SIGKILL));
+        let escaped: i32 = String::from_utf8(result.output).unwrap().trim().parse().unwrap();
+        assert!(ended(escaped), "{escaped} outlived the timeout");
+    }
+
+    /// Each denial of the Linux sandbox, tried by a real command: no write
+    /// outside the root or into `.iop`, no read of the node's files or of
+    /// its `/proc/<pid>/environ`, no socket; the root itself stays usable.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_sandbox_holds_a_hostile_command_in_its_workspace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let (root, outside, node_dir) = (base.join("site"), base.join("outside"), base.join("node"));
+        for dir in [&root, &root.join(".iop/job"), &outside, &node_dir] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(node_dir.join("node-key.pem"), "PRIVATE KEY").unwrap();
+        std::fs::write(outside.join("readme"), "owner's").unwrap();
+        let owner_read = [base.clone()];
+        let node_files = [node_dir.clone(), node_dir.join("node-key.pem")];
+        let authority =
+            iop_sandbox::Authority { root: &root, network: false, owner_read: &owner_read, node_files: &node_files };
+        let policy = iop_sandbox::policy::policy(&authority, &iop_sandbox::policy::system_read_paths());
+        let node_pid = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Each probe prints `<name>=ok` or `<name>=denied`.
+        let script = format!(
+            "try() {{ if eval \"$2\" >/dev/null 2>&1; then echo \"$1=ok\"; else echo \"$1=denied\"; fi; }}
+            try write_root 'echo x > mine.txt'
+            try read_root 'cat mine.txt'
+            try read_system 'cat /etc/hostname || cat /etc/passwd'
+            try read_owner_path 'cat {outside}/readme'
+            try list_carved_parent 'ls {base}'
+            try write_outside 'echo x > {outside}/x'
+            try write_reserved 'echo x > .iop/job/planted'
+            try read_node_key 'cat {node}/node-key.pem'
+            try list_node_dir 'ls {node}'
+            try read_node_environ 'cat /proc/{node_pid}/environ'
+            try read_own_proc 'read -r line < /proc/self/status'
+            try signal_node 'kill -0 {node_pid}'
+            try tcp_socket 'exec 3<>/dev/tcp/127.0.0.1/{port}'
+            try python_socket 'python3 -c \"import socket; socket.socket(socket.AF_UNIX)\"'",
+            base = base.display(),
+            outside = outside.display(),
+            node = node_dir.display(),
+        );
+        let argv = argv(&["bash", "-c", &script]);
+        let env = argv_env();
+        let spec = CommandSpec {
+            argv: &argv,
+            env_allowlist: &env,
+            timeout: Duration::from_secs(30),
+            max_output_bytes: 65_536,
+            grace: Duration::from_millis(200),
+            supervisor: &super::super::sandbox::test_supervisor(),
+            policy: Some(&policy),
+        };
+        let dir = File::open(&root).unwrap();
+        let result = run(&dir, &spec, &CancellationToken::new()).await.unwrap();
+        let text = String::from_utf8(result.output).unwrap();
+        let verdicts: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            verdicts,
+            [
+                "write_root=ok",
+                "read_root=ok",
+                "read_system=ok",
+                "read_owner_path=ok",
+                "list_carved_parent=denied",
+                "write_outside=denied",
+                "write_reserved=denied",
+                "read_node_key=denied",
+                "list_node_dir=denied",
+                "read_node_environ=denied",
+                "read_own_proc=ok",
+                "signal_node=denied",
+                "tcp_socket=denied",
+                "python_socket=denied",
+            ],
+            "{text}"
+        );
+        assert!(!outside.join("x").exists() && !root.join(".iop/job/planted").exists());
+        assert_eq!(std::fs::read_to_string(root.join("mine.txt")).unwrap(), "x\n");
+        drop(listener);
+    }
+
+    fn argv_env() -> Vec<String> {
+        argv(&["PATH"])
     }
 }

@@ -30,6 +30,7 @@ use super::authority::{Template, effective};
 use super::cleanup::{self, CleanupCache, CleanupOutcome};
 use super::command::{self, CommandError, CommandSpec, Exit};
 use super::files::{EntryKind, FileError, FileLimits, Files};
+use super::sandbox::CommandEnvironment;
 use super::{Workspace, WorkspaceCatalog};
 use crate::metrics::NodeMetrics;
 
@@ -44,18 +45,25 @@ pub struct WorkspaceRuntime {
     catalog: WorkspaceCatalog,
     cleanups: CleanupCache,
     metrics: Arc<NodeMetrics>,
+    commands: Arc<CommandEnvironment>,
     requests: Mutex<HashMap<String, JoinHandle<()>>>,
     /// Cancelled when the session ends: every request stops and cleans.
     stop: CancellationToken,
 }
 
 impl WorkspaceRuntime {
-    pub fn new(generation: u64, catalog: WorkspaceCatalog, metrics: Arc<NodeMetrics>) -> Arc<Self> {
+    pub fn new(
+        generation: u64,
+        catalog: WorkspaceCatalog,
+        metrics: Arc<NodeMetrics>,
+        commands: Arc<CommandEnvironment>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             generation,
             catalog,
             cleanups: CleanupCache::default(),
             metrics,
+            commands,
             requests: Mutex::default(),
             stop: CancellationToken::new(),
         })
@@ -252,6 +260,7 @@ impl WorkspaceRuntime {
         let started = Instant::now();
         let token = cancel.clone();
         let (workspace, authority) = (opened.workspace, opened.authority);
+        let commands = self.commands.clone();
         let work = async move {
             let limits = authority.limits;
             let files = FileLimits { max_file_bytes: limits.max_file_bytes, max_list_entries: limits.max_list_entries };
@@ -308,12 +317,17 @@ impl WorkspaceRuntime {
                 }
                 Some(O::Command(c)) => {
                     let Some(template) = authority.commands.get(&c.command_id) else { return error(Code::Denied) };
+                    let Ok(policy) = commands.policy(&workspace.root, authority.network) else {
+                        return error(Code::SandboxUnavailable);
+                    };
                     let spec = CommandSpec {
                         argv: &template.argv,
                         env_allowlist: &authority.env_allowlist,
                         timeout: template.timeout.min(Duration::from_millis(limits.wall_clock_ms)),
                         max_output_bytes: usize::try_from(limits.max_output_bytes).unwrap_or(usize::MAX),
                         grace: command::TERM_GRACE,
+                        supervisor: &commands.supervisor,
+                        policy: policy.as_ref(),
                     };
                     match command::run(&workspace.dir, &spec, &token).await {
                         Ok(done) => ToolResult::Command(pb::WorkspaceCommandResult {
@@ -332,6 +346,7 @@ impl WorkspaceRuntime {
                             duration_ms: done.duration.as_millis() as u64,
                         }),
                         Err(CommandError::EmptyArgv | CommandError::SpawnFailed) => error(Code::SpawnFailed),
+                        Err(CommandError::SandboxFailed) => error(Code::SandboxFailed),
                     }
                 }
                 None => error(Code::InvalidRequest),

@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
+use crate::workspace::sandbox::SandboxMode;
 
 const GENERATION: u64 = 7;
 const WAIT: Duration = Duration::from_secs(10);
@@ -148,11 +149,13 @@ impl Fixture {
             }],
             env_allowlist: vec!["PATH".into()],
             limits: None,
+            network: false,
         };
-        let (catalog, statuses) = super::super::admit(&[allowed], &[assignment]);
+        let (catalog, statuses) = super::super::admit(&[allowed], &|_| false, &[assignment]);
         assert_eq!(statuses[0].state(), pb::WorkspaceState::Accepted);
         let metrics = NodeMetrics::new();
-        let runtime = WorkspaceRuntime::new(GENERATION, catalog, metrics.clone());
+        let commands = CommandEnvironment::for_tests(SandboxMode::Unsandboxed, Vec::new());
+        let runtime = WorkspaceRuntime::new(GENERATION, catalog, metrics.clone(), Arc::new(commands));
 
         let (tx, calls) = mpsc::unbounded_channel();
         let client = crate::transport::fake_edge::serve(FakeEdge { calls: tx }).await;

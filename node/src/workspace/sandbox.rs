@@ -1,0 +1,193 @@
+//! How this node runs workspace commands, decided once at start
+//! (README "Security"): in the OS sandbox this machine has (Landlock on
+//! Linux, Seatbelt on macOS, found by running the supervisor's probe for
+//! real), without one only when the owner set
+//! `workspaces.unsandboxed_commands: true`, or not at all. The decision is
+//! logged, sent with every `Register` and shown in the Edge's
+//! `/admin/v1/nodes`.
+//!
+//! The policy itself is [`iop_sandbox::policy`]: this module only supplies
+//! what the node knows (its own files, the owner's read paths) and the
+//! supervisor's path.
+
+use std::path::{Path, PathBuf};
+
+use iop_proto::pb;
+pub use iop_sandbox::main_if_invoked;
+use iop_sandbox::{Authority, Policy, Probe};
+
+use crate::config::NodeConfig;
+
+/// What commands run under here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxMode {
+    Sandboxed(Probe),
+    /// No sandbox, allowed by the owner.
+    Unsandboxed,
+    /// No sandbox, not allowed: commands are refused.
+    Refused,
+}
+
+/// Everything a command needs from the node process.
+#[derive(Debug, Clone)]
+pub struct CommandEnvironment {
+    /// The executable that runs as each command's supervisor (this one).
+    pub supervisor: PathBuf,
+    pub mode: SandboxMode,
+    owner_read: Vec<PathBuf>,
+    node_files: Vec<PathBuf>,
+}
+
+/// Why a command cannot run here at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxUnavailable;
+
+impl CommandEnvironment {
+    /// Probes the machine with `supervisor` and applies the owner's choice.
+    pub async fn detect(config: &NodeConfig, supervisor: PathBuf) -> Self {
+        let probe = tokio::process::Command::new(&supervisor)
+            .arg(iop_sandbox::PROBE_ARG)
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .await;
+        let found = match probe {
+            Ok(out) if out.status.success() => serde_json::from_slice::<Probe>(&out.stdout).map_err(|e| e.to_string()),
+            Ok(out) => Err(String::from_utf8_lossy(&out.stdout).trim().chars().take(200).collect()),
+            Err(e) => Err(e.to_string()),
+        };
+        let mode = match (found, config.workspaces.unsandboxed_commands) {
+            (Ok(probe), _) => {
+                tracing::info!(
+                    sandbox = ?probe.kind,
+                    detail = %probe.detail,
+                    reserved_read_only = probe.reserved_read_only,
+                    "workspace commands run in the OS sandbox"
+                );
+                SandboxMode::Sandboxed(probe)
+            }
+            (Err(why), true) => {
+                tracing::warn!(
+                    reason = %why,
+                    "NO COMMAND SANDBOX on this machine; workspace commands run WITHOUT one because the node config sets workspaces.unsandboxed_commands: true"
+                );
+                SandboxMode::Unsandboxed
+            }
+            (Err(why), false) => {
+                tracing::warn!(
+                    reason = %why,
+                    "no command sandbox on this machine: workspace commands are refused (workspaces.unsandboxed_commands: true runs them without one)"
+                );
+                SandboxMode::Refused
+            }
+        };
+        Self::new(config, supervisor, mode)
+    }
+
+    pub fn new(config: &NodeConfig, supervisor: PathBuf, mode: SandboxMode) -> Self {
+        let tls = &config.tls;
+        let files = [Some(&tls.ca_file), Some(&tls.cert_file), Some(&tls.key_file), config.source.as_ref()];
+        let home = std::env::var_os("HOME").map(|h| absolute(Path::new(&h)));
+        Self {
+            supervisor,
+            mode,
+            owner_read: config.workspaces.command_read_paths.iter().map(|p| absolute(p)).collect(),
+            node_files: protected(files.into_iter().flatten().map(|p| absolute(p)), home.as_deref()),
+        }
+    }
+
+    /// As `Register` reports it.
+    pub fn wire(&self) -> pb::CommandSandbox {
+        match &self.mode {
+            SandboxMode::Sandboxed(probe) => match probe.kind {
+                iop_sandbox::SandboxKind::Landlock => pb::CommandSandbox::Landlock,
+                iop_sandbox::SandboxKind::Seatbelt => pb::CommandSandbox::Seatbelt,
+            },
+            SandboxMode::Unsandboxed => pb::CommandSandbox::Unsandboxed,
+            SandboxMode::Refused => pb::CommandSandbox::Unavailable,
+        }
+    }
+
+    /// The policy of a command in `root` (`None`: run unsandboxed, as the
+    /// owner allowed).
+    pub fn policy(&self, root: &Path, network: bool) -> Result<Option<Policy>, SandboxUnavailable> {
+        match self.mode {
+            SandboxMode::Refused => Err(SandboxUnavailable),
+            SandboxMode::Unsandboxed => Ok(None),
+            SandboxMode::Sandboxed(_) => {
+                let authority = Authority { root, network, owner_read: &self.owner_read, node_files: &self.node_files };
+                Ok(Some(iop_sandbox::policy::policy(&authority, &iop_sandbox::policy::system_read_paths())))
+            }
+        }
+    }
+
+    /// A workspace root may neither hold nor lie in the node's own files
+    /// and directories (they would be the file tools' to read).
+    pub fn overlaps_node_files(&self, root: &Path) -> bool {
+        self.node_files.iter().any(|p| p.starts_with(root) || root.starts_with(p))
+    }
+}
+
+/// The node's own files and the directories that hold them, except `/` and
+/// the home directory (a key kept in `~` protects the key, not all of `~`).
+/// Keep the node's files in a directory of their own, as `iop-operator
+/// node-bundle` writes them.
+fn protected(files: impl Iterator<Item = PathBuf>, home: Option<&Path>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for file in files {
+        if let Some(dir) = file.parent().filter(|d| d.parent().is_some() && Some(*d) != home) {
+            out.push(dir.to_path_buf());
+        }
+        out.push(file);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `path` made absolute and free of links where it exists.
+fn absolute(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
+}
+
+#[cfg(test)]
+impl CommandEnvironment {
+    /// `mode` with the test supervisor, no owner read paths, and
+    /// `node_files` as the node's own.
+    pub fn for_tests(mode: SandboxMode, node_files: Vec<PathBuf>) -> Self {
+        Self { supervisor: test_supervisor(), mode, owner_read: Vec::new(), node_files }
+    }
+}
+
+/// The supervisor binary for tests in this crate: `iop-node`, built next
+/// to the test executable (Cargo builds it for the crate's integration
+/// tests).
+#[cfg(test)]
+pub fn test_supervisor() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join("iop-node");
+    assert!(path.exists(), "{} not built: run `cargo build -p iop-node --bins` first", path.display());
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_directories_are_protected_but_not_home_or_root() {
+        let files = ["/Users/me/bundle/node-key.pem", "/Users/me/bundle/node.yaml", "/Users/me/ca.pem", "/top.pem"]
+            .map(PathBuf::from);
+        let got = protected(files.into_iter(), Some(Path::new("/Users/me")));
+        let want = [
+            "/Users/me/bundle",
+            "/Users/me/bundle/node-key.pem",
+            "/Users/me/bundle/node.yaml",
+            "/Users/me/ca.pem",
+            "/top.pem",
+        ];
+        assert_eq!(got, want.map(PathBuf::from));
+    }
+}

@@ -1,0 +1,118 @@
+//! The workspace command sandbox (README "Security"): what a command a
+//! model may run on the owner's machine can reach, and the guarantee that
+//! nothing it started outlives it.
+//!
+//! - [`policy`]: one pure function from the workspace's authority to a
+//!   [`Policy`] value (paths readable, writable, denied; network).
+//! - [`seatbelt`]: the macOS renderer (an SBPL profile for `sandbox-exec`).
+//! - `linux`: the Linux applier (Landlock, seccomp, a read-only `.iop`).
+//! - [`supervisor`]: the process each command runs under; it applies the
+//!   sandbox between `fork` and `exec` and ends every process the command
+//!   started.
+//!
+//! The node runs the supervisor as its own executable with a hidden first
+//! argument; every binary that runs the node (`iop-node`, `iop-dev`) calls
+//! [`main_if_invoked`] first thing in `main`.
+
+pub mod policy;
+pub mod seatbelt;
+pub mod supervisor;
+
+#[cfg(target_os = "linux")]
+mod linux;
+
+pub use policy::{Authority, Policy};
+use serde::{Deserialize, Serialize};
+
+/// First argument that makes a binary the command supervisor.
+pub const EXEC_ARG: &str = "__iop-sandbox-exec";
+/// First argument that makes a binary report what sandbox this machine has.
+pub const PROBE_ARG: &str = "__iop-sandbox-probe";
+
+/// What the node asks the supervisor to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Invocation {
+    /// `None`: no sandbox (the owner's `workspaces.unsandboxed_commands`).
+    pub policy: Option<Policy>,
+    /// Time between `SIGTERM` and `SIGKILL` when the node ends the command.
+    pub grace_ms: u64,
+    pub argv: Vec<String>,
+}
+
+/// How a supervised command ended (one JSON line on the status descriptor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Report {
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
+    /// The program could not be started (nothing ran).
+    SpawnFailed,
+    /// The sandbox could not be applied (nothing ran).
+    SandboxFailed,
+}
+
+/// The sandbox mechanism a machine has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxKind {
+    Landlock,
+    Seatbelt,
+}
+
+/// What [`PROBE_ARG`] finds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub kind: SandboxKind,
+    /// E.g. the Landlock ABI, for the node's log.
+    pub detail: String,
+    /// Whether `.iop` can be kept read-only for commands (always on macOS;
+    /// on Linux where a mount namespace can be made).
+    pub reserved_read_only: bool,
+}
+
+/// Runs the supervisor or the probe when this process was started as one
+/// (its exit code), else `None`.
+pub fn main_if_invoked() -> Option<i32> {
+    let mut args = std::env::args();
+    match args.nth(1).as_deref() {
+        Some(EXEC_ARG) => Some(args.next().map_or(2, |invocation| supervisor::exec_main(&invocation))),
+        Some(PROBE_ARG) => Some(match probe() {
+            Ok(found) => {
+                println!("{}", serde_json::to_string(&found).unwrap_or_default());
+                0
+            }
+            Err(why) => {
+                println!("{why}");
+                1
+            }
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn probe() -> Result<Probe, String> {
+    linux::probe().map_err(|e| e.to_string())
+}
+
+#[cfg(target_os = "macos")]
+fn probe() -> Result<Probe, String> {
+    // The profile of an empty policy, run for real on `true`.
+    let status = std::process::Command::new(seatbelt::SANDBOX_EXEC)
+        .args(["-p", "(version 1)(deny default)(allow process-exec process-fork)(allow file-read*)", "/usr/bin/true"])
+        .status()
+        .map_err(|e| format!("{}: {e}", seatbelt::SANDBOX_EXEC))?;
+    if !status.success() {
+        return Err(format!("{} failed: {status}", seatbelt::SANDBOX_EXEC));
+    }
+    Ok(Probe { kind: SandboxKind::Seatbelt, detail: "sandbox-exec".into(), reserved_read_only: true })
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn probe() -> Result<Probe, String> {
+    Err("no sandbox on this platform".into())
+}

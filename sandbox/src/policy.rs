@@ -1,0 +1,250 @@
+//! What a workspace command may touch: one pure function from the
+//! workspace's authority to a [`Policy`] value. The platform renderers
+//! ([`crate::seatbelt`] for macOS, `crate::linux` for Landlock and seccomp)
+//! only translate it; neither adds or drops a path of its own.
+//!
+//! The rules, in order of precedence:
+//! 1. The node's own files (its config, certificate, key and CA, and the
+//!    directories holding them) are never readable or writable, whatever
+//!    else allows them.
+//! 2. Writes: beneath the workspace root only, never beneath its reserved
+//!    `.iop` (the node's per-request state).
+//! 3. Reads (and execution): the root, the platform's system directories
+//!    ([`system_read_paths`]), and what the Mac's owner added in the node
+//!    config (`workspaces.command_read_paths`). The home directory is not
+//!    among them: a command cannot read `~/.ssh` or `~/.aws` unless the owner
+//!    says so.
+//! 4. A few device files ([`DEVICES`]) are readable and writable.
+//! 5. Network: none unless the workspace grants it (`network: true`).
+//! 6. Other processes: none (signals and ptrace only within the sandbox),
+//!    whatever the paths say.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The node's reserved directory beneath a workspace root.
+pub const RESERVED: &str = ".iop";
+
+/// Device files every command may read and write (nothing else in `/dev`).
+pub const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
+
+/// What the workspace and the node's owner grant a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authority<'a> {
+    /// The accepted workspace root (absolute, without links).
+    pub root: &'a Path,
+    /// The workspace's `network` grant.
+    pub network: bool,
+    /// The owner's extra readable paths (node config `workspaces.command_read_paths`).
+    pub owner_read: &'a [PathBuf],
+    /// The node's own config, key, certificate and CA files, and the
+    /// directories that hold them (the node decides which; see its
+    /// `workspace::sandbox`).
+    pub node_files: &'a [PathBuf],
+}
+
+/// A command's sandbox, as every renderer reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Read, write, execute (but see `reserved` and `denied`).
+    pub root: PathBuf,
+    /// `<root>/.iop`: never written.
+    pub reserved: PathBuf,
+    /// Read and execute only; sorted, none inside a denied path.
+    pub read: Vec<PathBuf>,
+    /// Read and write device files.
+    pub devices: Vec<PathBuf>,
+    /// Never read or written; sorted.
+    pub denied: Vec<PathBuf>,
+    pub network: bool,
+}
+
+/// The system directories a command reads on this platform (the linker,
+/// libraries, interpreters, `/etc` for users, time zones and certificates).
+pub fn system_read_paths() -> Vec<PathBuf> {
+    let paths: &[&str] = if cfg!(target_os = "macos") {
+        &[
+            "/bin",
+            "/sbin",
+            "/usr",
+            "/System",
+            "/Library",
+            "/Applications",
+            "/opt",
+            "/private/etc",
+            "/private/var/db/timezone",
+            "/etc",
+        ]
+    } else {
+        // Not all of `/proc`: a Landlock domain may still read another
+        // process's `/proc/<pid>/environ` (seen on Linux 6.18, where ptrace
+        // and `mem` are refused), so the command's first process reads its
+        // own `/proc/self` (bound when the sandbox is applied, in that
+        // process; its children do not have theirs) and a few machine-wide
+        // files, never another process's directory.
+        &[
+            "/bin",
+            "/sbin",
+            "/usr",
+            "/lib",
+            "/lib32",
+            "/lib64",
+            "/libx32",
+            "/etc",
+            "/opt",
+            "/sys",
+            "/proc/self",
+            "/proc/cpuinfo",
+            "/proc/meminfo",
+            "/proc/stat",
+            "/proc/version",
+            "/proc/loadavg",
+            "/proc/uptime",
+            "/proc/filesystems",
+        ]
+    };
+    paths.iter().map(PathBuf::from).collect()
+}
+
+/// Files of the system read paths no command reads even so (root-only on
+/// a normal system, but a node may run as root).
+pub const SYSTEM_DENIED: &[&str] = &["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/private/etc/sudoers"];
+
+/// The policy of a command in `authority`'s workspace. `system` is
+/// [`system_read_paths`] outside tests.
+pub fn policy(authority: &Authority<'_>, system: &[PathBuf]) -> Policy {
+    let mut denied: Vec<PathBuf> = authority
+        .node_files
+        .iter()
+        .filter(|p| p.is_absolute() && p.parent().is_some())
+        .cloned()
+        .chain(SYSTEM_DENIED.iter().map(PathBuf::from))
+        .collect();
+    denied.sort();
+    denied.dedup();
+    let mut read: Vec<PathBuf> = system
+        .iter()
+        .chain(authority.owner_read)
+        .filter(|p| p.is_absolute() && !denied.iter().any(|d| p.starts_with(d)))
+        .cloned()
+        .collect();
+    read.sort();
+    read.dedup();
+    Policy {
+        root: authority.root.to_path_buf(),
+        reserved: authority.root.join(RESERVED),
+        read,
+        devices: DEVICES.iter().map(PathBuf::from).collect(),
+        denied,
+        network: authority.network,
+    }
+}
+
+impl Policy {
+    /// Whether the root overlaps the node's own files (then no command may
+    /// run there: the root is writable).
+    pub fn root_overlaps_denied(&self) -> bool {
+        self.denied.iter().any(|d| d.starts_with(&self.root) || self.root.starts_with(d))
+    }
+}
+
+/// The read paths as rules that cannot express "except": a path that
+/// contains a denied path is replaced by its children (`list`), recursively
+/// along the way to the denied path, so the denied path and nothing else
+/// is left out. (Landlock only adds access; it has no deny rule.)
+pub fn carve(read: &[PathBuf], denied: &[PathBuf], list: &dyn Fn(&Path) -> Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for path in read {
+        carve_one(path, denied, list, &mut out);
+    }
+    out
+}
+
+fn carve_one(path: &Path, denied: &[PathBuf], list: &dyn Fn(&Path) -> Vec<PathBuf>, out: &mut Vec<PathBuf>) {
+    if denied.iter().any(|d| path.starts_with(d)) {
+        return;
+    }
+    if !denied.iter().any(|d| d.starts_with(path)) {
+        out.push(path.to_path_buf());
+        return;
+    }
+    for child in list(path) {
+        carve_one(&child, denied, list, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn the_nodes_files_are_denied_and_never_readable() {
+        let owner = paths(&["/Users/me/.cargo", "/Users/me/iop", "/Users/me/iop/extra", "relative"]);
+        let node_files = paths(&[
+            "/Users/me/iop/node.yaml",
+            "/Users/me/iop",
+            "/Users/me/iop/node-key.pem",
+            "/etc/iop/ca.pem",
+            "/etc/iop",
+            "/",
+            "relative",
+        ]);
+        let authority = Authority {
+            root: Path::new("/Users/me/site"),
+            network: false,
+            owner_read: &owner,
+            node_files: &node_files,
+        };
+        let p = policy(&authority, &paths(&["/usr", "/etc", "/bin"]));
+        assert_eq!(p.root, Path::new("/Users/me/site"));
+        assert_eq!(p.reserved, Path::new("/Users/me/site/.iop"));
+        assert_eq!(
+            p.denied,
+            paths(&[
+                "/Users/me/iop",
+                "/Users/me/iop/node-key.pem",
+                "/Users/me/iop/node.yaml",
+                "/etc/gshadow",
+                "/etc/iop",
+                "/etc/iop/ca.pem",
+                "/etc/shadow",
+                "/etc/ssh",
+                "/etc/sudoers",
+                "/private/etc/sudoers",
+            ])
+        );
+        // The owner's path to the node's own directory (and below it) is
+        // dropped; a relative path is no path, `/` no directory of the node's. `/etc` stays: the renderers
+        // leave out what is denied inside it.
+        assert_eq!(p.read, paths(&["/Users/me/.cargo", "/bin", "/etc", "/usr"]));
+        assert!(!p.network);
+        assert!(!p.root_overlaps_denied());
+        let inside = Authority { root: Path::new("/Users/me/iop/site"), ..authority.clone() };
+        assert!(policy(&inside, &[]).root_overlaps_denied());
+        let around = Authority { root: Path::new("/Users/me"), ..authority };
+        assert!(policy(&around, &[]).root_overlaps_denied());
+    }
+
+    #[test]
+    fn carving_leaves_out_exactly_the_denied_paths() {
+        let tree = |p: &Path| -> Vec<PathBuf> {
+            let children: &[&str] = match p.to_str().unwrap() {
+                "/etc" => &["/etc/hosts", "/etc/iop", "/etc/shadow", "/etc/ssl"],
+                "/etc/iop" => &["/etc/iop/ca.pem", "/etc/iop/other"],
+                _ => &[],
+            };
+            paths(children)
+        };
+        let carved = carve(&paths(&["/usr", "/etc"]), &paths(&["/etc/iop/ca.pem", "/etc/shadow"]), &tree);
+        assert_eq!(carved, paths(&["/usr", "/etc/hosts", "/etc/iop/other", "/etc/ssl"]));
+        // A denied directory goes whole.
+        let carved = carve(&paths(&["/etc"]), &paths(&["/etc/iop"]), &tree);
+        assert_eq!(carved, paths(&["/etc/hosts", "/etc/shadow", "/etc/ssl"]));
+        assert!(carve(&paths(&["/etc/iop/x"]), &paths(&["/etc/iop"]), &tree).is_empty());
+    }
+}

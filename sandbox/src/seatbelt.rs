@@ -1,0 +1,172 @@
+//! The macOS renderer: a Seatbelt (SBPL) profile for `sandbox-exec`, as
+//! Codex CLI and Bazel use it.
+//!
+//! Paths never go into the profile text: each is a parameter (`-D
+//! ROOT=/path`), referenced as `(param "ROOT")`, so a path with quotes or
+//! parentheses cannot change the profile. The profile denies by default;
+//! every allow that names a path carries the same `require-not` list of
+//! denied paths, so no rule order matters.
+
+use std::path::PathBuf;
+
+use crate::policy::Policy;
+
+/// The program that applies a profile.
+pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
+
+/// A rendered profile and the parameters it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    pub text: String,
+    pub params: Vec<(String, PathBuf)>,
+}
+
+impl Profile {
+    /// `sandbox-exec -p PROFILE -D NAME=VALUE ... -- argv...`
+    pub fn command_line(&self, argv: &[String]) -> Vec<String> {
+        let mut line = vec![SANDBOX_EXEC.to_string(), "-p".to_string(), self.text.clone()];
+        for (name, value) in &self.params {
+            line.push("-D".to_string());
+            line.push(format!("{name}={}", value.display()));
+        }
+        line.push("--".to_string());
+        line.extend(argv.iter().cloned());
+        line
+    }
+}
+
+/// What every command needs to start and run, whatever its workspace.
+const BASE: &str = r#"(version 1)
+(deny default)
+(allow process-exec process-fork)
+(allow signal (target same-sandbox))
+(allow process-info* (target same-sandbox))
+(allow sysctl-read)
+(allow file-read-metadata)
+(allow mach-lookup
+  (global-name "com.apple.system.opendirectoryd.libinfo")
+  (global-name "com.apple.system.notification_center")
+  (global-name "com.apple.logd")
+  (global-name "com.apple.trustd.agent"))
+(allow ipc-posix-shm-read-data (ipc-posix-name "apple.shm.notification_center"))
+"#;
+
+/// The profile of `policy`.
+pub fn profile(policy: &Policy) -> Profile {
+    let mut params = vec![("ROOT".to_string(), policy.root.clone()), ("RESERVED".to_string(), policy.reserved.clone())];
+    let denied: Vec<String> = policy
+        .denied
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let name = format!("DENIED_{i}");
+            params.push((name.clone(), path.clone()));
+            name
+        })
+        .collect();
+    let except: String = denied.iter().map(|name| format!(" (require-not (subpath (param \"{name}\")))")).collect();
+    let mut text = String::from(BASE);
+    let devices: String = policy.devices.iter().map(|d| format!(" (literal \"{}\")", sbpl_literal(d))).collect();
+    text.push_str(&format!("(allow file-read* file-write-data file-ioctl{devices})\n"));
+    for (i, path) in policy.read.iter().enumerate() {
+        let name = format!("READ_{i}");
+        params.push((name.clone(), path.clone()));
+        text.push_str(&format!(
+            "(allow file-read* file-map-executable (require-all (subpath (param \"{name}\")){except}))\n"
+        ));
+    }
+    text.push_str(&format!(
+        "(allow file-read* file-map-executable (require-all (subpath (param \"ROOT\")){except}))\n"
+    ));
+    text.push_str(&format!(
+        "(allow file-write* (require-all (subpath (param \"ROOT\")) (require-not (subpath (param \"RESERVED\"))){except}))\n"
+    ));
+    for name in &denied {
+        text.push_str(&format!("(deny file-read* file-write* (subpath (param \"{name}\")))\n"));
+    }
+    if policy.network {
+        text.push_str("(allow network* system-socket)\n");
+    }
+    Profile { text, params }
+}
+
+/// A device path as an SBPL string literal. Only the fixed [`DEVICES`]
+/// list reaches here; anything that would need escaping is refused
+/// rather than escaped.
+///
+/// [`DEVICES`]: crate::policy::DEVICES
+fn sbpl_literal(path: &std::path::Path) -> String {
+    let text = path.to_string_lossy();
+    assert!(text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'_'), "device path {text}");
+    text.into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::policy::{Authority, policy};
+
+    fn sample(network: bool) -> Policy {
+        let node_files = [PathBuf::from("/Users/me/iop/node-key.pem"), PathBuf::from("/Users/me/iop")];
+        let owner = [PathBuf::from("/Users/me/.cargo")];
+        let authority = Authority {
+            root: Path::new("/Users/me/site \") (allow default) (\""),
+            network,
+            owner_read: &owner,
+            node_files: &node_files,
+        };
+        policy(&authority, &[PathBuf::from("/usr")])
+    }
+
+    #[test]
+    fn the_profile_denies_by_default_and_names_paths_only_as_parameters() {
+        let profile = profile(&sample(false));
+        let expected = format!(
+            "{BASE}(allow file-read* file-write-data file-ioctl (literal \"/dev/null\") (literal \"/dev/zero\") (literal \"/dev/full\") (literal \"/dev/random\") (literal \"/dev/urandom\") (literal \"/dev/tty\"))\n{}",
+            [
+                "(allow file-read* file-map-executable (require-all (subpath (param \"READ_0\")) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
+                "(allow file-read* file-map-executable (require-all (subpath (param \"READ_1\")) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
+                "(allow file-read* file-map-executable (require-all (subpath (param \"ROOT\")) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
+                "(allow file-write* (require-all (subpath (param \"ROOT\")) (require-not (subpath (param \"RESERVED\"))) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_0\")))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_1\")))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_2\")))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_3\")))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_4\")))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_5\")))",
+                "(deny file-read* file-write* (subpath (param \"DENIED_6\")))",
+                "",
+            ]
+            .join("\n")
+        );
+        assert_eq!(profile.text, expected);
+        // The hostile root is a parameter value, never profile text.
+        assert!(!profile.text.contains("/Users"));
+        let names: Vec<&str> = profile.params.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ROOT", "RESERVED", "DENIED_0", "DENIED_1", "DENIED_2", "DENIED_3", "DENIED_4", "DENIED_5", "DENIED_6",
+                "READ_0", "READ_1"
+            ]
+        );
+        let value = |name: &str| profile.params.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        assert_eq!(value("DENIED_0"), Path::new("/Users/me/iop"));
+        assert_eq!(value("READ_0"), Path::new("/Users/me/.cargo"));
+        assert_eq!(value("READ_1"), Path::new("/usr"));
+        assert!(!profile.text.contains("network"), "no network unless granted");
+    }
+
+    #[test]
+    fn network_is_one_rule_and_the_command_line_ends_with_the_argv() {
+        let granted = profile(&sample(true));
+        assert!(granted.text.ends_with("(allow network* system-socket)\n"));
+        let line = granted.command_line(&["make".to_string(), "test".to_string()]);
+        assert_eq!(&line[..2], [SANDBOX_EXEC, "-p"]);
+        assert_eq!(line[2], granted.text);
+        assert_eq!(line[3..5], ["-D".to_string(), "ROOT=/Users/me/site \") (allow default) (\"".to_string()]);
+        assert_eq!(line[line.len() - 3..], ["--", "make", "test"]);
+    }
+}

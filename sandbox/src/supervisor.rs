@@ -1,0 +1,362 @@
+//! The supervisor: the process a workspace command runs under, so that
+//! when the command ends (by itself, or when the node asks on a timeout,
+//! cancel, cleanup or session end) every process it started ends too,
+//! including ones that called `setsid`, double-forked or ignore `SIGTERM`.
+//!
+//! The node starts its own executable with [`EXEC_ARG`] (see
+//! [`crate::main_if_invoked`]): a fresh single-threaded process that
+//! - on Linux becomes a child subreaper, so every orphan of the command's
+//!   tree is re-parented to it rather than to init, and stays findable as
+//!   its descendant; asks for `SIGTERM` if the node dies;
+//! - on macOS (no subreaper) remembers every descendant it has seen, by pid
+//!   and start time, polling every [`POLL`], so one that was orphaned
+//!   since is still found. A double fork faster than the poll escapes this
+//!   walk; the Seatbelt profile still holds it;
+//! - starts the command in the workspace root (the node hands the root's
+//!   held handle as fd [`ROOT_FD`]) as the leader of its own process group,
+//!   with the sandbox applied between `fork` and `exec`;
+//! - when the command's own process exits: kills whatever it left running
+//!   (`SIGKILL`) and reaps it;
+//! - on `SIGTERM` from the node: `SIGTERM` to every descendant, then after
+//!   the grace `SIGKILL` to all of them, again until none is left;
+//! - writes one [`Report`] line to fd [`STATUS_FD`] and exits.
+//!
+//! Because the supervisor exits only once every descendant is gone, the
+//! node's pipes close when it exits: no leftover holds the tool call open.
+//! The supervisor is outside the command's sandbox, and the command cannot
+//! signal it (Landlock's signal scope on Linux, `(target same-sandbox)` on
+//! macOS).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{Invocation, Report};
+
+/// The node passes the workspace root's handle as this descriptor ...
+pub const ROOT_FD: i32 = 3;
+/// ... and reads the supervisor's [`Report`] from this one.
+pub const STATUS_FD: i32 = 4;
+
+/// How often the supervisor looks at its descendants while the command
+/// runs (macOS) and between kill rounds.
+pub const POLL: Duration = Duration::from_millis(50);
+/// Most time spent killing leftovers (a process in uninterruptible sleep
+/// dies when its I/O ends); then the supervisor reports and exits anyway.
+const KILL_CAP: Duration = Duration::from_secs(10);
+
+/// The supervisor's entry: reads the invocation, supervises, reports.
+pub fn exec_main(invocation: &str) -> i32 {
+    let Ok(invocation) = serde_json::from_str::<Invocation>(invocation) else { return 2 };
+    // SAFETY: the node opened both descriptors for this process (see the
+    // constants); nothing else in it owns them.
+    let (root, mut status) = unsafe { (OwnedFd::from_raw_fd(ROOT_FD), File::from_raw_fd(STATUS_FD)) };
+    for fd in [ROOT_FD, STATUS_FD] {
+        // SAFETY: fcntl on descriptors this process owns.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    let report = supervise(&invocation, &root);
+    let line = serde_json::to_string(&report).unwrap_or_default();
+    let _ = writeln!(status, "{line}");
+    0
+}
+
+fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0);
+    }
+    let Some(signals) = SignalPipe::install() else { return Report::SpawnFailed };
+    // SAFETY: getppid and fchdir have no preconditions.
+    if unsafe { libc::getppid() } == 1 || unsafe { libc::fchdir(root.as_raw_fd()) } != 0 {
+        return Report::SpawnFailed;
+    }
+    let argv = command_line(invocation);
+    let Some((program, args)) = argv.split_first() else { return Report::SpawnFailed };
+    let mut command = std::process::Command::new(program);
+    command.args(args).process_group(0);
+    let policy = invocation.policy.clone();
+    let root_fd = root.as_raw_fd();
+    // SAFETY: the closure runs in the child of this single-threaded
+    // process, so allocating there is safe; it only restores the default
+    // signal state and applies the sandbox.
+    unsafe {
+        command.pre_exec(move || {
+            SignalPipe::reset_in_child();
+            let root = BorrowedFd::borrow_raw(root_fd);
+            apply_sandbox(policy.as_ref(), root)
+        });
+    }
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) if e.raw_os_error() == Some(SANDBOX_ERRNO) => return Report::SandboxFailed,
+        Err(_) => return Report::SpawnFailed,
+    };
+    let pid = child.id() as libc::pid_t;
+    // Reaped below with waitpid(-1), like every orphan that comes here.
+    drop(child);
+    let mut tree = Tree::new();
+    let mut exit = None;
+    let mut deadline = None;
+    loop {
+        if let Some(signal) = signals.wait(POLL)
+            && signal != libc::SIGCHLD
+            && deadline.is_none()
+        {
+            tree.refresh();
+            tree.signal_all(libc::SIGTERM);
+            deadline = Some(Instant::now() + Duration::from_millis(invocation.grace_ms));
+        }
+        reap(pid, &mut exit);
+        // Linux needs no walk while the command runs: orphans come here.
+        if cfg!(target_os = "macos") {
+            tree.refresh();
+        }
+        if exit.is_some() || deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+    }
+    // Whatever is left: killed and reaped, round after round, until this
+    // process has no child (new orphans of the killed ones come here).
+    let cap = Instant::now() + KILL_CAP;
+    loop {
+        tree.refresh();
+        tree.signal_all(libc::SIGKILL);
+        if !reap(pid, &mut exit) || Instant::now() >= cap {
+            break;
+        }
+        let _ = signals.wait(Duration::from_millis(5));
+    }
+    exit.unwrap_or(Report::Signaled { signal: libc::SIGKILL })
+}
+
+/// The errno a failed sandbox is reported with from the child (one `exec`
+/// itself never returns).
+const SANDBOX_ERRNO: i32 = libc::ENOTRECOVERABLE;
+
+#[cfg(target_os = "linux")]
+fn apply_sandbox(policy: Option<&crate::Policy>, root: BorrowedFd<'_>) -> std::io::Result<()> {
+    match policy {
+        None => Ok(()),
+        Some(policy) => {
+            crate::linux::apply(policy, root).map(|_| ()).map_err(|_| std::io::Error::from_raw_os_error(SANDBOX_ERRNO))
+        }
+    }
+}
+
+/// On macOS the sandbox is `sandbox-exec` itself ([`command_line`]).
+#[cfg(not(target_os = "linux"))]
+fn apply_sandbox(_: Option<&crate::Policy>, _: BorrowedFd<'_>) -> std::io::Result<()> {
+    Ok(())
+}
+
+fn command_line(invocation: &Invocation) -> Vec<String> {
+    match &invocation.policy {
+        Some(policy) if cfg!(target_os = "macos") => crate::seatbelt::profile(policy).command_line(&invocation.argv),
+        _ => invocation.argv.clone(),
+    }
+}
+
+/// Reaps every child that has ended (recording the command's own status);
+/// whether any child is left.
+fn reap(command: libc::pid_t, exit: &mut Option<Report>) -> bool {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid status pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid < 0 {
+            return false;
+        }
+        if pid == 0 {
+            return true;
+        }
+        if pid == command {
+            *exit = Some(if libc::WIFSIGNALED(status) {
+                Report::Signaled { signal: libc::WTERMSIG(status) }
+            } else {
+                Report::Exited { code: libc::WEXITSTATUS(status) }
+            });
+        }
+    }
+}
+
+/// The supervisor's descendants: on Linux, whatever `/proc` says is below
+/// it (orphans come to it); on macOS also every process ever seen below it
+/// that still runs (same pid and start time).
+struct Tree {
+    me: libc::pid_t,
+    /// pid -> start time, of descendants seen so far (macOS).
+    seen: BTreeMap<libc::pid_t, u64>,
+}
+
+impl Tree {
+    fn new() -> Self {
+        // SAFETY: getpid has no preconditions.
+        Self { me: unsafe { libc::getpid() }, seen: BTreeMap::new() }
+    }
+
+    /// Records the current descendants.
+    fn refresh(&mut self) {
+        let table = processes();
+        let mut below: BTreeSet<libc::pid_t> = BTreeSet::from([self.me]);
+        // Roots: this process, and what was seen before and still runs as
+        // the same process (it may have been re-parented away).
+        self.seen.retain(|pid, start| table.get(pid).is_some_and(|(_, s)| s == start));
+        below.extend(self.seen.keys());
+        let mut grew = true;
+        while grew {
+            grew = false;
+            for (pid, (ppid, _)) in &table {
+                if below.contains(ppid) && below.insert(*pid) {
+                    grew = true;
+                }
+            }
+        }
+        below.remove(&self.me);
+        for pid in below {
+            if let Some((_, start)) = table.get(&pid) {
+                self.seen.insert(pid, *start);
+            }
+        }
+    }
+
+    fn signal_all(&self, signal: i32) {
+        for pid in self.seen.keys() {
+            // SAFETY: kill has no memory-safety preconditions; a process
+            // already gone answers ESRCH.
+            unsafe { libc::kill(*pid, signal) };
+        }
+    }
+}
+
+/// pid -> (parent pid, start time) of every process this user can see.
+#[cfg(target_os = "linux")]
+fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
+    let mut table = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return table };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // After the command name (which may hold spaces and parentheses):
+        // state, ppid, ..., starttime is the 22nd field overall.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(start)) =
+            (fields.get(1).and_then(|p| p.parse().ok()), fields.get(19).and_then(|s| s.parse().ok()))
+        else {
+            continue;
+        };
+        table.insert(pid, (ppid, start));
+    }
+    table
+}
+
+/// pid -> (parent pid, start time) of every process this user can see.
+#[cfg(target_os = "macos")]
+fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
+    let mut table = BTreeMap::new();
+    let mut pids = vec![0 as libc::pid_t; 8192];
+    let size = (pids.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
+    // SAFETY: the buffer holds `size` bytes.
+    let count = unsafe { libc::proc_listallpids(pids.as_mut_ptr().cast(), size) };
+    if count <= 0 {
+        return table;
+    }
+    for &pid in pids.iter().take(count as usize) {
+        // SAFETY: proc_bsdinfo is plain data; the size passed is its size.
+        let mut info: libc::proc_bsdinfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::proc_bsdinfo>() as libc::c_int;
+        let got = unsafe {
+            libc::proc_pidinfo(pid, libc::PROC_PIDTBSDINFO, 0, (&mut info as *mut libc::proc_bsdinfo).cast(), size)
+        };
+        if got == size {
+            let start = info.pbi_start_tvsec.wrapping_mul(1_000_000).wrapping_add(info.pbi_start_tvusec);
+            table.insert(pid, (info.pbi_ppid as libc::pid_t, start));
+        }
+    }
+    table
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
+    BTreeMap::new()
+}
+
+/// Signals as bytes on a pipe (the classic self-pipe: portable, unlike
+/// `sigtimedwait`, which macOS lacks), so the loop can wait for a signal or
+/// a timeout with `poll`.
+struct SignalPipe {
+    read: OwnedFd,
+}
+
+static SIGNAL_WRITE_FD: AtomicI32 = AtomicI32::new(-1);
+const WATCHED: [i32; 4] = [libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    let byte = signal as u8;
+    // SAFETY: write is async-signal-safe; a full pipe just drops the byte
+    // (the loop polls anyway).
+    unsafe { libc::write(SIGNAL_WRITE_FD.load(Ordering::Relaxed), (&byte as *const u8).cast(), 1) };
+}
+
+impl SignalPipe {
+    fn install() -> Option<Self> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        for fd in fds {
+            // SAFETY: fcntl on descriptors just created.
+            unsafe {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK);
+            }
+        }
+        SIGNAL_WRITE_FD.store(fds[1], Ordering::Relaxed);
+        for signal in WATCHED {
+            // SAFETY: a zeroed sigaction with a plain handler is valid.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(signal, &action, std::ptr::null_mut());
+            }
+        }
+        // SAFETY: fds[0] was just created and is owned here.
+        Some(Self { read: unsafe { OwnedFd::from_raw_fd(fds[0]) } })
+    }
+
+    /// In the child before `exec`: default dispositions (handlers would be
+    /// reset by `exec` anyway; this keeps the window before it clean).
+    fn reset_in_child() {
+        for signal in WATCHED {
+            // SAFETY: signal(2) is async-signal-safe.
+            unsafe { libc::signal(signal, libc::SIG_DFL) };
+        }
+    }
+
+    /// The first signal that arrives within `timeout` (the rest are
+    /// drained: the loop looks at everything after each wake-up).
+    fn wait(&self, timeout: Duration) -> Option<i32> {
+        let mut poll = libc::pollfd { fd: self.read.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, timeout.as_millis() as libc::c_int) };
+        if ready <= 0 {
+            return None;
+        }
+        let mut buf = [0u8; 64];
+        // SAFETY: reads into a buffer of that size.
+        let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        let got = &buf[..n.max(0) as usize];
+        // A termination request wins over SIGCHLD in the same batch.
+        got.iter().map(|b| *b as i32).find(|s| *s != libc::SIGCHLD).or(got.first().map(|b| *b as i32))
+    }
+}
