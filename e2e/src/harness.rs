@@ -96,7 +96,7 @@ pub fn edge_config(
         providers: providers.iter().map(ProviderSpec::entry).collect(),
         limits: Limits::default(),
         // Local stacks serve without keys unless a test sets them up.
-        auth: AuthConfig { mode: AuthMode::Disabled, keys_file: None },
+        auth: AuthConfig { mode: AuthMode::Disabled, ..Default::default() },
         credentials: Vec::new(),
         workspaces: Vec::new(),
         context_fallbacks: Default::default(),

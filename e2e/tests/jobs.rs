@@ -175,6 +175,73 @@ async fn entry_errors_are_typed_and_say_nothing_of_nodes_or_paths() {
     assert_eq!(stack.metric("iop_edge_jobs_total{api=\"messages\"}").await, 0.0, "none of these started a job");
 }
 
+/// Workspace grants (issue 24): a key may drive only the workspaces its
+/// principal names. A key allowed the model but no workspace gets the very
+/// answer an unknown ref gets, and nothing happens on disk or in the job
+/// metrics; once its entry lists `si*` the same key runs the job. Without
+/// keys, only the refs the config opens to anonymous callers take jobs.
+#[tokio::test]
+async fn a_key_drives_only_the_workspaces_its_principal_names() {
+    const KEY: &str = "sk-site-bot-0123456789";
+    let hash = iop_edge::auth::to_hex(&iop_edge::auth::sha256(KEY.as_bytes()));
+    let entry = |workspaces: &str| {
+        format!("principals:\n  - {{ name: site-bot, key_sha256: {hash}, models: [mock-ollama]{workspaces} }}\n")
+    };
+    let job = start(StackOptions { keys: Some(entry("")), ..Default::default() }).await;
+    let stack = &job.stack;
+    let send = |reference: &'static str| {
+        let chat = chat_body("mock-ollama", "Please update NOTES.md. iop-mock-script:job", false);
+        async move {
+            json_body(post(stack, "/v1/chat/completions", reference, &chat).bearer_auth(KEY).send().await.unwrap())
+                .await
+        }
+    };
+    let (status, forbidden) = send("site").await;
+    assert_eq!((status, forbidden["error"]["code"].as_str()), (404, Some("workspace_not_found")), "{forbidden}");
+    let (_, unknown) = send("nope").await;
+    assert_eq!(
+        forbidden.to_string().replace("`site`", "`nope`"),
+        unknown.to_string(),
+        "a forbidden ref reads exactly as an unknown one"
+    );
+    assert!(!job.root.join("NOTES.md").exists() && job_dirs(&job.root).is_empty(), "nothing written");
+    assert_eq!(stack.metric("iop_edge_jobs_total{api=\"chat_completions\"}").await, 0.0, "no job started");
+    assert_eq!(stack.metric("iop_edge_job_terminals_total{state=\"failed\"}").await, 0.0);
+    // The plain chat still works: the grant is about workspaces only.
+    let (status, _) = json_body(
+        stack
+            .client
+            .post(stack.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(chat_body("mock-ollama", "hi", false).to_string())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    std::fs::write(stack.dir.path().join("keys.yaml"), entry(", workspaces: [\"si*\"]")).unwrap();
+    wait_until("the keys reload", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"] == 2
+    })
+    .await;
+    let (status, body) = send("site").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(std::fs::read_to_string(job.root.join("NOTES.md")).unwrap(), "final");
+    let (status, _) = send("quick").await;
+    assert_eq!(status, 404, "`si*` does not name `quick`");
+
+    // Auth disabled and no `auth.anonymous_workspaces`: no ref takes jobs.
+    let closed = start(StackOptions { anonymous_workspaces: Some(Vec::new()), ..Default::default() }).await;
+    let chat = chat_body("mock-ollama", "iop-mock-script:answer", false);
+    let (status, body) =
+        json_body(post(&closed.stack, "/v1/chat/completions", "quick", &chat).send().await.unwrap()).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("workspace_not_found")), "{body}");
+    assert_eq!(closed.stack.metric("iop_edge_jobs_total{api=\"chat_completions\"}").await, 0.0);
+}
+
 #[tokio::test]
 async fn denied_malformed_and_over_budget_calls_fail_the_job_and_it_still_cleans_up() {
     let job = start(StackOptions::default()).await;

@@ -44,6 +44,8 @@ async fn a_node_accepts_only_real_directories_inside_its_allowed_roots() {
             workspace("link", &allowed.join("link")),
         ],
         allowed_roots: vec![allowed.clone()],
+        // No jobs here; a reload below replaces every ref.
+        anonymous_workspaces: Some(Vec::new()),
         ..Default::default()
     })
     .await;

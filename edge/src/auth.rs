@@ -1,5 +1,5 @@
 //! Client authentication: an API key names a principal, a principal names the
-//! public models it may use.
+//! public models it may use and the workspaces it may run jobs in.
 //!
 //! Keys live only as SHA-256 hashes in a keys file (`auth.keys_file`,
 //! reloaded with the config; a Kubernetes Secret in the chart):
@@ -7,7 +7,13 @@
 //! ```yaml
 //! principals:
 //!   - { name: ci-bot, key_sha256: <64 hex>, models: ["llama*", "qwen2.5"], disabled: false }
+//!   - { name: site-bot, key_sha256: <64 hex>, models: [llama3], workspaces: ["site*"], max_concurrent_jobs: 2 }
 //! ```
+//!
+//! `workspaces` (ref patterns, default none) decides which workspaces a key
+//! may run jobs in (`iop-workspace`); any other ref is the same `404
+//! workspace_not_found` as an unknown one. With `auth.mode: disabled` only
+//! the refs the config lists in `auth.anonymous_workspaces` take jobs.
 //!
 //! A key arrives as `Authorization: Bearer KEY` (OpenAI), `x-api-key: KEY`
 //! (Anthropic) or `api-key: KEY` (Azure-style clients). Its hash is compared
@@ -43,6 +49,10 @@ struct PrincipalEntry {
     key_sha256: String,
     models: Vec<String>,
     #[serde(default)]
+    workspaces: Vec<String>,
+    #[serde(default)]
+    max_concurrent_jobs: Option<u32>,
+    #[serde(default)]
     disabled: bool,
 }
 
@@ -52,21 +62,26 @@ pub struct Principal {
     /// Bounded by the keys file, so usable as a metric label.
     pub name: String,
     key_sha256: [u8; 32],
-    models: Vec<ModelPattern>,
+    models: Vec<NamePattern>,
+    /// Workspace refs it may run jobs in (none unless listed).
+    workspaces: Vec<NamePattern>,
+    /// Jobs it may run at once (`limits.max_jobs_per_principal` unless set).
+    max_concurrent_jobs: Option<u32>,
     disabled: bool,
 }
 
-/// A public model name, or a pattern where `*` stands for any run of
-/// characters (`llama*`, `*-instruct`, `*`). Hand-written rather than a glob
-/// crate: one wildcard, no character classes, no path semantics.
+/// A name (public model, workspace ref), or a pattern where `*` stands for
+/// any run of characters (`llama*`, `*-instruct`, `*`). Hand-written rather
+/// than a glob crate: one wildcard, no character classes, no path
+/// semantics. The one matcher for every grant in the keys file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct ModelPattern(String);
+struct NamePattern(String);
 
-impl ModelPattern {
-    fn matches(&self, model: &str) -> bool {
+impl NamePattern {
+    fn matches(&self, name: &str) -> bool {
         let mut parts = self.0.split('*');
         let first = parts.next().unwrap_or_default();
-        let Some(mut rest) = model.strip_prefix(first) else { return false };
+        let Some(mut rest) = name.strip_prefix(first) else { return false };
         let mut parts: Vec<&str> = parts.collect();
         let Some(last) = parts.pop() else { return rest.is_empty() };
         for middle in parts {
@@ -91,6 +106,27 @@ impl Caller {
         match self {
             Self::Anonymous => true,
             Self::Principal(p) => p.models.iter().any(|m| m.matches(model)),
+        }
+    }
+
+    /// Whether the caller may run jobs in the workspace `reference`: a
+    /// principal when one of its `workspaces` patterns matches, anyone
+    /// (auth disabled) only in the refs the config opens to anonymous
+    /// callers (`auth.anonymous_workspaces`, exact).
+    pub fn may_use_workspace(&self, reference: &str, anonymous_workspaces: &[String]) -> bool {
+        match self {
+            Self::Anonymous => anonymous_workspaces.iter().any(|r| r == reference),
+            Self::Principal(p) => p.workspaces.iter().any(|w| w.matches(reference)),
+        }
+    }
+
+    /// How many jobs the caller may run at once: the principal's
+    /// `max_concurrent_jobs`, else `default` (anonymous callers share it
+    /// as one principal).
+    pub fn max_concurrent_jobs(&self, default: u32) -> u32 {
+        match self {
+            Self::Anonymous => default,
+            Self::Principal(p) => p.max_concurrent_jobs.unwrap_or(default),
         }
     }
 
@@ -177,9 +213,28 @@ impl Keys {
                 if model.is_empty() || model.len() > 256 || model.chars().any(char::is_whitespace) {
                     return Err(format!("principals[{i}].models[{j}]: must be 1-256 non-whitespace characters"));
                 }
-                models.push(ModelPattern(model));
+                models.push(NamePattern(model));
             }
-            principals.push(Arc::new(Principal { name: entry.name, key_sha256, models, disabled: entry.disabled }));
+            let mut workspaces = Vec::with_capacity(entry.workspaces.len());
+            for (j, pattern) in entry.workspaces.into_iter().enumerate() {
+                if !is_ref_pattern(&pattern) {
+                    return Err(format!(
+                        "principals[{i}].workspaces[{j}]: must be a workspace ref or pattern (1-63 of [A-Za-z0-9-_.*])"
+                    ));
+                }
+                workspaces.push(NamePattern(pattern));
+            }
+            if entry.max_concurrent_jobs.is_some_and(|n| !(1..=1000).contains(&n)) {
+                return Err(format!("{}: must be between 1 and 1000", at("max_concurrent_jobs")));
+            }
+            principals.push(Arc::new(Principal {
+                name: entry.name,
+                key_sha256,
+                models,
+                workspaces,
+                max_concurrent_jobs: entry.max_concurrent_jobs,
+                disabled: entry.disabled,
+            }));
         }
         Ok(Self::Required(principals))
     }
@@ -215,14 +270,28 @@ impl Keys {
     }
 }
 
+/// A workspace ref, or a pattern of one (`site*`): what a principal's
+/// `workspaces` may list.
+fn is_ref_pattern(pattern: &str) -> bool {
+    iop_proto::config::is_config_name(&pattern.replace('*', "x"))
+}
+
 /// Says at start (and when a reload changes it) how clients are
-/// authenticated; loudly when they are not.
-pub fn log_mode(mode: AuthMode) {
-    match mode {
+/// authenticated; loudly when they are not, and louder when anonymous
+/// callers may run jobs in workspaces.
+pub fn log_mode(auth: &AuthConfig) {
+    match auth.mode {
         AuthMode::Required => tracing::info!("client API keys required (auth.mode: required)"),
         AuthMode::Disabled => tracing::warn!(
             "CLIENT AUTHENTICATION IS DISABLED (auth.mode: disabled): anyone who reaches the HTTP listener may use every model"
         ),
+    }
+    let open = auth.anonymous_workspaces.len();
+    if open > 0 {
+        tracing::warn!(
+            workspaces = open,
+            "{open} WORKSPACE(S) OPEN TO ANONYMOUS CALLERS (auth.anonymous_workspaces): anyone who reaches the HTTP listener may write files and run commands there"
+        );
     }
 }
 
@@ -352,10 +421,37 @@ mod tests {
             ("qwen2.5", "qwen2.5-coder", false),
         ];
         for (pattern, model, expected) in cases {
-            assert_eq!(ModelPattern(pattern.into()).matches(model), expected, "{pattern} vs {model}");
+            assert_eq!(NamePattern(pattern.into()).matches(model), expected, "{pattern} vs {model}");
         }
         let caller = two_principals().authenticate(&headers(&[("x-api-key", "k-ci")])).unwrap();
         assert!(caller.may_use("qwen2.5") && caller.may_use("llama3") && !caller.may_use("mistral"));
+    }
+
+    /// A principal may run jobs only in the workspaces its patterns name
+    /// (none by default); anonymous callers only in the refs the config
+    /// opens to them, exactly.
+    #[test]
+    fn workspace_grants() {
+        let keys = keys(&format!(
+            "principals:\n  - {{ name: plain, key_sha256: {}, models: [mock-ollama] }}\n  - {{ name: site, key_sha256: {}, models: ['*'], workspaces: [\"si*\", quick], max_concurrent_jobs: 2 }}\n",
+            hash("k-plain"),
+            hash("k-site")
+        ));
+        let plain = keys.authenticate(&headers(&[("x-api-key", "k-plain")])).unwrap();
+        let site = keys.authenticate(&headers(&[("x-api-key", "k-site")])).unwrap();
+        let open = ["site".to_string()];
+        assert!(
+            !plain.may_use_workspace("site", &open),
+            "no workspaces unless listed; the anonymous list is not theirs"
+        );
+        assert!(site.may_use_workspace("site", &[]) && site.may_use_workspace("sit", &[]));
+        assert!(site.may_use_workspace("quick", &[]) && !site.may_use_workspace("quick2", &[]));
+        assert!(!site.may_use_workspace("dev", &[]));
+        assert_eq!((plain.max_concurrent_jobs(4), site.max_concurrent_jobs(4)), (4, 2));
+        let anonymous = Keys::Disabled.authenticate(&HeaderMap::new()).unwrap();
+        assert!(!anonymous.may_use_workspace("site", &[]), "closed unless the config opens it");
+        assert!(anonymous.may_use_workspace("site", &open) && !anonymous.may_use_workspace("sit", &open));
+        assert!(!anonymous.may_use_workspace("site", &["si*".to_string()]), "anonymous refs are exact, not patterns");
     }
 
     #[test]
@@ -380,6 +476,18 @@ mod tests {
             ),
             (format!("principals: [ {{ name: a, key_sha256: {h}, models: ['m x'] }} ]"), "principals[0].models[0]"),
             (format!("principals: [ {{ name: a, key_sha256: {h}, models: [m], extra: 1 }} ]"), "not a valid keys file"),
+            (
+                format!("principals: [ {{ name: a, key_sha256: {h}, models: [m], workspaces: ['a/b'] }} ]"),
+                "principals[0].workspaces[0]",
+            ),
+            (
+                format!("principals: [ {{ name: a, key_sha256: {h}, models: [m], workspaces: [''] }} ]"),
+                "principals[0].workspaces[0]",
+            ),
+            (
+                format!("principals: [ {{ name: a, key_sha256: {h}, models: [m], max_concurrent_jobs: 0 }} ]"),
+                "principals[0].max_concurrent_jobs",
+            ),
         ];
         for (text, field) in cases {
             let err = Keys::parse(&text).unwrap_err();
@@ -392,9 +500,13 @@ mod tests {
 
     #[test]
     fn required_mode_needs_a_keys_file() {
-        let auth = AuthConfig { mode: AuthMode::Required, keys_file: None };
+        let auth = AuthConfig { mode: AuthMode::Required, ..Default::default() };
         assert!(Keys::load(&auth).unwrap_err().contains("auth.keys_file"));
-        let auth = AuthConfig { mode: AuthMode::Required, keys_file: Some("/nonexistent/keys.yaml".into()) };
+        let auth = AuthConfig {
+            mode: AuthMode::Required,
+            keys_file: Some("/nonexistent/keys.yaml".into()),
+            ..Default::default()
+        };
         assert!(Keys::load(&auth).unwrap_err().contains("cannot read keys file"));
     }
 }

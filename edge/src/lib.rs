@@ -185,7 +185,7 @@ impl Edge {
             TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { what, addr, source })
         };
         let secrets = config::Secrets::load(&config).map_err(EdgeError::Secrets)?;
-        auth::log_mode(secrets.keys.mode());
+        auth::log_mode(&config.auth);
         let http = bind("http", config.listen.http).await?;
         let grpc = bind("grpc", config.listen.grpc).await?;
         let admin = bind("admin", config.listen.admin).await?;

@@ -103,8 +103,9 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
     // Also removes the node certificate expiry series of the nodes removed.
     policy.replace(rules(&next, tls), &state.metrics);
     state.admission.reconfigure(&next);
-    if secrets.keys.mode() != state.config.secrets().keys.mode() {
-        crate::auth::log_mode(secrets.keys.mode());
+    let before = state.config.current();
+    if next.auth.mode != before.auth.mode || next.auth.anonymous_workspaces != before.auth.anonymous_workspaces {
+        crate::auth::log_mode(&next.auth);
     }
     let previous = state.config.swap(next, secrets);
     let current = state.config.current();

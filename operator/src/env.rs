@@ -137,7 +137,7 @@ impl RunConfig {
             ListenConfig { http: addr(EDGE_HTTP_LISTEN), grpc: addr(EDGE_GRPC_LISTEN), admin: addr(EDGE_ADMIN_LISTEN) };
         let mut settings = Settings::new(self.trust_domain.clone(), listen);
         if self.edge_auth == AuthMode::Disabled {
-            settings.auth = AuthConfig { mode: AuthMode::Disabled, keys_file: None };
+            settings.auth = AuthConfig { mode: AuthMode::Disabled, ..Default::default() };
         }
         settings
     }
@@ -253,7 +253,7 @@ mod tests {
         let mut env = chart_env();
         env.insert(EDGE_AUTH_MODE, " disabled ");
         let settings = parse(&env).unwrap().settings();
-        assert_eq!(settings.auth, AuthConfig { mode: AuthMode::Disabled, keys_file: None });
+        assert_eq!(settings.auth, AuthConfig { mode: AuthMode::Disabled, ..Default::default() });
         env.insert(EDGE_AUTH_MODE, "required");
         assert_eq!(parse(&env).unwrap().settings().auth.mode, AuthMode::Required);
         env.insert(EDGE_AUTH_MODE, "optional");

@@ -261,6 +261,12 @@ pub struct AuthConfig {
     /// Relative to the config file's directory; reloaded with the config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys_file: Option<PathBuf>,
+    /// Workspace refs (exact) that callers may run jobs in when `mode` is
+    /// `disabled`: anyone who reaches the listener may then write files and
+    /// run the workspace's commands there. Only with `mode: disabled`; every
+    /// other ref refuses anonymous jobs (`404 workspace_not_found`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anonymous_workspaces: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -771,6 +777,7 @@ impl EdgeConfig {
             ));
         }
         self.validate_workspaces(&nodes)?;
+        self.validate_anonymous_workspaces()?;
         let models = self.model_index();
         for (from, to) in &self.context_fallbacks {
             let at = format!("context_fallbacks.{from}");
@@ -889,6 +896,29 @@ impl EdgeConfig {
                     let message = format!("must be non-empty and at most {MAX_STAGE_PROMPT_BYTES} bytes");
                     return Err(invalid(at(&format!("stages.prompts.{name}")), message));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// `auth.anonymous_workspaces`: only with auth disabled, each a
+    /// configured workspace ref, each once.
+    fn validate_anonymous_workspaces(&self) -> Result<(), ConfigError> {
+        let open = &self.auth.anonymous_workspaces;
+        if !open.is_empty() && self.auth.mode != AuthMode::Disabled {
+            return Err(invalid(
+                "auth.anonymous_workspaces",
+                "only with auth.mode `disabled` (with keys, the principals' `workspaces` decide)",
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, reference) in open.iter().enumerate() {
+            let at = format!("auth.anonymous_workspaces[{i}]");
+            if !self.workspaces.iter().any(|w| &w.reference == reference) {
+                return Err(invalid(at, format!("`{reference}` is not a configured workspace ref")));
+            }
+            if !seen.insert(reference.as_str()) {
+                return Err(invalid(at, format!("duplicate workspace `{reference}`")));
             }
         }
         Ok(())
@@ -1042,6 +1072,37 @@ providers:
                 assert_eq!(EdgeConfig::from_yaml(&config.to_yaml()).unwrap(), config);
                 continue;
             }
+            match EdgeConfig::from_yaml(&doc) {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("expected invalid {field}, got {other:?}"),
+            }
+        }
+    }
+
+    /// Workspaces open to anonymous callers: only with auth disabled, only
+    /// configured refs, each once; the error names the field.
+    #[test]
+    fn anonymous_workspaces_are_configured_refs_with_auth_disabled() {
+        let open = |refs: &str| {
+            VALID.replace(
+                "auth: { mode: disabled }",
+                &format!("auth: {{ mode: disabled, anonymous_workspaces: {refs} }}"),
+            )
+        };
+        let ok = EdgeConfig::from_yaml(&format!("{}{WS}", open("[site]"))).unwrap();
+        assert_eq!(ok.auth.anonymous_workspaces, ["site"]);
+        assert_eq!(EdgeConfig::from_yaml(&ok.to_yaml()).unwrap(), ok);
+        assert!(EdgeConfig::from_yaml(&format!("{VALID}{WS}")).unwrap().auth.anonymous_workspaces.is_empty());
+        let keyed = format!("{VALID}{WS}").replace(
+            "auth: { mode: disabled }",
+            "auth: { mode: required, keys_file: k.yaml, anonymous_workspaces: [site] }",
+        );
+        for (doc, field) in [
+            (format!("{}{WS}", open("[nope]")), "auth.anonymous_workspaces[0]"),
+            (format!("{}{WS}", open("[site, site]")), "auth.anonymous_workspaces[1]"),
+            (open("[site]"), "auth.anonymous_workspaces[0]"),
+            (keyed, "auth.anonymous_workspaces"),
+        ] {
             match EdgeConfig::from_yaml(&doc) {
                 Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
                 other => panic!("expected invalid {field}, got {other:?}"),

@@ -46,10 +46,15 @@ struct Args {
     #[arg(long)]
     model: Option<String>,
     /// Expose this directory as workspace `dev` (all five operations): send
-    /// `iop-workspace: dev` to run a job in it. Also serves the admin
-    /// workspace diagnostic.
+    /// `iop-workspace: dev` to run a job in it. Without `--keys-file` it is
+    /// open to anyone who reaches the HTTP address (logged loudly); with
+    /// it, the keys' `workspaces` decide.
     #[arg(long)]
     workspace: Option<std::path::PathBuf>,
+    /// Also serve the admin workspace diagnostic (`POST
+    /// /admin/v1/workspaces/{ref}/calls`) on the admin address.
+    #[arg(long, requires = "workspace")]
+    admin_workspace_calls: bool,
     /// A command jobs may run in the workspace, as `ID=PROGRAM ARG...`
     /// (split at spaces; no shell). Repeatable.
     #[arg(long, requires = "workspace", value_parser = parse_command)]
@@ -156,15 +161,25 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
     config.listen.admin = args.admin_addr;
     if let Some(keys_file) = &args.keys_file {
-        config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(std::path::absolute(keys_file)?) };
+        config.auth = AuthConfig {
+            mode: AuthMode::Required,
+            keys_file: Some(std::path::absolute(keys_file)?),
+            ..Default::default()
+        };
     }
     let workspace = match &args.workspace {
         Some(dir) => Some(dev_workspace(dir, args.workspace_command.clone())?),
         None => None,
     };
     config.workspaces.extend(workspace.clone());
+    if let Some(workspace) = &workspace
+        && args.keys_file.is_none()
+    {
+        // The Edge logs this loudly too; without keys nobody else could use it.
+        config.auth.anonymous_workspaces.push(workspace.reference.clone());
+    }
     let mut edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;
-    if workspace.is_some() {
+    if args.admin_workspace_calls {
         edge = edge.with_admin_workspace_calls();
     }
     let (http_addr, grpc_addr, admin_addr, state) =

@@ -52,6 +52,10 @@ pub struct StackOptions {
     pub workspaces: Vec<iop_proto::config::WorkspaceEntry>,
     /// Every node's `workspaces.allowed_roots`.
     pub allowed_roots: Vec<PathBuf>,
+    /// `auth.anonymous_workspaces` when no `keys` are set; `None` opens
+    /// every workspace of the stack to anonymous callers (what the job tests
+    /// run with), `Some(vec![])` closes them all.
+    pub anonymous_workspaces: Option<Vec<&'static str>>,
     /// The mock provider's `--script-file` contents (YAML), if any.
     pub mock_script: Option<&'static str>,
     /// The Edge config's `context_fallbacks` (model -> larger model).
@@ -79,6 +83,7 @@ impl Default for StackOptions {
             edge_args: Vec::new(),
             workspaces: Vec::new(),
             allowed_roots: Vec::new(),
+            anonymous_workspaces: None,
             mock_script: None,
             context_fallbacks: Vec::new(),
         }
@@ -176,9 +181,15 @@ impl Stack {
         if let Some(keys) = &options.keys {
             let keys_file = dir.path().join("keys.yaml");
             std::fs::write(&keys_file, keys).unwrap();
-            config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file) };
+            config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file), ..Default::default() };
         }
         config.workspaces = options.workspaces.clone();
+        if config.auth.mode == AuthMode::Disabled {
+            config.auth.anonymous_workspaces = match &options.anonymous_workspaces {
+                Some(refs) => refs.iter().map(|r| r.to_string()).collect(),
+                None => config.workspaces.iter().map(|w| w.reference.clone()).collect(),
+            };
+        }
         config.context_fallbacks =
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
         for managed in &options.credentials {

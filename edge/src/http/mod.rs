@@ -215,7 +215,7 @@ async fn serve<S: Surface>(
     let principal = caller.name().to_string();
     let mut execution: Execution = match job_id {
         Some(id) => {
-            let spec = job_spec::<S>(state, &config, &headers, id, principal, parsed.model.clone(), parsed.run)?;
+            let spec = job_spec::<S>(state, &config, &headers, id, &caller, parsed.model.clone(), parsed.run)?;
             Box::pin(crate::job::spawn(state.clone(), spec))
         }
         None => {
@@ -254,7 +254,9 @@ async fn serve<S: Surface>(
 }
 
 /// Admits a job: the model must exist, the client may not bring tools (the
-/// job owns the tool surface), and the workspace must be one its node
+/// job owns the tool surface), the caller must be granted the workspace
+/// (checked before the lookup: a forbidden ref is told apart from an
+/// unknown one by nothing), and the workspace must be one its node
 /// accepted on its current ready connection (frozen here with the
 /// authority; never another node).
 fn job_spec<S: Surface>(
@@ -262,7 +264,7 @@ fn job_spec<S: Surface>(
     config: &iop_proto::config::EdgeConfig,
     headers: &HeaderMap,
     id: String,
-    principal: String,
+    caller: &Caller,
     model: String,
     request: pb::RunRequest,
 ) -> Result<crate::job::JobSpec, ApiError> {
@@ -279,6 +281,9 @@ fn job_spec<S: Surface>(
     if route::candidates(config, &model).is_none() {
         return Err(ApiError::ModelNotFound(model));
     }
+    if !caller.may_use_workspace(reference, &config.auth.anonymous_workspaces) {
+        return Err(ApiError::WorkspaceNotFound(reference.to_string()));
+    }
     let admitted = crate::workspace::admit(state, reference).map_err(|e| match e {
         WorkspaceError::UnknownWorkspace => ApiError::WorkspaceNotFound(reference.to_string()),
         _ => ApiError::WorkspaceUnavailable(reference.to_string()),
@@ -288,7 +293,7 @@ fn job_spec<S: Surface>(
         state.metrics.anthropic_job_ingress.inc();
     }
     tracing::info!(job = %id, api = ?S::API, "job admitted");
-    Ok(crate::job::JobSpec { id, principal, model, request, admitted })
+    Ok(crate::job::JobSpec { id, principal: caller.name().to_string(), model, request, admitted })
 }
 
 /// How a committed request is answered.

@@ -63,7 +63,11 @@ impl Settings {
                 key_file: tls_file("edge-key.pem"),
             },
             limits: Limits::default(),
-            auth: AuthConfig { mode: AuthMode::Required, keys_file: Some(PathBuf::from(EDGE_KEYS_FILE)) },
+            auth: AuthConfig {
+                mode: AuthMode::Required,
+                keys_file: Some(PathBuf::from(EDGE_KEYS_FILE)),
+                ..Default::default()
+            },
         }
     }
 }
