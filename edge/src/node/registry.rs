@@ -66,6 +66,9 @@ pub struct Session {
     /// The node's verdict on each workspace assigned to it, from NodeReady
     /// (`accepted` or a closed reason; see `session::workspace_verdicts`).
     pub workspaces: BTreeMap<String, &'static str>,
+    /// How the node runs workspace commands, as it said in Register
+    /// (`session::command_sandbox_label`).
+    pub command_sandbox: &'static str,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +87,9 @@ pub struct NodeSnapshot {
     /// Workspace ref -> `accepted` or why the node refused it (empty while
     /// not connected or before readiness).
     pub workspaces: BTreeMap<String, &'static str>,
+    /// `landlock`, `seatbelt`, `unsandboxed` (the owner allowed commands
+    /// without a sandbox), `unavailable` (commands refused) or `unknown`.
+    pub command_sandbox: Option<&'static str>,
 }
 
 impl NodeRegistry {
@@ -213,6 +219,7 @@ impl NodeRegistry {
                     connected_at_ms: s.map(|s| s.connected_at_ms),
                     version: s.map(|s| s.node_version.clone()),
                     workspaces: s.map(|s| s.workspaces.clone()).unwrap_or_default(),
+                    command_sandbox: s.map(|s| s.command_sandbox),
                 }
             })
             .collect()
@@ -234,6 +241,7 @@ impl Session {
             close_reason: Default::default(),
             lease_key: None,
             workspaces: BTreeMap::new(),
+            command_sandbox: "unknown",
         }
     }
 }

@@ -138,11 +138,18 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         lease_key: (register.lease_public_key.len() == iop_proto::lease::PUBLIC_KEY_LEN)
             .then(|| Arc::from(register.lease_public_key.as_slice())),
         workspaces: Default::default(),
+        command_sandbox: command_sandbox_label(register.command_sandbox),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
     }
-    tracing::info!(%node, generation, version = %register.node_version, "node registered");
+    tracing::info!(
+        %node,
+        generation,
+        version = %register.node_version,
+        command_sandbox = command_sandbox_label(register.command_sandbox),
+        "node registered"
+    );
     let config = state.config.current();
     send_now(
         &out,
@@ -279,6 +286,18 @@ pub fn workspace_verdicts(
             (a.r#ref.clone(), verdict)
         })
         .collect()
+}
+
+/// How a node runs workspace commands, as `/admin/v1/nodes` shows it.
+pub fn command_sandbox_label(value: i32) -> &'static str {
+    use pb::CommandSandbox as C;
+    match C::try_from(value) {
+        Ok(C::Landlock) => "landlock",
+        Ok(C::Seatbelt) => "seatbelt",
+        Ok(C::Unsandboxed) => "unsandboxed",
+        Ok(C::Unavailable) => "unavailable",
+        Ok(C::Unspecified) | Err(_) => "unknown",
+    }
 }
 
 fn message_name(msg: &Msg) -> &'static str {

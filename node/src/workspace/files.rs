@@ -34,6 +34,12 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// The node's own state lives under `<root>/.iop`; no tool may touch it.
 pub const RESERVED: &str = ".iop";
 
+/// Whether a root entry's name is the reserved `.iop`, in any letter case:
+/// on a case-insensitive file system (APFS by default) `.IOP` is `.iop`.
+pub fn is_reserved(name: &str) -> bool {
+    name.eq_ignore_ascii_case(RESERVED)
+}
+
 /// Why a file operation was refused or failed (closed; on the wire as a
 /// `WorkspaceToolErrorCode`, whose label metrics and logs use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -113,7 +119,7 @@ impl RelPath {
                 p => parts.push(p.to_string()),
             }
         }
-        if parts[0] == RESERVED {
+        if is_reserved(&parts[0]) {
             return Err(FileError::Reserved);
         }
         let name = parts.pop();
@@ -218,7 +224,7 @@ impl<'a> Files<'a> {
             let entry = entry.map_err(FileError::of)?;
             let name = OsStr::from_bytes(entry.file_name().to_bytes());
             let Some(name) = name.to_str() else { continue };
-            if name == "." || name == ".." || (at_root && name == RESERVED) {
+            if name == "." || name == ".." || (at_root && is_reserved(name)) {
                 continue;
             }
             if after.is_some_and(|a| name <= a) {
@@ -259,17 +265,20 @@ impl<'a> Files<'a> {
         let rel = RelPath::parse(path)?;
         let name = rel.name.as_deref().ok_or(FileError::IsADirectory)?;
         let parent = self.resolve(&rel.parents)?;
-        match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        // The file being replaced keeps its permission bits and owner: a
+        // 0600 secret stays private, a script stays executable. Set-id and
+        // sticky bits are not carried over to content the model wrote.
+        let existing = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) if create_only => return Err(FileError::Exists),
             Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
-                FileType::RegularFile => {}
+                FileType::RegularFile => Some(stat),
                 FileType::Directory => return Err(FileError::IsADirectory),
                 FileType::Symlink => return Err(FileError::Symlink),
                 _ => return Err(FileError::SpecialFile),
             },
-            Err(Errno::NOENT) => {}
+            Err(Errno::NOENT) => None,
             Err(e) => return Err(FileError::of(e)),
-        }
+        };
         let temp = format!(".iop-write-{:016x}", fastrand::u64(..));
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd =
@@ -278,6 +287,17 @@ impl<'a> Files<'a> {
             let _ = rustix::fs::unlinkat(&parent, temp.as_str(), AtFlags::empty());
             e
         };
+        if let Some(stat) = &existing {
+            // Only root may give a file away; for anyone else the owner is
+            // theirs already, so a refusal changes nothing.
+            let _ = rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(stat.st_uid)),
+                Some(rustix::fs::Gid::from_raw(stat.st_gid)),
+            );
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode((stat.st_mode as u32 & 0o777) as _))
+                .map_err(|_| discard(FileError::Io))?;
+        }
         let mut file = File::from(fd);
         file.write_all(content).and_then(|()| file.sync_all()).map_err(|_| discard(FileError::Io))?;
         before_commit();

@@ -148,6 +148,9 @@ fn hostile_paths_are_refused_before_any_effect() {
         ("reserved write", write, ".iop/job/x", FileError::Reserved),
         ("reserved delete", delete, ".iop/job/state", FileError::Reserved),
         ("reserved itself", delete, ".iop", FileError::Reserved),
+        // `.IOP` is `.iop` on a case-insensitive file system (APFS).
+        ("reserved upper case", write, ".IOP/job/x", FileError::Reserved),
+        ("reserved mixed case", read, ".Iop/job/state", FileError::Reserved),
         ("symlink file out", read, "out-file", FileError::Symlink),
         ("symlink file in", read, "readme-link", FileError::Symlink),
         ("symlink dir out read", read, "out-dir/secret", FileError::Symlink),
@@ -217,4 +220,28 @@ fn a_parent_swapped_for_a_symlink_during_a_write_is_refused() {
     let leftovers: Vec<_> =
         std::fs::read_dir(f.base.join("moved-src")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(leftovers.iter().all(|n| !n.to_string_lossy().starts_with(".iop-write")), "{leftovers:?}");
+}
+
+/// A write replaces content, not permissions: a private file stays 0600, a
+/// script stays executable, set-id bits are dropped; a new file is 0644
+/// (less the umask).
+#[test]
+fn a_write_keeps_the_existing_files_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = Fixture::new();
+    let mode = |name: &str| std::fs::metadata(f.ws().join(name)).unwrap().permissions().mode() & 0o7777;
+    let set = |name: &str, mode: u32| {
+        std::fs::write(f.ws().join(name), "old").unwrap();
+        std::fs::set_permissions(f.ws().join(name), std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    set("secret.env", 0o600);
+    set("run.sh", 0o755);
+    set("setid", 0o4755);
+    for name in ["secret.env", "run.sh", "setid", "fresh.txt"] {
+        f.files().write(name, b"new", false).unwrap();
+        assert_eq!(std::fs::read(f.ws().join(name)).unwrap(), b"new");
+    }
+    assert_eq!((mode("secret.env"), mode("run.sh"), mode("setid")), (0o600, 0o755, 0o755));
+    assert_eq!(mode("fresh.txt") & !0o022, 0o644 & !0o022);
+    assert!(mode("fresh.txt") & 0o111 == 0, "a new file is not executable");
 }
