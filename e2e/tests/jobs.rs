@@ -66,8 +66,14 @@ fn workspaces(root: &Path) -> Vec<WorkspaceEntry> {
             command("test", "echo all tests pass"),
             command("hang", "sleep 300 & echo $! > grandchild.pid; wait"),
             command("slow", "sleep 0.5"),
-            // Plants a link to /etc in the job's own state directory.
-            command("plant", "for d in .iop/job/*; do ln -s /etc \"$d/escape\"; done"),
+            // Tries to plant a link to /etc in the job's own state directory
+            // (the sandbox keeps `.iop` read-only), then waits until the
+            // test has planted one from outside.
+            command(
+                "plant",
+                "for d in .iop/job/*; do ln -s /etc \"$d/by-command\"; done; \
+                 while [ ! -e planted.flag ]; do sleep 0.05; done",
+            ),
         ],
         env_allowlist: vec!["PATH".into()],
         limits,
@@ -322,8 +328,17 @@ async fn a_failed_cleanup_turns_success_into_a_failure() {
     let job = start(StackOptions::default()).await;
     let stack = &job.stack;
     let chat = chat_body("mock-ollama", "iop-mock-script:plant", false);
-    let (status, body) = json_body(post(stack, "/v1/chat/completions", "quick", &chat).send().await.unwrap()).await;
+    let request = post(stack, "/v1/chat/completions", "quick", &chat);
+    let pending = tokio::spawn(async move { json_body(request.send().await.unwrap()).await });
+    // Another party than the command (the command cannot write there)
+    // plants the link while the job runs.
+    wait_until("the job's state directory", WAIT, || async { !job_dirs(&job.root).is_empty() }).await;
+    let state = job.root.join(".iop/job").join(&job_dirs(&job.root)[0]);
+    std::os::unix::fs::symlink("/etc", state.join("escape")).unwrap();
+    std::fs::write(job.root.join("planted.flag"), "").unwrap();
+    let (status, body) = pending.await.unwrap();
     assert_eq!((status, body["error"]["code"].as_str()), (500, Some("cleanup_failed")), "{body}");
+    assert!(!state.join("by-command").exists(), "the sandboxed command wrote into .iop");
     assert_eq!(stack.metric("iop_edge_job_cleanups_total{result=\"partial\"}").await, 1.0);
     assert_eq!(stack.metric("iop_edge_job_terminals_total{state=\"failed\"}").await, 1.0);
     assert!(Path::new("/etc/hostname").exists() || Path::new("/etc/passwd").exists(), "the link's target is untouched");

@@ -1,0 +1,166 @@
+//! What a workspace command can reach on the node's machine, tried by real
+//! hostile commands through real `iop-edge` and `iop-node` processes (the
+//! admin workspace diagnostic runs them): the Linux sandbox denies each
+//! escape the README's threat model names, and a command's processes never
+//! outlive it. Where this machine has no Landlock the node refuses every
+//! command, and the test checks that instead.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use iop_e2e::harness::wait_until;
+use iop_proto::config::{WorkspaceCommand, WorkspaceEntry, WorkspaceOperation as Op};
+use serde_json::{Value, json};
+
+fn command(id: &str, script: &str) -> WorkspaceCommand {
+    WorkspaceCommand { id: id.into(), argv: vec!["bash".into(), "-c".into(), script.into()], timeout_ms: 60_000 }
+}
+
+/// The commands an attacker would write. `node.pid` and `edge.port` are
+/// put in the root once the stack runs (the scripts read them there).
+fn site(root: &Path, outside: &Path, node_key: &Path) -> WorkspaceEntry {
+    let (outside, key) = (outside.display(), node_key.display());
+    WorkspaceEntry {
+        reference: "site".into(),
+        node: NODE.into(),
+        root: root.to_str().unwrap().into(),
+        operations: vec![Op::Read, Op::List, Op::Write, Op::Command],
+        commands: vec![
+            command("inside", "echo made > made.txt && cat made.txt"),
+            // Each exits 42 when its own operation is refused (not 126/127
+            // for a shell or program that could not start).
+            command("outside", &format!("echo x > {outside}/planted || exit 42")),
+            command("reserved", "mkdir -p .iop/planted || exit 42"),
+            command("node_key", &format!("cat {key} || exit 42")),
+            command("node_environ", "cat /proc/$(cat node.pid)/environ || exit 42"),
+            command("signal_node", "kill -STOP $(cat node.pid) || exit 42"),
+            command("tcp", "exec 3<>/dev/tcp/127.0.0.1/$(cat edge.port) || exit 42"),
+            command("unix", "perl -MSocket -e 'socket(my $s, PF_UNIX, SOCK_STREAM, 0) or exit 42'"),
+            command("escape", "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > escaped.pid"),
+        ],
+        env_allowlist: vec!["PATH".into()],
+        limits: Default::default(),
+        stages: Default::default(),
+    }
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    outside: PathBuf,
+    stack: Stack,
+}
+
+async fn start() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(tmp.path()).unwrap();
+    let (allowed, outside) = (base.join("allowed"), base.join("outside"));
+    let root = allowed.join("site");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    // The stack writes the node's key into its own directory; its path is
+    // only known once it runs, so the command reads a link to it.
+    let key_link = base.join("node-key-link");
+    let mut stack = Stack::start(StackOptions {
+        workspaces: vec![site(&root, &outside, &key_link)],
+        allowed_roots: vec![allowed, std::fs::canonicalize(std::env::temp_dir()).unwrap()],
+        edge_args: vec!["--admin-workspace-calls"],
+        start_node: false,
+        ..Default::default()
+    })
+    .await;
+    std::os::unix::fs::symlink(stack.pki.dir.join(format!("node-{NODE}-key.pem")), &key_link).unwrap();
+    let pair = stack.pki.node_cert(NODE, iop_e2e::pki::Validity::Current).unwrap();
+    let (node, metrics) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
+    std::fs::write(root.join("node.pid"), node.pid().to_string()).unwrap();
+    std::fs::write(root.join("edge.port"), stack.http.port().to_string()).unwrap();
+    stack.nodes.push(node);
+    stack.node_metrics = Some(metrics);
+    stack.wait_node_ready(NODE).await;
+    Fixture { _tmp: tmp, root, outside, stack }
+}
+
+/// Runs each command id through the admin diagnostic; its result.
+async fn run(stack: &Stack, ids: &[&str]) -> Vec<Value> {
+    let calls: Vec<Value> = ids.iter().map(|id| json!({"op": "command", "command": id})).collect();
+    let body = serde_json::to_vec(&json!({ "calls": calls })).unwrap();
+    let response = stack
+        .client
+        .post(stack.admin_url("/admin/v1/workspaces/site/calls"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let (status, answer) = json_body(response).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["results"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_hostile_command_stays_inside_what_the_owner_consented_to() {
+    let f = start().await;
+    let stack = &f.stack;
+    let sandbox = stack.node(NODE).await["command_sandbox"].as_str().unwrap().to_string();
+    let ids = ["inside", "outside", "reserved", "node_key", "node_environ", "signal_node", "tcp", "unix"];
+    let results = run(stack, &ids).await;
+    if sandbox == "unavailable" {
+        // No Landlock here: every command is refused, nothing ran.
+        assert!(results.iter().all(|r| r["result"] == "sandbox_unavailable"), "{results:?}");
+        assert!(!f.root.join("made.txt").exists());
+        return;
+    }
+    assert_eq!(sandbox, if cfg!(target_os = "macos") { "seatbelt" } else { "landlock" });
+    let exit = |i: usize| results[i]["exit_code"].as_i64();
+    let output = |i: usize| results[i]["output"].as_str().unwrap_or_default().to_string();
+    assert_eq!((exit(0), output(0).trim()), (Some(0), "made"), "a command works in its root: {results:?}");
+    for (i, id) in ids.iter().enumerate().skip(1) {
+        assert_eq!(exit(i), Some(42), "`{id}` was not denied: {}", results[i]);
+    }
+    assert!(!f.outside.join("planted").exists(), "wrote outside the root");
+    assert!(!f.root.join(".iop/planted").exists(), "wrote into .iop");
+    assert!(!output(3).contains("PRIVATE KEY"), "read the node's key");
+    assert!(!output(4).contains("PATH="), "read the node's environment");
+    // The node was not stopped: it still answers.
+    let response = stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(stack.node(NODE).await["command_sandbox"], json!(sandbox));
+}
+
+/// A process a command hid with `setsid` is gone when the call answers.
+#[tokio::test]
+async fn nothing_a_command_started_outlives_it() {
+    let f = start().await;
+    let results = run(&f.stack, &["escape"]).await;
+    if results[0]["result"] == "sandbox_unavailable" {
+        return;
+    }
+    assert_eq!(results[0]["exit_code"], 0, "{results:?}");
+    let pid: i32 = std::fs::read_to_string(f.root.join("escaped.pid")).unwrap().trim().parse().unwrap();
+    wait_until("the escaped process is gone", WAIT, || async { !alive(pid) }).await;
+}
+
+/// A workspace whose root holds the node's own key and certificates is
+/// refused (its files would be the tools' to read), whatever the owner's
+/// allowed roots say.
+#[tokio::test]
+async fn a_root_holding_the_nodes_files_is_refused() {
+    let f = start().await;
+    let stack = &f.stack;
+    let generation = stack.node(NODE).await["generation"].as_u64().unwrap();
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
+    let mut keys = config.workspaces[0].clone();
+    keys.reference = "keys".into();
+    keys.root = stack.pki.dir.to_str().unwrap().into();
+    config.workspaces.push(keys);
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    stack.wait_node_ready_after(NODE, generation).await;
+    wait_until("the keys workspace is refused", WAIT, || async {
+        stack.node(NODE).await["workspaces"]["keys"] == "node_files"
+    })
+    .await;
+    assert_eq!(stack.node(NODE).await["workspaces"]["site"], "accepted");
+}
