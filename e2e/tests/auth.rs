@@ -221,3 +221,35 @@ async fn a_changed_keys_file_adds_and_revokes_keys_without_a_restart() {
     assert_eq!(chat_status(&stack, "sk-key-b").await, 200);
     assert_eq!(chat_status(&stack, "sk-key-a").await, 401);
 }
+
+/// Cross-site protection with keys (issue 24 item 4): a body that is not
+/// JSON is `415` in each API's own shape before the key is even looked at,
+/// while a real client that reaches the Edge by any name (an Ingress, a
+/// Service) is served: the `Host` check is only for `auth.mode: disabled`.
+#[tokio::test]
+async fn with_keys_only_json_bodies_pass_and_any_host_name_is_served() {
+    let (keys, all_key) = keys_file();
+    let stack = Stack::start(StackOptions { keys: Some(keys), ..Default::default() }).await;
+    let body = chat_body("mock-ollama", "hi", false).to_string();
+    let send = |path: &'static str, content_type: Option<&'static str>, host: Option<&'static str>| {
+        let mut request = stack.client.post(stack.url(path)).bearer_auth(&all_key).body(body.clone());
+        if let Some(value) = content_type {
+            request = request.header("content-type", value);
+        }
+        if let Some(host) = host {
+            request = request.header("host", host);
+        }
+        async move { json_body(request.send().await.unwrap()).await }
+    };
+    for content_type in [None, Some("text/plain"), Some("application/x-www-form-urlencoded")] {
+        let (status, answer) = send("/v1/chat/completions", content_type, None).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (415, Some("unsupported_media_type")), "{answer}");
+        let (status, answer) = send("/v1/messages", content_type, None).await;
+        assert_eq!((status, answer["type"].as_str()), (415, Some("error")), "{answer}");
+    }
+    let (status, answer) = send("/v1/chat/completions", Some("Application/JSON; charset=utf-8"), None).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = send("/v1/chat/completions", Some("application/json"), Some("api.example.com")).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(stack.metric("iop_edge_http_refusals_total{reason=\"not_json\"}").await, 6.0);
+}

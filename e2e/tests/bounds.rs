@@ -37,10 +37,10 @@ async fn slow_clients_are_cut_and_cannot_starve_others() {
 
     let mut silent = TcpStream::connect(stack.http).await.unwrap();
     let mut slow_headers = TcpStream::connect(stack.http).await.unwrap();
-    slow_headers.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\n").await.unwrap();
+    slow_headers.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n").await.unwrap();
     let mut slow_body = TcpStream::connect(stack.http).await.unwrap();
     slow_body
-        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":")
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":")
         .await
         .unwrap();
 

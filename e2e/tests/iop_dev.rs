@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{chat_body, http_client, run_script, sdk_installed, sse_events, streamed_text};
+use common::{chat_body, free_port, http_client, json_body, run_script, sdk_installed, sse_events, streamed_text};
 use iop_e2e::harness::{bin, spawn_until};
 
 async fn start_dev() -> (iop_e2e::harness::Proc, String) {
@@ -132,4 +132,66 @@ async fn official_sdks_run_workspace_jobs() {
     ];
     let (_dev, base) = start_dev_with(&args).await;
     run_script("jobs.py", &[base.trim_end_matches("/v1"), "mock", workspace.to_str().unwrap()]).await;
+}
+
+/// The attack of issue 24 item 4: a web page the developer visits posts
+/// `text/plain` to `iop-dev`'s admin workspace diagnostic to write files.
+/// `--workspace` alone no longer serves the diagnostic; with
+/// `--admin-workspace-calls` it takes only JSON, from no web page, addressed
+/// to this machine; the client API refuses non-JSON bodies and foreign
+/// `Host`s (auth is disabled) too. Nothing is written until a real call.
+#[tokio::test]
+async fn iop_dev_refuses_cross_site_requests_and_the_diagnostic_is_opt_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = std::fs::canonicalize(dir.path()).unwrap();
+    let target = workspace.join("pwned.txt");
+    let calls = r#"{"calls": [{"op": "write", "path": "pwned.txt", "content": "x"}]}"#;
+    let start = |extra: &'static [&'static str]| {
+        let workspace = workspace.clone();
+        async move {
+            let (http, admin) = (free_port().to_string(), free_port().to_string());
+            let mut args =
+                vec!["--http-addr", &http, "--admin-addr", &admin, "--workspace", workspace.to_str().unwrap()];
+            args.extend_from_slice(extra);
+            let (dev, _) = spawn_until("iop-dev", &bin("iop-dev"), &args, "IOP dev is up").await;
+            (dev, http, admin)
+        }
+    };
+    let post =
+        |url: String, content_type: &'static str, extra: Option<(&'static str, &'static str)>, body: &'static str| {
+            let mut request = http_client().post(url).header("content-type", content_type).body(body);
+            if let Some((name, value)) = extra {
+                request = request.header(name, value);
+            }
+            async move { json_body(request.send().await.unwrap()).await }
+        };
+
+    let (dev, _, admin) = start(&[]).await;
+    let diagnostic = format!("http://{admin}/admin/v1/workspaces/dev/calls");
+    let (status, body) = post(diagnostic.clone(), "application/json", None, calls).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("workspace_calls_disabled")), "{body}");
+    drop(dev);
+
+    let (_dev, http, admin) = start(&["--admin-workspace-calls"]).await;
+    let diagnostic = format!("http://{admin}/admin/v1/workspaces/dev/calls");
+    let (status, body) = post(diagnostic.clone(), "text/plain", None, calls).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (415, Some("unsupported_media_type")), "{body}");
+    let (status, body) =
+        post(diagnostic.clone(), "application/json", Some(("origin", "https://evil.example")), calls).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("origin_not_allowed")), "{body}");
+    let (status, body) = post(diagnostic.clone(), "application/json", Some(("host", "evil.example:8081")), calls).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("host_not_allowed")), "{body}");
+    let chat = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}]}"#;
+    let client_api = format!("http://{http}/v1/chat/completions");
+    let (status, body) = post(client_api.clone(), "text/plain", None, chat).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (415, Some("unsupported_media_type")), "{body}");
+    let (status, body) = post(client_api.clone(), "application/json", Some(("host", "rebound.example")), chat).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("host_not_allowed")), "{body}");
+    assert!(!target.exists(), "nothing was written by a refused request");
+
+    let (status, body) = post(client_api, "application/json", Some(("host", "localhost")), chat).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(diagnostic, "application/json; charset=utf-8", None, calls).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(target.exists(), "the real call wrote");
 }

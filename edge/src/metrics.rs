@@ -172,6 +172,7 @@ pub struct EdgeMetrics {
     pub node_handshakes_in_progress: Gauge,
     pub http_connections: Gauge,
     pub auth_rejections: Family<ReasonLabels, Counter>,
+    pub http_refusals: Family<ReasonLabels, Counter>,
     pub principal_requests: Family<PrincipalLabels, Counter>,
     pub leases_sealed: Counter,
     pub lease_refusals: Family<ReasonLabels, Counter>,
@@ -294,6 +295,12 @@ impl EdgeMetrics {
             "Client requests refused before parsing: missing_api_key, invalid_api_key, api_key_disabled",
             auth_rejections.clone(),
         );
+        let http_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "http_refusals",
+            "Requests refused by cross-site protection before their handler: not_json, browser_origin, foreign_host",
+            http_refusals.clone(),
+        );
         let principal_requests = Family::<PrincipalLabels, Counter>::default();
         registry.register(
             "principal_requests",
@@ -364,6 +371,7 @@ impl EdgeMetrics {
             node_handshakes_in_progress,
             http_connections,
             auth_rejections,
+            http_refusals,
             principal_requests,
             leases_sealed,
             lease_refusals,

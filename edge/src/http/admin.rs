@@ -21,7 +21,7 @@ use crate::workspace::{self, WorkspaceCall, WorkspaceError};
 
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn admin_error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+pub(super) fn admin_error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     (status, axum::Json(json!({ "error": { "code": code, "message": message.to_string() } }))).into_response()
 }
 

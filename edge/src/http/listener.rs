@@ -23,6 +23,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -72,7 +73,16 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ListenLimits, ope
         // Headers and body are written separately; without it a reused
         // connection waits on the client's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
-        let (builder, open, service) = (builder.clone(), open.clone(), TowerToHyperService::new(app.clone()));
+        // The address the connection reached, for the Host check
+        // (`guard::local_host_only`).
+        let local = tcp.local_addr().ok().map(super::guard::LocalAddr);
+        let app = app.clone().map_request(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+            if let Some(local) = local {
+                request.extensions_mut().insert(local);
+            }
+            request
+        });
+        let (builder, open, service) = (builder.clone(), open.clone(), TowerToHyperService::new(app));
         let watcher = graceful.watcher();
         open.inc();
         tokio::spawn(async move {

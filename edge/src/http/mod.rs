@@ -4,6 +4,7 @@
 //! a provider with `route`, run it with `dispatch`, render with `ingress::*`.
 
 mod admin;
+pub mod guard;
 pub mod listener;
 mod surface;
 
@@ -15,6 +16,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::stream;
@@ -32,6 +34,7 @@ use surface::{ChatCompletions, Messages, Responses, Surface};
 
 /// The client listener (`listen.http`): what API keys buy, and probes.
 pub fn router(state: Arc<EdgeState>) -> Router {
+    let guard = guard::Guard { state: state.clone(), listener: guard::Listener::Client };
     Router::new()
         .route("/v1/chat/completions", post(api::<ChatCompletions>))
         .route("/v1/responses", post(api::<Responses>))
@@ -44,11 +47,14 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state)
+        .layer(from_fn_with_state(guard.clone(), guard::json_only))
+        .layer(from_fn_with_state(guard, guard::local_host_only))
 }
 
 /// The admin listener (`listen.admin`): for the operator and Prometheus,
 /// never for clients (it has no authentication of its own).
 pub fn admin_router(state: Arc<EdgeState>) -> Router {
+    let guard = guard::Guard { state: state.clone(), listener: guard::Listener::Admin };
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
@@ -59,6 +65,9 @@ pub fn admin_router(state: Arc<EdgeState>) -> Router {
         .route("/admin/v1/providers/{id}/ollama/{call}", get(admin::ollama_api))
         .route("/admin/v1/workspaces/{reference}/calls", post(admin::workspace_calls))
         .with_state(state)
+        .layer(from_fn_with_state(guard.clone(), guard::json_only))
+        .layer(from_fn_with_state(guard.clone(), guard::no_browser_origin))
+        .layer(from_fn_with_state(guard, guard::local_host_only))
 }
 
 fn error_response<S: Surface>(err: &ApiError) -> Response {

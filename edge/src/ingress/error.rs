@@ -48,6 +48,18 @@ pub enum ApiError {
     /// A single-request job failed (the closed reason).
     #[error("the job failed: {0}")]
     Job(crate::job::state::JobFailure),
+    /// A `POST` body that is not `application/json` (cross-site protection).
+    #[error("the request body must be JSON: send `Content-Type: application/json`")]
+    UnsupportedMediaType,
+    /// A request a web page sent (`Origin`) to a listener no page may use.
+    #[error("requests from web pages (with an `Origin` header) are not accepted here")]
+    OriginNotAllowed,
+    /// With authentication disabled, a `Host` that does not name this
+    /// machine (DNS rebinding).
+    #[error(
+        "with authentication disabled, only requests addressed to localhost or this listener's own address are accepted"
+    )]
+    HostNotAllowed,
     #[error("internal error")]
     Internal,
 }
@@ -110,7 +122,8 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Self::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            Self::ModelNotAllowed(_) | Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -163,6 +176,9 @@ impl ApiError {
             Self::QueueFull(_) => "queue_full",
             Self::QueueTimeout(_) => "queue_timeout",
             Self::Internal => "internal",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::OriginNotAllowed => "origin_not_allowed",
+            Self::HostNotAllowed => "host_not_allowed",
             Self::WorkspaceNotFound(_) => "workspace_not_found",
             Self::WorkspaceUnavailable(_) => "workspace_unavailable",
             Self::Job(failure) => failure.label(),
@@ -186,7 +202,7 @@ impl ApiError {
     /// OpenAI error object: `{"error":{"message","type","param","code"}}`.
     pub fn openai_body(&self) -> Value {
         let kind = match self.status().as_u16() {
-            400 | 413 => "invalid_request_error",
+            400 | 413 | 415 => "invalid_request_error",
             401 => "authentication_error",
             403 => "permission_error",
             404 => "invalid_request_error",
