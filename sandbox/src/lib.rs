@@ -77,9 +77,15 @@ pub struct Probe {
 /// Runs the supervisor or the probe when this process was started as one
 /// (its exit code), else `None`.
 pub fn main_if_invoked() -> Option<i32> {
-    let mut args = std::env::args();
-    match args.nth(1).as_deref() {
-        Some(EXEC_ARG) => Some(args.next().map_or(2, |invocation| supervisor::exec_main(&invocation))),
+    // `args_os`: the binary's own arguments (a config path, say) need not
+    // be UTF-8, and this runs before it parses them.
+    let mut args = std::env::args_os();
+    let first = args.nth(1)?;
+    match first.to_str() {
+        Some(EXEC_ARG) => Some(match args.next().and_then(|a| a.into_string().ok()) {
+            Some(invocation) => supervisor::exec_main(&invocation),
+            None => 2,
+        }),
         Some(PROBE_ARG) => Some(match probe() {
             Ok(found) => {
                 println!("{}", serde_json::to_string(&found).unwrap_or_default());

@@ -47,13 +47,18 @@ pub const STATUS_FD: i32 = 4;
 pub const POLL: Duration = Duration::from_millis(50);
 /// Most time spent killing leftovers (a process in uninterruptible sleep
 /// dies when its I/O ends); then the supervisor reports and exits anyway.
-const KILL_CAP: Duration = Duration::from_secs(10);
+/// The node waits longer than this before it kills a supervisor.
+pub const KILL_CAP: Duration = Duration::from_secs(10);
 
 /// The supervisor's entry: reads the invocation, supervises, reports.
 pub fn exec_main(invocation: &str) -> i32 {
     let Ok(invocation) = serde_json::from_str::<Invocation>(invocation) else { return 2 };
+    // SAFETY: fcntl on any number is safe; a closed one answers EBADF.
+    if [ROOT_FD, STATUS_FD].iter().any(|fd| unsafe { libc::fcntl(*fd, libc::F_GETFD) } < 0) {
+        return 2;
+    }
     // SAFETY: the node opened both descriptors for this process (see the
-    // constants); nothing else in it owns them.
+    // constants; checked open above); nothing else in it owns them.
     let (root, mut status) = unsafe { (OwnedFd::from_raw_fd(ROOT_FD), File::from_raw_fd(STATUS_FD)) };
     for fd in [ROOT_FD, STATUS_FD] {
         // SAFETY: fcntl on descriptors this process owns.

@@ -38,8 +38,9 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// (everything the command started is gone by then; this only bounds it).
 pub const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 /// How long past the grace a supervisor asked to stop may take before the
-/// node kills it outright.
-const SUPERVISOR_SLACK: Duration = Duration::from_secs(5);
+/// node kills it outright: longer than its own cap on killing leftovers,
+/// so it is never cut off while it still has some to end.
+const SUPERVISOR_SLACK: Duration = iop_sandbox::supervisor::KILL_CAP.saturating_add(Duration::from_secs(5));
 
 /// What to run and with what bounds.
 #[derive(Debug, Clone)]
