@@ -60,3 +60,39 @@ fn service_install_refuses_a_config_that_does_not_load() {
     let usage = iop_node(&["service", "install"], home.path());
     assert_eq!(usage.status.code(), Some(2), "install needs --config");
 }
+
+/// The supervisor check runs before the arguments are parsed; a config
+/// path that is not UTF-8 still gets the ordinary error, not a panic.
+#[test]
+fn a_non_utf8_argument_is_an_ordinary_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let home = tempfile::tempdir().unwrap();
+    let path = home.path().join(std::ffi::OsStr::from_bytes(b"\xffnode.yaml"));
+    let out = Command::new(env!("CARGO_BIN_EXE_iop-node")).arg("--config").arg(&path).env("HOME", home.path()).output();
+    let out = out.expect("iop-node runs");
+    assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cannot read config file"), "{}", text(&out.stderr));
+}
+
+/// The hidden supervisor argument without the descriptors the node passes
+/// refuses to run anything.
+#[test]
+fn the_supervisor_refuses_without_its_descriptors() {
+    let home = tempfile::tempdir().unwrap();
+    let invocation = r#"{"policy":null,"grace_ms":0,"argv":["touch","ran"]}"#;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iop-node"));
+    command.args(["__iop-sandbox-exec", invocation]).current_dir(home.path());
+    // Whatever the test runner left open there (a jobserver pipe) is not
+    // the node's handles.
+    // SAFETY: close is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::close(3);
+            libc::close(4);
+            Ok(())
+        });
+    }
+    let out = command.output().expect("iop-node runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!home.path().join("ran").exists());
+}
