@@ -42,8 +42,14 @@ fn site(root: &Path, outside: &Path, node_key: &Path) -> WorkspaceEntry {
         ],
         env_allowlist: vec!["PATH".into()],
         limits: Default::default(),
+        network: false,
         stages: Default::default(),
     }
+}
+
+/// The same directory and commands, with the network granted.
+fn networked(site: &WorkspaceEntry) -> WorkspaceEntry {
+    WorkspaceEntry { reference: "net".into(), network: true, ..site.clone() }
 }
 
 struct Fixture {
@@ -63,8 +69,9 @@ async fn start() -> Fixture {
     // The stack writes the node's key into its own directory; its path is
     // only known once it runs, so the command reads a link to it.
     let key_link = base.join("node-key-link");
+    let site = site(&root, &outside, &key_link);
     let mut stack = Stack::start(StackOptions {
-        workspaces: vec![site(&root, &outside, &key_link)],
+        workspaces: vec![networked(&site), site],
         allowed_roots: vec![allowed, std::fs::canonicalize(std::env::temp_dir()).unwrap()],
         edge_args: vec!["--admin-workspace-calls"],
         start_node: false,
@@ -82,13 +89,18 @@ async fn start() -> Fixture {
     Fixture { _tmp: tmp, root, outside, stack }
 }
 
-/// Runs each command id through the admin diagnostic; its result.
+/// Runs each command id in workspace `site` through the admin diagnostic;
+/// their results.
 async fn run(stack: &Stack, ids: &[&str]) -> Vec<Value> {
+    run_in(stack, "site", ids).await
+}
+
+async fn run_in(stack: &Stack, workspace: &str, ids: &[&str]) -> Vec<Value> {
     let calls: Vec<Value> = ids.iter().map(|id| json!({"op": "command", "command": id})).collect();
     let body = serde_json::to_vec(&json!({ "calls": calls })).unwrap();
     let response = stack
         .client
-        .post(stack.admin_url("/admin/v1/workspaces/site/calls"))
+        .post(stack.admin_url(&format!("/admin/v1/workspaces/{workspace}/calls")))
         .header("content-type", "application/json")
         .body(body)
         .send()
@@ -127,6 +139,10 @@ async fn a_hostile_command_stays_inside_what_the_owner_consented_to() {
     let response = stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await;
     assert_eq!(response.status(), 200);
     assert_eq!(stack.node(NODE).await["command_sandbox"], json!(sandbox));
+    // The workspace that grants the network reaches the same port.
+    let granted = run_in(stack, "net", &["tcp", "outside"]).await;
+    assert_eq!(granted[0]["exit_code"], 0, "network: true lets a command connect: {granted:?}");
+    assert_eq!(granted[1]["exit_code"], 42, "and nothing else: {granted:?}");
 }
 
 /// A process a command hid with `setsid` is gone when the call answers.

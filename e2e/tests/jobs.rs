@@ -40,10 +40,17 @@ scripts:
   answer:
     - text: "worked"
     - text: "Answer."
+  again:
+    - text: "worked again"
+    - text: "Answer again."
   plant:
     - tool_calls: [{name: workspace_command, arguments: {command: plant}}]
     - text: "planted"
     - text: "All done."
+  gated:
+    - tool_calls: [{name: workspace_command, arguments: {command: gate}}]
+    - text: "the gate opened"
+    - text: "The gated job is done."
   slow:
     - tool_calls: [{name: workspace_command, arguments: {command: slow}}]
     - text: "slow work done"
@@ -66,6 +73,8 @@ fn workspaces(root: &Path) -> Vec<WorkspaceEntry> {
             command("test", "echo all tests pass"),
             command("hang", "sleep 300 & echo $! > grandchild.pid; wait"),
             command("slow", "sleep 0.5"),
+            // Runs until the test creates `release` in the workspace.
+            command("gate", "while [ ! -e release ]; do sleep 0.05; done"),
             // Tries to plant a link to /etc in the job's own state directory
             // (the sandbox keeps `.iop` read-only), then waits until the
             // test has planted one from outside.
@@ -77,6 +86,7 @@ fn workspaces(root: &Path) -> Vec<WorkspaceEntry> {
         ],
         env_allowlist: vec!["PATH".into()],
         limits,
+        network: false,
         stages,
     };
     let quick = WorkspaceStages { plan: false, review: false, ..Default::default() };
@@ -246,6 +256,53 @@ async fn a_key_drives_only_the_workspaces_its_principal_names() {
         json_body(post(&closed.stack, "/v1/chat/completions", "quick", &chat).send().await.unwrap()).await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("workspace_not_found")), "{body}");
     assert_eq!(closed.stack.metric("iop_edge_jobs_total{api=\"chat_completions\"}").await, 0.0);
+}
+
+/// Concurrency limits (issue 24 item 5): while a job runs in `quick`
+/// (default `max_concurrent_jobs: 1`), a second job there is `429
+/// too_many_jobs` with `Retry-After`, and so is a second job of a principal
+/// allowed one at a time in another workspace; neither reaches the node or
+/// the provider. Once the first job ends, its slots are free again.
+#[tokio::test]
+async fn concurrent_jobs_are_bounded_per_workspace_and_per_principal() {
+    const ONE: &str = "sk-one-at-a-time-0123456789";
+    const OTHER: &str = "sk-other-0123456789";
+    let hash = |key: &str| iop_edge::auth::to_hex(&iop_edge::auth::sha256(key.as_bytes()));
+    let keys = format!(
+        "principals:\n  - {{ name: one, key_sha256: {}, models: ['*'], workspaces: ['*'], max_concurrent_jobs: 1 }}\n  - {{ name: other, key_sha256: {}, models: ['*'], workspaces: ['*'] }}\n",
+        hash(ONE),
+        hash(OTHER)
+    );
+    let job = start(StackOptions { keys: Some(keys), ..Default::default() }).await;
+    let stack = &job.stack;
+    let send = |key: &'static str, reference: &'static str, script: &str| {
+        let request =
+            post(stack, "/v1/chat/completions", reference, &chat_body("mock-ollama", script, false)).bearer_auth(key);
+        async move { request.send().await.unwrap() }
+    };
+    let first = tokio::spawn(send(ONE, "quick", "iop-mock-script:gated"));
+    wait_until("the first job's command runs", WAIT, || async { job_dirs(&job.root).len() == 1 }).await;
+    let provider_calls = stack.mock_stats().await["requests_total"].clone();
+
+    for (key, reference, busy) in [(OTHER, "quick", "the workspace"), (ONE, "site", "this caller")] {
+        let response = send(key, reference, "iop-mock-script:answer").await;
+        assert_eq!(response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string()), Some("5".into()));
+        let (status, body) = json_body(response).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_jobs")), "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().starts_with(busy), "{body}");
+    }
+    assert_eq!(job_dirs(&job.root).len(), 1, "no second job opened the workspace");
+    assert_eq!(stack.mock_stats().await["requests_total"], provider_calls, "no model call for a refused job");
+    assert_eq!(stack.metric("iop_edge_jobs_total{api=\"chat_completions\"}").await, 1.0);
+
+    std::fs::write(job.root.join("release"), "").unwrap();
+    let (status, body) = json_body(first.await.unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "The gated job is done.");
+    let (status, body) = json_body(send(OTHER, "quick", "iop-mock-script:answer").await).await;
+    assert_eq!(status, 200, "the workspace's slot is free again: {body}");
+    let (status, body) = json_body(send(ONE, "quick", "iop-mock-script:again").await).await;
+    assert_eq!(status, 200, "the principal's slot is free again: {body}");
 }
 
 #[tokio::test]

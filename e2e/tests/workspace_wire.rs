@@ -32,6 +32,7 @@ fn site(root: &Path) -> WorkspaceEntry {
         ],
         env_allowlist: vec!["PATH".into()],
         limits: Default::default(),
+        network: false,
         stages: Default::default(),
     }
 }

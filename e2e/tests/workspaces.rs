@@ -22,6 +22,7 @@ fn workspace(reference: &str, root: &Path) -> WorkspaceEntry {
         commands: Vec::new(),
         env_allowlist: Vec::new(),
         limits: Default::default(),
+        network: false,
         stages: Default::default(),
     }
 }

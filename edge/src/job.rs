@@ -18,6 +18,7 @@
 //! before it ends.
 
 pub mod prompts;
+pub mod slots;
 pub mod state;
 pub mod tools;
 
@@ -49,6 +50,9 @@ pub struct JobSpec {
     /// The client's request, normalized: its messages and options.
     pub request: pb::RunRequest,
     pub admitted: Admitted,
+    /// Its share of the workspace's and the principal's job limits, held
+    /// until the job's task ends (after its cleanup).
+    pub slot: slots::JobSlot,
 }
 
 /// How a job ended for its client.

@@ -96,6 +96,8 @@ pub struct EdgeState {
     pub runs: Arc<RunTable<pb::RunEvent>>,
     pub tunnels: Arc<RunTable<pb::ProviderTunnelFrame>>,
     pub workspace_calls: Arc<workspace::WorkspaceCalls>,
+    /// Jobs running now, per workspace and per principal.
+    pub job_slots: Arc<job::slots::JobSlots>,
     pub commands: CommandTable,
     pub generations: GenerationSource,
     pub metrics: Arc<EdgeMetrics>,
@@ -207,6 +209,7 @@ impl Edge {
             runs: Arc::new(RunTable::default()),
             tunnels: Arc::new(RunTable::default()),
             workspace_calls: Default::default(),
+            job_slots: Default::default(),
             commands: CommandTable::default(),
             generations: GenerationSource::default(),
             metrics,

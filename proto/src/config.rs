@@ -67,6 +67,10 @@ pub struct WorkspaceEntry {
     pub env_allowlist: Vec<String>,
     #[serde(default)]
     pub limits: WorkspaceLimits,
+    /// Commands may use the network (default off; enforced by the node's
+    /// sandbox).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub network: bool,
     /// How a job on this workspace runs.
     #[serde(default, skip_serializing_if = "WorkspaceStages::is_default")]
     pub stages: WorkspaceStages,
@@ -89,6 +93,10 @@ pub struct WorkspaceStages {
     pub stage_timeout_ms: u64,
     #[serde(default, skip_serializing_if = "StagePrompts::is_empty")]
     pub prompts: StagePrompts,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
 }
 
 /// The one definition of the stage defaults (the CRD's call these).
@@ -195,6 +203,11 @@ pub struct WorkspaceLimits {
     pub max_iterations: u32,
     #[serde(default = "WorkspaceLimits::default_wall_clock_ms")]
     pub wall_clock_ms: u64,
+    /// Jobs that may run in the workspace at once, on each Edge replica
+    /// (two jobs writing one tree race); the Edge's own, never sent to
+    /// the node.
+    #[serde(default = "WorkspaceLimits::default_max_concurrent_jobs")]
+    pub max_concurrent_jobs: u32,
 }
 
 /// The one definition of the defaults (the `WorkspaceTemplate` CRD's call
@@ -215,6 +228,9 @@ impl WorkspaceLimits {
     pub fn default_wall_clock_ms() -> u64 {
         600_000
     }
+    pub fn default_max_concurrent_jobs() -> u32 {
+        1
+    }
 }
 
 impl Default for WorkspaceLimits {
@@ -225,6 +241,7 @@ impl Default for WorkspaceLimits {
             max_output_bytes: Self::default_max_output_bytes(),
             max_iterations: Self::default_max_iterations(),
             wall_clock_ms: Self::default_wall_clock_ms(),
+            max_concurrent_jobs: Self::default_max_concurrent_jobs(),
         }
     }
 }
@@ -438,7 +455,7 @@ impl WorkspaceEntry {
                 .collect(),
             env_allowlist: self.env_allowlist.clone(),
             limits: Some(self.limits.into()),
-            network: false,
+            network: self.network,
         }
     }
 
@@ -519,6 +536,11 @@ pub struct Limits {
     /// form at this interval; 0 disables.
     #[serde(default = "Limits::default_stream_keepalive_ms")]
     pub stream_keepalive_ms: u64,
+    /// Jobs one principal may run at once on this replica, unless its keys
+    /// file entry sets `max_concurrent_jobs` (anonymous callers count as
+    /// one principal).
+    #[serde(default = "Limits::default_max_jobs_per_principal")]
+    pub max_jobs_per_principal: u32,
 }
 
 impl Limits {
@@ -549,6 +571,9 @@ impl Limits {
     fn default_stream_keepalive_ms() -> u64 {
         10_000
     }
+    fn default_max_jobs_per_principal() -> u32 {
+        4
+    }
 }
 
 impl Default for Limits {
@@ -563,6 +588,7 @@ impl Default for Limits {
             max_http_connections: Self::default_max_http_connections(),
             http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
             stream_keepalive_ms: Self::default_stream_keepalive_ms(),
+            max_jobs_per_principal: Self::default_max_jobs_per_principal(),
         }
     }
 }
@@ -825,6 +851,9 @@ impl EdgeConfig {
         if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
             return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));
         }
+        if !(1..=1_000).contains(&l.max_jobs_per_principal) {
+            return Err(invalid("limits.max_jobs_per_principal", "must be between 1 and 1000"));
+        }
         Ok(())
     }
 
@@ -878,6 +907,7 @@ impl EdgeConfig {
                 ("max_output_bytes", l.max_output_bytes, 1, 64 << 20),
                 ("max_iterations", u64::from(l.max_iterations), 1, 1_000),
                 ("wall_clock_ms", l.wall_clock_ms, 1_000, 86_400_000),
+                ("max_concurrent_jobs", u64::from(l.max_concurrent_jobs), 1, 1_000),
             ];
             for (field, value, min, max) in ranges {
                 if !(min..=max).contains(&value) {
@@ -1052,6 +1082,16 @@ providers:
                 format!("{VALID}{}", WS.replace("max_iterations: 16", "max_iterations: 0")),
                 "workspaces[0].limits.max_iterations",
             ),
+            (
+                format!("{VALID}{}", WS.replace("max_iterations: 16", "max_concurrent_jobs: 0")),
+                "workspaces[0].limits.max_concurrent_jobs",
+            ),
+            (
+                format!("{VALID}{}", WS.replace("max_iterations: 16", "max_concurrent_jobs: 1001")),
+                "workspaces[0].limits.max_concurrent_jobs",
+            ),
+            (format!("{VALID}limits: {{ max_jobs_per_principal: 0 }}\n"), "limits.max_jobs_per_principal"),
+            (format!("{VALID}limits: {{ max_jobs_per_principal: 1001 }}\n"), "limits.max_jobs_per_principal"),
             (format!("{VALID}{WS}{}", WS.replace("workspaces:\n", "")), "workspaces[1].ref"),
             (format!("{VALID}    credential: {{ profile: nope }}\n"), "providers[0].credential.profile"),
             (
@@ -1069,6 +1109,14 @@ providers:
             if field == "ok" {
                 let config = EdgeConfig::from_yaml(&doc).unwrap();
                 assert_eq!(config.workspaces[0].limits.max_file_bytes, 16 * 1024 * 1024, "defaults fill the rest");
+                assert_eq!(config.workspaces[0].limits.max_concurrent_jobs, 1, "one job per workspace by default");
+                assert_eq!(config.limits.max_jobs_per_principal, 4);
+                assert!(!config.workspaces[0].network, "no network unless granted");
+                assert!(!config.to_yaml().contains("network"), "off is not written");
+                let networked =
+                    EdgeConfig::from_yaml(&doc.replace("env_allowlist:", "network: true\n    env_allowlist:")).unwrap();
+                assert!(networked.workspaces[0].network);
+                assert_eq!(EdgeConfig::from_yaml(&networked.to_yaml()).unwrap(), networked);
                 assert_eq!(EdgeConfig::from_yaml(&config.to_yaml()).unwrap(), config);
                 continue;
             }

@@ -88,6 +88,7 @@ fn dev_workspace(root: &std::path::Path, commands: Vec<WorkspaceCommand>) -> Res
         commands,
         env_allowlist: ["PATH", "HOME", "LANG"].map(String::from).to_vec(),
         limits: Default::default(),
+        network: false,
         stages: Default::default(),
     })
 }

@@ -297,12 +297,20 @@ fn job_spec<S: Surface>(
         WorkspaceError::UnknownWorkspace => ApiError::WorkspaceNotFound(reference.to_string()),
         _ => ApiError::WorkspaceUnavailable(reference.to_string()),
     })?;
+    let principal = caller.name().to_string();
+    let workspace_limit =
+        config.workspaces.iter().find(|w| w.reference == reference).map_or(1, |w| w.limits.max_concurrent_jobs);
+    let principal_limit = caller.max_concurrent_jobs(config.limits.max_jobs_per_principal);
+    let slot = state
+        .job_slots
+        .acquire(reference, workspace_limit, &principal, principal_limit)
+        .map_err(ApiError::TooManyJobs)?;
     state.metrics.jobs.get_or_create(&ApiLabels { api: S::API }).inc();
     if S::API == Api::messages {
         state.metrics.anthropic_job_ingress.inc();
     }
     tracing::info!(job = %id, api = ?S::API, "job admitted");
-    Ok(crate::job::JobSpec { id, principal: caller.name().to_string(), model, request, admitted })
+    Ok(crate::job::JobSpec { id, principal, model, request, admitted, slot })
 }
 
 /// How a committed request is answered.

@@ -45,6 +45,10 @@ pub enum ApiError {
     /// The workspace's node is not ready right now.
     #[error("the workspace `{0}` is not available right now, retry later")]
     WorkspaceUnavailable(String),
+    /// The workspace, or the caller, already runs as many jobs as its
+    /// limit allows (`limits.max_concurrent_jobs`, the principal's).
+    #[error("{}", too_many_jobs_message(*.0))]
+    TooManyJobs(crate::job::slots::JobLimit),
     /// A single-request job failed (the closed reason).
     #[error("the job failed: {0}")]
     Job(crate::job::state::JobFailure),
@@ -82,6 +86,13 @@ fn job_status(failure: JobFailure) -> StatusCode {
     }
 }
 
+fn too_many_jobs_message(limit: crate::job::slots::JobLimit) -> &'static str {
+    match limit {
+        crate::job::slots::JobLimit::Workspace => "the workspace runs as many jobs as it may at once, retry later",
+        crate::job::slots::JobLimit::Principal => "this caller runs as many jobs as it may at once, retry later",
+    }
+}
+
 fn unauthenticated_message(failure: AuthFailure) -> &'static str {
     match failure {
         AuthFailure::Missing => "missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
@@ -89,6 +100,9 @@ fn unauthenticated_message(failure: AuthFailure) -> &'static str {
         AuthFailure::Disabled => "this API key is disabled",
     }
 }
+
+/// `Retry-After` of a job refused by a concurrency limit.
+pub const TOO_MANY_JOBS_RETRY_SECS: u64 = 5;
 
 /// The longest message a client sees, in characters. Messages quote what
 /// the client sent (a model name, a block type, serde's `invalid type:
@@ -126,7 +140,7 @@ impl ApiError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull(_) | Self::TooManyJobs(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
             Self::WorkspaceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -157,6 +171,8 @@ impl ApiError {
         match self {
             Self::NoProviderAvailable(_) | Self::QueueFull(_) | Self::QueueTimeout(_) => Some(1),
             Self::WorkspaceUnavailable(_) | Self::Job(JobFailure::WorkspaceLost) => Some(1),
+            // Jobs take minutes: a client polling each second gains nothing.
+            Self::TooManyJobs(_) => Some(TOO_MANY_JOBS_RETRY_SECS),
             Self::Execution(f) if f.retry_after_ms > 0 => Some(f.retry_after_ms.div_ceil(1000)),
             Self::Execution(f) if f.kind() == FailureKind::CapacityExhausted => Some(1),
             _ => None,
@@ -181,6 +197,7 @@ impl ApiError {
             Self::HostNotAllowed => "host_not_allowed",
             Self::WorkspaceNotFound(_) => "workspace_not_found",
             Self::WorkspaceUnavailable(_) => "workspace_unavailable",
+            Self::TooManyJobs(_) => "too_many_jobs",
             Self::Job(failure) => failure.label(),
             Self::Execution(f) => match f.kind() {
                 FailureKind::ProviderUnreachable => "provider_unreachable",

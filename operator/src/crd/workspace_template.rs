@@ -50,6 +50,10 @@ pub struct WorkspaceTemplateSpec {
     pub env_allowlist: Vec<String>,
     #[serde(default)]
     pub limits: WorkspaceLimits,
+    /// Commands may use the network (default off; enforced by the node's
+    /// sandbox).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub network: bool,
     /// How a job on a workspace of this template runs: planning (read and
     /// list only), then working (every granted operation), then reviewing
     /// (read and list; answers a JSON verdict, approve or repair) and, while
@@ -112,6 +116,11 @@ pub struct WorkspaceLimits {
     #[serde(default = "WorkspaceLimits::default_wall_clock_ms")]
     #[schemars(range(min = 1000, max = 86400000))]
     pub wall_clock_ms: u64,
+    /// Jobs that may run in one workspace of this template at once, on each
+    /// Edge replica; more are refused with 429 and Retry-After.
+    #[serde(default = "WorkspaceLimits::default_max_concurrent_jobs")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_concurrent_jobs: u32,
 }
 
 /// The Edge config's defaults (`iop_proto::config::WorkspaceLimits`).
@@ -131,6 +140,9 @@ impl WorkspaceLimits {
     fn default_wall_clock_ms() -> u64 {
         iop_proto::config::WorkspaceLimits::default_wall_clock_ms()
     }
+    fn default_max_concurrent_jobs() -> u32 {
+        iop_proto::config::WorkspaceLimits::default_max_concurrent_jobs()
+    }
 }
 
 impl Default for WorkspaceLimits {
@@ -141,6 +153,7 @@ impl Default for WorkspaceLimits {
             max_output_bytes: Self::default_max_output_bytes(),
             max_iterations: Self::default_max_iterations(),
             wall_clock_ms: Self::default_wall_clock_ms(),
+            max_concurrent_jobs: Self::default_max_concurrent_jobs(),
         }
     }
 }

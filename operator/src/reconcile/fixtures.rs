@@ -78,6 +78,7 @@ pub fn template(name: &str) -> WorkspaceTemplate {
             }],
             env_allowlist: vec!["PATH".to_string()],
             limits: WorkspaceLimits::default(),
+            network: false,
             stages: WorkspaceStages::default(),
         },
     );

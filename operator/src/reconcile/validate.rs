@@ -182,7 +182,9 @@ fn render(reference: &str, node: &str, root: &str, template: &WorkspaceTemplateS
             max_output_bytes: l.max_output_bytes,
             max_iterations: l.max_iterations,
             wall_clock_ms: l.wall_clock_ms,
+            max_concurrent_jobs: l.max_concurrent_jobs,
         },
+        network: template.network,
         stages: WorkspaceStages {
             plan: s.plan,
             review: s.review,
