@@ -253,3 +253,28 @@ async fn with_keys_only_json_bodies_pass_and_any_host_name_is_served() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(stack.metric("iop_edge_http_refusals_total{reason=\"not_json\"}").await, 6.0);
 }
+
+/// No web page may use the admin listener (any `Origin` is `403`), and
+/// without keys neither listener answers a name that is not this machine's
+/// (DNS rebinding); the client listener serves pages of a matching Host,
+/// and the admin listener the Prometheus that scrapes its address.
+#[tokio::test]
+async fn the_admin_listener_serves_no_web_page_and_no_foreign_host_without_keys() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let get = |url: String, header: Option<(&'static str, &'static str)>| {
+        let mut request = stack.client.get(url);
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    for path in ["/metrics", "/admin/v1/nodes", "/healthz"] {
+        assert_eq!(get(stack.admin_url(path), Some(("origin", "http://localhost:3000"))).await, 403, "{path}");
+        assert_eq!(get(stack.admin_url(path), Some(("host", "rebound.example:8081"))).await, 403, "{path}");
+        assert_eq!(get(stack.admin_url(path), None).await, 200, "{path}");
+    }
+    assert_eq!(get(stack.url("/v1/models"), Some(("origin", "http://localhost:3000"))).await, 200);
+    assert_eq!(get(stack.url("/v1/models"), Some(("host", "rebound.example"))).await, 403);
+    assert_eq!(get(stack.url("/v1/models"), Some(("host", "localhost"))).await, 200);
+    assert_eq!(stack.metric("iop_edge_http_refusals_total{reason=\"browser_origin\"}").await, 3.0);
+}

@@ -189,7 +189,10 @@ async fn iop_dev_refuses_cross_site_requests_and_the_diagnostic_is_opt_in() {
     assert_eq!((status, body["error"]["code"].as_str()), (403, Some("host_not_allowed")), "{body}");
     assert!(!target.exists(), "nothing was written by a refused request");
 
-    let (status, body) = post(client_api, "application/json", Some(("host", "localhost")), chat).await;
+    let (status, body) = post(client_api.clone(), "application/json", Some(("host", "localhost")), chat).await;
+    assert_eq!(status, 200, "{body}");
+    // Without --keys-file the `dev` workspace is open to anonymous callers.
+    let (status, body) = post(client_api, "application/json", Some(("iop-workspace", "dev")), chat).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = post(diagnostic, "application/json; charset=utf-8", None, calls).await;
     assert_eq!(status, 200, "{body}");

@@ -88,6 +88,9 @@ pub struct Admitted {
     pub authority: pb::WorkspaceAuthority,
     /// How a job runs on it (from the same config as the authority).
     pub stages: iop_proto::config::WorkspaceStages,
+    /// Jobs that may run on it at once (`limits.max_concurrent_jobs`; the
+    /// Edge's own, not part of the authority the node sees).
+    pub max_concurrent_jobs: u32,
 }
 
 /// Resolves `reference` to its configured owner's current ready connection,
@@ -105,6 +108,7 @@ pub fn admit(state: &EdgeState, reference: &str) -> Result<Admitted, WorkspaceEr
         generation,
         authority: entry.authority(),
         stages: entry.stages.clone(),
+        max_concurrent_jobs: entry.limits.max_concurrent_jobs,
     })
 }
 

@@ -467,6 +467,13 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
         (
             "WorkspaceTemplate",
             "repo-tools",
+            "/spec/limits/maxConcurrentJobs",
+            json!(0),
+            "/spec/limits/maxConcurrentJobs: 0 is less",
+        ),
+        (
+            "WorkspaceTemplate",
+            "repo-tools",
             "/spec/stages/maxRepairs",
             json!(11),
             "/spec/stages/maxRepairs: 11 is greater",

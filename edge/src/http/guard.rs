@@ -105,7 +105,8 @@ pub fn is_local_host(host: &str, local: Option<SocketAddr>) -> bool {
         return false;
     }
     let name = name.to_ascii_lowercase();
-    let own = local.map(|addr| match addr.ip() {
+    // A v4 client of a dual-stack listener reached `[::ffff:a.b.c.d]`.
+    let own = local.map(|addr| match addr.ip().to_canonical() {
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("[{ip}]"),
     });
@@ -202,6 +203,7 @@ mod tests {
             ("10.1.2.3:8080", v4),
             ("10.1.2.3", v4),
             ("[fd00::7]:8081", v6),
+            ("10.1.2.3:8080", Some("[::ffff:10.1.2.3]:8080".parse().unwrap())),
         ] {
             assert!(is_local_host(host, local), "{host}");
         }

@@ -265,9 +265,10 @@ async fn serve<S: Surface>(
 /// Admits a job: the model must exist, the client may not bring tools (the
 /// job owns the tool surface), the caller must be granted the workspace
 /// (checked before the lookup: a forbidden ref is told apart from an
-/// unknown one by nothing), and the workspace must be one its node
-/// accepted on its current ready connection (frozen here with the
-/// authority; never another node).
+/// unknown one by nothing), the workspace must be one its node accepted on
+/// its current ready connection (frozen here with the authority; never
+/// another node), and neither it nor the caller may be at its job limit
+/// (the slot is taken here, before any node call).
 fn job_spec<S: Surface>(
     state: &Arc<EdgeState>,
     config: &iop_proto::config::EdgeConfig,
@@ -298,12 +299,10 @@ fn job_spec<S: Surface>(
         _ => ApiError::WorkspaceUnavailable(reference.to_string()),
     })?;
     let principal = caller.name().to_string();
-    let workspace_limit =
-        config.workspaces.iter().find(|w| w.reference == reference).map_or(1, |w| w.limits.max_concurrent_jobs);
     let principal_limit = caller.max_concurrent_jobs(config.limits.max_jobs_per_principal);
     let slot = state
         .job_slots
-        .acquire(reference, workspace_limit, &principal, principal_limit)
+        .acquire(reference, admitted.max_concurrent_jobs, &principal, principal_limit)
         .map_err(ApiError::TooManyJobs)?;
     state.metrics.jobs.get_or_create(&ApiLabels { api: S::API }).inc();
     if S::API == Api::messages {

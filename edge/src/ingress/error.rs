@@ -346,6 +346,31 @@ mod tests {
         assert_eq!(body["error"]["message"], "the model `claude-x` does not exist");
     }
 
+    /// Refusals before a handler and job limits: one status, one closed
+    /// code, each API's own error type; only the job limit says when to
+    /// come back.
+    #[test]
+    fn cross_site_refusals_and_job_limits_map_to_their_status() {
+        use crate::job::slots::JobLimit;
+        let cases = [
+            (ApiError::UnsupportedMediaType, 415, "unsupported_media_type", "invalid_request_error", None),
+            (ApiError::OriginNotAllowed, 403, "origin_not_allowed", "permission_error", None),
+            (ApiError::HostNotAllowed, 403, "host_not_allowed", "permission_error", None),
+            (ApiError::TooManyJobs(JobLimit::Workspace), 429, "too_many_jobs", "rate_limit_error", Some(5)),
+            (ApiError::TooManyJobs(JobLimit::Principal), 429, "too_many_jobs", "rate_limit_error", Some(5)),
+        ];
+        for (err, status, code, kind, retry) in cases {
+            assert_eq!((err.status().as_u16(), err.code(), err.retry_after_secs()), (status, code, retry), "{err:?}");
+            assert_eq!(err.openai_body()["error"]["type"], kind, "{err:?}");
+            assert_eq!(err.anthropic_body()["error"]["type"], kind, "{err:?}");
+        }
+        assert_ne!(
+            ApiError::TooManyJobs(JobLimit::Workspace).message(),
+            ApiError::TooManyJobs(JobLimit::Principal).message(),
+            "the message says which limit"
+        );
+    }
+
     #[test]
     fn retry_after_rounds_up_to_seconds() {
         let mut f = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "slow down");

@@ -187,6 +187,8 @@ fn workspace_template_rules() {
         (Box::new(|t| t.spec.env_allowlist.push("1PATH".into())), "spec.envAllowlist[1]:"),
         (Box::new(|t| t.spec.limits.max_iterations = 0), "spec.limits.maxIterations:"),
         (Box::new(|t| t.spec.limits.max_iterations = 1_001), "spec.limits.maxIterations: must be between 1 and 1000"),
+        (Box::new(|t| t.spec.limits.max_concurrent_jobs = 0), "spec.limits.maxConcurrentJobs: must be between 1"),
+        (Box::new(|t| t.spec.limits.max_concurrent_jobs = 1_001), "spec.limits.maxConcurrentJobs:"),
         (Box::new(|t| t.spec.stages.max_repairs = 11), "spec.stages.maxRepairs: must be between 0 and 10"),
         (Box::new(|t| t.spec.stages.stage_timeout_ms = 999), "spec.stages.stageTimeoutMs: must be between 1000"),
         (Box::new(|t| t.spec.stages.stage_timeout_ms = 86_400_001), "spec.stages.stageTimeoutMs:"),
@@ -236,6 +238,27 @@ fn template_stages_render_into_the_workspace_entry() {
         },
     };
     assert_eq!(entry.stages, expected);
+}
+
+/// `network` and `limits.maxConcurrentJobs` reach the Edge config entry;
+/// absent, they are off and one job at a time.
+#[test]
+fn network_and_job_concurrency_render_into_the_workspace_entry() {
+    let n = node_with_workspace("mac", "t");
+    let mut t = template("t");
+    let entry = validate::workspace("mac", &n.spec.workspaces[0], &t.spec, &BTreeSet::new(), &settings()).unwrap();
+    assert!(!entry.network);
+    assert_eq!(entry.limits.max_concurrent_jobs, 1);
+    t.spec.network = true;
+    t.spec.limits.max_concurrent_jobs = 3;
+    let entry = validate::workspace("mac", &n.spec.workspaces[0], &t.spec, &BTreeSet::new(), &settings()).unwrap();
+    assert!(entry.network);
+    assert_eq!(entry.limits.max_concurrent_jobs, 3);
+    let spec: WorkspaceTemplateSpec =
+        serde_json::from_value(json!({"operations": ["read"], "network": true, "limits": {"maxConcurrentJobs": 2}}))
+            .unwrap();
+    assert!(spec.network && spec.limits.max_concurrent_jobs == 2, "camelCase on the CRD");
+    assert!(serde_json::to_value(&template("t").spec).unwrap().get("network").is_none(), "off is not written");
 }
 
 #[test]
