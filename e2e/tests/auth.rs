@@ -277,4 +277,15 @@ async fn the_admin_listener_serves_no_web_page_and_no_foreign_host_without_keys(
     assert_eq!(get(stack.url("/v1/models"), Some(("host", "rebound.example"))).await, 403);
     assert_eq!(get(stack.url("/v1/models"), Some(("host", "localhost"))).await, 200);
     assert_eq!(stack.metric("iop_edge_http_refusals_total{reason=\"browser_origin\"}").await, 3.0);
+    // No Host at all is no browser: a load balancer's HTTP/1.0 health
+    // check (HAProxy `option httpchk`) is served on both listeners.
+    for addr in [stack.http, stack.admin] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        socket.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut answer = Vec::new();
+        socket.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"), "{addr}: {answer}");
+    }
 }

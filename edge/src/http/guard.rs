@@ -12,6 +12,8 @@
 //!   be the listener's own address (the one the connection reached),
 //!   `localhost`, `127.0.0.1` or `[::1]` (any port), else `403`. A page of
 //!   a name that rebinds to 127.0.0.1 (DNS rebinding) sends its own name.
+//!   A request without `Host` (HTTP/1.0 health checks) is not a browser's
+//!   and passes.
 //!
 //! Refusals come in the listener's error shape (the client API's own per
 //! path, a small JSON error on the admin listener) and are counted in
@@ -146,7 +148,10 @@ pub async fn local_host_only(State(guard): State<Guard>, request: Request, next:
             None => request.uri().authority().map(|a| a.as_str().to_string()),
         };
         let local = request.extensions().get::<LocalAddr>().map(|l| l.0);
-        if !host.is_some_and(|host| is_local_host(&host, local)) {
+        // No Host at all is no browser (a browser always sends one, which
+        // is what a rebound name shows): an HTTP/1.0 health check, say
+        // HAProxy's `option httpchk`, passes.
+        if host.is_some_and(|host| !is_local_host(&host, local)) {
             return refuse(&guard, Refusal::ForeignHost, request.uri().path());
         }
     }
