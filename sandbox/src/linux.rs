@@ -26,13 +26,6 @@ use crate::policy::{Policy, RESERVED, carve};
 /// against (newer kernels are used at this level; older ones best-effort).
 const ABI_VETTED: ABI = ABI::V6;
 
-/// What applying a policy achieved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Applied {
-    /// `.iop` is read-only for the command (a mount namespace was possible).
-    pub reserved_read_only: bool,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error("Landlock is not enforced by this kernel")]
@@ -44,14 +37,16 @@ pub enum ApplyError {
 }
 
 /// Restricts the calling (single-threaded) process to `policy`; `root` is
-/// the workspace root's held handle.
-pub fn apply(policy: &Policy, root: BorrowedFd<'_>) -> Result<Applied, ApplyError> {
-    let reserved_read_only = reserved_read_only(root);
+/// the workspace root's held handle. Whether `.iop` could be made
+/// read-only is the probe's to report (`Probe::reserved_read_only`): this
+/// runs between `fork` and `exec`, where nothing can be logged.
+pub fn apply(policy: &Policy, root: BorrowedFd<'_>) -> Result<(), ApplyError> {
+    reserved_read_only(root);
     restrict(policy, root)?;
     if !policy.network {
         deny_sockets()?;
     }
-    Ok(Applied { reserved_read_only })
+    Ok(())
 }
 
 fn restrict(policy: &Policy, root: BorrowedFd<'_>) -> Result<(), ApplyError> {

@@ -149,9 +149,7 @@ const SANDBOX_ERRNO: i32 = libc::ENOTRECOVERABLE;
 fn apply_sandbox(policy: Option<&crate::Policy>, root: BorrowedFd<'_>) -> std::io::Result<()> {
     match policy {
         None => Ok(()),
-        Some(policy) => {
-            crate::linux::apply(policy, root).map(|_| ()).map_err(|_| std::io::Error::from_raw_os_error(SANDBOX_ERRNO))
-        }
+        Some(policy) => crate::linux::apply(policy, root).map_err(|_| std::io::Error::from_raw_os_error(SANDBOX_ERRNO)),
     }
 }
 
