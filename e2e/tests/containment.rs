@@ -60,6 +60,12 @@ struct Fixture {
 }
 
 async fn start() -> Fixture {
+    start_with(Vec::new(), false).await
+}
+
+/// The fixture's node started with `node_args` and the owner's
+/// `unsandboxed_commands`.
+async fn start_with(node_args: Vec<&'static str>, unsandboxed_commands: bool) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let base = std::fs::canonicalize(tmp.path()).unwrap();
     let (allowed, outside) = (base.join("allowed"), base.join("outside"));
@@ -75,6 +81,8 @@ async fn start() -> Fixture {
         allowed_roots: vec![allowed, std::fs::canonicalize(std::env::temp_dir()).unwrap()],
         edge_args: vec!["--admin-workspace-calls"],
         start_node: false,
+        node_args,
+        unsandboxed_commands,
         ..Default::default()
     })
     .await;
@@ -179,4 +187,24 @@ async fn a_root_holding_the_nodes_files_is_refused() {
     })
     .await;
     assert_eq!(stack.node(NODE).await["workspaces"]["site"], "accepted");
+}
+
+/// A machine without a sandbox (`--test-no-sandbox` acts as one): the node
+/// refuses every command unless its owner allowed unsandboxed commands, and
+/// says which in `/admin/v1/nodes`; the process cleanup holds either way.
+#[tokio::test]
+async fn without_a_sandbox_commands_run_only_where_the_owner_allows_it() {
+    let refused = start_with(vec!["--test-no-sandbox"], false).await;
+    assert_eq!(refused.stack.node(NODE).await["command_sandbox"], "unavailable");
+    let results = run(&refused.stack, &["inside", "escape"]).await;
+    let labels: Vec<&str> = results.iter().map(|r| r["result"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["sandbox_unavailable", "sandbox_unavailable"]);
+    assert!(!refused.root.join("made.txt").exists() && !refused.root.join("escaped.pid").exists());
+
+    let allowed = start_with(vec!["--test-no-sandbox"], true).await;
+    assert_eq!(allowed.stack.node(NODE).await["command_sandbox"], "unsandboxed");
+    let results = run(&allowed.stack, &["inside", "escape"]).await;
+    assert_eq!((results[0]["exit_code"].as_i64(), results[1]["exit_code"].as_i64()), (Some(0), Some(0)), "{results:?}");
+    let pid: i32 = std::fs::read_to_string(allowed.root.join("escaped.pid")).unwrap().trim().parse().unwrap();
+    wait_until("the escaped process is gone", WAIT, || async { !alive(pid) }).await;
 }

@@ -38,6 +38,17 @@ pub async fn run(
     heartbeat: HeartbeatProfile,
     shutdown: CancellationToken,
 ) -> Result<(), TransportError> {
+    run_with(config, heartbeat, workspace::sandbox::Detection::Probe, shutdown).await
+}
+
+/// [`run`], with how the command sandbox is found (`iop-node
+/// --test-no-sandbox` acts as a machine without one, for tests).
+pub async fn run_with(
+    config: NodeConfig,
+    heartbeat: HeartbeatProfile,
+    sandbox: workspace::sandbox::Detection,
+    shutdown: CancellationToken,
+) -> Result<(), TransportError> {
     let metrics = metrics::NodeMetrics::new();
     if let Some(listen) = config.metrics.as_ref().map(|m| m.listen) {
         let addr = metrics::serve(listen, metrics.clone())
@@ -48,6 +59,6 @@ pub async fn run(
     // Every workspace command runs under this executable as its supervisor
     // (`iop_sandbox::main_if_invoked` in `main`).
     let supervisor = std::env::current_exe().map_err(|e| TransportError::Endpoint(format!("own executable: {e}")))?;
-    let commands = workspace::sandbox::CommandEnvironment::detect(&config, supervisor).await;
+    let commands = workspace::sandbox::CommandEnvironment::detect(&config, supervisor, sandbox).await;
     transport::supervise(config, heartbeat, metrics, commands, shutdown).await
 }

@@ -32,6 +32,9 @@ struct Args {
     /// Test-only heartbeat profile override, INTERVAL_MS,WAIT_MS.
     #[arg(long, hide = true, value_parser = HeartbeatProfile::parse_test_override)]
     test_heartbeat_profile: Option<HeartbeatProfile>,
+    /// Test-only: act as a machine without a command sandbox.
+    #[arg(long, hide = true)]
+    test_no_sandbox: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -108,7 +111,11 @@ fn main() -> ExitCode {
         }
         None => {
             let config = args.config.expect("clap requires --config without a subcommand");
-            runtime().block_on(run_node(config, args.test_heartbeat_profile.unwrap_or_default()))
+            let sandbox = match args.test_no_sandbox {
+                true => iop_node::workspace::sandbox::Detection::AssumeNone,
+                false => iop_node::workspace::sandbox::Detection::Probe,
+            };
+            runtime().block_on(run_node(config, args.test_heartbeat_profile.unwrap_or_default(), sandbox))
         }
     }
 }
@@ -117,7 +124,11 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
 
-async fn run_node(config: PathBuf, heartbeat: HeartbeatProfile) -> ExitCode {
+async fn run_node(
+    config: PathBuf,
+    heartbeat: HeartbeatProfile,
+    sandbox: iop_node::workspace::sandbox::Detection,
+) -> ExitCode {
     let config = match iop_node::NodeConfig::load(&config) {
         Ok(config) => config,
         Err(e) => {
@@ -134,7 +145,7 @@ async fn run_node(config: PathBuf, heartbeat: HeartbeatProfile) -> ExitCode {
     // On a worker thread, not the `block_on` main thread: the control loop
     // wakes for every assignment and spawns the execution, and a worker
     // hands it over without a cross-thread wake-up.
-    match tokio::spawn(iop_node::run(config, heartbeat, shutdown)).await {
+    match tokio::spawn(iop_node::run_with(config, heartbeat, sandbox, shutdown)).await {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
             tracing::error!("{e}");

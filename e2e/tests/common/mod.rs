@@ -56,6 +56,10 @@ pub struct StackOptions {
     /// every workspace of the stack to anonymous callers (what the job tests
     /// run with), `Some(vec![])` closes them all.
     pub anonymous_workspaces: Option<Vec<&'static str>>,
+    /// Extra `iop-node` arguments (e.g. `--test-no-sandbox`).
+    pub node_args: Vec<&'static str>,
+    /// Every node's `workspaces.unsandboxed_commands`.
+    pub unsandboxed_commands: bool,
     /// The mock provider's `--script-file` contents (YAML), if any.
     pub mock_script: Option<&'static str>,
     /// The Edge config's `context_fallbacks` (model -> larger model).
@@ -85,6 +89,8 @@ impl Default for StackOptions {
             allowed_roots: Vec::new(),
             anonymous_workspaces: None,
             mock_script: None,
+            node_args: Vec::new(),
+            unsandboxed_commands: false,
             context_fallbacks: Vec::new(),
         }
     }
@@ -106,6 +112,8 @@ pub struct Stack {
     pub heartbeat: Option<&'static str>,
     pub edge_args: Vec<&'static str>,
     pub allowed_roots: Vec<PathBuf>,
+    pub node_args: Vec<&'static str>,
+    pub unsandboxed_commands: bool,
     pub client: reqwest::Client,
 }
 
@@ -223,6 +231,8 @@ impl Stack {
             heartbeat: options.heartbeat,
             edge_args: options.edge_args,
             allowed_roots: options.allowed_roots,
+            node_args: options.node_args,
+            unsandboxed_commands: options.unsandboxed_commands,
             client: http_client(),
         };
         stack.start_edge().await;
@@ -258,6 +268,7 @@ impl Stack {
         let mut config = harness::node_config(self.grpc, ca_file, pair, (50, 500));
         config.metrics = Some(iop_node::config::MetricsConfig { listen: "127.0.0.1:0".parse().unwrap() });
         config.workspaces.allowed_roots = self.allowed_roots.clone();
+        config.workspaces.unsandboxed_commands = self.unsandboxed_commands;
         let name = pair.cert.file_stem().unwrap().to_str().unwrap().to_string();
         let path = self.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, serde_saphyr::to_string(&config).unwrap()).unwrap();
@@ -266,6 +277,7 @@ impl Stack {
         if let Some(profile) = self.heartbeat {
             args.extend(["--test-heartbeat-profile", profile]);
         }
+        args.extend(self.node_args.iter().copied());
         let (node, line) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
         let url = line.split_whitespace().last().unwrap().to_string();
         (node, format!("{url}/metrics"))

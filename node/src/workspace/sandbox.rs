@@ -18,6 +18,15 @@ use iop_sandbox::{Authority, Policy, Probe};
 
 use crate::config::NodeConfig;
 
+/// How the node finds its sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detection {
+    /// Run the supervisor's probe (always, outside tests).
+    Probe,
+    /// Act as a machine without a sandbox (`iop-node --test-no-sandbox`).
+    AssumeNone,
+}
+
 /// What commands run under here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SandboxMode {
@@ -44,18 +53,10 @@ pub struct SandboxUnavailable;
 
 impl CommandEnvironment {
     /// Probes the machine with `supervisor` and applies the owner's choice.
-    pub async fn detect(config: &NodeConfig, supervisor: PathBuf) -> Self {
-        let probe = tokio::process::Command::new(&supervisor)
-            .arg(iop_sandbox::PROBE_ARG)
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .await;
-        let found = match probe {
-            Ok(out) if out.status.success() => serde_json::from_slice::<Probe>(&out.stdout).map_err(|e| e.to_string()),
-            Ok(out) => Err(String::from_utf8_lossy(&out.stdout).trim().chars().take(200).collect()),
-            Err(e) => Err(e.to_string()),
+    pub async fn detect(config: &NodeConfig, supervisor: PathBuf, detection: Detection) -> Self {
+        let found = match detection {
+            Detection::Probe => probe(&supervisor).await,
+            Detection::AssumeNone => Err("--test-no-sandbox".to_string()),
         };
         let mode = match (found, config.workspaces.unsandboxed_commands) {
             (Ok(probe), _) => {
@@ -126,6 +127,23 @@ impl CommandEnvironment {
     /// and directories (they would be the file tools' to read).
     pub fn overlaps_node_files(&self, root: &Path) -> bool {
         self.node_files.iter().any(|p| p.starts_with(root) || root.starts_with(p))
+    }
+}
+
+/// Runs the supervisor's probe: what sandbox this machine has, tried for
+/// real in a throwaway process.
+async fn probe(supervisor: &Path) -> Result<Probe, String> {
+    let probe = tokio::process::Command::new(supervisor)
+        .arg(iop_sandbox::PROBE_ARG)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .await;
+    match probe {
+        Ok(out) if out.status.success() => serde_json::from_slice::<Probe>(&out.stdout).map_err(|e| e.to_string()),
+        Ok(out) => Err(String::from_utf8_lossy(&out.stdout).trim().chars().take(200).collect()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
