@@ -39,6 +39,7 @@ fn site(root: &Path, outside: &Path, node_key: &Path) -> WorkspaceEntry {
             command("tcp", "exec 3<>/dev/tcp/127.0.0.1/$(cat edge.port) || exit 42"),
             command("unix", "perl -MSocket -e 'socket(my $s, PF_UNIX, SOCK_STREAM, 0) or exit 42'"),
             command("escape", "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > escaped.pid"),
+            command("linger", "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > lingering.pid; wait"),
         ],
         env_allowlist: vec!["PATH".into()],
         limits: Default::default(),
@@ -207,4 +208,28 @@ async fn without_a_sandbox_commands_run_only_where_the_owner_allows_it() {
     assert_eq!((results[0]["exit_code"].as_i64(), results[1]["exit_code"].as_i64()), (Some(0), Some(0)), "{results:?}");
     let pid: i32 = std::fs::read_to_string(allowed.root.join("escaped.pid")).unwrap().trim().parse().unwrap();
     wait_until("the escaped process is gone", WAIT, || async { !alive(pid) }).await;
+}
+
+/// The node process dies (SIGKILL: no cleanup of its own runs) while a
+/// command runs: the supervisor notices and ends everything the command
+/// started.
+#[tokio::test]
+async fn a_command_does_not_outlive_a_killed_node() {
+    let mut f = start().await;
+    let (client, url) = (f.stack.client.clone(), f.stack.admin_url("/admin/v1/workspaces/site/calls"));
+    let body = serde_json::to_vec(&json!({"calls": [{"op": "command", "command": "linger"}]})).unwrap();
+    let pending =
+        tokio::spawn(
+            async move { client.post(url).header("content-type", "application/json").body(body).send().await },
+        );
+    let pid_file = f.root.join("lingering.pid");
+    wait_until("the command started", WAIT, || async {
+        std::fs::read_to_string(&pid_file).is_ok_and(|t| t.ends_with('\n'))
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let mut node = f.stack.nodes.remove(0);
+    node.child.kill().await.unwrap();
+    wait_until("the lingering process is gone", WAIT, || async { !alive(pid) }).await;
+    pending.abort();
 }

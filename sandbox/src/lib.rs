@@ -107,11 +107,17 @@ fn probe() -> Result<Probe, String> {
 
 #[cfg(target_os = "macos")]
 fn probe() -> Result<Probe, String> {
-    // The profile of an empty policy, run for real on `true`.
-    let status = std::process::Command::new(seatbelt::SANDBOX_EXEC)
-        .args(["-p", "(version 1)(deny default)(allow process-exec process-fork)(allow file-read*)", "/usr/bin/true"])
-        .status()
-        .map_err(|e| format!("{}: {e}", seatbelt::SANDBOX_EXEC))?;
+    // The profile commands get (for an empty directory of its own), run for
+    // real on `true`: if this works, so does a command's start.
+    let dir = std::env::temp_dir().join(format!("iop-sandbox-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("probe directory: {e}"))?;
+    let root = std::fs::canonicalize(&dir).map_err(|e| format!("probe directory: {e}"))?;
+    let authority = Authority { root: &root, network: false, owner_read: &[], node_files: &[] };
+    let profile = seatbelt::profile(&policy::policy(&authority, &policy::system_read_paths()));
+    let line = profile.command_line(&["/usr/bin/true".to_string()]);
+    let status = std::process::Command::new(&line[0]).args(&line[1..]).current_dir(&root).status();
+    let _ = std::fs::remove_dir(&root);
+    let status = status.map_err(|e| format!("{}: {e}", seatbelt::SANDBOX_EXEC))?;
     if !status.success() {
         return Err(format!("{} failed: {status}", seatbelt::SANDBOX_EXEC));
     }

@@ -79,7 +79,8 @@ fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
     }
     let Some(signals) = SignalPipe::install() else { return Report::SpawnFailed };
     // SAFETY: getppid and fchdir have no preconditions.
-    if unsafe { libc::getppid() } == 1 || unsafe { libc::fchdir(root.as_raw_fd()) } != 0 {
+    let node = unsafe { libc::getppid() };
+    if node == 1 || unsafe { libc::fchdir(root.as_raw_fd()) } != 0 {
         return Report::SpawnFailed;
     }
     let argv = command_line(invocation);
@@ -110,10 +111,12 @@ fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
     let mut exit = None;
     let mut deadline = None;
     loop {
-        if let Some(signal) = signals.wait(POLL)
-            && signal != libc::SIGCHLD
-            && deadline.is_none()
-        {
+        let signal = signals.wait(POLL);
+        // The node went away (macOS has no parent-death signal): as if it
+        // had asked the command to end.
+        // SAFETY: getppid has no preconditions.
+        let orphaned = unsafe { libc::getppid() } != node;
+        if (orphaned || signal.is_some_and(|s| s != libc::SIGCHLD)) && deadline.is_none() {
             tree.refresh();
             tree.signal_all(libc::SIGTERM);
             deadline = Some(Instant::now() + Duration::from_millis(invocation.grace_ms));
