@@ -141,12 +141,11 @@ pub fn policy(authority: &Authority<'_>, system: &[PathBuf]) -> Policy {
     }
 }
 
-impl Policy {
-    /// Whether the root overlaps the node's own files (then no command may
-    /// run there: the root is writable).
-    pub fn root_overlaps_denied(&self) -> bool {
-        self.denied.iter().any(|d| d.starts_with(&self.root) || self.root.starts_with(d))
-    }
+/// Whether a workspace root holds, or lies in, one of the node's own files
+/// and directories (`Authority::node_files`): such a root is refused, since
+/// its files would be the tools' to read and the commands' to write.
+pub fn overlaps(root: &Path, node_files: &[PathBuf]) -> bool {
+    node_files.iter().any(|p| p.starts_with(root) || root.starts_with(p))
 }
 
 /// The read paths as rules that cannot express "except": a path that
@@ -219,15 +218,14 @@ mod tests {
             ])
         );
         // The owner's path to the node's own directory (and below it) is
-        // dropped; a relative path is no path, `/` no directory of the node's. `/etc` stays: the renderers
-        // leave out what is denied inside it.
+        // dropped; a relative path is no path, `/` no directory of the
+        // node's. `/etc` stays: the renderers leave out what is denied
+        // inside it.
         assert_eq!(p.read, paths(&["/Users/me/.cargo", "/bin", "/etc", "/usr"]));
         assert!(!p.network);
-        assert!(!p.root_overlaps_denied());
-        let inside = Authority { root: Path::new("/Users/me/iop/site"), ..authority.clone() };
-        assert!(policy(&inside, &[]).root_overlaps_denied());
-        let around = Authority { root: Path::new("/Users/me"), ..authority };
-        assert!(policy(&around, &[]).root_overlaps_denied());
+        assert!(!overlaps(authority.root, &p.denied));
+        assert!(overlaps(Path::new("/Users/me/iop/site"), &p.denied));
+        assert!(overlaps(Path::new("/Users/me"), &p.denied));
     }
 
     #[test]

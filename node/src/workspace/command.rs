@@ -456,8 +456,7 @@ mod tests {
             outside = outside.display(),
             node = node_dir.display(),
         );
-        let argv = argv(&["bash", "-c", &script]);
-        let env = argv_env();
+        let (argv, env) = (argv(&["bash", "-c", &script]), argv(&["PATH"]));
         let spec = CommandSpec {
             argv: &argv,
             env_allowlist: &env,
@@ -494,9 +493,5 @@ mod tests {
         assert!(!outside.join("x").exists() && !root.join(".iop/job/planted").exists());
         assert_eq!(std::fs::read_to_string(root.join("mine.txt")).unwrap(), "x\n");
         drop(listener);
-    }
-
-    fn argv_env() -> Vec<String> {
-        argv(&["PATH"])
     }
 }

@@ -123,10 +123,10 @@ impl CommandEnvironment {
         }
     }
 
-    /// A workspace root may neither hold nor lie in the node's own files
-    /// and directories (they would be the file tools' to read).
+    /// Whether `root` holds or lies in the node's own files
+    /// ([`iop_sandbox::policy::overlaps`]).
     pub fn overlaps_node_files(&self, root: &Path) -> bool {
-        self.node_files.iter().any(|p| p.starts_with(root) || root.starts_with(p))
+        iop_sandbox::policy::overlaps(root, &self.node_files)
     }
 }
 
