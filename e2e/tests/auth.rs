@@ -289,3 +289,42 @@ async fn the_admin_listener_serves_no_web_page_and_no_foreign_host_without_keys(
         assert!(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"), "{addr}: {answer}");
     }
 }
+
+/// A context fallback is a model like any other (issue 25 item 7): a
+/// principal allowed only the small model whose request overflows it gets
+/// the small model's context error, never an answer from the fallback it
+/// may not use; a principal allowed both is moved as before.
+#[tokio::test]
+async fn a_context_fallback_is_taken_only_when_the_principal_may_use_its_model() {
+    const SMALL_ONLY_KEY: &str = "sk-small-only-0123456789";
+    const BOTH_KEY: &str = "sk-small-and-large-0123456789";
+    let keys = format!(
+        "principals:\n  - {{ name: small-only, key_sha256: {}, models: [mock-small] }}\n  - {{ name: both, key_sha256: {}, models: [mock-small, mock-large] }}\n",
+        hash_key(SMALL_ONLY_KEY),
+        hash_key(BOTH_KEY),
+    );
+    let small = provider("small", iop_proto::config::Adapter::Openai, "mock@context_window=5", "mock-small", "");
+    let large = provider("large", iop_proto::config::Adapter::Ollama, "mock", "mock-large", "");
+    let stack = Stack::start(StackOptions {
+        keys: Some(keys),
+        extra_providers: vec![small, large],
+        context_fallbacks: vec![("mock-small", "mock-large")],
+        ..Default::default()
+    })
+    .await;
+    let long = chat_body("mock-small", "one two three four five six seven", false);
+    for stream in [false, true] {
+        let mut request = long.clone();
+        request["stream"] = json!(stream);
+        let (status, error) =
+            call(&stack, "/v1/chat/completions", &request, "authorization", Some(SMALL_ONLY_KEY)).await;
+        assert_eq!(status, 400, "the small model's own context error (stream={stream}): {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("maximum context length"), "{error}");
+    }
+    assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"large\",outcome=\"committed\"}").await, 0.0);
+
+    let (status, answer) = call(&stack, "/v1/chat/completions", &long, "authorization", Some(BOTH_KEY)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["model"], "mock", "the fallback answered a principal allowed to use it");
+}

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use crate::EdgeState;
 use crate::admission::LeaseGuard;
 use crate::admission::{AdmitError, AdmitRequest, Candidate};
+use crate::auth::Caller;
 use crate::credentials::{LeaseScope, lease_for};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
@@ -180,12 +181,19 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
 }
 
 /// The route to move to when `failure` says the request did not fit
-/// `route`'s context window and the config names a fallback for it. Pure.
-pub fn context_fallback<'a>(config: &'a EdgeConfig, route: &str, failure: &pb::ExecutionFailure) -> Option<&'a str> {
+/// `route`'s context window and the config names a fallback for it that
+/// `caller` may use (a fallback is a model like any other: a principal not
+/// allowed it gets the original context error). Pure.
+pub fn context_fallback<'a>(
+    config: &'a EdgeConfig,
+    caller: &Caller,
+    route: &str,
+    failure: &pb::ExecutionFailure,
+) -> Option<&'a str> {
     if !failure.context_length_exceeded || failure.kind() != FailureKind::ProviderHttpStatus {
         return None;
     }
-    config.context_fallbacks.get(route).map(String::as_str)
+    config.context_fallbacks.get(route).map(String::as_str).filter(|next| caller.may_use(next))
 }
 
 /// How long to wait before retrying after `failure` on attempt `attempt`
@@ -215,11 +223,11 @@ fn is_commit(event: &Event, point: CommitPoint) -> bool {
     }
 }
 
-/// Runs `request` of `principal` for public model `model` until an attempt
+/// Runs `request` of `caller` for public model `model` until an attempt
 /// commits.
 pub async fn execute(
     state: &Arc<EdgeState>,
-    principal: &str,
+    caller: &Caller,
     model: &str,
     request: pb::RunRequest,
     tunnel: Option<TunnelForm>,
@@ -262,7 +270,7 @@ pub async fn execute(
         };
         let provider_id = lease.lease().provider_id().to_string();
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
-        let scope = LeaseScope { principal, route };
+        let scope = LeaseScope { principal: caller.name(), route };
         let outcome = match (lease_for(state, &scope, provider, lease.lease()), provider.map(|p| p.mode), &tunnel) {
             // No lease, no dispatch: the attempt fails closed (not retried).
             (Err(failure), _, _) => failed(failure),
@@ -292,7 +300,7 @@ pub async fn execute(
         // Too long for this model's context window: the route's larger
         // model, with an attempt of its own (one hop: only from the
         // client's own model).
-        if let Some(next) = context_fallback(&config, route, &failure).filter(|_| route == model)
+        if let Some(next) = context_fallback(&config, caller, route, &failure).filter(|_| route == model)
             && let Some(next_candidates) = self::candidates(&config, next)
         {
             count("context_fallback");
@@ -691,12 +699,37 @@ mod tests {
         config.context_fallbacks.insert("small".into(), "large".into());
         let mut too_long = failure(FailureKind::ProviderHttpStatus, 400, 0);
         too_long.context_length_exceeded = true;
-        assert_eq!(context_fallback(&config, "small", &too_long), Some("large"));
-        assert_eq!(context_fallback(&config, "other", &too_long), None, "no fallback configured");
-        assert_eq!(context_fallback(&config, "small", &failure(FailureKind::ProviderHttpStatus, 400, 0)), None);
+        let anyone = Caller::Anonymous;
+        assert_eq!(context_fallback(&config, &anyone, "small", &too_long), Some("large"));
+        assert_eq!(context_fallback(&config, &anyone, "other", &too_long), None, "no fallback configured");
+        let other_400 = failure(FailureKind::ProviderHttpStatus, 400, 0);
+        assert_eq!(context_fallback(&config, &anyone, "small", &other_400), None);
         let mut not_http = failure(FailureKind::ProviderProtocol, 0, 0);
         not_http.context_length_exceeded = true;
-        assert_eq!(context_fallback(&config, "small", &not_http), None);
+        assert_eq!(context_fallback(&config, &anyone, "small", &not_http), None);
+    }
+
+    /// Issue 25 item 7: the fallback's model is subject to the caller's
+    /// model list like the model the client named.
+    #[test]
+    fn a_fallback_the_principal_may_not_use_is_not_taken() {
+        let mut config = crate::admission::test_support::one_provider_config("n1");
+        config.context_fallbacks.insert("small".into(), "large".into());
+        let mut too_long = failure(FailureKind::ProviderHttpStatus, 400, 0);
+        too_long.context_length_exceeded = true;
+        let hash = crate::auth::to_hex(&crate::auth::sha256(b"k"));
+        let keys = crate::auth::Keys::parse(&format!(
+            "principals:\n  - {{ name: small-only, key_sha256: {hash}, models: [small] }}\n  - {{ name: both, key_sha256: {}, models: [small, 'lar*'] }}\n",
+            crate::auth::to_hex(&crate::auth::sha256(b"k2"))
+        ))
+        .unwrap();
+        let caller = |key: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert("authorization", format!("Bearer {key}").parse().unwrap());
+            keys.authenticate(&headers).unwrap()
+        };
+        assert_eq!(context_fallback(&config, &caller("k"), "small", &too_long), None);
+        assert_eq!(context_fallback(&config, &caller("k2"), "small", &too_long), Some("large"));
     }
 
     #[test]

@@ -44,7 +44,9 @@ const CLEANUP_WAIT: Duration = Duration::from_secs(30);
 /// What a job is asked to do.
 pub struct JobSpec {
     pub id: String,
-    pub principal: String,
+    /// Who asked: every model turn is theirs (their model list applies to a
+    /// context fallback too).
+    pub caller: crate::auth::Caller,
     /// The public model every turn runs on.
     pub model: String,
     /// The client's request, normalized: its messages and options.
@@ -384,7 +386,7 @@ impl Driver<'_> {
             ..Default::default()
         };
         let committed =
-            gate::execute(self.state, &self.spec.principal, &self.spec.model, request, None, CommitPoint::Terminal)
+            gate::execute(self.state, &self.spec.caller, &self.spec.model, request, None, CommitPoint::Terminal)
                 .await
                 .map_err(JobError::Model)?;
         let Answer::Normalized { buffered, rest: None } = committed.answer else {

@@ -221,7 +221,6 @@ async fn serve<S: Surface>(
         record.route = Some(parsed.model.clone());
     }
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
-    let principal = caller.name().to_string();
     let mut execution: Execution = match job_id {
         Some(id) => {
             let spec = job_spec::<S>(state, &config, &headers, id, &caller, parsed.model.clone(), parsed.run)?;
@@ -239,8 +238,8 @@ async fn serve<S: Surface>(
                     })
                     .collect(),
             });
-            let (state, model, run) = (state.clone(), parsed.model.clone(), parsed.run);
-            Box::pin(async move { gate::execute(&state, &principal, &model, run, tunnel, point).await })
+            let (state, caller, model, run) = (state.clone(), caller.clone(), parsed.model.clone(), parsed.run);
+            Box::pin(async move { gate::execute(&state, &caller, &model, run, tunnel, point).await })
         }
     };
     let max_response_bytes = config.limits.max_response_bytes;
@@ -298,18 +297,17 @@ fn job_spec<S: Surface>(
         WorkspaceError::UnknownWorkspace => ApiError::WorkspaceNotFound(reference.to_string()),
         _ => ApiError::WorkspaceUnavailable(reference.to_string()),
     })?;
-    let principal = caller.name().to_string();
     let principal_limit = caller.max_concurrent_jobs(config.limits.max_jobs_per_principal);
     let slot = state
         .job_slots
-        .acquire(reference, admitted.max_concurrent_jobs, &principal, principal_limit)
+        .acquire(reference, admitted.max_concurrent_jobs, caller.name(), principal_limit)
         .map_err(ApiError::TooManyJobs)?;
     state.metrics.jobs.get_or_create(&ApiLabels { api: S::API }).inc();
     if S::API == Api::messages {
         state.metrics.anthropic_job_ingress.inc();
     }
     tracing::info!(job = %id, api = ?S::API, "job admitted");
-    Ok(crate::job::JobSpec { id, principal, model, request, admitted, slot })
+    Ok(crate::job::JobSpec { id, caller: caller.clone(), model, request, admitted, slot })
 }
 
 /// How a committed request is answered.
@@ -610,7 +608,7 @@ async fn embed(
         record.route = Some(request.model.clone());
     }
     let run = pb::RunRequest { embed: Some(request.embed.clone()), ..Default::default() };
-    let committed = gate::execute(state, caller.name(), &request.model, run, None, CommitPoint::Terminal).await?;
+    let committed = gate::execute(state, &caller, &request.model, run, None, CommitPoint::Terminal).await?;
     let Answer::Normalized { buffered, .. } = committed.answer else { return Err(ApiError::Internal) };
     crate::ingress::embeddings::answer(&request, &buffered)
 }
@@ -648,7 +646,7 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
         count_tokens: true,
         ..Default::default()
     };
-    let counted = match gate::execute(&state, caller.name(), &request.model, run, None, CommitPoint::Terminal).await {
+    let counted = match gate::execute(&state, &caller, &request.model, run, None, CommitPoint::Terminal).await {
         Ok(gate::Committed { answer: Answer::Normalized { buffered, .. }, .. }) => {
             crate::ingress::anthropic_messages::counted_tokens(&buffered)
         }
