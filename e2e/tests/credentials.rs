@@ -71,11 +71,35 @@ async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_with
     assert_eq!(stack.metric("iop_edge_credential_leases_sealed_total").await, 4.0);
 
     // Rotation: the server's key changes; until the Edge has the new one the
-    // provider says 401 (the provider's own answer, not a lease refusal).
+    // provider says 401. That is the provider refusing its own credential
+    // (issue 25 item 6): a 502 with its own code in every API's shape and
+    // in tunnels, never the client's `authentication_error`; the sibling
+    // with the same credential is not tried; the credential and the
+    // provider's health say so.
     let rotate = stack.client.post(format!("{url}/mock/api-key")).body("sk-lmstudio-2").send().await.unwrap();
     assert_eq!(rotate.status(), 204);
-    let refused = stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await;
-    assert_eq!(refused.status(), 401);
+    let before = keyed_requests(&stack, &url).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("provider_credential_rejected")), "{body}");
+    assert_eq!(body["error"]["type"], "api_error", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("not about your API key"), "{body}");
+    assert_eq!(keyed_requests(&stack, &url).await, before + 1, "keyed-backup has the same credential: not tried");
+    for id in ["keyed", "keyed-backup", "keyed-tunnel"] {
+        let admin = stack.provider_admin(id).await;
+        assert_eq!(admin["credential"]["state"], "rejected", "{admin}");
+        assert_eq!(admin["health"], "unavailable", "{admin}");
+    }
+    let sample = "iop_edge_provider_credential{provider=\"keyed\",state=\"rejected\"}";
+    assert_eq!(stack.metric(sample).await, 1.0);
+    for stream in [false, true] {
+        let (status, body) =
+            json_body(stack.post("/v1/chat/completions", &chat_body("keyed-tunnel", "hello", stream)).await).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (502, Some("provider_credential_rejected")), "{body}");
+    }
+    let messages =
+        serde_json::json!({"model": "keyed", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (502, Some("api_error")), "{body}");
     // New secret, new revision: the Edge reloads it, the node accepts it.
     std::fs::write(stack.dir.path().join("lm.key"), "sk-lmstudio-2\n").unwrap();
     let text = std::fs::read_to_string(&stack.edge_config).unwrap();
@@ -86,6 +110,8 @@ async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_with
     .await;
     assert_eq!(stack.get_json("/admin/v1/config").await["config"]["last_error"], Value::Null);
     assert_eq!(node_metric(&stack, "iop_node_credential_lease_rejections_total").await, 0.0);
+    let admin = stack.provider_admin("keyed").await;
+    assert_eq!((admin["credential"]["state"].as_str(), admin["health"].as_str()), (Some("ok"), Some("available")));
 
     // Going back to the old revision (an old Secret restored by mistake) is
     // refused by the node: revisions of a profile never go backwards.
@@ -152,24 +178,31 @@ async fn a_replayed_lease_is_refused() {
     refused_with("replay", "replayed", true).await;
 }
 
+/// A disabled profile takes its providers out of selection: the model's
+/// other providers answer, and with none the client gets the usual 503.
+/// Nothing reaches the provider and no lease is sealed.
 #[tokio::test]
-async fn a_disabled_profile_fails_closed_at_the_edge() {
+async fn a_disabled_profile_takes_its_providers_out() {
     let (stack, _mock, url) = keyed_stack(Vec::new()).await;
     let text = std::fs::read_to_string(&stack.edge_config).unwrap();
     std::fs::write(&stack.edge_config, text.replace("disabled: false", "disabled: true")).unwrap();
     wait_until("the reload", WAIT, || async { stack.get_json("/admin/v1/config").await["config"]["revision"] == 2 })
         .await;
+    let admin = stack.provider_admin("keyed").await;
+    assert_eq!(admin["credential"], serde_json::json!({"profile": "lm", "state": "disabled", "problem": null}));
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("credential_rejected")), "{body}");
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("no_provider_available")), "{body}");
     assert_eq!(keyed_requests(&stack, &url).await, 0);
-    assert_eq!(stack.metric("iop_edge_credential_lease_refusals_total{reason=\"disabled\"}").await, 1.0);
+    assert_eq!(stack.metric("iop_edge_credential_leases_sealed_total").await, 0.0);
+    assert_eq!(stack.metric("iop_edge_provider_credential{provider=\"keyed\",state=\"disabled\"}").await, 1.0);
 }
 
 /// A Kubernetes rollout may update the config before the Secret with the
-/// credential file it names: the Edge keeps its config and applies the new
-/// one as soon as the file appears, without another change to the config.
+/// credential file it names: the config applies at once, the providers of
+/// the missing credential are unavailable (saying why), and they come back
+/// as soon as the file appears, without another change to the config.
 #[tokio::test]
-async fn a_config_naming_a_credential_file_not_there_yet_is_applied_once_it_appears() {
+async fn a_config_naming_a_credential_file_not_there_yet_applies_and_the_profile_follows_the_file() {
     let (stack, _mock, _url) = keyed_stack(Vec::new()).await;
     let late = stack.dir.path().join("late.key");
     let text = std::fs::read_to_string(&stack.edge_config).unwrap();
@@ -180,17 +213,105 @@ async fn a_config_naming_a_credential_file_not_there_yet_is_applied_once_it_appe
         revision: 1,
         disabled: false,
     });
+    let backup = config.providers.iter_mut().find(|p| p.id == "keyed-backup").unwrap();
+    backup.credential = Some(iop_proto::config::CredentialRef { profile: "late".into() });
     std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
-    wait_until("the rejected reload", WAIT, || async {
-        stack.get_json("/admin/v1/config").await["config"]["last_error"].is_string()
+    wait_until("the reload", WAIT, || async { stack.get_json("/admin/v1/config").await["config"]["revision"] == 2 })
+        .await;
+    let admin = stack.provider_admin("keyed-backup").await;
+    assert_eq!(admin["credential"]["state"], "invalid", "{admin}");
+    assert_eq!(admin["credential"]["problem"], "the file cannot be read", "{admin}");
+    assert_eq!((admin["health"].as_str(), admin["dispatchable"].as_bool()), (Some("unavailable"), Some(false)));
+    std::fs::write(&late, KEY).unwrap();
+    wait_until("the profile once the file exists", WAIT, || async {
+        stack.provider_admin("keyed-backup").await["credential"]["state"] == "ok"
     })
     .await;
-    let error = stack.get_json("/admin/v1/config").await["config"]["last_error"].as_str().unwrap().to_string();
-    assert!(error.contains("credentials[1].file"), "{error}");
-    std::fs::write(&late, "sk-late").unwrap();
-    wait_until("the reload once the file exists", WAIT, || async {
-        stack.get_json("/admin/v1/config").await["config"]["revision"] == 2
+    assert_eq!(stack.metric("iop_edge_config_reloads_total{result=\"rejected\"}").await, 0.0);
+}
+
+/// One bad credential value (issue 25 item 3): a file with a space or a
+/// control byte disables only its profile. The rest of the same reload (a
+/// revoked API key) applies, the profile's providers say why in
+/// `/admin/v1/providers` and the metric, other providers keep answering,
+/// and an Edge restarted with that config starts.
+#[tokio::test]
+async fn a_bad_credential_value_disables_only_its_profile() {
+    use std::io::Write;
+    const KEYED_CLIENT: &str = "sk-client-keyed-0123456789";
+    const REVOKED_CLIENT: &str = "sk-client-revoked-0123456789";
+    let hash = |key: &str| {
+        let mut child = std::process::Command::new(iop_e2e::harness::bin("iop-edge"))
+            .arg("hash-key")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap().trim().to_string()
+    };
+    let entry = |name: &str, key: &str, disabled: bool| {
+        format!("  - {{ name: {name}, key_sha256: {}, models: ['*'], disabled: {disabled} }}\n", hash(key))
+    };
+    let (_mock, url) = spawn_keyed_mock(KEY).await;
+    let keyed = provider("keyed", Adapter::Openai, "mock", "keyed", &url);
+    let mut stack = Stack::start(StackOptions {
+        keys: Some(format!("principals:\n{}{}", entry("a", KEYED_CLIENT, false), entry("b", REVOKED_CLIENT, false))),
+        extra_providers: vec![keyed],
+        credentials: vec![Managed { profile: "lm", secret: KEY, revision: 1, providers: vec!["keyed"] }],
+        ..Default::default()
     })
     .await;
-    assert_eq!(stack.metric("iop_edge_config_reloads_total{result=\"rejected\"}").await, 1.0, "counted once");
+    wait_until("keyed dispatchable", WAIT, || async { stack.provider_admin("keyed").await["dispatchable"] == true })
+        .await;
+    assert_eq!(call(&stack, REVOKED_CLIENT, "mock-openai").await.0, 200);
+
+    // One change: the credential file gets a space, and `b` is revoked.
+    std::fs::write(stack.dir.path().join("lm.key"), "sk-lm studio\n").unwrap();
+    let keys = stack.dir.path().join("keys.yaml");
+    std::fs::write(
+        &keys,
+        format!("principals:\n{}{}", entry("a", KEYED_CLIENT, false), entry("b", REVOKED_CLIENT, true)),
+    )
+    .unwrap();
+    wait_until("the revocation applied", WAIT, || async { call(&stack, REVOKED_CLIENT, "mock-openai").await.0 == 401 })
+        .await;
+    assert_eq!(stack.get_json("/admin/v1/config").await["config"]["last_error"], Value::Null);
+    wait_until("the bad credential seen", WAIT, || async {
+        stack.provider_admin("keyed").await["credential"]["state"] == "invalid"
+    })
+    .await;
+    let admin = stack.provider_admin("keyed").await;
+    assert_eq!(
+        admin["credential"]["problem"].as_str().unwrap(),
+        "the value must be 1 to 8192 bytes of printable ASCII without spaces"
+    );
+    assert!(!admin.to_string().contains("studio"), "never the value: {admin}");
+    assert_eq!(stack.metric("iop_edge_provider_credential{provider=\"keyed\",state=\"invalid\"}").await, 1.0);
+    let (status, body) = call(&stack, KEYED_CLIENT, "keyed").await;
+    assert_eq!(status, 503, "the only provider of the model is unavailable: {body}");
+    assert_eq!(call(&stack, KEYED_CLIENT, "mock-openai").await.0, 200, "other providers answer");
+
+    // A control byte, then a restart with that config: the Edge starts.
+    std::fs::write(stack.dir.path().join("lm.key"), b"sk-lm\x07studio\n").unwrap();
+    stack.edge.take().unwrap().terminate().await;
+    stack.start_edge().await;
+    stack.wait_node_ready(NODE).await;
+    assert_eq!(stack.provider_admin("keyed").await["credential"]["state"], "invalid");
+    assert_eq!(call(&stack, KEYED_CLIENT, "mock-openai").await.0, 200);
+    assert_eq!(call(&stack, REVOKED_CLIENT, "mock-openai").await.0, 401);
+}
+
+/// A chat for `model` with the client key `key`.
+async fn call(stack: &Stack, key: &str, model: &str) -> (u16, Value) {
+    let response = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(serde_json::to_vec(&chat_body(model, "hello", false)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    json_body(response).await
 }

@@ -20,6 +20,7 @@ use iop_proto::config::{Adapter, EdgeConfig, ProviderEntry};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::credentials::CredentialHealth;
 use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
 use crate::overlay::{HealthOverlay, ProviderView};
@@ -260,6 +261,7 @@ pub struct AdmissionPool {
     state: Mutex<PoolState>,
     registry: Arc<NodeRegistry>,
     overlay: Arc<HealthOverlay>,
+    credentials: Arc<CredentialHealth>,
     metrics: Arc<EdgeMetrics>,
 }
 
@@ -283,6 +285,7 @@ impl AdmissionPool {
         config: &EdgeConfig,
         registry: Arc<NodeRegistry>,
         overlay: Arc<HealthOverlay>,
+        credentials: Arc<CredentialHealth>,
         metrics: Arc<EdgeMetrics>,
     ) -> Arc<Self> {
         let state = PoolState {
@@ -290,7 +293,7 @@ impl AdmissionPool {
             routes: configured_routes(config),
             ..Default::default()
         };
-        Arc::new(Self { state: Mutex::new(state), registry, overlay, metrics })
+        Arc::new(Self { state: Mutex::new(state), registry, overlay, credentials, metrics })
     }
 
     /// Admits `request` now, or queues it (bounded, FIFO) for up to `wait`.
@@ -366,22 +369,26 @@ impl AdmissionPool {
     }
 
     fn try_acquire(&self, state: &mut PoolState, request: &AdmitRequest) -> Attempt {
-        let generations: Vec<Option<u64>> = request
+        let provider_views: Vec<ProviderView> = request
             .candidates
             .iter()
-            .map(|c| ProviderView::of(&self.registry, &self.overlay, &c.provider).dispatchable_on)
+            .map(|c| ProviderView::of(&self.registry, &self.overlay, &self.credentials, &c.provider))
             .collect();
+        let generations: Vec<Option<u64>> = provider_views.iter().map(|v| v.dispatchable_on).collect();
         let views: Vec<CandidateView> = request
             .candidates
             .iter()
-            .zip(&generations)
-            .map(|(c, generation)| {
+            .zip(&provider_views)
+            .map(|(c, view)| {
                 let slots = state.slots.get(&c.provider.id);
                 let avoided = request.avoid.get(&c.provider.id);
                 CandidateView {
                     priority: c.priority,
-                    eligible: generation.is_some() && slots.is_some(),
-                    avoided: avoided.is_some(),
+                    eligible: view.dispatchable_on.is_some() && slots.is_some(),
+                    // A provider that rejected its credential is tried only
+                    // when nothing else is eligible, like one this request
+                    // already tried.
+                    avoided: avoided.is_some() || view.last_resort,
                     fallback_allowed: avoided.copied().unwrap_or(true),
                     in_flight: slots.map_or(0, Slots::in_flight),
                     capacity: slots.map_or(0, |s| s.capacity),
@@ -579,7 +586,7 @@ providers:
         registry.register(node, Session::registered(generation, control));
         let overlay = Arc::new(HealthOverlay::default());
         crate::overlay::test_support::ready(&registry, &overlay, node, generation, &["p"]);
-        let pool = AdmissionPool::new(&config, registry, overlay, EdgeMetrics::new());
+        let pool = AdmissionPool::new(&config, registry, overlay, Default::default(), EdgeMetrics::new());
         let candidates: Arc<[Candidate]> =
             Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
         let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashMap::new() };
@@ -684,7 +691,7 @@ providers:
             .into_iter()
             .map(|p| Candidate { priority: p.models[0].priority, provider: p.clone() })
             .collect();
-        let pool = AdmissionPool::new(&config, registry.clone(), overlay, EdgeMetrics::new());
+        let pool = AdmissionPool::new(&config, registry.clone(), overlay, Default::default(), EdgeMetrics::new());
         Fixture { pool, registry, candidates, _controls: controls }
     }
 

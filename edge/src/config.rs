@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use iop_proto::config::{ConfigError, EdgeConfig};
 
 use crate::auth::Keys;
-use crate::credentials::Credentials;
+use crate::credentials::{CredentialHealth, Credentials};
 
 /// What the Edge holds besides its config: API key hashes and managed
 /// provider credentials, loaded from the files the config names and swapped
@@ -19,8 +19,10 @@ pub struct Secrets {
 
 impl Secrets {
     /// Loads every file `config` names for them; the error names the file.
+    /// A credential file never fails the load: an unusable one disables
+    /// only its profile (see [`Credentials::load`]).
     pub fn load(config: &EdgeConfig) -> Result<Self, String> {
-        Ok(Self { keys: Keys::load(&config.auth)?, credentials: Credentials::load(config)? })
+        Ok(Self { keys: Keys::load(&config.auth)?, credentials: Credentials::load(config) })
     }
 }
 
@@ -62,6 +64,8 @@ pub struct ConfigHandle {
     current: std::sync::RwLock<std::sync::Arc<EdgeConfig>>,
     secrets: std::sync::RwLock<std::sync::Arc<Secrets>>,
     status: std::sync::Mutex<ReloadStatus>,
+    /// Installed from the credentials of every config this handle takes.
+    credential_health: std::sync::Arc<CredentialHealth>,
 }
 
 /// What `/admin/v1/config` reports.
@@ -75,11 +79,20 @@ pub struct ReloadStatus {
 
 impl ConfigHandle {
     pub fn new(config: EdgeConfig, secrets: Secrets) -> Self {
+        let credential_health = std::sync::Arc::new(CredentialHealth::default());
+        credential_health.install(&secrets.credentials);
         Self {
             current: std::sync::RwLock::new(std::sync::Arc::new(config)),
             secrets: std::sync::RwLock::new(std::sync::Arc::new(secrets)),
             status: std::sync::Mutex::new(ReloadStatus { revision: 1, last_error: None }),
+            credential_health,
         }
+    }
+
+    /// What the Edge knows about each managed credential (the loaded
+    /// files and the providers' rejections).
+    pub fn credential_health(&self) -> &std::sync::Arc<CredentialHealth> {
+        &self.credential_health
     }
 
     pub fn current(&self) -> std::sync::Arc<EdgeConfig> {
@@ -92,6 +105,7 @@ impl ConfigHandle {
 
     /// Installs `next` and its secrets and returns the previous config.
     pub fn swap(&self, next: EdgeConfig, secrets: Secrets) -> std::sync::Arc<EdgeConfig> {
+        self.credential_health.install(&secrets.credentials);
         *self.secrets.write().unwrap() = std::sync::Arc::new(secrets);
         let previous = std::mem::replace(&mut *self.current.write().unwrap(), std::sync::Arc::new(next));
         let mut status = self.status.lock().unwrap();

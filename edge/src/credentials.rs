@@ -4,8 +4,12 @@
 //! the key its node generated for the current connection
 //! (`iop_proto::lease`); the node opens it right before the provider call.
 //!
-//! Failing closed: a disabled profile or a node that sent no lease key ends
-//! the attempt with `credential_rejected`, which is never retried elsewhere
+//! A profile whose file is unusable, or that is disabled, takes its
+//! providers out of selection ([`CredentialHealth`], read by
+//! `ProviderView`); a provider's 401/403 marks the value `rejected`. Failing
+//! closed: a lease that cannot be sealed (a node that sent no lease key, a
+//! profile disabled since admission) ends the attempt with
+//! `credential_rejected`, which is never retried elsewhere
 //! (`gate::retryable`). A credential never appears in logs, metrics, admin
 //! output or error messages: errors name the profile or the file only.
 
@@ -26,9 +30,12 @@ use crate::admission::Lease;
 /// transit and the clock difference between the cluster and a Mac.
 pub const LEASE_TTL: Duration = Duration::from_secs(120);
 
-/// One loaded profile.
+/// One configured profile: its secret when the file held a usable one.
 struct Profile {
-    secret: Zeroizing<Vec<u8>>,
+    /// Why not, when the file could not be read or its value is not
+    /// usable: the profile is [`CredentialState::Invalid`] and nothing is
+    /// leased.
+    secret: Result<Zeroizing<Vec<u8>>, ValueProblem>,
     revision: u64,
     disabled: bool,
 }
@@ -46,35 +53,190 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// Why a profile's file gave no usable secret (the log field and the
+/// reason `/admin/v1/providers` shows; never the content).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ValueProblem {
+    #[error("the file cannot be read")]
+    Unreadable,
+    #[error("the value must be 1 to {MAX_CREDENTIAL_BYTES} bytes of printable ASCII without spaces")]
+    InvalidValue,
+}
+
 impl Credentials {
     /// Reads every profile's file (already resolved against the config's
-    /// directory). The error names the profile and file, never the content.
-    pub fn load(config: &EdgeConfig) -> Result<Self, String> {
+    /// directory). A file that cannot be read or holds an unusable value
+    /// makes only its own profile [`CredentialState::Invalid`] (logged
+    /// with the profile's name, never the content): one bad credential
+    /// must not keep the rest of a reload (a revoked API key, say) from
+    /// applying, nor the Edge from starting.
+    pub fn load(config: &EdgeConfig) -> Self {
         let mut profiles = HashMap::new();
-        for (i, c) in config.credentials.iter().enumerate() {
-            let at = format!("credentials[{i}].file");
-            let bytes = Zeroizing::new(
-                std::fs::read(&c.file).map_err(|e| format!("{at}: cannot read {}: {e}", c.file.display()))?,
-            );
-            let secret = bytes.trim_ascii();
-            if secret.is_empty() || secret.len() > MAX_CREDENTIAL_BYTES {
-                return Err(format!("{at}: {} must hold 1 to {MAX_CREDENTIAL_BYTES} bytes", c.file.display()));
+        for c in &config.credentials {
+            let secret = match std::fs::read(&c.file).map(Zeroizing::new) {
+                Ok(bytes) => usable_value(&bytes).map(|v| Zeroizing::new(v.to_vec())),
+                Err(_) => Err(ValueProblem::Unreadable),
+            };
+            if let Err(problem) = &secret {
+                tracing::error!(profile = %c.profile, %problem, "a managed credential is unusable; its providers are unavailable until it is fixed");
             }
-            // It becomes an `Authorization: Bearer` value on the node.
-            if secret.iter().any(|b| !b.is_ascii_graphic()) {
-                return Err(format!("{at}: {} must hold printable ASCII without spaces", c.file.display()));
-            }
-            let profile =
-                Profile { secret: Zeroizing::new(secret.to_vec()), revision: c.revision, disabled: c.disabled };
-            profiles.insert(c.profile.clone(), profile);
+            profiles.insert(c.profile.clone(), Profile { secret, revision: c.revision, disabled: c.disabled });
         }
-        Ok(Self { profiles })
+        Self { profiles }
     }
 
     /// The files whose content a reload watches.
     pub fn files(config: &EdgeConfig) -> impl Iterator<Item = &PathBuf> {
         config.credentials.iter().map(|c| &c.file)
     }
+
+    /// What a profile's file gave: its state and, when usable, the
+    /// fingerprint a provider's rejection is recorded against.
+    fn loaded(&self, profile: &str) -> Loaded {
+        match self.profiles.get(profile) {
+            None => Loaded::Invalid(ValueProblem::Unreadable),
+            Some(p) if p.disabled => Loaded::Disabled,
+            Some(Profile { secret: Err(problem), .. }) => Loaded::Invalid(*problem),
+            Some(Profile { secret: Ok(secret), .. }) => Loaded::Usable(fingerprint(secret)),
+        }
+    }
+}
+
+/// The value of a credential file, trimmed, when a node can send it as an
+/// `Authorization: Bearer` value.
+fn usable_value(bytes: &[u8]) -> Result<&[u8], ValueProblem> {
+    let secret = bytes.trim_ascii();
+    if secret.is_empty() || secret.len() > MAX_CREDENTIAL_BYTES || !secret.iter().all(u8::is_ascii_graphic) {
+        return Err(ValueProblem::InvalidValue);
+    }
+    Ok(secret)
+}
+
+/// A digest of a secret value: what a provider's rejection is recorded
+/// against, so that a new value (a rotation) clears it.
+type Fingerprint = [u8; 32];
+
+fn fingerprint(secret: &[u8]) -> Fingerprint {
+    crate::auth::sha256(secret)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loaded {
+    Usable(Fingerprint),
+    Disabled,
+    Invalid(ValueProblem),
+}
+
+/// A provider's managed credential as `/admin/v1/providers`, the metric
+/// `iop_edge_provider_credential` and (through the operator) the Provider's
+/// status show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialState {
+    Ok,
+    /// `disabled: true` in the config.
+    Disabled,
+    /// The file cannot be read or its value is not usable.
+    Invalid,
+    /// The provider answered 401/403 to this value; cleared by a run it
+    /// accepts or by a new value.
+    Rejected,
+}
+
+impl CredentialState {
+    /// Every state, in the order of the metric's state set.
+    pub const ALL: [Self; 4] = [Self::Ok, Self::Disabled, Self::Invalid, Self::Rejected];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Disabled => "disabled",
+            Self::Invalid => "invalid",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    /// Whether runs may be sealed with it at all. A rejected credential
+    /// still may (as a last resort: the provider's next answer is the only
+    /// evidence that it works again); a disabled or invalid one never.
+    pub fn leasable(self) -> bool {
+        matches!(self, Self::Ok | Self::Rejected)
+    }
+}
+
+/// What the Edge knows about each profile's credential: what its file gave
+/// (installed with every config) and the providers' rejections of it. The
+/// one definition of [`CredentialState`], shared by admission, the admin
+/// snapshot and the metric.
+#[derive(Debug, Default)]
+pub struct CredentialHealth {
+    inner: std::sync::Mutex<HealthInner>,
+}
+
+#[derive(Debug, Default)]
+struct HealthInner {
+    loaded: HashMap<String, Loaded>,
+    /// Profile -> the value a provider rejected.
+    rejected: HashMap<String, Fingerprint>,
+}
+
+impl CredentialHealth {
+    /// Takes the profiles of a newly applied config. A rejection stays only
+    /// while the profile still holds the rejected value.
+    pub fn install(&self, credentials: &Credentials) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.loaded = credentials.profiles.keys().map(|p| (p.clone(), credentials.loaded(p))).collect();
+        let HealthInner { loaded, rejected } = &mut *inner;
+        rejected.retain(|profile, value| loaded.get(profile) == Some(&Loaded::Usable(*value)));
+    }
+
+    pub fn state(&self, profile: &str) -> CredentialState {
+        let inner = self.inner.lock().unwrap();
+        match inner.loaded.get(profile) {
+            None | Some(Loaded::Invalid(_)) => CredentialState::Invalid,
+            Some(Loaded::Disabled) => CredentialState::Disabled,
+            Some(Loaded::Usable(value)) if inner.rejected.get(profile) == Some(value) => CredentialState::Rejected,
+            Some(Loaded::Usable(_)) => CredentialState::Ok,
+        }
+    }
+
+    /// The state of `provider`'s managed credential; `None` without one.
+    pub fn of_provider(&self, provider: &ProviderEntry) -> Option<CredentialState> {
+        provider.credential.as_ref().map(|c| self.state(&c.profile))
+    }
+
+    /// Why a profile is invalid, for the admin snapshot.
+    pub fn problem(&self, profile: &str) -> Option<ValueProblem> {
+        match self.inner.lock().unwrap().loaded.get(profile) {
+            Some(Loaded::Invalid(problem)) => Some(*problem),
+            None => Some(ValueProblem::Unreadable),
+            _ => None,
+        }
+    }
+
+    /// A provider answered 401/403 to a run sealed with `used`.
+    pub fn record_rejection(&self, used: &CredentialUse) {
+        let newly = self.inner.lock().unwrap().rejected.insert(used.profile.clone(), used.value) != Some(used.value);
+        if newly {
+            tracing::warn!(profile = %used.profile, "a provider rejected its managed credential (HTTP 401/403)");
+        }
+    }
+
+    /// A provider accepted a run sealed with `used`: a rejection of that
+    /// same value is over.
+    pub fn record_acceptance(&self, used: &CredentialUse) {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.rejected.get(&used.profile) == Some(&used.value) {
+            inner.rejected.remove(&used.profile);
+            tracing::info!(profile = %used.profile, "a provider accepted its managed credential again");
+        }
+    }
+}
+
+/// Which credential value an attempt's lease carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialUse {
+    pub profile: String,
+    value: Fingerprint,
 }
 
 /// A test-only way to make the Edge send bad leases, so that end-to-end
@@ -99,6 +261,12 @@ pub struct LeaseScope<'a> {
     pub route: &'a str,
 }
 
+/// A sealed lease and the credential value it carries.
+pub struct Sealed {
+    pub lease: pb::SealedLease,
+    pub used: CredentialUse,
+}
+
 /// The lease for the execution `lease` on `provider`, or `None` when the
 /// provider has no managed credential.
 pub fn lease_for(
@@ -106,7 +274,7 @@ pub fn lease_for(
     scope: &LeaseScope<'_>,
     provider: Option<&ProviderEntry>,
     lease: &Lease,
-) -> Result<Option<pb::SealedLease>, pb::ExecutionFailure> {
+) -> Result<Option<Sealed>, pb::ExecutionFailure> {
     let Some((provider, credential)) = provider.and_then(|p| p.credential.as_ref().map(|c| (p, c))) else {
         return Ok(None);
     };
@@ -122,6 +290,9 @@ pub fn lease_for(
     if profile.disabled {
         return Err(rejected("disabled"));
     }
+    let Ok(secret) = profile.secret.as_ref() else {
+        return Err(rejected("invalid_value"));
+    };
     let key = match state.registry.lease_key(lease.node(), lease.generation()) {
         Some(Some(key)) => key,
         Some(None) => return Err(rejected("no_node_key")),
@@ -163,13 +334,91 @@ pub fn lease_for(
         Some(LeaseFault::OtherKey) => iop_proto::lease::LeaseKey::generate().public_key().to_vec(),
         _ => key.to_vec(),
     };
-    let mut sealed = iop_proto::lease::seal(&recipient, &identity.uri(), &binding, &profile.secret)
-        .map_err(|_| rejected("seal_failed"))?;
+    let mut sealed =
+        iop_proto::lease::seal(&recipient, &identity.uri(), &binding, secret).map_err(|_| rejected("seal_failed"))?;
     match fault {
         Some(LeaseFault::Tamper) => sealed.ciphertext[0] ^= 1,
         Some(LeaseFault::Replay) => sealed = state.first_lease.get_or_init(|| sealed.clone()).clone(),
         _ => {}
     }
     state.metrics.leases_sealed.inc();
-    Ok(Some(sealed))
+    let used = CredentialUse { profile: credential.profile.clone(), value: fingerprint(secret) };
+    Ok(Some(Sealed { lease: sealed, used }))
+}
+
+#[cfg(test)]
+mod tests {
+    use iop_proto::config::CredentialProfile;
+
+    use super::*;
+
+    /// Profiles `good`, `spaced` (a space inside), `control` (a control
+    /// byte), `missing` (no file) and `off` (disabled) in `dir`.
+    fn config(dir: &std::path::Path) -> EdgeConfig {
+        let mut config = crate::admission::test_support::one_provider_config("n1");
+        let mut profile = |name: &str, content: Option<&[u8]>, disabled: bool| {
+            let file = dir.join(name);
+            if let Some(content) = content {
+                std::fs::write(&file, content).unwrap();
+            }
+            config.credentials.push(CredentialProfile { profile: name.into(), file, revision: 1, disabled });
+        };
+        profile("good", Some(b"sk-good\n"), false);
+        profile("spaced", Some(b"sk bad"), false);
+        profile("control", Some(b"sk-\x07bad"), false);
+        profile("missing", None, false);
+        profile("off", Some(b"sk-off"), true);
+        config
+    }
+
+    #[test]
+    fn an_unusable_value_makes_only_its_own_profile_invalid() {
+        let dir = tempfile::tempdir().unwrap();
+        let credentials = Credentials::load(&config(dir.path()));
+        let health = CredentialHealth::default();
+        health.install(&credentials);
+        let states: Vec<_> =
+            ["good", "spaced", "control", "missing", "off", "unknown"].map(|p| (p, health.state(p).label())).to_vec();
+        assert_eq!(
+            states,
+            [
+                ("good", "ok"),
+                ("spaced", "invalid"),
+                ("control", "invalid"),
+                ("missing", "invalid"),
+                ("off", "disabled"),
+                ("unknown", "invalid")
+            ]
+        );
+        assert_eq!(health.problem("spaced"), Some(ValueProblem::InvalidValue));
+        assert_eq!(health.problem("missing"), Some(ValueProblem::Unreadable));
+        assert_eq!(health.problem("good"), None);
+        assert!(!format!("{credentials:?}").contains("sk-"), "Debug names profiles only");
+    }
+
+    #[test]
+    fn a_rejection_lasts_until_an_acceptance_or_a_new_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(dir.path());
+        let health = CredentialHealth::default();
+        health.install(&Credentials::load(&config));
+        let used = CredentialUse { profile: "good".into(), value: fingerprint(b"sk-good") };
+        health.record_rejection(&used);
+        assert_eq!(health.state("good"), CredentialState::Rejected);
+        assert!(CredentialState::Rejected.leasable() && !CredentialState::Invalid.leasable());
+        // A reload with the same value keeps it; an acceptance of another
+        // (older) value does not clear it.
+        health.install(&Credentials::load(&config));
+        assert_eq!(health.state("good"), CredentialState::Rejected);
+        health.record_acceptance(&CredentialUse { profile: "good".into(), value: fingerprint(b"sk-older") });
+        assert_eq!(health.state("good"), CredentialState::Rejected);
+        health.record_acceptance(&used);
+        assert_eq!(health.state("good"), CredentialState::Ok);
+        // A new value clears a rejection of the old one.
+        health.record_rejection(&used);
+        std::fs::write(dir.path().join("good"), "sk-rotated").unwrap();
+        config.credentials[0].revision = 2;
+        health.install(&Credentials::load(&config));
+        assert_eq!(health.state("good"), CredentialState::Ok);
+    }
 }

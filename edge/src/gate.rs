@@ -24,8 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use iop_proto::config::{EdgeConfig, ProviderMode};
+use iop_proto::config::{EdgeConfig, ProviderEntry, ProviderMode};
 use iop_proto::pb::{self, FailureKind, provider_tunnel_frame::Frame, run_event::Event};
+use iop_proto::provider_error::rejects_credential;
 use tokio::time::Instant;
 
 use crate::EdgeState;
@@ -168,7 +169,13 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         | FailureKind::ResponseStalled
         | FailureKind::ProviderProtocol
         | FailureKind::CapacityExhausted => true,
-        FailureKind::ProviderHttpStatus => failure.provider_status == 429 || failure.provider_status >= 500,
+        // A provider refusing its credential: another provider (with
+        // another credential) may answer; the execute loop never retries
+        // the same credential.
+        FailureKind::ProviderHttpStatus => {
+            let status = failure.provider_status;
+            status == 429 || status >= 500 || rejects_credential(status)
+        }
         FailureKind::InvalidRequest
         | FailureKind::Internal
         | FailureKind::DeadlineExceeded
@@ -194,6 +201,21 @@ pub fn context_fallback<'a>(
         return None;
     }
     config.context_fallbacks.get(route).map(String::as_str).filter(|next| caller.may_use(next))
+}
+
+/// The providers among `candidates` that share `provider`'s credential: its
+/// managed profile, or only itself without one. Pure.
+fn same_credential<'a>(candidates: &'a [Candidate], provider: Option<&ProviderEntry>) -> Vec<&'a str> {
+    let Some(provider) = provider else { return Vec::new() };
+    let profile = provider.credential.as_ref().map(|c| &c.profile);
+    candidates
+        .iter()
+        .filter(|c| {
+            c.provider.id == provider.id
+                || (profile.is_some() && c.provider.credential.as_ref().map(|c| &c.profile) == profile)
+        })
+        .map(|c| c.provider.id.as_str())
+        .collect()
 }
 
 /// How long to wait before retrying after `failure` on attempt `attempt`
@@ -271,7 +293,10 @@ pub async fn execute(
         let provider_id = lease.lease().provider_id().to_string();
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
         let scope = LeaseScope { principal: caller.name(), route };
-        let outcome = match (lease_for(state, &scope, provider, lease.lease()), provider.map(|p| p.mode), &tunnel) {
+        let leased = lease_for(state, &scope, provider, lease.lease());
+        let used = leased.as_ref().ok().and_then(Option::as_ref).map(|s| s.used.clone());
+        let sealed = leased.map(|s| s.map(|s| s.lease));
+        let outcome = match (sealed, provider.map(|p| p.mode), &tunnel) {
             // No lease, no dispatch: the attempt fails closed (not retried).
             (Err(failure), _, _) => failed(failure),
             (Ok(sealed), Some(ProviderMode::Tunnel), Some(form)) => {
@@ -289,6 +314,9 @@ pub async fn execute(
         let (failure, relay, run) = match outcome {
             Attempt::Committed(committed) => {
                 count("committed");
+                if let Some(used) = &used {
+                    state.config.credential_health().record_acceptance(used);
+                }
                 if let Some(stalled) = &replaying_stall_of {
                     let result = if *stalled == provider_id { "answered_by_avoided" } else { "answered_by_alternate" };
                     recovery_result(state, result);
@@ -296,6 +324,23 @@ pub async fn execute(
                 return Ok(*committed);
             }
             Attempt::Failed { failure, relay, run } => (failure, relay, run),
+        };
+        // The provider refused its own credential: evidence that the
+        // credential is broken, never retried with the same credential, and
+        // answered as the Edge's 502 (a tunnel's relayed 401 would read as
+        // the client's bad key).
+        let credential_refused =
+            failure.kind() == FailureKind::ProviderHttpStatus && rejects_credential(failure.provider_status);
+        let relay = if credential_refused {
+            if let Some(used) = &used {
+                state.config.credential_health().record_rejection(used);
+            }
+            for other in same_credential(&candidates, provider) {
+                avoid.insert(other.to_string(), false);
+            }
+            None
+        } else {
+            relay
         };
         // Too long for this model's context window: the route's larger
         // model, with an attempt of its own (one hop: only from the
@@ -317,7 +362,9 @@ pub async fn execute(
             max_attempts += 1;
         }
         let stalled = failure.kind() == FailureKind::ResponseStalled;
-        let last = !retryable(&failure) || attempt == max_attempts;
+        // Nothing untried: a refused credential is not worth a backoff.
+        let exhausted = credential_refused && candidates.iter().all(|c| avoid.contains_key(&c.provider.id));
+        let last = !retryable(&failure) || attempt == max_attempts || exhausted;
         if stalled {
             let eligible = !last && Instant::now() < deadline;
             let label = if eligible { "eligible" } else { "attempts_exhausted" };
@@ -351,7 +398,7 @@ pub async fn execute(
         // After a stall the provider may be re-selected (when no alternate
         // is eligible) only on probe-backed `available` evidence: the
         // provider is fine, only this request stalled.
-        let fallback = !stalled || failure.provider_health() == pb::ProviderHealth::Available;
+        let fallback = !credential_refused && (!stalled || failure.provider_health() == pb::ProviderHealth::Available);
         if stalled {
             replaying_stall_of = Some(provider_id.clone());
         }
@@ -732,13 +779,34 @@ mod tests {
         assert_eq!(context_fallback(&config, &caller("k2"), "small", &too_long), Some("large"));
     }
 
+    /// Issue 25 item 6: a refused credential is not retried with the same
+    /// credential: the providers sharing its managed profile are avoided
+    /// with it; without a managed profile, only the provider itself.
+    #[test]
+    fn the_providers_sharing_a_refused_credential() {
+        let entry = |id: &str, profile: Option<&str>| {
+            let mut p = crate::admission::test_support::one_provider_config("n1").providers.remove(0);
+            p.id = id.into();
+            p.credential = profile.map(|profile| iop_proto::config::CredentialRef { profile: profile.into() });
+            Candidate { priority: 0, provider: p }
+        };
+        let candidates = [entry("a", Some("lm")), entry("b", Some("lm")), entry("c", Some("other")), entry("d", None)];
+        assert_eq!(same_credential(&candidates, Some(&candidates[0].provider)), ["a", "b"]);
+        assert_eq!(same_credential(&candidates, Some(&candidates[3].provider)), ["d"]);
+        assert!(same_credential(&candidates, None).is_empty());
+        let mut refused = failure(FailureKind::ProviderHttpStatus, 401, 0);
+        assert!(retryable(&refused), "another credential may answer");
+        refused.provider_status = 403;
+        assert!(retryable(&refused));
+    }
+
     #[test]
     fn only_pre_byte_transient_failures_retry() {
         assert!(retryable(&failure(FailureKind::ProviderUnreachable, 0, 0)));
         assert!(retryable(&failure(FailureKind::TransportLost, 0, 0)));
         assert!(retryable(&failure(FailureKind::ProviderHttpStatus, 503, 0)));
         assert!(retryable(&failure(FailureKind::ProviderHttpStatus, 429, 0)));
-        for status in [400, 401, 403, 404, 413, 422] {
+        for status in [400, 404, 413, 422] {
             assert!(!retryable(&failure(FailureKind::ProviderHttpStatus, status, 0)), "{status}");
         }
         assert!(!retryable(&failure(FailureKind::InvalidRequest, 0, 0)));

@@ -196,11 +196,18 @@ impl Edge {
         let metrics = EdgeMetrics::new();
         node::tls::record_server_certificate(&metrics, &config.tls.cert_file);
         let overlay = Arc::new(HealthOverlay::default());
-        let admission = AdmissionPool::new(&config, registry.clone(), overlay.clone(), metrics.clone());
+        let config = ConfigHandle::new(config, secrets);
+        let admission = AdmissionPool::new(
+            &config.current(),
+            registry.clone(),
+            overlay.clone(),
+            config.credential_health().clone(),
+            metrics.clone(),
+        );
         let handoff =
             Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
         let state = Arc::new(EdgeState {
-            config: ConfigHandle::new(config, secrets),
+            config,
             registry,
             admission,
             overlay,

@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::credentials::CredentialState;
 use crate::overlay::OverlayState;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -37,6 +38,15 @@ pub struct RequestLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderLabels {
     pub provider: String,
+}
+
+/// A provider's managed credential as a state set: one series per state.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderCredentialLabels {
+    /// A configured provider id.
+    pub provider: String,
+    /// ok | disabled | invalid | rejected (`CredentialState::label`)
+    pub state: &'static str,
 }
 
 /// A provider's effective health as a state set: one series per health.
@@ -160,6 +170,9 @@ pub struct EdgeMetrics {
     /// The providers `provider_health` has series of; held for a whole
     /// refresh, so concurrent refreshes do not interleave.
     provider_health_series: Mutex<BTreeSet<String>>,
+    /// Set through [`EdgeMetrics::set_provider_credentials`] only.
+    provider_credential: Family<ProviderCredentialLabels, Gauge>,
+    provider_credential_series: Mutex<BTreeSet<String>>,
     /// notAfter (Unix seconds) of the certificate each node presented at its
     /// last accepted handshake.
     pub node_certificate_expiry: Family<NodeLabels, Gauge>,
@@ -248,6 +261,12 @@ impl EdgeMetrics {
             "provider_health",
             "Effective health of each configured provider, as /admin/v1/providers reports it: 1 on its health, 0 on the others",
             provider_health.clone(),
+        );
+        let provider_credential = Family::<ProviderCredentialLabels, Gauge>::default();
+        registry.register(
+            "provider_credential",
+            "State of each configured provider's managed credential (ok, disabled, invalid, rejected), as /admin/v1/providers reports it: 1 on its state, 0 on the others",
+            provider_credential.clone(),
         );
         let node_certificate_expiry = Family::<NodeLabels, Gauge>::default();
         registry.register(
@@ -362,6 +381,8 @@ impl EdgeMetrics {
             health_transitions,
             provider_health,
             provider_health_series: Mutex::default(),
+            provider_credential,
+            provider_credential_series: Mutex::default(),
             node_certificate_expiry,
             server_certificate_expiry,
             recovery_eligibility,
@@ -394,20 +415,21 @@ impl EdgeMetrics {
     /// health, 0 on the others; the series of providers not listed (a
     /// reload removed them) are removed.
     pub fn set_provider_health(&self, providers: &[(&str, OverlayState)]) {
-        let mut series = self.provider_health_series.lock().unwrap();
-        let listed: BTreeSet<String> = providers.iter().map(|(provider, _)| provider.to_string()).collect();
-        for gone in series.difference(&listed) {
-            for health in OverlayState::ALL {
-                self.provider_health.remove(&ProviderHealthLabels { provider: gone.clone(), health: health.label() });
-            }
-        }
-        for &(provider, current) in providers {
-            for health in OverlayState::ALL {
-                let labels = ProviderHealthLabels { provider: provider.to_string(), health: health.label() };
-                self.provider_health.get_or_create(&labels).set(i64::from(health == current));
-            }
-        }
-        *series = listed;
+        let states: Vec<(&str, &'static str)> = providers.iter().map(|(p, h)| (*p, h.label())).collect();
+        let all = OverlayState::ALL.map(OverlayState::label);
+        set_state_set(&self.provider_health, &self.provider_health_series, &states, &all, |provider, health| {
+            ProviderHealthLabels { provider, health }
+        });
+    }
+
+    /// Makes `iop_edge_provider_credential` the state set of `providers`
+    /// (those with a managed credential), as [`Self::set_provider_health`].
+    pub fn set_provider_credentials(&self, providers: &[(&str, CredentialState)]) {
+        let states: Vec<(&str, &'static str)> = providers.iter().map(|(p, c)| (*p, c.label())).collect();
+        let all = CredentialState::ALL.map(CredentialState::label);
+        set_state_set(&self.provider_credential, &self.provider_credential_series, &states, &all, |provider, state| {
+            ProviderCredentialLabels { provider, state }
+        });
     }
 
     /// Prometheus text exposition.
@@ -416,4 +438,33 @@ impl EdgeMetrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// Makes `family` the state set of `providers`: for each, 1 on its state
+/// and 0 on the other states of `all`; the series of providers no longer
+/// listed (a reload removed them) are removed. `series` (the providers the
+/// family has series of) is held for the whole refresh, so concurrent
+/// refreshes do not interleave.
+fn set_state_set<L>(
+    family: &Family<L, Gauge>,
+    series: &Mutex<BTreeSet<String>>,
+    providers: &[(&str, &'static str)],
+    all: &[&'static str],
+    labels: impl Fn(String, &'static str) -> L,
+) where
+    L: Clone + std::hash::Hash + Eq,
+{
+    let mut series = series.lock().unwrap();
+    let listed: BTreeSet<String> = providers.iter().map(|(provider, _)| provider.to_string()).collect();
+    for gone in series.difference(&listed) {
+        for &state in all {
+            family.remove(&labels(gone.clone(), state));
+        }
+    }
+    for &(provider, current) in providers {
+        for &state in all {
+            family.get_or_create(&labels(provider.to_string(), state)).set(i64::from(state == current));
+        }
+    }
+    *series = listed;
 }

@@ -37,6 +37,7 @@ use iop_proto::pb::{self, FailureKind, ProviderHealth};
 use serde::Serialize;
 
 use crate::admission::Lease;
+use crate::credentials::{CredentialHealth, CredentialState};
 use crate::metrics::{EdgeMetrics, EvidenceLabels, TransitionLabels};
 use crate::node::registry::NodeRegistry;
 
@@ -221,24 +222,46 @@ impl HealthOverlay {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProviderView {
     /// `unknown` unless the node's current connection is Ready and evidence
-    /// from that connection (readiness at least) is in the overlay.
+    /// from that connection (readiness at least) is in the overlay;
+    /// `unavailable` whatever the overlay says while the provider's managed
+    /// credential is not `ok` (a provider that cannot authenticate is not
+    /// available, however well its server answers probes).
     pub health: OverlayState,
     /// The Ready connection the provider may receive runs on: its node is
-    /// Ready and the provider is not unavailable on that connection.
+    /// Ready, the provider is not unavailable on that connection and its
+    /// managed credential, if any, can be leased.
     pub dispatchable_on: Option<u64>,
+    /// Its credential was rejected by the provider: chosen only when no
+    /// other provider of the route is eligible (its next answer is the only
+    /// evidence that the credential works again).
+    pub last_resort: bool,
+    /// Its managed credential's state; `None` without one.
+    pub credential: Option<CredentialState>,
 }
 
 impl ProviderView {
-    pub fn of(registry: &NodeRegistry, overlay: &HealthOverlay, provider: &ProviderEntry) -> Self {
+    pub fn of(
+        registry: &NodeRegistry,
+        overlay: &HealthOverlay,
+        credentials: &CredentialHealth,
+        provider: &ProviderEntry,
+    ) -> Self {
         let entry = registry
             .ready_generation(&provider.node)
             .and_then(|generation| overlay.get(&provider.id).filter(|e| e.generation == generation));
-        match entry {
-            Some(entry) => Self {
-                health: entry.state,
-                dispatchable_on: (entry.state != OverlayState::Unavailable).then_some(entry.generation),
+        let credential = credentials.of_provider(provider);
+        let (health, dispatchable_on) = match entry {
+            Some(entry) => (entry.state, (entry.state != OverlayState::Unavailable).then_some(entry.generation)),
+            None => (OverlayState::Unknown, None),
+        };
+        match credential {
+            None | Some(CredentialState::Ok) => Self { health, dispatchable_on, last_resort: false, credential },
+            Some(state) => Self {
+                health: OverlayState::Unavailable,
+                dispatchable_on: dispatchable_on.filter(|_| state.leasable()),
+                last_resort: state == CredentialState::Rejected,
+                credential,
             },
-            None => Self { health: OverlayState::Unknown, dispatchable_on: None },
         }
     }
 }
@@ -260,11 +283,16 @@ pub fn publish_health(
     metrics: &EdgeMetrics,
     registry: &NodeRegistry,
     overlay: &HealthOverlay,
+    credentials: &CredentialHealth,
     providers: &[ProviderEntry],
 ) {
-    let healths: Vec<(&str, OverlayState)> =
-        providers.iter().map(|p| (p.id.as_str(), ProviderView::of(registry, overlay, p).health)).collect();
+    let views: Vec<(&str, ProviderView)> =
+        providers.iter().map(|p| (p.id.as_str(), ProviderView::of(registry, overlay, credentials, p))).collect();
+    let healths: Vec<(&str, OverlayState)> = views.iter().map(|(id, view)| (*id, view.health)).collect();
     metrics.set_provider_health(&healths);
+    let credentials: Vec<(&str, CredentialState)> =
+        views.iter().filter_map(|(id, view)| Some((*id, view.credential?))).collect();
+    metrics.set_provider_credentials(&credentials);
 }
 
 /// Applies evidence with its metrics and the dedicated structured log
@@ -465,19 +493,44 @@ mod tests {
         let provider = &config.providers[0];
         let registry = NodeRegistry::default();
         let o = HealthOverlay::default();
-        let view = |o: &HealthOverlay| ProviderView::of(&registry, o, provider);
-        let nowhere = ProviderView { health: OverlayState::Unknown, dispatchable_on: None };
+        let view = |o: &HealthOverlay| ProviderView::of(&registry, o, &CredentialHealth::default(), provider);
+        let nowhere =
+            ProviderView { health: OverlayState::Unknown, dispatchable_on: None, last_resort: false, credential: None };
         assert_eq!(view(&o), nowhere, "no session");
         let (control, _rx) = tokio::sync::mpsc::channel(1);
         registry.register("n1", crate::node::registry::Session::registered(7, control));
         o.apply("p", ev(Source::Readiness, 7, 7, 0, Unknown));
         assert_eq!(view(&o), nowhere, "registered, not ready");
         assert!(registry.mark_ready("n1", 7));
-        assert_eq!(view(&o), ProviderView { health: OverlayState::Unknown, dispatchable_on: Some(7) });
+        assert_eq!(
+            view(&o),
+            ProviderView {
+                health: OverlayState::Unknown,
+                dispatchable_on: Some(7),
+                last_resort: false,
+                credential: None
+            }
+        );
         o.apply("p", ev(Source::Probe, 7, 7, 1, Unavailable));
-        assert_eq!(view(&o), ProviderView { health: OverlayState::Unavailable, dispatchable_on: None });
+        assert_eq!(
+            view(&o),
+            ProviderView {
+                health: OverlayState::Unavailable,
+                dispatchable_on: None,
+                last_resort: false,
+                credential: None
+            }
+        );
         o.apply("p", ev(Source::Probe, 7, 7, 2, Available));
-        assert_eq!(view(&o), ProviderView { health: OverlayState::Available, dispatchable_on: Some(7) });
+        assert_eq!(
+            view(&o),
+            ProviderView {
+                health: OverlayState::Available,
+                dispatchable_on: Some(7),
+                last_resort: false,
+                credential: None
+            }
+        );
         let (control, _rx) = tokio::sync::mpsc::channel(1);
         registry.register("n1", crate::node::registry::Session::registered(8, control));
         assert!(registry.mark_ready("n1", 8));
@@ -520,9 +573,13 @@ mod tests {
         // Publishes, and checks the series against the view the admin
         // snapshot reports.
         let publish = |providers: &[ProviderEntry]| {
-            publish_health(&metrics, &registry, &o, providers);
-            let views: Vec<(&str, &str)> =
-                providers.iter().map(|p| (p.id.as_str(), ProviderView::of(&registry, &o, p).health.label())).collect();
+            publish_health(&metrics, &registry, &o, &CredentialHealth::default(), providers);
+            let views: Vec<(&str, &str)> = providers
+                .iter()
+                .map(|p| {
+                    (p.id.as_str(), ProviderView::of(&registry, &o, &CredentialHealth::default(), p).health.label())
+                })
+                .collect();
             assert_eq!(series(&metrics), state_set(&views));
         };
 

@@ -97,7 +97,13 @@ async fn a_reload_removes_the_series_of_what_it_removed_and_records_the_new_serv
     // What `/metrics` does before encoding.
     let scrape = || {
         let config = state.config.current();
-        iop_edge::overlay::publish_health(&state.metrics, &state.registry, &state.overlay, &config.providers);
+        iop_edge::overlay::publish_health(
+            &state.metrics,
+            &state.registry,
+            &state.overlay,
+            state.config.credential_health(),
+            &config.providers,
+        );
         lines(&metrics)
     };
     // Both nodes connected once (the accept loop records this; see

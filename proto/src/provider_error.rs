@@ -25,6 +25,14 @@ pub fn error_field_text(error: &Value) -> Option<&str> {
     }
 }
 
+/// Whether a provider's HTTP status says it refused the credential it was
+/// given (401, 403). The client's own key was checked by the Edge, so this
+/// is never the client's fault: the provider's credential (a managed one,
+/// or one configured on its server) is broken.
+pub fn rejects_credential(status: u32) -> bool {
+    matches!(status, 401 | 403)
+}
+
 /// Whether an error answer says the request did not fit the model's
 /// context window: OpenAI's `context_length_exceeded` code, llama.cpp's
 /// `exceed_context_size_error` type, or the wording vLLM, Ollama, LM Studio

@@ -91,7 +91,14 @@ pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
                 .providers
                 .iter()
                 .filter(|p| p.node == node.name)
-                .map(|p| (p.id.as_str(), ProviderView::of(&state.registry, &state.overlay, p).health.label()))
+                .map(|p| {
+                    (
+                        p.id.as_str(),
+                        ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p)
+                            .health
+                            .label(),
+                    )
+                })
                 .collect();
             let mut value = json!(node);
             value["providers"] = json!(providers);
@@ -111,7 +118,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         .map(|p| {
             let node = nodes.iter().find(|n| n.name == p.node);
             let node_ready = node.is_some_and(|n| n.phase == Some(crate::node::registry::SessionPhase::Ready));
-            let view = ProviderView::of(&state.registry, &state.overlay, p);
+            let view = ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p);
             json!({
                 "id": p.id,
                 "node": p.node,
@@ -124,6 +131,14 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 // admission's own verdict.
                 "health": view.health.label(),
                 "dispatchable": view.dispatchable_on.is_some(),
+                // The managed credential (absent without one): `ok`,
+                // `disabled`, `invalid` (its file gave no usable value) or
+                // `rejected` (the provider answered 401/403 to it).
+                "credential": p.credential.as_ref().zip(view.credential).map(|(c, credential)| json!({
+                    "profile": c.profile,
+                    "state": credential.label(),
+                    "problem": state.config.credential_health().problem(&c.profile).map(|p| p.to_string()),
+                })),
                 "capacity": p.capacity,
                 // The runtime overlay (absent until evidence arrived).
                 "overlay": state.overlay.get(&p.id),

@@ -703,7 +703,13 @@ async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {
-    crate::overlay::publish_health(&state.metrics, &state.registry, &state.overlay, &state.config.current().providers);
+    crate::overlay::publish_health(
+        &state.metrics,
+        &state.registry,
+        &state.overlay,
+        state.config.credential_health(),
+        &state.config.current().providers,
+    );
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
 }

@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use iop_proto::pb::{self, FailureKind};
+use iop_proto::provider_error::rejects_credential;
 use serde_json::{Value, json};
 
 use crate::auth::AuthFailure;
@@ -36,7 +37,7 @@ pub enum ApiError {
     #[error("no capacity for model `{0}` became free within the queue timeout, retry later")]
     QueueTimeout(String),
     /// The provider or the transport failed before anything reached the client.
-    #[error("{}", .0.message)]
+    #[error("{}", execution_message(.0))]
     Execution(pb::ExecutionFailure),
     /// `iop-workspace` names no workspace (or one its node refused): the
     /// answer says nothing of nodes or paths.
@@ -70,6 +71,18 @@ pub enum ApiError {
 
 /// A failed job's status: the workspace's node went away (503, retry),
 /// a deadline (504), the cleanup (500), anything the model did (502).
+/// An execution failure's message: the provider's own words, said to be
+/// about the provider's credential when it refused that.
+fn execution_message(f: &pb::ExecutionFailure) -> String {
+    if f.kind() == FailureKind::ProviderHttpStatus && rejects_credential(f.provider_status) {
+        return format!(
+            "the provider rejected its own credential (HTTP {}); this is not about your API key: {}",
+            f.provider_status, f.message
+        );
+    }
+    f.message.clone()
+}
+
 fn job_status(failure: JobFailure) -> StatusCode {
     match failure {
         JobFailure::WorkspaceLost => StatusCode::SERVICE_UNAVAILABLE,
@@ -150,7 +163,11 @@ impl ApiError {
                 // Client errors the provider reported keep their status so the
                 // client sees the provider's reason (context length, auth, ...).
                 FailureKind::ProviderHttpStatus => match f.provider_status {
-                    s @ (400 | 401 | 403 | 404 | 413 | 422 | 429) => {
+                    // The provider refused its own credential: a gateway
+                    // failure, never the client's key (SDKs would report a
+                    // 401 as a bad client key).
+                    s if rejects_credential(s) => StatusCode::BAD_GATEWAY,
+                    s @ (400 | 404 | 413 | 422 | 429) => {
                         StatusCode::from_u16(s as u16).unwrap_or(StatusCode::BAD_GATEWAY)
                     }
                     _ => StatusCode::BAD_GATEWAY,
@@ -201,6 +218,9 @@ impl ApiError {
             Self::Job(failure) => failure.label(),
             Self::Execution(f) => match f.kind() {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
+                FailureKind::ProviderHttpStatus if rejects_credential(f.provider_status) => {
+                    "provider_credential_rejected"
+                }
                 FailureKind::ProviderHttpStatus => "provider_http_status",
                 FailureKind::ProviderProtocol => "provider_protocol",
                 FailureKind::ResponseTooLarge => "response_too_large",
@@ -323,8 +343,10 @@ mod tests {
         let cases: Vec<(ApiError, &str)> = vec![
             (ApiError::invalid_param("max_tokens", "max_tokens: Field required"), "invalid_request_error"),
             (ApiError::PayloadTooLarge { limit: 10 }, "request_too_large"),
-            (failure(FailureKind::ProviderHttpStatus, 401), "authentication_error"),
-            (failure(FailureKind::ProviderHttpStatus, 403), "permission_error"),
+            // A provider refusing its own credential is a gateway failure
+            // (issue 25 item 6), never the client's key.
+            (failure(FailureKind::ProviderHttpStatus, 401), "api_error"),
+            (failure(FailureKind::ProviderHttpStatus, 403), "api_error"),
             (ApiError::ModelNotFound("x".into()), "not_found_error"),
             (ApiError::Unauthenticated(AuthFailure::Missing), "authentication_error"),
             (ApiError::Unauthenticated(AuthFailure::Disabled), "authentication_error"),
