@@ -328,3 +328,46 @@ async fn a_context_fallback_is_taken_only_when_the_principal_may_use_its_model()
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["model"], "mock", "the fallback answered a principal allowed to use it");
 }
+
+/// Writes `request` (head and body) on a plain TCP connection to `addr` in
+/// a blocking thread, then reads the whole answer: what a client that sends
+/// its body before reading (Python's `requests`, `http.client`) sees.
+async fn send_then_read(addr: std::net::SocketAddr, request: Vec<u8>) -> std::io::Result<String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(WAIT))?;
+        stream.write_all(&request)?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer)?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    })
+    .await
+    .unwrap()
+}
+
+/// Issue 25 item 12: a refusal decided before a large body was read (a bad
+/// key, a body over the limit) still reaches a client that writes its whole
+/// body before reading the answer, instead of a reset ("broken pipe").
+#[tokio::test]
+async fn a_refusal_before_a_large_body_is_read_reaches_a_client_that_sends_it_all() {
+    let (keys, _) = keys_file();
+    let limits = iop_proto::config::Limits { max_body_bytes: 64 << 20, ..Default::default() };
+    let stack = Stack::start(StackOptions { keys: Some(keys), limits: Some(limits), ..Default::default() }).await;
+    let limit = 64 << 20;
+    let request = |key: &str, size: usize| {
+        let mut request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAuthorization: Bearer {key}\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n",
+            stack.http
+        )
+        .into_bytes();
+        request.extend(std::iter::repeat_n(b' ', size));
+        request
+    };
+    let answer = send_then_read(stack.http, request("sk-nobody", limit)).await.expect("the whole body is accepted");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{}", &answer[..answer.len().min(300)]);
+    assert!(answer.contains("invalid_api_key"), "{answer}");
+    let answer =
+        send_then_read(stack.http, request(OLLAMA_ONLY_KEY, limit + 1)).await.expect("the whole body is accepted");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{}", &answer[..answer.len().min(300)]);
+}

@@ -122,18 +122,33 @@ async fn authenticated_body(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Caller, Arc<iop_proto::config::EdgeConfig>, Bytes), ApiError> {
-    let caller = authenticate(state, headers)?;
     let config = state.config.current();
     let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
-    let bytes = read_body(body, config.limits.max_body_bytes, idle).await?;
+    let limit = config.limits.max_body_bytes;
+    let mut chunks = body.into_data_stream();
+    let caller = match authenticate(state, headers) {
+        Ok(caller) => caller,
+        Err(refusal) => {
+            discard_body(&mut chunks, limit, idle).await;
+            return Err(refusal);
+        }
+    };
+    let bytes = match read_body(&mut chunks, limit, idle).await {
+        Err(too_large @ ApiError::PayloadTooLarge { .. }) => {
+            discard_body(&mut chunks, limit, idle).await;
+            return Err(too_large);
+        }
+        read => read?,
+    };
     Ok((caller, config, bytes))
 }
 
+type BodyChunks = axum::body::BodyDataStream;
+
 /// The request body, at most `limit` bytes, each chunk arriving within
 /// `idle` of the previous one (a trickling client cannot hold its slot).
-async fn read_body(body: Body, limit: usize, idle: std::time::Duration) -> Result<Bytes, ApiError> {
+async fn read_body(chunks: &mut BodyChunks, limit: usize, idle: std::time::Duration) -> Result<Bytes, ApiError> {
     use futures_util::StreamExt;
-    let mut chunks = body.into_data_stream();
     let mut out = Vec::new();
     loop {
         match tokio::time::timeout(idle, chunks.next()).await {
@@ -146,6 +161,25 @@ async fn read_body(body: Body, limit: usize, idle: std::time::Duration) -> Resul
                 }
                 out.extend_from_slice(&chunk);
             }
+        }
+    }
+}
+
+/// Reads and drops what is left of a refused request's body, up to
+/// `limit` more bytes (each chunk within `idle`), before the refusal is
+/// answered. A client that writes its whole body before reading (Python's
+/// `requests` and `http.client`) would otherwise meet a connection the
+/// server closed with its data unread, a reset, and report "broken pipe"
+/// instead of the 401 or 413. Nothing is kept, so an unauthenticated
+/// client costs bandwidth, never memory; past the bound the connection
+/// closes as before.
+async fn discard_body(chunks: &mut BodyChunks, limit: usize, idle: std::time::Duration) {
+    use futures_util::StreamExt;
+    let mut read = 0;
+    while read <= limit {
+        match tokio::time::timeout(idle, chunks.next()).await {
+            Ok(Some(Ok(chunk))) => read += chunk.len(),
+            _ => return,
         }
     }
 }
