@@ -630,7 +630,10 @@ fn is_control(c: char) -> bool {
 /// operator's validation and (as a pattern) the `Provider` CRD schema:
 /// `http(s)://host[:port][/path]`, where `host` is a DNS name (labels of
 /// letters, digits, `-` and `_`, starting and ending with a letter or digit,
-/// joined by `.`), an IPv4 address or a bracketed IPv6 address, `port` is
+/// joined by `.`, the last one not all digits), an IPv4 address (four
+/// decimal numbers 0-255 without leading zeros: a host whose last label is
+/// all digits is read as one, so `999.999.999.999` or `2130706433` is
+/// refused, never resolved) or a bracketed IPv6 address, `port` is
 /// 1-65535 without leading zeros, and the path has no whitespace or control
 /// characters. No credentials, query or fragment; at most
 /// [`MAX_BASE_URL_LEN`] characters. The base URL is the server's root (or
@@ -682,6 +685,12 @@ pub fn check_base_url(url: &str) -> Result<(), &'static str> {
             };
             if !host.split('.').all(label_ok) {
                 return Err("has an invalid host name");
+            }
+            // A last label of digits only makes it an IPv4 literal (URL
+            // parsers read it as one), which must then be a valid one.
+            let last = host.rsplit('.').next().unwrap_or_default();
+            if last.bytes().all(|b| b.is_ascii_digit()) && host.parse::<std::net::Ipv4Addr>().is_err() {
+                return Err("has an invalid IPv4 address");
             }
             port
         }
@@ -1170,6 +1179,11 @@ providers:
             "http://h:65535/a/b%20c",
             "http://[::1]:8080",
             "http://[fe80::1]",
+            "http://0.0.0.0:1",
+            "http://255.255.255.255",
+            "http://10.0.0.1a",
+            "http://1-2:1",
+            "http://123.example",
         ];
         for url in good {
             assert_eq!(check_base_url(url), Ok(()), "{url}");
@@ -1200,6 +1214,13 @@ providers:
             ("http://[::1", "has an unclosed IPv6 address"),
             ("http://[nope]:1", "has an invalid IPv6 address"),
             ("http://[::1]x", "has characters after the IPv6 address"),
+            ("http://999.999.999.999:1", "has an invalid IPv4 address"),
+            ("http://256.0.0.1", "has an invalid IPv4 address"),
+            ("http://1.2.3:1", "has an invalid IPv4 address"),
+            ("http://1.2.3.4.5", "has an invalid IPv4 address"),
+            ("http://127.0.0.01:1", "has an invalid IPv4 address"),
+            ("http://2130706433:1", "has an invalid IPv4 address"),
+            ("http://llm.123", "has an invalid IPv4 address"),
         ];
         for (url, reason) in bad {
             assert_eq!(check_base_url(url), Err(reason), "{url:?}");

@@ -41,6 +41,52 @@ pub enum LeaseCryptoError {
     Binding,
 }
 
+/// Why a credential value cannot be used. Secret-free: it never carries the
+/// value or any part of it, so it may be logged and shown in status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialValueError {
+    /// Nothing but whitespace.
+    #[error("the value is empty")]
+    Empty,
+    /// Longer than [`MAX_CREDENTIAL_BYTES`] after trimming.
+    #[error("the value is longer than {MAX_CREDENTIAL_BYTES} bytes")]
+    TooLong,
+    /// A space, a control byte or a non-ASCII byte inside: it becomes an
+    /// `Authorization: Bearer` value on the node, which such bytes break.
+    #[error("the value must be printable ASCII without spaces")]
+    NotPrintable,
+}
+
+impl CredentialValueError {
+    /// Stable names (metric labels, condition reasons' details).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::TooLong => "too_long",
+            Self::NotPrintable => "not_printable",
+        }
+    }
+}
+
+/// The one rule for a managed credential's value (the Edge loading a
+/// profile's file, the operator copying a Secret's key): surrounding ASCII
+/// whitespace is trimmed (a file's trailing newline), and what is left must
+/// be 1..=[`MAX_CREDENTIAL_BYTES`] bytes of printable ASCII without spaces.
+/// Returns the trimmed value.
+pub fn check_credential(value: &[u8]) -> Result<&[u8], CredentialValueError> {
+    let trimmed = value.trim_ascii();
+    if trimmed.is_empty() {
+        return Err(CredentialValueError::Empty);
+    }
+    if trimmed.len() > MAX_CREDENTIAL_BYTES {
+        return Err(CredentialValueError::TooLong);
+    }
+    if trimmed.iter().any(|b| !b.is_ascii_graphic()) {
+        return Err(CredentialValueError::NotPrintable);
+    }
+    Ok(trimmed)
+}
+
 fn info(node_identity: &str) -> Vec<u8> {
     let mut info = b"iop.v1 credential lease for ".to_vec();
     info.extend_from_slice(node_identity.as_bytes());
@@ -153,6 +199,23 @@ mod tests {
             bytes[0] ^= 1;
             assert!(key.open(NODE, &altered).is_err(), "field {field}");
         }
+    }
+
+    #[test]
+    fn credential_values_are_trimmed_printable_ascii_within_the_limit() {
+        assert_eq!(check_credential(b"sk-1\n"), Ok(&b"sk-1"[..]));
+        assert_eq!(check_credential(b"  \tsk-1 \r\n"), Ok(&b"sk-1"[..]));
+        let max = vec![b'k'; MAX_CREDENTIAL_BYTES];
+        assert_eq!(check_credential(&max), Ok(&max[..]));
+        assert_eq!(check_credential(b""), Err(CredentialValueError::Empty));
+        assert_eq!(check_credential(b" \n\t"), Err(CredentialValueError::Empty));
+        assert_eq!(check_credential(&vec![b'k'; MAX_CREDENTIAL_BYTES + 1]), Err(CredentialValueError::TooLong));
+        for bad in [&b"sk 1"[..], b"sk-\x001", b"sk-\x7f", b"sk-\x1b[0m", "sk-\u{e9}".as_bytes(), b"a\nb"] {
+            assert_eq!(check_credential(bad), Err(CredentialValueError::NotPrintable), "{bad:?}");
+        }
+        // The error never carries the value.
+        let e = check_credential(b"secret value").unwrap_err();
+        assert!(!e.to_string().contains("secret") && !format!("{e:?}").contains("secret"));
     }
 
     #[test]
