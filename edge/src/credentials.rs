@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use iop_proto::config::{EdgeConfig, ProviderEntry};
-use iop_proto::lease::MAX_CREDENTIAL_BYTES;
+use iop_proto::lease::{CredentialValueError, check_credential};
 use iop_proto::pb::{self, FailureKind};
 use zeroize::Zeroizing;
 
@@ -54,13 +54,13 @@ impl std::fmt::Debug for Credentials {
 }
 
 /// Why a profile's file gave no usable secret (the log field and the
-/// reason `/admin/v1/providers` shows; never the content).
+/// problem `/admin/v1/providers` shows; never the content).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ValueProblem {
     #[error("the file cannot be read")]
     Unreadable,
-    #[error("the value must be 1 to {MAX_CREDENTIAL_BYTES} bytes of printable ASCII without spaces")]
-    InvalidValue,
+    #[error("{0}")]
+    InvalidValue(CredentialValueError),
 }
 
 impl Credentials {
@@ -74,7 +74,9 @@ impl Credentials {
         let mut profiles = HashMap::new();
         for c in &config.credentials {
             let secret = match std::fs::read(&c.file).map(Zeroizing::new) {
-                Ok(bytes) => usable_value(&bytes).map(|v| Zeroizing::new(v.to_vec())),
+                Ok(bytes) => {
+                    check_credential(&bytes).map(|v| Zeroizing::new(v.to_vec())).map_err(ValueProblem::InvalidValue)
+                }
                 Err(_) => Err(ValueProblem::Unreadable),
             };
             if let Err(problem) = &secret {
@@ -100,16 +102,6 @@ impl Credentials {
             Some(Profile { secret: Ok(secret), .. }) => Loaded::Usable(fingerprint(secret)),
         }
     }
-}
-
-/// The value of a credential file, trimmed, when a node can send it as an
-/// `Authorization: Bearer` value.
-fn usable_value(bytes: &[u8]) -> Result<&[u8], ValueProblem> {
-    let secret = bytes.trim_ascii();
-    if secret.is_empty() || secret.len() > MAX_CREDENTIAL_BYTES || !secret.iter().all(u8::is_ascii_graphic) {
-        return Err(ValueProblem::InvalidValue);
-    }
-    Ok(secret)
 }
 
 /// A digest of a secret value: what a provider's rejection is recorded
@@ -390,7 +382,7 @@ mod tests {
                 ("unknown", "invalid")
             ]
         );
-        assert_eq!(health.problem("spaced"), Some(ValueProblem::InvalidValue));
+        assert_eq!(health.problem("spaced"), Some(ValueProblem::InvalidValue(CredentialValueError::NotPrintable)));
         assert_eq!(health.problem("missing"), Some(ValueProblem::Unreadable));
         assert_eq!(health.problem("good"), None);
         assert!(!format!("{credentials:?}").contains("sk-"), "Debug names profiles only");
