@@ -36,7 +36,15 @@ pub const MIN_FRAGMENT: usize = 16;
 /// Cheap to clone; the secret is zeroized when the last clone is dropped.
 #[derive(Clone)]
 pub struct SecretScrubber {
-    secret: Arc<Zeroizing<Vec<u8>>>,
+    inner: Arc<Secret>,
+}
+
+struct Secret {
+    bytes: Zeroizing<Vec<u8>>,
+    /// Per byte value, where in `bytes` a run of [`SecretScrubber::window`]
+    /// bytes starts with it: a stream position is compared only with
+    /// those (about one for text), not with every offset of the secret.
+    window_starts: Vec<Zeroizing<Vec<u32>>>,
 }
 
 impl fmt::Debug for SecretScrubber {
@@ -47,18 +55,33 @@ impl fmt::Debug for SecretScrubber {
 
 impl SecretScrubber {
     pub fn new(secret: &[u8]) -> Self {
-        Self { secret: Arc::new(Zeroizing::new(secret.to_vec())) }
+        let window = secret.len().min(MIN_FRAGMENT);
+        let mut window_starts: Vec<Zeroizing<Vec<u32>>> = (0..256).map(|_| Zeroizing::new(Vec::new())).collect();
+        if window > 0 {
+            for (start, &byte) in secret[..=secret.len() - window].iter().enumerate() {
+                window_starts[usize::from(byte)].push(start as u32);
+            }
+        }
+        Self { inner: Arc::new(Secret { bytes: Zeroizing::new(secret.to_vec()), window_starts }) }
     }
 
     /// The length of the runs checked: [`MIN_FRAGMENT`], or the whole
     /// secret when it is shorter.
     fn window(&self) -> usize {
-        self.secret.len().min(MIN_FRAGMENT)
+        self.inner.bytes.len().min(MIN_FRAGMENT)
     }
 
-    /// Whether `bytes` occur somewhere in the secret.
+    /// Whether `bytes`, [`Self::window`] long, occur somewhere in the secret.
+    fn is_window(&self, bytes: &[u8]) -> bool {
+        let secret = &self.inner.bytes;
+        self.inner.window_starts[usize::from(bytes[0])]
+            .iter()
+            .any(|&start| &secret[start as usize..start as usize + bytes.len()] == bytes)
+    }
+
+    /// Whether `bytes` (of any length) occur somewhere in the secret.
     fn is_fragment(&self, bytes: &[u8]) -> bool {
-        bytes.is_empty() || self.secret.windows(bytes.len()).any(|w| w == bytes)
+        bytes.is_empty() || self.inner.bytes.windows(bytes.len()).any(|w| w == bytes)
     }
 
     /// `text` with every run of the secret redacted.
@@ -125,7 +148,7 @@ impl ScrubStream {
         marks[..self.marked].fill(true);
         if n >= window {
             for start in 0..=n - window {
-                if self.scrubber.is_fragment(&self.pending[start..start + window]) {
+                if self.scrubber.is_window(&self.pending[start..start + window]) {
                     marks[start..start + window].fill(true);
                 }
             }
