@@ -94,8 +94,9 @@ const PUBLIC_ONLY: Policy = Policy { allows: is_public };
 impl Policy {
     /// Whether `url`'s host may be tried: an address given literally must be
     /// allowed, `localhost` (with or without the root's trailing dot, and
-    /// its subdomains) never is, and any other name is checked once it is
-    /// resolved ([`Checked`]).
+    /// its subdomains) only where loopback is, and any other name is
+    /// checked once it is resolved ([`Checked`]). Literal addresses never
+    /// reach the resolver, so this is their only check.
     fn allows_host(self, url: &reqwest::Url) -> bool {
         // The URL parser has already normalized how an address is spelled
         // (`2130706433`, `0x7f.1` and `127.1` are `127.0.0.1`).
