@@ -251,6 +251,8 @@ pub const KNOBS: &[&str] = &[
     "hold",
     "context_window",
     "sse_line_end",
+    "echo_auth",
+    "set_cookie",
 ];
 /// How many requests `GET /mock/requests` keeps (the oldest go first).
 pub const REQUEST_LOG_LIMIT: usize = 100;
@@ -325,6 +327,17 @@ pub struct Faults {
     /// or a lone `\r`, the three terminators the SSE format allows.
     #[arg(long, value_enum)]
     pub sse_line_end: Option<LineEnd>,
+    /// Errors quote the request's `Authorization` header, as OpenAI's
+    /// `Incorrect API key provided: …` does: with `status`, its error body;
+    /// otherwise a non-streamed request gets a 401 saying so, and a stream
+    /// sends its first content chunk, then an error event with the quote,
+    /// written as two body chunks that split the key in the middle.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub echo_auth: Option<bool>,
+    /// Chat answers carry `set-cookie: mock-session=…` and an
+    /// `x-ratelimit-remaining-requests` header, as hosted APIs send them.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub set_cookie: Option<bool>,
 }
 
 /// An SSE line terminator.
@@ -413,6 +426,8 @@ impl Faults {
             hold: over.hold.clone().or_else(|| self.hold.clone()),
             context_window: over.context_window.or(self.context_window),
             sse_line_end: over.sse_line_end.or(self.sse_line_end),
+            echo_auth: over.echo_auth.or(self.echo_auth),
+            set_cookie: over.set_cookie.or(self.set_cookie),
         }
     }
 
@@ -445,6 +460,8 @@ impl Faults {
             "retry_after" => self.retry_after = Some(number(knob, value)?),
             "never_answer" => self.never_answer = Some(flag(knob, value)?),
             "exit" => self.exit = Some(flag(knob, value)?),
+            "echo_auth" => self.echo_auth = Some(flag(knob, value)?),
+            "set_cookie" => self.set_cookie = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
             "context_window" => self.context_window = Some(number(knob, value)?),
             "sse_line_end" => {
@@ -701,6 +718,10 @@ pub struct RecordedRequest {
     /// The body as JSON, or as a string (lossy UTF-8, `""` when empty) when
     /// it is not JSON.
     pub body: Value,
+    /// The request's headers in order, names in lower case (values that
+    /// are not UTF-8 lossily).
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
 }
 
 /// A request log entry as kept: the body is parsed only when read.
@@ -708,6 +729,7 @@ pub struct RecordedRequest {
 struct LoggedRequest {
     method: http::Method,
     path: String,
+    headers: HeaderMap,
     body: Bytes,
 }
 
@@ -715,7 +737,12 @@ impl LoggedRequest {
     fn recorded(&self) -> RecordedRequest {
         let body = serde_json::from_slice(&self.body)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&self.body).into_owned()));
-        RecordedRequest { method: self.method.to_string(), path: self.path.clone(), body }
+        let headers = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
+            .collect();
+        RecordedRequest { method: self.method.to_string(), path: self.path.clone(), body, headers }
     }
 }
 
@@ -994,6 +1021,7 @@ async fn log_request(
     state.counters.log_request(LoggedRequest {
         method: parts.method.clone(),
         path: parts.uri.path().to_owned(),
+        headers: parts.headers.clone(),
         body: logged,
     });
     next.run(axum::extract::Request::from_parts(parts, Body::from(body))).await
@@ -1284,6 +1312,21 @@ impl Api {
         }
     }
 
+    /// An error event inside a stream, as each API sends one.
+    fn stream_error(self, message: &str) -> String {
+        match self {
+            Api::Ollama => format!("{}\n", json!({ "error": message })),
+            Api::OpenAi => {
+                let error = json!({ "error": { "message": message, "type": "invalid_request_error", "code": null } });
+                format!("data: {error}\n\n")
+            }
+            Api::Responses => {
+                let error = json!({ "type": "error", "code": "invalid_api_key", "message": message, "param": null });
+                format!("event: error\ndata: {error}\n\n")
+            }
+        }
+    }
+
     /// The wire form of a malformed content chunk.
     fn malformed_chunk(self) -> Bytes {
         match self {
@@ -1326,8 +1369,15 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         return api.error(StatusCode::BAD_REQUEST, &message);
     }
     tracing::debug!(?api, model = %req.model, ?faults, ?script, "chat request");
-    if let Some(answer) = before_answer(api, &state, &faults).await {
+    let echoed = on(faults.echo_auth).then(|| auth_quote(&headers));
+    if let Some(answer) = before_answer(api, &state, &faults, echoed.as_deref()).await {
         return answer;
+    }
+    let stream = req.stream.unwrap_or(api.streams_by_default());
+    if let Some(message) = &echoed
+        && !stream
+    {
+        return api.error(StatusCode::UNAUTHORIZED, message);
     }
     if let Some(window) = faults.context_window
         && prompt_tokens(&req.messages) > window
@@ -1363,17 +1413,29 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         line_end: faults.sse_line_end.unwrap_or_default(),
         model: req.model,
     };
-    if req.stream.unwrap_or(api.streams_by_default()) {
-        streaming_response(&reply, &faults, &state)
+    let mut response = if stream {
+        streaming_response(&reply, &faults, &state, echoed.as_deref())
     } else {
         full_response(&reply, &faults, &state).await
+    };
+    if on(faults.set_cookie) {
+        let headers = response.headers_mut();
+        headers.append(header::SET_COOKIE, HeaderValue::from_static("mock-session=s3cr3t; Path=/; HttpOnly"));
+        headers.append("x-ratelimit-remaining-requests", HeaderValue::from_static("99"));
     }
+    response
+}
+
+/// `echo_auth`'s message: the request's `Authorization` quoted whole.
+fn auth_quote(headers: &HeaderMap) -> String {
+    let presented = headers.get(header::AUTHORIZATION).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    format!("Incorrect API key provided: {}", presented.as_deref().unwrap_or("(none)"))
 }
 
 /// The knobs that act before any answer, in this order: `exit`, `hold`,
 /// `headers_delay_ms`, `never_answer`, `status`. Returns the answer to send
 /// instead of the normal one, if any.
-async fn before_answer(api: Api, state: &AppState, faults: &Faults) -> Option<Response> {
+async fn before_answer(api: Api, state: &AppState, faults: &Faults, echoed: Option<&str>) -> Option<Response> {
     if on(faults.exit) {
         tracing::warn!("`exit` fault requested: exiting with status 3");
         std::process::exit(3);
@@ -1386,12 +1448,12 @@ async fn before_answer(api: Api, state: &AppState, faults: &Faults) -> Option<Re
         state.until_stopping().await;
         return Some(api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down"));
     }
-    faults.status.map(|code| fault_status(api, code, faults.retry_after))
+    faults.status.map(|code| fault_status(api, code, faults.retry_after, echoed))
 }
 
-fn fault_status(api: Api, code: u16, retry_after: Option<u64>) -> Response {
+fn fault_status(api: Api, code: u16, retry_after: Option<u64>, message: Option<&str>) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = api.error(status, &format!("mock fault: status {code}"));
+    let mut response = api.error(status, message.unwrap_or(&format!("mock fault: status {code}")));
     if let Some(secs) = retry_after {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
@@ -1429,8 +1491,26 @@ async fn full_response(reply: &Reply, faults: &Faults, state: &AppState) -> Resp
     ([(header::CONTENT_TYPE, json)], body).into_response()
 }
 
-fn streaming_response(reply: &Reply, faults: &Faults, state: &AppState) -> Response {
-    let steps = schedule(reply.stream_parts(), faults, reply.api.malformed_chunk());
+fn streaming_response(reply: &Reply, faults: &Faults, state: &AppState, echoed: Option<&str>) -> Response {
+    let mut parts = reply.stream_parts();
+    if echoed.is_some() {
+        // The first content chunk, then the error instead of the rest.
+        let first = parts.iter().position(|p| matches!(p, Part::Content(_))).map_or(parts.len(), |i| i + 1);
+        parts.truncate(first);
+    }
+    let mut steps = schedule(parts, faults, reply.api.malformed_chunk());
+    if let Some(message) = echoed {
+        let event = reply.api.stream_error(message);
+        // Split inside the quoted key: the halves are separate writes.
+        let cut = event.find("Bearer ").map_or(event.len() / 2, |at| {
+            let key = at + "Bearer ".len();
+            key + event[key..].find('"').unwrap_or(0) / 2
+        });
+        let (first, second) = event.split_at(cut);
+        steps.push_back(Step::Send(Bytes::from(first.to_owned())));
+        steps.push_back(Step::Delay(Duration::from_millis(5)));
+        steps.push_back(Step::Send(Bytes::from(second.to_owned())));
+    }
     let body = BodyScript::new(steps, state).into_body();
     let headers = [(header::CONTENT_TYPE, reply.api.stream_content_type()), (header::CACHE_CONTROL, "no-cache")];
     (headers, body).into_response()
@@ -1527,7 +1607,7 @@ async fn embed(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Re
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
     };
     tracing::debug!(?api, model = %req.model, ?faults, inputs = plan.vectors.len(), "embeddings request");
-    if let Some(answer) = before_answer(api, &state, &faults).await {
+    if let Some(answer) = before_answer(api, &state, &faults, None).await {
         return answer;
     }
     let body = match api {
@@ -2448,12 +2528,73 @@ mod tests {
         json!({ "tools": [{ "type": "function", "function": { "name": "search", "parameters": {} } }] })
     }
 
+    #[tokio::test]
+    async fn echo_auth_quotes_the_authorization_header_in_errors_and_streams() {
+        let mock = spawn(Faults::default()).await;
+        let key = "Bearer sk-proj-Zq8vK2mN4pR7tW1xY5aB3cD6eF9gH0jL";
+        let send = |path: &'static str, body: Value, faults: &'static str| {
+            client()
+                .post(format!("{}{path}", mock.base_url()))
+                .header("authorization", key)
+                .header(FAULTS_HEADER, faults)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+        };
+        let refused = send("/v1/chat/completions", chat_body("mock", "hi", json!({})), "echo_auth").await.unwrap();
+        assert_eq!(refused.status(), 401);
+        let body = json_of(refused).await;
+        assert_eq!(body["error"]["message"], format!("Incorrect API key provided: {key}"));
+        let status = send("/api/chat", chat_body("mock", "hi", json!({})), "echo_auth,status=403").await.unwrap();
+        assert_eq!(status.status(), 403);
+        assert_eq!(json_of(status).await["error"], format!("Incorrect API key provided: {key}"));
+
+        // A stream: one content chunk, then the error event in two writes.
+        let mut streamed =
+            send("/v1/chat/completions", chat_body("mock", "hi", json!({ "stream": true })), "echo_auth")
+                .await
+                .unwrap();
+        assert_eq!(streamed.status(), 200);
+        let mut chunks = Vec::new();
+        while let Some(chunk) = streamed.chunk().await.unwrap() {
+            chunks.push(String::from_utf8(chunk.to_vec()).unwrap());
+        }
+        let events = sse(&chunks.concat());
+        assert_eq!(events.len(), 3, "{events:?}");
+        let error: Value = serde_json::from_str(&events[2]).unwrap();
+        assert_eq!(error["error"]["message"], format!("Incorrect API key provided: {key}"));
+        assert!(!chunks.iter().any(|c| c.contains(key)), "the key is split across writes: {chunks:?}");
+        let responses = send("/v1/responses", json!({ "model": "mock", "input": "hi", "stream": true }), "echo_auth");
+        let (text, _) = read_lossy(responses.await.unwrap()).await;
+        assert!(text.contains("event: error\ndata: {\"code\":\"invalid_api_key\""), "{text}");
+        assert!(text.contains(key), "{text}");
+    }
+
+    #[tokio::test]
+    async fn set_cookie_answers_with_a_cookie_and_the_log_keeps_request_headers() {
+        let mock = spawn(Faults::default()).await;
+        let response = client()
+            .post(format!("{}/v1/chat/completions", mock.base_url()))
+            .header("x-forwarded-for", "10.0.0.1")
+            .header(FAULTS_HEADER, "set_cookie")
+            .header("content-type", "application/json")
+            .body(chat_body("mock", "hi", json!({})).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers()["set-cookie"].to_str().unwrap().starts_with("mock-session="));
+        assert_eq!(response.headers()["x-ratelimit-remaining-requests"], "99");
+        let logged = &mock.requests()[0];
+        assert!(logged.headers.contains(&("x-forwarded-for".into(), "10.0.0.1".into())), "{logged:?}");
+    }
+
     #[test]
     fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
              malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
-             context_window=9,sse_line_end=CR",
+             context_window=9,sse_line_end=CR,echo_auth,set_cookie=false",
         )
         .unwrap();
         assert_eq!(
@@ -2474,6 +2615,8 @@ mod tests {
                 hold: Some("h1".into()),
                 context_window: Some(9),
                 sse_line_end: Some(LineEnd::Cr),
+                echo_auth: Some(true),
+                set_cookie: Some(false),
             }
         );
         assert_eq!(parse_faults("").unwrap(), Faults::default());
@@ -2944,8 +3087,16 @@ mod tests {
             { "method": "POST", "path": "/nowhere", "body": { "a": 1 } },
             { "method": "POST", "path": "/v1/embeddings", "body": { "model": "mock", "input": "x" } },
         ]);
-        assert_eq!(get_json(&mock, "/mock/requests").await, expected);
-        assert_eq!(serde_json::to_value(mock.requests()).unwrap(), expected);
+        // Headers as received (checked by the set_cookie test); here only
+        // what the request line and body say.
+        let without_headers = |mut log: Value| {
+            for entry in log.as_array_mut().unwrap() {
+                entry.as_object_mut().unwrap().remove("headers");
+            }
+            log
+        };
+        assert_eq!(without_headers(get_json(&mock, "/mock/requests").await), expected);
+        assert_eq!(without_headers(serde_json::to_value(mock.requests()).unwrap()), expected);
     }
 
     #[tokio::test]
@@ -2967,9 +3118,16 @@ mod tests {
         assert_eq!(reset.status(), 204);
         assert_eq!(get_json(&mock, "/mock/requests").await, json!([]));
         post(&mock, "/tokenize", &json!({ "content": "again" }), None).await;
+        let logged = mock.requests();
+        assert!(logged[0].headers.contains(&("content-type".into(), "application/json".into())), "{logged:?}");
         assert_eq!(
-            mock.requests(),
-            [RecordedRequest { method: "POST".into(), path: "/tokenize".into(), body: json!({ "content": "again" }) }]
+            logged.into_iter().map(|r| RecordedRequest { headers: vec![], ..r }).collect::<Vec<_>>(),
+            [RecordedRequest {
+                method: "POST".into(),
+                path: "/tokenize".into(),
+                body: json!({ "content": "again" }),
+                headers: vec![],
+            }]
         );
     }
 

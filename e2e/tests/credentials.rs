@@ -1,8 +1,9 @@
 //! Managed provider credentials end to end: a keyed model server (the mock
 //! with `--api-key`) reached through separate `iop-edge` and `iop-node`
 //! processes, the key living only in the Edge and sealed per execution to
-//! the node's connection key; rotation without a restart; and every kind of
-//! bad lease refused by the node before the provider is called.
+//! the node's connection key; rotation without a restart; every kind of
+//! bad lease refused by the node before the provider is called; and a
+//! provider quoting the key back never handing it to the client.
 
 mod common;
 
@@ -311,4 +312,63 @@ async fn call(stack: &Stack, key: &str, model: &str) -> (u16, Value) {
         .await
         .unwrap();
     json_body(response).await
+}
+
+/// Issue 25 item 5: a provider that quotes the `Authorization` header it got
+/// (in an error body, or in an error event inside a stream split across two
+/// writes) does not hand the managed key to the client: not through a
+/// normalized run (OpenAI-compatible or Ollama adapter), not through a
+/// tunnel, in any API shape, streamed or not.
+#[tokio::test]
+async fn a_provider_quoting_its_key_never_hands_it_to_the_client() {
+    const LONG_KEY: &str = "sk-proj-Zq8vK2mN4pR7tW1xY5aB3cD6eF9gH0jL";
+    let (_mock, url) = spawn_keyed_mock(LONG_KEY).await;
+    let openai = provider("echo", Adapter::Openai, "mock@echo_auth", "echo", &url);
+    let ollama = provider("echo-ollama", Adapter::Ollama, "mock@echo_auth", "echo-ollama", &url);
+    let status = provider("echo-status", Adapter::Openai, "mock@echo_auth,status=400", "echo-status", &url);
+    let mut tunnel = provider("echo-tunnel", Adapter::Openai, "mock@echo_auth", "echo-tunnel", &url);
+    tunnel.mode = ProviderMode::Tunnel;
+    let managed = vec!["echo", "echo-ollama", "echo-status", "echo-tunnel"];
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![openai, ollama, status, tunnel],
+        credentials: vec![Managed { profile: "lm", secret: LONG_KEY, revision: 1, providers: managed.clone() }],
+        ..Default::default()
+    })
+    .await;
+    for id in &managed {
+        wait_until(&format!("{id} dispatchable"), WAIT, || async {
+            stack.provider_admin(id).await["dispatchable"] == true
+        })
+        .await;
+    }
+    let mut cases = 0;
+    for model in ["echo", "echo-ollama", "echo-status", "echo-tunnel"] {
+        for stream in [false, true] {
+            let shapes = [
+                ("/v1/chat/completions", chat_body(model, "hello", stream)),
+                ("/v1/responses", serde_json::json!({ "model": model, "input": "hello", "stream": stream })),
+                (
+                    "/v1/messages",
+                    serde_json::json!({
+                        "model": model, "max_tokens": 16, "stream": stream,
+                        "messages": [{ "role": "user", "content": "hello" }],
+                    }),
+                ),
+            ];
+            for (path, body) in shapes {
+                let response = stack.post(path, &body).await;
+                let status = response.status();
+                let headers = format!("{:?}", response.headers());
+                let text = response.text().await.unwrap();
+                let case = format!("{model} {path} stream={stream}: {status} {text}");
+                assert!(!text.contains(LONG_KEY) && !headers.contains(LONG_KEY), "{case}");
+                assert!(!text.contains(&LONG_KEY[8..24]) && !text.contains(&LONG_KEY[24..]), "no piece of it: {case}");
+                // The quote did reach the client, scrubbed: the test sees
+                // the path a leak would take.
+                assert!(text.contains("[credential redacted]"), "{case}");
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 24);
 }

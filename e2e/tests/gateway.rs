@@ -303,6 +303,54 @@ async fn tunnel_mode_relays_the_providers_answer_as_sent() {
     assert_eq!(leases["acquired"], leases["released"], "{leases}");
 }
 
+/// Issue 25 item 8: a tunnel relays only the headers a provider API reads,
+/// in both directions.
+#[tokio::test]
+async fn a_tunnel_relays_only_allowlisted_headers_both_ways() {
+    let stack = stack(vec![tunnel("tun-headers", "mock@set_cookie", "tun-headers", 0)], None).await;
+    let mut request = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("openai-beta", "assistants=v2");
+    for (name, value) in [
+        ("x-forwarded-for", "169.254.169.254"),
+        ("forwarded", "for=10.0.0.1"),
+        ("x-real-ip", "10.0.0.1"),
+        ("x-http-method-override", "DELETE"),
+        ("metadata-flavor", "Google"),
+        ("x-aws-ec2-metadata-token", "client-token"),
+        ("x-mock-faults", "status=500"),
+        ("cookie", "session=client"),
+    ] {
+        request = request.header(name, value);
+    }
+    let response =
+        request.body(serde_json::to_vec(&chat_body("tun-headers", "hi", false)).unwrap()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let headers = response.headers().clone();
+    assert_eq!(headers.get("set-cookie"), None, "the provider's cookie reached the client: {headers:?}");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "99", "rate-limit headers are relayed: {headers:?}");
+    let (_, body) = json_body(response).await;
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-mock-"), "relayed, not normalized: {body}");
+
+    let seen = stack.last_provider_entry("/v1/chat/completions").await;
+    let names: Vec<&str> = seen["headers"].as_array().unwrap().iter().map(|h| h[0].as_str().unwrap()).collect();
+    for refused in [
+        "x-forwarded-for",
+        "forwarded",
+        "x-real-ip",
+        "x-http-method-override",
+        "metadata-flavor",
+        "x-aws-ec2-metadata-token",
+        "x-mock-faults",
+        "cookie",
+    ] {
+        assert!(!names.contains(&refused), "{refused} reached the provider: {names:?}");
+    }
+    assert!(names.contains(&"openai-beta") && names.contains(&"content-type"), "{names:?}");
+}
+
 #[tokio::test]
 async fn ollama_api_command_runs_only_the_read_only_allowlist() {
     let stack = stack(vec![], None).await;

@@ -54,7 +54,7 @@ pub struct TunnelForm {
     pub path: &'static str,
     /// The client's JSON body, as sent.
     pub body: Bytes,
-    /// Client headers that may cross a tunnel (`wire::relayable_header`).
+    /// Client headers that may cross a tunnel (`wire::relayable_request_header`).
     pub headers: Vec<pb::HttpHeader>,
 }
 

@@ -12,7 +12,9 @@
 //! The credential is injected as `Authorization: Bearer` (a sensitive
 //! header value); the opened plaintext and the bytes built from it are
 //! zeroized when dropped. The header value itself lives until the HTTP
-//! client has written the request. It is never stored, logged or counted.
+//! client has written the request, the [`SecretScrubber`] that keeps it out
+//! of the provider's answer until the execution ends. It is never stored,
+//! logged or counted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,25 @@ use zeroize::Zeroizing;
 
 use crate::adapter::ProviderTarget;
 use crate::execution::Observer;
+use crate::scrub::SecretScrubber;
+
+/// An opened lease, for one execution: the header to send, and the scrubber
+/// for everything the provider answers.
+pub struct Credential {
+    pub authorization: HeaderValue,
+    pub scrubber: SecretScrubber,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential([redacted])")
+    }
+}
+
+/// The parts of an optional credential as the provider call takes them.
+pub fn split(credential: Option<Credential>) -> (Option<HeaderValue>, Option<SecretScrubber>) {
+    credential.map_or((None, None), |c| (Some(c.authorization), Some(c.scrubber)))
+}
 
 /// How often spent lease ids past their expiry are forgotten.
 const PRUNE_EVERY_MS: u64 = 10_000;
@@ -108,14 +129,14 @@ pub struct Expected<'a> {
 }
 
 impl SessionLeases {
-    /// The `Authorization` value for the execution, `None` when the provider
-    /// needs no managed credential, or why the lease is refused.
+    /// The credential for the execution, `None` when the provider needs no
+    /// managed credential, or why the lease is refused.
     pub fn admit(
         &self,
         expected: &Expected<'_>,
         lease: Option<&pb::SealedLease>,
         now_ms: u64,
-    ) -> Result<Option<HeaderValue>, LeaseRejection> {
+    ) -> Result<Option<Credential>, LeaseRejection> {
         let profile = expected.target.credential_profile.as_deref();
         let sealed = match (profile, lease) {
             (None, None) => return Ok(None),
@@ -150,7 +171,7 @@ impl SessionLeases {
         value.extend_from_slice(&opened.credential);
         let mut header = HeaderValue::from_bytes(&value).map_err(|_| LeaseRejection::Unopenable)?;
         header.set_sensitive(true);
-        Ok(Some(header))
+        Ok(Some(Credential { authorization: header, scrubber: SecretScrubber::new(&opened.credential) }))
     }
 }
 
@@ -189,7 +210,7 @@ pub fn admit(
     target: &ProviderTarget,
     lease: Option<&pb::SealedLease>,
     observer: &Observer,
-) -> Result<Option<HeaderValue>, pb::ExecutionFailure> {
+) -> Result<Option<Credential>, pb::ExecutionFailure> {
     let expected = Expected { execution_id, target };
     let decision = match leases {
         Some(leases) => leases.admit(&expected, lease, unix_now_ms()),
@@ -256,7 +277,8 @@ mod tests {
 
     fn admit(s: &SessionLeases, lease: Option<&pb::SealedLease>) -> Result<Option<HeaderValue>, LeaseRejection> {
         let target = target(Some("key"));
-        s.admit(&Expected { execution_id: "r1", target: &target }, lease, NOW)
+        let admitted = s.admit(&Expected { execution_id: "r1", target: &target }, lease, NOW);
+        admitted.map(|c| c.map(|c| c.authorization))
     }
 
     #[test]
@@ -267,6 +289,12 @@ mod tests {
         assert_eq!(header.as_bytes(), b"Bearer sk-1");
         assert!(header.is_sensitive());
         assert_eq!(admit(&s, Some(&lease)), Err(LeaseRejection::Replayed));
+        let fresh = seal(&s, &binding("l2"));
+        let target = target(Some("key"));
+        let credential =
+            s.admit(&Expected { execution_id: "r1", target: &target }, Some(&fresh), NOW).unwrap().unwrap();
+        assert_eq!(credential.scrubber.scrub_text("echo: Bearer sk-1"), "echo: Bearer [credential redacted]");
+        assert!(!format!("{credential:?}").contains("sk-1"));
     }
 
     #[test]
@@ -306,8 +334,9 @@ mod tests {
         assert_eq!(admit(&s, None), Err(LeaseRejection::Missing));
         let plain = target(None);
         let expected = Expected { execution_id: "r1", target: &plain };
-        assert_eq!(s.admit(&expected, None, NOW), Ok(None));
-        assert_eq!(s.admit(&expected, Some(&seal(&s, &binding("l1"))), NOW), Err(LeaseRejection::Unexpected));
+        assert!(matches!(s.admit(&expected, None, NOW), Ok(None)));
+        let unexpected = s.admit(&expected, Some(&seal(&s, &binding("l1"))), NOW);
+        assert!(matches!(unexpected, Err(LeaseRejection::Unexpected)));
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod lease;
 pub mod liveness;
 pub mod metrics;
 pub mod run;
+pub mod scrub;
 pub mod service;
 pub mod transport;
 pub mod tunnel;

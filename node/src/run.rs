@@ -53,19 +53,26 @@ async fn serve(
     let admitted = validate(providers, request.into()).map_err(|r| r.to_failure()).and_then(|(target, stall)| {
         // Before the lease: a refused run spends none.
         let permit = admission.admit(&target.provider_id)?;
-        let authorization = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
-        Ok((target, stall, authorization, permit))
+        let credential = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
+        Ok((target, stall, credential, permit))
     });
     let outcome = match admitted {
         Err(failure) => Settled::Finished(Err(failure)),
-        Ok((target, stall_timeout, authorization, _permit)) => {
+        Ok((target, stall_timeout, credential, _permit)) => {
+            let (authorization, scrubber) = lease::split(credential);
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
             let producer =
                 Producer::new(async move { adapter::execute(http, target, request, authorization, &sink).await });
             let watched = Watched { http, target, stall_timeout, observer, kind: ExecutionKind::run };
             // A client that does not stream gets the answer as a whole: its
             // deltas need not cross the wire one by one.
-            execution::drive(producer, &mut events, uplink, cancel, edge_gone, watched, !request.stream).await
+            let mut settled =
+                execution::drive(producer, &mut events, uplink, cancel, edge_gone, watched, !request.stream).await;
+            // A provider's error text may quote the key it was sent.
+            if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
+                scrubber.scrub_failure(failure);
+            }
+            settled
         }
     };
     let terminal = match outcome {

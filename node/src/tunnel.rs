@@ -9,8 +9,10 @@
 //!
 //! The node only ever talks to its configured base URL: the method is GET or
 //! POST, the path is relative to the base URL and cannot climb out of it,
-//! and hop-by-hop and credential headers are dropped in both directions
-//! (again: the Edge already did, this is defense in depth). Any provider
+//! and only the allowlisted headers cross, in each direction
+//! (`wire::RELAYED_REQUEST_HEADERS`, `wire::RELAYED_RESPONSE_HEADERS`; the
+//! Edge already filtered, this is defense in depth). With a managed
+//! credential the answer is scrubbed of it (`crate::scrub`). Any provider
 //! status, 4xx/5xx included, is relayed as head + body + end: the Edge
 //! decides about retries.
 
@@ -18,7 +20,7 @@ use bytes::Bytes;
 
 use crate::capacity::LocalAdmission;
 use iop_proto::pb::{self, provider_tunnel_frame::Frame};
-use iop_proto::wire::relayable_header;
+use iop_proto::wire::{relayable_request_header, relayable_response_header};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 
@@ -26,6 +28,7 @@ use crate::adapter::{self, AdapterError, ProviderTarget};
 use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Rejection, Settled, Uplink, Watched};
 use crate::lease::{self, SessionLeases};
 use crate::metrics::ExecutionKind;
+use crate::scrub::SecretScrubber;
 use crate::transport::session::Providers;
 
 /// Largest body frame; bigger provider chunks are split so that one frame
@@ -81,21 +84,28 @@ pub(crate) async fn serve(
         let permit = admission.admit(&prepared.target.provider_id)?;
         let lease = request.lease.as_ref();
         // After the client's headers: a client's Authorization never crosses
-        // (`relayable_header`), the lease's is the only one.
-        if let Some(value) = lease::admit(leases, &request.tunnel_id, &prepared.target, lease, observer)? {
+        // (`relayable_request_header`), the lease's is the only one.
+        let (authorization, scrubber) =
+            lease::split(lease::admit(leases, &request.tunnel_id, &prepared.target, lease, observer)?);
+        if let Some(value) = authorization {
             prepared.headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        Ok((prepared, permit))
+        Ok((prepared, scrubber, permit))
     });
     let outcome = match admitted {
         Err(failure) => Settled::Finished(Err(failure)),
-        Ok((prepared, _permit)) => {
+        Ok((prepared, scrubber, _permit)) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
             let (target, stall_timeout) = (prepared.target.clone(), prepared.stall_timeout);
-            let producer = Producer::new(async move { relay(http, prepared, body, &sink).await });
+            let relay_scrubber = scrubber.clone();
+            let producer = Producer::new(async move { relay(http, prepared, body, relay_scrubber, &sink).await });
             let watched = Watched { http, target: &target, stall_timeout, observer, kind: ExecutionKind::tunnel };
-            execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await
+            let mut settled = execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await;
+            if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
+                scrubber.scrub_failure(failure);
+            }
+            settled
         }
     };
     let terminal = match outcome {
@@ -129,12 +139,14 @@ fn prepare(providers: &Providers, request: &pb::ProviderTunnelRequest) -> Result
     };
     let url = provider_url(&target.base_url, &request.path)?;
     let mut headers = HeaderMap::new();
-    for header in request.headers.iter().filter(|h| relayable_header(&h.name)) {
+    for header in request.headers.iter().filter(|h| relayable_request_header(&h.name)) {
         let invalid = || Rejection::InvalidHeader(header.name.chars().take(64).collect());
         let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| invalid())?;
         let value = HeaderValue::from_str(&header.value).map_err(|_| invalid())?;
         headers.append(name, value);
     }
+    // An uncompressed answer: the managed credential's scrubber reads it.
+    headers.insert(reqwest::header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     Ok(Prepared { target: target.clone(), method, url, headers, stall_timeout })
 }
 
@@ -203,11 +215,15 @@ fn percent_decode(text: &str) -> String {
 /// Sends the request to the provider and streams its answer into `sink`: one
 /// head, then the body as it arrives in frames of at most [`MAX_BODY_FRAME`].
 /// Ok once the body is complete; the caller sends the terminal. Dropping
-/// this future drops the response, closing the provider connection.
+/// this future drops the response, closing the provider connection. With a
+/// managed credential (`scrubber`), the head's values and the body, error
+/// or stream, pass through its scrubber: a provider quoting the key it was
+/// sent does not hand it to the client.
 async fn relay(
     http: &reqwest::Client,
     prepared: Prepared,
     body: Bytes,
+    scrubber: Option<SecretScrubber>,
     sink: &mpsc::Sender<Frame>,
 ) -> Result<(), AdapterError> {
     let Prepared { method, url, headers, .. } = prepared;
@@ -219,17 +235,34 @@ async fn relay(
         builder = builder.body(body);
     }
     let mut response = builder.send().await.map_err(|e| adapter::transport_error(&context, e))?;
-    let head = pb::TunnelResponseHead {
-        status: u32::from(response.status().as_u16()),
-        headers: response_headers(response.headers()),
-    };
+    let mut headers = response_headers(response.headers());
+    if let Some(scrubber) = &scrubber {
+        for header in &mut headers {
+            header.value = scrubber.scrub_text(&header.value);
+        }
+    }
+    let head = pb::TunnelResponseHead { status: u32::from(response.status().as_u16()), headers };
     emit(sink, Frame::Head(head)).await?;
+    let mut scrub = scrubber.as_ref().map(SecretScrubber::stream);
     while let Some(chunk) =
         response.chunk().await.map_err(|e| adapter::transport_error("reading the provider's response", e))?
     {
-        for piece in chunk.chunks(MAX_BODY_FRAME) {
-            emit(sink, Frame::Body(piece.to_vec())).await?;
-        }
+        let chunk = match &mut scrub {
+            Some(scrub) => Bytes::from(scrub.push(&chunk)),
+            None => chunk,
+        };
+        emit_body(sink, &chunk).await?;
+    }
+    if let Some(mut scrub) = scrub {
+        emit_body(sink, &scrub.finish()).await?;
+    }
+    Ok(())
+}
+
+/// `body` in frames of at most [`MAX_BODY_FRAME`] (none when it is empty).
+async fn emit_body(sink: &mpsc::Sender<Frame>, body: &[u8]) -> Result<(), AdapterError> {
+    for piece in body.chunks(MAX_BODY_FRAME) {
+        emit(sink, Frame::Body(piece.to_vec())).await?;
     }
     Ok(())
 }
@@ -243,7 +276,7 @@ async fn emit(sink: &mpsc::Sender<Frame>, frame: Frame) -> Result<(), AdapterErr
 fn response_headers(headers: &HeaderMap) -> Vec<pb::HttpHeader> {
     headers
         .iter()
-        .filter(|(name, _)| relayable_header(name.as_str()))
+        .filter(|(name, _)| relayable_response_header(name.as_str()))
         .filter_map(|(name, value)| {
             let value = std::str::from_utf8(value.as_bytes()).ok()?;
             Some(pb::HttpHeader { name: name.as_str().to_owned(), value: value.to_owned() })

@@ -139,10 +139,64 @@ pub const HOP_BY_HOP_HEADERS: &[&str] = &[
 pub const CREDENTIAL_HEADERS: &[&str] =
     &["authorization", "x-api-key", "api-key", "cookie", "openai-organization", "openai-project"];
 
-/// Whether a header may cross a tunnel.
-pub fn relayable_header(name: &str) -> bool {
+/// The client headers a tunnel relays to a provider: what the providers'
+/// APIs read from a request, nothing else. An allowlist, so that headers a
+/// provider (or a proxy in front of it) may trust never come from a client:
+/// `x-forwarded-for` and `forwarded` (the client's claimed address),
+/// `x-http-method-override`, cloud metadata and token headers
+/// (`metadata-flavor`, `x-aws-ec2-metadata-token`, …), cookies and every
+/// credential header ([`CREDENTIAL_HEADERS`]: the node adds the managed
+/// one). `accept-encoding` is not relayed either: the node asks for an
+/// uncompressed answer, which it can check for the managed credential.
+/// Checked by the Edge when it builds the tunnel request and again by the
+/// node before it calls the provider.
+pub const RELAYED_REQUEST_HEADERS: &[&str] = &[
+    "content-type",
+    "accept",
+    "user-agent",
+    "x-request-id",
+    "x-client-request-id",
+    // OpenAI: opt-in API features.
+    "openai-beta",
+    // Anthropic: API version and opt-in features.
+    "anthropic-version",
+    "anthropic-beta",
+];
+
+/// The provider response headers a tunnel relays to the client: the body's
+/// type, caching, request ids and rate-limit state (which SDKs read to back
+/// off). Not relayed: `set-cookie` (a provider's session is the node's,
+/// not the client's), `openai-organization`/`openai-project` (they name
+/// the managed credential's account), `content-encoding` (the node asks for
+/// none), `www-authenticate`, server and proxy headers, and everything
+/// hop-by-hop.
+pub const RELAYED_RESPONSE_HEADERS: &[&str] = &[
+    "content-type",
+    "cache-control",
+    "x-request-id",
+    "request-id",
+    "retry-after",
+    "retry-after-ms",
+    "openai-processing-ms",
+    "openai-version",
+];
+
+/// Prefixes of relayed response headers: the providers' rate-limit families
+/// (`x-ratelimit-remaining-requests`, `anthropic-ratelimit-tokens-reset`, …).
+pub const RELAYED_RESPONSE_HEADER_PREFIXES: &[&str] = &["x-ratelimit-", "anthropic-ratelimit-"];
+
+/// Whether a client's header may cross a tunnel to the provider
+/// ([`RELAYED_REQUEST_HEADERS`]).
+pub fn relayable_request_header(name: &str) -> bool {
+    RELAYED_REQUEST_HEADERS.iter().any(|allowed| allowed.eq_ignore_ascii_case(name))
+}
+
+/// Whether a provider's response header may cross a tunnel to the client
+/// ([`RELAYED_RESPONSE_HEADERS`], [`RELAYED_RESPONSE_HEADER_PREFIXES`]).
+pub fn relayable_response_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    !HOP_BY_HOP_HEADERS.contains(&name.as_str()) && !CREDENTIAL_HEADERS.contains(&name.as_str())
+    RELAYED_RESPONSE_HEADERS.contains(&name.as_str())
+        || RELAYED_RESPONSE_HEADER_PREFIXES.iter().any(|prefix| name.starts_with(prefix) && name.len() > prefix.len())
 }
 
 impl pb::ExecutionFailure {
@@ -282,11 +336,51 @@ mod tests {
 
     #[test]
     fn hop_by_hop_and_credential_headers_never_cross_a_tunnel() {
-        for name in ["Connection", "transfer-encoding", "Host", "Authorization", "x-api-key", "Content-Length"] {
-            assert!(!relayable_header(name), "{name}");
+        for name in HOP_BY_HOP_HEADERS.iter().chain(CREDENTIAL_HEADERS) {
+            assert!(!relayable_request_header(name), "{name}");
+            assert!(!relayable_response_header(name), "{name}");
         }
-        for name in ["content-type", "accept", "openai-beta", "x-request-id"] {
-            assert!(relayable_header(name), "{name}");
+        for name in ["Connection", "transfer-encoding", "Host", "Authorization", "x-api-key", "Content-Length"] {
+            assert!(!relayable_request_header(name), "{name}");
+            assert!(!relayable_response_header(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn tunnels_relay_only_allowlisted_headers() {
+        for name in ["content-type", "Accept", "openai-beta", "anthropic-version", "anthropic-beta", "x-request-id"] {
+            assert!(relayable_request_header(name), "{name}");
+        }
+        for name in [
+            "x-forwarded-for",
+            "forwarded",
+            "x-real-ip",
+            "x-http-method-override",
+            "x-method-override",
+            "metadata-flavor",
+            "metadata",
+            "x-aws-ec2-metadata-token",
+            "x-google-metadata-request",
+            "accept-encoding",
+            "x-mock-faults",
+            "origin",
+        ] {
+            assert!(!relayable_request_header(name), "{name}");
+        }
+        for name in [
+            "Content-Type",
+            "cache-control",
+            "x-request-id",
+            "retry-after",
+            "x-ratelimit-remaining-tokens",
+            "anthropic-ratelimit-requests-reset",
+        ] {
+            assert!(relayable_response_header(name), "{name}");
+        }
+        for name in
+            ["set-cookie", "Set-Cookie", "openai-organization", "content-encoding", "server", "x-ratelimit-", "via"]
+        {
+            assert!(!relayable_response_header(name), "{name}");
         }
     }
 

@@ -360,10 +360,16 @@ impl Stack {
 
     /// The body of the last request the mock provider received at `path`.
     pub async fn last_provider_request(&self, path: &str) -> Value {
+        self.last_provider_entry(path).await["body"].clone()
+    }
+
+    /// The last request the mock provider received at `path`, as its log
+    /// keeps it (`method`, `path`, `body`, `headers`).
+    pub async fn last_provider_entry(&self, path: &str) -> Value {
         let response = self.client.get(format!("{}/mock/requests", self.mock_url)).send().await.unwrap();
         let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
         let entry = log.as_array().unwrap().iter().rev().find(|r| r["path"] == path);
-        entry.unwrap_or_else(|| panic!("no request to {path} in {log}"))["body"].clone()
+        entry.unwrap_or_else(|| panic!("no request to {path} in {log}")).clone()
     }
 }
 

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::stream;
 use iop_proto::pb::{self, run_event::Event};
-use iop_proto::wire::relayable_header;
+use iop_proto::wire::{relayable_request_header, relayable_response_header};
 use serde_json::json;
 
 use crate::EdgeState;
@@ -266,7 +266,7 @@ async fn serve<S: Surface>(
                 body: bytes.clone(),
                 headers: headers
                     .iter()
-                    .filter(|(name, _)| relayable_header(name.as_str()))
+                    .filter(|(name, _)| relayable_request_header(name.as_str()))
                     .filter_map(|(name, value)| {
                         Some(pb::HttpHeader { name: name.to_string(), value: value.to_str().ok()?.to_string() })
                     })
@@ -498,7 +498,7 @@ fn tunnel_response(
     });
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
-    for header in head.headers.iter().filter(|h| relayable_header(&h.name)) {
+    for header in head.headers.iter().filter(|h| relayable_response_header(&h.name)) {
         if let (Ok(name), Ok(value)) =
             (HeaderName::try_from(header.name.as_str()), HeaderValue::try_from(header.value.as_str()))
         {

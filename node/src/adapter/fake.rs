@@ -95,6 +95,11 @@ impl FakeProvider {
             .expect("fake provider got a request in time")
             .expect("fake provider is running")
     }
+
+    /// A request the server already received, if any (does not wait).
+    pub(crate) fn received(&mut self) -> Option<Captured> {
+        self.requests.try_recv().ok()
+    }
 }
 
 /// Serves `reply` to every request.

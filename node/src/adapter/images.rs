@@ -1,12 +1,19 @@
 //! Images a client gave by URL, fetched by the node for a provider that
 //! takes only image data (Ollama), when the node's owner allows it
 //! (`images.fetch_urls`). Bounded: http(s) only, no credentials in the URL,
-//! never a loopback, private or link-local address given literally or as
-//! `localhost`, at most `MAX_IMAGE_BYTES` (`iop_proto::wire`), an image answer, within
-//! [`FETCH_TIMEOUT`]. (A name that resolves to a private address is not
-//! caught here: the owner's switch is the consent to that risk.)
+//! only public addresses, at most `MAX_IMAGE_BYTES` (`iop_proto::wire`), an
+//! image answer, within [`FETCH_TIMEOUT`].
+//!
+//! "Only public addresses" holds for what the node connects to, not for how
+//! the URL is spelled: a name is resolved first (hosts file, DNS, mDNS), it
+//! is refused unless every address it resolves to is public, and the
+//! connection goes to exactly those addresses ([`Checked`] is the HTTP
+//! client's resolver), so a name that rebinds between the check and the
+//! connect cannot reach the owner's network. Redirects pass the same check.
+//! Every target refused or unreachable gets the one error [`UNREACHABLE`].
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iop_proto::pb;
@@ -62,46 +69,140 @@ const SHOW_LIMIT: usize = 4 * 1024 * 1024;
 
 /// A copy of `request` with every image URL replaced by the image's data.
 pub(super) async fn fetch_urls(request: &pb::RunRequest) -> Result<pb::RunRequest, AdapterError> {
-    fetch_urls_checked(image_client(), request, allowed_url).await
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let client = CLIENT.get_or_init(|| image_client(PUBLIC_ONLY, SystemLookup));
+    fetch_urls_with(client, PUBLIC_ONLY, request).await
 }
 
-/// A client of its own: a redirect is followed (at most 5) only to a URL
-/// the same rule allows, so a public URL cannot bounce the node onto its
-/// own network.
-fn image_client() -> &'static reqwest::Client {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(|| {
-        let policy = reqwest::redirect::Policy::custom(|attempt| {
-            if attempt.previous().len() >= 5 || allowed_url(attempt.url().as_str()).is_err() {
-                attempt.stop()
+/// The one answer for an image URL the node will not or cannot reach: a
+/// refused address (given literally, by a name that resolves to one, or by a
+/// redirect), a name that does not resolve, a port that refuses or does not
+/// answer in time. The same text and code for each, so a client cannot tell
+/// an open port on the owner's network from a closed one, or a name that
+/// resolves there from one that does not.
+const UNREACHABLE: &str = "the image URL could not be fetched (only public http(s) addresses that answer are)";
+
+/// Which addresses the node may fetch from ([`PUBLIC_ONLY`]; tests allow
+/// loopback to reach their fake servers).
+#[derive(Clone, Copy)]
+struct Policy {
+    allows: fn(IpAddr) -> bool,
+}
+
+const PUBLIC_ONLY: Policy = Policy { allows: is_public };
+
+impl Policy {
+    /// Whether `url`'s host may be tried: an address given literally must be
+    /// allowed, `localhost` (with or without the root's trailing dot, and
+    /// its subdomains) only where loopback is, and any other name is
+    /// checked once it is resolved ([`Checked`]). Literal addresses never
+    /// reach the resolver, so this is their only check.
+    fn allows_host(self, url: &reqwest::Url) -> bool {
+        // The URL parser has already normalized how an address is spelled
+        // (`2130706433`, `0x7f.1` and `127.1` are `127.0.0.1`).
+        let Some(host) = url.host_str() else { return false };
+        match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+            Ok(ip) => (self.allows)(ip),
+            Err(_) => {
+                let name = host.trim_end_matches('.').to_ascii_lowercase();
+                (self.allows)(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+                    || !(name == "localhost" || name.ends_with(".localhost"))
+            }
+        }
+    }
+}
+
+/// Where names resolve: the system's resolver (hosts file, DNS, mDNS for
+/// `.local`), or a table in tests.
+trait Lookup: Send + Sync + 'static {
+    fn lookup(&self, name: &str) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<IpAddr>>>;
+}
+
+struct SystemLookup;
+
+impl Lookup for SystemLookup {
+    fn lookup(&self, name: &str) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<IpAddr>>> {
+        let name = name.to_owned();
+        Box::pin(async move { Ok(tokio::net::lookup_host((name.as_str(), 0)).await?.map(|a| a.ip()).collect()) })
+    }
+}
+
+/// The image client's resolver: a name is usable only if it resolves and
+/// every address it resolves to is allowed, and the client then connects to
+/// exactly those addresses (no second lookup a rebinding name could answer
+/// differently).
+struct Checked<L> {
+    policy: Policy,
+    lookup: L,
+}
+
+impl<L: Lookup> reqwest::dns::Resolve for Checked<L> {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let (policy, looked_up) = (self.policy, self.lookup.lookup(name.as_str()));
+        Box::pin(async move {
+            let addrs = looked_up.await?;
+            check_resolved(policy, &addrs)?;
+            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter().map(|ip| SocketAddr::new(ip, 0)));
+            Ok(addrs)
+        })
+    }
+}
+
+/// Every resolved address allowed, and at least one.
+fn check_resolved(policy: Policy, addrs: &[IpAddr]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if addrs.is_empty() || !addrs.iter().all(|ip| (policy.allows)(*ip)) {
+        return Err("refused address".into());
+    }
+    Ok(())
+}
+
+/// A client of its own: names resolve through [`Checked`], no proxy (a
+/// proxy would resolve names itself), and a redirect is followed (at most 5)
+/// only to a host the same policy allows, else the fetch fails like an
+/// unreachable one.
+fn image_client(policy: Policy, lookup: impl Lookup) -> reqwest::Client {
+    let redirects = move || {
+        reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= 5 || !policy.allows_host(attempt.url()) {
+                attempt.error("redirect refused")
             } else {
                 attempt.follow()
             }
-        });
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        })
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let resolver = Arc::new(Checked { policy, lookup });
+    let builder = || {
         reqwest::Client::builder()
-            .redirect(policy)
+            .redirect(redirects())
+            .no_proxy()
             .connect_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new())
+            .dns_resolver(resolver.clone())
+    };
+    // Without the platform's root certificates only http:// URLs work.
+    builder().build().unwrap_or_else(|_| {
+        builder().tls_backend_preconfigured(super::fallback_tls_config()).build().expect("an image client builds")
     })
 }
 
-/// [`fetch_urls`] with the URL rule passed in (tests fetch from loopback).
-async fn fetch_urls_checked(
+/// [`fetch_urls`] with the client and policy passed in.
+async fn fetch_urls_with(
     client: &reqwest::Client,
+    policy: Policy,
     request: &pb::RunRequest,
-    allowed_url: fn(&str) -> Result<reqwest::Url, &'static str>,
 ) -> Result<pb::RunRequest, AdapterError> {
     let mut fetched = request.clone();
     for (i, message) in fetched.messages.iter_mut().enumerate() {
         for (j, image) in message.images.iter_mut().filter(|i| i.data.is_empty()).enumerate() {
             let refuse = |why: &str| AdapterError::InvalidRequest(format!("messages[{i}].images[{j}]: {why}"));
-            let url = allowed_url(&image.url).map_err(&refuse)?;
+            let url = parse_url(&image.url).map_err(&refuse)?;
+            if !policy.allows_host(&url) {
+                return Err(refuse(UNREACHABLE));
+            }
             let response = tokio::time::timeout(FETCH_TIMEOUT, client.get(url).send())
                 .await
-                .map_err(|_| refuse("the image URL did not answer in time"))?
-                .map_err(|_| refuse("the image URL could not be fetched"))?;
+                .map_err(|_| refuse(UNREACHABLE))?
+                .map_err(|_| refuse(UNREACHABLE))?;
             if !response.status().is_success() {
                 return Err(refuse(&format!("the image URL answered HTTP {}", response.status().as_u16())));
             }
@@ -124,8 +225,9 @@ async fn fetch_urls_checked(
     Ok(fetched)
 }
 
-/// The URL, if the node may fetch it.
-fn allowed_url(raw: &str) -> Result<reqwest::Url, &'static str> {
+/// The URL, if it is one the node would try: http(s), with a host and
+/// without credentials. Where it points is the [`Policy`]'s to say.
+fn parse_url(raw: &str) -> Result<reqwest::Url, &'static str> {
     let url = reqwest::Url::parse(raw).map_err(|_| "the image URL is not a valid URL")?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err("only http(s) image URLs are fetched");
@@ -133,39 +235,60 @@ fn allowed_url(raw: &str) -> Result<reqwest::Url, &'static str> {
     if !url.username().is_empty() || url.password().is_some() {
         return Err("the image URL carries credentials");
     }
-    let local = match url.host_str().map(|h| h.trim_start_matches('[').trim_end_matches(']')) {
-        None => true,
-        Some(host) => match host.parse::<IpAddr>() {
-            Ok(ip) => !is_public(ip),
-            Err(_) => host.eq_ignore_ascii_case("localhost") || host.to_ascii_lowercase().ends_with(".localhost"),
-        },
-    };
-    if local {
-        return Err("the image URL points at this machine or its private network");
+    if url.host().is_none() {
+        return Err("the image URL has no host");
     }
     Ok(url)
 }
 
+/// Whether the node may fetch from `ip`: not this machine, a private or
+/// shared network, link-local, multicast, broadcast or a reserved block, in
+/// IPv4 or IPv6, and not one of those embedded in an IPv6 address
+/// (IPv4-mapped and -compatible, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`).
 fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
-            !(v4.is_loopback()
+            let [a, b, c, _] = v4.octets();
+            !(v4.is_unspecified()
+                || a == 0
+                || v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
-                || v4.is_unspecified()
                 || v4.is_broadcast()
-                || v4.octets()[0] == 100 && (64..128).contains(&v4.octets()[1]))
+                || v4.is_multicast()
+                || a >= 240
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && c == 0)
+                || (a == 198 && (18..20).contains(&b)))
         }
         IpAddr::V6(v6) => {
-            let mapped = v6.to_ipv4_mapped().map(|v4| is_public(IpAddr::V4(v4)));
-            mapped.unwrap_or(
-                !(v6.is_loopback()
-                    || v6.is_unspecified()
-                    || (v6.segments()[0] & 0xfe00) == 0xfc00
-                    || (v6.segments()[0] & 0xffc0) == 0xfe80),
-            )
+            let segments = v6.segments();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            if segments[..6] == [0; 6] {
+                // `::`, `::1` and the deprecated IPv4-compatible `::a.b.c.d`.
+                return !v6.is_unspecified() && !v6.is_loopback() && is_public(IpAddr::V4(embedded_v4(&segments[6..])));
+            }
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_public(IpAddr::V4(embedded_v4(&segments[6..])));
+            }
+            if segments[0] == 0x2002 {
+                return is_public(IpAddr::V4(embedded_v4(&segments[1..3])));
+            }
+            !(v6.is_multicast()
+                || (segments[0] & 0xfe00) == 0xfc00
+                || (segments[0] & 0xffc0) == 0xfe80
+                || (segments[0] & 0xffc0) == 0xfec0
+                || segments[..4] == [0x100, 0, 0, 0]
+                || (segments[0] == 0x2001 && segments[1] == 0))
         }
     }
+}
+
+fn embedded_v4(segments: &[u16]) -> std::net::Ipv4Addr {
+    let bits = (u32::from(segments[0]) << 16) | u32::from(segments[1]);
+    std::net::Ipv4Addr::from(bits)
 }
 
 #[cfg(test)]
@@ -180,31 +303,131 @@ mod tests {
         pb::RunRequest { messages: vec![message], ..Default::default() }
     }
 
-    fn any(raw: &str) -> Result<reqwest::Url, &'static str> {
-        reqwest::Url::parse(raw).map_err(|_| "bad")
+    /// Loopback too: tests fetch from their own fake servers.
+    const LOOPBACK_TOO: Policy = Policy { allows: |ip| ip.is_loopback() || is_public(ip) };
+
+    /// Names from a table (a hosts file the test writes), else "not found".
+    struct Table(Vec<(&'static str, Vec<IpAddr>)>);
+
+    impl Lookup for Table {
+        fn lookup(&self, name: &str) -> futures_util::future::BoxFuture<'static, std::io::Result<Vec<IpAddr>>> {
+            let found = self.0.iter().find(|(n, _)| *n == name).map(|(_, addrs)| addrs.clone());
+            Box::pin(
+                async move { found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such name")) },
+            )
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn unreachable_error(result: Result<pb::RunRequest, AdapterError>) -> String {
+        match result {
+            Err(AdapterError::InvalidRequest(message)) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 
     #[tokio::test]
     async fn a_fetched_image_replaces_its_url_and_bad_answers_are_refused() {
-        let client = super::super::http_client();
+        let client = image_client(LOOPBACK_TOO, SystemLookup);
         let server = fake::serve(Reply::chunks(200, "image/png", ["\u{89}PNG"])).await;
         let request = with_url(&format!("{}/cat.png", server.base_url));
         assert!(any_url(&request));
-        let fetched = fetch_urls_checked(&client, &request, any).await.unwrap();
+        let fetched = fetch_urls_with(&client, LOOPBACK_TOO, &request).await.unwrap();
         let image = &fetched.messages[0].images[0];
         assert_eq!((image.media_type.as_str(), image.url.as_str()), ("image/png", ""));
         assert_eq!(image.data, "\u{89}PNG".as_bytes());
         assert!(!any_url(&fetched));
 
         let html = fake::serve(Reply::chunks(200, "text/html", ["<html>"])).await;
-        let refused = fetch_urls_checked(&client, &with_url(&format!("{}/x", html.base_url)), any).await;
+        let refused = fetch_urls_with(&client, LOOPBACK_TOO, &with_url(&format!("{}/x", html.base_url))).await;
         assert!(matches!(refused, Err(AdapterError::InvalidRequest(m)) if m.contains("png, jpeg")));
         let missing = fake::serve(Reply::chunks(404, "image/png", [""])).await;
-        let refused = fetch_urls_checked(&client, &with_url(&format!("{}/x", missing.base_url)), any).await;
+        let refused = fetch_urls_with(&client, LOOPBACK_TOO, &with_url(&format!("{}/x", missing.base_url))).await;
         assert!(matches!(refused, Err(AdapterError::InvalidRequest(m)) if m.contains("404")));
         // The real rule refuses this machine.
         let refused = fetch_urls(&request).await;
-        assert!(matches!(refused, Err(AdapterError::InvalidRequest(m)) if m.contains("this machine")));
+        assert_eq!(unreachable_error(refused), format!("messages[0].images[0]: {UNREACHABLE}"));
+    }
+
+    /// Issue 25 item 9: this machine under a name (`localhost.` with the
+    /// root's dot, resolved by the system), an open port and a closed one,
+    /// and a name that does not resolve all get the same error, and the
+    /// open port is never contacted.
+    #[tokio::test]
+    async fn every_refused_or_unreachable_target_gets_the_same_error() {
+        let mut open = fake::serve(Reply::chunks(200, "image/png", ["\u{89}PNG"])).await;
+        let open_port = open.base_url.rsplit(':').next().unwrap().to_owned();
+        let closed = fake::refused_base_url().await;
+        let closed_port = closed.rsplit(':').next().unwrap().to_owned();
+        let mut errors = Vec::new();
+        for url in [
+            format!("http://localhost.:{open_port}/cat.png"),
+            format!("http://localhost.:{closed_port}/cat.png"),
+            format!("http://LocalHost:{open_port}/cat.png"),
+            format!("http://app.localhost.:{open_port}/cat.png"),
+            format!("http://127.0.0.1:{open_port}/cat.png"),
+            format!("http://127.1:{open_port}/cat.png"),
+            format!("http://2130706433:{open_port}/cat.png"),
+            format!("http://[::ffff:127.0.0.1]:{open_port}/cat.png"),
+            "http://name-that-does-not-resolve.invalid/cat.png".to_owned(),
+        ] {
+            errors.push((url.clone(), unreachable_error(fetch_urls(&with_url(&url)).await)));
+        }
+        for (url, error) in &errors {
+            assert_eq!(error, &format!("messages[0].images[0]: {UNREACHABLE}"), "{url}");
+        }
+        assert!(open.received().is_none(), "the open port was contacted");
+    }
+
+    /// The client's resolver itself, with the system's lookup: `localhost`,
+    /// a hosts-file name, resolves to this machine and is refused there,
+    /// whatever the URL rule said (`localhost.` with the root's dot resolves
+    /// the same way on macOS; glibc does not resolve it at all).
+    #[tokio::test]
+    async fn the_system_resolver_refuses_a_name_for_this_machine() {
+        use reqwest::dns::Resolve;
+        let addrs = SystemLookup.lookup("localhost").await.unwrap();
+        assert!(!addrs.is_empty() && addrs.iter().all(IpAddr::is_loopback), "{addrs:?}");
+        let checked = Checked { policy: PUBLIC_ONLY, lookup: SystemLookup };
+        assert!(checked.resolve("localhost".parse().unwrap()).await.is_err());
+        assert!(checked.resolve("localhost.".parse().unwrap()).await.is_err());
+        let loopback_too = Checked { policy: LOOPBACK_TOO, lookup: SystemLookup };
+        let resolved: Vec<SocketAddr> = loopback_too.resolve("localhost".parse().unwrap()).await.unwrap().collect();
+        assert!(!resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()), "{resolved:?}");
+    }
+
+    #[tokio::test]
+    async fn a_name_is_fetched_only_if_every_address_it_resolves_to_is_allowed() {
+        let mut server = fake::serve(Reply::chunks(200, "image/png", ["\u{89}PNG"])).await;
+        let port = server.base_url.rsplit(':').next().unwrap().to_owned();
+        let table = Table(vec![
+            ("images.test", vec![ip("127.0.0.1")]),
+            ("printer.local", vec![ip("192.168.1.20")]),
+            ("intranet.test", vec![ip("127.0.0.1"), ip("10.0.0.7")]),
+            ("mapped.test", vec![ip("::ffff:10.0.0.7")]),
+            ("empty.test", vec![]),
+        ]);
+        let client = image_client(LOOPBACK_TOO, table);
+        let fetch = |name: &str| with_url(&format!("http://{name}:{port}/cat.png"));
+        let fetched = fetch_urls_with(&client, LOOPBACK_TOO, &fetch("images.test")).await.unwrap();
+        assert_eq!(fetched.messages[0].images[0].data, "\u{89}PNG".as_bytes(), "an allowed name is fetched");
+        server.request().await;
+        for name in ["printer.local", "intranet.test", "mapped.test", "empty.test", "unknown.test"] {
+            let refused = fetch_urls_with(&client, LOOPBACK_TOO, &fetch(name)).await;
+            assert_eq!(unreachable_error(refused), format!("messages[0].images[0]: {UNREACHABLE}"), "{name}");
+        }
+        assert!(server.received().is_none(), "a refused name reached the server");
+
+        // A redirect is checked like the first URL: to a refused name or
+        // address it fails as unreachable, not as the redirect's status.
+        for target in [format!("http://printer.local:{port}/cat.png"), "http://10.0.0.7/cat.png".to_owned()] {
+            let bounce = fake::serve(Reply::chunks(302, "text/plain", [""]).header("location", &target)).await;
+            let refused = fetch_urls_with(&client, LOOPBACK_TOO, &with_url(&format!("{}/x", bounce.base_url))).await;
+            assert_eq!(unreachable_error(refused), format!("messages[0].images[0]: {UNREACHABLE}"), "{target}");
+        }
     }
 
     #[tokio::test]
@@ -230,26 +453,65 @@ mod tests {
     }
 
     #[test]
-    fn only_public_http_urls_are_fetched() {
+    fn only_http_urls_without_credentials_are_tried_and_only_public_addresses_allowed() {
+        for refused in ["file:///etc/passwd", "ftp://example.com/a.png", "http://user:pw@example.com/a.png", "nope"] {
+            assert!(parse_url(refused).is_err(), "{refused}");
+        }
         for ok in ["https://example.com/cat.png", "http://93.184.216.34/a.png", "https://[2606:4700::1]/a.png"] {
-            assert!(allowed_url(ok).is_ok(), "{ok}");
+            assert!(PUBLIC_ONLY.allows_host(&parse_url(ok).unwrap()), "{ok}");
         }
         for refused in [
-            "file:///etc/passwd",
-            "ftp://example.com/a.png",
             "http://localhost:11434/api/tags",
+            "http://localhost.:11434/api/tags",
             "http://app.localhost/a.png",
             "http://127.0.0.1/a.png",
+            "http://0x7f.1/a.png",
+            "http://0/a.png",
             "http://10.0.0.5/a.png",
-            "http://192.168.1.1/a.png",
             "http://169.254.169.254/latest/meta-data",
-            "http://100.64.0.1/a.png",
             "http://[::1]/a.png",
-            "http://[fd00::1]/a.png",
             "http://[::ffff:127.0.0.1]/a.png",
-            "http://user:pw@example.com/a.png",
         ] {
-            assert!(allowed_url(refused).is_err(), "{refused}");
+            assert!(!PUBLIC_ONLY.allows_host(&parse_url(refused).unwrap()), "{refused}");
+        }
+        for public in
+            ["93.184.216.34", "8.8.8.8", "2606:4700::1", "2a00:1450::1", "64:ff9b::808:808", "2002:808:808::1"]
+        {
+            assert!(is_public(ip(public)), "{public}");
+        }
+        for private in [
+            "0.0.0.0",
+            "0.1.2.3",
+            "127.0.0.1",
+            "127.255.0.9",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "100.127.255.254",
+            "192.0.0.8",
+            "198.18.0.1",
+            "224.0.0.251",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "::ffff:10.0.0.1",
+            "::ffff:169.254.169.254",
+            "::10.0.0.1",
+            "64:ff9b::a00:1",
+            "2002:a00:1::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "fec0::1",
+            "ff02::fb",
+            "100::1",
+            "2001:0:4136:e378::1",
+        ] {
+            assert!(!is_public(ip(private)), "{private}");
         }
     }
 }
