@@ -13,8 +13,10 @@ use kube::{Resource, ResourceExt};
 
 use super::conditions::{self, READY, Status};
 pub use super::conditions::{CONTEXT_FALLBACKS_READY, WORKSPACES_READY};
+use super::credentials::CredentialProblem;
 use super::validate::{self, ACCEPTED, Invalid, Reason};
 use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot, credentials};
+use crate::crd::provider::SecretKeyRef;
 use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
 
 /// Everything the apply stage writes for one namespace. Fields are public so
@@ -161,14 +163,8 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     for p in sorted(&snapshot.providers) {
         let verdict = validate::provider(p, &node_ready, settings).and_then(|entry| {
             let Some(reference) = &p.spec.credential_secret_ref else { return Ok(entry) };
-            let value = credentials::value(&snapshot.secrets, reference).ok_or_else(|| Invalid {
-                reason: Reason::CredentialSecretMissing,
-                message: format!(
-                    "spec.credentialSecretRef: Secret `{}` has no non-empty key `{}`; the provider is kept out \
-                     instead of running without its key",
-                    reference.name, reference.key
-                ),
-            })?;
+            let value = credentials::value(&snapshot.secrets, reference)
+                .map_err(|problem| credential_invalid(reference, problem))?;
             credential_values.insert(entry.id.clone(), value.to_vec());
             Ok(entry)
         });
@@ -221,6 +217,37 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     let config_map = config_map(snapshot, &config);
     let credentials = credentials::secret(&snapshot.namespace, credential_values, &revisions);
     Ok(Prepared { config, config_map, providers, nodes, templates, credentials, excluded })
+}
+
+/// The Provider's `Ready=False` for a credential it cannot use: names the
+/// Secret and key, never the value.
+fn credential_invalid(reference: &SecretKeyRef, problem: CredentialProblem) -> Invalid {
+    let (name, key) = (&reference.name, &reference.key);
+    let (reason, why) = match problem {
+        CredentialProblem::SecretMissing => {
+            (Reason::CredentialSecretMissing, format!("Secret `{name}` does not exist"))
+        }
+        CredentialProblem::KeyMissing => {
+            (Reason::CredentialSecretMissing, format!("Secret `{name}` has no key `{key}`"))
+        }
+        CredentialProblem::NotLabelled => (
+            Reason::SecretNotLabelled,
+            format!(
+                "Secret `{name}` is not labelled `{}: \"true\"`, so its value is not used (only Secrets so \
+                 labelled may be provider credentials)",
+                credentials::CREDENTIAL_LABEL
+            ),
+        ),
+        CredentialProblem::InvalidValue(e) => {
+            (Reason::InvalidCredentialValue, format!("Secret `{name}` key `{key}`: {e}; it is not copied"))
+        }
+    };
+    Invalid {
+        reason,
+        message: format!(
+            "spec.credentialSecretRef: {why}; the provider is kept out instead of running without its key"
+        ),
+    }
 }
 
 fn sorted<K: Resource>(objects: &[K]) -> Vec<&K> {
