@@ -25,7 +25,7 @@ use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
 pub struct Prepared {
     /// The rendered config (also inside `config_map`).
     pub config: EdgeConfig,
-    /// `iop-edge-config`, key `edge.yaml`, owned by every Provider and NodeCatalog.
+    /// `iop-edge-config`, key `edge.yaml` (no owner references).
     pub config_map: ConfigMap,
     /// Status fields owned by reconcile (conditions, observedGeneration;
     /// a Provider's publicModels).
@@ -290,12 +290,12 @@ fn fallbacks_ready(current: &[Condition], problems: &[Invalid], generation: Opti
     conditions::next(current, CONTEXT_FALLBACKS_READY, status, reason, message, generation, now)
 }
 
+/// `iop-edge-config`. It has no owner references: it is the operator's
+/// (re-created at once when deleted, see `runtime::controller`), and an owner
+/// list that changed with every Provider and NodeCatalog added or removed
+/// needed `delete` on it where OwnerReferencesPermissionEnforcement is on
+/// (a right the operator never uses otherwise).
 fn config_map(snapshot: &Snapshot, config: &EdgeConfig) -> ConfigMap {
-    let owners = sorted(&snapshot.providers)
-        .into_iter()
-        .filter_map(|p| p.owner_ref(&()))
-        .chain(sorted(&snapshot.nodes).into_iter().filter_map(|n| n.owner_ref(&())))
-        .collect::<Vec<_>>();
     let labels = [
         ("app.kubernetes.io/name", "iop"),
         ("app.kubernetes.io/component", "edge-config"),
@@ -312,7 +312,6 @@ fn config_map(snapshot: &Snapshot, config: &EdgeConfig) -> ConfigMap {
             name: Some(CONFIG_MAP_NAME.to_string()),
             namespace: Some(snapshot.namespace.clone()),
             labels: Some(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            owner_references: (!owners.is_empty()).then_some(owners),
             ..Default::default()
         },
         data: Some([(CONFIG_KEY.to_string(), yaml)].into()),

@@ -551,3 +551,76 @@ async fn node_bundle_reads_the_node_secret() {
     assert!(e.contains("iop/iop-node-mac-2 does not exist") && e.contains("NodeCatalog `mac-2`"), "{e}");
     server.done().await;
 }
+
+/// A Secret named `iop-node-<name>` that the operator did not make (here a
+/// user's, without its labels and owner) is never overwritten: no apply on
+/// it, `CertificateIssued=False`/`SecretNotOwned` on the NodeCatalog, and no
+/// `status.certificate`. Once it is gone, the certificate is issued and the
+/// condition removed.
+#[tokio::test]
+async fn a_node_secret_the_operator_did_not_create_is_never_overwritten() {
+    let mut s = snapshot(vec![], vec![node("mac-1")], vec![]);
+    settle(&mut s, NOW);
+    let pki = pki(&mut s, NOW);
+    s.nodes[0].status.as_mut().unwrap().certificate = None;
+    let foreign = Secret {
+        metadata: ObjectMeta { name: Some("iop-node-mac-1".into()), ..Default::default() },
+        data: Some([("token".to_string(), k8s_openapi::ByteString(b"someone else's".to_vec()))].into()),
+        ..Default::default()
+    };
+    // Labels copied by hand without the owner reference: still not ours.
+    let mut copied_labels = pki.node_secrets["mac-1"].clone();
+    copied_labels.metadata.owner_references = None;
+
+    for existing in [foreign, copied_labels] {
+        let (client, mut server) = mock();
+        let task = spawn(context(client, NOW), s.clone(), NOW);
+        expect_config_apply(&mut server).await.echo();
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&existing);
+        // No PATCH of the Secret: straight to the status.
+        let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+        assert_eq!(call.body["status"].get("certificate"), None, "no certificate vouched for");
+        let conditions = call.body["status"]["conditions"].as_array().unwrap().clone();
+        let refused = conditions.iter().find(|c| c["type"] == "CertificateIssued").expect("the condition");
+        assert_eq!((&refused["status"], &refused["reason"]), (&json!("False"), &json!("SecretNotOwned")));
+        assert!(refused["message"].as_str().unwrap().contains("Secret iop-node-mac-1 exists"));
+        call.ok(&s.nodes[0]);
+        task.await.unwrap().unwrap();
+        server.done().await;
+
+        // Said once: with the condition in status, the next reconcile writes nothing.
+        let mut again = s.clone();
+        let status = again.nodes[0].status.as_mut().unwrap();
+        let written: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> =
+            serde_json::from_value(json!(conditions)).unwrap();
+        status.conditions.retain(|c| written.iter().all(|w| w.type_ != c.type_));
+        status.conditions.extend(written);
+        let (client, mut server) = mock();
+        let task = spawn(context(client, NOW), again.clone(), NOW);
+        expect_config_apply(&mut server).await.echo();
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&existing);
+        task.await.unwrap().unwrap();
+        server.done().await;
+
+        // The Secret removed: issued, and the condition goes (applied without it).
+        let (client, mut server) = mock();
+        let task = spawn(context(client, NOW), again, NOW);
+        expect_config_apply(&mut server).await.echo();
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.not_found();
+        server.expect_apply(&format!("{CORE_PATH}/secrets/iop-node-mac-1"), CERTS).await.echo();
+        let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+        let types: Vec<&str> =
+            call.body["status"]["conditions"].as_array().unwrap().iter().filter_map(|c| c["type"].as_str()).collect();
+        assert_eq!(types, ["CAExpiring"]);
+        assert!(call.body["status"]["certificate"]["serial"].is_string());
+        call.ok(&s.nodes[0]);
+        task.await.unwrap().unwrap();
+        server.done().await;
+    }
+}
