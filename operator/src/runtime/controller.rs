@@ -464,6 +464,8 @@ pub async fn run<F, Fut>(
     Fut: Future<Output = Result<(), Error>>,
 {
     let mut listed = [false; Kind::ALL.len()];
+    // Watches failing since their last list: said once each way, not at every retry.
+    let mut failing = [false; Kind::ALL.len()];
     let mut due: Option<Instant> = None;
     let mut backoff = Backoff::default();
     loop {
@@ -482,11 +484,18 @@ pub async fn run<F, Fut>(
                     None => return,
                     Some(Signal::Listed(kind)) => {
                         listed[kind.index()] = true;
+                        if std::mem::replace(&mut failing[kind.index()], false) {
+                            tracing::info!(kind = kind.as_str(), "watch listed again");
+                        }
                         due = Some(due.map_or(soon, |d| d.min(soon)));
                     }
                     Some(Signal::Changed(_)) => due = Some(due.map_or(soon, |d| d.min(soon))),
                     Some(Signal::WatchFailed(kind, error)) => {
-                        tracing::warn!(kind = kind.as_str(), %error, "watch failed; it retries with backoff");
+                        if std::mem::replace(&mut failing[kind.index()], true) {
+                            tracing::debug!(kind = kind.as_str(), %error, "watch failed again");
+                        } else {
+                            tracing::warn!(kind = kind.as_str(), %error, "watch failed; it retries with backoff (said once until it lists again)");
+                        }
                     }
                 }
             }
