@@ -68,6 +68,8 @@ pub(crate) struct Call {
     pub path: String,
     pub query: BTreeMap<String, String>,
     pub content_type: Option<String>,
+    /// The `Accept` header (a metadata-only read asks for `PartialObjectMetadata`).
+    pub accept: Option<String>,
     pub body: Value,
     send: SendResponse<Response<Body>>,
 }
@@ -92,6 +94,7 @@ impl ApiServer {
             path: parts.uri.path().to_string(),
             query: parts.uri.query().map(parse_query).unwrap_or_default(),
             content_type: parts.headers.get(http::header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string()),
+            accept: parts.headers.get(http::header::ACCEPT).map(|v| v.to_str().unwrap().to_string()),
             body,
             send,
         }
