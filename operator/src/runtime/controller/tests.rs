@@ -514,3 +514,38 @@ fn changes_tell_spec_deletion_and_finalizers_from_status() {
     no_generation.generation = None;
     assert!(changes.applied(&no_generation) && changes.applied(&no_generation));
 }
+
+/// The watches the leader starts, as the API server sees their first
+/// requests: the Secrets only label- or name-selected and metadata only,
+/// the ConfigMap by name (what RBAC's `resourceNames` needs for a
+/// list/watch), the Edge pods by their selector.
+#[tokio::test]
+async fn the_watches_ask_only_for_what_they_select() {
+    let (client, mut server) = crate::runtime::tests::mock();
+    let (_stores, mut signals) = watch(&client, NS, "app.kubernetes.io/component=edge");
+    let poller = tokio::spawn(async move { while signals.next().await.is_some() {} });
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..Kind::ALL.len() {
+        let call = server.next().await;
+        assert_eq!(call.method, "GET");
+        let selector = |k: &str| call.query.get(k).cloned().unwrap_or_default();
+        let metadata_only = call.accept.as_deref().is_some_and(|a| a.contains("as=PartialObjectMetadataList"));
+        seen.insert((call.path.clone(), selector("labelSelector"), selector("fieldSelector"), metadata_only));
+    }
+    let core = format!("/api/v1/namespaces/{NS}");
+    let crd = format!("/apis/iop.dev/v1alpha1/namespaces/{NS}");
+    let s = |v: &str| v.to_string();
+    let expected: std::collections::BTreeSet<_> = [
+        (format!("{crd}/providers"), s(""), s(""), false),
+        (format!("{crd}/nodecatalogs"), s(""), s(""), false),
+        (format!("{crd}/workspacetemplates"), s(""), s(""), false),
+        (format!("{core}/pods"), s("app.kubernetes.io/component=edge"), s(""), false),
+        (format!("{core}/secrets"), s("iop.dev/credential=true"), s(""), true),
+        (format!("{core}/secrets"), s("app.kubernetes.io/managed-by=iop-operator"), s(""), true),
+        (format!("{core}/secrets"), s(""), s("metadata.name=iop-ca"), true),
+        (format!("{core}/configmaps"), s(""), s("metadata.name=iop-edge-config"), true),
+    ]
+    .into();
+    assert_eq!(seen, expected);
+    poller.abort();
+}
