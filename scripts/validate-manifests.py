@@ -187,26 +187,28 @@ OPERATOR_RULES = {
     (_IOP, "providers/status", None, "patch"),
     (_IOP, "nodecatalogs/status", None, "patch"),
     (_IOP, "workspacetemplates/status", None, "patch"),
-    # namespace.rs apply: server-side apply of iop-edge-config (creating it is authorized as create);
-    # delete: OwnerReferencesPermissionEnforcement, when its owner references change.
+    # namespace.rs apply: server-side apply of iop-edge-config (creating it is authorized as
+    # create, which cannot be limited by name); controller.rs: its metadata watch by name.
     ("", "configmaps", None, "create"),
-    ("", "configmaps", None, "patch"),
-    ("", "configmaps", "iop-edge-config", "delete"),
+    ("", "configmaps", "iop-edge-config", "patch"),
+    ("", "configmaps", "iop-edge-config", "list"),
+    ("", "configmaps", "iop-edge-config", "watch"),
     # pki.rs: get the CA / Edge / node Secrets, create the CA, server-side apply the others.
     ("", "secrets", None, "get"),
     ("", "secrets", None, "create"),
     ("", "secrets", None, "patch"),
-    # controller.rs: list + watch of Secrets' metadata (a rotated credentialSecretRef reconciles).
+    # controller.rs: list + watch of Secrets' metadata, label- or name-selected (a rotated
+    # credential, a deleted node Secret or a replaced CA reconciles); RBAC cannot limit by label.
     ("", "secrets", None, "list"),
     ("", "secrets", None, "watch"),
     # controller.rs: list + watch of the Edge pods (IOP_EDGE_POD_SELECTOR): the config's
     # replicas and where the status mirror reads each replica's admin API.
     ("", "pods", None, "list"),
     ("", "pods", None, "watch"),
-    # leader.rs: get, create, replace (update) the Lease.
-    ("coordination.k8s.io", "leases", None, "get"),
+    # leader.rs: get and replace (update) the Lease by name; create it (not limitable by name).
+    ("coordination.k8s.io", "leases", "iop-operator-leader", "get"),
     ("coordination.k8s.io", "leases", None, "create"),
-    ("coordination.k8s.io", "leases", None, "update"),
+    ("coordination.k8s.io", "leases", "iop-operator-leader", "update"),
     # crds.rs: get each IOP CRD by name.
     ("apiextensions.k8s.io", "customresourcedefinitions", "providers.iop.dev", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "nodecatalogs.iop.dev", "get"),

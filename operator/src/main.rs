@@ -86,7 +86,11 @@ fn run() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
         // kube's client logs a whole response body at WARN when it does not
         // decode; for a Secret that body holds private keys. Never let it print.
-        .add_directive("kube_client::client=error".parse().expect("a valid directive"));
+        .add_directive("kube_client::client=error".parse().expect("a valid directive"))
+        // Its HTTP trace layer logs every failed request at ERROR (every 2 s
+        // while the API server is away); the operator says it once per
+        // change of state itself (leader election, watches).
+        .add_directive("kube_client::client::builder=off".parse().expect("a valid directive"));
     // Logs go to stdout; colour codes only on a terminal (never in a pod's log).
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -109,7 +113,7 @@ fn run() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let client = match kube::Client::try_default().await {
+        let client = match runtime::client().await {
             Ok(client) => client,
             Err(e) => {
                 tracing::error!(error = %e, "no Kubernetes API client (in-cluster config or KUBECONFIG)");
@@ -143,7 +147,7 @@ fn read_secret(namespace: &str, node: &str) -> Result<(String, String, PrivateKe
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async {
-        let client = kube::Client::try_default()
+        let client = runtime::client()
             .await
             .map_err(|e| format!("no Kubernetes API client (kubeconfig or in-cluster config): {e}"))?;
         runtime::pki::read_node_secret(client, namespace, node).await

@@ -66,6 +66,22 @@
 //! change of anything else (health, classification, generation, transition
 //! time). Each write costs the API server a write and every watcher an event.
 //!
+//! # Managed credential ([`merge_credential`])
+//!
+//! Each replica lists, for a provider with a managed credential, its
+//! profile and state (`credential: {profile, state}`): `ok`, `disabled` (the
+//! profile is disabled in the config), `invalid` (that replica could not
+//! load the value) or `rejected` (the provider answered 401/403 to it; it
+//! stays so until the credential's revision changes). Every answering
+//! replica that lists the provider has a say (a credential is the Edge's,
+//! not a node session's), and the worst state wins: `invalid`, then
+//! `rejected`, then `disabled`, then `ok`. It becomes the condition
+//! [`CREDENTIAL_ACCEPTED`]: `True`/`Accepted`, or `False` with
+//! `CredentialInvalid`, `CredentialRejected` or `CredentialDisabled`. The
+//! field is read tolerantly: absent, or a state this operator does not know,
+//! is no information; with no information from any replica (no managed
+//! credential) the condition is left out (and so removed).
+//!
 //! # Node connection
 //!
 //! `replicas` is the number of Edge replicas (the pods the config lists,
@@ -86,7 +102,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
@@ -111,7 +127,41 @@ pub struct EdgeProvider {
     /// The runtime overlay: absent until evidence arrived.
     #[serde(default)]
     pub overlay: Option<Overlay>,
+    /// The managed credential's state on this replica: absent when the
+    /// provider has none, and when the field does not parse (an Edge newer
+    /// or older than this operator): no information either way.
+    #[serde(default, deserialize_with = "tolerant_credential")]
+    pub credential: Option<EdgeCredential>,
 }
+
+/// `credential` of `GET /admin/v1/providers`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EdgeCredential {
+    pub profile: String,
+    pub state: CredentialState,
+}
+
+/// A managed credential's state on one replica, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialState {
+    Ok,
+    /// Disabled in the Edge config.
+    Disabled,
+    /// The provider answered 401/403 to it (until its revision changes).
+    Rejected,
+    /// The replica could not load the value.
+    Invalid,
+}
+
+fn tolerant_credential<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<EdgeCredential>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
+}
+
+/// Condition type the status mirror writes on a Provider with a managed
+/// credential (field manager `iop-operator/status`).
+pub const CREDENTIAL_ACCEPTED: &str = "CredentialAccepted";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -187,6 +237,8 @@ pub struct ProviderMirror {
     pub last_observation_sequence: Option<u64>,
     pub generation: Option<u64>,
     pub last_transition_time: Option<Time>,
+    /// The [`CREDENTIAL_ACCEPTED`] condition (none without information).
+    pub credential: Option<Condition>,
 }
 
 impl ProviderMirror {
@@ -198,6 +250,7 @@ impl ProviderMirror {
             last_observation_sequence: s.last_observation_sequence,
             generation: s.generation,
             last_transition_time: s.last_transition_time.clone(),
+            credential: s.conditions.iter().find(|c| c.type_ == CREDENTIAL_ACCEPTED).cloned(),
         }
     }
 
@@ -209,6 +262,7 @@ impl ProviderMirror {
             last_observation_sequence: self.last_observation_sequence,
             generation: self.generation,
             last_transition_time: self.last_transition_time.clone(),
+            conditions: self.credential.iter().cloned().collect(),
             ..Default::default()
         }
     }
@@ -294,6 +348,52 @@ pub fn merge_health(seen: &[EdgeHealth]) -> (Health, Option<Classification>) {
     }
 }
 
+/// The [`CREDENTIAL_ACCEPTED`] condition from what the replicas that list
+/// the provider say of its credential (see the module docs): `None` when
+/// none says anything. `previous` is the condition written before (its
+/// transition time stays while its status does).
+pub fn merge_credential(
+    seen: &[&EdgeCredential],
+    replicas: usize,
+    previous: Option<&Condition>,
+    now: Timestamp,
+) -> Option<Condition> {
+    use crate::reconcile::conditions::{Status, next};
+    let worst = seen.iter().map(|c| c.state).max()?;
+    let profile = seen.iter().find(|c| c.state == worst).map_or("", |c| c.profile.as_str());
+    let of = seen.iter().filter(|c| c.state == worst).count();
+    let on = if replicas > 1 { format!(" (on {of} of {replicas} Edge replicas)") } else { String::new() };
+    let (status, reason, message) = match worst {
+        CredentialState::Ok => (Status::True, "Accepted", format!("credential profile `{profile}` is loaded{on}")),
+        CredentialState::Disabled => (
+            Status::False,
+            "CredentialDisabled",
+            format!("credential profile `{profile}` is disabled in the Edge config{on}; runs are refused"),
+        ),
+        CredentialState::Rejected => (
+            Status::False,
+            "CredentialRejected",
+            format!(
+                "the provider answered 401/403 to credential profile `{profile}`{on}: its key is wrong or \
+                 revoked; put a working key in the Secret (a new revision clears this)"
+            ),
+        ),
+        CredentialState::Invalid => (
+            Status::False,
+            "CredentialInvalid",
+            format!("the Edge could not load credential profile `{profile}`{on}; runs are refused"),
+        ),
+    };
+    let current: Vec<Condition> = previous.cloned().into_iter().collect();
+    Some(seconds_condition(next(&current, CREDENTIAL_ACCEPTED, status, reason, message, None, now)))
+}
+
+/// A condition whose transition time is in whole seconds (see [`seconds`]).
+fn seconds_condition(mut c: Condition) -> Condition {
+    c.last_transition_time = seconds(c.last_transition_time.0);
+    c
+}
+
 /// One replica's view of a provider: the provider as it lists it, and its
 /// session with the provider's node (absent when it does not list the node).
 pub type ProviderView<'a> = (&'a EdgeProvider, Option<&'a EdgeNode>);
@@ -336,17 +436,38 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
             overlay_since.or_else(|| Some(seconds(now)))
         }
     };
-    ProviderMirror { health: Some(health), classification, last_observation_sequence, generation, last_transition_time }
+    let credentials: Vec<&EdgeCredential> = views.iter().filter_map(|(p, _)| p.credential.as_ref()).collect();
+    let credential = merge_credential(&credentials, views.len(), previous.credential.as_ref(), now);
+    ProviderMirror {
+        health: Some(health),
+        classification,
+        last_observation_sequence,
+        generation,
+        last_transition_time,
+        credential,
+    }
 }
 
 /// Whether `next` differs from `previous` in anything but
 /// `lastObservationSequence` (see the module docs: a new sequence alone is
 /// not worth a write).
 pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool {
-    let ProviderMirror { health, classification, last_observation_sequence: _, generation, last_transition_time } =
-        next;
-    (health, classification, generation, last_transition_time)
-        != (&previous.health, &previous.classification, &previous.generation, &previous.last_transition_time)
+    let ProviderMirror {
+        health,
+        classification,
+        last_observation_sequence: _,
+        generation,
+        last_transition_time,
+        credential,
+    } = next;
+    (health, classification, generation, last_transition_time, credential)
+        != (
+            &previous.health,
+            &previous.classification,
+            &previous.generation,
+            &previous.last_transition_time,
+            &previous.credential,
+        )
 }
 
 /// The mirrored fields of one node as one replica (of one) sees it.

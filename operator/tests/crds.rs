@@ -157,8 +157,9 @@ fn every_cel_rule_compiles_and_stays_in_scope() {
         }
     }
     assert_eq!(
-        count, 7,
-        "names of nodes and providers, stall timeout, credentials, contextFallback, renewBefore, commands"
+        count, 9,
+        "names of nodes and providers, stall timeout, credentials, contextFallback, renewBefore, commands, \
+         target model and base URL"
     );
 }
 
@@ -360,16 +361,65 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
             "studio-llama",
             "/spec/target/baseUrl",
             json!("http://u:pw@127.0.0.1:1"),
-            "/spec/target/baseUrl: ",
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
         ),
-        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("127.0.0.1:11434"), "/spec/target/baseUrl: "),
-        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://h:1/v1?key=x"), "/spec/target/baseUrl: "),
-        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://:11434"), "/spec/target/baseUrl: "),
-        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://h:99999"), "/spec/target/baseUrl: "),
-        ("Provider", "studio-llama", "/spec/target/baseUrl", json!("http://h:0"), "/spec/target/baseUrl: "),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("127.0.0.1:11434"),
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("http://h:1/v1?key=x"),
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("http://:11434"),
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("http://h:99999"),
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("http://h:0"),
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
         ("Provider", "studio-llama", "/spec/target/model", json!(""), "/spec/target/model: \"\" is shorter"),
-        ("Provider", "studio-llama", "/spec/target/model", json!("llama\n3.2"), "/spec/target/model: "),
-        ("Provider", "studio-llama", "/spec/target/model", json!("llama\u{1b}[0m"), "/spec/target/model: "),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/model",
+            json!("llama\n3.2"),
+            "CEL: spec.target.model: must be 1-256",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/model",
+            json!("llama\u{1b}[0m"),
+            "CEL: spec.target.model: must be 1-256",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("http://999.999.999.999:1"),
+            "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
         ("Provider", "studio-llama", "/spec/models", json!([]), "/spec/models: [] has less than 1 item"),
         ("Provider", "studio-llama", "/spec/models/0/name", json!("two words"), "/spec/models/0/name: "),
         ("Provider", "studio-llama", "/spec/node", json!("Studio_Mac"), "/spec/node: "),
@@ -402,10 +452,16 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
             json!({"name": "s", "key": "k"}),
             "CEL: spec.credentialSecretRef",
         ),
-        ("Provider", "studio-llama", "/metadata/name", json!("p".repeat(64)), "CEL: the name is the provider id"),
+        ("Provider", "studio-llama", "/metadata/name", json!("p".repeat(64)), "/metadata/name: "),
         ("Provider", "studio-qwen-tunnel", "/spec/queue/depth", json!(100_001), "/spec/queue/depth: 100001 is greater"),
         ("Provider", "studio-qwen-tunnel", "/spec/queue/timeoutMs", json!(0), "/spec/queue/timeoutMs: 0 is less"),
-        ("NodeCatalog", "studio-mac", "/metadata/name", json!("studio.mac"), "CEL: the name is the node identity"),
+        (
+            "NodeCatalog",
+            "studio-mac",
+            "/metadata/name",
+            json!("studio.mac"),
+            "CEL: .metadata.name: the name is the node identity",
+        ),
         (
             "NodeCatalog",
             "studio-mac",
@@ -579,6 +635,20 @@ fn the_target_patterns_agree_with_the_shared_checks() {
         "http://h:1:2",
         "http://[::1",
         "http://[::1]x",
+        "http://999.999.999.999:1",
+        "http://256.0.0.1",
+        "http://1.2.3:1",
+        "http://1.2.3.4.5",
+        "http://127.0.0.01:1",
+        "http://2130706433:1",
+        "http://llm.123",
+        "http://0.0.0.0:1",
+        "http://255.255.255.255",
+        "http://10.0.0.1a",
+        "http://1-2:1",
+        "http://1_a",
+        "http://123.example",
+        "http://a.1b",
     ];
     let models =
         ["llama3.2:3b", "hf.co/org/m:Q4_K_M", "My Model", "", "llama\n", "a\tb", "x\u{7f}", "x\u{85}y", " m", "m "];
@@ -586,7 +656,8 @@ fn the_target_patterns_agree_with_the_shared_checks() {
         let mut doc = example("Provider", "studio-llama");
         set(&mut doc, pointer, json!(value));
         let errors = admission_errors(&doc);
-        errors.iter().all(|e| !e.starts_with(pointer))
+        let cel = format!("CEL: {}:", pointer.trim_start_matches('/').replace('/', "."));
+        errors.iter().all(|e| !e.starts_with(pointer) && !e.starts_with(&cel))
     };
     for url in urls {
         let shared = iop_proto::config::check_base_url(url);
@@ -611,4 +682,55 @@ fn target_fields_are_described_for_kubectl_explain() {
         assert!(!description.is_empty(), "{name} has no description");
     }
     assert!(target["properties"]["baseUrl"]["description"].as_str().unwrap().contains("Without `/v1`"));
+}
+
+/// The API server warns on every apply about formats it does not know
+/// (schemars writes `uint32`/`uint64`), and prints a `pattern` in its error
+/// and `<nil>` for a root rule without a field path: none of that is left.
+#[test]
+fn the_schemas_apply_without_warnings_and_speak_plainly() {
+    fn walk(schema: &Value, path: &str, out: &mut Vec<String>) {
+        match schema {
+            Value::Object(map) => {
+                if let Some(format) = map.get("format").and_then(Value::as_str)
+                    && !["int32", "int64", "float", "double", "byte", "date", "date-time"].contains(&format)
+                {
+                    out.push(format!("{path}: format {format}"));
+                }
+                if let Some(pattern) = map.get("pattern").and_then(Value::as_str)
+                    && pattern.len() > 40
+                {
+                    out.push(format!("{path}: a {}-character pattern an error message would print", pattern.len()));
+                }
+                for (k, v) in map {
+                    walk(v, &format!("{path}.{k}"), out);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, path, out)),
+            _ => {}
+        }
+    }
+    for kind in ["NodeCatalog", "Provider", "WorkspaceTemplate"] {
+        let schema = schema_of(kind);
+        let mut problems = Vec::new();
+        walk(&schema, kind, &mut problems);
+        assert!(problems.is_empty(), "{problems:#?}");
+        assert_eq!(schema["properties"]["metadata"]["properties"]["name"]["maxLength"], 63, "{kind}");
+        for rule in schema["x-kubernetes-validations"].as_array().into_iter().flatten() {
+            if rule["rule"].as_str().unwrap().contains("self.metadata.name") {
+                assert_eq!(rule["fieldPath"], ".metadata.name", "{kind}: {rule}");
+            }
+        }
+    }
+    let long_name = |kind: &str, name: &str| {
+        let mut doc = example(kind, name);
+        set(&mut doc, "/metadata/name", json!("n".repeat(64)));
+        admission_errors(&doc)
+    };
+    for (kind, name) in
+        [("Provider", "studio-llama"), ("NodeCatalog", "studio-mac"), ("WorkspaceTemplate", "repo-tools")]
+    {
+        let errors = long_name(kind, name);
+        assert!(errors.iter().any(|e| e.starts_with("/metadata/name: ")), "{kind}: {errors:?}");
+    }
 }

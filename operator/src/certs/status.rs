@@ -22,6 +22,12 @@ pub const CA_EXPIRING: &str = "CAExpiring";
 pub const REASON_WITHIN_WINDOW: &str = "WithinRenewalWindow";
 pub const REASON_VALID: &str = "Valid";
 
+/// Condition of a NodeCatalog whose Secret `iop-node-<name>` exists but was
+/// not made by the operator: `False`, reason [`REASON_SECRET_NOT_OWNED`];
+/// no certificate is issued into it. Absent otherwise.
+pub const CERTIFICATE_ISSUED: &str = "CertificateIssued";
+pub const REASON_SECRET_NOT_OWNED: &str = "SecretNotOwned";
+
 /// The CA's expiry and the window in which it counts as expiring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaExpiry {
@@ -79,13 +85,47 @@ pub fn node_update(
 ) -> Option<NodeCatalogStatus> {
     let conditions = current.map_or(&[][..], |s| &s.conditions[..]);
     let condition = ca.condition(conditions, now, timestamp);
-    let unchanged =
-        current.and_then(|s| s.certificate.as_ref()) == Some(&certificate) && conditions.contains(&condition);
+    let refused_before = conditions.iter().any(|c| c.type_ == CERTIFICATE_ISSUED);
+    let unchanged = current.and_then(|s| s.certificate.as_ref()) == Some(&certificate)
+        && conditions.contains(&condition)
+        && !refused_before;
+    // Applied without `CertificateIssued`: server-side apply removes one it wrote before.
     (!unchanged).then(|| NodeCatalogStatus {
         certificate: Some(certificate),
         conditions: vec![condition],
         ..Default::default()
     })
+}
+
+/// The status to apply for a node whose Secret `secret` is not the
+/// operator's ([`super::secrets::node_secret_is_ours`]): no `certificate`
+/// (the operator does not vouch for what is there; applied without it,
+/// the field is removed), and `CertificateIssued=False`. `None` when its
+/// status already says so.
+pub fn node_refused(
+    current: Option<&NodeCatalogStatus>,
+    secret: &str,
+    ca: &CaExpiry,
+    now: OffsetDateTime,
+    timestamp: Timestamp,
+) -> Option<NodeCatalogStatus> {
+    let conditions = current.map_or(&[][..], |s| &s.conditions[..]);
+    let refused = conditions::next(
+        conditions,
+        CERTIFICATE_ISSUED,
+        Status::False,
+        REASON_SECRET_NOT_OWNED,
+        format!(
+            "Secret {secret} exists but was not created by the operator for this node (no \
+             app.kubernetes.io/managed-by: iop-operator and iop.dev/node labels, or no owner reference to this \
+             NodeCatalog); it is left as it is and no certificate is issued: delete or rename it"
+        ),
+        None,
+        timestamp,
+    );
+    let wanted = vec![ca.condition(conditions, now, timestamp), refused];
+    let unchanged = current.is_some_and(|s| s.certificate.is_none()) && wanted.iter().all(|c| conditions.contains(c));
+    (!unchanged).then(|| NodeCatalogStatus { conditions: wanted, ..Default::default() })
 }
 
 #[cfg(test)]

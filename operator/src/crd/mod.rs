@@ -19,9 +19,56 @@ pub const VERSION: &str = "v1alpha1";
 /// Where the generated definitions are committed, relative to the repository root.
 pub const CRDS_FILE: &str = "crds/iop.dev_crds.yaml";
 
-/// Every definition, in a stable order.
+/// Every definition, in a stable order, as the API server takes it without
+/// a warning ([`finish`]).
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![NodeCatalog::crd(), Provider::crd(), WorkspaceTemplate::crd()]
+    vec![NodeCatalog::crd(), Provider::crd(), WorkspaceTemplate::crd()].into_iter().map(finish).collect()
+}
+
+/// The `format`s the API server knows (apiextensions-apiserver); any other
+/// one draws a warning on every apply.
+const KNOWN_FORMATS: [&str; 7] = ["int32", "int64", "float", "double", "byte", "date", "date-time"];
+
+/// What schemars generates, made what the API server wants:
+/// - no unknown `format`s (schemars writes `uint32`/`uint64` for unsigned
+///   integers; their range is in `minimum`/`maximum` already);
+/// - `metadata.name` in the root schema, at most 63 characters (the API
+///   server's own "Too long" message, with the field's path), and the root
+///   rules about the name report at `.metadata.name` (without a field path
+///   the API server prints `<nil>` where the field belongs).
+pub fn finish(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
+    if let Some(versions) = value.pointer_mut("/spec/versions").and_then(|v| v.as_array_mut()) {
+        for version in versions {
+            let Some(root) = version.pointer_mut("/schema/openAPIV3Schema") else { continue };
+            drop_unknown_formats(root);
+            if let Some(properties) = root.get_mut("properties").and_then(|p| p.as_object_mut()) {
+                properties.insert(
+                    "metadata".to_string(),
+                    serde_json::json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 63}}}),
+                );
+            }
+            for rule in root.get_mut("x-kubernetes-validations").and_then(|r| r.as_array_mut()).into_iter().flatten() {
+                if rule["rule"].as_str().is_some_and(|r| r.contains("self.metadata.name")) {
+                    rule["fieldPath"] = serde_json::json!(".metadata.name");
+                }
+            }
+        }
+    }
+    serde_json::from_value(value).expect("still a CRD")
+}
+
+fn drop_unknown_formats(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            if map.get("format").and_then(|f| f.as_str()).is_some_and(|f| !KNOWN_FORMATS.contains(&f)) {
+                map.remove("format");
+            }
+            map.values_mut().for_each(drop_unknown_formats);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_unknown_formats),
+        _ => {}
+    }
 }
 
 /// All definitions as one multi-document YAML, as `kubectl apply -f` takes it.

@@ -121,16 +121,40 @@ pub enum ProviderMode {
 pub const TARGET_MODEL_PATTERN: &str = r"^[^\s\x00-\x1F\x7F-\x9F]([^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F])?$";
 
 /// The schema's restatement of `iop_proto::config::check_base_url`: a DNS
-/// host name, IPv4 or bracketed IPv6 address, a port of 1-65535 without
-/// leading zeros, a path without whitespace or control characters; no
-/// credentials, query or fragment. (The operator also parses the IPv6
-/// address itself.)
+/// host name whose last label is not all digits, an IPv4 address (four
+/// numbers 0-255 without leading zeros) or a bracketed IPv6 address, a port
+/// of 1-65535 without leading zeros, a path without whitespace or control
+/// characters; no credentials, query or fragment. (The operator also parses
+/// the IPv6 address itself.) In the schema it is a CEL rule with a message
+/// ([`BASE_URL_MESSAGE`]), not a `pattern`, whose error would print it.
 pub const BASE_URL_PATTERN: &str = concat!(
-    r"^https?://",
-    r"([A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])",
+    r"^https?://(",
+    // IPv4
+    r"((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])",
+    // DNS name: labels, the last one not all digits
+    r"|([A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?\.)*",
+    r"([A-Za-z]([-A-Za-z0-9_]*[A-Za-z0-9])?|[0-9]+([A-Za-z]([-A-Za-z0-9_]*[A-Za-z0-9])?|[-_][-A-Za-z0-9_]*[A-Za-z0-9]))",
+    // [IPv6]
+    r"|\[[0-9A-Fa-f:.]+\])",
     r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?",
     r"(/[^?#\s\x00-\x1F\x7F-\x9F]*)?$",
 );
+
+/// What the API server says of a `target.baseUrl` that breaks [`BASE_URL_PATTERN`].
+pub const BASE_URL_MESSAGE: &str = "must be http(s)://host[:port][/path]: a DNS name, an IPv4 address or a \
+     [bracketed] IPv6 address, a port of 1-65535, no user:password@, query (?) or fragment (#), no spaces or \
+     control characters";
+
+/// What the API server says of a `target.model` that breaks [`TARGET_MODEL_PATTERN`].
+pub const TARGET_MODEL_MESSAGE: &str =
+    "must be 1-256 characters without control characters, not starting or ending with whitespace";
+
+/// The CEL rule that `self` matches `pattern` (a raw string: the pattern's
+/// backslashes reach RE2 as they are).
+pub fn matches_rule(pattern: &str) -> String {
+    debug_assert!(!pattern.contains('\''), "a raw CEL string cannot hold a quote");
+    format!("self.matches(r'{pattern}')")
+}
 
 /// What the node runs: which model, on which server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -139,14 +163,20 @@ pub struct ProviderTarget {
     /// Model name as the provider knows it (Ollama tag, or the `id` an
     /// OpenAI-compatible server lists), e.g. `llama3.2:3b`. 1-256
     /// characters, no control characters.
-    #[schemars(length(min = 1, max = 256), regex(pattern = TARGET_MODEL_PATTERN))]
+    #[schemars(
+        length(min = 1, max = 256),
+        extend("x-kubernetes-validations" = [{"rule": matches_rule(TARGET_MODEL_PATTERN), "message": TARGET_MODEL_MESSAGE}])
+    )]
     pub model: String,
     /// The model server's root URL as seen from the node (the Mac), e.g.
     /// `http://127.0.0.1:11434` for Ollama or `http://127.0.0.1:1234` for LM
     /// Studio: `http(s)://host[:port][/prefix]` with a port of 1-65535 and
     /// no credentials, query or fragment. Without `/v1`: the node adds the
     /// API path (`/api/...`, `/v1/...`) itself.
-    #[schemars(length(max = 2048), regex(pattern = BASE_URL_PATTERN))]
+    #[schemars(
+        length(max = 2048),
+        extend("x-kubernetes-validations" = [{"rule": matches_rule(BASE_URL_PATTERN), "message": BASE_URL_MESSAGE}])
+    )]
     pub base_url: String,
 }
 

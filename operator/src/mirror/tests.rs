@@ -11,7 +11,7 @@ fn time(seconds: i64) -> Option<Time> {
 }
 
 fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>) -> EdgeProvider {
-    EdgeProvider { id: "llama".to_string(), node: "mac-1".to_string(), node_ready, health, overlay }
+    EdgeProvider { id: "llama".to_string(), node: "mac-1".to_string(), node_ready, health, overlay, credential: None }
 }
 
 fn overlay(state: OverlayState, generation: u64, sequence: u64, since_s: u64) -> Option<Overlay> {
@@ -301,6 +301,7 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
         last_observation_sequence: Some(7),
         generation: Some(3),
         last_transition_time: time(10),
+        credential: None,
     };
     let status = m.to_status();
     assert!(status.conditions.is_empty() && status.observed_generation.is_none());
@@ -499,4 +500,141 @@ fn a_node_keeps_its_newest_session_while_a_replica_restarts() {
     // Gone from both: away since now, the last generation kept.
     let gone = merged_node(&[&away, &away], 2, &back, at(4000));
     assert_eq!((gone.connected, gone.generation, gone.since), (Some(false), Some(90), time(4000)));
+}
+
+// --- Managed credential -------------------------------------------------------
+
+/// `GET /admin/v1/providers` of one replica listing `llama` with this
+/// `credential` field (JSON as the Edge writes it; `None`: no field).
+fn snapshot_with_credential(credential: Option<serde_json::Value>) -> ProvidersSnapshot {
+    let mut p = json!({"id": "llama", "node": "mac-1", "node_ready": true, "health": "available", "overlay": null});
+    if let Some(c) = credential {
+        p["credential"] = c;
+    }
+    serde_json::from_value(json!({ "providers": [p] })).unwrap()
+}
+
+fn credential_condition(view: &EdgeView, previous: &ProviderMirror, now: i64) -> Option<Condition> {
+    let providers = BTreeMap::from([("llama".to_string(), previous.clone())]);
+    let writes = plan(view, &providers, &BTreeMap::new(), at(now));
+    match writes.providers.first() {
+        Some((_, m)) => m.credential.clone(),
+        None => previous.credential.clone(),
+    }
+}
+
+fn ready_node() -> NodesSnapshot {
+    NodesSnapshot { nodes: vec![edge_node(true, Some(4), Some(40))] }
+}
+
+#[test]
+fn the_credential_field_is_parsed_tolerantly() {
+    let parsed = |c: Option<serde_json::Value>| snapshot_with_credential(c).providers[0].credential.clone();
+    assert_eq!(parsed(None), None, "absent: the provider has no managed credential");
+    assert_eq!(parsed(Some(json!(null))), None);
+    for (state, expected) in [
+        ("ok", CredentialState::Ok),
+        ("disabled", CredentialState::Disabled),
+        ("invalid", CredentialState::Invalid),
+        ("rejected", CredentialState::Rejected),
+    ] {
+        assert_eq!(
+            parsed(Some(json!({"profile": "llama", "state": state, "revision": 3}))),
+            Some(EdgeCredential { profile: "llama".into(), state: expected })
+        );
+    }
+    // A state or shape this operator does not know: no information, and the rest still parses.
+    for odd in [json!({"profile": "llama", "state": "expiring"}), json!({"state": "ok"}), json!("ok"), json!(3)] {
+        let snapshot = snapshot_with_credential(Some(odd.clone()));
+        assert_eq!(snapshot.providers[0].credential, None, "{odd}");
+        assert_eq!(snapshot.providers[0].health, EdgeHealth::Available);
+    }
+}
+
+#[test]
+fn one_replica_credential_states_become_the_credential_accepted_condition() {
+    let cases = [
+        ("ok", "True", "Accepted"),
+        ("disabled", "False", "CredentialDisabled"),
+        ("invalid", "False", "CredentialInvalid"),
+        ("rejected", "False", "CredentialRejected"),
+    ];
+    for (state, status, reason) in cases {
+        let view = one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": state}))), &ready_node());
+        let c = credential_condition(&view, &ProviderMirror::default(), 1000).expect("a condition");
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            (CREDENTIAL_ACCEPTED, status, reason),
+            "{state}"
+        );
+        assert!(c.message.contains("`llama`"), "names the profile: {}", c.message);
+        assert_eq!(c.last_transition_time, Time(at(1000)));
+    }
+    // No credential field: no condition (an earlier one is removed).
+    let view = one(&snapshot_with_credential(None), &ready_node());
+    let before = ProviderMirror {
+        credential: credential_condition(
+            &one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": "ok"}))), &ready_node()),
+            &ProviderMirror::default(),
+            1000,
+        ),
+        ..Default::default()
+    };
+    assert!(before.credential.is_some());
+    assert_eq!(credential_condition(&view, &before, 2000), None);
+}
+
+#[test]
+fn a_rejected_credential_is_written_once_and_keeps_its_transition_time() {
+    let state = |s: &str| one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": s}))), &ready_node());
+    let providers = |m: &ProviderMirror| BTreeMap::from([("llama".to_string(), m.clone())]);
+    let first = plan(&state("ok"), &providers(&ProviderMirror::default()), &BTreeMap::new(), at(1000));
+    let ok = first.providers[0].1.clone();
+    // Rejected: a change a user sees.
+    let writes = plan(&state("rejected"), &providers(&ok), &BTreeMap::new(), at(2000));
+    let rejected = writes.providers[0].1.clone();
+    let c = rejected.credential.clone().unwrap();
+    assert_eq!((c.status.as_str(), c.last_transition_time.clone()), ("False", Time(at(2000))));
+    // Still rejected at the next poll: nothing to write.
+    assert!(plan(&state("rejected"), &providers(&rejected), &BTreeMap::new(), at(3000)).providers.is_empty());
+    // Invalid is False too: the reason changes, the transition time does not.
+    let invalid = plan(&state("invalid"), &providers(&rejected), &BTreeMap::new(), at(4000)).providers[0].1.clone();
+    let c = invalid.credential.unwrap();
+    assert_eq!((c.reason.as_str(), c.last_transition_time), ("CredentialInvalid", Time(at(2000))));
+
+    // Through status and back, as the mirror reads an object it did not write.
+    let status = rejected.to_status();
+    assert_eq!(status.conditions.len(), 1);
+    assert_eq!(ProviderMirror::of(Some(&status)), rejected);
+    let json = serde_json::to_value(&status).unwrap();
+    assert_eq!(json["conditions"][0]["type"], "CredentialAccepted");
+    assert_eq!(json["conditions"][0]["reason"], "CredentialRejected");
+}
+
+#[test]
+fn across_replicas_any_replicas_rejected_or_invalid_wins() {
+    let replica = |state: Option<&str>| {
+        let credential = state.map(|s| json!({"profile": "llama", "state": s}));
+        Some((snapshot_with_credential(credential), ready_node()))
+    };
+    let view = |a: Option<&str>, b: Option<&str>| EdgeView {
+        replicas: BTreeMap::from([("edge-a".to_string(), replica(a)), ("edge-b".to_string(), replica(b))]),
+    };
+    let reason = |v: &EdgeView| credential_condition(v, &ProviderMirror::default(), 1000).map(|c| c.reason);
+    assert_eq!(reason(&view(Some("ok"), Some("ok"))).as_deref(), Some("Accepted"));
+    assert_eq!(reason(&view(Some("ok"), Some("rejected"))).as_deref(), Some("CredentialRejected"));
+    assert_eq!(reason(&view(Some("rejected"), Some("ok"))).as_deref(), Some("CredentialRejected"));
+    assert_eq!(reason(&view(Some("rejected"), Some("invalid"))).as_deref(), Some("CredentialInvalid"));
+    assert_eq!(reason(&view(Some("disabled"), Some("ok"))).as_deref(), Some("CredentialDisabled"));
+    assert_eq!(reason(&view(Some("ok"), Some("invalid"))).as_deref(), Some("CredentialInvalid"));
+    // A replica without the field (an older Edge mid-rollout) says nothing.
+    assert_eq!(reason(&view(None, Some("rejected"))).as_deref(), Some("CredentialRejected"));
+    assert_eq!(reason(&view(None, None)), None);
+    // A replica that does not answer says nothing either.
+    let half = EdgeView {
+        replicas: BTreeMap::from([("edge-a".to_string(), replica(Some("ok"))), ("edge-b".to_string(), None)]),
+    };
+    assert_eq!(reason(&half).as_deref(), Some("Accepted"));
+    let c = credential_condition(&view(Some("ok"), Some("rejected")), &ProviderMirror::default(), 1000).unwrap();
+    assert!(c.message.contains("on 1 of 2 Edge replicas"), "{}", c.message);
 }

@@ -4,6 +4,16 @@
 //! that the Edge mounts at [`EDGE_CREDENTIALS_DIR`]. The credential is never
 //! written into the ConfigMap.
 //!
+//! Which Secrets may be used: only those labelled [`CREDENTIAL_LABEL`]`:
+//! "true"`. A Provider's author chooses its `baseUrl`, and the Edge sends
+//! the credential there as a Bearer token: without the label rule, a
+//! Provider could name another provider's Secret (or any Secret of the
+//! namespace) and receive its value. The label is the Secret owner's consent
+//! to this use. A value must also pass the Edge's own rule
+//! ([`iop_proto::lease::check_credential`]) before it is copied: a bad value
+//! is never copied, its Provider is left out with a condition that names the
+//! Secret and key (never the value), and everything else reconciles.
+//!
 //! Revisions: each profile's revision is kept in the annotation
 //! [`REVISIONS_ANNOTATION`] of that Secret and raised whenever its value
 //! changes, so a node refuses leases of an older value after a rotation.
@@ -12,6 +22,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use iop_proto::config::CredentialProfile;
+use iop_proto::lease::{CredentialValueError, check_credential};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -25,11 +36,43 @@ pub const EDGE_CREDENTIALS_DIR: &str = "/etc/iop/credentials";
 /// JSON object profile -> revision on [`EDGE_CREDENTIALS_SECRET`].
 pub const REVISIONS_ANNOTATION: &str = "iop.dev/credential-revisions";
 
-/// The value `reference` points at among the Secrets read, if any.
-pub fn value<'a>(secrets: &'a BTreeMap<String, Secret>, reference: &SecretKeyRef) -> Option<&'a [u8]> {
-    let data = secrets.get(&reference.name)?.data.as_ref()?;
-    let value = &data.get(&reference.key)?.0;
-    (!value.trim_ascii().is_empty()).then_some(value.as_slice())
+/// The label (value `"true"`) a Secret must carry to be usable by a
+/// `credentialSecretRef`; the operator's Secret watch selects on it.
+pub const CREDENTIAL_LABEL: &str = "iop.dev/credential";
+/// [`CREDENTIAL_LABEL`]`=true`, as a label selector.
+pub const CREDENTIAL_SELECTOR: &str = "iop.dev/credential=true";
+
+/// Whether a Secret (its metadata) consents to being a provider credential.
+pub fn labelled(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().and_then(|l| l.get(CREDENTIAL_LABEL)).is_some_and(|v| v == "true")
+}
+
+/// Why a `credentialSecretRef` gives no value. Never carries the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialProblem {
+    /// No such Secret.
+    SecretMissing,
+    /// The Secret is not labelled [`CREDENTIAL_LABEL`]`: "true"` (its data
+    /// is never read).
+    NotLabelled,
+    /// The Secret has no such key.
+    KeyMissing,
+    /// The key's value breaks the Edge's rule.
+    InvalidValue(CredentialValueError),
+}
+
+/// The value `reference` points at among the Secrets read (trimmed, as the
+/// Edge would load it), or why there is none.
+pub fn value<'a>(
+    secrets: &'a BTreeMap<String, Secret>,
+    reference: &SecretKeyRef,
+) -> Result<&'a [u8], CredentialProblem> {
+    let secret = secrets.get(&reference.name).ok_or(CredentialProblem::SecretMissing)?;
+    if !labelled(&secret.metadata) {
+        return Err(CredentialProblem::NotLabelled);
+    }
+    let value = secret.data.as_ref().and_then(|d| d.get(&reference.key)).ok_or(CredentialProblem::KeyMissing)?;
+    check_credential(&value.0).map_err(CredentialProblem::InvalidValue)
 }
 
 /// Each profile's revision: the previous one while its value is unchanged,
@@ -116,16 +159,41 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_or_blank_key_has_no_value() {
-        let mut data = BTreeMap::new();
-        data.insert("api-key".to_string(), ByteString(b"sk-1".to_vec()));
-        data.insert("blank".to_string(), ByteString(b" \n".to_vec()));
-        let secret = Secret { data: Some(data), ..Default::default() };
-        let secrets: BTreeMap<String, Secret> = [("openai".to_string(), secret)].into();
+    fn only_a_labelled_secret_with_a_valid_value_gives_one() {
+        let secret = |labelled: bool, pairs: &[(&str, &[u8])]| Secret {
+            metadata: ObjectMeta {
+                labels: labelled.then(|| [(CREDENTIAL_LABEL.to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            data: Some(pairs.iter().map(|(k, v)| (k.to_string(), ByteString(v.to_vec()))).collect()),
+            ..Default::default()
+        };
+        let pairs: &[(&str, &[u8])] =
+            &[("api-key", b"sk-1\n"), ("blank", b" \n"), ("spaced", b"sk 1"), ("control", b"sk-\x1b")];
+        let mut wrong_label = secret(true, pairs);
+        wrong_label.metadata.labels = Some([(CREDENTIAL_LABEL.to_string(), "yes".to_string())].into());
+        let secrets: BTreeMap<String, Secret> = [
+            ("openai".to_string(), secret(true, pairs)),
+            ("other-team".to_string(), secret(false, pairs)),
+            ("wrong-label".to_string(), wrong_label),
+        ]
+        .into();
         let reference = |name: &str, key: &str| SecretKeyRef { name: name.into(), key: key.into() };
-        assert_eq!(value(&secrets, &reference("openai", "api-key")), Some(&b"sk-1"[..]));
-        assert_eq!(value(&secrets, &reference("openai", "other")), None);
-        assert_eq!(value(&secrets, &reference("openai", "blank")), None);
-        assert_eq!(value(&secrets, &reference("nope", "api-key")), None);
+        assert_eq!(value(&secrets, &reference("openai", "api-key")), Ok(&b"sk-1"[..]), "trimmed as the Edge loads it");
+        assert_eq!(value(&secrets, &reference("openai", "other")), Err(CredentialProblem::KeyMissing));
+        assert_eq!(
+            value(&secrets, &reference("openai", "blank")),
+            Err(CredentialProblem::InvalidValue(CredentialValueError::Empty))
+        );
+        for key in ["spaced", "control"] {
+            assert_eq!(
+                value(&secrets, &reference("openai", key)),
+                Err(CredentialProblem::InvalidValue(CredentialValueError::NotPrintable))
+            );
+        }
+        assert_eq!(value(&secrets, &reference("nope", "api-key")), Err(CredentialProblem::SecretMissing));
+        // Another Secret of the namespace, however good its value: not usable.
+        assert_eq!(value(&secrets, &reference("other-team", "api-key")), Err(CredentialProblem::NotLabelled));
+        assert_eq!(value(&secrets, &reference("wrong-label", "api-key")), Err(CredentialProblem::NotLabelled));
     }
 }

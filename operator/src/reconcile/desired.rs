@@ -13,8 +13,10 @@ use kube::{Resource, ResourceExt};
 
 use super::conditions::{self, READY, Status};
 pub use super::conditions::{CONTEXT_FALLBACKS_READY, WORKSPACES_READY};
+use super::credentials::CredentialProblem;
 use super::validate::{self, ACCEPTED, Invalid, Reason};
 use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot, credentials};
+use crate::crd::provider::SecretKeyRef;
 use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
 
 /// Everything the apply stage writes for one namespace. Fields are public so
@@ -23,7 +25,7 @@ use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
 pub struct Prepared {
     /// The rendered config (also inside `config_map`).
     pub config: EdgeConfig,
-    /// `iop-edge-config`, key `edge.yaml`, owned by every Provider and NodeCatalog.
+    /// `iop-edge-config`, key `edge.yaml` (no owner references).
     pub config_map: ConfigMap,
     /// Status fields owned by reconcile (conditions, observedGeneration;
     /// a Provider's publicModels).
@@ -161,14 +163,8 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     for p in sorted(&snapshot.providers) {
         let verdict = validate::provider(p, &node_ready, settings).and_then(|entry| {
             let Some(reference) = &p.spec.credential_secret_ref else { return Ok(entry) };
-            let value = credentials::value(&snapshot.secrets, reference).ok_or_else(|| Invalid {
-                reason: Reason::CredentialSecretMissing,
-                message: format!(
-                    "spec.credentialSecretRef: Secret `{}` has no non-empty key `{}`; the provider is kept out \
-                     instead of running without its key",
-                    reference.name, reference.key
-                ),
-            })?;
+            let value = credentials::value(&snapshot.secrets, reference)
+                .map_err(|problem| credential_invalid(reference, problem))?;
             credential_values.insert(entry.id.clone(), value.to_vec());
             Ok(entry)
         });
@@ -223,6 +219,37 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     Ok(Prepared { config, config_map, providers, nodes, templates, credentials, excluded })
 }
 
+/// The Provider's `Ready=False` for a credential it cannot use: names the
+/// Secret and key, never the value.
+fn credential_invalid(reference: &SecretKeyRef, problem: CredentialProblem) -> Invalid {
+    let (name, key) = (&reference.name, &reference.key);
+    let (reason, why) = match problem {
+        CredentialProblem::SecretMissing => {
+            (Reason::CredentialSecretMissing, format!("Secret `{name}` does not exist"))
+        }
+        CredentialProblem::KeyMissing => {
+            (Reason::CredentialSecretMissing, format!("Secret `{name}` has no key `{key}`"))
+        }
+        CredentialProblem::NotLabelled => (
+            Reason::SecretNotLabelled,
+            format!(
+                "Secret `{name}` is not labelled `{}: \"true\"`, so its value is not used (only Secrets so \
+                 labelled may be provider credentials)",
+                credentials::CREDENTIAL_LABEL
+            ),
+        ),
+        CredentialProblem::InvalidValue(e) => {
+            (Reason::InvalidCredentialValue, format!("Secret `{name}` key `{key}`: {e}; it is not copied"))
+        }
+    };
+    Invalid {
+        reason,
+        message: format!(
+            "spec.credentialSecretRef: {why}; the provider is kept out instead of running without its key"
+        ),
+    }
+}
+
 fn sorted<K: Resource>(objects: &[K]) -> Vec<&K> {
     let mut objects: Vec<&K> = objects.iter().collect();
     objects.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
@@ -263,12 +290,12 @@ fn fallbacks_ready(current: &[Condition], problems: &[Invalid], generation: Opti
     conditions::next(current, CONTEXT_FALLBACKS_READY, status, reason, message, generation, now)
 }
 
+/// `iop-edge-config`. It has no owner references: it is the operator's
+/// (re-created at once when deleted, see `runtime::controller`), and an owner
+/// list that changed with every Provider and NodeCatalog added or removed
+/// needed `delete` on it where OwnerReferencesPermissionEnforcement is on
+/// (a right the operator never uses otherwise).
 fn config_map(snapshot: &Snapshot, config: &EdgeConfig) -> ConfigMap {
-    let owners = sorted(&snapshot.providers)
-        .into_iter()
-        .filter_map(|p| p.owner_ref(&()))
-        .chain(sorted(&snapshot.nodes).into_iter().filter_map(|n| n.owner_ref(&())))
-        .collect::<Vec<_>>();
     let labels = [
         ("app.kubernetes.io/name", "iop"),
         ("app.kubernetes.io/component", "edge-config"),
@@ -285,7 +312,6 @@ fn config_map(snapshot: &Snapshot, config: &EdgeConfig) -> ConfigMap {
             name: Some(CONFIG_MAP_NAME.to_string()),
             namespace: Some(snapshot.namespace.clone()),
             labels: Some(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            owner_references: (!owners.is_empty()).then_some(owners),
             ..Default::default()
         },
         data: Some([(CONFIG_KEY.to_string(), yaml)].into()),

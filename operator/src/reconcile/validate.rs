@@ -39,9 +39,15 @@ pub enum Reason {
     TemplateNotFound,
     /// A workspace's WorkspaceTemplate exists but is not ready.
     TemplateNotReady,
-    /// `credentialSecretRef` names a Secret or key that does not exist (or
-    /// is blank); the provider is kept out rather than run without its key.
+    /// `credentialSecretRef` names a Secret or key that does not exist; the
+    /// provider is kept out rather than run without its key.
     CredentialSecretMissing,
+    /// `credentialSecretRef` names a Secret without the label
+    /// `iop.dev/credential: "true"`; its value is not used.
+    SecretNotLabelled,
+    /// The credential's value breaks the Edge's rule (empty, too long, not
+    /// printable ASCII without spaces); it is not copied.
+    InvalidCredentialValue,
     /// A `contextFallback` names no public model of any rendered Provider
     /// (condition `ContextFallbacksReady`; the provider stays in).
     ContextFallbackNotFound,
@@ -61,6 +67,8 @@ impl Reason {
             Self::TemplateNotFound => "TemplateNotFound",
             Self::TemplateNotReady => "TemplateNotReady",
             Self::CredentialSecretMissing => "CredentialSecretMissing",
+            Self::SecretNotLabelled => "SecretNotLabelled",
+            Self::InvalidCredentialValue => "InvalidCredentialValue",
             Self::ContextFallbackNotFound => "ContextFallbackNotFound",
             Self::ContextFallbackConflict => "ContextFallbackConflict",
         }

@@ -6,8 +6,21 @@
 //! reflectors' caches.
 //!
 //! The Secrets Providers' `credentialSecretRef`s name are watched by their
-//! metadata only ([`secret_signals`]): rotating a provider key reconciles
+//! metadata only, and only those labelled `iop.dev/credential: "true"` (the
+//! only ones a Provider may use; a label selector, so the API server sends
+//! no other Secret) ([`secret_signals`]): rotating a provider key reconciles
 //! within the debounce, not at the next resync.
+//!
+//! The operator's own objects are watched too (metadata only,
+//! [`meta_signals`]): the ConfigMap `iop-edge-config` (by name), the CA
+//! Secret `iop-ca` (by name: a CA the user supplies carries no label of
+//! ours) and every Secret labelled `app.kubernetes.io/managed-by:
+//! iop-operator` (`iop-edge-tls`, `iop-edge-credentials`, each
+//! `iop-node-<name>`). Deleting one, editing it or replacing the CA
+//! reconciles within the debounce, not at the next resync. A write of the
+//! operator's own moves its object's resourceVersion too, so each write
+//! wakes one more reconcile, which finds nothing to do (server-side apply
+//! of an unchanged object writes nothing, so no event follows).
 //!
 //! The Edge pods (label selector `IOP_EDGE_POD_SELECTOR`) are watched too:
 //! their names are the Edge config's `replicas` ([`crate::replicas`]), and
@@ -39,19 +52,20 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
+use crate::certs::CA_SECRET;
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
-use crate::reconcile::Snapshot;
+use crate::reconcile::{CONFIG_MAP_NAME, Snapshot, credentials};
 use crate::replicas::replica_ids;
 
 /// A change is reconciled this long after the first event of a burst; the
@@ -69,14 +83,29 @@ pub enum Kind {
     WorkspaceTemplate,
     /// The Edge's pods (its replicas).
     EdgePod,
-    /// Secrets, for the ones a Provider's `credentialSecretRef` names.
+    /// Secrets labelled `iop.dev/credential: "true"`, for the ones a
+    /// Provider's `credentialSecretRef` names.
     CredentialSecret,
+    /// The ConfigMap `iop-edge-config`.
+    EdgeConfigMap,
+    /// The CA Secret `iop-ca`.
+    CaSecret,
+    /// Secrets labelled `app.kubernetes.io/managed-by: iop-operator`.
+    OwnedSecret,
 }
 
 impl Kind {
     /// Every watched kind: a reconcile waits until each one is listed.
-    pub const ALL: [Self; 5] =
-        [Self::Provider, Self::NodeCatalog, Self::WorkspaceTemplate, Self::EdgePod, Self::CredentialSecret];
+    pub const ALL: [Self; 8] = [
+        Self::Provider,
+        Self::NodeCatalog,
+        Self::WorkspaceTemplate,
+        Self::EdgePod,
+        Self::CredentialSecret,
+        Self::EdgeConfigMap,
+        Self::CaSecret,
+        Self::OwnedSecret,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -85,6 +114,9 @@ impl Kind {
             Self::WorkspaceTemplate => "WorkspaceTemplate",
             Self::EdgePod => "Pod",
             Self::CredentialSecret => "Secret",
+            Self::EdgeConfigMap => "ConfigMap",
+            Self::CaSecret => "CaSecret",
+            Self::OwnedSecret => "OwnedSecret",
         }
     }
 
@@ -281,43 +313,59 @@ pub fn pod_signals(
 /// the debounce rather than at the next resync. Only metadata is watched
 /// (`Api<PartialObjectMeta<Secret>>`): a change moves `resourceVersion`,
 /// and the data is read by the reconcile itself, never cached here. Other
-/// Secrets, the operator's own `iop-edge-credentials` among them, change
-/// nothing.
+/// Secrets change nothing.
 pub fn secret_signals(
     referenced: impl Fn(&str) -> bool + Send + 'static,
     events: impl Stream<Item = Result<Event<PartialObjectMeta<Secret>>, watcher::Error>> + Send + 'static,
 ) -> Signals {
-    // The last resourceVersion seen of each Secret (a watch restart
-    // replays objects it already delivered).
+    meta_signals(Kind::CredentialSecret, referenced, events)
+}
+
+/// Signals every change (a new `resourceVersion`) and every deletion of an
+/// object of a metadata-only watch whose name `matters`. A watch restart
+/// replays objects it already delivered: an unchanged version is no change.
+pub fn meta_signals<K>(
+    kind: Kind,
+    matters: impl Fn(&str) -> bool + Send + 'static,
+    events: impl Stream<Item = Result<Event<PartialObjectMeta<K>>, watcher::Error>> + Send + 'static,
+) -> Signals
+where
+    K: Send + 'static,
+{
+    // The last resourceVersion seen of each object.
     let mut versions: HashMap<String, Option<String>> = HashMap::new();
     events
         .filter_map(move |event| {
             let signal = match event {
-                // A relist restates every Secret: forget the ones gone meanwhile.
+                // A relist restates every object: forget the ones gone meanwhile.
                 Ok(Event::Init) => {
                     versions.clear();
                     None
                 }
-                Ok(Event::InitApply(secret)) => {
-                    versions.insert(secret.name_any(), secret.metadata.resource_version.clone());
+                Ok(Event::InitApply(object)) => {
+                    versions.insert(name_of(&object.metadata), object.metadata.resource_version.clone());
                     None
                 }
-                Ok(Event::InitDone) => Some(Signal::Listed(Kind::CredentialSecret)),
-                Ok(Event::Apply(secret)) => {
-                    let (name, version) = (secret.name_any(), secret.metadata.resource_version);
+                Ok(Event::InitDone) => Some(Signal::Listed(kind)),
+                Ok(Event::Apply(object)) => {
+                    let (name, version) = (name_of(&object.metadata), object.metadata.resource_version);
                     let moved = versions.insert(name.clone(), version.clone()) != Some(version);
-                    (moved && referenced(&name)).then_some(Signal::Changed(Kind::CredentialSecret))
+                    (moved && matters(&name)).then_some(Signal::Changed(kind))
                 }
-                Ok(Event::Delete(secret)) => {
-                    let name = secret.name_any();
+                Ok(Event::Delete(object)) => {
+                    let name = name_of(&object.metadata);
                     versions.remove(&name);
-                    referenced(&name).then_some(Signal::Changed(Kind::CredentialSecret))
+                    matters(&name).then_some(Signal::Changed(kind))
                 }
-                Err(e) => Some(Signal::WatchFailed(Kind::CredentialSecret, e.to_string())),
+                Err(e) => Some(Signal::WatchFailed(kind, e.to_string())),
             };
             std::future::ready(signal)
         })
         .boxed()
+}
+
+fn name_of(meta: &ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
 }
 
 /// Whether a Provider in `providers` names Secret `name` in its
@@ -326,8 +374,13 @@ fn names_a_credential(providers: Store<DeserializeGuard<Provider>>) -> impl Fn(&
     move |name| providers.state().iter().any(|p| p.0.as_ref().is_ok_and(|p| p.spec.credential_secret() == Some(name)))
 }
 
-/// Watches the three kinds, the Secrets' metadata and the Edge pods
-/// (`pod_selector`) in `namespace` (with the watcher's own backoff).
+/// The label of every object the operator creates (the owned-Secret watch
+/// selects on it).
+pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=iop-operator";
+
+/// Watches the three kinds, the Edge pods (`pod_selector`), the labelled
+/// credential Secrets' and the operator's own objects' metadata in
+/// `namespace` (with the watcher's own backoff).
 pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, Signals) {
     fn one<K>(client: &Client, namespace: &str, kind: Kind) -> (Store<DeserializeGuard<K>>, Signals)
     where
@@ -358,11 +411,24 @@ pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, S
             pod.spec = None;
         });
     let e = pod_signals(writer, events);
-    // `Api<PartialObjectMeta<_>>` lists and watches metadata only.
+    // `Api<PartialObjectMeta<_>>` lists and watches metadata only; the
+    // selectors make the API server send only the objects named.
     let secrets: Api<PartialObjectMeta<Secret>> = Api::namespaced(client.clone(), namespace);
-    let events = watcher::watcher(secrets, watcher::Config::default()).default_backoff();
-    let s = secret_signals(names_a_credential(providers.clone()), events);
-    (Stores { providers, nodes, templates, pods }, stream::select_all([p, n, t, e, s]).boxed())
+    let metadata = |config: watcher::Config| watcher::watcher(secrets.clone(), config).default_backoff();
+    let s = secret_signals(
+        names_a_credential(providers.clone()),
+        metadata(watcher::Config::default().labels(credentials::CREDENTIAL_SELECTOR)),
+    );
+    let owned =
+        meta_signals(Kind::OwnedSecret, |_| true, metadata(watcher::Config::default().labels(MANAGED_BY_SELECTOR)));
+    let ca_by_name = format!("metadata.name={CA_SECRET}");
+    let ca = meta_signals(Kind::CaSecret, |_| true, metadata(watcher::Config::default().fields(&ca_by_name)));
+    let config_maps: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client.clone(), namespace);
+    let by_name = format!("metadata.name={CONFIG_MAP_NAME}");
+    let events = watcher::watcher(config_maps, watcher::Config::default().fields(&by_name)).default_backoff();
+    let c = meta_signals(Kind::EdgeConfigMap, |_| true, events);
+    let signals = stream::select_all([p, n, t, e, s, owned, ca, c]).boxed();
+    (Stores { providers, nodes, templates, pods }, signals)
 }
 
 /// Exponential backoff without jitter (one reconciler per namespace has
@@ -398,6 +464,8 @@ pub async fn run<F, Fut>(
     Fut: Future<Output = Result<(), Error>>,
 {
     let mut listed = [false; Kind::ALL.len()];
+    // Watches failing since their last list: said once each way, not at every retry.
+    let mut failing = [false; Kind::ALL.len()];
     let mut due: Option<Instant> = None;
     let mut backoff = Backoff::default();
     loop {
@@ -416,11 +484,18 @@ pub async fn run<F, Fut>(
                     None => return,
                     Some(Signal::Listed(kind)) => {
                         listed[kind.index()] = true;
+                        if std::mem::replace(&mut failing[kind.index()], false) {
+                            tracing::info!(kind = kind.as_str(), "watch listed again");
+                        }
                         due = Some(due.map_or(soon, |d| d.min(soon)));
                     }
                     Some(Signal::Changed(_)) => due = Some(due.map_or(soon, |d| d.min(soon))),
                     Some(Signal::WatchFailed(kind, error)) => {
-                        tracing::warn!(kind = kind.as_str(), %error, "watch failed; it retries with backoff");
+                        if std::mem::replace(&mut failing[kind.index()], true) {
+                            tracing::debug!(kind = kind.as_str(), %error, "watch failed again");
+                        } else {
+                            tracing::warn!(kind = kind.as_str(), %error, "watch failed; it retries with backoff (said once until it lists again)");
+                        }
                     }
                 }
             }

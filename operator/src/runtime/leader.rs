@@ -188,28 +188,83 @@ impl Elector {
     }
 }
 
+/// Whether the API server answers, as the leader rounds see it: says when
+/// that changes, so an unreachable API server is logged once (and its
+/// return once), not at every round. Pure.
+#[derive(Debug, Default)]
+pub struct Reachability {
+    /// Rounds failed in a row.
+    failures: u32,
+}
+
+/// A change of [`Reachability`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The first failure after answers (or at start).
+    Lost,
+    /// The first answer after failures.
+    Back,
+}
+
+impl Reachability {
+    pub fn observe(&mut self, answered: bool) -> Option<Reach> {
+        let before = self.failures;
+        self.failures = if answered { 0 } else { before.saturating_add(1) };
+        match (before, answered) {
+            (0, false) => Some(Reach::Lost),
+            (n, true) if n > 0 => Some(Reach::Back),
+            _ => None,
+        }
+    }
+
+    /// How long until the next round: `retry_period` while leading (a
+    /// leader must renew before its deadline) or answered; otherwise it
+    /// doubles with every failure in a row, up to `max` (the lease duration:
+    /// a standby that backs off no longer than that takes over no later).
+    pub fn wait(&self, leading: bool, retry_period: Duration, max: Duration) -> Duration {
+        if leading || self.failures == 0 {
+            return retry_period;
+        }
+        retry_period.saturating_mul(1 << (self.failures - 1).min(16)).min(max.max(retry_period))
+    }
+}
+
 /// Campaigns and renews until `shutdown`, publishing whether we lead.
+/// While the API server does not answer it says so once, backs off (when
+/// not leading) and says once when it answers again.
 /// Returns the elector so the caller can release the Lease once the leader
 /// tasks have stopped.
 pub async fn run(mut elector: Elector, leading: watch::Sender<bool>, shutdown: CancellationToken) -> Elector {
     let config = elector.config.clone();
     let mut renewed: Option<Instant> = None;
+    let mut reach = Reachability::default();
     loop {
         let outcome = tokio::time::timeout(config.round_timeout, elector.round()).await;
         let now = Instant::now();
         let leader = match outcome {
-            Ok(Ok(true)) => {
-                renewed = Some(now);
-                true
+            Ok(Ok(won)) => {
+                if reach.observe(true) == Some(Reach::Back) {
+                    tracing::info!("the Kubernetes API server answers again");
+                }
+                if won {
+                    renewed = Some(now);
+                }
+                won
             }
-            Ok(Ok(false)) => false,
             failed => {
                 let error = match failed {
                     Ok(Err(e)) => e.to_string(),
                     _ => format!("no answer within {:?}", config.round_timeout),
                 };
                 let keep = renewed.is_some_and(|at| now - at < config.renew_deadline);
-                tracing::warn!(%error, leading = keep, "leader election round failed");
+                if reach.observe(false) == Some(Reach::Lost) {
+                    tracing::warn!(%error, leading = keep, "the Kubernetes API server does not answer; retrying with backoff (said once until it answers)");
+                } else {
+                    tracing::debug!(%error, leading = keep, "leader election round failed");
+                }
+                if renewed.is_some() && !keep {
+                    tracing::warn!("could not renew the leader Lease in time: stepping down");
+                }
                 keep
             }
         };
@@ -217,9 +272,10 @@ pub async fn run(mut elector: Elector, leading: watch::Sender<bool>, shutdown: C
             renewed = None;
         }
         leading.send_if_modified(|l| std::mem::replace(l, leader) != leader);
+        let wait = reach.wait(leader, config.retry_period, config.lease_duration);
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(config.retry_period) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
     leading.send_replace(false);

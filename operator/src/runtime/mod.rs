@@ -61,6 +61,24 @@ pub fn timestamp(now: OffsetDateTime) -> Timestamp {
     Timestamp::from_second(now.unix_timestamp()).expect("the wall clock is within jiff's range")
 }
 
+/// The `User-Agent` of every request to the Kubernetes API (audit logs and
+/// `managedFields` otherwise show the client as unknown).
+pub const USER_AGENT: &str = concat!("iop-operator/", env!("CARGO_PKG_VERSION"));
+
+/// Sets [`USER_AGENT`] on a client configuration.
+pub fn identify(config: &mut kube::Config) {
+    config.headers.retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+}
+
+/// The API client of `iop-operator` (in-cluster config or KUBECONFIG),
+/// identified by [`USER_AGENT`].
+pub async fn client() -> Result<Client, kube::Error> {
+    let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    identify(&mut config);
+    Client::try_from(config)
+}
+
 /// What every write site needs.
 pub struct Context {
     pub client: Client,

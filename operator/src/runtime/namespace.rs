@@ -96,17 +96,27 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
 /// Reads what the build stage needs besides the IOP objects: each Secret a
 /// Provider's `credentialSecretRef` names (a missing one is left out: the
 /// build reports it on the Provider) and the operator's own credentials
-/// Secret. A change to a referenced Secret reconciles by itself
-/// ([`super::controller::secret_signals`]).
+/// Secret. A referenced Secret's metadata is read first; its data only when
+/// it carries the label `iop.dev/credential: "true"` (one without it is
+/// kept as metadata only, for the build to say so): the operator never
+/// holds the value of a Secret not meant for it. A change to a labelled
+/// Secret reconciles by itself ([`super::controller::secret_signals`]).
 async fn read_credential_secrets(ctx: &Context, snapshot: &mut reconcile::Snapshot) -> Result<(), Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let names: std::collections::BTreeSet<&str> =
         snapshot.providers.iter().filter_map(|p| p.spec.credential_secret()).collect();
     let mut secrets = std::collections::BTreeMap::new();
     for name in names {
-        if let Some(secret) = api.get_opt(name).await? {
-            secrets.insert(name.to_string(), secret);
-        }
+        let Some(meta) = api.get_metadata_opt(name).await? else { continue };
+        let secret = if credentials::labelled(&meta.metadata) {
+            match api.get_opt(name).await? {
+                Some(secret) => secret,
+                None => continue,
+            }
+        } else {
+            Secret { metadata: meta.metadata, ..Default::default() }
+        };
+        secrets.insert(name.to_string(), secret);
     }
     snapshot.secrets = secrets;
     snapshot.edge_credentials = api.get_opt(credentials::EDGE_CREDENTIALS_SECRET).await?;

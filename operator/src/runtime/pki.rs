@@ -57,9 +57,21 @@ pub async fn reconcile(
     for node in in_config() {
         let name = node.name_any();
         let outcome = async {
-            let cert =
+            let outcome =
                 ensure_node_cert(&secrets, &ctx.namespace, &ca, node, &ctx.settings.trust_domain, metrics, now).await?;
-            if let Some(update) = status::node_update(node.status.as_ref(), cert, &expiry, now, timestamp(now)) {
+            let current = node.status.as_ref();
+            let update = match outcome {
+                NodeCert::Current(cert) => status::node_update(current, cert, &expiry, now, timestamp(now)),
+                NodeCert::NotOurs => {
+                    let secret = node_secret_name(&name);
+                    let update = status::node_refused(current, &secret, &expiry, now, timestamp(now));
+                    if update.is_some() {
+                        tracing::warn!(node = %name, %secret, "the node's Secret was not created by the operator; it is not overwritten");
+                    }
+                    update
+                }
+            };
+            if let Some(update) = update {
                 apply_status(&api, metrics, Writer::Certs, &name, &update).await?;
             }
             Ok::<_, Error>(())
@@ -152,8 +164,19 @@ pub async fn read_node_secret(
     }
 }
 
+/// What [`ensure_node_cert`] found and did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeCert {
+    /// The Secret holds (now) this current certificate.
+    Current(CertificateStatus),
+    /// A Secret of that name exists that the operator did not make
+    /// ([`secrets::node_secret_is_ours`]): left untouched.
+    NotOurs,
+}
+
 /// Issues `iop-node-<name>` when needed and returns the serial and expiry of
-/// the certificate the Secret holds afterwards.
+/// the certificate the Secret holds afterwards. A Secret of that name the
+/// operator did not make is never overwritten (nor adopted).
 pub async fn ensure_node_cert(
     secrets: &Api<Secret>,
     namespace: &str,
@@ -162,13 +185,16 @@ pub async fn ensure_node_cert(
     trust_domain: &str,
     metrics: &Metrics,
     now: OffsetDateTime,
-) -> Result<CertificateStatus, Error> {
+) -> Result<NodeCert, Error> {
     let name = node.name_any();
     let identity =
         NodeIdentity::new(trust_domain, &name).map_err(|e| crate::certs::CertError::InvalidName(e.to_string()))?;
     let renewal = node.spec.certificate.renewal();
     let secret_name = node_secret_name(&name);
     let existing = secrets.get_opt(&secret_name).await?;
+    if existing.as_ref().is_some_and(|s| !secrets::node_secret_is_ours(s, &name)) {
+        return Ok(NodeCert::NotOurs);
+    }
     let cert_pem = match secrets::node_reissue(existing.as_ref(), ca, &identity, now, renewal) {
         None => existing.as_ref().and_then(|s| secrets::value(s, NODE_CERT_KEY)).unwrap_or_default(),
         Some(reason) => {
@@ -189,5 +215,5 @@ pub async fn ensure_node_cert(
         }
     };
     let info = inspect(&cert_pem)?;
-    Ok(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) })
+    Ok(NodeCert::Current(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) }))
 }

@@ -68,6 +68,8 @@ pub(crate) struct Call {
     pub path: String,
     pub query: BTreeMap<String, String>,
     pub content_type: Option<String>,
+    /// The `Accept` header (a metadata-only read asks for `PartialObjectMetadata`).
+    pub accept: Option<String>,
     pub body: Value,
     send: SendResponse<Response<Body>>,
 }
@@ -75,9 +77,14 @@ pub(crate) struct Call {
 impl ApiServer {
     /// The next request (at most [`STEP`] away).
     pub(crate) async fn next(&mut self) -> Call {
-        let (request, send) = tokio::time::timeout(STEP, self.handle.next_request())
+        self.next_within(STEP).await
+    }
+
+    /// The next request, at most `within` away (a client that backs off).
+    pub(crate) async fn next_within(&mut self, within: Duration) -> Call {
+        let (request, send) = tokio::time::timeout(within, self.handle.next_request())
             .await
-            .unwrap_or_else(|_| panic!("no request within {STEP:?}"))
+            .unwrap_or_else(|_| panic!("no request within {within:?}"))
             .expect("the client was dropped while a request was expected");
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await.unwrap();
@@ -87,6 +94,7 @@ impl ApiServer {
             path: parts.uri.path().to_string(),
             query: parts.uri.query().map(parse_query).unwrap_or_default(),
             content_type: parts.headers.get(http::header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string()),
+            accept: parts.headers.get(http::header::ACCEPT).map(|v| v.to_str().unwrap().to_string()),
             body,
             send,
         }
@@ -288,4 +296,40 @@ async fn a_shutdown_ends_the_leader_term_cleanly_even_when_everything_ends_at_on
     leading_tx.send_replace(true);
     tasks.spawn(async {});
     assert_eq!(term_end(&shutdown, &mut leading, &mut tasks).await, TermEnd::TaskEnded);
+}
+
+/// Every request carries `User-Agent: iop-operator/<version>`: a real
+/// client over a real socket, against a one-shot HTTP server.
+#[tokio::test]
+async fn requests_carry_the_operators_user_agent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url: http::Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+        let response = format!(
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(response.as_bytes()).await.unwrap();
+        String::from_utf8(head).unwrap()
+    });
+    let mut config = kube::Config::new(url);
+    config.default_namespace = NS.to_string();
+    super::identify(&mut config);
+    let client = Client::try_from(config).unwrap();
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, NS);
+    assert!(api.get_opt("iop-edge-config").await.unwrap().is_none());
+    let head = server.await.unwrap().to_ascii_lowercase();
+    let expected = format!("user-agent: iop-operator/{}\r\n", env!("CARGO_PKG_VERSION"));
+    assert!(head.contains(&expected), "{head}");
+    assert_eq!(head.matches("user-agent:").count(), 1);
 }

@@ -45,17 +45,9 @@ fn renders_one_valid_config_map_from_the_namespace() {
         "the ConfigMap holds the config the Edge will load"
     );
 
-    let owners: Vec<(&str, &str)> =
-        cm.metadata.owner_references.as_ref().unwrap().iter().map(|o| (o.kind.as_str(), o.name.as_str())).collect();
-    assert_eq!(
-        owners,
-        [("Provider", "a-provider"), ("Provider", "b-provider"), ("NodeCatalog", "mac-1"), ("NodeCatalog", "mac-2")]
-    );
-    assert!(
-        cm.metadata.owner_references.as_ref().unwrap().iter().all(|o| o.api_version == "iop.dev/v1alpha1"
-            && o.uid == format!("uid-{}", o.name)
-            && o.controller.is_none())
-    );
+    // No owner references: changing them would need `delete` on it
+    // (OwnerReferencesPermissionEnforcement), a right the operator does not hold.
+    assert!(cm.metadata.owner_references.is_none());
 
     let shuffled = snapshot(
         vec![provider("a-provider", "mac-2"), provider("b-provider", "mac-1")],
@@ -68,7 +60,6 @@ fn renders_one_valid_config_map_from_the_namespace() {
 #[test]
 fn managed_credentials_go_to_their_own_secret_never_to_the_config_map() {
     use crate::crd::provider::{Adapter, SecretKeyRef};
-    use k8s_openapi::ByteString;
     let keyed = |name: &str, secret: &str| {
         let mut p = provider(name, "mac-1");
         p.spec.adapter = Adapter::Openai;
@@ -76,8 +67,7 @@ fn managed_credentials_go_to_their_own_secret_never_to_the_config_map() {
         p
     };
     let mut s = snapshot(vec![keyed("keyed", "lmstudio"), keyed("orphan", "nope")], vec![node("mac-1")], vec![]);
-    let data = [("api-key".to_string(), ByteString(b"sk-secret-1".to_vec()))].into();
-    s.secrets.insert("lmstudio".into(), k8s_openapi::api::core::v1::Secret { data: Some(data), ..Default::default() });
+    s.secrets.insert("lmstudio".into(), credential_secret(true, b"sk-secret-1"));
     let prepared = build(&s, &settings(), at(1000)).unwrap();
 
     assert_eq!(prepared.config.providers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["keyed"]);
@@ -94,9 +84,74 @@ fn managed_credentials_go_to_their_own_secret_never_to_the_config_map() {
 
     // Rotated in the referenced Secret: the same profile, the next revision.
     s.edge_credentials = Some(prepared.credentials.clone());
-    let data = [("api-key".to_string(), ByteString(b"sk-secret-2".to_vec()))].into();
-    s.secrets.insert("lmstudio".into(), k8s_openapi::api::core::v1::Secret { data: Some(data), ..Default::default() });
+    s.secrets.insert("lmstudio".into(), credential_secret(true, b"sk-secret-2"));
     assert_eq!(build(&s, &settings(), at(1001)).unwrap().config.credentials[0].revision, 2);
+}
+
+/// A Secret with `api-key`, labelled `iop.dev/credential: "true"` or not.
+fn credential_secret(labelled: bool, value: &[u8]) -> k8s_openapi::api::core::v1::Secret {
+    use k8s_openapi::ByteString;
+    let labels = labelled.then(|| [(credentials::CREDENTIAL_LABEL.to_string(), "true".to_string())].into());
+    k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta { name: Some("s".into()), labels, ..Default::default() },
+        data: Some([("api-key".to_string(), ByteString(value.to_vec()))].into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn an_unlabelled_secret_or_a_bad_value_is_never_copied_and_only_its_provider_is_left_out() {
+    use crate::crd::provider::{Adapter, SecretKeyRef};
+    let keyed = |name: &str, secret: &str| {
+        let mut p = provider(name, "mac-1");
+        p.spec.adapter = Adapter::Openai;
+        p.spec.credential_secret_ref = Some(SecretKeyRef { name: secret.into(), key: "api-key".into() });
+        p
+    };
+    let mut s = snapshot(
+        vec![
+            keyed("good", "ours"),
+            // Another team's key: a Provider author must not receive it at their own baseUrl.
+            keyed("thief", "other-team"),
+            keyed("spaced", "bad-space"),
+            keyed("control", "bad-control"),
+            keyed("too-long", "bad-long"),
+            provider("plain", "mac-1"),
+        ],
+        vec![node("mac-1")],
+        vec![],
+    );
+    s.secrets.insert("ours".into(), credential_secret(true, b"sk-ours\n"));
+    s.secrets.insert("other-team".into(), credential_secret(false, b"sk-other-team"));
+    s.secrets.insert("bad-space".into(), credential_secret(true, b"sk secret-space"));
+    s.secrets.insert("bad-control".into(), credential_secret(true, b"sk-\x1bsecret-control"));
+    let long = vec![b'k'; iop_proto::lease::MAX_CREDENTIAL_BYTES + 1];
+    s.secrets.insert("bad-long".into(), credential_secret(true, &long));
+    let prepared = build(&s, &settings(), at(1000)).unwrap();
+
+    let ids: Vec<&str> = prepared.config.providers.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids, ["good", "plain"], "everything else reconciles");
+    let stored = prepared.credentials.data.as_ref().unwrap();
+    assert_eq!(stored.keys().collect::<Vec<_>>(), ["good"], "only the usable value is copied");
+    assert_eq!(stored["good"].0, b"sk-ours", "as the Edge loads it: trimmed");
+    assert_eq!(prepared.config.credentials.iter().map(|c| c.profile.as_str()).collect::<Vec<_>>(), ["good"]);
+
+    assert_eq!(provider_ready(&prepared, "thief"), ("False", "SecretNotLabelled"));
+    for name in ["spaced", "control", "too-long"] {
+        assert_eq!(provider_ready(&prepared, name), ("False", "InvalidCredentialValue"), "{name}");
+    }
+    let message = |name: &str| {
+        let u = prepared.providers.iter().find(|u| u.name == name).unwrap();
+        u.status.conditions.iter().find(|c| c.type_ == READY).unwrap().message.clone()
+    };
+    assert!(message("thief").contains("Secret `other-team` is not labelled `iop.dev/credential: \"true\"`"));
+    assert!(message("spaced").contains("Secret `bad-space` key `api-key`: the value must be printable ASCII"));
+    assert!(message("too-long").contains("longer than 8192 bytes"));
+    // No message, log field or condition carries a value.
+    let everything = format!("{:?}", (&prepared.providers, &prepared.excluded, &prepared.config_map));
+    for secret in ["sk-other-team", "secret-space", "secret-control", "sk-ours"] {
+        assert!(!everything.contains(secret), "{secret} leaked");
+    }
 }
 
 #[test]

@@ -12,11 +12,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::*;
+use crate::certs::CA_SECRET;
+use crate::reconcile::CONFIG_MAP_NAME;
 use crate::reconcile::fixtures::{NS, node, provider, template};
 
 type Tx<K> = mpsc::UnboundedSender<Result<Event<DeserializeGuard<K>>, watcher::Error>>;
 type PodTx = mpsc::UnboundedSender<Result<Event<Pod>, watcher::Error>>;
 type SecretTx = mpsc::UnboundedSender<Result<Event<PartialObjectMeta<Secret>>, watcher::Error>>;
+type MetaTx<K> = mpsc::UnboundedSender<Result<Event<PartialObjectMeta<K>>, watcher::Error>>;
+type ConfigMapTx = MetaTx<ConfigMap>;
 
 struct Harness {
     providers: Tx<Provider>,
@@ -24,6 +28,10 @@ struct Harness {
     templates: Tx<WorkspaceTemplate>,
     pods: PodTx,
     secrets: SecretTx,
+    /// The operator's own objects: `iop-edge-config`, `iop-ca`, labelled Secrets.
+    config_map: ConfigMapTx,
+    ca: SecretTx,
+    owned: SecretTx,
     /// The replica ids each reconcile read, in order.
     replicas: Arc<Mutex<Vec<Vec<String>>>>,
     /// (when, provider names, undecodable names) of each reconcile.
@@ -52,6 +60,18 @@ fn secret_channel(providers: Store<DeserializeGuard<Provider>>) -> (SecretTx, Si
     (tx, secret_signals(names_a_credential(providers), events))
 }
 
+/// A metadata watch of the operator's own objects, listed with `objects`.
+fn owned_channel<K: Send + 'static>(kind: Kind, objects: Vec<PartialObjectMeta<K>>) -> (MetaTx<K>, Signals) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let events = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    tx.send(Ok(Event::Init)).unwrap();
+    for o in objects {
+        tx.send(Ok(Event::InitApply(o))).unwrap();
+    }
+    tx.send(Ok(Event::InitDone)).unwrap();
+    (tx, meta_signals(kind, |_| true, events))
+}
+
 fn pod_channel() -> (PodTx, Store<Pod>, Signals) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (store, writer) = reflector::store();
@@ -66,8 +86,11 @@ fn start(results: Vec<Result<(), Error>>) -> Harness {
     let (templates, t_store, t) = channel::<WorkspaceTemplate>(Kind::WorkspaceTemplate);
     let (pods, pod_store, e) = pod_channel();
     let (secrets, s) = secret_channel(p_store.clone());
+    let (config_map, c) = owned_channel(Kind::EdgeConfigMap, vec![meta(CONFIG_MAP_NAME, "1")]);
+    let (ca, a) = owned_channel(Kind::CaSecret, vec![secret(CA_SECRET, "2")]);
+    let (owned, o) = owned_channel(Kind::OwnedSecret, vec![secret("iop-node-mac-1", "3"), secret("iop-edge-tls", "4")]);
     let stores = Stores { providers: p_store, nodes: n_store, templates: t_store, pods: pod_store };
-    let signals = stream::select_all([p, n, t, e, s]).boxed();
+    let signals = stream::select_all([p, n, t, e, s, c, a, o]).boxed();
     let (calls_tx, calls) = mpsc::unbounded_channel();
     let results = Arc::new(Mutex::new(VecDeque::from(results)));
     let replicas = Arc::new(Mutex::new(Vec::new()));
@@ -89,7 +112,7 @@ fn start(results: Vec<Result<(), Error>>) -> Harness {
         },
         cancel.clone(),
     ));
-    Harness { providers, nodes, templates, pods, secrets, replicas, calls, cancel, task }
+    Harness { providers, nodes, templates, pods, secrets, config_map, ca, owned, replicas, calls, cancel, task }
 }
 
 fn ok<K>(object: K) -> Result<Event<DeserializeGuard<K>>, watcher::Error> {
@@ -362,10 +385,76 @@ async fn edge_pods_reconcile_only_when_the_replica_ids_change() {
 
 /// A Secret's metadata at `resource_version`.
 fn secret(name: &str, resource_version: &str) -> PartialObjectMeta<Secret> {
-    let mut meta = PartialObjectMeta::<Secret>::default();
-    meta.metadata.name = Some(name.to_string());
-    meta.metadata.resource_version = Some(resource_version.to_string());
-    meta
+    meta(name, resource_version)
+}
+
+/// An object's metadata at `resource_version`.
+fn meta<K>(name: &str, resource_version: &str) -> PartialObjectMeta<K> {
+    let metadata = ObjectMeta {
+        name: Some(name.to_string()),
+        resource_version: Some(resource_version.to_string()),
+        ..Default::default()
+    };
+    PartialObjectMeta { types: None, metadata, _phantom: std::marker::PhantomData }
+}
+
+/// The operator's own objects reconcile within the debounce when one is
+/// deleted, edited, or (the CA) replaced; not at the next resync.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_config_map_or_node_secret_or_a_replaced_ca_reconciles_within_the_debounce() {
+    let mut h = start(vec![]);
+    listed(&h.providers, vec![provider("a", "mac-1")]);
+    listed(&h.nodes, vec![node("mac-1")]);
+    listed(&h.templates, vec![]);
+    pods_listed(&h.pods, vec![]);
+    h.call(Duration::from_secs(5)).await;
+
+    let deleted = Instant::now();
+    h.config_map.send(Ok(Event::Delete(meta(CONFIG_MAP_NAME, "1")))).unwrap();
+    let (at, _, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(at - deleted, DEBOUNCE, "a deleted iop-edge-config");
+
+    let deleted = Instant::now();
+    h.owned.send(Ok(Event::Delete(secret("iop-node-mac-1", "3")))).unwrap();
+    let (at, _, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(at - deleted, DEBOUNCE, "a deleted node Secret");
+
+    // `kubectl delete secret iop-ca && kubectl create secret tls iop-ca ...`: one reconcile.
+    let replaced = Instant::now();
+    h.ca.send(Ok(Event::Delete(secret(CA_SECRET, "2")))).unwrap();
+    h.ca.send(Ok(Event::Apply(secret(CA_SECRET, "20")))).unwrap();
+    let (at, _, _) = h.call(Duration::from_secs(5)).await;
+    assert_eq!(at - replaced, DEBOUNCE, "a replaced CA");
+    // Replaced in place (`kubectl apply`): a new version.
+    h.ca.send(Ok(Event::Apply(secret(CA_SECRET, "21")))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+
+    // An edited Edge certificate Secret, and the ConfigMap re-created.
+    h.owned.send(Ok(Event::Apply(secret("iop-edge-tls", "30")))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+    h.config_map.send(Ok(Event::Apply(meta(CONFIG_MAP_NAME, "31")))).unwrap();
+    h.call(Duration::from_secs(5)).await;
+
+    // A watch restart replays what it delivered: nothing; a failing watch: nothing.
+    h.config_map.send(Ok(Event::Apply(meta(CONFIG_MAP_NAME, "31")))).unwrap();
+    h.owned.send(Ok(Event::Apply(secret("iop-edge-tls", "30")))).unwrap();
+    h.ca.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+    h.quiet(Duration::from_secs(60)).await;
+    h.stop().await;
+}
+
+/// A reconcile waits for the owned objects' lists as for the others.
+#[tokio::test(start_paused = true)]
+async fn the_first_reconcile_waits_for_the_owned_objects_lists() {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<Event<PartialObjectMeta<ConfigMap>>, watcher::Error>>();
+    let events = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let mut signals = meta_signals(Kind::EdgeConfigMap, |_| true, events);
+    tx.send(Ok(Event::Init)).unwrap();
+    tx.send(Ok(Event::InitApply(meta(CONFIG_MAP_NAME, "1")))).unwrap();
+    tx.send(Ok(Event::InitDone)).unwrap();
+    assert!(matches!(signals.next().await, Some(Signal::Listed(Kind::EdgeConfigMap))));
+    assert_eq!(Kind::ALL.len(), 8);
+    assert!(Kind::ALL.iter().enumerate().all(|(i, k)| k.index() == i));
 }
 
 /// A Secret a Provider's `credentialSecretRef` names reconciles when it
@@ -424,4 +513,39 @@ fn changes_tell_spec_deletion_and_finalizers_from_status() {
     let mut no_generation = p.metadata.clone();
     no_generation.generation = None;
     assert!(changes.applied(&no_generation) && changes.applied(&no_generation));
+}
+
+/// The watches the leader starts, as the API server sees their first
+/// requests: the Secrets only label- or name-selected and metadata only,
+/// the ConfigMap by name (what RBAC's `resourceNames` needs for a
+/// list/watch), the Edge pods by their selector.
+#[tokio::test]
+async fn the_watches_ask_only_for_what_they_select() {
+    let (client, mut server) = crate::runtime::tests::mock();
+    let (_stores, mut signals) = watch(&client, NS, "app.kubernetes.io/component=edge");
+    let poller = tokio::spawn(async move { while signals.next().await.is_some() {} });
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..Kind::ALL.len() {
+        let call = server.next().await;
+        assert_eq!(call.method, "GET");
+        let selector = |k: &str| call.query.get(k).cloned().unwrap_or_default();
+        let metadata_only = call.accept.as_deref().is_some_and(|a| a.contains("as=PartialObjectMetadataList"));
+        seen.insert((call.path.clone(), selector("labelSelector"), selector("fieldSelector"), metadata_only));
+    }
+    let core = format!("/api/v1/namespaces/{NS}");
+    let crd = format!("/apis/iop.dev/v1alpha1/namespaces/{NS}");
+    let s = |v: &str| v.to_string();
+    let expected: std::collections::BTreeSet<_> = [
+        (format!("{crd}/providers"), s(""), s(""), false),
+        (format!("{crd}/nodecatalogs"), s(""), s(""), false),
+        (format!("{crd}/workspacetemplates"), s(""), s(""), false),
+        (format!("{core}/pods"), s("app.kubernetes.io/component=edge"), s(""), false),
+        (format!("{core}/secrets"), s("iop.dev/credential=true"), s(""), true),
+        (format!("{core}/secrets"), s("app.kubernetes.io/managed-by=iop-operator"), s(""), true),
+        (format!("{core}/secrets"), s(""), s("metadata.name=iop-ca"), true),
+        (format!("{core}/configmaps"), s(""), s("metadata.name=iop-edge-config"), true),
+    ]
+    .into();
+    assert_eq!(seen, expected);
+    poller.abort();
 }

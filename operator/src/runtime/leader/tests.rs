@@ -181,13 +181,74 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_expires() {
         assert!(*leading.borrow(), "at {:?}", since.elapsed());
         call.fail(500, "InternalError");
     }
-    // ...then stepped down (2 s < the 15 s another candidate waits).
-    let call = server.expect("GET", &format!("{PATH}/{LEASE_NAME}"), &[]).await;
+    // ...then stepped down (2 s < the 15 s another candidate waits), and
+    // from then on backs off (0.5 s doubled for each of the 4 failures).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!*leading.borrow());
     assert_eq!(since.elapsed(), Duration::from_millis(2500));
+    let call = server.next_within(Duration::from_secs(10)).await;
+    assert_eq!((call.method.as_str(), since.elapsed()), ("GET", Duration::from_millis(6000)));
     call.fail(500, "InternalError");
 
     shutdown.cancel();
     let _elector = task.await.unwrap();
     assert!(!*leading.borrow());
+}
+
+#[test]
+fn reachability_is_said_once_per_change() {
+    let mut r = Reachability::default();
+    assert_eq!(r.observe(true), None);
+    assert_eq!(r.observe(false), Some(Reach::Lost));
+    for _ in 0..10 {
+        assert_eq!(r.observe(false), None, "not again while it stays unreachable");
+    }
+    assert_eq!(r.observe(true), Some(Reach::Back));
+    assert_eq!(r.observe(true), None);
+    assert_eq!(r.observe(false), Some(Reach::Lost));
+}
+
+#[test]
+fn a_standby_backs_off_while_the_api_server_is_away_and_a_leader_does_not() {
+    let (retry, max) = (Duration::from_secs(2), Duration::from_secs(15));
+    let mut r = Reachability::default();
+    assert_eq!(r.wait(false, retry, max), retry);
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        r.observe(false);
+        waits.push(r.wait(false, retry, max).as_secs());
+        assert_eq!(r.wait(true, retry, max), retry, "a leader keeps renewing on time");
+    }
+    assert_eq!(waits, [2, 4, 8, 15, 15, 15]);
+    r.observe(true);
+    assert_eq!(r.wait(false, retry, max), retry);
+}
+
+/// The rounds of a candidate that does not lead, against an API server that
+/// fails: spaced 0.5, 1, 2, 4, 4 s (backoff up to the lease duration), not
+/// every retry period.
+#[tokio::test(start_paused = true)]
+async fn a_candidate_backs_off_against_a_failing_api_server() {
+    let (client, mut server) = mock();
+    let config = LeaderConfig {
+        retry_period: Duration::from_millis(500),
+        lease_duration: Duration::from_secs(4),
+        round_timeout: Duration::from_millis(400),
+        ..LeaderConfig::new("pod-a")
+    };
+    let (tx, leading) = watch::channel(false);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(run(elector(client, config), tx, shutdown.clone()));
+    let mut at = Vec::new();
+    let start = tokio::time::Instant::now();
+    for _ in 0..6 {
+        let call = server.next_within(Duration::from_secs(10)).await;
+        assert_eq!((call.method.as_str(), call.path.as_str()), ("GET", format!("{PATH}/{LEASE_NAME}").as_str()));
+        at.push(start.elapsed().as_millis());
+        call.fail(503, "ServiceUnavailable");
+    }
+    assert_eq!(at, [0, 500, 1500, 3500, 7500, 11500]);
+    assert!(!*leading.borrow());
+    shutdown.cancel();
+    let _elector = task.await.unwrap();
 }

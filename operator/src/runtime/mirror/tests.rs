@@ -138,6 +138,7 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
         node_ready: true,
         health: EdgeHealth::Available,
         overlay: None,
+        credential: None,
     };
     // The Edge's effective health follows its overlay here.
     let health = match overlay.as_ref().map(|o| o.state) {

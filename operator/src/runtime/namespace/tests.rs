@@ -7,7 +7,7 @@ use std::time::Duration;
 use iop_proto::config::EdgeConfig;
 use iop_proto::identity::NodeIdentity;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::{Value, json};
 
 use super::*;
@@ -550,4 +550,140 @@ async fn node_bundle_reads_the_node_secret() {
     let e = task.await.unwrap().unwrap_err();
     assert!(e.contains("iop/iop-node-mac-2 does not exist") && e.contains("NodeCatalog `mac-2`"), "{e}");
     server.done().await;
+}
+
+/// A Secret named `iop-node-<name>` that the operator did not make (here a
+/// user's, without its labels and owner) is never overwritten: no apply on
+/// it, `CertificateIssued=False`/`SecretNotOwned` on the NodeCatalog, and no
+/// `status.certificate`. Once it is gone, the certificate is issued and the
+/// condition removed.
+#[tokio::test]
+async fn a_node_secret_the_operator_did_not_create_is_never_overwritten() {
+    let mut s = snapshot(vec![], vec![node("mac-1")], vec![]);
+    settle(&mut s, NOW);
+    let pki = pki(&mut s, NOW);
+    s.nodes[0].status.as_mut().unwrap().certificate = None;
+    let foreign = Secret {
+        metadata: ObjectMeta { name: Some("iop-node-mac-1".into()), ..Default::default() },
+        data: Some([("token".to_string(), k8s_openapi::ByteString(b"someone else's".to_vec()))].into()),
+        ..Default::default()
+    };
+    // Labels copied by hand without the owner reference: still not ours.
+    let mut copied_labels = pki.node_secrets["mac-1"].clone();
+    copied_labels.metadata.owner_references = None;
+
+    for existing in [foreign, copied_labels] {
+        let (client, mut server) = mock();
+        let task = spawn(context(client, NOW), s.clone(), NOW);
+        expect_config_apply(&mut server).await.echo();
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&existing);
+        // No PATCH of the Secret: straight to the status.
+        let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+        assert_eq!(call.body["status"].get("certificate"), None, "no certificate vouched for");
+        let conditions = call.body["status"]["conditions"].as_array().unwrap().clone();
+        let refused = conditions.iter().find(|c| c["type"] == "CertificateIssued").expect("the condition");
+        assert_eq!((&refused["status"], &refused["reason"]), (&json!("False"), &json!("SecretNotOwned")));
+        assert!(refused["message"].as_str().unwrap().contains("Secret iop-node-mac-1 exists"));
+        call.ok(&s.nodes[0]);
+        task.await.unwrap().unwrap();
+        server.done().await;
+
+        // Said once: with the condition in status, the next reconcile writes nothing.
+        let mut again = s.clone();
+        let status = again.nodes[0].status.as_mut().unwrap();
+        let written: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> =
+            serde_json::from_value(json!(conditions)).unwrap();
+        status.conditions.retain(|c| written.iter().all(|w| w.type_ != c.type_));
+        status.conditions.extend(written);
+        let (client, mut server) = mock();
+        let task = spawn(context(client, NOW), again.clone(), NOW);
+        expect_config_apply(&mut server).await.echo();
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&existing);
+        task.await.unwrap().unwrap();
+        server.done().await;
+
+        // The Secret removed: issued, and the condition goes (applied without it).
+        let (client, mut server) = mock();
+        let task = spawn(context(client, NOW), again, NOW);
+        expect_config_apply(&mut server).await.echo();
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&pki.ca_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&pki.edge_secret);
+        server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.not_found();
+        server.expect_apply(&format!("{CORE_PATH}/secrets/iop-node-mac-1"), CERTS).await.echo();
+        let call = server.expect_apply(&format!("{CRD_PATH}/nodecatalogs/mac-1/status"), CERTS).await;
+        let types: Vec<&str> =
+            call.body["status"]["conditions"].as_array().unwrap().iter().filter_map(|c| c["type"].as_str()).collect();
+        assert_eq!(types, ["CAExpiring"]);
+        assert!(call.body["status"]["certificate"]["serial"].is_string());
+        call.ok(&s.nodes[0]);
+        task.await.unwrap().unwrap();
+        server.done().await;
+    }
+}
+
+/// A `credentialSecretRef`'s Secret is read as metadata first; its data is
+/// fetched only when it carries `iop.dev/credential: "true"`. An unlabelled
+/// one (another team's key) is never read, its value never copied, and its
+/// Provider gets `Ready=False`/`SecretNotLabelled`; the labelled one is
+/// copied into `iop-edge-credentials`.
+#[tokio::test]
+async fn only_a_labelled_credential_secrets_data_is_read_and_copied() {
+    use crate::crd::provider::{Adapter, SecretKeyRef};
+    let keyed = |name: &str, secret: &str| {
+        let mut p = provider(name, "mac-1");
+        p.spec.adapter = Adapter::Openai;
+        p.spec.credential_secret_ref = Some(SecretKeyRef { name: secret.into(), key: "api-key".into() });
+        p
+    };
+    let mut s = snapshot(vec![keyed("good", "ours"), keyed("thief", "theirs")], vec![node("mac-1")], vec![]);
+    let label = [(crate::reconcile::credentials::CREDENTIAL_LABEL.to_string(), "true".to_string())];
+    let ours = Secret {
+        metadata: ObjectMeta { name: Some("ours".into()), labels: Some(label.into()), ..Default::default() },
+        data: Some([("api-key".to_string(), k8s_openapi::ByteString(b"sk-ours".to_vec()))].into()),
+        ..Default::default()
+    };
+    let theirs_meta = ObjectMeta { name: Some("theirs".into()), ..Default::default() };
+    // As it will have been read: the settled status matches what the build computes.
+    s.secrets = [
+        ("ours".to_string(), ours.clone()),
+        ("theirs".to_string(), Secret { metadata: theirs_meta.clone(), ..Default::default() }),
+    ]
+    .into();
+    settle(&mut s, NOW);
+    let pki = pki(&mut s, NOW);
+    let read = Snapshot { secrets: Default::default(), ..s.clone() };
+
+    let (client, mut server) = mock();
+    let task = spawn(context(client, NOW), read, NOW);
+    let partial =
+        |meta: &ObjectMeta| json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta});
+    let metadata_only = |call: &Call| call.accept.as_deref().is_some_and(|a| a.contains("as=PartialObjectMetadata"));
+    let call = server.expect("GET", &format!("{CORE_PATH}/secrets/ours"), &[]).await;
+    assert!(metadata_only(&call), "metadata first: {:?}", call.accept);
+    call.respond(200, partial(&ours.metadata));
+    let call = server.expect("GET", &format!("{CORE_PATH}/secrets/ours"), &[]).await;
+    assert!(!metadata_only(&call), "then the data of the labelled one");
+    call.ok(&ours);
+    let call = server.expect("GET", &format!("{CORE_PATH}/secrets/theirs"), &[]).await;
+    assert!(metadata_only(&call));
+    call.respond(200, partial(&theirs_meta));
+    // Never a GET of `theirs`' data: next is the operator's own credentials Secret.
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-credentials"), &[]).await.not_found();
+    let call = server.expect_apply(&format!("{CORE_PATH}/secrets/iop-edge-credentials"), CONFIG).await;
+    assert_eq!(call.body["data"], json!({"good": "c2stb3Vycw=="}), "only `ours`' value, base64");
+    call.echo();
+    let call = server.expect_apply(&format!("{CORE_PATH}/configmaps/iop-edge-config"), CONFIG).await;
+    assert_eq!(names(&edge_yaml(&call.body)).1, ["good"]);
+    call.echo();
+    serve_current_certs(&mut server, &pki, &["mac-1"]).await;
+    task.await.unwrap().unwrap();
+    server.done().await;
+
+    let thief = s.providers.iter().find(|p| p.name_any() == "thief").unwrap();
+    let ready = thief.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "SecretNotLabelled"));
 }
