@@ -143,3 +143,58 @@ struct Admin {
 async fn mirror_fetch(admin: &Admin) -> (mirror::ProvidersSnapshot, mirror::NodesSnapshot) {
     iop_operator::runtime::mirror::fetch(&admin.client, &admin.url).await.expect("the Edge admin API parses")
 }
+
+/// Issue 25 items 3 and 6 through the status mirror: a running Edge whose
+/// keyed provider refuses its managed credential says so, the mirror turns
+/// that into `CredentialAccepted=False` (`CredentialRejected`) next to
+/// `unavailable` health, and a run the provider accepts again brings both
+/// back.
+#[tokio::test]
+async fn the_status_mirror_says_when_a_provider_refuses_its_credential() {
+    const KEY: &str = "sk-mirror-1";
+    let (_keyed, url) = spawn_keyed_mock(KEY).await;
+    let keyed = provider("keyed", iop_proto::config::Adapter::Openai, "mock", "keyed", &url);
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![keyed],
+        credentials: vec![Managed { profile: "lm", secret: KEY, revision: 1, providers: vec!["keyed"] }],
+        ..Default::default()
+    })
+    .await;
+    let admin = Admin { client: AdminClient::new(), url: EdgeAdminUrl { authority: stack.admin.to_string() } };
+    wait_until("keyed dispatchable", WAIT, || async { stack.provider_admin("keyed").await["dispatchable"] == true })
+        .await;
+    let keyed_status = |previous: ProviderMirror| {
+        let admin = &admin;
+        async move {
+            let (providers, nodes) = mirror_fetch(admin).await;
+            let p = providers.providers.iter().find(|p| p.id == "keyed").unwrap();
+            mirror::provider(p, nodes.nodes.first(), &previous, Timestamp::now())
+        }
+    };
+    let accepted = keyed_status(ProviderMirror::default()).await;
+    let condition = accepted.credential.clone().expect("a managed credential has the condition");
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Accepted"));
+
+    let set_key = |key: &'static str| {
+        let (client, url) = (stack.client.clone(), url.clone());
+        async move { client.post(format!("{url}/mock/api-key")).body(key).send().await.unwrap().status() }
+    };
+    assert_eq!(set_key("sk-mirror-2").await, 204);
+    let (status, _) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hi", false)).await).await;
+    assert_eq!(status, 502);
+    let rejected = keyed_status(accepted.clone()).await;
+    let condition = rejected.credential.clone().unwrap();
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "CredentialRejected"));
+    assert_eq!(rejected.health, Some(Health::Unavailable));
+    assert!(mirror::visible_change(&accepted, &rejected));
+
+    // The provider takes the key again: the next run (it is the model's last
+    // resort) is accepted and ends the rejection.
+    assert_eq!(set_key(KEY).await, 204);
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    let back = keyed_status(rejected).await;
+    let condition = back.credential.unwrap();
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Accepted"));
+    assert_eq!(back.health, Some(Health::Available));
+}
