@@ -40,8 +40,9 @@ use crate::config::ConfigHandle;
 use crate::dispatch::RunTable;
 use crate::metrics::EdgeMetrics;
 use crate::node::commands::CommandTable;
+use crate::node::limits::NodeLoad;
 use crate::node::registry::{GenerationSource, NodeRegistry};
-use crate::node::tls::{AcceptPolicy, TlsSetupError};
+use crate::node::tls::{AcceptPolicy, HandshakeProfile, TlsSetupError};
 use crate::overlay::{HealthOverlay, StallHandoff};
 
 /// HTTP/2 receive window per run stream from a node.
@@ -49,8 +50,11 @@ const RUN_STREAM_WINDOW: u32 = 256 * 1024;
 /// HTTP/2 receive window per node connection: 256 stalled runs' worth.
 const NODE_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
-/// Concurrent runs and tunnels one node connection may carry.
-const MAX_STREAMS_PER_NODE: u32 = 10_000;
+/// Calls one node connection may carry at once, as HTTP/2 tells the node.
+/// The node's own limit over all its connections, derived from its
+/// providers and workspaces (`node::limits::NodeLimits`), is the one that
+/// counts; this only keeps a single connection's bookkeeping bounded.
+const MAX_STREAMS_PER_CONNECTION: u32 = 4096;
 
 /// How long the listeners may take to close once the drain is over.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
@@ -178,6 +182,7 @@ pub struct Edge {
     admin: TcpListener,
     policy: Arc<AcceptPolicy>,
     reload: Option<(std::path::PathBuf, Duration)>,
+    handshakes: HandshakeProfile,
 }
 
 impl Edge {
@@ -231,7 +236,7 @@ impl Edge {
             replica_id: default_replica_id(),
         });
         metrics_revision(&state);
-        Ok(Self { state, http, grpc, admin, policy, reload: None })
+        Ok(Self { state, http, grpc, admin, policy, reload: None, handshakes: HandshakeProfile::default() })
     }
 
     /// Reloads the config from `path` when its content changes (checked
@@ -249,6 +254,13 @@ impl Edge {
     /// `fault` says (`iop-edge --test-lease-fault`).
     pub fn with_test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
         Arc::get_mut(&mut self.state).expect("set before serving").lease_fault = Some(fault);
+        self
+    }
+
+    /// How the node listener bounds connections before they are
+    /// identified (tests shorten the deadlines).
+    pub fn with_handshake_profile(mut self, profile: HandshakeProfile) -> Self {
+        self.handshakes = profile;
         self
     }
 
@@ -288,14 +300,16 @@ impl Edge {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), EdgeError> {
-        let Edge { state, http, grpc, admin, policy, reload } = self;
+        let Edge { state, http, grpc, admin, policy, reload, handshakes } = self;
         let draining = state.draining.clone();
         tokio::spawn(async move {
             shutdown.await;
             draining.cancel();
         });
 
-        let (incoming, accept_task) = node::tls::accept_loop(grpc, policy.clone(), state.metrics.clone());
+        let load = NodeLoad::new(state.metrics.clone());
+        let (incoming, accept_task) =
+            node::tls::accept_loop(grpc, policy.clone(), state.metrics.clone(), load.clone(), handshakes);
         let grpc_stop = state.shutting_down.clone();
         let grpc_server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -306,12 +320,15 @@ impl Edge {
             .initial_stream_window_size(Some(RUN_STREAM_WINDOW))
             .initial_connection_window_size(Some(NODE_CONNECTION_WINDOW))
             // hyper's default (200) would silently cap concurrent runs per node.
-            .max_concurrent_streams(Some(MAX_STREAMS_PER_NODE))
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            // Each node's calls, message sizes per method and bytes in
+            // transit, within its limits (node::limits, node::meter).
+            .layer(node::meter::NodeLimitLayer { load, state: state.clone() })
             .add_service(
                 NodeGatewayServer::new(node::grpc::GatewayService { state: state.clone() })
-                    // Workspace answers (file contents, command output) are
-                    // larger than run frames; nodes are authenticated.
-                    .max_decoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES)
+                    // The largest any call accepts (workspace answers); the
+                    // layer holds each call to its own, smaller or equal.
+                    .max_decoding_message_size(node::limits::MAX_NODE_MESSAGE_BYTES)
                     .max_encoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES),
             )
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });

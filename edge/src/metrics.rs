@@ -64,6 +64,14 @@ pub struct NodeLabels {
     pub node: String,
 }
 
+/// A configured node and the limit that refused it
+/// (`node::limits::LimitRefusal::label`, a closed set).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLimitLabels {
+    pub node: String,
+    pub limit: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: String,
@@ -183,6 +191,12 @@ pub struct EdgeMetrics {
     pub config_revision: Gauge,
     pub config_reloads: Family<RecoveryLabels, Counter>,
     pub node_handshakes_in_progress: Gauge,
+    /// Calls, connections and message bytes a node was refused past its
+    /// limits (`node::limits`).
+    pub node_limit_refusals: Family<NodeLimitLabels, Counter>,
+    pub node_connections: Family<NodeLabels, Gauge>,
+    pub node_streams: Family<NodeLabels, Gauge>,
+    pub node_in_transit_bytes: Family<NodeLabels, Gauge>,
     pub http_connections: Gauge,
     pub auth_rejections: Family<ReasonLabels, Counter>,
     pub http_refusals: Family<ReasonLabels, Counter>,
@@ -302,6 +316,22 @@ impl EdgeMetrics {
             "Node TLS handshakes under way (bounded; more connections wait to be accepted)",
             node_handshakes_in_progress.clone(),
         );
+        let node_limit_refusals = Family::<NodeLimitLabels, Counter>::default();
+        registry.register(
+            "node_limit_refusals",
+            "Node connections, calls and messages refused past the node's limits: connections, streams, message_size, in_transit, compressed",
+            node_limit_refusals.clone(),
+        );
+        let node_connections = Family::<NodeLabels, Gauge>::default();
+        registry.register("node_connections", "Open connections per node", node_connections.clone());
+        let node_streams = Family::<NodeLabels, Gauge>::default();
+        registry.register("node_streams", "Open gRPC calls per node, over its connections", node_streams.clone());
+        let node_in_transit_bytes = Family::<NodeLabels, Gauge>::default();
+        registry.register(
+            "node_in_transit_bytes",
+            "Bytes of messages a node announced that have not all reached the Edge's decoder yet",
+            node_in_transit_bytes.clone(),
+        );
         let http_connections = Gauge::default();
         registry.register(
             "http_connections",
@@ -390,6 +420,10 @@ impl EdgeMetrics {
             config_revision,
             config_reloads,
             node_handshakes_in_progress,
+            node_limit_refusals,
+            node_connections,
+            node_streams,
+            node_in_transit_bytes,
             http_connections,
             auth_rejections,
             http_refusals,

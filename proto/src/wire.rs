@@ -27,9 +27,26 @@ pub const MAX_RUN_REQUEST_MESSAGE_BYTES: usize = MAX_REQUEST_BODY_BYTES + 16 * 1
 
 /// Largest message on a workspace call, either way: a write's content or a
 /// read's result / a command's output (bounded by the workspace limits:
-/// `max_output_bytes` at most 64 MiB) plus a margin. The Edge's gRPC server
-/// decodes node messages up to this size.
+/// `max_output_bytes` at most 64 MiB) plus a margin. The only call whose
+/// node messages the Edge decodes up to this size.
 pub const MAX_WORKSPACE_MESSAGE_BYTES: usize = 64 * 1024 * 1024 + 64 * 1024;
+
+/// Largest message a node sends on its control stream (`NodeToEdge`):
+/// Register, NodeReady, health reports and command results, whose largest
+/// part is an Ollama API answer the node caps at 1 MiB. tonic's default, and
+/// what the node accepts of the Edge's control messages.
+pub const MAX_CONTROL_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Largest message a node sends on a run's call (`RunUplink`): one event,
+/// usually a few KiB of coalesced text. The large ones are a provider line
+/// the node passes whole (it caps lines at 16 MiB) and an embeddings answer
+/// (the node reads at most 64 MiB of JSON; a float takes at least ~8 bytes
+/// of JSON there and 4 in protobuf).
+pub const MAX_RUN_EVENT_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+
+/// Largest message a node sends on a tunnel's call (`TunnelUplink`): a
+/// response head or a body chunk (the node cuts bodies into 64 KiB frames).
+pub const MAX_TUNNEL_FRAME_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// Largest image accepted in a request (decoded), as the big providers
 /// bound them; the Edge checks images clients send, the node images it

@@ -19,6 +19,29 @@ use crate::dispatch::{AttachError, NodeFrame, RunTable};
 /// Control messages queued per node connection.
 const CONTROL_CHANNEL_CAPACITY: usize = 256;
 
+/// A node message above this size (a provider line the node passed whole,
+/// an embeddings answer, a workspace answer) is large: see [`queue`]. Run
+/// text is coalesced to ~16 KiB and tunnel bodies come in 64 KiB frames,
+/// so ordinary traffic never waits.
+const LARGE_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Queues a node's message of `size` encoded bytes for its consumer (the
+/// client's run stream, the job's workspace call). A large one is then
+/// waited on until the consumer has taken it, and the call reads the
+/// node's next message only after that: a call holds at most one large
+/// decoded message nobody has consumed (besides its queue of small ones),
+/// and HTTP/2 flow control holds the node back meanwhile. With the
+/// in-transit budget of `node::limits`, what a node's messages occupy on
+/// the Edge stays bounded even when their consumers read slowly.
+async fn queue<T>(queue: &mpsc::Sender<T>, item: T, size: usize) -> Result<(), ()> {
+    queue.send(item).await.map_err(drop)?;
+    if size > LARGE_MESSAGE_BYTES {
+        // Every slot free: everything queued, this one included, was taken.
+        drop(queue.reserve_many(queue.max_capacity()).await.map_err(drop)?);
+    }
+    Ok(())
+}
+
 pub struct GatewayService {
     pub state: Arc<EdgeState>,
 }
@@ -36,7 +59,7 @@ enum Uplink<F> {
 }
 
 trait UplinkMessage: Send + 'static {
-    type Frame: NodeFrame;
+    type Frame: NodeFrame + prost::Message;
     /// The call's answer: the run's request.
     type Downlink: Send + 'static;
     fn split(self) -> Uplink<Self::Frame>;
@@ -149,8 +172,13 @@ impl NodeGateway for GatewayService {
                     message = inbound.message() => message,
                 };
                 let Ok(Some(answer)) = message else { return };
-                if attached.uplink.send(answer).await.is_err() {
-                    return;
+                let size = prost::Message::encoded_len(&answer);
+                tokio::select! {
+                    biased;
+                    _ = attached.fence.cancelled() => break,
+                    queued = queue(&attached.uplink, answer, size) => if queued.is_err() {
+                        return;
+                    },
                 }
             }
             // Fenced: whatever still arrives is counted, never delivered.
@@ -227,13 +255,14 @@ impl GatewayService {
                 Ok(None) | Err(_) => return Ok(accepted),
             };
             let terminal = frame.is_terminal();
+            let size = prost::Message::encoded_len(&frame);
             tokio::select! {
                 biased;
                 _ = attached.fence.cancelled() => {
                     self.count_dropped(AttachError::FencedGeneration);
                     return Err(self.drop_stream(AttachError::FencedGeneration, inbound).await);
                 }
-                sent = attached.events.send(frame) => if sent.is_err() {
+                queued = queue(&attached.events, frame, size) => if queued.is_err() {
                     return Err(Status::cancelled("run cancelled by the client"));
                 },
             }
@@ -256,5 +285,29 @@ impl GatewayService {
         }
         tracing::debug!(reason = reason.label(), "dropped a node run stream");
         Status::failed_precondition(reason.label())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small message is queued and done; a large one is done only once
+    /// its consumer has taken it (and whatever was queued before it).
+    #[tokio::test]
+    async fn a_large_message_waits_until_its_consumer_took_it() {
+        let (tx, mut rx) = mpsc::channel::<u32>(4);
+        queue(&tx, 1, 100).await.unwrap();
+        queue(&tx, 2, LARGE_MESSAGE_BYTES).await.unwrap();
+        let large = queue(&tx, 3, LARGE_MESSAGE_BYTES + 1);
+        tokio::pin!(large);
+        assert!(futures_util::poll!(&mut large).is_pending(), "queued, not yet taken");
+        assert_eq!(rx.recv().await, Some(1));
+        assert_eq!(rx.recv().await, Some(2));
+        assert!(futures_util::poll!(&mut large).is_pending());
+        assert_eq!(rx.recv().await, Some(3));
+        large.await.unwrap();
+        drop(rx);
+        assert!(queue(&tx, 4, LARGE_MESSAGE_BYTES + 1).await.is_err(), "the consumer is gone");
     }
 }

@@ -4,6 +4,8 @@
 pub mod commands;
 pub mod grpc;
 pub mod health;
+pub mod limits;
+pub mod meter;
 pub mod registry;
 pub mod session;
 pub mod tls;

@@ -7,12 +7,12 @@
 //! certificate each node presented at its last accepted handshake (until a
 //! reload unlists the node) and of the Edge's own serving certificate.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,14 +28,91 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
+use super::limits::{ConnectionGuard, MAX_CONNECTIONS_PER_NODE, NodeLoad};
 use crate::metrics::{EdgeMetrics, NodeLabels};
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Node TLS handshakes under way at once. Past it the accept loop waits for
-/// one to finish (each is bounded by `HANDSHAKE_TIMEOUT`), so a flood of
-/// connections that never finish their handshake costs bounded memory and
-/// tasks, and nodes are served as handshakes complete.
-pub const MAX_CONCURRENT_HANDSHAKES: usize = 64;
+/// How the node listener treats connections before they are identified.
+/// The defaults serve production; tests shorten the times
+/// (`Edge::with_handshake_profile`).
+///
+/// Nobody is authenticated before the handshake ends, so what one source
+/// can hold is bounded: its connection must start its ClientHello within
+/// `first_byte` and finish the handshake within `handshake`, and it may
+/// have `max_per_source` handshakes under way (more are closed at once).
+/// `max_handshakes` bounds all of them together (past it the accept loop
+/// waits for one to end); it is far above what a fleet of reconnecting
+/// nodes needs, since a node's handshake takes a round trip or two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeProfile {
+    pub first_byte: Duration,
+    pub handshake: Duration,
+    pub max_handshakes: usize,
+    /// Per source address: an IPv4 address or an IPv6 /64 (`source_of`).
+    /// Behind a load balancer that rewrites source addresses (Kubernetes
+    /// `externalTrafficPolicy: Cluster`) the source is the balancer's, so
+    /// keep client addresses (`Local`) for this bound to mean a client.
+    pub max_per_source: usize,
+}
+
+impl Default for HandshakeProfile {
+    fn default() -> Self {
+        Self {
+            first_byte: Duration::from_secs(2),
+            handshake: Duration::from_secs(10),
+            max_handshakes: 512,
+            max_per_source: 16,
+        }
+    }
+}
+
+/// The source a per-source bound counts by: the IPv4 address (also when
+/// it arrives mapped into IPv6), or the /64 of an IPv6 address (one host
+/// commonly has a whole /64).
+pub fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
+/// Handshakes under way per source.
+#[derive(Debug, Default)]
+struct Sources {
+    busy: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Sources {
+    /// A handshake slot of `source`, unless it has `max` under way.
+    fn claim(self: &Arc<Self>, source: IpAddr, max: usize) -> Option<SourceSlot> {
+        let mut busy = self.busy.lock().unwrap();
+        let held = busy.entry(source).or_default();
+        if *held >= max {
+            return None;
+        }
+        *held += 1;
+        Some(SourceSlot { sources: self.clone(), source })
+    }
+}
+
+struct SourceSlot {
+    sources: Arc<Sources>,
+    source: IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut busy = self.sources.busy.lock().unwrap();
+        if let Some(held) = busy.get_mut(&self.source) {
+            *held -= 1;
+            if *held == 0 {
+                busy.remove(&self.source);
+            }
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
@@ -130,6 +207,10 @@ pub enum HandshakeRejection {
     Tls,
     #[error("TLS handshake timed out")]
     Timeout,
+    #[error("no TLS bytes arrived in time")]
+    FirstByteTimeout,
+    #[error("the source address has as many handshakes under way as it may")]
+    SourceBusy,
 }
 
 impl HandshakeRejection {
@@ -146,6 +227,8 @@ impl HandshakeRejection {
             Self::UnknownNode => "unknown_node",
             Self::Tls => "tls_error",
             Self::Timeout => "handshake_timeout",
+            Self::FirstByteTimeout => "first_byte_timeout",
+            Self::SourceBusy => "source_busy",
         }
     }
 
@@ -223,6 +306,8 @@ pub struct NodeConn {
     peer: NodePeer,
     /// notAfter of the certificate the node presented (Unix seconds).
     not_after: i64,
+    /// Counts the connection against its node's limit while it is open.
+    _held: Option<ConnectionGuard>,
 }
 
 impl Connected for NodeConn {
@@ -307,24 +392,18 @@ impl AcceptPolicy {
 }
 
 /// Accepts TCP connections, runs the handshake and identity check off the
-/// accept loop, and yields identified connections to the gRPC server.
+/// accept loop (bounded by `profile`), counts each identified connection
+/// against its node's limit (`load`), and yields them to the gRPC server.
 pub fn accept_loop(
     listener: TcpListener,
     policy: Arc<AcceptPolicy>,
     metrics: Arc<EdgeMetrics>,
-) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
-    accept_loop_with(listener, policy, metrics, MAX_CONCURRENT_HANDSHAKES)
-}
-
-/// [`accept_loop`] with at most `max_handshakes` handshakes at once.
-pub fn accept_loop_with(
-    listener: TcpListener,
-    policy: Arc<AcceptPolicy>,
-    metrics: Arc<EdgeMetrics>,
-    max_handshakes: usize,
+    load: Arc<NodeLoad>,
+    profile: HandshakeProfile,
 ) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(16);
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_handshakes));
+    let slots = Arc::new(tokio::sync::Semaphore::new(profile.max_handshakes));
+    let sources = Arc::new(Sources::default());
     let task = tokio::spawn(async move {
         loop {
             let permit = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
@@ -336,20 +415,37 @@ pub fn accept_loop_with(
                     continue;
                 }
             };
+            let Some(source_slot) = sources.claim(source_of(remote.ip()), profile.max_per_source) else {
+                // Closed at once, without a log line per connection: a
+                // flood would otherwise turn into a flood of logs.
+                metrics.reason(&metrics.handshake_rejections, HandshakeRejection::SourceBusy.label());
+                tracing::debug!(%remote, "node connection refused: {}", HandshakeRejection::SourceBusy);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let rules = policy.current();
             let acceptor = TlsAcceptor::from(rules.tls.clone());
-            let (policy, metrics, tx) = (policy.clone(), metrics.clone(), tx.clone());
+            let (policy, metrics, load, tx) = (policy.clone(), metrics.clone(), load.clone(), tx.clone());
             metrics.node_handshakes_in_progress.inc();
             tokio::spawn(async move {
-                let result = handshake(&acceptor, tcp, remote, &rules).await;
+                let result = handshake(&acceptor, tcp, remote, &rules, &profile).await;
                 metrics.node_handshakes_in_progress.dec();
-                drop(permit);
+                drop((permit, source_slot));
                 match result {
-                    Ok(conn) => {
-                        policy.record_node_certificate(&metrics, &conn.peer.identity.name, conn.not_after);
-                        tracing::info!(node = %conn.peer.identity.name, %remote, "node connection accepted");
+                    Ok(mut conn) => {
+                        let node = conn.peer.identity.name.clone();
+                        policy.record_node_certificate(&metrics, &node, conn.not_after);
+                        match load.open_connection(&node, MAX_CONNECTIONS_PER_NODE) {
+                            Ok(held) => conn._held = Some(held),
+                            Err(refusal) => return load.refused(&node, refusal, "connection"),
+                        }
+                        tracing::info!(%node, %remote, "node connection accepted");
                         let _ = tx.send(Ok(conn)).await;
+                    }
+                    Err(HandshakeRejection::FirstByteTimeout) => {
+                        let reason = HandshakeRejection::FirstByteTimeout;
+                        metrics.reason(&metrics.handshake_rejections, reason.label());
+                        tracing::debug!(reason = reason.label(), %remote, "node connection refused: {reason}");
                     }
                     Err(reason) => {
                         metrics.reason(&metrics.handshake_rejections, reason.label());
@@ -362,13 +458,26 @@ pub fn accept_loop_with(
     (rx, task)
 }
 
+/// Waits for the connection's first byte without reading it.
+async fn first_byte(tcp: &TcpStream) -> Result<(), HandshakeRejection> {
+    match tcp.peek(&mut [0u8; 1]).await {
+        Ok(0) | Err(_) => Err(HandshakeRejection::Tls),
+        Ok(_) => Ok(()),
+    }
+}
+
 async fn handshake(
     acceptor: &TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
     policy: &PolicyRules,
+    profile: &HandshakeProfile,
 ) -> Result<NodeConn, HandshakeRejection> {
-    let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(profile.first_byte, first_byte(&tcp))
+        .await
+        .map_err(|_| HandshakeRejection::FirstByteTimeout)??;
+    let stream = tokio::time::timeout_at(started + profile.handshake, acceptor.accept(tcp))
         .await
         .map_err(|_| HandshakeRejection::Timeout)?
         .map_err(|e| HandshakeRejection::from_io(&e))?;
@@ -379,7 +488,7 @@ async fn handshake(
         .and_then(|certs| certs.first())
         .ok_or(HandshakeRejection::NoClientCertificate)?;
     let Identified { identity, not_after } = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
-    Ok(NodeConn { stream, peer: NodePeer { identity, remote }, not_after })
+    Ok(NodeConn { stream, peer: NodePeer { identity, remote }, not_after, _held: None })
 }
 
 #[cfg(test)]
@@ -419,7 +528,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = EdgeMetrics::new();
-        let (_incoming, task) = accept_loop_with(listener, Arc::new(AcceptPolicy::new(rules)), metrics.clone(), 2);
+        let profile = HandshakeProfile { max_handshakes: 2, ..patient() };
+        let load = NodeLoad::new(metrics.clone());
+        let (_incoming, task) =
+            accept_loop(listener, Arc::new(AcceptPolicy::new(rules)), metrics.clone(), load, profile);
         let in_progress = || metrics.node_handshakes_in_progress.get();
 
         // Three connections that never send a ClientHello.
@@ -441,6 +553,175 @@ mod tests {
         wait_for(|| rejected() >= 1).await;
         wait_for(|| in_progress() == 2).await;
         task.abort();
+    }
+
+    /// A profile whose deadlines never pass within a test.
+    fn patient() -> HandshakeProfile {
+        let hour = Duration::from_secs(3600);
+        HandshakeProfile { first_byte: hour, handshake: hour, ..HandshakeProfile::default() }
+    }
+
+    fn rejections(metrics: &EdgeMetrics, reason: HandshakeRejection) -> u64 {
+        metrics.handshake_rejections.get_or_create(&crate::metrics::ReasonLabels { reason: reason.label() }).get()
+    }
+
+    /// A TCP connection to `addr` from the loopback address `from` (Linux
+    /// routes all of 127/8 to loopback), so a test has many sources.
+    async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// An Edge listener with real mTLS for the nodes `nodes`, and the PKI.
+    struct Listener {
+        pki: Pki,
+        addr: SocketAddr,
+        metrics: Arc<EdgeMetrics>,
+        incoming: mpsc::Receiver<Result<NodeConn, io::Error>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Listener {
+        async fn start(nodes: &[&str], profile: HandshakeProfile) -> Self {
+            crate::install_crypto_provider();
+            let pki = Pki::new();
+            let dns = SanType::DnsName("localhost".try_into().unwrap());
+            pki.issue("edge", dns, ExtendedKeyUsagePurpose::ServerAuth, 2091);
+            let policy = Arc::new(AcceptPolicy::new(node_rules(pki.server_config(), nodes)));
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let metrics = EdgeMetrics::new();
+            let load = NodeLoad::new(metrics.clone());
+            let (incoming, task) = accept_loop(listener, policy, metrics.clone(), load, profile);
+            Self { pki, addr, metrics, incoming, task }
+        }
+
+        /// A node `name` completes its mTLS handshake from `from`.
+        async fn node(&self, name: &str, from: [u8; 4]) -> tokio_rustls::client::TlsStream<TcpStream> {
+            let san = uri(&format!("spiffe://iop.local/node/{name}"));
+            let (cert, key) = self.pki.issue(name, san, ExtendedKeyUsagePurpose::ClientAuth, 2092);
+            let mut roots = RootCertStore::empty();
+            roots.add(self.pki.ca.der().clone()).unwrap();
+            let client = rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_client_auth_cert(vec![cert], key)
+                .unwrap();
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+            let server = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            connector.connect(server, connect_from(from, self.addr).await).await.unwrap()
+        }
+    }
+
+    /// Issue 25 item 2: idle connections from one source (they never send
+    /// a TLS byte) take at most `max_per_source` handshake slots; the rest
+    /// are closed at once and counted, and a node from another address
+    /// gets through while the flood stays connected. The deadlines are an
+    /// hour: the per-source bound alone lets the node in.
+    #[tokio::test]
+    async fn an_idle_flood_from_one_source_does_not_keep_a_node_out() {
+        let profile = HandshakeProfile { max_handshakes: 16, max_per_source: 4, ..patient() };
+        let mut edge = Listener::start(&["mac-1"], profile).await;
+        let mut flood = Vec::new();
+        for _ in 0..40 {
+            flood.push(connect_from([127, 0, 0, 2], edge.addr).await);
+        }
+        let metrics = edge.metrics.clone();
+        wait_for(|| rejections(&metrics, HandshakeRejection::SourceBusy) == 36).await;
+        assert_eq!(metrics.node_handshakes_in_progress.get(), 4);
+
+        let _node = edge.node("mac-1", [127, 0, 0, 1]).await;
+        let conn = edge.incoming.recv().await.unwrap().unwrap();
+        assert_eq!(conn.peer.identity.name, "mac-1");
+        assert_eq!(metrics.node_handshakes_in_progress.get(), 4, "the flood is still connected");
+        let text = metrics.encode();
+        assert!(text.contains(r#"iop_edge_node_handshake_rejections_total{reason="source_busy"} 36"#), "{text}");
+        drop(flood);
+        edge.task.abort();
+    }
+
+    /// A connection that sends no byte is closed at the first-byte deadline
+    /// (`first_byte_timeout`); one that started its ClientHello and stalled
+    /// is closed at the handshake deadline (`handshake_timeout`).
+    #[tokio::test]
+    async fn silent_connections_end_at_the_first_byte_deadline_and_slow_ones_at_the_handshake_deadline() {
+        let quick = HandshakeProfile { first_byte: Duration::from_millis(50), ..patient() };
+        let edge = Listener::start(&["mac-1"], quick).await;
+        let mut silent = TcpStream::connect(edge.addr).await.unwrap();
+        let metrics = edge.metrics.clone();
+        wait_for(|| rejections(&metrics, HandshakeRejection::FirstByteTimeout) == 1).await;
+        let mut buf = [0u8; 1];
+        assert_eq!(tokio::io::AsyncReadExt::read(&mut silent, &mut buf).await.unwrap_or(0), 0, "closed");
+        assert_eq!(metrics.node_handshakes_in_progress.get(), 0);
+        edge.task.abort();
+
+        let slow = HandshakeProfile { handshake: Duration::from_millis(100), ..patient() };
+        let edge = Listener::start(&["mac-1"], slow).await;
+        let mut started = TcpStream::connect(edge.addr).await.unwrap();
+        // The first byte of a TLS handshake record, and nothing more.
+        tokio::io::AsyncWriteExt::write_all(&mut started, &[0x16]).await.unwrap();
+        let metrics = edge.metrics.clone();
+        wait_for(|| rejections(&metrics, HandshakeRejection::Timeout) == 1).await;
+        assert_eq!(rejections(&metrics, HandshakeRejection::FirstByteTimeout), 0);
+        edge.task.abort();
+    }
+
+    /// Nodes reconnecting at once (an Edge restart) from their own
+    /// addresses are all let in by the default profile.
+    #[tokio::test]
+    async fn a_burst_of_reconnecting_nodes_is_not_refused() {
+        let names: Vec<String> = (0..24).map(|i| format!("mac-{i}")).collect();
+        let listed: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut edge = Listener::start(&listed, HandshakeProfile::default()).await;
+        let clients = futures_util::future::join_all(
+            names.iter().enumerate().map(|(i, name)| edge.node(name, [127, 0, 1, i as u8 + 1])),
+        )
+        .await;
+        let mut seen = BTreeSet::new();
+        for _ in &clients {
+            seen.insert(edge.incoming.recv().await.unwrap().unwrap().peer.identity.name.clone());
+        }
+        assert_eq!(seen.len(), names.len());
+        assert!(!edge.metrics.encode().contains("iop_edge_node_handshake_rejections_total{"));
+        edge.task.abort();
+    }
+
+    /// Issue 25 item 1: a node holds at most MAX_CONNECTIONS_PER_NODE
+    /// connections; the next is closed after its handshake and counted,
+    /// and once one of them ends the node may connect again.
+    #[tokio::test]
+    async fn a_node_holds_a_bounded_number_of_connections() {
+        let mut edge = Listener::start(&["mac-1"], patient()).await;
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS_PER_NODE {
+            let client = edge.node("mac-1", [127, 0, 0, 1]).await;
+            held.push((client, edge.incoming.recv().await.unwrap().unwrap()));
+        }
+        let refusals = || {
+            let labels = crate::metrics::NodeLimitLabels { node: "mac-1".into(), limit: "connections" };
+            edge.metrics.node_limit_refusals.get_or_create(&labels).get()
+        };
+        let mut extra = edge.node("mac-1", [127, 0, 0, 1]).await;
+        wait_for(|| refusals() == 1).await;
+        let mut buf = [0u8; 1];
+        assert_eq!(tokio::io::AsyncReadExt::read(&mut extra, &mut buf).await.unwrap_or(0), 0, "closed");
+        assert!(edge.metrics.encode().contains(r#"iop_edge_node_connections{node="mac-1"} 4"#));
+
+        drop(held.pop());
+        let _again = edge.node("mac-1", [127, 0, 0, 1]).await;
+        assert_eq!(edge.incoming.recv().await.unwrap().unwrap().peer.identity.name, "mac-1");
+        assert_eq!(refusals(), 1);
+        edge.task.abort();
+    }
+
+    #[test]
+    fn sources_are_addresses_and_ipv6_64s() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(source_of(ip("10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(source_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(source_of(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")), ip("2001:db8:1:2::"));
+        assert_eq!(source_of(ip("2001:db8:1:2::1")), source_of(ip("2001:db8:1:2:ffff::9")));
+        assert_ne!(source_of(ip("2001:db8:1:2::1")), source_of(ip("2001:db8:1:3::1")));
     }
 
     async fn wait_for(check: impl Fn() -> bool) {
@@ -543,7 +824,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = EdgeMetrics::new();
-        let (mut incoming, task) = accept_loop_with(listener, policy.clone(), metrics.clone(), 4);
+        let load = NodeLoad::new(metrics.clone());
+        let (mut incoming, task) = accept_loop(listener, policy.clone(), metrics.clone(), load, patient());
         assert!(node_expiry_lines(&metrics).is_empty());
 
         let mut roots = RootCertStore::empty();
