@@ -52,9 +52,9 @@ async fn connect(stack: &Stack, name: &str) -> Result<Channel, tonic::transport:
         .await
 }
 
-/// Opens `method` with a request body the test writes by hand (raw gRPC
-/// framing), returning the answer's head and the body's sender.
-async fn open(channel: &mut Channel, method: &str) -> (http::Response<tonic::body::Body>, BodySender) {
+/// A call of `method` whose request body the test writes by hand (raw gRPC
+/// framing) through the returned sender, once the channel is ready.
+async fn ready_call(channel: &mut Channel, method: &str) -> (http::Request<tonic::body::Body>, BodySender) {
     let (tx, rx) = mpsc::channel(4);
     let body = tonic::body::Body::new(http_body_util::StreamBody::new(ReceiverStream::new(rx)));
     let request = http::Request::post(format!("/iop.v1.NodeGateway/{method}"))
@@ -63,6 +63,13 @@ async fn open(channel: &mut Channel, method: &str) -> (http::Response<tonic::bod
         .body(body)
         .unwrap();
     std::future::poll_fn(|cx| channel.poll_ready(cx)).await.unwrap();
+    (request, tx)
+}
+
+/// Opens `method` (see [`ready_call`]), returning the answer's head and the
+/// body's sender.
+async fn open(channel: &mut Channel, method: &str) -> (http::Response<tonic::body::Body>, BodySender) {
+    let (request, tx) = ready_call(channel, method).await;
     (channel.call(request).await.unwrap(), tx)
 }
 
@@ -72,14 +79,7 @@ async fn open_spawned(
     channel: &mut Channel,
     method: &str,
 ) -> (tokio::task::JoinHandle<http::Response<tonic::body::Body>>, BodySender) {
-    let (tx, rx) = mpsc::channel(4);
-    let body = tonic::body::Body::new(http_body_util::StreamBody::new(ReceiverStream::new(rx)));
-    let request = http::Request::post(format!("/iop.v1.NodeGateway/{method}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(body)
-        .unwrap();
-    std::future::poll_fn(|cx| channel.poll_ready(cx)).await.unwrap();
+    let (request, tx) = ready_call(channel, method).await;
     let call = channel.call(request);
     (tokio::spawn(async move { call.await.unwrap() }), tx)
 }

@@ -11,8 +11,10 @@ use super::{AdapterError, AdapterKind, EventSink, ProviderTarget, json_error_sum
 
 pub(super) const OLLAMA_PATH: &str = "/api/embed";
 pub(super) const OPENAI_PATH: &str = "/v1/embeddings";
-/// Largest embeddings answer read (a batch of large vectors as JSON text).
-const BODY_LIMIT: usize = 64 * 1024 * 1024;
+/// Largest embeddings answer read (a batch of large vectors as JSON text):
+/// twice the run event the Edge accepts, since a float takes at least ~8
+/// bytes of JSON and 4 of protobuf.
+const BODY_LIMIT: usize = 2 * iop_proto::wire::MAX_RUN_EVENT_MESSAGE_BYTES;
 
 #[derive(Deserialize)]
 struct OllamaAnswer {

@@ -7,6 +7,8 @@ use super::AdapterError;
 /// run as `response_too_large`. Generous: a single chunk may carry a whole
 /// tool call's arguments.
 pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+// A line becomes at most one run event, which the Edge decodes up to this.
+const _: () = assert!(MAX_LINE_BYTES < iop_proto::wire::MAX_RUN_EVENT_MESSAGE_BYTES);
 
 /// Turns byte chunks into complete lines. A line ends at `\r\n`, `\n` or a
 /// lone `\r`, the three terminators the SSE format allows (NDJSON uses the
