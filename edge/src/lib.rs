@@ -329,7 +329,12 @@ impl Edge {
                     // The largest any call accepts (workspace answers); the
                     // layer holds each call to its own, smaller or equal.
                     .max_decoding_message_size(node::limits::MAX_NODE_MESSAGE_BYTES)
-                    .max_encoding_message_size(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES),
+                    // What the Edge sends: the largest a node accepts of
+                    // a run or tunnel request, or of a workspace call.
+                    .max_encoding_message_size(
+                        iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES
+                            .max(iop_proto::wire::MAX_WORKSPACE_MESSAGE_BYTES),
+                    ),
             )
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async move { grpc_stop.cancelled().await });
         let grpc_task = tokio::spawn(grpc_server);
