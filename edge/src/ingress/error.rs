@@ -83,6 +83,16 @@ fn execution_message(f: &pb::ExecutionFailure) -> String {
     f.message.clone()
 }
 
+/// The provider refused the request as longer than the model's context
+/// window (a client error it recognized as such; see
+/// `iop_proto::provider_error::context_length_exceeded`).
+fn context_length_exceeded(f: &pb::ExecutionFailure) -> bool {
+    f.context_length_exceeded
+        && f.kind() == FailureKind::ProviderHttpStatus
+        && (400..500).contains(&f.provider_status)
+        && !rejects_credential(f.provider_status)
+}
+
 fn job_status(failure: JobFailure) -> StatusCode {
     match failure {
         JobFailure::WorkspaceLost => StatusCode::SERVICE_UNAVAILABLE,
@@ -221,6 +231,9 @@ impl ApiError {
                 FailureKind::ProviderHttpStatus if rejects_credential(f.provider_status) => {
                     "provider_credential_rejected"
                 }
+                // A request too long for the model's context window, in
+                // OpenAI's own code (clients compact or truncate on it).
+                FailureKind::ProviderHttpStatus if context_length_exceeded(f) => "context_length_exceeded",
                 FailureKind::ProviderHttpStatus => "provider_http_status",
                 FailureKind::ProviderProtocol => "provider_protocol",
                 FailureKind::ResponseTooLarge => "response_too_large",
@@ -271,7 +284,13 @@ impl ApiError {
             400..=499 => "invalid_request_error",
             _ => "api_error",
         };
-        json!({ "type": "error", "error": { "type": kind, "message": self.message() } })
+        let message = match self {
+            // Anthropic's own wording for a prompt longer than the context
+            // window, which clients (Claude Code's compaction) look for.
+            Self::Execution(f) if context_length_exceeded(f) => format!("prompt is too long: {}", self.message()),
+            _ => self.message(),
+        };
+        json!({ "type": "error", "error": { "type": kind, "message": message } })
     }
 }
 
@@ -295,6 +314,36 @@ mod tests {
         assert_eq!((too_large.status(), too_large.code()), (StatusCode::BAD_GATEWAY, "response_too_large"));
         assert_eq!(too_large.openai_body()["error"]["code"], "response_too_large");
         assert_eq!(too_large.anthropic_body()["error"]["type"], "api_error");
+    }
+
+    /// A provider's context-length 400 (what llama.cpp's server answers to a
+    /// prompt longer than its context) is each API's own context error:
+    /// OpenAI's `context_length_exceeded` code and Anthropic's `prompt is too
+    /// long` wording, which clients act on (compacting, truncating).
+    #[test]
+    fn a_context_length_error_is_each_apis_own() {
+        let mut too_long = pb::ExecutionFailure::new(
+            FailureKind::ProviderHttpStatus,
+            "provider answered HTTP 400: request (441 tokens) exceeds the available context size (256 tokens)",
+        );
+        too_long.provider_status = 400;
+        too_long.context_length_exceeded = true;
+        let err = ApiError::Execution(too_long.clone());
+        assert_eq!((err.status(), err.code()), (StatusCode::BAD_REQUEST, "context_length_exceeded"));
+        let openai = err.openai_body();
+        assert_eq!(openai["error"]["code"], "context_length_exceeded");
+        assert_eq!(openai["error"]["type"], "invalid_request_error");
+        assert_eq!(openai["error"]["message"], too_long.message, "the provider's reason");
+        let anthropic = err.anthropic_body();
+        assert_eq!(anthropic["error"]["type"], "invalid_request_error");
+        let message = anthropic["error"]["message"].as_str().unwrap();
+        assert_eq!(message, format!("prompt is too long: {}", too_long.message));
+
+        // Any other provider 400 keeps its code and message.
+        too_long.context_length_exceeded = false;
+        let other = ApiError::Execution(too_long.clone());
+        assert_eq!(other.code(), "provider_http_status");
+        assert_eq!(other.anthropic_body()["error"]["message"], too_long.message);
     }
 
     #[test]
