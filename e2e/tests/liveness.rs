@@ -186,6 +186,7 @@ async fn metric_labels_are_closed_sets() {
                 "queue_timeout",
                 "provider_unreachable",
                 "provider_http_status",
+                "context_length_exceeded",
                 "provider_protocol",
                 "transport_lost",
                 "response_stalled",

@@ -264,18 +264,21 @@ async fn a_real_llama_cpp_server_behind_iop() {
 
     let mut tunnel = llama_provider("llama-tunnel", "gemma-tunnel", &main);
     tunnel.mode = ProviderMode::Tunnel;
+    let mut small_tunnel = llama_provider("llama-small-tunnel", "gemma-small-tunnel", &small);
+    small_tunnel.mode = ProviderMode::Tunnel;
     let stack = Stack::start(StackOptions {
         extra_providers: vec![
             llama_provider("llama", "gemma", &main),
             tunnel,
             llama_provider("llama-small", "gemma-small", &small),
             llama_provider("llama-small-fb", "gemma-small-fb", &small),
+            small_tunnel,
         ],
-        context_fallbacks: vec![("gemma-small-fb", "gemma")],
+        context_fallbacks: vec![("gemma-small-fb", "gemma"), ("gemma-small-tunnel", "gemma")],
         ..Default::default()
     })
     .await;
-    for id in ["llama", "llama-tunnel", "llama-small", "llama-small-fb"] {
+    for id in ["llama", "llama-tunnel", "llama-small", "llama-small-fb", "llama-small-tunnel"] {
         wait_until(&format!("{id} available"), WAIT, || async {
             stack.provider_admin(id).await["health"] == "available"
         })
@@ -486,6 +489,15 @@ async fn context_overflow_is_the_apis_error_and_the_fallback_takes_it(stack: &St
     }
     let after = stack.metric("iop_edge_attempts_total{provider=\"llama-small-fb\",outcome=\"context_fallback\"}").await;
     assert_eq!(after - before, 2.0);
+
+    // A tunnel-mode provider's relayed overflow (llama.cpp's own
+    // `exceed_context_size_error` body) is read the same way.
+    let path = "/v1/chat/completions";
+    let (status, body) = json_body(stack.post(path, &request(path, "gemma-small-tunnel", &long, false)).await).await;
+    assert_eq!(status, 200, "the fallback answered: {body}");
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > SMALL_CONTEXT.parse().unwrap(), "{body}");
+    let tunnel = "iop_edge_attempts_total{provider=\"llama-small-tunnel\",outcome=\"context_fallback\"}";
+    assert_eq!(stack.metric(tunnel).await, 1.0);
 
     // A short prompt stays on the small model.
     let (status, body) = json_body(
