@@ -369,6 +369,12 @@ async fn embeddings_are_the_servers_own(stack: &Stack, server: &Llama) {
         assert!(close, "input {i}: the vector is the server's own");
     }
     assert_ne!(data[0]["embedding"], data[1]["embedding"], "different inputs, different vectors");
+
+    // llama.cpp ignores `dimensions`: refused, never another width.
+    let sized = json!({"model": "gemma", "input": inputs, "dimensions": 4});
+    let (status, body) = json_body(stack.post("/v1/embeddings", &sized).await).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("dimensions"), "{body}");
 }
 
 /// `response_format` with a JSON schema reaches the server, whose grammar
