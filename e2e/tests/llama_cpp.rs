@@ -302,6 +302,8 @@ async fn a_real_llama_cpp_server_behind_iop() {
     timed("tunnel");
     context_overflow_is_the_apis_error_and_the_fallback_takes_it(&stack).await;
     timed("context");
+    a_client_that_leaves_frees_the_servers_slot(&stack, &main).await;
+    timed("cancel");
     drop(small);
     a_killed_server_lowers_the_provider_and_its_restart_restores_it(&stack, &parts, main, dir.path()).await;
     timed("restart");
@@ -325,16 +327,22 @@ async fn chat_through_all_three_apis(stack: &Stack) {
 /// `count_tokens` asks the server's own tokenizer over the rendered chat
 /// template: exact, and equal to the input tokens the chat reports.
 async fn count_tokens_is_exact(stack: &Stack) {
-    for text in ["Name three colours.", &"a longer prompt with more words ".repeat(20)] {
-        let mut body = request("/v1/messages", "gemma", text, false);
+    let tool = json!([{"name": "get_weather", "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    let long = "a longer prompt with more words ".repeat(20);
+    for (text, tools) in [("Name three colours.", None), (long.as_str(), None), ("Weather in Paris?", Some(&tool))] {
+        let mut chat = request("/v1/messages", "gemma", text, false);
+        if let Some(tools) = tools {
+            chat["tools"] = tools.clone();
+        }
+        let mut body = chat.clone();
         body.as_object_mut().unwrap().remove("max_tokens");
         body.as_object_mut().unwrap().remove("stream");
         let response = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&body).send().await.unwrap();
         assert_eq!(response.headers()["iop-token-count"], "exact");
         let (status, counted) = json_body(response).await;
         assert_eq!(status, 200, "{counted}");
-        let (status, chat) =
-            json_body(stack.post("/v1/messages", &request("/v1/messages", "gemma", text, false)).await).await;
+        let (status, chat) = json_body(stack.post("/v1/messages", &chat).await).await;
         assert_eq!(status, 200, "{chat}");
         assert_eq!(counted["input_tokens"], chat["usage"]["input_tokens"], "the count is the chat's own");
     }
@@ -515,6 +523,30 @@ async fn context_overflow_is_the_apis_error_and_the_fallback_takes_it(stack: &St
         after,
         stack.metric("iop_edge_attempts_total{provider=\"llama-small-fb\",outcome=\"context_fallback\"}").await
     );
+}
+
+/// A client that stops reading and closes its connection mid-stream ends
+/// the generation on the server (llama.cpp's `/slots` shows no slot busy),
+/// normalized or tunnelled: the tiny model never stops by itself, so an
+/// abandoned run would otherwise keep the Mac busy until `max_tokens`.
+async fn a_client_that_leaves_frees_the_servers_slot(stack: &Stack, server: &Llama) {
+    let slots = format!("{}/slots", server.url());
+    let busy = || async {
+        let (status, slots) = json_body(stack.client.get(&slots).send().await.unwrap()).await;
+        assert_eq!(status, 200, "{slots}");
+        slots.as_array().unwrap().iter().filter(|s| s["is_processing"] == true).count()
+    };
+    for model in ["gemma", "gemma-tunnel"] {
+        let mut body = request("/v1/chat/completions", model, "Count to ten thousand.", true);
+        body["max_tokens"] = json!(4000);
+        let mut response = stack.post("/v1/chat/completions", &body).await;
+        assert_eq!(response.status(), 200);
+        let first = tokio::time::timeout(GENERATION_WAIT, response.chunk()).await.expect("a first chunk in time");
+        assert!(first.unwrap().is_some_and(|c| !c.is_empty()), "{model}: the stream started");
+        wait_until(&format!("{model}: the server generating"), WAIT, || async { busy().await == 1 }).await;
+        drop(response);
+        wait_until(&format!("{model}: no slot busy after the client left"), WAIT, || async { busy().await == 0 }).await;
+    }
 }
 
 /// The server killed: its providers are lowered (`unavailable`) and the
