@@ -470,6 +470,15 @@ async fn tunnel_relays_the_servers_answer(stack: &Stack) {
         json_body(stack.post("/v1/messages", &request("/v1/messages", "gemma-tunnel", "Hi.", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["type"], "message", "{body}");
+
+    // So are its token counts: exact, and the chat's own.
+    let mut count = request("/v1/messages", "gemma-tunnel", "Hi.", false);
+    count.as_object_mut().unwrap().retain(|key, _| !["max_tokens", "stream"].contains(&key.as_str()));
+    let response = stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&count).send().await.unwrap();
+    assert_eq!(response.headers()["iop-token-count"], "exact");
+    let (status, counted) = json_body(response).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted["input_tokens"], body["usage"]["input_tokens"], "{counted} {body}");
 }
 
 /// A prompt longer than the small server's context: each API answers its
