@@ -179,36 +179,42 @@ async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u
         let (status, body) = json_body(response).await;
         assert_eq!(status, 200, "{what}: {body}");
         let usage = &body["usage"];
-        let (input, output) = match path {
+        let (input, output, bounded) = match path {
             "/v1/chat/completions" => {
                 assert_eq!(body["object"], "chat.completion", "{body}");
-                assert!(["length", "stop"].contains(&body["choices"][0]["finish_reason"].as_str().unwrap()), "{body}");
+                let finish = body["choices"][0]["finish_reason"].as_str().unwrap();
+                assert!(["length", "stop"].contains(&finish), "{body}");
                 assert!(body["choices"][0]["message"]["content"].is_string(), "{body}");
                 assert_eq!(
                     usage["total_tokens"],
                     usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
                 );
-                (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64())
+                (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64(), finish == "length")
             }
             "/v1/responses" => {
                 assert_eq!(body["object"], "response", "{body}");
-                assert!(["completed", "incomplete"].contains(&body["status"].as_str().unwrap()), "{body}");
+                let incomplete = body["status"] == "incomplete";
+                assert!(incomplete || body["status"] == "completed", "{body}");
+                if incomplete {
+                    assert_eq!(body["incomplete_details"]["reason"], "max_output_tokens", "{body}");
+                }
                 assert_eq!(body["output"][0]["type"], "message", "{body}");
-                (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64())
+                (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64(), incomplete)
             }
             _ => {
                 assert_eq!(body["type"], "message", "{body}");
-                assert!(["max_tokens", "end_turn"].contains(&body["stop_reason"].as_str().unwrap()), "{body}");
+                let stop = body["stop_reason"].as_str().unwrap();
+                assert!(["max_tokens", "end_turn"].contains(&stop), "{body}");
                 assert_eq!(body["content"][0]["type"], "text", "{body}");
-                (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64())
+                (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64(), stop == "max_tokens")
             }
         };
-        return check_usage(&what, input, output);
+        return check_usage(&what, input, output, bounded);
     }
     assert_eq!(status, 200, "{what}");
     let events = sse(response).await;
     let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
-    let (input, output) = match path {
+    let (input, output, bounded) = match path {
         "/v1/chat/completions" => {
             assert_eq!(events.last().unwrap().1, "[DONE]", "{events:?}");
             let chunks: Vec<&Value> = events[..events.len() - 1].iter().map(|(_, data)| data).collect();
@@ -217,7 +223,8 @@ async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u
                 chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).copied().collect();
             assert_eq!(finishes.len(), 1, "one finish reason: {chunks:?}");
             let usage = &chunks.iter().find(|c| c["usage"].is_object()).expect("a usage chunk")["usage"];
-            (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64())
+            let bounded = finishes[0]["choices"][0]["finish_reason"] == "length";
+            (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64(), bounded)
         }
         "/v1/responses" => {
             assert_eq!(names.first(), Some(&"response.created"), "{names:?}");
@@ -228,7 +235,8 @@ async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u
             assert!(position("response.output_item.added") < position("response.output_text.delta"));
             assert!(position("response.output_text.done") < position("response.output_item.done"));
             let usage = &events.last().unwrap().1["response"]["usage"];
-            (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64())
+            let bounded = names.last() == Some(&"response.incomplete");
+            (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64(), bounded)
         }
         _ => {
             assert_eq!(names.first(), Some(&"message_start"), "{names:?}");
@@ -243,16 +251,22 @@ async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u
             assert!(["max_tokens", "end_turn"].contains(&delta["delta"]["stop_reason"].as_str().unwrap()), "{delta}");
             // The Edge streams before the provider counts: `message_start`
             // carries 0 and the counts arrive in `message_delta`.
-            (delta["usage"]["input_tokens"].as_u64(), delta["usage"]["output_tokens"].as_u64())
+            let bounded = delta["delta"]["stop_reason"] == "max_tokens";
+            (delta["usage"]["input_tokens"].as_u64(), delta["usage"]["output_tokens"].as_u64(), bounded)
         }
     };
-    check_usage(&what, input, output)
+    check_usage(&what, input, output, bounded)
 }
 
-fn check_usage(what: &str, input: Option<u64>, output: Option<u64>) -> (u64, u64) {
+/// Checks the usage an answer reports and returns its (input, output)
+/// tokens; `bounded`: the answer says it stopped at `max_tokens`.
+fn check_usage(what: &str, input: Option<u64>, output: Option<u64>, bounded: bool) -> (u64, u64) {
     let (input, output) = (input.expect(what), output.expect(what));
     assert!(input > 0, "{what}: input tokens");
     assert!((1..=MAX_TOKENS).contains(&output), "{what}: {output} output tokens, bounded by {MAX_TOKENS}");
+    if bounded {
+        assert_eq!(output, MAX_TOKENS, "{what}: stopped by the bound after exactly {MAX_TOKENS} tokens");
+    }
     (input, output)
 }
 
