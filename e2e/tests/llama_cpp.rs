@@ -2,7 +2,8 @@
 //! `llama-server` running a tiny real model (Gemma 3 270M, Q4_K_M), behind a
 //! real `iop-edge`: chat through the three client APIs, exact token counts,
 //! embeddings, `response_format` under a JSON schema, a context overflow and
-//! its fallback, a tunnel-mode provider, and the server's death and return.
+//! its fallback, a tunnel-mode provider, a client leaving mid-stream, and
+//! the server's death and return.
 //!
 //! The model is poor at following instructions and never stops by itself, so
 //! the assertions are protocol facts (statuses, event order, token counts,
