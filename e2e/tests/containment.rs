@@ -1,9 +1,10 @@
 //! What a workspace command can reach on the node's machine, tried by real
 //! hostile commands through real `iop-edge` and `iop-node` processes (the
-//! admin workspace diagnostic runs them): the Linux sandbox denies each
-//! escape the README's threat model names, and a command's processes never
-//! outlive it. Where this machine has no Landlock the node refuses every
-//! command, and the test checks that instead.
+//! admin workspace diagnostic runs them): the sandbox (Landlock on Linux,
+//! Seatbelt on macOS: `.github/workflows/macos.yml`) denies each escape the
+//! README's threat model names, and a command's processes never outlive
+//! it. Where this machine has no sandbox the node refuses every command,
+//! and the test checks that instead, unless `IOP_REQUIRE_SANDBOX` is set.
 
 mod common;
 
@@ -16,6 +17,28 @@ use serde_json::{Value, json};
 
 fn command(id: &str, script: &str) -> WorkspaceCommand {
     WorkspaceCommand { id: id.into(), argv: vec!["bash".into(), "-c".into(), script.into()], timeout_ms: 60_000 }
+}
+
+/// Reads the node's environment: on Linux its `/proc/<pid>/environ`; on
+/// macOS (no `/proc`) what `ps -E` shows of a process of the same user
+/// (`KERN_PROCARGS2`). Exits 0 only when the environment was read (and
+/// prints none of it).
+const NODE_ENVIRON: &str = if cfg!(target_os = "macos") {
+    "ps -E -ww -o command= -p $(cat node.pid) | grep -q PATH= || exit 42"
+} else {
+    "cat /proc/$(cat node.pid)/environ || exit 42"
+};
+
+/// A machine without a command sandbox passes these tests by showing that
+/// every command is refused; CI on a machine that has one (the macOS
+/// workflow) sets `IOP_REQUIRE_SANDBOX`, so that a node that found none
+/// fails them instead.
+fn no_sandbox_here() {
+    assert!(
+        std::env::var_os("IOP_REQUIRE_SANDBOX").is_none(),
+        "IOP_REQUIRE_SANDBOX is set but the node found no command sandbox"
+    );
+    eprintln!("no command sandbox on this machine: checking that every command is refused instead");
 }
 
 /// The commands an attacker would write. `node.pid` and `edge.port` are
@@ -34,12 +57,15 @@ fn site(root: &Path, outside: &Path, node_key: &Path) -> WorkspaceEntry {
             command("outside", &format!("echo x > {outside}/planted || exit 42")),
             command("reserved", "mkdir -p .iop/planted || exit 42"),
             command("node_key", &format!("cat {key} || exit 42")),
-            command("node_environ", "cat /proc/$(cat node.pid)/environ || exit 42"),
+            command("node_environ", NODE_ENVIRON),
             command("signal_node", "kill -STOP $(cat node.pid) || exit 42"),
             command("tcp", "exec 3<>/dev/tcp/127.0.0.1/$(cat edge.port) || exit 42"),
             command("unix", "perl -MSocket -e 'socket(my $s, PF_UNIX, SOCK_STREAM, 0) or exit 42'"),
-            command("escape", "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > escaped.pid"),
-            command("linger", "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > lingering.pid; wait"),
+            command("escape", &format!("{SETSID} sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > escaped.pid")),
+            command(
+                "linger",
+                &format!("{SETSID} sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > lingering.pid; wait"),
+            ),
         ],
         env_allowlist: vec!["PATH".into()],
         limits: Default::default(),
@@ -128,7 +154,8 @@ async fn a_hostile_command_stays_inside_what_the_owner_consented_to() {
     let ids = ["inside", "outside", "reserved", "node_key", "node_environ", "signal_node", "tcp", "unix"];
     let results = run(stack, &ids).await;
     if sandbox == "unavailable" {
-        // No Landlock here: every command is refused, nothing ran.
+        // No sandbox here: every command is refused, nothing ran.
+        no_sandbox_here();
         assert!(results.iter().all(|r| r["result"] == "sandbox_unavailable"), "{results:?}");
         assert!(!f.root.join("made.txt").exists());
         return;
@@ -160,6 +187,7 @@ async fn nothing_a_command_started_outlives_it() {
     let f = start().await;
     let results = run(&f.stack, &["escape"]).await;
     if results[0]["result"] == "sandbox_unavailable" {
+        no_sandbox_here();
         return;
     }
     assert_eq!(results[0]["exit_code"], 0, "{results:?}");

@@ -433,11 +433,25 @@ pub fn job_dirs(root: &std::path::Path) -> Vec<String> {
 }
 
 /// Whether process `pid` exists and is not a zombie (nothing may reap an
-/// orphan promptly in a container).
+/// orphan promptly in a container). Linux reads `/proc`; macOS has none,
+/// so POSIX `ps` answers there (empty when the process is gone).
 pub fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    if cfg!(target_os = "linux") {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    } else {
+        let ps = std::process::Command::new("ps").args(["-o", "stat=", "-p", &pid.to_string()]).output();
+        ps.is_ok_and(|out| {
+            let state = String::from_utf8_lossy(&out.stdout);
+            !state.trim().is_empty() && !state.trim_start().starts_with('Z')
+        })
+    }
 }
+
+/// `setsid PROGRAM ARGS...` for workspace command scripts on every
+/// platform: macOS has no `setsid(1)`; both have perl (as the node's own
+/// tests do it).
+pub const SETSID: &str = "perl -MPOSIX -e 'POSIX::setsid() or die qq(setsid: $!); exec @ARGV or die qq(exec: $!)'";
 
 /// The pid a workspace command wrote to `<root>/grandchild.pid` (the
 /// commands of the workspace tests start a grandchild and record it).

@@ -16,6 +16,12 @@ const EXE_DIR: &str = "bin & 100% $HOME";
 
 const UID: u32 = 501;
 
+/// An executable that exists here: `/usr/bin/true` (macOS has no
+/// `/bin/true`), or `/bin/true` on a Linux without merged `/usr`.
+fn true_exe() -> &'static Path {
+    ["/usr/bin/true", "/bin/true"].into_iter().map(Path::new).find(|p| p.exists()).expect("no true(1)")
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     host: Host,
@@ -37,7 +43,7 @@ impl Fixture {
         .unwrap();
         let exe = dir.path().join(EXE_DIR).join("iop-node");
         std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-        std::fs::copy("/bin/true", &exe).unwrap();
+        std::fs::copy(true_exe(), &exe).unwrap();
         let spec = ServiceSpec::prepare(&exe, &config).unwrap();
         Self { host: Host { home, xdg_config_home: None, uid: UID }, spec, dir }
     }
@@ -383,7 +389,7 @@ fn systemd_analyze_accepts_the_unit() {
 #[test]
 fn prepare_refuses_a_config_the_node_would_refuse() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = Path::new("/bin/true");
+    let exe = true_exe();
     let missing = ServiceSpec::prepare(exe, &dir.path().join("nope.yaml")).unwrap_err().to_string();
     assert!(missing.starts_with("refusing to install: cannot read config file"), "{missing}");
     let bad = dir.path().join("bad.yaml");
@@ -401,7 +407,7 @@ fn prepare_makes_a_relative_config_absolute() {
     let f = Fixture::new();
     let cwd = std::env::current_dir().unwrap();
     let relative = pathdiff(Path::new(f.spec.config()), &cwd);
-    let spec = ServiceSpec::prepare(Path::new("/bin/true"), &relative).unwrap();
+    let spec = ServiceSpec::prepare(true_exe(), &relative).unwrap();
     assert!(Path::new(spec.config()).is_absolute(), "{}", spec.config());
     assert!(Path::new(spec.config()).exists());
 }

@@ -225,6 +225,7 @@ async fn stop(
 
 #[cfg(test)]
 mod tests {
+    use super::super::sandbox::SETSID;
     use super::*;
 
     fn argv(args: &[&str]) -> Vec<String> {
@@ -305,12 +306,8 @@ mod tests {
     /// returned; its pipe closes a moment before it is a zombie, so this
     /// waits for that (bounded) instead of reading one snapshot.
     fn ended(pid: i32) -> bool {
-        let dead = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-        };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !dead() {
+        while super::super::sandbox::running(pid) {
             if Instant::now() > deadline {
                 return false;
             }
@@ -376,9 +373,11 @@ mod tests {
     #[tokio::test]
     async fn setsid_and_double_fork_escapes_end_with_the_command() {
         let tmp = tempfile::tempdir().unwrap();
-        let script = "setsid sleep 3000 </dev/null >/dev/null 2>&1 & echo $!; \
-                      (sleep 3000 </dev/null >/dev/null 2>&1 & echo $!) ; exit 0";
-        let result = run_in(tmp.path(), &["sh", "-c", script], &["PATH"], 10_000, 1024).await;
+        let script = format!(
+            "{SETSID} sleep 3000 </dev/null >/dev/null 2>&1 & echo $!; \
+             (sleep 3000 </dev/null >/dev/null 2>&1 & echo $!) ; exit 0"
+        );
+        let result = run_in(tmp.path(), &["sh", "-c", &script], &["PATH"], 10_000, 1024).await;
         assert_eq!(result.exit, Exit::Code(0));
         let pids: Vec<i32> =
             String::from_utf8(result.output).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect();
@@ -393,8 +392,8 @@ mod tests {
     #[tokio::test]
     async fn a_leftover_holding_the_pipe_does_not_hold_the_call() {
         let tmp = tempfile::tempdir().unwrap();
-        let script = "setsid sh -c 'trap \"\" TERM; echo $$; sleep 3000' & sleep 0.2; exit 7";
-        let result = run_in(tmp.path(), &["sh", "-c", script], &["PATH"], 120_000, 1024).await;
+        let script = format!("{SETSID} sh -c 'trap \"\" TERM; echo $$; sleep 3000' & sleep 0.2; exit 7");
+        let result = run_in(tmp.path(), &["sh", "-c", &script], &["PATH"], 120_000, 1024).await;
         assert_eq!((result.exit, result.timed_out), (Exit::Code(7), false));
         assert!(result.duration < Duration::from_secs(60), "the call waited on the leftover: {:?}", result.duration);
         let leftover: i32 = String::from_utf8(result.output).unwrap().trim().parse().unwrap();
@@ -405,18 +404,20 @@ mod tests {
     #[tokio::test]
     async fn a_timeout_ends_escapes_that_ignore_term() {
         let tmp = tempfile::tempdir().unwrap();
-        let script = "setsid sh -c 'trap \"\" TERM; sleep 3000' & echo $!; trap '' TERM; sleep 3000";
-        let result = run_in(tmp.path(), &["sh", "-c", script], &["PATH"], 300, 1024).await;
+        let script = format!("{SETSID} sh -c 'trap \"\" TERM; sleep 3000' & echo $!; trap '' TERM; sleep 3000");
+        let result = run_in(tmp.path(), &["sh", "-c", &script], &["PATH"], 300, 1024).await;
         assert!(result.timed_out);
         assert_eq!(result.exit, Exit::Signal(libc::SIGKILL));
         let escaped: i32 = String::from_utf8(result.output).unwrap().trim().parse().unwrap();
         assert!(ended(escaped), "{escaped} outlived the timeout");
     }
 
-    /// Each denial of the Linux sandbox, tried by a real command: no write
-    /// outside the root or into `.iop`, no read of the node's files or of
-    /// its `/proc/<pid>/environ`, no socket; the root itself stays usable.
-    #[cfg(target_os = "linux")]
+    /// Each denial of the sandbox (Landlock on Linux, Seatbelt on macOS,
+    /// where `.github/workflows/macos.yml` runs it), tried by a real
+    /// command: no write outside the root or into `.iop`, no read of the
+    /// node's files, its environment or the home directory, no signal to
+    /// the node, no socket; the root itself stays usable.
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
     #[tokio::test]
     async fn the_sandbox_holds_a_hostile_command_in_its_workspace() {
         let tmp = tempfile::tempdir().unwrap();
@@ -435,27 +436,52 @@ mod tests {
         let node_pid = std::process::id();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        // Each probe prints `<name>=ok` or `<name>=denied`.
-        let script = format!(
-            "try() {{ if eval \"$2\" >/dev/null 2>&1; then echo \"$1=ok\"; else echo \"$1=denied\"; fi; }}
-            try write_root 'echo x > mine.txt'
-            try read_root 'cat mine.txt'
-            try read_system 'cat /etc/hostname || cat /etc/passwd'
-            try read_owner_path 'cat {outside}/readme'
-            try list_carved_parent 'ls {base}'
-            try write_outside 'echo x > {outside}/x'
-            try write_reserved 'echo x > .iop/job/planted'
-            try read_node_key 'cat {node}/node-key.pem'
-            try list_node_dir 'ls {node}'
-            try read_node_environ 'cat /proc/{node_pid}/environ'
-            try read_own_proc 'read -r line < /proc/self/status'
-            try signal_node 'kill -0 {node_pid}'
-            try tcp_socket 'exec 3<>/dev/tcp/127.0.0.1/{port}'
-            try python_socket 'python3 -c \"import socket; socket.socket(socket.AF_UNIX)\"'",
-            base = base.display(),
-            outside = outside.display(),
-            node = node_dir.display(),
+        let (base, outside_dir, node) = (base.display(), outside.display(), node_dir.display());
+        let macos = cfg!(target_os = "macos");
+        // (name, command, verdict): each probe prints `<name>=ok` or
+        // `<name>=denied`. No command holds a single quote.
+        let mut probes: Vec<(&str, String, &str)> = vec![
+            ("write_root", "echo x > mine.txt".into(), "ok"),
+            ("read_root", "cat mine.txt".into(), "ok"),
+            ("read_system", "cat /etc/hostname || cat /etc/passwd".into(), "ok"),
+            ("read_owner_path", format!("cat {outside_dir}/readme"), "ok"),
+            // Landlock cannot except a path from a rule: the owner's path is
+            // carved into its children and is no longer listable itself.
+            // Seatbelt excepts the node's directory (`require-not`) and
+            // leaves the owner's path readable.
+            ("list_owner_path", format!("ls {base}"), if macos { "ok" } else { "denied" }),
+            ("write_outside", format!("echo x > {outside_dir}/x"), "denied"),
+            ("write_reserved", "echo x > .iop/job/planted".into(), "denied"),
+            ("read_node_key", format!("cat {node}/node-key.pem"), "denied"),
+            ("list_node_dir", format!("ls {node}"), "denied"),
+        ];
+        if macos {
+            // No `/proc`: `ps -E` shows a same-user process's environment.
+            let home = std::env::var("HOME").unwrap();
+            probes.push((
+                "read_node_environ",
+                format!("ps -E -ww -o command= -p {node_pid} | grep -q PATH="),
+                "denied",
+            ));
+            probes.push(("read_home", format!("ls {home}"), "denied"));
+        } else {
+            probes.push(("read_node_environ", format!("cat /proc/{node_pid}/environ"), "denied"));
+            probes.push(("read_own_proc", "read -r line < /proc/self/status".into(), "ok"));
+        }
+        probes.push(("signal_node", format!("kill -0 {node_pid}"), "denied"));
+        probes.push(("tcp_socket", format!("exec 3<>/dev/tcp/127.0.0.1/{port}"), "denied"));
+        probes.push(if macos {
+            ("unix_socket", "perl -MSocket -e \"socket(my \\$s, PF_UNIX, SOCK_STREAM, 0) or exit 1\"".into(), "denied")
+        } else {
+            ("python_socket", "python3 -c \"import socket; socket.socket(socket.AF_UNIX)\"".into(), "denied")
+        });
+        let mut script = String::from(
+            "try() { if eval \"$2\" >/dev/null 2>&1; then echo \"$1=ok\"; else echo \"$1=denied\"; fi; }\n",
         );
+        for (name, command, _) in &probes {
+            assert!(!command.contains('\''), "{command}");
+            script.push_str(&format!("try {name} '{command}'\n"));
+        }
         let (argv, env) = (argv(&["bash", "-c", &script]), argv(&["PATH"]));
         let spec = CommandSpec {
             argv: &argv,
@@ -470,26 +496,8 @@ mod tests {
         let result = run(&dir, &spec, &CancellationToken::new()).await.unwrap();
         let text = String::from_utf8(result.output).unwrap();
         let verdicts: Vec<&str> = text.lines().collect();
-        assert_eq!(
-            verdicts,
-            [
-                "write_root=ok",
-                "read_root=ok",
-                "read_system=ok",
-                "read_owner_path=ok",
-                "list_carved_parent=denied",
-                "write_outside=denied",
-                "write_reserved=denied",
-                "read_node_key=denied",
-                "list_node_dir=denied",
-                "read_node_environ=denied",
-                "read_own_proc=ok",
-                "signal_node=denied",
-                "tcp_socket=denied",
-                "python_socket=denied",
-            ],
-            "{text}"
-        );
+        let want: Vec<String> = probes.iter().map(|(name, _, verdict)| format!("{name}={verdict}")).collect();
+        assert_eq!(verdicts, want, "{text}");
         assert!(!outside.join("x").exists() && !root.join(".iop/job/planted").exists());
         assert_eq!(std::fs::read_to_string(root.join("mine.txt")).unwrap(), "x\n");
         drop(listener);

@@ -190,6 +190,29 @@ pub fn test_supervisor() -> PathBuf {
     path
 }
 
+/// Whether process `pid` still runs: it exists and is not a zombie (an
+/// orphan may wait a moment for its new parent to reap it). Linux reads
+/// `/proc`; macOS has none, so POSIX `ps` answers there (empty when the
+/// process is gone).
+#[cfg(test)]
+pub fn running(pid: i32) -> bool {
+    if cfg!(target_os = "linux") {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])))
+    } else {
+        let ps = std::process::Command::new("ps").args(["-o", "stat=", "-p", &pid.to_string()]).output();
+        ps.is_ok_and(|out| {
+            let state = String::from_utf8_lossy(&out.stdout);
+            !state.trim().is_empty() && !state.trim_start().starts_with('Z')
+        })
+    }
+}
+
+/// `setsid PROGRAM ARGS...` for test scripts on every platform: macOS has
+/// no `setsid(1)`; both have perl. Dies loudly if `setsid(2)` fails.
+#[cfg(test)]
+pub const SETSID: &str = "perl -MPOSIX -e 'POSIX::setsid() or die qq(setsid: $!); exec @ARGV or die qq(exec: $!)'";
+
 #[cfg(test)]
 mod tests {
     use super::*;

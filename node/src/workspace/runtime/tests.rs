@@ -206,8 +206,7 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 }
 
 fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    crate::workspace::sandbox::running(pid)
 }
 
 async fn grandchild(root: &Path) -> i32 {
