@@ -144,6 +144,8 @@ pub struct Stores {
     pub templates: Store<DeserializeGuard<WorkspaceTemplate>>,
     /// The Edge pods (by `IOP_EDGE_POD_SELECTOR`).
     pub pods: Store<Pod>,
+    /// `iop-edge-config` (at most one object).
+    pub config_map: Store<ConfigMap>,
 }
 
 /// An object that did not decode: only its metadata is known.
@@ -184,6 +186,7 @@ impl Stores {
         split(Kind::NodeCatalog, self.nodes.state(), &mut read.snapshot.nodes, &mut read.undecodable);
         split(Kind::WorkspaceTemplate, self.templates.state(), &mut read.snapshot.templates, &mut read.undecodable);
         read.snapshot.replicas = replica_ids(self.pods.state().iter().map(|p| p.as_ref()));
+        read.snapshot.edge_config_map = self.config_map.state().first().map(|c| c.as_ref().clone());
         read
     }
 }
@@ -322,15 +325,16 @@ pub fn secret_signals(
 }
 
 /// Signals every change (a new `resourceVersion`) and every deletion of an
-/// object of a metadata-only watch whose name `matters`. A watch restart
-/// replays objects it already delivered: an unchanged version is no change.
+/// object (of a metadata-only watch, or of a whole object's) whose name
+/// `matters`. A watch restart replays objects it already delivered: an
+/// unchanged version is no change.
 pub fn meta_signals<K>(
     kind: Kind,
     matters: impl Fn(&str) -> bool + Send + 'static,
-    events: impl Stream<Item = Result<Event<PartialObjectMeta<K>>, watcher::Error>> + Send + 'static,
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 ) -> Signals
 where
-    K: Send + 'static,
+    K: Resource + Send + 'static,
 {
     // The last resourceVersion seen of each object.
     let mut versions: HashMap<String, Option<String>> = HashMap::new();
@@ -343,17 +347,17 @@ where
                     None
                 }
                 Ok(Event::InitApply(object)) => {
-                    versions.insert(name_of(&object.metadata), object.metadata.resource_version.clone());
+                    versions.insert(name_of(object.meta()), object.meta().resource_version.clone());
                     None
                 }
                 Ok(Event::InitDone) => Some(Signal::Listed(kind)),
                 Ok(Event::Apply(object)) => {
-                    let (name, version) = (name_of(&object.metadata), object.metadata.resource_version);
+                    let (name, version) = (name_of(object.meta()), object.meta().resource_version.clone());
                     let moved = versions.insert(name.clone(), version.clone()) != Some(version);
                     (moved && matters(&name)).then_some(Signal::Changed(kind))
                 }
                 Ok(Event::Delete(object)) => {
-                    let name = name_of(&object.metadata);
+                    let name = name_of(object.meta());
                     versions.remove(&name);
                     matters(&name).then_some(Signal::Changed(kind))
                 }
@@ -423,12 +427,18 @@ pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, S
         meta_signals(Kind::OwnedSecret, |_| true, metadata(watcher::Config::default().labels(MANAGED_BY_SELECTOR)));
     let ca_by_name = format!("metadata.name={CA_SECRET}");
     let ca = meta_signals(Kind::CaSecret, |_| true, metadata(watcher::Config::default().fields(&ca_by_name)));
-    let config_maps: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client.clone(), namespace);
+    // The ConfigMap is watched whole (by name): the reconcile compares the
+    // config it would apply with the one there and sends nothing when they
+    // are the same (`reconcile::unchanged`).
+    let (config_map, writer) = reflector::store();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let by_name = format!("metadata.name={CONFIG_MAP_NAME}");
-    let events = watcher::watcher(config_maps, watcher::Config::default().fields(&by_name)).default_backoff();
-    let c = meta_signals(Kind::EdgeConfigMap, |_| true, events);
+    let events = watcher::watcher(config_maps, watcher::Config::default().fields(&by_name))
+        .default_backoff()
+        .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None);
+    let c = meta_signals(Kind::EdgeConfigMap, |_| true, reflector::reflector(writer, events));
     let signals = stream::select_all([p, n, t, e, s, owned, ca, c]).boxed();
-    (Stores { providers, nodes, templates, pods }, signals)
+    (Stores { providers, nodes, templates, pods, config_map }, signals)
 }
 
 /// Exponential backoff without jitter (one reconciler per namespace has
