@@ -402,7 +402,13 @@ struct Operator {
 }
 
 impl Operator {
+    /// Starts one and waits until it leads.
     fn start(plane: &ControlPlane, ns: &Namespace, pod: &str) -> Self {
+        Self::start_until(plane, ns, pod, "leading: reconciling")
+    }
+
+    /// Starts one and returns once it logged `marker`.
+    fn start_until(plane: &ControlPlane, ns: &Namespace, pod: &str, marker: &str) -> Self {
         let rendered = plane.helm_template(&ns.name, &["--show-only", "templates/operator-deployment.yaml"]);
         let deployment: Value = serde_saphyr::from_str(&rendered).expect("the operator Deployment renders");
         let metrics = free_addr();
@@ -421,7 +427,7 @@ impl Operator {
             .env("KUBECONFIG", &ns.operator_kubeconfig);
         let log = plane.dir.path().join(format!("{}-{pod}.log", ns.name));
         let mut process = Spawned::spawn(command, log);
-        process.wait_for_log("leading: reconciling", WAIT);
+        process.wait_for_log(marker, WAIT);
         Self { process, metrics }
     }
 
@@ -580,6 +586,27 @@ fn operator_reconciles_as_its_service_account(plane: &ControlPlane) {
         "the restarted operator sent write requests: {:?}",
         writes.iter().map(|e| format!("{} {}/{}", e.verb, e.resource, e.name)).collect::<Vec<_>>()
     );
+
+    // Leader failover: a second replica waits on the Lease while the first
+    // leads; when the leader stops (SIGTERM releases the Lease) it takes
+    // over and acts (a deleted ConfigMap is restored by it).
+    let standby = Operator::start_until(plane, &ns, "iop-operator-c", "CRDs established");
+    let holder = || {
+        plane.get_json(&["-n", &ns.name, "lease", "iop-operator-leader"]).expect("the Lease")["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert_eq!(holder(), "iop-operator-b");
+    assert!(!standby.process.log_text().contains("leading:"), "two leaders");
+    assert!(operator.process.terminate().success());
+    let mut operator = standby;
+    operator.process.wait_for_log("leading: reconciling", WAIT);
+    assert_eq!(holder(), "iop-operator-c");
+    plane.kubectl(&["-n", &ns.name, "delete", "configmap", "iop-edge-config"]);
+    wait_until("the new leader restores the ConfigMap", Duration::from_secs(10), || {
+        edge_config(plane, &ns.name).is_some()
+    });
 
     // Finalizers released on delete: the NodeCatalog goes once its node is out
     // of the applied config; its Provider reports NodeNotFound; the garbage
