@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,10 @@ fn operator_on_a_real_api_server() {
     let step = Instant::now();
     operator_reconciles_as_its_service_account(&plane);
     eprintln!("operator steps: {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    edges_and_a_node_fed_from_the_cluster(&plane);
+    eprintln!("Edge replicas and node: {:.1} s", step.elapsed().as_secs_f64());
     eprintln!("cluster suite: {:.1} s in all", started.elapsed().as_secs_f64());
 }
 
@@ -671,4 +676,243 @@ fn rights_used_or_explained(ns: &Namespace, audit: &[AuditEvent], user: &str) {
         used.len(),
         granted.len()
     );
+}
+
+// ---------------------------------------------------------------------------
+// Two stand-in Edge pods (Pod objects whose status is patched: there is no
+// kubelet), two real `iop-edge` processes fed the ConfigMap and Secrets read
+// back from the API server, a real `iop-node` with a bundle from
+// `iop-operator node-bundle` behind a TCP load balancer (the gRPC Service's
+// part), and a real mock provider.
+
+/// The chart's Edge pod labels (`IOP_EDGE_POD_SELECTOR`).
+const EDGE_LABELS: [(&str, &str); 3] =
+    [("app.kubernetes.io/name", "iop"), ("app.kubernetes.io/instance", "iop"), ("app.kubernetes.io/component", "edge")];
+/// The client API key of the Edge's keys file (the Secret
+/// `edge.auth.keysSecret` the chart mounts), and that file.
+const API_KEY: &str = "iop-example-key-do-not-use";
+const KEYS_FILE: &str = "principals:\n  - name: cluster-test\n    \
+    key_sha256: dc30dbe25602db5b51f1eba47aafb28349f3cd40a1dc4b8827e420127987a3dd\n    models: [\"mock-openai\"]\n";
+/// The admin port the operator reads each replica at (`<pod IP>:8081`).
+const ADMIN_PORT: u16 = 8081;
+
+fn stand_in_pod(plane: &ControlPlane, ns: &str, name: &str, ip: &str) {
+    let labels: serde_json::Map<String, Value> = EDGE_LABELS.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "labels": labels },
+        "spec": { "containers": [ { "name": "edge", "image": "iop-edge:0.1.0" } ] },
+    });
+    plane.kubectl_stdin(&["apply", "-n", ns, "-f", "-"], &pod.to_string());
+    let status = json!({ "status": {
+        "phase": "Running", "podIP": ip, "podIPs": [ { "ip": ip } ],
+        "conditions": [ { "type": "Ready", "status": "True" } ],
+    }});
+    plane.kubectl(&["-n", ns, "patch", "pod", name, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
+}
+
+/// A key of a Secret, decoded.
+fn secret_value(plane: &ControlPlane, ns: &str, secret: &str, key: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let object = plane.get_json(&["-n", ns, "secret", secret]).unwrap_or_else(|| panic!("Secret {secret}"));
+    let encoded = object["data"][key].as_str().unwrap_or_else(|| panic!("{secret} has no {key}"));
+    base64::engine::general_purpose::STANDARD.decode(encoded).expect("base64")
+}
+
+fn free_port_on(ip: &str) -> SocketAddr {
+    std::net::TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap()
+}
+
+/// One Edge replica: the pod's mounts (config, TLS, keys) written from the
+/// cluster's objects, its listeners on the pod's IP.
+struct EdgeReplica {
+    http: SocketAddr,
+    process: Option<Spawned>,
+}
+
+fn start_edge(plane: &ControlPlane, ns: &str, pod: &str, ip: &str) -> EdgeReplica {
+    let dir = plane.dir.path().join(pod);
+    std::fs::create_dir_all(&dir).unwrap();
+    for key in ["ca.pem", "edge.pem", "edge-key.pem"] {
+        std::fs::write(dir.join(key), secret_value(plane, ns, "iop-edge-tls", key)).unwrap();
+    }
+    // The config as the operator rendered it; only what the pod's mounts
+    // and network give differs here (paths, the pod IP).
+    let text = edge_config_text(plane, ns).expect("the Edge config");
+    let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).expect("the Edge accepts it");
+    config.listen.http = free_port_on(ip);
+    config.listen.grpc = free_port_on(ip);
+    config.listen.admin = format!("{ip}:{ADMIN_PORT}").parse().unwrap();
+    config.tls.ca_file = dir.join("ca.pem");
+    config.tls.cert_file = dir.join("edge.pem");
+    config.tls.key_file = dir.join("edge-key.pem");
+    assert_eq!(config.auth.keys_file.as_deref(), Some(Path::new("/etc/iop/keys/keys.yaml")));
+    std::fs::write(dir.join("keys.yaml"), KEYS_FILE).unwrap();
+    config.auth.keys_file = Some(dir.join("keys.yaml"));
+    let path = dir.join("edge.yaml");
+    std::fs::write(&path, config.to_yaml()).unwrap();
+    let mut command = Command::new(bin("iop-edge"));
+    command.args(["--config", path.to_str().unwrap(), "--replica-id", pod, "--reload-interval-ms", "100"]);
+    let mut process = Spawned::spawn(command, dir.join("edge.log"));
+    process.wait_for_log("iop-edge listening", WAIT);
+    EdgeReplica { http: config.listen.http, process: Some(process) }
+}
+
+/// The mock provider on `addr` (`127.0.0.1:0` for any port).
+fn start_mock(dir: &Path, addr: &str) -> (Spawned, SocketAddr) {
+    let log = dir.join(format!("mock-{}.log", addr.replace(':', "_")));
+    let mut command = Command::new(bin("iop-mock-provider"));
+    command.args(["--listen", addr]);
+    let mut process = Spawned::spawn(command, log);
+    process.wait_for_log("listening on", WAIT);
+    let line = process.log_text().lines().find(|l| l.contains("listening on")).unwrap().to_string();
+    let url = line.split_whitespace().last().unwrap().to_string();
+    let addr = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("the mock's address");
+    (process, addr)
+}
+
+/// `POST /v1/chat/completions` with the example key: the status and body.
+fn chat(edge: SocketAddr) -> (u16, String) {
+    let body = json!({ "model": "mock-openai", "messages": [ { "role": "user", "content": "hello" } ] }).to_string();
+    let Ok(mut stream) = TcpStream::connect_timeout(&edge, Duration::from_secs(2)) else { return (0, String::new()) };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(20)));
+    let _ = write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.0\r\nHost: {edge}\r\nAuthorization: Bearer {API_KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
+    let haproxy = Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
+    if !haproxy {
+        assert!(std::env::var_os("IOP_REQUIRE_HAPROXY").is_none(), "IOP_REQUIRE_HAPROXY is set but haproxy is missing");
+        eprintln!("skipping the Edge replica steps: haproxy is not installed (the gRPC Service's stand-in)");
+        return;
+    }
+    let ns = plane.namespace("fleet");
+    let dir = plane.dir.path().join("fleet");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mock, mock_addr) = start_mock(&dir, "127.0.0.1:0");
+    let node_catalog =
+        json!({ "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-1" }, "spec": {} });
+    let provider = json!({
+        "apiVersion": "iop.dev/v1alpha1", "kind": "Provider", "metadata": { "name": "mock" },
+        "spec": {
+            "node": "mac-1", "adapter": "openai",
+            "target": { "model": "mock", "baseUrl": format!("http://{mock_addr}") },
+            "models": [ { "name": "mock-openai" } ],
+        },
+    });
+    for object in [&node_catalog, &provider] {
+        plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &object.to_string());
+    }
+    let pods = [("iop-edge-a", "127.0.0.2"), ("iop-edge-b", "127.0.0.3")];
+    for (pod, ip) in pods {
+        stand_in_pod(plane, &ns.name, pod, ip);
+    }
+    let _operator = Operator::start(plane, &ns, "iop-operator-a");
+    wait_until("the config with both replicas, the node and the provider", WAIT, || {
+        edge_config(plane, &ns.name).is_some_and(|c| {
+            names(&c["replicas"]) == ["iop-edge-a", "iop-edge-b"]
+                && c["nodes"][0]["name"] == "mac-1"
+                && c["providers"][0]["id"] == "mock"
+        })
+    });
+    wait_until("Secret iop-node-mac-1", WAIT, || {
+        plane.get_json(&["-n", &ns.name, "secret", "iop-node-mac-1"]).is_some()
+    });
+    let mut edges: Vec<EdgeReplica> = pods.iter().map(|(pod, ip)| start_edge(plane, &ns.name, pod, ip)).collect();
+
+    // The gRPC Service: TCP passthrough to both replicas.
+    let lb = free_addr();
+    let grpc_ports: Vec<SocketAddr> = pods
+        .iter()
+        .map(|(pod, _)| {
+            let config = std::fs::read_to_string(plane.dir.path().join(pod).join("edge.yaml")).unwrap();
+            iop_proto::config::EdgeConfig::from_yaml(&config).unwrap().listen.grpc
+        })
+        .collect();
+    let servers: String = grpc_ports
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("  server e{i} {a} check inter 100ms fall 1 rise 1\n"))
+        .collect();
+    let haproxy_file = dir.join("haproxy.cfg");
+    std::fs::write(
+        &haproxy_file,
+        format!(
+            "global\n  maxconn 256\ndefaults\n  retries 0\n  timeout connect 2s\n  timeout client 1h\n  timeout server 1h\n\
+             frontend grpc\n  mode tcp\n  bind {lb}\n  default_backend edges\nbackend edges\n  mode tcp\n  balance roundrobin\n{servers}"
+        ),
+    )
+    .unwrap();
+    let mut command = Command::new("haproxy");
+    command.args(["-db", "-f", haproxy_file.to_str().unwrap()]);
+    let _haproxy = Spawned::spawn(command, dir.join("haproxy.log"));
+    wait_until("haproxy listening", WAIT, || TcpStream::connect(lb).is_ok());
+
+    // The node's bundle, as an administrator makes it (the admin kubeconfig
+    // reads the node's Secret), with a fast probe for the test.
+    let bundle = dir.join("bundle");
+    let output = Command::new(bin("iop-operator"))
+        .env("KUBECONFIG", &plane.kubeconfig)
+        .args(["node-bundle", "mac-1", "-n", &ns.name, "--server-name", "iop-edge-grpc"])
+        .args(["--edge-url", &format!("https://{lb}"), "--out", bundle.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "node-bundle: {}", String::from_utf8_lossy(&output.stderr));
+    let node_yaml = bundle.join("node.yaml");
+    let mut text = std::fs::read_to_string(&node_yaml).unwrap();
+    text.push_str(
+        "reconnect: { initial_backoff_ms: 50, max_backoff_ms: 500 }\n\
+         health: { idle_interval_ms: 1000, retry_initial_ms: 50, retry_max_ms: 500 }\n",
+    );
+    std::fs::write(&node_yaml, text).unwrap();
+    let mut command = Command::new(bin("iop-node"));
+    command.args(["--config", node_yaml.to_str().unwrap()]);
+    let _node = Spawned::spawn(command, dir.join("node.log"));
+
+    // NodeCatalog REPLICAS 2/2: the node holds a session with each replica.
+    let node_status = |field: &str| {
+        plane
+            .get_json(&["-n", &ns.name, "nodecatalog", "mac-1"])
+            .map(|n| n["status"][field].clone())
+            .unwrap_or_default()
+    };
+    wait_until("REPLICAS 2/2", Duration::from_secs(60), || node_status("replicasSummary") == "2/2");
+    assert_eq!(node_status("connected"), true);
+    let health = || {
+        plane
+            .get_json(&["-n", &ns.name, "provider", "mock"])
+            .map(|p| p["status"]["health"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    wait_until("HEALTH available", WAIT, || health() == "available");
+
+    // A chat through each replica.
+    for edge in &edges {
+        let (status, body) = chat(edge.http);
+        assert_eq!(status, 200, "chat through {}: {body}", edge.http);
+    }
+
+    // The provider dies: HEALTH unavailable; it comes back: available.
+    drop(mock);
+    for edge in &edges {
+        chat(edge.http);
+    }
+    wait_until("HEALTH unavailable", WAIT, || health() == "unavailable");
+    let (_mock, _) = start_mock(&dir, &mock_addr.to_string());
+    wait_until("HEALTH available again", WAIT, || health() == "available");
+
+    // One replica stops: REPLICAS 1/2 (its pod is still listed).
+    let stopped = edges[1].process.take().expect("running");
+    assert!(stopped.terminate().success());
+    wait_until("REPLICAS 1/2", WAIT, || node_status("replicasSummary") == "1/2");
+    edges.clear();
 }
