@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -692,7 +692,7 @@ const EDGE_LABELS: [(&str, &str); 3] =
 /// `edge.auth.keysSecret` the chart mounts), and that file.
 const API_KEY: &str = "iop-example-key-do-not-use";
 const KEYS_FILE: &str = "principals:\n  - name: cluster-test\n    \
-    key_sha256: dc30dbe25602db5b51f1eba47aafb28349f3cd40a1dc4b8827e420127987a3dd\n    models: [\"mock-openai\"]\n";
+    key_sha256: dc30dbe25602db5b51f1eba47aafb28349f3cd40a1dc4b8827e420127987a3dd\n    models: [\"mock-*\"]\n";
 /// The admin port the operator reads each replica at (`<pod IP>:8081`).
 const ADMIN_PORT: u16 = 8081;
 
@@ -730,18 +730,27 @@ struct EdgeReplica {
     process: Option<Spawned>,
 }
 
-fn start_edge(plane: &ControlPlane, ns: &str, pod: &str, ip: &str) -> EdgeReplica {
+/// What the kubelet does for an Edge pod: writes its mounts from the
+/// cluster's objects (the ConfigMap's config, Secrets `iop-edge-tls` and
+/// `iop-edge-credentials`, the keys Secret), the config with its listeners
+/// on the pod's IP (`http`, `grpc`: ports chosen once; admin: [`ADMIN_PORT`]).
+/// Called again after a change, as the kubelet refreshes mounted objects.
+fn write_mounts(plane: &ControlPlane, ns: &str, pod: &str, ip: &str) -> PathBuf {
     let dir = plane.dir.path().join(pod);
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(dir.join("credentials")).unwrap();
     for key in ["ca.pem", "edge.pem", "edge-key.pem"] {
         std::fs::write(dir.join(key), secret_value(plane, ns, "iop-edge-tls", key)).unwrap();
     }
+    let path = dir.join("edge.yaml");
+    let ports = std::fs::read_to_string(&path)
+        .ok()
+        .map(|text| iop_proto::config::EdgeConfig::from_yaml(&text).expect("written here").listen);
     // The config as the operator rendered it; only what the pod's mounts
     // and network give differs here (paths, the pod IP).
     let text = edge_config_text(plane, ns).expect("the Edge config");
     let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).expect("the Edge accepts it");
-    config.listen.http = free_port_on(ip);
-    config.listen.grpc = free_port_on(ip);
+    config.listen.http = ports.as_ref().map_or_else(|| free_port_on(ip), |p| p.http);
+    config.listen.grpc = ports.as_ref().map_or_else(|| free_port_on(ip), |p| p.grpc);
     config.listen.admin = format!("{ip}:{ADMIN_PORT}").parse().unwrap();
     config.tls.ca_file = dir.join("ca.pem");
     config.tls.cert_file = dir.join("edge.pem");
@@ -749,20 +758,31 @@ fn start_edge(plane: &ControlPlane, ns: &str, pod: &str, ip: &str) -> EdgeReplic
     assert_eq!(config.auth.keys_file.as_deref(), Some(Path::new("/etc/iop/keys/keys.yaml")));
     std::fs::write(dir.join("keys.yaml"), KEYS_FILE).unwrap();
     config.auth.keys_file = Some(dir.join("keys.yaml"));
-    let path = dir.join("edge.yaml");
+    for credential in &mut config.credentials {
+        assert_eq!(credential.file, Path::new("/etc/iop/credentials").join(&credential.profile));
+        let file = dir.join("credentials").join(&credential.profile);
+        std::fs::write(&file, secret_value(plane, ns, "iop-edge-credentials", &credential.profile)).unwrap();
+        credential.file = file;
+    }
     std::fs::write(&path, config.to_yaml()).unwrap();
+    path
+}
+
+fn start_edge(plane: &ControlPlane, ns: &str, pod: &str, ip: &str) -> EdgeReplica {
+    let path = write_mounts(plane, ns, pod, ip);
+    let config = iop_proto::config::EdgeConfig::from_yaml(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let mut command = Command::new(bin("iop-edge"));
     command.args(["--config", path.to_str().unwrap(), "--replica-id", pod, "--reload-interval-ms", "100"]);
-    let mut process = Spawned::spawn(command, dir.join("edge.log"));
+    let mut process = Spawned::spawn(command, path.with_file_name("edge.log"));
     process.wait_for_log("iop-edge listening", WAIT);
     EdgeReplica { http: config.listen.http, process: Some(process) }
 }
 
 /// The mock provider on `addr` (`127.0.0.1:0` for any port).
-fn start_mock(dir: &Path, addr: &str) -> (Spawned, SocketAddr) {
-    let log = dir.join(format!("mock-{}.log", addr.replace(':', "_")));
+fn start_mock(dir: &Path, addr: &str, args: &[&str]) -> (Spawned, SocketAddr) {
+    let log = dir.join(format!("mock-{}-{}.log", addr.replace(':', "_"), args.len()));
     let mut command = Command::new(bin("iop-mock-provider"));
-    command.args(["--listen", addr]);
+    command.args(["--listen", addr]).args(args);
     let mut process = Spawned::spawn(command, log);
     process.wait_for_log("listening on", WAIT);
     let line = process.log_text().lines().find(|l| l.contains("listening on")).unwrap().to_string();
@@ -772,8 +792,8 @@ fn start_mock(dir: &Path, addr: &str) -> (Spawned, SocketAddr) {
 }
 
 /// `POST /v1/chat/completions` with the example key: the status and body.
-fn chat(edge: SocketAddr) -> (u16, String) {
-    let body = json!({ "model": "mock-openai", "messages": [ { "role": "user", "content": "hello" } ] }).to_string();
+fn chat(edge: SocketAddr, model: &str) -> (u16, String) {
+    let body = json!({ "model": model, "messages": [ { "role": "user", "content": "hello" } ] }).to_string();
     let Ok(mut stream) = TcpStream::connect_timeout(&edge, Duration::from_secs(2)) else { return (0, String::new()) };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(20)));
     let _ = write!(
@@ -798,7 +818,23 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     let ns = plane.namespace("fleet");
     let dir = plane.dir.path().join("fleet");
     std::fs::create_dir_all(&dir).unwrap();
-    let (mock, mock_addr) = start_mock(&dir, "127.0.0.1:0");
+    let (mock, mock_addr) = start_mock(&dir, "127.0.0.1:0", &[]);
+    // A provider that needs an API key, from a Secret labelled for it.
+    let (_keyed, keyed_addr) = start_mock(&dir, "127.0.0.1:0", &["--api-key", "sk-old"]);
+    let key_secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "mock-key", "labels": { "iop.dev/credential": "true" } },
+        "stringData": { "api-key": "sk-old" },
+    });
+    let keyed = json!({
+        "apiVersion": "iop.dev/v1alpha1", "kind": "Provider", "metadata": { "name": "keyed" },
+        "spec": {
+            "node": "mac-1", "adapter": "openai",
+            "target": { "model": "mock", "baseUrl": format!("http://{keyed_addr}") },
+            "models": [ { "name": "mock-keyed" } ],
+            "credentialSecretRef": { "name": "mock-key", "key": "api-key" },
+        },
+    });
     let node_catalog =
         json!({ "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-1" }, "spec": {} });
     let provider = json!({
@@ -809,7 +845,7 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
             "models": [ { "name": "mock-openai" } ],
         },
     });
-    for object in [&node_catalog, &provider] {
+    for object in [&node_catalog, &provider, &key_secret, &keyed] {
         plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &object.to_string());
     }
     let pods = [("iop-edge-a", "127.0.0.2"), ("iop-edge-b", "127.0.0.3")];
@@ -821,7 +857,9 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
         edge_config(plane, &ns.name).is_some_and(|c| {
             names(&c["replicas"]) == ["iop-edge-a", "iop-edge-b"]
                 && c["nodes"][0]["name"] == "mac-1"
-                && c["providers"][0]["id"] == "mock"
+                && c["providers"][0]["id"] == "keyed"
+                && c["providers"][1]["id"] == "mock"
+                && c["credentials"][0]["revision"] == 1
         })
     });
     wait_until("Secret iop-node-mac-1", WAIT, || {
@@ -895,19 +933,42 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     };
     wait_until("HEALTH available", WAIT, || health() == "available");
 
-    // A chat through each replica.
+    // A chat through each replica, on the plain and the keyed provider.
     for edge in &edges {
-        let (status, body) = chat(edge.http);
-        assert_eq!(status, 200, "chat through {}: {body}", edge.http);
+        for model in ["mock-openai", "mock-keyed"] {
+            let (status, body) = chat(edge.http, model);
+            assert_eq!(status, 200, "{model} through {}: {body}", edge.http);
+        }
+    }
+
+    // Credential rotation: the provider takes only a new key; the Secret
+    // gets it; the operator raises the revision; the Edges, their mounts
+    // refreshed, send the new key.
+    let post = format!("POST /mock/api-key HTTP/1.0\r\nHost: {keyed_addr}\r\nContent-Length: 6\r\n\r\nsk-new");
+    let mut stream = TcpStream::connect(keyed_addr).unwrap();
+    stream.write_all(post.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.0 2") || answer.starts_with("HTTP/1.1 2"), "{answer}");
+    assert_ne!(chat(edges[0].http, "mock-keyed").0, 200, "the old key is refused");
+    plane.kubectl(&["-n", &ns.name, "patch", "secret", "mock-key", "-p", r#"{"stringData":{"api-key":"sk-new"}}"#]);
+    wait_until("revision 2 in the Edge config", WAIT, || {
+        edge_config(plane, &ns.name).is_some_and(|c| c["credentials"][0]["revision"] == 2)
+    });
+    for (pod, ip) in pods {
+        write_mounts(plane, &ns.name, pod, ip);
+    }
+    for edge in &edges {
+        wait_until("the new key through the replica", WAIT, || chat(edge.http, "mock-keyed").0 == 200);
     }
 
     // The provider dies: HEALTH unavailable; it comes back: available.
     drop(mock);
     for edge in &edges {
-        chat(edge.http);
+        chat(edge.http, "mock-openai");
     }
     wait_until("HEALTH unavailable", WAIT, || health() == "unavailable");
-    let (_mock, _) = start_mock(&dir, &mock_addr.to_string());
+    let (_mock, _) = start_mock(&dir, &mock_addr.to_string(), &[]);
     wait_until("HEALTH available again", WAIT, || health() == "available");
 
     // One replica stops: REPLICAS 1/2 (its pod is still listed).
