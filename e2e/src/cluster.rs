@@ -155,11 +155,12 @@ impl ControlPlane {
         Ok(plane)
     }
 
-    /// A process that runs the script's `stop` once this test process is
-    /// gone, however it ended (a drop runs it first in the normal case).
+    /// A process that runs the script's `stop` (and removes the directory)
+    /// once this test process is gone, however it ended (a drop does both
+    /// first in the normal case, and ends it).
     fn spawn_watchdog(&self) -> Option<Child> {
         let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; [ -d \"$1\" ] && exec \"$0\" stop \"$1\"",
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; [ -d \"$1\" ] && \"$0\" stop \"$1\" && rm -rf \"$1\"",
             pid = std::process::id()
         );
         Command::new("sh")
@@ -306,6 +307,23 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        // A throwaway control plane needs no graceful shutdown (the script's
+        // `stop` gives each process up to 5 s after SIGTERM): SIGKILL the
+        // pids it recorded, wait until they are gone, then let `stop` tidy up.
+        let run = self.dir.path().join("run");
+        let pids: Vec<String> = ["kube-controller-manager", "kube-apiserver", "etcd"]
+            .iter()
+            .filter_map(|n| std::fs::read_to_string(run.join(format!("{n}.pid"))).ok())
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .collect();
+        for pid in &pids {
+            let _ = Command::new("kill").args(["-KILL", pid]).stderr(Stdio::null()).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pids.iter().any(|p| process_alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = Command::new(&self.tools.control_plane)
             .arg("stop")
             .arg(self.dir.path())
@@ -317,6 +335,12 @@ impl Drop for ControlPlane {
             let _ = watchdog.wait();
         }
     }
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie awaiting its parent).
+fn process_alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
 }
 
 /// The chart's operator ServiceAccount (release `iop`).
