@@ -43,6 +43,10 @@ fn operator_on_a_real_api_server() {
     eprintln!("operator steps: {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
+    a_short_lived_ca_of_ones_own(&plane);
+    eprintln!("own CA: {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
     edges_and_a_node_fed_from_the_cluster(&plane);
     eprintln!("Edge replicas and node: {:.1} s", step.elapsed().as_secs_f64());
     eprintln!("cluster suite: {:.1} s in all", started.elapsed().as_secs_f64());
@@ -676,6 +680,58 @@ fn rights_used_or_explained(ns: &Namespace, audit: &[AuditEvent], user: &str) {
         used.len(),
         granted.len()
     );
+}
+
+// ---------------------------------------------------------------------------
+// A CA of one's own (docs/kubernetes.md "Your own CA") that expires in 20
+// days: a clock-dependent case without waiting, since the CA's own dates
+// put it inside the renewal window now.
+
+fn a_short_lived_ca_of_ones_own(plane: &ControlPlane) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let ns = plane.namespace("own-ca");
+    let now = time::OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+    let not_after = now + time::Duration::days(20);
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, "test CA, 20 days");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = not_after;
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let dir = plane.dir.path().join("own-ca");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("ca.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("ca-key.pem"), key.serialize_pem()).unwrap();
+    // As the doc says: a kubernetes.io/tls Secret, before the operator runs.
+    plane.kubectl(&[
+        "-n",
+        &ns.name,
+        "create",
+        "secret",
+        "tls",
+        "iop-ca",
+        &format!("--cert={}", dir.join("ca.pem").display()),
+        &format!("--key={}", dir.join("ca-key.pem").display()),
+    ]);
+    let version = |plane: &ControlPlane| {
+        plane.get_json(&["-n", &ns.name, "secret", "iop-ca"]).unwrap()["metadata"]["resourceVersion"].clone()
+    };
+    let created = version(plane);
+    let node =
+        json!({ "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-2" }, "spec": {} });
+    plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &node.to_string());
+    let _operator = Operator::start(plane, &ns, "iop-operator-a");
+    let ca_end = not_after.format(&time::format_description::well_known::Rfc3339).unwrap();
+    wait_until("CAExpiring True and the node certificate ending with the CA", WAIT, || {
+        plane.get_json(&["-n", &ns.name, "nodecatalog", "mac-2"]).is_some_and(|n| {
+            condition(&n, "CAExpiring") == ("True".into(), "WithinRenewalWindow".into())
+                && n["status"]["certificate"]["notAfter"] == ca_end.as_str()
+        })
+    });
+    // The operator never touches a CA it did not make.
+    assert_eq!(version(plane), created, "iop-ca was written");
 }
 
 // ---------------------------------------------------------------------------
