@@ -981,10 +981,17 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     };
     wait_until("REPLICAS 2/2", Duration::from_secs(60), || node_status("replicasSummary") == "2/2");
     assert_eq!(node_status("connected"), true);
+    // The HEALTH column of `kubectl get providers`, as an operator reads it.
     let health = || {
-        plane
-            .get_json(&["-n", &ns.name, "provider", "mock"])
-            .map(|p| p["status"]["health"].as_str().unwrap_or("").to_string())
+        let table = plane.kubectl(&["-n", &ns.name, "get", "providers"]);
+        let mut lines = table.lines().map(|l| l.split_whitespace().collect::<Vec<_>>());
+        let header = lines.next().unwrap_or_default();
+        let column = header.iter().position(|h| *h == "HEALTH").expect("a HEALTH column");
+        let row = lines.find(|r| r.first() == Some(&"mock")).unwrap_or_default();
+        // An empty cell shifts the rest: only a known value counts.
+        row.get(column)
+            .filter(|v| ["available", "degraded", "unavailable", "unknown"].contains(*v))
+            .map(|v| v.to_string())
             .unwrap_or_default()
     };
     wait_until("HEALTH available", WAIT, || health() == "available");
