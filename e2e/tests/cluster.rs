@@ -616,6 +616,20 @@ fn operator_reconciles_as_its_service_account(plane: &ControlPlane) {
     wait_until("the new leader restores the ConfigMap", Duration::from_secs(10), || {
         edge_config(plane, &ns.name).is_some()
     });
+    // A leader that dies without releasing (SIGKILL) is replaced once its
+    // Lease has gone unrenewed for the lease duration (15 s) by the standby's
+    // own clock.
+    let standby = Operator::start_until(plane, &ns, "iop-operator-d", "CRDs established");
+    let killed = Instant::now();
+    let mut crashed = operator;
+    crashed.process.child.kill().unwrap();
+    crashed.process.child.wait().unwrap();
+    let mut operator = standby;
+    wait_until("the standby leading after the crash", Duration::from_secs(40), || holder() == "iop-operator-d");
+    operator.process.wait_for_log("leading: reconciling", WAIT);
+    eprintln!("leader crash: the standby leads {:.1} s after", killed.elapsed().as_secs_f64());
+    operator.wait_reconciled(1.0);
+    drop(crashed);
 
     // Finalizers released on delete: the NodeCatalog goes once its node is out
     // of the applied config; its Provider reports NodeNotFound; the garbage
