@@ -47,6 +47,10 @@ fn operator_on_a_real_api_server() {
     eprintln!("own CA: {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
+    a_node_certificate_renewed_in_its_window(&plane);
+    eprintln!("certificate renewal: {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
     edges_and_a_node_fed_from_the_cluster(&plane);
     eprintln!("Edge replicas and node: {:.1} s", step.elapsed().as_secs_f64());
     eprintln!("cluster suite: {:.1} s in all", started.elapsed().as_secs_f64());
@@ -418,6 +422,11 @@ impl Operator {
 
     /// Starts one and returns once it logged `marker`.
     fn start_until(plane: &ControlPlane, ns: &Namespace, pod: &str, marker: &str) -> Self {
+        Self::start_with(plane, ns, pod, marker, &[])
+    }
+
+    /// Starts one with `env` added and returns once it logged `marker`.
+    fn start_with(plane: &ControlPlane, ns: &Namespace, pod: &str, marker: &str, env: &[(&str, &str)]) -> Self {
         let rendered = plane.helm_template(&ns.name, &["--show-only", "templates/operator-deployment.yaml"]);
         let deployment: Value = serde_saphyr::from_str(&rendered).expect("the operator Deployment renders");
         let metrics = free_addr();
@@ -433,7 +442,8 @@ impl Operator {
             .env("IOP_POD_NAME", pod)
             .env("IOP_METRICS_ADDR", metrics.to_string())
             .env("RUST_LOG", "info,iop_operator=debug")
-            .env("KUBECONFIG", &ns.operator_kubeconfig);
+            .env("KUBECONFIG", &ns.operator_kubeconfig)
+            .envs(env.iter().copied());
         let log = plane.dir.path().join(format!("{}-{pod}.log", ns.name));
         let mut process = Spawned::spawn(command, log);
         process.wait_for_log(marker, WAIT);
@@ -746,6 +756,54 @@ fn a_short_lived_ca_of_ones_own(plane: &ControlPlane) {
     });
     // The operator never touches a CA it did not make.
     assert_eq!(version(plane), created, "iop-ca was written");
+}
+
+/// A node certificate of 48 hours, renewed 24 hours before it ends: the
+/// operator restarted with its clock 25 hours ahead (`IOP_TEST_CLOCK_OFFSET_S`)
+/// issues a new one into the Secret; the Edge certificate (90 days, renewed
+/// 30 days before) is left as it is.
+fn a_node_certificate_renewed_in_its_window(plane: &ControlPlane) {
+    let ns = plane.namespace("renewal");
+    let node = json!({
+        "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-3" },
+        "spec": { "certificate": { "validityHours": 48, "renewBeforeHours": 24 } },
+    });
+    plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &node.to_string());
+    let certificate = || {
+        plane
+            .get_json(&["-n", &ns.name, "nodecatalog", "mac-3"])
+            .map(|n| n["status"]["certificate"].clone())
+            .unwrap_or_default()
+    };
+    let version = |name: &str| {
+        plane
+            .get_json(&["-n", &ns.name, "secret", name])
+            .map(|s| s["metadata"]["resourceVersion"].clone())
+            .unwrap_or_default()
+    };
+    let operator = Operator::start(plane, &ns, "iop-operator-a");
+    wait_until("the first node certificate", WAIT, || certificate()["serial"].is_string());
+    operator.wait_reconciled(1.0);
+    let first = certificate();
+    let (node_secret, edge_secret) = (version("iop-node-mac-3"), version("iop-edge-tls"));
+    assert!(operator.process.terminate().success());
+
+    let ahead = (25 * 3600).to_string();
+    let operator = Operator::start_with(
+        plane,
+        &ns,
+        "iop-operator-b",
+        "leading: reconciling",
+        &[("IOP_TEST_CLOCK_OFFSET_S", &ahead)],
+    );
+    wait_until("a new node certificate", WAIT, || {
+        certificate()["serial"].is_string() && certificate()["serial"] != first["serial"]
+    });
+    let renewed = certificate();
+    assert!(renewed["notAfter"].as_str() > first["notAfter"].as_str(), "{first} -> {renewed}");
+    assert_ne!(version("iop-node-mac-3"), node_secret, "the Secret holds the new certificate");
+    operator.wait_reconciled(1.0);
+    assert_eq!(version("iop-edge-tls"), edge_secret, "the Edge certificate is outside its window");
 }
 
 // ---------------------------------------------------------------------------
