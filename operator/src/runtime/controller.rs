@@ -11,16 +11,18 @@
 //! no other Secret) ([`secret_signals`]): rotating a provider key reconciles
 //! within the debounce, not at the next resync.
 //!
-//! The operator's own objects are watched too (metadata only,
-//! [`meta_signals`]): the ConfigMap `iop-edge-config` (by name), the CA
+//! The operator's own objects are watched too ([`meta_signals`]): the
+//! ConfigMap `iop-edge-config` (by name, whole: the reconcile compares it
+//! with the config it would apply and sends nothing when they are the
+//! same), and, metadata only, the CA
 //! Secret `iop-ca` (by name: a CA the user supplies carries no label of
 //! ours) and every Secret labelled `app.kubernetes.io/managed-by:
 //! iop-operator` (`iop-edge-tls`, `iop-edge-credentials`, each
 //! `iop-node-<name>`). Deleting one, editing it or replacing the CA
 //! reconciles within the debounce, not at the next resync. A write of the
 //! operator's own moves its object's resourceVersion too, so each write
-//! wakes one more reconcile, which finds nothing to do (server-side apply
-//! of an unchanged object writes nothing, so no event follows).
+//! wakes one more reconcile, which finds nothing to do (and sends no
+//! write: [`crate::reconcile::unchanged`]).
 //!
 //! The Edge pods (label selector `IOP_EDGE_POD_SELECTOR`) are watched too:
 //! their names are the Edge config's `replicas` ([`crate::replicas`]), and
