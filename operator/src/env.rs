@@ -30,6 +30,12 @@ pub const EDGE_GRPC_LISTEN: &str = "0.0.0.0:7443";
 pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
 /// Optional: `required` (default) or `disabled` (no client API keys).
 pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
+/// Tests only (the chart never sets it): the operator's clock runs this many
+/// seconds ahead of the system clock (negative: behind). Certificate
+/// issuance and renewal, condition timestamps and the leader Lease all read
+/// that clock, so a test sees a certificate enter its renewal window
+/// without waiting (`e2e/tests/cluster.rs`).
+pub const TEST_CLOCK_OFFSET: &str = "IOP_TEST_CLOCK_OFFSET_S";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
@@ -48,6 +54,8 @@ pub struct RunConfig {
     pub metrics_addr: SocketAddr,
     /// Whether the Edge requires client API keys ([`EDGE_AUTH_MODE`]).
     pub edge_auth: AuthMode,
+    /// [`TEST_CLOCK_OFFSET`] in seconds (0 when unset).
+    pub clock_offset_s: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,7 +134,27 @@ impl RunConfig {
             Some(other) => return Err(invalid(EDGE_AUTH_MODE, other, "must be `required` or `disabled`")),
         };
 
-        Ok(Self { namespace, pod_name, edge_pod_selector, edge_server_names, trust_domain, metrics_addr, edge_auth })
+        // Within a century either way: far past what any test needs, and the
+        // clock stays within the range `time` and Kubernetes timestamps take.
+        let clock_offset_s = match lookup(TEST_CLOCK_OFFSET).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+            None => 0,
+            Some(value) => {
+                value.parse::<i64>().ok().filter(|s| s.unsigned_abs() <= 100 * 365 * 86_400).ok_or_else(|| {
+                    invalid(TEST_CLOCK_OFFSET, &value, "must be a whole number of seconds (tests only)")
+                })?
+            }
+        };
+
+        Ok(Self {
+            namespace,
+            pod_name,
+            edge_pod_selector,
+            edge_server_names,
+            trust_domain,
+            metrics_addr,
+            edge_auth,
+            clock_offset_s,
+        })
     }
 
     /// The reconcile settings: trust domain, the chart's fixed Edge listen
@@ -223,6 +251,20 @@ mod tests {
         assert_eq!(settings.auth.mode, AuthMode::Required, "keys are required unless the chart says otherwise");
         assert_eq!(settings.auth.keys_file.as_deref(), Some(std::path::Path::new(crate::reconcile::EDGE_KEYS_FILE)));
         assert_eq!(config.metrics_addr, "0.0.0.0:9464".parse().unwrap(), "the default when unset");
+    }
+
+    #[test]
+    fn the_test_clock_offset_is_optional_and_checked() {
+        let mut env = chart_env();
+        assert_eq!(parse(&env).unwrap().clock_offset_s, 0, "the chart never sets it");
+        env.insert(TEST_CLOCK_OFFSET, "90000");
+        assert_eq!(parse(&env).unwrap().clock_offset_s, 90_000);
+        env.insert(TEST_CLOCK_OFFSET, "-60");
+        assert_eq!(parse(&env).unwrap().clock_offset_s, -60);
+        for bad in ["1.5", "25h", "99999999999999"] {
+            env.insert(TEST_CLOCK_OFFSET, bad);
+            assert!(matches!(parse(&env), Err(EnvError::Invalid { var: TEST_CLOCK_OFFSET, .. })), "{bad}");
+        }
     }
 
     #[test]

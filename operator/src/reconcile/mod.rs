@@ -6,6 +6,7 @@
 pub mod conditions;
 pub mod credentials;
 pub mod desired;
+pub mod unchanged;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -106,6 +107,9 @@ pub struct Snapshot {
     /// The operator's own `iop-edge-credentials` as last written (for the
     /// revisions it carries).
     pub edge_credentials: Option<k8s_openapi::api::core::v1::Secret>,
+    /// `iop-edge-config` as last seen by its watch (compared with the
+    /// desired one before applying: [`unchanged`]).
+    pub edge_config_map: Option<k8s_openapi::api::core::v1::ConfigMap>,
     /// The Edge's replica ids: its pods' names, sorted
     /// ([`crate::replicas::replica_ids`]); the config's `replicas`.
     pub replicas: Vec<String>,

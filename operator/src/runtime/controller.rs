@@ -11,16 +11,18 @@
 //! no other Secret) ([`secret_signals`]): rotating a provider key reconciles
 //! within the debounce, not at the next resync.
 //!
-//! The operator's own objects are watched too (metadata only,
-//! [`meta_signals`]): the ConfigMap `iop-edge-config` (by name), the CA
+//! The operator's own objects are watched too ([`meta_signals`]): the
+//! ConfigMap `iop-edge-config` (by name, whole: the reconcile compares it
+//! with the config it would apply and sends nothing when they are the
+//! same), and, metadata only, the CA
 //! Secret `iop-ca` (by name: a CA the user supplies carries no label of
 //! ours) and every Secret labelled `app.kubernetes.io/managed-by:
 //! iop-operator` (`iop-edge-tls`, `iop-edge-credentials`, each
 //! `iop-node-<name>`). Deleting one, editing it or replacing the CA
 //! reconciles within the debounce, not at the next resync. A write of the
 //! operator's own moves its object's resourceVersion too, so each write
-//! wakes one more reconcile, which finds nothing to do (server-side apply
-//! of an unchanged object writes nothing, so no event follows).
+//! wakes one more reconcile, which finds nothing to do (and sends no
+//! write: [`crate::reconcile::unchanged`]).
 //!
 //! The Edge pods (label selector `IOP_EDGE_POD_SELECTOR`) are watched too:
 //! their names are the Edge config's `replicas` ([`crate::replicas`]), and
@@ -144,6 +146,8 @@ pub struct Stores {
     pub templates: Store<DeserializeGuard<WorkspaceTemplate>>,
     /// The Edge pods (by `IOP_EDGE_POD_SELECTOR`).
     pub pods: Store<Pod>,
+    /// `iop-edge-config` (at most one object).
+    pub config_map: Store<ConfigMap>,
 }
 
 /// An object that did not decode: only its metadata is known.
@@ -184,6 +188,7 @@ impl Stores {
         split(Kind::NodeCatalog, self.nodes.state(), &mut read.snapshot.nodes, &mut read.undecodable);
         split(Kind::WorkspaceTemplate, self.templates.state(), &mut read.snapshot.templates, &mut read.undecodable);
         read.snapshot.replicas = replica_ids(self.pods.state().iter().map(|p| p.as_ref()));
+        read.snapshot.edge_config_map = self.config_map.state().first().map(|c| c.as_ref().clone());
         read
     }
 }
@@ -322,15 +327,16 @@ pub fn secret_signals(
 }
 
 /// Signals every change (a new `resourceVersion`) and every deletion of an
-/// object of a metadata-only watch whose name `matters`. A watch restart
-/// replays objects it already delivered: an unchanged version is no change.
+/// object (of a metadata-only watch, or of a whole object's) whose name
+/// `matters`. A watch restart replays objects it already delivered: an
+/// unchanged version is no change.
 pub fn meta_signals<K>(
     kind: Kind,
     matters: impl Fn(&str) -> bool + Send + 'static,
-    events: impl Stream<Item = Result<Event<PartialObjectMeta<K>>, watcher::Error>> + Send + 'static,
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 ) -> Signals
 where
-    K: Send + 'static,
+    K: Resource + Send + 'static,
 {
     // The last resourceVersion seen of each object.
     let mut versions: HashMap<String, Option<String>> = HashMap::new();
@@ -343,17 +349,17 @@ where
                     None
                 }
                 Ok(Event::InitApply(object)) => {
-                    versions.insert(name_of(&object.metadata), object.metadata.resource_version.clone());
+                    versions.insert(name_of(object.meta()), object.meta().resource_version.clone());
                     None
                 }
                 Ok(Event::InitDone) => Some(Signal::Listed(kind)),
                 Ok(Event::Apply(object)) => {
-                    let (name, version) = (name_of(&object.metadata), object.metadata.resource_version);
+                    let (name, version) = (name_of(object.meta()), object.meta().resource_version.clone());
                     let moved = versions.insert(name.clone(), version.clone()) != Some(version);
                     (moved && matters(&name)).then_some(Signal::Changed(kind))
                 }
                 Ok(Event::Delete(object)) => {
-                    let name = name_of(&object.metadata);
+                    let name = name_of(object.meta());
                     versions.remove(&name);
                     matters(&name).then_some(Signal::Changed(kind))
                 }
@@ -423,12 +429,18 @@ pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, S
         meta_signals(Kind::OwnedSecret, |_| true, metadata(watcher::Config::default().labels(MANAGED_BY_SELECTOR)));
     let ca_by_name = format!("metadata.name={CA_SECRET}");
     let ca = meta_signals(Kind::CaSecret, |_| true, metadata(watcher::Config::default().fields(&ca_by_name)));
-    let config_maps: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client.clone(), namespace);
+    // The ConfigMap is watched whole (by name): the reconcile compares the
+    // config it would apply with the one there and sends nothing when they
+    // are the same (`reconcile::unchanged`).
+    let (config_map, writer) = reflector::store();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let by_name = format!("metadata.name={CONFIG_MAP_NAME}");
-    let events = watcher::watcher(config_maps, watcher::Config::default().fields(&by_name)).default_backoff();
-    let c = meta_signals(Kind::EdgeConfigMap, |_| true, events);
+    let events = watcher::watcher(config_maps, watcher::Config::default().fields(&by_name))
+        .default_backoff()
+        .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None);
+    let c = meta_signals(Kind::EdgeConfigMap, |_| true, reflector::reflector(writer, events));
     let signals = stream::select_all([p, n, t, e, s, owned, ca, c]).boxed();
-    (Stores { providers, nodes, templates, pods }, signals)
+    (Stores { providers, nodes, templates, pods, config_map }, signals)
 }
 
 /// Exponential backoff without jitter (one reconciler per namespace has

@@ -55,6 +55,17 @@ impl Clock for SystemClock {
     }
 }
 
+/// The system clock moved by a fixed offset (`IOP_TEST_CLOCK_OFFSET_S`,
+/// tests only).
+#[derive(Debug, Clone, Copy)]
+pub struct OffsetClock(pub time::Duration);
+
+impl Clock for OffsetClock {
+    fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc() + self.0
+    }
+}
+
 /// `now` for the reconcile stages and conditions (whole seconds, as
 /// Kubernetes stores them).
 pub fn timestamp(now: OffsetDateTime) -> Timestamp {
@@ -199,7 +210,13 @@ async fn operate(
     tracing::info!(namespace = %config.namespace, "CRDs established");
     readiness.set_ready();
 
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let clock: Arc<dyn Clock> = match config.clock_offset_s {
+        0 => Arc::new(SystemClock),
+        offset => {
+            tracing::warn!(offset_s = offset, "IOP_TEST_CLOCK_OFFSET_S: the clock is moved (tests only)");
+            Arc::new(OffsetClock(time::Duration::seconds(offset)))
+        }
+    };
     let ctx = Arc::new(Context::new(client.clone(), &config, clock.clone(), metrics));
     let elector = leader::Elector::new(
         kube::Api::namespaced(client.clone(), &config.namespace),

@@ -36,7 +36,7 @@ use crate::crd::{
     NodeCatalog, NodeCatalogStatus, Provider, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus,
 };
 use crate::reconcile::conditions::same_reconcile_conditions;
-use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate, credentials};
+use crate::reconcile::{self, CONFIG_MAP_NAME, FIELD_MANAGER_CONFIG, Prepared, StatusUpdate, credentials, unchanged};
 
 /// Held by every live NodeCatalog; removed once its identity is out of the
 /// Edge config.
@@ -83,7 +83,7 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
 
     read_credential_secrets(ctx, &mut snapshot).await?;
     let prepared = reconcile::build(&snapshot, &ctx.settings, timestamp(now))?;
-    let applied = apply(ctx, prepared).await?;
+    let applied = apply(ctx, prepared, &snapshot).await?;
 
     let status = write_status(ctx, &snapshot, &applied).await;
 
@@ -123,8 +123,10 @@ async fn read_credential_secrets(ctx: &Context, snapshot: &mut reconcile::Snapsh
     Ok(())
 }
 
-/// Stage 3: writes the credentials Secret, then the ConfigMap.
-pub async fn apply(ctx: &Context, prepared: Prepared) -> Result<Applied, Error> {
+/// Stage 3: writes the credentials Secret, then the ConfigMap; each only
+/// when the one `current` holds differs ([`unchanged`]), so a restart, a
+/// new leader or a resync with nothing to change sends no write.
+pub async fn apply(ctx: &Context, prepared: Prepared, current: &reconcile::Snapshot) -> Result<Applied, Error> {
     let Prepared { config, config_map, providers, nodes, templates, credentials, excluded } = prepared;
     for e in &excluded {
         tracing::debug!(kind = e.kind, name = %e.name, reason = e.reason.as_str(), message = %e.message, "left out of the Edge config");
@@ -132,10 +134,16 @@ pub async fn apply(ctx: &Context, prepared: Prepared) -> Result<Applied, Error> 
     // First: the config about to be applied names its files.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let params = PatchParams::apply(FIELD_MANAGER_CONFIG).force();
-    secrets.patch(credentials::EDGE_CREDENTIALS_SECRET, &params, &Patch::Apply(&credentials)).await?;
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    api.patch(CONFIG_MAP_NAME, &PatchParams::apply(FIELD_MANAGER_CONFIG).force(), &Patch::Apply(&config_map)).await?;
-    tracing::debug!(nodes = config.nodes.len(), providers = config.providers.len(), "applied the Edge config");
+    if !unchanged::secret_holds(current.edge_credentials.as_ref(), &credentials) {
+        secrets.patch(credentials::EDGE_CREDENTIALS_SECRET, &params, &Patch::Apply(&credentials)).await?;
+    }
+    if unchanged::config_map_holds(current.edge_config_map.as_ref(), &config_map) {
+        tracing::debug!(nodes = config.nodes.len(), providers = config.providers.len(), "the Edge config is unchanged");
+    } else {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        api.patch(CONFIG_MAP_NAME, &params, &Patch::Apply(&config_map)).await?;
+        tracing::debug!(nodes = config.nodes.len(), providers = config.providers.len(), "applied the Edge config");
+    }
     Ok(Applied { config, providers, nodes, templates })
 }
 

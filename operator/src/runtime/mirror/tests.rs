@@ -128,7 +128,8 @@ fn stores(providers: Vec<Provider>, nodes: Vec<NodeCatalog>) -> Stores {
     }
     let (templates, _) = reflector::store();
     let (pods, _) = reflector::store();
-    Stores { providers: p_store, nodes: n_store, templates, pods }
+    let (config_map, _) = reflector::store();
+    Stores { providers: p_store, nodes: n_store, templates, pods, config_map }
 }
 
 fn view(overlay: Option<Overlay>) -> EdgeView {
