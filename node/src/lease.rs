@@ -228,21 +228,16 @@ fn unix_now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A session and a lease binding that match each other, for the tests of
+/// every module that opens leases.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_support {
     use super::*;
-    use crate::adapter::AdapterKind;
 
-    const NOW: u64 = 1_000_000;
-    const IDENTITY: &str = "spiffe://iop.local/node/mac-1";
+    pub const IDENTITY: &str = "spiffe://iop.local/node/mac-1";
 
-    fn target(profile: Option<&str>) -> ProviderTarget {
-        let mut t = ProviderTarget::new("p1", AdapterKind::OpenAi, "m", "http://127.0.0.1:1").unwrap();
-        t.credential_profile = profile.map(str::to_string);
-        t
-    }
-
-    fn session() -> SessionLeases {
+    /// Generation 7 of node `mac-1`, with a fresh key and an empty ledger.
+    pub fn session() -> SessionLeases {
         SessionLeases {
             key: LeaseKey::generate(),
             identity: IDENTITY.into(),
@@ -252,7 +247,10 @@ mod tests {
         }
     }
 
-    fn binding(lease_id: &str) -> pb::LeaseBinding {
+    /// Lease `lease_id` of profile `key` (revision 2) for execution `r1` on
+    /// provider `p1` (target model `m` at `http://127.0.0.1:1`) on
+    /// [`session`]'s connection, valid until `expires_at_unix_ms`.
+    pub fn binding(lease_id: &str, expires_at_unix_ms: u64) -> pb::LeaseBinding {
         pb::LeaseBinding {
             lease_id: lease_id.into(),
             principal: "ci-bot".into(),
@@ -266,9 +264,29 @@ mod tests {
             node: "mac-1".into(),
             credential_revision: 2,
             generation: 7,
-            expires_at_unix_ms: NOW + 60_000,
+            expires_at_unix_ms,
             execution_id: "r1".into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::AdapterKind;
+
+    use super::test_support::{IDENTITY, session};
+
+    const NOW: u64 = 1_000_000;
+
+    fn target(profile: Option<&str>) -> ProviderTarget {
+        let mut t = ProviderTarget::new("p1", AdapterKind::OpenAi, "m", "http://127.0.0.1:1").unwrap();
+        t.credential_profile = profile.map(str::to_string);
+        t
+    }
+
+    fn binding(lease_id: &str) -> pb::LeaseBinding {
+        test_support::binding(lease_id, NOW + 60_000)
     }
 
     fn seal(s: &SessionLeases, b: &pb::LeaseBinding) -> pb::SealedLease {

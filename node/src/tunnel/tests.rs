@@ -267,35 +267,18 @@ async fn only_allowlisted_headers_cross_in_either_direction() {
 // ------------------------------------------------- managed credentials
 
 const SECRET: &str = "sk-proj-Zq8vK2mN4pR7tW1xY5aB3cD6eF9gH0jL";
-const NODE_IDENTITY: &str = "spiffe://iop.local/node/mac-1";
-
 /// A connection's leases and a lease on it for tunnel `t1` to `base_url`.
 fn leased(base_url: &str) -> (crate::lease::SessionLeases, pb::SealedLease) {
-    let leases = crate::lease::SessionLeases {
-        key: iop_proto::lease::LeaseKey::generate(),
-        identity: NODE_IDENTITY.into(),
-        node: "mac-1".into(),
-        generation: 7,
-        ledger: Default::default(),
-    };
+    use crate::lease::test_support::{IDENTITY, binding, session};
+    let leases = session();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let binding = pb::LeaseBinding {
-        lease_id: "l1".into(),
-        principal: "ci-bot".into(),
-        route: "chat".into(),
-        slot: 0,
-        profile: "key".into(),
-        provider_id: "p1".into(),
-        adapter: pb::AdapterKind::Openai.into(),
         target_model: "test-model".into(),
         base_url: base_url.into(),
-        node: "mac-1".into(),
-        credential_revision: 1,
-        generation: 7,
-        expires_at_unix_ms: now + 60_000,
         execution_id: "t1".into(),
+        ..binding("l1", now + 60_000)
     };
-    let sealed = iop_proto::lease::seal(leases.key.public_key(), NODE_IDENTITY, &binding, SECRET.as_bytes()).unwrap();
+    let sealed = iop_proto::lease::seal(leases.key.public_key(), IDENTITY, &binding, SECRET.as_bytes()).unwrap();
     (leases, sealed)
 }
 
