@@ -101,6 +101,7 @@ pub fn edge_config(
         workspaces: Vec::new(),
         context_fallbacks: Default::default(),
         replicas: Vec::new(),
+        api: Default::default(),
     }
 }
 

@@ -47,6 +47,35 @@ pub struct EdgeConfig {
     /// one session with each. Empty: one replica, whatever its id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<String>,
+    /// How the client APIs treat what no local provider can do.
+    #[serde(default, skip_serializing_if = "ApiConfig::is_default")]
+    pub api: ApiConfig,
+}
+
+/// How the client APIs treat requests that name things no local provider has.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    #[serde(default)]
+    pub hosted_tools: HostedTools,
+}
+
+impl ApiConfig {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Tools that run on an API vendor's platform (`web_search`, `file_search`,
+/// Anthropic's `web_search_20250305`, ...), which coding agents send by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostedTools {
+    /// Served without them; the response's `iop-dropped-tools` header names them.
+    #[default]
+    Drop,
+    /// Answered `400 invalid_request` naming the tool.
+    Refuse,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

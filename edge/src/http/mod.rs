@@ -28,8 +28,10 @@ use crate::EdgeState;
 use crate::auth::Caller;
 use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
+use crate::ingress::hosted_tools;
 use crate::metrics::{Api, ApiLabels, ApiRouteLabels, EdgeMetrics, PrincipalLabels, RequestLabels};
 use crate::route;
+use iop_proto::config::HostedTools;
 use surface::{ChatCompletions, Messages, Responses, Surface};
 
 /// The client listener (`listen.http`): what API keys buy, and probes.
@@ -194,7 +196,11 @@ pub const JOB_ID_HEADER: &str = "iop-job-id";
 async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone(), S::API);
     let job_id = headers.contains_key(WORKSPACE_HEADER).then(|| crate::ids::new_uuid().simple().to_string());
-    let mut response = match serve::<S>(&state, headers, body, &mut record, job_id.clone()).await {
+    let mut dropped_tools = String::new();
+    let reply = serve::<S>(&state, headers, body, &mut record, job_id.clone(), &mut dropped_tools).await;
+    // A tunnel relays the client's body as it came: nothing was dropped.
+    let relayed = matches!(reply, Ok(Reply::Tunnel(_)));
+    let mut response = match reply {
         Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
             record.first_byte();
@@ -214,6 +220,12 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
     };
     if let Some(id) = job_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
         response.headers_mut().insert(JOB_ID_HEADER, id);
+    }
+    if !dropped_tools.is_empty() && !relayed {
+        // Kinds from a closed list: always a valid header value.
+        if let Ok(value) = HeaderValue::from_str(&dropped_tools) {
+            response.headers_mut().insert(hosted_tools::DROPPED_TOOLS_HEADER, value);
+        }
     }
     response
 }
@@ -243,10 +255,18 @@ async fn serve<S: Surface>(
     body: Body,
     record: &mut RequestRecord,
     job_id: Option<String>,
+    dropped_tools: &mut String,
 ) -> Result<Reply<S>, ApiError> {
     let (caller, config, bytes) = authenticated_body(state, &headers, body).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
+    if let Some(first) = parsed.dropped_tools.first() {
+        if config.api.hosted_tools == HostedTools::Refuse {
+            return Err(hosted_tools::refusal(first));
+        }
+        *dropped_tools = hosted_tools::header_value(&parsed.dropped_tools);
+        tracing::info!(api = ?S::API, tools = %dropped_tools, "hosted tools dropped: no provider behind IOP offers them");
+    }
     // Whether the model exists is not told to a caller who may not use it.
     if !caller.may_use(&parsed.model) {
         return Err(ApiError::ModelNotAllowed(parsed.model));

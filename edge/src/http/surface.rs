@@ -7,6 +7,7 @@ use iop_proto::pb::{self, run_event::Event};
 use serde_json::Value;
 
 use crate::ingress::error::ApiError;
+use crate::ingress::hosted_tools::DroppedTool;
 use crate::ingress::{anthropic_messages as messages, openai_chat as chat, openai_responses as responses};
 use crate::metrics::Api;
 
@@ -17,6 +18,8 @@ pub struct Parsed<C> {
     pub run: pb::RunRequest,
     /// Per-request data the renderers need (e.g. `include_usage`).
     pub context: C,
+    /// Hosted tools the request named, which no provider is offered.
+    pub dropped_tools: Vec<DroppedTool>,
 }
 
 pub trait Surface: Send + 'static {
@@ -82,7 +85,7 @@ impl Surface for ChatCompletions {
     fn parse(body: &[u8]) -> Result<Parsed<bool>, ApiError> {
         let r = chat::parse_request(body)?;
         let run = run_request(r.messages, r.tools, r.options, r.stream);
-        Ok(Parsed { model: r.model, stream: r.stream, run, context: r.include_usage })
+        Ok(Parsed { model: r.model, stream: r.stream, run, context: r.include_usage, dropped_tools: Vec::new() })
     }
     fn streamer(include_usage: bool, model: String) -> Self::Streamer {
         chat::ChunkRenderer::new(chat::ResponseMeta::new(model, unix_now()), include_usage)
@@ -130,7 +133,7 @@ impl Surface for Responses {
         let r = responses::parse_request(body)?;
         let context = responses::ResponseMeta::for_request(&r, 0);
         let run = run_request(r.messages, r.tools, r.options, r.stream);
-        Ok(Parsed { model: r.model, stream: r.stream, run, context })
+        Ok(Parsed { model: r.model, stream: r.stream, run, context, dropped_tools: r.dropped_tools })
     }
     fn streamer(echo: Self::Context, model: String) -> Self::Streamer {
         responses::EventRenderer::new(responses::ResponseMeta { model, created_at: unix_now(), ..echo })
@@ -167,23 +170,24 @@ impl Surface for Messages {
     // No provider adapter speaks the Anthropic API: always normalized.
     const TUNNEL_PATH: Option<&'static str> = None;
     const KEEPALIVE: &'static [u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
-    type Context = ();
+    /// `thinking.display: "omitted"`.
+    type Context = bool;
     type Streamer = messages::EventRenderer;
     type Collector = messages::MessageAggregator;
 
-    fn parse(body: &[u8]) -> Result<Parsed<()>, ApiError> {
+    fn parse(body: &[u8]) -> Result<Parsed<bool>, ApiError> {
         let r = messages::parse_request(body)?;
         let run = run_request(r.messages, r.tools, r.options, r.stream);
-        Ok(Parsed { model: r.model, stream: r.stream, run, context: () })
+        Ok(Parsed { model: r.model, stream: r.stream, run, context: r.omit_thinking, dropped_tools: r.dropped_tools })
     }
-    fn streamer((): (), model: String) -> Self::Streamer {
-        messages::EventRenderer::new(messages::ResponseMeta::new(model))
+    fn streamer(omit_thinking: bool, model: String) -> Self::Streamer {
+        messages::EventRenderer::new(messages::ResponseMeta { omit_thinking, ..messages::ResponseMeta::new(model) })
     }
     fn stream(streamer: &mut Self::Streamer, event: &Event) -> Vec<Bytes> {
         streamer.render(event).into_iter().map(event_frame).collect()
     }
-    fn collector((): (), model: String) -> Self::Collector {
-        messages::MessageAggregator::new(messages::ResponseMeta::new(model))
+    fn collector(omit_thinking: bool, model: String) -> Self::Collector {
+        messages::MessageAggregator::new(messages::ResponseMeta { omit_thinking, ..messages::ResponseMeta::new(model) })
     }
     fn collect(collector: &mut Self::Collector, event: &Event) {
         collector.push(event);

@@ -13,6 +13,7 @@ use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
+use super::hosted_tools::{self, DroppedTool};
 use super::json::{Wording, body_object, field, text_message};
 use super::openai_common::named_tool_choice;
 use super::outcome::{synthetic_id, usage_pair};
@@ -34,6 +35,11 @@ pub struct MessagesRequest {
     pub messages: Vec<pb::ChatMessage>,
     pub tools: Vec<pb::ToolDefinition>,
     pub options: pb::GenerationOptions,
+    /// Server tools the request named (served without them, or refused, by
+    /// the Edge's `api.hosted_tools`).
+    pub dropped_tools: Vec<DroppedTool>,
+    /// `thinking.display: "omitted"`: thinking blocks go out without their text.
+    pub omit_thinking: bool,
 }
 
 /// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
@@ -46,6 +52,7 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
     let model = JSON.non_empty_string(&obj, "model", "model")?.to_string();
 
     let mut messages = Vec::new();
+    let mut references = Vec::new();
     if let Some(v) = field(&obj, "system") {
         let system = parse_text_content(v, "system")?;
         if !system.is_empty() {
@@ -59,16 +66,37 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
         }
         Some(Value::Array(items)) => {
             for (i, m) in items.iter().enumerate() {
-                parse_message(m, i, &mut messages)?;
+                parse_message(m, i, &mut messages, &mut references)?;
             }
         }
         Some(_) => return Err(JSON.type_error("messages", "an array")),
     }
 
-    let tools = JSON.optional_array(&obj, "tools", |i| format!("tools.{i}"), parse_tool)?;
+    let mut tools = Vec::new();
+    let mut dropped_tools = Vec::new();
+    match field(&obj, "tools") {
+        None => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let path = format!("tools.{i}");
+                let ty = item.get("type").and_then(Value::as_str).unwrap_or_default();
+                if let Some(kind) = hosted_tools::anthropic_kind(ty) {
+                    dropped_tools.push(DroppedTool { path, kind });
+                    continue;
+                }
+                let (tool, deferred) = parse_tool(item, &path)?;
+                // A deferred tool (`defer_loading`, Claude Code's tool search)
+                // is offered only once a `tool_reference` loaded it.
+                if !deferred || references.contains(&tool.name) {
+                    tools.push(tool);
+                }
+            }
+        }
+        Some(_) => return Err(JSON.type_error("tools", "an array")),
+    }
 
     let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
-    let mut options = parse_options(&obj)?;
+    let (mut options, omit_thinking) = parse_options(&obj)?;
     match field(&obj, "tool_choice") {
         None => {}
         Some(Value::Object(choice)) => {
@@ -94,7 +122,7 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
         Some(_) => return Err(JSON.type_error("tool_choice", "an object")),
     }
 
-    Ok(MessagesRequest { model, stream, messages, tools, options })
+    Ok(MessagesRequest { model, stream, messages, tools, options, dropped_tools, omit_thinking })
 }
 
 /// A `count_tokens` request: a Messages request without `max_tokens` (and
@@ -117,26 +145,40 @@ pub fn counted_tokens(events: &[pb::run_event::Event]) -> Option<u64> {
     usage.filter(|_| completed)
 }
 
-/// Appends the normalized message(s) for `messages[i]` to `out`.
-fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Result<(), ApiError> {
+/// Appends the normalized message(s) for `messages[i]` to `out`; the tools a
+/// `tool_reference` names join `references`.
+fn parse_message(
+    value: &Value,
+    i: usize,
+    out: &mut Vec<pb::ChatMessage>,
+    references: &mut Vec<String>,
+) -> Result<(), ApiError> {
     let path = format!("messages.{i}");
     let Value::Object(obj) = value else {
         return Err(JSON.type_error(&path, "an object"));
     };
 
     let role_path = format!("{path}.role");
+    let content_path = format!("{path}.content");
     let role = match JSON.string(JSON.required(obj, "role", &role_path)?, &role_path)? {
         "user" => pb::Role::User,
         "assistant" => pb::Role::Assistant,
+        // A system turn inside the conversation (Claude Code's environment
+        // note, beta `mid-conversation-system`): kept in place; adapters whose
+        // servers take one leading system text only join it there.
+        "system" => {
+            let text = parse_text_content(JSON.required(obj, "content", &content_path)?, &content_path)?;
+            out.push(text_message(pb::Role::System, text));
+            return Ok(());
+        }
         other => {
             return Err(ApiError::invalid_param(
                 &role_path,
-                format!("{role_path}: Input should be 'user' or 'assistant' (got `{other}`)"),
+                format!("{role_path}: Input should be 'user', 'assistant' or 'system' (got `{other}`)"),
             ));
         }
     };
 
-    let content_path = format!("{path}.content");
     let blocks = match JSON.required(obj, "content", &content_path)? {
         Value::String(s) => {
             out.push(text_message(role, s.clone()));
@@ -166,7 +208,9 @@ fn parse_message(value: &Value, i: usize, out: &mut Vec<pb::ChatMessage>) -> Res
             // A client hands back the reasoning of earlier turns (Claude
             // Code does); no provider takes it back, so it is dropped.
             "thinking" | "redacted_thinking" if role == pb::Role::Assistant => {}
-            "tool_result" if role == pb::Role::User => tool_results.push(parse_tool_result(b, &block_path)?),
+            "tool_result" if role == pb::Role::User => {
+                tool_results.push(parse_tool_result(b, &block_path, references)?);
+            }
             "image" if role == pb::Role::User => images.push(parse_image(b, &block_path)?),
             ty @ "tool_use" => return Err(block_not_allowed(&type_path, &block_path, ty, "assistant")),
             ty @ "tool_result" => return Err(block_not_allowed(&type_path, &block_path, ty, "user")),
@@ -228,13 +272,35 @@ fn parse_tool_use(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, 
     Ok(pb::ToolCall { id, name, arguments_json })
 }
 
-/// `{"type":"tool_result","tool_use_id","content"?: string | [text blocks],
-/// "is_error"?}` -> a TOOL message.
-fn parse_tool_result(obj: &Map<String, Value>, path: &str) -> Result<pb::ChatMessage, ApiError> {
+/// `{"type":"tool_result","tool_use_id","content"?: string | [text or
+/// tool_reference blocks], "is_error"?}` -> a TOOL message. A
+/// `tool_reference` (`{"type":"tool_reference","tool_name"}`, what a tool
+/// search answers) loads that deferred tool for this request and reads as a
+/// line saying so.
+fn parse_tool_result(
+    obj: &Map<String, Value>,
+    path: &str,
+    references: &mut Vec<String>,
+) -> Result<pb::ChatMessage, ApiError> {
     let tool_call_id = JSON.non_empty_string(obj, "tool_use_id", &format!("{path}.tool_use_id"))?.to_string();
     let content_path = format!("{path}.content");
     let content = match field(obj, "content") {
         None => String::new(),
+        Some(Value::Array(blocks)) => {
+            let mut texts = Vec::with_capacity(blocks.len());
+            for (j, block) in blocks.iter().enumerate() {
+                let block_path = format!("{content_path}.{j}");
+                match block {
+                    Value::Object(b) if b.get("type").and_then(Value::as_str) == Some("tool_reference") => {
+                        let name = JSON.non_empty_string(b, "tool_name", &format!("{block_path}.tool_name"))?;
+                        texts.push(format!("Tool `{name}` is now available."));
+                        references.push(name.to_string());
+                    }
+                    _ => texts.push(text_block(block, &block_path)?.to_string()),
+                }
+            }
+            texts.join("\n")
+        }
         Some(v) => parse_text_content(v, &content_path)?,
     };
     let is_error = JSON.optional_bool(obj, "is_error", &format!("{path}.is_error"))?.unwrap_or(false);
@@ -248,21 +314,26 @@ fn parse_text_content(value: &Value, path: &str) -> Result<String, ApiError> {
     match value {
         Value::String(s) => Ok(s.clone()),
         Value::Array(blocks) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for (j, block) in blocks.iter().enumerate() {
-                let block_path = format!("{path}.{j}");
-                let Value::Object(b) = block else {
-                    return Err(JSON.type_error(&block_path, "an object"));
-                };
-                let type_path = format!("{block_path}.type");
-                match JSON.string(JSON.required(b, "type", &type_path)?, &type_path)? {
-                    "text" => texts.push(text_of(b, &block_path)?),
-                    other => return Err(unsupported_block(&type_path, &block_path, other)),
-                }
-            }
+            let texts = blocks
+                .iter()
+                .enumerate()
+                .map(|(j, block)| text_block(block, &format!("{path}.{j}")))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(texts.join("\n"))
         }
         _ => Err(JSON.type_error(path, "a string or an array of text blocks")),
+    }
+}
+
+/// The text of a `{"type":"text","text"}` block; any other block is refused.
+fn text_block<'a>(block: &'a Value, block_path: &str) -> Result<&'a str, ApiError> {
+    let Value::Object(b) = block else {
+        return Err(JSON.type_error(block_path, "an object"));
+    };
+    let type_path = format!("{block_path}.type");
+    match JSON.string(JSON.required(b, "type", &type_path)?, &type_path)? {
+        "text" => text_of(b, block_path),
+        other => Err(unsupported_block(&type_path, block_path, other)),
     }
 }
 
@@ -279,10 +350,11 @@ fn block_not_allowed(type_path: &str, block_path: &str, ty: &str, role: &str) ->
     ApiError::invalid_param(type_path, format!("{block_path}: `{ty}` blocks are only allowed in {role} messages"))
 }
 
-/// `{"name","description"?,"input_schema":{...},"type"?:"custom"}`. Server
-/// tools (`web_search_20250305`, `bash_20250124`, ...) run inside Anthropic's
-/// platform and cannot be offered by a local provider.
-fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
+/// `{"name","description"?,"input_schema":{...},"type"?:"custom",
+/// "defer_loading"?}` and whether it is deferred. Anthropic-defined tools
+/// without a schema (`bash_20250124`, `text_editor_*`, ...) cannot be offered
+/// to a local model; server tools never reach here (see [`hosted_tools`]).
+fn parse_tool(value: &Value, path: &str) -> Result<(pb::ToolDefinition, bool), ApiError> {
     let Value::Object(obj) = value else {
         return Err(JSON.type_error(path, "an object"));
     };
@@ -306,10 +378,12 @@ fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError>
         v @ Value::Object(_) => v.to_string(),
         _ => return Err(JSON.type_error(&schema_path, "an object")),
     };
-    Ok(pb::ToolDefinition { name, description, parameters_json })
+    let deferred = JSON.optional_bool(obj, "defer_loading", &format!("{path}.defer_loading"))?.unwrap_or(false);
+    Ok((pb::ToolDefinition { name, description, parameters_json }, deferred))
 }
 
-fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiError> {
+/// The generation options, and whether thinking text is to be omitted.
+fn parse_options(obj: &Map<String, Value>) -> Result<(pb::GenerationOptions, bool), ApiError> {
     let mut options = pb::GenerationOptions {
         // Required by the Messages API (unlike Chat Completions).
         max_tokens: Some(JSON.positive_u32(JSON.required(obj, "max_tokens", "max_tokens")?, "max_tokens")?),
@@ -324,12 +398,27 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
     if let Some(v) = field(obj, "top_k") {
         options.top_k = Some(JSON.positive_u32(v, "top_k")?);
     }
-    // Extended thinking: on with a token budget (mapped to an effort), or off.
+    // Extended thinking: on with a token budget (mapped to an effort), on
+    // with the depth left to the provider (`adaptive`), or off.
+    let mut omit_thinking = false;
     match field(obj, "thinking") {
         None => {}
         Some(Value::Object(thinking)) => {
+            omit_thinking = match field(thinking, "display") {
+                None => false,
+                Some(v) => match JSON.string(v, "thinking.display")? {
+                    "summarized" => false,
+                    "omitted" => true,
+                    other => {
+                        let message =
+                            format!("thinking.display: unknown value `{other}`; expected summarized or omitted");
+                        return Err(ApiError::invalid_param("thinking.display", message));
+                    }
+                },
+            };
             let effort = match JSON.non_empty_string(thinking, "type", "thinking.type")? {
                 "disabled" => pb::ReasoningEffort::None,
+                "adaptive" => pb::ReasoningEffort::Adaptive,
                 "enabled" => {
                     let budget = JSON.required(thinking, "budget_tokens", "thinking.budget_tokens")?;
                     match JSON.positive_u32(budget, "thinking.budget_tokens")? {
@@ -339,7 +428,8 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
                     }
                 }
                 other => {
-                    let message = format!("thinking.type: unknown type `{other}`; expected enabled or disabled");
+                    let message =
+                        format!("thinking.type: unknown type `{other}`; expected enabled, adaptive or disabled");
                     return Err(ApiError::invalid_param("thinking.type", message));
                 }
             };
@@ -356,7 +446,7 @@ fn parse_options(obj: &Map<String, Value>) -> Result<pb::GenerationOptions, ApiE
             .collect::<Result<Vec<_>, _>>()?,
         Some(_) => return Err(JSON.type_error("stop_sequences", "an array of strings")),
     };
-    Ok(options)
+    Ok((options, omit_thinking))
 }
 
 // ---------------------------------------------------------------- response
@@ -367,12 +457,14 @@ pub struct ResponseMeta {
     pub id: String,
     /// The model name the client asked for.
     pub model: String,
+    /// `thinking.display: "omitted"`: thinking blocks are sent empty.
+    pub omit_thinking: bool,
 }
 
 impl ResponseMeta {
     /// `id` is `msg_` followed by 32 hex digits (a v4 UUID, simple form).
     pub fn new(model: String) -> Self {
-        Self { id: synthetic_id("msg_"), model }
+        Self { id: synthetic_id("msg_"), model, omit_thinking: false }
     }
 }
 
@@ -433,6 +525,7 @@ impl EventRenderer {
                 Step::Delta(i, text) => {
                     let delta = match t.block(i).kind {
                         BlockKind::Text => json!({ "type": "text_delta", "text": text }),
+                        BlockKind::Reasoning if self.meta.omit_thinking => continue,
                         BlockKind::Reasoning => json!({ "type": "thinking_delta", "thinking": text }),
                         BlockKind::ToolCall { .. } => json!({ "type": "input_json_delta", "partial_json": text }),
                     };
@@ -499,7 +592,10 @@ impl MessageAggregator {
         let content: Vec<Value> = (0..t.blocks().len())
             .map(|i| match &t.block(i).kind {
                 BlockKind::Text => json!({ "type": "text", "text": t.block(i).content }),
-                BlockKind::Reasoning => json!({ "type": "thinking", "thinking": t.block(i).content, "signature": "" }),
+                BlockKind::Reasoning => {
+                    let thinking = if self.meta.omit_thinking { "" } else { t.block(i).content.as_str() };
+                    json!({ "type": "thinking", "thinking": thinking, "signature": "" })
+                }
                 BlockKind::ToolCall { name, .. } => json!({
                     "type": "tool_use", "id": ids.of(t, i, synthetic_tool_use_id), "name": name, "input": arguments_object(&t.block(i).content),
                 }),
@@ -557,7 +653,7 @@ mod tests {
     }
 
     fn meta() -> ResponseMeta {
-        ResponseMeta { id: "msg_test".into(), model: "claude-local".into() }
+        ResponseMeta { id: "msg_test".into(), model: "claude-local".into(), omit_thinking: false }
     }
 
     fn msg(role: pb::Role, content: &str) -> pb::ChatMessage {
@@ -716,6 +812,134 @@ mod tests {
         }
     }
 
+    /// What Claude Code 2.1.332 sent with default settings (recorded through
+    /// a capturing proxy; long texts cut): a system turn inside `messages`,
+    /// adaptive thinking with `display: omitted`, `context_management`,
+    /// `output_config.effort`, a deferred tool, then a Bash round trip.
+    #[test]
+    fn claude_code_requests_parse() {
+        let recorded: Value = serde_json::from_str(include_str!("fixtures/claude-code-2.1.332.json")).unwrap();
+        let first = parse(recorded["first_turn"].clone()).unwrap();
+        let roles: Vec<pb::Role> = first.messages.iter().map(|m| m.role()).collect();
+        assert_eq!(roles, [pb::Role::System, pb::Role::User, pb::Role::System]);
+        assert!(first.messages[2].content.starts_with("# Environment"), "{}", first.messages[2].content);
+        assert_eq!(first.options.reasoning_effort, Some(pb::ReasoningEffort::Adaptive.into()));
+        assert!(first.omit_thinking);
+        assert!(first.stream);
+        assert!(first.dropped_tools.is_empty());
+        let names: Vec<&str> = first.tools.iter().map(|t| t.name.as_str()).collect();
+        assert!(names.contains(&"Bash") && names.contains(&"Write"), "{names:?}");
+        assert!(!names.contains(&"DeferredToolPlaceholder"), "a deferred tool is not offered: {names:?}");
+
+        let round_trip = parse(recorded["tool_round_trip"].clone()).unwrap();
+        let n = round_trip.messages.len();
+        let (call, result) = (&round_trip.messages[n - 2], &round_trip.messages[n - 1]);
+        assert_eq!(call.role(), pb::Role::Assistant);
+        assert_eq!(call.tool_calls[0].name, "Bash");
+        assert_eq!(result.role(), pb::Role::Tool);
+        assert_eq!(result.tool_call_id, call.tool_calls[0].id);
+    }
+
+    #[test]
+    fn a_system_turn_inside_the_conversation_keeps_its_place() {
+        let req = parse(json!({"model": "m", "max_tokens": 8, "system": "be brief", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "env: linux"}, {"type": "text", "text": "cwd: /"}]},
+            {"role": "assistant", "content": "hello"},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            req.messages,
+            vec![
+                msg(pb::Role::System, "be brief"),
+                msg(pb::Role::User, "hi"),
+                msg(pb::Role::System, "env: linux\ncwd: /"),
+                msg(pb::Role::Assistant, "hello"),
+            ]
+        );
+    }
+
+    #[test]
+    fn adaptive_thinking_leaves_the_depth_to_the_provider_and_display_omitted_sends_empty_thinking() {
+        let with = |thinking: Value| {
+            parse(json!({"model": "m", "max_tokens": 8, "thinking": thinking, "messages": [{"role": "user", "content": "x"}]}))
+                .unwrap()
+        };
+        let adaptive = with(json!({"type": "adaptive"}));
+        assert_eq!(adaptive.options.reasoning_effort, Some(pb::ReasoningEffort::Adaptive.into()));
+        assert!(!adaptive.omit_thinking);
+        assert!(with(json!({"type": "enabled", "budget_tokens": 2048, "display": "omitted"})).omit_thinking);
+        assert!(!with(json!({"type": "adaptive", "display": "summarized"})).omit_thinking);
+
+        let events = [
+            started(),
+            Event::Reasoning(pb::ReasoningDelta { text: "secret plan".into() }),
+            text("hi"),
+            usage(3, 2),
+            completed(pb::FinishReason::Stop),
+        ];
+        let omitting = || ResponseMeta { omit_thinking: true, ..meta() };
+        let streamed = render_all(&mut EventRenderer::new(omitting()), &events);
+        assert!(!streamed.iter().any(|(_, v)| v.to_string().contains("secret plan")), "{streamed:?}");
+        assert_eq!(streamed[1].1["content_block"], json!({"type": "thinking", "thinking": "", "signature": ""}));
+        let mut aggregator = MessageAggregator::new(omitting());
+        events.iter().for_each(|e| aggregator.push(e));
+        let body = aggregator.finish().unwrap();
+        assert_eq!(body["content"][0], json!({"type": "thinking", "thinking": "", "signature": ""}));
+        assert_eq!(body["content"][1]["text"], "hi");
+    }
+
+    #[test]
+    fn a_deferred_tool_is_offered_once_a_tool_reference_loads_it() {
+        let tools = json!([
+            {"name": "ToolSearch", "input_schema": {"type": "object"}},
+            {"name": "WebFetch", "input_schema": {"type": "object"}, "defer_loading": true},
+            {"name": "Cron", "input_schema": {"type": "object"}, "defer_loading": true},
+        ]);
+        let names = |req: &MessagesRequest| req.tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        let before = parse(
+            json!({"model": "m", "max_tokens": 8, "tools": tools, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .unwrap();
+        assert_eq!(names(&before), ["ToolSearch"]);
+        let after = parse(json!({"model": "m", "max_tokens": 8, "tools": tools, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {"query": "fetch"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": "found:"}, {"type": "tool_reference", "tool_name": "WebFetch"}
+            ]}]},
+        ]}))
+        .unwrap();
+        assert_eq!(names(&after), ["ToolSearch", "WebFetch"]);
+        assert_eq!(after.messages[2].content, "found:\nTool `WebFetch` is now available.");
+    }
+
+    #[test]
+    fn server_tools_are_listed_as_dropped_and_not_offered() {
+        let req =
+            parse(json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tools": [
+                {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                {"name": "f", "input_schema": {"type": "object"}},
+                {"type": "web_fetch_20250910", "name": "web_fetch"},
+            ]}))
+            .unwrap();
+        assert_eq!(req.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["f"]);
+        assert_eq!(
+            req.dropped_tools,
+            [
+                DroppedTool { path: "tools.0".into(), kind: "web_search" },
+                DroppedTool { path: "tools.2".into(), kind: "web_fetch" }
+            ]
+        );
+        // Anthropic-defined client tools have no schema to give a local model.
+        let bash = parse(json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "bash_20250124", "name": "bash"}]}));
+        assert_eq!(
+            bash.unwrap_err().message(),
+            "tools.0: tool type `bash_20250124` is not supported; only custom tools (with `input_schema`) are"
+        );
+    }
+
     #[test]
     fn invalid_requests_name_the_field() {
         let user = json!({"role": "user", "content": "hi"});
@@ -750,9 +974,24 @@ mod tests {
             (msgs(json!([user.clone(), "x"])), "messages.1", "messages.1: Input should be an object"),
             (msgs(json!([{"content": "x"}])), "messages.0.role", "messages.0.role: Field required"),
             (
-                msgs(json!([user.clone(), {"role": "system", "content": "x"}])),
+                msgs(json!([user.clone(), {"role": "tool", "content": "x"}])),
                 "messages.1.role",
-                "messages.1.role: Input should be 'user' or 'assistant' (got `system`)",
+                "messages.1.role: Input should be 'user', 'assistant' or 'system' (got `tool`)",
+            ),
+            (
+                msgs(json!([user.clone(), {"role": "system", "content": [{"type": "image", "source": {}}]}])),
+                "messages.1.content.0.type",
+                "messages.1.content.0: content block type `image` is not supported",
+            ),
+            (
+                with(json!({"thinking": {"type": "adaptive", "display": "full"}})),
+                "thinking.display",
+                "thinking.display: unknown value `full`; expected summarized or omitted",
+            ),
+            (
+                with(json!({"tools": [{"name": "f", "input_schema": {}, "defer_loading": "yes"}]})),
+                "tools.0.defer_loading",
+                "tools.0.defer_loading: Input should be a boolean",
             ),
             (msgs(json!([{"role": "user"}])), "messages.0.content", "messages.0.content: Field required"),
             (
@@ -860,9 +1099,9 @@ mod tests {
             ),
             (with(json!({"tools": {}})), "tools", "tools: Input should be an array"),
             (
-                with(json!({"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]})),
+                with(json!({"tools": [{"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]})),
                 "tools.0.type",
-                "tools.0: tool type `web_search_20250305` is not supported; only custom tools (with `input_schema`) are",
+                "tools.0: tool type `text_editor_20250728` is not supported; only custom tools (with `input_schema`) are",
             ),
             (with(json!({"tools": [{"input_schema": {}}]})), "tools.0.name", "tools.0.name: Field required"),
             (with(json!({"tools": [{"name": "f"}]})), "tools.0.input_schema", "tools.0.input_schema: Field required"),

@@ -8,6 +8,7 @@ pub mod embeddings;
 pub mod error;
 #[cfg(test)]
 pub(crate) mod fuzz;
+pub mod hosted_tools;
 mod images;
 mod json;
 pub mod openai_chat;

@@ -14,6 +14,7 @@ use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
+use super::hosted_tools::{self, DroppedTool};
 use super::json::{Wording, body_object, field, text_message};
 use super::openai_common::{
     ImagePart, expect_function_type, function_call, function_definition, reasoning_effort, refuse_unsupported,
@@ -42,6 +43,41 @@ pub struct ResponsesRequest {
     pub options: pb::GenerationOptions,
     /// Echoed back in the response object.
     pub instructions: Option<String>,
+    /// Hosted tools the request named (served without them, or refused,
+    /// by the Edge's `api.hosted_tools`).
+    pub dropped_tools: Vec<DroppedTool>,
+    /// The functions that came from `namespace` tools.
+    pub namespaces: Namespaces,
+}
+
+/// Namespace tools (`{"type":"namespace","name","tools":[functions]}`, as
+/// Codex CLI groups its sub-agent tools) are offered to the provider as
+/// plain functions named `<namespace>__<name>` (the characters every
+/// OpenAI-compatible server takes in a function name); a call of one goes
+/// back to the client as `name` plus `namespace`, and a `function_call`
+/// input item with a `namespace` is read the same way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespaces(Vec<(String, usize)>);
+
+impl Namespaces {
+    const SEPARATOR: &str = "__";
+
+    fn qualified(namespace: &str, name: &str) -> String {
+        format!("{namespace}{}{name}", Self::SEPARATOR)
+    }
+
+    fn add(&mut self, namespace: &str, name: &str) -> String {
+        let qualified = Self::qualified(namespace, name);
+        self.0.push((qualified.clone(), namespace.len()));
+        qualified
+    }
+
+    /// `(namespace, name)` of a provider-facing function name that came
+    /// from a namespace tool.
+    pub fn split<'a>(&self, function: &'a str) -> Option<(&'a str, &'a str)> {
+        let (_, at) = self.0.iter().find(|(qualified, _)| qualified == function)?;
+        Some((&function[..*at], &function[at + Self::SEPARATOR.len()..]))
+    }
 }
 
 /// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
@@ -85,7 +121,26 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         Some(_) => return Err(JSON.type_error("input", "a string or an array of input items")),
     }
 
-    let tools = JSON.optional_array(&obj, "tools", |i| format!("tools[{i}]"), parse_tool)?;
+    let mut tools = Vec::new();
+    let mut namespaces = Namespaces::default();
+    let mut dropped_tools = Vec::new();
+    match field(&obj, "tools") {
+        None => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let path = format!("tools[{i}]");
+                let ty = item.get("type").and_then(Value::as_str).unwrap_or_default();
+                if let Some(kind) = hosted_tools::openai_kind(ty) {
+                    dropped_tools.push(DroppedTool { path, kind });
+                } else if ty == "namespace" {
+                    parse_namespace(item, &path, &mut namespaces, &mut tools)?;
+                } else {
+                    tools.push(parse_tool(item, &path)?);
+                }
+            }
+        }
+        Some(_) => return Err(JSON.type_error("tools", "an array")),
+    }
 
     let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
     let mut options = parse_options(&obj)?;
@@ -115,7 +170,31 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         Some(_) => return Err(JSON.type_error("text", "an object")),
     };
 
-    Ok(ResponsesRequest { model, stream, messages, tools, options, instructions })
+    Ok(ResponsesRequest { model, stream, messages, tools, options, instructions, dropped_tools, namespaces })
+}
+
+/// `{"type":"namespace","name","description"?,"tools":[function tools]}`:
+/// each function joins `tools` under its qualified name.
+fn parse_namespace(
+    value: &Value,
+    path: &str,
+    namespaces: &mut Namespaces,
+    tools: &mut Vec<pb::ToolDefinition>,
+) -> Result<(), ApiError> {
+    let Value::Object(obj) = value else {
+        return Err(JSON.type_error(path, "an object"));
+    };
+    let namespace = JSON.non_empty_string(obj, "name", &format!("{path}.name"))?;
+    let inner_path = format!("{path}.tools");
+    let Value::Array(inner) = JSON.required(obj, "tools", &inner_path)? else {
+        return Err(JSON.type_error(&inner_path, "an array"));
+    };
+    for (j, tool) in inner.iter().enumerate() {
+        let mut tool = parse_tool(tool, &format!("{inner_path}[{j}]"))?;
+        tool.name = namespaces.add(namespace, &tool.name);
+        tools.push(tool);
+    }
+    Ok(())
 }
 
 /// One `input` item, appended to `messages`. A `function_call` joins the
@@ -195,11 +274,16 @@ fn parse_message_item(obj: &Map<String, Value>, path: &str) -> Result<pb::ChatMe
 const IMAGE_PART: ImagePart =
     ImagePart { kind: "input_image", url_of: |part| part.get("image_url"), url_path: ".image_url" };
 
-/// `{"type":"function_call","call_id","name","arguments":<string>}`; `id`
-/// and `status` are ignored.
+/// `{"type":"function_call","call_id","name","namespace"?,"arguments":<string>}`;
+/// `id` and `status` are ignored.
 fn parse_function_call(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, ApiError> {
     let id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
-    function_call(id, obj, path)
+    let mut call = function_call(id, obj, path)?;
+    if field(obj, "namespace").is_some() {
+        let namespace = JSON.non_empty_string(obj, "namespace", &format!("{path}.namespace"))?;
+        call.name = Namespaces::qualified(namespace, &call.name);
+    }
+    Ok(call)
 }
 
 /// `{"type":"function","name","description"?,"parameters"?,"strict"?}`:
@@ -255,6 +339,8 @@ pub struct ResponseMeta {
     pub top_p: Option<f32>,
     /// The request's tools as Responses spells them.
     pub tools: Vec<Value>,
+    /// Which function names came from namespace tools.
+    pub namespaces: Namespaces,
 }
 
 impl ResponseMeta {
@@ -272,6 +358,7 @@ impl ResponseMeta {
             temperature: None,
             top_p: None,
             tools: Vec::new(),
+            namespaces: Namespaces::default(),
         }
     }
 
@@ -302,6 +389,7 @@ impl ResponseMeta {
             temperature: o.temperature,
             top_p: o.top_p,
             tools,
+            namespaces: request.namespaces.clone(),
             ..Self::new(request.model.clone(), created_at, request.instructions.clone(), o.max_tokens)
         }
     }
@@ -315,7 +403,7 @@ fn output_text_part(text: &str) -> Value {
 /// id (`msg_…` / `fc_…`) and, for a tool call, its `call_id` (the
 /// provider's, or a made-up `call_…`).
 #[derive(Debug, Default)]
-struct ItemIds(Vec<(String, String)>);
+struct ItemIds(Vec<(String, String)>, Namespaces);
 
 impl ItemIds {
     fn of(&mut self, transcript: &Transcript, i: usize) -> (String, String) {
@@ -351,10 +439,17 @@ impl ItemIds {
                 "type": "reasoning", "id": id, "summary": [],
                 "content": [{ "type": "reasoning_text", "text": block.content }],
             }),
-            BlockKind::ToolCall { name, .. } => json!({
-                "type": "function_call", "id": id, "call_id": call_id, "name": name,
-                "arguments": if added { "" } else { block.content.as_str() }, "status": status,
-            }),
+            BlockKind::ToolCall { name, .. } => {
+                let mut item = json!({
+                    "type": "function_call", "id": id, "call_id": call_id, "name": name,
+                    "arguments": if added { "" } else { block.content.as_str() }, "status": status,
+                });
+                if let Some((namespace, name)) = self.1.split(name) {
+                    item["name"] = json!(name);
+                    item["namespace"] = json!(namespace);
+                }
+                item
+            }
         }
     }
 
@@ -378,7 +473,8 @@ pub struct EventRenderer {
 
 impl EventRenderer {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { meta, transcript: Transcript::default(), ids: ItemIds::default(), next_sequence_number: 0, begun: false }
+        let ids = ItemIds(Vec::new(), meta.namespaces.clone());
+        Self { meta, transcript: Transcript::default(), ids, next_sequence_number: 0, begun: false }
     }
 
     /// Zero or more `(event type, JSON payload)` pairs for one run event; the
@@ -516,7 +612,12 @@ impl ResponseAggregator {
     /// or no terminal at all.
     pub fn finish(mut self) -> Result<Value, ApiError> {
         let finish_reason = self.transcript.finish()?;
-        Ok(completed_response(&self.meta, &self.transcript, &mut ItemIds::default(), finish_reason))
+        Ok(completed_response(
+            &self.meta,
+            &self.transcript,
+            &mut ItemIds(Vec::new(), self.meta.namespaces.clone()),
+            finish_reason,
+        ))
     }
 }
 
@@ -607,6 +708,83 @@ mod tests {
             instructions: Some("be brief".into()),
             max_output_tokens: Some(64),
             ..ResponseMeta::new(String::new(), 0, None, None)
+        }
+    }
+
+    /// What Codex CLI 0.171.0 sent with default settings (recorded through a
+    /// capturing proxy; long texts cut): developer messages, a `namespace`
+    /// tool, the hosted `web_search`, `reasoning.summary`, `include`, then
+    /// an exec_command round trip.
+    #[test]
+    fn codex_requests_parse() {
+        let recorded: Value = serde_json::from_str(include_str!("fixtures/codex-0.171.0.json")).unwrap();
+        let first = parse(recorded["first_turn"].clone()).unwrap();
+        let names: Vec<&str> = first.tools.iter().map(|t| t.name.as_str()).collect();
+        assert!(names.contains(&"exec_command"), "{names:?}");
+        assert!(names.contains(&"multi_agent_v1__spawn_agent"), "{names:?}");
+        assert_eq!(first.namespaces.split("multi_agent_v1__spawn_agent"), Some(("multi_agent_v1", "spawn_agent")));
+        assert_eq!(first.namespaces.split("exec_command"), None);
+        let web_search =
+            recorded["first_turn"]["tools"].as_array().unwrap().iter().position(|t| t["type"] == "web_search");
+        assert_eq!(
+            first.dropped_tools,
+            [DroppedTool { path: format!("tools[{}]", web_search.unwrap()), kind: "web_search" }]
+        );
+        assert_eq!(first.messages[0].role(), pb::Role::System);
+
+        let round_trip = parse(recorded["tool_round_trip"].clone()).unwrap();
+        let n = round_trip.messages.len();
+        assert_eq!(round_trip.messages[n - 2].tool_calls[0].name, "exec_command");
+        assert_eq!(round_trip.messages[n - 1].role(), pb::Role::Tool);
+    }
+
+    #[test]
+    fn namespace_tools_are_functions_to_the_provider_and_calls_go_back_with_their_namespace() {
+        let request = parse(json!({"model": "m", "input": [
+            {"role": "user", "content": "spawn one"},
+            {"type": "function_call", "call_id": "c0", "name": "spawn_agent", "namespace": "agents", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c0", "output": "ok"},
+        ], "tools": [
+            {"type": "namespace", "name": "agents", "description": "sub-agents", "tools": [
+                {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}},
+                {"type": "function", "name": "close_agent"},
+            ]},
+            {"type": "function", "name": "exec"},
+        ]}))
+        .unwrap();
+        let names: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["agents__spawn_agent", "agents__close_agent", "exec"]);
+        assert_eq!(request.messages[1].tool_calls[0].name, "agents__spawn_agent");
+
+        let meta = ResponseMeta::for_request(&request, 0);
+        let events =
+            [started(), tool(0, "call_9", "agents__close_agent", r#"{"id":"a"}"#), tool(1, "call_8", "exec", "{}")];
+        let mut aggregator = ResponseAggregator::new(meta.clone());
+        events.iter().chain([&completed(pb::FinishReason::ToolCalls)]).for_each(|e| aggregator.push(e));
+        let output = aggregator.finish().unwrap()["output"].clone();
+        assert_eq!(
+            (output[0]["name"].as_str(), output[0]["namespace"].as_str()),
+            (Some("close_agent"), Some("agents"))
+        );
+        assert_eq!((output[1]["name"].as_str(), output[1].get("namespace")), (Some("exec"), None));
+        let streamed = render_all(&mut EventRenderer::new(meta), &events);
+        let added = streamed.iter().find(|(kind, _)| *kind == "response.output_item.added").unwrap();
+        assert_eq!(
+            (added.1["item"]["name"].as_str(), added.1["item"]["namespace"].as_str()),
+            (Some("close_agent"), Some("agents"))
+        );
+
+        for (bad, param, message) in [
+            (json!({"type": "namespace", "tools": []}), "tools[0].name", "`tools[0].name` is required"),
+            (json!({"type": "namespace", "name": "n"}), "tools[0].tools", "`tools[0].tools` is required"),
+            (
+                json!({"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}),
+                "tools[0].tools[0].type",
+                "tools[0].tools[0]: tool type `web_search` is not supported; only `function` is",
+            ),
+        ] {
+            let error = parse(json!({"model": "m", "input": "x", "tools": [bad]})).unwrap_err();
+            assert_eq!(error, ApiError::invalid_param(param, message));
         }
     }
 
@@ -943,16 +1121,14 @@ mod tests {
             (with(json!({"tools": ["f"]})), "tools[0]", "`tools[0]` must be an object"),
             (with(json!({"tools": [{"name": "f"}]})), "tools[0].type", "`tools[0].type` is required"),
             (
-                with(json!({"tools": [{"type": "web_search"}]})),
+                with(json!({"tools": [{"type": "custom", "name": "apply_patch"}]})),
                 "tools[0].type",
-                "tools[0]: tool type `web_search` is not supported; only `function` is",
+                "tools[0]: tool type `custom` is not supported; only `function` is",
             ),
             (
-                with(
-                    json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search", "vector_store_ids": []}]}),
-                ),
+                with(json!({"tools": [{"type": "function", "name": "f"}, {"type": "local_shell"}]})),
                 "tools[1].type",
-                "tools[1]: tool type `file_search` is not supported; only `function` is",
+                "tools[1]: tool type `local_shell` is not supported; only `function` is",
             ),
             (with(json!({"tools": [{"type": "function"}]})), "tools[0].name", "`tools[0].name` is required"),
             (

@@ -535,6 +535,25 @@ fn usage(prompt_tokens: u64, completion_tokens: u64) -> pb::run_event::Event {
     })
 }
 
+/// The conversation with every SYSTEM message's text joined (in order, by a
+/// blank line) into one leading SYSTEM message, for servers whose chat
+/// template takes a system text only first: Gemma's and Mistral's Jinja
+/// templates, as llama.cpp, LM Studio and vLLM run them, raise "roles must
+/// alternate" on a second or later one. Clients send them later (Claude
+/// Code's environment note, OpenAI `developer` turns, Responses
+/// `instructions` beside system items). Borrowed when there is nothing to join.
+fn leading_system(messages: &[pb::ChatMessage]) -> std::borrow::Cow<'_, [pb::ChatMessage]> {
+    let is_system = |m: &pb::ChatMessage| m.role == i32::from(pb::Role::System);
+    let systems = messages.iter().filter(|m| is_system(m)).count();
+    if systems == 0 || (systems == 1 && is_system(&messages[0])) {
+        return std::borrow::Cow::Borrowed(messages);
+    }
+    let texts: Vec<&str> =
+        messages.iter().filter(|m| is_system(m)).map(|m| m.content.as_str()).filter(|t| !t.is_empty()).collect();
+    let leading = pb::ChatMessage { role: pb::Role::System.into(), content: texts.join("\n\n"), ..Default::default() };
+    std::iter::once(leading).chain(messages.iter().filter(|m| !is_system(m)).cloned()).collect()
+}
+
 fn message_role(index: usize, message: &pb::ChatMessage) -> Result<pb::Role, AdapterError> {
     closed_enum::<pb::Role>("role", message.role)
         .map_err(|e| AdapterError::InvalidRequest(format!("messages[{index}]: {e}")))
@@ -718,6 +737,44 @@ mod option_tests {
             AdapterKind::OpenAi => openai::request_body(&target, request)?,
         };
         Ok(serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[test]
+    fn later_system_messages_join_the_leading_one_for_openai_compatible_servers_only() {
+        let system =
+            |text: &str| pb::ChatMessage { role: pb::Role::System.into(), content: text.into(), ..Default::default() };
+        let mut request = fake::request(vec![
+            system("be brief"),
+            fake::user("hi"),
+            system("# Environment: linux"),
+            fake::user("again"),
+            system(""),
+        ]);
+        request.options = None;
+        let openai = body(AdapterKind::OpenAi, &request).unwrap();
+        assert_eq!(
+            openai["messages"],
+            json!([
+                {"role": "system", "content": "be brief\n\n# Environment: linux"},
+                {"role": "user", "content": "hi"},
+                {"role": "user", "content": "again"},
+            ])
+        );
+        // Ollama renders each message with the model's own template, which
+        // takes a system turn anywhere: the order is kept.
+        let ollama = body(AdapterKind::Ollama, &request).unwrap();
+        let roles: Vec<&str> =
+            ollama["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "system", "user", "system"]);
+
+        // Nothing to join: the conversation is used as it is.
+        let plain = [system("a"), fake::user("b")];
+        assert!(matches!(leading_system(&plain), std::borrow::Cow::Borrowed(_)));
+        let late = [fake::user("b"), system("a")];
+        assert_eq!(
+            leading_system(&late).iter().map(|m| m.role).collect::<Vec<_>>(),
+            [i32::from(pb::Role::System), i32::from(pb::Role::User)]
+        );
     }
 
     fn choice(mode: pb::ToolChoiceMode, name: &str) -> pb::GenerationOptions {

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use super::sse::SseParser;
 use super::{
     AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, message_role, reasoning_effort, response_format, stream_error, to_json_body, tool_choice,
-    wire_tools,
+    json_error_summary, leading_system, message_role, reasoning_effort, response_format, stream_error, to_json_body,
+    tool_choice, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
@@ -87,8 +87,9 @@ struct CallFunction<'a> {
 
 /// The `/v1/chat/completions` body for `request`. Always streams, with usage.
 pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<Vec<u8>, AdapterError> {
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for (i, m) in request.messages.iter().enumerate() {
+    let conversation = leading_system(&request.messages);
+    let mut messages = Vec::with_capacity(conversation.len());
+    for (i, m) in conversation.iter().enumerate() {
         let content = if m.images.is_empty() {
             Value::from(m.content.as_str())
         } else {
@@ -165,11 +166,13 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
             ToolChoice::Named(name) => Some(json!({"type": "function", "function": {"name": name}})),
         },
         parallel_tool_calls: options.parallel_tool_calls,
-        reasoning_effort: reasoning_effort(options)?.map(|effort| match effort {
-            pb::ReasoningEffort::None | pb::ReasoningEffort::Unspecified => "none",
-            pb::ReasoningEffort::Low => "low",
-            pb::ReasoningEffort::Medium => "medium",
-            pb::ReasoningEffort::High => "high",
+        reasoning_effort: reasoning_effort(options)?.and_then(|effort| match effort {
+            pb::ReasoningEffort::None | pb::ReasoningEffort::Unspecified => Some("none"),
+            pb::ReasoningEffort::Low => Some("low"),
+            pb::ReasoningEffort::Medium => Some("medium"),
+            pb::ReasoningEffort::High => Some("high"),
+            // The server's own default depth.
+            pb::ReasoningEffort::Adaptive => None,
         }),
         response_format: match response_format(options)? {
             ResponseFormat::Text => None,

@@ -90,6 +90,7 @@ impl Settings {
             workspaces: Vec::new(),
             context_fallbacks: Default::default(),
             replicas: Vec::new(),
+            api: Default::default(),
         }
     }
 }
