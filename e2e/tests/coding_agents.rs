@@ -1,0 +1,234 @@
+//! Coding agents, unmodified, at pinned versions and default settings,
+//! against `iop-dev`: Claude Code (Anthropic Messages) and Codex CLI
+//! (OpenAI Responses), each with a text answer and one tool round trip
+//! driven by the mock's scripted turns (a shell command that writes a file,
+//! checked on disk). Only telemetry and update checks are off, by each
+//! client's documented switches, and each runs in a throwaway `HOME`.
+//!
+//! The clients come from npm: `.ci/run` installs them into
+//! `~/.cache/iop/agents` (or `IOP_AGENTS_DIR`) and sets `IOP_REQUIRE_AGENTS=1`;
+//! elsewhere the tests skip (saying why) when they are not installed.
+//!
+//! Also here: the hosted tools these clients send by default (`web_search`)
+//! are named in `iop-dropped-tools`, or refused under `api.hosted_tools:
+//! refuse`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use iop_e2e::harness::{bin, spawn_until, wait_until};
+use serde_json::{Value, json};
+
+/// The versions CI installs (`.ci/run` pins the same).
+const CLAUDE_CODE: &str = "2.1.332";
+const CODEX: &str = "0.171.0";
+/// An agent run's bound: a slow machine, never a hang.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The client's executable, or `None` (test skipped) when it is not
+/// installed and CI did not require it.
+fn agent(name: &str, version: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("IOP_AGENTS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/iop/agents")))?;
+    let path = dir.join("node_modules/.bin").join(name);
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("IOP_REQUIRE_AGENTS").is_none(),
+        "IOP_REQUIRE_AGENTS is set but {} is missing",
+        path.display()
+    );
+    eprintln!("skipping: {name} not installed (npm install --prefix {} {name}@{version})", dir.display());
+    None
+}
+
+const SCRIPT: &str = r#"
+scripts:
+  claude-bash:
+    - tool_calls: [{name: Bash, arguments: {command: "echo written-by-claude > agent-out.txt", description: "Write the file"}}]
+    - text: "The file is written."
+  codex-exec:
+    - tool_calls: [{name: exec_command, arguments: {cmd: "echo written-by-codex > agent-out.txt"}}]
+    - text: "The file is written."
+"#;
+
+/// A fresh `iop-dev` with the scripts above, a throwaway home and project.
+struct Dev {
+    _dev: iop_e2e::harness::Proc,
+    base: String,
+    dir: tempfile::TempDir,
+}
+
+impl Dev {
+    async fn start() -> Dev {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("script.yaml");
+        std::fs::write(&script, SCRIPT).unwrap();
+        for sub in ["home", "project"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        let args = [
+            "--http-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--mock-script-file",
+            script.to_str().unwrap(),
+        ];
+        let (dev, line) = spawn_until("iop-dev", &bin("iop-dev"), &args, "IOP dev is up").await;
+        let base = line.split_whitespace().find(|w| w.starts_with("http://")).expect("base URL printed");
+        Dev { _dev: dev, base: base.trim_end_matches("/v1").to_string(), dir }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    fn project(&self) -> PathBuf {
+        self.dir.path().join("project")
+    }
+
+    /// Runs `program args` in the project with `env`; its stdout, after
+    /// asserting it succeeded.
+    async fn run(&self, program: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(args)
+            .current_dir(self.project())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home())
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(AGENT_TIMEOUT, command.output())
+            .await
+            .unwrap_or_else(|_| panic!("{} did not finish in {AGENT_TIMEOUT:?}", program.display()))
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "{} failed ({}):\n{stdout}\n{stderr}", program.display(), output.status);
+        stdout.into_owned()
+    }
+
+    fn written(&self) -> Option<String> {
+        std::fs::read_to_string(self.project().join("agent-out.txt")).ok()
+    }
+}
+
+/// Claude Code's documented switches for telemetry, error reports and
+/// update checks (`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC` covers all three).
+fn claude_env(base: &str) -> [(&str, &str); 4] {
+    [
+        ("ANTHROPIC_BASE_URL", base),
+        ("ANTHROPIC_API_KEY", "unused-without-keys"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+    ]
+}
+
+#[tokio::test]
+async fn claude_code_answers_and_runs_a_tool_through_iop() {
+    let Some(claude) = agent("claude", CLAUDE_CODE) else { return };
+    let dev = Dev::start().await;
+    let version = dev.run(&claude, &["--version"], &[]).await;
+    assert!(version.starts_with(CLAUDE_CODE), "the pinned version: {version}");
+    let env = claude_env(&dev.base);
+
+    // Default settings: an unknown model name, adaptive thinking, a system
+    // turn inside the conversation, deferred tools.
+    let answer = dev.run(&claude, &["-p", "Say hello", "--model", "mock"], &env).await;
+    assert!(answer.contains("Hello from the IOP mock provider."), "{answer}");
+
+    // One tool round trip: the mock asks for Bash, Claude Code runs it (the
+    // one tool allowed without a prompt) and sends the result back.
+    let args = ["-p", "iop-mock-script:claude-bash write the file", "--model", "mock", "--allowedTools", "Bash"];
+    let answer = dev.run(&claude, &args, &env).await;
+    assert!(answer.contains("The file is written."), "{answer}");
+    assert_eq!(dev.written().as_deref(), Some("written-by-claude\n"));
+}
+
+#[tokio::test]
+async fn codex_cli_answers_and_runs_a_tool_through_iop() {
+    let Some(codex) = agent("codex", CODEX) else { return };
+    let dev = Dev::start().await;
+    let version = dev.run(&codex, &["--version"], &[]).await;
+    assert!(version.contains(CODEX), "the pinned version: {version}");
+    // The README's setup: IOP as a model provider speaking Responses (Codex's
+    // only wire API); update checks and analytics off.
+    let config = format!(
+        "model = \"mock\"\nmodel_provider = \"iop\"\ncheck_for_update_on_startup = false\n\n\
+         [analytics]\nenabled = false\n\n\
+         [model_providers.iop]\nname = \"IOP\"\nbase_url = \"{}/v1\"\nenv_key = \"IOP_API_KEY\"\nwire_api = \"responses\"\n",
+        dev.base
+    );
+    std::fs::create_dir(dev.home().join(".codex")).unwrap();
+    std::fs::write(dev.home().join(".codex/config.toml"), config).unwrap();
+    let env = [("IOP_API_KEY", "unused-without-keys")];
+
+    // Default tools: a `namespace` tool and the hosted `web_search`.
+    let answer = dev.run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env).await;
+    assert!(answer.contains("Hello from the IOP mock provider. You said: Say hello"), "{answer}");
+
+    // One tool round trip: exec_command in Codex's own workspace-write sandbox.
+    let args =
+        ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write", "iop-mock-script:codex-exec write the file"];
+    let answer = dev.run(&codex, &args, &env).await;
+    assert!(answer.contains("The file is written."), "{answer}");
+    assert_eq!(dev.written().as_deref(), Some("written-by-codex\n"));
+}
+
+/// A Responses request with Codex's hosted tool, and an Anthropic request
+/// with a server tool: served without them (the header names them), then
+/// refused once the Edge's config says `api.hosted_tools: refuse`.
+#[tokio::test]
+async fn hosted_tools_are_dropped_and_named_or_refused_by_config() {
+    let stack = Stack::start(StackOptions::default()).await;
+    let responses = json!({"model": "mock-ollama", "input": "hi", "tools": [
+        {"type": "function", "name": "exec", "parameters": {"type": "object"}},
+        {"type": "web_search", "external_web_access": false},
+    ]});
+    let messages = json!({"model": "mock-ollama", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "web_search_20250305", "name": "web_search"}, {"type": "web_fetch_20250910", "name": "web_fetch"},
+    ]});
+    let send = |path: &'static str, body: Value| {
+        let stack = &stack;
+        async move {
+            let response = stack.post(path, &body).await;
+            let header = response.headers().get("iop-dropped-tools").map(|v| v.to_str().unwrap().to_string());
+            let (status, body) = json_body(response).await;
+            (status, header, body)
+        }
+    };
+    let (status, header, body) = send("/v1/responses", responses.clone()).await;
+    assert_eq!((status, header.as_deref()), (200, Some("web_search")), "{body}");
+    let provider = stack.last_provider_request("/api/chat").await;
+    let offered: Vec<&str> =
+        provider["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(offered, ["exec"], "the provider is offered only the function");
+    let (status, header, _) = send("/v1/messages", messages.clone()).await;
+    assert_eq!((status, header.as_deref()), (200, Some("web_search, web_fetch")));
+    let (status, header, _) = send("/v1/chat/completions", chat_body("mock-ollama", "hi", false)).await;
+    assert_eq!((status, header), (200, None), "nothing dropped, no header");
+
+    let mut config =
+        iop_proto::config::EdgeConfig::from_yaml(&std::fs::read_to_string(&stack.edge_config).unwrap()).unwrap();
+    config.api.hosted_tools = iop_proto::config::HostedTools::Refuse;
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    wait_until("the reload is applied", Duration::from_secs(10), || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"] == 2
+    })
+    .await;
+    let (status, header, body) = send("/v1/responses", responses).await;
+    assert_eq!((status, header), (400, None));
+    assert_eq!(body["error"]["param"], "tools[1]");
+    assert!(body["error"]["message"].as_str().unwrap().contains("`web_search` is a hosted tool"), "{body}");
+    let (status, _, body) = send("/v1/messages", messages).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("tools.0: `web_search` is a hosted tool"), "{body}");
+}
