@@ -2,7 +2,8 @@
 //! against `iop-dev`: Claude Code (Anthropic Messages) and Codex CLI
 //! (OpenAI Responses), each with a text answer and one tool round trip
 //! driven by the mock's scripted turns (a shell command that writes a file,
-//! checked on disk). Only telemetry and update checks are off, by each
+//! checked on disk) and a tool that hands back an image. Only telemetry and
+//! update checks are off, by each
 //! client's documented switches, and each runs in a throwaway `HOME`.
 //!
 //! The clients come from npm: `.ci/run` installs them into
@@ -52,10 +53,24 @@ scripts:
   claude-bash:
     - tool_calls: [{name: Bash, arguments: {command: "echo written-by-claude > agent-out.txt", description: "Write the file"}}]
     - text: "The file is written."
+  claude-image:
+    - tool_calls: [{name: Read, arguments: {file_path: "PROJECT/pixel.png"}}]
+    - text: "I saw the image."
   codex-exec:
     - tool_calls: [{name: exec_command, arguments: {cmd: "echo written-by-codex > agent-out.txt"}}]
     - text: "The file is written."
+  codex-image:
+    - tool_calls: [{name: view_image, arguments: {path: "PROJECT/pixel.png"}}]
+    - text: "I saw the image."
 "#;
+
+/// A 1x1 PNG, for the tools that hand an image back.
+const PIXEL_PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00,
+    0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x02, 0x00, 0x00, 0x00, 0x90, 0x77, 0x53, 0xde, 0x00, 0x00, 0x00, 0x0c, 0x49,
+    0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0x00, 0x00, 0x03, 0x01, 0x01, 0x00, 0xc9, 0xfe, 0x92, 0xef,
+    0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
 
 /// A fresh `iop-dev` with the scripts above, a throwaway home and project.
 struct Dev {
@@ -67,11 +82,13 @@ struct Dev {
 impl Dev {
     async fn start() -> Dev {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("script.yaml");
-        std::fs::write(&script, SCRIPT).unwrap();
         for sub in ["home", "project"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
+        let project = dir.path().join("project");
+        std::fs::write(project.join("pixel.png"), PIXEL_PNG).unwrap();
+        let script = dir.path().join("script.yaml");
+        std::fs::write(&script, SCRIPT.replace("PROJECT", project.to_str().unwrap())).unwrap();
         let args = [
             "--http-addr",
             "127.0.0.1:0",
@@ -150,6 +167,11 @@ async fn claude_code_answers_and_runs_a_tool_through_iop() {
     let answer = dev.run(&claude, &args, &env).await;
     assert!(answer.contains("The file is written."), "{answer}");
     assert_eq!(dev.written().as_deref(), Some("written-by-claude\n"));
+
+    // Read of an image: the tool result carries an image block.
+    let args = ["-p", "iop-mock-script:claude-image look", "--model", "mock", "--allowedTools", "Read"];
+    let answer = dev.run(&claude, &args, &env).await;
+    assert!(answer.contains("I saw the image."), "{answer}");
 }
 
 #[tokio::test]
@@ -180,6 +202,10 @@ async fn codex_cli_answers_and_runs_a_tool_through_iop() {
     let answer = dev.run(&codex, &args, &env).await;
     assert!(answer.contains("The file is written."), "{answer}");
     assert_eq!(dev.written().as_deref(), Some("written-by-codex\n"));
+
+    // view_image: the function_call_output carries an input_image.
+    let answer = dev.run(&codex, &["exec", "--skip-git-repo-check", "iop-mock-script:codex-image look"], &env).await;
+    assert!(answer.contains("I saw the image."), "{answer}");
 }
 
 /// A Responses request with Codex's hosted tool, and an Anthropic request

@@ -209,7 +209,7 @@ fn parse_message(
             // Code does); no provider takes it back, so it is dropped.
             "thinking" | "redacted_thinking" if role == pb::Role::Assistant => {}
             "tool_result" if role == pb::Role::User => {
-                tool_results.push(parse_tool_result(b, &block_path, references)?);
+                tool_results.push(parse_tool_result(b, &block_path, references, &mut images)?);
             }
             "image" if role == pb::Role::User => images.push(parse_image(b, &block_path)?),
             ty @ "tool_use" => return Err(block_not_allowed(&type_path, &block_path, ty, "assistant")),
@@ -272,15 +272,18 @@ fn parse_tool_use(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, 
     Ok(pb::ToolCall { id, name, arguments_json })
 }
 
-/// `{"type":"tool_result","tool_use_id","content"?: string | [text or
-/// tool_reference blocks], "is_error"?}` -> a TOOL message. A
+/// `{"type":"tool_result","tool_use_id","content"?: string | [text, image
+/// or tool_reference blocks], "is_error"?}` -> a TOOL message. A
 /// `tool_reference` (`{"type":"tool_reference","tool_name"}`, what a tool
 /// search answers) loads that deferred tool for this request and reads as a
-/// line saying so.
+/// line saying so. Images (Claude Code's Read of an image file) join
+/// `images`, the turn's user message after its tool results: the tool role
+/// carries text only at OpenAI-compatible servers.
 fn parse_tool_result(
     obj: &Map<String, Value>,
     path: &str,
     references: &mut Vec<String>,
+    images: &mut Vec<pb::Image>,
 ) -> Result<pb::ChatMessage, ApiError> {
     let tool_call_id = JSON.non_empty_string(obj, "tool_use_id", &format!("{path}.tool_use_id"))?.to_string();
     let content_path = format!("{path}.content");
@@ -295,6 +298,9 @@ fn parse_tool_result(
                         let name = JSON.non_empty_string(b, "tool_name", &format!("{block_path}.tool_name"))?;
                         texts.push(format!("Tool `{name}` is now available."));
                         references.push(name.to_string());
+                    }
+                    Value::Object(b) if b.get("type").and_then(Value::as_str) == Some("image") => {
+                        images.push(parse_image(b, &block_path)?);
                     }
                     _ => texts.push(text_block(block, &block_path)?.to_string()),
                 }
@@ -890,6 +896,31 @@ mod tests {
     }
 
     #[test]
+    fn an_image_a_tool_returned_follows_the_tool_results_in_the_user_turn() {
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+        let req = parse(json!({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "read it"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "a.png"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+            ]}]},
+        ]}))
+        .unwrap();
+        let shape: Vec<(pb::Role, &str, usize)> =
+            req.messages.iter().map(|m| (m.role(), m.content.as_str(), m.images.len())).collect();
+        assert_eq!(
+            shape,
+            [
+                (pb::Role::User, "read it", 0),
+                (pb::Role::Assistant, "", 0),
+                (pb::Role::Tool, "", 0),
+                (pb::Role::User, "", 1)
+            ]
+        );
+        assert_eq!(req.messages[2].tool_call_id, "t1");
+    }
+
+    #[test]
     fn a_deferred_tool_is_offered_once_a_tool_reference_loads_it() {
         let tools = json!([
             {"name": "ToolSearch", "input_schema": {"type": "object"}},
@@ -1080,9 +1111,15 @@ mod tests {
             ),
             (
                 msgs(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
-                    "content": [{"type": "image", "source": {}}]}]}])),
+                    "content": [{"type": "document", "source": {}}]}]}])),
                 "messages.0.content.0.content.0.type",
-                "messages.0.content.0.content.0: content block type `image` is not supported",
+                "messages.0.content.0.content.0: content block type `document` is not supported",
+            ),
+            (
+                msgs(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                    "content": [{"type": "image", "source": {}}]}]}])),
+                "messages.0.content.0.content.0.source.type",
+                "messages.0.content.0.content.0.source.type: Field required",
             ),
             (
                 msgs(json!([{"role": "user", "content": [

@@ -114,9 +114,11 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
             return Err(ApiError::invalid_param("input", "`input` must contain at least one item"));
         }
         Some(Value::Array(items)) => {
+            let mut tool_images = Vec::new();
             for (i, item) in items.iter().enumerate() {
-                parse_item(item, i, &mut messages)?;
+                parse_item(item, i, &mut messages, &mut tool_images)?;
             }
+            flush_tool_images(&mut messages, &mut tool_images);
         }
         Some(_) => return Err(JSON.type_error("input", "a string or an array of input items")),
     }
@@ -199,8 +201,15 @@ fn parse_namespace(
 
 /// One `input` item, appended to `messages`. A `function_call` joins the
 /// assistant message right before it (consecutive calls, or the text of the
-/// same assistant turn), as Chat Completions would carry it.
-fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> Result<(), ApiError> {
+/// same assistant turn), as Chat Completions would carry it. Images in a
+/// `function_call_output` (Codex's `view_image`) wait in `tool_images` for
+/// the end of the run of outputs (see [`flush_tool_images`]).
+fn parse_item(
+    value: &Value,
+    i: usize,
+    messages: &mut Vec<pb::ChatMessage>,
+    tool_images: &mut Vec<pb::Image>,
+) -> Result<(), ApiError> {
     let path = format!("input[{i}]");
     let Value::Object(obj) = value else {
         return Err(JSON.type_error(&path, "an object"));
@@ -211,6 +220,9 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
         None => "message",
         Some(v) => JSON.string(v, &type_path)?,
     };
+    if ty != "function_call_output" {
+        flush_tool_images(messages, tool_images);
+    }
     match ty {
         "message" => messages.push(parse_message_item(obj, &path)?),
         "function_call" => {
@@ -230,7 +242,9 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
         "function_call_output" => {
             let tool_call_id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
             let output_path = format!("{path}.output");
-            let content = text_content(JSON.required(obj, "output", &output_path)?, &output_path, TEXT_PART_TYPES)?;
+            let output = JSON.required(obj, "output", &output_path)?;
+            let (content, images) = user_content(output, &output_path, TEXT_PART_TYPES, &IMAGE_PART)?;
+            tool_images.extend(images);
             messages.push(pb::ChatMessage { role: pb::Role::Tool.into(), content, tool_call_id, ..Default::default() });
         }
         other => {
@@ -243,6 +257,16 @@ fn parse_item(value: &Value, i: usize, messages: &mut Vec<pb::ChatMessage>) -> R
         }
     }
     Ok(())
+}
+
+/// Images that tool outputs returned, as one user message after those
+/// outputs: the tool role carries text only at OpenAI-compatible servers,
+/// and the outputs of one turn must stay together after its calls.
+fn flush_tool_images(messages: &mut Vec<pb::ChatMessage>, tool_images: &mut Vec<pb::Image>) {
+    if !tool_images.is_empty() {
+        let images = std::mem::take(tool_images);
+        messages.push(pb::ChatMessage { images, ..text_message(pb::Role::User, String::new()) });
+    }
 }
 
 /// `{"type":"message"?,"role","content"}`; `id` and `status` (present when a
@@ -736,6 +760,36 @@ mod tests {
         let n = round_trip.messages.len();
         assert_eq!(round_trip.messages[n - 2].tool_calls[0].name, "exec_command");
         assert_eq!(round_trip.messages[n - 1].role(), pb::Role::Tool);
+    }
+
+    #[test]
+    fn images_in_tool_outputs_follow_the_outputs_as_one_user_message() {
+        let png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+        let request = parse(json!({"model": "m", "input": [
+            {"role": "user", "content": "look at both"},
+            {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "view_image", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_image", "image_url": png, "detail": "high"}]},
+            {"type": "function_call_output", "call_id": "c2", "output": [
+                {"type": "input_text", "text": "second:"}, {"type": "input_image", "image_url": png}
+            ]},
+            {"role": "user", "content": "well?"},
+        ]}))
+        .unwrap();
+        let shape: Vec<(pb::Role, &str, usize)> =
+            request.messages.iter().map(|m| (m.role(), m.content.as_str(), m.images.len())).collect();
+        assert_eq!(
+            shape,
+            [
+                (pb::Role::User, "look at both", 0),
+                (pb::Role::Assistant, "", 0),
+                (pb::Role::Tool, "", 0),
+                (pb::Role::Tool, "second:", 0),
+                (pb::Role::User, "", 2),
+                (pb::Role::User, "well?", 0),
+            ]
+        );
+        assert_eq!(request.messages[4].images[0].media_type, "image/png");
     }
 
     #[test]
