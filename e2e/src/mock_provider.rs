@@ -47,6 +47,14 @@
 //! and `vision` unless the model's name starts with `text` (a text-only
 //! model; the chat endpoints still answer it).
 //!
+//! # Structured output
+//!
+//! An Ollama request whose `format` is a JSON Schema (an object; `"json"`
+//! changes nothing) is answered, as Ollama's grammar would force, with a
+//! value that satisfies it ([`crate::schema_example::example_for_schema`]),
+//! as pretty-printed JSON text split into pieces like the echo, instead of
+//! the echo or the `call tool` call (a scripted turn still wins).
+//!
 //! # Reasoning
 //!
 //! A request that asks for reasoning (Ollama: `"think": true` or a level
@@ -1186,6 +1194,8 @@ struct ChatRequest {
     max_output_tokens: Option<u64>,
     /// Responses: any value but null asks for reasoning.
     reasoning: Option<Value>,
+    /// Ollama: a JSON Schema the answer must follow (see *Structured output*).
+    format: Option<Value>,
 }
 
 impl ChatRequest {
@@ -1401,7 +1411,16 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
             }
             Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
         },
-        None => ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words),
+        None => match (api, &req.format) {
+            (Api::Ollama, Some(schema @ Value::Object(_))) => ReplyPlan::from_text(
+                prompt_tokens(&req.messages),
+                &serde_json::to_string_pretty(&crate::schema_example::example_for_schema(schema)).unwrap_or_default(),
+                api.limit(&req),
+            ),
+            _ => {
+                ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words)
+            }
+        },
     };
     let plan = if api.wants_reasoning(&req) { plan.with_reasoning(&reasoning_text(&req.messages)) } else { plan };
     let reply = Reply {
@@ -2703,6 +2722,44 @@ mod tests {
         assert_eq!(reply["message"]["content"], "w1 w2");
         assert_eq!(reply["done_reason"], "length");
         assert_eq!(reply["eval_count"], 2);
+    }
+
+    /// Issue 27 item 3: a JSON-Schema `format` is honoured as Ollama's
+    /// grammar would force it, streamed in pieces or whole; `"json"` and
+    /// the OpenAI API are unchanged.
+    #[tokio::test]
+    async fn ollama_format_schema_is_answered_with_a_matching_value() {
+        let mock = spawn(Faults::default()).await;
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                            "required": ["city", "days"]});
+        let expected = crate::schema_example::example_for_schema(&schema);
+        // "call tool" would otherwise answer a tool call.
+        let body = chat_body(
+            "mock",
+            "please call tool",
+            json!({ "stream": false, "format": schema,
+            "tools": [{ "type": "function", "function": { "name": "search", "parameters": {} } }] }),
+        );
+        let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+        let content = reply["message"]["content"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(content).unwrap(), expected);
+        assert!(reply["message"].get("tool_calls").is_none(), "{reply}");
+
+        let body = chat_body("mock", "hi", json!({ "format": schema }));
+        let lines = ndjson(&post(&mock, "/api/chat", &body, None).await.text().await.unwrap());
+        let (_, chunks) = lines.split_last().unwrap();
+        assert!(chunks.len() > 1, "streamed in pieces: {chunks:?}");
+        let text: String = chunks.iter().map(|c| c["message"]["content"].as_str().unwrap()).collect();
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), expected);
+
+        for (path, extra) in [
+            ("/api/chat", json!({ "stream": false, "format": "json" })),
+            ("/v1/chat/completions", json!({ "format": schema })),
+        ] {
+            let reply = json_of(post(&mock, path, &chat_body("mock", "hi", extra), None).await).await;
+            let content = reply.pointer("/message/content").or(reply.pointer("/choices/0/message/content"));
+            assert_eq!(content.and_then(Value::as_str), Some(format!("{HELLO}hi").as_str()), "{path}");
+        }
     }
 
     #[tokio::test]
