@@ -12,6 +12,8 @@
 //!   `{"name", "arguments"}`. `anyOf`, `const` and `required` are what
 //!   llama.cpp's schema-to-grammar conversion (which Ollama's `format` uses)
 //!   supports, so the grammar admits exactly one call of one of the tools.
+//!   A tool schema's own references (`#/$defs/...`) are rewritten to point
+//!   into its branch.
 //!
 //! A choice that even this cannot serve is refused: `required` without
 //! tools, and any forced choice together with the caller's own
@@ -63,9 +65,11 @@ pub(super) fn plan(request: &pb::RunRequest) -> Result<Option<(ForcedTool, Value
                 .iter()
                 .enumerate()
                 .map(|(i, tool)| {
+                    let mut arguments = tool_parameters(i, tool)?;
+                    rebase_refs(&mut arguments, &format!("/anyOf/{i}/properties/arguments"));
                     Ok(json!({
                         "type": "object",
-                        "properties": { "name": { "const": tool.name }, "arguments": tool_parameters(i, tool)? },
+                        "properties": { "name": { "const": tool.name }, "arguments": arguments },
                         "required": ["name", "arguments"],
                         "additionalProperties": false,
                     }))
@@ -75,6 +79,28 @@ pub(super) fn plan(request: &pb::RunRequest) -> Result<Option<(ForcedTool, Value
             (ForcedTool::Choice(names), json!({ "anyOf": choices }), None)
         }
     }))
+}
+
+/// A tool's schema moved to `at` (a JSON pointer) inside the choice schema:
+/// its own references (`#/$defs/...`, pydantic's nested models, or `#`)
+/// are made to point to where its definitions now are.
+fn rebase_refs(schema: &mut Value, at: &str) {
+    match schema {
+        Value::Object(object) => {
+            for (key, value) in object.iter_mut() {
+                match value {
+                    Value::String(reference) if key == "$ref" => {
+                        if let Some(rest) = reference.strip_prefix('#').filter(|r| r.is_empty() || r.starts_with('/')) {
+                            *reference = format!("#{at}{rest}");
+                        }
+                    }
+                    _ => rebase_refs(value, at),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| rebase_refs(item, at)),
+        _ => {}
+    }
 }
 
 /// Why an answer is not the forced call (never quoting the answer).
@@ -168,6 +194,31 @@ mod tests {
                 choice("weather", serde_json::from_str(WEATHER).unwrap()),
             ]})
         );
+    }
+
+    /// A pydantic model with a nested model refers to `#/$defs/...`; inside
+    /// the choice the references follow the tool's schema.
+    #[test]
+    fn references_inside_a_choice_point_to_the_tools_own_definitions() {
+        let nested = r##"{"type":"object","properties":{"place":{"$ref":"#/$defs/Place"},"self":{"$ref":"#"},
+            "other":{"$ref":"https://example.com/s.json"}},"$defs":{"Place":{"type":"object","properties":{"near":{"$ref":"#/$defs/Place"}}}}}"##;
+        let (_, schema, _) =
+            plan(&request(vec![tool("time", ""), tool("where", nested)], pb::ToolChoiceMode::Required, ""))
+                .unwrap()
+                .unwrap();
+        let arguments = &schema["anyOf"][1]["properties"]["arguments"];
+        let at = "#/anyOf/1/properties/arguments";
+        assert_eq!(arguments["properties"]["place"]["$ref"], format!("{at}/$defs/Place"));
+        assert_eq!(arguments["$defs"]["Place"]["properties"]["near"]["$ref"], format!("{at}/$defs/Place"));
+        assert_eq!(arguments["properties"]["self"]["$ref"], at);
+        assert_eq!(arguments["properties"]["other"]["$ref"], "https://example.com/s.json");
+        // Every local reference resolves inside the choice schema.
+        let target = format!("{at}/$defs/Place");
+        assert!(schema.pointer(target.trim_start_matches('#')).is_some());
+        // A named tool's schema is the whole format: unchanged.
+        let (_, named, _) =
+            plan(&request(vec![tool("where", nested)], pb::ToolChoiceMode::Named, "where")).unwrap().unwrap();
+        assert_eq!(named["properties"]["place"]["$ref"], "#/$defs/Place");
     }
 
     #[test]
