@@ -47,6 +47,16 @@
 //! and `vision` unless the model's name starts with `text` (a text-only
 //! model; the chat endpoints still answer it).
 //!
+//! # Structured output
+//!
+//! A chat request whose answer must follow a JSON Schema (Ollama: `format`
+//! is an object, `"json"` changes nothing; OpenAI Chat: `response_format:
+//! {"type": "json_schema", "json_schema": {"schema"}}`) is answered, as a
+//! provider's grammar would force, with a value that satisfies it
+//! ([`crate::schema_example::example_for_schema`]), as pretty-printed JSON
+//! text split into pieces like the echo, instead of the echo or the `call
+//! tool` call (a scripted turn still wins).
+//!
 //! # Reasoning
 //!
 //! A request that asks for reasoning (Ollama: `"think": true` or a level
@@ -1186,6 +1196,24 @@ struct ChatRequest {
     max_output_tokens: Option<u64>,
     /// Responses: any value but null asks for reasoning.
     reasoning: Option<Value>,
+    /// Ollama: a JSON Schema the answer must follow (see *Structured output*).
+    format: Option<Value>,
+    /// OpenAI Chat: `{"type": "json_schema", "json_schema": {"schema"}}`
+    /// (see *Structured output*).
+    response_format: Option<Value>,
+}
+
+impl ChatRequest {
+    /// The JSON Schema the answer must follow: Ollama's `format` (an
+    /// object), OpenAI Chat's `response_format.json_schema.schema`.
+    fn answer_schema(&self, api: Api) -> Option<&Value> {
+        let schema = match api {
+            Api::Ollama => self.format.as_ref(),
+            Api::OpenAi => self.response_format.as_ref().and_then(|f| f.pointer("/json_schema/schema")),
+            Api::Responses => None,
+        };
+        schema.filter(|s| s.is_object())
+    }
 }
 
 impl ChatRequest {
@@ -1401,7 +1429,16 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
             }
             Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
         },
-        None => ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words),
+        None => match req.answer_schema(api) {
+            Some(schema) => ReplyPlan::from_text(
+                prompt_tokens(&req.messages),
+                &serde_json::to_string_pretty(&crate::schema_example::example_for_schema(schema)).unwrap_or_default(),
+                api.limit(&req),
+            ),
+            None => {
+                ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words)
+            }
+        },
     };
     let plan = if api.wants_reasoning(&req) { plan.with_reasoning(&reasoning_text(&req.messages)) } else { plan };
     let reply = Reply {
@@ -2703,6 +2740,51 @@ mod tests {
         assert_eq!(reply["message"]["content"], "w1 w2");
         assert_eq!(reply["done_reason"], "length");
         assert_eq!(reply["eval_count"], 2);
+    }
+
+    /// Issue 27 items 2 and 3: a JSON-Schema `format` (and OpenAI's
+    /// `response_format` schema) is honoured as a provider's grammar would
+    /// force it, streamed in pieces or whole; `"json"` and `json_object`
+    /// change nothing.
+    #[tokio::test]
+    async fn ollama_format_schema_is_answered_with_a_matching_value() {
+        let mock = spawn(Faults::default()).await;
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                            "required": ["city", "days"]});
+        let expected = crate::schema_example::example_for_schema(&schema);
+        // "call tool" would otherwise answer a tool call.
+        let body = chat_body(
+            "mock",
+            "please call tool",
+            json!({ "stream": false, "format": schema,
+            "tools": [{ "type": "function", "function": { "name": "search", "parameters": {} } }] }),
+        );
+        let reply = json_of(post(&mock, "/api/chat", &body, None).await).await;
+        let content = reply["message"]["content"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(content).unwrap(), expected);
+        assert!(reply["message"].get("tool_calls").is_none(), "{reply}");
+
+        let body = chat_body("mock", "hi", json!({ "format": schema }));
+        let lines = ndjson(&post(&mock, "/api/chat", &body, None).await.text().await.unwrap());
+        let (_, chunks) = lines.split_last().unwrap();
+        assert!(chunks.len() > 1, "streamed in pieces: {chunks:?}");
+        let text: String = chunks.iter().map(|c| c["message"]["content"].as_str().unwrap()).collect();
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), expected);
+
+        let response_format = json!({ "type": "json_schema", "json_schema": { "name": "a", "schema": schema } });
+        let body = chat_body("mock", "hi", json!({ "response_format": response_format }));
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(content).unwrap(), expected);
+
+        for (path, extra) in [
+            ("/api/chat", json!({ "stream": false, "format": "json" })),
+            ("/v1/chat/completions", json!({ "format": schema, "response_format": { "type": "json_object" } })),
+        ] {
+            let reply = json_of(post(&mock, path, &chat_body("mock", "hi", extra), None).await).await;
+            let content = reply.pointer("/message/content").or(reply.pointer("/choices/0/message/content"));
+            assert_eq!(content.and_then(Value::as_str), Some(format!("{HELLO}hi").as_str()), "{path}");
+        }
     }
 
     #[tokio::test]

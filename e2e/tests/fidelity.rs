@@ -41,8 +41,9 @@ async fn chat_options_reach_both_providers_or_fail_typed() {
     assert_eq!((&sent["top_k"], &sent["presence_penalty"], &sent["seed"]), (&json!(20), &json!(0.5), &json!(7)));
     assert_eq!(sent["reasoning_effort"], "high");
 
-    // Ollama cannot enforce a named tool or parallel_tool_calls=false: a 400
-    // that says so, never silence.
+    // Ollama cannot enforce a named tool together with the caller's own
+    // response format (both need its one `format`): a 400 that says so,
+    // never silence.
     let (status, body) = json_body(request("mock-ollama", everything).await).await;
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_request")), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("tool_choice"), "{body}");

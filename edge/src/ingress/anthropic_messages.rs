@@ -122,7 +122,85 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
         Some(_) => return Err(JSON.type_error("tool_choice", "an object")),
     }
 
+    parse_output_config(&obj, &mut options)?;
+
     Ok(MessagesRequest { model, stream, messages, tools, options, dropped_tools, omit_thinking })
+}
+
+/// `output_config: {"format"?: {"type": "json_schema", "schema": {...}},
+/// "effort"?: "low" | "medium" | "high" | "xhigh" | "max", ...}` (structured
+/// outputs, `messages.parse`; Claude Code sends `effort` on every request),
+/// and the structured-outputs beta's top-level `output_format` (the same
+/// object as `format`; older SDKs' `beta.messages.parse` send it).
+///
+/// The schema becomes the run's JSON-schema response format, as Chat's
+/// `response_format` and Responses' `text.format` do: Ollama's `format`,
+/// an OpenAI-compatible server's `response_format` (name `response`,
+/// `strict`, since Anthropic always constrains the answer to the schema).
+///
+/// `effort` sets the reasoning effort only with `thinking: {"type":
+/// "adaptive"}`, where Anthropic lets it steer how much the model thinks
+/// (`low`, `medium`, `high`; `xhigh` and `max` as `high`). Without
+/// thinking there is nothing for a provider to steer, and with
+/// `thinking.budget_tokens` the budget already chose the effort, so there
+/// it is accepted and not used. Other `output_config` fields (`task_budget`)
+/// are accepted and not used.
+fn parse_output_config(obj: &Map<String, Value>, options: &mut pb::GenerationOptions) -> Result<(), ApiError> {
+    let (config, format) = match field(obj, "output_config") {
+        None => (None, None),
+        Some(Value::Object(config)) => (Some(config), field(config, "format").map(|f| (f, "output_config.format"))),
+        Some(_) => return Err(JSON.type_error("output_config", "an object")),
+    };
+    let format = match (format, field(obj, "output_format")) {
+        (Some(_), Some(_)) => {
+            let message = "output_format: send either `output_config.format` or the older `output_format`, not both";
+            return Err(ApiError::invalid_param("output_format", message));
+        }
+        (Some(format), None) => Some(format),
+        (None, legacy) => legacy.map(|f| (f, "output_format")),
+    };
+    if let Some((format, path)) = format {
+        let Value::Object(format) = format else {
+            return Err(JSON.type_error(path, "an object"));
+        };
+        let type_path = format!("{path}.type");
+        match JSON.non_empty_string(format, "type", &type_path)? {
+            "json_schema" => {
+                let schema_path = format!("{path}.schema");
+                let schema = match JSON.required(format, "schema", &schema_path)? {
+                    schema @ Value::Object(_) => schema.to_string(),
+                    _ => return Err(JSON.type_error(&schema_path, "an object")),
+                };
+                options.response_format = Some(pb::ResponseFormat {
+                    kind: pb::ResponseFormatKind::JsonSchema.into(),
+                    schema_json: schema,
+                    name: String::new(),
+                    strict: true,
+                });
+            }
+            other => {
+                let message = format!("{type_path}: unknown type `{other}`; expected json_schema");
+                return Err(ApiError::invalid_param(&type_path, message));
+            }
+        }
+    }
+    if let Some(effort) = config.and_then(|c| field(c, "effort")) {
+        let path = "output_config.effort";
+        let effort = match JSON.string(effort, path)? {
+            "low" => pb::ReasoningEffort::Low,
+            "medium" => pb::ReasoningEffort::Medium,
+            "high" | "xhigh" | "max" => pb::ReasoningEffort::High,
+            other => {
+                let message = format!("{path}: unknown effort `{other}`; expected low, medium, high, xhigh or max");
+                return Err(ApiError::invalid_param(path, message));
+            }
+        };
+        // Steers adaptive thinking only (parsed before this).
+        if options.reasoning_effort == Some(pb::ReasoningEffort::Adaptive.into()) {
+            options.reasoning_effort = Some(effort.into());
+        }
+    }
+    Ok(())
 }
 
 /// A `count_tokens` request: a Messages request without `max_tokens` (and
@@ -684,6 +762,86 @@ mod tests {
         events.iter().map(|(n, _)| *n).collect()
     }
 
+    // ---------------------------------------------------- output_config
+
+    /// Issue 27 item 2: `output_config.format` (and the beta's
+    /// `output_format`) reaches the run as a JSON-schema response format,
+    /// as Chat's `response_format` does; `effort` is accepted.
+    #[test]
+    fn output_config_format_becomes_the_runs_json_schema() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]});
+        let base = || json!({"model": "claude", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]});
+        let with = |key: &str, value: Value| {
+            let mut body = base();
+            body[key] = value;
+            parse(body)
+        };
+        let expected = pb::ResponseFormat {
+            kind: pb::ResponseFormatKind::JsonSchema.into(),
+            schema_json: schema.to_string(),
+            name: String::new(),
+            strict: true,
+        };
+        let format = json!({"type": "json_schema", "schema": schema});
+        // As `messages.parse` sends it, and with Claude Code's `effort`.
+        for config in [json!({"format": format}), json!({"format": format, "effort": "high"})] {
+            let req = with("output_config", config).unwrap();
+            assert_eq!(req.options.response_format.as_ref(), Some(&expected));
+            // Without adaptive thinking, effort steers nothing.
+            assert_eq!(req.options.reasoning_effort, None);
+        }
+        assert_eq!(with("output_format", format.clone()).unwrap().options.response_format, Some(expected));
+
+        // `effort` alone (Claude Code's every request), any level, and other fields pass.
+        for effort in ["low", "medium", "high", "xhigh", "max"] {
+            let req = with("output_config", json!({"effort": effort, "task_budget": {"type": "tokens", "total": 9}}));
+            assert_eq!(req.unwrap().options.response_format, None, "{effort}");
+        }
+        assert_eq!(with("output_config", json!(null)).unwrap().options, parse(base()).unwrap().options);
+
+        for (config, param) in [
+            (json!("json"), "output_config"),
+            (json!({"format": "json"}), "output_config.format"),
+            (json!({"format": {"schema": schema}}), "output_config.format.type"),
+            (json!({"format": {"type": "json_object"}}), "output_config.format.type"),
+            (json!({"format": {"type": "json_schema"}}), "output_config.format.schema"),
+            (json!({"format": {"type": "json_schema", "schema": "{}"}}), "output_config.format.schema"),
+            (json!({"effort": "extreme"}), "output_config.effort"),
+            (json!({"effort": 3}), "output_config.effort"),
+        ] {
+            let err = with("output_config", config.clone()).unwrap_err();
+            assert!(matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == param), "{config}: {err:?}");
+        }
+        let mut both = base();
+        both["output_config"] = json!({"format": format});
+        both["output_format"] = format;
+        assert!(
+            matches!(parse(both).unwrap_err(), ApiError::InvalidRequest { param: Some(p), .. } if p == "output_format")
+        );
+    }
+
+    /// With adaptive thinking, `output_config.effort` is the effort; with a
+    /// thinking budget the budget's effort stands.
+    #[test]
+    fn output_config_effort_steers_adaptive_thinking_only() {
+        let effort_of = |extra: Value| {
+            let mut body = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]});
+            extra.as_object().unwrap().iter().for_each(|(k, v)| body[k] = v.clone());
+            parse(body).unwrap().options.reasoning_effort.map(|e| pb::ReasoningEffort::try_from(e).unwrap())
+        };
+        let adaptive = |effort: &str| json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": effort}});
+        assert_eq!(effort_of(adaptive("low")), Some(pb::ReasoningEffort::Low));
+        assert_eq!(effort_of(adaptive("medium")), Some(pb::ReasoningEffort::Medium));
+        assert_eq!(effort_of(adaptive("max")), Some(pb::ReasoningEffort::High));
+        assert_eq!(effort_of(json!({"thinking": {"type": "adaptive"}})), Some(pb::ReasoningEffort::Adaptive));
+        let budget =
+            json!({"thinking": {"type": "enabled", "budget_tokens": 2048}, "output_config": {"effort": "high"}});
+        assert_eq!(effort_of(budget), Some(pb::ReasoningEffort::Low));
+        let off = json!({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}});
+        assert_eq!(effort_of(off), Some(pb::ReasoningEffort::None));
+        assert_eq!(effort_of(json!({"output_config": {"effort": "high"}})), None);
+    }
+
     // ------------------------------------------------------------ parse
 
     #[test]
@@ -829,7 +987,8 @@ mod tests {
         let roles: Vec<pb::Role> = first.messages.iter().map(|m| m.role()).collect();
         assert_eq!(roles, [pb::Role::System, pb::Role::User, pb::Role::System]);
         assert!(first.messages[2].content.starts_with("# Environment"), "{}", first.messages[2].content);
-        assert_eq!(first.options.reasoning_effort, Some(pb::ReasoningEffort::Adaptive.into()));
+        // Adaptive thinking steered by `output_config.effort: "high"`.
+        assert_eq!(first.options.reasoning_effort, Some(pb::ReasoningEffort::High.into()));
         assert!(first.omit_thinking);
         assert!(first.stream);
         assert!(first.dropped_tools.is_empty());

@@ -388,6 +388,46 @@ proptest! {
         let bytes = join_lines(&sse, "\r\n");
         prop_assert_eq!(decode_openai(&chunks(&bytes, &cuts), 16 * 1024 * 1024), (expected, Ok(finish)));
     }
+
+    /// Issue 27 item 3: the answer to a forced tool choice, a JSON object
+    /// whose text the model streams in pieces cut anywhere (inside strings
+    /// and escapes too), arrives as exactly one tool call with the compact
+    /// arguments, never as text; mixed with any other lines it decodes the
+    /// same however the bytes are cut.
+    #[test]
+    fn fuzz_forced_tool_answer_is_one_call_however_streamed(
+        arguments in prop::collection::btree_map("[a-z]{1,4}", data_text(), 0..4),
+        pretty in any::<bool>(),
+        splits in prop::collection::vec(any::<Index>(), 0..6),
+        noise in prop::collection::vec(ollama_line(), 0..6),
+        cuts in cuts(),
+    ) {
+        let forced = || ollama::Decoder::new("fallback", "run-1").forcing(Some(super::forced_tool::ForcedTool::Named("f".into())));
+        let value = serde_json::to_value(&arguments).unwrap();
+        let text = if pretty { serde_json::to_string_pretty(&value).unwrap() } else { value.to_string() };
+        let chars: Vec<char> = text.chars().collect();
+        let mut at: Vec<usize> = splits.iter().map(|i| i.index(chars.len() + 1)).collect();
+        at.extend([0, chars.len()]);
+        at.sort_unstable();
+        at.dedup();
+        let mut ndjson: Vec<String> = at
+            .windows(2)
+            .map(|w| chars[w[0]..w[1]].iter().collect::<String>())
+            .map(|p| json!({"model": "m", "message": {"role": "assistant", "content": p}, "done": false}).to_string())
+            .collect();
+        ndjson.push(json!({"done": true, "done_reason": "stop", "prompt_eval_count": 3, "eval_count": 5}).to_string());
+        let bytes = join_lines(&ndjson, "\n");
+        let expected = vec![
+            pb::run_event::Event::Started(pb::RunStarted { model: "m".into() }),
+            super::tool_call(0, "call_run-1_0", "f", &value.to_string()),
+            super::usage(3, 5),
+        ];
+        let decoded = decode(forced(), &chunks(&bytes, &cuts), 16 * 1024 * 1024);
+        prop_assert_eq!(decoded, (expected, Ok(pb::FinishReason::ToolCalls)));
+
+        let bytes = join_lines(&noise, "\n");
+        prop_assert_eq!(decode(forced(), &chunks(&bytes, &cuts), 1024), decode(forced(), &[&bytes], 1024));
+    }
 }
 
 // ------------------------------------- what the Edge sends: run requests

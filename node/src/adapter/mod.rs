@@ -5,11 +5,14 @@
 //!
 //! The adapters always stream from the provider; the Edge aggregates for
 //! clients that did not ask for a stream. Nothing here buffers a whole
-//! response: each line is decoded and forwarded as it arrives, and dropping
+//! response: each line is decoded and forwarded as it arrives (the one
+//! exception: Ollama's answer to a forced tool choice, held back, at most
+//! 1 MiB, until it becomes one tool call; see [`forced_tool`]), and dropping
 //! the [`execute`] future drops the in-flight response, which closes the
 //! provider connection.
 
 mod embed;
+mod forced_tool;
 mod images;
 mod lines;
 mod ollama;
@@ -296,8 +299,10 @@ pub async fn execute(
                 request
             };
             let body = ollama::request_body(target, request)?;
+            let forced = forced_tool::plan(request)?.map(|(forced, ..)| forced);
             let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
-            drive(response, ollama::Decoder::new(&target.target_model, &request.run_id), sink).await
+            let decoder = ollama::Decoder::new(&target.target_model, &request.run_id).forcing(forced);
+            drive(response, decoder, sink).await
         }
         AdapterKind::OpenAi => {
             let body = openai::request_body(target, request)?;
@@ -859,10 +864,18 @@ mod option_tests {
         // `none` is honoured by sending no tools; `auto` is the default.
         assert!(body(AdapterKind::Ollama, &with(choice(pb::ToolChoiceMode::None, ""))).unwrap().get("tools").is_none());
         assert!(body(AdapterKind::Ollama, &with(choice(pb::ToolChoiceMode::Auto, ""))).unwrap()["tools"].is_array());
+        // Issue 27 item 3: a forced choice goes through `format`
+        // (`forced_tool`); with it one call is all there is, so
+        // parallel_tool_calls=false holds too.
+        for forced in [choice(pb::ToolChoiceMode::Required, ""), choice(pb::ToolChoiceMode::Named, "lookup")] {
+            let forced = pb::GenerationOptions { parallel_tool_calls: Some(false), ..forced };
+            let sent = body(AdapterKind::Ollama, &with(forced)).unwrap();
+            assert_eq!(sent["format"], json!({"type": "object", "properties": {}}));
+            assert_eq!(sent["tools"][0]["function"]["name"], "lookup");
+        }
         for refused in [
-            choice(pb::ToolChoiceMode::Required, ""),
-            choice(pb::ToolChoiceMode::Named, "lookup"),
             pb::GenerationOptions { parallel_tool_calls: Some(false), ..Default::default() },
+            pb::GenerationOptions { tool_choice: choice(pb::ToolChoiceMode::Required, "").tool_choice, ..schema() },
         ] {
             assert!(matches!(body(AdapterKind::Ollama, &with(refused)), Err(AdapterError::InvalidRequest(_))));
         }

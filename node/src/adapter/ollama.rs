@@ -8,6 +8,7 @@ use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::forced_tool::{self, ForcedTool};
 use super::{
     AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
     json_error_summary, message_role, parse_arguments_object, reasoning_effort, response_format, stream_error,
@@ -130,34 +131,35 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
     }
 
     // Ollama has no tool_choice: `none` is honoured by sending no tools;
-    // a choice it cannot enforce is refused, never ignored.
-    let tools = match tool_choice(request)? {
-        ToolChoice::Default | ToolChoice::Auto => wire_tools(request)?,
+    // `required` and a named tool through `format` (`forced_tool`: the
+    // answer is the call, which the decoder turns into one), offering only
+    // the named tool.
+    let forced = forced_tool::plan(request)?;
+    let mut tools = match tool_choice(request)? {
         ToolChoice::None => Vec::new(),
-        ToolChoice::Required | ToolChoice::Named(_) => {
-            return Err(AdapterError::InvalidRequest(
-                "tool_choice `required` or a named tool cannot be enforced by Ollama (it has no tool_choice); \
-                 use `auto` or an OpenAI-compatible provider"
-                    .into(),
-            ));
-        }
+        _ => wire_tools(request)?,
     };
+    if let Some((_, _, Some(only))) = &forced {
+        tools = vec![tools.swap_remove(*only)];
+    }
 
     let default_options = pb::GenerationOptions::default();
     let o = request.options.as_ref().unwrap_or(&default_options);
     check_options(o)?;
-    if o.parallel_tool_calls == Some(false) {
+    // A forced choice is answered with exactly one call.
+    if o.parallel_tool_calls == Some(false) && forced.is_none() {
         return Err(AdapterError::InvalidRequest(
             "parallel_tool_calls=false cannot be enforced by Ollama; leave it unset or use an OpenAI-compatible \
              provider"
                 .into(),
         ));
     }
-    let format = match response_format(o)? {
-        ResponseFormat::Text => None,
-        ResponseFormat::JsonObject => Some(Value::from("json")),
+    let format = match (forced, response_format(o)?) {
+        (Some((_, schema, _)), _) => Some(schema),
+        (None, ResponseFormat::Text) => None,
+        (None, ResponseFormat::JsonObject) => Some(Value::from("json")),
         // Ollama constrains the answer to the schema itself.
-        ResponseFormat::JsonSchema { schema, .. } => Some(schema),
+        (None, ResponseFormat::JsonSchema { schema, .. }) => Some(schema),
     };
     let options = Options {
         num_predict: o.max_tokens,
@@ -212,6 +214,10 @@ struct ChunkFunction {
     arguments: Value,
 }
 
+/// Most answer text held back for a forced tool choice (the arguments of one
+/// call); more is `TooLarge`.
+const FORCED_ANSWER_LIMIT: usize = 1024 * 1024;
+
 /// Decodes Ollama's NDJSON chat stream.
 pub(super) struct Decoder {
     fallback_model: String,
@@ -220,11 +226,59 @@ pub(super) struct Decoder {
     started: bool,
     /// Tool calls emitted so far; also the next call's index.
     tool_calls: u32,
+    /// A forced tool choice: the answer text is held back here and becomes
+    /// one tool call at the end, so none of it reaches the client as text.
+    forced: Option<(ForcedTool, String)>,
 }
 
 impl Decoder {
     pub(super) fn new(model: &str, run_id: &str) -> Self {
-        Self { fallback_model: model.to_owned(), run_id: run_id.to_owned(), started: false, tool_calls: 0 }
+        Self {
+            fallback_model: model.to_owned(),
+            run_id: run_id.to_owned(),
+            started: false,
+            tool_calls: 0,
+            forced: None,
+        }
+    }
+
+    /// Reads the answer as the call of a forced tool choice
+    /// ([`forced_tool::plan`]).
+    pub(super) fn forcing(mut self, forced: Option<ForcedTool>) -> Self {
+        self.forced = forced.map(|f| (f, String::new()));
+        self
+    }
+
+    fn call_id(&self, index: u32) -> String {
+        // Ollama gives calls no id; clients match tool results by id across
+        // turns, so each call gets a unique one: run ids are unique, and
+        // deriving from them keeps decoding deterministic.
+        format!("call_{}_{index}", self.run_id)
+    }
+
+    /// At the final chunk of a forced choice: the held-back answer as the
+    /// one tool call (unless the provider made a real call itself). An
+    /// answer cut by the length limit is passed on as text with finish
+    /// `length`; any other answer that is not the call is a protocol error.
+    fn finish_forced(&mut self, truncated: bool, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError> {
+        let Some((forced, answer)) = self.forced.take() else { return Ok(None) };
+        if self.tool_calls > 0 {
+            return Ok(None);
+        }
+        match forced.call(&answer) {
+            Ok((name, arguments)) => {
+                out.push(super::tool_call(0, &self.call_id(0), &name, &arguments));
+                self.tool_calls = 1;
+                Ok(None)
+            }
+            Err(_) if truncated => {
+                if !answer.is_empty() {
+                    out.push(super::text(&answer));
+                }
+                Ok(Some(pb::FinishReason::Length))
+            }
+            Err(why) => Err(AdapterError::Protocol(format!("the provider's answer to a forced tool choice: {why}"))),
+        }
     }
 }
 
@@ -249,7 +303,17 @@ impl StreamDecoder for Decoder {
                 out.push(super::reasoning(thinking));
             }
             if let Some(content) = message.content.as_deref().filter(|c| !c.is_empty()) {
-                out.push(super::text(content));
+                match &mut self.forced {
+                    Some((_, answer)) => {
+                        if answer.len() + content.len() > FORCED_ANSWER_LIMIT {
+                            return Err(AdapterError::TooLarge(format!(
+                                "the answer to a forced tool choice is over {FORCED_ANSWER_LIMIT} bytes"
+                            )));
+                        }
+                        answer.push_str(content);
+                    }
+                    None => out.push(super::text(content)),
+                }
             }
             for call in message.tool_calls.iter().flatten() {
                 let index = self.tool_calls;
@@ -260,16 +324,17 @@ impl StreamDecoder for Decoder {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                // Ollama gives calls no id; clients match tool results by
-                // id across turns, so each call gets a unique one: run ids
-                // are unique, and deriving from them keeps decoding
-                // deterministic.
-                let id = format!("call_{}_{index}", self.run_id);
+                let id = self.call_id(index);
                 out.push(super::tool_call(index, &id, &call.function.name, &arguments));
             }
         }
         if !chunk.done {
             return Ok(None);
+        }
+        let truncated = chunk.done_reason.as_deref() == Some("length");
+        if let Some(reason) = self.finish_forced(truncated, out)? {
+            out.push(super::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
+            return Ok(Some(reason));
         }
         out.push(super::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
         let reason = if self.tool_calls > 0 {
@@ -577,6 +642,116 @@ mod tests {
             "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"a\"},\"done\":false}\n",
         )
         .await;
+    }
+
+    fn forced_request(mode: pb::ToolChoiceMode, name: &str) -> pb::RunRequest {
+        let tool = |name: &str, parameters_json: &str| pb::ToolDefinition {
+            name: name.into(),
+            description: format!("the {name} tool"),
+            parameters_json: parameters_json.into(),
+        };
+        pb::RunRequest {
+            tools: vec![
+                tool("get_time", ""),
+                tool("get_weather", r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#),
+            ],
+            options: Some(pb::GenerationOptions {
+                tool_choice: Some(pb::ToolChoice { mode: mode.into(), name: name.into() }),
+                ..Default::default()
+            }),
+            ..fake::request(vec![fake::user("weather in Oslo?")])
+        }
+    }
+
+    fn content_line(content: &str) -> String {
+        format!("{}\n", json!({"model": "m", "message": {"role": "assistant", "content": content}, "done": false}))
+    }
+
+    const DONE: &str = "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"prompt_eval_count\":7,\"eval_count\":5}\n";
+
+    /// Issue 27 item 3: a named tool is enforced through `format` (its
+    /// parameter schema, only that tool offered), and the streamed answer
+    /// is held back and becomes one tool call: no text reaches the client.
+    #[tokio::test]
+    async fn forced_named_tool_goes_through_format_and_comes_back_as_one_call() {
+        let lines: Vec<String> = ["{\n", "  \"city\": ", "\"Oslo\"\n", "}"].iter().map(|c| content_line(c)).collect();
+        let mut server =
+            fake::serve(Reply::chunks(200, NDJSON, [&lines[0], &lines[1], &lines[2], &lines[3], DONE])).await;
+        let request = forced_request(pb::ToolChoiceMode::Named, "get_weather");
+        let (result, events) = fake::run(&target(&server.base_url), &request).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
+        let id = format!("call_{}_0", request.run_id);
+        assert_eq!(
+            events,
+            vec![started("m"), super::super::tool_call(0, &id, "get_weather", r#"{"city":"Oslo"}"#), usage(7, 5)]
+        );
+        let body = server.request().await.json();
+        assert_eq!(
+            body["format"],
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+        );
+        assert_eq!(body["tools"].as_array().map(Vec::len), Some(1));
+        assert_eq!(body["tools"][0]["function"]["name"], "get_weather");
+    }
+
+    /// `required` among several tools: the schema is a choice, the answer
+    /// names the tool.
+    #[tokio::test]
+    async fn forced_required_choice_comes_back_as_the_chosen_call() {
+        let answer = content_line(r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#);
+        let mut server = fake::serve(Reply::chunks(200, NDJSON, [answer.as_str(), DONE])).await;
+        let request = forced_request(pb::ToolChoiceMode::Required, "");
+        let (result, events) = fake::run(&target(&server.base_url), &request).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
+        let id = format!("call_{}_0", request.run_id);
+        assert_eq!(
+            events,
+            vec![started("m"), super::super::tool_call(0, &id, "get_weather", r#"{"city":"Oslo"}"#), usage(7, 5)]
+        );
+        let body = server.request().await.json();
+        assert_eq!(body["format"]["anyOf"][1]["properties"]["name"], json!({"const": "get_weather"}));
+        assert_eq!(body["tools"].as_array().map(Vec::len), Some(2));
+    }
+
+    #[test]
+    fn forced_answers_that_are_no_call() {
+        let forced = || Some(ForcedTool::Choice(vec!["a".into(), "b".into()]));
+        let done = |reason: &str| format!(r#"{{"done":true,"done_reason":"{reason}","eval_count":3}}"#);
+
+        // The provider's own call stands; the held-back text is dropped.
+        let mut d = Decoder::new("m", "r").forcing(forced());
+        let mut out = Vec::new();
+        d.line(&content_line("ignored"), &mut out).unwrap();
+        d.line(r#"{"message":{"tool_calls":[{"function":{"name":"b","arguments":{"x":1}}}]},"done":false}"#, &mut out)
+            .unwrap();
+        assert_eq!(d.line(&done("stop"), &mut out).unwrap(), Some(pb::FinishReason::ToolCalls));
+        assert_eq!(out, vec![started("m"), super::super::tool_call(0, "call_r_0", "b", r#"{"x":1}"#), usage(0, 3)]);
+
+        // Cut by the length limit: the partial answer is text, finish length.
+        let mut d = Decoder::new("m", "r").forcing(forced());
+        let mut out = Vec::new();
+        d.line(&content_line(r#"{"name": "a", "argu"#), &mut out).unwrap();
+        assert_eq!(d.line(&done("length"), &mut out).unwrap(), Some(pb::FinishReason::Length));
+        assert_eq!(out, vec![started("m"), text(r#"{"name": "a", "argu"#), usage(0, 3)]);
+
+        // Anything else is a protocol error that does not quote the answer.
+        for answer in ["secret words", r#"{"name": "secret", "arguments": {}}"#, "[1]"] {
+            let mut d = Decoder::new("m", "r").forcing(forced());
+            let mut out = Vec::new();
+            d.line(&content_line(answer), &mut out).unwrap();
+            match d.line(&done("stop"), &mut out) {
+                Err(AdapterError::Protocol(msg)) => assert!(!msg.contains("secret"), "{msg}"),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(out, vec![started("m")]);
+        }
+
+        // The held-back answer is bounded.
+        let mut d = Decoder::new("m", "r").forcing(forced());
+        let piece = content_line(&"x".repeat(64 * 1024));
+        let mut out = Vec::new();
+        let result = (0..=16).try_for_each(|_| d.line(&piece, &mut out).map(drop));
+        assert!(matches!(result, Err(AdapterError::TooLarge(_))), "{result:?}");
     }
 
     #[test]
