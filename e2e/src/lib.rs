@@ -5,3 +5,4 @@ pub mod cluster;
 pub mod harness;
 pub mod mock_provider;
 pub mod pki;
+pub mod schema_example;

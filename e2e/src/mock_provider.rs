@@ -35,8 +35,11 @@
 //! in all messages, `completion_tokens` the number of pieces. `max_tokens`
 //! (OpenAI) / `options.num_predict` (Ollama) truncate the pieces (finish reason
 //! `length`). If the request has tools and the last message is a user message
-//! containing `call tool`, the answer is one call to the first tool with the
-//! arguments `{"query":"mock"}` instead.
+//! containing `call tool`, the answer is one call to the first tool instead,
+//! its arguments made from the tool's `parameters` schema by
+//! [`crate::schema_example::example_for_schema`] (the required properties, or
+//! all when none is, strings `"mock"`: `{"query":"mock"}` for a `query`
+//! string; `{}` without a schema).
 //!
 //! When the request carries images (Ollama: `messages[].images`, an array of
 //! base64 strings; OpenAI: content parts `{"type": "image_url", ...}`; either
@@ -266,7 +269,6 @@ const CREATED_UNIX: u64 = 1_767_225_600;
 const ECHO_LIMIT_CHARS: usize = 200;
 const TOOL_TRIGGER: &str = "call tool";
 const TOOL_CALL_ID: &str = "call_mock_0";
-const TOOL_ARGUMENTS: &str = r#"{"query":"mock"}"#;
 const MALFORMED_JSON: &str = r#"{"broken":"#;
 /// Like real model servers, accept the largest prompt an Edge may send.
 const BODY_LIMIT: usize = iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES;
@@ -1853,7 +1855,12 @@ fn requested_tool_call(messages: &[ChatMessage], tools: &[Value]) -> Option<Tool
     // Chat Completions nests the name under `function`; Responses does not.
     let name = first_tool.pointer("/function/name").or_else(|| first_tool.get("name"));
     let name = name.and_then(Value::as_str).unwrap_or("tool");
-    Some(ToolCall::new(TOOL_CALL_ID.to_owned(), name, TOOL_ARGUMENTS))
+    let schema = first_tool.pointer("/function/parameters").or_else(|| first_tool.get("parameters"));
+    let arguments = match schema.map(crate::schema_example::example_for_schema) {
+        Some(arguments @ Value::Object(_)) => arguments,
+        _ => Value::Object(Default::default()),
+    };
+    Some(ToolCall::new(TOOL_CALL_ID.to_owned(), name, &arguments.to_string()))
 }
 
 /// One request's answer, ready to render in its API's format.
@@ -2524,8 +2531,15 @@ mod tests {
         }
     }
 
+    /// What the `call tool` call answers for [`tools`]' schema.
+    const TOOL_ARGUMENTS: &str = r#"{"query":"mock"}"#;
+
     fn tools() -> Value {
-        json!({ "tools": [{ "type": "function", "function": { "name": "search", "parameters": {} } }] })
+        json!({ "tools": [{ "type": "function", "function": { "name": "search", "parameters": query_schema() } }] })
+    }
+
+    fn query_schema() -> Value {
+        json!({ "type": "object", "properties": { "query": { "type": "string" } } })
     }
 
     #[tokio::test]
@@ -2798,6 +2812,31 @@ mod tests {
         assert_eq!(reply["choices"][0]["finish_reason"], "stop");
     }
 
+    /// The call's arguments fit the tool's schema (required properties with
+    /// values of their types), on both APIs; no schema gives `{}`.
+    #[tokio::test]
+    async fn tool_call_arguments_follow_the_tool_schema() {
+        let mock = spawn(Faults::default()).await;
+        let schema = json!({ "type": "object", "required": ["command", "timeout_ms"], "properties": {
+            "command": { "type": "array", "items": { "type": "string" } },
+            "timeout_ms": { "type": "integer", "minimum": 100 },
+            "workdir": { "type": "string" },
+        } });
+        let want = json!({ "command": ["mock"], "timeout_ms": 100 });
+        let tools = json!({ "tools": [{ "type": "function", "function": { "name": "shell", "parameters": schema } }] });
+        let body = chat_body("mock", "call tool", tools);
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        let arguments = reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(arguments).unwrap(), want);
+        let lines = ndjson(&post(&mock, "/api/chat", &body, None).await.text().await.unwrap());
+        assert_eq!(lines[0]["message"]["tool_calls"][0]["function"]["arguments"], want);
+
+        let bare = json!({ "tools": [{ "type": "function", "function": { "name": "now" } }] });
+        let reply =
+            json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", "call tool", bare), None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+    }
+
     #[tokio::test]
     async fn knob_sources_merge_in_order() {
         let mock = spawn(Faults { words: Some(3), ..Faults::default() }).await;
@@ -2911,7 +2950,7 @@ mod tests {
         assert_eq!(cut["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(cut["output"][0]["content"][0]["text"], "Hello from");
 
-        let tools = json!([{ "type": "function", "name": "search", "parameters": {} }]);
+        let tools = json!([{ "type": "function", "name": "search", "parameters": query_schema() }]);
         let call = json!({ "model": "mock", "input": "please call tool", "tools": tools });
         let answer = json_of(post(&mock, "/v1/responses", &call, None).await).await;
         let item = &answer["output"][0];
