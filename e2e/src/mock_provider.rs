@@ -75,7 +75,8 @@
 //! reasoning, `call tool` calls the first of `tools`). It answers a
 //! `response` object (`output`: a `reasoning` item if asked, then a
 //! `message` with one `output_text`, or `function_call` items; `usage` in
-//! input/output tokens; `status` `incomplete` when truncated), or with
+//! input/output tokens; `status` `incomplete` when truncated, the message's
+//! too), or with
 //! `"stream": true` its typed events: `response.created`, each item's
 //! `response.output_item.added`, its deltas (`response.reasoning_text.delta`,
 //! `response.output_text.delta`, `response.function_call_arguments.delta`)
@@ -2276,9 +2277,11 @@ mod responses {
         json!({ "type": "reasoning", "id": "rs_mock", "summary": [], "content": content })
     }
 
+    /// `incomplete` when cut at the token limit, as OpenAI marks it.
     fn message_item(plan: &ReplyPlan) -> Value {
         let content = json!([{ "type": "output_text", "text": plan.text(), "annotations": [] }]);
-        json!({ "type": "message", "id": "msg_mock", "status": "completed", "role": "assistant", "content": content })
+        let status = status(plan.finish);
+        json!({ "type": "message", "id": "msg_mock", "status": status, "role": "assistant", "content": content })
     }
 
     fn call_item(call: &ToolCall) -> Value {
@@ -2949,6 +2952,7 @@ mod tests {
         assert_eq!(cut["status"], "incomplete");
         assert_eq!(cut["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(cut["output"][0]["content"][0]["text"], "Hello from");
+        assert_eq!(cut["output"][0]["status"], "incomplete");
 
         let tools = json!([{ "type": "function", "name": "search", "parameters": query_schema() }]);
         let call = json!({ "model": "mock", "input": "please call tool", "tools": tools });
