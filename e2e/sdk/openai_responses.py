@@ -57,4 +57,21 @@ again = client.responses.create(
 )
 # The mock answers a schema-constrained request with a value of the schema.
 assert again.output_text.strip() == "{}", again.output_text
+# Codex CLI's defaults: a reasoning summary and encrypted reasoning asked
+# for. The provider's reasoning text is the summary; no encrypted_content.
+summary_request = dict(model=model, input="why", reasoning={"effort": "low", "summary": "auto"})
+summarized = client.responses.create(**summary_request, include=["reasoning.encrypted_content"], store=False)
+assert summarized.output[0].type == "reasoning", summarized.output
+assert summarized.output[0].summary[0].text == "Thinking about: why", summarized.output[0]
+summary = ""
+with client.responses.stream(**summary_request) as stream:
+    for event in stream:
+        if event.type == "response.reasoning_summary_text.delta":
+            summary += event.delta
+    final = stream.get_final_response()
+assert summary == "Thinking about: why", summary
+assert final.output[0].summary[0].text == summary, final.output[0]
+# A truncated answer: the response and its message item are incomplete.
+cut = client.responses.create(model=model, input="hi", max_output_tokens=2)
+assert cut.status == "incomplete" and cut.output[0].status == "incomplete", cut
 print("openai responses sdk: ok")

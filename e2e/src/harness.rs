@@ -179,6 +179,17 @@ impl Proc {
 /// Spawns `program` and returns it once a stdout line contains `ready_marker`,
 /// together with that line. Stderr is inherited so failures are visible.
 pub async fn spawn_until(name: &'static str, program: &Path, args: &[&str], ready_marker: &str) -> (Proc, String) {
+    let (proc, mut lines) = spawn_until_lines(name, program, args, ready_marker).await;
+    (proc, lines.pop().expect("the marker line"))
+}
+
+/// [`spawn_until`], returning every stdout line up to the marker's (last).
+pub async fn spawn_until_lines(
+    name: &'static str,
+    program: &Path,
+    args: &[&str],
+    ready_marker: &str,
+) -> (Proc, Vec<String>) {
     let mut child = Command::new(program)
         .args(args)
         .stdout(Stdio::piped())
@@ -188,10 +199,13 @@ pub async fn spawn_until(name: &'static str, program: &Path, args: &[&str], read
         .unwrap_or_else(|e| panic!("spawning {}: {e}", program.display()));
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), async {
+    let printed = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut printed = Vec::new();
         while let Some(line) = lines.next_line().await.expect("reading stdout") {
-            if line.contains(ready_marker) {
-                return line;
+            let done = line.contains(ready_marker);
+            printed.push(line);
+            if done {
+                return printed;
             }
         }
         panic!("{name} exited before printing `{ready_marker}`");
@@ -200,7 +214,7 @@ pub async fn spawn_until(name: &'static str, program: &Path, args: &[&str], read
     .unwrap_or_else(|_| panic!("{name} did not print `{ready_marker}` within 30 s"));
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (Proc { child, name }, line)
+    (Proc { child, name }, printed)
 }
 
 /// Parses `key=ADDR` out of a ready line.

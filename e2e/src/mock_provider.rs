@@ -35,8 +35,11 @@
 //! in all messages, `completion_tokens` the number of pieces. `max_tokens`
 //! (OpenAI) / `options.num_predict` (Ollama) truncate the pieces (finish reason
 //! `length`). If the request has tools and the last message is a user message
-//! containing `call tool`, the answer is one call to the first tool with the
-//! arguments `{"query":"mock"}` instead.
+//! containing `call tool`, the answer is one call to the first tool instead,
+//! its arguments made from the tool's `parameters` schema by
+//! [`crate::schema_example::example_for_schema`] (the required properties, or
+//! all when none is, strings `"mock"`: `{"query":"mock"}` for a `query`
+//! string; `{}` without a schema).
 //!
 //! When the request carries images (Ollama: `messages[].images`, an array of
 //! base64 strings; OpenAI: content parts `{"type": "image_url", ...}`; either
@@ -82,7 +85,8 @@
 //! reasoning, `call tool` calls the first of `tools`). It answers a
 //! `response` object (`output`: a `reasoning` item if asked, then a
 //! `message` with one `output_text`, or `function_call` items; `usage` in
-//! input/output tokens; `status` `incomplete` when truncated), or with
+//! input/output tokens; `status` `incomplete` when truncated, the message's
+//! too), or with
 //! `"stream": true` its typed events: `response.created`, each item's
 //! `response.output_item.added`, its deltas (`response.reasoning_text.delta`,
 //! `response.output_text.delta`, `response.function_call_arguments.delta`)
@@ -276,7 +280,6 @@ const CREATED_UNIX: u64 = 1_767_225_600;
 const ECHO_LIMIT_CHARS: usize = 200;
 const TOOL_TRIGGER: &str = "call tool";
 const TOOL_CALL_ID: &str = "call_mock_0";
-const TOOL_ARGUMENTS: &str = r#"{"query":"mock"}"#;
 const MALFORMED_JSON: &str = r#"{"broken":"#;
 /// Like real model servers, accept the largest prompt an Edge may send.
 const BODY_LIMIT: usize = iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES;
@@ -1890,7 +1893,12 @@ fn requested_tool_call(messages: &[ChatMessage], tools: &[Value]) -> Option<Tool
     // Chat Completions nests the name under `function`; Responses does not.
     let name = first_tool.pointer("/function/name").or_else(|| first_tool.get("name"));
     let name = name.and_then(Value::as_str).unwrap_or("tool");
-    Some(ToolCall::new(TOOL_CALL_ID.to_owned(), name, TOOL_ARGUMENTS))
+    let schema = first_tool.pointer("/function/parameters").or_else(|| first_tool.get("parameters"));
+    let arguments = match schema.map(crate::schema_example::example_for_schema) {
+        Some(arguments @ Value::Object(_)) => arguments,
+        _ => Value::Object(Default::default()),
+    };
+    Some(ToolCall::new(TOOL_CALL_ID.to_owned(), name, &arguments.to_string()))
 }
 
 /// One request's answer, ready to render in its API's format.
@@ -2306,9 +2314,11 @@ mod responses {
         json!({ "type": "reasoning", "id": "rs_mock", "summary": [], "content": content })
     }
 
+    /// `incomplete` when cut at the token limit, as OpenAI marks it.
     fn message_item(plan: &ReplyPlan) -> Value {
         let content = json!([{ "type": "output_text", "text": plan.text(), "annotations": [] }]);
-        json!({ "type": "message", "id": "msg_mock", "status": "completed", "role": "assistant", "content": content })
+        let status = status(plan.finish);
+        json!({ "type": "message", "id": "msg_mock", "status": status, "role": "assistant", "content": content })
     }
 
     fn call_item(call: &ToolCall) -> Value {
@@ -2561,8 +2571,15 @@ mod tests {
         }
     }
 
+    /// What the `call tool` call answers for [`tools`]' schema.
+    const TOOL_ARGUMENTS: &str = r#"{"query":"mock"}"#;
+
     fn tools() -> Value {
-        json!({ "tools": [{ "type": "function", "function": { "name": "search", "parameters": {} } }] })
+        json!({ "tools": [{ "type": "function", "function": { "name": "search", "parameters": query_schema() } }] })
+    }
+
+    fn query_schema() -> Value {
+        json!({ "type": "object", "properties": { "query": { "type": "string" } } })
     }
 
     #[tokio::test]
@@ -2880,6 +2897,31 @@ mod tests {
         assert_eq!(reply["choices"][0]["finish_reason"], "stop");
     }
 
+    /// The call's arguments fit the tool's schema (required properties with
+    /// values of their types), on both APIs; no schema gives `{}`.
+    #[tokio::test]
+    async fn tool_call_arguments_follow_the_tool_schema() {
+        let mock = spawn(Faults::default()).await;
+        let schema = json!({ "type": "object", "required": ["command", "timeout_ms"], "properties": {
+            "command": { "type": "array", "items": { "type": "string" } },
+            "timeout_ms": { "type": "integer", "minimum": 100 },
+            "workdir": { "type": "string" },
+        } });
+        let want = json!({ "command": ["mock"], "timeout_ms": 100 });
+        let tools = json!({ "tools": [{ "type": "function", "function": { "name": "shell", "parameters": schema } }] });
+        let body = chat_body("mock", "call tool", tools);
+        let reply = json_of(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        let arguments = reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(arguments).unwrap(), want);
+        let lines = ndjson(&post(&mock, "/api/chat", &body, None).await.text().await.unwrap());
+        assert_eq!(lines[0]["message"]["tool_calls"][0]["function"]["arguments"], want);
+
+        let bare = json!({ "tools": [{ "type": "function", "function": { "name": "now" } }] });
+        let reply =
+            json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", "call tool", bare), None).await).await;
+        assert_eq!(reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+    }
+
     #[tokio::test]
     async fn knob_sources_merge_in_order() {
         let mock = spawn(Faults { words: Some(3), ..Faults::default() }).await;
@@ -2992,8 +3034,9 @@ mod tests {
         assert_eq!(cut["status"], "incomplete");
         assert_eq!(cut["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(cut["output"][0]["content"][0]["text"], "Hello from");
+        assert_eq!(cut["output"][0]["status"], "incomplete");
 
-        let tools = json!([{ "type": "function", "name": "search", "parameters": {} }]);
+        let tools = json!([{ "type": "function", "name": "search", "parameters": query_schema() }]);
         let call = json!({ "model": "mock", "input": "please call tool", "tools": tools });
         let answer = json_of(post(&mock, "/v1/responses", &call, None).await).await;
         let item = &answer["output"][0];

@@ -1,122 +1,231 @@
-//! A JSON value that satisfies a JSON Schema: what the mock provider answers
-//! when a request constrains its answer to a schema (Ollama's `format`), as
-//! a real provider's grammar would force.
+//! A value that fits a JSON schema, for the mock provider's tool calls: the
+//! mock answers `call tool` with arguments made from the tool's `parameters`
+//! schema, so a client that validates arguments against its own schema
+//! (agents, SDKs with typed tools) accepts them.
 //!
-//! A small generator for the schemas clients send (pydantic, zod, tool
-//! parameter schemas), not a validator: `const`, then the first of `enum`,
-//! `anyOf`, `oneOf` and `allOf`; `$ref` to `#/...` inside the same schema
-//! (pydantic's `$defs`); `type` (the first non-`null` of a list): an object
-//! gets every property in `properties`, an array one item, a string
-//! `"mock"`, a number or integer its `minimum` or else 1, a boolean `true`.
-//! Without a type, a schema with `properties` is an object and anything
-//! else `"mock"`. References deeper than 32 levels (a recursive schema) end
-//! in `null`.
+//! [`example_for_schema`] is pure and deterministic. It covers what tool
+//! schemas use, not all of JSON Schema:
+//!
+//! | schema | example |
+//! |---|---|
+//! | `const` | that value |
+//! | `enum` | its first value |
+//! | `anyOf` / `oneOf` | the first alternative's example |
+//! | `allOf` | the alternatives' object examples merged (else the first's) |
+//! | `$ref` to `#/...` (`$defs`, `definitions`) | the referenced schema's example |
+//! | `type: "object"` (or `properties` without `type`) | the `required` properties, or every property when none is required, each with its example |
+//! | `type: "array"` (or `items` without `type`) | one example of `items` (`[]` without `items`) |
+//! | `type: "string"` | `"mock"` |
+//! | `type: "integer"` | `1`, moved into `minimum`..=`maximum` |
+//! | `type: "number"` | `1.5`, moved into `minimum`..=`maximum` |
+//! | `type: "boolean"` | `true` |
+//! | `type: "null"`, or no constraint at all | `null` |
+//!
+//! A list of types (`["string", "null"]`) uses its first type that is not
+//! `null`. References are followed at most [`MAX_DEPTH`] levels deep (a
+//! recursive schema ends in `null`).
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-/// How deep `$ref`s and nesting are followed.
-const MAX_DEPTH: usize = 32;
+/// How deep nested schemas and references are followed.
+pub const MAX_DEPTH: usize = 32;
 
-/// A value that satisfies `schema`.
+/// The example string value.
+pub const STRING_EXAMPLE: &str = "mock";
+
+/// A value that `schema` accepts (see the module documentation).
 pub fn example_for_schema(schema: &Value) -> Value {
     example(schema, schema, 0)
 }
 
 fn example(root: &Value, schema: &Value, depth: usize) -> Value {
-    if depth > MAX_DEPTH {
+    let Value::Object(schema) = schema else {
+        // `true`, `false` or not a schema: nothing to follow.
+        return Value::Null;
+    };
+    if depth >= MAX_DEPTH {
         return Value::Null;
     }
-    let Value::Object(s) = schema else {
-        // `true` (anything) or a malformed schema.
-        return Value::from("mock");
-    };
-    if let Some(value) = s.get("const") {
+    let next = depth + 1;
+    if let Some(value) = schema.get("const") {
         return value.clone();
     }
-    if let Some(first) = s.get("enum").and_then(Value::as_array).and_then(|values| values.first()) {
+    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|values| values.first()) {
         return first.clone();
     }
-    for key in ["anyOf", "oneOf", "allOf"] {
-        if let Some(first) = s.get(key).and_then(Value::as_array).and_then(|schemas| schemas.first()) {
-            return example(root, first, depth + 1);
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str).and_then(|r| resolve(root, r)) {
+        return example(root, target, next);
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(first) = schema.get(key).and_then(Value::as_array).and_then(|alternatives| alternatives.first()) {
+            return example(root, first, next);
         }
     }
-    if let Some(target) = s.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')) {
-        return root.pointer(target).map_or(Value::Null, |target| example(root, target, depth + 1));
+    if let Some(parts) = schema.get("allOf").and_then(Value::as_array).filter(|parts| !parts.is_empty()) {
+        let examples: Vec<Value> = parts.iter().map(|part| example(root, part, next)).collect();
+        if examples.iter().all(Value::is_object) {
+            let merged: Map<String, Value> =
+                examples.into_iter().filter_map(|e| e.as_object().cloned()).flatten().collect();
+            return Value::Object(merged);
+        }
+        return examples.into_iter().next().unwrap_or(Value::Null);
     }
-    let ty = match s.get("type") {
-        Some(Value::String(ty)) => Some(ty.as_str()),
-        Some(Value::Array(types)) => {
-            let mut names = types.iter().filter_map(Value::as_str);
-            let first = names.clone().next();
-            names.find(|t| *t != "null").or(first)
-        }
-        _ => None,
-    };
-    match ty {
-        Some("object") => object(root, s, depth),
-        None if s.contains_key("properties") => object(root, s, depth),
-        Some("array") => {
-            let item = s.get("items").map_or(Value::from("mock"), |items| example(root, items, depth + 1));
-            Value::Array(vec![item])
-        }
-        Some("integer") => s.get("minimum").and_then(Value::as_i64).map_or(Value::from(1), Value::from),
-        Some("number") => s.get("minimum").cloned().filter(Value::is_number).unwrap_or(Value::from(1)),
-        Some("boolean") => Value::Bool(true),
-        Some("null") => Value::Null,
-        _ => Value::from("mock"),
+    match schema_type(schema) {
+        Some("object") => object_example(root, schema, next),
+        Some("array") => match schema.get("items") {
+            Some(items @ Value::Object(_)) => json!([example(root, items, next)]),
+            _ => json!([]),
+        },
+        Some("string") => json!(STRING_EXAMPLE),
+        Some("integer") => json!(clamp(schema, 1.0).ceil() as i64),
+        Some("number") => json!(clamp(schema, 1.5)),
+        Some("boolean") => json!(true),
+        _ => Value::Null,
     }
 }
 
-fn object(root: &Value, schema: &Map<String, Value>, depth: usize) -> Value {
-    let properties = schema.get("properties").and_then(Value::as_object);
-    Value::Object(
-        properties
-            .into_iter()
-            .flatten()
-            .map(|(name, property)| (name.clone(), example(root, property, depth + 1)))
-            .collect(),
-    )
+/// The schema's type: `type` (the first that is not `null` of a list), else
+/// what `properties` or `items` imply.
+fn schema_type(schema: &Map<String, Value>) -> Option<&str> {
+    match schema.get("type") {
+        Some(Value::String(ty)) => Some(ty),
+        Some(Value::Array(types)) => {
+            let mut names = types.iter().filter_map(Value::as_str);
+            let first = names.clone().next();
+            names.find(|ty| *ty != "null").or(first)
+        }
+        _ if schema.contains_key("properties") => Some("object"),
+        _ if schema.contains_key("items") => Some("array"),
+        _ => None,
+    }
+}
+
+/// The required properties (every property when none is), each with its example.
+fn object_example(root: &Value, schema: &Map<String, Value>, depth: usize) -> Value {
+    let empty = Map::new();
+    let properties = schema.get("properties").and_then(Value::as_object).unwrap_or(&empty);
+    let required: Vec<&str> =
+        schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    let names: Vec<&str> = if required.is_empty() { properties.keys().map(String::as_str).collect() } else { required };
+    let null = Value::Null;
+    let object: Map<String, Value> = names
+        .into_iter()
+        .map(|name| (name.to_string(), example(root, properties.get(name).unwrap_or(&null), depth)))
+        .collect();
+    Value::Object(object)
+}
+
+/// `value` moved into the schema's `minimum`..=`maximum` (exclusive bounds
+/// count as inclusive: good enough for an example).
+fn clamp(schema: &Map<String, Value>, value: f64) -> f64 {
+    let bound = |keys: [&str; 2]| keys.iter().find_map(|k| schema.get(*k).and_then(Value::as_f64));
+    let mut value = value;
+    if let Some(min) = bound(["minimum", "exclusiveMinimum"]) {
+        value = value.max(min);
+    }
+    if let Some(max) = bound(["maximum", "exclusiveMaximum"]) {
+        value = value.min(max);
+    }
+    value
+}
+
+/// A local reference (`#/$defs/Name`, `#/definitions/Name`, any JSON
+/// pointer into the root); `None` for remote ones.
+fn resolve<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
+    let pointer = reference.strip_prefix('#')?;
+    root.pointer(pointer)
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     #[test]
     fn examples_follow_the_schema() {
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "age": {"type": "integer", "minimum": 18},
-                "score": {"type": "number"},
-                "ok": {"type": "boolean"},
-                "tags": {"type": "array", "items": {"type": "string"}},
-                "kind": {"enum": ["a", "b"]},
-                "fixed": {"const": 7},
-                "maybe": {"type": ["null", "string"]},
-                "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
-                "pet": {"$ref": "#/$defs/Pet"},
-                "any": {},
-            },
-            "required": ["name"],
-            "$defs": {"Pet": {"properties": {"legs": {"type": "integer"}}}},
-        });
-        assert_eq!(
-            example_for_schema(&schema),
-            json!({"name": "mock", "age": 18, "score": 1, "ok": true, "tags": ["mock"], "kind": "a",
-                   "fixed": 7, "maybe": "mock", "either": 1, "pet": {"legs": 1}, "any": "mock"})
-        );
-        let choice = json!({"anyOf": [
-            {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-            {"type": "object", "properties": {"name": {"const": "get_time"}, "arguments": {"type": "object", "properties": {}}}},
-        ]});
-        assert_eq!(example_for_schema(&choice), json!({"name": "get_weather", "arguments": {"city": "mock"}}));
-        assert_eq!(example_for_schema(&json!({"type": "object"})), json!({}));
-        let recursive = json!({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"});
-        assert!(example_for_schema(&recursive).is_object());
+        let cases = [
+            ("scalar types", json!({"type": "string"}), json!("mock")),
+            ("integer", json!({"type": "integer"}), json!(1)),
+            ("number", json!({"type": "number"}), json!(1.5)),
+            ("boolean", json!({"type": "boolean"}), json!(true)),
+            ("null", json!({"type": "null"}), json!(null)),
+            ("no constraint", json!({}), json!(null)),
+            ("boolean schema", json!(true), json!(null)),
+            ("integer above minimum", json!({"type": "integer", "minimum": 3}), json!(3)),
+            ("integer below maximum", json!({"type": "integer", "maximum": -2}), json!(-2)),
+            ("number in range", json!({"type": "number", "minimum": 0, "maximum": 1}), json!(1.0)),
+            ("nullable string", json!({"type": ["null", "string"]}), json!("mock")),
+            ("only null", json!({"type": ["null"]}), json!(null)),
+            ("enum first", json!({"type": "string", "enum": ["fast", "slow"]}), json!("fast")),
+            ("const", json!({"const": 7}), json!(7)),
+            ("anyOf first", json!({"anyOf": [{"type": "integer"}, {"type": "string"}]}), json!(1)),
+            ("oneOf first", json!({"oneOf": [{"type": "boolean"}, {"type": "string"}]}), json!(true)),
+            (
+                "allOf merges objects",
+                json!({"allOf": [
+                    {"type": "object", "properties": {"a": {"type": "string"}}},
+                    {"type": "object", "properties": {"b": {"type": "integer"}}},
+                ]}),
+                json!({"a": "mock", "b": 1}),
+            ),
+            ("array of items", json!({"type": "array", "items": {"type": "integer"}}), json!([1])),
+            ("array without items", json!({"type": "array"}), json!([])),
+            ("items imply an array", json!({"items": {"type": "string"}}), json!(["mock"])),
+            ("empty object", json!({"type": "object"}), json!({})),
+            (
+                "all properties when none is required",
+                json!({"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}),
+                json!({"query": "mock", "limit": 1}),
+            ),
+            (
+                "only the required properties",
+                json!({"type": "object", "required": ["path"],
+                       "properties": {"path": {"type": "string"}, "recursive": {"type": "boolean"}}}),
+                json!({"path": "mock"}),
+            ),
+            ("properties imply an object", json!({"properties": {"flag": {"type": "boolean"}}}), json!({"flag": true})),
+            (
+                "a required name without a schema",
+                json!({"type": "object", "required": ["x"], "properties": {}}),
+                json!({"x": null}),
+            ),
+            (
+                "nested objects and arrays",
+                json!({"type": "object", "properties": {
+                    "command": {"type": "array", "items": {"type": "string"}},
+                    "options": {"type": "object", "required": ["mode"], "properties": {
+                        "mode": {"enum": ["read", "write"]},
+                        "depth": {"type": "integer"},
+                    }},
+                }}),
+                json!({"command": ["mock"], "options": {"mode": "read"}}),
+            ),
+            (
+                "local references ($defs and definitions)",
+                json!({"type": "object", "required": ["point", "tag"],
+                       "properties": {"point": {"$ref": "#/$defs/Point"}, "tag": {"$ref": "#/definitions/Tag"}},
+                       "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}}},
+                       "definitions": {"Tag": {"type": "string", "enum": ["a"]}}}),
+                json!({"point": {"x": 1.5}, "tag": "a"}),
+            ),
+            ("a remote reference", json!({"$ref": "https://example.com/s.json"}), json!(null)),
+        ];
+        for (name, schema, want) in cases {
+            assert_eq!(example_for_schema(&schema), want, "{name}: {schema}");
+        }
+    }
+
+    #[test]
+    fn a_recursive_schema_ends() {
+        let schema = json!({"$ref": "#/$defs/Node", "$defs": {"Node": {
+            "type": "object", "required": ["next"], "properties": {"next": {"$ref": "#/$defs/Node"}},
+        }}});
+        let mut value = &example_for_schema(&schema);
+        let mut levels = 0;
+        while let Some(next) = value.get("next") {
+            value = next;
+            levels += 1;
+        }
+        assert!(value.is_null());
+        assert!(levels < MAX_DEPTH, "{levels}");
     }
 }

@@ -200,6 +200,8 @@ async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u
                     assert_eq!(body["incomplete_details"]["reason"], "max_output_tokens", "{body}");
                 }
                 assert_eq!(body["output"][0]["type"], "message", "{body}");
+                // The message cut at the limit is `incomplete` too.
+                assert_eq!(body["output"][0]["status"], body["status"], "{body}");
                 (usage["input_tokens"].as_u64(), usage["output_tokens"].as_u64(), incomplete)
             }
             _ => {

@@ -1,5 +1,7 @@
-//! `iop-dev`: the whole system on one machine. Starts the mock provider (or
-//! points at a real Ollama / OpenAI-compatible server), an Edge and one Node
+//! `iop-dev`: the whole system on one machine. Starts the mock provider
+//! (behind the node's Ollama adapter, or its OpenAI-compatible one with
+//! `--mock-adapter openai`), or points at a real Ollama / OpenAI-compatible
+//! server, an Edge and one Node
 //! in this process, joined by real mTLS gRPC with a throwaway dev CA, and
 //! serves the client API on 127.0.0.1:8080 (admin and metrics on
 //! 127.0.0.1:8081) until Ctrl-C / SIGTERM. Without `--keys-file` clients need
@@ -13,6 +15,7 @@ use clap::Parser;
 use iop_e2e::harness::{self, DevPki, ProviderSpec};
 use iop_e2e::mock_provider::{self, MockConfig};
 use iop_e2e::pki::Validity;
+use iop_node::config::HealthConfig;
 use iop_proto::config::{Adapter, AuthConfig, AuthMode, WorkspaceCommand, WorkspaceEntry};
 use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +66,41 @@ struct Args {
     /// message containing `iop-mock-script:<name>` gets the script's next turn.
     #[arg(long, conflicts_with_all = ["ollama", "openai_base"])]
     mock_script_file: Option<std::path::PathBuf>,
+    /// Which node adapter talks to the mock provider (it speaks both APIs).
+    #[arg(long, value_enum, default_value_t = MockAdapter::Ollama, conflicts_with_all = ["ollama", "openai_base"])]
+    mock_adapter: MockAdapter,
+}
+
+/// The adapter in front of the mock provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum MockAdapter {
+    Ollama,
+    Openai,
+}
+
+impl From<MockAdapter> for Adapter {
+    fn from(adapter: MockAdapter) -> Self {
+        match adapter {
+            MockAdapter::Ollama => Adapter::Ollama,
+            MockAdapter::Openai => Adapter::Openai,
+        }
+    }
+}
+
+fn adapter_name(adapter: Adapter) -> &'static str {
+    match adapter {
+        Adapter::Ollama => "Ollama",
+        Adapter::Openai => "OpenAI-compatible",
+    }
+}
+
+/// How the node probes the provider: the documented defaults (README
+/// "Provider health": idle probe every 60 s, re-probe from 1 s doubling to
+/// 30 s), for a real server and the mock alike. The tests' fast profile
+/// (`harness::node_config`) is for tests that restart providers; no test of
+/// `iop-dev` needs it, and on a user's server it would probe every second.
+fn health_profile() -> HealthConfig {
+    HealthConfig::default()
 }
 
 /// `ID=PROGRAM ARG...` as a workspace command.
@@ -140,7 +178,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let handle = mock_provider::start(listener, MockConfig { scripts, ..MockConfig::default() }).await;
             let url = handle.base_url();
             mock = Some(handle);
-            (Adapter::Ollama, url, args.model.clone().unwrap_or_else(|| "mock".into()))
+            (args.mock_adapter.into(), url, args.model.clone().unwrap_or_else(|| "mock".into()))
         }
     };
 
@@ -151,7 +189,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         id: "dev-provider".into(),
         node: NODE.into(),
         adapter,
-        base_url,
+        base_url: base_url.clone(),
         target_model: model.clone(),
         public_model: model.clone(),
         capacity: 4,
@@ -189,12 +227,27 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let edge_task = tokio::spawn(edge.serve(async move { edge_stop.cancelled().await }));
 
     let mut node_config = harness::node_config(grpc_addr, &pki.ca_file, &node_pair, (200, 5_000));
+    node_config.health = health_profile();
     node_config.workspaces.allowed_roots.extend(workspace.iter().map(|w| std::path::PathBuf::from(&w.root)));
+    let node_config_health = node_config.health.clone();
     let node_task = tokio::spawn(iop_node::run(node_config, HeartbeatProfile::default(), shutdown.clone()));
 
     wait_ready(&state).await;
     println!("IOP dev is up. Base URL: http://{http_addr}/v1   (model: {model})");
     println!("Admin and metrics: http://{admin_addr}/admin/v1/nodes, http://{admin_addr}/metrics");
+    let health = &node_config_health;
+    println!(
+        "Provider: {} adapter -> {base_url} (health probe every {} s; when down, re-probed from {} s up to {} s)",
+        adapter_name(adapter),
+        health.idle_interval_ms / 1000,
+        health.retry_initial_ms / 1000,
+        health.retry_max_ms / 1000,
+    );
+    if mock.is_some() {
+        println!(
+            "Mock provider: {base_url} (what it received: {base_url}/mock/requests, counters: {base_url}/mock/stats)"
+        );
+    }
     let key_header = if args.keys_file.is_some() { " -H \"authorization: Bearer $IOP_KEY\"" } else { "" };
     println!("Try:");
     println!(
@@ -228,4 +281,27 @@ async fn wait_ready(state: &iop_edge::EdgeState) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("iop-dev: warning: the node is not ready yet; requests answer 503 until it is");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A user's server is probed as README "Provider health" documents, not
+    /// on the tests' one-second profile.
+    #[test]
+    fn iop_dev_probes_on_the_documented_intervals() {
+        let health = health_profile();
+        assert_eq!((health.idle_interval_ms, health.retry_initial_ms, health.retry_max_ms), (60_000, 1_000, 30_000));
+    }
+
+    #[test]
+    fn the_mock_adapter_is_ollama_by_default_and_only_for_the_mock() {
+        let args = Args::try_parse_from(["iop-dev"]).unwrap();
+        assert_eq!(args.mock_adapter, MockAdapter::Ollama);
+        let args = Args::try_parse_from(["iop-dev", "--mock-adapter", "openai"]).unwrap();
+        assert_eq!(Adapter::from(args.mock_adapter), Adapter::Openai);
+        assert!(Args::try_parse_from(["iop-dev", "--mock-adapter", "openai", "--ollama", "http://x"]).is_err());
+        assert!(Args::try_parse_from(["iop-dev", "--ollama", "http://x"]).is_ok());
+    }
 }

@@ -558,11 +558,34 @@ pub struct EventRenderer {
     meta: ResponseMeta,
     transcript: Transcript,
     ids: CallIds,
+    /// The answer began and `message_start` is not out yet: it waits for the
+    /// first step that shows anything, so it carries the input tokens the
+    /// node reported before that.
+    start_pending: bool,
 }
 
 impl EventRenderer {
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { meta, transcript: Transcript::default(), ids: CallIds::default() }
+        Self { meta, transcript: Transcript::default(), ids: CallIds::default(), start_pending: false }
+    }
+
+    /// `message_start`. Its `usage.input_tokens` is the prompt count the
+    /// node reported before the first content (0 if none: Ollama and
+    /// OpenAI-compatible servers report usage with their last chunk, so the
+    /// count normally arrives in `message_delta`, as Anthropic's does too).
+    fn message_start(&self) -> (&'static str, String) {
+        let input_tokens = self.transcript.usage().map_or(0, |u| u.prompt_tokens);
+        let message = json!({
+            "id": self.meta.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.meta.model,
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": { "input_tokens": input_tokens, "output_tokens": 0 },
+        });
+        ("message_start", json!({ "type": "message_start", "message": message }).to_string())
     }
 
     /// Zero or more complete SSE events `(event name, JSON data)` for one run
@@ -571,26 +594,27 @@ impl EventRenderer {
     /// block positions.
     pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
-        for step in self.transcript.push(event) {
+        let steps = self.transcript.push(event);
+        for step in steps {
+            match step {
+                // Held until something shows (see `start_pending`).
+                Step::Begin => {
+                    self.start_pending = true;
+                    continue;
+                }
+                Step::Cancel => {
+                    self.start_pending = false;
+                    continue;
+                }
+                _ if self.start_pending => {
+                    self.start_pending = false;
+                    out.push(self.message_start());
+                }
+                _ => {}
+            }
             let t = &self.transcript;
             let event = match step {
-                Step::Begin => {
-                    // Input tokens are not known until the provider reports
-                    // usage (normally at the end of the run), so
-                    // `message_start` carries 0 and the real counts arrive in
-                    // `message_delta`.
-                    let message = json!({
-                        "id": self.meta.id,
-                        "type": "message",
-                        "role": "assistant",
-                        "content": [],
-                        "model": self.meta.model,
-                        "stop_reason": null,
-                        "stop_sequence": null,
-                        "usage": { "input_tokens": 0, "output_tokens": 0 },
-                    });
-                    ("message_start", json!({ "type": "message_start", "message": message }))
-                }
+                Step::Begin | Step::Cancel => continue,
                 Step::Open(i) => {
                     let block = match &t.block(i).kind {
                         BlockKind::Text => json!({ "type": "text", "text": "" }),
@@ -636,7 +660,6 @@ impl EventRenderer {
                     out.push(stream_error_event(&failure));
                     continue;
                 }
-                Step::Cancel => continue,
             };
             out.push((event.0, event.1.to_string()));
         }
@@ -1676,5 +1699,40 @@ mod tests {
             {"type":"tool_use","id":"t","name":"f","input":{"x":9.728671207290542e+217,"y":0.1}}]}]}"#;
         let request = parse_request(body).unwrap();
         assert_eq!(request.messages[0].tool_calls[0].arguments_json, r#"{"x":9.728671207290542e+217,"y":0.1}"#);
+    }
+
+    /// Issue 27 item 4: `message_start` carries the input tokens when the
+    /// node reported them before the first content (it waits for the first
+    /// content, the commit point, so nothing reaches the client later than
+    /// before); otherwise 0, and `message_delta` carries the count at the
+    /// end either way, as Anthropic's does.
+    #[test]
+    fn message_start_carries_the_input_tokens_reported_before_the_first_content() {
+        let start_usage = |events: &[(&'static str, Value)]| events[0].1["message"]["usage"].clone();
+        let mut r = EventRenderer::new(meta());
+        let early = [started(), usage(12, 0), text("hi"), usage(12, 3), completed(pb::FinishReason::Stop)];
+        let events = render_all(&mut r, &early);
+        assert_eq!(names(&events)[..2], ["message_start", "content_block_start"]);
+        assert_eq!(start_usage(&events), json!({"input_tokens": 12, "output_tokens": 0}));
+        let delta = events.iter().find(|(name, _)| *name == "message_delta").unwrap();
+        assert_eq!(delta.1["usage"], json!({"input_tokens": 12, "output_tokens": 3}));
+
+        // Usage with the last chunk (what Ollama and OpenAI-compatible servers do).
+        let mut r = EventRenderer::new(meta());
+        let late = [started(), text("hi"), usage(12, 3), completed(pb::FinishReason::Stop)];
+        let events = render_all(&mut r, &late);
+        assert_eq!(start_usage(&events), json!({"input_tokens": 0, "output_tokens": 0}));
+        let delta = events.iter().find(|(name, _)| *name == "message_delta").unwrap();
+        assert_eq!(delta.1["usage"], json!({"input_tokens": 12, "output_tokens": 3}));
+
+        // `Started` alone shows nothing yet; a failure after it still gets
+        // its `message_start` first.
+        let mut r = EventRenderer::new(meta());
+        assert!(r.render(&started()).is_empty());
+        assert!(r.render(&usage(5, 0)).is_empty());
+        let failed = r.render(&Event::Failed(pb::RunFailed { failure: None }));
+        assert_eq!(failed.iter().map(|(n, _)| *n).collect::<Vec<_>>(), ["message_start", "error"]);
+        let start: Value = serde_json::from_str(&failed[0].1).unwrap();
+        assert_eq!(start["message"]["usage"]["input_tokens"], 5);
     }
 }

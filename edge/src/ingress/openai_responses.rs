@@ -48,6 +48,9 @@ pub struct ResponsesRequest {
     pub dropped_tools: Vec<DroppedTool>,
     /// The functions that came from `namespace` tools.
     pub namespaces: Namespaces,
+    /// `reasoning.summary` (`auto`, `concise` or `detailed`) was asked for:
+    /// reasoning is rendered as a summary (see [`ResponseMeta::reasoning_summary`]).
+    pub reasoning_summary: bool,
 }
 
 /// Namespace tools (`{"type":"namespace","name","tools":[functions]}`, as
@@ -150,11 +153,18 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         options.tool_choice = Some(openai_tool_choice(v, &tools, |f| f.get("name"))?);
     }
     options.parallel_tool_calls = JSON.optional_bool(&obj, "parallel_tool_calls", "parallel_tool_calls")?;
+    let mut reasoning_summary = false;
     match field(&obj, "reasoning") {
         None => {}
         Some(Value::Object(reasoning)) => {
             if let Some(v) = field(reasoning, "effort") {
                 options.reasoning_effort = Some(reasoning_effort(v, "reasoning.effort")?.into());
+            }
+            // `generate_summary` is the older name of `summary`.
+            for key in ["summary", "generate_summary"] {
+                if let Some(v) = field(reasoning, key) {
+                    reasoning_summary = parse_reasoning_summary(v, &format!("reasoning.{key}"))?;
+                }
             }
         }
         Some(_) => return Err(JSON.type_error("reasoning", "an object")),
@@ -172,7 +182,17 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         Some(_) => return Err(JSON.type_error("text", "an object")),
     };
 
-    Ok(ResponsesRequest { model, stream, messages, tools, options, instructions, dropped_tools, namespaces })
+    Ok(ResponsesRequest {
+        model,
+        stream,
+        messages,
+        tools,
+        options,
+        instructions,
+        dropped_tools,
+        namespaces,
+        reasoning_summary,
+    })
 }
 
 /// `{"type":"namespace","name","description"?,"tools":[function tools]}`:
@@ -197,6 +217,20 @@ fn parse_namespace(
         tools.push(tool);
     }
     Ok(())
+}
+
+/// `reasoning.summary`: `auto`, `concise` or `detailed` ask for a summary
+/// (IOP makes none: the provider's reasoning text is shown as it), `none`
+/// for none.
+fn parse_reasoning_summary(value: &Value, path: &str) -> Result<bool, ApiError> {
+    match JSON.string(value, path)? {
+        "auto" | "concise" | "detailed" => Ok(true),
+        "none" => Ok(false),
+        other => Err(ApiError::invalid_param(
+            path,
+            format!("`{path}` is `{other}`; expected auto, concise, detailed or none"),
+        )),
+    }
 }
 
 /// One `input` item, appended to `messages`. A `function_call` joins the
@@ -365,6 +399,12 @@ pub struct ResponseMeta {
     pub tools: Vec<Value>,
     /// Which function names came from namespace tools.
     pub namespaces: Namespaces,
+    /// The client asked for `reasoning.summary`: each reasoning item
+    /// carries the provider's reasoning text as its one `summary_text` (no
+    /// `content`), streamed as `response.reasoning_summary_*` events.
+    /// Otherwise the text is the item's `reasoning_text` content (as gpt-oss
+    /// models answer on the Responses API) and `summary` is empty.
+    pub reasoning_summary: bool,
 }
 
 impl ResponseMeta {
@@ -383,6 +423,7 @@ impl ResponseMeta {
             top_p: None,
             tools: Vec::new(),
             namespaces: Namespaces::default(),
+            reasoning_summary: false,
         }
     }
 
@@ -414,6 +455,7 @@ impl ResponseMeta {
             top_p: o.top_p,
             tools,
             namespaces: request.namespaces.clone(),
+            reasoning_summary: request.reasoning_summary,
             ..Self::new(request.model.clone(), created_at, request.instructions.clone(), o.max_tokens)
         }
     }
@@ -423,25 +465,43 @@ fn output_text_part(text: &str) -> Value {
     json!({ "type": "output_text", "text": text, "annotations": [] })
 }
 
+fn reasoning_text_part(text: &str) -> Value {
+    json!({ "type": "reasoning_text", "text": text })
+}
+
+fn summary_text_part(text: &str) -> Value {
+    json!({ "type": "summary_text", "text": text })
+}
+
 /// The ids Responses gives each block of the transcript, in order: an item
 /// id (`msg_…` / `fc_…`) and, for a tool call, its `call_id` (the
 /// provider's, or a made-up `call_…`).
 #[derive(Debug, Default)]
-struct ItemIds(Vec<(String, String)>, Namespaces);
+struct ItemIds {
+    ids: Vec<(String, String)>,
+    /// Reasoning as a summary ([`ResponseMeta::reasoning_summary`]).
+    summary: bool,
+    /// Which function names came from namespace tools.
+    namespaces: Namespaces,
+}
 
 impl ItemIds {
+    fn new(meta: &ResponseMeta) -> Self {
+        Self { ids: Vec::new(), summary: meta.reasoning_summary, namespaces: meta.namespaces.clone() }
+    }
+
     fn of(&mut self, transcript: &Transcript, i: usize) -> (String, String) {
-        while self.0.len() <= i {
-            let ids = match &transcript.block(self.0.len()).kind {
+        while self.ids.len() <= i {
+            let ids = match &transcript.block(self.ids.len()).kind {
                 BlockKind::Text => (synthetic_id("msg_"), String::new()),
                 BlockKind::Reasoning => (synthetic_id("rs_"), String::new()),
                 BlockKind::ToolCall { id, .. } => {
                     (synthetic_id("fc_"), if id.is_empty() { synthetic_call_id() } else { id.clone() })
                 }
             };
-            self.0.push(ids);
+            self.ids.push(ids);
         }
-        self.0[i].clone()
+        self.ids[i].clone()
     }
 
     /// Output item `i` with `status`; `added` shows it as just opened.
@@ -456,19 +516,27 @@ impl ItemIds {
                 "type": "message", "id": id, "status": status, "role": "assistant",
                 "content": [output_text_part(&block.content)],
             }),
-            // The raw reasoning, as gpt-oss models answer on the Responses
-            // API (no summary is made up).
+            // Asked for a summary: the provider's text as the one summary
+            // part (IOP summarizes nothing). `encrypted_content` is left out
+            // even when `include` asks for it: there is nothing to encrypt,
+            // and a client hands no reasoning back that a provider would take.
+            BlockKind::Reasoning if self.summary && added => json!({ "type": "reasoning", "id": id, "summary": [] }),
+            BlockKind::Reasoning if self.summary => {
+                json!({ "type": "reasoning", "id": id, "summary": [summary_text_part(&block.content)] })
+            }
+            // Otherwise the raw reasoning, as gpt-oss models answer on the
+            // Responses API (no summary is made up).
             BlockKind::Reasoning if added => json!({ "type": "reasoning", "id": id, "summary": [], "content": [] }),
             BlockKind::Reasoning => json!({
                 "type": "reasoning", "id": id, "summary": [],
-                "content": [{ "type": "reasoning_text", "text": block.content }],
+                "content": [reasoning_text_part(&block.content)],
             }),
             BlockKind::ToolCall { name, .. } => {
                 let mut item = json!({
                     "type": "function_call", "id": id, "call_id": call_id, "name": name,
                     "arguments": if added { "" } else { block.content.as_str() }, "status": status,
                 });
-                if let Some((namespace, name)) = self.1.split(name) {
+                if let Some((namespace, name)) = self.namespaces.split(name) {
                     item["name"] = json!(name);
                     item["namespace"] = json!(namespace);
                 }
@@ -481,6 +549,15 @@ impl ItemIds {
     fn output(&mut self, transcript: &Transcript, open_status: &str) -> Vec<Value> {
         (0..transcript.blocks().len())
             .map(|i| self.item(transcript, i, if transcript.is_open(i) { open_status } else { "completed" }, false))
+            .collect()
+    }
+
+    /// Every item of a completed run; when the run stopped short (`cut`),
+    /// the last item, the one being generated when it stopped, `incomplete`.
+    fn completed_output(&mut self, transcript: &Transcript, cut: bool) -> Vec<Value> {
+        let last = transcript.blocks().len().checked_sub(1);
+        (0..transcript.blocks().len())
+            .map(|i| self.item(transcript, i, if cut && Some(i) == last { "incomplete" } else { "completed" }, false))
             .collect()
     }
 }
@@ -497,7 +574,7 @@ pub struct EventRenderer {
 
 impl EventRenderer {
     pub fn new(meta: ResponseMeta) -> Self {
-        let ids = ItemIds(Vec::new(), meta.namespaces.clone());
+        let ids = ItemIds::new(&meta);
         Self { meta, transcript: Transcript::default(), ids, next_sequence_number: 0, begun: false }
     }
 
@@ -509,8 +586,11 @@ impl EventRenderer {
     /// Cancelled renders nothing, and so does every event after a terminal.
     pub fn render(&mut self, event: &pb::run_event::Event) -> Vec<(&'static str, String)> {
         let mut events: Vec<(&'static str, Value)> = Vec::new();
+        // A run that stops short closes the item it was generating as
+        // `incomplete`, as OpenAI marks a message cut by `max_output_tokens`.
+        let cut = matches!(event, pb::run_event::Event::Completed(c) if incomplete_reason(c.finish_reason).is_some());
         for step in self.transcript.push(event) {
-            self.step_events(step, &mut events);
+            self.step_events(step, cut, &mut events);
         }
         events
             .into_iter()
@@ -532,19 +612,31 @@ impl EventRenderer {
         }
     }
 
-    fn step_events(&mut self, step: Step<'_>, events: &mut Vec<(&'static str, Value)>) {
+    /// `cut`: this event ended a run that stopped short (the block it
+    /// closes is `incomplete`).
+    fn step_events(&mut self, step: Step<'_>, cut: bool, events: &mut Vec<(&'static str, Value)>) {
         let t = &self.transcript;
+        let summary = self.ids.summary;
         match step {
             Step::Begin => self.begin(events),
             Step::Open(i) => {
                 let item = self.ids.item(t, i, "in_progress", true);
                 events.push(("response.output_item.added", json!({ "output_index": i, "item": item })));
-                if t.block(i).kind == BlockKind::Text {
-                    let (id, _) = self.ids.of(t, i);
-                    events.push((
-                        "response.content_part.added",
-                        json!({ "item_id": id, "output_index": i, "content_index": 0, "part": output_text_part("") }),
-                    ));
+                let (id, _) = self.ids.of(t, i);
+                let part = match t.block(i).kind {
+                    BlockKind::Text => Some(("response.content_part.added", "content_index", output_text_part(""))),
+                    BlockKind::Reasoning if summary => {
+                        Some(("response.reasoning_summary_part.added", "summary_index", summary_text_part("")))
+                    }
+                    BlockKind::Reasoning => {
+                        Some(("response.content_part.added", "content_index", reasoning_text_part("")))
+                    }
+                    BlockKind::ToolCall { .. } => None,
+                };
+                if let Some((kind, index, part)) = part {
+                    let mut payload = json!({ "item_id": id, "output_index": i, "part": part });
+                    payload[index] = 0.into();
+                    events.push((kind, payload));
                 }
             }
             Step::Delta(i, delta) => {
@@ -553,6 +645,10 @@ impl EventRenderer {
                     BlockKind::Text => (
                         "response.output_text.delta",
                         json!({ "item_id": id, "output_index": i, "content_index": 0, "delta": delta, "logprobs": [] }),
+                    ),
+                    BlockKind::Reasoning if summary => (
+                        "response.reasoning_summary_text.delta",
+                        json!({ "item_id": id, "output_index": i, "summary_index": 0, "delta": delta }),
                     ),
                     BlockKind::Reasoning => (
                         "response.reasoning_text.delta",
@@ -584,16 +680,38 @@ impl EventRenderer {
                             }),
                         ));
                     }
-                    BlockKind::Reasoning => events.push((
-                        "response.reasoning_text.done",
-                        json!({ "item_id": id, "output_index": i, "content_index": 0, "text": block.content }),
-                    )),
+                    BlockKind::Reasoning if summary => {
+                        events.push((
+                            "response.reasoning_summary_text.done",
+                            json!({ "item_id": id, "output_index": i, "summary_index": 0, "text": block.content }),
+                        ));
+                        events.push((
+                            "response.reasoning_summary_part.done",
+                            json!({
+                                "item_id": id, "output_index": i, "summary_index": 0,
+                                "part": summary_text_part(&block.content),
+                            }),
+                        ));
+                    }
+                    BlockKind::Reasoning => {
+                        events.push((
+                            "response.reasoning_text.done",
+                            json!({ "item_id": id, "output_index": i, "content_index": 0, "text": block.content }),
+                        ));
+                        events.push((
+                            "response.content_part.done",
+                            json!({
+                                "item_id": id, "output_index": i, "content_index": 0,
+                                "part": reasoning_text_part(&block.content),
+                            }),
+                        ));
+                    }
                     BlockKind::ToolCall { .. } => events.push((
                         "response.function_call_arguments.done",
                         json!({ "item_id": id, "output_index": i, "arguments": block.content }),
                     )),
                 }
-                let item = self.ids.item(t, i, "completed", false);
+                let item = self.ids.item(t, i, if cut { "incomplete" } else { "completed" }, false);
                 events.push(("response.output_item.done", json!({ "output_index": i, "item": item })));
             }
             Step::Complete { finish_reason } => {
@@ -636,12 +754,7 @@ impl ResponseAggregator {
     /// or no terminal at all.
     pub fn finish(mut self) -> Result<Value, ApiError> {
         let finish_reason = self.transcript.finish()?;
-        Ok(completed_response(
-            &self.meta,
-            &self.transcript,
-            &mut ItemIds(Vec::new(), self.meta.namespaces.clone()),
-            finish_reason,
-        ))
+        Ok(completed_response(&self.meta, &self.transcript, &mut ItemIds::new(&self.meta), finish_reason))
     }
 }
 
@@ -670,18 +783,24 @@ fn response_json(meta: &ResponseMeta, status: &str, output: Vec<Value>, usage: V
 /// The final object after a Completed terminal: `incomplete` with a reason
 /// when the provider stopped at the token limit or its content filter.
 fn completed_response(meta: &ResponseMeta, transcript: &Transcript, ids: &mut ItemIds, finish_reason: i32) -> Value {
-    let incomplete_reason = match pb::FinishReason::try_from(finish_reason) {
-        Ok(pb::FinishReason::Length) => Some("max_output_tokens"),
-        Ok(pb::FinishReason::ContentFilter) => Some("content_filter"),
-        _ => None,
-    };
+    let incomplete_reason = incomplete_reason(finish_reason);
     let status = if incomplete_reason.is_some() { "incomplete" } else { "completed" };
-    let output = ids.output(transcript, "completed");
+    let output = ids.completed_output(transcript, incomplete_reason.is_some());
     let mut response = response_json(meta, status, output, usage_json(transcript.usage()));
     if let Some(reason) = incomplete_reason {
         response["incomplete_details"] = json!({ "reason": reason });
     }
     response
+}
+
+/// Why a completed run is `incomplete`: the provider stopped at the token
+/// limit or its content filter.
+fn incomplete_reason(finish_reason: i32) -> Option<&'static str> {
+    match pb::FinishReason::try_from(finish_reason) {
+        Ok(pb::FinishReason::Length) => Some("max_output_tokens"),
+        Ok(pb::FinishReason::ContentFilter) => Some("content_filter"),
+        _ => None,
+    }
 }
 
 /// The object `response.failed` carries: the items so far (the one being
@@ -1618,5 +1737,146 @@ mod tests {
             let err = body(extra.clone()).unwrap_err();
             assert!(matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == param), "{extra}: {err:?}");
         }
+    }
+
+    // ------------------------------------------------- issue 27 item 4
+
+    fn reasoning(text: &str) -> Event {
+        Event::Reasoning(pb::ReasoningDelta { text: text.into() })
+    }
+
+    /// The output items of `run`, streamed (each `response.output_item.done`
+    /// item, and the final response's output) and not.
+    fn done_items_final_and_whole(meta: ResponseMeta, run: &[Event]) -> (Vec<Value>, Value, Value) {
+        let mut r = EventRenderer::new(meta.clone());
+        let events = render_all(&mut r, run);
+        let done = events.iter().filter(|(k, _)| *k == "response.output_item.done").map(|(_, p)| p["item"].clone());
+        let final_output = events.last().unwrap().1["response"]["output"].clone();
+        let mut agg = ResponseAggregator::new(meta);
+        run.iter().for_each(|e| agg.push(e));
+        (done.collect(), final_output, agg.finish().unwrap()["output"].clone())
+    }
+
+    /// A message cut by the token limit (or the content filter) is
+    /// `incomplete` as OpenAI marks it, in `response.output_item.done`, in
+    /// `response.incomplete`'s output and in the non-streaming body; items
+    /// finished before the cut stay `completed`.
+    #[test]
+    fn a_truncated_answer_marks_the_item_it_was_generating_incomplete() {
+        for reason in [pb::FinishReason::Length, pb::FinishReason::ContentFilter] {
+            let run = [started(), text("abc"), usage(3, 64), completed(reason)];
+            let (done, final_output, whole) = done_items_final_and_whole(meta(), &run);
+            assert_eq!(done.len(), 1);
+            for output in [&done[0], &final_output[0], &whole[0]] {
+                assert_eq!((output["type"].as_str(), output["status"].as_str()), (Some("message"), Some("incomplete")));
+            }
+
+            let run = [started(), text("a"), tool(0, "call_a", "f", "{}"), completed(reason)];
+            let (done, final_output, whole) = done_items_final_and_whole(meta(), &run);
+            let statuses = |items: &[Value]| items.iter().map(|i| i["status"].clone()).collect::<Vec<_>>();
+            assert_eq!(statuses(&done), [json!("completed"), json!("incomplete")]);
+            assert_eq!(statuses(final_output.as_array().unwrap()), statuses(&done));
+            assert_eq!(statuses(whole.as_array().unwrap()), statuses(&done));
+        }
+        // A run that stops normally completes every item.
+        let (done, final_output, whole) =
+            done_items_final_and_whole(meta(), &[text("abc"), completed(pb::FinishReason::Stop)]);
+        for output in [&done[0], &final_output[0], &whole[0]] {
+            assert_eq!(output["status"], "completed");
+        }
+    }
+
+    /// Codex CLI's request shape: `reasoning.summary` and `include:
+    /// ["reasoning.encrypted_content"]` are accepted; `summary` is on for
+    /// `auto`/`concise`/`detailed` (and the older `generate_summary`), off
+    /// when absent, null or `none`; anything else names the field.
+    #[test]
+    fn reasoning_summary_and_include_encrypted_content_are_accepted() {
+        let codex = json!({
+            "model": "m", "instructions": "be useful", "input": [{"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "hi"}]}], "tools": [], "tool_choice": "auto",
+            "parallel_tool_calls": false, "reasoning": {"effort": "medium", "summary": "auto"}, "store": false,
+            "stream": true, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+        });
+        let req = parse(codex).unwrap();
+        assert!(req.reasoning_summary);
+        assert_eq!(req.options.reasoning_effort, Some(pb::ReasoningEffort::Medium.into()));
+        assert!(ResponseMeta::for_request(&req, 0).reasoning_summary);
+        for (reasoning, want) in [
+            (json!({"summary": "concise"}), true),
+            (json!({"summary": "detailed"}), true),
+            (json!({"generate_summary": "auto"}), true),
+            (json!({"summary": null}), false),
+            (json!({"summary": "none"}), false),
+            (json!({"effort": "low"}), false),
+        ] {
+            let req = parse(json!({"model": "m", "input": "x", "reasoning": reasoning})).unwrap();
+            assert_eq!(req.reasoning_summary, want, "{reasoning}");
+        }
+        let err = parse(json!({"model": "m", "input": "x", "reasoning": {"summary": "verbose"}})).unwrap_err();
+        assert!(matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == "reasoning.summary"), "{err:?}");
+    }
+
+    /// With `reasoning.summary` the provider's reasoning text is the item's
+    /// summary, streamed with OpenAI's summary events; without it, today's
+    /// `reasoning_text` content, now with its content part events.
+    #[test]
+    fn reasoning_renders_as_a_summary_when_asked_and_as_content_otherwise() {
+        let run = [started(), reasoning("Think"), reasoning("ing"), text("ok"), completed(pb::FinishReason::Stop)];
+        let summary_meta = ResponseMeta { reasoning_summary: true, ..meta() };
+        let mut r = EventRenderer::new(summary_meta.clone());
+        let events = render_all(&mut r, &run);
+        assert_eq!(
+            kinds(&events)[2..9],
+            [
+                "response.output_item.added",
+                "response.reasoning_summary_part.added",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+                "response.reasoning_summary_part.done",
+                "response.output_item.done",
+            ]
+        );
+        let p = |i: usize| events[i].1.clone();
+        let id = assert_id(&p(2)["item"]["id"], "rs_");
+        assert_eq!(p(2)["item"], json!({"type": "reasoning", "id": id, "summary": []}));
+        let at = |i: usize| (p(i)["item_id"].clone(), p(i)["output_index"].clone(), p(i)["summary_index"].clone());
+        for i in 3..=7 {
+            assert_eq!(at(i), (json!(id), json!(0), json!(0)), "event {i}");
+        }
+        assert_eq!(p(3)["part"], json!({"type": "summary_text", "text": ""}));
+        assert_eq!((p(4)["delta"].clone(), p(5)["delta"].clone()), (json!("Think"), json!("ing")));
+        assert_eq!(p(6)["text"], "Thinking");
+        assert_eq!(p(7)["part"], json!({"type": "summary_text", "text": "Thinking"}));
+        let item = json!({"type": "reasoning", "id": id, "summary": [{"type": "summary_text", "text": "Thinking"}]});
+        assert_eq!(p(8)["item"], item);
+        assert_eq!(events.last().unwrap().1["response"]["output"][0], item);
+        let mut agg = ResponseAggregator::new(summary_meta);
+        run.iter().for_each(|e| agg.push(e));
+        let body = agg.finish().unwrap();
+        assert_eq!(body["output"][0]["summary"], item["summary"]);
+        assert!(body["output"][0].get("content").is_none() && body["output"][0].get("encrypted_content").is_none());
+
+        let mut r = EventRenderer::new(meta());
+        let events = render_all(&mut r, &run);
+        assert_eq!(
+            kinds(&events)[2..9],
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+            ]
+        );
+        let p = |i: usize| events[i].1.clone();
+        assert_eq!(p(3)["part"], json!({"type": "reasoning_text", "text": ""}));
+        assert_eq!((p(3)["content_index"].clone(), p(7)["content_index"].clone()), (json!(0), json!(0)));
+        assert_eq!(p(7)["part"], json!({"type": "reasoning_text", "text": "Thinking"}));
+        assert_eq!(p(8)["item"]["summary"], json!([]));
+        assert_eq!(p(8)["item"]["content"], json!([{"type": "reasoning_text", "text": "Thinking"}]));
     }
 }
