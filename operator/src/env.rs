@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use iop_proto::config::{AuthConfig, AuthMode, ListenConfig};
+use iop_proto::config::{AuthConfig, AuthMode, HostedTools, ListenConfig};
 
 use crate::reconcile::Settings;
 
@@ -30,6 +30,8 @@ pub const EDGE_GRPC_LISTEN: &str = "0.0.0.0:7443";
 pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
 /// Optional: `required` (default) or `disabled` (no client API keys).
 pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
+/// Optional: `drop` (default) or `refuse`, the Edge's `api.hosted_tools`.
+pub const EDGE_HOSTED_TOOLS: &str = "IOP_EDGE_HOSTED_TOOLS";
 /// Tests only (the chart never sets it): the operator's clock runs this many
 /// seconds ahead of the system clock (negative: behind). Certificate
 /// issuance and renewal, condition timestamps and the leader Lease all read
@@ -54,6 +56,8 @@ pub struct RunConfig {
     pub metrics_addr: SocketAddr,
     /// Whether the Edge requires client API keys ([`EDGE_AUTH_MODE`]).
     pub edge_auth: AuthMode,
+    /// What the Edge does with hosted tools ([`EDGE_HOSTED_TOOLS`]).
+    pub hosted_tools: HostedTools,
     /// [`TEST_CLOCK_OFFSET`] in seconds (0 when unset).
     pub clock_offset_s: i64,
 }
@@ -134,6 +138,13 @@ impl RunConfig {
             Some(other) => return Err(invalid(EDGE_AUTH_MODE, other, "must be `required` or `disabled`")),
         };
 
+        let hosted_tools =
+            match lookup(EDGE_HOSTED_TOOLS).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).as_deref() {
+                None | Some("drop") => HostedTools::Drop,
+                Some("refuse") => HostedTools::Refuse,
+                Some(other) => return Err(invalid(EDGE_HOSTED_TOOLS, other, "must be `drop` or `refuse`")),
+            };
+
         // Within a century either way: far past what any test needs, and the
         // clock stays within the range `time` and Kubernetes timestamps take.
         let clock_offset_s = match lookup(TEST_CLOCK_OFFSET).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
@@ -153,6 +164,7 @@ impl RunConfig {
             trust_domain,
             metrics_addr,
             edge_auth,
+            hosted_tools,
             clock_offset_s,
         })
     }
@@ -167,6 +179,7 @@ impl RunConfig {
         if self.edge_auth == AuthMode::Disabled {
             settings.auth = AuthConfig { mode: AuthMode::Disabled, ..Default::default() };
         }
+        settings.api.hosted_tools = self.hosted_tools;
         settings
     }
 }
@@ -300,6 +313,16 @@ mod tests {
         assert_eq!(parse(&env).unwrap().settings().auth.mode, AuthMode::Required);
         env.insert(EDGE_AUTH_MODE, "optional");
         assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_AUTH_MODE, .. })));
+    }
+
+    #[test]
+    fn hosted_tools_are_dropped_unless_refused() {
+        let mut env = chart_env();
+        assert_eq!(parse(&env).unwrap().settings().api.hosted_tools, HostedTools::Drop);
+        env.insert(EDGE_HOSTED_TOOLS, "refuse");
+        assert_eq!(parse(&env).unwrap().settings().api.hosted_tools, HostedTools::Refuse);
+        env.insert(EDGE_HOSTED_TOOLS, "ignore");
+        assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_HOSTED_TOOLS, .. })));
     }
 
     #[test]

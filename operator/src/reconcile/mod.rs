@@ -11,7 +11,7 @@ pub mod validate;
 
 use std::path::PathBuf;
 
-use iop_proto::config::{AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig};
+use iop_proto::config::{ApiConfig, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig};
 
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
@@ -48,6 +48,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Client authentication (the keys file is a Secret mounted into the Edge).
     pub auth: AuthConfig,
+    /// The client APIs' treatment of hosted tools.
+    pub api: ApiConfig,
 }
 
 impl Settings {
@@ -69,6 +71,7 @@ impl Settings {
                 keys_file: Some(PathBuf::from(EDGE_KEYS_FILE)),
                 ..Default::default()
             },
+            api: ApiConfig::default(),
         }
     }
 }
@@ -90,7 +93,7 @@ impl Settings {
             workspaces: Vec::new(),
             context_fallbacks: Default::default(),
             replicas: Vec::new(),
-            api: Default::default(),
+            api: self.api.clone(),
         }
     }
 }
