@@ -10,6 +10,12 @@ use common::{chat_body, free_port, http_client, json_body, run_script, sdk_insta
 use iop_e2e::harness::{bin, spawn_until, spawn_until_lines};
 use serde_json::{Value, json};
 
+/// A chat completion request to `iop-dev` at `base` (no key).
+async fn post_chat(base: &str, body: &serde_json::Value) -> reqwest::Response {
+    let request = http_client().post(format!("{base}/chat/completions")).header("content-type", "application/json");
+    request.body(serde_json::to_vec(body).unwrap()).send().await.unwrap()
+}
+
 async fn start_dev() -> (iop_e2e::harness::Proc, String) {
     start_dev_with(&[]).await
 }
@@ -61,14 +67,7 @@ async fn iop_dev_prints_the_mock_address_and_puts_the_mock_behind_either_adapter
         let provider = printed(&lines, "Provider: ").expect("provider line");
         assert!(provider.contains(adapter) && provider.contains(&mock), "{extra:?}: {provider}");
 
-        let response = http_client()
-            .post(format!("{base}/chat/completions"))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&chat_body("mock", "Hello!", false)).unwrap())
-            .send()
-            .await
-            .unwrap();
-        let (status, body) = json_body(response).await;
+        let (status, body) = json_body(post_chat(&base, &chat_body("mock", "Hello!", false)).await).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["choices"][0]["message"]["content"], "Hello from the IOP mock provider. You said: Hello!");
         let paths = mock_paths(&mock).await;
@@ -92,14 +91,7 @@ async fn iop_dev_probes_a_real_server_on_the_documented_intervals() {
         assert!(provider.contains(adapter) && provider.contains(&server), "{provider}");
         assert!(provider.contains("health probe every 60 s; when down, re-probed from 1 s up to 30 s"), "{provider}");
         assert_eq!(printed(&lines, "Mock provider: "), None, "{lines:?}");
-        let response = http_client()
-            .post(format!("{base}/chat/completions"))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&chat_body("mock", "Hello!", false)).unwrap())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
+        assert_eq!(post_chat(&base, &chat_body("mock", "Hello!", false)).await.status(), 200);
     }
 }
 
@@ -123,16 +115,7 @@ async fn iop_dev_mock_tool_calls_fit_the_tool_schema() {
         let (_dev, base, _) = start_dev_printing(&["--mock-adapter", adapter]).await;
         let mut chat = chat_body("mock", "please call tool", false);
         chat["tools"] = json!([{ "type": "function", "function": { "name": "shell", "parameters": schema } }]);
-        let (status, body) = json_body(
-            http_client()
-                .post(format!("{base}/chat/completions"))
-                .header("content-type", "application/json")
-                .body(serde_json::to_vec(&chat).unwrap())
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        let (status, body) = json_body(post_chat(&base, &chat).await).await;
         assert_eq!(status, 200, "{adapter}: {body}");
         let call = &body["choices"][0]["message"]["tool_calls"][0]["function"];
         assert_eq!(call["name"], "shell", "{adapter}: {body}");
@@ -185,13 +168,7 @@ async fn iop_dev_with_a_keys_file_requires_a_key() {
 #[tokio::test]
 async fn iop_dev_streams_an_answer_and_stops_cleanly() {
     let (dev, base) = start_dev().await;
-    let response = http_client()
-        .post(format!("{base}/chat/completions"))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body("mock", "Hello!", true)).unwrap())
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat(&base, &chat_body("mock", "Hello!", true)).await;
     assert_eq!(response.status(), 200);
     let events = sse_events(response).await;
     assert_eq!(streamed_text(&events), "Hello from the IOP mock provider. You said: Hello!");
