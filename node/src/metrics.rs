@@ -1,6 +1,7 @@
 //! Node metrics (Prometheus, served on `metrics.listen` when configured).
-//! Label values come from closed enums only: no provider ids, run ids,
-//! prompts or payload bytes.
+//! Label values come from closed sets only: closed enums, and provider ids
+//! (the Edge's configured providers assigned to this node, bounded by its
+//! config, never a value a client chose). No run ids, prompts or payload bytes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -71,6 +72,12 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
+/// A provider id assigned to this node: the Edge's config bounds the set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabels {
+    pub provider: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
@@ -86,6 +93,7 @@ pub struct NodeMetrics {
     stall_duration: Family<KindLabels, Histogram>,
     fenced_output: Family<KindLabels, Counter>,
     lease_rejections: Family<ReasonLabels, Counter>,
+    malformed_events: Family<ProviderLabels, Counter>,
 }
 
 impl NodeMetrics {
@@ -126,8 +134,15 @@ impl NodeMetrics {
             "Workspace messages dropped (repeated request, malformed), by reason",
             workspace_dropped.clone(),
         );
+        let malformed_events = Family::<ProviderLabels, Counter>::default();
+        registry.register(
+            "provider_malformed_events",
+            "Undecodable events a provider's stream carried that the run skipped, by provider",
+            malformed_events.clone(),
+        );
         Arc::new(Self {
             registry,
+            malformed_events,
             workspace_ops,
             workspace_op_duration,
             workspace_cleanups,
@@ -153,6 +168,12 @@ impl NodeMetrics {
 
     pub fn fenced(&self, kind: ExecutionKind) {
         self.fenced_output.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    /// `count` undecodable events skipped in a stream of `provider`
+    /// (`crate::adapter`'s malformed-event rule).
+    pub fn provider_malformed_events(&self, provider: &str, count: u64) {
+        self.malformed_events.get_or_create(&ProviderLabels { provider: provider.to_owned() }).inc_by(count);
     }
 
     pub fn lease_refused(&self, reason: &'static str) {

@@ -61,8 +61,11 @@ async fn serve(
         Ok((target, stall_timeout, credential, _permit)) => {
             let (authorization, scrubber) = lease::split(credential);
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
+            let metrics = &observer.metrics;
             let producer =
-                Producer::new(async move { adapter::execute(http, target, request, authorization, &sink).await });
+                Producer::new(
+                    async move { adapter::execute(http, target, request, authorization, &sink, metrics).await },
+                );
             let watched = Watched { http, target, stall_timeout, observer, kind: ExecutionKind::run };
             // A client that does not stream gets the answer as a whole: its
             // deltas need not cross the wire one by one.

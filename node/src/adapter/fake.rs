@@ -15,6 +15,7 @@ use iop_proto::pb;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{AdapterError, AdapterKind, EventSink, ProviderTarget};
+use crate::metrics::NodeMetrics;
 
 /// A canned HTTP reply: status, headers, and the body as separate chunks
 /// (written a millisecond apart so they tend to arrive as separate reads).
@@ -208,11 +209,21 @@ pub(crate) async fn run(
     target: &ProviderTarget,
     request: &pb::RunRequest,
 ) -> (Result<pb::FinishReason, AdapterError>, Vec<pb::run_event::Event>) {
+    run_counted(target, request, &NodeMetrics::new()).await
+}
+
+/// [`run`] counting into `metrics`.
+pub(crate) async fn run_counted(
+    target: &ProviderTarget,
+    request: &pb::RunRequest,
+    metrics: &NodeMetrics,
+) -> (Result<pb::FinishReason, AdapterError>, Vec<pb::run_event::Event>) {
     let client = super::http_client();
     let (tx, mut rx): (EventSink, _) = mpsc::channel(1024);
-    let result = tokio::time::timeout(Duration::from_secs(10), super::execute(&client, target, request, None, &tx))
-        .await
-        .expect("execute finished in time");
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), super::execute(&client, target, request, None, &tx, metrics))
+            .await
+            .expect("execute finished in time");
     drop(tx);
     let mut events = Vec::new();
     while let Some(event) = rx.recv().await {
@@ -233,7 +244,8 @@ pub(crate) async fn assert_drop_closes_connection(
     let request = request(vec![user("hi")]);
     let client = super::http_client();
     let (tx, mut rx) = mpsc::channel(16);
-    let mut run = Box::pin(super::execute(&client, &target, &request, None, &tx));
+    let metrics = NodeMetrics::new();
+    let mut run = Box::pin(super::execute(&client, &target, &request, None, &tx, &metrics));
     // Drive the run until its first event arrives: the response is in flight.
     tokio::select! {
         result = &mut run => panic!("run ended early: {result:?}"),

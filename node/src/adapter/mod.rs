@@ -15,6 +15,7 @@ mod embed;
 mod forced_tool;
 mod images;
 mod lines;
+mod malformed;
 mod ollama;
 mod openai;
 pub mod probe;
@@ -36,6 +37,8 @@ use iop_proto::wire::closed_enum;
 use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
 use lines::LineSplitter;
+
+use crate::metrics::NodeMetrics;
 
 /// Most of a non-2xx body we read looking for the provider's error message.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -263,13 +266,15 @@ fn fallback_tls_config() -> rustls::ClientConfig {
 /// in-flight response so the provider sees the connection close.
 ///
 /// The model sent to the provider is `target.target_model` (the validated
-/// assignment); `request.stream` is ignored (we always stream).
+/// assignment); `request.stream` is ignored (we always stream). Malformed
+/// events the stream skips are counted in `metrics`.
 pub async fn execute(
     client: &reqwest::Client,
     target: &ProviderTarget,
     request: &pb::RunRequest,
     authorization: Option<HeaderValue>,
     sink: &EventSink,
+    metrics: &NodeMetrics,
 ) -> Result<pb::FinishReason, AdapterError> {
     if request.adapter != 0 && request.adapter != i32::from(target.adapter.to_wire()) {
         return Err(AdapterError::InvalidRequest(format!(
@@ -302,12 +307,13 @@ pub async fn execute(
             let forced = forced_tool::plan(request)?.map(|(forced, ..)| forced);
             let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
             let decoder = ollama::Decoder::new(&target.target_model, &request.run_id).forcing(forced);
-            drive(response, decoder, sink).await
+            drive(response, decoder, sink, Tally { provider: &target.provider_id, metrics, reported: 0 }).await
         }
         AdapterKind::OpenAi => {
             let body = openai::request_body(target, request)?;
             let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
-            drive(response, openai::Decoder::new(&target.target_model), sink).await
+            let decoder = openai::Decoder::new(&target.target_model);
+            drive(response, decoder, sink, Tally { provider: &target.provider_id, metrics, reported: 0 }).await
         }
     }
 }
@@ -433,12 +439,36 @@ trait StreamDecoder {
     fn line(&mut self, line: &str, out: &mut Events) -> Result<Option<pb::FinishReason>, AdapterError>;
     /// The body ended without `line` having returned `Some`.
     fn end(&mut self, out: &mut Events) -> Result<pb::FinishReason, AdapterError>;
+    /// Undecodable events skipped so far ([`malformed::MalformedRun`]).
+    fn malformed_skipped(&self) -> u64;
+}
+
+/// Where [`drive`] reports the malformed events a stream skipped.
+struct Tally<'a> {
+    provider: &'a str,
+    metrics: &'a NodeMetrics,
+    /// Already reported.
+    reported: u64,
+}
+
+impl Tally<'_> {
+    /// Counts and logs the events skipped since the last call: the log names
+    /// the provider, never the payload (it may hold prompt text).
+    fn report(&mut self, skipped: u64) {
+        let new = skipped - self.reported;
+        if new > 0 {
+            self.reported = skipped;
+            self.metrics.provider_malformed_events(self.provider, new);
+            tracing::warn!(provider = %self.provider, skipped = new, "skipped a malformed event in the provider's stream");
+        }
+    }
 }
 
 async fn drive<D: StreamDecoder>(
     response: reqwest::Response,
     decoder: D,
     sink: &EventSink,
+    mut tally: Tally<'_>,
 ) -> Result<pb::FinishReason, AdapterError> {
     let mut body = response.bytes_stream();
     let mut reader = StreamReader::new(decoder);
@@ -446,12 +476,14 @@ async fn drive<D: StreamDecoder>(
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| transport_error("reading the provider's response", e))?;
         let step = reader.chunk(&chunk, &mut out);
+        tally.report(reader.decoder.malformed_skipped());
         forward(sink, &mut out).await?;
         if let Some(reason) = step? {
             return Ok(reason);
         }
     }
     let end = reader.end(&mut out);
+    tally.report(reader.decoder.malformed_skipped());
     forward(sink, &mut out).await?;
     end
 }
@@ -1055,11 +1087,14 @@ mod tests {
         let target = ProviderTarget::from_assignment(&assignment(1, "m", "http://127.0.0.1:9")).unwrap();
         let request = pb::RunRequest { adapter: pb::AdapterKind::Openai.into(), ..Default::default() };
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        assert!(matches!(execute(&client, &target, &request, None, &tx).await, Err(AdapterError::InvalidRequest(_))));
+        assert!(matches!(
+            execute(&client, &target, &request, None, &tx, &NodeMetrics::new()).await,
+            Err(AdapterError::InvalidRequest(_))
+        ));
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         drop(rx);
         assert!(matches!(
-            execute(&client, &target, &pb::RunRequest::default(), None, &tx).await,
+            execute(&client, &target, &pb::RunRequest::default(), None, &tx, &NodeMetrics::new()).await,
             Err(AdapterError::SinkClosed)
         ));
     }
@@ -1087,7 +1122,8 @@ mod tests {
         let target = ProviderTarget::from_assignment(&assignment(1, "m", "http://127.0.0.1:9")).unwrap();
         let request = pb::RunRequest::default();
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        let fut = execute(&client, &target, &request, None, &tx);
+        let metrics = NodeMetrics::new();
+        let fut = execute(&client, &target, &request, None, &tx, &metrics);
         assert_send(&fut);
     }
 }

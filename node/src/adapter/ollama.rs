@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::forced_tool::{self, ForcedTool};
+use super::malformed::MalformedRun;
 use super::{
     AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
     json_error_summary, message_role, parse_arguments_object, reasoning_effort, response_format, stream_error,
@@ -229,7 +230,11 @@ pub(super) struct Decoder {
     /// A forced tool choice: the answer text is held back here and becomes
     /// one tool call at the end, so none of it reaches the client as text.
     forced: Option<(ForcedTool, String)>,
+    malformed: MalformedRun,
 }
+
+/// What [`MalformedRun`] calls an undecodable event of this stream.
+const EVENT: &str = "NDJSON line";
 
 impl Decoder {
     pub(super) fn new(model: &str, run_id: &str) -> Self {
@@ -239,6 +244,7 @@ impl Decoder {
             started: false,
             tool_calls: 0,
             forced: None,
+            malformed: MalformedRun::default(),
         }
     }
 
@@ -287,9 +293,11 @@ impl StreamDecoder for Decoder {
         if line.trim().is_empty() {
             return Ok(None);
         }
-        let chunk: Chunk = serde_json::from_str(line).map_err(|e| {
-            AdapterError::Protocol(format!("provider sent an invalid NDJSON line ({})", json_error_summary(&e)))
-        })?;
+        let chunk: Chunk = match serde_json::from_str(line) {
+            Ok(chunk) => chunk,
+            Err(e) => return self.malformed.malformed(EVENT, &json_error_summary(&e)).map(|()| None),
+        };
+        self.malformed.on_good();
         if let Some(error) = &chunk.error {
             return Err(stream_error(error));
         }
@@ -349,7 +357,12 @@ impl StreamDecoder for Decoder {
     }
 
     fn end(&mut self, _out: &mut Events) -> Result<pb::FinishReason, AdapterError> {
+        self.malformed.end(EVENT)?;
         Err(AdapterError::Protocol("stream ended before the provider's final chunk".into()))
+    }
+
+    fn malformed_skipped(&self) -> u64 {
+        self.malformed.skipped()
     }
 }
 
@@ -582,23 +595,63 @@ mod tests {
         }
     }
 
+    const MALFORMED: &str = "data: {\"secret\": true\n";
+
+    fn malformed_count(metrics: &crate::metrics::NodeMetrics) -> String {
+        let text = metrics.encode();
+        let line = text.lines().find(|l| l.starts_with("iop_node_provider_malformed_events_total{"));
+        line.unwrap_or("none").to_owned()
+    }
+
+    /// Issue 28 item 3: one undecodable line amid good ones is skipped,
+    /// counted for its provider, and the answer completes with the rest.
     #[tokio::test]
-    async fn malformed_line_is_a_protocol_error() {
-        let server = fake::serve(Reply::chunks(
-            200,
-            NDJSON,
-            [
-                "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"done\":false}\n",
-                "data: {\"secret\": true\n",
-            ],
-        ))
-        .await;
-        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+    async fn one_malformed_line_mid_stream_is_skipped_and_counted() {
+        let (hel, lo) = (content_line("Hel"), content_line("lo"));
+        let server = fake::serve(Reply::chunks(200, NDJSON, [MALFORMED, &hel, MALFORMED, &lo, DONE])).await;
+        let metrics = crate::metrics::NodeMetrics::new();
+        let request = fake::request(vec![fake::user("hi")]);
+        let (result, events) = fake::run_counted(&target(&server.base_url), &request, &metrics).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Stop);
+        assert_eq!(events, vec![started("m"), text("Hel"), text("lo"), usage(7, 5)]);
+        assert_eq!(malformed_count(&metrics), r#"iop_node_provider_malformed_events_total{provider="p1"} 2"#);
+    }
+
+    /// Three in a row: the run fails as before, without quoting the payload.
+    #[tokio::test]
+    async fn malformed_lines_in_a_row_are_a_protocol_error() {
+        let (ok, never) = (content_line("ok"), content_line("never"));
+        let server =
+            fake::serve(Reply::chunks(200, NDJSON, [&ok, MALFORMED, "{\"done\":\n", MALFORMED, &never, DONE])).await;
+        let metrics = crate::metrics::NodeMetrics::new();
+        let request = fake::request(vec![fake::user("hi")]);
+        let (result, events) = fake::run_counted(&target(&server.base_url), &request, &metrics).await;
         match result {
-            Err(AdapterError::Protocol(msg)) => assert!(!msg.contains("secret"), "{msg}"),
+            Err(e @ AdapterError::Protocol(_)) => {
+                assert_eq!(e.to_failure().kind(), pb::FailureKind::ProviderProtocol);
+                assert!(!e.to_string().contains("secret"), "{e}");
+                assert!(e.to_string().contains("3 invalid NDJSON lines in a row"), "{e}");
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(events, vec![started("m"), text("ok")]);
+        assert_eq!(malformed_count(&metrics), r#"iop_node_provider_malformed_events_total{provider="p1"} 2"#);
+    }
+
+    /// A malformed last line (the `done` line, say) with the stream ending
+    /// after it fails: the answer's end is lost.
+    #[tokio::test]
+    async fn malformed_last_line_is_a_protocol_error() {
+        let ok = content_line("ok");
+        for last in [MALFORMED, MALFORMED.trim_end()] {
+            let server = fake::serve(Reply::chunks(200, NDJSON, [ok.as_str(), last])).await;
+            let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+            match result {
+                Err(AdapterError::Protocol(msg)) => assert_eq!(msg, "stream ended right after an invalid NDJSON line"),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(events, vec![started("m"), text("ok")]);
+        }
     }
 
     #[tokio::test]
@@ -761,7 +814,7 @@ mod tests {
         // first line without a model name falls back to the assigned model
         assert_eq!(d.line(r#"{"message":{"content":"x"},"done":false}"#, &mut out).unwrap(), None);
         assert_eq!(d.line("   ", &mut out).unwrap(), None);
-        assert_eq!(d.line("42", &mut out).map_err(|e| e.to_failure().kind()), Err(pb::FailureKind::ProviderProtocol));
+        assert_eq!(d.line("42", &mut out).unwrap(), None, "an isolated undecodable line is skipped");
         assert_eq!(d.line(r#"{"done":true,"done_reason":"unload"}"#, &mut out).unwrap(), Some(pb::FinishReason::Stop));
         assert_eq!(out, vec![started("fallback"), text("x"), usage(0, 0)]);
     }

@@ -7,6 +7,7 @@ use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::malformed::MalformedRun;
 use super::sse::SseParser;
 use super::{
     AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
@@ -236,11 +237,21 @@ pub(super) struct Decoder {
     fallback_model: String,
     started: bool,
     finish_reason: Option<String>,
+    malformed: MalformedRun,
 }
+
+/// What [`MalformedRun`] calls an undecodable event of this stream.
+const EVENT: &str = "SSE data payload";
 
 impl Decoder {
     pub(super) fn new(model: &str) -> Self {
-        Self { sse: SseParser::new(), fallback_model: model.to_owned(), started: false, finish_reason: None }
+        Self {
+            sse: SseParser::new(),
+            fallback_model: model.to_owned(),
+            started: false,
+            finish_reason: None,
+            malformed: MalformedRun::default(),
+        }
     }
 
     /// One SSE event's data.
@@ -252,9 +263,11 @@ impl Decoder {
         if data == "[DONE]" {
             return self.finish("provider sent [DONE] without a finish_reason").map(Some);
         }
-        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
-            AdapterError::Protocol(format!("provider sent an invalid SSE data payload ({})", json_error_summary(&e)))
-        })?;
+        let chunk: Chunk = match serde_json::from_str(data) {
+            Ok(chunk) => chunk,
+            Err(e) => return self.malformed.malformed(EVENT, &json_error_summary(&e)).map(|()| None),
+        };
+        self.malformed.on_good();
         if let Some(error) = chunk.error.as_ref().filter(|e| !e.is_null()) {
             return Err(stream_error(error));
         }
@@ -322,8 +335,13 @@ impl StreamDecoder for Decoder {
         {
             return Ok(reason);
         }
+        self.malformed.end(EVENT)?;
         // A missing [DONE] after a complete answer is fine.
         self.finish("stream ended before the provider's final chunk")
+    }
+
+    fn malformed_skipped(&self) -> u64 {
+        self.malformed.skipped()
     }
 }
 
@@ -544,16 +562,97 @@ mod tests {
         ));
     }
 
+    const MALFORMED: &str = "data: {\"secret\": \n\n";
+
+    fn malformed_count(metrics: &crate::metrics::NodeMetrics) -> String {
+        let text = metrics.encode();
+        let line = text.lines().find(|l| l.starts_with("iop_node_provider_malformed_events_total{"));
+        line.unwrap_or("none").to_owned()
+    }
+
+    /// Issue 28 item 3: one undecodable event amid good ones is skipped,
+    /// counted for its provider, and the answer completes with the rest.
     #[tokio::test]
-    async fn malformed_data_is_a_protocol_error() {
-        let server =
-            fake::serve(Reply::chunks(200, SSE, [content_chunk("ok"), "data: {\"secret\": \n\n".to_owned()])).await;
-        let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+    async fn one_malformed_event_mid_stream_is_skipped_and_counted() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [
+                content_chunk("Hel"),
+                MALFORMED.to_owned(),
+                content_chunk("lo"),
+                MALFORMED.to_owned(),
+                finish_chunk("stop"),
+                "data: [DONE]\n\n".to_owned(),
+            ],
+        ))
+        .await;
+        let metrics = crate::metrics::NodeMetrics::new();
+        let request = fake::request(vec![fake::user("hi")]);
+        let (result, events) = fake::run_counted(&target(&server.base_url), &request, &metrics).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Stop);
+        assert_eq!(events, vec![started("gpt-x-2024"), text("Hel"), text("lo")]);
+        assert_eq!(malformed_count(&metrics), r#"iop_node_provider_malformed_events_total{provider="p1"} 2"#);
+    }
+
+    /// Three in a row: the provider no longer speaks SSE; the run fails as
+    /// before, and the error does not quote the payload.
+    #[tokio::test]
+    async fn malformed_events_in_a_row_are_a_protocol_error() {
+        let server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [
+                content_chunk("ok"),
+                MALFORMED.to_owned(),
+                MALFORMED.to_owned(),
+                MALFORMED.to_owned(),
+                content_chunk("never"),
+                finish_chunk("stop"),
+            ],
+        ))
+        .await;
+        let metrics = crate::metrics::NodeMetrics::new();
+        let request = fake::request(vec![fake::user("hi")]);
+        let (result, events) = fake::run_counted(&target(&server.base_url), &request, &metrics).await;
         match result {
-            Err(AdapterError::Protocol(msg)) => assert!(!msg.contains("secret"), "{msg}"),
+            Err(e @ AdapterError::Protocol(_)) => {
+                assert_eq!(e.to_failure().kind(), pb::FailureKind::ProviderProtocol);
+                assert!(!e.to_string().contains("secret"), "{e}");
+                assert!(e.to_string().contains("3 invalid SSE data payloads in a row"), "{e}");
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(events, vec![started("gpt-x-2024"), text("ok")]);
+        assert_eq!(malformed_count(&metrics), r#"iop_node_provider_malformed_events_total{provider="p1"} 2"#);
+    }
+
+    /// A malformed last event with no terminal after it fails, even after a
+    /// finish reason (the event may have been the answer's end); with
+    /// `[DONE]` after it the answer is whole.
+    #[tokio::test]
+    async fn malformed_last_event_without_a_terminal_is_a_protocol_error() {
+        for last in [MALFORMED, MALFORMED.trim_end()] {
+            let server =
+                fake::serve(Reply::chunks(200, SSE, [content_chunk("ok"), finish_chunk("stop"), last.to_owned()]))
+                    .await;
+            let (result, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+            match result {
+                Err(AdapterError::Protocol(msg)) => {
+                    assert_eq!(msg, "stream ended right after an invalid SSE data payload")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(events, vec![started("gpt-x-2024"), text("ok")]);
+        }
+        let server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [content_chunk("ok"), finish_chunk("stop"), MALFORMED.to_owned(), "data: [DONE]\n\n".to_owned()],
+        ))
+        .await;
+        let (result, _) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        assert_eq!(result.unwrap(), pb::FinishReason::Stop);
     }
 
     #[tokio::test]
