@@ -191,6 +191,8 @@
 //! | `stall_after=N`          | send N content chunks, then send nothing more (until shutdown)|
 //! | `cut_after=N`            | send N content chunks, then abort the body (see below)        |
 //! | `malformed_at=N`         | the Nth (1-based) content chunk becomes `{"broken":`          |
+//! | `malformed_run=N`        | N content chunks in a row from `malformed_at` (default 1) become `{"broken":` |
+//! | `malformed_end[=BOOL]`   | the reply's end (finish, usage, `[DONE]`; Ollama's done line) becomes one `{"broken":` event and the body ends there |
 //! | `no_done[=BOOL]`         | OpenAI only: omit the final `data: [DONE]`                    |
 //! | `status=CODE`            | answer at once with this 4xx/5xx status and an error body     |
 //! | `retry_after=SECS`       | with `status`: add a `Retry-After` header                     |
@@ -210,8 +212,8 @@
 //! Non-streaming requests honour the knobs too: the delays add up
 //! (`first_token_delay_ms + chunk_delay_ms × (chunks − 1)`) before the
 //! response, and when set (any N) `stall_after` holds the response,
-//! `cut_after` sends half of the body then aborts it and `malformed_at`
-//! replaces the body with `{"broken":`.
+//! `cut_after` sends half of the body then aborts it and `malformed_at`,
+//! `malformed_run` and `malformed_end` replace the body with `{"broken":`.
 //!
 //! All waiting uses `tokio::time`, and streaming bodies are produced lazily, so
 //! delays and stalls are real on the wire and a client disconnect drops the
@@ -256,6 +258,8 @@ pub const KNOBS: &[&str] = &[
     "stall_after",
     "cut_after",
     "malformed_at",
+    "malformed_run",
+    "malformed_end",
     "no_done",
     "status",
     "retry_after",
@@ -310,6 +314,13 @@ pub struct Faults {
     /// Replace the Nth (1-based) content chunk with invalid JSON.
     #[arg(long, value_name = "N")]
     pub malformed_at: Option<usize>,
+    /// Make N content chunks in a row invalid JSON, from `malformed_at` (default 1).
+    #[arg(long, value_name = "N")]
+    pub malformed_run: Option<usize>,
+    /// Replace the reply's end (finish chunk, usage, `[DONE]`; Ollama's done
+    /// line) with one invalid-JSON event: the body ends right after it.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub malformed_end: Option<bool>,
     /// OpenAI streams only: omit the final `data: [DONE]`.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub no_done: Option<bool>,
@@ -430,6 +441,8 @@ impl Faults {
             stall_after: over.stall_after.or(self.stall_after),
             cut_after: over.cut_after.or(self.cut_after),
             malformed_at: over.malformed_at.or(self.malformed_at),
+            malformed_run: over.malformed_run.or(self.malformed_run),
+            malformed_end: over.malformed_end.or(self.malformed_end),
             no_done: over.no_done.or(self.no_done),
             status: over.status.or(self.status),
             retry_after: over.retry_after.or(self.retry_after),
@@ -447,7 +460,7 @@ impl Faults {
     /// Checks value ranges that the types alone do not express.
     ///
     /// # Errors
-    /// `status` outside 400..=599, or `malformed_at=0`.
+    /// `status` outside 400..=599, `malformed_at=0` or `malformed_run=0`.
     pub fn validate(&self) -> Result<(), FaultError> {
         if let Some(code) = self.status
             && !(400..=599).contains(&code)
@@ -456,6 +469,9 @@ impl Faults {
         }
         if self.malformed_at == Some(0) {
             return Err(bad_value("malformed_at", 0, "chunks are numbered from 1"));
+        }
+        if self.malformed_run == Some(0) {
+            return Err(bad_value("malformed_run", 0, "a run has at least one chunk"));
         }
         Ok(())
     }
@@ -468,6 +484,8 @@ impl Faults {
             "stall_after" => self.stall_after = Some(number(knob, value)?),
             "cut_after" => self.cut_after = Some(number(knob, value)?),
             "malformed_at" => self.malformed_at = Some(number(knob, value)?),
+            "malformed_run" => self.malformed_run = Some(number(knob, value)?),
+            "malformed_end" => self.malformed_end = Some(flag(knob, value)?),
             "no_done" => self.no_done = Some(flag(knob, value)?),
             "status" => self.status = Some(number(knob, value)?),
             "retry_after" => self.retry_after = Some(number(knob, value)?),
@@ -490,6 +508,22 @@ impl Faults {
             _ => return Err(FaultError::UnknownKnob(knob.to_owned())),
         }
         Ok(())
+    }
+}
+
+impl Faults {
+    /// Whether the `n`th (1-based) content chunk is sent as invalid JSON.
+    fn malformed(&self, n: usize) -> bool {
+        if self.malformed_at.is_none() && self.malformed_run.is_none() {
+            return false;
+        }
+        let at = self.malformed_at.unwrap_or(1);
+        (at..at.saturating_add(self.malformed_run.unwrap_or(1))).contains(&n)
+    }
+
+    /// Whether any malformed knob is set (a whole body is then invalid).
+    fn any_malformed(&self) -> bool {
+        self.malformed_at.is_some() || self.malformed_run.is_some() || on(self.malformed_end)
     }
 }
 
@@ -1518,7 +1552,7 @@ async fn full_response(reply: &Reply, faults: &Faults, state: &AppState) -> Resp
     sleep_ms(faults.chunk_delay_ms.map(|ms| ms.saturating_mul(chunks.saturating_sub(1)))).await;
 
     let json = header::HeaderValue::from_static("application/json");
-    if faults.malformed_at.is_some() {
+    if faults.any_malformed() {
         return ([(header::CONTENT_TYPE, json)], MALFORMED_JSON).into_response();
     }
     let mut body = reply.full_body().to_string().into_bytes();
@@ -2364,12 +2398,16 @@ fn schedule(parts: Vec<Part>, faults: &Faults, malformed: Bytes) -> VecDeque<Ste
                     steps.push_back(Step::Delay(Duration::from_millis(ms)));
                 }
                 sent += 1;
-                let bytes = if faults.malformed_at == Some(sent) { malformed.clone() } else { bytes };
+                let bytes = if faults.malformed(sent) { malformed.clone() } else { bytes };
                 steps.push_back(Step::Send(bytes));
             }
             Part::Tail(bytes) => {
                 if let Some(stop) = interruption(faults, sent, true) {
                     steps.push_back(stop);
+                    return steps;
+                }
+                if on(faults.malformed_end) {
+                    steps.push_back(Step::Send(malformed));
                     return steps;
                 }
                 steps.push_back(Step::Send(bytes));
@@ -2647,7 +2685,7 @@ mod tests {
     fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
-             malformed_at=6,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
+             malformed_at=6,malformed_run=2,malformed_end,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
              context_window=9,sse_line_end=CR,echo_auth,set_cookie=false",
         )
         .unwrap();
@@ -2660,6 +2698,8 @@ mod tests {
                 stall_after: Some(4),
                 cut_after: Some(5),
                 malformed_at: Some(6),
+                malformed_run: Some(2),
+                malformed_end: Some(true),
                 no_done: Some(true),
                 status: Some(429),
                 retry_after: Some(7),
@@ -2680,6 +2720,7 @@ mod tests {
         assert!(matches!(parse_faults("no_done=maybe"), Err(FaultError::BadValue { .. })));
         assert!(matches!(parse_faults("status=200"), Err(FaultError::BadValue { .. })));
         assert!(matches!(parse_faults("malformed_at=0"), Err(FaultError::BadValue { .. })));
+        assert!(matches!(parse_faults("malformed_run=0"), Err(FaultError::BadValue { .. })));
         assert!(matches!(parse_faults("sse_line_end=lfcr"), Err(FaultError::BadValue { .. })));
         assert!(matches!(parse_faults("sse_line_end"), Err(FaultError::BadValue { .. })));
     }
@@ -2997,6 +3038,35 @@ mod tests {
         let text = post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
         assert_eq!(text.lines().next().unwrap(), MALFORMED_JSON);
         assert_eq!(text.lines().count(), 4);
+    }
+
+    #[tokio::test]
+    async fn malformed_run_and_end_replace_chunks_in_a_row_and_the_reply_end() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@words=5,malformed_at=2,malformed_run=3", "hi", json!({ "stream": true }));
+        let events = sse(&post(&mock, "/v1/chat/completions", &body, None).await.text().await.unwrap());
+        // role chunk, w1, three broken, w5, finish, usage?, [DONE]
+        assert_eq!(events[2..5], [MALFORMED_JSON; 3]);
+        assert!(serde_json::from_str::<Value>(&events[1]).is_ok());
+        assert!(serde_json::from_str::<Value>(&events[5]).is_ok());
+        assert_eq!(events.last().unwrap(), "[DONE]");
+
+        let body = chat_body("mock@words=3,malformed_run=2", "hi", json!({}));
+        let text = post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..2], [MALFORMED_JSON; 2], "from the first chunk when malformed_at is unset");
+        assert_eq!(lines.len(), 4);
+
+        let body = chat_body("mock@words=3,malformed_end", "hi", json!({ "stream": true }));
+        let events = sse(&post(&mock, "/v1/chat/completions", &body, None).await.text().await.unwrap());
+        assert_eq!(events.len(), 5, "role chunk, three words, the broken end: {events:?}");
+        assert_eq!(events.last().unwrap(), MALFORMED_JSON);
+        let body = chat_body("mock@words=3,malformed_end", "hi", json!({}));
+        let text = post(&mock, "/api/chat", &body, None).await.text().await.unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(*lines.last().unwrap(), MALFORMED_JSON);
+        assert!(!text.contains("\"done\":true"), "{text}");
     }
 
     /// `(type, data)` of each typed SSE event (`event:` then `data:`).

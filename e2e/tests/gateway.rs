@@ -212,23 +212,91 @@ async fn a_slow_reader_does_not_block_other_streams_on_the_node() {
     drop(slow);
 }
 
+/// Malformed provider output that fails the run (three events in a row, or
+/// the reply's end) never reaches the client: a non-streaming client gets
+/// `502 provider_protocol`, a streaming one the error event, never `[DONE]`.
 #[tokio::test]
 async fn malformed_provider_output_never_reaches_the_client() {
     let limits = Limits { max_attempts: 1, ..Limits::default() };
-    let stack = stack(vec![p("garbled", Adapter::Openai, "mock@malformed_at=2", "garbled", 0, 4)], Some(limits)).await;
-    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("garbled", "hi", false)).await).await;
-    assert_eq!(status, 502, "{body}");
-    assert_eq!(body["error"]["code"], "provider_protocol");
+    let stack = stack(
+        vec![
+            p("garbled-run", Adapter::Openai, "mock@malformed_at=2,malformed_run=3", "garbled-run", 0, 4),
+            p("garbled-end", Adapter::Openai, "mock@malformed_end", "garbled-end", 0, 4),
+            p("garbled-ollama", Adapter::Ollama, "mock@malformed_at=2,malformed_run=3", "garbled-ollama", 0, 4),
+        ],
+        Some(limits),
+    )
+    .await;
+    for model in ["garbled-run", "garbled-end", "garbled-ollama"] {
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi", false)).await).await;
+        assert_eq!(status, 502, "{model}: {body}");
+        assert_eq!(body["error"]["code"], "provider_protocol", "{model}");
 
-    let events = sse_events(stack.post("/v1/chat/completions", &chat_body("garbled", "hi", true)).await).await;
-    assert!(!events.contains(&"[DONE]".to_string()), "never reported as a success: {events:?}");
-    for event in &events {
-        let value: Value =
-            serde_json::from_str(event).unwrap_or_else(|_| panic!("malformed event reached the client: {event}"));
-        assert!(!event.contains("broken"), "{value}");
+        let events = sse_events(stack.post("/v1/chat/completions", &chat_body(model, "hi", true)).await).await;
+        assert!(!events.contains(&"[DONE]".to_string()), "{model}: never reported as a success: {events:?}");
+        for event in &events {
+            let value: Value = serde_json::from_str(event)
+                .unwrap_or_else(|_| panic!("{model}: malformed event reached the client: {event}"));
+            assert!(!event.contains("broken"), "{value}");
+        }
+        let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["code"], "provider_protocol", "{model}");
     }
-    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
-    assert_eq!(last["error"]["code"], "provider_protocol");
+}
+
+/// Issue 28 item 3: one malformed chunk in the middle of a good stream is
+/// skipped on the node (both adapters), the client's answer completes with
+/// every other chunk's text (OpenAI Chat and Anthropic Messages, streaming
+/// and not), and the node counts it for its provider.
+#[tokio::test]
+async fn one_malformed_chunk_does_not_end_the_answer() {
+    // One attempt: a retry on another provider cannot hide a failure.
+    let limits = Limits { max_attempts: 1, ..Limits::default() };
+    let target = "mock@words=5,malformed_at=3";
+    let stack = stack(
+        vec![
+            p("glitchy-ollama", Adapter::Ollama, target, "glitchy-ollama", 0, 4),
+            p("glitchy-openai", Adapter::Openai, target, "glitchy-openai", 0, 4),
+        ],
+        Some(limits),
+    )
+    .await;
+    // The third piece, ` w3`, is the malformed one.
+    const EXPECTED: &str = "w1 w2 w4 w5";
+    for model in ["glitchy-ollama", "glitchy-openai"] {
+        let events = sse_events(stack.post("/v1/chat/completions", &chat_body(model, "hi", true)).await).await;
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{model}: {events:?}");
+        assert_eq!(streamed_text(&events), EXPECTED, "{model}");
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi", false)).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body["choices"][0]["message"]["content"], EXPECTED, "{model}");
+
+        let messages = json!({ "model": model, "max_tokens": 64, "stream": true, "messages": [{ "role": "user", "content": "hi" }] });
+        let text = stack.post("/v1/messages", &messages).await.text().await.unwrap();
+        let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+        assert_eq!(names.last(), Some(&"message_stop"), "{model}: {text}");
+        assert!(!names.contains(&"error"), "{model}: {text}");
+        let streamed: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .filter(|event| event["type"] == "content_block_delta")
+            .filter_map(|event| event["delta"]["text"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(streamed, EXPECTED, "{model}");
+        let mut whole = messages.clone();
+        whole["stream"] = json!(false);
+        let (status, body) = json_body(stack.post("/v1/messages", &whole).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(
+            (body["content"][0]["text"].as_str(), body["stop_reason"].as_str()),
+            (Some(EXPECTED), Some("end_turn"))
+        );
+
+        let node_metrics = stack.node_metrics.clone().unwrap();
+        let sample = format!("iop_node_provider_malformed_events_total{{provider=\"{model}\"}}");
+        assert_eq!(stack.metric_at(&node_metrics, &sample).await, 4.0, "{model}: one per answer");
+    }
 }
 
 fn tunnel(id: &str, target: &str, public: &str, priority: u32) -> ProviderSpec {

@@ -36,7 +36,7 @@ const HEARTBEAT: &str = "250,1000";
 const TARGET: &str = "mock@words=12,chunk_delay_ms=5";
 const CLIENTS: usize = 12;
 /// Process-wide mock knobs the chaos task picks from ("" clears them).
-const FAULTS: [&str; 9] = [
+const FAULTS: [&str; 10] = [
     "",
     "",
     "cut_after=3",
@@ -45,7 +45,9 @@ const FAULTS: [&str; 9] = [
     "status=429,retry_after=1",
     "first_token_delay_ms=3000",
     "headers_delay_ms=3000",
+    // One malformed chunk is skipped; three in a row fail the attempt.
     "malformed_at=2",
+    "malformed_at=2,malformed_run=3",
 ];
 
 /// One provider's mock server, restartable on its address.
