@@ -526,7 +526,7 @@ proptest! {
         for adapter in [Ollama, OpenAi] {
             let target = super::fake::target(adapter, "http://127.0.0.1:1");
             let (body, ok) = match adapter {
-                Ollama => (ollama::request_body(&target, &request), and(ok, args_ok)),
+                Ollama => (ollama::request_body(&target, &request).map(|(body, _)| body), and(ok, args_ok)),
                 OpenAi => (openai::request_body(&target, &request), ok),
             };
             match body {

@@ -303,8 +303,7 @@ pub async fn execute(
             } else {
                 request
             };
-            let body = ollama::request_body(target, request)?;
-            let forced = forced_tool::plan(request)?.map(|(forced, ..)| forced);
+            let (body, forced) = ollama::request_body(target, request)?;
             let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
             let decoder = ollama::Decoder::new(&target.target_model, &request.run_id).forcing(forced);
             drive(response, decoder, sink, Tally { provider: &target.provider_id, metrics, reported: 0 }).await
@@ -770,7 +769,7 @@ mod option_tests {
     fn body(adapter: AdapterKind, request: &pb::RunRequest) -> Result<Value, AdapterError> {
         let target = fake::target(adapter, "http://127.0.0.1:1");
         let bytes = match adapter {
-            AdapterKind::Ollama => ollama::request_body(&target, request)?,
+            AdapterKind::Ollama => ollama::request_body(&target, request)?.0,
             AdapterKind::OpenAi => openai::request_body(&target, request)?,
         };
         Ok(serde_json::from_slice(&bytes).unwrap())

@@ -82,8 +82,12 @@ struct Options<'a> {
     frequency_penalty: Option<f32>,
 }
 
-/// The `/api/chat` body for `request`. Always `"stream": true`.
-pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<Vec<u8>, AdapterError> {
+/// The `/api/chat` body for `request` (always `"stream": true`), and the
+/// forced tool choice its decoder turns the answer into, if any.
+pub(super) fn request_body(
+    target: &ProviderTarget,
+    request: &pb::RunRequest,
+) -> Result<(Vec<u8>, Option<ForcedTool>), AdapterError> {
     // Ollama matches tool results by name, not id: remember which name each
     // earlier assistant tool call id had.
     let mut call_names: HashMap<&str, &str> = HashMap::new();
@@ -155,12 +159,12 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
                 .into(),
         ));
     }
-    let format = match (forced, response_format(o)?) {
-        (Some((_, schema, _)), _) => Some(schema),
-        (None, ResponseFormat::Text) => None,
-        (None, ResponseFormat::JsonObject) => Some(Value::from("json")),
+    let (forced, format) = match (forced, response_format(o)?) {
+        (Some((forced, schema, _)), _) => (Some(forced), Some(schema)),
+        (None, ResponseFormat::Text) => (None, None),
+        (None, ResponseFormat::JsonObject) => (None, Some(Value::from("json"))),
         // Ollama constrains the answer to the schema itself.
-        (None, ResponseFormat::JsonSchema { schema, .. }) => Some(schema),
+        (None, ResponseFormat::JsonSchema { schema, .. }) => (None, Some(schema)),
     };
     let options = Options {
         num_predict: o.max_tokens,
@@ -177,7 +181,9 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
 
     let think = reasoning_effort(o)?.map(|effort| effort != pb::ReasoningEffort::None);
 
-    to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options, format, think })
+    let body =
+        to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options, format, think })?;
+    Ok((body, forced))
 }
 
 // ------------------------------------------------------------ response
