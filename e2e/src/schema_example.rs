@@ -1,7 +1,8 @@
-//! A value that fits a JSON schema, for the mock provider's tool calls: the
-//! mock answers `call tool` with arguments made from the tool's `parameters`
-//! schema, so a client that validates arguments against its own schema
-//! (agents, SDKs with typed tools) accepts them.
+//! A value that fits a JSON schema, for the mock provider: the arguments of
+//! its `call tool` answer (from the tool's `parameters` schema, so a client
+//! that validates arguments against its own schema accepts them) and its
+//! answer to a schema-constrained request (Ollama `format`, OpenAI
+//! `response_format`), as a provider's grammar would force it.
 //!
 //! [`example_for_schema`] is pure and deterministic. It covers what tool
 //! schemas use, not all of JSON Schema:
