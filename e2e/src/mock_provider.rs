@@ -196,6 +196,7 @@
 //! | `no_done[=BOOL]`         | OpenAI only: omit the final `data: [DONE]`                    |
 //! | `status=CODE`            | answer at once with this 4xx/5xx status and an error body     |
 //! | `retry_after=SECS`       | with `status`: add a `Retry-After` header                     |
+//! | `error_code=CODE`        | with `status`: the OpenAI error body's `code` (Ollama: none)  |
 //! | `never_answer[=BOOL]`    | never send headers (until the client leaves or shutdown)      |
 //! | `exit[=BOOL]`            | the process exits with status 3 upon receiving the request    |
 //! | `words=N`                | the reply is `w1 w2 … wN`                                     |
@@ -263,6 +264,7 @@ pub const KNOBS: &[&str] = &[
     "no_done",
     "status",
     "retry_after",
+    "error_code",
     "never_answer",
     "exit",
     "words",
@@ -330,6 +332,10 @@ pub struct Faults {
     /// With `status`: send a `Retry-After: SECS` header.
     #[arg(long, value_name = "SECS")]
     pub retry_after: Option<u64>,
+    /// With `status`: the OpenAI error body's `code` (`content_policy_violation`);
+    /// Ollama's plain-string errors carry none.
+    #[arg(long, value_name = "CODE")]
+    pub error_code: Option<String>,
     /// Never send response headers (hold until the client disconnects).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub never_answer: Option<bool>,
@@ -446,6 +452,7 @@ impl Faults {
             no_done: over.no_done.or(self.no_done),
             status: over.status.or(self.status),
             retry_after: over.retry_after.or(self.retry_after),
+            error_code: over.error_code.clone().or_else(|| self.error_code.clone()),
             never_answer: over.never_answer.or(self.never_answer),
             exit: over.exit.or(self.exit),
             words: over.words.or(self.words),
@@ -499,6 +506,11 @@ impl Faults {
                 let end = value.and_then(|v| <LineEnd as clap::ValueEnum>::from_str(v, true).ok());
                 self.sse_line_end =
                     Some(end.ok_or_else(|| bad_value(knob, value.unwrap_or(""), "expected lf, crlf or cr"))?);
+            }
+            "error_code" => {
+                let code =
+                    value.filter(|v| !v.is_empty()).ok_or_else(|| bad_value(knob, "", "expected `error_code=CODE`"))?;
+                self.error_code = Some(code.to_owned());
             }
             "hold" => {
                 let name =
@@ -1402,11 +1414,15 @@ impl Api {
     }
 
     fn error(self, status: StatusCode, message: &str) -> Response {
+        self.error_with_code(status, message, None)
+    }
+
+    fn error_with_code(self, status: StatusCode, message: &str, code: Option<&str>) -> Response {
         let body = match self {
             Api::Ollama => json!({ "error": message }),
             Api::OpenAi | Api::Responses => {
                 let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
-                json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
+                json!({ "error": { "message": message, "type": kind, "param": null, "code": code } })
             }
         };
         (status, Json(body)).into_response()
@@ -1522,13 +1538,14 @@ async fn before_answer(api: Api, state: &AppState, faults: &Faults, echoed: Opti
         state.until_stopping().await;
         return Some(api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down"));
     }
-    faults.status.map(|code| fault_status(api, code, faults.retry_after, echoed))
+    faults.status.map(|code| fault_status(api, code, faults, echoed))
 }
 
-fn fault_status(api: Api, code: u16, retry_after: Option<u64>, message: Option<&str>) -> Response {
+fn fault_status(api: Api, code: u16, faults: &Faults, message: Option<&str>) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = api.error(status, message.unwrap_or(&format!("mock fault: status {code}")));
-    if let Some(secs) = retry_after {
+    let message = message.map_or_else(|| format!("mock fault: status {code}"), str::to_owned);
+    let mut response = api.error_with_code(status, &message, faults.error_code.as_deref());
+    if let Some(secs) = faults.retry_after {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
@@ -2686,7 +2703,7 @@ mod tests {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
              malformed_at=6,malformed_run=2,malformed_end,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
-             context_window=9,sse_line_end=CR,echo_auth,set_cookie=false",
+             context_window=9,sse_line_end=CR,echo_auth,set_cookie=false,error_code=content_policy_violation",
         )
         .unwrap();
         assert_eq!(
@@ -2703,6 +2720,7 @@ mod tests {
                 no_done: Some(true),
                 status: Some(429),
                 retry_after: Some(7),
+                error_code: Some("content_policy_violation".into()),
                 never_answer: Some(false),
                 exit: Some(false),
                 words: Some(8),
@@ -3004,6 +3022,14 @@ mod tests {
         let resp = post(&mock, "/api/chat", &body, Some("status=503")).await;
         assert_eq!(resp.status(), 503);
         assert!(resp.headers().get("retry-after").is_none());
+        assert!(json_of(resp).await["error"].is_string());
+
+        // `error_code`: the OpenAI body's code; Ollama's string has none.
+        let resp =
+            post(&mock, "/v1/chat/completions", &body, Some("status=400,error_code=content_policy_violation")).await;
+        assert_eq!(resp.status(), 400);
+        assert_eq!(json_of(resp).await["error"]["code"], "content_policy_violation");
+        let resp = post(&mock, "/api/chat", &body, Some("status=400,error_code=content_policy_violation")).await;
         assert!(json_of(resp).await["error"].is_string());
     }
 

@@ -185,6 +185,7 @@ async fn metric_labels_are_closed_sets() {
                 "queue_full",
                 "queue_timeout",
                 "provider_unreachable",
+                "provider_stream_cut",
                 "provider_http_status",
                 "context_length_exceeded",
                 "provider_protocol",
@@ -236,7 +237,7 @@ async fn metric_labels_are_closed_sets() {
                 "config_changed",
             ]),
         ),
-        ("source", BTreeSet::from(["readiness", "probe", "stall", "capabilities"])),
+        ("source", BTreeSet::from(["readiness", "probe", "stall", "unreachable", "stream_cut", "capabilities"])),
         ("health", BTreeSet::from(["available", "unavailable", "unknown"])),
         (
             "result",

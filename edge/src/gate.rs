@@ -96,6 +96,11 @@ impl<F: NodeFrame> LiveRun<F> {
         }
     }
 
+    /// The provider the run is on (its lease's).
+    pub fn provider_id(&self) -> &str {
+        self.run.lease().provider_id()
+    }
+
     /// Gives up on the run (see [`RunStream::stop`]).
     pub fn stop(mut self, reason: crate::admission::ReleaseReason) {
         self.run.stop(reason);
@@ -165,6 +170,7 @@ pub fn candidates(config: &EdgeConfig, model: &str) -> Option<Arc<[Candidate]>> 
 pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
     match failure.kind() {
         FailureKind::ProviderUnreachable
+        | FailureKind::ProviderStreamCut
         | FailureKind::TransportLost
         | FailureKind::ResponseStalled
         | FailureKind::ProviderProtocol
@@ -695,6 +701,8 @@ pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::Execut
     failure.provider_status = head.status;
     failure.context_length_exceeded =
         u16::try_from(head.status).is_ok_and(|s| iop_proto::provider_error::context_length_exceeded(s, &whole));
+    failure.provider_code =
+        u16::try_from(head.status).ok().and_then(|s| iop_proto::provider_error::code(s, &whole)).unwrap_or_default();
     failure.retry_after_ms = head
         .headers
         .iter()
@@ -804,6 +812,8 @@ mod tests {
     fn only_pre_byte_transient_failures_retry() {
         assert!(retryable(&failure(FailureKind::ProviderUnreachable, 0, 0)));
         assert!(retryable(&failure(FailureKind::TransportLost, 0, 0)));
+        // Issue 28 item 5: a cut before the commit is retried like a refused connection.
+        assert!(retryable(&failure(FailureKind::ProviderStreamCut, 0, 0)));
         assert!(retryable(&failure(FailureKind::ProviderHttpStatus, 503, 0)));
         assert!(retryable(&failure(FailureKind::ProviderHttpStatus, 429, 0)));
         for status in [400, 404, 413, 422] {

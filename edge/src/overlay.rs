@@ -87,8 +87,13 @@ pub enum Source {
     Readiness,
     /// The node's own periodic probe (ProviderHealthReport).
     Probe,
-    /// A run's terminal evidence (stall or unreachable provider).
+    /// A run's stall terminal (no progress within the stall timeout).
     Stall,
+    /// A run that could not reach its provider, probed by the node.
+    Unreachable,
+    /// A run whose provider's answer broke after it started (a reset or a
+    /// cut body), probed by the node. Not a stall: issue 28 item 5.
+    StreamCut,
     Capabilities,
 }
 
@@ -98,6 +103,8 @@ impl Source {
             Self::Readiness => "readiness",
             Self::Probe => "probe",
             Self::Stall => "stall",
+            Self::Unreachable => "unreachable",
+            Self::StreamCut => "stream_cut",
             Self::Capabilities => "capabilities",
         }
     }
@@ -156,8 +163,9 @@ fn next_state(source: Source, health: ProviderHealth, previous: Option<OverlaySt
     let stated = OverlayState::of(health);
     match source {
         Source::Readiness | Source::Probe => Some(stated),
-        Source::Stall if stated == OverlayState::Unavailable => Some(stated),
-        Source::Stall => previous,
+        // A run's evidence only lowers (stall, unreachable, cut alike).
+        Source::Stall | Source::Unreachable | Source::StreamCut if stated == OverlayState::Unavailable => Some(stated),
+        Source::Stall | Source::Unreachable | Source::StreamCut => previous,
         Source::Capabilities if stated == OverlayState::Available && previous != Some(stated) => Some(stated),
         Source::Capabilities => None,
     }
@@ -315,6 +323,7 @@ pub fn record(overlay: &HealthOverlay, metrics: &EdgeMetrics, provider: &str, ev
     }
     tracing::info!(
         target: "edge_provider_health_observation",
+        provider = %provider,
         source = evidence.source.label(),
         health,
         result = applied.label(),
@@ -331,6 +340,18 @@ pub fn health_label(health: ProviderHealth) -> &'static str {
     }
 }
 
+/// The source a run's terminal records its health evidence under, if it
+/// carries any: a stall always (the spec's stall terminal), an unreachable
+/// provider or a cut stream only when the node probed it. Pure.
+pub fn evidence_source(failure: &pb::ExecutionFailure) -> Option<Source> {
+    match failure.kind() {
+        FailureKind::ResponseStalled => Some(Source::Stall),
+        FailureKind::ProviderUnreachable if failure.provider_health != 0 => Some(Source::Unreachable),
+        FailureKind::ProviderStreamCut if failure.provider_health != 0 => Some(Source::StreamCut),
+        _ => None,
+    }
+}
+
 /// The Edge's terminal handoff for stall evidence.
 pub struct StallHandoff {
     pub registry: Arc<NodeRegistry>,
@@ -344,14 +365,7 @@ impl StallHandoff {
     /// frames already came through the run's attached stream, so reception
     /// node and generation are the lease's). Annotates the failure.
     pub fn apply(&self, lease: &Lease, failure: &mut pb::ExecutionFailure) {
-        let carries_evidence = match failure.kind() {
-            FailureKind::ResponseStalled => true,
-            FailureKind::ProviderUnreachable => failure.provider_health != 0,
-            _ => false,
-        };
-        if !carries_evidence {
-            return;
-        }
+        let Some(source) = evidence_source(failure) else { return };
         let (health, classification) =
             iop_proto::wire::evidence_pair(failure.provider_health, failure.liveness_classification);
         failure.provider_health = health.into();
@@ -363,7 +377,7 @@ impl StallHandoff {
         }
         failure.recovery_handoff = pb::RecoveryHandoff::Confirmed.into();
         let evidence = Evidence {
-            source: Source::Stall,
+            source,
             generation: lease.generation(),
             current_generation: current,
             sequence: failure.health_observation_seq,
@@ -403,6 +417,28 @@ mod tests {
     }
 
     use ProviderHealth::{Available, Unavailable, Unknown};
+
+    /// Issue 28 item 5: a reset or a cut is recorded under its own source,
+    /// never as a stall; a failure without the node's probe records nothing.
+    #[test]
+    fn each_run_failure_records_under_its_own_source() {
+        let with = |kind: FailureKind, health: ProviderHealth| {
+            let mut f = pb::ExecutionFailure::new(kind, "x");
+            f.provider_health = health.into();
+            f
+        };
+        assert_eq!(evidence_source(&with(FailureKind::ResponseStalled, Available)), Some(Source::Stall));
+        assert_eq!(evidence_source(&with(FailureKind::ProviderUnreachable, Unavailable)), Some(Source::Unreachable));
+        assert_eq!(evidence_source(&with(FailureKind::ProviderStreamCut, Unavailable)), Some(Source::StreamCut));
+        assert_eq!(evidence_source(&with(FailureKind::ProviderStreamCut, ProviderHealth::Unspecified)), None);
+        assert_eq!(evidence_source(&with(FailureKind::ProviderHttpStatus, Unavailable)), None);
+        assert_eq!(Source::StreamCut.label(), "stream_cut");
+        // Like a stall, a cut only lowers.
+        let o = HealthOverlay::default();
+        assert_eq!(o.apply("p", ev(Source::Readiness, 1, 1, 0, Available)), Applied::Recovered);
+        assert_eq!(o.apply("p", ev(Source::StreamCut, 1, 1, 1, Available)), Applied::Recorded);
+        assert_eq!(o.apply("p", ev(Source::StreamCut, 1, 1, 2, Unavailable)), Applied::Lowered);
+    }
 
     #[test]
     fn readiness_and_probes_set_health_both_ways() {

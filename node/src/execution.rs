@@ -614,6 +614,7 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
         Driven::Finished(Ok(done)) => Settled::Finished(Ok(done)),
         Driven::Finished(Err(e)) => {
             let mut failure = e.to_failure();
+            log_provider_failure(&target.provider_id, kind, &failure);
             unreachable_evidence(http, target, &mut failure, observer).await;
             Settled::Finished(Err(failure))
         }
@@ -625,16 +626,50 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
     }
 }
 
-/// A provider that could not be reached is probed (bounded) so the failure
-/// carries sequenced health evidence like a stall does: a killed provider is
-/// classified unhealthy and the Edge takes it out of rotation.
+/// Whether the node logs this provider failure ([`log_provider_failure`]):
+/// resets, cuts, 429s and 5xx, what an operator acts on. Pure.
+pub(crate) fn logged_provider_failure(failure: &pb::ExecutionFailure) -> bool {
+    match failure.kind() {
+        pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut => true,
+        pb::FailureKind::ProviderHttpStatus => failure.provider_status == 429 || failure.provider_status >= 500,
+        _ => false,
+    }
+}
+
+/// One warning per logged provider failure, naming the provider: closed
+/// fields only (the failure kind, the status, the sanitized provider code),
+/// and the transport error for resets and cuts (ours, without the URL).
+/// Never the provider's error message: it may quote the prompt.
+pub(crate) fn log_provider_failure(provider: &str, kind: ExecutionKind, failure: &pb::ExecutionFailure) {
+    if !logged_provider_failure(failure) {
+        return;
+    }
+    let transport = matches!(failure.kind(), pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut);
+    tracing::warn!(
+        target: "node_provider_failure",
+        provider = %provider,
+        kind = kind.label(),
+        failure = failure.kind().as_str_name(),
+        status = failure.provider_status,
+        retry_after_ms = failure.retry_after_ms,
+        provider_code = failure.provider_code.as_str(),
+        error = if transport { failure.message.as_str() } else { "" },
+        "provider call failed"
+    );
+}
+
+/// A provider that could not be reached, or whose stream was cut, is probed
+/// (bounded) so the failure carries sequenced health evidence like a stall
+/// does: a killed provider is classified unhealthy and the Edge takes it out
+/// of rotation. The Edge records it under its own source (`unreachable`,
+/// `stream_cut`), never as a stall.
 async fn unreachable_evidence(
     http: &reqwest::Client,
     target: &ProviderTarget,
     failure: &mut pb::ExecutionFailure,
     observer: &Observer,
 ) {
-    if failure.kind() != pb::FailureKind::ProviderUnreachable {
+    if !matches!(failure.kind(), pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut) {
         return;
     }
     let health = probe(http, target).await.health;
@@ -665,6 +700,7 @@ async fn stall_failure<T>(
     observer.metrics.observe_stall(kind, &evidence, silent_for);
     tracing::warn!(
         target: "node_response_stall_observation",
+        provider = %target.provider_id,
         kind = kind.label(),
         provider_health = evidence.health.as_str_name(),
         liveness_classification = evidence.classification.as_str_name(),

@@ -226,7 +226,7 @@ async fn relay(
     scrubber: Option<SecretScrubber>,
     sink: &mpsc::Sender<Frame>,
 ) -> Result<(), AdapterError> {
-    let Prepared { method, url, headers, .. } = prepared;
+    let Prepared { method, url, headers, target, .. } = prepared;
     // Errors name neither the provider's address (internal) nor the path
     // and query (the client's): the message reaches the client.
     let context = format!("{method} to the provider");
@@ -242,10 +242,11 @@ async fn relay(
         }
     }
     let head = pb::TunnelResponseHead { status: u32::from(response.status().as_u16()), headers };
+    log_error_head(&target.provider_id, head.status);
     emit(sink, Frame::Head(head)).await?;
     let mut scrub = scrubber.as_ref().map(SecretScrubber::stream);
     while let Some(chunk) =
-        response.chunk().await.map_err(|e| adapter::transport_error("reading the provider's response", e))?
+        response.chunk().await.map_err(|e| adapter::stream_cut("reading the provider's response", e))?
     {
         let chunk = match &mut scrub {
             Some(scrub) => Bytes::from(scrub.push(&chunk)),
@@ -257,6 +258,15 @@ async fn relay(
         emit_body(sink, &scrub.finish()).await?;
     }
     Ok(())
+}
+
+/// A tunnel relays a provider's error answer as it came (no failure), so
+/// its 429s and 5xx are logged here, as a run's are
+/// ([`execution::log_provider_failure`]): the provider and the status only.
+fn log_error_head(provider: &str, status: u32) {
+    let mut failure = pb::ExecutionFailure::new(pb::FailureKind::ProviderHttpStatus, "");
+    failure.provider_status = status;
+    execution::log_provider_failure(provider, crate::metrics::ExecutionKind::tunnel, &failure);
 }
 
 /// `body` in frames of at most [`MAX_BODY_FRAME`] (none when it is empty).

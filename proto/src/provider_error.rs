@@ -25,6 +25,34 @@ pub fn error_field_text(error: &Value) -> Option<&str> {
     }
 }
 
+/// The longest provider error code kept ([`sanitize_code`]).
+pub const MAX_CODE_CHARS: usize = 64;
+
+/// A provider's own error code, when it is safe to pass on: 1 to
+/// [`MAX_CODE_CHARS`] characters of `[a-z0-9_.-]` (OpenAI's codes are
+/// `snake_case`). Anything else is dropped, never repaired: the code comes
+/// from an untrusted provider through a semi-trusted node, so both ends
+/// check it with this one function.
+pub fn sanitize_code(code: &str) -> Option<&str> {
+    let ok = (1..=MAX_CODE_CHARS).contains(&code.len())
+        && code.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'));
+    ok.then_some(code)
+}
+
+/// The provider's own error code in a JSON error body, sanitized: OpenAI's
+/// `{"error":{"code":"content_policy_violation"}}` (a string; numeric codes
+/// such as llama.cpp's `"code": 400` are only the status again), or the
+/// context-window refusal [`context_length_exceeded`] recognizes in any
+/// shape (Ollama's plain-string errors have no code otherwise).
+pub fn code(status: u16, body: &[u8]) -> Option<String> {
+    let value = serde_json::from_slice::<Value>(body).ok();
+    let own = value.as_ref().and_then(|v| v.get("error")).and_then(|e| e.get("code")).and_then(Value::as_str);
+    match own.and_then(sanitize_code) {
+        Some(code) => Some(code.to_owned()),
+        None => context_length_exceeded(status, body).then(|| "context_length_exceeded".to_owned()),
+    }
+}
+
 /// Whether a provider's HTTP status says it refused the credential it was
 /// given (401, 403). The client's own key was checked by the Edge, so this
 /// is never the client's fault: the provider's credential (a managed one,
@@ -87,6 +115,32 @@ mod tests {
         for body in [br#"{"error":{"message":"model not found"}}"#.as_slice(), b"<html>context length</html>"] {
             assert!(!context_length_exceeded(400, body));
         }
+    }
+
+    #[test]
+    fn only_closed_alphabet_codes_pass() {
+        for good in ["content_policy_violation", "context_length_exceeded", "rate-limit.v2", "x"] {
+            assert_eq!(sanitize_code(good), Some(good));
+        }
+        let long = "a".repeat(MAX_CODE_CHARS + 1);
+        for bad in ["", "Content_Policy", "a b", "a\nb", "<script>", "code=1", "é", long.as_str()] {
+            assert_eq!(sanitize_code(bad), None, "{bad:?}");
+        }
+        assert_eq!(sanitize_code(&"a".repeat(MAX_CODE_CHARS)).map(str::len), Some(MAX_CODE_CHARS));
+    }
+
+    #[test]
+    fn a_providers_code_is_read_from_its_error_body() {
+        let openai = br#"{"error":{"message":"no","type":"invalid_request_error","code":"content_policy_violation"}}"#;
+        assert_eq!(code(400, openai).as_deref(), Some("content_policy_violation"));
+        // A numeric code (llama.cpp repeats the status) or a bad one is no code.
+        assert_eq!(code(400, br#"{"error":{"code":400,"message":"bad"}}"#), None);
+        assert_eq!(code(400, br#"{"error":{"code":"Bad Code!","message":"bad"}}"#), None);
+        // Ollama's plain string: a code only when classified.
+        assert_eq!(code(400, br#"{"error":"model 'x' not found"}"#), None);
+        let ollama_long = br#"{"error":"input length exceeds the context length"}"#;
+        assert_eq!(code(400, ollama_long).as_deref(), Some("context_length_exceeded"));
+        assert_eq!(code(500, b"<html>oops</html>"), None);
     }
 
     #[test]

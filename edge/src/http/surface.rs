@@ -156,7 +156,7 @@ impl Surface for Responses {
     fn stream_error(error: &ApiError) -> Vec<Bytes> {
         // The Responses stream's `error` event.
         let payload = serde_json::json!({
-            "type": "error", "code": error.code(), "message": error.message(), "param": null, "sequence_number": 0,
+            "type": "error", "code": error.client_code(), "message": error.message(), "param": null, "sequence_number": 0,
         });
         vec![event_frame(("error", payload.to_string()))]
     }

@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use iop_proto::pb::{self, FailureKind};
-use iop_proto::provider_error::rejects_credential;
+use iop_proto::provider_error::{rejects_credential, sanitize_code};
 use serde_json::{Value, json};
 
 use crate::auth::AuthFailure;
@@ -91,6 +91,19 @@ fn context_length_exceeded(f: &pb::ExecutionFailure) -> bool {
         && f.kind() == FailureKind::ProviderHttpStatus
         && (400..500).contains(&f.provider_status)
         && !rejects_credential(f.provider_status)
+}
+
+/// The provider's own error code the client sees in place of
+/// `provider_http_status`: only on a provider's HTTP error that is not a
+/// refused credential (that one is the gateway's failure, never the
+/// client's), and only when it passes [`sanitize_code`] again here (the node
+/// is semi-trusted, the provider untrusted); anything else is dropped.
+/// Never a metric label: [`ApiError::code`] stays the closed set.
+fn passed_code(f: &pb::ExecutionFailure) -> Option<&str> {
+    if f.kind() != FailureKind::ProviderHttpStatus || rejects_credential(f.provider_status) {
+        return None;
+    }
+    sanitize_code(&f.provider_code)
 }
 
 fn job_status(failure: JobFailure) -> StatusCode {
@@ -183,6 +196,9 @@ impl ApiError {
                     _ => StatusCode::BAD_GATEWAY,
                 },
                 FailureKind::ProviderUnreachable | FailureKind::ProviderProtocol => StatusCode::BAD_GATEWAY,
+                // The provider's answer broke after it started: a gateway
+                // failure, whatever the client sent.
+                FailureKind::ProviderStreamCut => StatusCode::BAD_GATEWAY,
                 FailureKind::ResponseTooLarge | FailureKind::CredentialRejected => StatusCode::BAD_GATEWAY,
                 FailureKind::TransportLost => StatusCode::BAD_GATEWAY,
                 // Every provider's capacity was taken by other replicas' work.
@@ -228,6 +244,7 @@ impl ApiError {
             Self::Job(failure) => failure.label(),
             Self::Execution(f) => match f.kind() {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
+                FailureKind::ProviderStreamCut => "provider_stream_cut",
                 FailureKind::ProviderHttpStatus if rejects_credential(f.provider_status) => {
                     "provider_credential_rejected"
                 }
@@ -249,6 +266,18 @@ impl ApiError {
         }
     }
 
+    /// The code clients see: [`Self::code`], except that a provider's own
+    /// error code (`content_policy_violation`, ...) replaces
+    /// `provider_http_status` ([`passed_code`]). Not a metric label.
+    pub fn client_code(&self) -> &str {
+        match self {
+            Self::Execution(f) if self.code() == "provider_http_status" => {
+                passed_code(f).unwrap_or("provider_http_status")
+            }
+            _ => self.code(),
+        }
+    }
+
     /// OpenAI error object: `{"error":{"message","type","param","code"}}`.
     pub fn openai_body(&self) -> Value {
         let kind = match self.status().as_u16() {
@@ -265,7 +294,7 @@ impl ApiError {
             Self::ModelNotFound(_) | Self::ModelNotAllowed(_) => Some("model".to_string()),
             _ => None,
         };
-        json!({ "error": { "message": self.message(), "type": kind, "param": param, "code": self.code() } })
+        json!({ "error": { "message": self.message(), "type": kind, "param": param, "code": self.client_code() } })
     }
 
     /// Anthropic error object: `{"type":"error","error":{"type","message"}}`,
@@ -288,6 +317,11 @@ impl ApiError {
             // Anthropic's own wording for a prompt longer than the context
             // window, which clients (Claude Code's compaction) look for.
             Self::Execution(f) if context_length_exceeded(f) => format!("prompt is too long: {}", self.message()),
+            // Anthropic's `error.type` is a closed set: the provider's own
+            // code leads the message instead.
+            Self::Execution(f) if self.code() == "provider_http_status" && passed_code(f).is_some() => {
+                format!("{}: {}", self.client_code(), self.message())
+            }
             _ => self.message(),
         };
         json!({ "type": "error", "error": { "type": kind, "message": message } })
@@ -344,6 +378,54 @@ mod tests {
         let other = ApiError::Execution(too_long.clone());
         assert_eq!(other.code(), "provider_http_status");
         assert_eq!(other.anthropic_body()["error"]["message"], too_long.message);
+    }
+
+    /// Issue 28 item 5: a provider's own code reaches the client in each
+    /// API's shape with the provider's status; the metric code stays closed.
+    #[test]
+    fn a_providers_own_code_is_passed_through_and_checked_again() {
+        let mut refused = pb::ExecutionFailure::new(
+            FailureKind::ProviderHttpStatus,
+            "provider answered HTTP 400: Your request was rejected by the safety system",
+        );
+        refused.provider_status = 400;
+        refused.provider_code = "content_policy_violation".into();
+        let err = ApiError::Execution(refused.clone());
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(err.code(), "provider_http_status", "the metric label stays closed");
+        assert_eq!(err.client_code(), "content_policy_violation");
+        assert_eq!(err.openai_body()["error"]["code"], "content_policy_violation");
+        assert_eq!(err.openai_body()["error"]["type"], "invalid_request_error");
+        let anthropic = err.anthropic_body();
+        assert_eq!(anthropic["error"]["type"], "invalid_request_error");
+        assert_eq!(anthropic["error"]["message"], format!("content_policy_violation: {}", refused.message));
+
+        // A node sending anything outside the closed alphabet: dropped.
+        for bad in ["Content Policy", "<b>", "x\ny", &"a".repeat(65)] {
+            refused.provider_code = bad.into();
+            let err = ApiError::Execution(refused.clone());
+            assert_eq!(err.client_code(), "provider_http_status", "{bad:?}");
+            assert_eq!(err.anthropic_body()["error"]["message"], refused.message);
+        }
+        // A refused provider credential keeps the gateway's code.
+        refused.provider_status = 401;
+        refused.provider_code = "invalid_api_key".into();
+        assert_eq!(ApiError::Execution(refused.clone()).client_code(), "provider_credential_rejected");
+        // Only provider HTTP errors carry one.
+        let mut cut = pb::ExecutionFailure::new(FailureKind::ProviderStreamCut, "reset");
+        cut.provider_code = "content_policy_violation".into();
+        let cut = ApiError::Execution(cut);
+        assert_eq!(
+            (cut.status(), cut.code(), cut.client_code()),
+            (StatusCode::BAD_GATEWAY, "provider_stream_cut", "provider_stream_cut")
+        );
+        assert_eq!(cut.anthropic_body()["error"]["type"], "api_error");
+        // A 5xx with its own code: the code passes, the status is the gateway's.
+        let mut overloaded = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "busy");
+        overloaded.provider_status = 503;
+        overloaded.provider_code = "server_overloaded".into();
+        let overloaded = ApiError::Execution(overloaded);
+        assert_eq!((overloaded.status(), overloaded.client_code()), (StatusCode::BAD_GATEWAY, "server_overloaded"));
     }
 
     #[test]

@@ -814,7 +814,7 @@ fn failed_response(
     let usage = transcript.usage().map_or(Value::Null, |u| usage_json(Some(u)));
     let mut response = response_json(meta, "failed", ids.output(transcript, "incomplete"), usage);
     let error = ApiError::Execution(failure.clone());
-    response["error"] = json!({ "code": error.code(), "message": error.message() });
+    response["error"] = json!({ "code": error.client_code(), "message": error.message() });
     response
 }
 

@@ -185,7 +185,14 @@ providers:
         }
 
         fn source() -> impl Strategy<Value = Source> {
-            prop::sample::select(vec![Source::Readiness, Source::Probe, Source::Stall, Source::Capabilities])
+            prop::sample::select(vec![
+                Source::Readiness,
+                Source::Probe,
+                Source::Stall,
+                Source::Unreachable,
+                Source::StreamCut,
+                Source::Capabilities,
+            ])
         }
 
         fn three_providers() -> EdgeConfig {

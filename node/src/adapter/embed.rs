@@ -74,7 +74,7 @@ pub(super) async fn execute(
     let response = post_json(client, url, body.to_string().into_bytes(), authorization).await?;
     let (bytes, error) = read_capped(response, BODY_LIMIT).await;
     if error.is_some() {
-        return Err(AdapterError::Unreachable("the embeddings answer was cut off".into()));
+        return Err(AdapterError::StreamCut("the embeddings answer was cut off".into()));
     }
     let invalid = |e: serde_json::Error| {
         AdapterError::Protocol(format!("provider sent an invalid embeddings answer ({})", json_error_summary(&e)))

@@ -174,8 +174,16 @@ pub enum AdapterError {
     Unreachable(String),
     /// The provider answered with a non-2xx status. `message` is the
     /// provider's own error message (truncated to 500 chars) or the status text.
+    /// `code` is the provider's own error code, sanitized
+    /// ([`iop_proto::provider_error::code`]).
     #[error("provider answered HTTP {status}: {message}")]
-    HttpStatus { status: u16, retry_after_ms: Option<u64>, message: String, context_length: bool },
+    HttpStatus { status: u16, retry_after_ms: Option<u64>, message: String, context_length: bool, code: Option<String> },
+    /// The response started (status and headers received, 2xx) and its body
+    /// then broke at the transport: a reset, an incomplete chunked body, a
+    /// body shorter than its `Content-Length`. A body that ends cleanly
+    /// without the API's terminal is [`Self::Protocol`].
+    #[error("provider stream cut: {0}")]
+    StreamCut(String),
     /// Malformed chunk, or the stream ended without its terminal.
     #[error("provider protocol error: {0}")]
     Protocol(String),
@@ -195,6 +203,7 @@ impl AdapterError {
     pub fn to_failure(&self) -> pb::ExecutionFailure {
         let kind = match self {
             Self::Unreachable(_) => pb::FailureKind::ProviderUnreachable,
+            Self::StreamCut(_) => pb::FailureKind::ProviderStreamCut,
             Self::HttpStatus { .. } => pb::FailureKind::ProviderHttpStatus,
             Self::Protocol(_) => pb::FailureKind::ProviderProtocol,
             Self::TooLarge(_) => pb::FailureKind::ResponseTooLarge,
@@ -202,10 +211,12 @@ impl AdapterError {
             Self::SinkClosed => pb::FailureKind::Internal,
         };
         let mut failure = pb::ExecutionFailure::new(kind, self.to_string());
-        if let Self::HttpStatus { status, retry_after_ms, context_length, .. } = self {
+        if let Self::HttpStatus { status, retry_after_ms, context_length, code, .. } = self {
             failure.provider_status = u32::from(*status);
             failure.retry_after_ms = retry_after_ms.unwrap_or(0);
             failure.context_length_exceeded = *context_length;
+            failure.provider_code =
+                code.as_deref().and_then(iop_proto::provider_error::sanitize_code).unwrap_or_default().to_owned();
         }
         failure
     }
@@ -213,7 +224,11 @@ impl AdapterError {
     /// The message without the kind prefix.
     fn detail(&self) -> String {
         match self {
-            Self::Unreachable(m) | Self::Protocol(m) | Self::TooLarge(m) | Self::InvalidRequest(m) => m.clone(),
+            Self::Unreachable(m)
+            | Self::StreamCut(m)
+            | Self::Protocol(m)
+            | Self::TooLarge(m)
+            | Self::InvalidRequest(m) => m.clone(),
             other => other.to_string(),
         }
     }
@@ -351,7 +366,8 @@ async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, 
     let message = provider_error_message(&body)
         .unwrap_or_else(|| status.canonical_reason().unwrap_or("unrecognized status").to_owned());
     let context_length = iop_proto::provider_error::context_length_exceeded(status.as_u16(), &body);
-    Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message, context_length })
+    let code = iop_proto::provider_error::code(status.as_u16(), &body);
+    Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message, context_length, code })
 }
 
 /// `Retry-After` in milliseconds, read as the Edge reads a tunnel's.
@@ -404,6 +420,11 @@ fn truncate_chars(text: &str, max: usize) -> String {
         Some((cut, _)) => text[..cut].to_owned(),
         None => text.to_owned(),
     }
+}
+
+/// A body read that failed after the response started ([`AdapterError::StreamCut`]).
+pub(crate) fn stream_cut(context: &str, e: reqwest::Error) -> AdapterError {
+    AdapterError::StreamCut(format!("{context}: {}", error_chain(&e.without_url())))
 }
 
 pub(crate) fn transport_error(context: &str, e: reqwest::Error) -> AdapterError {
@@ -473,7 +494,7 @@ async fn drive<D: StreamDecoder>(
     let mut reader = StreamReader::new(decoder);
     let mut out = Events::new();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| transport_error("reading the provider's response", e))?;
+        let chunk = chunk.map_err(|e| stream_cut("reading the provider's response", e))?;
         let step = reader.chunk(&chunk, &mut out);
         tally.report(reader.decoder.malformed_skipped());
         forward(sink, &mut out).await?;
@@ -1016,16 +1037,27 @@ mod tests {
             retry_after_ms: Some(2000),
             message: "slow down".into(),
             context_length: false,
+            code: Some("rate_limit_exceeded".into()),
         }
         .to_failure();
+        assert_eq!(f.provider_code, "rate_limit_exceeded");
         assert_eq!(f.kind(), pb::FailureKind::ProviderHttpStatus);
         assert_eq!((f.provider_status, f.retry_after_ms), (429, 2000));
         assert_eq!(f.message, "provider answered HTTP 429: slow down");
 
-        let f =
-            AdapterError::HttpStatus { status: 500, retry_after_ms: None, message: "x".into(), context_length: false }
-                .to_failure();
+        let f = AdapterError::HttpStatus {
+            status: 500,
+            retry_after_ms: None,
+            message: "x".into(),
+            context_length: false,
+            code: Some("Not A Code".into()),
+        }
+        .to_failure();
         assert_eq!((f.provider_status, f.retry_after_ms), (500, 0));
+        assert_eq!(f.provider_code, "", "an unsanitary code is dropped, not repaired");
+
+        let f = AdapterError::StreamCut("reset".into()).to_failure();
+        assert_eq!(f.kind(), pb::FailureKind::ProviderStreamCut);
 
         let f = AdapterError::TooLarge("line".into()).to_failure();
         assert_eq!(f.kind(), pb::FailureKind::ResponseTooLarge);

@@ -77,7 +77,7 @@ async fn call<T: serde::de::DeserializeOwned>(
     };
     let (bytes, error) = read_capped(response, BODY_LIMIT).await;
     if error.is_some() {
-        return Err(AdapterError::Unreachable(format!("the answer to {path} was cut off")));
+        return Err(AdapterError::StreamCut(format!("the answer to {path} was cut off")));
     }
     serde_json::from_slice(&bytes).map_err(|e| {
         AdapterError::Protocol(format!("provider sent an invalid answer to {path} ({})", json_error_summary(&e)))

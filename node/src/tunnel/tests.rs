@@ -417,7 +417,7 @@ async fn a_body_cut_short_is_a_failure_after_the_head() {
     });
     let frames = relay_all(providers(&base_url), tunnel_request("GET", "/v1/models")).await;
     assert_eq!(head(&frames).status, 200);
-    assert_eq!(failure(frames.last().unwrap()).kind(), pb::FailureKind::ProviderUnreachable);
+    assert_eq!(failure(frames.last().unwrap()).kind(), pb::FailureKind::ProviderStreamCut);
 }
 
 #[tokio::test]
