@@ -190,13 +190,25 @@ pub async fn spawn_until_lines(
     args: &[&str],
     ready_marker: &str,
 ) -> (Proc, Vec<String>) {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {}: {e}", program.display()));
+    spawn_logged_until_lines(name, program, args, ready_marker, None).await
+}
+
+/// [`spawn_until_lines`], with stderr (the process's log, at `RUST_LOG=info`)
+/// written to `log` when given, for tests that read what it logged.
+pub async fn spawn_logged_until_lines(
+    name: &'static str,
+    program: &Path,
+    args: &[&str],
+    ready_marker: &str,
+    log: Option<&Path>,
+) -> (Proc, Vec<String>) {
+    let mut command = Command::new(program);
+    command.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
+    if let Some(log) = log {
+        let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        command.stderr(file).env("RUST_LOG", "info").env_remove("NO_COLOR");
+    }
+    let mut child = command.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", program.display()));
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
     let printed = tokio::time::timeout(Duration::from_secs(30), async {

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use iop_e2e::harness::{self, DevPki, Proc, ProviderSpec, addr_field, bin, spawn_until, wait_until};
+use iop_e2e::harness::{
+    self, DevPki, Proc, ProviderSpec, addr_field, bin, spawn_logged_until_lines, spawn_until, wait_until,
+};
 use iop_e2e::pki::{PairFiles, Validity};
 use iop_proto::config::{Adapter, AuthConfig, AuthMode, CredentialProfile, CredentialRef};
 use serde_json::Value;
@@ -64,6 +66,9 @@ pub struct StackOptions {
     pub mock_script: Option<&'static str>,
     /// The Edge config's `context_fallbacks` (model -> larger model).
     pub context_fallbacks: Vec<(&'static str, &'static str)>,
+    /// The Edge's and nodes' logs go to `edge.log` / `node-<name>.log` in the
+    /// stack's directory ([`Stack::log`]) instead of the test's stderr.
+    pub capture_logs: bool,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -92,6 +97,7 @@ impl Default for StackOptions {
             node_args: Vec::new(),
             unsandboxed_commands: false,
             context_fallbacks: Vec::new(),
+            capture_logs: false,
         }
     }
 }
@@ -115,6 +121,7 @@ pub struct Stack {
     pub node_args: Vec<&'static str>,
     pub unsandboxed_commands: bool,
     pub client: reqwest::Client,
+    pub capture_logs: bool,
 }
 
 /// A provider on the stack's node; `base_url` is filled in by `Stack::start`.
@@ -234,6 +241,7 @@ impl Stack {
             node_args: options.node_args,
             unsandboxed_commands: options.unsandboxed_commands,
             client: http_client(),
+            capture_logs: options.capture_logs,
         };
         stack.start_edge().await;
         if options.start_node {
@@ -255,7 +263,10 @@ impl Stack {
             args.extend(["--test-heartbeat-profile", profile]);
         }
         args.extend(self.edge_args.iter().copied());
-        let (edge, line) = spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await;
+        let log = self.capture_logs.then(|| self.dir.path().join("edge.log"));
+        let (edge, mut lines) =
+            spawn_logged_until_lines("iop-edge", &bin("iop-edge"), &args, "iop-edge listening", log.as_deref()).await;
+        let line = lines.pop().expect("the marker line");
         self.http = addr_field(&line, "http");
         self.grpc = addr_field(&line, "grpc");
         self.admin = addr_field(&line, "admin");
@@ -278,9 +289,18 @@ impl Stack {
             args.extend(["--test-heartbeat-profile", profile]);
         }
         args.extend(self.node_args.iter().copied());
-        let (node, line) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
+        let log = self.capture_logs.then(|| self.dir.path().join(format!("{name}.log")));
+        let (node, mut lines) =
+            spawn_logged_until_lines("iop-node", &bin("iop-node"), &args, "iop-node metrics on", log.as_deref()).await;
+        let line = lines.pop().expect("the marker line");
         let url = line.split_whitespace().last().unwrap().to_string();
         (node, format!("{url}/metrics"))
+    }
+
+    /// What `process` (`edge`, or `node-<name>`) logged so far, with
+    /// [`StackOptions::capture_logs`].
+    pub fn log(&self, process: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{process}.log"))).unwrap_or_default()
     }
 
     /// A URL on the client listener.

@@ -90,12 +90,51 @@ struct RequestRecord {
     started: Instant,
     first_byte: bool,
     outcome: &'static str,
+    /// Body bytes sent to the client so far (streamed responses).
+    bytes_sent: u64,
+    /// The stream's failure after its start was logged ([`Self::stream_failed`]).
+    failure_logged: bool,
 }
 
 impl RequestRecord {
     fn new(metrics: Arc<EdgeMetrics>, api: Api) -> Self {
         // Until the response finishes, a drop means the client went away.
-        Self { metrics, api, route: None, started: Instant::now(), first_byte: false, outcome: "client_disconnected" }
+        Self {
+            metrics,
+            api,
+            route: None,
+            started: Instant::now(),
+            first_byte: false,
+            outcome: "client_disconnected",
+            bytes_sent: 0,
+            failure_logged: false,
+        }
+    }
+
+    /// A body frame of `len` bytes went to the client.
+    fn sent(&mut self, len: usize) {
+        self.first_byte();
+        self.bytes_sent += len as u64;
+    }
+
+    /// A committed stream failed: one warning per request, naming the
+    /// provider, the closed code (and the provider's own code, sanitized,
+    /// when it differs) and the bytes the client already got. Never the
+    /// failure's message (a provider's words may quote the prompt).
+    fn stream_failed(&mut self, provider: Option<&str>, error: &ApiError) {
+        if std::mem::replace(&mut self.failure_logged, true) {
+            return;
+        }
+        tracing::warn!(
+            target: "edge_stream_failure",
+            provider = %provider.unwrap_or("unknown"),
+            api = ?self.api,
+            route = %self.route.as_deref().unwrap_or("unknown"),
+            code = error.code(),
+            provider_code = if error.client_code() == error.code() { "" } else { error.client_code() },
+            bytes_sent = self.bytes_sent,
+            "stream failed after it started"
+        );
     }
 
     fn first_byte(&mut self) {
@@ -415,7 +454,7 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
     let body = stream::unfold(state, |(mut phase, mut record, mut pending)| async move {
         loop {
             if let Some(frame) = pending.pop_front() {
-                record.first_byte();
+                record.sent(frame.len());
                 return Some((Ok::<_, std::convert::Infallible>(frame), (phase, record, pending)));
             }
             phase = match phase {
@@ -470,6 +509,7 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                     Frame::Failed(failed) => {
                         let error = ApiError::Execution(failed.failure.unwrap_or_default());
                         record.outcome = error.code();
+                        record.stream_failed(rest.as_ref().map(LiveRun::provider_id), &error);
                         pending.extend(S::stream_error(&error));
                         Phase::Done
                     }
@@ -500,20 +540,22 @@ fn tunnel_response(
     let state = (VecDeque::from(buffered), rest, record);
     let body = stream::unfold(state, |(mut buffered, mut rest, mut record)| async move {
         if let Some(chunk) = buffered.pop_front() {
-            record.first_byte();
+            record.sent(chunk.len());
             return Some((Ok(chunk), (buffered, rest, record)));
         }
         let item = match rest.as_mut()?.next().await? {
             Frame::Body(bytes) => Ok(Bytes::from(bytes)),
             Frame::End(_) => return None,
             Frame::Failed(failed) => {
-                record.outcome = ApiError::Execution(failed.failure.unwrap_or_default()).code();
+                let error = ApiError::Execution(failed.failure.unwrap_or_default());
+                record.outcome = error.code();
+                record.stream_failed(rest.as_ref().map(LiveRun::provider_id), &error);
                 Err(std::io::Error::other("provider tunnel failed after the response started"))
             }
             Frame::Cancelled(_) | Frame::Head(_) => Err(std::io::Error::other("provider tunnel broken")),
         };
         let end = item.is_err();
-        record.first_byte();
+        record.sent(item.as_ref().map_or(0, Bytes::len));
         Some((item, (buffered, if end { None } else { rest }, record)))
     });
     let mut response = Response::new(Body::from_stream(body));
@@ -571,7 +613,9 @@ async fn sse_step<S: Surface>(s: &mut SseStream<S>, record: &mut RequestRecord) 
             s.done = true;
         }
         Event::Failed(f) => {
-            record.outcome = ApiError::Execution(f.failure.clone().unwrap_or_default()).code();
+            let error = ApiError::Execution(f.failure.clone().unwrap_or_default());
+            record.outcome = error.code();
+            record.stream_failed(s.rest.as_ref().map(LiveRun::provider_id), &error);
             s.done = true;
         }
         Event::Cancelled(_) => s.done = true,
@@ -584,7 +628,7 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
     let body = stream::unfold((stream, record), |(mut s, mut record)| async move {
         loop {
             if let Some(frame) = s.frames.pop_front() {
-                record.first_byte();
+                record.sent(frame.len());
                 return Some((Ok::<_, std::convert::Infallible>(frame), (s, record)));
             }
             let frames = sse_step::<S>(&mut s, &mut record).await?;
