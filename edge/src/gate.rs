@@ -377,6 +377,7 @@ pub async fn execute(
             state.metrics.recovery_eligibility.get_or_create(&RecoveryLabels { result: label }).inc();
             tracing::info!(
                 target: "edge_liveness_recovery_observation",
+                provider = %provider_id,
                 eligibility = label,
                 provider_health = failure.provider_health().as_str_name(),
                 handoff = failure.recovery_handoff().as_str_name(),
