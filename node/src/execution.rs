@@ -726,6 +726,34 @@ mod tests {
         Assigned { provider_id, adapter: adapter.into(), target_model: "m", response_stall_timeout_ms: stall }
     }
 
+    /// Issue 28 item 7: resets, cuts, 429s and 5xx are logged, nothing else.
+    #[test]
+    fn the_node_logs_resets_cuts_429s_and_5xx() {
+        let failure = |kind: pb::FailureKind, status: u32| {
+            let mut f = pb::ExecutionFailure::new(kind, "x");
+            f.provider_status = status;
+            f
+        };
+        for logged in [
+            failure(pb::FailureKind::ProviderUnreachable, 0),
+            failure(pb::FailureKind::ProviderStreamCut, 0),
+            failure(pb::FailureKind::ProviderHttpStatus, 429),
+            failure(pb::FailureKind::ProviderHttpStatus, 500),
+            failure(pb::FailureKind::ProviderHttpStatus, 503),
+        ] {
+            assert!(logged_provider_failure(&logged), "{logged:?}");
+        }
+        for quiet in [
+            failure(pb::FailureKind::ProviderHttpStatus, 400),
+            failure(pb::FailureKind::ProviderHttpStatus, 404),
+            failure(pb::FailureKind::ProviderProtocol, 0),
+            failure(pb::FailureKind::InvalidRequest, 0),
+            failure(pb::FailureKind::ResponseStalled, 0),
+        ] {
+            assert!(!logged_provider_failure(&quiet), "{quiet:?}");
+        }
+    }
+
     #[test]
     fn validate_checks_provider_target_and_stall_timeout() {
         let providers = providers();

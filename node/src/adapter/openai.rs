@@ -553,6 +553,50 @@ mod tests {
         }
     }
 
+    /// Issue 28 item 5: the provider's own code travels on the wire.
+    #[tokio::test]
+    async fn http_400_carries_the_providers_own_code() {
+        let body = r#"{"error":{"message":"rejected by the safety system","type":"invalid_request_error","code":"content_policy_violation"}}"#;
+        let server = fake::serve(Reply::json(400, body)).await;
+        match fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await.0 {
+            Err(e @ AdapterError::HttpStatus { status: 400, .. }) => {
+                let failure = e.to_failure();
+                assert_eq!(failure.provider_code, "content_policy_violation");
+                assert!(!failure.context_length_exceeded);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 28 item 5: headers and a first chunk arrived, then the chunked
+    /// body broke off: a cut (`provider_stream_cut`), not an unreachable
+    /// provider, and not the protocol error of a body that ends cleanly
+    /// without its final chunk (above).
+    #[tokio::test]
+    async fn a_body_broken_off_after_the_head_is_a_stream_cut() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}", listener.local_addr().unwrap());
+        let chunk = content_chunk("partial");
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 65536];
+            let _ = socket.read(&mut buf).await;
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let body = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+            let _ = socket.write_all(format!("{head}{body}").as_bytes()).await;
+            // Closed without the terminating zero-length chunk.
+        });
+        let (result, events) = fake::run(&target(&base_url), &fake::request(vec![fake::user("hi")])).await;
+        match result {
+            Err(e @ AdapterError::StreamCut(_)) => {
+                assert_eq!(e.to_failure().kind(), pb::FailureKind::ProviderStreamCut)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(events, vec![started("gpt-x-2024"), text("partial")], "what came before the cut was forwarded");
+    }
+
     #[tokio::test]
     async fn connection_refused_is_unreachable() {
         let base = fake::refused_base_url().await;
