@@ -29,11 +29,17 @@ async fn stack() -> Stack {
             provider("openai-cut", Adapter::Openai, "mock@cut_after=3,words=8", "mock-cut", ""),
             provider("ollama-cut", Adapter::Ollama, "mock@cut_after=3,words=8", "mock-ollama-cut", ""),
             provider("openai-503", Adapter::Openai, "mock@status=503", "mock-503", ""),
+            tunnel(provider("openai-tunnel-cut", Adapter::Openai, "mock@cut_after=3,words=8", "mock-tunnel-cut", "")),
         ],
         capture_logs: true,
         ..Default::default()
     })
     .await
+}
+
+fn tunnel(mut spec: iop_e2e::harness::ProviderSpec) -> iop_e2e::harness::ProviderSpec {
+    spec.mode = iop_proto::config::ProviderMode::Tunnel;
+    spec
 }
 
 fn messages_body(model: &str, stream: bool) -> Value {
@@ -187,4 +193,28 @@ async fn the_node_logs_a_providers_5xx_with_its_id() {
     assert_eq!(field(line, "status").as_deref(), Some("503"), "{line}");
     assert!(!line.contains("mock fault"), "not the provider's words: {line}");
     assert!(!node.contains(PROMPT));
+}
+
+/// Item 7, tunnels: a relayed stream cut after its head breaks the client's
+/// body (never a clean end) and the Edge logs it once, naming the provider
+/// and `provider_stream_cut`.
+#[tokio::test]
+async fn a_cut_tunnel_is_logged_once_with_its_provider() {
+    let stack = stack().await;
+    let body = serde_json::to_vec(&chat_body("mock-tunnel-cut", PROMPT, true)).unwrap();
+    let sent =
+        stack.client.post(stack.url("/v1/chat/completions")).header("content-type", "application/json").body(body);
+    // A cut right after the commit can abort the connection before the
+    // client read the head (as in the soak): an error either way.
+    if let Ok(response) = sent.send().await {
+        assert_eq!(response.status(), 200);
+        let body = response.bytes().await;
+        assert!(body.is_err() || !String::from_utf8_lossy(&body.unwrap()).contains("[DONE]"), "never a clean end");
+    }
+    let edge = stack.log("edge");
+    let failed: Vec<&str> = edge.lines().filter(|l| l.contains("stream failed after it started")).collect();
+    assert_eq!(failed.len(), 1, "{edge}");
+    assert_eq!(field(failed[0], "provider").as_deref(), Some("openai-tunnel-cut"), "{}", failed[0]);
+    assert_eq!(field(failed[0], "code").as_deref(), Some("provider_stream_cut"), "{}", failed[0]);
+    assert!(!edge.contains(PROMPT));
 }
