@@ -218,3 +218,16 @@ async fn a_cut_tunnel_is_logged_once_with_its_provider() {
     assert_eq!(field(failed[0], "code").as_deref(), Some("provider_stream_cut"), "{}", failed[0]);
     assert!(!edge.contains(PROMPT));
 }
+
+/// Item 5 through the official SDKs: `openai` raises `BadRequestError` with
+/// `code == "content_policy_violation"` and an `APIError` with
+/// `code == "provider_stream_cut"` mid-stream; `anthropic` a
+/// `BadRequestError` whose message leads with the code (`e2e/sdk/honest_errors.py`).
+#[tokio::test]
+async fn official_sdks_see_the_providers_code_and_the_cut() {
+    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
+        return;
+    }
+    let stack = stack().await;
+    run_script("honest_errors.py", &[stack.url("").trim_end_matches('/'), "mock-policy", "mock-cut"]).await;
+}
