@@ -100,6 +100,7 @@ pub fn edge_config(
         credentials: Vec::new(),
         workspaces: Vec::new(),
         context_fallbacks: Default::default(),
+        retry: Default::default(),
         replicas: Vec::new(),
         api: Default::default(),
     }

@@ -8,10 +8,12 @@
 //! (connect failure, transport loss, 5xx, 429, stall, protocol error) with the
 //! same request. Client errors (other 4xx, invalid request) are never
 //! retried. Attempts are bounded by `limits.max_attempts` and share one
-//! deadline, `limits.request_timeout_ms`. A 429's `Retry-After` is honoured
-//! only when no untried provider is eligible and the wait fits the budget;
-//! retrying the same provider otherwise backs off exponentially, so the gate
-//! never loops tightly.
+//! deadline, `limits.request_timeout_ms`. Where a failed attempt goes next
+//! is [`crate::retry::plan`]: an equal provider at once; before a lower
+//! priority group, the same provider once after its `Retry-After` or a short
+//! backoff when that fits `retry.same_provider_max_wait_ms`; with nothing
+//! untried, the same provider(s) after `Retry-After` or an exponential
+//! backoff, so the gate never loops tightly.
 //!
 //! An attempt on a provider in `tunnel` mode relays the client's request
 //! byte-for-byte (only `model` is rewritten to the target) when the client's
@@ -19,7 +21,7 @@
 //! response. A provider error response is retried like a failure when it is
 //! retryable, and otherwise relayed to the client as the provider sent it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +38,8 @@ use crate::auth::Caller;
 use crate::credentials::{LeaseScope, lease_for};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
-use crate::metrics::{AttemptLabels, RecoveryLabels};
+use crate::metrics::{AttemptLabels, RecoveryLabels, RetryPathLabels};
+use crate::retry::{self, RetryInput, RetryPlan};
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +272,10 @@ pub async fn execute(
     let mut last_failure: Option<pb::ExecutionFailure> = None;
     // The provider whose stall this request is being replayed for, if any.
     let mut replaying_stall_of: Option<String> = None;
+    // Providers this request already retried after a wait of their own,
+    // and the one the next admission is restricted to.
+    let mut same_retried: HashSet<String> = HashSet::new();
+    let mut only: Option<Candidate> = None;
 
     let mut max_attempts = limits.max_attempts;
     let mut attempt = 0;
@@ -284,7 +291,20 @@ pub async fn execute(
         // A token count takes a free slot or none: it never waits behind
         // generations (the caller answers an estimate instead).
         let queue_depth = if request.count_tokens { 0 } else { limits.queue_depth };
-        let lease = match state.admission.admit(admit, queue_depth, wait).await {
+        // A same-provider retry takes that provider's free slot or falls
+        // back to every candidate.
+        let restricted = match only.take() {
+            Some(c) => {
+                let request = AdmitRequest { candidates: Arc::from(vec![c]), avoid: HashMap::new(), ..admit.clone() };
+                state.admission.admit(request, 0, Duration::ZERO).await.ok()
+            }
+            None => None,
+        };
+        let admitted = match restricted {
+            Some(lease) => Ok(lease),
+            None => state.admission.admit(admit, queue_depth, wait).await,
+        };
+        let lease = match admitted {
             Ok(lease) => lease,
             // After a failed attempt, the provider's own answer says more
             // than "nothing else is available".
@@ -381,6 +401,7 @@ pub async fn execute(
             recovery_result(state, "exhausted");
         }
         if last {
+            retry_path(state, RetryPlan::GiveUp);
             settle(run, false, &failure);
             // A tunnel relays the provider's own error response, already in
             // the client's API shape.
@@ -403,20 +424,55 @@ pub async fn execute(
             replaying_stall_of = Some(provider_id.clone());
         }
         avoid.insert(provider_id.clone(), fallback);
-        let alternative = candidates.iter().any(|c| !avoid.contains_key(&c.provider.id));
-        let delay = retry_delay(&failure, attempt, alternative);
-        if Instant::now() + delay >= deadline {
+        let failed_candidate = candidates.iter().find(|c| c.provider.id == provider_id);
+        let untried: Vec<u32> = candidates
+            .iter()
+            .filter(|c| !avoid.contains_key(&c.provider.id) && state.admission.dispatchable(&c.provider))
+            .map(|c| c.priority)
+            .collect();
+        let plan = retry::plan(&RetryInput {
+            failure: &failure,
+            failed_priority: failed_candidate.map_or(u32::MAX, |c| c.priority),
+            untried: &untried,
+            same_provider_used: same_retried.contains(&provider_id),
+            attempt,
+            attempts_left: max_attempts - attempt,
+            remaining: deadline.saturating_duration_since(Instant::now()),
+            max_wait: config.retry.same_provider_max_wait(route),
+        });
+        retry_path(state, plan);
+        let delay = match plan {
+            RetryPlan::SameProviderAfter(wait) => {
+                same_retried.insert(provider_id.clone());
+                only = failed_candidate.cloned();
+                wait
+            }
+            RetryPlan::Alone(delay) => delay,
+            RetryPlan::Equal | RetryPlan::LowerPriority | RetryPlan::GiveUp => Duration::ZERO,
+        };
+        if plan == RetryPlan::GiveUp || Instant::now() + delay >= deadline {
             count("failed");
             settle(run, false, &failure);
             return Err(ApiError::Execution(failure));
         }
         count("retried");
         settle(run, true, &failure);
-        tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
+        tracing::info!(
+            provider = %provider_id,
+            attempt,
+            kind = ?failure.kind(),
+            path = plan.label(),
+            delay_ms = delay.as_millis() as u64,
+            "attempt failed before the first byte; retrying"
+        );
         tokio::time::sleep(delay).await;
         last_failure = Some(failure);
     }
     Err(last_failure.map(ApiError::Execution).unwrap_or(ApiError::Internal))
+}
+
+fn retry_path(state: &EdgeState, plan: RetryPlan) {
+    state.metrics.retry_paths.get_or_create(&RetryPathLabels { path: plan.label() }).inc();
 }
 
 fn recovery_result(state: &EdgeState, result: &'static str) {

@@ -64,6 +64,8 @@ pub struct StackOptions {
     pub mock_script: Option<&'static str>,
     /// The Edge config's `context_fallbacks` (model -> larger model).
     pub context_fallbacks: Vec<(&'static str, &'static str)>,
+    /// The Edge config's `retry` (default: `RetryConfig::default()`).
+    pub retry: iop_proto::config::RetryConfig,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -92,6 +94,7 @@ impl Default for StackOptions {
             node_args: Vec::new(),
             unsandboxed_commands: false,
             context_fallbacks: Vec::new(),
+            retry: Default::default(),
         }
     }
 }
@@ -200,6 +203,7 @@ impl Stack {
         }
         config.context_fallbacks =
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
+        config.retry = options.retry.clone();
         for managed in &options.credentials {
             let file = dir.path().join(format!("{}.key", managed.profile));
             std::fs::write(&file, managed.secret).unwrap();
