@@ -276,6 +276,9 @@ pub async fn execute(
     // and the one the next admission is restricted to.
     let mut same_retried: HashSet<String> = HashSet::new();
     let mut only: Option<Candidate> = None;
+    // Providers that sent nothing at all by their first-byte deadline in
+    // this request: a second miss is not replayed on them again.
+    let mut missed_first_byte: HashSet<String> = HashSet::new();
 
     let mut max_attempts = limits.max_attempts;
     let mut attempt = 0;
@@ -391,6 +394,8 @@ pub async fn execute(
             state.metrics.recovery_eligibility.get_or_create(&RecoveryLabels { result: label }).inc();
             tracing::info!(
                 target: "edge_liveness_recovery_observation",
+                provider = %provider_id,
+                stage = if failure.first_byte_timeout { "first_byte" } else { "stall" },
                 eligibility = label,
                 provider_health = failure.provider_health().as_str_name(),
                 handoff = failure.recovery_handoff().as_str_name(),
@@ -419,7 +424,11 @@ pub async fn execute(
         // After a stall the provider may be re-selected (when no alternate
         // is eligible) only on probe-backed `available` evidence: the
         // provider is fine, only this request stalled.
-        let fallback = !credential_refused && (!stalled || failure.provider_health() == pb::ProviderHealth::Available);
+        // A second first-byte miss on the same provider is not replayed on it again.
+        let missed_again = failure.first_byte_timeout && !missed_first_byte.insert(provider_id.clone());
+        let fallback = !credential_refused
+            && (!stalled || failure.provider_health() == pb::ProviderHealth::Available)
+            && !missed_again;
         if stalled {
             replaying_stall_of = Some(provider_id.clone());
         }
@@ -564,8 +573,9 @@ async fn attempt_run(
     request.provider_id = l.provider_id().to_string();
     request.adapter = pb::AdapterKind::from(l.adapter()).into();
     request.target_model = l.target_model().to_string();
-    // The stall timeout travels with the request to whichever provider answers.
+    // The stall and first-byte timeouts travel with the request to whichever provider answers.
     request.response_stall_timeout_ms = provider.map_or(0, |p| p.response_stall_timeout_ms);
+    request.first_byte_timeout_ms = provider.map_or(0, |p| p.first_byte_timeout_ms);
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
@@ -611,6 +621,19 @@ fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duratio
         ms => ms,
     };
     Duration::from_millis(timeout) + NODE_STALL_EVIDENCE_BUDGET
+}
+
+/// The Edge's own bound on a tunnel's first frame (its response head): the
+/// provider's first-byte timeout (0 means the default) plus the node's
+/// evidence budget, as for [`stall_timeout`]. A run's first event may
+/// legitimately come long after the provider's headers (a prefill the node
+/// waits out under the stall timeout), so runs are bounded by the stall
+/// timeout alone.
+fn first_byte_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duration {
+    let ms = provider.map_or(0, |p| p.first_byte_timeout_ms);
+    let timeout = iop_proto::liveness::first_byte_timeout(ms)
+        .unwrap_or(Duration::from_millis(iop_proto::liveness::DEFAULT_FIRST_BYTE_TIMEOUT_MS));
+    timeout + NODE_STALL_EVIDENCE_BUDGET
 }
 
 /// Upper bound of the node's stall evidence join (close grace and probe run
@@ -675,9 +698,13 @@ async fn attempt_tunnel(
         headers: form.headers.clone(),
         body,
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
+        first_byte_timeout_ms: provider.map_or(0, |p| p.first_byte_timeout_ms),
         lease: sealed,
     };
     let stall = stall_timeout(provider);
+    // The response head is the provider's first byte, relayed at once: the
+    // first frame is bounded by the first-byte timeout too.
+    let mut bound = first_byte_timeout(provider).min(stall);
     let mut run =
         match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, request).await {
             Ok(run) => run,
@@ -687,10 +714,11 @@ async fn attempt_tunnel(
     let mut buffered: Vec<Bytes> = Vec::new();
     let mut buffered_len = 0;
     loop {
-        let frame = match next_before_commit(&mut run, deadline, stall).await {
+        let frame = match next_before_commit(&mut run, deadline, bound).await {
             Ok(frame) => frame,
             Err(failure) => return failed_run(failure, run),
         };
+        bound = stall;
         let commit = |head: pb::TunnelResponseHead, buffered, rest| {
             Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })
         };

@@ -380,6 +380,11 @@ pub struct ProviderEntry {
     /// 0 means the default (300000 ms).
     #[serde(default)]
     pub response_stall_timeout_ms: u64,
+    /// Nothing at all from the provider (headers included) for this long
+    /// after the request was sent ends the attempt like a stall (replayed
+    /// before the first byte). 0 means the default (60000 ms).
+    #[serde(default)]
+    pub first_byte_timeout_ms: u64,
     /// Most runs this provider executes at once; more wait in the route queue.
     #[serde(default = "ProviderEntry::default_capacity")]
     pub capacity: u32,
@@ -875,6 +880,9 @@ impl EdgeConfig {
                     at("response_stall_timeout_ms"),
                     "must be 0 (default) or between 1000 and 3600000",
                 ));
+            }
+            if crate::liveness::first_byte_timeout(p.first_byte_timeout_ms).is_err() {
+                return Err(invalid(at("first_byte_timeout_ms"), "must be 0 (default) or between 1000 and 3600000"));
             }
             if let Some(credential) = &p.credential
                 && !profiles.contains(credential.profile.as_str())

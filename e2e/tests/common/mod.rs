@@ -133,6 +133,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         priority: 0,
         mode: Default::default(),
         stall_timeout_ms: 0,
+        first_byte_timeout_ms: 0,
     }
 }
 
