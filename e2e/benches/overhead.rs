@@ -175,6 +175,7 @@ async fn bench() {
         priority: 0,
         mode: Default::default(),
         stall_timeout_ms: 0,
+        first_byte_timeout_ms: 0,
     };
     let providers =
         [spec("plain", "mock", 128), spec("words", "mock@words=50", 128), spec("hold", "mock@stall_after=1", 1024)];

@@ -35,6 +35,8 @@ pub struct ProviderSpec {
     pub mode: iop_proto::config::ProviderMode,
     /// 0 for the default (300 s).
     pub stall_timeout_ms: u64,
+    /// 0 for the default (60 s).
+    pub first_byte_timeout_ms: u64,
 }
 
 impl ProviderSpec {
@@ -46,6 +48,7 @@ impl ProviderSpec {
             target: Target { model: self.target_model.clone(), base_url: self.base_url.clone() },
             models: vec![PublicModel { name: self.public_model.clone(), priority: self.priority }],
             response_stall_timeout_ms: self.stall_timeout_ms,
+            first_byte_timeout_ms: self.first_byte_timeout_ms,
             capacity: self.capacity,
             mode: self.mode,
             credential: None,
@@ -100,6 +103,7 @@ pub fn edge_config(
         credentials: Vec::new(),
         workspaces: Vec::new(),
         context_fallbacks: Default::default(),
+        retry: Default::default(),
         replicas: Vec::new(),
         api: Default::default(),
     }

@@ -115,7 +115,7 @@
 //! (token arrays included), or a bad `encoding_format` / `dimensions` is a 400
 //! in the API's error shape. The model is echoed; of the fault knobs (from
 //! all three sources) only `exit`, `hold`, `headers_delay_ms`, `never_answer`
-//! and `status` (+ `retry_after`) apply. Embeddings do not count in
+//! and `status` (+ `retry_after`, `fail_times`) apply. Embeddings do not count in
 //! `requests_total`.
 //!
 //! # Tokenize
@@ -197,6 +197,7 @@
 //! | `status=CODE`            | answer at once with this 4xx/5xx status and an error body     |
 //! | `retry_after=SECS`       | with `status`: add a `Retry-After` header                     |
 //! | `error_code=CODE`        | with `status`: the OpenAI error body's `code` (Ollama: none)  |
+//! | `fail_times=N`           | with `status`: only the first N requests with this exact knob set fail; later ones answer normally (counted per mock process) |
 //! | `never_answer[=BOOL]`    | never send headers (until the client leaves or shutdown)      |
 //! | `exit[=BOOL]`            | the process exits with status 3 upon receiving the request    |
 //! | `words=N`                | the reply is `w1 w2 … wN`                                     |
@@ -265,6 +266,7 @@ pub const KNOBS: &[&str] = &[
     "status",
     "retry_after",
     "error_code",
+    "fail_times",
     "never_answer",
     "exit",
     "words",
@@ -336,6 +338,10 @@ pub struct Faults {
     /// Ollama's plain-string errors carry none.
     #[arg(long, value_name = "CODE")]
     pub error_code: Option<String>,
+    /// With `status`: only the first N requests carrying this exact knob
+    /// set fail, later ones answer normally ("fails once, then answers").
+    #[arg(long, value_name = "N")]
+    pub fail_times: Option<u64>,
     /// Never send response headers (hold until the client disconnects).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub never_answer: Option<bool>,
@@ -453,6 +459,7 @@ impl Faults {
             status: over.status.or(self.status),
             retry_after: over.retry_after.or(self.retry_after),
             error_code: over.error_code.clone().or_else(|| self.error_code.clone()),
+            fail_times: over.fail_times.or(self.fail_times),
             never_answer: over.never_answer.or(self.never_answer),
             exit: over.exit.or(self.exit),
             words: over.words.or(self.words),
@@ -496,6 +503,7 @@ impl Faults {
             "no_done" => self.no_done = Some(flag(knob, value)?),
             "status" => self.status = Some(number(knob, value)?),
             "retry_after" => self.retry_after = Some(number(knob, value)?),
+            "fail_times" => self.fail_times = Some(number(knob, value)?),
             "never_answer" => self.never_answer = Some(flag(knob, value)?),
             "exit" => self.exit = Some(flag(knob, value)?),
             "echo_auth" => self.echo_auth = Some(flag(knob, value)?),
@@ -766,6 +774,8 @@ struct Counters {
     release: tokio::sync::Notify,
     /// The last [`REQUEST_LOG_LIMIT`] provider requests, oldest first.
     request_log: std::sync::Mutex<VecDeque<LoggedRequest>>,
+    /// `fail_times`: requests seen per exact knob set.
+    failures: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 /// One entry of the request log (`GET /mock/requests`, [`MockHandle::requests`]).
@@ -827,6 +837,14 @@ impl Counters {
 
     fn logged_requests(&self) -> Vec<RecordedRequest> {
         self.request_log.lock().unwrap().iter().map(LoggedRequest::recorded).collect()
+    }
+
+    /// Counts one more request with exactly `faults` (`fail_times`); returns the count.
+    fn count_failure(&self, faults: &Faults) -> u64 {
+        let mut failures = self.failures.lock().unwrap();
+        let count = failures.entry(format!("{faults:?}")).or_default();
+        *count += 1;
+        *count
     }
 
     /// Advances the cursor of script `name`; returns where it was.
@@ -1537,6 +1555,9 @@ async fn before_answer(api: Api, state: &AppState, faults: &Faults, echoed: Opti
     if on(faults.never_answer) {
         state.until_stopping().await;
         return Some(api.error(StatusCode::SERVICE_UNAVAILABLE, "mock provider is shutting down"));
+    }
+    if faults.fail_times.is_some_and(|n| state.counters.count_failure(faults) > n) {
+        return None;
     }
     faults.status.map(|code| fault_status(api, code, faults, echoed))
 }
@@ -2702,7 +2723,7 @@ mod tests {
     fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
         let faults = parse_faults(
             "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
-             malformed_at=6,malformed_run=2,malformed_end,no_done,status=429,retry_after=7,never_answer=false,exit=0,words=8,hold=h1,\
+             malformed_at=6,malformed_run=2,malformed_end,no_done,status=429,retry_after=7,fail_times=2,never_answer=false,exit=0,words=8,hold=h1,\
              context_window=9,sse_line_end=CR,echo_auth,set_cookie=false,error_code=content_policy_violation",
         )
         .unwrap();
@@ -2721,6 +2742,7 @@ mod tests {
                 status: Some(429),
                 retry_after: Some(7),
                 error_code: Some("content_policy_violation".into()),
+                fail_times: Some(2),
                 never_answer: Some(false),
                 exit: Some(false),
                 words: Some(8),
@@ -3031,6 +3053,20 @@ mod tests {
         assert_eq!(json_of(resp).await["error"]["code"], "content_policy_violation");
         let resp = post(&mock, "/api/chat", &body, Some("status=400,error_code=content_policy_violation")).await;
         assert!(json_of(resp).await["error"].is_string());
+    }
+
+    #[tokio::test]
+    async fn fail_times_fails_the_first_n_requests_of_one_knob_set_only() {
+        let mock = spawn(Faults::default()).await;
+        let body = chat_body("mock@status=500,fail_times=2", "hi", json!({}));
+        let other = chat_body("mock@status=500,fail_times=2,words=2", "hi", json!({}));
+        let status = async |body: &Value| post(&mock, "/v1/chat/completions", body, None).await.status().as_u16();
+        assert_eq!(status(&body).await, 500);
+        assert_eq!(status(&other).await, 500, "another knob set counts on its own");
+        assert_eq!(status(&body).await, 500);
+        assert_eq!(status(&body).await, 200, "past N the knob set answers normally");
+        assert_eq!(status(&other).await, 500);
+        assert_eq!(status(&other).await, 200);
     }
 
     #[tokio::test]

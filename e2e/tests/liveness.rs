@@ -263,6 +263,7 @@ async fn metric_labels_are_closed_sets() {
         ("kind", BTreeSet::from(["run", "tunnel"])),
         ("classification", BTreeSet::from(["request_stalled", "provider_unhealthy", "health_unknown"])),
         ("retryable", BTreeSet::from(["true", "false"])),
+        ("path", BTreeSet::from(["equal_provider", "same_provider", "lower_priority", "no_alternative", "none"])),
     ]);
     let node_metrics = stack.node_metrics.clone().unwrap();
     let mut checked = 0;

@@ -344,6 +344,14 @@ impl AdmissionPool {
         outcome
     }
 
+    /// Whether admission could choose `provider` now for its node and
+    /// health (capacity aside), and not only as a last resort: what the
+    /// gate's retry plan counts as an eligible alternative.
+    pub fn dispatchable(&self, provider: &ProviderEntry) -> bool {
+        let view = ProviderView::of(&self.registry, &self.overlay, &self.credentials, provider);
+        view.dispatchable_on.is_some() && !view.last_resort
+    }
+
     /// Mirrors slot and queue occupancy into the gauges. Drops the empty
     /// queues of routes no longer configured, and their gauges.
     fn publish(&self, state: &mut PoolState) {

@@ -8,10 +8,12 @@
 //! (connect failure, transport loss, 5xx, 429, stall, protocol error) with the
 //! same request. Client errors (other 4xx, invalid request) are never
 //! retried. Attempts are bounded by `limits.max_attempts` and share one
-//! deadline, `limits.request_timeout_ms`. A 429's `Retry-After` is honoured
-//! only when no untried provider is eligible and the wait fits the budget;
-//! retrying the same provider otherwise backs off exponentially, so the gate
-//! never loops tightly.
+//! deadline, `limits.request_timeout_ms`. Where a failed attempt goes next
+//! is [`crate::retry::plan`]: an equal provider at once; before a lower
+//! priority group, the same provider once after its `Retry-After` or a short
+//! backoff when that fits `retry.same_provider_max_wait_ms`; with nothing
+//! untried, the same provider(s) after `Retry-After` or an exponential
+//! backoff, so the gate never loops tightly.
 //!
 //! An attempt on a provider in `tunnel` mode relays the client's request
 //! byte-for-byte (only `model` is rewritten to the target) when the client's
@@ -19,7 +21,7 @@
 //! response. A provider error response is retried like a failure when it is
 //! retryable, and otherwise relayed to the client as the provider sent it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +38,8 @@ use crate::auth::Caller;
 use crate::credentials::{LeaseScope, lease_for};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
-use crate::metrics::{AttemptLabels, RecoveryLabels};
+use crate::metrics::{AttemptLabels, RecoveryLabels, RetryPathLabels};
+use crate::retry::{self, RetryInput, RetryPlan};
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,6 +278,13 @@ pub async fn execute(
     let mut last_failure: Option<pb::ExecutionFailure> = None;
     // The provider whose stall this request is being replayed for, if any.
     let mut replaying_stall_of: Option<String> = None;
+    // Providers this request already retried after a wait of their own,
+    // and the one the next admission is restricted to.
+    let mut same_retried: HashSet<String> = HashSet::new();
+    let mut only: Option<Candidate> = None;
+    // Providers that sent nothing at all by their first-byte deadline in
+    // this request: a second miss is not replayed on them again.
+    let mut missed_first_byte: HashSet<String> = HashSet::new();
 
     let mut max_attempts = limits.max_attempts;
     let mut attempt = 0;
@@ -290,7 +300,20 @@ pub async fn execute(
         // A token count takes a free slot or none: it never waits behind
         // generations (the caller answers an estimate instead).
         let queue_depth = if request.count_tokens { 0 } else { limits.queue_depth };
-        let lease = match state.admission.admit(admit, queue_depth, wait).await {
+        // A same-provider retry takes that provider's free slot or falls
+        // back to every candidate.
+        let restricted = match only.take() {
+            Some(c) => {
+                let request = AdmitRequest { candidates: Arc::from(vec![c]), avoid: HashMap::new(), ..admit.clone() };
+                state.admission.admit(request, 0, Duration::ZERO).await.ok()
+            }
+            None => None,
+        };
+        let admitted = match restricted {
+            Some(lease) => Ok(lease),
+            None => state.admission.admit(admit, queue_depth, wait).await,
+        };
+        let lease = match admitted {
             Ok(lease) => lease,
             // After a failed attempt, the provider's own answer says more
             // than "nothing else is available".
@@ -378,6 +401,7 @@ pub async fn execute(
             tracing::info!(
                 target: "edge_liveness_recovery_observation",
                 provider = %provider_id,
+                stage = if failure.first_byte_timeout { "first_byte" } else { "stall" },
                 eligibility = label,
                 provider_health = failure.provider_health().as_str_name(),
                 handoff = failure.recovery_handoff().as_str_name(),
@@ -388,6 +412,7 @@ pub async fn execute(
             recovery_result(state, "exhausted");
         }
         if last {
+            retry_path(state, RetryPlan::GiveUp);
             settle(run, false, &failure);
             // A tunnel relays the provider's own error response, already in
             // the client's API shape.
@@ -405,25 +430,64 @@ pub async fn execute(
         // After a stall the provider may be re-selected (when no alternate
         // is eligible) only on probe-backed `available` evidence: the
         // provider is fine, only this request stalled.
-        let fallback = !credential_refused && (!stalled || failure.provider_health() == pb::ProviderHealth::Available);
+        // A second first-byte miss on the same provider is not replayed on it again.
+        let missed_again = failure.first_byte_timeout && !missed_first_byte.insert(provider_id.clone());
+        let fallback = !credential_refused
+            && (!stalled || failure.provider_health() == pb::ProviderHealth::Available)
+            && !missed_again;
         if stalled {
             replaying_stall_of = Some(provider_id.clone());
         }
         avoid.insert(provider_id.clone(), fallback);
-        let alternative = candidates.iter().any(|c| !avoid.contains_key(&c.provider.id));
-        let delay = retry_delay(&failure, attempt, alternative);
-        if Instant::now() + delay >= deadline {
+        let failed_candidate = candidates.iter().find(|c| c.provider.id == provider_id);
+        let untried: Vec<u32> = candidates
+            .iter()
+            .filter(|c| !avoid.contains_key(&c.provider.id) && state.admission.dispatchable(&c.provider))
+            .map(|c| c.priority)
+            .collect();
+        let plan = retry::plan(&RetryInput {
+            failure: &failure,
+            failed_priority: failed_candidate.map_or(u32::MAX, |c| c.priority),
+            untried: &untried,
+            same_provider_used: same_retried.contains(&provider_id),
+            attempt,
+            attempts_left: max_attempts - attempt,
+            remaining: deadline.saturating_duration_since(Instant::now()),
+            max_wait: config.retry.same_provider_max_wait(route),
+        });
+        retry_path(state, plan);
+        let delay = match plan {
+            RetryPlan::SameProviderAfter(wait) => {
+                same_retried.insert(provider_id.clone());
+                only = failed_candidate.cloned();
+                wait
+            }
+            RetryPlan::Alone(delay) => delay,
+            RetryPlan::Equal | RetryPlan::LowerPriority | RetryPlan::GiveUp => Duration::ZERO,
+        };
+        if plan == RetryPlan::GiveUp || Instant::now() + delay >= deadline {
             count("failed");
             settle(run, false, &failure);
             return Err(ApiError::Execution(failure));
         }
         count("retried");
         settle(run, true, &failure);
-        tracing::info!(provider = %provider_id, attempt, kind = ?failure.kind(), "attempt failed before the first byte; retrying");
+        tracing::info!(
+            provider = %provider_id,
+            attempt,
+            kind = ?failure.kind(),
+            path = plan.label(),
+            delay_ms = delay.as_millis() as u64,
+            "attempt failed before the first byte; retrying"
+        );
         tokio::time::sleep(delay).await;
         last_failure = Some(failure);
     }
     Err(last_failure.map(ApiError::Execution).unwrap_or(ApiError::Internal))
+}
+
+fn retry_path(state: &EdgeState, plan: RetryPlan) {
+    state.metrics.retry_paths.get_or_create(&RetryPathLabels { path: plan.label() }).inc();
 }
 
 fn recovery_result(state: &EdgeState, result: &'static str) {
@@ -515,8 +579,9 @@ async fn attempt_run(
     request.provider_id = l.provider_id().to_string();
     request.adapter = pb::AdapterKind::from(l.adapter()).into();
     request.target_model = l.target_model().to_string();
-    // The stall timeout travels with the request to whichever provider answers.
+    // The stall and first-byte timeouts travel with the request to whichever provider answers.
     request.response_stall_timeout_ms = provider.map_or(0, |p| p.response_stall_timeout_ms);
+    request.first_byte_timeout_ms = provider.map_or(0, |p| p.first_byte_timeout_ms);
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
@@ -562,6 +627,19 @@ fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duratio
         ms => ms,
     };
     Duration::from_millis(timeout) + NODE_STALL_EVIDENCE_BUDGET
+}
+
+/// The Edge's own bound on a tunnel's first frame (its response head): the
+/// provider's first-byte timeout (0 means the default) plus the node's
+/// evidence budget, as for [`stall_timeout`]. A run's first event may
+/// legitimately come long after the provider's headers (a prefill the node
+/// waits out under the stall timeout), so runs are bounded by the stall
+/// timeout alone.
+fn first_byte_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duration {
+    let ms = provider.map_or(0, |p| p.first_byte_timeout_ms);
+    let timeout = iop_proto::liveness::first_byte_timeout(ms)
+        .unwrap_or(Duration::from_millis(iop_proto::liveness::DEFAULT_FIRST_BYTE_TIMEOUT_MS));
+    timeout + NODE_STALL_EVIDENCE_BUDGET
 }
 
 /// Upper bound of the node's stall evidence join (close grace and probe run
@@ -626,9 +704,13 @@ async fn attempt_tunnel(
         headers: form.headers.clone(),
         body,
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
+        first_byte_timeout_ms: provider.map_or(0, |p| p.first_byte_timeout_ms),
         lease: sealed,
     };
     let stall = stall_timeout(provider);
+    // The response head is the provider's first byte, relayed at once: the
+    // first frame is bounded by the first-byte timeout too.
+    let mut bound = first_byte_timeout(provider).min(stall);
     let mut run =
         match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, request).await {
             Ok(run) => run,
@@ -638,10 +720,11 @@ async fn attempt_tunnel(
     let mut buffered: Vec<Bytes> = Vec::new();
     let mut buffered_len = 0;
     loop {
-        let frame = match next_before_commit(&mut run, deadline, stall).await {
+        let frame = match next_before_commit(&mut run, deadline, bound).await {
             Ok(frame) => frame,
             Err(failure) => return failed_run(failure, run),
         };
+        bound = stall;
         let commit = |head: pb::TunnelResponseHead, buffered, rest| {
             Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })
         };

@@ -21,6 +21,7 @@ pub mod node;
 pub mod overlay;
 pub mod recovery;
 pub mod reload;
+pub mod retry;
 pub mod route;
 pub mod workspace;
 

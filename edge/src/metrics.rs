@@ -100,6 +100,13 @@ pub struct RecoveryLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryPathLabels {
+    /// equal_provider | same_provider | lower_priority | no_alternative |
+    /// none (`retry::RetryPlan::label`)
+    pub path: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
     pub provider: String,
     /// committed | retried | failed | relayed_error
@@ -188,6 +195,8 @@ pub struct EdgeMetrics {
     pub server_certificate_expiry: Gauge,
     pub recovery_eligibility: Family<RecoveryLabels, Counter>,
     pub recovery_results: Family<RecoveryLabels, Counter>,
+    /// Where each failed attempt before the commit point went next.
+    pub retry_paths: Family<RetryPathLabels, Counter>,
     pub config_revision: Gauge,
     pub config_reloads: Family<RecoveryLabels, Counter>,
     pub node_handshakes_in_progress: Gauge,
@@ -302,6 +311,12 @@ impl EdgeMetrics {
         );
         let recovery_results = Family::<RecoveryLabels, Counter>::default();
         registry.register("liveness_recovery_results", "Outcomes of stall replays", recovery_results.clone());
+        let retry_paths = Family::<RetryPathLabels, Counter>::default();
+        registry.register(
+            "retry_paths",
+            "Failed attempts before the first byte, by where the request went next",
+            retry_paths.clone(),
+        );
         let config_revision = Gauge::default();
         registry.register(
             "config_revision",
@@ -417,6 +432,7 @@ impl EdgeMetrics {
             server_certificate_expiry,
             recovery_eligibility,
             recovery_results,
+            retry_paths,
             config_revision,
             config_reloads,
             node_handshakes_in_progress,

@@ -22,7 +22,7 @@ use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
 use crate::health::HealthMonitor;
 use crate::lease::SessionLeases;
-use crate::liveness::{self, Progress, StallWatchdog};
+use crate::liveness::{self, FirstByte, Progress, StallWatchdog};
 use crate::metrics::{ExecutionKind, NodeMetrics};
 use crate::transport::sequence::SessionSequence;
 use crate::transport::session::Providers;
@@ -91,6 +91,7 @@ pub struct Assigned<'r> {
     pub adapter: i32,
     pub target_model: &'r str,
     pub response_stall_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
 }
 
 impl<'r> From<&'r pb::RunRequest> for Assigned<'r> {
@@ -100,6 +101,7 @@ impl<'r> From<&'r pb::RunRequest> for Assigned<'r> {
             adapter: r.adapter,
             target_model: &r.target_model,
             response_stall_timeout_ms: r.response_stall_timeout_ms,
+            first_byte_timeout_ms: r.first_byte_timeout_ms,
         }
     }
 }
@@ -111,6 +113,7 @@ impl<'r> From<&'r pb::ProviderTunnelRequest> for Assigned<'r> {
             adapter: r.adapter,
             target_model: &r.target_model,
             response_stall_timeout_ms: r.response_stall_timeout_ms,
+            first_byte_timeout_ms: r.first_byte_timeout_ms,
         }
     }
 }
@@ -127,6 +130,8 @@ pub enum Rejection {
     TargetMismatch,
     #[error("{}", iop_proto::liveness::StallTimeoutOutOfRange(*.0))]
     InvalidStallTimeout(u64),
+    #[error("{}", iop_proto::liveness::FirstByteTimeoutOutOfRange(*.0))]
+    InvalidFirstByteTimeout(u64),
     /// Tunnels only: the HTTP method is not GET or POST.
     #[error("method `{0}` is not relayed (GET or POST only)")]
     UnsupportedMethod(String),
@@ -144,12 +149,21 @@ impl Rejection {
     }
 }
 
+/// The effective liveness timeouts of one execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Response-stall timeout (wire 0 means the 300 s default).
+    pub stall: Duration,
+    /// First-byte timeout (wire 0 means the 60 s default).
+    pub first_byte: Duration,
+}
+
 /// Checks a request against the assigned providers; returns its target and
-/// the effective response-stall timeout (wire 0 means the 300 s default).
+/// its effective timeouts.
 pub fn validate<'a>(
     providers: &'a Providers,
     request: Assigned<'_>,
-) -> Result<(&'a ProviderTarget, Duration), Rejection> {
+) -> Result<(&'a ProviderTarget, Timeouts), Rejection> {
     let target = match providers.get(request.provider_id) {
         None => return Err(Rejection::UnknownProvider(request.provider_id.to_owned())),
         Some(Err(_)) => return Err(Rejection::InvalidAssignment(request.provider_id.to_owned())),
@@ -161,7 +175,9 @@ pub fn validate<'a>(
     // The same rule as the Edge config's.
     let stall = iop_proto::liveness::response_stall_timeout(request.response_stall_timeout_ms)
         .map_err(|e| Rejection::InvalidStallTimeout(e.0))?;
-    Ok((target, stall))
+    let first_byte = iop_proto::liveness::first_byte_timeout(request.first_byte_timeout_ms)
+        .map_err(|e| Rejection::InvalidFirstByteTimeout(e.0))?;
+    Ok((target, Timeouts { stall, first_byte }))
 }
 
 // ---------------------------------------------------------------- cancel
@@ -500,6 +516,8 @@ pub(crate) enum Driven<'a, T> {
     /// is handed back so its close can be confirmed within the close grace.
     Stalled {
         silent_for: Duration,
+        /// Nothing at all arrived by the first-byte deadline.
+        first_byte: bool,
         producer: Producer<'a, T>,
     },
 }
@@ -522,7 +540,7 @@ async fn forward<'a, U: UplinkFrame, T>(
     uplink: &mut Uplink<U>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
-    watchdog: &mut StallWatchdog,
+    (watchdog, first_byte): (&mut StallWatchdog, &FirstByte),
     coalescer: &mut Coalescer<U::Item>,
     fenced: impl Fn(),
 ) -> Driven<'a, T> {
@@ -565,11 +583,14 @@ async fn forward<'a, U: UplinkFrame, T>(
                 return Driven::Finished(result);
             }
             _ = tokio::time::sleep_until(deadline) => {
+                if first_byte.arrived() {
+                    watchdog.first_byte();
+                }
                 if let Some(silent_for) = watchdog.claim(tokio::time::Instant::now()) {
                     while items.try_recv().is_ok() {
                         fenced();
                     }
-                    return Driven::Stalled { silent_for, producer };
+                    return Driven::Stalled { silent_for, first_byte: watchdog.missed_first_byte(), producer };
                 }
             }
         }
@@ -588,7 +609,11 @@ pub(crate) enum Settled<T> {
 pub(crate) struct Watched<'a> {
     pub http: &'a reqwest::Client,
     pub target: &'a ProviderTarget,
-    pub stall_timeout: Duration,
+    pub timeouts: Timeouts,
+    /// Marked when the provider's response headers arrive (runs: by the
+    /// adapter, inside [`FirstByte::scope`]); a tunnel's head frame is
+    /// progress anyway.
+    pub first_byte: FirstByte,
     pub observer: &'a Observer,
     pub kind: ExecutionKind,
 }
@@ -606,11 +631,13 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
     watched: Watched<'_>,
     coalesce: bool,
 ) -> Settled<T> {
-    let Watched { http, target, stall_timeout, observer, kind } = watched;
-    let mut watchdog = StallWatchdog::new(stall_timeout, tokio::time::Instant::now());
+    let Watched { http, target, timeouts, first_byte, observer, kind } = watched;
+    let mut watchdog =
+        StallWatchdog::new(timeouts.stall, tokio::time::Instant::now()).with_first_byte(timeouts.first_byte);
     let mut coalescer = Coalescer::new(coalesce);
     let fenced = || observer.metrics.fenced(kind);
-    match forward(producer, items, uplink, cancel, edge_gone, &mut watchdog, &mut coalescer, fenced).await {
+    let watch = (&mut watchdog, &first_byte);
+    match forward(producer, items, uplink, cancel, edge_gone, watch, &mut coalescer, fenced).await {
         Driven::Finished(Ok(done)) => Settled::Finished(Ok(done)),
         Driven::Finished(Err(e)) => {
             let mut failure = e.to_failure();
@@ -618,8 +645,9 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
             unreachable_evidence(http, target, &mut failure, observer).await;
             Settled::Finished(Err(failure))
         }
-        Driven::Stalled { silent_for, producer } => {
-            Settled::Finished(Err(stall_failure(http, target, producer, silent_for, observer, kind).await))
+        Driven::Stalled { silent_for, first_byte, producer } => {
+            let stall = Stall { silent_for, first_byte };
+            Settled::Finished(Err(stall_failure(http, target, producer, stall, observer, kind).await))
         }
         Driven::Cancelled => Settled::Cancelled,
         Driven::EdgeGone => Settled::EdgeGone,
@@ -681,11 +709,19 @@ async fn unreachable_evidence(
 /// After a stall claim: joins the close-grace fence on `producer` with the
 /// exact-target probe, records the observation, and returns the single
 /// `response_stalled` failure with its evidence and sequence.
+/// A claimed stall: how long the provider was silent, and whether nothing at
+/// all arrived by the first-byte deadline (stage `first_byte`).
+#[derive(Debug, Clone, Copy)]
+struct Stall {
+    silent_for: Duration,
+    first_byte: bool,
+}
+
 async fn stall_failure<T>(
     http: &reqwest::Client,
     target: &ProviderTarget,
     producer: Producer<'_, T>,
-    silent_for: Duration,
+    Stall { silent_for, first_byte }: Stall,
     observer: &Observer,
     kind: ExecutionKind,
 ) -> pb::ExecutionFailure {
@@ -698,10 +734,15 @@ async fn stall_failure<T>(
     .await;
     let seq = observer.observed(&target.provider_id, evidence.health);
     observer.metrics.observe_stall(kind, &evidence, silent_for);
+    if first_byte {
+        observer.metrics.first_byte_timeout(kind);
+    }
     tracing::warn!(
         target: "node_response_stall_observation",
         provider = %target.provider_id,
         kind = kind.label(),
+        provider = %target.provider_id,
+        stage = if first_byte { "first_byte" } else { "stall" },
         provider_health = evidence.health.as_str_name(),
         liveness_classification = evidence.classification.as_str_name(),
         retryable = evidence.retryable,
@@ -709,7 +750,13 @@ async fn stall_failure<T>(
         health_observation_seq = seq,
         "response stalled"
     );
-    evidence.to_failure(silent_for, seq)
+    let mut failure = evidence.to_failure(silent_for, seq);
+    if first_byte {
+        failure.first_byte_timeout = true;
+        failure.message =
+            format!("nothing from the provider within its first-byte timeout ({} ms)", silent_for.as_millis());
+    }
+    failure
 }
 
 #[cfg(test)]
@@ -723,7 +770,13 @@ mod tests {
     }
 
     fn assigned(provider_id: &str, adapter: pb::AdapterKind, stall: u64) -> Assigned<'_> {
-        Assigned { provider_id, adapter: adapter.into(), target_model: "m", response_stall_timeout_ms: stall }
+        Assigned {
+            provider_id,
+            adapter: adapter.into(),
+            target_model: "m",
+            response_stall_timeout_ms: stall,
+            first_byte_timeout_ms: 0,
+        }
     }
 
     /// Issue 28 item 7: resets, cuts, 429s and 5xx are logged, nothing else.
@@ -757,11 +810,16 @@ mod tests {
     #[test]
     fn validate_checks_provider_target_and_stall_timeout() {
         let providers = providers();
-        let (target, stall) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 0)).unwrap();
+        let (target, timeouts) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 0)).unwrap();
         assert_eq!(target.provider_id, "p1");
-        assert_eq!(stall, Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS));
-        let (_, stall) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 1500)).unwrap();
-        assert_eq!(stall, Duration::from_millis(1500));
+        assert_eq!(timeouts.stall, Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS));
+        assert_eq!(timeouts.first_byte, Duration::from_millis(iop_proto::liveness::DEFAULT_FIRST_BYTE_TIMEOUT_MS));
+        let (_, timeouts) = validate(&providers, assigned("p1", pb::AdapterKind::Ollama, 1500)).unwrap();
+        assert_eq!(timeouts.stall, Duration::from_millis(1500));
+        let first_byte = Assigned { first_byte_timeout_ms: 2500, ..assigned("p1", pb::AdapterKind::Ollama, 0) };
+        assert_eq!(validate(&providers, first_byte).unwrap().1.first_byte, Duration::from_millis(2500));
+        let bad = Assigned { first_byte_timeout_ms: 999, ..assigned("p1", pb::AdapterKind::Ollama, 0) };
+        assert_eq!(validate(&providers, bad).unwrap_err(), Rejection::InvalidFirstByteTimeout(999));
 
         let err = |a| validate(&providers, a).unwrap_err();
         assert_eq!(err(assigned("nope", pb::AdapterKind::Ollama, 0)), Rejection::UnknownProvider("nope".into()));

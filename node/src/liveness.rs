@@ -15,8 +15,18 @@
 //! health probe (a metadata call, never a generation). The probe's verdict
 //! becomes the three-way evidence on the single `response_stalled` terminal.
 //! A successful probe is not progress and grants no retry by itself.
+//!
+//! Before the provider's first byte a second, distinct deadline applies:
+//! the first-byte timeout, from sending the request until any byte of the
+//! answer (its headers included, [`FirstByte`]). Missing it is claimed like
+//! a stall (the same evidence join and `response_stalled` terminal, replayed
+//! by the Edge before the commit point) and labelled `first_byte`
+//! (`ExecutionFailure.first_byte_timeout`). The stall timeout keeps its
+//! meaning and still bounds the wait before the first byte too.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use iop_proto::pb;
@@ -41,6 +51,10 @@ enum Phase {
 pub struct StallWatchdog {
     timeout: Duration,
     last_progress: Instant,
+    /// Until the provider's first byte: when the first-byte deadline passes.
+    first_byte_by: Option<Instant>,
+    /// The claim was for the first-byte deadline.
+    missed_first_byte: bool,
     phase: Phase,
 }
 
@@ -55,7 +69,19 @@ pub enum Progress {
 
 impl StallWatchdog {
     pub fn new(timeout: Duration, now: Instant) -> Self {
-        Self { timeout, last_progress: now, phase: Phase::Watching }
+        Self { timeout, last_progress: now, first_byte_by: None, missed_first_byte: false, phase: Phase::Watching }
+    }
+
+    /// With a first-byte deadline `first_byte` after the start.
+    pub fn with_first_byte(mut self, first_byte: Duration) -> Self {
+        self.first_byte_by = Some(self.last_progress + first_byte);
+        self
+    }
+
+    /// The provider's first byte arrived (its response headers): the
+    /// first-byte deadline no longer applies. Not progress.
+    pub fn first_byte(&mut self) {
+        self.first_byte_by = None;
     }
 
     /// Provider output (never a terminal) arrived.
@@ -63,26 +89,37 @@ impl StallWatchdog {
         match self.phase {
             Phase::Watching => {
                 self.last_progress = self.last_progress.max(now);
+                self.first_byte_by = None;
                 Progress::Accepted
             }
             Phase::Claimed | Phase::Finished => Progress::Fenced,
         }
     }
 
-    /// When the stall fires if nothing else happens; `None` once claimed or finished.
+    /// When the stall (or the first-byte deadline, if sooner) fires if
+    /// nothing else happens; `None` once claimed or finished.
     pub fn deadline(&self) -> Option<Instant> {
-        (self.phase == Phase::Watching).then(|| self.last_progress + self.timeout)
+        let stall = self.last_progress + self.timeout;
+        (self.phase == Phase::Watching).then(|| self.first_byte_by.map_or(stall, |at| at.min(stall)))
     }
 
-    /// Claims the stall if the provider has been silent for the timeout.
-    /// Returns how long it was silent; claims at most once.
+    /// Claims the stall if the provider has been silent for the timeout, or
+    /// sent nothing by its first-byte deadline. Returns how long it was
+    /// silent; claims at most once.
     pub fn claim(&mut self, now: Instant) -> Option<Duration> {
         let deadline = self.deadline()?;
         if now < deadline {
             return None;
         }
+        self.missed_first_byte = self.first_byte_by.is_some_and(|at| now >= at);
         self.phase = Phase::Claimed;
         Some(now - self.last_progress)
+    }
+
+    /// The claim was for the first-byte deadline (stage `first_byte`), not
+    /// for silence after the first byte.
+    pub fn missed_first_byte(&self) -> bool {
+        self.missed_first_byte
     }
 
     /// The provider's terminal arrived. It wins unless the stall was already
@@ -96,6 +133,32 @@ impl StallWatchdog {
             }
             Phase::Claimed | Phase::Finished => false,
         }
+    }
+}
+
+/// Whether the provider's first byte (its response headers) arrived, set by
+/// the code that sends the provider request ([`FirstByte::mark`]) and read
+/// by the execution's watchdog.
+#[derive(Debug, Clone, Default)]
+pub struct FirstByte(Arc<AtomicBool>);
+
+tokio::task_local! {
+    static FIRST_BYTE: FirstByte;
+}
+
+impl FirstByte {
+    pub fn arrived(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// `work` with this as its execution's first-byte signal.
+    pub fn scope<F: Future>(self, work: F) -> impl Future<Output = F::Output> {
+        FIRST_BYTE.scope(self, work)
+    }
+
+    /// Marks the first byte of the execution being polled; nothing outside one.
+    pub fn mark() {
+        let _ = FIRST_BYTE.try_with(|f| f.0.store(true, Ordering::Relaxed));
     }
 }
 
@@ -163,6 +226,42 @@ mod tests {
         assert_eq!(dog.claim(at(1500, t0)), Some(Duration::from_millis(1000)), "exactly at the threshold");
         assert_eq!(dog.claim(at(5000, t0)), None, "claimed once");
         assert_eq!(dog.deadline(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_byte_deadline_applies_until_any_byte_and_is_labelled() {
+        let t0 = Instant::now();
+        let fresh = || StallWatchdog::new(Duration::from_millis(1000), t0).with_first_byte(Duration::from_millis(300));
+        // Nothing at all: claimed at the first-byte deadline, as first_byte.
+        let mut silent = fresh();
+        assert_eq!(silent.deadline(), Some(at(300, t0)));
+        assert_eq!(silent.claim(at(299, t0)), None);
+        assert_eq!(silent.claim(at(300, t0)), Some(Duration::from_millis(300)));
+        assert!(silent.missed_first_byte());
+        // Headers arrived: only the stall timeout is left, from the start.
+        let mut headers = fresh();
+        headers.first_byte();
+        assert_eq!(headers.deadline(), Some(at(1000, t0)), "headers are not progress");
+        assert_eq!(headers.claim(at(1000, t0)), Some(Duration::from_millis(1000)));
+        assert!(!headers.missed_first_byte(), "a stall, not a missed first byte");
+        // Output is a first byte too.
+        let mut output = fresh();
+        assert_eq!(output.progress(at(100, t0)), Progress::Accepted);
+        assert_eq!(output.deadline(), Some(at(1100, t0)));
+        // A stall timeout shorter than the first-byte one still bounds the wait.
+        let mut short = StallWatchdog::new(Duration::from_millis(200), t0).with_first_byte(Duration::from_millis(300));
+        assert_eq!(short.claim(at(200, t0)), Some(Duration::from_millis(200)));
+        assert!(!short.missed_first_byte());
+    }
+
+    #[tokio::test]
+    async fn the_first_byte_mark_reaches_only_its_own_scope() {
+        let mine = FirstByte::default();
+        let other = FirstByte::default();
+        FirstByte::mark(); // outside any execution: nothing
+        mine.clone().scope(async { FirstByte::mark() }).await;
+        assert!(mine.arrived());
+        assert!(!other.arrived());
     }
 
     #[tokio::test(start_paused = true)]

@@ -92,6 +92,7 @@ pub struct NodeMetrics {
     stalls: Family<StallLabels, Counter>,
     stall_duration: Family<KindLabels, Histogram>,
     fenced_output: Family<KindLabels, Counter>,
+    first_byte_timeouts: Family<KindLabels, Counter>,
     lease_rejections: Family<ReasonLabels, Counter>,
     malformed_events: Family<ProviderLabels, Counter>,
 }
@@ -110,6 +111,12 @@ impl NodeMetrics {
         );
         let fenced_output = Family::<KindLabels, Counter>::default();
         registry.register("stall_fenced_output", "Provider output dropped after a stall claim", fenced_output.clone());
+        let first_byte_timeouts = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "first_byte_timeouts",
+            "Provider requests that sent nothing at all (headers included) within their first-byte timeout",
+            first_byte_timeouts.clone(),
+        );
         let lease_rejections = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "credential_lease_rejections",
@@ -150,6 +157,7 @@ impl NodeMetrics {
             stalls,
             stall_duration,
             fenced_output,
+            first_byte_timeouts,
             lease_rejections,
         })
     }
@@ -164,6 +172,11 @@ impl NodeMetrics {
         };
         self.stalls.get_or_create(&StallLabels { kind, classification, retryable: evidence.retryable }).inc();
         self.stall_duration.get_or_create(&KindLabels { kind }).observe(silent_for.as_secs_f64());
+    }
+
+    /// A stall claimed at the first-byte deadline (stage `first_byte`).
+    pub fn first_byte_timeout(&self, kind: ExecutionKind) {
+        self.first_byte_timeouts.get_or_create(&KindLabels { kind }).inc();
     }
 
     pub fn fenced(&self, kind: ExecutionKind) {

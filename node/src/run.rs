@@ -12,6 +12,7 @@ use crate::adapter;
 use crate::capacity::LocalAdmission;
 use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Settled, UPLINK_CAPACITY, Uplink, Watched};
 use crate::lease::{self, SessionLeases};
+use crate::liveness::FirstByte;
 use crate::metrics::ExecutionKind;
 use crate::transport::session::Providers;
 
@@ -50,23 +51,25 @@ async fn serve(
     edge_gone: impl Future<Output = ()>,
     observer: &Observer,
 ) -> bool {
-    let admitted = validate(providers, request.into()).map_err(|r| r.to_failure()).and_then(|(target, stall)| {
+    let admitted = validate(providers, request.into()).map_err(|r| r.to_failure()).and_then(|(target, timeouts)| {
         // Before the lease: a refused run spends none.
         let permit = admission.admit(&target.provider_id)?;
         let credential = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
-        Ok((target, stall, credential, permit))
+        Ok((target, timeouts, credential, permit))
     });
     let outcome = match admitted {
         Err(failure) => Settled::Finished(Err(failure)),
-        Ok((target, stall_timeout, credential, _permit)) => {
+        Ok((target, timeouts, credential, _permit)) => {
             let (authorization, scrubber) = lease::split(credential);
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
             let metrics = &observer.metrics;
+            // The adapter marks the provider's response headers as its first byte.
+            let first_byte = FirstByte::default();
             let producer =
-                Producer::new(
-                    async move { adapter::execute(http, target, request, authorization, &sink, metrics).await },
-                );
-            let watched = Watched { http, target, stall_timeout, observer, kind: ExecutionKind::run };
+                Producer::new(first_byte.clone().scope(async move {
+                    adapter::execute(http, target, request, authorization, &sink, metrics).await
+                }));
+            let watched = Watched { http, target, timeouts, first_byte, observer, kind: ExecutionKind::run };
             // A client that does not stream gets the answer as a whole: its
             // deltas need not cross the wire one by one.
             let mut settled =

@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use crate::adapter::{self, AdapterError, ProviderTarget};
 use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Rejection, Settled, Uplink, Watched};
 use crate::lease::{self, SessionLeases};
+use crate::liveness::FirstByte;
 use crate::metrics::ExecutionKind;
 use crate::scrub::SecretScrubber;
 use crate::transport::session::Providers;
@@ -97,10 +98,13 @@ pub(crate) async fn serve(
         Ok((prepared, scrubber, _permit)) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
-            let (target, stall_timeout) = (prepared.target.clone(), prepared.stall_timeout);
+            let (target, timeouts) = (prepared.target.clone(), prepared.timeouts);
             let relay_scrubber = scrubber.clone();
             let producer = Producer::new(async move { relay(http, prepared, body, relay_scrubber, &sink).await });
-            let watched = Watched { http, target: &target, stall_timeout, observer, kind: ExecutionKind::tunnel };
+            // The response head is the first frame: progress, so the first byte.
+            let first_byte = FirstByte::default();
+            let watched =
+                Watched { http, target: &target, timeouts, first_byte, observer, kind: ExecutionKind::tunnel };
             let mut settled = execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await;
             if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
                 scrubber.scrub_failure(failure);
@@ -127,11 +131,11 @@ struct Prepared {
     method: reqwest::Method,
     url: reqwest::Url,
     headers: HeaderMap,
-    stall_timeout: std::time::Duration,
+    timeouts: execution::Timeouts,
 }
 
 fn prepare(providers: &Providers, request: &pb::ProviderTunnelRequest) -> Result<Prepared, Rejection> {
-    let (target, stall_timeout) = execution::validate(providers, request.into())?;
+    let (target, timeouts) = execution::validate(providers, request.into())?;
     let method = match request.method.as_str() {
         "GET" => reqwest::Method::GET,
         "POST" => reqwest::Method::POST,
@@ -147,7 +151,7 @@ fn prepare(providers: &Providers, request: &pb::ProviderTunnelRequest) -> Result
     }
     // An uncompressed answer: the managed credential's scrubber reads it.
     headers.insert(reqwest::header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-    Ok(Prepared { target: target.clone(), method, url, headers, stall_timeout })
+    Ok(Prepared { target: target.clone(), method, url, headers, timeouts })
 }
 
 /// `{base_url}{path}`, for a `path` that cannot leave the base URL: it starts

@@ -157,9 +157,9 @@ fn every_cel_rule_compiles_and_stays_in_scope() {
         }
     }
     assert_eq!(
-        count, 9,
-        "names of nodes and providers, stall timeout, credentials, contextFallback, renewBefore, commands, \
-         target model and base URL"
+        count, 10,
+        "names of nodes and providers, stall and first-byte timeouts, credentials, contextFallback, renewBefore, \
+         commands, target model and base URL"
     );
 }
 
@@ -349,6 +349,7 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
         ("Provider", "studio-llama", "/spec/adapter", json!("vllm"), "/spec/adapter: \"vllm\" is not one of"),
         ("Provider", "studio-llama", "/spec/mode", json!("raw"), "/spec/mode: \"raw\" is not one of"),
         ("Provider", "studio-llama", "/spec/responseStallTimeoutMs", json!(500), "CEL: spec.responseStallTimeoutMs"),
+        ("Provider", "studio-llama", "/spec/firstByteTimeoutMs", json!(500), "CEL: spec.firstByteTimeoutMs"),
         (
             "Provider",
             "studio-llama",

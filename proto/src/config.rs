@@ -42,6 +42,10 @@ pub struct EdgeConfig {
     /// the second before anything reached the client (one hop).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub context_fallbacks: BTreeMap<String, String>,
+    /// How a failed attempt is retried before the commit point (see
+    /// [`RetryConfig`]).
+    #[serde(default, skip_serializing_if = "RetryConfig::is_default")]
+    pub retry: RetryConfig,
     /// Every replica of this Edge by id (`iop-edge --replica-id`; in
     /// Kubernetes the pod names, rendered by the operator). Each node keeps
     /// one session with each. Empty: one replica, whatever its id.
@@ -376,6 +380,11 @@ pub struct ProviderEntry {
     /// 0 means the default (300000 ms).
     #[serde(default)]
     pub response_stall_timeout_ms: u64,
+    /// Nothing at all from the provider (headers included) for this long
+    /// after the request was sent ends the attempt like a stall (replayed
+    /// before the first byte). 0 means the default (60000 ms).
+    #[serde(default)]
+    pub first_byte_timeout_ms: u64,
     /// Most runs this provider executes at once; more wait in the route queue.
     #[serde(default = "ProviderEntry::default_capacity")]
     pub capacity: u32,
@@ -622,6 +631,56 @@ impl Default for Limits {
     }
 }
 
+/// The retry discipline before the commit point. Before a request drops
+/// from the failed provider's priority group to a lower one, the failed
+/// provider is retried once when its `Retry-After` (429/503) or, for a 5xx
+/// or an unreachable provider, a short backoff fits
+/// `same_provider_max_wait_ms` and the request's deadline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Longest wait for the same-provider retry; 0 turns it off (the request
+    /// drops to the lower group at once, as before).
+    #[serde(default = "RetryConfig::default_same_provider_max_wait_ms")]
+    pub same_provider_max_wait_ms: u64,
+    /// Per public model (route) overrides, keyed like `context_fallbacks`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub routes: BTreeMap<String, RouteRetry>,
+}
+
+/// A route's override of [`RetryConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRetry {
+    pub same_provider_max_wait_ms: u64,
+}
+
+impl RetryConfig {
+    /// Longest `same_provider_max_wait_ms` (one minute): a longer wait is a
+    /// queue, not a retry.
+    pub const MAX_SAME_PROVIDER_WAIT_MS: u64 = 60_000;
+
+    fn default_same_provider_max_wait_ms() -> u64 {
+        3_000
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The same-provider wait bound for `route` (its override, else the global one).
+    pub fn same_provider_max_wait(&self, route: &str) -> std::time::Duration {
+        let ms = self.routes.get(route).map_or(self.same_provider_max_wait_ms, |r| r.same_provider_max_wait_ms);
+        std::time::Duration::from_millis(ms)
+    }
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self { same_provider_max_wait_ms: Self::default_same_provider_max_wait_ms(), routes: BTreeMap::new() }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("config is not valid YAML for this schema: {0}")]
@@ -822,6 +881,9 @@ impl EdgeConfig {
                     "must be 0 (default) or between 1000 and 3600000",
                 ));
             }
+            if crate::liveness::first_byte_timeout(p.first_byte_timeout_ms).is_err() {
+                return Err(invalid(at("first_byte_timeout_ms"), "must be 0 (default) or between 1000 and 3600000"));
+            }
             if let Some(credential) = &p.credential
                 && !profiles.contains(credential.profile.as_str())
             {
@@ -853,6 +915,20 @@ impl EdgeConfig {
             }
             if from == to {
                 return Err(invalid(at, "cannot fall back to itself"));
+            }
+        }
+        let too_long =
+            format!("must be at most {} (0 turns the same-provider retry off)", RetryConfig::MAX_SAME_PROVIDER_WAIT_MS);
+        if self.retry.same_provider_max_wait_ms > RetryConfig::MAX_SAME_PROVIDER_WAIT_MS {
+            return Err(invalid("retry.same_provider_max_wait_ms", too_long));
+        }
+        for (route, r) in &self.retry.routes {
+            let at = format!("retry.routes.{route}");
+            if !models.contains_key(route.as_str()) {
+                return Err(invalid(at, "is not a public model of any provider"));
+            }
+            if r.same_provider_max_wait_ms > RetryConfig::MAX_SAME_PROVIDER_WAIT_MS {
+                return Err(invalid(format!("{at}.same_provider_max_wait_ms"), too_long));
             }
         }
         let mut replicas = BTreeSet::new();
@@ -1046,6 +1122,31 @@ providers:
         ] {
             let err = EdgeConfig::from_yaml(&format!("{two}context_fallbacks: {fallbacks}\n")).unwrap_err().to_string();
             assert!(err.contains("context_fallbacks.") && err.contains(reason), "{fallbacks}: {err}");
+        }
+    }
+
+    #[test]
+    fn retry_defaults_to_three_seconds_with_route_overrides_for_public_models() {
+        let plain = EdgeConfig::from_yaml(VALID).unwrap();
+        assert_eq!(plain.retry.same_provider_max_wait("llama"), std::time::Duration::from_millis(3_000));
+        assert!(!plain.to_yaml().contains("retry"), "the default is not written out");
+        let yaml = format!(
+            "{VALID}retry: {{ same_provider_max_wait_ms: 500, routes: {{ llama: {{ same_provider_max_wait_ms: 0 }} }} }}\n"
+        );
+        let set = EdgeConfig::from_yaml(&yaml).unwrap();
+        assert_eq!(set.retry.same_provider_max_wait("llama"), std::time::Duration::ZERO);
+        assert_eq!(set.retry.same_provider_max_wait("other"), std::time::Duration::from_millis(500));
+        assert_eq!(EdgeConfig::from_yaml(&set.to_yaml()).unwrap(), set);
+        for (retry, field) in [
+            ("{ same_provider_max_wait_ms: 60001 }", "retry.same_provider_max_wait_ms"),
+            ("{ routes: { nope: { same_provider_max_wait_ms: 1 } } }", "retry.routes.nope"),
+            (
+                "{ routes: { llama: { same_provider_max_wait_ms: 60001 } } }",
+                "retry.routes.llama.same_provider_max_wait_ms",
+            ),
+        ] {
+            let err = EdgeConfig::from_yaml(&format!("{VALID}retry: {retry}\n")).unwrap_err().to_string();
+            assert!(err.starts_with(field), "{retry}: {err}");
         }
     }
 

@@ -34,6 +34,37 @@ pub fn response_stall_timeout(ms: u64) -> Result<Duration, StallTimeoutOutOfRang
     }
 }
 
+// The first-byte deadline is what shortens the wait on a silent provider.
+const _: () = assert!(DEFAULT_FIRST_BYTE_TIMEOUT_MS < DEFAULT_RESPONSE_STALL_TIMEOUT_MS);
+
+/// Wire value 0 for `first_byte_timeout_ms` means this default: a cold
+/// model load on a Mac (a 40 GB model read at 2-3 GB/s is 15-20 s, plus
+/// warm-up and the prompt's prefill, which Ollama finishes before it sends
+/// its headers) fits with room to spare, while a provider that accepts the
+/// connection and never answers is abandoned after a minute, not five
+/// (README, "Routing, admission and retries").
+pub const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 60_000;
+
+/// A `first_byte_timeout_ms` outside the one rule both sides apply (the
+/// same range as the stall timeout's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "first_byte_timeout_ms {0} is out of range (0 for the default, or {MIN_RESPONSE_STALL_TIMEOUT_MS}..={MAX_RESPONSE_STALL_TIMEOUT_MS})"
+)]
+pub struct FirstByteTimeoutOutOfRange(pub u64);
+
+/// The one rule for `first_byte_timeout_ms` (the time from sending the
+/// request to the provider until any byte of its answer, headers included),
+/// applied by the Edge config and by the node to every request: 0 means the
+/// default (60 s), anything else must be 1000..=3600000 ms.
+pub fn first_byte_timeout(ms: u64) -> Result<Duration, FirstByteTimeoutOutOfRange> {
+    match ms {
+        0 => Ok(Duration::from_millis(DEFAULT_FIRST_BYTE_TIMEOUT_MS)),
+        MIN_RESPONSE_STALL_TIMEOUT_MS..=MAX_RESPONSE_STALL_TIMEOUT_MS => Ok(Duration::from_millis(ms)),
+        other => Err(FirstByteTimeoutOutOfRange(other)),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatProfile {
     /// How often each side sends a heartbeat.
@@ -121,6 +152,16 @@ mod tests {
         assert_eq!(response_stall_timeout(3_600_000), Ok(Duration::from_secs(3600)));
         for bad in [1, 999, 3_600_001] {
             assert_eq!(response_stall_timeout(bad), Err(StallTimeoutOutOfRange(bad)));
+        }
+    }
+
+    #[test]
+    fn first_byte_timeout_rule() {
+        assert_eq!(first_byte_timeout(0), Ok(Duration::from_secs(60)));
+        assert_eq!(first_byte_timeout(1_000), Ok(Duration::from_secs(1)));
+        assert_eq!(first_byte_timeout(3_600_000), Ok(Duration::from_secs(3600)));
+        for bad in [1, 999, 3_600_001] {
+            assert_eq!(first_byte_timeout(bad), Err(FirstByteTimeoutOutOfRange(bad)));
         }
     }
 

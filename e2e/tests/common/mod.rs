@@ -69,6 +69,8 @@ pub struct StackOptions {
     /// The Edge's and nodes' logs go to `edge.log` / `node-<name>.log` in the
     /// stack's directory ([`Stack::log`]) instead of the test's stderr.
     pub capture_logs: bool,
+    /// The Edge config's `retry` (default: `RetryConfig::default()`).
+    pub retry: iop_proto::config::RetryConfig,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -98,6 +100,7 @@ impl Default for StackOptions {
             unsandboxed_commands: false,
             context_fallbacks: Vec::new(),
             capture_logs: false,
+            retry: Default::default(),
         }
     }
 }
@@ -137,6 +140,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         priority: 0,
         mode: Default::default(),
         stall_timeout_ms: 0,
+        first_byte_timeout_ms: 0,
     }
 }
 
@@ -207,6 +211,7 @@ impl Stack {
         }
         config.context_fallbacks =
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
+        config.retry = options.retry.clone();
         for managed in &options.credentials {
             let file = dir.path().join(format!("{}.key", managed.profile));
             std::fs::write(&file, managed.secret).unwrap();

@@ -351,6 +351,9 @@ async fn post_json(
         // The message reaches the client: it never names the provider's
         // (internal) address.
         .map_err(|e| transport_error("sending the request to the provider", e))?;
+    // The response headers are the provider's first byte (for the
+    // execution's first-byte deadline).
+    crate::liveness::FirstByte::mark();
     check_status(response).await
 }
 

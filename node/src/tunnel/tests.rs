@@ -33,6 +33,7 @@ fn tunnel_request(method: &str, path: &str) -> pb::ProviderTunnelRequest {
         headers: vec![header("content-type", "application/json")],
         body: br#"{"model":"test-model","stream":true}"#.to_vec(),
         response_stall_timeout_ms: 0,
+        first_byte_timeout_ms: 0,
         lease: None,
     }
 }

@@ -87,6 +87,16 @@ pub struct ProviderSpec {
         "message": "must be 0 (default) or between 1000 and 3600000",
     }]))]
     pub response_stall_timeout_ms: u64,
+    /// Nothing at all from the provider (headers included) for this long
+    /// after the request was sent ends the attempt like a stall (replayed
+    /// before the first byte). 0 means the default (60000 ms); otherwise
+    /// 1000 to 3600000.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == 0 || (self >= 1000 && self <= 3600000)",
+        "message": "must be 0 (default) or between 1000 and 3600000",
+    }]))]
+    pub first_byte_timeout_ms: u64,
     /// `normalized` (default): the Edge translates every API into a run.
     /// `tunnel`: requests in an API the provider serves itself are relayed
     /// byte-for-byte; other APIs are still normalized.

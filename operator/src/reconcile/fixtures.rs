@@ -42,6 +42,7 @@ pub fn provider(name: &str, node: &str) -> Provider {
             capacity: 4,
             queue: None,
             response_stall_timeout_ms: 0,
+            first_byte_timeout_ms: 0,
             mode: ProviderMode::Normalized,
             credential_secret_ref: None,
         },

@@ -92,6 +92,7 @@ impl Settings {
             credentials: Vec::new(),
             workspaces: Vec::new(),
             context_fallbacks: Default::default(),
+            retry: Default::default(),
             replicas: Vec::new(),
             api: self.api.clone(),
         }

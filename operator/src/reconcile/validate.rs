@@ -303,6 +303,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         target: Target { model: spec.target.model.clone(), base_url: spec.target.base_url.clone() },
         models: spec.models.iter().map(|m| PublicModel { name: m.name.clone(), priority: m.priority }).collect(),
         response_stall_timeout_ms: spec.response_stall_timeout_ms,
+        first_byte_timeout_ms: spec.first_byte_timeout_ms,
         capacity: spec.capacity,
         mode: spec.mode.into(),
         // The profile is the Provider's own: its secret is checked and copied

@@ -22,12 +22,14 @@ fn a_valid_provider_becomes_its_edge_entry() {
     let mut p = provider("studio-llama", "studio-mac");
     p.spec.mode = crate::crd::provider::ProviderMode::Tunnel;
     p.spec.response_stall_timeout_ms = 120_000;
+    p.spec.first_byte_timeout_ms = 90_000;
     let entry = validate::provider(&p, &ready_nodes(&[("studio-mac", true)]), &settings()).unwrap();
     assert_eq!(entry.id, "studio-llama");
     assert_eq!(entry.node, "studio-mac");
     assert_eq!(entry.adapter, iop_proto::config::Adapter::Ollama);
     assert_eq!(entry.mode, iop_proto::config::ProviderMode::Tunnel);
     assert_eq!(entry.response_stall_timeout_ms, 120_000);
+    assert_eq!(entry.first_byte_timeout_ms, 90_000);
     assert_eq!(entry.capacity, 4);
     assert_eq!(entry.models[0].name, "llama3.2");
 }
@@ -49,6 +51,7 @@ fn provider_spec_errors_name_the_crd_field() {
         (Box::new(|p| p.spec.capacity = 0), Reason::InvalidSpec, "spec.capacity:"),
         (Box::new(|p| p.spec.capacity = 1025), Reason::InvalidSpec, "spec.capacity:"),
         (Box::new(|p| p.spec.response_stall_timeout_ms = 999), Reason::InvalidSpec, "spec.responseStallTimeoutMs:"),
+        (Box::new(|p| p.spec.first_byte_timeout_ms = 999), Reason::InvalidSpec, "spec.firstByteTimeoutMs:"),
         (Box::new(|p| p.spec.target.base_url = "ftp://x".into()), Reason::InvalidSpec, "spec.target.baseUrl:"),
         (
             Box::new(|p| p.spec.target.base_url = "http://u:pw@h:1".into()),

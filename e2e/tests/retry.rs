@@ -1,0 +1,135 @@
+//! Issue 28 item 1, the retry discipline, through real processes: a
+//! provider in the failed one's priority group is an equal and answers at
+//! once; before a request drops to a lower group, the failed provider is
+//! retried once when its `Retry-After` or a short backoff fits
+//! `retry.same_provider_max_wait_ms`. Which provider got what is read from
+//! the mock's request log (each provider has its own target model string).
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use iop_e2e::harness::ProviderSpec;
+use iop_proto::config::{Adapter, RetryConfig, RouteRetry};
+use serde_json::Value;
+
+fn p(id: &str, target: &str, public: &str, priority: u32) -> ProviderSpec {
+    let mut spec = provider(id, Adapter::Openai, target, public, "");
+    spec.priority = priority;
+    spec
+}
+
+async fn stack_with(providers: Vec<ProviderSpec>, retry: RetryConfig) -> Stack {
+    Stack::start(StackOptions { extra_providers: providers, retry, ..Default::default() }).await
+}
+
+/// How many chat requests the mock saw for target model `target`.
+async fn requests_for(stack: &Stack, target: &str) -> usize {
+    let response = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
+    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    log.as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions" && r["body"]["model"] == target)
+        .count()
+}
+
+async fn path_count(stack: &Stack, path: &str) -> f64 {
+    stack.metric(&format!("iop_edge_retry_paths_total{{path=\"{path}\"}}")).await
+}
+
+const FALLBACK: &str = "mock@words=2";
+
+/// A primary that fails once with `primary` knobs, then answers; a
+/// lower-priority fallback. The primary answers the request after one
+/// same-provider retry, and the fallback never sees it.
+async fn primary_answers_after_one_failure(knobs: &str) {
+    let primary = format!("mock@{knobs},fail_times=1");
+    let stack =
+        stack_with(vec![p("primary", &primary, "pri", 0), p("fallback", FALLBACK, "pri", 1)], RetryConfig::default())
+            .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], primary.as_str(), "answered by the primary");
+    assert_eq!(requests_for(&stack, &primary).await, 2, "the primary failed once, then answered");
+    assert_eq!(requests_for(&stack, FALLBACK).await, 0, "the fallback saw no request");
+    assert_eq!(path_count(&stack, "same_provider").await, 1.0);
+    assert_eq!(path_count(&stack, "lower_priority").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_429_with_a_short_retry_after_is_retried_on_the_primary() {
+    primary_answers_after_one_failure("status=429,retry_after=1").await;
+}
+
+#[tokio::test]
+async fn a_single_500_is_retried_on_the_primary() {
+    primary_answers_after_one_failure("status=500").await;
+}
+
+#[tokio::test]
+async fn a_retry_after_past_the_max_wait_drops_to_the_fallback_at_once() {
+    let primary = "mock@status=429,retry_after=30";
+    let stack =
+        stack_with(vec![p("primary", primary, "pri", 0), p("fallback", FALLBACK, "pri", 1)], RetryConfig::default())
+            .await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], FALLBACK);
+    assert_eq!(requests_for(&stack, primary).await, 1, "no retry on the primary");
+    assert_eq!(path_count(&stack, "lower_priority").await, 1.0);
+    assert_eq!(path_count(&stack, "same_provider").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_route_override_of_zero_drops_to_the_fallback_at_once() {
+    let primary = "mock@status=500,fail_times=1";
+    let retry = RetryConfig {
+        routes: BTreeMap::from([("pri".to_string(), RouteRetry { same_provider_max_wait_ms: 0 })]),
+        ..RetryConfig::default()
+    };
+    let stack = stack_with(vec![p("primary", primary, "pri", 0), p("fallback", FALLBACK, "pri", 1)], retry).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], FALLBACK);
+    assert_eq!(requests_for(&stack, primary).await, 1);
+    assert_eq!(path_count(&stack, "lower_priority").await, 1.0);
+}
+
+#[tokio::test]
+async fn an_equal_provider_answers_at_once_without_a_same_provider_retry() {
+    // The flaky provider always refuses (with a Retry-After that would fit);
+    // its equal answers every request, the lower group never sees one.
+    let flaky = "mock@status=429,retry_after=1";
+    let equal = "mock@words=3";
+    let stack = stack_with(
+        vec![p("flaky", flaky, "eq", 0), p("equal", equal, "eq", 0), p("fallback", FALLBACK, "eq", 1)],
+        RetryConfig::default(),
+    )
+    .await;
+    // Round robin picks either first; send until the flaky one was tried.
+    for _ in 0..10 {
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("eq", "hi", false)).await).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["model"], equal);
+        if requests_for(&stack, flaky).await > 0 {
+            break;
+        }
+    }
+    assert!(requests_for(&stack, flaky).await > 0, "round robin reached the flaky provider");
+    assert_eq!(path_count(&stack, "equal_provider").await, requests_for(&stack, flaky).await as f64);
+    assert_eq!(path_count(&stack, "same_provider").await, 0.0, "no wait for the flaky provider");
+    assert_eq!(requests_for(&stack, FALLBACK).await, 0);
+}
+
+#[tokio::test]
+async fn a_streaming_request_is_retried_on_the_primary_too() {
+    let primary = "mock@status=503,retry_after=1,fail_times=1,words=3";
+    let stack =
+        stack_with(vec![p("primary", primary, "pri", 0), p("fallback", FALLBACK, "pri", 1)], RetryConfig::default())
+            .await;
+    let events = sse_events(stack.post("/v1/chat/completions", &chat_body("pri", "hi", true)).await).await;
+    assert_eq!(streamed_text(&events), "w1 w2 w3");
+    assert_eq!(requests_for(&stack, FALLBACK).await, 0);
+}
