@@ -102,6 +102,7 @@ pub fn edge_config(
         context_fallbacks: Default::default(),
         replicas: Vec::new(),
         api: Default::default(),
+        outlier: Default::default(),
     }
 }
 

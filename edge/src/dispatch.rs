@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{LeaseGuard, ReleaseReason};
 use crate::metrics::{EdgeMetrics, OutcomeLabels};
 use crate::node::registry::ControlSender;
+use crate::outlier::{self, Verdict};
 use crate::overlay::StallHandoff;
 
 /// Events buffered per run between the node stream and the client.
@@ -49,6 +50,10 @@ pub trait NodeFrame: Send + 'static {
     fn outcome(item: &Self::Item) -> Option<RunOutcome>;
     /// The failure a terminal item carries.
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure>;
+    /// The provider's HTTP status, for a tunnel's response head.
+    fn response_status(_item: &Self::Item) -> Option<u32> {
+        None
+    }
 }
 
 impl NodeFrame for pb::RunEvent {
@@ -115,6 +120,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure> {
         match item {
             pb::provider_tunnel_frame::Frame::Failed(f) => f.failure.as_mut(),
+            _ => None,
+        }
+    }
+    fn response_status(item: &Self::Item) -> Option<u32> {
+        match item {
+            pb::provider_tunnel_frame::Frame::Head(h) => Some(h.status),
             _ => None,
         }
     }
@@ -282,6 +293,7 @@ pub async fn start_run<F: NodeFrame>(
         lease,
         next_seq: 1,
         finished: false,
+        response_status: None,
     };
     let assign = pb::EdgeToNode { msg: Some(F::assign(stream.run_id.clone(), assigned)) };
     // Bounded: a node that stopped reading is about to be fenced anyway.
@@ -308,6 +320,8 @@ pub struct RunStream<F: NodeFrame> {
     lease: LeaseGuard,
     next_seq: u64,
     finished: bool,
+    /// A tunnel's provider response status, once its head arrived.
+    response_status: Option<u32>,
 }
 
 impl<F: NodeFrame> RunStream<F> {
@@ -347,7 +361,23 @@ impl<F: NodeFrame> RunStream<F> {
             // Stall evidence from this run's own reception stream.
             self.handoff.apply(self.lease.lease(), failure);
         }
+        if let Some(status) = F::response_status(&item) {
+            self.response_status = Some(status);
+        }
         if let Some(outcome) = F::outcome(&item) {
+            // Every generation's end, before or after the commit, passes
+            // here once: the one place outlier ejection learns outcomes.
+            // (A run the Edge gives up on itself, `stop`, says nothing
+            // about the provider: its deadline, its answer's size, or a
+            // node that went quiet.)
+            let verdict = match outcome {
+                RunOutcome::Completed => outlier::verdict(None, self.response_status),
+                RunOutcome::Failed | RunOutcome::TransportLost => {
+                    F::failure_mut(&mut item).map_or(Verdict::Neutral, |f| outlier::verdict(Some(f), None))
+                }
+                RunOutcome::Cancelled | RunOutcome::ClientDisconnected => Verdict::Neutral,
+            };
+            self.lease.record_generation(verdict);
             self.finish(outcome);
         }
         Some(item)

@@ -94,6 +94,7 @@ impl Settings {
             context_fallbacks: Default::default(),
             replicas: Vec::new(),
             api: self.api.clone(),
+            outlier: Default::default(),
         }
     }
 }
