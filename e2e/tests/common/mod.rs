@@ -64,6 +64,8 @@ pub struct StackOptions {
     pub mock_script: Option<&'static str>,
     /// The Edge config's `context_fallbacks` (model -> larger model).
     pub context_fallbacks: Vec<(&'static str, &'static str)>,
+    /// The Edge config's `outlier` (default: the Edge's defaults).
+    pub outlier: Option<iop_proto::config::OutlierConfig>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -92,6 +94,7 @@ impl Default for StackOptions {
             node_args: Vec::new(),
             unsandboxed_commands: false,
             context_fallbacks: Vec::new(),
+            outlier: None,
         }
     }
 }
@@ -197,6 +200,9 @@ impl Stack {
                 Some(refs) => refs.iter().map(|r| r.to_string()).collect(),
                 None => config.workspaces.iter().map(|w| w.reference.clone()).collect(),
             };
+        }
+        if let Some(outlier) = options.outlier.clone() {
+            config.outlier = outlier;
         }
         config.context_fallbacks =
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
