@@ -99,7 +99,7 @@ impl OutlierConfig {
         *self == Self::default()
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.consecutive_failures > 1_000 {
             return Err(invalid("outlier.consecutive_failures", "must be between 0 (off) and 1000"));
         }
