@@ -119,6 +119,12 @@ impl LeaseGuard {
         self.reason
     }
 
+    /// Its provider's outlier state now (for tests of the recording).
+    #[cfg(test)]
+    pub fn outlier_status(&self) -> OutlierStatus {
+        self.pool.outlier_status(&self.lease.provider_id, std::time::Instant::now())
+    }
+
     /// Records how the run's generation ended for outlier ejection.
     pub fn record_generation(&self, verdict: Verdict) {
         self.pool.record_generation(&self.lease.provider_id, verdict, std::time::Instant::now());

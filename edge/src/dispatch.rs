@@ -614,6 +614,66 @@ mod tests {
         assert!(stream.next().await.is_none());
     }
 
+    /// Issue 28 item 6: the run's terminal is where outlier ejection learns
+    /// how a generation ended: a provider 5xx counts; a 429, a client error
+    /// and the node's connection ending do not (each run here has a fresh
+    /// pool).
+    #[tokio::test]
+    async fn run_terminals_feed_outlier_ejection() {
+        let failed = |seq, status| {
+            let mut failure = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "x");
+            failure.provider_status = status;
+            pb::RunEvent { seq, event: Some(pb::run_event::Event::Failed(pb::RunFailed { failure: Some(failure) })) }
+        };
+        let table = Arc::new(Table::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        attached.events.send(failed(1, 503)).await.unwrap();
+        assert!(matches!(stream.next().await, Some(pb::run_event::Event::Failed(_))));
+        assert_eq!(stream.lease.outlier_status().consecutive_failures, 1);
+
+        for (status, counted) in [(429, 0), (400, 0)] {
+            let (mut stream, _control) = started(&table).await;
+            let attached = table.attach("r1", "n1", 5).unwrap();
+            attached.events.send(failed(1, status)).await.unwrap();
+            stream.next().await;
+            assert_eq!(stream.lease.outlier_status().consecutive_failures, counted, "{status}");
+        }
+
+        let (mut stream, _control) = started(&table).await;
+        table.fence_generation("n1", 5);
+        stream.next().await;
+        assert_eq!(stream.lease.outlier_status().consecutive_failures, 0, "the node's connection, not the provider");
+    }
+
+    /// A tunnel's relayed 5xx response is a complete exchange for the node
+    /// but a failed generation for ejection.
+    #[tokio::test]
+    async fn a_tunnelled_5xx_response_counts_as_a_failure() {
+        use pb::provider_tunnel_frame::Frame;
+        let table = Arc::new(RunTable::<pb::ProviderTunnelFrame>::default());
+        let (control, _control_rx) = mpsc::channel(8);
+        let handoff = Arc::new(StallHandoff {
+            registry: Arc::new(crate::node::registry::NodeRegistry::default()),
+            overlay: Default::default(),
+            metrics: EdgeMetrics::new(),
+        });
+        let lease = crate::admission::test_support::lease("r1", "n1", 5);
+        let request = pb::ProviderTunnelRequest { tunnel_id: "r1".into(), ..Default::default() };
+        let mut stream = start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        let frame = |seq, frame| pb::ProviderTunnelFrame { seq, frame: Some(frame) };
+        attached
+            .events
+            .send(frame(1, Frame::Head(pb::TunnelResponseHead { status: 502, headers: vec![] })))
+            .await
+            .unwrap();
+        attached.events.send(frame(2, Frame::End(pb::TunnelEnd {}))).await.unwrap();
+        assert!(matches!(stream.next().await, Some(Frame::Head(_))));
+        assert!(matches!(stream.next().await, Some(Frame::End(_))));
+        assert_eq!(stream.lease.outlier_status().consecutive_failures, 1);
+    }
+
     #[tokio::test]
     async fn runs_cut_by_shutdown_release_as_edge_shutdown() {
         let table = Arc::new(Table::default());
