@@ -25,7 +25,9 @@
 //!   counts its ejections in a row. A success resets the count of failures.
 //! - When the ejection time has passed, the provider is selectable again and
 //!   its next outcome is the trial: a failure ejects it again at once (with
-//!   the doubled time), a success returns it to service.
+//!   the doubled time), a success returns it to service. Requests are not
+//!   held back while the trial runs (as in Envoy): a few may reach it before
+//!   its outcome is known, and only the first failure counts.
 //! - Decay, like Envoy's ejection multiplier: the count of ejections in a
 //!   row drops by one for every `base_ejection_ms` the provider has served
 //!   since it last returned, so a provider that failed once a day is not
