@@ -106,6 +106,7 @@ pub fn edge_config(
         retry: Default::default(),
         replicas: Vec::new(),
         api: Default::default(),
+        outlier: Default::default(),
     }
 }
 

@@ -9,11 +9,13 @@
 //! tasks send every API, streaming and not, some abandoning their response
 //! half-way, while a chaos task resets, stalls, cuts, 5xx-es and 429-s the
 //! providers, takes their metadata calls down, kills and restarts their
-//! servers, and pauses a node (SIGSTOP) past the heartbeat wait. Then the
+//! servers, pauses a node (SIGSTOP) past the heartbeat wait, and holds a
+//! provider at 5xx long enough for outlier ejection (short ejection times,
+//! so ejections end and repeat within the run). Then the
 //! chaos stops and the soak asserts what must hold after any fault sequence:
 //! every answer was one the API documents, none came after its deadline, no
 //! slot, lease, run or node execution leaked, and every provider returned to
-//! `available` by itself.
+//! `available` by itself and is no longer ejected.
 
 mod common;
 
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use iop_e2e::harness::{Proc, ProviderSpec, wait_until};
-use iop_proto::config::{Adapter, Limits, ProviderMode};
+use iop_proto::config::{Adapter, Limits, OutlierConfig, ProviderMode};
 use serde_json::{Value, json};
 
 const NODES: [&str; 2] = [NODE, "mac-2"];
@@ -233,10 +235,18 @@ async fn chaos(
         tokio::time::sleep(Duration::from_millis(rng.u64(100..400))).await;
         let mock = rng.usize(0..mocks.len());
         let kind = match rng.u8(0..20) {
-            0..=11 => {
+            0..=10 => {
                 let faults = FAULTS[rng.usize(0..FAULTS.len())];
                 mocks[mock].post("faults", faults).await;
                 if faults.is_empty() { "faults cleared" } else { "provider fault" }
+            }
+            11 => {
+                // Every generation refused while the metadata call answers,
+                // for long enough under the clients' traffic to be ejected.
+                mocks[mock].post("faults", "status=503").await;
+                tokio::time::sleep(Duration::from_millis(rng.u64(800..2_000))).await;
+                mocks[mock].post("faults", "").await;
+                "provider ejection"
             }
             12..=14 => {
                 let healthy = rng.bool();
@@ -308,6 +318,12 @@ async fn soak() {
             extra_providers: providers,
             limits: Some(limits),
             extra_nodes: vec![NODES[1]],
+            outlier: Some(OutlierConfig {
+                consecutive_failures: 3,
+                base_ejection_ms: 1_000,
+                max_ejection_ms: 4_000,
+                ..Default::default()
+            }),
             ..Default::default()
         })
         .await,
@@ -341,6 +357,11 @@ async fn soak() {
         view["providers"].as_array().unwrap().iter().all(|p| p["health"] == "available" && p["dispatchable"] == true)
     })
     .await;
+    wait_until("no provider ejected", settle, || async {
+        let view = stack.get_json("/admin/v1/providers").await;
+        view["providers"].as_array().unwrap().iter().all(|p| p["ejected_until"].is_null())
+    })
+    .await;
     wait_until("no slot, lease or run outstanding", settle, || async {
         let view = stack.get_json("/admin/v1/providers").await;
         let leases = &view["leases"];
@@ -371,11 +392,18 @@ async fn soak() {
         }
     }
 
+    let metrics = stack.client.get(stack.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let ejections: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("iop_edge_provider_ejections_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
     let tally = tally.lock().unwrap();
     let requests: u64 = tally.outcomes.values().sum::<u64>() + tally.violations.len() as u64;
     println!("soak: seed {seed}, {requests} requests, slowest {:?}", tally.slowest);
     println!("soak: outcomes {:#?}", tally.outcomes);
     println!("soak: faults injected {injected:#?}");
+    println!("soak: outlier ejections {ejections}");
     println!(
         "soak: leases acquired {} released {}, leaks 0, violations {}",
         view["leases"]["acquired"],

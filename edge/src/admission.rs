@@ -8,6 +8,10 @@
 //! is full does the request wait in its route's queue. Providers already
 //! tried by this request are avoided while any alternative is eligible.
 //!
+//! Providers the outlier detector ejected ([`crate::outlier`]) are chosen
+//! like providers the request already tried: only when no other candidate
+//! is eligible (panic routing, so ejection never empties a route).
+//!
 //! A [`LeaseGuard`] owns one slot. Its `Drop` returns the slot, so every
 //! terminal path (success, provider error, client or node disconnect,
 //! fencing, queue timeout, shutdown) releases exactly once, and records why.
@@ -23,6 +27,7 @@ use tokio::sync::oneshot;
 use crate::credentials::CredentialHealth;
 use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
+use crate::outlier::{OutlierDetector, OutlierPolicy, OutlierStatus, Transition, Verdict};
 use crate::overlay::{HealthOverlay, ProviderView};
 
 /// Immutable record of what a run was admitted to.
@@ -112,6 +117,17 @@ impl LeaseGuard {
 
     pub fn reason(&self) -> ReleaseReason {
         self.reason
+    }
+
+    /// Its provider's outlier state now (for tests of the recording).
+    #[cfg(test)]
+    pub fn outlier_status(&self) -> OutlierStatus {
+        self.pool.outlier_status(&self.lease.provider_id, std::time::Instant::now())
+    }
+
+    /// Records how the run's generation ended for outlier ejection.
+    pub fn record_generation(&self, verdict: Verdict) {
+        self.pool.record_generation(&self.lease.provider_id, verdict, std::time::Instant::now());
     }
 }
 
@@ -255,6 +271,10 @@ struct PoolState {
     acquired: u64,
     released: u64,
     double_releases: u64,
+    /// Passive outlier ejection: who is out of selection, under the
+    /// config's current policy.
+    outliers: OutlierDetector,
+    outlier_policy: OutlierPolicy,
 }
 
 pub struct AdmissionPool {
@@ -291,6 +311,7 @@ impl AdmissionPool {
         let state = PoolState {
             slots: config.providers.iter().map(|p| (p.id.clone(), Slots::new(p.capacity))).collect(),
             routes: configured_routes(config),
+            outlier_policy: OutlierPolicy::from(&config.outlier),
             ..Default::default()
         };
         Arc::new(Self { state: Mutex::new(state), registry, overlay, credentials, metrics })
@@ -383,6 +404,7 @@ impl AdmissionPool {
             .map(|c| ProviderView::of(&self.registry, &self.overlay, &self.credentials, &c.provider))
             .collect();
         let generations: Vec<Option<u64>> = provider_views.iter().map(|v| v.dispatchable_on).collect();
+        let now = std::time::Instant::now();
         let views: Vec<CandidateView> = request
             .candidates
             .iter()
@@ -390,13 +412,14 @@ impl AdmissionPool {
             .map(|(c, view)| {
                 let slots = state.slots.get(&c.provider.id);
                 let avoided = request.avoid.get(&c.provider.id);
+                let ejected = state.outliers.is_ejected(&c.provider.id, now);
                 CandidateView {
                     priority: c.priority,
                     eligible: view.dispatchable_on.is_some() && slots.is_some(),
-                    // A provider that rejected its credential is tried only
-                    // when nothing else is eligible, like one this request
-                    // already tried.
-                    avoided: avoided.is_some() || view.last_resort,
+                    // A provider that rejected its credential, or that the
+                    // outlier detector ejected, is tried only when nothing
+                    // else is eligible, like one this request already tried.
+                    avoided: avoided.is_some() || view.last_resort || ejected,
                     fallback_allowed: avoided.copied().unwrap_or(true),
                     in_flight: slots.map_or(0, Slots::in_flight),
                     capacity: slots.map_or(0, |s| s.capacity),
@@ -467,14 +490,75 @@ impl AdmissionPool {
                 slots.insert(p.id.clone(), next);
             }
             for removed in std::mem::replace(&mut state.slots, slots).into_keys() {
-                self.metrics.in_flight.remove(&ProviderLabels { provider: removed });
+                self.metrics.in_flight.remove(&ProviderLabels { provider: removed.clone() });
+                self.metrics.provider_ejected.remove(&ProviderLabels { provider: removed });
             }
+            let policy = OutlierPolicy::from(&config.outlier);
+            let PoolState { slots, outliers, outlier_policy, .. } = &mut *state;
+            outliers.retain(&policy, |id| slots.contains_key(id));
+            *outlier_policy = policy;
             state.routes = configured_routes(config);
             let grants = self.drain(&mut state);
             self.publish(&mut state);
             grants
         };
         self.deliver(grants);
+    }
+
+    /// Records how a generation on `provider` ended ([`crate::outlier`]);
+    /// an ejection or a return is counted and logged, naming the provider.
+    pub fn record_generation(&self, provider: &str, verdict: Verdict, now: std::time::Instant) {
+        let transition = {
+            let mut state = self.state.lock().unwrap();
+            let policy = state.outlier_policy;
+            state.outliers.record(provider, verdict, now, &policy)
+        };
+        let labels = ProviderLabels { provider: provider.to_string() };
+        match transition {
+            Transition::None => {}
+            Transition::Ejected { ejections, duration, .. } => {
+                self.metrics.provider_ejections.get_or_create(&labels).inc();
+                self.metrics.provider_ejected.get_or_create(&labels).set(1);
+                tracing::warn!(
+                    provider,
+                    ejections,
+                    ejection_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+                    "provider ejected: its generations keep failing; other providers of its models answer until \
+                     the ejection ends"
+                );
+            }
+            Transition::Returned => {
+                self.metrics.provider_ejected.get_or_create(&labels).set(0);
+                tracing::info!(provider, "provider back in selection: a generation succeeded after its ejection");
+            }
+        }
+    }
+
+    /// The node saw `provider` recover (the overlay moved it to
+    /// `available`): its ejection history is cleared ([`crate::outlier`]).
+    pub fn forgive(&self, provider: &str) {
+        if self.state.lock().unwrap().outliers.forgive(provider) {
+            let labels = ProviderLabels { provider: provider.to_string() };
+            self.metrics.provider_ejected.get_or_create(&labels).set(0);
+            tracing::info!(provider, "provider back in selection: its node saw it recover");
+        }
+    }
+
+    /// `provider`'s ejection state at `now`.
+    pub fn outlier_status(&self, provider: &str, now: std::time::Instant) -> OutlierStatus {
+        self.state.lock().unwrap().outliers.status(provider, now)
+    }
+
+    /// Sets `iop_edge_provider_ejected` of every configured provider as of
+    /// `now` (an ejection ends by time passing, so the `/metrics` handler
+    /// calls this before encoding).
+    pub fn publish_ejections(&self, now: std::time::Instant) {
+        let state = self.state.lock().unwrap();
+        for provider in state.slots.keys() {
+            let ejected = state.outliers.is_ejected(provider, now);
+            let labels = ProviderLabels { provider: provider.clone() };
+            self.metrics.provider_ejected.get_or_create(&labels).set(i64::from(ejected));
+        }
     }
 
     /// Re-evaluates queued requests, e.g. after a node became ready.
@@ -730,6 +814,46 @@ providers:
         let snap = f.pool.snapshot();
         assert_eq!((snap.acquired, snap.released, snap.double_releases), (3, 3, 0));
         assert!(snap.providers.values().all(|p| p.in_flight == 0));
+    }
+
+    /// Issue 28 item 6: an ejected provider is skipped while another is
+    /// eligible, even a lower-priority one; when every candidate is ejected
+    /// they are still used (panic routing), never `NoneEligible`.
+    #[tokio::test]
+    async fn ejected_providers_are_skipped_unless_every_candidate_is_ejected() {
+        use crate::outlier::Verdict;
+        let f = fixture();
+        let now = std::time::Instant::now();
+        let admit = |run: &'static str| {
+            let pool = f.pool.clone();
+            let request = f.request(run);
+            async move { pool.admit(request, 8, Duration::from_secs(1)).await.unwrap().lease().provider_id().to_string() }
+        };
+        assert_eq!(admit("r0").await, "a", "the primary");
+        for _ in 0..5 {
+            f.pool.record_generation("a", Verdict::Failure, now);
+        }
+        assert!(f.pool.outlier_status("a", now).ejected_until.is_some());
+        assert_eq!(admit("r1").await, "b", "the ejected primary is skipped for the lower priority");
+        assert_eq!(
+            gauge_lines(&f.pool, "iop_edge_provider_ejections_total"),
+            ["iop_edge_provider_ejections_total{provider=\"a\"} 1"]
+        );
+        for _ in 0..5 {
+            f.pool.record_generation("b", Verdict::Failure, now);
+        }
+        assert_eq!(admit("r2").await, "a", "all ejected: panic routing, by priority as usual");
+        f.pool.publish_ejections(now);
+        assert_eq!(
+            gauge_lines(&f.pool, "iop_edge_provider_ejected"),
+            ["iop_edge_provider_ejected{provider=\"a\"} 1", "iop_edge_provider_ejected{provider=\"b\"} 1"]
+        );
+        f.pool.record_generation("a", Verdict::Success, now);
+        assert!(f.pool.outlier_status("a", now).ejected_until.is_none(), "a success brings it back");
+        f.pool.forgive("b");
+        assert!(f.pool.outlier_status("b", now).ejected_until.is_none(), "a recovery the node saw too");
+        f.pool.publish_ejections(now);
+        assert!(gauge_lines(&f.pool, "iop_edge_provider_ejected").iter().all(|l| l.ends_with(" 0")));
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{LeaseGuard, ReleaseReason};
 use crate::metrics::{EdgeMetrics, OutcomeLabels};
 use crate::node::registry::ControlSender;
+use crate::outlier::{self, Verdict};
 use crate::overlay::StallHandoff;
 
 /// Events buffered per run between the node stream and the client.
@@ -49,6 +50,10 @@ pub trait NodeFrame: Send + 'static {
     fn outcome(item: &Self::Item) -> Option<RunOutcome>;
     /// The failure a terminal item carries.
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure>;
+    /// The provider's HTTP status, for a tunnel's response head.
+    fn response_status(_item: &Self::Item) -> Option<u32> {
+        None
+    }
 }
 
 impl NodeFrame for pb::RunEvent {
@@ -115,6 +120,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure> {
         match item {
             pb::provider_tunnel_frame::Frame::Failed(f) => f.failure.as_mut(),
+            _ => None,
+        }
+    }
+    fn response_status(item: &Self::Item) -> Option<u32> {
+        match item {
+            pb::provider_tunnel_frame::Frame::Head(h) => Some(h.status),
             _ => None,
         }
     }
@@ -282,6 +293,7 @@ pub async fn start_run<F: NodeFrame>(
         lease,
         next_seq: 1,
         finished: false,
+        response_status: None,
     };
     let assign = pb::EdgeToNode { msg: Some(F::assign(stream.run_id.clone(), assigned)) };
     // Bounded: a node that stopped reading is about to be fenced anyway.
@@ -308,6 +320,8 @@ pub struct RunStream<F: NodeFrame> {
     lease: LeaseGuard,
     next_seq: u64,
     finished: bool,
+    /// A tunnel's provider response status, once its head arrived.
+    response_status: Option<u32>,
 }
 
 impl<F: NodeFrame> RunStream<F> {
@@ -347,7 +361,23 @@ impl<F: NodeFrame> RunStream<F> {
             // Stall evidence from this run's own reception stream.
             self.handoff.apply(self.lease.lease(), failure);
         }
+        if let Some(status) = F::response_status(&item) {
+            self.response_status = Some(status);
+        }
         if let Some(outcome) = F::outcome(&item) {
+            // Every generation's end, before or after the commit, passes
+            // here once: the one place outlier ejection learns outcomes.
+            // (A run the Edge gives up on itself, `stop`, says nothing
+            // about the provider: its deadline, its answer's size, or a
+            // node that went quiet.)
+            let verdict = match outcome {
+                RunOutcome::Completed => outlier::verdict(None, self.response_status),
+                RunOutcome::Failed | RunOutcome::TransportLost => {
+                    F::failure_mut(&mut item).map_or(Verdict::Neutral, |f| outlier::verdict(Some(f), None))
+                }
+                RunOutcome::Cancelled | RunOutcome::ClientDisconnected => Verdict::Neutral,
+            };
+            self.lease.record_generation(verdict);
             self.finish(outcome);
         }
         Some(item)
@@ -582,6 +612,66 @@ mod tests {
             other => panic!("expected protocol failure, got {other:?}"),
         }
         assert!(stream.next().await.is_none());
+    }
+
+    /// Issue 28 item 6: the run's terminal is where outlier ejection learns
+    /// how a generation ended: a provider 5xx counts; a 429, a client error
+    /// and the node's connection ending do not (each run here has a fresh
+    /// pool).
+    #[tokio::test]
+    async fn run_terminals_feed_outlier_ejection() {
+        let failed = |seq, status| {
+            let mut failure = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "x");
+            failure.provider_status = status;
+            pb::RunEvent { seq, event: Some(pb::run_event::Event::Failed(pb::RunFailed { failure: Some(failure) })) }
+        };
+        let table = Arc::new(Table::default());
+        let (mut stream, _control) = started(&table).await;
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        attached.events.send(failed(1, 503)).await.unwrap();
+        assert!(matches!(stream.next().await, Some(pb::run_event::Event::Failed(_))));
+        assert_eq!(stream.lease.outlier_status().consecutive_failures, 1);
+
+        for (status, counted) in [(429, 0), (400, 0)] {
+            let (mut stream, _control) = started(&table).await;
+            let attached = table.attach("r1", "n1", 5).unwrap();
+            attached.events.send(failed(1, status)).await.unwrap();
+            stream.next().await;
+            assert_eq!(stream.lease.outlier_status().consecutive_failures, counted, "{status}");
+        }
+
+        let (mut stream, _control) = started(&table).await;
+        table.fence_generation("n1", 5);
+        stream.next().await;
+        assert_eq!(stream.lease.outlier_status().consecutive_failures, 0, "the node's connection, not the provider");
+    }
+
+    /// A tunnel's relayed 5xx response is a complete exchange for the node
+    /// but a failed generation for ejection.
+    #[tokio::test]
+    async fn a_tunnelled_5xx_response_counts_as_a_failure() {
+        use pb::provider_tunnel_frame::Frame;
+        let table = Arc::new(RunTable::<pb::ProviderTunnelFrame>::default());
+        let (control, _control_rx) = mpsc::channel(8);
+        let handoff = Arc::new(StallHandoff {
+            registry: Arc::new(crate::node::registry::NodeRegistry::default()),
+            overlay: Default::default(),
+            metrics: EdgeMetrics::new(),
+        });
+        let lease = crate::admission::test_support::lease("r1", "n1", 5);
+        let request = pb::ProviderTunnelRequest { tunnel_id: "r1".into(), ..Default::default() };
+        let mut stream = start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
+        let attached = table.attach("r1", "n1", 5).unwrap();
+        let frame = |seq, frame| pb::ProviderTunnelFrame { seq, frame: Some(frame) };
+        attached
+            .events
+            .send(frame(1, Frame::Head(pb::TunnelResponseHead { status: 502, headers: vec![] })))
+            .await
+            .unwrap();
+        attached.events.send(frame(2, Frame::End(pb::TunnelEnd {}))).await.unwrap();
+        assert!(matches!(stream.next().await, Some(Frame::Head(_))));
+        assert!(matches!(stream.next().await, Some(Frame::End(_))));
+        assert_eq!(stream.lease.outlier_status().consecutive_failures, 1);
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ pub mod ingress;
 pub mod job;
 pub mod metrics;
 pub mod node;
+pub mod outlier;
 pub mod overlay;
 pub mod recovery;
 pub mod reload;

@@ -177,6 +177,10 @@ pub struct EdgeMetrics {
     pub lease_releases: Family<ReasonLabels, Counter>,
     pub attempts: Family<AttemptLabels, Counter>,
     pub in_flight: Family<ProviderLabels, Gauge>,
+    /// `iop_edge_provider_ejections_total`: outlier ejections per provider.
+    pub provider_ejections: Family<ProviderLabels, Counter>,
+    /// `iop_edge_provider_ejected`: 1 while the provider is ejected.
+    pub provider_ejected: Family<ProviderLabels, Gauge>,
     pub queue_depth: Family<RouteLabels, Gauge>,
     pub health_evidence: Family<EvidenceLabels, Counter>,
     pub health_transitions: Family<TransitionLabels, Counter>,
@@ -269,6 +273,18 @@ impl EdgeMetrics {
         registry.register("attempts", "Provider attempts by outcome", attempts.clone());
         let in_flight = Family::<ProviderLabels, Gauge>::default();
         registry.register("in_flight", "Runs holding a provider slot", in_flight.clone());
+        let provider_ejections = Family::<ProviderLabels, Counter>::default();
+        registry.register(
+            "provider_ejections",
+            "Outlier ejections of a provider after generation failures in a row",
+            provider_ejections.clone(),
+        );
+        let provider_ejected = Family::<ProviderLabels, Gauge>::default();
+        registry.register(
+            "provider_ejected",
+            "1 while the provider is ejected from selection as an outlier, else 0",
+            provider_ejected.clone(),
+        );
         let queue_depth = Family::<RouteLabels, Gauge>::default();
         registry.register("queue_depth", "Requests waiting for capacity, per route", queue_depth.clone());
         let health_evidence = Family::<EvidenceLabels, Counter>::default();
@@ -421,6 +437,8 @@ impl EdgeMetrics {
             lease_releases,
             attempts,
             in_flight,
+            provider_ejections,
+            provider_ejected,
             queue_depth,
             health_evidence,
             health_transitions,

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use iop_proto::config::{AuthConfig, AuthMode, HostedTools, ListenConfig};
+use iop_proto::config::{AuthConfig, AuthMode, HostedTools, ListenConfig, OutlierConfig};
 
 use crate::reconcile::Settings;
 
@@ -32,6 +32,12 @@ pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
 pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
 /// Optional: `drop` (default) or `refuse`, the Edge's `api.hosted_tools`.
 pub const EDGE_HOSTED_TOOLS: &str = "IOP_EDGE_HOSTED_TOOLS";
+/// Optional: the Edge's `outlier` (passive outlier ejection), each unset
+/// one the Edge's default: generation failures in a row (0 turns ejection
+/// off), the first ejection's length and the longest one.
+pub const EDGE_OUTLIER_CONSECUTIVE_FAILURES: &str = "IOP_EDGE_OUTLIER_CONSECUTIVE_FAILURES";
+pub const EDGE_OUTLIER_BASE_EJECTION_MS: &str = "IOP_EDGE_OUTLIER_BASE_EJECTION_MS";
+pub const EDGE_OUTLIER_MAX_EJECTION_MS: &str = "IOP_EDGE_OUTLIER_MAX_EJECTION_MS";
 /// Tests only (the chart never sets it): the operator's clock runs this many
 /// seconds ahead of the system clock (negative: behind). Certificate
 /// issuance and renewal, condition timestamps and the leader Lease all read
@@ -58,6 +64,9 @@ pub struct RunConfig {
     pub edge_auth: AuthMode,
     /// What the Edge does with hosted tools ([`EDGE_HOSTED_TOOLS`]).
     pub hosted_tools: HostedTools,
+    /// The Edge's `outlier` ([`EDGE_OUTLIER_CONSECUTIVE_FAILURES`] and the
+    /// two after it).
+    pub outlier: OutlierConfig,
     /// [`TEST_CLOCK_OFFSET`] in seconds (0 when unset).
     pub clock_offset_s: i64,
 }
@@ -145,6 +154,38 @@ impl RunConfig {
                 Some(other) => return Err(invalid(EDGE_HOSTED_TOOLS, other, "must be `drop` or `refuse`")),
             };
 
+        let mut outlier = OutlierConfig::default();
+        for (var, field) in [
+            (EDGE_OUTLIER_CONSECUTIVE_FAILURES, 0),
+            (EDGE_OUTLIER_BASE_EJECTION_MS, 1),
+            (EDGE_OUTLIER_MAX_EJECTION_MS, 2),
+        ] {
+            let Some(value) = lookup(var).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) else { continue };
+            let number = value.parse::<u64>().map_err(|_| invalid(var, &value, "must be a whole number"))?;
+            match field {
+                0 => {
+                    outlier.consecutive_failures =
+                        u32::try_from(number).map_err(|_| invalid(var, &value, "must be between 0 (off) and 1000"))?
+                }
+                1 => outlier.base_ejection_ms = number,
+                _ => outlier.max_ejection_ms = number,
+            }
+        }
+        if let Err(iop_proto::config::ConfigError::Invalid { field, .. }) = outlier.validate() {
+            let var = match field.as_str() {
+                "outlier.consecutive_failures" => EDGE_OUTLIER_CONSECUTIVE_FAILURES,
+                "outlier.base_ejection_ms" => EDGE_OUTLIER_BASE_EJECTION_MS,
+                _ => EDGE_OUTLIER_MAX_EJECTION_MS,
+            };
+            let value = lookup(var).unwrap_or_default();
+            return Err(invalid(
+                var,
+                &value,
+                "out of range: failures 0 (off) to 1000; base ejection 100 to 3600000 ms; max ejection from the \
+                 base to 86400000 ms",
+            ));
+        }
+
         // Within a century either way: far past what any test needs, and the
         // clock stays within the range `time` and Kubernetes timestamps take.
         let clock_offset_s = match lookup(TEST_CLOCK_OFFSET).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
@@ -165,6 +206,7 @@ impl RunConfig {
             metrics_addr,
             edge_auth,
             hosted_tools,
+            outlier,
             clock_offset_s,
         })
     }
@@ -180,6 +222,7 @@ impl RunConfig {
             settings.auth = AuthConfig { mode: AuthMode::Disabled, ..Default::default() };
         }
         settings.api.hosted_tools = self.hosted_tools;
+        settings.outlier = self.outlier.clone();
         settings
     }
 }
@@ -313,6 +356,24 @@ mod tests {
         assert_eq!(parse(&env).unwrap().settings().auth.mode, AuthMode::Required);
         env.insert(EDGE_AUTH_MODE, "optional");
         assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_AUTH_MODE, .. })));
+    }
+
+    /// Issue 28 item 6: the chart's `edge.outlier` reaches the Edge config;
+    /// unset keeps the Edge's defaults; out of range names the variable.
+    #[test]
+    fn outlier_ejection_settings() {
+        let mut env = chart_env();
+        assert_eq!(parse(&env).unwrap().settings().empty_config().outlier, OutlierConfig::default());
+        env.insert(EDGE_OUTLIER_CONSECUTIVE_FAILURES, "0");
+        env.insert(EDGE_OUTLIER_BASE_EJECTION_MS, "1000");
+        env.insert(EDGE_OUTLIER_MAX_EJECTION_MS, "8000");
+        let outlier = parse(&env).unwrap().settings().empty_config().outlier;
+        assert_eq!((outlier.consecutive_failures, outlier.base_ejection_ms, outlier.max_ejection_ms), (0, 1000, 8000));
+        env.insert(EDGE_OUTLIER_MAX_EJECTION_MS, "999");
+        assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_OUTLIER_MAX_EJECTION_MS, .. })));
+        env.insert(EDGE_OUTLIER_MAX_EJECTION_MS, "8000");
+        env.insert(EDGE_OUTLIER_CONSECUTIVE_FAILURES, "five");
+        assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_OUTLIER_CONSECUTIVE_FAILURES, .. })));
     }
 
     #[test]

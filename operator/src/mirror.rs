@@ -82,6 +82,17 @@
 //! is no information; with no information from any replica (no managed
 //! credential) the condition is left out (and so removed).
 //!
+//! # Outlier ejection
+//!
+//! Each replica lists `ejected_until` (RFC 3339, `null` when selectable):
+//! the time until which it leaves the provider out of selection after
+//! generation failures in a row, whatever its `health` (a provider can
+//! answer its metadata probe and fail every generation). Every answering
+//! replica that lists the provider has a say (ejection is the replica's
+//! own judgement, not a node session's); `ejectedUntil` is the latest of
+//! theirs, in whole seconds, and absent when none has it ejected (the
+//! `EJECTED` column). Read tolerantly like `credential`.
+//!
 //! # Node connection
 //!
 //! `replicas` is the number of Edge replicas (the pods the config lists,
@@ -132,6 +143,15 @@ pub struct EdgeProvider {
     /// or older than this operator): no information either way.
     #[serde(default, deserialize_with = "tolerant_credential")]
     pub credential: Option<EdgeCredential>,
+    /// Until when this replica has the provider ejected (outlier
+    /// ejection); absent, `null` or unparsable: not ejected.
+    #[serde(default, deserialize_with = "tolerant_time")]
+    pub ejected_until: Option<Time>,
+}
+
+fn tolerant_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
 }
 
 /// `credential` of `GET /admin/v1/providers`.
@@ -239,6 +259,8 @@ pub struct ProviderMirror {
     pub last_transition_time: Option<Time>,
     /// The [`CREDENTIAL_ACCEPTED`] condition (none without information).
     pub credential: Option<Condition>,
+    /// `status.ejectedUntil`: the latest replica's outlier ejection.
+    pub ejected_until: Option<Time>,
 }
 
 impl ProviderMirror {
@@ -251,6 +273,7 @@ impl ProviderMirror {
             generation: s.generation,
             last_transition_time: s.last_transition_time.clone(),
             credential: s.conditions.iter().find(|c| c.type_ == CREDENTIAL_ACCEPTED).cloned(),
+            ejected_until: s.ejected_until.clone(),
         }
     }
 
@@ -262,6 +285,7 @@ impl ProviderMirror {
             last_observation_sequence: self.last_observation_sequence,
             generation: self.generation,
             last_transition_time: self.last_transition_time.clone(),
+            ejected_until: self.ejected_until.clone(),
             conditions: self.credential.iter().cloned().collect(),
             ..Default::default()
         }
@@ -438,6 +462,7 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
     };
     let credentials: Vec<&EdgeCredential> = views.iter().filter_map(|(p, _)| p.credential.as_ref()).collect();
     let credential = merge_credential(&credentials, views.len(), previous.credential.as_ref(), now);
+    let ejected_until = views.iter().filter_map(|(p, _)| p.ejected_until.as_ref()).map(|t| seconds(t.0)).max();
     ProviderMirror {
         health: Some(health),
         classification,
@@ -445,6 +470,7 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
         generation,
         last_transition_time,
         credential,
+        ejected_until,
     }
 }
 
@@ -459,14 +485,16 @@ pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool 
         generation,
         last_transition_time,
         credential,
+        ejected_until,
     } = next;
-    (health, classification, generation, last_transition_time, credential)
+    (health, classification, generation, last_transition_time, credential, ejected_until)
         != (
             &previous.health,
             &previous.classification,
             &previous.generation,
             &previous.last_transition_time,
             &previous.credential,
+            &previous.ejected_until,
         )
 }
 

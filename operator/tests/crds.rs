@@ -85,7 +85,7 @@ fn resolve<'a>(schema: &'a Value, path: &str) -> Result<&'a Value, String> {
 fn printer_columns_point_into_the_schema() {
     let expected = BTreeMap::from([
         ("NodeCatalog", vec!["Connected", "Replicas", "Generation", "Cert-Expiry", "Age"]),
-        ("Provider", vec!["Node", "Model", "Health", "Classification", "Age", "Public"]),
+        ("Provider", vec!["Node", "Model", "Health", "Classification", "Ejected", "Age", "Public"]),
         ("WorkspaceTemplate", vec!["Operations", "Age"]),
     ]);
     for c in crd::all() {

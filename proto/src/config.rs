@@ -54,6 +54,78 @@ pub struct EdgeConfig {
     /// How the client APIs treat what no local provider can do.
     #[serde(default, skip_serializing_if = "ApiConfig::is_default")]
     pub api: ApiConfig,
+    /// Passive outlier ejection of providers whose generations keep failing
+    /// (the Edge's `outlier` module).
+    #[serde(default, skip_serializing_if = "OutlierConfig::is_default")]
+    pub outlier: OutlierConfig,
+}
+
+/// `outlier`: a provider whose generations fail `consecutive_failures` times
+/// in a row (its 5xx, unreachable, reset or cut, stall, protocol error; not
+/// 429s, client errors or refused credentials) is left out of selection for
+/// `base_ejection_ms`, doubled on each ejection in a row up to
+/// `max_ejection_ms`, unless no other provider of the route is eligible.
+///
+/// The defaults are Envoy's (`consecutive_5xx: 5`, `base_ejection_time: 30s`,
+/// `max_ejection_time: 300s`): five failures in a row are seconds of an
+/// outage on a provider with traffic, yet one or two unlucky requests do not
+/// take a provider (and so its share of the load) out of a small pool; 30 s
+/// is a short outage's worth, and a provider that stays broken is asked
+/// again at most every 5 minutes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierConfig {
+    /// `false` turns ejection off (as does `consecutive_failures: 0`).
+    #[serde(default = "OutlierConfig::yes")]
+    pub enabled: bool,
+    #[serde(default = "OutlierConfig::default_consecutive_failures")]
+    pub consecutive_failures: u32,
+    #[serde(default = "OutlierConfig::default_base_ejection_ms")]
+    pub base_ejection_ms: u64,
+    #[serde(default = "OutlierConfig::default_max_ejection_ms")]
+    pub max_ejection_ms: u64,
+}
+
+impl OutlierConfig {
+    fn yes() -> bool {
+        true
+    }
+    fn default_consecutive_failures() -> u32 {
+        5
+    }
+    fn default_base_ejection_ms() -> u64 {
+        30_000
+    }
+    fn default_max_ejection_ms() -> u64 {
+        300_000
+    }
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.consecutive_failures > 1_000 {
+            return Err(invalid("outlier.consecutive_failures", "must be between 0 (off) and 1000"));
+        }
+        if !(100..=3_600_000).contains(&self.base_ejection_ms) {
+            return Err(invalid("outlier.base_ejection_ms", "must be between 100 and 3600000"));
+        }
+        if !(self.base_ejection_ms..=86_400_000).contains(&self.max_ejection_ms) {
+            return Err(invalid("outlier.max_ejection_ms", "must be between base_ejection_ms and 86400000"));
+        }
+        Ok(())
+    }
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            enabled: Self::yes(),
+            consecutive_failures: Self::default_consecutive_failures(),
+            base_ejection_ms: Self::default_base_ejection_ms(),
+            max_ejection_ms: Self::default_max_ejection_ms(),
+        }
+    }
 }
 
 /// How the client APIs treat requests that name things no local provider has.
@@ -968,6 +1040,7 @@ impl EdgeConfig {
         if !(1..=1_000).contains(&l.max_jobs_per_principal) {
             return Err(invalid("limits.max_jobs_per_principal", "must be between 1 and 1000"));
         }
+        self.outlier.validate()?;
         Ok(())
     }
 
@@ -1295,6 +1368,40 @@ providers:
                 other => panic!("expected invalid {field}, got {other:?}"),
             }
         }
+    }
+
+    /// Issue 28 item 6: `outlier` has Envoy's defaults, is not written when
+    /// default, and its ranges name the field.
+    #[test]
+    fn outlier_defaults_and_ranges() {
+        let config = EdgeConfig::from_yaml(VALID).unwrap();
+        assert_eq!(
+            config.outlier,
+            OutlierConfig {
+                enabled: true,
+                consecutive_failures: 5,
+                base_ejection_ms: 30_000,
+                max_ejection_ms: 300_000
+            }
+        );
+        assert!(!config.to_yaml().contains("outlier"), "defaults are not written");
+        let with = |o: &str| EdgeConfig::from_yaml(&format!("{VALID}outlier: {o}\n"));
+        let off = with("{ consecutive_failures: 0 }").unwrap();
+        assert_eq!(off.outlier.consecutive_failures, 0);
+        assert_eq!(EdgeConfig::from_yaml(&off.to_yaml()).unwrap(), off);
+        assert!(!with("{ enabled: false }").unwrap().outlier.enabled);
+        for (o, field) in [
+            ("{ consecutive_failures: 1001 }", "outlier.consecutive_failures"),
+            ("{ base_ejection_ms: 99 }", "outlier.base_ejection_ms"),
+            ("{ base_ejection_ms: 5000, max_ejection_ms: 4999 }", "outlier.max_ejection_ms"),
+            ("{ max_ejection_ms: 86400001 }", "outlier.max_ejection_ms"),
+        ] {
+            match with(o) {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("expected invalid {field}, got {other:?}"),
+            }
+        }
+        assert!(matches!(with("{ bogus: 1 }"), Err(ConfigError::Parse(_))));
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub struct StackOptions {
     pub capture_logs: bool,
     /// The Edge config's `retry` (default: `RetryConfig::default()`).
     pub retry: iop_proto::config::RetryConfig,
+    /// The Edge config's `outlier` (default: the Edge's defaults).
+    pub outlier: Option<iop_proto::config::OutlierConfig>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -101,6 +103,7 @@ impl Default for StackOptions {
             context_fallbacks: Vec::new(),
             capture_logs: false,
             retry: Default::default(),
+            outlier: None,
         }
     }
 }
@@ -208,6 +211,9 @@ impl Stack {
                 Some(refs) => refs.iter().map(|r| r.to_string()).collect(),
                 None => config.workspaces.iter().map(|w| w.reference.clone()).collect(),
             };
+        }
+        if let Some(outlier) = options.outlier.clone() {
+            config.outlier = outlier;
         }
         config.context_fallbacks =
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();

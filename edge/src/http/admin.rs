@@ -112,6 +112,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
     let config = state.config.current();
     let nodes = state.registry.snapshot(&config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
     let load = state.admission.snapshot();
+    let now = std::time::Instant::now();
     let providers: Vec<_> = config
         .providers
         .iter()
@@ -119,6 +120,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
             let node = nodes.iter().find(|n| n.name == p.node);
             let node_ready = node.is_some_and(|n| n.phase == Some(crate::node::registry::SessionPhase::Ready));
             let view = ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p);
+            let outlier = state.admission.outlier_status(&p.id, now);
             json!({
                 "id": p.id,
                 "node": p.node,
@@ -143,6 +145,12 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 // The runtime overlay (absent until evidence arrived).
                 "overlay": state.overlay.get(&p.id),
                 "in_flight": load.providers.get(&p.id).map_or(0, |l| l.in_flight),
+                // Outlier ejection (separate from `health`): out of selection
+                // until then (RFC 3339, null when selectable), generation
+                // failures in a row, ejections in a row.
+                "ejected_until": outlier.ejected_until.map(|until| rfc3339(until, now)),
+                "consecutive_failures": outlier.consecutive_failures,
+                "ejections": outlier.ejections,
             })
         })
         .collect();
@@ -154,6 +162,14 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         "leases": { "acquired": load.acquired, "released": load.released, "double_releases": load.double_releases },
     }))
     .into_response()
+}
+
+/// `at` on the wall clock, as RFC 3339 in UTC (whole milliseconds).
+fn rfc3339(at: std::time::Instant, now: std::time::Instant) -> String {
+    let wall = std::time::SystemTime::now() + at.saturating_duration_since(now);
+    let at = time::OffsetDateTime::from(wall);
+    let at = at.replace_nanosecond(at.millisecond() as u32 * 1_000_000).unwrap_or(at);
+    at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
 /// Runs CAPABILITIES or TRANSPORT_STATUS on a node and returns its answer.

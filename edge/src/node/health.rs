@@ -90,7 +90,12 @@ pub fn apply_statuses(
             sequence: Some(c.sequence),
             health: c.health,
         };
-        recovered |= overlay::record(&state.overlay, &state.metrics, &c.provider_id, evidence) == Applied::Recovered;
+        let applied = overlay::record(&state.overlay, &state.metrics, &c.provider_id, evidence);
+        if applied == Applied::Recovered {
+            // Seen down and up again: its outlier history is stale.
+            state.admission.forgive(&c.provider_id);
+        }
+        recovered |= applied == Applied::Recovered;
     }
     recovered
 }

@@ -39,6 +39,12 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.classification",
         description = "Liveness classification of the last health evidence",
     ),
+    printcolumn(
+        name = "Ejected",
+        type_ = "string",
+        json_path = ".status.ejectedUntil",
+        description = "Left out of selection until then after generation failures in a row (outlier ejection)",
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(
         name = "Public",
@@ -261,6 +267,11 @@ pub struct ProviderStatus {
     /// When `health` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
+    /// Set while an Edge replica has the provider ejected from selection
+    /// after generation failures in a row (outlier ejection, separate from
+    /// `health`): until when (the latest of the replicas').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ejected_until: Option<Time>,
     /// The public model names of `spec.models`, comma-separated, in spec
     /// order (the `PUBLIC` column of `kubectl get providers -o wide`; a
     /// printer column shows only the first item of a list).

@@ -11,7 +11,15 @@ fn time(seconds: i64) -> Option<Time> {
 }
 
 fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>) -> EdgeProvider {
-    EdgeProvider { id: "llama".to_string(), node: "mac-1".to_string(), node_ready, health, overlay, credential: None }
+    EdgeProvider {
+        id: "llama".to_string(),
+        node: "mac-1".to_string(),
+        node_ready,
+        health,
+        overlay,
+        credential: None,
+        ejected_until: None,
+    }
 }
 
 fn overlay(state: OverlayState, generation: u64, sequence: u64, since_s: u64) -> Option<Overlay> {
@@ -302,6 +310,7 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
         generation: Some(3),
         last_transition_time: time(10),
         credential: None,
+        ejected_until: time(20),
     };
     let status = m.to_status();
     assert!(status.conditions.is_empty() && status.observed_generation.is_none());
@@ -309,7 +318,8 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
     assert_eq!(
         serde_json::to_value(&status).unwrap(),
         json!({"health": "unavailable", "classification": "provider_unhealthy", "lastObservationSequence": 7,
-               "generation": 3, "lastTransitionTime": "1970-01-01T00:00:10Z"})
+               "generation": 3, "lastTransitionTime": "1970-01-01T00:00:10Z",
+               "ejectedUntil": "1970-01-01T00:00:20Z"})
     );
     let n = NodeMirror {
         connected: Some(true),
@@ -637,4 +647,42 @@ fn across_replicas_any_replicas_rejected_or_invalid_wins() {
     assert_eq!(reason(&half).as_deref(), Some("Accepted"));
     let c = credential_condition(&view(Some("ok"), Some("rejected")), &ProviderMirror::default(), 1000).unwrap();
     assert!(c.message.contains("on 1 of 2 Edge replicas"), "{}", c.message);
+}
+
+/// Issue 28 item 6: `ejected_until` from `/admin/v1/providers` becomes
+/// `status.ejectedUntil` (the latest of the replicas', whole seconds),
+/// whatever the health; it is written when it appears and when it clears.
+#[test]
+fn outlier_ejection_is_mirrored_from_every_answering_replica() {
+    let parsed: ProvidersSnapshot = serde_json::from_value(json!({
+        "providers": [
+            {"id": "llama", "node": "mac-1", "node_ready": true, "health": "available",
+             "ejected_until": "1970-01-01T00:16:40.250Z", "consecutive_failures": 0, "ejections": 1},
+            {"id": "qwen", "node": "mac-1", "node_ready": true, "health": "available", "ejected_until": null},
+            {"id": "old", "node": "mac-1", "node_ready": true, "health": "available", "ejected_until": 17}
+        ]
+    }))
+    .unwrap();
+    let ejected = parsed.providers[0].ejected_until.clone();
+    assert_eq!(ejected.as_ref().map(|t| t.0.as_millisecond()), Some(1_000_250));
+    assert_eq!(parsed.providers[1].ejected_until, None);
+    assert_eq!(parsed.providers[2].ejected_until, None, "read tolerantly");
+
+    let node = edge_node(true, Some(4), Some(1));
+    let with = |until: Option<Time>| EdgeProvider { ejected_until: until, ..replica_provider(Up, None) };
+    let healthy = ProviderMirror::default();
+    let view = two(Some((with(ejected.clone()), node.clone())), Some((with(time(900)), node.clone())));
+    let current = BTreeMap::from([("llama".to_string(), healthy.clone())]);
+    let writes = plan(&view, &current, &BTreeMap::new(), at(950));
+    let (_, mirrored) = &writes.providers[0];
+    assert_eq!(mirrored.health, Some(Health::Available), "health is untouched");
+    assert_eq!(mirrored.ejected_until, time(1000), "the latest, in whole seconds");
+    assert_eq!(mirrored.to_status().ejected_until, time(1000));
+
+    // Nothing new: no write. Back in selection everywhere: cleared.
+    let current = BTreeMap::from([("llama".to_string(), mirrored.clone())]);
+    assert!(plan(&view, &current, &BTreeMap::new(), at(960)).providers.is_empty());
+    let back = two(Some((with(None), node.clone())), Some((with(None), node)));
+    let writes = plan(&back, &current, &BTreeMap::new(), at(1001));
+    assert_eq!(writes.providers[0].1.ejected_until, None);
 }

@@ -11,7 +11,9 @@ pub mod validate;
 
 use std::path::PathBuf;
 
-use iop_proto::config::{ApiConfig, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig};
+use iop_proto::config::{
+    ApiConfig, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, OutlierConfig,
+};
 
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
 
@@ -50,6 +52,8 @@ pub struct Settings {
     pub auth: AuthConfig,
     /// The client APIs' treatment of hosted tools.
     pub api: ApiConfig,
+    /// The Edge's passive outlier ejection.
+    pub outlier: OutlierConfig,
 }
 
 impl Settings {
@@ -72,6 +76,7 @@ impl Settings {
                 ..Default::default()
             },
             api: ApiConfig::default(),
+            outlier: OutlierConfig::default(),
         }
     }
 }
@@ -95,6 +100,7 @@ impl Settings {
             retry: Default::default(),
             replicas: Vec::new(),
             api: self.api.clone(),
+            outlier: self.outlier.clone(),
         }
     }
 }

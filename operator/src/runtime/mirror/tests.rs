@@ -140,6 +140,7 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
         health: EdgeHealth::Available,
         overlay: None,
         credential: None,
+        ejected_until: None,
     };
     // The Edge's effective health follows its overlay here.
     let health = match overlay.as_ref().map(|o| o.state) {

@@ -1,0 +1,141 @@
+//! Issue 28 item 6: passive outlier ejection through real processes. Two
+//! providers serve one model; the preferred one answers every generation
+//! with a 500 while its metadata probe answers (so its health stays
+//! `available`). After `consecutive_failures` failed generations it is
+//! ejected: the following requests go straight to the healthy provider,
+//! with no failed attempt on the broken one first. Once the (short)
+//! ejection time has passed and the provider is fixed, its trial request
+//! succeeds and it takes traffic again.
+
+mod common;
+
+use common::*;
+use iop_e2e::harness::wait_until;
+use iop_proto::config::{Adapter, OutlierConfig};
+use serde_json::Value;
+
+const MODEL: &str = "flaky";
+const THRESHOLD: u32 = 3;
+/// Long enough for a few requests on a loaded machine; the test checks it
+/// did not run out while it asserted the ejection.
+const EJECTION_MS: u64 = 6_000;
+
+/// Chat requests the mock at `url` received.
+async fn generations(stack: &Stack, url: &str) -> usize {
+    let response = stack.client.get(format!("{url}/mock/requests")).send().await.unwrap();
+    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    log.as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").count()
+}
+
+async fn set_faults(stack: &Stack, url: &str, faults: &str) {
+    let response = stack.client.post(format!("{url}/mock/faults")).body(faults.to_string()).send().await.unwrap();
+    assert!(response.status().is_success());
+}
+
+async fn ask(stack: &Stack) -> Value {
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
+    assert_eq!(status, 200, "the healthy provider answers every request: {body}");
+    body
+}
+
+fn wall_ms(rfc3339: &str) -> i64 {
+    let t = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339).unwrap();
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+fn now_ms() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+#[tokio::test]
+async fn a_provider_failing_every_generation_is_ejected_then_returns() {
+    let (_bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
+    let mut bad = provider("bad", Adapter::Openai, "mock", MODEL, &bad_url);
+    bad.priority = 0;
+    let mut good = provider("good", Adapter::Openai, "mock", MODEL, "");
+    good.priority = 1;
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![bad, good],
+        outlier: Some(OutlierConfig {
+            consecutive_failures: THRESHOLD,
+            base_ejection_ms: EJECTION_MS,
+            max_ejection_ms: 4 * EJECTION_MS,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await;
+    let good_url = stack.mock_url.clone();
+    let retried = r#"iop_edge_attempts_total{provider="bad",outcome="retried"}"#;
+
+    // The preferred provider refuses every generation; its probe still answers.
+    set_faults(&stack, &bad_url, "status=500").await;
+    let mut asked = 0;
+    while stack.provider_admin("bad").await["ejected_until"].is_null() {
+        assert!(asked < 2 * THRESHOLD, "still not ejected after {asked} requests");
+        ask(&stack).await;
+        asked += 1;
+    }
+    let admin = stack.provider_admin("bad").await;
+    assert_eq!(admin["health"], "available", "the health overlay is untouched: {admin}");
+    assert_eq!(admin["ejections"], 1, "{admin}");
+    let until = wall_ms(admin["ejected_until"].as_str().unwrap());
+    assert!(until > now_ms(), "{admin}");
+    assert_eq!(stack.metric(r#"iop_edge_provider_ejections_total{provider="bad"}"#).await, 1.0);
+    assert_eq!(stack.metric(r#"iop_edge_provider_ejected{provider="bad"}"#).await, 1.0);
+
+    // Ejected: straight to the healthy provider, no failed attempt first.
+    let (failed_before, bad_before, good_before) =
+        (stack.metric(retried).await, generations(&stack, &bad_url).await, generations(&stack, &good_url).await);
+    for _ in 0..4 {
+        ask(&stack).await;
+    }
+    assert!(now_ms() < until, "the ejection ran out while the test asserted it: raise EJECTION_MS");
+    assert_eq!(generations(&stack, &bad_url).await, bad_before, "the ejected provider got no generation");
+    assert_eq!(stack.metric(retried).await, failed_before, "no request paid a failed attempt");
+    assert_eq!(generations(&stack, &good_url).await, good_before + 4);
+
+    // Fixed, and the ejection time passed: its trial request succeeds and it
+    // takes traffic again.
+    set_faults(&stack, &bad_url, "").await;
+    wait_until("the ejection ends", WAIT, || async { stack.provider_admin("bad").await["ejected_until"].is_null() })
+        .await;
+    let bad_before = generations(&stack, &bad_url).await;
+    ask(&stack).await;
+    ask(&stack).await;
+    assert_eq!(generations(&stack, &bad_url).await, bad_before + 2, "the preferred provider answers again");
+    let admin = stack.provider_admin("bad").await;
+    assert_eq!((admin["ejected_until"].clone(), admin["consecutive_failures"].clone()), (Value::Null, 0.into()));
+    assert_eq!(stack.metric(r#"iop_edge_provider_ejected{provider="bad"}"#).await, 0.0);
+}
+
+/// Never eject everything: when every provider of a model is ejected, the
+/// requests still reach them (the providers' own errors, not
+/// `no_provider_available`), and the first success brings one back.
+#[tokio::test]
+async fn when_every_provider_is_ejected_requests_still_reach_them() {
+    let (_mock, url) = spawn_mock("127.0.0.1:0").await;
+    let only = provider("only", Adapter::Openai, "mock", MODEL, &url);
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![only],
+        outlier: Some(OutlierConfig {
+            consecutive_failures: 1,
+            base_ejection_ms: 600_000,
+            max_ejection_ms: 600_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await;
+    set_faults(&stack, &url, "status=500").await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
+    assert_ne!(status, 200, "{body}");
+    assert!(!stack.provider_admin("only").await["ejected_until"].is_null());
+    let before = generations(&stack, &url).await;
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
+    assert_ne!(body["error"]["code"], "no_provider_available", "{status} {body}");
+    assert!(generations(&stack, &url).await > before, "panic routing: the ejected provider is still asked");
+    set_faults(&stack, &url, "").await;
+    ask(&stack).await;
+    assert!(stack.provider_admin("only").await["ejected_until"].is_null(), "a success brings it back");
+}

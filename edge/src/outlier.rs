@@ -1,0 +1,487 @@
+//! Passive outlier ejection (Envoy's `outlier_detection`, consecutive
+//! failures): a provider whose generations keep failing is left out of
+//! selection for a while, even though its health (the spec's overlay, fed
+//! by the node's metadata probe) still says `available`.
+//!
+//! # Why a second judgement next to the health overlay
+//!
+//! The node's probe asks the provider's metadata endpoint (`/api/tags`,
+//! `/v1/models`). A provider can answer that and still refuse every
+//! generation (a 5xx from a broken backend, a GPU out of memory, a proxy in
+//! front of a dead worker). The overlay then stays `available`, and every
+//! request during such an outage paid one failed attempt before the gate
+//! retried it elsewhere. The overlay is the spec's and stays as it is; the
+//! ejection is a separate, purely local filter in admission (see
+//! `admission::AdmissionPool::try_acquire`), never written into the overlay
+//! or the health the admin API and `iop_edge_provider_health` report.
+//!
+//! # Rules ([`OutlierDetector::record`], pure, the caller passes `now`)
+//!
+//! - Every generation's end is one [`Verdict`] ([`verdict`]): a failure of
+//!   the provider (its 5xx, unreachable, reset or cut, stall, protocol
+//!   error), a success (the run completed), or neither.
+//! - `consecutive_failures` failures in a row eject the provider for
+//!   `base_ejection_ms × 2^(n − 1)`, capped at `max_ejection_ms`, where `n`
+//!   counts its ejections in a row. A success resets the count of failures.
+//! - When the ejection time has passed, the provider is selectable again and
+//!   its next outcome is the trial: a failure ejects it again at once (with
+//!   the doubled time), a success returns it to service. Requests are not
+//!   held back while the trial runs (as in Envoy): a few may reach it before
+//!   its outcome is known, and only the first failure counts.
+//! - Decay, like Envoy's ejection multiplier: the count of ejections in a
+//!   row drops by one for every `base_ejection_ms` the provider has served
+//!   since it last returned, so a provider that failed once a day is not
+//!   ejected for the maximum time on its third bad day.
+//! - A success ends an ejection at once, whenever it comes (a run admitted
+//!   before the ejection, or one sent to it by panic routing): the provider
+//!   demonstrably generates. Failures while ejected change nothing (they
+//!   are runs admitted before the ejection, or panic routing).
+//! - "A probe brings it back" ([`OutlierDetector::forgive`]): the metadata
+//!   probe answering is exactly what lies during this outage, so a probe
+//!   that keeps saying `available` never ends an ejection. What does is the
+//!   node reporting the provider *recovered* (the overlay moving it from
+//!   `unavailable` or `unknown` to `available`, `overlay::Applied::
+//!   Recovered`): the provider's server was seen down and up again (a
+//!   restart), so its failure history is about a process that is gone; the
+//!   ejection, the failure count and the ejections in a row are cleared. A
+//!   new node connection by itself is not a recovery of the provider.
+//! - `consecutive_failures: 0` turns ejection off.
+//!
+//! # Never eject everything
+//!
+//! Like Envoy's `max_ejection_percent` panic threshold: an ejected provider
+//! is still chosen when no other candidate of the route is eligible
+//! (admission treats it like a provider the request already tried), so an
+//! outage of every provider of a model answers with the providers' own
+//! errors rather than `no_provider_available`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use iop_proto::config::OutlierConfig;
+use iop_proto::pb::{self, FailureKind};
+use iop_proto::provider_error::rejects_credential;
+
+/// What one generation's end says about its provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The run completed: the provider generates.
+    Success,
+    /// The provider failed the generation.
+    Failure,
+    /// Nothing about the provider (the client, the Edge, the node's
+    /// connection or a rate limit ended it).
+    Neutral,
+}
+
+/// The verdict on a run that ended with `failure` (`None`: it completed).
+/// `head_status` is a tunnel's provider response status, when it sent one:
+/// a tunnel relays an error response as a complete exchange. Pure; the one
+/// classification of generation outcomes.
+pub fn verdict(failure: Option<&pb::ExecutionFailure>, head_status: Option<u32>) -> Verdict {
+    let Some(failure) = failure else {
+        return match head_status {
+            Some(status) => status_verdict(status),
+            None => Verdict::Success,
+        };
+    };
+    match failure.kind() {
+        FailureKind::ProviderUnreachable
+        | FailureKind::ResponseStalled
+        | FailureKind::ProviderProtocol => Verdict::Failure,
+        FailureKind::ProviderHttpStatus => status_verdict(failure.provider_status),
+        // The node's connection to the Edge, not the provider: the node's
+        // providers are all out of selection while it is away anyway, and
+        // ejecting them would outlast its reconnect.
+        FailureKind::TransportLost
+        // Capacity another replica holds at the node: the provider is busy,
+        // not broken.
+        | FailureKind::CapacityExhausted
+        // The request's own time budget, the client's request, the answer's
+        // size, the Edge's lease: none says the provider cannot generate.
+        | FailureKind::DeadlineExceeded
+        | FailureKind::InvalidRequest
+        | FailureKind::ResponseTooLarge
+        | FailureKind::CredentialRejected
+        | FailureKind::Internal
+        | FailureKind::Unspecified => Verdict::Neutral,
+    }
+}
+
+/// A provider's HTTP status as a verdict. Pure.
+///
+/// - 5xx: the provider failed.
+/// - 429 is not a failure: rate limiting is a healthy provider shedding
+///   load, with its own `Retry-After` (the gate honours it); ejecting it would
+///   push its load onto its siblings and keep it out for `base_ejection_ms`
+///   or more after a limit window of seconds (Envoy counts neither 429 in
+///   `consecutive_5xx` nor in `consecutive_gateway_failure`).
+/// - 401/403 is the managed credential's health (`credentials`), which
+///   already keeps the provider as a last resort.
+/// - Other 4xx are the client's request.
+fn status_verdict(status: u32) -> Verdict {
+    match status {
+        500.. => Verdict::Failure,
+        429 => Verdict::Neutral,
+        s if rejects_credential(s) => Verdict::Neutral,
+        400..=499 => Verdict::Neutral,
+        _ => Verdict::Success,
+    }
+}
+
+/// The config's `outlier` section as durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlierPolicy {
+    /// 0: ejection is off.
+    pub consecutive_failures: u32,
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+}
+
+impl From<&OutlierConfig> for OutlierPolicy {
+    fn from(c: &OutlierConfig) -> Self {
+        Self {
+            consecutive_failures: if c.enabled { c.consecutive_failures } else { 0 },
+            base_ejection: Duration::from_millis(c.base_ejection_ms),
+            max_ejection: Duration::from_millis(c.max_ejection_ms),
+        }
+    }
+}
+
+impl Default for OutlierPolicy {
+    fn default() -> Self {
+        Self::from(&OutlierConfig::default())
+    }
+}
+
+impl OutlierPolicy {
+    pub fn enabled(&self) -> bool {
+        self.consecutive_failures > 0
+    }
+
+    /// How long the `n`th ejection in a row lasts (`n` ≥ 1). Pure.
+    pub fn ejection_time(&self, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.base_ejection.saturating_mul(factor).min(self.max_ejection)
+    }
+}
+
+/// Where a provider is in the ejection cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// In selection, with this many generation failures in a row.
+    Serving { failures: u32 },
+    /// Out of selection until `until`; once it passed, the next outcome is
+    /// the trial.
+    Ejected { until: Instant },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    phase: Phase,
+    /// Ejections in a row (before decay).
+    ejections: u32,
+    /// When the provider last returned to service (decay counts from there).
+    returned_at: Option<Instant>,
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Self { phase: Phase::Serving { failures: 0 }, ejections: 0, returned_at: None }
+    }
+}
+
+/// What recording an outcome did (for the metric and log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    None,
+    /// Ejected until `until`, its `ejections`th ejection in a row.
+    Ejected {
+        until: Instant,
+        ejections: u32,
+        duration: Duration,
+    },
+    /// Back in service (a success ended the ejection or its trial).
+    Returned,
+}
+
+/// A provider's ejection state, as the admin API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutlierStatus {
+    /// Out of selection until then (`None`: selectable, possibly on trial).
+    pub ejected_until: Option<Instant>,
+    /// Generation failures in a row (0 while ejected or on trial).
+    pub consecutive_failures: u32,
+    /// Ejections in a row, before decay.
+    pub ejections: u32,
+}
+
+/// Per-provider ejection state. Pure: no clock, no I/O.
+#[derive(Debug, Default)]
+pub struct OutlierDetector {
+    providers: HashMap<String, Record>,
+}
+
+impl OutlierDetector {
+    /// Records the end of one generation on `provider` at `now`.
+    pub fn record(&mut self, provider: &str, verdict: Verdict, now: Instant, policy: &OutlierPolicy) -> Transition {
+        if !policy.enabled() || verdict == Verdict::Neutral {
+            return Transition::None;
+        }
+        let record = self.providers.entry(provider.to_string()).or_default();
+        match (record.phase, verdict) {
+            (Phase::Serving { .. }, Verdict::Success) => {
+                record.phase = Phase::Serving { failures: 0 };
+                Transition::None
+            }
+            (Phase::Ejected { .. }, Verdict::Success) => {
+                record.phase = Phase::Serving { failures: 0 };
+                record.returned_at = Some(now);
+                Transition::Returned
+            }
+            (Phase::Serving { failures }, Verdict::Failure) if failures + 1 < policy.consecutive_failures => {
+                record.phase = Phase::Serving { failures: failures + 1 };
+                Transition::None
+            }
+            // The threshold, or a failed trial: eject (again).
+            (Phase::Serving { .. }, Verdict::Failure) => eject(record, now, policy),
+            (Phase::Ejected { until }, Verdict::Failure) if now >= until => eject(record, now, policy),
+            (Phase::Ejected { .. }, Verdict::Failure) => Transition::None,
+            (_, Verdict::Neutral) => Transition::None,
+        }
+    }
+
+    /// Whether `provider` is out of selection at `now`.
+    pub fn is_ejected(&self, provider: &str, now: Instant) -> bool {
+        self.status(provider, now).ejected_until.is_some()
+    }
+
+    pub fn status(&self, provider: &str, now: Instant) -> OutlierStatus {
+        let Some(record) = self.providers.get(provider) else { return OutlierStatus::default() };
+        let (ejected_until, consecutive_failures) = match record.phase {
+            Phase::Serving { failures } => (None, failures),
+            Phase::Ejected { until } => ((now < until).then_some(until), 0),
+        };
+        OutlierStatus { ejected_until, consecutive_failures, ejections: record.ejections }
+    }
+
+    /// The node saw the provider recover (see the module docs): its history
+    /// is cleared. Returns whether it was ejected or on trial.
+    pub fn forgive(&mut self, provider: &str) -> bool {
+        self.providers.remove(provider).is_some_and(|r| matches!(r.phase, Phase::Ejected { .. }))
+    }
+
+    /// Keeps only the providers `keep` accepts (a reload removed the others),
+    /// or none when ejection is off.
+    pub fn retain(&mut self, policy: &OutlierPolicy, keep: impl Fn(&str) -> bool) {
+        if !policy.enabled() {
+            self.providers.clear();
+        }
+        self.providers.retain(|id, _| keep(id));
+    }
+}
+
+fn eject(record: &mut Record, now: Instant, policy: &OutlierPolicy) -> Transition {
+    let served = record.returned_at.map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+    let decay = if policy.base_ejection.is_zero() {
+        0
+    } else {
+        u32::try_from(served.as_millis() / policy.base_ejection.as_millis()).unwrap_or(u32::MAX)
+    };
+    let ejections = record.ejections.saturating_sub(decay).saturating_add(1);
+    let duration = policy.ejection_time(ejections);
+    let until = now + duration;
+    record.ejections = ejections;
+    record.phase = Phase::Ejected { until };
+    Transition::Ejected { until, ejections, duration }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: Duration = Duration::from_secs(10);
+
+    fn policy(threshold: u32) -> OutlierPolicy {
+        OutlierPolicy { consecutive_failures: threshold, base_ejection: BASE, max_ejection: Duration::from_secs(60) }
+    }
+
+    fn http(status: u32) -> pb::ExecutionFailure {
+        let mut f = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "x");
+        f.provider_status = status;
+        f
+    }
+
+    /// Which outcomes are failures of the provider.
+    #[test]
+    fn verdicts() {
+        let kind = |k| pb::ExecutionFailure::new(k, "x");
+        let cases = [
+            (Some(http(500)), None, Verdict::Failure),
+            (Some(http(503)), None, Verdict::Failure),
+            (Some(kind(FailureKind::ProviderUnreachable)), None, Verdict::Failure),
+            (Some(kind(FailureKind::ResponseStalled)), None, Verdict::Failure),
+            (Some(kind(FailureKind::ProviderProtocol)), None, Verdict::Failure),
+            (Some(http(429)), None, Verdict::Neutral),
+            (Some(http(400)), None, Verdict::Neutral),
+            (Some(http(401)), None, Verdict::Neutral),
+            (Some(http(403)), None, Verdict::Neutral),
+            (Some(kind(FailureKind::TransportLost)), None, Verdict::Neutral),
+            (Some(kind(FailureKind::CapacityExhausted)), None, Verdict::Neutral),
+            (Some(kind(FailureKind::CredentialRejected)), None, Verdict::Neutral),
+            (Some(kind(FailureKind::DeadlineExceeded)), None, Verdict::Neutral),
+            (Some(kind(FailureKind::InvalidRequest)), None, Verdict::Neutral),
+            (Some(kind(FailureKind::ResponseTooLarge)), None, Verdict::Neutral),
+            (None, None, Verdict::Success),
+            (None, Some(200), Verdict::Success),
+            (None, Some(502), Verdict::Failure),
+            (None, Some(429), Verdict::Neutral),
+            (None, Some(404), Verdict::Neutral),
+        ];
+        for (failure, head, expected) in cases {
+            assert_eq!(verdict(failure.as_ref(), head), expected, "{failure:?} {head:?}");
+        }
+    }
+
+    #[test]
+    fn ejection_time_doubles_up_to_the_cap() {
+        let p = policy(5);
+        let times: Vec<u64> = (1..=6).map(|n| p.ejection_time(n).as_secs()).collect();
+        assert_eq!(times, [10, 20, 40, 60, 60, 60]);
+        assert_eq!(p.ejection_time(200), Duration::from_secs(60), "no overflow");
+    }
+
+    /// Table: outcomes in order, and what the detector says after each.
+    #[test]
+    fn thresholds_trials_and_resets() {
+        use Verdict::{Failure as F, Neutral as N, Success as S};
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // (seconds, verdict, ejected after, failures after, ejections after)
+        #[rustfmt::skip]
+        let steps: &[(u64, Verdict, bool, u32, u32)] = &[
+            (0, F, false, 1, 0),
+            (0, N, false, 1, 0),  // a 429 or a client error changes nothing
+            (0, F, false, 2, 0),
+            (0, S, false, 0, 0),  // a success resets the count
+            (1, F, false, 1, 0),
+            (1, F, false, 2, 0),
+            (1, F, true, 0, 1),   // the threshold: ejected 10 s
+            (5, F, true, 0, 1),   // failures while ejected change nothing
+            (10, F, true, 0, 1),  // still ejected at 10.999
+            (11, F, true, 0, 2),  // the failed trial at 11 s: re-ejected at once for 20 s
+            (30, N, true, 0, 2),
+            (31, S, false, 0, 2), // the trial succeeded: back, the count is kept for decay
+            (31, F, false, 1, 2),
+            (32, F, false, 2, 2),
+            (33, F, true, 0, 3),  // within 10 s of returning: the 3rd ejection, 40 s
+        ];
+        let p = policy(3);
+        let mut d = OutlierDetector::default();
+        for (i, &(s, v, ejected, failures, ejections)) in steps.iter().enumerate() {
+            // The 10 s step is just before the ejection's end.
+            let now = if s == 10 { at(10) + Duration::from_millis(999) } else { at(s) };
+            d.record("p", v, now, &p);
+            let status = d.status("p", now);
+            assert_eq!(
+                (status.ejected_until.is_some(), status.consecutive_failures, status.ejections),
+                (ejected, failures, ejections),
+                "step {i} at {s}s"
+            );
+        }
+        assert_eq!(d.status("p", at(33)).ejected_until, Some(at(73)));
+        assert!(!d.is_ejected("other", at(33)), "one provider's failures eject only it");
+    }
+
+    #[test]
+    fn transitions_say_when_and_for_how_long() {
+        let t0 = Instant::now();
+        let p = policy(1);
+        let mut d = OutlierDetector::default();
+        assert_eq!(
+            d.record("p", Verdict::Failure, t0, &p),
+            Transition::Ejected { until: t0 + BASE, ejections: 1, duration: BASE }
+        );
+        assert_eq!(d.record("p", Verdict::Success, t0 + Duration::from_secs(1), &p), Transition::Returned);
+        assert_eq!(d.record("p", Verdict::Success, t0 + Duration::from_secs(2), &p), Transition::None);
+    }
+
+    /// The doubling decays by one step per base ejection time served.
+    #[test]
+    fn the_doubling_decays_while_the_provider_serves() {
+        let t0 = Instant::now();
+        let p = policy(1);
+        let mut d = OutlierDetector::default();
+        let mut now = t0;
+        for expected in [1, 2, 3] {
+            match d.record("p", Verdict::Failure, now, &p) {
+                Transition::Ejected { ejections, until, .. } => {
+                    assert_eq!(ejections, expected);
+                    now = until;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Back after the third; serves 25 s (two base times): 3 - 2 + 1.
+        d.record("p", Verdict::Success, now, &p);
+        now += Duration::from_secs(25);
+        assert!(
+            matches!(d.record("p", Verdict::Failure, now, &p), Transition::Ejected { ejections: 2, duration, .. } if duration == 2 * BASE)
+        );
+        // And after a long healthy time, the first ejection's time again.
+        now += 2 * BASE;
+        d.record("p", Verdict::Success, now, &p);
+        now += Duration::from_secs(3600);
+        assert!(
+            matches!(d.record("p", Verdict::Failure, now, &p), Transition::Ejected { ejections: 1, duration, .. } if duration == BASE)
+        );
+    }
+
+    /// A success ends an ejection at once; a recovery the node saw clears
+    /// the whole history; a probe that keeps saying available is never
+    /// passed here at all.
+    #[test]
+    fn a_success_or_a_recovery_brings_it_back() {
+        let t0 = Instant::now();
+        let p = policy(1);
+        let mut d = OutlierDetector::default();
+        d.record("p", Verdict::Failure, t0, &p);
+        assert!(d.is_ejected("p", t0));
+        assert_eq!(d.record("p", Verdict::Success, t0, &p), Transition::Returned);
+        assert!(!d.is_ejected("p", t0));
+
+        d.record("p", Verdict::Failure, t0, &p);
+        assert_eq!(d.status("p", t0).ejections, 2);
+        assert!(d.forgive("p"));
+        assert_eq!(d.status("p", t0), OutlierStatus::default(), "history cleared");
+        assert!(!d.forgive("p"));
+    }
+
+    #[test]
+    fn zero_turns_ejection_off_and_a_reload_drops_removed_providers() {
+        let t0 = Instant::now();
+        let mut d = OutlierDetector::default();
+        for _ in 0..100 {
+            assert_eq!(d.record("p", Verdict::Failure, t0, &policy(0)), Transition::None);
+        }
+        assert_eq!(d.status("p", t0), OutlierStatus::default());
+        d.record("p", Verdict::Failure, t0, &policy(1));
+        d.record("q", Verdict::Failure, t0, &policy(1));
+        d.retain(&policy(1), |id| id == "q");
+        assert!(!d.is_ejected("p", t0));
+        assert!(d.is_ejected("q", t0));
+        d.retain(&policy(0), |_| true);
+        assert!(!d.is_ejected("q", t0), "turning it off ends every ejection");
+    }
+
+    #[test]
+    fn policy_from_config() {
+        let c = OutlierConfig::default();
+        let p = OutlierPolicy::from(&c);
+        assert_eq!(p.consecutive_failures, 5);
+        assert_eq!(p.base_ejection, Duration::from_secs(30));
+        assert_eq!(p.max_ejection, Duration::from_secs(300));
+        let off = OutlierConfig { enabled: false, ..c };
+        assert!(!OutlierPolicy::from(&off).enabled());
+    }
+}
