@@ -43,6 +43,7 @@ pub fn provider(name: &str, node: &str) -> Provider {
             queue: None,
             response_stall_timeout_ms: 0,
             mode: ProviderMode::Normalized,
+            continuation: false,
             credential_secret_ref: None,
         },
     );

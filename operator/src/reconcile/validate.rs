@@ -305,6 +305,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         response_stall_timeout_ms: spec.response_stall_timeout_ms,
         capacity: spec.capacity,
         mode: spec.mode.into(),
+        continuation: spec.continuation,
         // The profile is the Provider's own: its secret is checked and copied
         // by the build stage (`super::credentials`).
         credential: spec.credential_secret_ref.as_ref().map(|_| CredentialRef { profile: p.name_any() }),
