@@ -188,6 +188,8 @@ pub struct EdgeMetrics {
     pub server_certificate_expiry: Gauge,
     pub recovery_eligibility: Family<RecoveryLabels, Counter>,
     pub recovery_results: Family<RecoveryLabels, Counter>,
+    /// Breaks after text and what became of them (`crate::continuation`).
+    pub continuations: Family<RecoveryLabels, Counter>,
     pub config_revision: Gauge,
     pub config_reloads: Family<RecoveryLabels, Counter>,
     pub node_handshakes_in_progress: Gauge,
@@ -302,6 +304,12 @@ impl EdgeMetrics {
         );
         let recovery_results = Family::<RecoveryLabels, Counter>::default();
         registry.register("liveness_recovery_results", "Outcomes of stall replays", recovery_results.clone());
+        let continuations = Family::<RecoveryLabels, Counter>::default();
+        registry.register(
+            "continuations",
+            "Committed streams that broke: continued, or why not (continuation)",
+            continuations.clone(),
+        );
         let config_revision = Gauge::default();
         registry.register(
             "config_revision",
@@ -417,6 +425,7 @@ impl EdgeMetrics {
             server_certificate_expiry,
             recovery_eligibility,
             recovery_results,
+            continuations,
             config_revision,
             config_reloads,
             node_handshakes_in_progress,
