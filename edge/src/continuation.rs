@@ -167,27 +167,29 @@ pub fn capable(config: &EdgeConfig, model: &str) -> bool {
         && crate::route::candidates(config, model).is_some_and(|providers| providers.iter().any(|p| p.continuation))
 }
 
-/// What a continuation needs to run the request again.
+/// What a continuation needs to run a streaming request again.
 pub struct Again {
-    pub state: Arc<EdgeState>,
-    pub caller: Caller,
-    pub model: String,
-    pub request: pb::RunRequest,
-    pub max: u32,
+    state: Arc<EdgeState>,
+    caller: Caller,
+    model: String,
+    /// Kept only when the route could continue (a copy of the request
+    /// costs memory): otherwise a break counts as `no_capable_provider`.
+    request: Option<pb::RunRequest>,
+    max: u32,
 }
 
 impl Again {
-    /// For a streaming request of `model` whose route has a continuation
-    /// provider; `None` otherwise (the request is not kept).
-    pub fn new(state: &Arc<EdgeState>, caller: &Caller, model: &str, request: &pb::RunRequest) -> Option<Self> {
+    /// For a streaming request of `caller` for `model`, under the config
+    /// it was admitted with.
+    pub fn new(state: &Arc<EdgeState>, caller: &Caller, model: &str, request: &pb::RunRequest) -> Self {
         let config = state.config.current();
-        capable(&config, model).then(|| Self {
+        Self {
             state: state.clone(),
             caller: caller.clone(),
             model: model.to_string(),
-            request: request.clone(),
+            request: capable(&config, model).then(|| request.clone()),
             max: config.limits.max_continuations,
-        })
+        }
     }
 }
 
@@ -223,6 +225,13 @@ impl Source {
                         // A failure no continuation could help is no break.
                         if why != NotContinued::NotRetryable {
                             count(again, why.label());
+                            let provider = self.live.as_ref().map_or("-", LiveRun::provider_id);
+                            tracing::info!(
+                                broken = %provider,
+                                model = %again.model,
+                                result = why.label(),
+                                "a stream broke and was not continued"
+                            );
                         }
                     }
                     Ok(prefill) => {
@@ -244,11 +253,16 @@ impl Source {
     async fn continue_with(&mut self, prefill: &str) -> bool {
         let (Some(again), Some(live)) = (&self.again, self.live.take()) else { return false };
         let broken = live.provider_id().to_string();
+        let Some(original) = &again.request else {
+            count(again, NotContinued::NoCapableProvider.label());
+            tracing::info!(broken = %broken, model = %again.model, result = "no_capable_provider", "a stream broke after text and was not continued");
+            return false;
+        };
         let deadline = live.deadline();
         // The broken run ended with its failure: its slot is free already.
         drop(live);
         self.broken.insert(broken.clone(), true);
-        let request = with_prefill(again.request.clone(), prefill);
+        let request = with_prefill(original.clone(), prefill);
         let scope = gate::Scope { deadline: Some(deadline), continuation_only: true, avoid: self.broken.clone() };
         let committed = gate::execute_in(
             &again.state,

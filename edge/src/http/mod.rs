@@ -279,8 +279,7 @@ async fn serve<S: Surface>(
     // A stream that breaks after text may be continued (not a job's: its
     // runs are the job's own).
     let again = (parsed.stream && job_id.is_none())
-        .then(|| crate::continuation::Again::new(state, &caller, &parsed.model, &parsed.run))
-        .flatten();
+        .then(|| crate::continuation::Again::new(state, &caller, &parsed.model, &parsed.run));
     let mut execution: Execution = match job_id {
         Some(id) => {
             let spec = job_spec::<S>(state, &config, &headers, id, &caller, parsed.model.clone(), parsed.run)?;
