@@ -7,7 +7,7 @@ mod common;
 
 use common::{Stack, StackOptions, WAIT, provider};
 use iop_e2e::harness::{ProviderSpec, wait_until};
-use iop_proto::config::{Adapter, EdgeConfig, Limits};
+use iop_proto::config::{Adapter, Limits};
 use serde_json::{Value, json};
 
 /// The whole answer of `mock@words=20`, each word once.
@@ -17,21 +17,6 @@ const PROMPT: &str = "count from one to twenty";
 /// `id` on the public model `public` with mock target `target` (priority).
 fn on(id: &str, adapter: Adapter, target: &str, public: &str, priority: u32) -> ProviderSpec {
     ProviderSpec { priority, ..provider(id, adapter, target, public, "") }
-}
-
-/// Marks `ids` as `continuation: true` and waits for the reload.
-async fn declare_continuation(stack: &Stack, ids: &[&str]) {
-    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
-    let mut config = EdgeConfig::from_yaml(&text).unwrap();
-    let revision = stack.get_json("/admin/v1/config").await["config"]["revision"].as_u64().unwrap();
-    for p in config.providers.iter_mut().filter(|p| ids.contains(&p.id.as_str())) {
-        p.continuation = true;
-    }
-    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
-    wait_until("the reload is applied", WAIT, || async {
-        stack.get_json("/admin/v1/config").await["config"]["revision"].as_u64() == Some(revision + 1)
-    })
-    .await;
 }
 
 /// An SSE body as `(event name, data)` pairs (`""` for unnamed events).
@@ -118,7 +103,7 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
         ..StackOptions::default()
     })
     .await;
-    declare_continuation(&stack, &["cuts", "whole"]).await;
+    stack.declare_continuation(&["cuts", "whole"]).await;
 
     // Chat Completions.
     let (text, usage) = chat_answer(&stream_chat(&stack, "story", json!({})).await);
@@ -216,7 +201,7 @@ async fn continuations_stop_at_the_limit() {
         ..StackOptions::default()
     })
     .await;
-    declare_continuation(&stack, &["cuts", "cuts-too"]).await;
+    stack.declare_continuation(&["cuts", "cuts-too"]).await;
     let events = stream_chat(&stack, "story", json!({})).await;
     let last = json_of(&events.last().unwrap().1);
     assert!(last["error"].is_object(), "{events:?}");
