@@ -67,7 +67,9 @@
 //! assistant message whose text's last word is `wK`, the reply is exactly
 //! the rest, ` w(K+1) … wN` (with its leading space, none when the prefill
 //! already ends in whitespace), so prefill + reply is `w1 … wN` by plain
-//! concatenation; nothing when K ≥ N. Pieces, usage and the fault knobs
+//! concatenation; nothing when K ≥ N. With `repeat_prefill`, as llama.cpp's
+//! server does, the reply starts with the prefill itself (prefill +
+//! continuation, split into pieces like any reply). Pieces, usage and the fault knobs
 //! apply to the continuation as to any reply. Without `words`, or when the
 //! prefill does not end in such a word, the reply is the usual one.
 //!
@@ -212,6 +214,7 @@
 //! | `words=N`                | the reply is `w1 w2 … wN` (a prefill's rest: *Prefill continuation*) |
 //! | `hold=NAME`              | before anything else, wait until `POST /mock/release/NAME`    |
 //! | `context_window=N`       | a prompt of more than N words gets a 400 context-length error |
+//! | `repeat_prefill[=BOOL]`  | a continued prefill (`words`) is repeated before its continuation |
 //! | `sse_line_end=lf\|crlf\|cr`| OpenAI streams only: how SSE lines end (all three are valid)  |
 //!
 //! `stall_after` / `cut_after` with N at or beyond the number of content chunks
@@ -282,6 +285,7 @@ pub const KNOBS: &[&str] = &[
     "sse_line_end",
     "echo_auth",
     "set_cookie",
+    "repeat_prefill",
 ];
 /// How many requests `GET /mock/requests` keeps (the oldest go first).
 pub const REQUEST_LOG_LIMIT: usize = 100;
@@ -373,6 +377,10 @@ pub struct Faults {
     /// `x-ratelimit-remaining-requests` header, as hosted APIs send them.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub set_cookie: Option<bool>,
+    /// Like llama.cpp's server: the continuation of a prefilled assistant
+    /// turn (`words`) starts with the prefill itself.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub repeat_prefill: Option<bool>,
 }
 
 /// An SSE line terminator.
@@ -465,6 +473,7 @@ impl Faults {
             sse_line_end: over.sse_line_end.or(self.sse_line_end),
             echo_auth: over.echo_auth.or(self.echo_auth),
             set_cookie: over.set_cookie.or(self.set_cookie),
+            repeat_prefill: over.repeat_prefill.or(self.repeat_prefill),
         }
     }
 
@@ -504,6 +513,7 @@ impl Faults {
             "exit" => self.exit = Some(flag(knob, value)?),
             "echo_auth" => self.echo_auth = Some(flag(knob, value)?),
             "set_cookie" => self.set_cookie = Some(flag(knob, value)?),
+            "repeat_prefill" => self.repeat_prefill = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
             "context_window" => self.context_window = Some(number(knob, value)?),
             "sse_line_end" => {
@@ -1484,7 +1494,8 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
                 api.limit(&req),
             ),
             None => {
-                ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words)
+                let words = faults.words.map(|n| (n, on(faults.repeat_prefill)));
+                ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), words)
             }
         },
     };
@@ -1814,7 +1825,8 @@ struct Usage {
 
 impl ReplyPlan {
     /// The echo (or `words`) reply, or the `call tool` call.
-    fn echo(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<usize>) -> Self {
+    /// `words`: N, and whether a continued prefill is repeated first.
+    fn echo(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<(usize, bool)>) -> Self {
         let prompt = prompt_tokens(messages);
         if let Some(tool_call) = requested_tool_call(messages, tools) {
             return ReplyPlan {
@@ -1897,9 +1909,13 @@ fn prompt_tokens(messages: &[ChatMessage]) -> u64 {
     messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum()
 }
 
-fn reply_text(messages: &[ChatMessage], words: Option<usize>) -> String {
-    if let Some(n) = words {
-        return words_reply(messages, n);
+fn reply_text(messages: &[ChatMessage], words: Option<(usize, bool)>) -> String {
+    if let Some((n, repeat)) = words {
+        let reply = words_reply(messages, n);
+        return match messages.last().filter(|m| repeat && m.role == "assistant") {
+            Some(prefill) => prefill.text() + &reply,
+            None => reply,
+        };
     }
     let images: usize = messages.iter().map(ChatMessage::image_count).sum();
     let images = if images > 0 { format!(" [images: {images}]") } else { String::new() };
@@ -2739,6 +2755,7 @@ mod tests {
                 sse_line_end: Some(LineEnd::Cr),
                 echo_auth: Some(true),
                 set_cookie: Some(false),
+                repeat_prefill: None,
             }
         );
         assert_eq!(parse_faults("").unwrap(), Faults::default());
@@ -3027,6 +3044,16 @@ mod tests {
             })
             .collect();
         assert_eq!(text, " w5 w6 w7");
+        // llama.cpp's way: the prefill, then its continuation.
+        let (openai, _) = read_lossy(post(&mock, "/v1/chat/completions", &body, Some("repeat_prefill")).await).await;
+        let text: String = sse(&openai)
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .filter_map(|e| {
+                serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(String::from)
+            })
+            .collect();
+        assert_eq!(text, "w1 w2 w3 w4 w5 w6 w7");
     }
 
     #[tokio::test]

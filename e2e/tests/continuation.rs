@@ -99,11 +99,13 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
             on("cuts", Adapter::Ollama, "mock@words=20,cut_after=6", "story", 0),
             on("whole", Adapter::Openai, "mock@words=20", "story", 1),
             on("plain", Adapter::Ollama, "mock@words=20,cut_after=6", "plain", 0),
+            on("cuts-l", Adapter::Ollama, "mock@words=20,cut_after=6", "story-llama", 0),
+            on("repeats", Adapter::Openai, "mock@words=20,repeat_prefill", "story-llama", 1),
         ],
         ..StackOptions::default()
     })
     .await;
-    stack.declare_continuation(&["cuts", "whole"]).await;
+    stack.declare_continuation(&["cuts", "whole", "cuts-l", "repeats"]).await;
 
     // Chat Completions.
     let (text, usage) = chat_answer(&stream_chat(&stack, "story", json!({})).await);
@@ -158,6 +160,12 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
     assert_eq!(names.last(), Some(&"message_stop"));
     assert_eq!(continued(&stack).await, 3.0);
 
+    // A provider that repeats the prefill before continuing it (llama.cpp's
+    // server does): the repeat is not sent again.
+    let (text, _) = chat_answer(&stream_chat(&stack, "story-llama", json!({})).await);
+    assert_eq!(text, WORDS);
+    assert_eq!(continued(&stack).await, 4.0);
+
     // A break inside a tool call is not continued: the API's error event.
     let tools = json!({ "tools": [{ "type": "function", "function": {
         "name": "lookup",
@@ -182,7 +190,7 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
         .collect();
     assert_eq!(text, "w1 w2 w3 w4 w5 w6");
     assert_eq!(stack.metric("iop_edge_continuations_total{result=\"no_capable_provider\"}").await, 1.0);
-    assert_eq!(continued(&stack).await, 3.0);
+    assert_eq!(continued(&stack).await, 4.0);
 
     no_leaks(&stack).await;
 }

@@ -25,6 +25,13 @@
 //! - its `Started` is dropped (the answer started already);
 //! - its reasoning is dropped: the answer being continued is text, and a
 //!   reasoning block after text is not an answer any API shows;
+//! - a repeat of the prefill at the start of its text is dropped: llama.cpp's
+//!   server answers a prefilled turn with the prefill and then the
+//!   continuation (Ollama sends only the continuation). Text that matches
+//!   the prefill so far is held back; once it holds the whole prefill, that
+//!   is dropped and the rest passes; as soon as it departs from it, all of it
+//!   passes (it was the continuation). Held text that is still a part of
+//!   the prefill when anything but text comes is dropped as a repeat;
 //! - usage is reported once for the whole answer: `prompt_tokens` is the
 //!   first prompt count any run reported (the original request's when the
 //!   broken run reported usage before it broke; otherwise the
@@ -95,6 +102,9 @@ pub struct Splice {
     completion_before: u32,
     /// The current run's completion tokens (its latest usage).
     completion_now: u32,
+    /// The prefill the continuing run may repeat first, and what of its
+    /// text is held back as matching it so far.
+    echo: Option<(String, String)>,
 }
 
 impl Splice {
@@ -102,18 +112,38 @@ impl Splice {
     pub fn pass(&mut self, event: Event) -> Option<Event> {
         let event = match event {
             Event::Started(_) | Event::Reasoning(_) if self.continuations > 0 => return None,
+            Event::Text(t) if self.echo.is_some() => Event::Text(pb::TextDelta { text: self.unrepeated(t.text)? }),
             Event::Usage(u) => {
                 let prompt = *self.first_prompt.get_or_insert(u.prompt_tokens);
                 self.completion_now = u.completion_tokens;
                 let completion = self.completion_before.saturating_add(u.completion_tokens);
                 Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
             }
-            event => event,
+            // Anything else ends a repeat: what was held of it is dropped.
+            event => {
+                self.echo = None;
+                event
+            }
         };
         if !matches!(event, Event::Failed(_) | Event::Cancelled(_) | Event::Completed(_)) {
             self.transcript.push(&event);
         }
         Some(event)
+    }
+
+    /// The continuing run's text past a repeat of the prefill, if any yet.
+    fn unrepeated(&mut self, text: String) -> Option<String> {
+        let (prefill, held) = self.echo.as_mut()?;
+        held.push_str(&text);
+        if held.len() >= prefill.len() {
+            let (prefill, held) = self.echo.take()?;
+            let rest = held.strip_prefix(prefill.as_str()).map_or(held.clone(), str::to_string);
+            return (!rest.is_empty()).then_some(rest);
+        }
+        if prefill.starts_with(held.as_str()) {
+            return None;
+        }
+        self.echo.take().map(|(_, held)| held)
     }
 
     /// Whether a run that failed with `failure` is continued: the prefill
@@ -135,8 +165,10 @@ impl Splice {
         Ok(text)
     }
 
-    /// A continuation committed: its events are the current run's now.
-    pub fn continued(&mut self) {
+    /// A continuation committed with `prefill` (the final assistant
+    /// message it was sent): its events are the current run's now.
+    pub fn continued(&mut self, prefill: &str) {
+        self.echo = (!prefill.is_empty()).then(|| (prefill.to_string(), String::new()));
         self.continuations += 1;
         self.completion_before = self.completion_before.saturating_add(self.completion_now);
         self.completion_now = 0;
@@ -263,6 +295,7 @@ impl Source {
         drop(live);
         self.broken.insert(broken.clone(), true);
         let request = with_prefill(original.clone(), prefill);
+        let sent = request.messages.last().map(|m| m.content.clone()).unwrap_or_default();
         let scope = gate::Scope { deadline: Some(deadline), continuation_only: true, avoid: self.broken.clone() };
         let committed = gate::execute_in(
             &again.state,
@@ -277,7 +310,7 @@ impl Source {
         match committed {
             Ok(gate::Committed { answer: Answer::Normalized { buffered, rest }, .. }) => {
                 let provider = rest.as_ref().map_or("-", LiveRun::provider_id).to_string();
-                self.splice.continued();
+                self.splice.continued(&sent);
                 count(again, CONTINUED);
                 tracing::info!(
                     broken = %broken,
@@ -387,7 +420,7 @@ mod tests {
     #[test]
     fn a_continuation_drops_its_start_and_reasoning_and_counts_toward_the_limit() {
         let (mut splice, _) = sent(vec![started(), text("w1")]);
-        splice.continued();
+        splice.continued("w1");
         assert_eq!(splice.pass(started()), None);
         assert_eq!(splice.pass(reasoning("again")), None);
         assert_eq!(splice.pass(text(" w2")), Some(text(" w2")));
@@ -395,16 +428,47 @@ mod tests {
         assert_eq!(splice.on_break(&cut(), 1), Err(NotContinued::Limit));
     }
 
+    /// llama.cpp's server repeats the prefill before the continuation.
+    #[test]
+    fn a_repeat_of_the_prefill_is_dropped_and_a_real_continuation_passes() {
+        let continued = |prefill: &str, events: Vec<Event>| {
+            let mut splice = Splice::default();
+            splice.pass(text(prefill));
+            splice.continued(prefill);
+            let out: Vec<Event> = events.into_iter().filter_map(|e| splice.pass(e)).collect();
+            let text: String =
+                out.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.text.clone()) } else { None }).collect();
+            (text, out.len(), splice)
+        };
+        // The whole prefill in one piece, then more.
+        let (got, _, splice) = continued("w1 w2", vec![started(), text("w1 w2 w3"), text(" w4")]);
+        assert_eq!(got, " w3 w4");
+        assert_eq!(splice.on_break(&cut(), 5), Ok("w1 w2 w3 w4".to_string()));
+        // The prefill in pieces, then the continuation.
+        let (got, _, _) = continued("w1 w2", vec![text("w1"), text(" w"), text("2"), text(" w3")]);
+        assert_eq!(got, " w3");
+        // No repeat (Ollama, the mock): everything passes.
+        let (got, _, _) = continued("w1 w2", vec![text(" w3"), text(" w4")]);
+        assert_eq!(got, " w3 w4");
+        // Text that starts like the prefill and departs from it is the continuation, whole.
+        let (got, _, _) = continued("w1 w2", vec![text("w1"), text("0 w11")]);
+        assert_eq!(got, "w10 w11");
+        // Only a part of the repeat before the end: dropped, the terminal passes.
+        let done = Event::Completed(pb::RunCompleted { finish_reason: pb::FinishReason::Stop.into() });
+        let (got, n, _) = continued("w1 w2", vec![text("w1"), usage(1, 1), done]);
+        assert_eq!((got.as_str(), n), ("", 2), "usage and the terminal");
+    }
+
     #[test]
     fn usage_is_the_first_prompt_and_the_sum_of_completions() {
         let (mut splice, out) = sent(vec![text("a"), usage(10, 3)]);
         assert_eq!(out[1], usage(10, 3), "one run: as reported");
-        splice.continued();
+        splice.continued("w1");
         assert_eq!(splice.pass(usage(13, 4)), Some(usage(10, 7)));
         assert_eq!(splice.pass(usage(13, 5)), Some(usage(10, 8)), "a run's latest usage replaces its earlier one");
         // A broken run that reported nothing: the continuation's prompt.
         let (mut splice, _) = sent(vec![text("a")]);
-        splice.continued();
+        splice.continued("w1");
         assert_eq!(splice.pass(usage(13, 4)), Some(usage(13, 4)));
     }
 
