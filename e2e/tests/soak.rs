@@ -404,6 +404,8 @@ async fn soak() {
         }
     }
 
+    let metrics = stack.client.get(stack.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let continuations: Vec<&str> = metrics.lines().filter(|l| l.starts_with("iop_edge_continuations_total")).collect();
     let tally = tally.lock().unwrap();
     let requests: u64 = tally.outcomes.values().sum::<u64>() + tally.violations.len() as u64;
     println!("soak: seed {seed}, {requests} requests, slowest {:?}", tally.slowest);
@@ -415,8 +417,6 @@ async fn soak() {
         view["leases"]["released"],
         tally.violations.len()
     );
-    let metrics = stack.client.get(stack.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let continuations: Vec<&str> = metrics.lines().filter(|l| l.starts_with("iop_edge_continuations_total")).collect();
     println!("soak: continuations {continuations:#?}");
     assert!(tally.violations.is_empty(), "violations (seed {seed}): {:#?}", tally.violations);
     assert!(requests > 0);
