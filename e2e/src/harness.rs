@@ -52,6 +52,7 @@ impl ProviderSpec {
             capacity: self.capacity,
             mode: self.mode,
             credential: None,
+            continuation: false,
         }
     }
 }

@@ -60,6 +60,19 @@
 //! text split into pieces like the echo, instead of the echo or the `call
 //! tool` call (a scripted turn still wins).
 //!
+//! # Prefill continuation
+//!
+//! Like Ollama and llama.cpp's server, the mock continues a prefilled
+//! assistant turn: with `words=N`, when the request's last message is an
+//! assistant message whose text's last word is `wK`, the reply is exactly
+//! the rest, ` w(K+1) … wN` (with its leading space, none when the prefill
+//! already ends in whitespace), so prefill + reply is `w1 … wN` by plain
+//! concatenation; nothing when K ≥ N. With `repeat_prefill`, as llama.cpp's
+//! server does, the reply starts with the prefill itself (prefill +
+//! continuation, split into pieces like any reply). Pieces, usage and the fault knobs
+//! apply to the continuation as to any reply. Without `words`, or when the
+//! prefill does not end in such a word, the reply is the usual one.
+//!
 //! # Reasoning
 //!
 //! A request that asks for reasoning (Ollama: `"think": true` or a level
@@ -200,9 +213,10 @@
 //! | `fail_times=N`           | with `status`: only the first N requests with this exact knob set fail; later ones answer normally (counted per mock process) |
 //! | `never_answer[=BOOL]`    | never send headers (until the client leaves or shutdown)      |
 //! | `exit[=BOOL]`            | the process exits with status 3 upon receiving the request    |
-//! | `words=N`                | the reply is `w1 w2 … wN`                                     |
+//! | `words=N`                | the reply is `w1 w2 … wN` (a prefill's rest: *Prefill continuation*) |
 //! | `hold=NAME`              | before anything else, wait until `POST /mock/release/NAME`    |
 //! | `context_window=N`       | a prompt of more than N words gets a 400 context-length error |
+//! | `repeat_prefill[=BOOL]`  | a continued prefill (`words`) is repeated before its continuation |
 //! | `sse_line_end=lf\|crlf\|cr`| OpenAI streams only: how SSE lines end (all three are valid)  |
 //!
 //! `stall_after` / `cut_after` with N at or beyond the number of content chunks
@@ -275,6 +289,7 @@ pub const KNOBS: &[&str] = &[
     "sse_line_end",
     "echo_auth",
     "set_cookie",
+    "repeat_prefill",
 ];
 /// How many requests `GET /mock/requests` keeps (the oldest go first).
 pub const REQUEST_LOG_LIMIT: usize = 100;
@@ -374,6 +389,10 @@ pub struct Faults {
     /// `x-ratelimit-remaining-requests` header, as hosted APIs send them.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub set_cookie: Option<bool>,
+    /// Like llama.cpp's server: the continuation of a prefilled assistant
+    /// turn (`words`) starts with the prefill itself.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub repeat_prefill: Option<bool>,
 }
 
 /// An SSE line terminator.
@@ -468,6 +487,7 @@ impl Faults {
             sse_line_end: over.sse_line_end.or(self.sse_line_end),
             echo_auth: over.echo_auth.or(self.echo_auth),
             set_cookie: over.set_cookie.or(self.set_cookie),
+            repeat_prefill: over.repeat_prefill.or(self.repeat_prefill),
         }
     }
 
@@ -508,6 +528,7 @@ impl Faults {
             "exit" => self.exit = Some(flag(knob, value)?),
             "echo_auth" => self.echo_auth = Some(flag(knob, value)?),
             "set_cookie" => self.set_cookie = Some(flag(knob, value)?),
+            "repeat_prefill" => self.repeat_prefill = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
             "context_window" => self.context_window = Some(number(knob, value)?),
             "sse_line_end" => {
@@ -1507,7 +1528,8 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
                 api.limit(&req),
             ),
             None => {
-                ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), faults.words)
+                let words = faults.words.map(|n| (n, on(faults.repeat_prefill)));
+                ReplyPlan::echo(&req.messages, req.tools.as_deref().unwrap_or_default(), api.limit(&req), words)
             }
         },
     };
@@ -1841,7 +1863,8 @@ struct Usage {
 
 impl ReplyPlan {
     /// The echo (or `words`) reply, or the `call tool` call.
-    fn echo(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<usize>) -> Self {
+    /// `words`: N, and whether a continued prefill is repeated first.
+    fn echo(messages: &[ChatMessage], tools: &[Value], limit: Option<usize>, words: Option<(usize, bool)>) -> Self {
         let prompt = prompt_tokens(messages);
         if let Some(tool_call) = requested_tool_call(messages, tools) {
             return ReplyPlan {
@@ -1924,13 +1947,34 @@ fn prompt_tokens(messages: &[ChatMessage]) -> u64 {
     messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum()
 }
 
-fn reply_text(messages: &[ChatMessage], words: Option<usize>) -> String {
-    if let Some(n) = words {
-        return (1..=n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+fn reply_text(messages: &[ChatMessage], words: Option<(usize, bool)>) -> String {
+    if let Some((n, repeat)) = words {
+        let reply = words_reply(messages, n);
+        return match messages.last().filter(|m| repeat && m.role == "assistant") {
+            Some(prefill) => prefill.text() + &reply,
+            None => reply,
+        };
     }
     let images: usize = messages.iter().map(ChatMessage::image_count).sum();
     let images = if images > 0 { format!(" [images: {images}]") } else { String::new() };
     format!("Hello from the IOP mock provider. You said: {}{images}", last_user_echo(messages))
+}
+
+/// `w1 … wN`, or its continuation after a prefilled assistant turn (see
+/// *Prefill continuation*).
+fn words_reply(messages: &[ChatMessage], n: usize) -> String {
+    let prefill = messages.last().filter(|m| m.role == "assistant").map(ChatMessage::text).unwrap_or_default();
+    let Some(k) = prefill_word(&prefill) else {
+        return (1..=n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    };
+    // A prefill that ends in whitespace already has the separator.
+    let first = if prefill.ends_with(char::is_whitespace) { "" } else { " " };
+    (k + 1..=n).enumerate().map(|(j, i)| format!("{}w{i}", if j == 0 { first } else { " " })).collect()
+}
+
+/// `K` when `text`'s last whitespace-separated word is `wK`.
+fn prefill_word(text: &str) -> Option<usize> {
+    text.split_whitespace().next_back()?.strip_prefix('w')?.parse().ok()
 }
 
 fn reasoning_text(messages: &[ChatMessage]) -> String {
@@ -2751,6 +2795,7 @@ mod tests {
                 sse_line_end: Some(LineEnd::Cr),
                 echo_auth: Some(true),
                 set_cookie: Some(false),
+                repeat_prefill: None,
             }
         );
         assert_eq!(parse_faults("").unwrap(), Faults::default());
@@ -3001,6 +3046,54 @@ mod tests {
         let reply =
             json_of(post(&mock, "/v1/chat/completions", &chat_body("mock", "call tool", bare), None).await).await;
         assert_eq!(reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+    }
+
+    /// Issue 28 item 4: prefill + continuation is `w1 … wN` exactly.
+    #[test]
+    fn words_continue_a_prefilled_assistant_turn() {
+        let message = |role: &str, text: &str| ChatMessage { role: role.into(), content: json!(text), images: None };
+        let user = || message("user", "count");
+        assert_eq!(words_reply(&[user()], 3), "w1 w2 w3");
+        for prefill in ["w1 w2 w3 w4", "w1 w2 w3 w4 "] {
+            let reply = words_reply(&[user(), message("assistant", prefill)], 6);
+            assert_eq!(format!("{prefill}{reply}"), "w1 w2 w3 w4 w5 w6", "{prefill:?}");
+        }
+        assert_eq!(words_reply(&[user(), message("assistant", "w1 w2")], 2), "", "nothing left");
+        // Not a prefill of this reply: the whole reply.
+        assert_eq!(words_reply(&[user(), message("assistant", "Sure:")], 2), "w1 w2");
+        assert_eq!(words_reply(&[message("assistant", "w1"), user()], 2), "w1 w2", "the last message is the user's");
+    }
+
+    #[tokio::test]
+    async fn both_chat_apis_continue_a_prefill_as_a_stream() {
+        let mock = spawn(Faults::default()).await;
+        let messages =
+            json!([{ "role": "user", "content": "count" }, { "role": "assistant", "content": "w1 w2 w3 w4" }]);
+        let body = json!({ "model": "mock@words=7", "messages": messages, "stream": true });
+        let (ollama, broken) = read_lossy(post(&mock, "/api/chat", &body, None).await).await;
+        assert!(!broken);
+        let text: String = ndjson(&ollama).iter().filter_map(|l| l["message"]["content"].as_str()).collect();
+        assert_eq!(text, " w5 w6 w7");
+        let (openai, broken) = read_lossy(post(&mock, "/v1/chat/completions", &body, None).await).await;
+        assert!(!broken);
+        let text: String = sse(&openai)
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .filter_map(|e| {
+                serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(String::from)
+            })
+            .collect();
+        assert_eq!(text, " w5 w6 w7");
+        // llama.cpp's way: the prefill, then its continuation.
+        let (openai, _) = read_lossy(post(&mock, "/v1/chat/completions", &body, Some("repeat_prefill")).await).await;
+        let text: String = sse(&openai)
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .filter_map(|e| {
+                serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(String::from)
+            })
+            .collect();
+        assert_eq!(text, "w1 w2 w3 w4 w5 w6 w7");
     }
 
     #[tokio::test]

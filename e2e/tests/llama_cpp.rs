@@ -170,6 +170,38 @@ async fn sse(response: reqwest::Response) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// Issue 28 item 4: a stream cut after `w1 w2 w3` goes on on the real
+/// server, sent that text as the final assistant message. llama.cpp answers
+/// a prefilled turn with the prefill and then its continuation; the client
+/// gets the prefill once, then what the server generated, as one answer
+/// ending in the normal `length` finish of `max_tokens`.
+async fn the_server_continues_a_broken_stream(stack: &Stack) {
+    let body = request("/v1/chat/completions", "gemma-cont", "Count in words: w1 w2 w3", true);
+    let events = sse(stack.post("/v1/chat/completions", &body).await).await;
+    assert_eq!(events.last().map(|e| &e.1), Some(&json!("[DONE]")), "{events:?}");
+    let chunks: Vec<&Value> = events.iter().map(|e| &e.1).filter(|d| d.is_object()).collect();
+    assert!(chunks.iter().all(|c| c.get("error").is_none()), "{chunks:?}");
+    let ids: std::collections::BTreeSet<_> = chunks.iter().filter_map(|c| c["id"].as_str()).collect();
+    assert_eq!(ids.len(), 1, "one answer: {ids:?}");
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let rest = text.strip_prefix("w1 w2 w3").unwrap_or_else(|| panic!("the mock's words first: {text:?}"));
+    assert!(!rest.is_empty(), "the server generated more: {text:?}");
+    assert!(
+        !rest.trim_start().starts_with("w1 w2 w3"),
+        "the server's repeat of the prefill is not sent again: {text:?}"
+    );
+    let finishes: Vec<_> = chunks.iter().filter_map(|c| c["choices"][0]["finish_reason"].as_str()).collect();
+    assert_eq!(finishes, ["length"], "{text:?}");
+    let usage = chunks.iter().rev().find(|c| c["usage"].is_object()).map(|c| c["usage"].clone()).unwrap();
+    assert!(usage["completion_tokens"].as_u64().unwrap() <= MAX_TOKENS, "{usage}");
+    assert_eq!(stack.metric("iop_edge_continuations_total{result=\"continued\"}").await, 1.0);
+    let sent = stack.last_provider_request("/api/chat").await;
+    assert!(
+        sent["messages"].as_array().unwrap().last().unwrap()["role"] == "user",
+        "the mock got the original request"
+    );
+}
+
 /// Checks one answer's protocol facts and returns its (input, output) tokens.
 async fn answer(stack: &Stack, path: &str, model: &str, stream: bool) -> (u64, u64) {
     let body = request(path, model, "Name three colours.", stream);
@@ -296,12 +328,19 @@ async fn a_real_llama_cpp_server_behind_iop() {
             llama_provider("llama-small", "gemma-small", &small),
             llama_provider("llama-small-fb", "gemma-small-fb", &small),
             small_tunnel,
+            // A stream cut after three words, continued on the real server.
+            ProviderSpec {
+                priority: 0,
+                ..provider("cut-first", Adapter::Ollama, "mock@words=20,cut_after=3", "gemma-cont", "")
+            },
+            ProviderSpec { priority: 1, ..llama_provider("llama-cont", "gemma-cont", &main) },
         ],
         context_fallbacks: vec![("gemma-small-fb", "gemma"), ("gemma-small-tunnel", "gemma")],
         ..Default::default()
     })
     .await;
-    for id in ["llama", "llama-tunnel", "llama-small", "llama-small-fb", "llama-small-tunnel"] {
+    stack.declare_continuation(&["cut-first", "llama-cont"]).await;
+    for id in ["llama", "llama-tunnel", "llama-small", "llama-small-fb", "llama-small-tunnel", "llama-cont"] {
         wait_until(&format!("{id} available"), WAIT, || async {
             stack.provider_admin(id).await["health"] == "available"
         })
@@ -325,6 +364,8 @@ async fn a_real_llama_cpp_server_behind_iop() {
     timed("tunnel");
     context_overflow_is_the_apis_error_and_the_fallback_takes_it(&stack).await;
     timed("context");
+    the_server_continues_a_broken_stream(&stack).await;
+    timed("continuation");
     a_client_that_leaves_frees_the_servers_slot(&stack, &main).await;
     timed("cancel");
     drop(small);

@@ -38,10 +38,13 @@ const HEARTBEAT: &str = "250,1000";
 const TARGET: &str = "mock@words=12,chunk_delay_ms=5";
 const CLIENTS: usize = 12;
 /// Process-wide mock knobs the chaos task picks from ("" clears them).
-const FAULTS: [&str; 10] = [
+const FAULTS: [&str; 11] = [
     "",
     "",
     "cut_after=3",
+    // Half the answer's text, then a cut: continued on a provider that
+    // continues prefills (every normalized provider here declares it).
+    "cut_after=6",
     "stall_after=2",
     "status=500",
     "status=429,retry_after=1",
@@ -189,10 +192,38 @@ async fn one_request(stack: &Stack, api: usize, stream: bool, abandon: bool, n: 
         _ => (text.contains("event: message_stop"), text.contains("event: error")),
     };
     match (finished, failed) {
+        (true, false) if !tunnelled(api) => {
+            check_words(api, &text).map_err(|e| format!("{path}: {e}: {text}"))?;
+            Ok("200 stream".into())
+        }
         (true, false) => Ok("200 stream".into()),
         (false, true) => Ok("200 stream ended by error event".into()),
         _ => Err(format!("{path}: a stream must end in exactly one of completion or error: {text}")),
     }
+}
+
+/// A completed normalized stream's text: `TARGET`'s words in order, none
+/// repeated (a continuation neither repeats nor reorders text), ending with
+/// the last (a skipped malformed chunk may drop one in the middle).
+fn check_words(api: usize, text: &str) -> Result<(), String> {
+    let data = text.split("\n\n").filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")));
+    let pieces: String = data
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| match api {
+            0 => v["choices"][0]["delta"]["content"].as_str().map(str::to_string),
+            1 => (v["type"] == "response.output_text.delta").then(|| v["delta"].as_str().map(str::to_string)).flatten(),
+            _ => {
+                (v["type"] == "content_block_delta").then(|| v["delta"]["text"].as_str().map(str::to_string)).flatten()
+            }
+        })
+        .collect();
+    let numbers: Vec<u32> =
+        pieces.split_whitespace().map(|w| w.strip_prefix('w').and_then(|n| n.parse().ok()).unwrap_or(0)).collect();
+    let in_order = numbers.windows(2).all(|w| w[0] < w[1]) && numbers.first().is_some_and(|n| *n > 0);
+    if !in_order || numbers.last() != Some(&12) {
+        return Err(format!("the answer's words are repeated, out of order or incomplete: {pieces:?}"));
+    }
+    Ok(())
 }
 
 async fn client(stack: Arc<Stack>, seed: u64, until: Instant, tally: Arc<Mutex<Tally>>) {
@@ -329,6 +360,8 @@ async fn soak() {
         .await,
     );
 
+    stack.declare_continuation(&["o1", "c1", "o2"]).await;
+
     let until = Instant::now() + Duration::from_secs(secs);
     let tally = Arc::new(Mutex::new(Tally::default()));
     let clients: Vec<_> = (0..CLIENTS as u64)
@@ -398,6 +431,7 @@ async fn soak() {
         .filter(|l| l.starts_with("iop_edge_provider_ejections_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
+    let continuations: Vec<&str> = metrics.lines().filter(|l| l.starts_with("iop_edge_continuations_total")).collect();
     let tally = tally.lock().unwrap();
     let requests: u64 = tally.outcomes.values().sum::<u64>() + tally.violations.len() as u64;
     println!("soak: seed {seed}, {requests} requests, slowest {:?}", tally.slowest);
@@ -410,6 +444,7 @@ async fn soak() {
         view["leases"]["released"],
         tally.violations.len()
     );
+    println!("soak: continuations {continuations:#?}");
     assert!(tally.violations.is_empty(), "violations (seed {seed}): {:#?}", tally.violations);
     assert!(requests > 0);
 }

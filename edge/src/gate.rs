@@ -108,6 +108,29 @@ impl<F: NodeFrame> LiveRun<F> {
     pub fn stop(mut self, reason: crate::admission::ReleaseReason) {
         self.run.stop(reason);
     }
+
+    /// The provider the run is on.
+    pub fn provider_id(&self) -> &str {
+        self.run.lease().provider_id()
+    }
+
+    /// When the request's time budget runs out.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// What a run of [`execute_in`] may use besides the request's route.
+#[derive(Debug, Default)]
+pub struct Scope {
+    /// The request's deadline, when it started earlier (a continuation);
+    /// else `limits.request_timeout_ms` from now.
+    pub deadline: Option<Instant>,
+    /// Only providers with `continuation: true` (see `crate::continuation`).
+    pub continuation_only: bool,
+    /// Providers tried last (`true`) or not at all (`false`), as after a
+    /// failed attempt.
+    pub avoid: HashMap<String, bool>,
 }
 
 /// How much of an answer the Edge holds in memory for one request
@@ -264,17 +287,38 @@ pub async fn execute(
     tunnel: Option<TunnelForm>,
     point: CommitPoint,
 ) -> Result<Committed, ApiError> {
+    execute_in(state, caller, model, request, tunnel, point, Scope::default()).await
+}
+
+/// [`execute`] within `scope`.
+pub async fn execute_in(
+    state: &Arc<EdgeState>,
+    caller: &Caller,
+    model: &str,
+    request: pb::RunRequest,
+    tunnel: Option<TunnelForm>,
+    point: CommitPoint,
+    scope: Scope,
+) -> Result<Committed, ApiError> {
     let config = state.config.current();
-    let mut candidates = candidates(&config, model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
+    let candidates_of = |model| {
+        let all = candidates(&config, model)?;
+        if !scope.continuation_only {
+            return Some(all);
+        }
+        let capable: Arc<[Candidate]> = all.iter().filter(|c| c.provider.continuation).cloned().collect();
+        (!capable.is_empty()).then_some(capable)
+    };
+    let mut candidates = candidates_of(model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
     // The route being tried: the client's model, or its context fallback.
     let mut route = model;
     let limits = &config.limits;
-    let deadline = Instant::now() + Duration::from_millis(limits.request_timeout_ms);
+    let deadline = scope.deadline.unwrap_or_else(|| Instant::now() + Duration::from_millis(limits.request_timeout_ms));
     let queue_timeout = Duration::from_millis(limits.queue_timeout_ms);
     // Refusals for capacity other replicas hold at the node wait like the
     // queue does, until then.
     let queued_until = Instant::now() + queue_timeout;
-    let mut avoid: HashMap<String, bool> = HashMap::new();
+    let mut avoid: HashMap<String, bool> = scope.avoid.clone();
     let mut last_failure: Option<pb::ExecutionFailure> = None;
     // The provider whose stall this request is being replayed for, if any.
     let mut replaying_stall_of: Option<String> = None;
@@ -375,7 +419,7 @@ pub async fn execute(
         // model, with an attempt of its own (one hop: only from the
         // client's own model).
         if let Some(next) = context_fallback(&config, caller, route, &failure).filter(|_| route == model)
-            && let Some(next_candidates) = self::candidates(&config, next)
+            && let Some(next_candidates) = candidates_of(next)
         {
             count("context_fallback");
             settle(run, true, &failure);

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod auth;
 pub mod config;
+pub mod continuation;
 pub mod credentials;
 pub mod dispatch;
 pub mod gate;

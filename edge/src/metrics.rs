@@ -201,6 +201,8 @@ pub struct EdgeMetrics {
     pub recovery_results: Family<RecoveryLabels, Counter>,
     /// Where each failed attempt before the commit point went next.
     pub retry_paths: Family<RetryPathLabels, Counter>,
+    /// Breaks after text and what became of them (`crate::continuation`).
+    pub continuations: Family<RecoveryLabels, Counter>,
     pub config_revision: Gauge,
     pub config_reloads: Family<RecoveryLabels, Counter>,
     pub node_handshakes_in_progress: Gauge,
@@ -332,6 +334,11 @@ impl EdgeMetrics {
             "retry_paths",
             "Failed attempts before the first byte, by where the request went next",
             retry_paths.clone(),
+        let continuations = Family::<RecoveryLabels, Counter>::default();
+        registry.register(
+            "continuations",
+            "Committed streams that broke: continued, or why not (continuation)",
+            continuations.clone(),
         );
         let config_revision = Gauge::default();
         registry.register(
@@ -451,6 +458,7 @@ impl EdgeMetrics {
             recovery_eligibility,
             recovery_results,
             retry_paths,
+            continuations,
             config_revision,
             config_reloads,
             node_handshakes_in_progress,

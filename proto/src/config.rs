@@ -472,6 +472,15 @@ pub struct ProviderEntry {
     /// the node; absent for a server that needs none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<CredentialRef>,
+    /// The provider continues a prefilled final assistant turn (the answer
+    /// goes on from the assistant message's text instead of starting a new
+    /// turn), so a committed stream broken on any provider of the same
+    /// public model may be continued here (`limits.max_continuations`).
+    /// Ollama and llama.cpp's server do; vLLM only with
+    /// `continue_final_message`. False by default: a server that starts a
+    /// new turn would repeat the answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continuation: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -651,6 +660,11 @@ pub struct Limits {
     /// one principal).
     #[serde(default = "Limits::default_max_jobs_per_principal")]
     pub max_jobs_per_principal: u32,
+    /// Continuations per streaming request: how often a committed stream
+    /// that broke after text is continued on a provider with
+    /// `continuation: true` (0: never).
+    #[serde(default = "Limits::default_max_continuations")]
+    pub max_continuations: u32,
 }
 
 impl Limits {
@@ -684,6 +698,14 @@ impl Limits {
     fn default_max_jobs_per_principal() -> u32 {
         4
     }
+    /// One continuation covers the provider that broke; a second covers
+    /// the continuing provider breaking too (the same outage often reaches
+    /// both). Each one sends the whole prompt plus the answer so far again,
+    /// so a stream that broke three times is told so rather than retried
+    /// on.
+    fn default_max_continuations() -> u32 {
+        2
+    }
 }
 
 impl Default for Limits {
@@ -699,6 +721,7 @@ impl Default for Limits {
             http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
             stream_keepalive_ms: Self::default_stream_keepalive_ms(),
             max_jobs_per_principal: Self::default_max_jobs_per_principal(),
+            max_continuations: Self::default_max_continuations(),
         }
     }
 }

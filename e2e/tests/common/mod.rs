@@ -378,6 +378,22 @@ impl Stack {
             .expect("POST")
     }
 
+    /// Marks providers `ids` `continuation: true` (they continue a
+    /// prefilled assistant turn) and waits for the Edge to reload.
+    pub async fn declare_continuation(&self, ids: &[&str]) {
+        let text = std::fs::read_to_string(&self.edge_config).unwrap();
+        let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
+        let revision = self.get_json("/admin/v1/config").await["config"]["revision"].as_u64().unwrap();
+        for p in config.providers.iter_mut().filter(|p| ids.contains(&p.id.as_str())) {
+            p.continuation = true;
+        }
+        std::fs::write(&self.edge_config, config.to_yaml()).unwrap();
+        wait_until("the reload is applied", WAIT, || async {
+            self.get_json("/admin/v1/config").await["config"]["revision"].as_u64() == Some(revision + 1)
+        })
+        .await;
+    }
+
     /// `/admin/v1/providers` entry of provider `id`.
     pub async fn provider_admin(&self, id: &str) -> Value {
         let all = self.get_json("/admin/v1/providers").await;

@@ -286,6 +286,7 @@ struct Early<S: Surface> {
     period: std::time::Duration,
     context: Option<S::Context>,
     max_response_bytes: usize,
+    again: Option<crate::continuation::Again>,
 }
 
 async fn serve<S: Surface>(
@@ -314,6 +315,10 @@ async fn serve<S: Surface>(
         record.route = Some(parsed.model.clone());
     }
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
+    // A stream that breaks after text may be continued (not a job's: its
+    // runs are the job's own).
+    let again = (parsed.stream && job_id.is_none())
+        .then(|| crate::continuation::Again::new(state, &caller, &parsed.model, &parsed.run));
     let mut execution: Execution = match job_id {
         Some(id) => {
             let spec = job_spec::<S>(state, &config, &headers, id, &caller, parsed.model.clone(), parsed.run)?;
@@ -345,13 +350,13 @@ async fn serve<S: Surface>(
             Ok(result) => result?,
             Err(_) => {
                 let context = Some(parsed.context);
-                return Ok(Reply::Early(Box::new(Early { execution, period, context, max_response_bytes })));
+                return Ok(Reply::Early(Box::new(Early { execution, period, context, max_response_bytes, again })));
             }
         }
     } else {
         execution.await?
     };
-    committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes)
+    committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes, again)
 }
 
 /// Admits a job: the model must exist, the client may not bring tools (the
@@ -409,6 +414,7 @@ fn committed_reply<S: Surface>(
     stream: bool,
     context: S::Context,
     max_response_bytes: usize,
+    again: Option<crate::continuation::Again>,
 ) -> Result<Reply<S>, ApiError> {
     let (buffered, rest) = match committed.answer {
         Answer::Tunnel { head, buffered, rest } => return Ok(Reply::Tunnel(Box::new((head, buffered, rest)))),
@@ -424,8 +430,7 @@ fn committed_reply<S: Surface>(
     let budget = S::HOLDS_STREAMED_OUTPUT.then(|| gate::AnswerBudget::new(max_response_bytes));
     Ok(Reply::Stream(Box::new(SseStream {
         streamer: S::streamer(context, committed.target_model),
-        events: buffered.into(),
-        rest,
+        source: crate::continuation::Source::new(buffered, rest, again),
         budget,
         frames: VecDeque::new(),
         done: false,
@@ -464,7 +469,8 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                         biased;
                         result = &mut early.execution => {
                             let context = early.context.take().expect("taken once");
-                            let reply = result.and_then(|c| committed_reply::<S>(c, true, context, early.max_response_bytes));
+                            let again = early.again.take();
+                            let reply = result.and_then(|c| committed_reply::<S>(c, true, context, early.max_response_bytes, again));
                             match reply {
                                 Ok(Reply::Stream(sse)) => Phase::Sse(sse),
                                 Ok(Reply::Tunnel(tunnel)) => {
@@ -570,11 +576,11 @@ fn tunnel_response(
     response
 }
 
-/// A committed streaming response: buffered events first, then the live run.
+/// A committed streaming response: buffered events first, then the live run
+/// (continued where it may be: `crate::continuation`).
 struct SseStream<S: Surface> {
     streamer: S::Streamer,
-    events: VecDeque<Event>,
-    rest: Option<LiveRun<pb::RunEvent>>,
+    source: crate::continuation::Source,
     /// Bounds what the streamer holds, for APIs whose final event repeats
     /// the whole output.
     budget: Option<gate::AnswerBudget>,
@@ -584,16 +590,11 @@ struct SseStream<S: Surface> {
 
 impl<S: Surface> SseStream<S> {
     async fn next_event(&mut self) -> Option<Event> {
-        if let Some(event) = self.events.pop_front() {
-            return Some(event);
-        }
-        let event = self.rest.as_mut()?.next().await?;
+        let event = self.source.next().await?;
         if let Some(budget) = &mut self.budget
             && let Err(failure) = budget.charge(&event)
         {
-            if let Some(rest) = self.rest.take() {
-                rest.stop(crate::admission::ReleaseReason::ProviderError);
-            }
+            self.source.stop(crate::admission::ReleaseReason::ProviderError);
             return Some(Event::Failed(pb::RunFailed { failure: Some(failure) }));
         }
         Some(event)

@@ -108,6 +108,12 @@ pub struct ProviderSpec {
     /// byte-for-byte; other APIs are still normalized.
     #[serde(default)]
     pub mode: ProviderMode,
+    /// The server continues a prefilled final assistant turn (Ollama and
+    /// llama.cpp's server do; vLLM only with `continue_final_message`), so
+    /// the Edge may continue a stream of the same public model that broke
+    /// after text here (`limits.max_continuations`). Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continuation: bool,
     /// Secret key holding the provider API key (openai adapter only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_secret_ref: Option<SecretKeyRef>,

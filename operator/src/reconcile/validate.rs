@@ -306,6 +306,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         first_byte_timeout_ms: spec.first_byte_timeout_ms,
         capacity: spec.capacity,
         mode: spec.mode.into(),
+        continuation: spec.continuation,
         // The profile is the Provider's own: its secret is checked and copied
         // by the build stage (`super::credentials`).
         credential: spec.credential_secret_ref.as_ref().map(|_| CredentialRef { profile: p.name_any() }),

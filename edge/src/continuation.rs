@@ -1,0 +1,501 @@
+//! Mid-stream continuation: a committed streaming answer whose run breaks
+//! after text goes on, in the same client stream, on a provider that
+//! continues a prefilled assistant turn (`providers[].continuation`).
+//!
+//! The client has already been sent part of the answer, so the gate's
+//! replay (`crate::gate`, before the commit point only) cannot help; a
+//! continuation sends the original request again with the text sent so far
+//! appended as the final assistant message (the prefill) and splices the
+//! new run's events into the same stream. The splice sits below the three
+//! APIs' streamers (it replaces the committed run as their event source), so
+//! the client sees one answer in every API: one id, one message, its text
+//! block still open (Anthropic block indexes and Responses output indexes
+//! go on), one role chunk (Chat).
+//!
+//! What is continued ([`Splice::on_break`]): a break the gate would retry
+//! before the commit (`gate::retryable`: cut, reset, stall, unreachable,
+//! provider error status, node connection lost) after the answer has text,
+//! while it is plain text: an answer with a tool call, or inside a
+//! reasoning block, ends with the API's error event as before (a partial
+//! answer is never presented as complete). So does a break with no capable
+//! provider, past `limits.max_continuations`, past the request deadline, or
+//! when the continuation itself fails before its first content.
+//!
+//! What the splice changes in the continuing run's events ([`Splice::pass`]):
+//! - its `Started` is dropped (the answer started already);
+//! - its reasoning is dropped: the answer being continued is text, and a
+//!   reasoning block after text is not an answer any API shows;
+//! - a repeat of the prefill at the start of its text is dropped: llama.cpp's
+//!   server answers a prefilled turn with the prefill and then the
+//!   continuation (Ollama sends only the continuation). Text that matches
+//!   the prefill so far is held back; once it holds the whole prefill, that
+//!   is dropped and the rest passes; as soon as it departs from it, all of it
+//!   passes (it was the continuation). Held text that is still a part of
+//!   the prefill when anything but text comes is dropped as a repeat;
+//! - usage is reported once for the whole answer: `prompt_tokens` is the
+//!   first prompt count any run reported (the original request's when the
+//!   broken run reported usage before it broke; otherwise the
+//!   continuation's, which counts the prefilled text the provider read as
+//!   prompt), `completion_tokens` the sum of every run's completion count;
+//! - text, tool calls and the terminal pass as they come.
+//!
+//! The broken run is finished (its slot and lease released by its own
+//! terminal) before the continuation is admitted, through `gate::execute`
+//! like any request: its own lease and slot, its pre-commit retries,
+//! restricted to continuation providers of the same public model, the
+//! broken provider tried last, within what is left of the deadline.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use iop_proto::config::EdgeConfig;
+use iop_proto::pb::{self, run_event::Event};
+
+use crate::EdgeState;
+use crate::auth::Caller;
+use crate::gate::{self, Answer, CommitPoint, LiveRun};
+use crate::ingress::error::ApiError;
+use crate::ingress::transcript::{BlockKind, Transcript};
+use crate::metrics::RecoveryLabels;
+
+/// Why a break was not continued (the metric's other label values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotContinued {
+    /// The failure is one the gate would not retry either (deadline,
+    /// invalid request, answer too large, ...).
+    NotRetryable,
+    /// No text yet, a tool call, or inside a reasoning block.
+    NotText,
+    /// `limits.max_continuations` reached.
+    Limit,
+    /// No provider of the model declares `continuation: true`, or none
+    /// was eligible.
+    NoCapableProvider,
+    /// The continuation failed before its first content.
+    Failed,
+}
+
+impl NotContinued {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NotRetryable => "not_retryable",
+            Self::NotText => "not_text",
+            Self::Limit => "limit",
+            Self::NoCapableProvider => "no_capable_provider",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// The label of a break that was continued.
+pub const CONTINUED: &str = "continued";
+
+/// What the client was sent of the answer so far, and the usage across
+/// runs. Pure: events in, events out.
+#[derive(Debug, Default)]
+pub struct Splice {
+    transcript: Transcript,
+    /// Continuations so far.
+    continuations: u32,
+    first_prompt: Option<u32>,
+    /// Completion tokens of the runs before the current one.
+    completion_before: u32,
+    /// The current run's completion tokens (its latest usage).
+    completion_now: u32,
+    /// The prefill the continuing run may repeat first, and what of its
+    /// text is held back as matching it so far.
+    echo: Option<(String, String)>,
+}
+
+impl Splice {
+    /// The event the client gets for `event` of the current run, if any.
+    pub fn pass(&mut self, event: Event) -> Option<Event> {
+        let event = match event {
+            Event::Started(_) | Event::Reasoning(_) if self.continuations > 0 => return None,
+            Event::Text(t) if self.echo.is_some() => Event::Text(pb::TextDelta { text: self.unrepeated(t.text)? }),
+            Event::Usage(u) => {
+                let prompt = *self.first_prompt.get_or_insert(u.prompt_tokens);
+                self.completion_now = u.completion_tokens;
+                let completion = self.completion_before.saturating_add(u.completion_tokens);
+                Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
+            }
+            // Anything else ends a repeat: what was held of it is dropped.
+            event => {
+                self.echo = None;
+                event
+            }
+        };
+        if !matches!(event, Event::Failed(_) | Event::Cancelled(_) | Event::Completed(_)) {
+            self.transcript.push(&event);
+        }
+        Some(event)
+    }
+
+    /// The continuing run's text past a repeat of the prefill, if any yet.
+    fn unrepeated(&mut self, text: String) -> Option<String> {
+        let (prefill, held) = self.echo.as_mut()?;
+        held.push_str(&text);
+        if held.len() >= prefill.len() {
+            let (prefill, held) = self.echo.take()?;
+            let rest = held.strip_prefix(prefill.as_str()).map_or(held.clone(), str::to_string);
+            return (!rest.is_empty()).then_some(rest);
+        }
+        if prefill.starts_with(held.as_str()) {
+            return None;
+        }
+        self.echo.take().map(|(_, held)| held)
+    }
+
+    /// Whether a run that failed with `failure` is continued: the prefill
+    /// (the answer's text so far), or why not.
+    pub fn on_break(&self, failure: &pb::ExecutionFailure, max: u32) -> Result<String, NotContinued> {
+        if !gate::retryable(failure) {
+            return Err(NotContinued::NotRetryable);
+        }
+        let blocks = self.transcript.blocks();
+        let in_reasoning =
+            blocks.last().is_some_and(|b| b.kind == BlockKind::Reasoning && self.transcript.is_open(blocks.len() - 1));
+        let text = self.transcript.joined(&BlockKind::Text);
+        if text.is_empty() || self.transcript.has_tool_calls() || in_reasoning {
+            return Err(NotContinued::NotText);
+        }
+        if self.continuations >= max {
+            return Err(NotContinued::Limit);
+        }
+        Ok(text)
+    }
+
+    /// A continuation committed with `prefill` (the final assistant
+    /// message it was sent): its events are the current run's now.
+    pub fn continued(&mut self, prefill: &str) {
+        self.echo = (!prefill.is_empty()).then(|| (prefill.to_string(), String::new()));
+        self.continuations += 1;
+        self.completion_before = self.completion_before.saturating_add(self.completion_now);
+        self.completion_now = 0;
+    }
+}
+
+/// `request` with `text` as the answer's prefill: appended to the request's
+/// own final assistant message (a client's prefill, which the answer
+/// already continued), else as a new final assistant message. Pure.
+pub fn with_prefill(mut request: pb::RunRequest, text: &str) -> pb::RunRequest {
+    match request.messages.last_mut() {
+        Some(last) if last.role() == pb::Role::Assistant && last.tool_calls.is_empty() => {
+            last.content.push_str(text);
+        }
+        _ => request.messages.push(pb::ChatMessage {
+            role: pb::Role::Assistant.into(),
+            content: text.to_string(),
+            ..Default::default()
+        }),
+    }
+    request
+}
+
+/// Whether any provider of `model` continues prefills (and continuations
+/// are allowed at all). Pure.
+pub fn capable(config: &EdgeConfig, model: &str) -> bool {
+    config.limits.max_continuations > 0
+        && crate::route::candidates(config, model).is_some_and(|providers| providers.iter().any(|p| p.continuation))
+}
+
+/// What a continuation needs to run a streaming request again.
+pub struct Again {
+    state: Arc<EdgeState>,
+    caller: Caller,
+    model: String,
+    /// Kept only when the route could continue (a copy of the request
+    /// costs memory): otherwise a break counts as `no_capable_provider`.
+    request: Option<pb::RunRequest>,
+    max: u32,
+}
+
+impl Again {
+    /// For a streaming request of `caller` for `model`, under the config
+    /// it was admitted with.
+    pub fn new(state: &Arc<EdgeState>, caller: &Caller, model: &str, request: &pb::RunRequest) -> Self {
+        let config = state.config.current();
+        Self {
+            state: state.clone(),
+            caller: caller.clone(),
+            model: model.to_string(),
+            request: capable(&config, model).then(|| request.clone()),
+            max: config.limits.max_continuations,
+        }
+    }
+}
+
+/// A committed answer's events for the client: the events buffered before
+/// the commit, then the live run, continued on a break when it may be.
+pub struct Source {
+    pending: VecDeque<Event>,
+    live: Option<LiveRun<pb::RunEvent>>,
+    splice: Splice,
+    again: Option<Again>,
+    /// Providers whose runs broke in this answer: tried last.
+    broken: HashMap<String, bool>,
+}
+
+impl Source {
+    pub fn new(buffered: Vec<Event>, live: Option<LiveRun<pb::RunEvent>>, again: Option<Again>) -> Self {
+        Self { pending: buffered.into(), live, splice: Splice::default(), again, broken: HashMap::new() }
+    }
+
+    /// The next event for the client; `None` after the terminal.
+    pub async fn next(&mut self) -> Option<Event> {
+        loop {
+            let event = match self.pending.pop_front() {
+                Some(event) => event,
+                None => self.live.as_mut()?.next().await?,
+            };
+            if let Event::Failed(failed) = &event
+                && let Some(again) = &self.again
+            {
+                let failure = failed.failure.clone().unwrap_or_default();
+                match self.splice.on_break(&failure, again.max) {
+                    Err(why) => {
+                        // A failure no continuation could help is no break.
+                        if why != NotContinued::NotRetryable {
+                            count(again, why.label());
+                            let provider = self.live.as_ref().map_or("-", LiveRun::provider_id);
+                            tracing::info!(
+                                broken = %provider,
+                                model = %again.model,
+                                result = why.label(),
+                                "a stream broke and was not continued"
+                            );
+                        }
+                    }
+                    Ok(prefill) => {
+                        if self.continue_with(&prefill).await {
+                            continue;
+                        }
+                    }
+                }
+                self.live = None;
+                return Some(event);
+            }
+            if let Some(event) = self.splice.pass(event) {
+                return Some(event);
+            }
+        }
+    }
+
+    /// Admits and commits the continuation; whether it did.
+    async fn continue_with(&mut self, prefill: &str) -> bool {
+        let (Some(again), Some(live)) = (&self.again, self.live.take()) else { return false };
+        let broken = live.provider_id().to_string();
+        let Some(original) = &again.request else {
+            count(again, NotContinued::NoCapableProvider.label());
+            tracing::info!(broken = %broken, model = %again.model, result = "no_capable_provider", "a stream broke after text and was not continued");
+            return false;
+        };
+        let deadline = live.deadline();
+        // The broken run ended with its failure: its slot is free already.
+        drop(live);
+        self.broken.insert(broken.clone(), true);
+        let request = with_prefill(original.clone(), prefill);
+        let sent = request.messages.last().map(|m| m.content.clone()).unwrap_or_default();
+        let scope = gate::Scope { deadline: Some(deadline), continuation_only: true, avoid: self.broken.clone() };
+        let committed = gate::execute_in(
+            &again.state,
+            &again.caller,
+            &again.model,
+            request,
+            None,
+            CommitPoint::FirstContent,
+            scope,
+        )
+        .await;
+        match committed {
+            Ok(gate::Committed { answer: Answer::Normalized { buffered, rest }, .. }) => {
+                let provider = rest.as_ref().map_or("-", LiveRun::provider_id).to_string();
+                self.splice.continued(&sent);
+                count(again, CONTINUED);
+                tracing::info!(
+                    broken = %broken,
+                    provider = %provider,
+                    model = %again.model,
+                    continuation = self.splice.continuations,
+                    prefill_chars = prefill.chars().count(),
+                    "continued a stream that broke after text"
+                );
+                self.pending.extend(buffered);
+                self.live = rest;
+                true
+            }
+            Ok(gate::Committed { answer: Answer::Tunnel { .. }, .. }) => {
+                count(again, NotContinued::Failed.label());
+                false
+            }
+            Err(error) => {
+                let why = match error {
+                    ApiError::NoProviderAvailable(_) | ApiError::ModelNotFound(_) => NotContinued::NoCapableProvider,
+                    _ => NotContinued::Failed,
+                };
+                count(again, why.label());
+                tracing::info!(
+                    broken = %broken,
+                    model = %again.model,
+                    result = why.label(),
+                    code = error.code(),
+                    "a stream broke after text and was not continued"
+                );
+                false
+            }
+        }
+    }
+
+    /// Gives up on the live run (see [`LiveRun::stop`]).
+    pub fn stop(&mut self, reason: crate::admission::ReleaseReason) {
+        self.pending.clear();
+        if let Some(live) = self.live.take() {
+            live.stop(reason);
+        }
+    }
+}
+
+fn count(again: &Again, result: &'static str) {
+    again.state.metrics.continuations.get_or_create(&RecoveryLabels { result }).inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::FailureKind;
+
+    fn text(s: &str) -> Event {
+        Event::Text(pb::TextDelta { text: s.into() })
+    }
+    fn reasoning(s: &str) -> Event {
+        Event::Reasoning(pb::ReasoningDelta { text: s.into() })
+    }
+    fn usage(prompt: u32, completion: u32) -> Event {
+        Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
+    }
+    fn started() -> Event {
+        Event::Started(pb::RunStarted { model: "m".into() })
+    }
+    fn cut() -> pb::ExecutionFailure {
+        pb::ExecutionFailure::new(FailureKind::ProviderUnreachable, "cut")
+    }
+    fn sent(events: Vec<Event>) -> (Splice, Vec<Event>) {
+        let mut splice = Splice::default();
+        let out = events.into_iter().filter_map(|e| splice.pass(e)).collect();
+        (splice, out)
+    }
+
+    #[test]
+    fn the_prefill_is_every_text_the_client_got() {
+        let (splice, out) = sent(vec![started(), reasoning("hm"), text("w1"), text(" w2")]);
+        assert_eq!(out.len(), 4, "nothing of the first run is dropped");
+        assert_eq!(splice.on_break(&cut(), 2), Ok("w1 w2".to_string()), "reasoning is no part of the prefill");
+    }
+
+    #[test]
+    fn only_plain_text_answers_broken_by_a_retryable_failure_continue() {
+        let (splice, _) = sent(vec![started()]);
+        assert_eq!(splice.on_break(&cut(), 2), Err(NotContinued::NotText), "no text yet");
+        let (splice, _) = sent(vec![text("a"), reasoning("thinking")]);
+        assert_eq!(splice.on_break(&cut(), 2), Err(NotContinued::NotText), "inside a reasoning block");
+        let call = Event::ToolCall(pb::ToolCallDelta {
+            index: 0,
+            id: "c".into(),
+            name: "f".into(),
+            arguments_delta: "{\"q\":".into(),
+        });
+        let (splice, _) = sent(vec![text("a"), call.clone()]);
+        assert_eq!(splice.on_break(&cut(), 2), Err(NotContinued::NotText), "inside a tool call");
+        let (splice, _) = sent(vec![call, text("after")]);
+        assert_eq!(splice.on_break(&cut(), 2), Err(NotContinued::NotText), "after a tool call");
+        let (splice, _) = sent(vec![text("a")]);
+        let deadline = pb::ExecutionFailure::new(FailureKind::DeadlineExceeded, "late");
+        assert_eq!(splice.on_break(&deadline, 2), Err(NotContinued::NotRetryable));
+        for kind in [FailureKind::TransportLost, FailureKind::ResponseStalled, FailureKind::ProviderProtocol] {
+            assert!(splice.on_break(&pb::ExecutionFailure::new(kind, ""), 2).is_ok(), "{kind:?}");
+        }
+        assert_eq!(splice.on_break(&cut(), 0), Err(NotContinued::Limit));
+    }
+
+    #[test]
+    fn a_continuation_drops_its_start_and_reasoning_and_counts_toward_the_limit() {
+        let (mut splice, _) = sent(vec![started(), text("w1")]);
+        splice.continued("w1");
+        assert_eq!(splice.pass(started()), None);
+        assert_eq!(splice.pass(reasoning("again")), None);
+        assert_eq!(splice.pass(text(" w2")), Some(text(" w2")));
+        assert_eq!(splice.on_break(&cut(), 2), Ok("w1 w2".to_string()));
+        assert_eq!(splice.on_break(&cut(), 1), Err(NotContinued::Limit));
+    }
+
+    /// llama.cpp's server repeats the prefill before the continuation.
+    #[test]
+    fn a_repeat_of_the_prefill_is_dropped_and_a_real_continuation_passes() {
+        let continued = |prefill: &str, events: Vec<Event>| {
+            let mut splice = Splice::default();
+            splice.pass(text(prefill));
+            splice.continued(prefill);
+            let out: Vec<Event> = events.into_iter().filter_map(|e| splice.pass(e)).collect();
+            let text: String =
+                out.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.text.clone()) } else { None }).collect();
+            (text, out.len(), splice)
+        };
+        // The whole prefill in one piece, then more.
+        let (got, _, splice) = continued("w1 w2", vec![started(), text("w1 w2 w3"), text(" w4")]);
+        assert_eq!(got, " w3 w4");
+        assert_eq!(splice.on_break(&cut(), 5), Ok("w1 w2 w3 w4".to_string()));
+        // The prefill in pieces, then the continuation.
+        let (got, _, _) = continued("w1 w2", vec![text("w1"), text(" w"), text("2"), text(" w3")]);
+        assert_eq!(got, " w3");
+        // No repeat (Ollama, the mock): everything passes.
+        let (got, _, _) = continued("w1 w2", vec![text(" w3"), text(" w4")]);
+        assert_eq!(got, " w3 w4");
+        // Text that starts like the prefill and departs from it is the continuation, whole.
+        let (got, _, _) = continued("w1 w2", vec![text("w1"), text("0 w11")]);
+        assert_eq!(got, "w10 w11");
+        // Only a part of the repeat before the end: dropped, the terminal passes.
+        let done = Event::Completed(pb::RunCompleted { finish_reason: pb::FinishReason::Stop.into() });
+        let (got, n, _) = continued("w1 w2", vec![text("w1"), usage(1, 1), done]);
+        assert_eq!((got.as_str(), n), ("", 2), "usage and the terminal");
+    }
+
+    #[test]
+    fn usage_is_the_first_prompt_and_the_sum_of_completions() {
+        let (mut splice, out) = sent(vec![text("a"), usage(10, 3)]);
+        assert_eq!(out[1], usage(10, 3), "one run: as reported");
+        splice.continued("w1");
+        assert_eq!(splice.pass(usage(13, 4)), Some(usage(10, 7)));
+        assert_eq!(splice.pass(usage(13, 5)), Some(usage(10, 8)), "a run's latest usage replaces its earlier one");
+        // A broken run that reported nothing: the continuation's prompt.
+        let (mut splice, _) = sent(vec![text("a")]);
+        splice.continued("w1");
+        assert_eq!(splice.pass(usage(13, 4)), Some(usage(13, 4)));
+    }
+
+    #[test]
+    fn the_prefill_extends_a_clients_own_prefill() {
+        let user = pb::ChatMessage { role: pb::Role::User.into(), content: "count".into(), ..Default::default() };
+        let request = pb::RunRequest { messages: vec![user.clone()], ..Default::default() };
+        let continued = with_prefill(request, "w1 w2");
+        assert_eq!(continued.messages.len(), 2);
+        assert_eq!(continued.messages[1].role(), pb::Role::Assistant);
+        assert_eq!(continued.messages[1].content, "w1 w2");
+        let own = pb::ChatMessage { role: pb::Role::Assistant.into(), content: "Sure: ".into(), ..Default::default() };
+        let request = pb::RunRequest { messages: vec![user, own], ..Default::default() };
+        let continued = with_prefill(request, "w1");
+        assert_eq!(continued.messages.len(), 2);
+        assert_eq!(continued.messages[1].content, "Sure: w1");
+    }
+
+    #[test]
+    fn only_a_route_with_a_continuation_provider_is_capable() {
+        let mut config = crate::admission::test_support::one_provider_config("n1");
+        let model = config.providers[0].models[0].name.clone();
+        assert!(!capable(&config, &model));
+        config.providers[0].continuation = true;
+        assert!(capable(&config, &model));
+        assert!(!capable(&config, "other"));
+        config.limits.max_continuations = 0;
+        assert!(!capable(&config, &model), "0 turns continuation off");
+    }
+}
