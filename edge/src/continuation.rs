@@ -346,6 +346,11 @@ impl Source {
         }
     }
 
+    /// The provider of the live run, while there is one.
+    pub fn provider_id(&self) -> Option<&str> {
+        self.live.as_ref().map(LiveRun::provider_id)
+    }
+
     /// Gives up on the live run (see [`LiveRun::stop`]).
     pub fn stop(&mut self, reason: crate::admission::ReleaseReason) {
         self.pending.clear();

@@ -109,11 +109,6 @@ impl<F: NodeFrame> LiveRun<F> {
         self.run.stop(reason);
     }
 
-    /// The provider the run is on.
-    pub fn provider_id(&self) -> &str {
-        self.run.lease().provider_id()
-    }
-
     /// When the request's time budget runs out.
     pub fn deadline(&self) -> Instant {
         self.deadline

@@ -334,6 +334,7 @@ impl EdgeMetrics {
             "retry_paths",
             "Failed attempts before the first byte, by where the request went next",
             retry_paths.clone(),
+        );
         let continuations = Family::<RecoveryLabels, Counter>::default();
         registry.register(
             "continuations",

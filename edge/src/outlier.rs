@@ -87,6 +87,7 @@ pub fn verdict(failure: Option<&pb::ExecutionFailure>, head_status: Option<u32>)
     };
     match failure.kind() {
         FailureKind::ProviderUnreachable
+        | FailureKind::ProviderStreamCut
         | FailureKind::ResponseStalled
         | FailureKind::ProviderProtocol => Verdict::Failure,
         FailureKind::ProviderHttpStatus => status_verdict(failure.provider_status),

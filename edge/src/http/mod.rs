@@ -616,7 +616,7 @@ async fn sse_step<S: Surface>(s: &mut SseStream<S>, record: &mut RequestRecord) 
         Event::Failed(f) => {
             let error = ApiError::Execution(f.failure.clone().unwrap_or_default());
             record.outcome = error.code();
-            record.stream_failed(s.rest.as_ref().map(LiveRun::provider_id), &error);
+            record.stream_failed(s.source.provider_id(), &error);
             s.done = true;
         }
         Event::Cancelled(_) => s.done = true,
