@@ -234,11 +234,15 @@ pub struct Source {
     again: Option<Again>,
     /// Providers whose runs broke in this answer: tried last.
     broken: HashMap<String, bool>,
+    /// The provider answering now (kept after its run ended, for the
+    /// failed-stream log line).
+    provider: Option<String>,
 }
 
 impl Source {
     pub fn new(buffered: Vec<Event>, live: Option<LiveRun<pb::RunEvent>>, again: Option<Again>) -> Self {
-        Self { pending: buffered.into(), live, splice: Splice::default(), again, broken: HashMap::new() }
+        let provider = live.as_ref().map(|l| l.provider_id().to_string());
+        Self { pending: buffered.into(), live, splice: Splice::default(), again, broken: HashMap::new(), provider }
     }
 
     /// The next event for the client; `None` after the terminal.
@@ -321,6 +325,7 @@ impl Source {
                     "continued a stream that broke after text"
                 );
                 self.pending.extend(buffered);
+                self.provider = rest.as_ref().map(|l| l.provider_id().to_string());
                 self.live = rest;
                 true
             }
@@ -346,9 +351,9 @@ impl Source {
         }
     }
 
-    /// The provider of the live run, while there is one.
+    /// The provider answering (or the last one that did).
     pub fn provider_id(&self) -> Option<&str> {
-        self.live.as_ref().map(LiveRun::provider_id)
+        self.provider.as_deref()
     }
 
     /// Gives up on the live run (see [`LiveRun::stop`]).
