@@ -321,6 +321,7 @@ mod tests {
             (Some(http(500)), None, Verdict::Failure),
             (Some(http(503)), None, Verdict::Failure),
             (Some(kind(FailureKind::ProviderUnreachable)), None, Verdict::Failure),
+            (Some(kind(FailureKind::ProviderStreamCut)), None, Verdict::Failure),
             (Some(kind(FailureKind::ResponseStalled)), None, Verdict::Failure),
             (Some(kind(FailureKind::ProviderProtocol)), None, Verdict::Failure),
             (Some(http(429)), None, Verdict::Neutral),

@@ -99,7 +99,8 @@ pub fn plan(input: &RetryInput<'_>) -> RetryPlan {
 
 /// How long the same provider asks to be left alone after `failure`, for
 /// failures worth retrying on it: its `Retry-After` on a 429 or 5xx, a short
-/// backoff on a 5xx without one or an unreachable provider. `None` for the
+/// backoff on a 5xx without one, an unreachable provider or a reset
+/// (a stream cut before the commit). `None` for the
 /// rest: a 429 without `Retry-After`, a refused credential (never retried
 /// with the same credential), a stall (replayed per the spec), a full node
 /// (waits like the queue), a protocol error, a lost node connection. Pure.
@@ -115,7 +116,8 @@ pub fn same_provider_wait(failure: &pb::ExecutionFailure) -> Option<Duration> {
             }
             (status >= 500).then_some(SAME_PROVIDER_BACKOFF)
         }
-        FailureKind::ProviderUnreachable => Some(SAME_PROVIDER_BACKOFF),
+        // Refused or reset, before or after the response's head.
+        FailureKind::ProviderUnreachable | FailureKind::ProviderStreamCut => Some(SAME_PROVIDER_BACKOFF),
         _ => None,
     }
 }
@@ -146,6 +148,7 @@ mod tests {
         let unavailable = failure(ProviderHttpStatus, 503, 2_000);
         let down = failure(ProviderHttpStatus, 500, 0);
         let unreachable = failure(ProviderUnreachable, 0, 0);
+        let cut = failure(ProviderStreamCut, 0, 0);
         let refused = failure(ProviderHttpStatus, 401, 0);
         let stalled = failure(ResponseStalled, 0, 0);
         let full = failure(CapacityExhausted, 0, 0);
@@ -164,6 +167,7 @@ mod tests {
             (&unavailable, 0, &[1, 2], false, 2, 60, 3, SameProviderAfter(2 * S)),
             (&down, 0, &[1], false, 2, 60, 3, backoff),
             (&unreachable, 0, &[1], false, 2, 60, 3, backoff),
+            (&cut, 0, &[1], false, 2, 60, 3, backoff),
             (&limited_long, 0, &[1], false, 2, 60, 3, LowerPriority),
             (&limited, 0, &[1], true, 2, 60, 3, LowerPriority),
             (&limited, 0, &[1], false, 1, 60, 3, LowerPriority),
