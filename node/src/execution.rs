@@ -654,14 +654,18 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
     }
 }
 
+/// Whether the provider's transport failed: refused or reset before its
+/// response, or its stream cut after it started. Pure.
+fn transport_failure(failure: &pb::ExecutionFailure) -> bool {
+    matches!(failure.kind(), pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut)
+}
+
 /// Whether the node logs this provider failure ([`log_provider_failure`]):
 /// resets, cuts, 429s and 5xx, what an operator acts on. Pure.
 pub(crate) fn logged_provider_failure(failure: &pb::ExecutionFailure) -> bool {
-    match failure.kind() {
-        pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut => true,
-        pb::FailureKind::ProviderHttpStatus => failure.provider_status == 429 || failure.provider_status >= 500,
-        _ => false,
-    }
+    transport_failure(failure)
+        || (failure.kind() == pb::FailureKind::ProviderHttpStatus
+            && (failure.provider_status == 429 || failure.provider_status >= 500))
 }
 
 /// One warning per logged provider failure, naming the provider: closed
@@ -672,7 +676,7 @@ pub(crate) fn log_provider_failure(provider: &str, kind: ExecutionKind, failure:
     if !logged_provider_failure(failure) {
         return;
     }
-    let transport = matches!(failure.kind(), pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut);
+    let transport = transport_failure(failure);
     tracing::warn!(
         target: "node_provider_failure",
         provider = %provider,
@@ -697,7 +701,7 @@ async fn unreachable_evidence(
     failure: &mut pb::ExecutionFailure,
     observer: &Observer,
 ) {
-    if !matches!(failure.kind(), pb::FailureKind::ProviderUnreachable | pb::FailureKind::ProviderStreamCut) {
+    if !transport_failure(failure) {
         return;
     }
     let health = probe(http, target).await.health;
@@ -706,9 +710,6 @@ async fn unreachable_evidence(
     failure.health_observation_seq = observer.observed(&target.provider_id, health);
 }
 
-/// After a stall claim: joins the close-grace fence on `producer` with the
-/// exact-target probe, records the observation, and returns the single
-/// `response_stalled` failure with its evidence and sequence.
 /// A claimed stall: how long the provider was silent, and whether nothing at
 /// all arrived by the first-byte deadline (stage `first_byte`).
 #[derive(Debug, Clone, Copy)]
@@ -717,6 +718,9 @@ struct Stall {
     first_byte: bool,
 }
 
+/// After a stall claim: joins the close-grace fence on `producer` with the
+/// exact-target probe, records the observation, and returns the single
+/// `response_stalled` failure with its evidence and sequence.
 async fn stall_failure<T>(
     http: &reqwest::Client,
     target: &ProviderTarget,
@@ -741,7 +745,6 @@ async fn stall_failure<T>(
         target: "node_response_stall_observation",
         provider = %target.provider_id,
         kind = kind.label(),
-        provider = %target.provider_id,
         stage = if first_byte { "first_byte" } else { "stall" },
         provider_health = evidence.health.as_str_name(),
         liveness_classification = evidence.classification.as_str_name(),
