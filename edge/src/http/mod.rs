@@ -131,7 +131,7 @@ impl RequestRecord {
             api = ?self.api,
             route = %self.route.as_deref().unwrap_or("unknown"),
             code = error.code(),
-            provider_code = if error.client_code() == error.code() { "" } else { error.client_code() },
+            provider_code = error.provider_code().unwrap_or(""),
             bytes_sent = self.bytes_sent,
             "stream failed after it started"
         );

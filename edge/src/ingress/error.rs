@@ -270,11 +270,15 @@ impl ApiError {
     /// error code (`content_policy_violation`, ...) replaces
     /// `provider_http_status` ([`passed_code`]). Not a metric label.
     pub fn client_code(&self) -> &str {
+        self.provider_code().unwrap_or_else(|| self.code())
+    }
+
+    /// The provider's own error code, when the client sees it in place of
+    /// `provider_http_status` ([`passed_code`]).
+    pub fn provider_code(&self) -> Option<&str> {
         match self {
-            Self::Execution(f) if self.code() == "provider_http_status" => {
-                passed_code(f).unwrap_or("provider_http_status")
-            }
-            _ => self.code(),
+            Self::Execution(f) if self.code() == "provider_http_status" => passed_code(f),
+            _ => None,
         }
     }
 
@@ -319,9 +323,7 @@ impl ApiError {
             Self::Execution(f) if context_length_exceeded(f) => format!("prompt is too long: {}", self.message()),
             // Anthropic's `error.type` is a closed set: the provider's own
             // code leads the message instead.
-            Self::Execution(f) if self.code() == "provider_http_status" && passed_code(f).is_some() => {
-                format!("{}: {}", self.client_code(), self.message())
-            }
+            _ if let Some(code) = self.provider_code() => format!("{code}: {}", self.message()),
             _ => self.message(),
         };
         json!({ "type": "error", "error": { "type": kind, "message": message } })
