@@ -245,13 +245,11 @@ fn same_credential<'a>(candidates: &'a [Candidate], provider: Option<&ProviderEn
         .collect()
 }
 
-/// How long to wait before retrying after `failure` on attempt `attempt`
-/// (1-based). Pure. With an untried alternative there is no wait; on the
-/// same provider(s) a 429's Retry-After wins, else exponential backoff.
-pub fn retry_delay(failure: &pb::ExecutionFailure, attempt: u32, alternative: bool) -> Duration {
-    if alternative {
-        return Duration::ZERO;
-    }
+/// How long to wait before retrying the same provider(s) after `failure`
+/// on attempt `attempt` (1-based), when nothing untried is eligible
+/// ([`crate::retry::RetryPlan::Alone`]; with an alternative the plan goes
+/// there at once). Pure. A 429's Retry-After wins, else exponential backoff.
+pub fn retry_delay(failure: &pb::ExecutionFailure, attempt: u32) -> Duration {
     if failure.provider_status == 429 && failure.retry_after_ms > 0 {
         return Duration::from_millis(failure.retry_after_ms);
     }
@@ -947,18 +945,16 @@ mod tests {
     }
 
     #[test]
-    fn retry_delay_prefers_alternatives_then_retry_after_then_backoff() {
+    fn retry_delay_prefers_retry_after_then_backoff() {
         let limited = failure(FailureKind::ProviderHttpStatus, 429, 2_000);
-        assert_eq!(retry_delay(&limited, 1, true), Duration::ZERO);
-        assert_eq!(retry_delay(&limited, 1, false), Duration::from_secs(2));
+        assert_eq!(retry_delay(&limited, 1), Duration::from_secs(2));
         let down = failure(FailureKind::ProviderUnreachable, 0, 0);
-        assert_eq!(retry_delay(&down, 1, false), Duration::from_millis(100));
-        assert_eq!(retry_delay(&down, 3, false), Duration::from_millis(400));
-        assert_eq!(retry_delay(&down, 30, false), Duration::from_millis(6_400), "capped");
+        assert_eq!(retry_delay(&down, 1), Duration::from_millis(100));
+        assert_eq!(retry_delay(&down, 3), Duration::from_millis(400));
+        assert_eq!(retry_delay(&down, 30), Duration::from_millis(6_400), "capped");
         let full = failure(FailureKind::CapacityExhausted, 0, 0);
-        assert_eq!(retry_delay(&full, 1, true), Duration::ZERO);
-        assert_eq!(retry_delay(&full, 1, false), Duration::from_millis(25));
-        assert_eq!(retry_delay(&full, 30, false), Duration::from_millis(400), "capped lower: a slot frees any time");
+        assert_eq!(retry_delay(&full, 1), Duration::from_millis(25));
+        assert_eq!(retry_delay(&full, 30), Duration::from_millis(400), "capped lower: a slot frees any time");
     }
 
     /// Issue 8 item 5: a held answer is bounded.

@@ -81,7 +81,7 @@ pub fn plan(input: &RetryInput<'_>) -> RetryPlan {
         return RetryPlan::Equal;
     }
     if input.untried.is_empty() {
-        let delay = crate::gate::retry_delay(input.failure, input.attempt, false);
+        let delay = crate::gate::retry_delay(input.failure, input.attempt);
         return if delay < input.remaining { RetryPlan::Alone(delay) } else { RetryPlan::GiveUp };
     }
     match same_provider_wait(input.failure) {
@@ -162,6 +162,7 @@ mod tests {
             (&limited, 0, &[0, 1], false, 2, 60, 3, Equal),
             (&down, 1, &[0], false, 2, 60, 3, Equal),
             (&stalled, 0, &[0], false, 2, 60, 3, Equal),
+            (&full, 0, &[0], false, 2, 60, 3, Equal),
             // Only lower groups left: the same provider once, when its wait fits.
             (&limited, 0, &[1], false, 2, 60, 3, SameProviderAfter(S)),
             (&unavailable, 0, &[1, 2], false, 2, 60, 3, SameProviderAfter(2 * S)),
