@@ -53,6 +53,7 @@ impl ProviderSpec {
             mode: self.mode,
             credential: None,
             continuation: false,
+            keep_warm: false,
         }
     }
 }
@@ -108,6 +109,7 @@ pub fn edge_config(
         replicas: Vec::new(),
         api: Default::default(),
         outlier: Default::default(),
+        scheduling: Default::default(),
     }
 }
 

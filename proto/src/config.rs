@@ -58,6 +58,51 @@ pub struct EdgeConfig {
     /// (the Edge's `outlier` module).
     #[serde(default, skip_serializing_if = "OutlierConfig::is_default")]
     pub outlier: OutlierConfig,
+    /// How selection weighs model residency (the Edge's `admission::choose`).
+    #[serde(default, skip_serializing_if = "SchedulingConfig::is_default")]
+    pub scheduling: SchedulingConfig,
+}
+
+/// `scheduling`: within a priority group, a provider whose model its node
+/// reports `not_loaded` is charged `load_penalty` extra requests, so a
+/// provider with the model in memory wins unless it has more than
+/// `load_penalty` more runs in flight than the cold one. `0` ignores
+/// residency (fewest in flight only).
+///
+/// The default, 4: a cold load of a 30-70 GB model on an Apple SSD
+/// (2-3 GB/s, plus start-up) takes 15-35 s, about as long as four typical
+/// answers of a few hundred tokens take on the warm Mac, so a request queued
+/// behind up to four others there still answers no later than the cold load
+/// would; past that, spreading the load is worth the load. A load also evicts
+/// whatever else that Mac had in memory, which this default avoids paying
+/// for single requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulingConfig {
+    #[serde(default = "SchedulingConfig::default_load_penalty")]
+    pub load_penalty: u32,
+}
+
+impl SchedulingConfig {
+    fn default_load_penalty() -> u32 {
+        4
+    }
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.load_penalty > 10_000 {
+            return Err(invalid("scheduling.load_penalty", "must be between 0 (ignore residency) and 10000"));
+        }
+        Ok(())
+    }
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        Self { load_penalty: Self::default_load_penalty() }
+    }
 }
 
 /// `outlier`: a provider whose generations fail `consecutive_failures` times
@@ -481,6 +526,12 @@ pub struct ProviderEntry {
     /// new turn would repeat the answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub continuation: bool,
+    /// Ask the provider to keep its model resident (Ollama only: `keep_alive`
+    /// on runs and a periodic zero-token touch). The node honours it only
+    /// where its owner opted in (the node's config); it pins memory on
+    /// someone's Mac, so the cluster alone cannot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_warm: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -990,6 +1041,9 @@ impl EdgeConfig {
             if !(1..=1024).contains(&p.capacity) {
                 return Err(invalid(at("capacity"), "must be between 1 and 1024"));
             }
+            if p.keep_warm && p.adapter != Adapter::Ollama {
+                return Err(invalid(at("keep_warm"), "is only for the ollama adapter (Ollama's keep_alive)"));
+            }
         }
         if self.auth.mode == AuthMode::Required && self.auth.keys_file.is_none() {
             return Err(invalid(
@@ -1064,6 +1118,7 @@ impl EdgeConfig {
             return Err(invalid("limits.max_jobs_per_principal", "must be between 1 and 1000"));
         }
         self.outlier.validate()?;
+        self.scheduling.validate()?;
         Ok(())
     }
 
@@ -1425,6 +1480,33 @@ providers:
             }
         }
         assert!(matches!(with("{ bogus: 1 }"), Err(ConfigError::Parse(_))));
+    }
+
+    /// Issue 29: `scheduling.load_penalty` defaults to 4 and is not written
+    /// then; `keep_warm` is Ollama's only.
+    #[test]
+    fn scheduling_and_keep_warm() {
+        let config = EdgeConfig::from_yaml(VALID).unwrap();
+        assert_eq!(config.scheduling.load_penalty, 4);
+        assert!(!config.providers[0].keep_warm);
+        let yaml = config.to_yaml();
+        assert!(!yaml.contains("scheduling") && !yaml.contains("keep_warm"), "defaults are not written");
+        let with = |s: &str| EdgeConfig::from_yaml(&format!("{VALID}scheduling: {s}\n"));
+        let off = with("{ load_penalty: 0 }").unwrap();
+        assert_eq!(off.scheduling.load_penalty, 0);
+        assert_eq!(EdgeConfig::from_yaml(&off.to_yaml()).unwrap(), off);
+        match with("{ load_penalty: 10001 }") {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "scheduling.load_penalty"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        let warm = VALID.replace("    models: [", "    keep_warm: true\n    models: [");
+        let config = EdgeConfig::from_yaml(&warm).unwrap();
+        assert!(config.providers[0].keep_warm);
+        assert_eq!(EdgeConfig::from_yaml(&config.to_yaml()).unwrap(), config);
+        match EdgeConfig::from_yaml(&warm.replace("adapter: ollama", "adapter: openai")) {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "providers[0].keep_warm"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
     }
 
     #[test]

@@ -75,6 +75,7 @@ pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb:
                 response_stall_timeout_ms: p.response_stall_timeout_ms,
                 credential_profile: p.credential.as_ref().map(|c| c.profile.clone()).unwrap_or_default(),
                 capacity: p.capacity,
+                keep_warm: p.keep_warm,
             })
             .collect(),
         workspaces: config
@@ -244,6 +245,8 @@ async fn serve(
                     (SessionPhase::Ready, Msg::CommandResult(result)) => {
                         state.commands.complete(result);
                     }
+                    // Applied by the residency table (issue 29, edge lane).
+                    (SessionPhase::Ready, Msg::ResidencyReport(_)) => {}
                     (SessionPhase::Ready, Msg::HealthReport(report)) => {
                         if health::apply_statuses(state, node, generation, Source::Probe, &report.providers) {
                             state.admission.drain_queues();
@@ -308,6 +311,7 @@ fn message_name(msg: &Msg) -> &'static str {
         Msg::HeartbeatAck(_) => "heartbeat_ack",
         Msg::CommandResult(_) => "command_result",
         Msg::HealthReport(_) => "health_report",
+        Msg::ResidencyReport(_) => "residency_report",
     }
 }
 

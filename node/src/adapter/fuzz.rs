@@ -570,6 +570,7 @@ proptest! {
             response_stall_timeout_ms: 0,
             credential_profile: String::new(),
             capacity: 0,
+            keep_warm: false,
         };
         match super::ProviderTarget::from_assignment(&assignment) {
             Ok(target) => {

@@ -994,6 +994,7 @@ mod tests {
             response_stall_timeout_ms: 0,
             credential_profile: String::new(),
             capacity: 0,
+            keep_warm: false,
         }
     }
 

@@ -101,6 +101,7 @@ impl Settings {
             replicas: Vec::new(),
             api: self.api.clone(),
             outlier: self.outlier.clone(),
+            scheduling: Default::default(),
         }
     }
 }

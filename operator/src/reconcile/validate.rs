@@ -307,6 +307,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         capacity: spec.capacity,
         mode: spec.mode.into(),
         continuation: spec.continuation,
+        keep_warm: false,
         // The profile is the Provider's own: its secret is checked and copied
         // by the build stage (`super::credentials`).
         credential: spec.credential_secret_ref.as_ref().map(|_| CredentialRef { profile: p.name_any() }),
