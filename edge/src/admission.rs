@@ -3,10 +3,15 @@
 //!
 //! Selection is a pure function ([`choose`]) over a snapshot of candidates.
 //! Within the best priority group that has a free slot, the eligible provider
-//! with the fewest in-flight runs wins, ties broken round robin; a group at
-//! capacity spills to the next group, and only when every eligible provider
-//! is full does the request wait in its route's queue. Providers already
-//! tried by this request are avoided while any alternative is eligible.
+//! with the lowest cost wins: its in-flight runs, plus
+//! `scheduling.load_penalty` when its node reports its model `not_loaded`
+//! ([`crate::residency`]; `unknown` pays nothing). On equal cost a provider
+//! that is not cold wins, then the fewest in flight, then round robin. With
+//! a penalty of 0 residency is ignored (fewest in flight, round robin). A
+//! group at capacity spills to the next group, and only when every eligible
+//! provider is full does the request wait in its route's queue. Providers
+//! already tried by this request are avoided while any alternative is
+//! eligible.
 //!
 //! Providers the outlier detector ejected ([`crate::outlier`]) are chosen
 //! like providers the request already tried: only when no other candidate
@@ -29,6 +34,7 @@ use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
 use crate::outlier::{OutlierDetector, OutlierPolicy, OutlierStatus, Transition, Verdict};
 use crate::overlay::{HealthOverlay, ProviderView};
+use crate::residency::ResidencyTable;
 
 /// Immutable record of what a run was admitted to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +156,8 @@ pub struct CandidateView {
     pub fallback_allowed: bool,
     pub in_flight: u32,
     pub capacity: u32,
+    /// Its node reports its model `not_loaded`: a run would load it first.
+    pub cold: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,9 +168,10 @@ pub enum Choice {
     NoneEligible,
 }
 
-/// Picks a candidate. `rotate(priority, n)` returns the round-robin position
-/// among `n` tied candidates of that priority group.
-pub fn choose(candidates: &[CandidateView], mut rotate: impl FnMut(u32, usize) -> usize) -> Choice {
+/// Picks a candidate (the module's rule). `load_penalty` is what a cold
+/// candidate is charged, in runs in flight. `rotate(priority, n)` returns
+/// the round-robin position among `n` tied candidates of that priority group.
+pub fn choose(candidates: &[CandidateView], load_penalty: u32, mut rotate: impl FnMut(u32, usize) -> usize) -> Choice {
     // First pass: untried candidates only. Second pass, when none is
     // eligible: tried ones too, where fallback to them is allowed.
     let usable = |strict: bool| {
@@ -179,12 +188,17 @@ pub fn choose(candidates: &[CandidateView], mut rotate: impl FnMut(u32, usize) -
     priorities.sort_unstable();
     priorities.dedup();
     for priority in priorities {
-        let free: Vec<(usize, u32)> = usable(avoid)
+        // Ordered by (cost, cold, in flight): lowest wins, the rest is a tie.
+        let free: Vec<(usize, (u64, bool, u32))> = usable(avoid)
             .filter(|(_, c)| c.priority == priority && c.in_flight < c.capacity)
-            .map(|(i, c)| (i, c.in_flight))
+            .map(|(i, c)| {
+                let cold = c.cold && load_penalty > 0;
+                let cost = u64::from(c.in_flight) + if cold { u64::from(load_penalty) } else { 0 };
+                (i, (cost, cold, c.in_flight))
+            })
             .collect();
-        let Some(least) = free.iter().map(|(_, n)| *n).min() else { continue };
-        let tied: Vec<usize> = free.iter().filter(|(_, n)| *n == least).map(|(i, _)| *i).collect();
+        let Some(least) = free.iter().map(|(_, key)| *key).min() else { continue };
+        let tied: Vec<usize> = free.iter().filter(|(_, key)| *key == least).map(|(i, _)| *i).collect();
         return Choice::Admit(tied[rotate(priority, tied.len()) % tied.len()]);
     }
     Choice::AllBusy
@@ -275,12 +289,15 @@ struct PoolState {
     /// config's current policy.
     outliers: OutlierDetector,
     outlier_policy: OutlierPolicy,
+    /// `scheduling.load_penalty` of the current config.
+    load_penalty: u32,
 }
 
 pub struct AdmissionPool {
     state: Mutex<PoolState>,
     registry: Arc<NodeRegistry>,
     overlay: Arc<HealthOverlay>,
+    residency: Arc<ResidencyTable>,
     credentials: Arc<CredentialHealth>,
     metrics: Arc<EdgeMetrics>,
 }
@@ -305,6 +322,7 @@ impl AdmissionPool {
         config: &EdgeConfig,
         registry: Arc<NodeRegistry>,
         overlay: Arc<HealthOverlay>,
+        residency: Arc<ResidencyTable>,
         credentials: Arc<CredentialHealth>,
         metrics: Arc<EdgeMetrics>,
     ) -> Arc<Self> {
@@ -312,9 +330,10 @@ impl AdmissionPool {
             slots: config.providers.iter().map(|p| (p.id.clone(), Slots::new(p.capacity))).collect(),
             routes: configured_routes(config),
             outlier_policy: OutlierPolicy::from(&config.outlier),
+            load_penalty: config.scheduling.load_penalty,
             ..Default::default()
         };
-        Arc::new(Self { state: Mutex::new(state), registry, overlay, credentials, metrics })
+        Arc::new(Self { state: Mutex::new(state), registry, overlay, residency, credentials, metrics })
     }
 
     /// Admits `request` now, or queues it (bounded, FIFO) for up to `wait`.
@@ -423,11 +442,12 @@ impl AdmissionPool {
                     fallback_allowed: avoided.copied().unwrap_or(true),
                     in_flight: slots.map_or(0, Slots::in_flight),
                     capacity: slots.map_or(0, |s| s.capacity),
+                    cold: view.dispatchable_on.is_some_and(|g| self.residency.on(&c.provider.id, g).cold()),
                 }
             })
             .collect();
         let rotation = &mut state.rotation;
-        let choice = choose(&views, |priority, _| {
+        let choice = choose(&views, state.load_penalty, |priority, _| {
             let cursor = rotation.entry((request.route.clone(), priority)).or_default();
             *cursor = cursor.wrapping_add(1);
             *cursor - 1
@@ -497,6 +517,8 @@ impl AdmissionPool {
             let PoolState { slots, outliers, outlier_policy, .. } = &mut *state;
             outliers.retain(&policy, |id| slots.contains_key(id));
             *outlier_policy = policy;
+            state.load_penalty = config.scheduling.load_penalty;
+            self.residency.retain(|id| state.slots.contains_key(id));
             state.routes = configured_routes(config);
             let grants = self.drain(&mut state);
             self.publish(&mut state);
@@ -678,7 +700,8 @@ providers:
         registry.register(node, Session::registered(generation, control));
         let overlay = Arc::new(HealthOverlay::default());
         crate::overlay::test_support::ready(&registry, &overlay, node, generation, &["p"]);
-        let pool = AdmissionPool::new(&config, registry, overlay, Default::default(), EdgeMetrics::new());
+        let pool =
+            AdmissionPool::new(&config, registry, overlay, Default::default(), Default::default(), EdgeMetrics::new());
         let candidates: Arc<[Candidate]> =
             Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
         let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashMap::new() };
@@ -696,7 +719,15 @@ mod tests {
     use tokio::sync::mpsc;
 
     fn view(priority: u32, in_flight: u32, capacity: u32) -> CandidateView {
-        CandidateView { priority, eligible: true, avoided: false, fallback_allowed: true, in_flight, capacity }
+        CandidateView {
+            priority,
+            eligible: true,
+            avoided: false,
+            fallback_allowed: true,
+            in_flight,
+            capacity,
+            cold: false,
+        }
     }
 
     fn no_rotation(_: u32, _: usize) -> usize {
@@ -706,7 +737,7 @@ mod tests {
     #[test]
     fn fewest_in_flight_wins_within_the_best_group() {
         let c = [view(0, 2, 4), view(0, 1, 4), view(1, 0, 4)];
-        assert_eq!(choose(&c, no_rotation), Choice::Admit(1));
+        assert_eq!(choose(&c, 4, no_rotation), Choice::Admit(1));
     }
 
     #[test]
@@ -715,7 +746,7 @@ mod tests {
         let mut cursor = 0;
         let picks: Vec<_> = (0..4)
             .map(|_| {
-                choose(&c, |_, _| {
+                choose(&c, 4, |_, _| {
                     cursor += 1;
                     cursor - 1
                 })
@@ -726,27 +757,99 @@ mod tests {
 
     #[test]
     fn a_full_group_spills_to_the_next_and_all_full_means_busy() {
-        assert_eq!(choose(&[view(0, 4, 4), view(1, 3, 4)], no_rotation), Choice::Admit(1));
-        assert_eq!(choose(&[view(0, 4, 4), view(1, 4, 4)], no_rotation), Choice::AllBusy);
+        assert_eq!(choose(&[view(0, 4, 4), view(1, 3, 4)], 4, no_rotation), Choice::Admit(1));
+        assert_eq!(choose(&[view(0, 4, 4), view(1, 4, 4)], 4, no_rotation), Choice::AllBusy);
     }
 
     #[test]
     fn ineligible_and_avoided_providers() {
         let mut down = view(0, 0, 4);
         down.eligible = false;
-        assert_eq!(choose(&[down], no_rotation), Choice::NoneEligible);
-        assert_eq!(choose(&[], no_rotation), Choice::NoneEligible);
+        assert_eq!(choose(&[down], 4, no_rotation), Choice::NoneEligible);
+        assert_eq!(choose(&[], 4, no_rotation), Choice::NoneEligible);
         let mut tried = view(0, 0, 4);
         tried.avoided = true;
-        assert_eq!(choose(&[tried, view(1, 3, 4)], no_rotation), Choice::Admit(1), "an alternative beats a tried one");
-        assert_eq!(choose(&[tried, down], no_rotation), Choice::Admit(0), "a tried one beats nothing");
+        assert_eq!(
+            choose(&[tried, view(1, 3, 4)], 4, no_rotation),
+            Choice::Admit(1),
+            "an alternative beats a tried one"
+        );
+        assert_eq!(choose(&[tried, down], 4, no_rotation), Choice::Admit(0), "a tried one beats nothing");
         let mut tried_full = view(1, 4, 4);
         tried_full.avoided = true;
-        assert_eq!(choose(&[view(0, 4, 4), tried_full], no_rotation), Choice::AllBusy);
+        assert_eq!(choose(&[view(0, 4, 4), tried_full], 4, no_rotation), Choice::AllBusy);
         let mut stalled = tried;
         stalled.fallback_allowed = false;
-        assert_eq!(choose(&[stalled, down], no_rotation), Choice::NoneEligible, "no fallback without clearance");
-        assert_eq!(choose(&[stalled, view(1, 0, 4)], no_rotation), Choice::Admit(1), "an alternate is preferred");
+        assert_eq!(choose(&[stalled, down], 4, no_rotation), Choice::NoneEligible, "no fallback without clearance");
+        assert_eq!(choose(&[stalled, view(1, 0, 4)], 4, no_rotation), Choice::Admit(1), "an alternate is preferred");
+    }
+
+    fn cold(priority: u32, in_flight: u32, capacity: u32) -> CandidateView {
+        CandidateView { cold: true, ..view(priority, in_flight, capacity) }
+    }
+
+    /// Issue 29: the residency rule, with the default penalty 4 unless a row
+    /// says otherwise. `unknown` residency is `cold: false` (pays nothing).
+    #[test]
+    fn residency_table() {
+        let rows: Vec<(&str, Vec<CandidateView>, u32, Choice)> = vec![
+            ("loaded beats cold at equal load", vec![cold(0, 0, 8), view(0, 0, 8)], 4, Choice::Admit(1)),
+            (
+                "loaded with up to the penalty more in flight still wins",
+                vec![cold(0, 0, 8), view(0, 4, 8)],
+                4,
+                Choice::Admit(1),
+            ),
+            ("cold wins past the penalty", vec![cold(0, 0, 8), view(0, 5, 8)], 4, Choice::Admit(0)),
+            ("equal cost: the not-cold one", vec![cold(0, 1, 8), view(0, 5, 8)], 4, Choice::Admit(1)),
+            ("equal cost, order does not matter", vec![view(0, 5, 8), cold(0, 1, 8)], 4, Choice::Admit(0)),
+            ("two cold: fewest in flight", vec![cold(0, 2, 8), cold(0, 1, 8)], 4, Choice::Admit(1)),
+            ("penalty 0: fewest in flight", vec![cold(0, 0, 8), view(0, 1, 8)], 0, Choice::Admit(0)),
+            ("a full loaded one: the cold one", vec![view(0, 8, 8), cold(0, 7, 8)], 4, Choice::Admit(1)),
+            (
+                "a full group spills, cold or not",
+                vec![view(0, 8, 8), cold(1, 0, 8), view(2, 0, 8)],
+                4,
+                Choice::Admit(1),
+            ),
+            ("cold in a better group beats loaded in a worse", vec![view(1, 0, 8), cold(0, 6, 8)], 4, Choice::Admit(1)),
+            (
+                "an avoided loaded one loses to an untried cold one",
+                vec![CandidateView { avoided: true, ..view(0, 0, 8) }, cold(0, 7, 8)],
+                4,
+                Choice::Admit(1),
+            ),
+            (
+                "an avoided (ejected) one is the last resort, loaded or not",
+                vec![
+                    CandidateView { avoided: true, ..view(0, 0, 8) },
+                    CandidateView { eligible: false, ..cold(0, 0, 8) },
+                ],
+                4,
+                Choice::Admit(0),
+            ),
+            ("the penalty is large", vec![cold(0, 0, 20_000), view(0, 9_999, 20_000)], 10_000, Choice::Admit(1)),
+        ];
+        for (name, candidates, penalty, expected) in rows {
+            assert_eq!(choose(&candidates, penalty, no_rotation), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn penalty_zero_is_the_old_rule_ties_rotate_whatever_the_residency() {
+        let c = [cold(0, 1, 4), view(0, 1, 4)];
+        let mut cursor = 0;
+        let picks: Vec<_> = (0..2)
+            .map(|_| {
+                choose(&c, 0, |_, _| {
+                    cursor += 1;
+                    cursor - 1
+                })
+            })
+            .collect();
+        assert_eq!(picks, [Choice::Admit(0), Choice::Admit(1)]);
+        assert_eq!(choose(&c, 1, no_rotation), Choice::Admit(1), "with a penalty the loaded one always");
+        assert_eq!(choose(&c, 1, |_, _| 1), Choice::Admit(1));
     }
 
     const CONFIG: &str = r#"
@@ -763,12 +866,17 @@ providers:
     struct Fixture {
         pool: Arc<AdmissionPool>,
         registry: Arc<NodeRegistry>,
+        residency: Arc<ResidencyTable>,
         candidates: Arc<[Candidate]>,
         _controls: Vec<mpsc::Receiver<Result<iop_proto::pb::EdgeToNode, tonic::Status>>>,
     }
 
     fn fixture() -> Fixture {
-        let config = EdgeConfig::from_yaml(CONFIG).unwrap();
+        fixture_of(CONFIG)
+    }
+
+    fn fixture_of(yaml: &str) -> Fixture {
+        let config = EdgeConfig::from_yaml(yaml).unwrap();
         let registry = Arc::new(NodeRegistry::default());
         let overlay = Arc::new(HealthOverlay::default());
         let mut controls = Vec::new();
@@ -783,8 +891,16 @@ providers:
             .into_iter()
             .map(|p| Candidate { priority: p.models[0].priority, provider: p.clone() })
             .collect();
-        let pool = AdmissionPool::new(&config, registry.clone(), overlay, Default::default(), EdgeMetrics::new());
-        Fixture { pool, registry, candidates, _controls: controls }
+        let residency = Arc::new(ResidencyTable::default());
+        let pool = AdmissionPool::new(
+            &config,
+            registry.clone(),
+            overlay,
+            residency.clone(),
+            Default::default(),
+            EdgeMetrics::new(),
+        );
+        Fixture { pool, registry, residency, candidates, _controls: controls }
     }
 
     impl Fixture {
@@ -854,6 +970,52 @@ providers:
         assert!(f.pool.outlier_status("b", now).ejected_until.is_none(), "a recovery the node saw too");
         f.pool.publish_ejections(now);
         assert!(gauge_lines(&f.pool, "iop_edge_provider_ejected").iter().all(|l| l.ends_with(" 0")));
+    }
+
+    /// Issue 29: the pool reads residency from the table, bound to each
+    /// provider's Ready connection, and the penalty from the config (a
+    /// reload changes it; a provider it removes is forgotten).
+    #[tokio::test]
+    async fn the_pool_prefers_the_loaded_provider_by_the_configured_penalty() {
+        use iop_proto::pb;
+        let equal = CONFIG.replace("priority: 1", "priority: 0").replace("capacity: 1", "capacity: 8");
+        let f = fixture_of(&equal);
+        let config = EdgeConfig::from_yaml(&equal).unwrap();
+        let report = |id: &str, residency: pb::ModelResidency| pb::ProviderResidency {
+            provider_id: id.into(),
+            residency: residency.into(),
+            ..Default::default()
+        };
+        f.residency.apply(&config, &f.registry, "n1", 10, &[report("a", pb::ModelResidency::NotLoaded)]);
+        f.residency.apply(&config, &f.registry, "n2", 20, &[report("b", pb::ModelResidency::Loaded)]);
+        let mut held = Vec::new();
+        for i in 0..6 {
+            held.push(f.pool.admit(f.request(&format!("r{i}")), 8, Duration::from_secs(1)).await.unwrap());
+        }
+        let on = |held: &[LeaseGuard], id: &str| held.iter().filter(|g| g.lease().provider_id() == id).count();
+        // b takes runs until it has more than 4 more in flight than a: b
+        // 0..=4 wins (cost 0..4 vs a's 4; equal cost goes to the loaded
+        // one), then a (cost 4 < b's 5).
+        assert_eq!((on(&held, "b"), on(&held, "a")), (5, 1), "{:?}", f.pool.snapshot());
+        drop(held);
+
+        let mut off = config.clone();
+        off.scheduling.load_penalty = 0;
+        f.pool.reconfigure(&off);
+        let first = f.pool.admit(f.request("s0"), 8, Duration::from_secs(1)).await.unwrap();
+        let second = f.pool.admit(f.request("s1"), 8, Duration::from_secs(1)).await.unwrap();
+        let mut both = [first.lease().provider_id(), second.lease().provider_id()];
+        both.sort();
+        assert_eq!(both, ["a", "b"], "penalty 0: fewest in flight, residency ignored");
+        drop((first, second));
+
+        f.registry.remove("n2", 20);
+        assert_eq!(f.residency.on("b", 20).residency, crate::residency::Residency::Loaded);
+        let mut gone = config.clone();
+        gone.providers.retain(|p| p.id == "a");
+        f.pool.reconfigure(&gone);
+        assert_eq!(f.residency.on("b", 20).residency, crate::residency::Residency::Unknown, "removed: forgotten");
+        assert_eq!(f.residency.on("a", 10).residency, crate::residency::Residency::NotLoaded);
     }
 
     #[tokio::test]

@@ -612,13 +612,7 @@ async fn attempt_run(
         Err(failure) => return failed(failure),
     };
     let l = lease.lease();
-    request.run_id = l.run_id().to_string();
-    request.provider_id = l.provider_id().to_string();
-    request.adapter = pb::AdapterKind::from(l.adapter()).into();
-    request.target_model = l.target_model().to_string();
-    // The stall and first-byte timeouts travel with the request to whichever provider answers.
-    request.response_stall_timeout_ms = provider.map_or(0, |p| p.response_stall_timeout_ms);
-    request.first_byte_timeout_ms = provider.map_or(0, |p| p.first_byte_timeout_ms);
+    address_run(&mut request, provider, l, &state.residency);
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
@@ -666,14 +660,41 @@ fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duratio
     Duration::from_millis(timeout) + NODE_STALL_EVIDENCE_BUDGET
 }
 
+/// Addresses `request` to the provider `lease` admitted it to.
+fn address_run(
+    request: &mut pb::RunRequest,
+    provider: Option<&iop_proto::config::ProviderEntry>,
+    lease: &crate::admission::Lease,
+    residency: &crate::residency::ResidencyTable,
+) {
+    request.run_id = lease.run_id().to_string();
+    request.provider_id = lease.provider_id().to_string();
+    request.adapter = pb::AdapterKind::from(lease.adapter()).into();
+    request.target_model = lease.target_model().to_string();
+    // The stall and first-byte timeouts travel with the request to whichever provider answers.
+    request.response_stall_timeout_ms = provider.map_or(0, |p| p.response_stall_timeout_ms);
+    request.first_byte_timeout_ms = first_byte_timeout_ms(provider, lease, residency);
+}
+
+/// The first-byte timeout sent with a request on `lease`: the provider's,
+/// extended by its model's last measured load when the lease's connection
+/// reports the model `not_loaded` ([`crate::residency::first_byte_timeout_ms`]).
+fn first_byte_timeout_ms(
+    provider: Option<&iop_proto::config::ProviderEntry>,
+    lease: &crate::admission::Lease,
+    residency: &crate::residency::ResidencyTable,
+) -> u64 {
+    let residency = residency.on(lease.provider_id(), lease.generation());
+    crate::residency::first_byte_timeout_ms(provider.map_or(0, |p| p.first_byte_timeout_ms), &residency)
+}
+
 /// The Edge's own bound on a tunnel's first frame (its response head): the
-/// provider's first-byte timeout (0 means the default) plus the node's
-/// evidence budget, as for [`stall_timeout`]. A run's first event may
+/// first-byte timeout the request carries (0 means the default) plus the
+/// node's evidence budget, as for [`stall_timeout`]. A run's first event may
 /// legitimately come long after the provider's headers (a prefill the node
 /// waits out under the stall timeout), so runs are bounded by the stall
 /// timeout alone.
-fn first_byte_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duration {
-    let ms = provider.map_or(0, |p| p.first_byte_timeout_ms);
+fn first_byte_timeout(ms: u64) -> Duration {
     let timeout = iop_proto::liveness::first_byte_timeout(ms)
         .unwrap_or(Duration::from_millis(iop_proto::liveness::DEFAULT_FIRST_BYTE_TIMEOUT_MS));
     timeout + NODE_STALL_EVIDENCE_BUDGET
@@ -741,13 +762,13 @@ async fn attempt_tunnel(
         headers: form.headers.clone(),
         body,
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
-        first_byte_timeout_ms: provider.map_or(0, |p| p.first_byte_timeout_ms),
+        first_byte_timeout_ms: first_byte_timeout_ms(provider, l, &state.residency),
         lease: sealed,
     };
     let stall = stall_timeout(provider);
     // The response head is the provider's first byte, relayed at once: the
     // first frame is bounded by the first-byte timeout too.
-    let mut bound = first_byte_timeout(provider).min(stall);
+    let mut bound = first_byte_timeout(request.first_byte_timeout_ms).min(stall);
     let mut run =
         match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, request).await {
             Ok(run) => run,
@@ -983,6 +1004,64 @@ mod tests {
         assert!(is_commit(&text, CommitPoint::FirstContent));
         assert!(!is_commit(&started, CommitPoint::FirstContent), "headers alone commit nothing");
         assert!(!is_commit(&text, CommitPoint::Terminal));
+    }
+
+    /// Issue 29: a run to a provider whose node reports its model
+    /// `not_loaded` carries the first-byte timeout extended by the last
+    /// measured load, as the node receives it; the same provider loaded, or
+    /// its report from another connection, carries the configured value.
+    #[tokio::test]
+    async fn the_node_receives_the_extended_first_byte_timeout_for_a_cold_model() {
+        use crate::dispatch::RunTable;
+        use crate::metrics::EdgeMetrics;
+        use crate::residency::ResidencyTable;
+
+        let mut config = crate::admission::test_support::one_provider_config("n1");
+        config.providers[0].first_byte_timeout_ms = 30_000;
+        let provider = config.providers[0].clone();
+        let registry = crate::node::registry::NodeRegistry::default();
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", crate::node::registry::Session::registered(5, control));
+        let report = |residency: pb::ModelResidency| pb::ProviderResidency {
+            provider_id: "p".into(),
+            residency: residency.into(),
+            last_load_ms: 25_000,
+            last_loaded_at_unix_ms: 1_700_000_000_000,
+            ..Default::default()
+        };
+        let sent = |residency: &ResidencyTable, generation: u64| {
+            let lease = crate::admission::test_support::lease("r1", "n1", generation);
+            let mut request = pb::RunRequest::default();
+            address_run(&mut request, Some(&provider), lease.lease(), residency);
+            let (control, mut control_rx) = tokio::sync::mpsc::channel(8);
+            let handoff = Arc::new(crate::overlay::StallHandoff {
+                registry: Default::default(),
+                overlay: Default::default(),
+                metrics: EdgeMetrics::new(),
+            });
+            async move {
+                let table = Arc::new(RunTable::<pb::RunEvent>::default());
+                let _run =
+                    dispatch::start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
+                match control_rx.try_recv() {
+                    Ok(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(a)) })) => {
+                        a.request.expect("a small request rides the assignment").first_byte_timeout_ms
+                    }
+                    other => panic!("expected the assignment, got {other:?}"),
+                }
+            }
+        };
+        let residency = ResidencyTable::default();
+        assert_eq!(sent(&residency, 5).await, 30_000, "no report: as configured");
+        residency.apply(&config, &registry, "n1", 5, &[report(pb::ModelResidency::NotLoaded)]);
+        assert_eq!(sent(&residency, 5).await, 55_000, "cold: configured + the last load");
+        assert_eq!(sent(&residency, 6).await, 30_000, "a lease on another connection");
+        residency.apply(&config, &registry, "n1", 5, &[report(pb::ModelResidency::Loaded)]);
+        assert_eq!(sent(&residency, 5).await, 30_000, "loaded again");
+
+        // The tunnel's own first-frame bound reads the same value.
+        assert_eq!(first_byte_timeout(55_000), Duration::from_secs(55) + NODE_STALL_EVIDENCE_BUDGET);
+        assert_eq!(first_byte_timeout(0), Duration::from_secs(60) + NODE_STALL_EVIDENCE_BUDGET);
     }
 
     /// Property tests: the tunnel path's only parse of a client body.

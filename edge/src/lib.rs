@@ -23,6 +23,7 @@ pub mod outlier;
 pub mod overlay;
 pub mod recovery;
 pub mod reload;
+pub mod residency;
 pub mod retry;
 pub mod route;
 pub mod workspace;
@@ -96,6 +97,8 @@ pub struct EdgeState {
     pub registry: Arc<NodeRegistry>,
     pub admission: Arc<AdmissionPool>,
     pub overlay: Arc<HealthOverlay>,
+    /// Model residency as the nodes report it ([`residency`]).
+    pub residency: Arc<residency::ResidencyTable>,
     pub handoff: Arc<StallHandoff>,
     /// Wakes the CAPABILITIES recovery loop (a node became ready, a provider
     /// was lowered).
@@ -204,11 +207,13 @@ impl Edge {
         let metrics = EdgeMetrics::new();
         node::tls::record_server_certificate(&metrics, &config.tls.cert_file);
         let overlay = Arc::new(HealthOverlay::default());
+        let residency = Arc::new(residency::ResidencyTable::default());
         let config = ConfigHandle::new(config, secrets);
         let admission = AdmissionPool::new(
             &config.current(),
             registry.clone(),
             overlay.clone(),
+            residency.clone(),
             config.credential_health().clone(),
             metrics.clone(),
         );
@@ -219,6 +224,7 @@ impl Edge {
             registry,
             admission,
             overlay,
+            residency,
             handoff,
             recovery: Arc::new(tokio::sync::Notify::new()),
             runs: Arc::new(RunTable::default()),

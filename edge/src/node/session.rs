@@ -245,8 +245,11 @@ async fn serve(
                     (SessionPhase::Ready, Msg::CommandResult(result)) => {
                         state.commands.complete(result);
                     }
-                    // Applied by the residency table (issue 29, edge lane).
-                    (SessionPhase::Ready, Msg::ResidencyReport(_)) => {}
+                    (SessionPhase::Ready, Msg::ResidencyReport(report)) => {
+                        // Advisory: changes selection and first-byte deadlines, never health.
+                        let config = state.config.current();
+                        state.residency.apply(&config, &state.registry, node, generation, &report.providers);
+                    }
                     (SessionPhase::Ready, Msg::HealthReport(report)) => {
                         if health::apply_statuses(state, node, generation, Source::Probe, &report.providers) {
                             state.admission.drain_queues();

@@ -1,0 +1,329 @@
+//! Model residency: whether each provider's model is in its server's memory
+//! now, as the provider's node reports it (`ProviderResidencyReport` on the
+//! control stream), and what the Edge does with it: selection charges a
+//! provider whose model is `not_loaded` `scheduling.load_penalty` requests
+//! ([`crate::admission::choose`]), and its first-byte deadline is extended by
+//! the node's last measured load ([`first_byte_timeout_ms`]).
+//!
+//! Rules:
+//! - a report counts only from the node's *current* connection, and an entry
+//!   is read only while that connection is Ready: the same generation rule as
+//!   the health overlay ([`crate::overlay`]), so a provider reads `unknown` as
+//!   soon as its node's session ends, with nothing to clear;
+//! - a node reports only its own providers: an entry naming another node's
+//!   provider, an unknown one, one named twice in a report, or with an
+//!   unspecified or unknown residency is dropped (it changes nothing);
+//! - a `last_load_ms` over [`MAX_LOAD_MS`] (an hour, the longest first-byte
+//!   deadline there is) is not a load anyone measured: the figure is ignored
+//!   (read as no load measured), the rest of the entry is kept.
+//!
+//! Advisory only: residency never changes health or dispatchability.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use iop_proto::config::{EdgeConfig, ProviderEntry};
+use iop_proto::liveness::{DEFAULT_FIRST_BYTE_TIMEOUT_MS, MAX_RESPONSE_STALL_TIMEOUT_MS};
+use iop_proto::pb;
+use iop_proto::wire::closed_enum;
+use serde::Serialize;
+
+use crate::node::registry::NodeRegistry;
+
+/// The longest load the Edge believes, and the longest first-byte deadline
+/// it sends (the node's own range for `first_byte_timeout_ms`).
+pub const MAX_LOAD_MS: u64 = MAX_RESPONSE_STALL_TIMEOUT_MS;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Residency {
+    Loaded,
+    NotLoaded,
+    /// No report, the node is not Ready, or the server cannot say.
+    Unknown,
+}
+
+impl Residency {
+    /// Every state, in the order of the `iop_edge_provider_residency` state set.
+    pub const ALL: [Self; 3] = [Self::Loaded, Self::NotLoaded, Self::Unknown];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Loaded => "loaded",
+            Self::NotLoaded => "not_loaded",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// One provider's residency and figures as the Edge believes them now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figures {
+    pub residency: Residency,
+    pub size_bytes: u64,
+    pub vram_bytes: u64,
+    /// The node's last measured load of the provider's model; 0: none.
+    pub last_load_ms: u64,
+    pub last_loaded_at_unix_ms: u64,
+}
+
+impl Figures {
+    pub const UNKNOWN: Self = Self {
+        residency: Residency::Unknown,
+        size_bytes: 0,
+        vram_bytes: 0,
+        last_load_ms: 0,
+        last_loaded_at_unix_ms: 0,
+    };
+
+    /// Its model would have to be loaded first (selection's "cold").
+    pub fn cold(&self) -> bool {
+        self.residency == Residency::NotLoaded
+    }
+}
+
+/// Validates a report from `node` (pure): only that node's providers, named
+/// once, with a known residency (the module rules).
+pub fn check_report(config: &EdgeConfig, node: &str, entries: &[pb::ProviderResidency]) -> Vec<(String, Figures)> {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for entry in entries {
+        *counts.entry(entry.provider_id.as_str()).or_default() += 1;
+    }
+    entries
+        .iter()
+        .filter(|e| counts[e.provider_id.as_str()] == 1)
+        .filter(|e| config.providers.iter().any(|p| p.id == e.provider_id && p.node == node))
+        .filter_map(|e| {
+            let residency = match closed_enum::<pb::ModelResidency>("provider_residency.residency", e.residency).ok()? {
+                pb::ModelResidency::Loaded => Residency::Loaded,
+                pb::ModelResidency::NotLoaded => Residency::NotLoaded,
+                pb::ModelResidency::Unknown => Residency::Unknown,
+                pb::ModelResidency::Unspecified => return None,
+            };
+            let believable = e.last_load_ms <= MAX_LOAD_MS;
+            let figures = Figures {
+                residency,
+                size_bytes: e.size_bytes,
+                vram_bytes: e.vram_bytes,
+                last_load_ms: if believable { e.last_load_ms } else { 0 },
+                last_loaded_at_unix_ms: if believable { e.last_loaded_at_unix_ms } else { 0 },
+            };
+            Some((e.provider_id.clone(), figures))
+        })
+        .collect()
+}
+
+/// The first-byte deadline sent with a request to `residency`'s provider
+/// (pure; the one definition, used for `RunRequest`,
+/// `ProviderTunnelRequest` and the Edge's own tunnel first-frame bound):
+/// `configured` (0: the default, 60 s) plus the last measured load when the
+/// model is `not_loaded` and a load was measured, at most [`MAX_LOAD_MS`].
+/// Otherwise `configured` as it is (0 stays 0, the node's default).
+pub fn first_byte_timeout_ms(configured: u64, residency: &Figures) -> u64 {
+    if !residency.cold() || residency.last_load_ms == 0 {
+        return configured;
+    }
+    let base = if configured == 0 { DEFAULT_FIRST_BYTE_TIMEOUT_MS } else { configured };
+    base.saturating_add(residency.last_load_ms).min(MAX_LOAD_MS)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    generation: u64,
+    figures: Figures,
+}
+
+/// Provider id -> its last accepted residency, with the connection
+/// generation it arrived on.
+#[derive(Debug, Default)]
+pub struct ResidencyTable {
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+impl ResidencyTable {
+    /// Applies a report from `node` received on `generation`; nothing when
+    /// that connection is no longer the node's current one. Returns how
+    /// many providers it set.
+    pub fn apply(
+        &self,
+        config: &EdgeConfig,
+        registry: &NodeRegistry,
+        node: &str,
+        generation: u64,
+        entries: &[pb::ProviderResidency],
+    ) -> usize {
+        if registry.current_generation(node) != Some(generation) {
+            return 0;
+        }
+        let checked = check_report(config, node, entries);
+        let mut table = self.entries.lock().unwrap();
+        for (provider, figures) in &checked {
+            table.insert(provider.clone(), Entry { generation, figures: *figures });
+        }
+        checked.len()
+    }
+
+    /// `provider`'s residency now: its entry while its node's connection
+    /// that sent it is Ready, else unknown.
+    pub fn of(&self, registry: &NodeRegistry, provider: &ProviderEntry) -> Figures {
+        match registry.ready_generation(&provider.node) {
+            Some(generation) => self.on(&provider.id, generation),
+            None => Figures::UNKNOWN,
+        }
+    }
+
+    /// `provider`'s residency as reported on connection `generation` (a
+    /// lease's), else unknown.
+    pub fn on(&self, provider: &str, generation: u64) -> Figures {
+        let table = self.entries.lock().unwrap();
+        table.get(provider).filter(|e| e.generation == generation).map_or(Figures::UNKNOWN, |e| e.figures)
+    }
+
+    /// Forgets providers `keep` rejects (a reload removed them).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.entries.lock().unwrap().retain(|id, _| keep(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::registry::Session;
+
+    fn config() -> EdgeConfig {
+        EdgeConfig::from_yaml(
+            r#"
+listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
+tls: { ca_file: a, cert_file: b, key_file: c }
+trust_domain: t
+auth: { mode: disabled }
+nodes: [ { name: n1 }, { name: n2 } ]
+providers:
+  - { id: a, node: n1, adapter: ollama, target: { model: m1, base_url: "http://x" }, models: [ { name: chat } ] }
+  - { id: b, node: n2, adapter: openai, target: { model: m2, base_url: "http://y" }, models: [ { name: chat } ] }
+"#,
+        )
+        .unwrap()
+    }
+
+    fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency {
+        pb::ProviderResidency {
+            provider_id: id.into(),
+            residency,
+            size_bytes: 40 << 30,
+            vram_bytes: 39 << 30,
+            last_load_ms,
+            last_loaded_at_unix_ms: if last_load_ms > 0 { 1_700_000_000_000 } else { 0 },
+        }
+    }
+
+    fn cold(last_load_ms: u64) -> Figures {
+        Figures { residency: Residency::NotLoaded, last_load_ms, ..Figures::UNKNOWN }
+    }
+
+    const LOADED: i32 = pb::ModelResidency::Loaded as i32;
+    const NOT_LOADED: i32 = pb::ModelResidency::NotLoaded as i32;
+
+    #[test]
+    fn only_the_nodes_own_providers_named_once_with_a_known_residency_count() {
+        let check = |entries: &[pb::ProviderResidency]| check_report(&config(), "n1", entries);
+        let kept = check(&[report("a", LOADED, 0)]);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].0, "a");
+        assert_eq!(
+            kept[0].1,
+            Figures {
+                residency: Residency::Loaded,
+                size_bytes: 40 << 30,
+                vram_bytes: 39 << 30,
+                last_load_ms: 0,
+                last_loaded_at_unix_ms: 0
+            }
+        );
+        let rejected = [
+            report("b", LOADED, 0),  // another node's provider: a hostile node
+            report("zz", LOADED, 0), // unknown
+            report("", LOADED, 0),
+            report("a", 0, 0),  // unspecified
+            report("a", 77, 0), // unknown enum value
+        ];
+        for r in rejected {
+            assert!(check(std::slice::from_ref(&r)).is_empty(), "{r:?}");
+        }
+        assert!(check(&[report("a", LOADED, 0), report("a", NOT_LOADED, 0)]).is_empty(), "named twice: ambiguous");
+        let unknown = check(&[report("a", pb::ModelResidency::Unknown.into(), 0)]);
+        assert_eq!(unknown[0].1.residency, Residency::Unknown);
+    }
+
+    #[test]
+    fn an_absurd_load_time_is_ignored_and_the_rest_kept() {
+        let kept = check_report(&config(), "n1", &[report("a", NOT_LOADED, MAX_LOAD_MS + 1)]);
+        assert_eq!(
+            (kept[0].1.residency, kept[0].1.last_load_ms, kept[0].1.last_loaded_at_unix_ms),
+            (Residency::NotLoaded, 0, 0)
+        );
+        assert_eq!(kept[0].1.size_bytes, 40 << 30);
+        let kept = check_report(&config(), "n1", &[report("a", NOT_LOADED, MAX_LOAD_MS)]);
+        assert_eq!(kept[0].1.last_load_ms, MAX_LOAD_MS, "an hour is the longest believed");
+    }
+
+    #[test]
+    fn first_byte_extension_table() {
+        let loaded = Figures { residency: Residency::Loaded, last_load_ms: 20_000, ..Figures::UNKNOWN };
+        let unknown = Figures { last_load_ms: 20_000, ..Figures::UNKNOWN };
+        let rows: [(u64, Figures, u64); 9] = [
+            (0, Figures::UNKNOWN, 0),                // nothing known: as configured
+            (0, loaded, 0),                          // loaded: no load to wait for
+            (0, unknown, 0),                         // unknown pays nothing
+            (0, cold(0), 0),                         // cold, but no load measured
+            (0, cold(20_000), 80_000),               // default 60 s + the load
+            (5_000, cold(20_000), 25_000),           // configured + the load
+            (30_000, loaded, 30_000),                // configured kept
+            (3_000_000, cold(900_000), MAX_LOAD_MS), // capped at the node's range
+            (0, cold(MAX_LOAD_MS), MAX_LOAD_MS),
+        ];
+        for (configured, figures, expected) in rows {
+            assert_eq!(first_byte_timeout_ms(configured, &figures), expected, "{configured} {figures:?}");
+            assert!(iop_proto::liveness::first_byte_timeout(expected).is_ok(), "the node accepts {expected}");
+        }
+    }
+
+    /// A report counts from the current connection only; an entry is read
+    /// while that connection is Ready; a hostile node cannot set another
+    /// node's provider; a new connection starts unknown.
+    #[test]
+    fn reports_are_bound_to_the_nodes_current_ready_connection() {
+        let config = config();
+        let registry = NodeRegistry::default();
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", Session::registered(5, control));
+        let table = ResidencyTable::default();
+        let a = &config.providers[0];
+        let b = &config.providers[1];
+        assert_eq!(table.apply(&config, &registry, "n1", 5, &[report("a", LOADED, 0)]), 1);
+        assert_eq!(table.of(&registry, a).residency, Residency::Unknown, "registered, not Ready yet");
+        assert!(registry.mark_ready("n1", 5));
+        assert_eq!(table.of(&registry, a).residency, Residency::Loaded);
+        assert_eq!(table.on("a", 5).residency, Residency::Loaded);
+        assert_eq!(table.on("a", 4).residency, Residency::Unknown, "another connection's lease");
+
+        assert_eq!(table.apply(&config, &registry, "n1", 4, &[report("a", NOT_LOADED, 0)]), 0, "fenced generation");
+        assert_eq!(table.of(&registry, a).residency, Residency::Loaded);
+
+        let (control, _rx2) = tokio::sync::mpsc::channel(1);
+        registry.register("n2", Session::registered(9, control));
+        assert!(registry.mark_ready("n2", 9));
+        assert_eq!(table.apply(&config, &registry, "n1", 5, &[report("b", NOT_LOADED, 0)]), 0, "not n1's provider");
+        assert_eq!(table.of(&registry, b).residency, Residency::Unknown);
+
+        assert!(registry.remove("n1", 5));
+        assert_eq!(table.of(&registry, a).residency, Residency::Unknown, "the session ended");
+        let (control, _rx3) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", Session::registered(6, control));
+        assert!(registry.mark_ready("n1", 6));
+        assert_eq!(table.of(&registry, a).residency, Residency::Unknown, "the old connection's report is gone");
+
+        table.retain(|id| id != "a");
+        assert_eq!(table.on("a", 5).residency, Residency::Unknown);
+    }
+}
