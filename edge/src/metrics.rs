@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 
 use crate::credentials::CredentialState;
 use crate::overlay::OverlayState;
+use crate::residency::Residency;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -56,6 +57,14 @@ pub struct ProviderHealthLabels {
     pub provider: String,
     /// available | unavailable | unknown (`OverlayState::label`)
     pub health: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderResidencyLabels {
+    /// A configured provider id.
+    pub provider: String,
+    /// loaded | not_loaded | unknown (`Residency::label`)
+    pub state: &'static str,
 }
 
 /// A configured node's name (the identity check admits no other).
@@ -192,6 +201,9 @@ pub struct EdgeMetrics {
     /// Set through [`EdgeMetrics::set_provider_credentials`] only.
     provider_credential: Family<ProviderCredentialLabels, Gauge>,
     provider_credential_series: Mutex<BTreeSet<String>>,
+    /// Set through [`EdgeMetrics::set_provider_residency`] only.
+    provider_residency: Family<ProviderResidencyLabels, Gauge>,
+    provider_residency_series: Mutex<BTreeSet<String>>,
     /// notAfter (Unix seconds) of the certificate each node presented at its
     /// last accepted handshake.
     pub node_certificate_expiry: Family<NodeLabels, Gauge>,
@@ -308,6 +320,12 @@ impl EdgeMetrics {
             "provider_credential",
             "State of each configured provider's managed credential (ok, disabled, invalid, rejected), as /admin/v1/providers reports it: 1 on its state, 0 on the others",
             provider_credential.clone(),
+        );
+        let provider_residency = Family::<ProviderResidencyLabels, Gauge>::default();
+        registry.register(
+            "provider_residency",
+            "Whether each configured provider's model is in its server's memory (loaded, not_loaded, unknown), as /admin/v1/providers reports it: 1 on its state, 0 on the others",
+            provider_residency.clone(),
         );
         let node_certificate_expiry = Family::<NodeLabels, Gauge>::default();
         registry.register(
@@ -454,6 +472,8 @@ impl EdgeMetrics {
             provider_health_series: Mutex::default(),
             provider_credential,
             provider_credential_series: Mutex::default(),
+            provider_residency,
+            provider_residency_series: Mutex::default(),
             node_certificate_expiry,
             server_certificate_expiry,
             recovery_eligibility,
@@ -506,6 +526,16 @@ impl EdgeMetrics {
         let all = CredentialState::ALL.map(CredentialState::label);
         set_state_set(&self.provider_credential, &self.provider_credential_series, &states, &all, |provider, state| {
             ProviderCredentialLabels { provider, state }
+        });
+    }
+
+    /// Makes `iop_edge_provider_residency` the state set of `providers`
+    /// (every configured provider), as [`Self::set_provider_health`].
+    pub fn set_provider_residency(&self, providers: &[(&str, Residency)]) {
+        let states: Vec<(&str, &'static str)> = providers.iter().map(|(p, r)| (*p, r.label())).collect();
+        let all = Residency::ALL.map(Residency::label);
+        set_state_set(&self.provider_residency, &self.provider_residency_series, &states, &all, |provider, state| {
+            ProviderResidencyLabels { provider, state }
         });
     }
 

@@ -185,6 +185,23 @@ impl ResidencyTable {
     }
 }
 
+/// Publishes every provider of `providers` (the config's) with its
+/// residency now as `iop_edge_provider_residency` (what
+/// `/admin/v1/providers` reports). At scrape time, like
+/// [`crate::overlay::publish_health`], for the same reasons: the state
+/// depends on the registry as much as on reports, and the series of a
+/// provider a reload removed go at the next scrape.
+pub fn publish(
+    metrics: &crate::metrics::EdgeMetrics,
+    registry: &NodeRegistry,
+    table: &ResidencyTable,
+    providers: &[ProviderEntry],
+) {
+    let states: Vec<(&str, Residency)> =
+        providers.iter().map(|p| (p.id.as_str(), table.of(registry, p).residency)).collect();
+    metrics.set_provider_residency(&states);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +342,40 @@ providers:
 
         table.retain(|id| id != "a");
         assert_eq!(table.on("a", 5).residency, Residency::Unknown);
+    }
+
+    /// `iop_edge_provider_residency`: a state set per configured provider;
+    /// the series of a provider a reload removed go at the next scrape.
+    #[test]
+    fn the_metric_is_a_state_set_of_the_configured_providers() {
+        let config = config();
+        let registry = NodeRegistry::default();
+        let (control, _rx) = tokio::sync::mpsc::channel(1);
+        registry.register("n1", Session::registered(5, control));
+        assert!(registry.mark_ready("n1", 5));
+        let table = ResidencyTable::default();
+        table.apply(&config, &registry, "n1", 5, &[report("a", NOT_LOADED, 0)]);
+        let metrics = crate::metrics::EdgeMetrics::new();
+        let lines = || {
+            let text = metrics.encode();
+            let mut lines: Vec<String> =
+                text.lines().filter(|l| l.starts_with("iop_edge_provider_residency{")).map(str::to_string).collect();
+            lines.sort();
+            lines
+        };
+        publish(&metrics, &registry, &table, &config.providers);
+        assert_eq!(
+            lines(),
+            [
+                r#"iop_edge_provider_residency{provider="a",state="loaded"} 0"#,
+                r#"iop_edge_provider_residency{provider="a",state="not_loaded"} 1"#,
+                r#"iop_edge_provider_residency{provider="a",state="unknown"} 0"#,
+                r#"iop_edge_provider_residency{provider="b",state="loaded"} 0"#,
+                r#"iop_edge_provider_residency{provider="b",state="not_loaded"} 0"#,
+                r#"iop_edge_provider_residency{provider="b",state="unknown"} 1"#,
+            ]
+        );
+        publish(&metrics, &registry, &table, &config.providers[..1]);
+        assert_eq!(lines().len(), 3, "b's series went with it: {:?}", lines());
     }
 }

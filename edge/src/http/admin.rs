@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::EdgeState;
 use crate::node::commands::CommandError;
 use crate::overlay::{ProviderView, health_label};
+use crate::residency::Figures;
 use crate::workspace::tools::{self, ToolCall};
 use crate::workspace::{self, WorkspaceCall, WorkspaceError};
 
@@ -121,7 +122,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
             let node_ready = node.is_some_and(|n| n.phase == Some(crate::node::registry::SessionPhase::Ready));
             let view = ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p);
             let outlier = state.admission.outlier_status(&p.id, now);
-            json!({
+            let mut value = json!({
                 "id": p.id,
                 "node": p.node,
                 "adapter": p.adapter,
@@ -151,7 +152,9 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 "ejected_until": outlier.ejected_until.map(|until| rfc3339(until, now)),
                 "consecutive_failures": outlier.consecutive_failures,
                 "ejections": outlier.ejections,
-            })
+            });
+            residency_fields(&mut value, &state.residency.of(&state.registry, p));
+            value
         })
         .collect();
     axum::Json(json!({
@@ -162,6 +165,26 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         "leases": { "acquired": load.acquired, "released": load.released, "double_releases": load.double_releases },
     }))
     .into_response()
+}
+
+/// A provider's model residency ([`crate::residency`]): `residency`
+/// (`loaded` | `not_loaded` | `unknown`: no report, node not Ready, or the
+/// server cannot say), `model_memory` (`{size_bytes, vram_bytes}`, null when
+/// both are 0), `last_load_seconds` and `last_load_at` (RFC 3339) of the
+/// node's last measured load, null when none.
+fn residency_fields(value: &mut serde_json::Value, figures: &Figures) {
+    let measured = figures.last_load_ms > 0;
+    let memory = (figures.size_bytes > 0 || figures.vram_bytes > 0)
+        .then(|| json!({ "size_bytes": figures.size_bytes, "vram_bytes": figures.vram_bytes }));
+    let at = i128::from(figures.last_loaded_at_unix_ms) * 1_000_000;
+    let at = (measured && figures.last_loaded_at_unix_ms > 0)
+        .then(|| time::OffsetDateTime::from_unix_timestamp_nanos(at).ok())
+        .flatten()
+        .and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
+    value["residency"] = json!(figures.residency.label());
+    value["model_memory"] = json!(memory);
+    value["last_load_seconds"] = json!(measured.then(|| figures.last_load_ms as f64 / 1000.0));
+    value["last_load_at"] = json!(at);
 }
 
 /// `at` on the wall clock, as RFC 3339 in UTC (whole milliseconds).
@@ -331,4 +354,45 @@ fn authority_json(authority: &pb::WorkspaceAuthority) -> serde_json::Value {
             "wall_clock_ms": limits.wall_clock_ms,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::residency::Residency;
+
+    /// Issue 29: the residency fields of `/admin/v1/providers`.
+    #[test]
+    fn residency_fields_as_the_contract_says() {
+        let fields = |figures: Figures| {
+            let mut value = json!({ "id": "p" });
+            residency_fields(&mut value, &figures);
+            value
+        };
+        assert_eq!(
+            fields(Figures::UNKNOWN),
+            json!({ "id": "p", "residency": "unknown", "model_memory": null, "last_load_seconds": null, "last_load_at": null })
+        );
+        let loaded = Figures {
+            residency: Residency::Loaded,
+            size_bytes: 42_000_000_000,
+            vram_bytes: 41_000_000_000,
+            last_load_ms: 18_250,
+            last_loaded_at_unix_ms: 1_764_825_600_123,
+        };
+        assert_eq!(
+            fields(loaded),
+            json!({
+                "id": "p",
+                "residency": "loaded",
+                "model_memory": { "size_bytes": 42_000_000_000u64, "vram_bytes": 41_000_000_000u64 },
+                "last_load_seconds": 18.25,
+                "last_load_at": "2025-12-04T05:20:00.123Z",
+            })
+        );
+        let cold = Figures { residency: Residency::NotLoaded, vram_bytes: 1, ..Figures::UNKNOWN };
+        let value = fields(cold);
+        assert_eq!(value["residency"], "not_loaded");
+        assert_eq!(value["model_memory"], json!({ "size_bytes": 0, "vram_bytes": 1 }), "null only when both are 0");
+    }
 }

@@ -809,6 +809,7 @@ async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {
         state.config.credential_health(),
         &state.config.current().providers,
     );
+    crate::residency::publish(&state.metrics, &state.registry, &state.residency, &state.config.current().providers);
     state.admission.publish_ejections(std::time::Instant::now());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
