@@ -176,6 +176,7 @@ async fn bench() {
         mode: Default::default(),
         stall_timeout_ms: 0,
         first_byte_timeout_ms: 0,
+        keep_warm: false,
     };
     let providers =
         [spec("plain", "mock", 128), spec("words", "mock@words=50", 128), spec("hold", "mock@stall_after=1", 1024)];

@@ -37,6 +37,8 @@ pub struct ProviderSpec {
     pub stall_timeout_ms: u64,
     /// 0 for the default (60 s).
     pub first_byte_timeout_ms: u64,
+    /// Ask the node to keep the model resident (Ollama adapter only).
+    pub keep_warm: bool,
 }
 
 impl ProviderSpec {
@@ -53,7 +55,7 @@ impl ProviderSpec {
             mode: self.mode,
             credential: None,
             continuation: false,
-            keep_warm: false,
+            keep_warm: self.keep_warm,
         }
     }
 }

@@ -21,6 +21,11 @@
 //! | `POST /mock/faults`         | `k=v,k=v`: replaces the process default knobs            |
 //! | `POST /mock/api-key`        | the body becomes the required API key (empty: none)      |
 //! | `POST /mock/scripts/reset`  | rewinds every script cursor (see *Scripted turns*)       |
+//! | `GET /api/ps`               | Ollama's loaded models (see *Residency*)                 |
+//! | `GET /props`                | llama.cpp's server properties (see *Residency*)          |
+//! | `GET /api/v0/models`        | LM Studio's models with `state` (see *Residency*)        |
+//! | `GET /api/v0/models/{model}`| LM Studio's model (see *Residency*)                      |
+//! | `POST /mock/residency`      | `{"loaded": bool, "load_delay_ms"?: N}` (*Residency*)    |
 //! | `GET /healthz`              | `ok`                                                     |
 //!
 //! With an API key (`--api-key`, [`MockConfig::api_key`]) every route but
@@ -188,6 +193,43 @@
 //! takes no turn (a retry gets the same one); one that is held or delayed
 //! takes its turn when it goes on.
 //!
+//! # Residency
+//!
+//! Like a Mac's model server, the mock has its model in memory or not
+//! ([`ResidencyConfig`], process state, not per-request knobs):
+//!
+//! | Flag                     | Effect                                                        |
+//! |--------------------------|---------------------------------------------------------------|
+//! | `--loaded true\|false`   | whether the model is resident at start (default `true`)       |
+//! | `--load-delay-ms N`      | how long a load takes (default 0)                             |
+//! | `--residency-api API`    | `all` (default), `ollama`, `llama_cpp`, `lm_studio` or `none`: which residency endpoints answer; the others answer 404 like a server that lacks them |
+//!
+//! A chat, responses or embeddings request while the model is not resident
+//! waits for a load before its headers (after its body is checked, before
+//! the fault knobs act): the first one starts a load of `load-delay-ms`,
+//! every request arriving meanwhile waits for that same load, and then the
+//! model is resident ([`MockStats::loads`] counts loads). `POST
+//! /mock/residency {"loaded": false}` evicts it (`true` makes it resident
+//! without a load; `load_delay_ms` changes the delay of later loads).
+//!
+//! The endpoints, in each server's shape, answer for every model name a
+//! request named (`/api/show`, chat, embeddings, LM Studio's per-model
+//! call; by its base name, without the `@knobs` suffix: [`base_model`]),
+//! and for `mock` from the start:
+//!
+//! - Ollama `GET /api/ps`: while resident, each as Ollama lists a loaded
+//!   model (`name` and `model` with the tag, `:latest` when it has none;
+//!   `size` and `size_vram` [`MODEL_SIZE_BYTES`], `expires_at` five minutes
+//!   ahead, `details`, `digest`, `context_length`); `{"models": []}` while not.
+//! - llama.cpp `GET /props`: while resident `200` with
+//!   `default_generation_settings`, `total_slots`, `model_path`; while not
+//!   `503 {"error": {"code": 503, "message": "Loading model", "type":
+//!   "unavailable_error"}}`.
+//! - LM Studio `GET /api/v0/models` (`{"object": "list", "data": [..]}`)
+//!   and `GET /api/v0/models/{model}` (any name, learned): `{"id", "object":
+//!   "model", "type": "llm", "state": "loaded" | "not-loaded",
+//!   "max_context_length", ..}`.
+//!
 //! # Fault knobs
 //!
 //! A [`Faults`] set is merged from three sources, later ones winning: the
@@ -259,6 +301,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+
+mod residency;
+pub use residency::{MODEL_CONTEXT_LENGTH, MODEL_SIZE_BYTES, ResidencyApi, ResidencyConfig, base_model};
 
 /// The only model the mock lists.
 pub const MODEL_NAME: &str = "mock";
@@ -589,7 +634,7 @@ fn flag(knob: &str, value: Option<&str>) -> Result<bool, FaultError> {
 /// Effective knobs for one request: defaults < model suffix < header.
 fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap) -> Result<Faults, String> {
     let mut faults = defaults.clone();
-    if let Some((_, spec)) = model.split_once('@') {
+    if let Some(spec) = model.strip_prefix(base_model(model)).and_then(|rest| rest.strip_prefix('@')) {
         let over = parse_faults(spec).map_err(|e| format!("model `{model}`: {e}"))?;
         faults = faults.merged(&over);
     }
@@ -754,6 +799,9 @@ pub struct MockConfig {
     /// Scripted turns selected by `iop-mock-script:<name>` markers
     /// (`--script-file`, [`Scripts::load`]); `None`: every marker is a 400.
     pub scripts: Option<Scripts>,
+    /// Whether the model is resident, how long a load takes, which
+    /// residency endpoints answer (see *Residency*).
+    pub residency: ResidencyConfig,
 }
 
 /// Counters served on `GET /mock/stats`.
@@ -772,6 +820,9 @@ pub struct MockStats {
     /// (the cursor; omitted from the JSON while empty).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub scripts: BTreeMap<String, u64>,
+    /// Model loads performed (see *Residency*).
+    #[serde(default)]
+    pub loads: u64,
 }
 
 #[derive(Debug, Default)]
@@ -797,6 +848,8 @@ struct Counters {
     request_log: std::sync::Mutex<VecDeque<LoggedRequest>>,
     /// `fail_times`: requests seen per exact knob set.
     failures: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Whether the model is resident, the names requests named, loads.
+    residency: residency::Residency,
 }
 
 /// One entry of the request log (`GET /mock/requests`, [`MockHandle::requests`]).
@@ -844,6 +897,7 @@ impl Counters {
             aborted_streams: self.aborted_streams.load(Ordering::Relaxed),
             stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
             scripts: self.script_cursors.lock().unwrap().clone(),
+            loads: self.residency.loads.load(Ordering::Relaxed),
         }
     }
 
@@ -952,6 +1006,7 @@ async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let (stopping_tx, stopping) = watch::channel(false);
+    counters.residency.configure(&config.residency);
     let state = AppState {
         defaults: Arc::new(RwLock::new(config.defaults)),
         api_key: Arc::new(RwLock::new(config.api_key)),
@@ -1030,7 +1085,11 @@ fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/api/tags", get(|| async { Json(ollama::tags()) }))
         // The read-only metadata calls the Edge's OLLAMA_API command may make.
-        .route("/api/ps", get(|| async { Json(serde_json::json!({ "models": [] })) }))
+        .route("/api/ps", get(residency::ollama_ps))
+        .route("/props", get(residency::llama_props))
+        .route("/api/v0/models", get(residency::lm_studio_models))
+        .route("/api/v0/models/{*model}", get(residency::lm_studio_model_one))
+        .route("/mock/residency", post(residency::set_residency))
         .route("/api/version", get(|| async { Json(serde_json::json!({ "version": "0.0.0-mock" })) }))
         .route("/api/show", post(ollama_show))
         .route("/mock/health", post(set_health))
@@ -1155,8 +1214,9 @@ async fn metadata_gate(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let metadata =
-        matches!(request.uri().path(), "/api/tags" | "/api/show" | "/api/ps" | "/api/version" | "/v1/models");
+    let path = request.uri().path();
+    let metadata = matches!(path, "/api/tags" | "/api/show" | "/api/ps" | "/api/version" | "/v1/models" | "/props")
+        || path.starts_with("/api/v0/models");
     if metadata && state.counters.metadata_down.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "mock metadata is down" })))
             .into_response();
@@ -1171,9 +1231,10 @@ async fn list_models() -> Json<Value> {
 }
 
 /// `POST /api/show`: echoes which model was asked about.
-async fn ollama_show(body: Bytes) -> Response {
+async fn ollama_show(State(state): State<AppState>, body: Bytes) -> Response {
     match serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_string)) {
         Some(model) => {
+            state.counters.residency.learn(&model);
             let capabilities: &[&str] =
                 if model.starts_with("text") { &["completion", "tools"] } else { &["completion", "tools", "vision"] };
             Json(json!({ "model": model, "details": { "family": "mock" }, "capabilities": capabilities }))
@@ -1474,6 +1535,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         Ok(req) => req,
         Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid chat request: {e}")),
     };
+    state.counters.residency.learn(&req.model);
     if api == Api::Responses {
         req.responses_messages();
     }
@@ -1489,6 +1551,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         return api.error(StatusCode::BAD_REQUEST, &message);
     }
     tracing::debug!(?api, model = %req.model, ?faults, ?script, "chat request");
+    residency::until_resident(&state).await;
     let echoed = on(faults.echo_auth).then(|| auth_quote(&headers));
     if let Some(answer) = before_answer(api, &state, &faults, echoed.as_deref()).await {
         return answer;
@@ -1731,6 +1794,7 @@ async fn embed(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Re
         Ok(req) => req,
         Err(e) => return api.error(StatusCode::BAD_REQUEST, &format!("invalid embeddings request: {e}")),
     };
+    state.counters.residency.learn(&req.model);
     let defaults = state.defaults.read().expect("fault defaults lock").clone();
     let faults = match request_faults(&defaults, &req.model, &headers) {
         Ok(faults) => faults,
@@ -1741,6 +1805,7 @@ async fn embed(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Re
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
     };
     tracing::debug!(?api, model = %req.model, ?faults, inputs = plan.vectors.len(), "embeddings request");
+    residency::until_resident(&state).await;
     if let Some(answer) = before_answer(api, &state, &faults, None).await {
         return answer;
     }
@@ -2835,7 +2900,7 @@ mod tests {
         assert_eq!(
             get_json(&mock, "/mock/stats").await,
             json!({
-                "requests_total": 0, "completed_streams": 0, "aborted_streams": 0, "stream_bytes": 0,
+                "requests_total": 0, "completed_streams": 0, "aborted_streams": 0, "stream_bytes": 0, "loads": 0,
             })
         );
         mock.shutdown().await;
@@ -4130,5 +4195,242 @@ scripts:
         let reply = held.await.unwrap();
         assert_eq!(reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "workspace_read");
         assert_eq!(mock.stats().scripts["fix-readme"], 1);
+    }
+
+    // -- Residency ----------------------------------------------------------
+
+    async fn spawn_resident(residency: ResidencyConfig) -> MockHandle {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        start(listener, MockConfig { residency, ..MockConfig::default() }).await
+    }
+
+    fn cold(load_delay_ms: u64) -> ResidencyConfig {
+        ResidencyConfig { loaded: false, load_delay_ms, ..ResidencyConfig::default() }
+    }
+
+    async fn get(mock: &MockHandle, path: &str) -> (u16, Value) {
+        let resp = client().get(format!("{}{path}", mock.base_url())).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn set_residency(mock: &MockHandle, body: &str) -> u16 {
+        let url = format!("{}/mock/residency", mock.base_url());
+        client().post(url).body(body.to_owned()).send().await.unwrap().status().as_u16()
+    }
+
+    /// The names `/api/ps` lists.
+    async fn ps_names(mock: &MockHandle) -> Vec<String> {
+        let (status, ps) = get(mock, "/api/ps").await;
+        assert_eq!(status, 200);
+        ps["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_owned()).collect()
+    }
+
+    #[test]
+    fn residency_flags_parse_with_their_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            residency: ResidencyConfig,
+        }
+        use clap::Parser as _;
+        assert_eq!(Cli::parse_from(["mock"]).residency, ResidencyConfig::default());
+        assert!(ResidencyConfig::default().loaded, "resident by default");
+        let cli =
+            Cli::parse_from(["mock", "--loaded", "false", "--load-delay-ms", "250", "--residency-api", "llama_cpp"]);
+        assert_eq!(
+            cli.residency,
+            ResidencyConfig { loaded: false, load_delay_ms: 250, residency_api: ResidencyApi::LlamaCpp }
+        );
+        for (name, api) in [
+            ("all", ResidencyApi::All),
+            ("ollama", ResidencyApi::Ollama),
+            ("lm_studio", ResidencyApi::LmStudio),
+            ("none", ResidencyApi::None),
+        ] {
+            assert_eq!(Cli::parse_from(["mock", "--residency-api", name]).residency.residency_api, api);
+        }
+        assert!(Cli::try_parse_from(["mock", "--loaded", "maybe"]).is_err());
+        assert_eq!(base_model("mock@words=3,stall_after=1"), "mock");
+        assert_eq!(base_model("llama3.2:3b"), "llama3.2:3b");
+    }
+
+    /// Each residency endpoint in its server's shape while resident, for
+    /// every model a request named (by its base name).
+    #[tokio::test]
+    async fn residency_endpoints_in_each_servers_shape_while_resident() {
+        let mock = spawn_resident(ResidencyConfig::default()).await;
+        assert_eq!(ps_names(&mock).await, ["mock:latest"], "the mock's own model from the start");
+        let shown = post(&mock, "/api/show", &json!({ "model": "llama3.2:3b" }), None).await;
+        assert_eq!(shown.status(), 200);
+        let chat = post(&mock, "/v1/chat/completions", &chat_body("qwen@words=2", "hi", json!({})), None).await;
+        assert_eq!(chat.status(), 200);
+        chat.bytes().await.unwrap();
+        // A bad knob: the request answers 400, but it named the model.
+        let embed = json!({ "model": "nomic-embed@words=1", "input": "a" });
+        assert_eq!(post(&mock, "/api/embed", &embed, Some("bogus=1")).await.status(), 400);
+
+        let (status, ps) = get(&mock, "/api/ps").await;
+        assert_eq!(status, 200);
+        let names: Vec<&str> = ps["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["llama3.2:3b", "mock:latest", "nomic-embed:latest", "qwen:latest"]);
+        let entry = &ps["models"][0];
+        assert_eq!(entry["model"], "llama3.2:3b");
+        assert_eq!(entry["size"], MODEL_SIZE_BYTES);
+        assert_eq!(entry["size_vram"], MODEL_SIZE_BYTES);
+        let expires = entry["expires_at"].as_str().unwrap();
+        assert!(expires.len() == 20 && expires.ends_with('Z') && expires.as_bytes()[10] == b'T', "{expires}");
+        assert_eq!(entry["details"]["format"], "gguf");
+
+        let (status, props) = get(&mock, "/props").await;
+        assert_eq!(status, 200);
+        assert_eq!(props["default_generation_settings"]["n_ctx"], MODEL_CONTEXT_LENGTH);
+        assert_eq!(props["total_slots"], 1);
+        assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"));
+
+        // Any name, learned from the call (slashes included).
+        let (status, one) = get(&mock, "/api/v0/models/lmstudio-community/gemma@words=1").await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            (&one["id"], &one["object"], &one["type"], &one["state"]),
+            (&json!("lmstudio-community/gemma"), &json!("model"), &json!("llm"), &json!("loaded"))
+        );
+        assert_eq!(one["max_context_length"], MODEL_CONTEXT_LENGTH);
+        let (status, list) = get(&mock, "/api/v0/models").await;
+        assert_eq!(status, 200);
+        assert_eq!(list["object"], "list");
+        let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, ["llama3.2:3b", "lmstudio-community/gemma", "mock", "nomic-embed", "qwen"]);
+        assert!(list["data"].as_array().unwrap().iter().all(|m| m["state"] == "loaded" && m["type"] == "llm"));
+        mock.shutdown().await;
+    }
+
+    /// Not resident: `/api/ps` empty, `/props` 503 "Loading model", LM
+    /// Studio `not-loaded`.
+    #[tokio::test]
+    async fn residency_endpoints_while_not_resident() {
+        let mock = spawn_resident(cold(0)).await;
+        assert_eq!(get(&mock, "/api/ps").await, (200, json!({ "models": [] })));
+        assert_eq!(
+            get(&mock, "/props").await,
+            (503, json!({ "error": { "code": 503, "message": "Loading model", "type": "unavailable_error" } }))
+        );
+        let (status, one) = get(&mock, "/api/v0/models/mock").await;
+        assert_eq!((status, &one["state"]), (200, &json!("not-loaded")));
+        assert!(one.get("loaded_context_length").is_none());
+        let (_, list) = get(&mock, "/api/v0/models").await;
+        assert_eq!(list["data"][0]["state"], "not-loaded");
+        assert_eq!(mock.stats().loads, 0, "asking never loads");
+        mock.shutdown().await;
+    }
+
+    /// `--residency-api` picks the endpoints that answer; the others are 404.
+    #[tokio::test]
+    async fn residency_api_selects_the_endpoints_that_answer() {
+        let endpoints = ["/api/ps", "/props", "/api/v0/models", "/api/v0/models/mock"];
+        for (api, answering) in [
+            (ResidencyApi::All, [true, true, true, true]),
+            (ResidencyApi::Ollama, [true, false, false, false]),
+            (ResidencyApi::LlamaCpp, [false, true, false, false]),
+            (ResidencyApi::LmStudio, [false, false, true, true]),
+            (ResidencyApi::None, [false, false, false, false]),
+        ] {
+            let mock = spawn_resident(ResidencyConfig { residency_api: api, ..ResidencyConfig::default() }).await;
+            for (path, answers) in endpoints.iter().zip(answering) {
+                let (status, _) = get(&mock, path).await;
+                assert_eq!(status, if answers { 200 } else { 404 }, "{api:?} {path}");
+            }
+            // Chat is not affected.
+            let resp = post(&mock, "/api/chat", &chat_body("mock", "hi", json!({ "stream": false })), None).await;
+            assert_eq!(resp.status(), 200, "{api:?}");
+            mock.shutdown().await;
+        }
+    }
+
+    /// A request while not resident waits the load before its headers;
+    /// requests during the load wait for the same load; then the model is
+    /// resident and later requests load nothing (`loads` stays 1).
+    #[tokio::test]
+    async fn a_load_delays_the_headers_once_for_every_waiting_request() {
+        const DELAY: Duration = Duration::from_millis(300);
+        let mock = spawn_resident(cold(DELAY.as_millis() as u64)).await;
+        let started = Instant::now();
+        let requests: Vec<_> = [
+            ("/api/chat", chat_body("mock", "hi", json!({ "stream": false }))),
+            ("/v1/chat/completions", chat_body("mock@words=2", "hi", json!({ "stream": true }))),
+            ("/v1/responses", json!({ "model": "mock", "input": "hi" })),
+            ("/v1/embeddings", json!({ "model": "mock", "input": "hi" })),
+        ]
+        .into_iter()
+        .map(|(path, body)| {
+            let url = format!("{}{path}", mock.base_url());
+            tokio::spawn(async move {
+                let resp = client().post(url).body(body.to_string()).send().await.unwrap();
+                let headers_at = started.elapsed();
+                (resp.status().as_u16(), headers_at, resp.bytes().await.unwrap())
+            })
+        })
+        .collect();
+        for request in requests {
+            let (status, headers_at, _) = request.await.unwrap();
+            assert_eq!(status, 200);
+            assert!(headers_at >= DELAY, "headers after the load: {headers_at:?}");
+        }
+        assert_eq!(mock.stats().loads, 1, "one load for all of them");
+        assert_eq!(ps_names(&mock).await, ["mock:latest"]);
+
+        // Resident now: no load.
+        let resp = post(&mock, "/api/chat", &chat_body("mock", "again", json!({ "stream": false })), None).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(mock.stats().loads, 1);
+        assert_eq!(get_json(&mock, "/mock/stats").await["loads"], 1);
+        mock.shutdown().await;
+    }
+
+    /// A client that leaves during the load does not cancel it.
+    #[tokio::test]
+    async fn a_load_goes_on_when_its_client_leaves() {
+        let mock = spawn_resident(cold(200)).await;
+        let url = format!("{}/api/chat", mock.base_url());
+        let body = chat_body("mock", "hi", json!({ "stream": false })).to_string();
+        let gone = tokio::time::timeout(Duration::from_millis(50), client().post(url).body(body).send()).await;
+        assert!(gone.is_err(), "still loading");
+        // The next request waits for the same load, not a new one.
+        let resp = post(&mock, "/api/chat", &chat_body("mock", "hi", json!({ "stream": false })), None).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(mock.stats().loads, 1);
+        mock.shutdown().await;
+    }
+
+    /// `POST /mock/residency` evicts (the next request loads again, with a
+    /// new delay) and makes resident without a load.
+    #[tokio::test]
+    async fn mock_residency_evicts_and_makes_resident() {
+        let mock = spawn_resident(ResidencyConfig::default()).await;
+        assert_eq!(set_residency(&mock, r#"{"loaded": false, "load_delay_ms": 150}"#).await, 204);
+        assert!(ps_names(&mock).await.is_empty());
+        assert_eq!(get(&mock, "/props").await.0, 503);
+        assert_eq!(get(&mock, "/api/v0/models/mock").await.1["state"], "not-loaded");
+
+        let started = Instant::now();
+        let resp = post(&mock, "/api/embed", &json!({ "model": "mock", "input": "a" }), None).await;
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert_eq!(resp.status(), 200);
+        assert_eq!(mock.stats().loads, 1);
+        assert_eq!(ps_names(&mock).await, ["mock:latest"]);
+        assert_eq!(get(&mock, "/props").await.0, 200);
+
+        // Evicted, then made resident by hand: no load counted, none waited.
+        assert_eq!(set_residency(&mock, r#"{"loaded": false}"#).await, 204);
+        assert_eq!(set_residency(&mock, r#"{"loaded": true, "load_delay_ms": null}"#).await, 204);
+        let resp = post(&mock, "/api/chat", &chat_body("mock", "hi", json!({ "stream": false })), None).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(mock.stats().loads, 1);
+
+        for bad in ["", "{}", r#"{"loaded": "no"}"#, r#"{"loaded": false, "load_delay_ms": -1}"#] {
+            assert_eq!(set_residency(&mock, bad).await, 400, "{bad}");
+        }
+        mock.shutdown().await;
     }
 }

@@ -220,6 +220,13 @@ fn invalid_examples() -> Vec<Invalid> {
             field: "spec.credentialSecretRef",
             message: "credentialSecretRef applies only to the openai adapter (ollama takes no API key)",
         },
+        // `keepWarm` only with `ollama` (the base is `openai`).
+        Invalid {
+            what: "keepWarm on an openai Provider",
+            object: with(provider(), "/spec/keepWarm", json!(true)),
+            field: "spec.keepWarm",
+            message: "keepWarm applies only to the ollama adapter (Ollama's keep_alive)",
+        },
         // `models[].contextFallback`: never the model itself.
         Invalid {
             what: "a model falling back to itself",

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use iop_proto::config::{AuthConfig, AuthMode, HostedTools, ListenConfig, OutlierConfig};
+use iop_proto::config::{AuthConfig, AuthMode, HostedTools, ListenConfig, OutlierConfig, SchedulingConfig};
 
 use crate::reconcile::Settings;
 
@@ -38,6 +38,10 @@ pub const EDGE_HOSTED_TOOLS: &str = "IOP_EDGE_HOSTED_TOOLS";
 pub const EDGE_OUTLIER_CONSECUTIVE_FAILURES: &str = "IOP_EDGE_OUTLIER_CONSECUTIVE_FAILURES";
 pub const EDGE_OUTLIER_BASE_EJECTION_MS: &str = "IOP_EDGE_OUTLIER_BASE_EJECTION_MS";
 pub const EDGE_OUTLIER_MAX_EJECTION_MS: &str = "IOP_EDGE_OUTLIER_MAX_EJECTION_MS";
+/// Optional: the Edge's `scheduling.load_penalty` (0-10000; unset: the
+/// Edge's default, 4): the extra requests in flight a provider whose model
+/// is not loaded is charged in selection; 0 ignores residency.
+pub const EDGE_SCHEDULING_LOAD_PENALTY: &str = "IOP_EDGE_SCHEDULING_LOAD_PENALTY";
 /// Tests only (the chart never sets it): the operator's clock runs this many
 /// seconds ahead of the system clock (negative: behind). Certificate
 /// issuance and renewal, condition timestamps and the leader Lease all read
@@ -67,6 +71,8 @@ pub struct RunConfig {
     /// The Edge's `outlier` ([`EDGE_OUTLIER_CONSECUTIVE_FAILURES`] and the
     /// two after it).
     pub outlier: OutlierConfig,
+    /// The Edge's `scheduling` ([`EDGE_SCHEDULING_LOAD_PENALTY`]).
+    pub scheduling: SchedulingConfig,
     /// [`TEST_CLOCK_OFFSET`] in seconds (0 when unset).
     pub clock_offset_s: i64,
 }
@@ -186,6 +192,16 @@ impl RunConfig {
             ));
         }
 
+        let mut scheduling = SchedulingConfig::default();
+        if let Some(value) =
+            lookup(EDGE_SCHEDULING_LOAD_PENALTY).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+        {
+            let out_of_range =
+                || invalid(EDGE_SCHEDULING_LOAD_PENALTY, &value, "must be between 0 (ignore residency) and 10000");
+            scheduling.load_penalty = value.parse::<u32>().map_err(|_| out_of_range())?;
+            scheduling.validate().map_err(|_| out_of_range())?;
+        }
+
         // Within a century either way: far past what any test needs, and the
         // clock stays within the range `time` and Kubernetes timestamps take.
         let clock_offset_s = match lookup(TEST_CLOCK_OFFSET).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
@@ -207,6 +223,7 @@ impl RunConfig {
             edge_auth,
             hosted_tools,
             outlier,
+            scheduling,
             clock_offset_s,
         })
     }
@@ -223,6 +240,7 @@ impl RunConfig {
         }
         settings.api.hosted_tools = self.hosted_tools;
         settings.outlier = self.outlier.clone();
+        settings.scheduling = self.scheduling.clone();
         settings
     }
 }
@@ -356,6 +374,22 @@ mod tests {
         assert_eq!(parse(&env).unwrap().settings().auth.mode, AuthMode::Required);
         env.insert(EDGE_AUTH_MODE, "optional");
         assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_AUTH_MODE, .. })));
+    }
+
+    /// Issue 29: the chart's `edge.scheduling.loadPenalty` reaches the Edge
+    /// config's `scheduling.load_penalty`; unset is the Edge's default.
+    #[test]
+    fn scheduling_load_penalty_setting() {
+        let mut env = chart_env();
+        assert_eq!(parse(&env).unwrap().settings().empty_config().scheduling, SchedulingConfig::default());
+        for (value, penalty) in [("0", 0), (" 12 ", 12), ("10000", 10_000)] {
+            env.insert(EDGE_SCHEDULING_LOAD_PENALTY, value);
+            assert_eq!(parse(&env).unwrap().settings().empty_config().scheduling.load_penalty, penalty, "{value}");
+        }
+        for bad in ["10001", "-1", "four", "4.5"] {
+            env.insert(EDGE_SCHEDULING_LOAD_PENALTY, bad);
+            assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_SCHEDULING_LOAD_PENALTY, .. })), "{bad}");
+        }
     }
 
     /// Issue 28 item 6: the chart's `edge.outlier` reaches the Edge config;

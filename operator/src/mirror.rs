@@ -93,6 +93,23 @@
 //! theirs, in whole seconds, and absent when none has it ejected (the
 //! `EJECTED` column). Read tolerantly like `credential`.
 //!
+//! # Model residency
+//!
+//! Each replica lists the node's last report of whether the provider's
+//! model is in its server's memory (`residency`: `loaded`, `not_loaded`,
+//! `unknown`; the Edge says `unknown` without a report or a ready node) and
+//! the node's last measured load (`last_load_seconds`, `last_load_at`,
+//! `null` before any). Every answering replica that lists the provider has
+//! a say ([`merge_residency`]): a replica that knows (`loaded` or
+//! `not_loaded`) beats one that does not, and `loaded` beats `not_loaded`
+//! (the node sends each report to every replica, so they differ only for
+//! the moment between two reports; `loaded` is the newer news after a
+//! load). The load shown is the latest (`last_load_at`) of the replicas',
+//! with its duration. `status.residency` (the `LOADED` column),
+//! `status.lastLoadSeconds` and `status.lastLoadTime` (whole seconds); read
+//! tolerantly like `credential` (absent or unknown values: no information;
+//! with none from any replica, `residency` is left out).
+//!
 //! # Node connection
 //!
 //! `replicas` is the number of Edge replicas (the pods the config lists,
@@ -117,7 +134,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
-use crate::crd::provider::{Classification, Health};
+use crate::crd::provider::{Classification, Health, Residency};
 use crate::crd::{NodeCatalogStatus, ProviderStatus};
 
 /// `GET /admin/v1/providers` (only the fields the mirror reads).
@@ -147,6 +164,29 @@ pub struct EdgeProvider {
     /// ejection); absent, `null` or unparsable: not ejected.
     #[serde(default, deserialize_with = "tolerant_time")]
     pub ejected_until: Option<Time>,
+    /// The node's last residency report as this replica holds it; absent,
+    /// `null` or a value this operator does not know: no information.
+    #[serde(default, deserialize_with = "tolerant_residency")]
+    pub residency: Option<Residency>,
+    /// `last_load_seconds`, in whole milliseconds: the node's last measured
+    /// load; absent, `null` or not a number: none.
+    #[serde(default, rename = "last_load_seconds", deserialize_with = "tolerant_seconds_as_ms")]
+    pub last_load_ms: Option<u64>,
+    /// When that load ended.
+    #[serde(default, deserialize_with = "tolerant_time")]
+    pub last_load_at: Option<Time>,
+}
+
+fn tolerant_residency<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Residency>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
+}
+
+fn tolerant_seconds_as_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    let seconds = value.and_then(|v| v.as_f64()).filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e12);
+    // In range above: the cast neither saturates nor wraps.
+    Ok(seconds.map(|s| (s * 1000.0).round() as u64))
 }
 
 fn tolerant_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
@@ -261,6 +301,12 @@ pub struct ProviderMirror {
     pub credential: Option<Condition>,
     /// `status.ejectedUntil`: the latest replica's outlier ejection.
     pub ejected_until: Option<Time>,
+    /// `status.residency` ([`merge_residency`]).
+    pub residency: Option<Residency>,
+    /// `status.lastLoadSeconds`: the latest load's duration (ms precision).
+    pub last_load_seconds: Option<f64>,
+    /// `status.lastLoadTime`: when the latest load ended (whole seconds).
+    pub last_load_time: Option<Time>,
 }
 
 impl ProviderMirror {
@@ -274,6 +320,9 @@ impl ProviderMirror {
             last_transition_time: s.last_transition_time.clone(),
             credential: s.conditions.iter().find(|c| c.type_ == CREDENTIAL_ACCEPTED).cloned(),
             ejected_until: s.ejected_until.clone(),
+            residency: s.residency,
+            last_load_seconds: s.last_load_seconds,
+            last_load_time: s.last_load_time.clone(),
         }
     }
 
@@ -286,6 +335,9 @@ impl ProviderMirror {
             generation: self.generation,
             last_transition_time: self.last_transition_time.clone(),
             ejected_until: self.ejected_until.clone(),
+            residency: self.residency,
+            last_load_seconds: self.last_load_seconds,
+            last_load_time: self.last_load_time.clone(),
             conditions: self.credential.iter().cloned().collect(),
             ..Default::default()
         }
@@ -369,6 +421,31 @@ pub fn merge_health(seen: &[EdgeHealth]) -> (Health, Option<Classification>) {
     } else {
         // Unavailable and unknown: nobody may route to it, and there is evidence it is down.
         classify(EdgeHealth::Unavailable)
+    }
+}
+
+/// `status.residency` from what the replicas that list the provider say
+/// (see the module docs): `loaded` over `not_loaded` over `unknown`;
+/// `None` when no replica says anything (an Edge older than the field).
+pub fn merge_residency(seen: &[Option<Residency>]) -> Option<Residency> {
+    let rank = |r: Residency| match r {
+        Residency::Loaded => 2,
+        Residency::NotLoaded => 1,
+        Residency::Unknown => 0,
+    };
+    seen.iter().flatten().copied().max_by_key(|r| rank(*r))
+}
+
+/// The latest load among the replicas' (`last_load_at`), as
+/// `(lastLoadSeconds, lastLoadTime)`.
+pub fn latest_load(seen: &[&EdgeProvider]) -> (Option<f64>, Option<Time>) {
+    let latest = seen
+        .iter()
+        .filter_map(|p| Some((p.last_load_at.as_ref()?, p.last_load_ms?)))
+        .max_by(|(a, _), (b, _)| a.0.cmp(&b.0));
+    match latest {
+        Some((at, ms)) => (Some(ms as f64 / 1000.0), Some(seconds(at.0))),
+        None => (None, None),
     }
 }
 
@@ -463,6 +540,8 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
     let credentials: Vec<&EdgeCredential> = views.iter().filter_map(|(p, _)| p.credential.as_ref()).collect();
     let credential = merge_credential(&credentials, views.len(), previous.credential.as_ref(), now);
     let ejected_until = views.iter().filter_map(|(p, _)| p.ejected_until.as_ref()).map(|t| seconds(t.0)).max();
+    let residency = merge_residency(&views.iter().map(|(p, _)| p.residency).collect::<Vec<_>>());
+    let (last_load_seconds, last_load_time) = latest_load(&views.iter().map(|(p, _)| *p).collect::<Vec<_>>());
     ProviderMirror {
         health: Some(health),
         classification,
@@ -471,6 +550,9 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
         last_transition_time,
         credential,
         ejected_until,
+        residency,
+        last_load_seconds,
+        last_load_time,
     }
 }
 
@@ -486,6 +568,9 @@ pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool 
         last_transition_time,
         credential,
         ejected_until,
+        residency,
+        last_load_seconds,
+        last_load_time,
     } = next;
     (health, classification, generation, last_transition_time, credential, ejected_until)
         != (
@@ -496,6 +581,8 @@ pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool 
             &previous.credential,
             &previous.ejected_until,
         )
+        || (residency, last_load_seconds, last_load_time)
+            != (&previous.residency, &previous.last_load_seconds, &previous.last_load_time)
 }
 
 /// The mirrored fields of one node as one replica (of one) sees it.

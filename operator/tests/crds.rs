@@ -85,7 +85,7 @@ fn resolve<'a>(schema: &'a Value, path: &str) -> Result<&'a Value, String> {
 fn printer_columns_point_into_the_schema() {
     let expected = BTreeMap::from([
         ("NodeCatalog", vec!["Connected", "Replicas", "Generation", "Cert-Expiry", "Age"]),
-        ("Provider", vec!["Node", "Model", "Health", "Classification", "Ejected", "Age", "Public"]),
+        ("Provider", vec!["Node", "Model", "Health", "Classification", "Ejected", "Loaded", "Age", "Public"]),
         ("WorkspaceTemplate", vec!["Operations", "Age"]),
     ]);
     for c in crd::all() {
@@ -157,9 +157,9 @@ fn every_cel_rule_compiles_and_stays_in_scope() {
         }
     }
     assert_eq!(
-        count, 10,
-        "names of nodes and providers, stall and first-byte timeouts, credentials, contextFallback, renewBefore, \
-         commands, target model and base URL"
+        count, 11,
+        "names of nodes and providers, stall and first-byte timeouts, credentials, keepWarm, contextFallback, \
+         renewBefore, commands, target model and base URL"
     );
 }
 
@@ -453,6 +453,7 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
             json!({"name": "s", "key": "k"}),
             "CEL: spec.credentialSecretRef",
         ),
+        ("Provider", "studio-qwen-tunnel", "/spec/keepWarm", json!(true), "CEL: spec.keepWarm"),
         ("Provider", "studio-llama", "/metadata/name", json!("p".repeat(64)), "/metadata/name: "),
         ("Provider", "studio-qwen-tunnel", "/spec/queue/depth", json!(100_001), "/spec/queue/depth: 100001 is greater"),
         ("Provider", "studio-qwen-tunnel", "/spec/queue/timeoutMs", json!(0), "/spec/queue/timeoutMs: 0 is less"),
@@ -584,6 +585,19 @@ fn credentials_are_schema_valid_only_with_the_openai_adapter() {
     set(&mut doc, "/spec/adapter", json!("ollama"));
     let errors = admission_errors(&doc);
     assert!(errors.iter().any(|e| e.contains("only to the openai adapter")), "{errors:?}");
+}
+
+/// Issue 29: `keepWarm` is Ollama's `keep_alive`.
+#[test]
+fn keep_warm_is_schema_valid_only_with_the_ollama_adapter() {
+    let mut doc = example("Provider", "studio-llama");
+    set(&mut doc, "/spec/keepWarm", json!(true));
+    assert_eq!(admission_errors(&doc), Vec::<String>::new());
+    set(&mut doc, "/spec/adapter", json!("openai"));
+    let errors = admission_errors(&doc);
+    assert!(errors.iter().any(|e| e.contains(iop_operator::crd::provider::KEEP_WARM_MESSAGE)), "{errors:?}");
+    set(&mut doc, "/spec/keepWarm", json!(false));
+    assert_eq!(admission_errors(&doc), Vec::<String>::new());
 }
 
 #[test]

@@ -153,6 +153,7 @@ async fn run(args: Args) -> Result<(), Error> {
         mode,
         stall_timeout_ms: 0,
         first_byte_timeout_ms: 0,
+        keep_warm: false,
     };
     let providers = [provider("bench", ProviderMode::Normalized), provider("bench-tunnel", ProviderMode::Tunnel)];
     let any = "127.0.0.1:0".parse()?;

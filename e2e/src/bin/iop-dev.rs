@@ -197,6 +197,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         mode: Default::default(),
         stall_timeout_ms: 0,
         first_byte_timeout_ms: 0,
+        keep_warm: false,
     };
     let mut config = harness::edge_config(&pki, args.http_addr, args.grpc_addr, &[NODE], &[provider]);
     config.listen.admin = args.admin_addr;

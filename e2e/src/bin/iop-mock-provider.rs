@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use iop_e2e::mock_provider::{self, Faults, MockConfig, Scripts};
+use iop_e2e::mock_provider::{self, Faults, MockConfig, ResidencyConfig, Scripts};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -35,6 +35,10 @@ struct Cli {
     /// `iop-mock-script:NAME` gets the next turn of script NAME. Loaded once.
     #[arg(long, env = "IOP_MOCK_SCRIPT_FILE", value_name = "FILE")]
     script_file: Option<std::path::PathBuf>,
+    /// Model residency (process state): `--loaded true|false`,
+    /// `--load-delay-ms N`, `--residency-api all|ollama|llama_cpp|lm_studio|none`.
+    #[command(flatten)]
+    residency: ResidencyConfig,
 }
 
 #[tokio::main]
@@ -73,7 +77,7 @@ async fn main() -> ExitCode {
     println!("iop-mock-provider listening on http://{addr}");
     let _ = std::io::stdout().flush();
 
-    let config = MockConfig { defaults: cli.faults, api_key: cli.api_key, scripts };
+    let config = MockConfig { defaults: cli.faults, api_key: cli.api_key, scripts, residency: cli.residency };
     match mock_provider::serve(listener, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -64,6 +64,8 @@ pub struct StackOptions {
     pub unsandboxed_commands: bool,
     /// The mock provider's `--script-file` contents (YAML), if any.
     pub mock_script: Option<&'static str>,
+    /// More arguments for the stack's mock provider (e.g. `--loaded false`).
+    pub mock_args: Vec<&'static str>,
     /// The Edge config's `context_fallbacks` (model -> larger model).
     pub context_fallbacks: Vec<(&'static str, &'static str)>,
     /// The Edge's and nodes' logs go to `edge.log` / `node-<name>.log` in the
@@ -98,6 +100,7 @@ impl Default for StackOptions {
             allowed_roots: Vec::new(),
             anonymous_workspaces: None,
             mock_script: None,
+            mock_args: Vec::new(),
             node_args: Vec::new(),
             unsandboxed_commands: false,
             context_fallbacks: Vec::new(),
@@ -144,6 +147,7 @@ pub fn provider(id: &str, adapter: Adapter, target_model: &str, public_model: &s
         mode: Default::default(),
         stall_timeout_ms: 0,
         first_byte_timeout_ms: 0,
+        keep_warm: false,
     }
 }
 
@@ -158,8 +162,14 @@ pub async fn spawn_keyed_mock(key: &str) -> (Proc, String) {
 /// server while its siblings stay healthy, listening on `listen`
 /// (`127.0.0.1:0` for any port). Returns the process and its URL.
 pub async fn spawn_mock(listen: &str) -> (Proc, String) {
-    let (mock, line) =
-        spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &["--listen", listen], "listening on").await;
+    spawn_mock_with(listen, &[]).await
+}
+
+/// [`spawn_mock`] with more `iop-mock-provider` arguments, e.g.
+/// `["--loaded", "false", "--load-delay-ms", "2000", "--residency-api", "ollama"]`.
+pub async fn spawn_mock_with(listen: &str, args: &[&str]) -> (Proc, String) {
+    let args: Vec<&str> = ["--listen", listen].into_iter().chain(args.iter().copied()).collect();
+    let (mock, line) = spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &args, "listening on").await;
     (mock, line.split_whitespace().last().unwrap().to_string())
 }
 
@@ -180,6 +190,7 @@ impl Stack {
             std::fs::write(&script, text).unwrap();
             mock_args.extend(["--script-file", script.to_str().unwrap()]);
         }
+        mock_args.extend(options.mock_args.iter().copied());
         let (mock, line) =
             spawn_until("iop-mock-provider", &bin("iop-mock-provider"), &mock_args, "listening on").await;
         let mock_url = line.split_whitespace().last().unwrap().to_string();

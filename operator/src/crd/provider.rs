@@ -45,6 +45,12 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.ejectedUntil",
         description = "Left out of selection until then after generation failures in a row (outlier ejection)",
     ),
+    printcolumn(
+        name = "Loaded",
+        type_ = "string",
+        json_path = ".status.residency",
+        description = "Whether the model is in the server's memory now (loaded, not_loaded, unknown)",
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(
         name = "Public",
@@ -59,6 +65,10 @@ use serde::{Deserialize, Serialize};
     "rule": "!has(self.credentialSecretRef) || self.adapter == 'openai'",
     "message": "credentialSecretRef applies only to the openai adapter (ollama takes no API key)",
     "fieldPath": ".credentialSecretRef",
+}, {
+    "rule": "!has(self.keepWarm) || !self.keepWarm || self.adapter == 'ollama'",
+    "message": KEEP_WARM_MESSAGE,
+    "fieldPath": ".keepWarm",
 }]))]
 pub struct ProviderSpec {
     /// Name of the `NodeCatalog` (same namespace) whose node runs this provider.
@@ -114,10 +124,20 @@ pub struct ProviderSpec {
     /// after text here (`limits.max_continuations`). Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub continuation: bool,
+    /// Ask the node to keep the model resident in the server's memory
+    /// (Ollama `keep_alive` on runs and a periodic zero-token touch), so it
+    /// never goes cold between requests. Ollama adapter only. The node
+    /// honours it only where the Mac's owner opted in (the node's config):
+    /// it pins memory on someone's Mac. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_warm: bool,
     /// Secret key holding the provider API key (openai adapter only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_secret_ref: Option<SecretKeyRef>,
 }
+
+/// What the API server says of `keepWarm` on a Provider whose adapter is not `ollama`.
+pub const KEEP_WARM_MESSAGE: &str = "keepWarm applies only to the ollama adapter (Ollama's keep_alive)";
 
 fn default_capacity() -> u32 {
     4
@@ -278,6 +298,20 @@ pub struct ProviderStatus {
     /// `health`): until when (the latest of the replicas').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ejected_until: Option<Time>,
+    /// Whether the provider's model is in its server's memory now, as the
+    /// node reports it: `loaded`, `not_loaded` (the next request waits for
+    /// a load) or `unknown` (no report, node not ready, or the server cannot
+    /// tell). A replica that knows beats one that does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residency: Option<Residency>,
+    /// How long the node's last measured load of the model took (the run
+    /// that found it not loaded waited this long for its first byte), in
+    /// seconds (millisecond precision); absent before any load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_load_seconds: Option<f64>,
+    /// When that load ended (the latest of the replicas', whole seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_load_time: Option<Time>,
     /// The public model names of `spec.models`, comma-separated, in spec
     /// order (the `PUBLIC` column of `kubectl get providers -o wide`; a
     /// printer column shows only the first item of a list).
@@ -315,6 +349,15 @@ pub enum Health {
     Available,
     Degraded,
     Unavailable,
+    Unknown,
+}
+
+/// Model residency as the Edge's `/admin/v1/providers` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Residency {
+    Loaded,
+    NotLoaded,
     Unknown,
 }
 

@@ -19,6 +19,9 @@ fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>)
         overlay,
         credential: None,
         ejected_until: None,
+        residency: None,
+        last_load_ms: None,
+        last_load_at: None,
     }
 }
 
@@ -311,6 +314,9 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
         last_transition_time: time(10),
         credential: None,
         ejected_until: time(20),
+        residency: None,
+        last_load_seconds: None,
+        last_load_time: None,
     };
     let status = m.to_status();
     assert!(status.conditions.is_empty() && status.observed_generation.is_none());
@@ -685,4 +691,126 @@ fn outlier_ejection_is_mirrored_from_every_answering_replica() {
     let back = two(Some((with(None), node.clone())), Some((with(None), node)));
     let writes = plan(&back, &current, &BTreeMap::new(), at(1001));
     assert_eq!(writes.providers[0].1.ejected_until, None);
+}
+
+/// Issue 29: `residency`, `last_load_seconds` and `last_load_at` from
+/// `/admin/v1/providers`, read tolerantly.
+#[test]
+fn residency_fields_are_read_tolerantly() {
+    let parsed: ProvidersSnapshot = serde_json::from_value(json!({
+        "providers": [
+            {"id": "a", "node": "mac-1", "node_ready": true, "health": "available", "residency": "loaded",
+             "model_memory": {"size_bytes": 2_000_000_000u64, "vram_bytes": 2_000_000_000u64},
+             "last_load_seconds": 12.3456, "last_load_at": "2026-11-01T12:00:00.750Z"},
+            {"id": "b", "node": "mac-1", "node_ready": true, "health": "available", "residency": "not_loaded",
+             "model_memory": null, "last_load_seconds": null, "last_load_at": null},
+            {"id": "c", "node": "mac-1", "node_ready": false, "health": "unknown", "residency": "unknown"},
+            // An Edge older than the fields, or a value this operator does not know.
+            {"id": "d", "node": "mac-1", "node_ready": true, "health": "available"},
+            {"id": "e", "node": "mac-1", "node_ready": true, "health": "available", "residency": "warming",
+             "last_load_seconds": "12", "last_load_at": 17},
+            {"id": "f", "node": "mac-1", "node_ready": true, "health": "available", "last_load_seconds": -1.0}
+        ]
+    }))
+    .unwrap();
+    let fields: Vec<_> =
+        parsed.providers.iter().map(|p| (p.residency, p.last_load_ms, p.last_load_at.is_some())).collect();
+    assert_eq!(
+        fields,
+        [
+            (Some(Residency::Loaded), Some(12_346), true),
+            (Some(Residency::NotLoaded), None, false),
+            (Some(Residency::Unknown), None, false),
+            (None, None, false),
+            (None, None, false),
+            (None, None, false),
+        ]
+    );
+}
+
+#[test]
+fn the_residency_merge_table() {
+    use Residency::{Loaded, NotLoaded, Unknown};
+    let cases: [(&[Option<Residency>], Option<Residency>); 9] = [
+        (&[], None),
+        (&[None], None),
+        (&[None, None], None),
+        (&[Some(Unknown)], Some(Unknown)),
+        (&[None, Some(Unknown)], Some(Unknown)),
+        // A replica that knows beats one that does not.
+        (&[Some(Unknown), Some(NotLoaded)], Some(NotLoaded)),
+        (&[Some(Loaded), Some(Unknown), None], Some(Loaded)),
+        // They differ only between two reports: loaded is the newer news.
+        (&[Some(NotLoaded), Some(Loaded)], Some(Loaded)),
+        (&[Some(NotLoaded), Some(NotLoaded)], Some(NotLoaded)),
+    ];
+    for (seen, expected) in cases {
+        assert_eq!(merge_residency(seen), expected, "{seen:?}");
+    }
+}
+
+/// Residency and the latest load are mirrored from every answering replica
+/// (the latest `last_load_at` wins, with its duration), written when they
+/// change and not otherwise, and round-trip through `status`.
+#[test]
+fn residency_and_the_latest_load_are_mirrored_across_replicas() {
+    let node = edge_node(true, Some(4), Some(1));
+    let with = |residency, load: Option<(u64, i64)>| EdgeProvider {
+        residency,
+        last_load_ms: load.map(|(ms, _)| ms),
+        last_load_at: load.and_then(|(_, at)| time(at)),
+        ..replica_provider(Up, None)
+    };
+    // edge-a: not connected to the node yet (unknown), holds an older load;
+    // edge-b: loaded, with the newer one.
+    let view = two(
+        Some((with(Some(Residency::Unknown), Some((30_000, 500))), node.clone())),
+        Some((with(Some(Residency::Loaded), Some((12_345, 900))), node.clone())),
+    );
+    let (mirrored, _) = planned(&view);
+    assert_eq!(mirrored.residency, Some(Residency::Loaded));
+    assert_eq!((mirrored.last_load_seconds, mirrored.last_load_time.clone()), (Some(12.345), time(900)));
+    let status = mirrored.to_status();
+    let json = serde_json::to_value(&status).unwrap();
+    assert_eq!(
+        (&json["residency"], &json["lastLoadSeconds"], &json["lastLoadTime"]),
+        (&json!("loaded"), &json!(12.345), &json!("1970-01-01T00:15:00Z"))
+    );
+    let read_back: ProviderStatus = serde_json::from_value(json).unwrap();
+    assert_eq!(ProviderMirror::of(Some(&read_back)), mirrored);
+
+    // The same again: nothing to write.
+    let current = BTreeMap::from([("llama".to_string(), mirrored.clone())]);
+    assert!(plan(&view, &current, &BTreeMap::new(), at(1000)).providers.is_empty());
+
+    // Evicted everywhere: written, the last load stays.
+    let evicted = two(
+        Some((with(Some(Residency::NotLoaded), Some((12_345, 900))), node.clone())),
+        Some((with(Some(Residency::NotLoaded), Some((12_345, 900))), node.clone())),
+    );
+    let writes = plan(&evicted, &current, &BTreeMap::new(), at(1100));
+    let (_, next) = &writes.providers[0];
+    assert_eq!((next.residency, next.last_load_seconds), (Some(Residency::NotLoaded), Some(12.345)));
+    assert_eq!(next.health, Some(Health::Available), "residency never changes health");
+
+    // A new load (its time in ms, written in whole seconds): written.
+    let current = BTreeMap::from([("llama".to_string(), next.clone())]);
+    let reloaded = two(
+        Some((
+            EdgeProvider {
+                last_load_at: Some(Time(Timestamp::from_millisecond(2_000_400).unwrap())),
+                ..with(Some(Residency::Loaded), Some((20_500, 0)))
+            },
+            node.clone(),
+        )),
+        None,
+    );
+    let writes = plan(&reloaded, &current, &BTreeMap::new(), at(2100));
+    let (_, next) = &writes.providers[0];
+    assert_eq!((next.residency, next.last_load_seconds), (Some(Residency::Loaded), Some(20.5)));
+    assert_eq!(next.last_load_time, time(2000));
+
+    // An Edge without the fields: nothing about residency.
+    let (older, _) = planned(&two(Some((with(None, None), node)), None));
+    assert_eq!((older.residency, older.last_load_seconds, older.last_load_time), (None, None, None));
 }

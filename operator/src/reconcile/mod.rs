@@ -12,7 +12,7 @@ pub mod validate;
 use std::path::PathBuf;
 
 use iop_proto::config::{
-    ApiConfig, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, OutlierConfig,
+    ApiConfig, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, OutlierConfig, SchedulingConfig,
 };
 
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
@@ -54,6 +54,8 @@ pub struct Settings {
     pub api: ApiConfig,
     /// The Edge's passive outlier ejection.
     pub outlier: OutlierConfig,
+    /// How the Edge's selection weighs model residency.
+    pub scheduling: SchedulingConfig,
 }
 
 impl Settings {
@@ -77,6 +79,7 @@ impl Settings {
             },
             api: ApiConfig::default(),
             outlier: OutlierConfig::default(),
+            scheduling: SchedulingConfig::default(),
         }
     }
 }
@@ -101,7 +104,7 @@ impl Settings {
             replicas: Vec::new(),
             api: self.api.clone(),
             outlier: self.outlier.clone(),
-            scheduling: Default::default(),
+            scheduling: self.scheduling.clone(),
         }
     }
 }

@@ -296,6 +296,10 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
     if spec.credential_secret_ref.is_some() && spec.adapter == Adapter::Ollama {
         return Err(spec_error("credentialSecretRef", "applies only to the openai adapter (ollama takes no API key)"));
     }
+    // Likewise: keep-warm is Ollama's `keep_alive`.
+    if spec.keep_warm && spec.adapter != Adapter::Ollama {
+        return Err(spec_error("keepWarm", "applies only to the ollama adapter (Ollama's keep_alive)"));
+    }
     let entry = ProviderEntry {
         id: p.name_any(),
         node: spec.node.clone(),
@@ -307,7 +311,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         capacity: spec.capacity,
         mode: spec.mode.into(),
         continuation: spec.continuation,
-        keep_warm: false,
+        keep_warm: spec.keep_warm,
         // The profile is the Provider's own: its secret is checked and copied
         // by the build stage (`super::credentials`).
         credential: spec.credential_secret_ref.as_ref().map(|_| CredentialRef { profile: p.name_any() }),

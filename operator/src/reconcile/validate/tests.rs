@@ -127,6 +127,23 @@ fn a_credential_secret_ref_becomes_the_providers_own_profile() {
     assert_eq!(entry.credential.unwrap().profile, "p");
 }
 
+/// Issue 29: `keepWarm` reaches the Edge entry, and only on an Ollama
+/// provider (the CRD's CEL rule, restated for objects admitted before it).
+#[test]
+fn keep_warm_is_carried_for_ollama_and_refused_elsewhere() {
+    let nodes = ready_nodes(&[("studio-mac", true)]);
+    let mut p = provider("p", "studio-mac");
+    assert!(!validate::provider(&p, &nodes, &settings()).unwrap().keep_warm, "off by default");
+    p.spec.keep_warm = true;
+    assert!(validate::provider(&p, &nodes, &settings()).unwrap().keep_warm);
+    p.spec.adapter = Adapter::Openai;
+    let err = validate::provider(&p, &nodes, &settings()).unwrap_err();
+    assert_eq!(err.reason, Reason::InvalidSpec);
+    assert_eq!(err.message, "spec.keepWarm: applies only to the ollama adapter (Ollama's keep_alive)");
+    p.spec.keep_warm = false;
+    assert!(validate::provider(&p, &nodes, &settings()).is_ok());
+}
+
 #[test]
 fn objects_being_deleted_are_out() {
     let deleting = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::reconcile::fixtures::at(1)));

@@ -141,6 +141,9 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
         overlay: None,
         credential: None,
         ejected_until: None,
+        residency: None,
+        last_load_ms: None,
+        last_load_at: None,
     };
     // The Edge's effective health follows its overlay here.
     let health = match overlay.as_ref().map(|o| o.state) {
