@@ -346,6 +346,12 @@ async fn a_real_llama_cpp_server_behind_iop() {
         })
         .await;
     }
+    // The node reads the real server's residency from its `/props` (a
+    // single-model llama-server holds its model whenever it answers).
+    for id in ["llama", "llama-small"] {
+        wait_until(&format!("{id} loaded"), WAIT, || async { stack.provider_admin(id).await["residency"] == "loaded" })
+            .await;
+    }
 
     let mut section = Instant::now();
     let mut timed = |name: &str| {

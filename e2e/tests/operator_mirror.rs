@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use iop_e2e::harness::wait_until;
-use iop_operator::crd::provider::{Classification, Health};
+use iop_operator::crd::provider::{Classification, Health, Residency};
 use iop_operator::mirror::{self, EdgeHealth, EdgeView, NodeMirror, ProviderMirror};
 use iop_operator::replicas::Replica;
 use iop_operator::runtime::admin::{AdminClient, EdgeAdminUrl};
@@ -197,4 +197,41 @@ async fn the_status_mirror_says_when_a_provider_refuses_its_credential() {
     let condition = back.credential.unwrap();
     assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Accepted"));
     assert_eq!(back.health, Some(Health::Available));
+}
+
+/// Issue 29: a provider's model residency reaches its status (the `LOADED`
+/// column of `kubectl get providers`): `not_loaded` while the server does not
+/// have the model in memory, then `loaded` with the load's duration and time
+/// once a request loaded it, and the change is a write.
+#[tokio::test]
+async fn residency_and_the_last_load_reach_the_provider_status() {
+    let stack = Stack::start(StackOptions {
+        mock_args: vec!["--loaded", "false", "--load-delay-ms", "300"],
+        ..Default::default()
+    })
+    .await;
+    let admin = Admin { client: AdminClient::new(), url: EdgeAdminUrl { authority: stack.admin.to_string() } };
+    wait_until("the node reported the model not loaded", WAIT, || async {
+        stack.provider_admin(PROVIDER).await["residency"] == "not_loaded"
+    })
+    .await;
+    let (providers, nodes) = mirror_fetch(&admin).await;
+    let cold = providers.providers.iter().find(|p| p.id == PROVIDER).unwrap();
+    let cold = mirror::provider(cold, nodes.nodes.first(), &ProviderMirror::default(), Timestamp::now());
+    assert_eq!((cold.residency, cold.last_load_seconds), (Some(Residency::NotLoaded), None), "{cold:?}");
+
+    let (status, body) =
+        json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+    wait_until("the node reported the load", WAIT, || async {
+        stack.provider_admin(PROVIDER).await["residency"] == "loaded"
+    })
+    .await;
+    let (providers, nodes) = mirror_fetch(&admin).await;
+    let warm = providers.providers.iter().find(|p| p.id == PROVIDER).unwrap();
+    let warm = mirror::provider(warm, nodes.nodes.first(), &cold, Timestamp::now());
+    assert_eq!(warm.residency, Some(Residency::Loaded), "{warm:?}");
+    assert!(warm.last_load_seconds.unwrap() >= 0.3, "{warm:?}");
+    assert!(warm.last_load_time.is_some(), "{warm:?}");
+    assert!(mirror::visible_change(&cold, &warm));
 }

@@ -75,6 +75,8 @@ pub struct StackOptions {
     pub retry: iop_proto::config::RetryConfig,
     /// The Edge config's `outlier` (default: the Edge's defaults).
     pub outlier: Option<iop_proto::config::OutlierConfig>,
+    /// The Edge config's `scheduling` (default: the Edge's defaults).
+    pub scheduling: Option<iop_proto::config::SchedulingConfig>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -107,6 +109,7 @@ impl Default for StackOptions {
             capture_logs: false,
             retry: Default::default(),
             outlier: None,
+            scheduling: None,
         }
     }
 }
@@ -222,6 +225,9 @@ impl Stack {
                 Some(refs) => refs.iter().map(|r| r.to_string()).collect(),
                 None => config.workspaces.iter().map(|w| w.reference.clone()).collect(),
             };
+        }
+        if let Some(scheduling) = options.scheduling.clone() {
+            config.scheduling = scheduling;
         }
         if let Some(outlier) = options.outlier.clone() {
             config.outlier = outlier;
