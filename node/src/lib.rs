@@ -18,6 +18,7 @@ pub mod health;
 pub mod lease;
 pub mod liveness;
 pub mod metrics;
+pub mod residency;
 pub mod run;
 pub mod scrub;
 pub mod service;
