@@ -15,6 +15,7 @@ pub mod config;
 pub mod doctor;
 pub mod execution;
 pub mod health;
+pub mod keep_warm;
 pub mod lease;
 pub mod liveness;
 pub mod metrics;

@@ -89,6 +89,7 @@ pub fn apply_config(payload: &pb::NodeConfigPayload, config: &NodeConfig) -> Pro
             let target = ProviderTarget::from_assignment(a)
                 .map(|mut t| {
                     t.fetch_image_urls = config.images.fetch_urls;
+                    crate::keep_warm::apply(&mut t, a.keep_warm, config.models.allow_keep_warm);
                     t
                 })
                 .map_err(|e| e.to_string());
@@ -358,6 +359,12 @@ impl Session {
                                 self.http.clone(),
                                 targets.clone(),
                                 out.clone(),
+                                monitor_stop.clone(),
+                            ));
+                            tokio::spawn(crate::keep_warm::run(
+                                self.http.clone(),
+                                targets.clone(),
+                                crate::keep_warm::TOUCH_INTERVAL,
                                 monitor_stop.clone(),
                             ));
                             tokio::spawn(self.health.clone().run(
