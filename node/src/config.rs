@@ -289,6 +289,15 @@ mod tests {
     }
 
     #[test]
+    fn keep_warm_is_off_unless_the_owner_allows_it() {
+        assert!(!NodeConfig::from_yaml(VALID).unwrap().models.allow_keep_warm);
+        let on = NodeConfig::from_yaml(&format!("{VALID}models: {{ allow_keep_warm: true }}\n")).unwrap();
+        assert!(on.models.allow_keep_warm);
+        let typo = format!("{VALID}models: {{ keep_warm: true }}\n");
+        assert!(matches!(NodeConfig::from_yaml(&typo), Err(NodeConfigError::Parse { .. })), "unknown keys are refused");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let plain = VALID.replace("https://", "http://");
         assert!(matches!(NodeConfig::from_yaml(&plain), Err(NodeConfigError::Invalid { field: "edge.url", .. })));
