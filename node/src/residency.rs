@@ -517,8 +517,8 @@ mod tests {
         assert_eq!(observe(&client, &target, None).await, (Observation::UNKNOWN, Dialect::Silent));
     }
 
-    #[tokio::test]
-    async fn a_model_name_is_one_path_segment() {
+    #[test]
+    fn a_model_name_is_one_path_segment() {
         assert_eq!(percent_encode_segment("lmstudio-community/qwen:7b"), "lmstudio-community%2Fqwen%3A7b");
     }
 
