@@ -26,6 +26,9 @@ pub struct NodeConfig {
     /// Images a client gives by URL (see `crate::adapter::images`).
     #[serde(default)]
     pub images: ImagesConfig,
+    /// What the node may ask of its model servers (see `crate::keep_warm`).
+    #[serde(default)]
+    pub models: ModelsConfig,
     /// The file this config was loaded from (no sandboxed command reads it).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -39,6 +42,17 @@ pub struct NodeConfig {
 pub struct ImagesConfig {
     #[serde(default)]
     pub fetch_urls: bool,
+}
+
+/// Whether this node honours a provider's `keep_warm` (Ollama only): its
+/// runs then ask Ollama to keep the model loaded for a while and the node
+/// touches the model periodically, so it holds the Mac's memory while the
+/// node runs. Off by default: the memory is the owner's to give.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsConfig {
+    #[serde(default)]
+    pub allow_keep_warm: bool,
 }
 
 /// The owner's consent for workspaces (README "Workspaces", "Security").
@@ -272,6 +286,15 @@ mod tests {
         assert_eq!(v6.edge_host_port(), Some(("::1".to_string(), 7443)));
         assert_eq!(c.reconnect, ReconnectConfig::default());
         assert_eq!(c.health, HealthConfig::default());
+    }
+
+    #[test]
+    fn keep_warm_is_off_unless_the_owner_allows_it() {
+        assert!(!NodeConfig::from_yaml(VALID).unwrap().models.allow_keep_warm);
+        let on = NodeConfig::from_yaml(&format!("{VALID}models: {{ allow_keep_warm: true }}\n")).unwrap();
+        assert!(on.models.allow_keep_warm);
+        let typo = format!("{VALID}models: {{ keep_warm: true }}\n");
+        assert!(matches!(NodeConfig::from_yaml(&typo), Err(NodeConfigError::Parse { .. })), "unknown keys are refused");
     }
 
     #[test]

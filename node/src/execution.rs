@@ -62,11 +62,15 @@ pub struct Observer {
     /// The connection's health monitor, told when this execution's evidence
     /// lowers its provider so it probes the provider's return.
     pub health: Option<Arc<HealthMonitor>>,
+    /// The connection's residency monitor: says whether a run starts cold
+    /// (then its first byte ends a load) and observes the provider again
+    /// after every run.
+    pub residency: Option<Arc<crate::residency::ResidencyMonitor>>,
 }
 
 impl Observer {
     pub fn unbound() -> Self {
-        Self { sequence: None, metrics: NodeMetrics::new(), health: None }
+        Self { sequence: None, metrics: NodeMetrics::new(), health: None, residency: None }
     }
 
     /// Evidence about `provider` is final: sequence it and, when it says the
@@ -632,11 +636,51 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
     coalesce: bool,
 ) -> Settled<T> {
     let Watched { http, target, timeouts, first_byte, observer, kind } = watched;
+    let cold = observer.residency.as_ref().is_some_and(|r| r.cold(&target.provider_id));
+    let started = tokio::time::Instant::now();
+    let settled = drive_watched(
+        producer,
+        items,
+        uplink,
+        cancel,
+        edge_gone,
+        (http, target, timeouts, &first_byte, observer, kind),
+        coalesce,
+    )
+    .await;
+    if let Some(residency) = &observer.residency {
+        if let Some(at) = first_byte.arrived_at().filter(|_| cold) {
+            let took = at.saturating_duration_since(started);
+            crate::residency::LoadMemory::global().record(&target.target_model, took);
+            observer.metrics.model_loaded(&target.provider_id, took);
+        }
+        residency.refresh(&target.provider_id);
+    }
+    settled
+}
+
+#[allow(clippy::type_complexity)]
+async fn drive_watched<U: UplinkFrame, T>(
+    producer: Producer<'_, Result<T, crate::adapter::AdapterError>>,
+    items: &mut mpsc::Receiver<U::Item>,
+    uplink: &mut Uplink<U>,
+    cancel: &Cancel,
+    edge_gone: impl Future<Output = ()>,
+    (http, target, timeouts, first_byte, observer, kind): (
+        &reqwest::Client,
+        &ProviderTarget,
+        Timeouts,
+        &FirstByte,
+        &Observer,
+        ExecutionKind,
+    ),
+    coalesce: bool,
+) -> Settled<T> {
     let mut watchdog =
         StallWatchdog::new(timeouts.stall, tokio::time::Instant::now()).with_first_byte(timeouts.first_byte);
     let mut coalescer = Coalescer::new(coalesce);
     let fenced = || observer.metrics.fenced(kind);
-    let watch = (&mut watchdog, &first_byte);
+    let watch = (&mut watchdog, first_byte);
     match forward(producer, items, uplink, cancel, edge_gone, watch, &mut coalescer, fenced).await {
         Driven::Finished(Ok(done)) => Settled::Finished(Ok(done)),
         Driven::Finished(Err(e)) => {

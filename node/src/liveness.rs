@@ -25,8 +25,7 @@
 //! meaning and still bounds the wait before the first byte too.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use iop_proto::pb;
@@ -140,7 +139,7 @@ impl StallWatchdog {
 /// the code that sends the provider request ([`FirstByte::mark`]) and read
 /// by the execution's watchdog.
 #[derive(Debug, Clone, Default)]
-pub struct FirstByte(Arc<AtomicBool>);
+pub struct FirstByte(Arc<OnceLock<Instant>>);
 
 tokio::task_local! {
     static FIRST_BYTE: FirstByte;
@@ -148,7 +147,12 @@ tokio::task_local! {
 
 impl FirstByte {
     pub fn arrived(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.get().is_some()
+    }
+
+    /// When the first byte arrived (the first mark).
+    pub fn arrived_at(&self) -> Option<Instant> {
+        self.0.get().copied()
     }
 
     /// `work` with this as its execution's first-byte signal.
@@ -158,7 +162,9 @@ impl FirstByte {
 
     /// Marks the first byte of the execution being polled; nothing outside one.
     pub fn mark() {
-        let _ = FIRST_BYTE.try_with(|f| f.0.store(true, Ordering::Relaxed));
+        let _ = FIRST_BYTE.try_with(|f| {
+            f.0.get_or_init(Instant::now);
+        });
     }
 }
 

@@ -95,7 +95,13 @@ pub struct NodeMetrics {
     first_byte_timeouts: Family<KindLabels, Counter>,
     lease_rejections: Family<ReasonLabels, Counter>,
     malformed_events: Family<ProviderLabels, Counter>,
+    model_loads: Family<ProviderLabels, Counter>,
+    model_load_seconds: Family<ProviderLabels, Histogram>,
 }
+
+/// Buckets of `iop_node_model_load_seconds`: a small model loads in under a
+/// second, a 70 GB one in minutes.
+const MODEL_LOAD_BUCKETS: [f64; 10] = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0];
 
 impl NodeMetrics {
     pub fn new() -> Arc<Self> {
@@ -147,7 +153,23 @@ impl NodeMetrics {
             "Undecodable events a provider's stream carried that the run skipped, by provider",
             malformed_events.clone(),
         );
+        let model_loads = Family::<ProviderLabels, Counter>::default();
+        registry.register(
+            "model_loads",
+            "Runs and tunnels that found their model not loaded and got its first byte, by provider",
+            model_loads.clone(),
+        );
+        let model_load_seconds = Family::<ProviderLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(MODEL_LOAD_BUCKETS.iter().copied())
+        });
+        registry.register(
+            "model_load_seconds",
+            "Time from the provider request to its first byte of a run that loaded the model, by provider",
+            model_load_seconds.clone(),
+        );
         Arc::new(Self {
+            model_loads,
+            model_load_seconds,
             registry,
             malformed_events,
             workspace_ops,
@@ -187,6 +209,13 @@ impl NodeMetrics {
     /// (`crate::adapter`'s malformed-event rule).
     pub fn provider_malformed_events(&self, provider: &str, count: u64) {
         self.malformed_events.get_or_create(&ProviderLabels { provider: provider.to_owned() }).inc_by(count);
+    }
+
+    /// A run or tunnel on `provider` loaded its model in `took`.
+    pub fn model_loaded(&self, provider: &str, took: Duration) {
+        let labels = ProviderLabels { provider: provider.to_owned() };
+        self.model_loads.get_or_create(&labels).inc();
+        self.model_load_seconds.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
     pub fn lease_refused(&self, reason: &'static str) {

@@ -100,9 +100,12 @@ pub(crate) async fn serve(
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
             let (target, timeouts) = (prepared.target.clone(), prepared.timeouts);
             let relay_scrubber = scrubber.clone();
-            let producer = Producer::new(async move { relay(http, prepared, body, relay_scrubber, &sink).await });
-            // The response head is the first frame: progress, so the first byte.
+            // The response head is the first frame: progress, so the first
+            // byte; marked too, so a tunnel that loads the model is measured.
             let first_byte = FirstByte::default();
+            let producer = Producer::new(
+                first_byte.clone().scope(async move { relay(http, prepared, body, relay_scrubber, &sink).await }),
+            );
             let watched =
                 Watched { http, target: &target, timeouts, first_byte, observer, kind: ExecutionKind::tunnel };
             let mut settled = execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await;
@@ -239,6 +242,7 @@ async fn relay(
         builder = builder.body(body);
     }
     let mut response = builder.send().await.map_err(|e| adapter::transport_error(&context, e))?;
+    FirstByte::mark();
     let mut headers = response_headers(response.headers());
     if let Some(scrubber) = &scrubber {
         for header in &mut headers {

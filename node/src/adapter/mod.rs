@@ -90,6 +90,10 @@ pub struct ProviderTarget {
     /// The node owner allows fetching image URLs for this provider
     /// (`images.fetch_urls`; only an adapter that takes image data needs it).
     pub fetch_image_urls: bool,
+    /// The Edge asked this provider's model to stay resident and the node's
+    /// owner allows it (`models.allow_keep_warm`; Ollama only): runs carry
+    /// Ollama's `keep_alive` and [`crate::keep_warm`] touches the model.
+    pub keep_warm: bool,
 }
 
 impl ProviderTarget {
@@ -133,6 +137,7 @@ impl ProviderTarget {
             chat_url,
             credential_profile: None,
             fetch_image_urls: false,
+            keep_warm: false,
         })
     }
 
@@ -437,7 +442,7 @@ pub(crate) fn transport_error(context: &str, e: reqwest::Error) -> AdapterError 
 }
 
 /// `error: source: source…`, skipping sources whose text is already included.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -36,6 +36,10 @@ struct ChatBody<'a> {
     /// the switch is sent).
     #[serde(skip_serializing_if = "Option::is_none")]
     think: Option<bool>,
+    /// How long Ollama keeps the model loaded after this run; only on a
+    /// provider kept warm ([`crate::keep_warm`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keep_alive: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -181,8 +185,9 @@ pub(super) fn request_body(
 
     let think = reasoning_effort(o)?.map(|effort| effort != pb::ReasoningEffort::None);
 
-    let body =
-        to_json_body(&ChatBody { model: &target.target_model, messages, stream: true, tools, options, format, think })?;
+    let keep_alive = target.keep_warm.then_some(crate::keep_warm::KEEP_ALIVE);
+    let model = &target.target_model;
+    let body = to_json_body(&ChatBody { model, messages, stream: true, tools, options, format, think, keep_alive })?;
     Ok((body, forced))
 }
 

@@ -31,6 +31,7 @@ use crate::execution::{Cancel, ExecutionContext, Observer};
 use crate::health::{HealthMonitor, HealthSchedule, provider_status};
 use crate::lease::{LeaseLedger, SessionLeases};
 use crate::metrics::NodeMetrics;
+use crate::residency::ResidencyMonitor;
 use crate::workspace::runtime::WorkspaceRuntime;
 use crate::workspace::sandbox::CommandEnvironment;
 // The module only: `crate::run` is also a function.
@@ -88,6 +89,7 @@ pub fn apply_config(payload: &pb::NodeConfigPayload, config: &NodeConfig) -> Pro
             let target = ProviderTarget::from_assignment(a)
                 .map(|mut t| {
                     t.fetch_image_urls = config.images.fetch_urls;
+                    crate::keep_warm::apply(&mut t, a.keep_warm, config.models.allow_keep_warm);
                     t
                 })
                 .map_err(|e| e.to_string());
@@ -195,6 +197,7 @@ pub async fn run(
         .filter(|s| providers.get(&s.provider_id).is_some_and(Result::is_ok))
         .map(|s| (s.provider_id.clone(), s.health()));
     let health = HealthMonitor::new(HealthSchedule::new(config.health.clone(), readiness, Instant::now()));
+    let residency = ResidencyMonitor::new(config.health.idle_interval());
     // Held until this connection ends: the executors work beneath them.
     let allowed = crate::workspace::resolve_allowed_roots(&config.workspaces.allowed_roots);
     let node_files = |root: &std::path::Path| shared.commands.overlaps_node_files(root);
@@ -216,6 +219,7 @@ pub async fn run(
         sequence: Arc::new(SessionSequence::default()),
         metrics,
         health,
+        residency,
         leases,
         workspaces,
         hold,
@@ -297,6 +301,8 @@ struct Session {
     metrics: Arc<NodeMetrics>,
     /// Probes the providers again while the connection is Ready.
     health: Arc<HealthMonitor>,
+    /// Observes the providers' model residency while the connection is Ready.
+    residency: Arc<ResidencyMonitor>,
     /// This connection's lease key and what leases must match.
     leases: Arc<SessionLeases>,
     /// The accepted workspaces and their requests.
@@ -348,7 +354,19 @@ impl Session {
                         Msg::ReadyResponse(r) if r.generation == self.generation && !ready => {
                             ready = true;
                             tracing::info!(generation = self.generation, "node ready");
-                            let targets = self.providers.values().filter_map(|t| t.as_ref().ok().cloned()).collect();
+                            let targets: Vec<_> = self.providers.values().filter_map(|t| t.as_ref().ok().cloned()).collect();
+                            tokio::spawn(self.residency.clone().run(
+                                self.http.clone(),
+                                targets.clone(),
+                                out.clone(),
+                                monitor_stop.clone(),
+                            ));
+                            tokio::spawn(crate::keep_warm::run(
+                                self.http.clone(),
+                                targets.clone(),
+                                crate::keep_warm::TOUCH_INTERVAL,
+                                monitor_stop.clone(),
+                            ));
                             tokio::spawn(self.health.clone().run(
                                 self.http.clone(),
                                 targets,
@@ -418,6 +436,7 @@ impl Session {
                 sequence: Some(self.sequence.clone()),
                 metrics: self.metrics.clone(),
                 health: Some(self.health.clone()),
+                residency: Some(self.residency.clone()),
             },
         };
         let execution = execute(ctx, cancel.clone());

@@ -670,6 +670,77 @@ async fn execute_stops_when_the_edge_ends_the_call() {
     tokio::time::timeout(TEST_WAIT, provider_closed).await.expect("provider saw the close").unwrap();
 }
 
+/// A tunnel that starts while its provider's model is not loaded and gets
+/// its first byte is a load: measured from the request to the headers,
+/// remembered, counted, and reported on the next residency report.
+#[tokio::test]
+async fn a_cold_tunnel_is_a_measured_load_and_reported() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::residency::ResidencyMonitor;
+
+    const LOAD: Duration = Duration::from_millis(300);
+    // LM Studio: not loaded until a chat has waited `LOAD` before its headers.
+    let loaded = std::sync::Arc::new(AtomicBool::new(false));
+    let (state, chat) = (loaded.clone(), loaded.clone());
+    let app = axum::Router::new()
+        .route(
+            "/api/v0/models/test-model",
+            axum::routing::get(move || {
+                let state = if state.load(Ordering::SeqCst) { "loaded" } else { "not-loaded" };
+                async move { axum::Json(serde_json::json!({ "id": "test-model", "state": state })) }
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move || {
+                let chat = chat.clone();
+                async move {
+                    tokio::time::sleep(LOAD).await;
+                    chat.store(true, Ordering::SeqCst);
+                    "data: a\n\n"
+                }
+            }),
+        );
+    let base_url = fake::serve_router(app).await;
+    let target = fake::target(AdapterKind::OpenAi, &base_url);
+
+    let monitor = ResidencyMonitor::new(Duration::from_secs(3600));
+    let (out, mut reports) = mpsc::channel(8);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    tokio::spawn(monitor.clone().run(adapter::http_client(), vec![target], out, stop));
+    let mut next_report = async || match tokio::time::timeout(TEST_WAIT, reports.recv()).await.unwrap().unwrap().msg {
+        Some(pb::node_to_edge::Msg::ResidencyReport(r)) => r.providers,
+        other => panic!("{other:?}"),
+    };
+    let first = next_report().await;
+    assert_eq!((first[0].residency(), first[0].last_load_ms), (pb::ModelResidency::NotLoaded, 0));
+
+    let (client, _calls) = fake_edge(Some(tunnel_request("POST", "/v1/chat/completions")), None).await;
+    let mut ctx = context(client, providers(&base_url));
+    ctx.observer.residency = Some(monitor.clone());
+    let metrics = ctx.observer.metrics.clone();
+    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), None, Cancel::new())).await.expect("tunnel ended");
+
+    let after = next_report().await;
+    assert_eq!(after[0].residency(), pb::ModelResidency::Loaded);
+    assert!(after[0].last_load_ms >= LOAD.as_millis() as u64, "{after:?}");
+    assert!(after[0].last_loaded_at_unix_ms > 0);
+    let text = metrics.encode();
+    assert!(text.contains(r#"iop_node_model_loads_total{provider="p1"} 1"#), "{text}");
+    assert!(text.contains(r#"iop_node_model_load_seconds_count{provider="p1"} 1"#), "{text}");
+    assert_eq!(crate::residency::LoadMemory::global().last("test-model").ms, after[0].last_load_ms);
+
+    // Warm now: the same wait before the headers is no load.
+    let (client, _calls) = fake_edge(Some(tunnel_request("POST", "/v1/chat/completions")), None).await;
+    let mut ctx = context(client, providers(&base_url));
+    ctx.observer.residency = Some(monitor.clone());
+    ctx.observer.metrics = metrics.clone();
+    tokio::time::timeout(TEST_WAIT, execute(ctx, "t1".into(), None, Cancel::new())).await.expect("tunnel ended");
+    assert!(metrics.encode().contains(r#"iop_node_model_loads_total{provider="p1"} 1"#));
+}
+
 // ------------------------------------------------- property tests
 
 mod fuzz {
