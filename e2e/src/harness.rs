@@ -132,6 +132,7 @@ pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_m
         // Fast re-probing, so a provider's return is seen within a test.
         health: iop_node::config::HealthConfig { idle_interval_ms: 1_000, retry_initial_ms: 50, retry_max_ms: 500 },
         workspaces: Default::default(),
+        models: Default::default(),
         images: Default::default(),
         source: None,
     }

@@ -181,7 +181,8 @@ async fn a_cold_load_is_given_its_measured_time_and_keepalives() {
     assert_eq!(response.status(), 200);
     let body = response.text().await.unwrap();
     assert!(body.contains(": keepalive"), "keepalives while the model loads: {body}");
-    assert!(body.contains("mock provider") && body.contains("[DONE]") && !body.contains("error"), "{body}");
+    assert!(body.contains(r#""finish_reason":"stop""#) && body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert!(!body.contains("error"), "{body}");
     assert_eq!(stats(&stack, &url).await["loads"], 2);
     let node_metrics = stack.node_metrics.clone().unwrap();
     assert_eq!(stack.metric_at(&node_metrics, r#"iop_node_model_loads_total{provider="big"}"#).await, 2.0);
@@ -204,7 +205,8 @@ async fn residency_is_read_from_each_servers_own_api() {
     let mut providers = Vec::new();
     for (id, adapter, api, _) in apis {
         let (mock, url) = spawn_mock_with("127.0.0.1:0", &["--residency-api", api, "--loaded", "false"]).await;
-        providers.push(provider(id, adapter, "mock", &format!("m-{id}"), &url));
+        // A target of its own: the node remembers loads per target model.
+        providers.push(provider(id, adapter, &format!("mock-{id}"), &format!("m-{id}"), &url));
         mocks.push((mock, url));
     }
     let stack = Stack::start(StackOptions { extra_providers: providers, ..Default::default() }).await;
