@@ -205,23 +205,8 @@ pub fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::health::tests::config;
     use crate::node::registry::Session;
-
-    fn config() -> EdgeConfig {
-        EdgeConfig::from_yaml(
-            r#"
-listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
-tls: { ca_file: a, cert_file: b, key_file: c }
-trust_domain: t
-auth: { mode: disabled }
-nodes: [ { name: n1 }, { name: n2 } ]
-providers:
-  - { id: a, node: n1, adapter: ollama, target: { model: m1, base_url: "http://x" }, models: [ { name: chat } ] }
-  - { id: b, node: n2, adapter: openai, target: { model: m2, base_url: "http://y" }, models: [ { name: chat } ] }
-"#,
-        )
-        .unwrap()
-    }
 
     fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency {
         pb::ProviderResidency {

@@ -139,26 +139,22 @@ mod tests {
         }
         stop.cancel();
 
-        let mut chat = fake::serve(Reply::chunks(
-            200,
-            "application/x-ndjson",
-            [r#"{"model":"test-model","message":{"role":"assistant","content":"hi"},"done":true}"#.to_owned() + "\n"],
-        ))
-        .await;
+        let mut chat = ollama_chat().await;
         let mut target = fake::target(AdapterKind::Ollama, &chat.base_url);
         apply(&mut target, true, true);
         let _ = fake::run(&target, &fake::request(vec![fake::user("hi")])).await;
         assert_eq!(chat.request().await.json()["keep_alive"], "10m");
     }
 
+    /// An Ollama server that answers one chat with `hi`.
+    async fn ollama_chat() -> fake::FakeProvider {
+        let done = r#"{"model":"test-model","message":{"role":"assistant","content":"hi"},"done":true}"#;
+        fake::serve(Reply::chunks(200, "application/x-ndjson", [done.to_owned() + "\n"])).await
+    }
+
     #[tokio::test]
     async fn not_opted_in_neither_touches_nor_keep_alive() {
-        let mut chat = fake::serve(Reply::chunks(
-            200,
-            "application/x-ndjson",
-            [r#"{"model":"test-model","message":{"role":"assistant","content":"hi"},"done":true}"#.to_owned() + "\n"],
-        ))
-        .await;
+        let mut chat = ollama_chat().await;
         let mut target = fake::target(AdapterKind::Ollama, &chat.base_url);
         apply(&mut target, true, false);
         assert!(!target.keep_warm);

@@ -101,10 +101,11 @@ pub fn apply_statuses(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn config() -> EdgeConfig {
+    /// Two nodes with one provider each (`a` on n1, `b` on n2), one model.
+    pub(crate) fn config() -> EdgeConfig {
         EdgeConfig::from_yaml(
             r#"
 listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
