@@ -239,6 +239,8 @@ async fn metric_labels_are_closed_sets() {
         ),
         ("source", BTreeSet::from(["readiness", "probe", "stall", "unreachable", "stream_cut", "capabilities"])),
         ("health", BTreeSet::from(["available", "unavailable", "unknown"])),
+        // Model residency and managed credential state sets.
+        ("state", BTreeSet::from(["loaded", "not_loaded", "unknown", "ok", "disabled", "invalid", "rejected"])),
         (
             "result",
             BTreeSet::from([
