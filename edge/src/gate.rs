@@ -653,11 +653,9 @@ async fn attempt_run(
 /// node needs to claim the stall and join its evidence, so the node's typed
 /// stall normally arrives first; this only catches a node that went quiet.
 fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duration {
-    let timeout = match provider.map_or(0, |p| p.response_stall_timeout_ms) {
-        0 => iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS,
-        ms => ms,
-    };
-    Duration::from_millis(timeout) + NODE_STALL_EVIDENCE_BUDGET
+    let timeout = iop_proto::liveness::response_stall_timeout(provider.map_or(0, |p| p.response_stall_timeout_ms))
+        .unwrap_or(Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS));
+    timeout + NODE_STALL_EVIDENCE_BUDGET
 }
 
 /// Addresses `request` to the provider `lease` admitted it to.

@@ -123,7 +123,8 @@ pub fn first_byte_timeout_ms(configured: u64, residency: &Figures) -> u64 {
     if !residency.cold() || residency.last_load_ms == 0 {
         return configured;
     }
-    let base = if configured == 0 { DEFAULT_FIRST_BYTE_TIMEOUT_MS } else { configured };
+    let base = iop_proto::liveness::first_byte_timeout(configured)
+        .map_or(DEFAULT_FIRST_BYTE_TIMEOUT_MS, |timeout| timeout.as_millis() as u64);
     base.saturating_add(residency.last_load_ms).min(MAX_LOAD_MS)
 }
 
