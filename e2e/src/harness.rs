@@ -112,6 +112,7 @@ pub fn edge_config(
         api: Default::default(),
         outlier: Default::default(),
         scheduling: Default::default(),
+        telemetry: Default::default(),
     }
 }
 
@@ -134,6 +135,7 @@ pub fn node_config(grpc: SocketAddr, ca_file: &Path, pair: &PairFiles, backoff_m
         workspaces: Default::default(),
         models: Default::default(),
         images: Default::default(),
+        telemetry: Default::default(),
         source: None,
     }
 }

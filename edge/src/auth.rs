@@ -53,7 +53,25 @@ struct PrincipalEntry {
     #[serde(default)]
     max_concurrent_jobs: Option<u32>,
     #[serde(default)]
+    requests_per_minute: Option<u32>,
+    #[serde(default)]
+    tokens_per_minute: Option<u32>,
+    #[serde(default)]
+    max_concurrent_requests: Option<u32>,
+    #[serde(default)]
     disabled: bool,
+}
+
+/// A principal's request limits (none unless set), across the whole Edge:
+/// each replica enforces its share (`crate::ratelimit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrincipalLimits {
+    /// Requests it may start per minute.
+    pub requests_per_minute: Option<u32>,
+    /// Tokens (input + output, from each finished answer's usage) per minute.
+    pub tokens_per_minute: Option<u32>,
+    /// Requests it may have in flight at once.
+    pub max_concurrent_requests: Option<u32>,
 }
 
 /// One caller the keys file knows.
@@ -67,6 +85,8 @@ pub struct Principal {
     workspaces: Vec<NamePattern>,
     /// Jobs it may run at once (`limits.max_jobs_per_principal` unless set).
     max_concurrent_jobs: Option<u32>,
+    /// Requests per minute, tokens per minute, requests at once.
+    pub limits: PrincipalLimits,
     disabled: bool,
 }
 
@@ -127,6 +147,14 @@ impl Caller {
         match self {
             Self::Anonymous => default,
             Self::Principal(p) => p.max_concurrent_jobs.unwrap_or(default),
+        }
+    }
+
+    /// The caller's request limits (anonymous callers have none).
+    pub fn limits(&self) -> PrincipalLimits {
+        match self {
+            Self::Anonymous => PrincipalLimits::default(),
+            Self::Principal(p) => p.limits,
         }
     }
 
@@ -227,12 +255,27 @@ impl Keys {
             if entry.max_concurrent_jobs.is_some_and(|n| !(1..=1000).contains(&n)) {
                 return Err(format!("{}: must be between 1 and 1000", at("max_concurrent_jobs")));
             }
+            let limits = PrincipalLimits {
+                requests_per_minute: entry.requests_per_minute,
+                tokens_per_minute: entry.tokens_per_minute,
+                max_concurrent_requests: entry.max_concurrent_requests,
+            };
+            for (field, value, max) in [
+                ("requests_per_minute", limits.requests_per_minute, 1_000_000),
+                ("tokens_per_minute", limits.tokens_per_minute, 1_000_000_000),
+                ("max_concurrent_requests", limits.max_concurrent_requests, 100_000),
+            ] {
+                if value.is_some_and(|n| !(1..=max).contains(&n)) {
+                    return Err(format!("{}: must be between 1 and {max}", at(field)));
+                }
+            }
             principals.push(Arc::new(Principal {
                 name: entry.name,
                 key_sha256,
                 models,
                 workspaces,
                 max_concurrent_jobs: entry.max_concurrent_jobs,
+                limits,
                 disabled: entry.disabled,
             }));
         }

@@ -117,7 +117,7 @@ impl Splice {
                 let prompt = *self.first_prompt.get_or_insert(u.prompt_tokens);
                 self.completion_now = u.completion_tokens;
                 let completion = self.completion_before.saturating_add(u.completion_tokens);
-                Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
+                Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion, ..Default::default() })
             }
             // Anything else ends a repeat: what was held of it is dropped.
             event => {
@@ -381,7 +381,7 @@ mod tests {
         Event::Reasoning(pb::ReasoningDelta { text: s.into() })
     }
     fn usage(prompt: u32, completion: u32) -> Event {
-        Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion })
+        Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion, ..Default::default() })
     }
     fn started() -> Event {
         Event::Started(pb::RunStarted { model: "m".into() })

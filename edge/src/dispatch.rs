@@ -668,7 +668,7 @@ mod tests {
             .send(frame(1, Frame::Head(pb::TunnelResponseHead { status: 502, headers: vec![] })))
             .await
             .unwrap();
-        attached.events.send(frame(2, Frame::End(pb::TunnelEnd {}))).await.unwrap();
+        attached.events.send(frame(2, Frame::End(pb::TunnelEnd::default()))).await.unwrap();
         assert!(matches!(stream.next().await, Some(Frame::Head(_))));
         assert!(matches!(stream.next().await, Some(Frame::End(_))));
         assert_eq!(stream.lease.outlier_status().consecutive_failures, 1);

@@ -762,6 +762,7 @@ async fn attempt_tunnel(
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
         first_byte_timeout_ms: first_byte_timeout_ms(provider, l, &state.residency),
         lease: sealed,
+        traceparent: String::new(),
     };
     let stall = stall_timeout(provider);
     // The response head is the provider's first byte, relayed at once: the
@@ -982,7 +983,11 @@ mod tests {
         let mut budget = AnswerBudget::new(10);
         let text = |t: &str| Event::Text(pb::TextDelta { text: t.into() });
         assert!(budget.charge(&text("12345")).is_ok());
-        assert!(budget.charge(&Event::Usage(pb::Usage { prompt_tokens: 9, completion_tokens: 9 })).is_ok());
+        assert!(
+            budget
+                .charge(&Event::Usage(pb::Usage { prompt_tokens: 9, completion_tokens: 9, ..Default::default() }))
+                .is_ok()
+        );
         assert!(budget.charge(&text("12345")).is_ok(), "exactly the limit is fine");
         let call = Event::ToolCall(pb::ToolCallDelta {
             index: 0,

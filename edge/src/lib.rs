@@ -21,11 +21,13 @@ pub mod metrics;
 pub mod node;
 pub mod outlier;
 pub mod overlay;
+pub mod ratelimit;
 pub mod recovery;
 pub mod reload;
 pub mod residency;
 pub mod retry;
 pub mod route;
+pub mod usage;
 pub mod workspace;
 
 use std::net::SocketAddr;
@@ -108,6 +110,10 @@ pub struct EdgeState {
     pub workspace_calls: Arc<workspace::WorkspaceCalls>,
     /// Jobs running now, per workspace and per principal.
     pub job_slots: Arc<job::slots::JobSlots>,
+    /// Per-principal request and token limits ([`ratelimit`]).
+    pub rate_limits: Arc<ratelimit::RateLimits>,
+    /// Per-principal usage since start ([`usage`]).
+    pub usage: Arc<usage::UsageLedger>,
     pub commands: CommandTable,
     pub generations: GenerationSource,
     pub metrics: Arc<EdgeMetrics>,
@@ -231,6 +237,8 @@ impl Edge {
             tunnels: Arc::new(RunTable::default()),
             workspace_calls: Default::default(),
             job_slots: Default::default(),
+            rate_limits: Default::default(),
+            usage: Default::default(),
             commands: CommandTable::default(),
             generations: GenerationSource::default(),
             metrics,

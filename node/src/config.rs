@@ -29,6 +29,9 @@ pub struct NodeConfig {
     /// What the node may ask of its model servers (see `crate::keep_warm`).
     #[serde(default)]
     pub models: ModelsConfig,
+    /// OpenTelemetry traces (off unless `telemetry.otlp_endpoint` is set).
+    #[serde(default)]
+    pub telemetry: iop_proto::config::TelemetryConfig,
     /// The file this config was loaded from (no sandboxed command reads it).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -225,6 +228,9 @@ impl NodeConfig {
             |field, reason: &str| NodeConfigError::Invalid { path: String::new(), field, reason: reason.into() };
         if self.server_name().is_none() {
             return Err(invalid("edge.url", "must be https://HOST[:PORT]"));
+        }
+        if let Err(iop_proto::config::ConfigError::Invalid { reason, .. }) = self.telemetry.validate() {
+            return Err(invalid("telemetry.otlp_endpoint", &reason));
         }
         if self.reconnect.initial_backoff_ms == 0 {
             return Err(invalid("reconnect.initial_backoff_ms", "must be greater than 0"));

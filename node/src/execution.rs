@@ -914,7 +914,7 @@ mod tests {
     fn a_non_streaming_run_crosses_the_wire_as_merged_deltas() {
         use pb::run_event::Event;
         let started = Event::Started(pb::RunStarted { model: "m".into() });
-        let usage = Event::Usage(pb::Usage { prompt_tokens: 3, completion_tokens: 4 });
+        let usage = Event::Usage(pb::Usage { prompt_tokens: 3, completion_tokens: 4, ..Default::default() });
         let items = vec![
             started.clone(),
             text("Hel"),

@@ -116,7 +116,7 @@ pub(crate) async fn serve(
         }
     };
     let terminal = match outcome {
-        Settled::Finished(Ok(())) => Frame::End(pb::TunnelEnd {}),
+        Settled::Finished(Ok(())) => Frame::End(pb::TunnelEnd::default()),
         Settled::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
         Settled::Cancelled => Frame::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
         Settled::EdgeGone => {

@@ -61,6 +61,38 @@ pub struct EdgeConfig {
     /// How selection weighs model residency (the Edge's `admission::choose`).
     #[serde(default, skip_serializing_if = "SchedulingConfig::is_default")]
     pub scheduling: SchedulingConfig,
+    /// OpenTelemetry traces (off unless `telemetry.otlp_endpoint` is set).
+    #[serde(default, skip_serializing_if = "TelemetryConfig::is_default")]
+    pub telemetry: TelemetryConfig,
+}
+
+/// `telemetry` (the Edge's and the node's config alike): where spans go.
+/// Off by default; with `otlp_endpoint` set, spans are exported over
+/// OTLP/HTTP (protobuf) to `<otlp_endpoint>/v1/traces` in batches. Spans
+/// carry ids, model and provider names, token counts and timings (the
+/// GenAI semantic conventions' attributes), never prompts, answers or keys.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's base URL, e.g. `http://otel-collector:4318`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TelemetryConfig {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(endpoint) = &self.otlp_endpoint {
+            let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+            if !scheme_ok || endpoint.len() > 2048 || endpoint.chars().any(char::is_whitespace) {
+                return Err(invalid("telemetry.otlp_endpoint", "must be an http:// or https:// URL"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `scheduling`: within a priority group, a provider whose model its node
@@ -1119,6 +1151,7 @@ impl EdgeConfig {
         }
         self.outlier.validate()?;
         self.scheduling.validate()?;
+        self.telemetry.validate()?;
         Ok(())
     }
 

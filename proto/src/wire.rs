@@ -405,7 +405,7 @@ mod tests {
     fn tunnel_frames_are_validated() {
         use pb::provider_tunnel_frame::Frame;
         let frame = |f| pb::ProviderTunnelFrame { seq: 1, frame: Some(f) };
-        assert!(frame(Frame::End(pb::TunnelEnd {})).is_terminal());
+        assert!(frame(Frame::End(pb::TunnelEnd::default())).is_terminal());
         assert!(!frame(Frame::Body(vec![1])).is_terminal());
         assert!(frame(Frame::Head(pb::TunnelResponseHead { status: 200, headers: vec![] })).validate().is_ok());
         assert!(frame(Frame::Head(pb::TunnelResponseHead { status: 42, headers: vec![] })).validate().is_err());

@@ -29,7 +29,7 @@ use crate::auth::Caller;
 use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
 use crate::ingress::hosted_tools;
-use crate::metrics::{Api, ApiLabels, ApiRouteLabels, EdgeMetrics, PrincipalLabels, RequestLabels};
+use crate::metrics::{Api, ApiLabels, ApiRouteLabels, PrincipalLabels, RequestLabels};
 use crate::route;
 use iop_proto::config::HostedTools;
 use surface::{ChatCompletions, Messages, Responses, Surface};
@@ -83,8 +83,16 @@ fn error_response<S: Surface>(err: &ApiError) -> Response {
 /// Records one client request's outcome, time to first byte and duration
 /// exactly once, when the response (streaming or not) is done or abandoned.
 struct RequestRecord {
-    metrics: Arc<EdgeMetrics>,
+    state: Arc<EdgeState>,
     api: Api,
+    /// Set once the request was authenticated.
+    caller: Option<Caller>,
+    /// The answer's token usage, as the last usage event (or a tunnel's
+    /// end) reported it; accounted when the record drops (`crate::usage`).
+    usage: Option<pb::Usage>,
+    /// The caller's place in its concurrency limit, held until the
+    /// response is done (`crate::ratelimit`).
+    permit: Option<crate::ratelimit::Permit>,
     /// Set once the request named a configured model.
     route: Option<String>,
     started: Instant,
@@ -97,11 +105,14 @@ struct RequestRecord {
 }
 
 impl RequestRecord {
-    fn new(metrics: Arc<EdgeMetrics>, api: Api) -> Self {
+    fn new(state: Arc<EdgeState>, api: Api) -> Self {
         // Until the response finishes, a drop means the client went away.
         Self {
-            metrics,
+            state,
             api,
+            caller: None,
+            usage: None,
+            permit: None,
             route: None,
             started: Instant::now(),
             first_byte: false,
@@ -141,7 +152,7 @@ impl RequestRecord {
         if !self.first_byte {
             self.first_byte = true;
             let labels = ApiLabels { api: self.api };
-            self.metrics.time_to_first_byte.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
+            self.state.metrics.time_to_first_byte.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
         }
     }
 }
@@ -149,9 +160,13 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         let route = self.route.take().unwrap_or_else(|| "unknown".to_string());
+        if let Some(caller) = &self.caller {
+            crate::usage::finished(&self.state, caller, &route, self.outcome, self.usage.as_ref());
+        }
+        let metrics = &self.state.metrics;
         let labels = ApiRouteLabels { api: self.api, route: route.clone() };
-        self.metrics.http_request_duration.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
-        self.metrics.http_requests.get_or_create(&RequestLabels { api: self.api, route, outcome: self.outcome }).inc();
+        metrics.http_request_duration.get_or_create(&labels).observe(self.started.elapsed().as_secs_f64());
+        metrics.http_requests.get_or_create(&RequestLabels { api: self.api, route, outcome: self.outcome }).inc();
     }
 }
 
@@ -225,6 +240,21 @@ async fn discard_body(chunks: &mut BodyChunks, limit: usize, idle: std::time::Du
     }
 }
 
+/// Counts the request against its caller's limits (`crate::ratelimit`);
+/// the record keeps the caller for usage accounting and the permit for
+/// the response's life.
+fn admit(
+    state: &EdgeState,
+    config: &iop_proto::config::EdgeConfig,
+    caller: &Caller,
+    record: &mut RequestRecord,
+) -> Result<(), ApiError> {
+    record.caller = Some(caller.clone());
+    let replicas = state.replica_set(config).len();
+    record.permit = Some(state.rate_limits.admit(caller, replicas)?);
+    Ok(())
+}
+
 /// The request header that makes a request a single-request job.
 pub const WORKSPACE_HEADER: &str = "iop-workspace";
 /// The response header naming the job (for correlation in logs).
@@ -233,7 +263,7 @@ pub const JOB_ID_HEADER: &str = "iop-job-id";
 /// One handler for every client API: parse, run through the gate (or as a
 /// job), render.
 async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
-    let mut record = RequestRecord::new(state.metrics.clone(), S::API);
+    let mut record = RequestRecord::new(state.clone(), S::API);
     let job_id = headers.contains_key(WORKSPACE_HEADER).then(|| crate::ids::new_uuid().simple().to_string());
     let mut dropped_tools = String::new();
     let reply = serve::<S>(&state, headers, body, &mut record, job_id.clone(), &mut dropped_tools).await;
@@ -298,6 +328,7 @@ async fn serve<S: Surface>(
     dropped_tools: &mut String,
 ) -> Result<Reply<S>, ApiError> {
     let (caller, config, bytes) = authenticated_body(state, &headers, body).await?;
+    admit(state, &config, &caller, record)?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
     if let Some(first) = parsed.dropped_tools.first() {
@@ -677,7 +708,7 @@ async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: Header
 /// run carries the inputs, the node calls Ollama's `/api/embed` or the
 /// provider's `/v1/embeddings`, and the vectors come back in input order.
 async fn embeddings(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
-    let mut record = RequestRecord::new(state.metrics.clone(), Api::embeddings);
+    let mut record = RequestRecord::new(state.clone(), Api::embeddings);
     match embed(&state, &headers, body, &mut record).await {
         Ok(answer) => {
             record.outcome = "ok";
@@ -699,6 +730,7 @@ async fn embed(
     record: &mut RequestRecord,
 ) -> Result<serde_json::Value, ApiError> {
     let (caller, config, bytes) = authenticated_body(state, headers, body).await?;
+    admit(state, &config, &caller, record)?;
     let request = crate::ingress::embeddings::parse_request(&bytes)?;
     if !caller.may_use(&request.model) {
         return Err(ApiError::ModelNotAllowed(request.model));

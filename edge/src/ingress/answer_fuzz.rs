@@ -26,8 +26,9 @@ fn event() -> impl Strategy<Value = Event> {
                 arguments_delta: arguments.into(),
             })
         });
-    let usage = (0u32..50, 0u32..50)
-        .prop_map(|(prompt_tokens, completion_tokens)| Event::Usage(pb::Usage { prompt_tokens, completion_tokens }));
+    let usage = (0u32..50, 0u32..50).prop_map(|(prompt_tokens, completion_tokens)| {
+        Event::Usage(pb::Usage { prompt_tokens, completion_tokens, ..Default::default() })
+    });
     prop_oneof![
         1 => Just(Event::Started(pb::RunStarted { model: "m".into() })),
         4 => text,

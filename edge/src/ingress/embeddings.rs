@@ -130,7 +130,7 @@ mod tests {
             Event::Embeddings(pb::EmbeddingResult {
                 embeddings: vec![pb::Embedding { values: vec![1.0] }, pb::Embedding { values: vec![-2.0] }],
             }),
-            Event::Usage(pb::Usage { prompt_tokens: 2, completion_tokens: 0 }),
+            Event::Usage(pb::Usage { prompt_tokens: 2, completion_tokens: 0, ..Default::default() }),
             Event::Completed(pb::RunCompleted { finish_reason: pb::FinishReason::Stop.into() }),
         ];
         let answer = answer(&request, &events).unwrap();

@@ -113,7 +113,7 @@ pub(super) async fn execute(
     let events = [
         super::started(&target.target_model),
         pb::run_event::Event::Embeddings(result),
-        pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0 }),
+        pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0, ..Default::default() }),
     ];
     for event in events {
         sink.send(event).await.map_err(|_| AdapterError::SinkClosed)?;

@@ -597,6 +597,7 @@ fn usage(prompt_tokens: u64, completion_tokens: u64) -> pb::run_event::Event {
     pb::run_event::Event::Usage(pb::Usage {
         prompt_tokens: clamp(prompt_tokens),
         completion_tokens: clamp(completion_tokens),
+        ..Default::default()
     })
 }
 

@@ -35,6 +35,7 @@ fn tunnel_request(method: &str, path: &str) -> pb::ProviderTunnelRequest {
         response_stall_timeout_ms: 0,
         first_byte_timeout_ms: 0,
         lease: None,
+        traceparent: String::new(),
     }
 }
 

@@ -105,6 +105,7 @@ impl Settings {
             api: self.api.clone(),
             outlier: self.outlier.clone(),
             scheduling: self.scheduling.clone(),
+            telemetry: Default::default(),
         }
     }
 }

@@ -78,8 +78,11 @@ fn run_event() -> impl Strategy<Value = pb::RunEvent> {
         (any::<u32>(), ".{0,4}", ".{0,4}", ".{0,8}").prop_map(|(index, id, name, arguments_delta)| {
             Event::ToolCall(pb::ToolCallDelta { index, id, name, arguments_delta })
         }),
-        (any::<u32>(), any::<u32>())
-            .prop_map(|(p, c)| Event::Usage(pb::Usage { prompt_tokens: p, completion_tokens: c })),
+        (any::<u32>(), any::<u32>()).prop_map(|(p, c)| Event::Usage(pb::Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+            ..Default::default()
+        })),
         enum_value().prop_map(|finish_reason| Event::Completed(pb::RunCompleted { finish_reason })),
         failure().prop_map(|failure| Event::Failed(pb::RunFailed { failure })),
         enum_value().prop_map(|reason| Event::Cancelled(pb::RunCancelled { reason })),
@@ -95,7 +98,7 @@ fn tunnel_frame() -> impl Strategy<Value = pb::ProviderTunnelFrame> {
         (status, prop::collection::vec(header, 0..3))
             .prop_map(|(status, headers)| Frame::Head(pb::TunnelResponseHead { status, headers })),
         prop::collection::vec(any::<u8>(), 0..16).prop_map(Frame::Body),
-        Just(Frame::End(pb::TunnelEnd {})),
+        Just(Frame::End(pb::TunnelEnd::default())),
         failure().prop_map(|failure| Frame::Failed(pb::RunFailed { failure })),
         enum_value().prop_map(|reason| Frame::Cancelled(pb::RunCancelled { reason })),
     ];
