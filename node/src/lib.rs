@@ -25,6 +25,7 @@ pub mod scrub;
 pub mod service;
 pub mod transport;
 pub mod tunnel;
+pub mod usage;
 pub mod workspace;
 
 use iop_proto::liveness::HeartbeatProfile;
