@@ -763,6 +763,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_keys_file_parses() {
+        let keys = Keys::parse(include_str!("../../examples/keys.yaml")).unwrap();
+        assert_eq!(keys.principal_names(), vec!["example-client"]);
+        let caller = keys.authenticate(&headers(&[("x-api-key", "iop-example-key-do-not-use")])).unwrap();
+        assert!(caller.may_use("llama3.2") && !caller.may_use("mistral"));
+    }
+
+    #[test]
     fn expires_in_takes_a_number_and_a_unit() {
         assert_eq!(parse_expires_in("90d").unwrap(), time::Duration::days(90));
         assert_eq!(parse_expires_in("12h").unwrap(), time::Duration::hours(12));
