@@ -163,6 +163,10 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+fn ceil_millis(d: Duration) -> u128 {
+    d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000))
+}
+
 /// What one unit (a request, a token) costs of a bucket of `share` per
 /// minute, and what the bucket holds (`share` units: at most [`WINDOW`]).
 fn unit(share: u32) -> (Duration, Duration) {
@@ -449,8 +453,7 @@ pub fn headers(
         }
     }
     if let (HeaderForm::OpenAi, Some(retry)) = (form, retry_after) {
-        let ms = retry.as_millis() + u128::from(retry.subsec_nanos() % 1_000_000 > 0);
-        out.push(("retry-after-ms".to_string(), ms.max(1).to_string()));
+        out.push(("retry-after-ms".to_string(), ceil_millis(retry).max(1).to_string()));
     }
     out
 }
@@ -462,8 +465,7 @@ pub fn go_duration(d: Duration) -> String {
         return "0s".to_string();
     }
     if d < Duration::from_secs(1) {
-        let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 > 0);
-        return format!("{ms}ms");
+        return format!("{}ms", ceil_millis(d));
     }
     let secs = ceil_secs(d);
     let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
@@ -528,7 +530,10 @@ mod tests {
         for (limit, replicas, want) in cases {
             assert_eq!(share(limit, replicas), want, "{limit}/{replicas}");
             let n = replicas.max(1) as u32;
-            assert!(want * n >= limit && want * n <= limit + n - 1, "the error bound: {limit}/{replicas}");
+            assert!(
+                want * n >= limit && want * n < limit + n,
+                "the error bound (<= limit + replicas - 1): {limit}/{replicas}"
+            );
         }
         let limits =
             PrincipalLimits { requests_per_minute: Some(9), tokens_per_minute: None, max_concurrent_requests: Some(1) };
