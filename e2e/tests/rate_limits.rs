@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 const RPM_KEY: &str = "sk-rpm-0123456789";
 const TPM_KEY: &str = "sk-tpm-0123456789";
 const ONE_AT_ONCE_KEY: &str = "sk-one-at-once-0123456789";
+const TPM_STREAM_KEY: &str = "sk-tpm-stream-0123456789";
 const FREE_KEY: &str = "sk-free-0123456789";
 const SDK_OPENAI_KEY: &str = "sk-sdk-openai-0123456789";
 const SDK_ANTHROPIC_KEY: &str = "sk-sdk-anthropic-0123456789";
@@ -30,6 +31,7 @@ fn keys() -> String {
         "principals:\n".to_string(),
         entry("rpm", RPM_KEY, ", requests_per_minute: 2"),
         entry("tpm", TPM_KEY, ", tokens_per_minute: 5"),
+        entry("tpm-stream", TPM_STREAM_KEY, ", tokens_per_minute: 5"),
         entry("one-at-once", ONE_AT_ONCE_KEY, ", max_concurrent_requests: 1"),
         entry("free", FREE_KEY, ""),
         entry("sdk-openai", SDK_OPENAI_KEY, ", requests_per_minute: 1, tokens_per_minute: 1000"),
@@ -128,6 +130,22 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
     assert_eq!(header(&headers, "x-ratelimit-remaining-tokens"), "0");
     assert!(body["error"]["message"].as_str().unwrap().contains("tokens per minute"), "{body}");
 
+    // A streamed answer's usage counts the same (the client asked for none).
+    let response = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .bearer_auth(TPM_STREAM_KEY)
+        .header("content-type", "application/json")
+        .body(chat_body("mock-ollama", "hi", true).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(response.headers(), "x-ratelimit-remaining-tokens"), "5");
+    assert!(streamed_text(&sse_events(response).await).contains("You said: hi"));
+    let (status, _, body) = call(&stack, "/v1/chat/completions", "mock-ollama", TPM_STREAM_KEY).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (429, Some("tokens")), "{body}");
+
     // Requests at once: one held at the provider, the next refused until
     // it ends.
     let first = {
@@ -160,9 +178,12 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
     assert_eq!(status, 200, "the ended request gave its place back: {body}");
 
     // Counted per principal and limit.
-    for (principal, limit, count) in
-        [("rpm", "requests", 2.0), ("tpm", "tokens", 1.0), ("one-at-once", "concurrency", 1.0)]
-    {
+    for (principal, limit, count) in [
+        ("rpm", "requests", 2.0),
+        ("tpm", "tokens", 1.0),
+        ("tpm-stream", "tokens", 1.0),
+        ("one-at-once", "concurrency", 1.0),
+    ] {
         let sample = format!("iop_edge_rate_limited_total{{principal=\"{principal}\",limit=\"{limit}\"}}");
         assert_eq!(stack.metric(&sample).await, count, "{sample}");
     }

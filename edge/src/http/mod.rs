@@ -630,7 +630,12 @@ fn tunnel_response(
         }
         let item = match rest.as_mut()?.next().await? {
             Frame::Body(bytes) => Ok(Bytes::from(bytes)),
-            Frame::End(_) => return None,
+            Frame::End(end) => {
+                // What the node read of the relayed body's usage.
+                record.usage = end.usage.or(record.usage.take());
+                drop(record);
+                return None;
+            }
             Frame::Failed(failed) => {
                 let error = ApiError::Execution(failed.failure.unwrap_or_default());
                 record.outcome = error.code();
