@@ -203,3 +203,34 @@ async fn sdks_raise_their_rate_limit_errors_and_read_the_headers() {
     )
     .await;
 }
+
+/// Two replicas in the config's `replicas`: this one enforces its share,
+/// `ceil(2 / 2) = 1` request per minute, and says so (the other replica's
+/// share is the unit tests' `two_replicas_each_admit_their_share`).
+#[tokio::test]
+async fn each_replica_the_config_lists_enforces_its_share() {
+    let stack = Stack::start(StackOptions {
+        keys: Some(keys()),
+        edge_args: vec!["--replica-id", "edge-a"],
+        ..Default::default()
+    })
+    .await;
+    let revision = stack.get_json("/admin/v1/config").await["config"]["revision"].as_u64().unwrap();
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
+    config.replicas = vec!["edge-a".into(), "edge-b".into()];
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    wait_until("the two-replica config is applied", WAIT, || async {
+        stack.get_json("/admin/v1/config").await["config"]["revision"].as_u64() == Some(revision + 1)
+    })
+    .await;
+
+    let (status, headers, body) = call(&stack, "/v1/chat/completions", "mock-ollama", RPM_KEY).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "x-ratelimit-limit-requests"), "1", "this replica's share of 2");
+    assert_eq!(header(&headers, "x-ratelimit-remaining-requests"), "0");
+    let (status, _, body) = call(&stack, "/v1/chat/completions", "mock-ollama", RPM_KEY).await;
+    assert_eq!(status, 429, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("limit 1 on this gateway replica (2 across 2 replicas)"), "{message}");
+}

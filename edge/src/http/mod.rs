@@ -282,6 +282,7 @@ fn admit(
         Err(refused) => {
             if let ApiError::RateLimited(refusal) = &refused {
                 let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
+                tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
                 state.metrics.rate_limited.get_or_create(&labels).inc();
             }
             return Err(refused);
