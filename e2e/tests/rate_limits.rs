@@ -162,7 +162,8 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
     wait_until("the first request is held at the provider", WAIT, || async {
         let log = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
         let log: Value = serde_json::from_slice(&log.bytes().await.unwrap()).unwrap();
-        log.as_array().unwrap().iter().any(|r| r["body"]["model"] == "mock@hold=held")
+        // The chat itself (the node's probes name the model too).
+        log.as_array().unwrap().iter().any(|r| r["path"] == "/api/chat" && r["body"]["model"] == "mock@hold=held")
     })
     .await;
     let (status, headers, body) = call(&stack, "/v1/chat/completions", "mock-ollama", ONE_AT_ONCE_KEY).await;
