@@ -764,20 +764,25 @@ async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: Header
 /// provider's `/v1/embeddings`, and the vectors come back in input order.
 async fn embeddings(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
     let mut record = RequestRecord::new(state.clone(), Api::embeddings);
-    let mut response = match embed(&state, &headers, body, &mut record).await {
+    match embed(&state, &headers, body, &mut record).await {
         Ok(answer) => {
             record.outcome = "ok";
             record.first_byte();
-            axum::Json(answer).into_response()
+            with_limit_headers(axum::Json(answer).into_response(), &record)
         }
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
-            error_response::<ChatCompletions>(&err)
+            with_limit_headers(error_response::<ChatCompletions>(&err), &record)
         }
-    };
+    }
+}
+
+/// `response` with the rate-limit headers of the request's permit, if its
+/// caller has per-minute limits.
+fn with_limit_headers(mut response: Response, record: &RequestRecord) -> Response {
     if let Some(status) = record.permit.as_ref().and_then(crate::ratelimit::Permit::status) {
-        set_limit_headers(response.headers_mut(), Api::embeddings, &status, None);
+        set_limit_headers(response.headers_mut(), record.api, &status, None);
     }
     response
 }
