@@ -111,6 +111,18 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
     assert!(time::OffsetDateTime::parse(reset, &time::format_description::well_known::Rfc3339).is_ok(), "{reset}");
     assert!(header(&headers, "retry-after").parse::<u64>().unwrap() >= 1);
     assert!(headers.get("x-ratelimit-limit-requests").is_none());
+    // Embeddings count as requests too, in OpenAI's form.
+    let response = stack
+        .client
+        .post(stack.url("/v1/embeddings"))
+        .bearer_auth(RPM_KEY)
+        .header("content-type", "application/json")
+        .body(json!({ "model": "mock-ollama", "input": "hi" }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(header(response.headers(), "x-ratelimit-remaining-requests"), "0");
     assert_eq!(stack.mock_stats().await["requests_total"].as_u64().unwrap(), before, "refusals never reach a provider");
 
     // Another principal is unaffected, and without limits has no headers.
@@ -180,7 +192,7 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
 
     // Counted per principal and limit.
     for (principal, limit, count) in [
-        ("rpm", "requests", 2.0),
+        ("rpm", "requests", 3.0),
         ("tpm", "tokens", 1.0),
         ("tpm-stream", "tokens", 1.0),
         ("one-at-once", "concurrency", 1.0),
