@@ -352,11 +352,15 @@ impl RateLimits {
         let meter = {
             let mut table = lock(&self.table);
             table.prune(now);
-            table
-                .meters
-                .entry(caller.name().to_string())
-                .or_insert_with(|| Arc::new(Mutex::new(Meter::new(now))))
-                .clone()
+            // Looked up by `&str`: a name is copied once, for a new meter.
+            match table.meters.get(caller.name()) {
+                Some(meter) => meter.clone(),
+                None => {
+                    let meter = Arc::new(Mutex::new(Meter::new(now)));
+                    table.meters.insert(caller.name().to_string(), meter.clone());
+                    meter
+                }
+            }
         };
         let admitted = lock(&meter).admit(shares, now);
         match admitted {
