@@ -14,6 +14,9 @@
 //!       - { sha256: <64 hex> }                                        # the new key
 //!     expires_at: "2027-06-30T00:00:00Z" # the principal's: every key stops then
 //!     models: ["*"]
+//!     requests_per_minute: 60            # per-key limits (`crate::ratelimit`), none unless set
+//!     tokens_per_minute: 200000
+//!     max_concurrent_requests: 4
 //! ```
 //!
 //! A key is accepted until the earlier of its own `expires_at` and its
