@@ -394,7 +394,6 @@ impl Keys {
             .map(|p| p.name.as_str())
             .collect()
     }
-
 }
 
 /// A workspace ref, or a pattern of one (`site*`): what a principal's
