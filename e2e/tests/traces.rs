@@ -6,7 +6,8 @@
 //! node's `provider call`, with the GenAI attributes and token counts, and
 //! nothing in any attribute is the prompt or the API key; a tunnelled
 //! request is traced the same way; a malformed `traceparent` starts a new
-//! trace and is no error.
+//! trace and is no error; and what is queued when the processes stop is
+//! sent before they exit.
 
 mod common;
 
@@ -133,7 +134,17 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
     let traceparent = format!("00-{TRACE}-{CLIENT_SPAN}-01");
     let tunnel_traceparent = format!("00-{TUNNEL_TRACE}-{TUNNEL_CLIENT_SPAN}-01");
     run_script("traces.py", &[&base, &key, "mock-openai", "tun", PROMPT, &traceparent, &tunnel_traceparent]).await;
-    // A malformed traceparent is ignored: a new trace, never an error.
+    // Each process exports on its schedule (5 s by default): wait for the
+    // chat's spans, bounded.
+    let complete = |trace: &str| {
+        let got = in_trace(&spans, trace);
+        let has = |service: &str, name: &str| got.iter().any(|c| c.service == service && c.span.name == name);
+        has("iop-edge", "ingress") && has("iop-edge", "attempt") && has("iop-node", "provider call")
+    };
+    wait_until("the chat's spans from both processes", Duration::from_secs(40), || std::future::ready(complete(TRACE)))
+        .await;
+    // A malformed traceparent is ignored: a new trace, never an error. Sent
+    // just after an export, so its spans are still queued when the processes stop.
     let response = stack
         .client
         .post(stack.url("/v1/chat/completions"))
@@ -147,33 +158,22 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
     assert_eq!(response.status(), 200);
     let _ = response.bytes().await.unwrap();
 
-    // Each process exports on its schedule (5 s by default): wait for the
-    // spans, bounded.
-    let complete = |trace: &'static str| {
-        let spans = spans.clone();
-        move || {
-            let got = in_trace(&spans, trace);
-            let has = |service: &str, name: &str| got.iter().any(|c| c.service == service && c.span.name == name);
-            std::future::ready(
-                has("iop-edge", "ingress") && has("iop-edge", "attempt") && has("iop-node", "provider call"),
-            )
-        }
-    };
-    wait_until("the chat's spans from both processes", Duration::from_secs(40), complete(TRACE)).await;
-    wait_until("the tunnel's spans from both processes", Duration::from_secs(40), complete(TUNNEL_TRACE)).await;
-    let new_root = || {
-        let spans = spans.clone();
-        move || {
-            let spans = spans.lock().unwrap();
-            let found = spans.iter().any(|c| {
-                c.span.name == "ingress"
-                    && c.span.parent_span_id.is_empty()
-                    && attr(&c.span, "gen_ai.request.model").and_then(string).as_deref() == Some("mock-ollama")
-            });
-            std::future::ready(found)
-        }
-    };
-    wait_until("the malformed traceparent's new trace", Duration::from_secs(40), new_root()).await;
+    // Stopping sends what is queued: once both processes exited, every
+    // span is in, without waiting for a schedule.
+    let mut stack = stack;
+    stack.edge.take().expect("the edge").terminate().await;
+    for node in stack.nodes.drain(..) {
+        node.terminate().await;
+    }
+    assert!(complete(TUNNEL_TRACE), "the tunnel's spans were flushed at exit: {:#?}", spans.lock().unwrap());
+    let new_root = spans.lock().unwrap().iter().find_map(|c| {
+        let fresh = c.span.name == "ingress"
+            && c.span.parent_span_id.is_empty()
+            && attr(&c.span, "gen_ai.request.model").and_then(string).as_deref() == Some("mock-ollama");
+        fresh.then(|| hex(&c.span.trace_id))
+    });
+    let new_root = new_root.expect("a malformed traceparent starts a new trace");
+    assert!(complete(&new_root), "its spans were flushed at exit: {:#?}", in_trace(&spans, &new_root));
 
     // The chat: client span -> ingress -> admission wait, attempt -> provider call -> stream.
     let trace = in_trace(&spans, TRACE);
