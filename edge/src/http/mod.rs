@@ -398,7 +398,9 @@ async fn serve<S: Surface>(
     let mut execution: Execution = match job_id {
         Some(id) => {
             let spec = job_spec::<S>(state, &config, &headers, id, &caller, parsed.model.clone(), parsed.run)?;
-            Box::pin(crate::trace::scope(parent, crate::job::spawn(state.clone(), spec)))
+            // Spawned within the scope, so that the job's task inherits it.
+            let state = state.clone();
+            Box::pin(crate::trace::scope(parent, async move { crate::job::spawn(state, spec).await }))
         }
         None => {
             let tunnel = S::TUNNEL_PATH.map(|path| TunnelForm {
