@@ -91,7 +91,16 @@ impl Exporter {
         let (queue, spans) = mpsc::channel(QUEUE_CAPACITY);
         let dropped = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = oneshot::channel();
-        let http = reqwest::Client::builder().timeout(EXPORT_TIMEOUT).build().unwrap_or_default();
+        // Fails only without a TLS crypto provider installed (the binaries
+        // install ring first): then traces stay off rather than panic.
+        let http = match reqwest::Client::builder().timeout(EXPORT_TIMEOUT).build() {
+            Ok(http) => http,
+            Err(error) => {
+                tracing::warn!(error = %error, "trace export off: no HTTP client");
+                let task = tokio::spawn(async {});
+                return (Tracer::off(), Exporter { stop: None, task, dropped });
+            }
+        };
         let task = tokio::spawn(run(config, http, spans, stopped));
         let sink = Arc::new(Sink { queue, dropped: dropped.clone() });
         (Tracer { exporter: Some(sink) }, Exporter { stop: Some(stop), task, dropped })
