@@ -6,7 +6,8 @@
 //! node's `provider call`, with the GenAI attributes and token counts, and
 //! nothing in any attribute is the prompt or the API key; a tunnelled
 //! request is traced the same way; a malformed `traceparent` starts a new
-//! trace and is no error; and what is queued when the processes stop is
+//! trace and is no error; a client span that is not sampled records
+//! nothing anywhere; and what is queued when the processes stop is
 //! sent before they exit.
 
 mod common;
@@ -112,6 +113,7 @@ const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 const TUNNEL_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const TUNNEL_CLIENT_SPAN: &str = "b7ad6b7169203331";
+const UNSAMPLED_TRACE: &str = "11112222333344445555666677778888";
 
 #[tokio::test]
 async fn one_trace_spans_the_client_the_edge_and_the_node() {
@@ -158,6 +160,21 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
     assert_eq!(response.status(), 200);
     let _ = response.bytes().await.unwrap();
 
+    // A client span that is not sampled: nothing of its trace is recorded,
+    // on the Edge or (told through the run's traceparent) on the node.
+    let unsampled = format!("00-{UNSAMPLED_TRACE}-{CLIENT_SPAN}-00");
+    let response = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("traceparent", unsampled)
+        .header("content-type", "application/json")
+        .body(chat_body("mock-openai", PROMPT, false).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
     // Stopping sends what is queued: once both processes exited, every
     // span is in, without waiting for a schedule.
     let mut stack = stack;
@@ -173,6 +190,13 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
         fresh.then(|| hex(&c.span.trace_id))
     });
     let new_root = new_root.expect("a malformed traceparent starts a new trace");
+    assert!(in_trace(&spans, UNSAMPLED_TRACE).is_empty(), "{:#?}", in_trace(&spans, UNSAMPLED_TRACE));
+    // Every node span continues an Edge trace (the unsampled one too: no
+    // new root on the node): four requests, three recorded calls.
+    let calls: Vec<_> =
+        spans.lock().unwrap().iter().filter(|c| c.span.name == "provider call").map(|c| c.span.clone()).collect();
+    assert_eq!(calls.len(), 3, "{calls:#?}");
+    assert!(calls.iter().all(|c| !c.parent_span_id.is_empty()), "{calls:#?}");
     assert!(complete(&new_root), "its spans were flushed at exit: {:#?}", in_trace(&spans, &new_root));
 
     // The chat: client span -> ingress -> admission wait, attempt -> provider call -> stream.
