@@ -18,7 +18,7 @@ fn new_key(name: &str) -> (String, String) {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let key = text.lines().find_map(|l| l.trim().strip_prefix("iop-").map(|k| format!("iop-{k}"))).expect("a key");
-    let entry = text.lines().find(|l| l.contains("key_sha256")).expect("an entry").to_string();
+    let entry = text.lines().find(|l| l.trim_start().starts_with("- { name:")).expect("an entry").to_string();
     (key, entry)
 }
 

@@ -262,7 +262,12 @@ async fn metric_labels_are_closed_sets() {
             ]),
         ),
         ("to", BTreeSet::from(["available", "unavailable", "unknown"])),
-        ("kind", BTreeSet::from(["run", "tunnel"])),
+        // Execution kinds; token kinds (`iop_edge_tokens_total`).
+        ("kind", BTreeSet::from(["run", "tunnel", "input", "output", "reasoning"])),
+        // Configured principals (`anonymous` with authentication off) and
+        // public models, as `route`.
+        ("principal", BTreeSet::from(["anonymous"])),
+        ("model", BTreeSet::from(["replay", "mock-ollama", "mock-openai", "unknown"])),
         ("classification", BTreeSet::from(["request_stalled", "provider_unhealthy", "health_unknown"])),
         ("retryable", BTreeSet::from(["true", "false"])),
         ("path", BTreeSet::from(["equal_provider", "same_provider", "lower_priority", "no_alternative", "none"])),

@@ -211,6 +211,9 @@ async fn a_lost_session_cancels_and_cleans_its_requests() {
     wait_until("the grandchild was killed", WAIT, || async { !alive(pid) }).await;
     wait_until("the request was cleaned", WAIT, || async { job_dirs(&ws.root).is_empty() }).await;
     assert!(pending.await.unwrap().is_err(), "the caller saw its Edge go");
+    // The directory goes before the cleanup is counted: wait for the count.
     let node_metrics = stack.node_metrics.clone().unwrap();
-    assert_eq!(stack.metric_at(&node_metrics, "iop_node_workspace_cleanups_total{result=\"cleaned\"}").await, 1.0);
+    let cleaned = "iop_node_workspace_cleanups_total{result=\"cleaned\"}";
+    wait_until("the cleanup was counted", WAIT, || async { stack.metric_at(&node_metrics, cleaned).await == 1.0 })
+        .await;
 }

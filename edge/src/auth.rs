@@ -8,7 +8,17 @@
 //! principals:
 //!   - { name: ci-bot, key_sha256: <64 hex>, models: ["llama*", "qwen2.5"], disabled: false }
 //!   - { name: site-bot, key_sha256: <64 hex>, models: [llama3], workspaces: ["site*"], max_concurrent_jobs: 2 }
+//!   - name: team-a                       # several keys, so one is rotated without downtime
+//!     keys:
+//!       - { sha256: <64 hex>, expires_at: "2027-01-31T00:00:00Z" }   # the old key, until then
+//!       - { sha256: <64 hex> }                                        # the new key
+//!     expires_at: "2027-06-30T00:00:00Z" # the principal's: every key stops then
+//!     models: ["*"]
 //! ```
+//!
+//! A key is accepted until the earlier of its own `expires_at` and its
+//! principal's (RFC 3339); from then on it answers `401 api_key_expired`.
+//! `iop-edge new-key --expires-in 30d` prints a key with its `expires_at`.
 //!
 //! `workspaces` (ref patterns, default none) decides which workspaces a key
 //! may run jobs in (`iop-workspace`); any other ref is the same `404
@@ -29,6 +39,7 @@ use axum::http::{HeaderMap, header};
 use iop_proto::config::{AuthConfig, AuthMode};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
+use time::OffsetDateTime;
 
 /// Most principals one keys file may hold (each request scans them all).
 pub const MAX_PRINCIPALS: usize = 10_000;
@@ -46,7 +57,14 @@ struct KeysFile {
 #[serde(deny_unknown_fields)]
 struct PrincipalEntry {
     name: String,
-    key_sha256: String,
+    /// One key (the short form of `keys: [{ sha256 }]`).
+    #[serde(default)]
+    key_sha256: Option<String>,
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+    /// RFC 3339; every key of the principal stops being accepted then.
+    #[serde(default)]
+    expires_at: Option<String>,
     models: Vec<String>,
     #[serde(default)]
     workspaces: Vec<String>,
@@ -61,6 +79,18 @@ struct PrincipalEntry {
     #[serde(default)]
     disabled: bool,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    sha256: String,
+    /// RFC 3339; this key stops being accepted then.
+    #[serde(default)]
+    expires_at: Option<String>,
+}
+
+/// Most keys one principal may hold (two at a time is what a rotation needs).
+const MAX_KEYS_PER_PRINCIPAL: usize = 16;
 
 /// A principal's request limits (none unless set), across the whole Edge:
 /// each replica enforces its share (`crate::ratelimit`).
@@ -79,7 +109,9 @@ pub struct PrincipalLimits {
 pub struct Principal {
     /// Bounded by the keys file, so usable as a metric label.
     pub name: String,
-    key_sha256: [u8; 32],
+    keys: Vec<PrincipalKey>,
+    /// When every key of the principal stops being accepted.
+    expires_at: Option<OffsetDateTime>,
     models: Vec<NamePattern>,
     /// Workspace refs it may run jobs in (none unless listed).
     workspaces: Vec<NamePattern>,
@@ -88,6 +120,13 @@ pub struct Principal {
     /// Requests per minute, tokens per minute, requests at once.
     pub limits: PrincipalLimits,
     disabled: bool,
+}
+
+/// One of a principal's keys, by hash.
+#[derive(Debug)]
+struct PrincipalKey {
+    sha256: [u8; 32],
+    expires_at: Option<OffsetDateTime>,
 }
 
 /// A name (public model, workspace ref), or a pattern where `*` stands for
@@ -177,6 +216,8 @@ pub enum AuthFailure {
     Unknown,
     /// A key of a principal marked `disabled`.
     Disabled,
+    /// A key past its `expires_at` (or its principal's).
+    Expired,
 }
 
 impl AuthFailure {
@@ -185,6 +226,7 @@ impl AuthFailure {
             Self::Missing => "missing_api_key",
             Self::Unknown => "invalid_api_key",
             Self::Disabled => "api_key_disabled",
+            Self::Expired => "api_key_expired",
         }
     }
 }
@@ -228,11 +270,25 @@ impl Keys {
             if !names.insert(entry.name.clone()) {
                 return Err(format!("{}: duplicate principal `{}`", at("name"), entry.name));
             }
-            let key_sha256 = parse_sha256(&entry.key_sha256)
-                .ok_or_else(|| format!("{}: must be 64 hex digits (iop-edge hash-key prints it)", at("key_sha256")))?;
-            if !hashes.insert(key_sha256) {
-                return Err(format!("{}: the same key as an earlier principal", at("key_sha256")));
+            let short = entry.key_sha256.map(|sha256| (at("key_sha256"), KeyEntry { sha256, expires_at: None }));
+            let listed = entry.keys.into_iter().enumerate().map(|(j, key)| (at(&format!("keys[{j}]")), key));
+            let mut keys = Vec::new();
+            for (field, key) in short.into_iter().chain(listed) {
+                let sha256 = parse_sha256(&key.sha256)
+                    .ok_or_else(|| format!("{field}: must be 64 hex digits (iop-edge hash-key prints it)"))?;
+                if !hashes.insert(sha256) {
+                    return Err(format!("{field}: the same key as another entry"));
+                }
+                let expires_at = parse_time(key.expires_at.as_deref(), &format!("{field}.expires_at"))?;
+                keys.push(PrincipalKey { sha256, expires_at });
             }
+            if keys.is_empty() {
+                return Err(format!("{}: needs `key_sha256` or at least one entry in `keys`", at("keys")));
+            }
+            if keys.len() > MAX_KEYS_PER_PRINCIPAL {
+                return Err(format!("{}: at most {MAX_KEYS_PER_PRINCIPAL} keys", at("keys")));
+            }
+            let expires_at = parse_time(entry.expires_at.as_deref(), &at("expires_at"))?;
             if entry.models.is_empty() {
                 return Err(format!("{}: must list at least one model or pattern", at("models")));
             }
@@ -271,7 +327,8 @@ impl Keys {
             }
             principals.push(Arc::new(Principal {
                 name: entry.name,
-                key_sha256,
+                keys,
+                expires_at,
                 models,
                 workspaces,
                 max_concurrent_jobs: entry.max_concurrent_jobs,
@@ -289,26 +346,57 @@ impl Keys {
         }
     }
 
-    /// The caller a request's headers name.
+    /// The caller a request's headers name, now.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, AuthFailure> {
+        self.authenticate_at(headers, OffsetDateTime::now_utc())
+    }
+
+    /// The caller a request's headers name at `now` (expiry is decided
+    /// against it).
+    pub fn authenticate_at(&self, headers: &HeaderMap, now: OffsetDateTime) -> Result<Caller, AuthFailure> {
         let Self::Required(principals) = self else { return Ok(Caller::Anonymous) };
         let key = presented_key(headers).ok_or(AuthFailure::Missing)?;
         if key.len() > MAX_KEY_LEN {
             return Err(AuthFailure::Unknown);
         }
         let digest = sha256(key.as_bytes());
-        // Every entry is compared, so the time taken does not depend on where
+        // Every key is compared, so the time taken does not depend on where
         // (or whether) the key matched. Hashes are unique, so at most one does.
         let mut found = None;
         for principal in principals {
-            if bool::from(principal.key_sha256.ct_eq(&digest)) {
-                found = Some(principal);
+            for key in &principal.keys {
+                if bool::from(key.sha256.ct_eq(&digest)) {
+                    found = Some((principal, key));
+                }
             }
         }
+        let expired = |at: Option<OffsetDateTime>| at.is_some_and(|at| now >= at);
         match found {
             None => Err(AuthFailure::Unknown),
-            Some(p) if p.disabled => Err(AuthFailure::Disabled),
-            Some(p) => Ok(Caller::Principal(p.clone())),
+            Some((p, _)) if p.disabled => Err(AuthFailure::Disabled),
+            Some((p, key)) if expired(p.expires_at) || expired(key.expires_at) => Err(AuthFailure::Expired),
+            Some((p, _)) => Ok(Caller::Principal(p.clone())),
+        }
+    }
+
+    /// The principals whose key (or who) expire within `within` of `now`
+    /// and have not yet: named in a warning at load so a rotation is not
+    /// missed.
+    pub fn expiring_soon(&self, now: OffsetDateTime, within: time::Duration) -> Vec<&str> {
+        let Self::Required(principals) = self else { return Vec::new() };
+        let soon = |at: Option<OffsetDateTime>| at.is_some_and(|at| at > now && at - now <= within);
+        principals
+            .iter()
+            .filter(|p| !p.disabled && (soon(p.expires_at) || p.keys.iter().any(|k| soon(k.expires_at))))
+            .map(|p| p.name.as_str())
+            .collect()
+    }
+
+    /// Every configured principal's name (the closed set of `principal` label values).
+    pub fn principal_names(&self) -> Vec<&str> {
+        match self {
+            Self::Disabled => Vec::new(),
+            Self::Required(principals) => principals.iter().map(|p| p.name.as_str()).collect(),
         }
     }
 }
@@ -338,6 +426,15 @@ pub fn log_mode(auth: &AuthConfig) {
     }
 }
 
+/// Names, in one warning per load, the principals with a key that expires
+/// within a week, so a rotation is not missed.
+pub fn warn_expiring(keys: &Keys) {
+    let soon = keys.expiring_soon(OffsetDateTime::now_utc(), time::Duration::days(7));
+    if !soon.is_empty() {
+        tracing::warn!(principals = %soon.join(","), "API keys expire within 7 days (keys file `expires_at`)");
+    }
+}
+
 /// The API key of a request: `Authorization: Bearer`, else `x-api-key`, else
 /// `api-key`. Blank values count as absent.
 fn presented_key(headers: &HeaderMap) -> Option<&str> {
@@ -357,6 +454,37 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
 /// Lowercase hex of a hash, as the keys file holds it.
 pub fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `iop-edge new-key --expires-in`: a whole number and a unit, `s`, `m`,
+/// `h`, `d` or `w` (`90d`, `12h`), at least a minute and at most ten years.
+pub fn parse_expires_in(text: &str) -> Result<time::Duration, String> {
+    let usage = || format!("`{text}`: give a number and a unit (s, m, h, d, w), e.g. 90d or 12h");
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(usage)?;
+    let (number, unit) = text.split_at(split);
+    let n: i64 = number.parse().map_err(|_| usage())?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(usage()),
+    };
+    let d = time::Duration::seconds(n.saturating_mul(seconds));
+    if d < time::Duration::minutes(1) || d > time::Duration::days(3653) {
+        return Err(format!("`{text}`: must be between 1m and 10 years"));
+    }
+    Ok(d)
+}
+
+/// An RFC 3339 time of the keys file (`expires_at`); the error names `field`.
+fn parse_time(text: Option<&str>, field: &str) -> Result<Option<OffsetDateTime>, String> {
+    text.map(|t| {
+        OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .map_err(|_| format!("{field}: must be an RFC 3339 time such as 2027-01-31T00:00:00Z"))
+    })
+    .transpose()
 }
 
 fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
@@ -539,6 +667,118 @@ mod tests {
         // Upper-case hex is accepted and means the same key.
         let upper = keys(&format!("principals: [ {{ name: a, key_sha256: {}, models: [m] }} ]", h.to_uppercase()));
         assert_eq!(upper.authenticate(&headers(&[("api-key", "k")])).unwrap().name(), "a");
+    }
+
+    fn at(text: &str) -> OffsetDateTime {
+        OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+    }
+
+    /// A rotation: the principal holds the old key (until its own
+    /// `expires_at`) and the new one at once; both name the same principal
+    /// until the old one expires, and nothing else changes.
+    #[test]
+    fn several_keys_per_principal_rotate_without_downtime() {
+        let keys = keys(&format!(
+            "principals:\n  - name: team-a\n    keys:\n      - {{ sha256: {}, expires_at: '2027-01-31T00:00:00Z' }}\n      - {{ sha256: {} }}\n    models: ['*']\n",
+            hash("k-old"),
+            hash("k-new")
+        ));
+        let name = |key: &str, now: &str| {
+            keys.authenticate_at(&headers(&[("x-api-key", key)]), at(now)).map(|c| c.name().to_string())
+        };
+        assert_eq!(name("k-old", "2027-01-30T23:59:59Z").unwrap(), "team-a");
+        assert_eq!(name("k-new", "2027-01-30T23:59:59Z").unwrap(), "team-a");
+        assert_eq!(name("k-old", "2027-01-31T00:00:00Z").unwrap_err(), AuthFailure::Expired, "expired at the instant");
+        assert_eq!(name("k-new", "2030-01-01T00:00:00Z").unwrap(), "team-a", "a key without expiry never expires");
+        assert_eq!(name("k-other", "2027-01-01T00:00:00Z").unwrap_err(), AuthFailure::Unknown);
+    }
+
+    /// The principal's `expires_at` stops every key it has, whichever of
+    /// the two times comes first; a disabled principal is `disabled`
+    /// whether or not it expired.
+    #[test]
+    fn a_principal_expires_with_all_its_keys() {
+        let keys = keys(&format!(
+            "principals:\n  - name: temp\n    key_sha256: {}\n    keys: [ {{ sha256: {}, expires_at: '2028-01-01T00:00:00Z' }} ]\n    expires_at: '2027-06-30T12:00:00+02:00'\n    models: ['*']\n  - {{ name: off, key_sha256: {}, models: ['*'], disabled: true, expires_at: '2020-01-01T00:00:00Z' }}\n",
+            hash("k-a"),
+            hash("k-b"),
+            hash("k-off")
+        ));
+        let fail = |key: &str, now: &str| keys.authenticate_at(&headers(&[("x-api-key", key)]), at(now)).err();
+        assert_eq!(fail("k-a", "2027-06-30T09:59:59Z"), None);
+        assert_eq!(fail("k-a", "2027-06-30T10:00:00Z"), Some(AuthFailure::Expired), "the offset is honoured");
+        assert_eq!(fail("k-b", "2027-06-30T10:00:00Z"), Some(AuthFailure::Expired), "the earlier time wins");
+        assert_eq!(fail("k-off", "2019-01-01T00:00:00Z"), Some(AuthFailure::Disabled));
+        assert_eq!(fail("k-off", "2021-01-01T00:00:00Z"), Some(AuthFailure::Disabled));
+        assert_eq!(keys.expiring_soon(at("2027-06-25T00:00:00Z"), time::Duration::days(7)), vec!["temp"]);
+        assert!(keys.expiring_soon(at("2027-06-01T00:00:00Z"), time::Duration::days(7)).is_empty());
+        assert!(keys.expiring_soon(at("2027-07-01T00:00:00Z"), time::Duration::days(7)).is_empty(), "already expired");
+    }
+
+    #[test]
+    fn invalid_key_lists_and_times_name_the_field() {
+        let (a, b) = (hash("a"), hash("b"));
+        let many: Vec<String> =
+            (0..=MAX_KEYS_PER_PRINCIPAL).map(|i| format!("{{ sha256: {} }}", hash(&i.to_string()))).collect();
+        let cases = [
+            ("principals: [ { name: a, models: [m] } ]".to_string(), "principals[0].keys"),
+            ("principals: [ { name: a, keys: [], models: [m] } ]".to_string(), "principals[0].keys"),
+            (
+                format!("principals: [ {{ name: a, keys: [ {{ sha256: {a} }}, {{ sha256: x }} ], models: [m] }} ]"),
+                "principals[0].keys[1]",
+            ),
+            (
+                format!("principals: [ {{ name: a, key_sha256: {a}, keys: [ {{ sha256: {a} }} ], models: [m] }} ]"),
+                "principals[0].keys[0]",
+            ),
+            (
+                format!(
+                    "principals: [ {{ name: a, key_sha256: {a}, models: [m] }}, {{ name: b, keys: [ {{ sha256: {a} }} ], models: [m] }} ]"
+                ),
+                "principals[1].keys[0]",
+            ),
+            (
+                format!(
+                    "principals: [ {{ name: a, keys: [ {{ sha256: {a}, expires_at: tomorrow }} ], models: [m] }} ]"
+                ),
+                "principals[0].keys[0].expires_at",
+            ),
+            (
+                format!("principals: [ {{ name: a, key_sha256: {b}, expires_at: '2027-01-31', models: [m] }} ]"),
+                "principals[0].expires_at",
+            ),
+            (
+                format!("principals: [ {{ name: a, keys: [ {{ sha256: {a}, extra: 1 }} ], models: [m] }} ]"),
+                "not a valid keys file",
+            ),
+            (
+                format!("principals: [ {{ name: a, keys: [ {} ], models: [m] }} ]", many.join(", ")),
+                "principals[0].keys",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = Keys::parse(&text).unwrap_err();
+            assert!(err.contains(field), "{err} should name {field}");
+        }
+    }
+
+    #[test]
+    fn the_example_keys_file_parses() {
+        let keys = Keys::parse(include_str!("../../examples/keys.yaml")).unwrap();
+        assert_eq!(keys.principal_names(), vec!["example-client"]);
+        let caller = keys.authenticate(&headers(&[("x-api-key", "iop-example-key-do-not-use")])).unwrap();
+        assert!(caller.may_use("llama3.2") && !caller.may_use("mistral"));
+    }
+
+    #[test]
+    fn expires_in_takes_a_number_and_a_unit() {
+        assert_eq!(parse_expires_in("90d").unwrap(), time::Duration::days(90));
+        assert_eq!(parse_expires_in("12h").unwrap(), time::Duration::hours(12));
+        assert_eq!(parse_expires_in("2w").unwrap(), time::Duration::weeks(2));
+        assert_eq!(parse_expires_in("1m").unwrap(), time::Duration::minutes(1));
+        for bad in ["", "d", "90", "90 d", "-1d", "1.5d", "30s", "11y", "4000d", "99999999999999999999d"] {
+            assert!(parse_expires_in(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

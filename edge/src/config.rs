@@ -22,7 +22,9 @@ impl Secrets {
     /// A credential file never fails the load: an unusable one disables
     /// only its profile (see [`Credentials::load`]).
     pub fn load(config: &EdgeConfig) -> Result<Self, String> {
-        Ok(Self { keys: Keys::load(&config.auth)?, credentials: Credentials::load(config) })
+        let keys = Keys::load(&config.auth)?;
+        crate::auth::warn_expiring(&keys);
+        Ok(Self { keys, credentials: Credentials::load(config) })
     }
 }
 

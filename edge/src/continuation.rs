@@ -117,7 +117,14 @@ impl Splice {
                 let prompt = *self.first_prompt.get_or_insert(u.prompt_tokens);
                 self.completion_now = u.completion_tokens;
                 let completion = self.completion_before.saturating_add(u.completion_tokens);
-                Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion, ..Default::default() })
+                // Reasoning is the current run's: a continued run's
+                // reasoning events are dropped, and so is the count of them.
+                let reasoning = u.reasoning_tokens;
+                Event::Usage(pb::Usage {
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                    reasoning_tokens: reasoning,
+                })
             }
             // Anything else ends a repeat: what was held of it is dropped.
             event => {

@@ -401,6 +401,7 @@ impl Driver<'_> {
             if let Event::Usage(u) = event {
                 self.usage.prompt_tokens += u.prompt_tokens;
                 self.usage.completion_tokens += u.completion_tokens;
+                self.usage.reasoning_tokens += u.reasoning_tokens;
             }
         }
         let body = aggregator.finish().map_err(JobError::Model)?;

@@ -72,6 +72,10 @@ enum Command {
         /// The principal's name in the keys file.
         #[arg(long)]
         name: String,
+        /// The key stops being accepted this long from now (`90d`, `12h`;
+        /// units s, m, h, d, w): its entry gets `expires_at`.
+        #[arg(long)]
+        expires_in: Option<String>,
     },
     /// Prints the SHA-256 (the keys file's `key_sha256`) of the API key read
     /// from stdin, so the key stays out of shell history.
@@ -81,7 +85,18 @@ enum Command {
 fn key_command(command: Command) -> ExitCode {
     use iop_edge::auth::{sha256, to_hex};
     match command {
-        Command::NewKey { name } => {
+        Command::NewKey { name, expires_in } => {
+            let expires_at = match expires_in.as_deref().map(iop_edge::auth::parse_expires_in).transpose() {
+                Ok(d) => d.map(|d| {
+                    let at =
+                        (time::OffsetDateTime::now_utc() + d).replace_nanosecond(0).expect("0 is a valid nanosecond");
+                    at.format(&time::format_description::well_known::Rfc3339).expect("an RFC 3339 time formats")
+                }),
+                Err(e) => {
+                    eprintln!("iop-edge new-key --expires-in {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let mut secret = [0u8; 32];
             if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret).is_err() {
                 eprintln!("iop-edge: the system random source failed");
@@ -90,7 +105,13 @@ fn key_command(command: Command) -> ExitCode {
             let key = format!("iop-{}", to_hex(&secret));
             let hash = to_hex(&sha256(key.as_bytes()));
             println!("API key (give it to the client; IOP keeps only its hash):\n  {key}");
-            println!("keys file entry:\n  - {{ name: {name}, key_sha256: {hash}, models: [\"*\"] }}");
+            let expiry = expires_at.map(|at| format!(", expires_at: \"{at}\"")).unwrap_or_default();
+            println!(
+                "keys file entry (a new principal):\n  - {{ name: {name}, keys: [ {{ sha256: {hash}{expiry} }} ], models: [\"*\"] }}"
+            );
+            println!(
+                "or, to rotate a key of the principal `{name}`, add to its `keys`:\n      - {{ sha256: {hash}{expiry} }}"
+            );
         }
         Command::HashKey => {
             let mut line = String::new();

@@ -145,6 +145,15 @@ pub struct PrincipalLabels {
     pub principal: String,
 }
 
+/// A principal, a configured public model and a token kind
+/// (`input`, `output`, `reasoning`): every value is configured or closed.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub principal: String,
+    pub model: String,
+    pub kind: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: &'static str,
@@ -228,6 +237,8 @@ pub struct EdgeMetrics {
     pub auth_rejections: Family<ReasonLabels, Counter>,
     pub http_refusals: Family<ReasonLabels, Counter>,
     pub principal_requests: Family<PrincipalLabels, Counter>,
+    pub principal_errors: Family<PrincipalLabels, Counter>,
+    pub tokens: Family<TokenLabels, Counter>,
     pub leases_sealed: Counter,
     pub lease_refusals: Family<ReasonLabels, Counter>,
     pub workspace_dropped: Family<ReasonLabels, Counter>,
@@ -398,7 +409,7 @@ impl EdgeMetrics {
         let auth_rejections = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "auth_rejections",
-            "Client requests refused before parsing: missing_api_key, invalid_api_key, api_key_disabled",
+            "Client requests refused before parsing: missing_api_key, invalid_api_key, api_key_disabled, api_key_expired",
             auth_rejections.clone(),
         );
         let http_refusals = Family::<ReasonLabels, Counter>::default();
@@ -412,6 +423,18 @@ impl EdgeMetrics {
             "principal_requests",
             "Authenticated client requests per principal",
             principal_requests.clone(),
+        );
+        let principal_errors = Family::<PrincipalLabels, Counter>::default();
+        registry.register(
+            "principal_errors",
+            "Model requests per principal that ended in an error (any outcome but ok and client_disconnected)",
+            principal_errors.clone(),
+        );
+        let tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "tokens",
+            "Tokens of finished answers per principal and public model: input, output (reasoning included), reasoning",
+            tokens.clone(),
         );
         let leases_sealed = Counter::default();
         registry.register(
@@ -491,6 +514,8 @@ impl EdgeMetrics {
             auth_rejections,
             http_refusals,
             principal_requests,
+            principal_errors,
+            tokens,
             leases_sealed,
             lease_refusals,
             workspace_dropped,

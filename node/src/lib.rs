@@ -26,6 +26,7 @@ pub mod service;
 pub mod trace;
 pub mod transport;
 pub mod tunnel;
+pub mod usage;
 pub mod workspace;
 
 use iop_proto::liveness::HeartbeatProfile;

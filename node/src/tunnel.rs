@@ -31,6 +31,7 @@ use crate::liveness::FirstByte;
 use crate::metrics::ExecutionKind;
 use crate::scrub::SecretScrubber;
 use crate::transport::session::Providers;
+use crate::usage::TunnelUsage;
 
 /// Largest body frame; bigger provider chunks are split so that one frame
 /// stays small on the shared connection.
@@ -106,8 +107,8 @@ pub(crate) async fn serve(
         }
         Ok((prepared, scrubber, permit))
     });
-    let outcome = match admitted {
-        Err(failure) => Settled::Finished(Err(failure)),
+    let (outcome, usage) = match admitted {
+        Err(failure) => (Settled::Finished(Err(failure)), None),
         Ok((prepared, scrubber, _permit)) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
@@ -116,8 +117,12 @@ pub(crate) async fn serve(
             // The response head is the first frame: progress, so the first
             // byte; marked too, so a tunnel that loads the model is measured.
             let first_byte = FirstByte::default();
+            let usage = UsageSlot::default();
+            let relay_usage = usage.clone();
             let producer = Producer::new(
-                first_byte.clone().scope(async move { relay(http, prepared, body, relay_scrubber, &sink).await }),
+                first_byte
+                    .clone()
+                    .scope(async move { relay(http, prepared, body, relay_scrubber, &sink, &relay_usage).await }),
             );
             let watched =
                 Watched { http, target: &target, timeouts, first_byte, observer, kind: ExecutionKind::tunnel };
@@ -125,11 +130,11 @@ pub(crate) async fn serve(
             if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
                 scrubber.scrub_failure(failure);
             }
-            settled
+            (settled, usage.take())
         }
     };
     let terminal = match outcome {
-        Settled::Finished(Ok(())) => Frame::End(pb::TunnelEnd::default()),
+        Settled::Finished(Ok(())) => Frame::End(pb::TunnelEnd { usage }),
         Settled::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
         Settled::Cancelled => Frame::Cancelled(pb::RunCancelled { reason: cancel.reason().into() }),
         Settled::EdgeGone => {
@@ -232,6 +237,19 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Where `relay` leaves the usage it read from the answer, for the terminal.
+#[derive(Debug, Clone, Default)]
+struct UsageSlot(std::sync::Arc<std::sync::Mutex<Option<pb::Usage>>>);
+
+impl UsageSlot {
+    fn set(&self, usage: Option<pb::Usage>) {
+        *self.0.lock().expect("usage slot lock") = usage;
+    }
+    fn take(&self) -> Option<pb::Usage> {
+        self.0.lock().expect("usage slot lock").take()
+    }
+}
+
 /// Sends the request to the provider and streams its answer into `sink`: one
 /// head, then the body as it arrives in frames of at most [`MAX_BODY_FRAME`].
 /// Ok once the body is complete; the caller sends the terminal. Dropping
@@ -245,6 +263,7 @@ async fn relay(
     body: Bytes,
     scrubber: Option<SecretScrubber>,
     sink: &mpsc::Sender<Frame>,
+    usage: &UsageSlot,
 ) -> Result<(), AdapterError> {
     let Prepared { method, url, headers, target, .. } = prepared;
     // Errors name neither the provider's address (internal) nor the path
@@ -264,11 +283,17 @@ async fn relay(
     }
     let head = pb::TunnelResponseHead { status: u32::from(response.status().as_u16()), headers };
     log_error_head(&target.provider_id, head.status);
+    let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    // Only a 2xx answer's usage is an answer's.
+    let mut reader = (head.status < 300).then(|| TunnelUsage::new(content_type));
     emit(sink, Frame::Head(head)).await?;
     let mut scrub = scrubber.as_ref().map(SecretScrubber::stream);
     while let Some(chunk) =
         response.chunk().await.map_err(|e| adapter::stream_cut("reading the provider's response", e))?
     {
+        if let Some(reader) = &mut reader {
+            reader.push(&chunk);
+        }
         let chunk = match &mut scrub {
             Some(scrub) => Bytes::from(scrub.push(&chunk)),
             None => chunk,
@@ -278,6 +303,7 @@ async fn relay(
     if let Some(mut scrub) = scrub {
         emit_body(sink, &scrub.finish()).await?;
     }
+    usage.set(reader.and_then(TunnelUsage::finish));
     Ok(())
 }
 

@@ -484,7 +484,8 @@ pub fn sdk_installed(package: &str) -> bool {
     has_sdk
 }
 
-pub async fn run_script(script: &str, args: &[&str]) {
+/// Runs an SDK script and returns what it printed.
+pub async fn run_script(script: &str, args: &[&str]) -> String {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk").join(script);
     let output = tokio::process::Command::new("python3").arg(script).args(args).output().await.unwrap();
     assert!(
@@ -493,6 +494,7 @@ pub async fn run_script(script: &str, args: &[&str]) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Names under `<root>/.iop/job` (workspace request state still on disk).

@@ -356,6 +356,13 @@ fn authority_json(authority: &pb::WorkspaceAuthority) -> serde_json::Value {
     })
 }
 
+/// `GET /admin/v1/usage`: every principal's requests, errors and tokens
+/// since this replica started, in total and per public model
+/// (`crate::usage`).
+pub(super) async fn usage(State(state): State<Arc<EdgeState>>) -> Response {
+    axum::Json(state.usage.snapshot()).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

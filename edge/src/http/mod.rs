@@ -64,6 +64,7 @@ pub fn admin_router(state: Arc<EdgeState>) -> Router {
         .route("/admin/v1/nodes/{name}/commands/{command}", post(admin::node_command))
         .route("/admin/v1/providers", get(admin::providers))
         .route("/admin/v1/config", get(admin::config))
+        .route("/admin/v1/usage", get(admin::usage))
         .route("/admin/v1/providers/{id}/ollama/{call}", get(admin::ollama_api))
         .route("/admin/v1/workspaces/{reference}/calls", post(admin::workspace_calls))
         .with_state(state)
@@ -436,6 +437,9 @@ async fn serve<S: Surface>(
     } else {
         execution.await?
     };
+    if let Answer::Normalized { buffered, .. } = &committed.answer {
+        record.usage = last_usage(buffered);
+    }
     committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes, again)
 }
 
@@ -599,7 +603,11 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                         pending.extend(S::stream_error(&error));
                         Phase::Done
                     }
-                    Frame::End(_) | Frame::Cancelled(_) | Frame::Head(_) => Phase::Done,
+                    Frame::End(end) => {
+                        record.usage = end.usage;
+                        Phase::Done
+                    }
+                    Frame::Cancelled(_) | Frame::Head(_) => Phase::Done,
                 },
             };
         }
@@ -631,7 +639,12 @@ fn tunnel_response(
         }
         let item = match rest.as_mut()?.next().await? {
             Frame::Body(bytes) => Ok(Bytes::from(bytes)),
-            Frame::End(_) => return None,
+            Frame::End(end) => {
+                // Accounted (with the usage the node read) as the record drops.
+                record.usage = end.usage;
+                drop(record);
+                return None;
+            }
             Frame::Failed(failed) => {
                 let error = ApiError::Execution(failed.failure.unwrap_or_default());
                 record.outcome = error.code();
@@ -689,6 +702,7 @@ async fn sse_step<S: Surface>(s: &mut SseStream<S>, record: &mut RequestRecord) 
     let event = s.next_event().await?;
     let frames = S::stream(&mut s.streamer, &event);
     match &event {
+        Event::Usage(usage) => record.usage = Some(*usage),
         Event::Completed(_) => {
             record.outcome = "ok";
             s.done = true;
@@ -793,7 +807,16 @@ async fn embed(
     let execution = gate::execute(state, &caller, &request.model, run, None, CommitPoint::Terminal);
     let committed = crate::trace::scope(record.span.context(), execution).await?;
     let Answer::Normalized { buffered, .. } = committed.answer else { return Err(ApiError::Internal) };
+    record.usage = last_usage(&buffered);
     crate::ingress::embeddings::answer(&request, &buffered)
+}
+
+/// The usage an answer's buffered events report (the last one counts).
+fn last_usage(events: &[Event]) -> Option<pb::Usage> {
+    events.iter().rev().find_map(|e| match e {
+        Event::Usage(usage) => Some(*usage),
+        _ => None,
+    })
 }
 
 /// How `count_tokens` counted (the response header `iop-token-count`):

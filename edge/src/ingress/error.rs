@@ -134,6 +134,7 @@ fn unauthenticated_message(failure: AuthFailure) -> &'static str {
         AuthFailure::Missing => "missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
         AuthFailure::Unknown => "invalid API key",
         AuthFailure::Disabled => "this API key is disabled",
+        AuthFailure::Expired => "this API key has expired: ask for a new one",
     }
 }
 
@@ -460,6 +461,7 @@ mod tests {
             (ApiError::Unauthenticated(AuthFailure::Missing), 401, "authentication_error", "missing_api_key"),
             (ApiError::Unauthenticated(AuthFailure::Unknown), 401, "authentication_error", "invalid_api_key"),
             (ApiError::Unauthenticated(AuthFailure::Disabled), 401, "authentication_error", "api_key_disabled"),
+            (ApiError::Unauthenticated(AuthFailure::Expired), 401, "authentication_error", "api_key_expired"),
             (ApiError::ModelNotAllowed("m".into()), 403, "permission_error", "model_not_allowed"),
         ];
         for (err, status, kind, code) in cases {

@@ -192,7 +192,7 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
 struct Chunk {
     model: Option<String>,
     choices: Option<Vec<Choice>>,
-    usage: Option<ChunkUsage>,
+    usage: Option<crate::usage::ProviderUsage>,
     error: Option<Value>,
 }
 
@@ -223,12 +223,6 @@ struct DeltaToolCall {
 struct DeltaFunction {
     name: Option<String>,
     arguments: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChunkUsage {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
 }
 
 /// Decodes an OpenAI chat-completions SSE stream.
@@ -299,7 +293,7 @@ impl Decoder {
             }
         }
         if let Some(usage) = &chunk.usage {
-            out.push(super::usage(usage.prompt_tokens.unwrap_or(0), usage.completion_tokens.unwrap_or(0)));
+            out.push(pb::run_event::Event::Usage(usage.to_pb()));
         }
         Ok(None)
     }
@@ -384,6 +378,22 @@ mod tests {
     }
 
     const USAGE_CHUNK: &str = "data: {\"model\":\"gpt-x-2024\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":3,\"total_tokens\":14}}\n\n";
+
+    /// A reasoning model's usage keeps its reasoning count (accounted as
+    /// `kind=reasoning` at the Edge).
+    #[tokio::test]
+    async fn usage_keeps_the_reasoning_tokens() {
+        let usage_chunk = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":9,\"completion_tokens_details\":{\"reasoning_tokens\":6}}}\n\n";
+        let server = fake::serve(Reply::chunks(
+            200,
+            SSE,
+            [content_chunk("ok"), finish_chunk("stop"), usage_chunk.to_owned(), "data: [DONE]\n\n".to_owned()],
+        ))
+        .await;
+        let (_, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
+        let reported = pb::Usage { prompt_tokens: 4, completion_tokens: 9, reasoning_tokens: 6 };
+        assert_eq!(events.last(), Some(&pb::run_event::Event::Usage(reported)));
+    }
 
     #[tokio::test]
     async fn streams_text_then_usage_and_stop() {

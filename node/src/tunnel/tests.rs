@@ -166,6 +166,42 @@ async fn streamed_sse_is_relayed_byte_for_byte_as_head_body_end() {
     assert_eq!(seen.header("x-request-id"), Some("r-42"));
 }
 
+fn end_usage(frames: &[pb::ProviderTunnelFrame]) -> Option<pb::Usage> {
+    match &frames.last().unwrap().frame {
+        Some(Frame::End(end)) => end.usage,
+        other => panic!("expected an end, got {other:?}"),
+    }
+}
+
+/// The end of a 2xx tunnel carries the usage the answer reported (stream
+/// or JSON body), for the Edge's accounting; an error answer's does not
+/// count, and an answer without usage has none.
+#[tokio::test]
+async fn the_end_carries_the_usage_the_answer_reported() {
+    let chunks = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5,\"completion_tokens_details\":{\"reasoning_tokens\":2}}}\n\ndata: [DONE]\n\n",
+    ];
+    let provider = fake::serve(Reply::chunks(200, "text/event-stream", chunks)).await;
+    let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/chat/completions")).await;
+    assert_eq!(body(&frames), chunks.concat().as_bytes(), "read as it passes, relayed unchanged");
+    assert_eq!(end_usage(&frames), Some(pb::Usage { prompt_tokens: 12, completion_tokens: 5, reasoning_tokens: 2 }));
+
+    let answer = r#"{"type":"message","usage":{"input_tokens":8,"output_tokens":3}}"#;
+    let provider = fake::serve(Reply::json(200, answer)).await;
+    let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/messages")).await;
+    assert_eq!(end_usage(&frames), Some(pb::Usage { prompt_tokens: 8, completion_tokens: 3, reasoning_tokens: 0 }));
+
+    let refused = r#"{"error":{"message":"no"},"usage":{"prompt_tokens":8}}"#;
+    let provider = fake::serve(Reply::json(400, refused)).await;
+    let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/chat/completions")).await;
+    assert_eq!(end_usage(&frames), None);
+
+    let provider = fake::serve(Reply::json(200, r#"{"data":[]}"#)).await;
+    let frames = relay_all(providers(&provider.base_url), tunnel_request("GET", "/v1/models")).await;
+    assert_eq!(end_usage(&frames), None);
+}
+
 #[tokio::test]
 async fn get_requests_are_relayed_without_a_body() {
     let mut provider = fake::serve(Reply::json(200, r#"{"data":[]}"#)).await;

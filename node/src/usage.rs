@@ -1,0 +1,211 @@
+//! Token usage as providers report it: the one reading of a `usage` object
+//! ([`ProviderUsage`], for normalized runs and tunnels alike) and the
+//! reader that finds it in a tunnel's relayed answer ([`TunnelUsage`]), so
+//! the Edge can account and limit tunnelled requests too
+//! (`TunnelEnd.usage`).
+//!
+//! The forms read: OpenAI Chat Completions (`prompt_tokens`,
+//! `completion_tokens`, `completion_tokens_details.reasoning_tokens`), OpenAI
+//! Responses and Anthropic Messages (`input_tokens`, `output_tokens`,
+//! `output_tokens_details.reasoning_tokens`). In a stream the last report
+//! of each count wins: Anthropic sends `input_tokens` in `message_start`
+//! and the running `output_tokens` in `message_delta`; OpenAI sends usage
+//! once in its last chunk; Responses in `response.completed`.
+
+use iop_proto::pb;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A provider's `usage` object, in any of the forms above.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct ProviderUsage {
+    #[serde(default, alias = "input_tokens")]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default, alias = "output_tokens")]
+    pub completion_tokens: Option<u64>,
+    #[serde(default, alias = "output_tokens_details")]
+    pub completion_tokens_details: Option<Details>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Details {
+    #[serde(default)]
+    pub reasoning_tokens: Option<u64>,
+}
+
+impl ProviderUsage {
+    pub fn reasoning_tokens(&self) -> Option<u64> {
+        self.completion_tokens_details.and_then(|d| d.reasoning_tokens)
+    }
+
+    /// Later counts replace earlier ones, one count at a time.
+    fn merge(&mut self, later: ProviderUsage) {
+        self.prompt_tokens = later.prompt_tokens.or(self.prompt_tokens);
+        self.completion_tokens = later.completion_tokens.or(self.completion_tokens);
+        if later.reasoning_tokens().is_some() {
+            self.completion_tokens_details = later.completion_tokens_details;
+        }
+    }
+
+    /// As the wire carries it (counts past `u32::MAX` are clamped).
+    pub fn to_pb(self) -> pb::Usage {
+        let clamp = |n: Option<u64>| u32::try_from(n.unwrap_or(0)).unwrap_or(u32::MAX);
+        pb::Usage {
+            prompt_tokens: clamp(self.prompt_tokens),
+            completion_tokens: clamp(self.completion_tokens),
+            reasoning_tokens: clamp(self.reasoning_tokens()),
+        }
+    }
+}
+
+/// The usage object(s) of one JSON value: its own `usage`, a Responses
+/// event's `response.usage`, an Anthropic `message_start`'s
+/// `message.usage`. Anything else (or a malformed usage) is none.
+fn usages_in(value: &Value) -> impl Iterator<Item = ProviderUsage> + '_ {
+    [value.get("usage"), value.pointer("/response/usage"), value.pointer("/message/usage")]
+        .into_iter()
+        .flatten()
+        .filter_map(|u| ProviderUsage::deserialize(u).ok())
+}
+
+/// Longest SSE line or JSON body the reader keeps to look for usage; a
+/// longer one is passed on unread (its usage, if any, is not counted).
+const MAX_KEPT: usize = 1024 * 1024;
+
+/// Reads the usage of a tunnel's answer from its body as it passes: an SSE
+/// stream (`text/event-stream`) line by line, anything else as one JSON
+/// body. Holds at most [`MAX_KEPT`] bytes; only lines that mention
+/// `"usage"` are parsed.
+#[derive(Debug)]
+pub struct TunnelUsage {
+    sse: bool,
+    kept: Vec<u8>,
+    /// The kept line or body outgrew [`MAX_KEPT`]: skip to the next line.
+    overflowed: bool,
+    found: Option<ProviderUsage>,
+}
+
+impl TunnelUsage {
+    /// For a response whose `Content-Type` is `content_type`.
+    pub fn new(content_type: Option<&str>) -> Self {
+        let sse = content_type.is_some_and(|t| t.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
+        Self { sse, kept: Vec::new(), overflowed: false, found: None }
+    }
+
+    pub fn push(&mut self, mut chunk: &[u8]) {
+        if !self.sse {
+            self.keep(chunk);
+            return;
+        }
+        while let Some(end) = chunk.iter().position(|&b| b == b'\n') {
+            self.keep(&chunk[..end]);
+            self.line();
+            chunk = &chunk[end + 1..];
+        }
+        self.keep(chunk);
+    }
+
+    /// The usage the answer reported, if it reported any.
+    pub fn finish(mut self) -> Option<pb::Usage> {
+        if self.sse {
+            self.line();
+        } else if !self.overflowed && mentions_usage(&self.kept) {
+            let kept = std::mem::take(&mut self.kept);
+            self.read(&kept);
+        }
+        self.found.map(ProviderUsage::to_pb)
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        if self.overflowed {
+            return;
+        }
+        if self.kept.len() + bytes.len() > MAX_KEPT {
+            self.overflowed = true;
+            self.kept = Vec::new();
+            return;
+        }
+        self.kept.extend_from_slice(bytes);
+    }
+
+    /// One complete SSE line: `data: {json}` (NDJSON lines, without the
+    /// prefix, are read the same).
+    fn line(&mut self) {
+        let line = std::mem::take(&mut self.kept);
+        if !std::mem::replace(&mut self.overflowed, false) && mentions_usage(&line) {
+            let data = line.strip_prefix(b"data:").unwrap_or(&line);
+            self.read(data);
+        }
+    }
+
+    fn read(&mut self, json: &[u8]) {
+        let Ok(value) = serde_json::from_slice::<Value>(json.trim_ascii()) else { return };
+        for usage in usages_in(&value) {
+            self.found.get_or_insert_with(ProviderUsage::default).merge(usage);
+        }
+    }
+}
+
+fn mentions_usage(bytes: &[u8]) -> bool {
+    bytes.windows(7).any(|w| w == b"\"usage\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(content_type: &str, chunks: &[&str]) -> Option<(u32, u32, u32)> {
+        let mut reader = TunnelUsage::new(Some(content_type));
+        for chunk in chunks {
+            reader.push(chunk.as_bytes());
+        }
+        reader.finish().map(|u| (u.prompt_tokens, u.completion_tokens, u.reasoning_tokens))
+    }
+
+    #[test]
+    fn reads_each_apis_usage_from_a_json_body() {
+        let chat = r#"{"id":"c","choices":[{"message":{"content":"the word usage"}}],"usage":{"prompt_tokens":11,"completion_tokens":7,"completion_tokens_details":{"reasoning_tokens":3}}}"#;
+        assert_eq!(read("application/json", &[&chat[..20], &chat[20..]]), Some((11, 7, 3)));
+        let responses = r#"{"object":"response","output":[],"usage":{"input_tokens":5,"output_tokens":9,"output_tokens_details":{"reasoning_tokens":4},"total_tokens":14}}"#;
+        assert_eq!(read("application/json; charset=utf-8", &[responses]), Some((5, 9, 4)));
+        let messages = r#"{"type":"message","content":[],"usage":{"input_tokens":12,"output_tokens":2}}"#;
+        assert_eq!(read("application/json", &[messages]), Some((12, 2, 0)));
+        assert_eq!(read("application/json", &[r#"{"choices":[]}"#]), None);
+        assert_eq!(read("application/json", &[r#"{"usage": "not an object"}"#]), None);
+        assert_eq!(read("application/json", &[r#"{"usage":{"prompt_tokens":1"#]), None, "cut short");
+    }
+
+    #[test]
+    fn reads_the_last_counts_of_a_stream() {
+        // OpenAI: usage in the last chunk only, split across reads.
+        let chat = [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,",
+            "\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+        ];
+        assert_eq!(read("text/event-stream", &chat), Some((4, 2, 0)));
+        // Anthropic: input in message_start, the running output in message_delta.
+        let messages = [
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+        ];
+        assert_eq!(read("text/event-stream", &messages), Some((20, 15, 0)));
+        // Responses: in response.completed; a stream without a final newline.
+        let responses = "data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":6,\"output_tokens_details\":{\"reasoning_tokens\":2}}}}";
+        assert_eq!(read("text/event-stream", &[responses]), Some((3, 6, 2)));
+        assert_eq!(read("text/event-stream", &["data: {\"choices\":[]}\n\n"]), None);
+    }
+
+    /// A body or line over the bound is skipped, not kept: memory stays
+    /// bounded and the next line is still read.
+    #[test]
+    fn holds_at_most_the_bound() {
+        let big = format!("data: {{\"pad\":\"{}\",\"usage\":{{\"prompt_tokens\":9}}}}\n", "x".repeat(MAX_KEPT));
+        let after = "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n";
+        assert_eq!(read("text/event-stream", &[&big, after]), Some((1, 1, 0)));
+        let mut reader = TunnelUsage::new(Some("application/json"));
+        reader.push(big.as_bytes());
+        assert!(reader.kept.is_empty() && reader.overflowed);
+        assert_eq!(reader.finish(), None);
+    }
+}
