@@ -208,6 +208,8 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
     assert_eq!(attr_str(ingress, "iop.principal"), "team-traces");
     assert_eq!(attr_str(ingress, "iop.outcome"), "ok");
     assert_eq!(attr_int(ingress, "http.response.status_code"), 200);
+    assert!(attr_int(ingress, "gen_ai.usage.input_tokens") > 0);
+    assert!(attr_int(ingress, "gen_ai.usage.output_tokens") > 0);
     let admission = one(&trace, "iop-edge", "admission wait");
     assert_eq!(admission.parent_span_id, ingress.span_id);
     let attempt = one(&trace, "iop-edge", "attempt");
@@ -244,6 +246,10 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
     let call = one(&trace, "iop-node", "provider call");
     assert_eq!(call.parent_span_id, attempt.span_id);
     assert_eq!(attr_str(call, "iop.execution"), "tunnel");
+    // The node read the tunnel's usage from the relayed body.
+    assert!(attr_int(call, "gen_ai.usage.output_tokens") > 0);
+    assert!(attr_int(attempt, "gen_ai.usage.output_tokens") > 0);
+    assert!(attr_int(ingress, "gen_ai.usage.output_tokens") > 0);
 
     // Nothing exported carries the prompt or the key.
     for collected in spans.lock().unwrap().iter() {
