@@ -91,8 +91,9 @@ impl Exporter {
         let (queue, spans) = mpsc::channel(QUEUE_CAPACITY);
         let dropped = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = oneshot::channel();
-        // Fails only without a TLS crypto provider installed (the binaries
-        // install ring first): then traces stay off rather than panic.
+        // reqwest panics without a process-wide crypto provider: IOP's
+        // (ring), as the binaries install it (a no-op when one is set).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = match reqwest::Client::builder().timeout(EXPORT_TIMEOUT).build() {
             Ok(http) => http,
             Err(error) => {

@@ -108,3 +108,51 @@ fn schedule_delay_and_url() {
     assert_eq!(export::traces_url("http://c:4318/"), "http://c:4318/v1/traces");
     assert_eq!(export::traces_url("http://c:4318"), "http://c:4318/v1/traces");
 }
+
+/// A collector on loopback that keeps every export it receives.
+async fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<otlp::ExportTraceServiceRequest>>>) {
+    use prost::Message;
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = got.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push(otlp::ExportTraceServiceRequest::decode(body).unwrap());
+                ""
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, got)
+}
+
+#[tokio::test]
+async fn shutdown_sends_what_is_queued_before_the_schedule() {
+    let (endpoint, got) = collector().await;
+    let config = ExporterConfig {
+        endpoint,
+        service_name: "iop-test",
+        service_version: "0",
+        // Far past the test: only the shutdown can send.
+        schedule_delay: std::time::Duration::from_secs(3600),
+    };
+    let (tracer, exporter) = Exporter::start(config);
+    // The schedule's first tick (at start) finds nothing to send.
+    tokio::task::yield_now().await;
+    for _ in 0..3 {
+        tracer.start("ingress", Kind::Server, None).end();
+    }
+    exporter.shutdown(std::time::Duration::from_secs(10)).await;
+    let got = got.lock().unwrap();
+    let spans: usize =
+        got.iter().flat_map(|r| &r.resource_spans).flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
+    assert_eq!(spans, 3, "{got:?}");
+    let resource = got[0].resource_spans[0].resource.as_ref().unwrap();
+    assert_eq!(resource.attributes[0].key, "service.name");
+    // After the shutdown the tracer drops spans (nothing to send them).
+    tracer.start("late", Kind::Internal, None).end();
+}
