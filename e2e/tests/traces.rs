@@ -262,3 +262,64 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
         assert!(!status.contains("zebra-quartz") && !status.contains(&key));
     }
 }
+
+/// A stream cut after text and continued on another provider: the broken
+/// attempt and a `continuation` (with its own admission and attempt) are
+/// children of the request's `ingress`, each attempt has the node's call
+/// under it.
+#[tokio::test]
+async fn a_continued_stream_is_one_trace() {
+    let (endpoint, spans) = collector().await;
+    let on = |id: &str, adapter, target: &str, priority| ProviderSpec {
+        priority,
+        ..provider(id, adapter, target, "story", "")
+    };
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![
+            on("cuts", Adapter::Ollama, "mock@words=20,cut_after=6", 0),
+            on("whole", Adapter::Openai, "mock@words=20", 1),
+        ],
+        telemetry: TelemetryConfig { otlp_endpoint: Some(endpoint) },
+        ..Default::default()
+    })
+    .await;
+    stack.declare_continuation(&["cuts", "whole"]).await;
+    let response = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .header("traceparent", format!("00-{TRACE}-{CLIENT_SPAN}-01"))
+        .header("content-type", "application/json")
+        .body(chat_body("story", PROMPT, true).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("w20"), "{text}");
+    let mut stack = stack;
+    stack.edge.take().expect("the edge").terminate().await;
+    for node in stack.nodes.drain(..) {
+        node.terminate().await;
+    }
+
+    let trace = in_trace(&spans, TRACE);
+    let ingress = one(&trace, "iop-edge", "ingress");
+    assert_eq!(attr_str(ingress, "iop.outcome"), "ok");
+    let continuation = one(&trace, "iop-edge", "continuation");
+    assert_eq!(continuation.parent_span_id, ingress.span_id);
+    assert_eq!(attr_str(continuation, "iop.continuation.result"), "continued");
+    let attempts: Vec<&Span> = trace.iter().filter(|c| c.span.name == "attempt").map(|c| &c.span).collect();
+    assert_eq!(attempts.len(), 2, "{trace:#?}");
+    let by_provider = |id: &str| *attempts.iter().find(|a| attr_str(a, "iop.provider.id") == id).expect(id);
+    let broken = by_provider("cuts");
+    assert_eq!(broken.parent_span_id, ingress.span_id);
+    assert_eq!(attr_str(broken, "error.type"), "provider_stream_cut");
+    let answering = by_provider("whole");
+    assert_eq!(answering.parent_span_id, continuation.span_id);
+    assert_eq!(attr_str(answering, "iop.attempt.outcome"), "committed");
+    let calls: Vec<&Span> = trace.iter().filter(|c| c.span.name == "provider call").map(|c| &c.span).collect();
+    assert_eq!(calls.len(), 2, "{trace:#?}");
+    for attempt in [broken, answering] {
+        assert!(calls.iter().any(|c| c.parent_span_id == attempt.span_id), "a node call under {attempt:?}");
+    }
+}
