@@ -201,6 +201,7 @@ async fn metric_labels_are_closed_sets() {
                 "committed",
                 "retried",
                 "relayed_error",
+                "rate_limit_exceeded",
             ]),
         ),
         (
@@ -271,6 +272,20 @@ async fn metric_labels_are_closed_sets() {
         ("classification", BTreeSet::from(["request_stalled", "provider_unhealthy", "health_unknown"])),
         ("retryable", BTreeSet::from(["true", "false"])),
         ("path", BTreeSet::from(["equal_provider", "same_provider", "lower_priority", "no_alternative", "none"])),
+        // Per-key limits (`iop_edge_rate_limited_total`) and a node's limits.
+        (
+            "limit",
+            BTreeSet::from([
+                "requests",
+                "tokens",
+                "concurrency",
+                "connections",
+                "streams",
+                "message_size",
+                "in_transit",
+                "compressed",
+            ]),
+        ),
     ]);
     let node_metrics = stack.node_metrics.clone().unwrap();
     let mut checked = 0;

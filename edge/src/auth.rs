@@ -14,6 +14,9 @@
 //!       - { sha256: <64 hex> }                                        # the new key
 //!     expires_at: "2027-06-30T00:00:00Z" # the principal's: every key stops then
 //!     models: ["*"]
+//!     requests_per_minute: 60            # per-key limits (`crate::ratelimit`), none unless set
+//!     tokens_per_minute: 200000
+//!     max_concurrent_requests: 4
 //! ```
 //!
 //! A key is accepted until the earlier of its own `expires_at` and its
@@ -392,13 +395,6 @@ impl Keys {
             .collect()
     }
 
-    /// Every configured principal's name (the closed set of `principal` label values).
-    pub fn principal_names(&self) -> Vec<&str> {
-        match self {
-            Self::Disabled => Vec::new(),
-            Self::Required(principals) => principals.iter().map(|p| p.name.as_str()).collect(),
-        }
-    }
 }
 
 /// A workspace ref, or a pattern of one (`site*`): what a principal's
@@ -765,8 +761,8 @@ mod tests {
     #[test]
     fn the_example_keys_file_parses() {
         let keys = Keys::parse(include_str!("../../examples/keys.yaml")).unwrap();
-        assert_eq!(keys.principal_names(), vec!["example-client"]);
         let caller = keys.authenticate(&headers(&[("x-api-key", "iop-example-key-do-not-use")])).unwrap();
+        assert_eq!(caller.name(), "example-client");
         assert!(caller.may_use("llama3.2") && !caller.may_use("mistral"));
     }
 

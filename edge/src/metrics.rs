@@ -154,6 +154,14 @@ pub struct TokenLabels {
     pub kind: &'static str,
 }
 
+/// A principal and the per-key limit that refused it
+/// (`ratelimit::Limit::label`: requests | tokens | concurrency).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RateLimitedLabels {
+    pub principal: String,
+    pub limit: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: &'static str,
@@ -241,6 +249,8 @@ pub struct EdgeMetrics {
     pub tokens: Family<TokenLabels, Counter>,
     pub leases_sealed: Counter,
     pub lease_refusals: Family<ReasonLabels, Counter>,
+    /// Requests refused by a principal's per-key limits (`ratelimit`).
+    pub rate_limited: Family<RateLimitedLabels, Counter>,
     pub workspace_dropped: Family<ReasonLabels, Counter>,
     /// `iop_anthropic_single_request_ingress_total`: Messages jobs, no labels.
     pub anthropic_job_ingress: Counter,
@@ -448,6 +458,12 @@ impl EdgeMetrics {
             "Executions refused before dispatch because no lease could be sealed, by reason",
             lease_refusals.clone(),
         );
+        let rate_limited = Family::<RateLimitedLabels, Counter>::default();
+        registry.register(
+            "rate_limited",
+            "Client requests refused by their principal's per-key limits on this replica, by limit",
+            rate_limited.clone(),
+        );
         let workspace_dropped = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "workspace_frames_dropped",
@@ -518,6 +534,7 @@ impl EdgeMetrics {
             tokens,
             leases_sealed,
             lease_refusals,
+            rate_limited,
             workspace_dropped,
             anthropic_job_ingress,
             jobs,

@@ -29,7 +29,7 @@ use crate::auth::Caller;
 use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
 use crate::ingress::hosted_tools;
-use crate::metrics::{Api, ApiLabels, ApiRouteLabels, PrincipalLabels, RequestLabels};
+use crate::metrics::{Api, ApiLabels, ApiRouteLabels, PrincipalLabels, RateLimitedLabels, RequestLabels};
 use crate::route;
 use iop_proto::config::HostedTools;
 use surface::{ChatCompletions, Messages, Responses, Surface};
@@ -78,7 +78,33 @@ fn error_response<S: Surface>(err: &ApiError) -> Response {
     if let Some(secs) = err.retry_after_secs() {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
+    if let ApiError::RateLimited(refusal) = err {
+        set_limit_headers(response.headers_mut(), S::API, &refusal.status, Some(refusal.retry_after));
+    }
     response
+}
+
+/// The caller's per-key limits as the rate-limit headers its API's clients
+/// read (`crate::ratelimit::headers`: Anthropic's for Messages, OpenAI's
+/// for the others); they replace any a tunnelled provider answer carried.
+fn set_limit_headers(
+    headers: &mut HeaderMap,
+    api: Api,
+    status: &crate::ratelimit::Status,
+    retry_after: Option<std::time::Duration>,
+) {
+    use crate::ratelimit::{HEADER_PREFIXES, HeaderForm};
+    let form = if api == Api::messages { HeaderForm::Anthropic } else { HeaderForm::OpenAi };
+    let relayed: Vec<HeaderName> =
+        headers.keys().filter(|name| HEADER_PREFIXES.iter().any(|p| name.as_str().starts_with(p))).cloned().collect();
+    for name in relayed {
+        headers.remove(name);
+    }
+    for (name, value) in crate::ratelimit::headers(form, status, retry_after, std::time::SystemTime::now()) {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            headers.insert(name, value);
+        }
+    }
 }
 
 /// Records one client request's outcome, time to first byte and duration
@@ -285,7 +311,17 @@ fn admit(
     record.caller = Some(caller.clone());
     record.span.set("iop.principal", caller.name().to_string());
     let replicas = state.replica_set(config).len();
-    record.permit = Some(state.rate_limits.admit(caller, replicas)?);
+    match state.rate_limits.admit(caller, replicas) {
+        Ok(permit) => record.permit = Some(permit),
+        Err(refused) => {
+            if let ApiError::RateLimited(refusal) = &refused {
+                let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
+                tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
+                state.metrics.rate_limited.get_or_create(&labels).inc();
+            }
+            return Err(refused);
+        }
+    }
     Ok(())
 }
 
@@ -301,6 +337,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
     let job_id = headers.contains_key(WORKSPACE_HEADER).then(|| crate::ids::new_uuid().simple().to_string());
     let mut dropped_tools = String::new();
     let reply = serve::<S>(&state, headers, body, &mut record, job_id.clone(), &mut dropped_tools).await;
+    let limits = record.permit.as_ref().and_then(crate::ratelimit::Permit::status);
     // A tunnel relays the client's body as it came: nothing was dropped.
     let relayed = matches!(reply, Ok(Reply::Tunnel(_)));
     let mut response = match reply {
@@ -338,6 +375,9 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
         if let Ok(value) = HeaderValue::from_str(&dropped_tools) {
             response.headers_mut().insert(hosted_tools::DROPPED_TOOLS_HEADER, value);
         }
+    }
+    if let Some(status) = limits {
+        set_limit_headers(response.headers_mut(), S::API, &status, None);
     }
     response
 }
@@ -777,15 +817,24 @@ async fn embeddings(State(state): State<Arc<EdgeState>>, headers: HeaderMap, bod
             record.outcome = "ok";
             record.first_byte();
             record.status(200);
-            axum::Json(answer).into_response()
+            with_limit_headers(axum::Json(answer).into_response(), &record)
         }
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
             record.status(err.status().as_u16());
-            error_response::<ChatCompletions>(&err)
+            with_limit_headers(error_response::<ChatCompletions>(&err), &record)
         }
     }
+}
+
+/// `response` with the rate-limit headers of the request's permit, if its
+/// caller has per-minute limits.
+fn with_limit_headers(mut response: Response, record: &RequestRecord) -> Response {
+    if let Some(status) = record.permit.as_ref().and_then(crate::ratelimit::Permit::status) {
+        set_limit_headers(response.headers_mut(), record.api, &status, None);
+    }
+    response
 }
 
 async fn embed(

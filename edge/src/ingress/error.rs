@@ -50,6 +50,9 @@ pub enum ApiError {
     /// limit allows (`limits.max_concurrent_jobs`, the principal's).
     #[error("{}", too_many_jobs_message(*.0))]
     TooManyJobs(crate::job::slots::JobLimit),
+    /// The caller is over one of its per-key limits (`crate::ratelimit`).
+    #[error("{}", rate_limited_message(.0))]
+    RateLimited(Box<crate::ratelimit::Refusal>),
     /// A single-request job failed (the closed reason).
     #[error("the job failed: {0}")]
     Job(crate::job::state::JobFailure),
@@ -129,6 +132,17 @@ fn too_many_jobs_message(limit: crate::job::slots::JobLimit) -> &'static str {
     }
 }
 
+/// Names the limit and this replica's share of it, never the key.
+fn rate_limited_message(r: &crate::ratelimit::Refusal) -> String {
+    let what = r.limit.describe();
+    let limit = if r.replicas > 1 {
+        format!("limit {} on this gateway replica ({} across {} replicas)", r.share, r.configured, r.replicas)
+    } else {
+        format!("limit {}", r.share)
+    };
+    format!("Rate limit reached for {what} on this API key: {limit}. Please try again in {}s.", r.retry_after_secs())
+}
+
 fn unauthenticated_message(failure: AuthFailure) -> &'static str {
     match failure {
         AuthFailure::Missing => "missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
@@ -177,7 +191,7 @@ impl ApiError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::QueueFull(_) | Self::TooManyJobs(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull(_) | Self::TooManyJobs(_) | Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
             Self::WorkspaceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -217,6 +231,7 @@ impl ApiError {
             Self::WorkspaceUnavailable(_) | Self::Job(JobFailure::WorkspaceLost) => Some(1),
             // Jobs take minutes: a client polling each second gains nothing.
             Self::TooManyJobs(_) => Some(TOO_MANY_JOBS_RETRY_SECS),
+            Self::RateLimited(refusal) => Some(refusal.retry_after_secs()),
             Self::Execution(f) if f.retry_after_ms > 0 => Some(f.retry_after_ms.div_ceil(1000)),
             Self::Execution(f) if f.kind() == FailureKind::CapacityExhausted => Some(1),
             _ => None,
@@ -242,6 +257,7 @@ impl ApiError {
             Self::WorkspaceNotFound(_) => "workspace_not_found",
             Self::WorkspaceUnavailable(_) => "workspace_unavailable",
             Self::TooManyJobs(_) => "too_many_jobs",
+            Self::RateLimited(_) => "rate_limit_exceeded",
             Self::Job(failure) => failure.label(),
             Self::Execution(f) => match f.kind() {
                 FailureKind::ProviderUnreachable => "provider_unreachable",
@@ -290,6 +306,11 @@ impl ApiError {
             401 => "authentication_error",
             403 => "permission_error",
             404 => "invalid_request_error",
+            // OpenAI types its own rate-limit refusals by the limit.
+            429 if let Self::RateLimited(r) = self => match r.limit {
+                crate::ratelimit::Limit::Tokens => "tokens",
+                crate::ratelimit::Limit::Requests | crate::ratelimit::Limit::Concurrency => "requests",
+            },
             429 => "rate_limit_error",
             500 => "server_error",
             _ => "api_error",
@@ -526,6 +547,48 @@ mod tests {
             ApiError::TooManyJobs(JobLimit::Principal).message(),
             "the message says which limit"
         );
+    }
+
+    /// Per-key limits: 429, OpenAI's `rate_limit_exceeded` typed by the
+    /// limit, Anthropic's `rate_limit_error`; the message names the limit
+    /// (and the replica's share), the Retry-After is whole seconds.
+    #[test]
+    fn rate_limits_are_429_in_each_apis_shape() {
+        use crate::ratelimit::{Limit, Refusal, Status};
+        let refusal = |limit, replicas, retry_ms| {
+            ApiError::RateLimited(Box::new(Refusal {
+                limit,
+                share: 3,
+                configured: if replicas > 1 { 5 } else { 3 },
+                replicas,
+                retry_after: std::time::Duration::from_millis(retry_ms),
+                status: Status::default(),
+            }))
+        };
+        let cases = [
+            (refusal(Limit::Requests, 1, 19_001), "requests", 20, "requests per minute on this API key: limit 3."),
+            (refusal(Limit::Tokens, 1, 1), "tokens", 1, "tokens per minute on this API key: limit 3."),
+            (
+                refusal(Limit::Concurrency, 2, 1000),
+                "requests",
+                1,
+                "requests at once on this API key: limit 3 on this gateway replica (5 across 2 replicas).",
+            ),
+        ];
+        for (err, kind, retry, message) in cases {
+            assert_eq!(
+                (err.status().as_u16(), err.code(), err.retry_after_secs()),
+                (429, "rate_limit_exceeded", Some(retry))
+            );
+            let openai = err.openai_body();
+            assert_eq!(openai["error"]["type"], kind);
+            assert_eq!(openai["error"]["code"], "rate_limit_exceeded");
+            assert!(openai["error"]["message"].as_str().unwrap().contains(message), "{openai}");
+            assert!(openai["error"]["message"].as_str().unwrap().ends_with(&format!("try again in {retry}s.")));
+            let anthropic = err.anthropic_body();
+            assert_eq!(anthropic["error"]["type"], "rate_limit_error");
+            assert!(anthropic["error"]["message"].as_str().unwrap().contains(message), "{anthropic}");
+        }
     }
 
     #[test]
