@@ -215,6 +215,8 @@ pub struct Again {
     /// costs memory): otherwise a break counts as `no_capable_provider`.
     request: Option<pb::RunRequest>,
     max: u32,
+    /// The request's span: a continuation's is its child.
+    trace: Option<iop_telemetry::SpanContext>,
 }
 
 impl Again {
@@ -228,7 +230,14 @@ impl Again {
             model: model.to_string(),
             request: capable(&config, model).then(|| request.clone()),
             max: config.limits.max_continuations,
+            trace: None,
         }
+    }
+
+    /// Continuations are traced under `parent` (the request's span).
+    pub fn traced(mut self, parent: Option<iop_telemetry::SpanContext>) -> Self {
+        self.trace = parent;
+        self
     }
 }
 
@@ -308,7 +317,9 @@ impl Source {
         let request = with_prefill(original.clone(), prefill);
         let sent = request.messages.last().map(|m| m.content.clone()).unwrap_or_default();
         let scope = gate::Scope { deadline: Some(deadline), continuation_only: true, avoid: self.broken.clone() };
-        let committed = gate::execute_in(
+        let mut span = again.state.tracer.start("continuation", iop_telemetry::Kind::Internal, again.trace);
+        span.set("iop.continuation", u64::from(self.splice.continuations) + 1);
+        let execution = gate::execute_in(
             &again.state,
             &again.caller,
             &again.model,
@@ -316,8 +327,21 @@ impl Source {
             None,
             CommitPoint::FirstContent,
             scope,
-        )
-        .await;
+        );
+        let committed = crate::trace::scope(span.context(), execution).await;
+        let result = match &committed {
+            Ok(gate::Committed { answer: Answer::Normalized { .. }, .. }) => CONTINUED,
+            Ok(_) => NotContinued::Failed.label(),
+            Err(ApiError::NoProviderAvailable(_) | ApiError::ModelNotFound(_)) => {
+                NotContinued::NoCapableProvider.label()
+            }
+            Err(_) => NotContinued::Failed.label(),
+        };
+        span.set("iop.continuation.result", result);
+        if result != CONTINUED {
+            span.fail(result);
+        }
+        drop(span);
         match committed {
             Ok(gate::Committed { answer: Answer::Normalized { buffered, rest }, .. }) => {
                 let provider = rest.as_ref().map_or("-", LiveRun::provider_id).to_string();

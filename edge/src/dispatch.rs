@@ -54,6 +54,10 @@ pub trait NodeFrame: Send + 'static {
     fn response_status(_item: &Self::Item) -> Option<u32> {
         None
     }
+    /// The token usage an item reports.
+    fn usage(_item: &Self::Item) -> Option<&pb::Usage> {
+        None
+    }
 }
 
 impl NodeFrame for pb::RunEvent {
@@ -80,6 +84,12 @@ impl NodeFrame for pb::RunEvent {
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure> {
         match item {
             pb::run_event::Event::Failed(f) => f.failure.as_mut(),
+            _ => None,
+        }
+    }
+    fn usage(item: &Self::Item) -> Option<&pb::Usage> {
+        match item {
+            pb::run_event::Event::Usage(usage) => Some(usage),
             _ => None,
         }
     }
@@ -126,6 +136,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn response_status(item: &Self::Item) -> Option<u32> {
         match item {
             pb::provider_tunnel_frame::Frame::Head(h) => Some(h.status),
+            _ => None,
+        }
+    }
+    fn usage(item: &Self::Item) -> Option<&pb::Usage> {
+        match item {
+            pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_ref(),
             _ => None,
         }
     }

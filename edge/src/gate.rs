@@ -88,15 +88,33 @@ pub enum Answer {
 pub struct LiveRun<F: NodeFrame> {
     run: RunStream<F>,
     deadline: Instant,
+    /// The committed attempt's span (`crate::trace`): it lasts as long as
+    /// the answer, and notes its usage and failure.
+    span: iop_telemetry::Span,
 }
 
 impl<F: NodeFrame> LiveRun<F> {
+    fn new(run: RunStream<F>, deadline: Instant) -> Self {
+        Self { run, deadline, span: iop_telemetry::Span::none() }
+    }
+
     pub async fn next(&mut self) -> Option<F::Item> {
-        match tokio::time::timeout_at(self.deadline, self.run.next()).await {
+        let mut item = match tokio::time::timeout_at(self.deadline, self.run.next()).await {
             Ok(item) => item,
             // Dropping the run cancels it on the node and frees its slot.
             Err(_) => Some(deadline_failure::<F>()),
+        };
+        if self.span.context().is_some()
+            && let Some(item) = &mut item
+        {
+            if let Some(usage) = F::usage(item) {
+                crate::trace::set_usage(&mut self.span, usage);
+            }
+            if let Some(failure) = F::failure_mut(item) {
+                self.span.fail(ApiError::Execution(failure.clone()).code());
+            }
         }
+        item
     }
 
     /// The provider the run is on (its lease's).
@@ -112,6 +130,25 @@ impl<F: NodeFrame> LiveRun<F> {
     /// When the request's time budget runs out.
     pub fn deadline(&self) -> Instant {
         self.deadline
+    }
+}
+
+impl Committed {
+    /// Keeps the attempt's span open while the answer streams, or ends it
+    /// now when the answer is complete (noting the usage it holds).
+    fn attach_span(&mut self, mut span: iop_telemetry::Span) {
+        match &mut self.answer {
+            Answer::Normalized { rest: Some(live), .. } => live.span = span,
+            Answer::Tunnel { rest: Some(live), .. } => live.span = span,
+            Answer::Normalized { buffered, rest: None } => {
+                for event in buffered.iter() {
+                    if let Event::Usage(usage) = event {
+                        crate::trace::set_usage(&mut span, usage);
+                    }
+                }
+            }
+            Answer::Tunnel { rest: None, .. } => {}
+        }
     }
 }
 
@@ -323,6 +360,8 @@ pub async fn execute_in(
     // this request: a second miss is not replayed on them again.
     let mut missed_first_byte: HashSet<String> = HashSet::new();
 
+    // The request's span, if traced: each admission and attempt is its child.
+    let parent = crate::trace::current();
     let mut max_attempts = limits.max_attempts;
     let mut attempt = 0;
     while attempt < max_attempts {
@@ -339,6 +378,7 @@ pub async fn execute_in(
         let queue_depth = if request.count_tokens { 0 } else { limits.queue_depth };
         // A same-provider retry takes that provider's free slot or falls
         // back to every candidate.
+        let mut waiting = state.tracer.start("admission wait", iop_telemetry::Kind::Internal, parent);
         let restricted = match only.take() {
             Some(c) => {
                 let request = AdmitRequest { candidates: Arc::from(vec![c]), avoid: HashMap::new(), ..admit.clone() };
@@ -354,8 +394,13 @@ pub async fn execute_in(
             Ok(lease) => lease,
             // After a failed attempt, the provider's own answer says more
             // than "nothing else is available".
-            Err(e) => return Err(last_failure.map(ApiError::Execution).unwrap_or_else(|| admit_error(e, route))),
+            Err(e) => {
+                waiting.fail(admit_error(e.clone(), route).code());
+                return Err(last_failure.map(ApiError::Execution).unwrap_or_else(|| admit_error(e, route)));
+            }
         };
+        drop(waiting);
+        let mut span = attempt_span(state, parent, attempt, route, lease.lease());
         let provider_id = lease.lease().provider_id().to_string();
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
         let scope = LeaseScope { principal: caller.name(), route };
@@ -366,20 +411,22 @@ pub async fn execute_in(
             // No lease, no dispatch: the attempt fails closed (not retried).
             (Err(failure), _, _) => failed(failure),
             (Ok(sealed), Some(ProviderMode::Tunnel), Some(form)) => {
-                attempt_tunnel(state, provider, lease, form, sealed, deadline).await
+                attempt_tunnel(state, provider, lease, form, sealed, deadline, span.traceparent()).await
             }
             (Ok(sealed), _, _) => {
-                let request = pb::RunRequest { lease: sealed, ..request.clone() };
+                let request = pb::RunRequest { lease: sealed, traceparent: span.traceparent(), ..request.clone() };
                 attempt_run(state, provider, lease, request, point, deadline, limits.max_response_bytes).await
             }
         };
-        let count = |outcome| {
+        let count = |span: &mut iop_telemetry::Span, outcome| {
+            span.set("iop.attempt.outcome", outcome);
             let labels = AttemptLabels { provider: provider_id.clone(), outcome };
             state.metrics.attempts.get_or_create(&labels).inc();
         };
         let (failure, relay, run) = match outcome {
-            Attempt::Committed(committed) => {
-                count("committed");
+            Attempt::Committed(mut committed) => {
+                count(&mut span, "committed");
+                committed.attach_span(span);
                 if let Some(used) = &used {
                     state.config.credential_health().record_acceptance(used);
                 }
@@ -389,7 +436,12 @@ pub async fn execute_in(
                 }
                 return Ok(*committed);
             }
-            Attempt::Failed { failure, relay, run } => (failure, relay, run),
+            Attempt::Failed { failure, relay, run } => {
+                if span.context().is_some() {
+                    span.fail(ApiError::Execution(failure.clone()).code());
+                }
+                (failure, relay, run)
+            }
         };
         // The provider refused its own credential: evidence that the
         // credential is broken, never retried with the same credential, and
@@ -414,7 +466,7 @@ pub async fn execute_in(
         if let Some(next) = context_fallback(&config, caller, route, &failure).filter(|_| route == model)
             && let Some(next_candidates) = candidates_of(next)
         {
-            count("context_fallback");
+            count(&mut span, "context_fallback");
             settle(run, true, &failure);
             tracing::info!(provider = %provider_id, "the request exceeds the model's context window; trying its fallback");
             route = next;
@@ -455,11 +507,11 @@ pub async fn execute_in(
             // the client's API shape.
             return match relay {
                 Some(committed) => {
-                    count("relayed_error");
+                    count(&mut span, "relayed_error");
                     Ok(*committed)
                 }
                 None => {
-                    count("failed");
+                    count(&mut span, "failed");
                     Err(ApiError::Execution(failure))
                 }
             };
@@ -503,11 +555,12 @@ pub async fn execute_in(
             RetryPlan::Equal | RetryPlan::LowerPriority | RetryPlan::GiveUp => Duration::ZERO,
         };
         if plan == RetryPlan::GiveUp || Instant::now() + delay >= deadline {
-            count("failed");
+            count(&mut span, "failed");
             settle(run, false, &failure);
             return Err(ApiError::Execution(failure));
         }
-        count("retried");
+        count(&mut span, "retried");
+        drop(span);
         settle(run, true, &failure);
         tracing::info!(
             provider = %provider_id,
@@ -521,6 +574,26 @@ pub async fn execute_in(
         last_failure = Some(failure);
     }
     Err(last_failure.map(ApiError::Execution).unwrap_or(ApiError::Internal))
+}
+
+/// The span of attempt number `attempt` on `lease` for `route`.
+fn attempt_span(
+    state: &EdgeState,
+    parent: Option<iop_telemetry::SpanContext>,
+    attempt: u32,
+    route: &str,
+    lease: &crate::admission::Lease,
+) -> iop_telemetry::Span {
+    let mut span = state.tracer.start("attempt", iop_telemetry::Kind::Client, parent);
+    if span.context().is_some() {
+        span.set("iop.attempt", attempt);
+        span.set("iop.provider.id", lease.provider_id().to_string());
+        span.set("iop.node", lease.node().to_string());
+        span.set("gen_ai.provider.name", crate::trace::provider_name(lease.adapter()));
+        span.set("gen_ai.request.model", route.to_string());
+        span.set("gen_ai.response.model", lease.target_model().to_string());
+    }
+    span
 }
 
 fn retry_path(state: &EdgeState, plan: RetryPlan) {
@@ -639,7 +712,7 @@ async fn attempt_run(
         let terminal = matches!(event, Event::Completed(_));
         buffered.push(event);
         if commit {
-            let rest = (!terminal).then_some(LiveRun { run, deadline });
+            let rest = (!terminal).then_some(LiveRun::new(run, deadline));
             return Attempt::Committed(Box::new(Committed {
                 target_model,
                 answer: Answer::Normalized { buffered, rest },
@@ -739,6 +812,7 @@ async fn attempt_tunnel(
     form: &TunnelForm,
     sealed: Option<pb::SealedLease>,
     deadline: Instant,
+    traceparent: String,
 ) -> Attempt {
     let control = match control_for(state, &lease) {
         Ok(control) => control,
@@ -762,7 +836,7 @@ async fn attempt_tunnel(
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
         first_byte_timeout_ms: first_byte_timeout_ms(provider, l, &state.residency),
         lease: sealed,
-        traceparent: String::new(),
+        traceparent,
     };
     let stall = stall_timeout(provider);
     // The response head is the provider's first byte, relayed at once: the
@@ -789,7 +863,7 @@ async fn attempt_tunnel(
             (Frame::Head(h), None) => head = Some(h),
             (Frame::Body(bytes), Some(h)) if (200..300).contains(&h.status) => {
                 buffered.push(Bytes::from(bytes));
-                return Attempt::Committed(commit(h, buffered, Some(LiveRun { run, deadline })));
+                return Attempt::Committed(commit(h, buffered, Some(LiveRun::new(run, deadline))));
             }
             (Frame::End(_), Some(h)) if (200..300).contains(&h.status) => {
                 return Attempt::Committed(commit(h, buffered, None));
@@ -799,7 +873,7 @@ async fn attempt_tunnel(
                 buffered_len += bytes.len();
                 buffered.push(Bytes::from(bytes));
                 if buffered_len > MAX_ERROR_BODY {
-                    return Attempt::Committed(commit(h, buffered, Some(LiveRun { run, deadline })));
+                    return Attempt::Committed(commit(h, buffered, Some(LiveRun::new(run, deadline))));
                 }
                 head = Some(h);
             }

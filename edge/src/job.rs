@@ -86,7 +86,8 @@ pub fn spawn(
 ) -> impl std::future::Future<Output = Result<Committed, ApiError>> + Send + 'static {
     let cancel = CancellationToken::new();
     let stop_on_drop = cancel.clone().drop_guard();
-    let task = tokio::spawn(run(state, spec, cancel));
+    // The job's runs are traced under the request's span (`crate::trace`).
+    let task = tokio::spawn(crate::trace::scope(crate::trace::current(), run(state, spec, cancel)));
     async move {
         let _stop_on_drop = stop_on_drop;
         match task.await {

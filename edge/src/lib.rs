@@ -27,6 +27,7 @@ pub mod reload;
 pub mod residency;
 pub mod retry;
 pub mod route;
+pub mod trace;
 pub mod usage;
 pub mod workspace;
 
@@ -133,6 +134,9 @@ pub struct EdgeState {
     pub first_lease: std::sync::OnceLock<pb::SealedLease>,
     /// This replica's id (`iop-edge --replica-id`), told to every node.
     pub replica_id: String,
+    /// Where spans go ([`trace`]); off unless `telemetry.otlp_endpoint`
+    /// was set at start (a reload does not change it).
+    pub tracer: iop_telemetry::Tracer,
 }
 
 impl EdgeState {
@@ -195,6 +199,8 @@ pub struct Edge {
     policy: Arc<AcceptPolicy>,
     reload: Option<(std::path::PathBuf, Duration)>,
     handshakes: HandshakeProfile,
+    /// The span exporter, flushed when the Edge stops.
+    exporter: Option<iop_telemetry::Exporter>,
 }
 
 impl Edge {
@@ -214,6 +220,14 @@ impl Edge {
         node::tls::record_server_certificate(&metrics, &config.tls.cert_file);
         let overlay = Arc::new(HealthOverlay::default());
         let residency = Arc::new(residency::ResidencyTable::default());
+        let (tracer, exporter) = match &config.telemetry.otlp_endpoint {
+            Some(endpoint) => {
+                let export = iop_telemetry::ExporterConfig::from_env(endpoint, "iop-edge", env!("CARGO_PKG_VERSION"));
+                let (tracer, exporter) = iop_telemetry::Exporter::start(export);
+                (tracer, Some(exporter))
+            }
+            None => (iop_telemetry::Tracer::off(), None),
+        };
         let config = ConfigHandle::new(config, secrets);
         let admission = AdmissionPool::new(
             &config.current(),
@@ -251,9 +265,11 @@ impl Edge {
             admin_workspace_calls: false,
             first_lease: std::sync::OnceLock::new(),
             replica_id: default_replica_id(),
+            tracer,
         });
         metrics_revision(&state);
-        Ok(Self { state, http, grpc, admin, policy, reload: None, handshakes: HandshakeProfile::default() })
+        let handshakes = HandshakeProfile::default();
+        Ok(Self { state, http, grpc, admin, policy, reload: None, handshakes, exporter })
     }
 
     /// Reloads the config from `path` when its content changes (checked
@@ -317,7 +333,7 @@ impl Edge {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), EdgeError> {
-        let Edge { state, http, grpc, admin, policy, reload, handshakes } = self;
+        let Edge { state, http, grpc, admin, policy, reload, handshakes, exporter } = self;
         let draining = state.draining.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -399,6 +415,10 @@ impl Edge {
         }
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, admin_task).await;
         let _ = tokio::time::timeout(SHUTDOWN_DRAIN, grpc_task).await;
+        // The last requests' spans ended with their responses: send them.
+        if let Some(exporter) = exporter {
+            exporter.shutdown(SHUTDOWN_DRAIN).await;
+        }
         Ok(())
     }
 }

@@ -50,6 +50,8 @@ pub struct ExecutionContext {
     pub leases: Option<Arc<SessionLeases>>,
     /// Provider capacity across all of the node's sessions.
     pub admission: crate::capacity::LocalAdmission,
+    /// Where the execution's `provider call` span goes (`crate::trace`).
+    pub tracer: iop_telemetry::Tracer,
 }
 
 /// Where an execution's liveness observations go.
@@ -237,6 +239,8 @@ pub(crate) trait UplinkFrame: std::fmt::Debug + Send + 'static {
         let _ = pending;
         Some(next)
     }
+    /// Notes what the span learns from an item going up (`crate::trace`).
+    fn observe(item: &Self::Item);
 }
 
 impl UplinkFrame for pb::RunUplink {
@@ -248,6 +252,15 @@ impl UplinkFrame for pb::RunUplink {
 
     fn numbered(seq: u64, event: Self::Item) -> Self {
         Self { frame: Some(pb::run_uplink::Frame::Event(pb::RunEvent { seq, event: Some(event) })) }
+    }
+
+    fn observe(event: &Self::Item) {
+        use pb::run_event::Event;
+        match event {
+            Event::Usage(usage) => crate::trace::note_usage(usage),
+            Event::Failed(pb::RunFailed { failure: Some(failure) }) => crate::trace::note_failure(failure),
+            _ => {}
+        }
     }
 
     /// Consecutive text deltas; argument deltas of the same tool call (a
@@ -283,6 +296,15 @@ impl UplinkFrame for pb::TunnelUplink {
     fn numbered(seq: u64, frame: Self::Item) -> Self {
         Self { msg: Some(pb::tunnel_uplink::Msg::Frame(pb::ProviderTunnelFrame { seq, frame: Some(frame) })) }
     }
+
+    fn observe(frame: &Self::Item) {
+        use pb::provider_tunnel_frame::Frame;
+        match frame {
+            Frame::End(pb::TunnelEnd { usage: Some(usage) }) => crate::trace::note_usage(usage),
+            Frame::Failed(pb::RunFailed { failure: Some(failure) }) => crate::trace::note_failure(failure),
+            _ => {}
+        }
+    }
 }
 
 /// Numbers frames (seq 1, 2, ...) and sends them up the execution's call.
@@ -301,6 +323,7 @@ impl<U: UplinkFrame> Uplink<U> {
 
     /// False when the call is gone (the Edge ended it).
     pub(crate) async fn send(&mut self, item: U::Item) -> bool {
+        U::observe(&item);
         self.seq += 1;
         self.tx.send(Box::new(U::numbered(self.seq, item))).await.is_ok()
     }
@@ -648,6 +671,9 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
         coalesce,
     )
     .await;
+    if let Some(at) = first_byte.arrived_at() {
+        crate::trace::note_first_byte(at);
+    }
     if let Some(residency) = &observer.residency {
         if let Some(at) = first_byte.arrived_at().filter(|_| cold) {
             let took = at.saturating_duration_since(started);

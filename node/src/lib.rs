@@ -23,6 +23,7 @@ pub mod residency;
 pub mod run;
 pub mod scrub;
 pub mod service;
+pub mod trace;
 pub mod transport;
 pub mod tunnel;
 pub mod usage;

@@ -32,7 +32,16 @@ pub async fn execute(ctx: ExecutionContext, run_id: String, assigned: Option<pb:
     let edge_gone = downlink.ended();
     let leases = ctx.leases.as_deref();
     let providers = (&*ctx.providers, &ctx.admission);
-    if serve(&ctx.http, providers, leases, &request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
+    let call = crate::trace::Call {
+        kind: ExecutionKind::run,
+        traceparent: &request.traceparent,
+        operation: if request.embed.is_some() { "embeddings" } else { "chat" },
+        adapter: request.adapter,
+        provider_id: &request.provider_id,
+        target_model: &request.target_model,
+    };
+    let served = serve(&ctx.http, providers, leases, &request, &mut uplink, &cancel, edge_gone, &ctx.observer);
+    if crate::trace::provider_call(&ctx.tracer, call, served).await {
         execution::await_ack(uplink, downlink, "run", &run_id).await;
     }
 }

@@ -56,13 +56,26 @@ pub async fn execute(
     let mut client = ctx.client.clone();
     let (mut uplink, call) =
         execution::open(&tunnel_id, ctx.generation, |frames| async move { client.tunnel_frames(frames).await });
-    let Some((request, mut downlink)) = execution::request(assigned, call, &cancel, "tunnel", &tunnel_id).await else {
+    let Some((mut request, mut downlink)) = execution::request(assigned, call, &cancel, "tunnel", &tunnel_id).await
+    else {
         return;
     };
     let edge_gone = downlink.ended();
     let leases = ctx.leases.as_deref();
     let providers = (&*ctx.providers, &ctx.admission);
-    if serve(&ctx.http, providers, leases, request, &mut uplink, &cancel, edge_gone, &ctx.observer).await {
+    let traceparent = std::mem::take(&mut request.traceparent);
+    let (adapter, provider_id, target_model) =
+        (request.adapter, request.provider_id.clone(), request.target_model.clone());
+    let call = crate::trace::Call {
+        kind: ExecutionKind::tunnel,
+        traceparent: &traceparent,
+        operation: "chat",
+        adapter,
+        provider_id: &provider_id,
+        target_model: &target_model,
+    };
+    let served = serve(&ctx.http, providers, leases, request, &mut uplink, &cancel, edge_gone, &ctx.observer);
+    if crate::trace::provider_call(&ctx.tracer, call, served).await {
         execution::await_ack(uplink, downlink, "tunnel", &tunnel_id).await;
     }
 }

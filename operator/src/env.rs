@@ -5,7 +5,9 @@
 
 use std::net::SocketAddr;
 
-use iop_proto::config::{AuthConfig, AuthMode, HostedTools, ListenConfig, OutlierConfig, SchedulingConfig};
+use iop_proto::config::{
+    AuthConfig, AuthMode, HostedTools, ListenConfig, OutlierConfig, SchedulingConfig, TelemetryConfig,
+};
 
 use crate::reconcile::Settings;
 
@@ -42,6 +44,9 @@ pub const EDGE_OUTLIER_MAX_EJECTION_MS: &str = "IOP_EDGE_OUTLIER_MAX_EJECTION_MS
 /// Edge's default, 4): the extra requests in flight a provider whose model
 /// is not loaded is charged in selection; 0 ignores residency.
 pub const EDGE_SCHEDULING_LOAD_PENALTY: &str = "IOP_EDGE_SCHEDULING_LOAD_PENALTY";
+/// Optional: the Edge's `telemetry.otlp_endpoint`, the OTLP/HTTP collector
+/// its spans go to (unset or empty: traces off).
+pub const EDGE_OTLP_ENDPOINT: &str = "IOP_EDGE_OTLP_ENDPOINT";
 /// Tests only (the chart never sets it): the operator's clock runs this many
 /// seconds ahead of the system clock (negative: behind). Certificate
 /// issuance and renewal, condition timestamps and the leader Lease all read
@@ -73,6 +78,8 @@ pub struct RunConfig {
     pub outlier: OutlierConfig,
     /// The Edge's `scheduling` ([`EDGE_SCHEDULING_LOAD_PENALTY`]).
     pub scheduling: SchedulingConfig,
+    /// The Edge's `telemetry` ([`EDGE_OTLP_ENDPOINT`]).
+    pub telemetry: TelemetryConfig,
     /// [`TEST_CLOCK_OFFSET`] in seconds (0 when unset).
     pub clock_offset_s: i64,
 }
@@ -202,6 +209,14 @@ impl RunConfig {
             scheduling.validate().map_err(|_| out_of_range())?;
         }
 
+        let telemetry = TelemetryConfig {
+            otlp_endpoint: lookup(EDGE_OTLP_ENDPOINT).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()),
+        };
+        if telemetry.validate().is_err() {
+            let value = telemetry.otlp_endpoint.clone().unwrap_or_default();
+            return Err(invalid(EDGE_OTLP_ENDPOINT, &value, "must be an http:// or https:// URL"));
+        }
+
         // Within a century either way: far past what any test needs, and the
         // clock stays within the range `time` and Kubernetes timestamps take.
         let clock_offset_s = match lookup(TEST_CLOCK_OFFSET).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
@@ -224,6 +239,7 @@ impl RunConfig {
             hosted_tools,
             outlier,
             scheduling,
+            telemetry,
             clock_offset_s,
         })
     }
@@ -241,6 +257,7 @@ impl RunConfig {
         settings.api.hosted_tools = self.hosted_tools;
         settings.outlier = self.outlier.clone();
         settings.scheduling = self.scheduling.clone();
+        settings.telemetry = self.telemetry.clone();
         settings
     }
 }
@@ -389,6 +406,23 @@ mod tests {
         for bad in ["10001", "-1", "four", "4.5"] {
             env.insert(EDGE_SCHEDULING_LOAD_PENALTY, bad);
             assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_SCHEDULING_LOAD_PENALTY, .. })), "{bad}");
+        }
+    }
+
+    /// Issue 30: the chart's `edge.telemetry.otlpEndpoint` reaches the Edge
+    /// config's `telemetry.otlp_endpoint`; unset or empty is off.
+    #[test]
+    fn otlp_endpoint_setting() {
+        let mut env = chart_env();
+        assert_eq!(parse(&env).unwrap().settings().empty_config().telemetry, TelemetryConfig::default());
+        env.insert(EDGE_OTLP_ENDPOINT, "  ");
+        assert_eq!(parse(&env).unwrap().settings().empty_config().telemetry, TelemetryConfig::default());
+        env.insert(EDGE_OTLP_ENDPOINT, " http://otel-collector:4318 ");
+        let telemetry = parse(&env).unwrap().settings().empty_config().telemetry;
+        assert_eq!(telemetry.otlp_endpoint.as_deref(), Some("http://otel-collector:4318"));
+        for bad in ["otel-collector:4318", "ftp://c", "http://a b"] {
+            env.insert(EDGE_OTLP_ENDPOINT, bad);
+            assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_OTLP_ENDPOINT, .. })), "{bad}");
         }
     }
 

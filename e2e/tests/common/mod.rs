@@ -77,6 +77,8 @@ pub struct StackOptions {
     pub outlier: Option<iop_proto::config::OutlierConfig>,
     /// The Edge config's `scheduling` (default: the Edge's defaults).
     pub scheduling: Option<iop_proto::config::SchedulingConfig>,
+    /// `telemetry` of the Edge's and every node's config (default: off).
+    pub telemetry: iop_proto::config::TelemetryConfig,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -110,6 +112,7 @@ impl Default for StackOptions {
             retry: Default::default(),
             outlier: None,
             scheduling: None,
+            telemetry: Default::default(),
         }
     }
 }
@@ -134,6 +137,7 @@ pub struct Stack {
     pub unsandboxed_commands: bool,
     pub client: reqwest::Client,
     pub capture_logs: bool,
+    pub telemetry: iop_proto::config::TelemetryConfig,
 }
 
 /// A provider on the stack's node; `base_url` is filled in by `Stack::start`.
@@ -235,6 +239,7 @@ impl Stack {
         config.context_fallbacks =
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
         config.retry = options.retry.clone();
+        config.telemetry = options.telemetry.clone();
         for managed in &options.credentials {
             let file = dir.path().join(format!("{}.key", managed.profile));
             std::fs::write(&file, managed.secret).unwrap();
@@ -270,6 +275,7 @@ impl Stack {
             unsandboxed_commands: options.unsandboxed_commands,
             client: http_client(),
             capture_logs: options.capture_logs,
+            telemetry: options.telemetry.clone(),
         };
         stack.start_edge().await;
         if options.start_node {
@@ -308,6 +314,7 @@ impl Stack {
         config.metrics = Some(iop_node::config::MetricsConfig { listen: "127.0.0.1:0".parse().unwrap() });
         config.workspaces.allowed_roots = self.allowed_roots.clone();
         config.workspaces.unsandboxed_commands = self.unsandboxed_commands;
+        config.telemetry = self.telemetry.clone();
         let name = pair.cert.file_stem().unwrap().to_str().unwrap().to_string();
         let path = self.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, serde_saphyr::to_string(&config).unwrap()).unwrap();

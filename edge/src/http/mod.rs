@@ -129,6 +129,8 @@ struct RequestRecord {
     bytes_sent: u64,
     /// The stream's failure after its start was logged ([`Self::stream_failed`]).
     failure_logged: bool,
+    /// The request's `ingress` span (`crate::trace`), ended with the record.
+    span: iop_telemetry::Span,
 }
 
 impl RequestRecord {
@@ -146,7 +148,24 @@ impl RequestRecord {
             outcome: "client_disconnected",
             bytes_sent: 0,
             failure_logged: false,
+            span: iop_telemetry::Span::none(),
         }
+    }
+
+    /// Starts the request's `ingress` span: a child of the client's
+    /// `traceparent` when it sent a valid one.
+    fn traced(mut self, headers: &HeaderMap) -> Self {
+        let parent = crate::trace::client_parent(headers);
+        let mut span = self.state.tracer.start("ingress", iop_telemetry::Kind::Server, parent);
+        span.set("gen_ai.operation.name", crate::trace::operation(self.api));
+        span.set("iop.api", crate::trace::api_name(self.api));
+        self.span = span;
+        self
+    }
+
+    /// The response's HTTP status, on the span.
+    fn status(&mut self, status: u16) {
+        self.span.set("http.response.status_code", u32::from(status));
     }
 
     /// A body frame of `len` bytes went to the client.
@@ -186,6 +205,19 @@ impl RequestRecord {
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
+        if self.span.context().is_some() {
+            let span = &mut self.span;
+            span.set("iop.outcome", self.outcome);
+            if self.outcome != "ok" {
+                span.fail(self.outcome);
+            }
+            if let Some(route) = &self.route {
+                span.set("gen_ai.request.model", route.clone());
+            }
+            if let Some(usage) = &self.usage {
+                crate::trace::set_usage(span, usage);
+            }
+        }
         let route = self.route.take().unwrap_or_else(|| "unknown".to_string());
         if let Some(caller) = &self.caller {
             crate::usage::finished(&self.state, caller, &route, self.outcome, self.usage.as_ref());
@@ -277,6 +309,7 @@ fn admit(
     record: &mut RequestRecord,
 ) -> Result<(), ApiError> {
     record.caller = Some(caller.clone());
+    record.span.set("iop.principal", caller.name().to_string());
     let replicas = state.replica_set(config).len();
     match state.rate_limits.admit(caller, replicas) {
         Ok(permit) => record.permit = Some(permit),
@@ -300,7 +333,7 @@ pub const JOB_ID_HEADER: &str = "iop-job-id";
 /// One handler for every client API: parse, run through the gate (or as a
 /// job), render.
 async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
-    let mut record = RequestRecord::new(state.clone(), S::API);
+    let mut record = RequestRecord::new(state.clone(), S::API).traced(&headers);
     let job_id = headers.contains_key(WORKSPACE_HEADER).then(|| crate::ids::new_uuid().simple().to_string());
     let mut dropped_tools = String::new();
     let reply = serve::<S>(&state, headers, body, &mut record, job_id.clone(), &mut dropped_tools).await;
@@ -311,17 +344,26 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
         Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
             record.first_byte();
+            record.status(200);
             axum::Json(body).into_response()
         }
-        Ok(Reply::Stream(stream)) => sse_response::<S>(*stream, record),
+        Ok(Reply::Stream(stream)) => {
+            record.status(200);
+            sse_response::<S>(*stream, record)
+        }
         Ok(Reply::Tunnel(tunnel)) => {
             let (head, buffered, rest) = *tunnel;
+            record.status(StatusCode::from_u16(head.status as u16).unwrap_or(StatusCode::BAD_GATEWAY).as_u16());
             tunnel_response(head, buffered, rest, record)
         }
-        Ok(Reply::Early(early)) => early_response::<S>(*early, record),
+        Ok(Reply::Early(early)) => {
+            record.status(200);
+            early_response::<S>(*early, record)
+        }
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
+            record.status(err.status().as_u16());
             error_response::<S>(&err)
         }
     };
@@ -389,12 +431,17 @@ async fn serve<S: Surface>(
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
     // A stream that breaks after text may be continued (not a job's: its
     // runs are the job's own).
+    // The gate's spans are children of the request's, wherever the
+    // execution is polled (an early stream polls it in the response body).
+    let parent = record.span.context();
     let again = (parsed.stream && job_id.is_none())
-        .then(|| crate::continuation::Again::new(state, &caller, &parsed.model, &parsed.run));
+        .then(|| crate::continuation::Again::new(state, &caller, &parsed.model, &parsed.run).traced(parent));
     let mut execution: Execution = match job_id {
         Some(id) => {
             let spec = job_spec::<S>(state, &config, &headers, id, &caller, parsed.model.clone(), parsed.run)?;
-            Box::pin(crate::job::spawn(state.clone(), spec))
+            // Spawned within the scope, so that the job's task inherits it.
+            let state = state.clone();
+            Box::pin(crate::trace::scope(parent, async move { crate::job::spawn(state, spec).await }))
         }
         None => {
             let tunnel = S::TUNNEL_PATH.map(|path| TunnelForm {
@@ -409,7 +456,9 @@ async fn serve<S: Surface>(
                     .collect(),
             });
             let (state, caller, model, run) = (state.clone(), caller.clone(), parsed.model.clone(), parsed.run);
-            Box::pin(async move { gate::execute(&state, &caller, &model, run, tunnel, point).await })
+            Box::pin(crate::trace::scope(parent, async move {
+                gate::execute(&state, &caller, &model, run, tunnel, point).await
+            }))
         }
     };
     let max_response_bytes = config.limits.max_response_bytes;
@@ -518,7 +567,7 @@ enum Phase<S: Surface> {
     Waiting(Box<Early<S>>, tokio::time::Interval),
     Sse(Box<SseStream<S>>),
     /// A committed 2xx tunnel: its body is relayed (the head went out already).
-    Tunnel(Option<LiveRun<pb::ProviderTunnelFrame>>),
+    Tunnel(Option<Box<LiveRun<pb::ProviderTunnelFrame>>>),
     Done,
 }
 
@@ -553,7 +602,7 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                                     if (200..300).contains(&head.status) {
                                         record.outcome = "ok";
                                         pending.extend(buffered);
-                                        Phase::Tunnel(rest)
+                                        Phase::Tunnel(rest.map(Box::new))
                                     } else {
                                         let error = ApiError::Execution(gate::http_failure(&head, &buffered));
                                         record.outcome = error.code();
@@ -590,7 +639,7 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                     Frame::Failed(failed) => {
                         let error = ApiError::Execution(failed.failure.unwrap_or_default());
                         record.outcome = error.code();
-                        record.stream_failed(rest.as_ref().map(LiveRun::provider_id), &error);
+                        record.stream_failed(rest.as_deref().map(LiveRun::provider_id), &error);
                         pending.extend(S::stream_error(&error));
                         Phase::Done
                     }
@@ -762,16 +811,18 @@ async fn models<S: Surface>(State(state): State<Arc<EdgeState>>, headers: Header
 /// run carries the inputs, the node calls Ollama's `/api/embed` or the
 /// provider's `/v1/embeddings`, and the vectors come back in input order.
 async fn embeddings(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
-    let mut record = RequestRecord::new(state.clone(), Api::embeddings);
+    let mut record = RequestRecord::new(state.clone(), Api::embeddings).traced(&headers);
     match embed(&state, &headers, body, &mut record).await {
         Ok(answer) => {
             record.outcome = "ok";
             record.first_byte();
+            record.status(200);
             with_limit_headers(axum::Json(answer).into_response(), &record)
         }
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
+            record.status(err.status().as_u16());
             with_limit_headers(error_response::<ChatCompletions>(&err), &record)
         }
     }
@@ -802,7 +853,8 @@ async fn embed(
         record.route = Some(request.model.clone());
     }
     let run = pb::RunRequest { embed: Some(request.embed.clone()), ..Default::default() };
-    let committed = gate::execute(state, &caller, &request.model, run, None, CommitPoint::Terminal).await?;
+    let execution = gate::execute(state, &caller, &request.model, run, None, CommitPoint::Terminal);
+    let committed = crate::trace::scope(record.span.context(), execution).await?;
     let Answer::Normalized { buffered, .. } = committed.answer else { return Err(ApiError::Internal) };
     record.usage = last_usage(&buffered);
     crate::ingress::embeddings::answer(&request, &buffered)

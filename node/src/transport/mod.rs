@@ -96,6 +96,14 @@ pub async fn supervise(
     let dialer = Dialer::new(&config)?;
     let config = Arc::new(config);
     let http = crate::adapter::http_client();
+    let (tracer, exporter) = match &config.telemetry.otlp_endpoint {
+        Some(endpoint) => {
+            let export = iop_telemetry::ExporterConfig::from_env(endpoint, "iop-node", env!("CARGO_PKG_VERSION"));
+            let (tracer, exporter) = iop_telemetry::Exporter::start(export);
+            (tracer, Some(exporter))
+        }
+        None => (iop_telemetry::Tracer::off(), None),
+    };
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
     let shared = session::Shared {
         // Spent lease ids and credential revisions outlive each connection.
@@ -103,6 +111,7 @@ pub async fn supervise(
         replicas: Replicas::default(),
         admission: Default::default(),
         commands: Arc::new(commands),
+        tracer,
     };
     let mut sessions = tokio::task::JoinSet::new();
     let mut next_session = 0u64;
@@ -146,5 +155,10 @@ pub async fn supervise(
     }
     // Each session ends on `shutdown` itself (cancelling its work).
     while sessions.join_next().await.is_some() {}
+    drop(shared);
+    // The spans of the executions that ended: sent before the node exits.
+    if let Some(exporter) = exporter {
+        exporter.shutdown(Duration::from_secs(5)).await;
+    }
     Ok(())
 }

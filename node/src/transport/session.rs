@@ -61,6 +61,8 @@ pub struct Shared {
     pub admission: LocalAdmission,
     /// How workspace commands run on this machine.
     pub commands: Arc<CommandEnvironment>,
+    /// Where spans go (`crate::trace`).
+    pub tracer: iop_telemetry::Tracer,
 }
 
 /// One session's place among the node's sessions.
@@ -224,6 +226,7 @@ pub async fn run(
         workspaces,
         hold,
         admission: shared.admission.clone(),
+        tracer: shared.tracer.clone(),
     };
     let end = session.serve(&mut inbound, &out, heartbeat, &shutdown).await;
     // Runs and tunnels are bound to this connection; the Edge has fenced
@@ -310,6 +313,7 @@ struct Session {
     /// This session's Edge replica, freed when the session ends.
     hold: ReplicaHold,
     admission: LocalAdmission,
+    tracer: iop_telemetry::Tracer,
 }
 
 impl Session {
@@ -432,6 +436,7 @@ impl Session {
             generation: self.generation,
             leases: Some(self.leases.clone()),
             admission: self.admission.clone(),
+            tracer: self.tracer.clone(),
             observer: Observer {
                 sequence: Some(self.sequence.clone()),
                 metrics: self.metrics.clone(),

@@ -122,6 +122,7 @@ async fn connect(
         replicas: Default::default(),
         admission: Default::default(),
         commands: std::sync::Arc::new(CommandEnvironment::for_tests(SandboxMode::Refused, Vec::new())),
+        tracer: Default::default(),
     };
     let (registered, _verdict) = tokio::sync::oneshot::channel();
     let stop = CancellationToken::new();

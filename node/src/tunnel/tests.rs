@@ -656,6 +656,7 @@ fn context(client: NodeGatewayClient, providers: Providers) -> ExecutionContext 
         observer: Observer::unbound(),
         leases: None,
         admission: Default::default(),
+        tracer: Default::default(),
     }
 }
 

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use iop_proto::config::{
     ApiConfig, AuthConfig, AuthMode, EdgeConfig, EdgeTlsConfig, Limits, ListenConfig, OutlierConfig, SchedulingConfig,
+    TelemetryConfig,
 };
 
 use crate::crd::{NodeCatalog, Provider, WorkspaceTemplate};
@@ -56,6 +57,8 @@ pub struct Settings {
     pub outlier: OutlierConfig,
     /// How the Edge's selection weighs model residency.
     pub scheduling: SchedulingConfig,
+    /// Where the Edge's spans go (off by default).
+    pub telemetry: TelemetryConfig,
 }
 
 impl Settings {
@@ -80,6 +83,7 @@ impl Settings {
             api: ApiConfig::default(),
             outlier: OutlierConfig::default(),
             scheduling: SchedulingConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -105,7 +109,7 @@ impl Settings {
             api: self.api.clone(),
             outlier: self.outlier.clone(),
             scheduling: self.scheduling.clone(),
-            telemetry: Default::default(),
+            telemetry: self.telemetry.clone(),
         }
     }
 }
