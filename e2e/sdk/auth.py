@@ -9,18 +9,10 @@ import sys
 
 import anthropic
 import openai
+from expect import expect
 
 base_url, key, model, forbidden = sys.argv[1:5]
 messages = [{"role": "user", "content": "hi from the sdk"}]
-
-
-def expect(error_name, call):
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the type is what is checked
-        assert type(err).__name__ == error_name, repr(err)
-        return err
-    raise AssertionError(f"expected {error_name}")
 
 
 # OpenAI: the key goes as `Authorization: Bearer`.

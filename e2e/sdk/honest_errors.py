@@ -10,18 +10,10 @@ import sys
 
 import anthropic
 import openai
+from expect import expect
 
 base_url, policy, cut = sys.argv[1:4]
 messages = [{"role": "user", "content": "hi from the sdk"}]
-
-
-def expect(error_name, call):
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the type is what is checked
-        assert type(err).__name__ == error_name, repr(err)
-        return err
-    raise AssertionError(f"expected {error_name}")
 
 
 client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)

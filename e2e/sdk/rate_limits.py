@@ -11,18 +11,10 @@ import sys
 
 import anthropic
 import openai
+from expect import expect
 
 base_url, openai_key, anthropic_key, model = sys.argv[1:5]
 messages = [{"role": "user", "content": "hi from the sdk"}]
-
-
-def expect(error_name, call):
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the type is what is checked
-        assert type(err).__name__ == error_name, repr(err)
-        return err
-    raise AssertionError(f"expected {error_name}")
 
 
 # OpenAI: the first request is answered and says the limit.

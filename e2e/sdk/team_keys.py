@@ -19,6 +19,7 @@ import sys
 
 import anthropic
 import openai
+from expect import expect
 
 mode, base_url, key, model = sys.argv[1:5]
 messages = [{"role": "user", "content": "count these tokens please"}]
@@ -29,15 +30,6 @@ def clients(api_key):
         openai.OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0),
         anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0),
     )
-
-
-def expect(error_name, call):
-    try:
-        call()
-    except Exception as err:  # noqa: BLE001 - the type is what is checked
-        assert type(err).__name__ == error_name, repr(err)
-        return err
-    raise AssertionError(f"expected {error_name}")
 
 
 oai, claude = clients(key)

@@ -12,16 +12,6 @@ use common::*;
 use iop_e2e::harness::{bin, wait_until};
 use serde_json::{Value, json};
 
-/// `iop-edge new-key --name NAME`: (the key, its keys-file entry line).
-fn new_key(name: &str) -> (String, String) {
-    let out = std::process::Command::new(bin("iop-edge")).args(["new-key", "--name", name]).output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    let key = text.lines().find_map(|l| l.trim().strip_prefix("iop-").map(|k| format!("iop-{k}"))).expect("a key");
-    let entry = text.lines().find(|l| l.trim_start().starts_with("- { name:")).expect("an entry").to_string();
-    (key, entry)
-}
-
 /// `printf %s KEY | iop-edge hash-key`.
 fn hash_key(key: &str) -> String {
     let mut child = std::process::Command::new(bin("iop-edge"))
@@ -42,7 +32,7 @@ const DISABLED_KEY: &str = "sk-disabled-0123456789";
 /// Three principals: `all` (from `new-key`, every model), `ollama-only`
 /// (`mock-ollama` only) and a disabled one. Returns (keys file, all's key).
 fn keys_file() -> (String, String) {
-    let (all_key, all_entry) = new_key("all");
+    let (all_key, all_entry) = new_key("all", &[]);
     let text = format!(
         "principals:\n{all_entry}\n  - {{ name: ollama-only, key_sha256: {}, models: [\"mock-oll*\"] }}\n  - {{ name: off, key_sha256: {}, models: [\"*\"], disabled: true }}\n",
         hash_key(OLLAMA_ONLY_KEY),

@@ -118,6 +118,10 @@ async fn the_loaded_provider_takes_the_traffic_and_the_cold_one_only_under_load(
         stack.provider_admin("warm").await["in_flight"] == 3
     })
     .await;
+    // In flight at the Edge is not yet held at the mock: a run that reached
+    // it after the fault was cleared would end and free its place.
+    wait_until("the three runs held at the warm mock", WAIT, || async { generations(&stack, &warm_url).await == 9 })
+        .await;
     set_faults(&stack, &warm_url, "").await;
     assert_eq!(generations(&stack, &cold_url).await, 0, "three in flight is not yet past the penalty");
     let body = ask(&stack, MODEL).await;

@@ -18,15 +18,8 @@ fn hash(key: &str) -> String {
 
 /// `iop-edge new-key --name NAME --expires-in IN`: the key and the
 /// `expires_at` it printed.
-fn new_key(name: &str, expires_in: &str) -> (String, String) {
-    let out = std::process::Command::new(bin("iop-edge"))
-        .args(["new-key", "--name", name, "--expires-in", expires_in])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let key = text.lines().find_map(|l| l.trim().strip_prefix("iop-").map(|k| format!("iop-{k}"))).expect("a key");
-    let entry = text.lines().find(|l| l.contains(&format!("name: {name}"))).expect("an entry");
+fn expiring_key(name: &str, expires_in: &str) -> (String, String) {
+    let (key, entry) = new_key(name, &["--expires-in", expires_in]);
     assert!(entry.contains(&hash(&key)), "{entry}");
     let at = entry.split("expires_at: \"").nth(1).and_then(|rest| rest.split('"').next()).expect("expires_at");
     (key, at.to_string())
@@ -50,7 +43,7 @@ async fn expired_keys_are_refused_in_each_sdks_shape() {
     if !(sdk_installed("openai") && sdk_installed("anthropic")) {
         return;
     }
-    let (fresh, expires_at) = new_key("fresh", "30d");
+    let (fresh, expires_at) = expiring_key("fresh", "30d");
     let keys = format!(
         "principals:
   - name: fresh

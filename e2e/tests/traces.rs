@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use common::*;
-use iop_e2e::harness::{ProviderSpec, bin, wait_until};
+use iop_e2e::harness::{ProviderSpec, wait_until};
 use iop_proto::config::{Adapter, ProviderMode, TelemetryConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
@@ -98,16 +98,6 @@ fn one<'a>(spans: &'a [Collected], service: &str, name: &str) -> &'a Span {
     &found[0].span
 }
 
-fn new_key(name: &str) -> (String, String) {
-    let out = std::process::Command::new(bin("iop-edge")).args(["new-key", "--name", name]).output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    let key = text.lines().find_map(|l| l.trim().strip_prefix("iop-").map(|k| format!("iop-{k}"))).expect("a key");
-    // The principal's entry, whichever way the keys file spells its hash.
-    let entry = text.lines().find(|l| l.trim_start().starts_with("- { name:")).expect("an entry").to_string();
-    (key, entry)
-}
-
 const PROMPT: &str = "zebra-quartz-7781 tell me a secret";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
@@ -121,7 +111,7 @@ async fn one_trace_spans_the_client_the_edge_and_the_node() {
         return;
     }
     let (endpoint, spans) = collector().await;
-    let (key, entry) = new_key("team-traces");
+    let (key, entry) = new_key("team-traces", &[]);
     let mut tunnel = ProviderSpec { mode: ProviderMode::Tunnel, ..provider("tun", Adapter::Openai, "mock", "tun", "") };
     tunnel.base_url = String::new();
     let stack = Stack::start(StackOptions {

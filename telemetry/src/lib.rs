@@ -5,6 +5,18 @@
 //! are inert values (no clock read, no allocation for attributes, no
 //! background task) that still carry nothing across the wire.
 //!
+//! Written here rather than taken from the OpenTelemetry Rust SDK
+//! (`opentelemetry` + `opentelemetry_sdk` + `opentelemetry-otlp`): that
+//! path adds about ten crates to both binaries (`opentelemetry-http`,
+//! `opentelemetry-proto`, `futures-executor`, `rand`, ...), and its default
+//! batch processor runs on a thread of its own with reqwest's blocking
+//! client, a second runtime in a process that already has tokio. What IOP
+//! needs is small (W3C context, spans with attributes, one batched
+//! OTLP/HTTP exporter) and uses the `prost`, `reqwest` and `tokio` the tree
+//! already has. The e2e test decodes the export with the official
+//! `opentelemetry-proto` messages, so the wire format is checked against
+//! the published protos, not against this crate.
+//!
 //! Sampling is parent-based: a span whose parent's `traceparent` says
 //! "not sampled" records nothing (its children neither); every other span
 //! is recorded. What a span carries is the caller's choice, from closed

@@ -536,3 +536,18 @@ pub async fn grandchild(root: &std::path::Path) -> i32 {
     .await;
     std::fs::read_to_string(&file).unwrap().trim().parse().unwrap()
 }
+
+/// `iop-edge new-key --name NAME` with more `args` (e.g. `--expires-in
+/// 30d`): the key it printed once and its entry line for a new principal.
+pub fn new_key(name: &str, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(iop_e2e::harness::bin("iop-edge"))
+        .args(["new-key", "--name", name])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let key = text.lines().find_map(|l| l.trim().strip_prefix("iop-").map(|k| format!("iop-{k}"))).expect("a key");
+    let entry = text.lines().find(|l| l.trim_start().starts_with("- { name:")).expect("an entry").to_string();
+    (key, entry)
+}
