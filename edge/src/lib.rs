@@ -220,14 +220,8 @@ impl Edge {
         node::tls::record_server_certificate(&metrics, &config.tls.cert_file);
         let overlay = Arc::new(HealthOverlay::default());
         let residency = Arc::new(residency::ResidencyTable::default());
-        let (tracer, exporter) = match &config.telemetry.otlp_endpoint {
-            Some(endpoint) => {
-                let export = iop_telemetry::ExporterConfig::from_env(endpoint, "iop-edge", env!("CARGO_PKG_VERSION"));
-                let (tracer, exporter) = iop_telemetry::Exporter::start(export);
-                (tracer, Some(exporter))
-            }
-            None => (iop_telemetry::Tracer::off(), None),
-        };
+        let endpoint = config.telemetry.otlp_endpoint.as_deref();
+        let (tracer, exporter) = iop_telemetry::Exporter::for_endpoint(endpoint, "iop-edge", env!("CARGO_PKG_VERSION"));
         let config = ConfigHandle::new(config, secrets);
         let admission = AdmissionPool::new(
             &config.current(),

@@ -85,6 +85,23 @@ pub struct Exporter {
 }
 
 impl Exporter {
+    /// The tracer of a process whose config names `endpoint`
+    /// (`telemetry.otlp_endpoint`) and, when it names one, the exporter
+    /// feeding it; with none, tracing is off and nothing runs.
+    pub fn for_endpoint(
+        endpoint: Option<&str>,
+        service_name: &'static str,
+        service_version: &'static str,
+    ) -> (Tracer, Option<Exporter>) {
+        match endpoint {
+            Some(endpoint) => {
+                let (tracer, exporter) = Self::start(ExporterConfig::from_env(endpoint, service_name, service_version));
+                (tracer, Some(exporter))
+            }
+            None => (Tracer::off(), None),
+        }
+    }
+
     /// Starts the export task (on the current Tokio runtime) and returns
     /// the tracer that feeds it.
     pub fn start(config: ExporterConfig) -> (Tracer, Exporter) {

@@ -96,14 +96,8 @@ pub async fn supervise(
     let dialer = Dialer::new(&config)?;
     let config = Arc::new(config);
     let http = crate::adapter::http_client();
-    let (tracer, exporter) = match &config.telemetry.otlp_endpoint {
-        Some(endpoint) => {
-            let export = iop_telemetry::ExporterConfig::from_env(endpoint, "iop-node", env!("CARGO_PKG_VERSION"));
-            let (tracer, exporter) = iop_telemetry::Exporter::start(export);
-            (tracer, Some(exporter))
-        }
-        None => (iop_telemetry::Tracer::off(), None),
-    };
+    let endpoint = config.telemetry.otlp_endpoint.as_deref();
+    let (tracer, exporter) = iop_telemetry::Exporter::for_endpoint(endpoint, "iop-node", env!("CARGO_PKG_VERSION"));
     let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
     let shared = session::Shared {
         // Spent lease ids and credential revisions outlive each connection.
