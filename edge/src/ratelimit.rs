@@ -396,12 +396,14 @@ impl RateLimits {
         }
     }
 
-    /// How many principals have a meter (bounded memory).
-    pub fn len(&self) -> usize {
+    /// How many principals have a meter (bounded memory; for the tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         lock(&self.table).meters.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -163,6 +163,12 @@ impl RequestRecord {
         self
     }
 
+    /// The caller's per-minute limits after this request was counted, for
+    /// the rate-limit headers (none for a caller without any).
+    fn limit_status(&self) -> Option<crate::ratelimit::Status> {
+        self.permit.as_ref().and_then(crate::ratelimit::Permit::status)
+    }
+
     /// The response's HTTP status, on the span.
     fn status(&mut self, status: u16) {
         self.span.set("http.response.status_code", u32::from(status));
@@ -337,7 +343,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
     let job_id = headers.contains_key(WORKSPACE_HEADER).then(|| crate::ids::new_uuid().simple().to_string());
     let mut dropped_tools = String::new();
     let reply = serve::<S>(&state, headers, body, &mut record, job_id.clone(), &mut dropped_tools).await;
-    let limits = record.permit.as_ref().and_then(crate::ratelimit::Permit::status);
+    let limits = record.limit_status();
     // A tunnel relays the client's body as it came: nothing was dropped.
     let relayed = matches!(reply, Ok(Reply::Tunnel(_)));
     let mut response = match reply {
@@ -353,7 +359,6 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
         }
         Ok(Reply::Tunnel(tunnel)) => {
             let (head, buffered, rest) = *tunnel;
-            record.status(StatusCode::from_u16(head.status as u16).unwrap_or(StatusCode::BAD_GATEWAY).as_u16());
             tunnel_response(head, buffered, rest, record)
         }
         Ok(Reply::Early(early)) => {
@@ -376,10 +381,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
             response.headers_mut().insert(hosted_tools::DROPPED_TOOLS_HEADER, value);
         }
     }
-    if let Some(status) = limits {
-        set_limit_headers(response.headers_mut(), S::API, &status, None);
-    }
-    response
+    with_limit_headers(response, S::API, limits)
 }
 
 enum Reply<S: Surface> {
@@ -671,6 +673,7 @@ fn tunnel_response(
     use pb::provider_tunnel_frame::Frame;
     record.outcome = if head.status < 400 { "ok" } else { "provider_http_status" };
     let status = StatusCode::from_u16(head.status as u16).unwrap_or(StatusCode::BAD_GATEWAY);
+    record.status(status.as_u16());
     let state = (VecDeque::from(buffered), rest, record);
     let body = stream::unfold(state, |(mut buffered, mut rest, mut record)| async move {
         if let Some(chunk) = buffered.pop_front() {
@@ -817,22 +820,22 @@ async fn embeddings(State(state): State<Arc<EdgeState>>, headers: HeaderMap, bod
             record.outcome = "ok";
             record.first_byte();
             record.status(200);
-            with_limit_headers(axum::Json(answer).into_response(), &record)
+            with_limit_headers(axum::Json(answer).into_response(), record.api, record.limit_status())
         }
         Err(err) => {
             record.outcome = err.code();
             record.first_byte();
             record.status(err.status().as_u16());
-            with_limit_headers(error_response::<ChatCompletions>(&err), &record)
+            with_limit_headers(error_response::<ChatCompletions>(&err), record.api, record.limit_status())
         }
     }
 }
 
-/// `response` with the rate-limit headers of the request's permit, if its
-/// caller has per-minute limits.
-fn with_limit_headers(mut response: Response, record: &RequestRecord) -> Response {
-    if let Some(status) = record.permit.as_ref().and_then(crate::ratelimit::Permit::status) {
-        set_limit_headers(response.headers_mut(), record.api, &status, None);
+/// `response` with the rate-limit headers of `limits` (the caller's
+/// per-minute limits, [`RequestRecord::limit_status`]), if any.
+fn with_limit_headers(mut response: Response, api: Api, limits: Option<crate::ratelimit::Status>) -> Response {
+    if let Some(status) = limits {
+        set_limit_headers(response.headers_mut(), api, &status, None);
     }
     response
 }
