@@ -16,7 +16,12 @@ use iop_proto::config::{WorkspaceCommand, WorkspaceEntry, WorkspaceOperation as 
 use serde_json::{Value, json};
 
 fn command(id: &str, script: &str) -> WorkspaceCommand {
-    WorkspaceCommand { id: id.into(), argv: vec!["bash".into(), "-c".into(), script.into()], timeout_ms: 60_000 }
+    WorkspaceCommand {
+        id: id.into(),
+        argv: vec!["bash".into(), "-c".into(), script.into()],
+        timeout_ms: 60_000,
+        limits: Default::default(),
+    }
 }
 
 /// Reads the node's environment: on Linux its `/proc/<pid>/environ`; on

@@ -58,7 +58,12 @@ scripts:
 "#;
 
 fn command(id: &str, script: &str) -> WorkspaceCommand {
-    WorkspaceCommand { id: id.into(), argv: vec!["sh".into(), "-c".into(), script.into()], timeout_ms: 60_000 }
+    WorkspaceCommand {
+        id: id.into(),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        timeout_ms: 60_000,
+        limits: Default::default(),
+    }
 }
 
 /// `site` runs every stage; `quick` only works and answers, with at most

@@ -20,6 +20,7 @@ fn site(root: &Path) -> WorkspaceEntry {
         id: id.into(),
         argv: vec!["sh".into(), "-c".into(), script.into()],
         timeout_ms: 60_000,
+        limits: Default::default(),
     };
     WorkspaceEntry {
         reference: "site".into(),

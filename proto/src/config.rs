@@ -362,11 +362,115 @@ pub struct WorkspaceCommand {
     pub argv: Vec<String>,
     #[serde(default = "WorkspaceCommand::default_timeout_ms")]
     pub timeout_ms: u64,
+    /// What one run may use (README "Security").
+    #[serde(default, skip_serializing_if = "CommandLimits::is_default")]
+    pub limits: CommandLimits,
 }
 
 impl WorkspaceCommand {
     fn default_timeout_ms() -> u64 {
         600_000
+    }
+
+    /// A command with the default timeout and limits.
+    pub fn new(id: impl Into<String>, argv: Vec<String>) -> Self {
+        Self { id: id.into(), argv, timeout_ms: Self::default_timeout_ms(), limits: CommandLimits::default() }
+    }
+}
+
+/// The bounds of one run of a command template: its whole process tree
+/// together. Hitting one ends the command with `limit_exceeded` naming it
+/// (README "Security" says how each is enforced on Linux and macOS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandLimits {
+    /// Processes at once (a fork bomb stops here).
+    #[serde(default = "CommandLimits::default_max_processes")]
+    pub max_processes: u32,
+    /// Resident memory of the tree.
+    #[serde(default = "CommandLimits::default_max_memory_bytes")]
+    pub max_memory_bytes: u64,
+    /// CPU time of the tree, finished children included.
+    #[serde(default = "CommandLimits::default_max_cpu_seconds")]
+    pub max_cpu_seconds: u64,
+    /// The largest file a process may write (RLIMIT_FSIZE).
+    #[serde(default = "CommandLimits::default_max_file_size_bytes")]
+    pub max_file_size_bytes: u64,
+    /// How much the workspace root may grow during the run.
+    #[serde(default = "CommandLimits::default_max_disk_bytes")]
+    pub max_disk_bytes: u64,
+}
+
+/// The one definition of the defaults: generous for a build or a test run
+/// on a laptop, far below what takes the machine down.
+impl CommandLimits {
+    pub fn default_max_processes() -> u32 {
+        256
+    }
+    pub fn default_max_memory_bytes() -> u64 {
+        4 << 30
+    }
+    pub fn default_max_cpu_seconds() -> u64 {
+        1_800
+    }
+    pub fn default_max_file_size_bytes() -> u64 {
+        1 << 30
+    }
+    pub fn default_max_disk_bytes() -> u64 {
+        4 << 30
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Each field with its allowed range (the CRD's schema says the same).
+    pub fn ranges(&self) -> [(&'static str, u64, u64, u64); 5] {
+        [
+            ("max_processes", u64::from(self.max_processes), 1, 65_536),
+            ("max_memory_bytes", self.max_memory_bytes, 16 << 20, 1 << 40),
+            ("max_cpu_seconds", self.max_cpu_seconds, 1, 86_400),
+            ("max_file_size_bytes", self.max_file_size_bytes, 1 << 10, 1 << 40),
+            ("max_disk_bytes", self.max_disk_bytes, 1 << 10, 1 << 40),
+        ]
+    }
+
+    /// The wire form's values, a zero (or absent) field taking its default.
+    pub fn from_wire(wire: Option<&crate::pb::CommandLimits>) -> Self {
+        let d = Self::default();
+        let Some(w) = wire else { return d };
+        let or = |v: u64, default: u64| if v == 0 { default } else { v };
+        Self {
+            max_processes: if w.max_processes == 0 { d.max_processes } else { w.max_processes },
+            max_memory_bytes: or(w.max_memory_bytes, d.max_memory_bytes),
+            max_cpu_seconds: or(w.max_cpu_seconds, d.max_cpu_seconds),
+            max_file_size_bytes: or(w.max_file_size_bytes, d.max_file_size_bytes),
+            max_disk_bytes: or(w.max_disk_bytes, d.max_disk_bytes),
+        }
+    }
+}
+
+impl Default for CommandLimits {
+    fn default() -> Self {
+        Self {
+            max_processes: Self::default_max_processes(),
+            max_memory_bytes: Self::default_max_memory_bytes(),
+            max_cpu_seconds: Self::default_max_cpu_seconds(),
+            max_file_size_bytes: Self::default_max_file_size_bytes(),
+            max_disk_bytes: Self::default_max_disk_bytes(),
+        }
+    }
+}
+
+impl From<CommandLimits> for crate::pb::CommandLimits {
+    fn from(l: CommandLimits) -> Self {
+        Self {
+            max_processes: l.max_processes,
+            max_memory_bytes: l.max_memory_bytes,
+            max_cpu_seconds: l.max_cpu_seconds,
+            max_file_size_bytes: l.max_file_size_bytes,
+            max_disk_bytes: l.max_disk_bytes,
+        }
     }
 }
 
@@ -653,6 +757,7 @@ impl WorkspaceEntry {
                     id: c.id.clone(),
                     argv: c.argv.clone(),
                     timeout_ms: c.timeout_ms,
+                    limits: Some(c.limits.into()),
                 })
                 .collect(),
             env_allowlist: self.env_allowlist.clone(),
@@ -1187,6 +1292,14 @@ impl EdgeConfig {
                 }
                 if !(1_000..=3_600_000).contains(&c.timeout_ms) {
                     return Err(invalid(at("timeout_ms"), "must be between 1000 and 3600000"));
+                }
+                for (field, value, min, max) in c.limits.ranges() {
+                    if !(min..=max).contains(&value) {
+                        return Err(invalid(
+                            at(&format!("limits.{field}")),
+                            format!("must be between {min} and {max}"),
+                        ));
+                    }
                 }
             }
             if !w.commands.is_empty() && !operations.contains(&WorkspaceOperation::Command) {

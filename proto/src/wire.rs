@@ -245,6 +245,37 @@ pub fn classify(health: pb::ProviderHealth) -> pb::LivenessClassification {
     }
 }
 
+impl pb::CommandLimit {
+    /// The limit as metrics and tool results name it (closed); `None` for
+    /// no limit.
+    pub fn label(self) -> Option<&'static str> {
+        use pb::CommandLimit as L;
+        match self {
+            L::Unspecified => None,
+            L::Processes => Some("processes"),
+            L::Memory => Some("memory"),
+            L::Cpu => Some("cpu"),
+            L::FileSize => Some("file_size"),
+            L::Disk => Some("disk"),
+        }
+    }
+}
+
+impl pb::SandboxGap {
+    /// The gap as logs and `/admin/v1/nodes` name it (closed).
+    pub fn label(self) -> &'static str {
+        use pb::SandboxGap as G;
+        match self {
+            G::Unspecified => "unspecified",
+            G::SignalScope => "signal_scope",
+            G::Tcp => "tcp",
+            G::ReservedWritable => "reserved_writable",
+            G::BoundingSet => "bounding_set",
+            G::Priority => "priority",
+        }
+    }
+}
+
 impl pb::WorkspaceToolErrorCode {
     /// The code as logs, metrics and tool results name it (closed).
     pub fn label(self) -> &'static str {
@@ -283,6 +314,7 @@ impl pb::WorkspaceToolResponse {
         use pb::workspace_tool_response::Result as R;
         match &self.result {
             Some(R::Command(c)) if c.cancelled => "cancelled",
+            Some(R::Command(c)) if c.limit_exceeded().label().is_some() => "limit_exceeded",
             Some(R::Command(c)) if c.timed_out => "timed_out",
             Some(R::Command(c)) if c.exit_code != Some(0) => "exit_nonzero",
             Some(R::Read(_) | R::List(_) | R::Write(_) | R::Delete(_) | R::Command(_)) => "ok",

@@ -110,7 +110,7 @@ fn parse_command(text: &str) -> Result<WorkspaceCommand, String> {
     if id.is_empty() || argv.is_empty() {
         return Err("expected ID=PROGRAM ARG...".into());
     }
-    Ok(WorkspaceCommand { id: id.to_string(), argv, timeout_ms: 600_000 })
+    Ok(WorkspaceCommand::new(id, argv))
 }
 
 /// The workspace `dev` at `root`, with every operation and `commands`.

@@ -85,11 +85,84 @@ pub struct CommandTemplate {
     #[serde(default = "CommandTemplate::default_timeout_ms")]
     #[schemars(range(min = 1000, max = 3600000))]
     pub timeout_ms: u64,
+    /// What one run may use, its whole process tree together; hitting one
+    /// ends the command with `limit_exceeded` naming it.
+    #[serde(default)]
+    pub limits: CommandLimits,
 }
 
 impl CommandTemplate {
     fn default_timeout_ms() -> u64 {
         60_000
+    }
+}
+
+/// The bounds of one run of a command (`iop_proto::config::CommandLimits`:
+/// the same defaults and ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandLimits {
+    /// Processes at once.
+    #[serde(default = "CommandLimits::default_max_processes")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_processes: u32,
+    /// Resident memory of the process tree.
+    #[serde(default = "CommandLimits::default_max_memory_bytes")]
+    #[schemars(range(min = 16777216, max = 1099511627776u64))]
+    pub max_memory_bytes: u64,
+    /// CPU time of the process tree, finished children included.
+    #[serde(default = "CommandLimits::default_max_cpu_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub max_cpu_seconds: u64,
+    /// Largest file one process may write.
+    #[serde(default = "CommandLimits::default_max_file_size_bytes")]
+    #[schemars(range(min = 1024, max = 1099511627776u64))]
+    pub max_file_size_bytes: u64,
+    /// How much the workspace root may grow during the run.
+    #[serde(default = "CommandLimits::default_max_disk_bytes")]
+    #[schemars(range(min = 1024, max = 1099511627776u64))]
+    pub max_disk_bytes: u64,
+}
+
+impl CommandLimits {
+    fn default_max_processes() -> u32 {
+        iop_proto::config::CommandLimits::default_max_processes()
+    }
+    fn default_max_memory_bytes() -> u64 {
+        iop_proto::config::CommandLimits::default_max_memory_bytes()
+    }
+    fn default_max_cpu_seconds() -> u64 {
+        iop_proto::config::CommandLimits::default_max_cpu_seconds()
+    }
+    fn default_max_file_size_bytes() -> u64 {
+        iop_proto::config::CommandLimits::default_max_file_size_bytes()
+    }
+    fn default_max_disk_bytes() -> u64 {
+        iop_proto::config::CommandLimits::default_max_disk_bytes()
+    }
+}
+
+impl Default for CommandLimits {
+    fn default() -> Self {
+        Self {
+            max_processes: Self::default_max_processes(),
+            max_memory_bytes: Self::default_max_memory_bytes(),
+            max_cpu_seconds: Self::default_max_cpu_seconds(),
+            max_file_size_bytes: Self::default_max_file_size_bytes(),
+            max_disk_bytes: Self::default_max_disk_bytes(),
+        }
+    }
+}
+
+impl From<CommandLimits> for iop_proto::config::CommandLimits {
+    fn from(l: CommandLimits) -> Self {
+        Self {
+            max_processes: l.max_processes,
+            max_memory_bytes: l.max_memory_bytes,
+            max_cpu_seconds: l.max_cpu_seconds,
+            max_file_size_bytes: l.max_file_size_bytes,
+            max_disk_bytes: l.max_disk_bytes,
+        }
     }
 }
 

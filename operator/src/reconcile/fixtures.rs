@@ -78,6 +78,7 @@ pub fn template(name: &str) -> WorkspaceTemplate {
                 id: "git-status".to_string(),
                 argv: vec!["git".to_string(), "status".to_string()],
                 timeout_ms: 10_000,
+                limits: Default::default(),
             }],
             env_allowlist: vec!["PATH".to_string()],
             limits: WorkspaceLimits::default(),

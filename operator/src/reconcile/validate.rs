@@ -181,7 +181,12 @@ fn render(reference: &str, node: &str, root: &str, template: &WorkspaceTemplateS
         commands: template
             .commands
             .iter()
-            .map(|c| WorkspaceCommand { id: c.id.clone(), argv: c.argv.clone(), timeout_ms: c.timeout_ms })
+            .map(|c| WorkspaceCommand {
+                id: c.id.clone(),
+                argv: c.argv.clone(),
+                timeout_ms: c.timeout_ms,
+                limits: c.limits.into(),
+            })
             .collect(),
         env_allowlist: template.env_allowlist.clone(),
         limits: WorkspaceLimits {
