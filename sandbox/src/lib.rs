@@ -37,6 +37,41 @@ pub struct Invocation {
     /// Time between `SIGTERM` and `SIGKILL` when the node ends the command.
     pub grace_ms: u64,
     pub argv: Vec<String>,
+    /// The user the command runs as, when the node runs as root
+    /// (`workspaces.command_user`); `None`: the node's own.
+    pub user: Option<CommandUser>,
+    pub limits: Limits,
+}
+
+/// An unprivileged user and group a command runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// What the supervisor bounds (the workspace's disk budget is the node's:
+/// it watches the root, not the processes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Processes of the command's tree at once.
+    pub processes: u32,
+    /// Resident memory of the tree.
+    pub memory_bytes: u64,
+    /// CPU time of the tree, finished processes included.
+    pub cpu_seconds: u64,
+    /// The largest file one process may write (`RLIMIT_FSIZE`).
+    pub file_size_bytes: u64,
+}
+
+/// Which bound ended a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    Processes,
+    Memory,
+    Cpu,
+    FileSize,
 }
 
 /// How a supervised command ended (one JSON line on the status descriptor).
@@ -49,10 +84,33 @@ pub enum Report {
     Signaled {
         signal: i32,
     },
+    /// A bound of [`Limits`] was hit: the whole tree was killed.
+    LimitExceeded {
+        limit: Limit,
+    },
     /// The program could not be started (nothing ran).
     SpawnFailed,
     /// The sandbox could not be applied (nothing ran).
     SandboxFailed,
+}
+
+/// A denial of the README's threat model this machine cannot make (the
+/// node logs each at start and reports them to the Edge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gap {
+    /// Landlock before ABI 6: a command may signal its user's processes.
+    SignalScope,
+    /// Landlock before ABI 4: TCP is not restricted.
+    Tcp,
+    /// No mount namespace: `.iop` stays writable.
+    ReservedWritable,
+    /// The capability bounding set cannot be cleared (not root, no user
+    /// namespace); `no_new_privs` still keeps every capability out of reach.
+    BoundingSet,
+    /// macOS: no seccomp, so `setpriority` on the user's other processes
+    /// is not refused.
+    Priority,
 }
 
 /// The sandbox mechanism a machine has.
@@ -69,9 +127,8 @@ pub struct Probe {
     pub kind: SandboxKind,
     /// E.g. the Landlock ABI, for the node's log.
     pub detail: String,
-    /// Whether `.iop` can be kept read-only for commands (always on macOS;
-    /// on Linux where a mount namespace can be made).
-    pub reserved_read_only: bool,
+    /// What this machine's sandbox cannot refuse (sorted).
+    pub gaps: Vec<Gap>,
 }
 
 /// Runs the supervisor or the probe when this process was started as one
@@ -112,7 +169,7 @@ fn probe() -> Result<Probe, String> {
     let dir = std::env::temp_dir().join(format!("iop-sandbox-probe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("probe directory: {e}"))?;
     let root = std::fs::canonicalize(&dir).map_err(|e| format!("probe directory: {e}"))?;
-    let authority = Authority { root: &root, network: false, owner_read: &[], node_files: &[] };
+    let authority = Authority { root: &root, network: false, owner_read: &[], node_files: &[], home: None };
     let profile = seatbelt::profile(&policy::policy(&authority, &policy::system_read_paths()));
     let line = profile.command_line(&["/usr/bin/true".to_string()]);
     let status = std::process::Command::new(&line[0]).args(&line[1..]).current_dir(&root).status();
@@ -121,7 +178,7 @@ fn probe() -> Result<Probe, String> {
     if !status.success() {
         return Err(format!("{} failed: {status}", seatbelt::SANDBOX_EXEC));
     }
-    Ok(Probe { kind: SandboxKind::Seatbelt, detail: "sandbox-exec".into(), reserved_read_only: true })
+    Ok(Probe { kind: SandboxKind::Seatbelt, detail: "sandbox-exec".into(), gaps: vec![Gap::Priority] })
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]

@@ -1,12 +1,24 @@
-//! The Linux renderer and applier: Landlock for the file system, TCP and
-//! scoping (signals and abstract UNIX sockets stay inside the sandbox; a
-//! Landlock domain never ptraces, and so never reads `/proc/<pid>/environ`
-//! or `mem` of, a process outside it), a seccomp filter for the sockets
-//! Landlock does not cover (UDP, UNIX, raw: `socket(2)` fails with `EACCES`
-//! when the workspace has no network), and, where the node may create a
-//! mount namespace (as root, or with unprivileged user namespaces), a
-//! read-only bind of the reserved `.iop` (Landlock only adds access, so it
-//! cannot take writes away beneath the writable root).
+//! The Linux renderer and applier, in the order [`apply`] takes them:
+//! 1. Where the node may create a mount namespace (as root, or with
+//!    unprivileged user namespaces), a read-only bind of the reserved `.iop`
+//!    (Landlock only adds access, so it cannot take writes away beneath the
+//!    writable root).
+//! 2. Landlock for the file system, TCP and scoping (signals and abstract
+//!    UNIX sockets stay inside the sandbox; a Landlock domain never ptraces,
+//!    and so never reads `/proc/<pid>/environ` or `mem` of, a process
+//!    outside it). No right to make device nodes or sockets anywhere.
+//! 3. [`drop_privileges`]: the capability bounding and ambient sets
+//!    cleared, the command user taken (a node run as root), every remaining
+//!    capability set emptied, `no_new_privs`.
+//! 4. seccomp ([`deny_rules`]): what a command never needs and root's
+//!    powers are made of (`reboot`, modules, `bpf`, `perf_event_open`, the
+//!    kernel keyring, namespaces, mounts, device nodes, real-time
+//!    scheduling), the terminal injections (`TIOCSTI`, `TIOCLINUX`), and
+//!    every resource call aimed at another process (`prlimit`,
+//!    `setpriority`, `sched_setaffinity`, ... on any pid but its own), so a
+//!    command can neither starve nor kill the node or its supervisor
+//!    through their limits. Sockets Landlock does not cover (UDP, UNIX,
+//!    raw) when the workspace has no network.
 //!
 //! [`apply`] runs in the supervisor's child between `fork` and `exec`; the
 //! supervisor is single-threaded, so allocating there is safe.
@@ -19,7 +31,12 @@ use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
     RulesetStatus, Scope,
 };
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
+use crate::CommandUser;
 use crate::policy::{Policy, RESERVED, carve};
 
 /// The newest Landlock ABI whose rights this code was written and tested
@@ -34,19 +51,220 @@ pub enum ApplyError {
     Landlock(#[from] landlock::RulesetError),
     #[error("seccomp: {0}")]
     Seccomp(String),
+    #[error("dropping privileges: {0}")]
+    Privileges(&'static str),
 }
 
-/// Restricts the calling (single-threaded) process to `policy`; `root` is
-/// the workspace root's held handle. Whether `.iop` could be made
-/// read-only is the probe's to report (`Probe::reserved_read_only`): this
+/// Restricts the calling (single-threaded) process to `policy` and runs it
+/// as `user`; `root` is the workspace root's held handle. Whether `.iop`
+/// could be made read-only is the probe's to report (`Probe::gaps`): this
 /// runs between `fork` and `exec`, where nothing can be logged.
-pub fn apply(policy: &Policy, root: BorrowedFd<'_>) -> Result<(), ApplyError> {
+pub fn apply(policy: &Policy, user: Option<CommandUser>, root: BorrowedFd<'_>) -> Result<(), ApplyError> {
     reserved_read_only(root);
     restrict(policy, root)?;
+    drop_privileges(user)?;
+    install(&deny_rules()?, SeccompAction::Errno(libc::EPERM as u32))?;
+    // `clone3` passes its flags in memory, where seccomp cannot look:
+    // refused as absent, so libc falls back to `clone`, whose flags it can.
+    install(&[(libc::SYS_clone3, vec![])], SeccompAction::Errno(libc::ENOSYS as u32))?;
     if !policy.network {
         deny_sockets()?;
     }
     Ok(())
+}
+
+/// The capability sets `capset(2)` writes (version 3: two 32-bit words).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Leaves the process with no capability it could use or regain, as
+/// `user` when given (the node runs as root), else as the node's own user:
+/// - the bounding set cleared (where the process may: root, or inside the
+///   user namespace of `reserved_read_only`), so not even root's `exec`
+///   regains a capability; the ambient set cleared;
+/// - `user`'s ids taken, with no supplementary groups;
+/// - effective, permitted and inheritable emptied;
+/// - `no_new_privs`: no set-id or file-capability program raises them.
+///
+/// Also used without a sandbox (the owner's `unsandboxed_commands`): never
+/// root's powers, sandbox or not.
+pub fn drop_privileges(user: Option<CommandUser>) -> Result<(), ApplyError> {
+    // SAFETY: prctl, setgroups, setres[ug]id and capset with valid
+    // arguments; nothing here touches memory the process does not own.
+    unsafe {
+        for cap in 0..64 {
+            // EINVAL past the kernel's last capability; EPERM without
+            // CAP_SETPCAP (a plain user without a namespace: the probe
+            // reports it as a gap, and no_new_privs holds).
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                break;
+            }
+        }
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+        if let Some(user) = user {
+            if libc::setgroups(0, std::ptr::null()) != 0 {
+                return Err(ApplyError::Privileges("setgroups"));
+            }
+            if libc::setresgid(user.gid, user.gid, user.gid) != 0 {
+                return Err(ApplyError::Privileges("setresgid"));
+            }
+            if libc::setresuid(user.uid, user.uid, user.uid) != 0 {
+                return Err(ApplyError::Privileges("setresuid"));
+            }
+            if libc::geteuid() != user.uid || libc::getegid() != user.gid {
+                return Err(ApplyError::Privileges("ids"));
+            }
+        }
+        let header = CapHeader { version: CAPABILITY_VERSION_3, pid: 0 };
+        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        if libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) != 0 {
+            return Err(ApplyError::Privileges("capset"));
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(ApplyError::Privileges("no_new_privs"));
+        }
+    }
+    Ok(())
+}
+
+type Rules = Vec<(i64, Vec<SeccompRule>)>;
+
+/// The calls refused with `EPERM` (an empty rule list: always).
+fn deny_rules() -> Result<Rules, ApplyError> {
+    let seccomp = |e: seccompiler::BackendError| ApplyError::Seccomp(e.to_string());
+    let cond = |arg: u8, len: Len, op: Op, value: u64| Cond::new(arg, len, op, value).map_err(seccomp);
+    let rule = |conditions: Vec<Cond>| SeccompRule::new(conditions).map_err(seccomp);
+    // "Any pid but the caller's own" (0 names the caller).
+    let other_pid =
+        |arg: u8| -> Result<Vec<SeccompRule>, ApplyError> { Ok(vec![rule(vec![cond(arg, Len::Dword, Op::Ne, 0)?])?]) };
+    let mut rules: Rules = [
+        libc::SYS_reboot,
+        libc::SYS_sethostname,
+        libc::SYS_setdomainname,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_fsopen,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_fsconfig,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_open_by_handle_at,
+        // Its attributes are in memory (where seccomp cannot look), and it
+        // is how SCHED_DEADLINE is set.
+        libc::SYS_sched_setattr,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_ioperm,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_iopl,
+    ]
+    .into_iter()
+    .map(|call| (call, Vec::new()))
+    .collect();
+    // The terminal: typing into it (`TIOCSTI`) or its console tricks. The
+    // request is an `int`: only its low 32 bits are compared, so high bits
+    // set by the caller do not slip past.
+    rules.push((
+        libc::SYS_ioctl,
+        vec![
+            rule(vec![cond(1, Len::Dword, Op::Eq, libc::TIOCSTI as u64)?])?,
+            rule(vec![cond(1, Len::Dword, Op::Eq, libc::TIOCLINUX as u64)?])?,
+        ],
+    ));
+    // Device nodes (a FIFO or a plain file is fine).
+    let device = |arg: u8| -> Result<Vec<SeccompRule>, ApplyError> {
+        Ok(vec![
+            rule(vec![cond(arg, Len::Dword, Op::MaskedEq(libc::S_IFMT as u64), libc::S_IFCHR as u64)?])?,
+            rule(vec![cond(arg, Len::Dword, Op::MaskedEq(libc::S_IFMT as u64), libc::S_IFBLK as u64)?])?,
+        ])
+    };
+    #[cfg(target_arch = "x86_64")]
+    rules.push((libc::SYS_mknod, device(1)?));
+    rules.push((libc::SYS_mknodat, device(2)?));
+    // Another process's limits, priority, CPUs or I/O class.
+    rules.push((libc::SYS_prlimit64, other_pid(0)?));
+    rules.push((libc::SYS_sched_setaffinity, other_pid(0)?));
+    rules.push((libc::SYS_sched_setparam, other_pid(0)?));
+    // setpriority(which, who): PRIO_USER reaches every process of the
+    // user; any other `who` but 0 another process or group.
+    rules.push((
+        libc::SYS_setpriority,
+        vec![
+            rule(vec![cond(0, Len::Dword, Op::Eq, libc::PRIO_USER as u64)?])?,
+            rule(vec![cond(1, Len::Dword, Op::Ne, 0)?])?,
+        ],
+    ));
+    // ioprio_set(which, who): IOPRIO_WHO_USER (3), or another who.
+    rules.push((
+        libc::SYS_ioprio_set,
+        vec![rule(vec![cond(0, Len::Dword, Op::Eq, 3)?])?, rule(vec![cond(1, Len::Dword, Op::Ne, 0)?])?],
+    ));
+    // sched_setscheduler(pid, policy): another pid, or a real-time policy
+    // (SCHED_RESET_ON_FORK may be or-ed in).
+    let policy = |value: libc::c_int| {
+        cond(1, Len::Dword, Op::MaskedEq(!(libc::SCHED_RESET_ON_FORK as u32) as u64), value as u64)
+    };
+    rules.push((
+        libc::SYS_sched_setscheduler,
+        vec![
+            rule(vec![cond(0, Len::Dword, Op::Ne, 0)?])?,
+            rule(vec![policy(libc::SCHED_FIFO)?])?,
+            rule(vec![policy(libc::SCHED_RR)?])?,
+            rule(vec![policy(6)?])?, // SCHED_DEADLINE
+        ],
+    ));
+    // New namespaces through `clone` (`unshare` and `setns` are refused).
+    let namespaces = [
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWCGROUP,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+    ];
+    let clone: Result<Vec<SeccompRule>, ApplyError> = namespaces
+        .iter()
+        .map(|flag| rule(vec![cond(0, Len::Qword, Op::MaskedEq(*flag as u64), *flag as u64)?]))
+        .collect();
+    rules.push((libc::SYS_clone, clone?));
+    Ok(rules)
+}
+
+/// Installs one filter: `rules` answer `action`, everything else passes.
+fn install(rules: &[(i64, Vec<SeccompRule>)], action: SeccompAction) -> Result<(), ApplyError> {
+    let arch: TargetArch = std::env::consts::ARCH.try_into().map_err(|e| ApplyError::Seccomp(format!("{e:?}")))?;
+    let filter = SeccompFilter::new(rules.iter().cloned().collect(), SeccompAction::Allow, action, arch)
+        .map_err(|e| ApplyError::Seccomp(e.to_string()))?;
+    let program: BpfProgram =
+        filter.try_into().map_err(|e: seccompiler::BackendError| ApplyError::Seccomp(e.to_string()))?;
+    seccompiler::apply_filter(&program).map_err(|e| ApplyError::Seccomp(e.to_string()))
 }
 
 fn restrict(policy: &Policy, root: BorrowedFd<'_>) -> Result<(), ApplyError> {
@@ -57,9 +275,16 @@ fn restrict(policy: &Policy, root: BorrowedFd<'_>) -> Result<(), ApplyError> {
     }
     let mut created = ruleset.create()?;
     let root = root.try_clone_to_owned().map_err(|_| ApplyError::NotEnforced)?;
-    created = created.add_rule(PathBeneath::new(root, AccessFs::from_all(abi)))?;
+    // Everything beneath the root but device nodes and sockets (a socket
+    // file would be a door other processes of the machine could use).
+    let beneath_root = AccessFs::from_all(abi) & !(AccessFs::MakeChar | AccessFs::MakeBlock | AccessFs::MakeSock);
+    created = created.add_rule(PathBeneath::new(root, beneath_root))?;
+    // A link among the children is left out, never followed: a rule on
+    // `/proc/self/root` (carving `/proc/self` around `/proc/self/net`) would
+    // be a rule on `/`.
     let list = |dir: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(dir).map(|entries| entries.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        entries.flatten().filter(|e| e.file_type().is_ok_and(|t| !t.is_symlink())).map(|e| e.path()).collect()
     };
     for path in carve(&policy.read, &policy.denied, &list) {
         // A system path this machine does not have (`/lib32`) is no rule.
@@ -84,14 +309,10 @@ fn restrict(policy: &Policy, root: BorrowedFd<'_>) -> Result<(), ApplyError> {
 /// `socket(2)` and `io_uring_setup(2)` (which can open sockets without
 /// `socket(2)`) fail with `EACCES`. `socketpair(2)` stays: it reaches no one.
 fn deny_sockets() -> Result<(), ApplyError> {
-    use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
-    let arch: TargetArch = std::env::consts::ARCH.try_into().map_err(|e| ApplyError::Seccomp(format!("{e:?}")))?;
-    let rules = [(libc::SYS_socket, vec![]), (libc::SYS_io_uring_setup, vec![])].into_iter().collect();
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)
-        .map_err(|e| ApplyError::Seccomp(e.to_string()))?;
-    let program: BpfProgram =
-        filter.try_into().map_err(|e: seccompiler::BackendError| ApplyError::Seccomp(e.to_string()))?;
-    seccompiler::apply_filter(&program).map_err(|e| ApplyError::Seccomp(e.to_string()))
+    install(
+        &[(libc::SYS_socket, vec![]), (libc::SYS_io_uring_setup, vec![])],
+        SeccompAction::Errno(libc::EACCES as u32),
+    )
 }
 
 /// Makes `<root>/.iop` read-only in a mount namespace of the process's own,
@@ -167,10 +388,10 @@ fn new_mount_namespace() -> bool {
 }
 
 /// What this machine offers (run in a throwaway process: it restricts
-/// itself): the Landlock ABI in force, and whether `.iop` can be made
-/// read-only.
+/// itself the way a command is): the Landlock ABI in force, and what it
+/// cannot refuse.
 pub fn probe() -> Result<crate::Probe, ApplyError> {
-    let reserved_read_only = new_mount_namespace();
+    let namespace = new_mount_namespace();
     let abi = ABI_VETTED;
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))?
@@ -181,10 +402,63 @@ pub fn probe() -> Result<crate::Probe, ApplyError> {
     if !matches!(status.ruleset, RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced) {
         return Err(ApplyError::NotEnforced);
     }
+    // The bounding set can be cleared where the namespace could be made
+    // (root, or a user namespace of its own): checked, not assumed.
+    drop_privileges(None)?;
+    // SAFETY: prctl with integer arguments.
+    let bounding_cleared = unsafe { libc::prctl(libc::PR_CAPBSET_READ, 0, 0, 0, 0) } == 0;
+    install(&deny_rules()?, SeccompAction::Errno(libc::EPERM as u32))?;
     deny_sockets()?;
     let abi = match status.landlock {
         landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,
         _ => 0,
     };
-    Ok(crate::Probe { kind: crate::SandboxKind::Landlock, detail: format!("abi {abi}"), reserved_read_only })
+    Ok(crate::Probe {
+        kind: crate::SandboxKind::Landlock,
+        detail: format!("abi {abi}"),
+        gaps: gaps(abi, namespace, bounding_cleared),
+    })
+}
+
+/// What a machine with Landlock `abi` cannot refuse.
+fn gaps(abi: i32, namespace: bool, bounding_cleared: bool) -> Vec<crate::Gap> {
+    let mut gaps = Vec::new();
+    if abi < 6 {
+        gaps.push(crate::Gap::SignalScope);
+    }
+    if abi < 4 {
+        gaps.push(crate::Gap::Tcp);
+    }
+    if !namespace {
+        gaps.push(crate::Gap::ReservedWritable);
+    }
+    if !bounding_cleared {
+        gaps.push(crate::Gap::BoundingSet);
+    }
+    gaps.sort();
+    gaps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_compiles_into_a_filter_for_this_machine() {
+        let rules = deny_rules().unwrap();
+        let arch: TargetArch = std::env::consts::ARCH.try_into().unwrap();
+        let filter =
+            SeccompFilter::new(rules.into_iter().collect(), SeccompAction::Allow, SeccompAction::Errno(1), arch)
+                .unwrap();
+        let program: BpfProgram = filter.try_into().unwrap();
+        assert!(program.len() > 50, "{} instructions", program.len());
+    }
+
+    #[test]
+    fn gaps_follow_the_abi_and_what_the_process_could_do() {
+        use crate::Gap::*;
+        assert!(gaps(7, true, true).is_empty());
+        assert_eq!(gaps(5, true, true), [SignalScope]);
+        assert_eq!(gaps(3, false, false), [SignalScope, Tcp, ReservedWritable, BoundingSet]);
+    }
 }

@@ -12,9 +12,12 @@
 //! 3. Reads (and execution): the root, the platform's system directories
 //!    ([`system_read_paths`]), and what the Mac's owner added in the node
 //!    config (`workspaces.command_read_paths`). The home directory is not
-//!    among them: a command cannot read `~/.ssh` or `~/.aws` unless the owner
-//!    says so.
-//! 4. A few device files ([`DEVICES`]) are readable and writable.
+//!    among them, and the owner's secrets in it ([`OWNER_SECRETS`]: `~/.ssh`,
+//!    keychains, cloud credentials) stay denied even where the owner made a
+//!    directory holding them readable. Neither is the machine's private
+//!    material ([`SYSTEM_DENIED`]: `/etc/shadow`, `/etc/ssl/private`, ...).
+//! 4. A few device files ([`DEVICES`]) are readable and writable; no
+//!    terminal among them (`/dev/tty` would reach the node's terminal).
 //! 5. Network: none unless the workspace grants it (`network: true`).
 //! 6. Other processes: none (signals and ptrace only within the sandbox),
 //!    whatever the paths say.
@@ -27,7 +30,30 @@ use serde::{Deserialize, Serialize};
 pub const RESERVED: &str = ".iop";
 
 /// Device files every command may read and write (nothing else in `/dev`).
-pub const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
+pub const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
+
+/// The owner's secrets beneath the home directory: never readable, even
+/// when the owner lists `~` (or a directory holding one) in
+/// `workspaces.command_read_paths`.
+pub const OWNER_SECRETS: &[&str] = &[
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".config/gh",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials.toml",
+    ".password-store",
+    "Library/Keychains",
+    "Library/Cookies",
+    ".local/share/keyrings",
+];
 
 /// What the workspace and the node's owner grant a command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +68,8 @@ pub struct Authority<'a> {
     /// directories that hold them (the node decides which; see its
     /// `workspace::sandbox`).
     pub node_files: &'a [PathBuf],
+    /// The owner's home directory, whose [`OWNER_SECRETS`] are denied.
+    pub home: Option<&'a Path>,
 }
 
 /// A command's sandbox, as every renderer reads it.
@@ -93,7 +121,11 @@ pub fn system_read_paths() -> Vec<PathBuf> {
             "/libx32",
             "/etc",
             "/opt",
-            "/sys",
+            // Of `/sys`, what runtimes read to size themselves: online CPUs
+            // (glibc's sysconf, Python, Node) and cgroup limits (Rust, Go,
+            // the JVM). Not the rest: devices, firmware, kernel tunables.
+            "/sys/devices/system/cpu",
+            "/sys/fs/cgroup",
             "/proc/self",
             "/proc/cpuinfo",
             "/proc/meminfo",
@@ -108,8 +140,29 @@ pub fn system_read_paths() -> Vec<PathBuf> {
 }
 
 /// Files of the system read paths no command reads even so (root-only on
-/// a normal system, but a node may run as root).
-pub const SYSTEM_DENIED: &[&str] = &["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/private/etc/sudoers"];
+/// a normal system, but a node may run as root). `/proc/self/net` is the
+/// machine's socket tables (the network namespace is the node's).
+pub const SYSTEM_DENIED: &[&str] = &[
+    // Terminals (should the owner make `/dev` readable): the node's own
+    // may be one of them.
+    "/dev/tty",
+    "/dev/console",
+    "/dev/ptmx",
+    "/dev/pts",
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/krb5.keytab",
+    "/etc/security/opasswd",
+    "/proc/self/net",
+    "/private/etc/sudoers",
+    "/private/etc/sudoers.d",
+    "/private/etc/ssh",
+    "/private/etc/master.passwd",
+];
 
 /// The policy of a command in `authority`'s workspace. `system` is
 /// [`system_read_paths`] outside tests.
@@ -120,6 +173,13 @@ pub fn policy(authority: &Authority<'_>, system: &[PathBuf]) -> Policy {
         .filter(|p| p.is_absolute() && p.parent().is_some())
         .cloned()
         .chain(SYSTEM_DENIED.iter().map(PathBuf::from))
+        .chain(
+            authority
+                .home
+                .filter(|h| h.is_absolute())
+                .into_iter()
+                .flat_map(|home| OWNER_SECRETS.iter().map(|s| home.join(s))),
+        )
         .collect();
     denied.sort();
     denied.dedup();
@@ -198,25 +258,27 @@ mod tests {
             network: false,
             owner_read: &owner,
             node_files: &node_files,
+            home: Some(Path::new("/Users/me")),
         };
         let p = policy(&authority, &paths(&["/usr", "/etc", "/bin"]));
         assert_eq!(p.root, Path::new("/Users/me/site"));
         assert_eq!(p.reserved, Path::new("/Users/me/site/.iop"));
-        assert_eq!(
-            p.denied,
-            paths(&[
-                "/Users/me/iop",
-                "/Users/me/iop/node-key.pem",
-                "/Users/me/iop/node.yaml",
-                "/etc/gshadow",
-                "/etc/iop",
-                "/etc/iop/ca.pem",
-                "/etc/shadow",
-                "/etc/ssh",
-                "/etc/sudoers",
-                "/private/etc/sudoers",
-            ])
-        );
+        let mut want = paths(&[
+            "/Users/me/iop",
+            "/Users/me/iop/node-key.pem",
+            "/Users/me/iop/node.yaml",
+            "/etc/iop",
+            "/etc/iop/ca.pem",
+        ]);
+        want.extend(SYSTEM_DENIED.iter().map(PathBuf::from));
+        want.extend(OWNER_SECRETS.iter().map(|s| Path::new("/Users/me").join(s)));
+        want.sort();
+        assert_eq!(p.denied, want);
+        for secret in
+            ["/Users/me/.ssh", "/Users/me/Library/Keychains", "/Users/me/.aws", "/etc/ssl/private", "/dev/tty"]
+        {
+            assert!(p.denied.contains(&PathBuf::from(secret)), "{secret}");
+        }
         // The owner's path to the node's own directory (and below it) is
         // dropped; a relative path is no path, `/` no directory of the
         // node's. `/etc` stays: the renderers leave out what is denied

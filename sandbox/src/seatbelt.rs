@@ -41,7 +41,7 @@ const BASE: &str = r#"(version 1)
 (allow process-exec process-fork)
 (allow signal (target same-sandbox))
 (allow process-info* (target same-sandbox))
-(allow sysctl-read)
+(allow sysctl-read (require-all (require-not (sysctl-name "kern.procargs")) (require-not (sysctl-name "kern.procargs2"))))
 (allow file-read-metadata)
 (allow mach-lookup
   (global-name "com.apple.system.opendirectoryd.libinfo")
@@ -50,6 +50,9 @@ const BASE: &str = r#"(version 1)
   (global-name "com.apple.trustd.agent"))
 (allow ipc-posix-shm-read-data (ipc-posix-name "apple.shm.notification_center"))
 "#;
+
+/// Terminals and their ioctls (`TIOCSTI` types into one), denied last.
+const TERMINALS: &str = "(deny file-read* file-write* file-ioctl (literal \"/dev/tty\") (literal \"/dev/console\") (literal \"/dev/ptmx\") (regex #\"^/dev/ttys\") (regex #\"^/dev/pty\"))\n";
 
 /// The profile of `policy`.
 pub fn profile(policy: &Policy) -> Profile {
@@ -84,6 +87,9 @@ pub fn profile(policy: &Policy) -> Profile {
     for name in &denied {
         text.push_str(&format!("(deny file-read* file-write* (subpath (param \"{name}\")))\n"));
     }
+    // No terminal, whatever else the owner made readable: the node's own
+    // may be one of them.
+    text.push_str(TERMINALS);
     if policy.network {
         text.push_str("(allow network* system-socket)\n");
     }
@@ -116,43 +122,56 @@ mod tests {
             network,
             owner_read: &owner,
             node_files: &node_files,
+            home: None,
         };
         policy(&authority, &[PathBuf::from("/usr")])
     }
 
+    fn value_of(profile: &Profile, name: &str) -> PathBuf {
+        profile.params.iter().find(|(n, _)| n == name).unwrap().1.clone()
+    }
+
     #[test]
     fn the_profile_denies_by_default_and_names_paths_only_as_parameters() {
-        let profile = profile(&sample(false));
-        let expected = format!(
-            "{BASE}(allow file-read* file-write-data file-ioctl (literal \"/dev/null\") (literal \"/dev/zero\") (literal \"/dev/full\") (literal \"/dev/random\") (literal \"/dev/urandom\") (literal \"/dev/tty\"))\n{}",
-            [
-                "(allow file-read* file-map-executable (require-all (subpath (param \"READ_0\")) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
-                "(allow file-read* file-map-executable (require-all (subpath (param \"READ_1\")) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
-                "(allow file-read* file-map-executable (require-all (subpath (param \"ROOT\")) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
-                "(allow file-write* (require-all (subpath (param \"ROOT\")) (require-not (subpath (param \"RESERVED\"))) (require-not (subpath (param \"DENIED_0\"))) (require-not (subpath (param \"DENIED_1\"))) (require-not (subpath (param \"DENIED_2\"))) (require-not (subpath (param \"DENIED_3\"))) (require-not (subpath (param \"DENIED_4\"))) (require-not (subpath (param \"DENIED_5\"))) (require-not (subpath (param \"DENIED_6\")))))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_0\")))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_1\")))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_2\")))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_3\")))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_4\")))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_5\")))",
-                "(deny file-read* file-write* (subpath (param \"DENIED_6\")))",
-                "",
-            ]
-            .join("\n")
-        );
+        let policy = sample(false);
+        let profile = profile(&policy);
+        let except: String =
+            (0..policy.denied.len()).map(|i| format!(" (require-not (subpath (param \"DENIED_{i}\")))")).collect();
+        let mut expected = String::from(BASE);
+        expected.push_str("(allow file-read* file-write-data file-ioctl (literal \"/dev/null\") (literal \"/dev/zero\") (literal \"/dev/full\") (literal \"/dev/random\") (literal \"/dev/urandom\"))\n");
+        for name in ["READ_0", "READ_1", "ROOT"] {
+            expected.push_str(&format!(
+                "(allow file-read* file-map-executable (require-all (subpath (param \"{name}\")){except}))\n"
+            ));
+        }
+        expected.push_str(&format!(
+            "(allow file-write* (require-all (subpath (param \"ROOT\")) (require-not (subpath (param \"RESERVED\"))){except}))\n"
+        ));
+        for i in 0..policy.denied.len() {
+            expected.push_str(&format!("(deny file-read* file-write* (subpath (param \"DENIED_{i}\")))\n"));
+        }
+        expected.push_str(TERMINALS);
         assert_eq!(profile.text, expected);
+        // No terminal among the devices, and every terminal denied last:
+        // `TIOCSTI` into the node's terminal needs one.
+        assert!(profile.text.ends_with(TERMINALS));
+        assert!(TERMINALS.contains("(literal \"/dev/tty\")") && TERMINALS.contains("file-ioctl"));
+        // Another process's arguments and environment (`ps -E`) are
+        // `kern.procargs2`; its info and signals only within the sandbox.
+        assert!(BASE.contains("(require-not (sysctl-name \"kern.procargs2\"))"));
+        assert!(BASE.contains("(allow process-info* (target same-sandbox))"));
+        assert!(!BASE.contains("(allow sysctl-read)\n"));
         // The hostile root is a parameter value, never profile text.
         assert!(!profile.text.contains("/Users"));
-        let names: Vec<&str> = profile.params.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "ROOT", "RESERVED", "DENIED_0", "DENIED_1", "DENIED_2", "DENIED_3", "DENIED_4", "DENIED_5", "DENIED_6",
-                "READ_0", "READ_1"
-            ]
-        );
-        let value = |name: &str| profile.params.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        let names: Vec<String> = profile.params.iter().map(|(n, _)| n.clone()).collect();
+        let mut want = vec!["ROOT".to_string(), "RESERVED".to_string()];
+        want.extend((0..policy.denied.len()).map(|i| format!("DENIED_{i}")));
+        want.extend(["READ_0".to_string(), "READ_1".to_string()]);
+        assert_eq!(names, want);
+        let denied: Vec<PathBuf> =
+            (0..policy.denied.len()).map(|i| value_of(&profile, &format!("DENIED_{i}"))).collect();
+        assert_eq!(denied, policy.denied);
+        let value = |name: &str| value_of(&profile, name);
         assert_eq!(value("DENIED_0"), Path::new("/Users/me/iop"));
         assert_eq!(value("READ_0"), Path::new("/Users/me/.cargo"));
         assert_eq!(value("READ_1"), Path::new("/usr"));

@@ -1,20 +1,28 @@
 //! The supervisor: the process a workspace command runs under, so that
 //! when the command ends (by itself, or when the node asks on a timeout,
 //! cancel, cleanup or session end) every process it started ends too,
-//! including ones that called `setsid`, double-forked or ignore `SIGTERM`.
+//! including ones that called `setsid`, double-forked or ignore `SIGTERM`,
+//! and so that the command stays within its [`Limits`].
 //!
 //! The node starts its own executable with [`EXEC_ARG`] (see
 //! [`crate::main_if_invoked`]): a fresh single-threaded process that
+//! - marks every descriptor it inherited above 2 close-on-exec, so the
+//!   command gets none of what the node's launcher left open;
 //! - on Linux becomes a child subreaper, so every orphan of the command's
 //!   tree is re-parented to it rather than to init, and stays findable as
 //!   its descendant; asks for `SIGTERM` if the node dies;
 //! - on macOS (no subreaper) remembers every descendant it has seen, by pid
-//!   and start time, polling every [`POLL`], so one that was orphaned
-//!   since is still found. A double fork faster than the poll escapes this
-//!   walk; the Seatbelt profile still holds it;
+//!   and start time, so one that was orphaned since is still found. A
+//!   double fork faster than the poll escapes this walk; the Seatbelt
+//!   profile still holds it;
 //! - starts the command in the workspace root (the node hands the root's
-//!   held handle as fd [`ROOT_FD`]) as the leader of its own process group,
-//!   with the sandbox applied between `fork` and `exec`;
+//!   held handle as fd [`ROOT_FD`]) in a session of its own, with no
+//!   controlling terminal (so nothing it does reaches the terminal the
+//!   node was started from), its resource limits set, and the sandbox and
+//!   the command user applied between `fork` and `exec`;
+//! - every [`POLL`] looks at the command's tree: more processes, resident
+//!   memory or CPU time than [`Limits`] allow kills it all at once and
+//!   reports [`Report::LimitExceeded`];
 //! - when the command's own process exits: kills whatever it left running
 //!   (`SIGKILL`) and reaps it;
 //! - on `SIGTERM` from the node: `SIGTERM` to every descendant, then after
@@ -23,9 +31,10 @@
 //!
 //! Because the supervisor exits only once every descendant is gone, the
 //! node's pipes close when it exits: no leftover holds the tool call open.
-//! The supervisor is outside the command's sandbox, and the command cannot
-//! signal it (Landlock's signal scope on Linux, `(target same-sandbox)` on
-//! macOS).
+//! The supervisor is outside the command's sandbox, and the command can
+//! neither signal it (Landlock's signal scope on Linux, `(target
+//! same-sandbox)` on macOS) nor lower its limits (seccomp refuses
+//! `prlimit` on any process but the caller).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -35,7 +44,7 @@ use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::{Invocation, Report};
+use crate::{CommandUser, Invocation, Limit, Limits, Report};
 
 /// The node passes the workspace root's handle as this descriptor ...
 pub const ROOT_FD: i32 = 3;
@@ -60,10 +69,7 @@ pub fn exec_main(invocation: &str) -> i32 {
     // SAFETY: the node opened both descriptors for this process (see the
     // constants; checked open above); nothing else in it owns them.
     let (root, mut status) = unsafe { (OwnedFd::from_raw_fd(ROOT_FD), File::from_raw_fd(STATUS_FD)) };
-    for fd in [ROOT_FD, STATUS_FD] {
-        // SAFETY: fcntl on descriptors this process owns.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
+    close_on_exec_from(ROOT_FD);
     let report = supervise(&invocation, &root);
     let line = serde_json::to_string(&report).unwrap_or_default();
     let _ = writeln!(status, "{line}");
@@ -86,17 +92,27 @@ fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
     let argv = command_line(invocation);
     let Some((program, args)) = argv.split_first() else { return Report::SpawnFailed };
     let mut command = std::process::Command::new(program);
-    command.args(args).process_group(0);
-    let policy = invocation.policy.clone();
+    command.args(args);
+    let (policy, user, limits) = (invocation.policy.clone(), invocation.user, invocation.limits);
+    // RLIMIT_NPROC counts every process of the user, not of the command:
+    // the command's share is on top of what the user already runs.
+    // SAFETY: getuid has no preconditions.
+    let uid = user.map_or(unsafe { libc::getuid() }, |u| u.uid);
+    let nproc = u64::from(limits.processes) + processes().values().filter(|p| p.uid == uid).count() as u64;
     let root_fd = root.as_raw_fd();
     // SAFETY: the closure runs in the child of this single-threaded
-    // process, so allocating there is safe; it only restores the default
-    // signal state and applies the sandbox.
+    // process, so allocating there is safe; it restores the default signal
+    // state, leaves the terminal's session, sets the limits and applies
+    // the sandbox and the user.
     unsafe {
         command.pre_exec(move || {
             SignalPipe::reset_in_child();
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::from_raw_os_error(SANDBOX_ERRNO));
+            }
+            set_limits(&limits, nproc)?;
             let root = BorrowedFd::borrow_raw(root_fd);
-            apply_sandbox(policy.as_ref(), root)
+            apply_sandbox(policy.as_ref(), user, root)
         });
     }
     let child = match command.spawn() {
@@ -110,6 +126,7 @@ fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
     let mut tree = Tree::new();
     let mut exit = None;
     let mut deadline = None;
+    let mut exceeded = None;
     loop {
         let signal = signals.wait(POLL);
         // The node went away (macOS has no parent-death signal): as if it
@@ -122,11 +139,12 @@ fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
             deadline = Some(Instant::now() + Duration::from_millis(invocation.grace_ms));
         }
         reap(pid, &mut exit);
-        // Linux needs no walk while the command runs: orphans come here.
-        if cfg!(target_os = "macos") {
-            tree.refresh();
-        }
         if exit.is_some() || deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        tree.refresh();
+        exceeded = tree.usage().exceeds(&limits);
+        if exceeded.is_some() {
             break;
         }
     }
@@ -141,25 +159,102 @@ fn supervise(invocation: &Invocation, root: &OwnedFd) -> Report {
         }
         let _ = signals.wait(Duration::from_millis(5));
     }
+    if let Some(limit) = exceeded.or_else(|| exit.and_then(limit_signal)) {
+        return Report::LimitExceeded { limit };
+    }
     exit.unwrap_or(Report::Signaled { signal: libc::SIGKILL })
+}
+
+/// The limit a command's own death by signal names: the kernel's answers
+/// to `RLIMIT_CPU` and `RLIMIT_FSIZE`.
+fn limit_signal(exit: Report) -> Option<Limit> {
+    match exit {
+        Report::Signaled { signal } if signal == libc::SIGXCPU => Some(Limit::Cpu),
+        Report::Signaled { signal } if signal == libc::SIGXFSZ => Some(Limit::FileSize),
+        _ => None,
+    }
+}
+
+/// The command's resource limits, set in the child before `exec` (they
+/// are inherited by everything it starts): CPU seconds of each process
+/// (`SIGXCPU` at the limit, `SIGKILL` a second later), the largest file it
+/// may write (`SIGXFSZ`), `nproc` processes of its user, no core files
+/// (a core dump would be written into the root, past the disk budget).
+/// Resident memory has no rlimit that means it (`RLIMIT_AS` counts address
+/// space that runtimes such as V8, Go and the JVM reserve and never use):
+/// the supervisor's poll bounds it.
+fn set_limits(limits: &Limits, nproc: u64) -> std::io::Result<()> {
+    let set = |resource, soft: u64, hard: u64| {
+        let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+        // SAFETY: setrlimit with a valid struct.
+        if unsafe { libc::setrlimit(resource, &limit) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::from_raw_os_error(SANDBOX_ERRNO))
+        }
+    };
+    set(libc::RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds.saturating_add(1))?;
+    set(libc::RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes)?;
+    set(libc::RLIMIT_NPROC, nproc, nproc)?;
+    set(libc::RLIMIT_CORE, 0, 0)
+}
+
+/// Marks every descriptor from `first` up close-on-exec: nothing the
+/// process inherited (from the node, or the node's launcher) reaches the
+/// command.
+fn close_on_exec_from(first: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        // SAFETY: close_range only changes descriptor flags.
+        if unsafe {
+            libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC)
+        } == 0
+        {
+            return;
+        }
+    }
+    // Older kernels and macOS: one by one, up to the descriptor limit.
+    // SAFETY: getdtablesize and fcntl on any number are safe.
+    let top = unsafe { libc::getdtablesize() }.clamp(first, 1 << 16);
+    for fd in first..top {
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
 }
 
 /// The errno a failed sandbox is reported with from the child (one `exec`
 /// itself never returns).
 const SANDBOX_ERRNO: i32 = libc::ENOTRECOVERABLE;
 
+/// The sandbox and the user; without a sandbox (the owner's choice) the
+/// privileges are dropped all the same.
 #[cfg(target_os = "linux")]
-fn apply_sandbox(policy: Option<&crate::Policy>, root: BorrowedFd<'_>) -> std::io::Result<()> {
-    match policy {
-        None => Ok(()),
-        Some(policy) => crate::linux::apply(policy, root).map_err(|_| std::io::Error::from_raw_os_error(SANDBOX_ERRNO)),
-    }
+fn apply_sandbox(
+    policy: Option<&crate::Policy>,
+    user: Option<CommandUser>,
+    root: BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let applied = match policy {
+        None => crate::linux::drop_privileges(user),
+        Some(policy) => crate::linux::apply(policy, user, root),
+    };
+    applied.map_err(|_| std::io::Error::from_raw_os_error(SANDBOX_ERRNO))
 }
 
-/// On macOS the sandbox is `sandbox-exec` itself ([`command_line`]).
+/// On macOS the sandbox is `sandbox-exec` itself ([`command_line`]); the
+/// user is taken here.
 #[cfg(not(target_os = "linux"))]
-fn apply_sandbox(_: Option<&crate::Policy>, _: BorrowedFd<'_>) -> std::io::Result<()> {
-    Ok(())
+fn apply_sandbox(_: Option<&crate::Policy>, user: Option<CommandUser>, _: BorrowedFd<'_>) -> std::io::Result<()> {
+    let Some(user) = user else { return Ok(()) };
+    // SAFETY: plain id calls; the result is checked below.
+    let switched = unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setgid(user.gid) == 0
+            && libc::setuid(user.uid) == 0
+            && libc::geteuid() == user.uid
+            && libc::getegid() == user.gid
+    };
+    if switched { Ok(()) } else { Err(std::io::Error::from_raw_os_error(SANDBOX_ERRNO)) }
 }
 
 fn command_line(invocation: &Invocation) -> Vec<String> {
@@ -199,12 +294,40 @@ struct Tree {
     me: libc::pid_t,
     /// pid -> start time, of descendants seen so far (macOS).
     seen: BTreeMap<libc::pid_t, u64>,
+    /// The process table of the last refresh.
+    table: BTreeMap<libc::pid_t, Proc>,
+}
+
+/// What the tree uses now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Usage {
+    processes: usize,
+    resident_bytes: u64,
+    /// Of the live processes and every finished one (Linux; macOS leaves
+    /// CPU time to `RLIMIT_CPU`).
+    cpu_seconds: f64,
+}
+
+impl Usage {
+    /// The first limit this usage is past (a process count at the limit
+    /// is past it: `RLIMIT_NPROC` stops the tree there).
+    fn exceeds(&self, limits: &Limits) -> Option<Limit> {
+        if self.processes >= limits.processes as usize {
+            Some(Limit::Processes)
+        } else if self.resident_bytes > limits.memory_bytes {
+            Some(Limit::Memory)
+        } else if self.cpu_seconds > limits.cpu_seconds as f64 {
+            Some(Limit::Cpu)
+        } else {
+            None
+        }
+    }
 }
 
 impl Tree {
     fn new() -> Self {
         // SAFETY: getpid has no preconditions.
-        Self { me: unsafe { libc::getpid() }, seen: BTreeMap::new() }
+        Self { me: unsafe { libc::getpid() }, seen: BTreeMap::new(), table: BTreeMap::new() }
     }
 
     /// Records the current descendants.
@@ -213,23 +336,38 @@ impl Tree {
         let mut below: BTreeSet<libc::pid_t> = BTreeSet::from([self.me]);
         // Roots: this process, and what was seen before and still runs as
         // the same process (it may have been re-parented away).
-        self.seen.retain(|pid, start| table.get(pid).is_some_and(|(_, s)| s == start));
+        self.seen.retain(|pid, start| table.get(pid).is_some_and(|p| p.start == *start));
         below.extend(self.seen.keys());
         let mut grew = true;
         while grew {
             grew = false;
-            for (pid, (ppid, _)) in &table {
-                if below.contains(ppid) && below.insert(*pid) {
+            for (pid, p) in &table {
+                if below.contains(&p.ppid) && below.insert(*pid) {
                     grew = true;
                 }
             }
         }
         below.remove(&self.me);
         for pid in below {
-            if let Some((_, start)) = table.get(&pid) {
-                self.seen.insert(pid, *start);
+            if let Some(p) = table.get(&pid) {
+                self.seen.insert(pid, p.start);
             }
         }
+        self.table = table;
+    }
+
+    /// What the descendants of the last refresh use, with what this
+    /// process reaped (the command and the orphans that came to it).
+    fn usage(&self) -> Usage {
+        let mut usage = Usage { cpu_seconds: reaped_cpu_seconds(), ..Usage::default() };
+        for pid in self.seen.keys() {
+            let Some(p) = self.table.get(pid) else { continue };
+            let (resident, cpu) = member_usage(*pid, p);
+            usage.processes += 1;
+            usage.resident_bytes += resident;
+            usage.cpu_seconds += cpu;
+        }
+        usage
     }
 
     fn signal_all(&self, signal: i32) {
@@ -241,31 +379,90 @@ impl Tree {
     }
 }
 
-/// pid -> (parent pid, start time) of every process this user can see.
+/// A process as the table lists it.
+#[derive(Debug, Clone, Copy)]
+struct Proc {
+    ppid: libc::pid_t,
+    start: u64,
+    uid: libc::uid_t,
+    /// Linux: resident bytes and CPU seconds (its own and its reaped
+    /// children's), read with the rest of its `stat`.
+    resident_bytes: u64,
+    cpu_seconds: f64,
+}
+
+/// CPU seconds of this process's reaped children (and theirs).
+fn reaped_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills a struct of its own type.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    if cfg!(target_os = "linux") { seconds(usage.ru_utime) + seconds(usage.ru_stime) } else { 0.0 }
+}
+
+/// Resident bytes and CPU seconds of one descendant.
 #[cfg(target_os = "linux")]
-fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
+fn member_usage(_: libc::pid_t, p: &Proc) -> (u64, f64) {
+    (p.resident_bytes, p.cpu_seconds)
+}
+
+/// Resident bytes of one descendant (CPU time: `RLIMIT_CPU` only).
+#[cfg(target_os = "macos")]
+fn member_usage(pid: libc::pid_t, _: &Proc) -> (u64, f64) {
+    // SAFETY: proc_taskinfo is plain data; the size passed is its size.
+    let mut info: libc::proc_taskinfo = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::proc_taskinfo>() as libc::c_int;
+    let got = unsafe {
+        libc::proc_pidinfo(pid, libc::PROC_PIDTASKINFO, 0, (&mut info as *mut libc::proc_taskinfo).cast(), size)
+    };
+    if got == size { (info.pti_resident_size, 0.0) } else { (0, 0.0) }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn member_usage(_: libc::pid_t, _: &Proc) -> (u64, f64) {
+    (0, 0.0)
+}
+
+/// Every process this user can see.
+#[cfg(target_os = "linux")]
+fn processes() -> BTreeMap<libc::pid_t, Proc> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: sysconf has no preconditions.
+    let (page, ticks) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_CLK_TCK)) };
+    let (page, ticks) = (page.max(1) as u64, ticks.max(1) as f64);
     let mut table = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else { return table };
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        // After the command name (which may hold spaces and parentheses):
-        // state, ppid, ..., starttime is the 22nd field overall.
+        let Ok(meta) = entry.metadata() else { continue };
+        // After the command name (which may hold spaces and parentheses)
+        // come the fields from the 3rd (state) on: field N is at N - 3.
         let Some((_, rest)) = stat.rsplit_once(')') else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(start)) =
-            (fields.get(1).and_then(|p| p.parse().ok()), fields.get(19).and_then(|s| s.parse().ok()))
-        else {
-            continue;
-        };
-        table.insert(pid, (ppid, start));
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+        let (Some(ppid), Some(start)) = (field(4), field(22)) else { continue };
+        // utime, stime, cutime, cstime (14-17), in clock ticks; rss (24), in pages.
+        let cpu: u64 = (14..=17).filter_map(field).sum();
+        table.insert(
+            pid,
+            Proc {
+                ppid: ppid as libc::pid_t,
+                start,
+                uid: meta.uid(),
+                resident_bytes: field(24).unwrap_or(0).saturating_mul(page),
+                cpu_seconds: cpu as f64 / ticks,
+            },
+        );
     }
     table
 }
 
-/// pid -> (parent pid, start time) of every process this user can see.
+/// Every process this user can see.
 #[cfg(target_os = "macos")]
-fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
+fn processes() -> BTreeMap<libc::pid_t, Proc> {
     let mut table = BTreeMap::new();
     let mut pids = vec![0 as libc::pid_t; 8192];
     let size = (pids.len() * std::mem::size_of::<libc::pid_t>()) as libc::c_int;
@@ -283,14 +480,21 @@ fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
         };
         if got == size {
             let start = info.pbi_start_tvsec.wrapping_mul(1_000_000).wrapping_add(info.pbi_start_tvusec);
-            table.insert(pid, (info.pbi_ppid as libc::pid_t, start));
+            let proc = Proc {
+                ppid: info.pbi_ppid as libc::pid_t,
+                start,
+                uid: info.pbi_ruid,
+                resident_bytes: 0,
+                cpu_seconds: 0.0,
+            };
+            table.insert(pid, proc);
         }
     }
     table
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn processes() -> BTreeMap<libc::pid_t, (libc::pid_t, u64)> {
+fn processes() -> BTreeMap<libc::pid_t, Proc> {
     BTreeMap::new()
 }
 
