@@ -74,6 +74,12 @@ pub struct WorkspacesConfig {
     /// workspace and the system directories, e.g. `~/.cargo`, `~/.rustup`.
     #[serde(default)]
     pub command_read_paths: Vec<std::path::PathBuf>,
+    /// The user commands run as when the node runs as root (default
+    /// `nobody`); never root. Ignored when the node is not root: commands
+    /// then run as the node's own user. The workspace roots must be
+    /// writable by this user (README "Security").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command_user: Option<String>,
 }
 
 /// The provider health monitor's timing (see `crate::health`).

@@ -83,12 +83,20 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// A command limit (`CommandLimit::label`: processes, memory, cpu,
+/// file_size, disk).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: &'static str,
+}
+
 pub struct NodeMetrics {
     registry: Registry,
     workspace_ops: Family<WorkspaceOpLabels, Counter>,
     workspace_op_duration: Family<OpLabels, Histogram>,
     workspace_cleanups: Family<ResultLabels, Counter>,
     workspace_dropped: Family<ReasonLabels, Counter>,
+    command_limits: Family<LimitLabels, Counter>,
     stalls: Family<StallLabels, Counter>,
     stall_duration: Family<KindLabels, Histogram>,
     fenced_output: Family<KindLabels, Counter>,
@@ -147,6 +155,12 @@ impl NodeMetrics {
             "Workspace messages dropped (repeated request, malformed), by reason",
             workspace_dropped.clone(),
         );
+        let command_limits = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "workspace_command_limit_exceeded",
+            "Workspace commands a limit of their template ended, by limit",
+            command_limits.clone(),
+        );
         let malformed_events = Family::<ProviderLabels, Counter>::default();
         registry.register(
             "provider_malformed_events",
@@ -176,6 +190,7 @@ impl NodeMetrics {
             workspace_op_duration,
             workspace_cleanups,
             workspace_dropped,
+            command_limits,
             stalls,
             stall_duration,
             fenced_output,
@@ -229,6 +244,12 @@ impl NodeMetrics {
 
     pub fn workspace_cleanup(&self, result: &'static str) {
         self.workspace_cleanups.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn command_limit_exceeded(&self, limit: iop_proto::pb::CommandLimit) {
+        if let Some(limit) = limit.label() {
+            self.command_limits.get_or_create(&LimitLabels { limit }).inc();
+        }
     }
 
     pub fn workspace_frame_dropped(&self, reason: &'static str) {

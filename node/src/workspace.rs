@@ -14,6 +14,7 @@
 pub mod authority;
 pub mod cleanup;
 pub mod command;
+pub mod disk;
 pub mod files;
 pub mod runtime;
 pub mod sandbox;

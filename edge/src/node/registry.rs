@@ -69,6 +69,9 @@ pub struct Session {
     /// How the node runs workspace commands, as it said in Register
     /// (`session::command_sandbox_label`).
     pub command_sandbox: &'static str,
+    /// What the node's sandbox cannot refuse on its machine
+    /// (`session::sandbox_gap_labels`).
+    pub sandbox_gaps: Vec<&'static str>,
 }
 
 #[derive(Debug, Default)]
@@ -90,6 +93,10 @@ pub struct NodeSnapshot {
     /// `landlock`, `seatbelt`, `unsandboxed` (the owner allowed commands
     /// without a sandbox), `unavailable` (commands refused) or `unknown`.
     pub command_sandbox: Option<&'static str>,
+    /// What that sandbox cannot refuse on the node's machine (README
+    /// "Security"): `signal_scope`, `tcp`, `reserved_writable`,
+    /// `bounding_set`, `priority`; empty when nothing.
+    pub sandbox_gaps: Vec<&'static str>,
 }
 
 impl NodeRegistry {
@@ -220,6 +227,7 @@ impl NodeRegistry {
                     version: s.map(|s| s.node_version.clone()),
                     workspaces: s.map(|s| s.workspaces.clone()).unwrap_or_default(),
                     command_sandbox: s.map(|s| s.command_sandbox),
+                    sandbox_gaps: s.map(|s| s.sandbox_gaps.clone()).unwrap_or_default(),
                 }
             })
             .collect()
@@ -242,6 +250,7 @@ impl Session {
             lease_key: None,
             workspaces: BTreeMap::new(),
             command_sandbox: "unknown",
+            sandbox_gaps: Vec::new(),
         }
     }
 }

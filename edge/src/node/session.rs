@@ -140,6 +140,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
             .then(|| Arc::from(register.lease_public_key.as_slice())),
         workspaces: Default::default(),
         command_sandbox: command_sandbox_label(register.command_sandbox),
+        sandbox_gaps: sandbox_gap_labels(&register.sandbox_gaps),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
@@ -149,6 +150,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         generation,
         version = %register.node_version,
         command_sandbox = command_sandbox_label(register.command_sandbox),
+        sandbox_gaps = ?sandbox_gap_labels(&register.sandbox_gaps),
         "node registered"
     );
     let config = state.config.current();
@@ -304,6 +306,17 @@ pub fn command_sandbox_label(value: i32) -> &'static str {
         Ok(C::Unavailable) => "unavailable",
         Ok(C::Unspecified) | Err(_) => "unknown",
     }
+}
+
+/// The gaps a node reported, as closed labels, each once (a value this
+/// Edge does not know is `unknown`; a node cannot grow the list).
+pub fn sandbox_gap_labels(values: &[i32]) -> Vec<&'static str> {
+    let labels: std::collections::BTreeSet<&'static str> = values
+        .iter()
+        .map(|v| pb::SandboxGap::try_from(*v).map_or("unknown", |gap| gap.label()))
+        .filter(|label| *label != "unspecified")
+        .collect();
+    labels.into_iter().collect()
 }
 
 fn message_name(msg: &Msg) -> &'static str {

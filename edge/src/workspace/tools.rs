@@ -124,6 +124,9 @@ pub fn result_json(response: &pb::WorkspaceToolResponse) -> Value {
                 "encoding": encoding,
                 "truncated": c.truncated,
                 "duration_ms": c.duration_ms,
+                // Which bound ended it (`processes`, `memory`, `cpu`,
+                // `file_size`, `disk`), with `result: limit_exceeded`.
+                "limit": c.limit_exceeded().label(),
             })
         }
         Some(R::Write(_) | R::Delete(_) | R::Error(_)) | None => json!({"result": result}),
@@ -172,6 +175,13 @@ mod tests {
         let failed =
             result_json(&response(R::Command(pb::WorkspaceCommandResult { exit_code: Some(2), ..Default::default() })));
         assert_eq!(failed["result"], "exit_nonzero");
+        assert_eq!(failed["limit"], Value::Null);
+        let bounded = result_json(&response(R::Command(pb::WorkspaceCommandResult {
+            signal: Some(9),
+            limit_exceeded: pb::CommandLimit::Memory.into(),
+            ..Default::default()
+        })));
+        assert_eq!((&bounded["result"], &bounded["limit"]), (&json!("limit_exceeded"), &json!("memory")));
         let denied = result_json(&response(R::Error(pb::WorkspaceToolError {
             code: pb::WorkspaceToolErrorCode::Symlink.into(),
         })));

@@ -153,6 +153,7 @@ pub async fn run(
             lease_public_key: key.public_key().to_vec(),
             held_replicas: shared.replicas.held(),
             command_sandbox: shared.commands.wire().into(),
+            sandbox_gaps: shared.commands.wire_gaps(),
         }),
     );
     let mut inbound = match client.control(ReceiverStream::new(out_rx)).await {

@@ -14,6 +14,9 @@ use iop_proto::pb::{self, WorkspaceOperation as Op};
 pub struct CommandTemplate {
     pub argv: Vec<String>,
     pub timeout: Duration,
+    /// The catalog's alone to set (a request's authority names commands,
+    /// never their bounds).
+    pub limits: iop_proto::config::CommandLimits,
 }
 
 /// A workspace's template, or a request's share of it.
@@ -43,7 +46,8 @@ impl Template {
                 .iter()
                 .map(|c| {
                     let timeout = Duration::from_millis(c.timeout_ms);
-                    (c.id.clone(), CommandTemplate { argv: c.argv.clone(), timeout })
+                    let limits = iop_proto::config::CommandLimits::from_wire(c.limits.as_ref());
+                    (c.id.clone(), CommandTemplate { argv: c.argv.clone(), timeout, limits })
                 })
                 .collect(),
             env_allowlist: a.env_allowlist.clone(),
@@ -112,8 +116,14 @@ mod tests {
                     id: "test".into(),
                     argv: vec!["make".into(), "test".into()],
                     timeout_ms: 9,
+                    limits: Some(pb::CommandLimits { max_processes: 7, ..Default::default() }),
                 },
-                pb::WorkspaceCommandTemplate { id: "lint".into(), argv: vec!["make".into()], timeout_ms: 9 },
+                pb::WorkspaceCommandTemplate {
+                    id: "lint".into(),
+                    argv: vec!["make".into()],
+                    timeout_ms: 9,
+                    limits: None,
+                },
             ],
             env_allowlist: vec!["PATH".into(), "HOME".into()],
             limits: Some(pb::WorkspaceLimits {
@@ -146,6 +156,14 @@ mod tests {
         assert_eq!(granted.operations, BTreeSet::from([Op::Read, Op::Command]));
         assert_eq!(granted.commands.keys().collect::<Vec<_>>(), ["test"]);
         assert_eq!(granted.commands["test"].argv, ["make", "test"], "argv comes from the catalog");
+        let limits = granted.commands["test"].limits;
+        assert_eq!(limits.max_processes, 7, "bounds come from the catalog");
+        assert_eq!(
+            limits.max_memory_bytes,
+            iop_proto::config::CommandLimits::default_max_memory_bytes(),
+            "0 is the default"
+        );
+        assert_eq!(template().commands["lint"].limits, iop_proto::config::CommandLimits::default());
         assert_eq!(granted.env_allowlist, ["PATH"]);
         assert_eq!(
             granted.limits,

@@ -19,6 +19,10 @@
 //! - stdout and stderr are drained together into one output buffer with one
 //!   cap; past it the rest is read and dropped (so the child never blocks on
 //!   a full pipe) and the result says `truncated`.
+//! - The template's limits bound it: processes, memory, CPU time and file
+//!   size by the supervisor, the root's growth by the node ([`super::disk`]).
+//!   Hitting one ends the whole tree at once and the result names it
+//!   (`limit_exceeded`).
 
 use std::fs::File;
 use std::io::Read;
@@ -28,7 +32,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use iop_sandbox::{Invocation, Policy, Report};
+use iop_proto::config::CommandLimits;
+use iop_proto::pb::CommandLimit;
+use iop_sandbox::{CommandUser, Invocation, Limit, Limits, Policy, Report};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +60,9 @@ pub struct CommandSpec<'a> {
     pub supervisor: &'a Path,
     /// The sandbox; `None` runs the command without one.
     pub policy: Option<&'a Policy>,
+    /// Who it runs as (`None`: the node's own user, which is not root).
+    pub user: Option<CommandUser>,
+    pub limits: CommandLimits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +80,8 @@ pub struct CommandResult {
     pub output: Vec<u8>,
     pub truncated: bool,
     pub duration: Duration,
+    /// The limit that ended it, if one did.
+    pub limit_exceeded: Option<CommandLimit>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -103,9 +114,21 @@ pub async fn run(
     if spec.argv.is_empty() {
         return Err(CommandError::EmptyArgv);
     }
-    let invocation =
-        Invocation { policy: spec.policy.cloned(), grace_ms: spec.grace.as_millis() as u64, argv: spec.argv.to_vec() };
+    let limits = spec.limits;
+    let invocation = Invocation {
+        policy: spec.policy.cloned(),
+        grace_ms: spec.grace.as_millis() as u64,
+        argv: spec.argv.to_vec(),
+        user: spec.user,
+        limits: Limits {
+            processes: limits.max_processes,
+            memory_bytes: limits.max_memory_bytes,
+            cpu_seconds: limits.max_cpu_seconds,
+            file_size_bytes: limits.max_file_size_bytes,
+        },
+    };
     let invocation = serde_json::to_string(&invocation).map_err(|_| CommandError::SpawnFailed)?;
+    let disk = super::disk::Watch::start(root, limits.max_disk_bytes).await.map_err(|_| CommandError::SpawnFailed)?;
     let (mut status_read, status_write) = std::io::pipe().map_err(|_| CommandError::SpawnFailed)?;
     let mut command = tokio::process::Command::new(spec.supervisor);
     command.arg(iop_sandbox::EXEC_ARG).arg(invocation);
@@ -160,19 +183,20 @@ pub async fn run(
     let stdout = child.stdout.take().map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
     let stderr = child.stderr.take().map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
     let mut drained = Box::pin(futures_util::future::join(drain(stdout), drain(stderr)));
-    // (status, timed out, cancelled)
+    // (status, timed out, cancelled, disk budget exceeded)
     let waited = async {
         tokio::select! {
-            status = child.wait() => (status, false, false),
-            _ = tokio::time::sleep(spec.timeout) => (stop(supervisor, &mut child, spec.grace).await, true, false),
-            _ = cancel.cancelled() => (stop(supervisor, &mut child, spec.grace).await, false, true),
+            status = child.wait() => (status, false, false, false),
+            _ = tokio::time::sleep(spec.timeout) => (stop(supervisor, &mut child, spec.grace).await, true, false, false),
+            _ = cancel.cancelled() => (stop(supervisor, &mut child, spec.grace).await, false, true, false),
+            _ = disk.exceeded() => (stop(supervisor, &mut child, spec.grace).await, false, false, true),
         }
     };
     // The pipes are drained while the command runs, or it blocks on them;
     // once the supervisor is gone, only briefly.
     tokio::pin!(waited);
     let mut pipes_closed = false;
-    let (status, timed_out, cancelled) = tokio::select! {
+    let (status, timed_out, cancelled, over_disk) = tokio::select! {
         status = &mut waited => status,
         _ = &mut drained => {
             pipes_closed = true;
@@ -186,19 +210,45 @@ pub async fn run(
     let mut line = String::new();
     // The write end closed with the supervisor: this read does not block.
     let _ = status_read.read_to_string(&mut line);
+    let mut limit_exceeded = None;
     let exit = match serde_json::from_str::<Report>(line.trim()) {
         Ok(Report::Exited { code }) => Exit::Code(code),
         Ok(Report::Signaled { signal }) => Exit::Signal(signal),
+        Ok(Report::LimitExceeded { limit }) => {
+            limit_exceeded = Some(wire_limit(limit));
+            Exit::Signal(libc::SIGKILL)
+        }
         Ok(Report::SpawnFailed) => return Err(CommandError::SpawnFailed),
         Ok(Report::SandboxFailed) => return Err(CommandError::SandboxFailed),
         // The supervisor itself was killed (it did not stop in time).
-        Err(_) if timed_out || cancelled => {
+        Err(_) if timed_out || cancelled || over_disk => {
             Exit::Signal(std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(libc::SIGKILL))
         }
         Err(_) => return Err(CommandError::SpawnFailed),
     };
+    // The last writes may have come after the last walk.
+    if over_disk || (limit_exceeded.is_none() && !timed_out && !cancelled && disk.finally_exceeded().await) {
+        limit_exceeded = Some(CommandLimit::Disk);
+    }
     let Output { kept, truncated } = std::mem::take(&mut *output.lock().unwrap());
-    Ok(CommandResult { exit, timed_out, cancelled, output: kept, truncated, duration: started.elapsed() })
+    Ok(CommandResult {
+        exit,
+        timed_out,
+        cancelled,
+        output: kept,
+        truncated,
+        duration: started.elapsed(),
+        limit_exceeded,
+    })
+}
+
+fn wire_limit(limit: Limit) -> CommandLimit {
+    match limit {
+        Limit::Processes => CommandLimit::Processes,
+        Limit::Memory => CommandLimit::Memory,
+        Limit::Cpu => CommandLimit::Cpu,
+        Limit::FileSize => CommandLimit::FileSize,
+    }
 }
 
 /// Asks the supervisor to end the command (`SIGTERM`: it ends the whole
@@ -243,6 +293,8 @@ mod tests {
             grace: Duration::from_millis(200),
             supervisor: &super::super::sandbox::test_supervisor(),
             policy: None,
+            user: None,
+            limits: CommandLimits::default(),
         };
         run(&root, &spec, &CancellationToken::new()).await.unwrap()
     }
@@ -267,6 +319,8 @@ mod tests {
             grace: Duration::ZERO,
             supervisor: &super::super::sandbox::test_supervisor(),
             policy: None,
+            user: None,
+            limits: CommandLimits::default(),
         };
         assert_eq!(run(&root, &spec, &CancellationToken::new()).await, Err(CommandError::SpawnFailed));
         let empty = CommandSpec { argv: &[], ..spec };
@@ -348,6 +402,8 @@ mod tests {
             grace: Duration::from_millis(200),
             supervisor: &super::super::sandbox::test_supervisor(),
             policy: None,
+            user: None,
+            limits: CommandLimits::default(),
         };
         let cancel = CancellationToken::new();
         let (result, ()) = tokio::join!(run(&root, &spec, &cancel), async { cancel.cancel() });
@@ -430,8 +486,13 @@ mod tests {
         std::fs::write(outside.join("readme"), "owner's").unwrap();
         let owner_read = [base.clone()];
         let node_files = [node_dir.clone(), node_dir.join("node-key.pem")];
-        let authority =
-            iop_sandbox::Authority { root: &root, network: false, owner_read: &owner_read, node_files: &node_files };
+        let authority = iop_sandbox::Authority {
+            root: &root,
+            network: false,
+            owner_read: &owner_read,
+            node_files: &node_files,
+            home: None,
+        };
         let policy = iop_sandbox::policy::policy(&authority, &iop_sandbox::policy::system_read_paths());
         let node_pid = std::process::id();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -473,8 +534,21 @@ mod tests {
         probes.push(if macos {
             ("unix_socket", "perl -MSocket -e \"socket(my \\$s, PF_UNIX, SOCK_STREAM, 0) or exit 1\"".into(), "denied")
         } else {
-            ("python_socket", "python3 -c \"import socket; socket.socket(socket.AF_UNIX)\"".into(), "denied")
+            // The system's python: a PATH entry under the home directory
+            // (pyenv) is not readable in the sandbox, so a denial there
+            // would prove nothing. `python_runs` shows it starts.
+            ("python_socket", "/usr/bin/python3 -c \"import socket; socket.socket(socket.AF_UNIX)\"".into(), "denied")
         });
+        if !macos {
+            probes.push(("python_runs", "/usr/bin/python3 -c pass".into(), "ok"));
+            probes.push(("read_net_table", "cat /proc/self/net/tcp".into(), "denied"));
+            // `/proc/self/root` is a link to `/`: carving `/proc/self`
+            // around `/proc/self/net` must not make it a rule on `/`.
+            probes.push(("read_via_proc_root", format!("cat /proc/self/root{node}/node-key.pem"), "denied"));
+            probes.push(("read_sys", "ls /sys/kernel".into(), "denied"));
+            probes.push(("read_cpus", "cat /sys/devices/system/cpu/online".into(), "ok"));
+            probes.push(("open_tty", "exec 3<>/dev/tty".into(), "denied"));
+        }
         let mut script = String::from(
             "try() { if eval \"$2\" >/dev/null 2>&1; then echo \"$1=ok\"; else echo \"$1=denied\"; fi; }\n",
         );
@@ -491,6 +565,8 @@ mod tests {
             grace: Duration::from_millis(200),
             supervisor: &super::super::sandbox::test_supervisor(),
             policy: Some(&policy),
+            user: None,
+            limits: CommandLimits::default(),
         };
         let dir = File::open(&root).unwrap();
         let result = run(&dir, &spec, &CancellationToken::new()).await.unwrap();
@@ -501,5 +577,159 @@ mod tests {
         assert!(!outside.join("x").exists() && !root.join(".iop/job/planted").exists());
         assert_eq!(std::fs::read_to_string(root.join("mine.txt")).unwrap(), "x\n");
         drop(listener);
+    }
+    /// Root's powers, the terminal and the node's process, tried by
+    /// `sandbox/testdata/hostile.py` from inside a sandboxed command: each
+    /// attack must be refused (exit 1; 0 is an attack that got through,
+    /// anything else a probe that did not run, and fails the test too).
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_sandbox_refuses_roots_powers_the_terminal_and_the_nodes_process() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::write(root.join("hostile.py"), include_str!("../../../sandbox/testdata/hostile.py")).unwrap();
+        let authority =
+            iop_sandbox::Authority { root: &root, network: false, owner_read: &[], node_files: &[], home: None };
+        let policy = iop_sandbox::policy::policy(&authority, &iop_sandbox::policy::system_read_paths());
+        // A descriptor the node inherited from its launcher (not
+        // close-on-exec), on a file the command could not open itself.
+        let secret = tempfile::NamedTempFile::new().unwrap();
+        // SAFETY: dup of an open descriptor; closed at the end.
+        let inherited = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(secret.as_file())) };
+        assert!(inherited > 2);
+        let node = std::process::id();
+        // SAFETY: geteuid has no preconditions.
+        let bounding = if unsafe { libc::geteuid() } == 0 { "bounding" } else { "" };
+        let supervisor = super::super::sandbox::test_supervisor();
+        fn spec<'a>(argv: &'a [String], supervisor: &'a Path, policy: &'a Policy) -> CommandSpec<'a> {
+            CommandSpec {
+                argv,
+                env_allowlist: &[],
+                timeout: Duration::from_secs(60),
+                max_output_bytes: 65_536,
+                grace: Duration::from_millis(200),
+                supervisor,
+                policy: Some(policy),
+                user: None,
+                limits: CommandLimits::default(),
+            }
+        }
+        let dir = File::open(&root).unwrap();
+        // Run as the command's first process: only it reads its own
+        // `/proc/self` (see `iop_sandbox::policy::system_read_paths`).
+        for first in [vec!["capabilities", bounding], vec!["descriptors"]] {
+            let mut line = argv(&["/usr/bin/python3", "hostile.py"]);
+            line.extend(first.iter().filter(|a| !a.is_empty()).map(|a| a.to_string()));
+            let result = run(&dir, &spec(&line, &supervisor, &policy), &CancellationToken::new()).await.unwrap();
+            let output = String::from_utf8_lossy(&result.output);
+            assert_eq!(result.exit, Exit::Code(1), "{first:?} was not refused: {output}");
+        }
+        let attacks = [
+            "reboot".to_string(),
+            "sethostname".into(),
+            "bpf".into(),
+            "perf_event_open".into(),
+            "finit_module".into(),
+            "keyring".into(),
+            "mknod".into(),
+            "unshare".into(),
+            "realtime".into(),
+            "tiocsti".into(),
+            "tiocsti_high_bits".into(),
+            "tty".into(),
+            format!("prlimit {node}"),
+            format!("prlimit_cpu {node}"),
+            format!("setpriority {node}"),
+            format!("affinity {node}"),
+            "net_table".into(),
+        ];
+        let script: String =
+            attacks.iter().map(|a| format!("/usr/bin/python3 hostile.py {a}; echo \"{a}=$?\"\n")).collect();
+        let line = argv(&["bash", "-c", &script]);
+        let result = run(&dir, &spec(&line, &supervisor, &policy), &CancellationToken::new()).await.unwrap();
+        // SAFETY: closes the descriptor dup'ed above.
+        unsafe { libc::close(inherited) };
+        let text = String::from_utf8(result.output).unwrap();
+        let verdicts: Vec<&str> = text.lines().filter(|l| l.contains('=')).collect();
+        let want: Vec<String> = attacks.iter().map(|a| format!("{a}=1")).collect();
+        assert_eq!(verdicts, want, "{text}");
+        assert!(!root.join("kmsg").exists(), "a device node was made");
+    }
+    /// Each limit of a template ends a command that runs past it, and the
+    /// result names which; the command runs as the command user when the
+    /// test runs as root (as a node run as root would run it), so the
+    /// process limit is the kernel's too and a fork bomb stays small.
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
+    #[tokio::test]
+    async fn each_limit_ends_the_command_and_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let user = super::super::sandbox::command_user(unsafe { libc::geteuid() }, None).unwrap();
+        if let Some(user) = user {
+            std::os::unix::fs::chown(&root, Some(user.uid), Some(user.gid)).unwrap();
+        }
+        let authority =
+            iop_sandbox::Authority { root: &root, network: false, owner_read: &[], node_files: &[], home: None };
+        let policy = iop_sandbox::policy::policy(&authority, &iop_sandbox::policy::system_read_paths());
+        let supervisor = super::super::sandbox::test_supervisor();
+        let small = CommandLimits {
+            max_processes: 16,
+            max_memory_bytes: 64 << 20,
+            max_cpu_seconds: 1,
+            max_file_size_bytes: 1 << 20,
+            max_disk_bytes: 4 << 20,
+        };
+        let cases: [(&str, &str, CommandLimit); 5] = [
+            // A fork bomb whose processes wait for their children: held at
+            // the limit by RLIMIT_NPROC, ended at the supervisor's next look.
+            ("processes", "bomb() { bomb & bomb & wait; }; bomb", CommandLimit::Processes),
+            (
+                "memory",
+                "exec /usr/bin/python3 -c 'import time; b = b\"x\" * (1 << 30); time.sleep(60)'",
+                CommandLimit::Memory,
+            ),
+            ("cpu", "while :; do :; done", CommandLimit::Cpu),
+            ("file_size", "exec head -c 100000000 /dev/zero > big", CommandLimit::FileSize),
+            ("disk", "i=0; while :; do head -c 262144 /dev/zero > f$i; i=$((i+1)); done", CommandLimit::Disk),
+        ];
+        for (name, script, limit) in cases {
+            let line = argv(&["bash", "-c", script]);
+            let env = argv(&["PATH"]);
+            let spec = CommandSpec {
+                argv: &line,
+                env_allowlist: &env,
+                timeout: Duration::from_secs(120),
+                max_output_bytes: 4096,
+                grace: Duration::from_millis(200),
+                supervisor: &supervisor,
+                policy: Some(&policy),
+                user,
+                limits: small,
+            };
+            let result = run(&File::open(&root).unwrap(), &spec, &CancellationToken::new()).await.unwrap();
+            let output = String::from_utf8_lossy(&result.output);
+            assert_eq!(result.limit_exceeded, Some(limit), "{name}: {:?} {output}", result.exit);
+            assert!(!result.timed_out, "{name}");
+        }
+        // Within every limit: no limit named, and the command ran as the
+        // command user.
+        let line = argv(&["bash", "-c", "id -u; echo ok > ok.txt"]);
+        let spec = CommandSpec {
+            argv: &line,
+            env_allowlist: &argv(&["PATH"]),
+            timeout: Duration::from_secs(60),
+            max_output_bytes: 4096,
+            grace: Duration::from_millis(200),
+            supervisor: &supervisor,
+            policy: Some(&policy),
+            user,
+            limits: small,
+        };
+        let result = run(&File::open(&root).unwrap(), &spec, &CancellationToken::new()).await.unwrap();
+        assert_eq!((result.exit, result.limit_exceeded), (Exit::Code(0), None));
+        // SAFETY: getuid has no preconditions.
+        let want = user.map_or(unsafe { libc::getuid() }, |u| u.uid);
+        assert_eq!(String::from_utf8_lossy(&result.output).trim(), want.to_string());
     }
 }

@@ -287,14 +287,19 @@ impl<'a> Files<'a> {
             let _ = rustix::fs::unlinkat(&parent, temp.as_str(), AtFlags::empty());
             e
         };
-        if let Some(stat) = &existing {
-            // Only root may give a file away; for anyone else the owner is
-            // theirs already, so a refusal changes nothing.
+        // The owner: the replaced file's, or a new file's directory's (a
+        // node run as root writes files its commands, run as
+        // `workspaces.command_user`, can change). Only root may give a file
+        // away; for anyone else the owner is theirs already, so a refusal
+        // changes nothing.
+        if let Ok(owner) = existing.map_or_else(|| rustix::fs::fstat(&parent), Ok) {
             let _ = rustix::fs::fchown(
                 &fd,
-                Some(rustix::fs::Uid::from_raw(stat.st_uid)),
-                Some(rustix::fs::Gid::from_raw(stat.st_gid)),
+                Some(rustix::fs::Uid::from_raw(owner.st_uid)),
+                Some(rustix::fs::Gid::from_raw(owner.st_gid)),
             );
+        }
+        if let Some(stat) = &existing {
             rustix::fs::fchmod(&fd, Mode::from_raw_mode((stat.st_mode as u32 & 0o777) as _))
                 .map_err(|_| discard(FileError::Io))?;
         }

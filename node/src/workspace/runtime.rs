@@ -260,7 +260,7 @@ impl WorkspaceRuntime {
         let started = Instant::now();
         let token = cancel.clone();
         let (workspace, authority) = (opened.workspace, opened.authority);
-        let commands = self.commands.clone();
+        let (commands, metrics) = (self.commands.clone(), self.metrics.clone());
         let work = async move {
             let limits = authority.limits;
             let files = FileLimits { max_file_bytes: limits.max_file_bytes, max_list_entries: limits.max_list_entries };
@@ -328,6 +328,8 @@ impl WorkspaceRuntime {
                         grace: command::TERM_GRACE,
                         supervisor: &commands.supervisor,
                         policy: policy.as_ref(),
+                        user: commands.user,
+                        limits: template.limits,
                     };
                     match command::run(&workspace.dir, &spec, &token).await {
                         Ok(done) => ToolResult::Command(pb::WorkspaceCommandResult {
@@ -344,6 +346,10 @@ impl WorkspaceRuntime {
                             output: done.output,
                             truncated: done.truncated,
                             duration_ms: done.duration.as_millis() as u64,
+                            limit_exceeded: done.limit_exceeded.map_or(0, |limit| {
+                                metrics.command_limit_exceeded(limit);
+                                limit.into()
+                            }),
                         }),
                         Err(CommandError::EmptyArgv | CommandError::SpawnFailed) => error(Code::SpawnFailed),
                         Err(CommandError::SandboxFailed) => error(Code::SandboxFailed),

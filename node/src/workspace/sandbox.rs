@@ -7,14 +7,17 @@
 //! `/admin/v1/nodes`.
 //!
 //! The policy itself is [`iop_sandbox::policy`]: this module only supplies
-//! what the node knows (its own files, the owner's read paths) and the
-//! supervisor's path.
+//! what the node knows (its own files, the owner's read paths, the home
+//! directory whose secrets stay denied), the supervisor's path, and the
+//! user commands run as: the node's own, or, when the node runs as root,
+//! `workspaces.command_user` (default `nobody`; never root: a node as root
+//! that has no such user refuses every command).
 
 use std::path::{Path, PathBuf};
 
 use iop_proto::pb;
 pub use iop_sandbox::main_if_invoked;
-use iop_sandbox::{Authority, Policy, Probe};
+use iop_sandbox::{Authority, CommandUser, Policy, Probe};
 
 use crate::config::NodeConfig;
 
@@ -43,9 +46,15 @@ pub struct CommandEnvironment {
     /// The executable that runs as each command's supervisor (this one).
     pub supervisor: PathBuf,
     pub mode: SandboxMode,
+    /// Who commands run as: `None`, the node's own user (it is not root).
+    pub user: Option<CommandUser>,
     owner_read: Vec<PathBuf>,
     node_files: Vec<PathBuf>,
+    home: Option<PathBuf>,
 }
+
+/// The default of `workspaces.command_user`.
+pub const DEFAULT_COMMAND_USER: &str = "nobody";
 
 /// Why a command cannot run here at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,18 +63,34 @@ pub struct SandboxUnavailable;
 impl CommandEnvironment {
     /// Probes the machine with `supervisor` and applies the owner's choice.
     pub async fn detect(config: &NodeConfig, supervisor: PathBuf, detection: Detection) -> Self {
+        // SAFETY: geteuid has no preconditions.
+        let user = match command_user(unsafe { libc::geteuid() }, config.workspaces.command_user.as_deref()) {
+            Ok(user) => user,
+            Err(why) => {
+                tracing::warn!(reason = %why, "workspace commands are refused: the node runs as root and has no user to run them as");
+                return Self::new(config, supervisor, SandboxMode::Refused);
+            }
+        };
+        if let Some(user) = user {
+            tracing::info!(
+                uid = user.uid,
+                gid = user.gid,
+                "the node runs as root: workspace commands run as workspaces.command_user"
+            );
+        }
         let found = match detection {
             Detection::Probe => probe(&supervisor).await,
             Detection::AssumeNone => Err("--test-no-sandbox".to_string()),
         };
         let mode = match (found, config.workspaces.unsandboxed_commands) {
             (Ok(probe), _) => {
-                tracing::info!(
-                    sandbox = ?probe.kind,
-                    detail = %probe.detail,
-                    reserved_read_only = probe.reserved_read_only,
-                    "workspace commands run in the OS sandbox"
-                );
+                tracing::info!(sandbox = ?probe.kind, detail = %probe.detail, "workspace commands run in the OS sandbox");
+                for gap in &probe.gaps {
+                    tracing::warn!(
+                        gap = wire_gap(*gap).label(),
+                        "the command sandbox cannot refuse this here (README \"Security\")"
+                    );
+                }
                 SandboxMode::Sandboxed(probe)
             }
             (Err(why), true) => {
@@ -83,9 +108,11 @@ impl CommandEnvironment {
                 SandboxMode::Refused
             }
         };
-        Self::new(config, supervisor, mode)
+        Self { user, ..Self::new(config, supervisor, mode) }
     }
 
+    /// Runs commands as the node's own user (`detect` sets the command
+    /// user of a node run as root).
     pub fn new(config: &NodeConfig, supervisor: PathBuf, mode: SandboxMode) -> Self {
         let tls = &config.tls;
         let files = [Some(&tls.ca_file), Some(&tls.cert_file), Some(&tls.key_file), config.source.as_ref()];
@@ -93,8 +120,18 @@ impl CommandEnvironment {
         Self {
             supervisor,
             mode,
+            user: None,
             owner_read: config.workspaces.command_read_paths.iter().map(|p| absolute(p)).collect(),
             node_files: protected(files.into_iter().flatten().map(|p| absolute(p)), home.as_deref()),
+            home,
+        }
+    }
+
+    /// What the sandbox cannot refuse here, as `Register` reports it.
+    pub fn wire_gaps(&self) -> Vec<i32> {
+        match &self.mode {
+            SandboxMode::Sandboxed(probe) => probe.gaps.iter().map(|g| wire_gap(*g).into()).collect(),
+            SandboxMode::Unsandboxed | SandboxMode::Refused => Vec::new(),
         }
     }
 
@@ -117,7 +154,13 @@ impl CommandEnvironment {
             SandboxMode::Refused => Err(SandboxUnavailable),
             SandboxMode::Unsandboxed => Ok(None),
             SandboxMode::Sandboxed(_) => {
-                let authority = Authority { root, network, owner_read: &self.owner_read, node_files: &self.node_files };
+                let authority = Authority {
+                    root,
+                    network,
+                    owner_read: &self.owner_read,
+                    node_files: &self.node_files,
+                    home: self.home.as_deref(),
+                };
                 Ok(Some(iop_sandbox::policy::policy(&authority, &iop_sandbox::policy::system_read_paths())))
             }
         }
@@ -127,6 +170,51 @@ impl CommandEnvironment {
     /// ([`iop_sandbox::policy::overlaps`]).
     pub fn overlaps_node_files(&self, root: &Path) -> bool {
         iop_sandbox::policy::overlaps(root, &self.node_files)
+    }
+}
+
+fn wire_gap(gap: iop_sandbox::Gap) -> pb::SandboxGap {
+    match gap {
+        iop_sandbox::Gap::SignalScope => pb::SandboxGap::SignalScope,
+        iop_sandbox::Gap::Tcp => pb::SandboxGap::Tcp,
+        iop_sandbox::Gap::ReservedWritable => pb::SandboxGap::ReservedWritable,
+        iop_sandbox::Gap::BoundingSet => pb::SandboxGap::BoundingSet,
+        iop_sandbox::Gap::Priority => pb::SandboxGap::Priority,
+    }
+}
+
+/// The user a node with effective uid `euid` runs commands as: its own
+/// (`None`) unless it is root; then `name` (the config's
+/// `workspaces.command_user`, default [`DEFAULT_COMMAND_USER`]), which must
+/// exist and must not be root.
+pub fn command_user(euid: u32, name: Option<&str>) -> Result<Option<CommandUser>, String> {
+    if euid != 0 {
+        return Ok(None);
+    }
+    let name = name.unwrap_or(DEFAULT_COMMAND_USER);
+    let Some(user) = lookup_user(name) else {
+        return Err(format!("workspaces.command_user `{name}` is no user on this machine"));
+    };
+    if user.uid == 0 || user.gid == 0 {
+        return Err(format!("workspaces.command_user `{name}` is root (uid or gid 0)"));
+    }
+    Ok(Some(user))
+}
+
+/// The uid and primary gid of user `name` (`getpwnam_r`).
+fn lookup_user(name: &str) -> Option<CommandUser> {
+    let name = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: passwd is plain data filled by getpwnam_r, which writes its
+    // strings into `buf` (of the length given) and sets `found`.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwnam_r(name.as_ptr(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found);
+        if rc != 0 || found.is_null() {
+            return None;
+        }
+        Some(CommandUser { uid: pwd.pw_uid, gid: pwd.pw_gid })
     }
 }
 
@@ -174,7 +262,7 @@ impl CommandEnvironment {
     /// `mode` with the test supervisor, no owner read paths, and
     /// `node_files` as the node's own.
     pub fn for_tests(mode: SandboxMode, node_files: Vec<PathBuf>) -> Self {
-        Self { supervisor: test_supervisor(), mode, owner_read: Vec::new(), node_files }
+        Self { supervisor: test_supervisor(), mode, user: None, owner_read: Vec::new(), node_files, home: None }
     }
 }
 
@@ -216,6 +304,16 @@ pub const SETSID: &str = "perl -MPOSIX -e 'POSIX::setsid() or die qq(setsid: $!)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_runs_commands_as_an_existing_unprivileged_user_or_not_at_all() {
+        assert_eq!(command_user(1000, Some("root")), Ok(None), "not root: the node's own user, whatever is set");
+        let nobody = command_user(0, None).unwrap().expect("a user");
+        assert!(nobody.uid != 0 && nobody.gid != 0, "{nobody:?}");
+        assert_eq!(command_user(0, Some(DEFAULT_COMMAND_USER)), Ok(Some(nobody)));
+        assert!(command_user(0, Some("root")).unwrap_err().contains("is root"));
+        assert!(command_user(0, Some("iop-no-such-user")).unwrap_err().contains("no user"));
+    }
 
     #[test]
     fn the_nodes_directories_are_protected_but_not_home_or_root() {

@@ -245,3 +245,21 @@ fn a_write_keeps_the_existing_files_permissions() {
     assert_eq!(mode("fresh.txt") & !0o022, 0o644 & !0o022);
     assert!(mode("fresh.txt") & 0o111 == 0, "a new file is not executable");
 }
+
+/// A node run as root writes files that belong to the directory's owner,
+/// so the commands it runs as `workspaces.command_user` can change them;
+/// any other node writes its own files (it cannot give one away).
+#[test]
+fn a_new_file_belongs_to_its_directorys_owner_where_the_node_may_give_it_away() {
+    use std::os::unix::fs::MetadataExt;
+    let f = Fixture::new();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let (uid, gid) = if root { (65_534, 65_534) } else { (unsafe { libc::geteuid() }, unsafe { libc::getegid() }) };
+    if root {
+        std::os::unix::fs::chown(f.ws().join("src"), Some(uid), Some(gid)).unwrap();
+    }
+    f.files().write("src/new.rs", b"fn new() {}", true).unwrap();
+    let meta = std::fs::metadata(f.ws().join("src/new.rs")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+}

@@ -146,6 +146,7 @@ impl Fixture {
                 id: "hang".into(),
                 argv: ["sh", "-c", "sleep 300 & echo $! > grandchild.pid; wait"].map(String::from).to_vec(),
                 timeout_ms: 600_000,
+                limits: None,
             }],
             env_allowlist: vec!["PATH".into()],
             limits: None,
