@@ -785,7 +785,7 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
 fn authenticate(state: &EdgeState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     match state.config.secrets().keys.authenticate(headers) {
         Ok(caller) => {
-            if let Caller::Principal(p) = &caller {
+            if let Caller::Principal(p, _) = &caller {
                 state.metrics.principal_requests.get_or_create(&PrincipalLabels { principal: p.name.clone() }).inc();
             }
             Ok(caller)
