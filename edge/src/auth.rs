@@ -21,6 +21,8 @@
 //!
 //! A key is accepted until the earlier of its own `expires_at` and its
 //! principal's (RFC 3339); from then on it answers `401 api_key_expired`.
+//! A key refused later (disabled, removed or expired) also ends the jobs it
+//! runs: `crate::job::standing` judges them again by [`Keys::caller_at`].
 //! `iop-edge new-key --expires-in 30d` prints a key with its `expires_at`.
 //!
 //! `workspaces` (ref patterns, default none) decides which workspaces a key
@@ -156,18 +158,39 @@ impl NamePattern {
     }
 }
 
-/// Who is calling: a principal, or anyone when `auth.mode` is `disabled`.
+/// A presented API key, by its SHA-256: what a running job keeps so that
+/// its caller is judged again on every reload (`crate::job::standing`).
+/// Never printed, and compared only in constant time ([`Keys::caller_at`]).
+#[derive(Clone, Copy)]
+pub struct KeyDigest([u8; 32]);
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Who is calling: a principal (and the key it called with), or anyone
+/// when `auth.mode` is `disabled`.
 #[derive(Debug, Clone)]
 pub enum Caller {
     Anonymous,
-    Principal(Arc<Principal>),
+    Principal(Arc<Principal>, KeyDigest),
 }
 
 impl Caller {
+    /// The key the caller presented (none for anonymous callers).
+    pub fn credential(&self) -> Option<KeyDigest> {
+        match self {
+            Self::Anonymous => None,
+            Self::Principal(_, key) => Some(*key),
+        }
+    }
+
     pub fn may_use(&self, model: &str) -> bool {
         match self {
             Self::Anonymous => true,
-            Self::Principal(p) => p.models.iter().any(|m| m.matches(model)),
+            Self::Principal(p, _) => p.models.iter().any(|m| m.matches(model)),
         }
     }
 
@@ -178,7 +201,7 @@ impl Caller {
     pub fn may_use_workspace(&self, reference: &str, anonymous_workspaces: &[String]) -> bool {
         match self {
             Self::Anonymous => anonymous_workspaces.iter().any(|r| r == reference),
-            Self::Principal(p) => p.workspaces.iter().any(|w| w.matches(reference)),
+            Self::Principal(p, _) => p.workspaces.iter().any(|w| w.matches(reference)),
         }
     }
 
@@ -188,7 +211,7 @@ impl Caller {
     pub fn max_concurrent_jobs(&self, default: u32) -> u32 {
         match self {
             Self::Anonymous => default,
-            Self::Principal(p) => p.max_concurrent_jobs.unwrap_or(default),
+            Self::Principal(p, _) => p.max_concurrent_jobs.unwrap_or(default),
         }
     }
 
@@ -196,7 +219,7 @@ impl Caller {
     pub fn limits(&self) -> PrincipalLimits {
         match self {
             Self::Anonymous => PrincipalLimits::default(),
-            Self::Principal(p) => p.limits,
+            Self::Principal(p, _) => p.limits,
         }
     }
 
@@ -204,7 +227,7 @@ impl Caller {
     pub fn name(&self) -> &str {
         match self {
             Self::Anonymous => "anonymous",
-            Self::Principal(p) => &p.name,
+            Self::Principal(p, _) => &p.name,
         }
     }
 }
@@ -357,29 +380,54 @@ impl Keys {
     /// The caller a request's headers name at `now` (expiry is decided
     /// against it).
     pub fn authenticate_at(&self, headers: &HeaderMap, now: OffsetDateTime) -> Result<Caller, AuthFailure> {
-        let Self::Required(principals) = self else { return Ok(Caller::Anonymous) };
+        if matches!(self, Self::Disabled) {
+            return Ok(Caller::Anonymous);
+        }
         let key = presented_key(headers).ok_or(AuthFailure::Missing)?;
         if key.len() > MAX_KEY_LEN {
             return Err(AuthFailure::Unknown);
         }
-        let digest = sha256(key.as_bytes());
-        // Every key is compared, so the time taken does not depend on where
-        // (or whether) the key matched. Hashes are unique, so at most one does.
+        self.caller_at(Some(KeyDigest(sha256(key.as_bytes()))), now)
+    }
+
+    /// The one rule for a key: the caller `key` names at `now`, or why it
+    /// is refused (no key: anyone when authentication is disabled, else
+    /// `missing_api_key`). Judged at the door and again, for a running job,
+    /// on every reload and at the key's expiry (`crate::job::standing`).
+    pub fn caller_at(&self, key: Option<KeyDigest>, now: OffsetDateTime) -> Result<Caller, AuthFailure> {
+        let Self::Required(_) = self else { return Ok(Caller::Anonymous) };
+        let digest = key.ok_or(AuthFailure::Missing)?;
+        let expired = |at: Option<OffsetDateTime>| at.is_some_and(|at| now >= at);
+        match self.find(&digest) {
+            None => Err(AuthFailure::Unknown),
+            Some((p, _)) if p.disabled => Err(AuthFailure::Disabled),
+            Some((p, key)) if expired(p.expires_at) || expired(key.expires_at) => Err(AuthFailure::Expired),
+            Some((p, _)) => Ok(Caller::Principal(p.clone(), digest)),
+        }
+    }
+
+    /// When `key` stops being accepted (the earlier of its own `expires_at`
+    /// and its principal's), if it is known and ever does: when a running
+    /// job's caller must be judged again without a reload.
+    pub fn expires_at(&self, key: Option<KeyDigest>) -> Option<OffsetDateTime> {
+        let (p, key) = self.find(&key?)?;
+        [p.expires_at, key.expires_at].into_iter().flatten().min()
+    }
+
+    /// The principal holding the key `digest`, and that key. Every key is
+    /// compared, so the time taken does not depend on where (or whether)
+    /// the key matched. Hashes are unique, so at most one does.
+    fn find(&self, digest: &KeyDigest) -> Option<(&Arc<Principal>, &PrincipalKey)> {
+        let Self::Required(principals) = self else { return None };
         let mut found = None;
         for principal in principals {
             for key in &principal.keys {
-                if bool::from(key.sha256.ct_eq(&digest)) {
+                if bool::from(key.sha256.ct_eq(&digest.0)) {
                     found = Some((principal, key));
                 }
             }
         }
-        let expired = |at: Option<OffsetDateTime>| at.is_some_and(|at| now >= at);
-        match found {
-            None => Err(AuthFailure::Unknown),
-            Some((p, _)) if p.disabled => Err(AuthFailure::Disabled),
-            Some((p, key)) if expired(p.expires_at) || expired(key.expires_at) => Err(AuthFailure::Expired),
-            Some((p, _)) => Ok(Caller::Principal(p.clone())),
-        }
+        found
     }
 
     /// The principals whose key (or who) expire within `within` of `now`

@@ -68,6 +68,9 @@ pub struct ConfigHandle {
     status: std::sync::Mutex<ReloadStatus>,
     /// Installed from the credentials of every config this handle takes.
     credential_health: std::sync::Arc<CredentialHealth>,
+    /// The revision, sent once a reload's config and secrets are in place
+    /// (running jobs judge their caller again: `crate::job::standing`).
+    reloaded: tokio::sync::watch::Sender<u64>,
 }
 
 /// What `/admin/v1/config` reports.
@@ -88,6 +91,7 @@ impl ConfigHandle {
             secrets: std::sync::RwLock::new(std::sync::Arc::new(secrets)),
             status: std::sync::Mutex::new(ReloadStatus { revision: 1, last_error: None }),
             credential_health,
+            reloaded: tokio::sync::watch::Sender::new(1),
         }
     }
 
@@ -110,10 +114,20 @@ impl ConfigHandle {
         self.credential_health.install(&secrets.credentials);
         *self.secrets.write().unwrap() = std::sync::Arc::new(secrets);
         let previous = std::mem::replace(&mut *self.current.write().unwrap(), std::sync::Arc::new(next));
-        let mut status = self.status.lock().unwrap();
-        status.revision += 1;
-        status.last_error = None;
+        let revision = {
+            let mut status = self.status.lock().unwrap();
+            status.revision += 1;
+            status.last_error = None;
+            status.revision
+        };
+        self.reloaded.send_replace(revision);
         previous
+    }
+
+    /// Wakes on every applied reload, after the new config and secrets are
+    /// in place (a receiver sees only the reloads after this call).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloaded.subscribe()
     }
 
     pub fn reject(&self, error: String) {

@@ -16,9 +16,15 @@
 //! handle whose drop (the client went away) cancels the job, which then
 //! cancels its pending tool (a command's process group dies) and cleans up
 //! before it ends.
+//!
+//! A revocation ends a job the same way: its caller is judged again
+//! ([`standing`]) on every reload, when its key expires and before each
+//! model turn and tool call; once it no longer may run in the workspace,
+//! the job is cancelled, cleans up, and answers the typed error.
 
 pub mod prompts;
 pub mod slots;
+pub mod standing;
 pub mod state;
 pub mod tools;
 
@@ -35,6 +41,7 @@ use crate::ingress::error::ApiError;
 use crate::ingress::openai_chat::{CompletionAggregator, ResponseMeta};
 use crate::metrics::{ResultLabels, StageLabels, StateLabels, ToolLabels};
 use crate::workspace::{self, Admitted, WorkspaceCall, WorkspaceError};
+use standing::{Revocation, Standing};
 use state::{Job, JobEvent, JobFailure, JobState, Pending, Stage, StageBudget, StagePlan};
 
 /// How long the Edge waits for the node's cleanup of a job (it first waits
@@ -65,6 +72,12 @@ pub enum JobError {
     /// own error reaches the client).
     Model(ApiError),
     Cancelled,
+    /// Its caller may no longer run jobs in `workspace`; the job was
+    /// cancelled.
+    Revoked {
+        reason: Revocation,
+        workspace: String,
+    },
 }
 
 impl From<JobError> for ApiError {
@@ -72,6 +85,11 @@ impl From<JobError> for ApiError {
         match e {
             JobError::Failed(failure) => ApiError::Job(failure),
             JobError::Model(e) => e,
+            // The door's own answer for the key now.
+            JobError::Revoked { reason: Revocation::Key(failure), .. } => ApiError::Unauthenticated(failure),
+            JobError::Revoked { reason: Revocation::GrantRemoved | Revocation::WorkspaceRemoved, workspace } => {
+                ApiError::WorkspaceRevoked(workspace)
+            }
             // Nobody is listening any more.
             JobError::Cancelled => ApiError::Internal,
         }
@@ -101,20 +119,26 @@ pub fn spawn(
 pub async fn run(state: Arc<EdgeState>, spec: JobSpec, cancel: CancellationToken) -> Result<Committed, JobError> {
     let wall_clock =
         Instant::now() + Duration::from_millis(spec.admitted.authority.limits.map_or(0, |l| l.wall_clock_ms));
+    let standing = Standing::new(&state.config, &spec.caller, &spec.admitted.reference);
+    // Polled beside the work until the cleanup: cancels the job when its
+    // caller is revoked.
+    let mut watch = std::pin::pin!(standing.watch(&cancel));
     let opened = tokio::select! {
         _ = cancel.cancelled() => Err(JobError::Cancelled),
         opened = tokio::time::timeout_at(wall_clock.into(), open(&state, &spec)) => match opened {
             Ok(result) => result.map_err(|e| JobError::Failed(open_failure(e))),
             Err(_) => Err(JobError::Failed(JobFailure::WallClock)),
         },
+        never = &mut watch => match never {},
     };
     let (call, effective) = match opened {
         Ok(opened) => opened,
-        Err(e) => return Err(terminal(&state, &spec.id, e)),
+        Err(e) => return Err(terminal(&state, &spec.id, revoked_or(&standing, &spec, e))),
     };
     let mut driver = Driver {
         state: &state,
         spec: &spec,
+        standing: &standing,
         call,
         authority: effective,
         job: Job::new(StagePlan {
@@ -129,7 +153,11 @@ pub async fn run(state: Arc<EdgeState>, spec: JobSpec, cancel: CancellationToken
         wall_clock,
         current: None,
     };
-    let outcome = driver.drive(&cancel).await;
+    let outcome = tokio::select! {
+        biased;
+        outcome = driver.drive(&cancel) => outcome,
+        never = &mut watch => match never {},
+    };
     let Driver { call, usage, target_model, .. } = driver;
     let cleaned = match tokio::time::timeout(CLEANUP_WAIT, call.cleanup()).await {
         Ok(Ok(response)) => workspace::cleanup_label(response.status),
@@ -148,17 +176,34 @@ pub async fn run(state: Arc<EdgeState>, spec: JobSpec, cancel: CancellationToken
             count_terminal(&state, &spec.id, &JobState::Completed);
             Ok(committed)
         }
-        Err(e) => Err(terminal(&state, &spec.id, e)),
+        Err(e) => Err(terminal(&state, &spec.id, revoked_or(&standing, &spec, e))),
+    }
+}
+
+/// A job that ended without its answer because its caller was revoked
+/// ends revoked, whatever else it saw: the same reload that revokes may
+/// also close the node's session (a removed workspace), which the job can
+/// notice first. Judged once more here for that.
+fn revoked_or(standing: &Standing, spec: &JobSpec, e: JobError) -> JobError {
+    // Records a revocation not seen yet (once revoked, stays revoked).
+    standing.holds();
+    match standing.revocation() {
+        Some(reason) => JobError::Revoked { reason, workspace: spec.admitted.reference.clone() },
+        None => e,
     }
 }
 
 /// Counts a job's ending (once per job) and passes its error on.
 fn terminal(state: &EdgeState, id: &str, e: JobError) -> JobError {
     let ended = match &e {
-        JobError::Cancelled => JobState::Cancelled,
+        JobError::Cancelled | JobError::Revoked { .. } => JobState::Cancelled,
         JobError::Failed(failure) => JobState::Failed(*failure),
         JobError::Model(_) => JobState::Failed(JobFailure::ModelFailed),
     };
+    if let JobError::Revoked { reason, .. } = &e {
+        state.metrics.reason(&state.metrics.job_revoked, reason.label());
+        tracing::info!(job = id, reason = reason.label(), "job revoked: its caller may no longer run it");
+    }
     count_terminal(state, id, &ended);
     e
 }
@@ -218,6 +263,8 @@ struct Turn {
 struct Driver<'a> {
     state: &'a Arc<EdgeState>,
     spec: &'a JobSpec,
+    /// Judged before each model turn and tool call.
+    standing: &'a Standing<'a>,
     call: WorkspaceCall,
     /// What the node granted.
     authority: pb::WorkspaceAuthority,
@@ -267,6 +314,11 @@ impl Driver<'_> {
                     prompts::instruction(stage, &self.spec.admitted.stages.prompts, self.job.review_notes());
                 self.conversation.push(message(pb::Role::User, instruction));
             }
+            if !self.standing.holds() {
+                cancel.cancel();
+                self.apply(JobEvent::Cancelled);
+                continue;
+            }
             let visit = self.current.as_mut().expect("set above");
             if let Err(failure) = visit.budget.take_turn(Instant::now()) {
                 self.apply(JobEvent::Failed(failure));
@@ -290,7 +342,8 @@ impl Driver<'_> {
                     self.apply(JobEvent::Failed(failure));
                     continue;
                 }
-                Err(JobError::Cancelled) => {
+                // A revocation is told apart after the job ends (`revoked_or`).
+                Err(JobError::Cancelled | JobError::Revoked { .. }) => {
                     self.apply(JobEvent::Cancelled);
                     continue;
                 }
@@ -331,6 +384,13 @@ impl Driver<'_> {
             ..Default::default()
         });
         for (n, call) in (first..).zip(calls) {
+            // Nothing more reaches the workspace once the job is cancelled
+            // or its caller revoked.
+            if cancel.is_cancelled() || !self.standing.holds() {
+                cancel.cancel();
+                self.apply(JobEvent::Cancelled);
+                return;
+            }
             // The wire id is the job's own: model ids may repeat.
             let pending = Pending { stage_id: stage_id.clone(), tool_call_id: format!("t{n}") };
             self.apply(JobEvent::ToolCalled(pending.clone()));

@@ -259,6 +259,9 @@ pub struct EdgeMetrics {
     pub job_tool_calls: Family<ToolLabels, Counter>,
     pub job_cleanups: Family<ResultLabels, Counter>,
     pub job_terminals: Family<StateLabels, Counter>,
+    /// Jobs ended because their caller may no longer run them
+    /// (`job::standing::Revocation::label`).
+    pub job_revoked: Family<ReasonLabels, Counter>,
 }
 
 impl EdgeMetrics {
@@ -482,6 +485,12 @@ impl EdgeMetrics {
         registry.register("job_cleanups", "Workspace cleanups at the end of jobs, by result", job_cleanups.clone());
         let job_terminals = Family::<StateLabels, Counter>::default();
         registry.register("job_terminals", "Jobs ended, by terminal state", job_terminals.clone());
+        let job_revoked = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "job_revoked",
+            "Running jobs ended because their caller may no longer run them (key disabled, expired or removed; workspace grant or workspace removed), by reason",
+            job_revoked.clone(),
+        );
         let anthropic_job_ingress = Counter::default();
         root.register(
             "iop_anthropic_single_request_ingress",
@@ -542,6 +551,7 @@ impl EdgeMetrics {
             job_tool_calls,
             job_cleanups,
             job_terminals,
+            job_revoked,
         })
     }
 

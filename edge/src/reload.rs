@@ -5,7 +5,9 @@
 //! certificate is therefore picked up without a restart.
 //! The keys file (`auth.keys_file`) and the credential files
 //! (`credentials[].file`) are watched the same way, so a key is added or
-//! revoked, or a credential rotated, without a restart.
+//! revoked, or a credential rotated, without a restart. A running job
+//! whose caller a reload revokes (key disabled or removed, workspace grant
+//! or workspace removed) ends at that reload (`crate::job::standing`).
 //! A new config is fully validated, TLS and keys files included, before anything
 //! changes; an invalid one keeps the old config and is reported on
 //! `/admin/v1/config` and `iop_edge_config_reloads_total{result="rejected"}`.

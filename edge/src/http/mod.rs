@@ -514,7 +514,8 @@ fn job_spec<S: Surface>(
     if route::candidates(config, &model).is_none() {
         return Err(ApiError::ModelNotFound(model));
     }
-    if !caller.may_use_workspace(reference, &config.auth.anonymous_workspaces) {
+    // The one rule a running job is judged by again (`job::standing`).
+    if crate::job::standing::workspace_grant(caller, config, reference).is_err() {
         return Err(ApiError::WorkspaceNotFound(reference.to_string()));
     }
     let admitted = crate::workspace::admit(state, reference).map_err(|e| match e {
@@ -785,7 +786,7 @@ fn sse_response<S: Surface>(stream: SseStream<S>, record: RequestRecord) -> Resp
 fn authenticate(state: &EdgeState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     match state.config.secrets().keys.authenticate(headers) {
         Ok(caller) => {
-            if let Caller::Principal(p) = &caller {
+            if let Caller::Principal(p, _) = &caller {
                 state.metrics.principal_requests.get_or_create(&PrincipalLabels { principal: p.name.clone() }).inc();
             }
             Ok(caller)

@@ -46,6 +46,11 @@ pub enum ApiError {
     /// The workspace's node is not ready right now.
     #[error("the workspace `{0}` is not available right now, retry later")]
     WorkspaceUnavailable(String),
+    /// A running job's caller may no longer run jobs in the workspace (its
+    /// grant or the workspace was removed by a reload): the job was
+    /// stopped. One answer for both (`crate::job::standing`).
+    #[error("the job was stopped: this caller may no longer run jobs in the workspace `{0}`")]
+    WorkspaceRevoked(String),
     /// The workspace, or the caller, already runs as many jobs as its
     /// limit allows (`limits.max_concurrent_jobs`, the principal's).
     #[error("{}", too_many_jobs_message(*.0))]
@@ -188,6 +193,7 @@ impl ApiError {
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::ModelNotAllowed(_) | Self::OriginNotAllowed | Self::HostNotAllowed => StatusCode::FORBIDDEN,
+            Self::WorkspaceRevoked(_) => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -256,6 +262,7 @@ impl ApiError {
             Self::HostNotAllowed => "host_not_allowed",
             Self::WorkspaceNotFound(_) => "workspace_not_found",
             Self::WorkspaceUnavailable(_) => "workspace_unavailable",
+            Self::WorkspaceRevoked(_) => "workspace_revoked",
             Self::TooManyJobs(_) => "too_many_jobs",
             Self::RateLimited(_) => "rate_limit_exceeded",
             Self::Job(failure) => failure.label(),
@@ -484,6 +491,8 @@ mod tests {
             (ApiError::Unauthenticated(AuthFailure::Disabled), 401, "authentication_error", "api_key_disabled"),
             (ApiError::Unauthenticated(AuthFailure::Expired), 401, "authentication_error", "api_key_expired"),
             (ApiError::ModelNotAllowed("m".into()), 403, "permission_error", "model_not_allowed"),
+            // A running job whose grant or workspace a reload removed.
+            (ApiError::WorkspaceRevoked("site".into()), 403, "permission_error", "workspace_revoked"),
         ];
         for (err, status, kind, code) in cases {
             assert_eq!(err.status().as_u16(), status);
