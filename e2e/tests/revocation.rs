@@ -68,11 +68,7 @@ fn site(root: &Path) -> WorkspaceEntry {
         node: NODE.into(),
         root: root.to_str().unwrap().into(),
         operations: vec![Op::Read, Op::List, Op::Write, Op::Command],
-        commands: vec![WorkspaceCommand {
-            id: "tick".into(),
-            argv: vec!["bash".into(), "-c".into(), TICK.into()],
-            timeout_ms: 60_000,
-        }],
+        commands: vec![WorkspaceCommand::new("tick", vec!["bash".into(), "-c".into(), TICK.into()])],
         env_allowlist: vec!["PATH".into()],
         limits: Default::default(),
         network: false,
