@@ -215,12 +215,26 @@ pub async fn spawn_logged_until_lines(
     ready_marker: &str,
     log: Option<&Path>,
 ) -> (Proc, Vec<String>) {
+    spawn_configured_until_lines(name, program, args, ready_marker, log, |_| {}).await
+}
+
+/// [`spawn_logged_until_lines`], with the command set up further by
+/// `configure` before it starts (a terminal, an inherited descriptor).
+pub async fn spawn_configured_until_lines(
+    name: &'static str,
+    program: &Path,
+    args: &[&str],
+    ready_marker: &str,
+    log: Option<&Path>,
+    configure: impl FnOnce(&mut Command),
+) -> (Proc, Vec<String>) {
     let mut command = Command::new(program);
     command.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
     if let Some(log) = log {
         let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
         command.stderr(file).env("RUST_LOG", "info").env_remove("NO_COLOR");
     }
+    configure(&mut command);
     let mut child = command.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", program.display()));
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();

@@ -12,15 +12,59 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use iop_e2e::harness::wait_until;
-use iop_proto::config::{WorkspaceCommand, WorkspaceEntry, WorkspaceOperation as Op};
+use iop_proto::config::{CommandLimits, WorkspaceCommand, WorkspaceEntry, WorkspaceOperation as Op};
 use serde_json::{Value, json};
 
 fn command(id: &str, script: &str) -> WorkspaceCommand {
-    WorkspaceCommand {
-        id: id.into(),
-        argv: vec!["bash".into(), "-c".into(), script.into()],
-        timeout_ms: 60_000,
-        limits: Default::default(),
+    WorkspaceCommand::new(id, vec!["bash".into(), "-c".into(), script.into()])
+}
+
+/// The attacks of `sandbox/testdata/hostile.py` (written into the root),
+/// each a command `attack-<name>`: root's powers, the terminal, the node's
+/// and the supervisor's process, what the command inherited. Each exits 1
+/// when refused (0: it got through; anything else: the probe failed).
+const HOSTILE: &str = include_str!("../../sandbox/testdata/hostile.py");
+const ATTACKS: &[(&str, &str)] = &[
+    // Run as the command's first process (`exec`): only it reads its own
+    // `/proc/self`.
+    ("capabilities", "exec /usr/bin/python3 hostile.py capabilities $(cat bounding)"),
+    ("descriptors", "exec /usr/bin/python3 hostile.py descriptors"),
+    ("reboot", "/usr/bin/python3 hostile.py reboot"),
+    ("sethostname", "/usr/bin/python3 hostile.py sethostname"),
+    ("bpf", "/usr/bin/python3 hostile.py bpf"),
+    ("perf_event_open", "/usr/bin/python3 hostile.py perf_event_open"),
+    ("finit_module", "/usr/bin/python3 hostile.py finit_module"),
+    ("keyring", "/usr/bin/python3 hostile.py keyring"),
+    ("mknod", "/usr/bin/python3 hostile.py mknod"),
+    ("unshare", "/usr/bin/python3 hostile.py unshare"),
+    ("realtime", "/usr/bin/python3 hostile.py realtime"),
+    ("tiocsti", "/usr/bin/python3 hostile.py tiocsti"),
+    ("tiocsti_high_bits", "/usr/bin/python3 hostile.py tiocsti_high_bits"),
+    ("tty", "/usr/bin/python3 hostile.py tty"),
+    ("node_prlimit", "/usr/bin/python3 hostile.py prlimit $(cat node.pid)"),
+    // The attacker: the node's RLIMIT_CPU to 1 s, then output the
+    // node must read.
+    ("node_cpu_limit", "/usr/bin/python3 hostile.py prlimit_cpu $(cat node.pid) && yes | head -c 50000000"),
+    ("node_priority", "/usr/bin/python3 hostile.py setpriority $(cat node.pid)"),
+    ("node_affinity", "/usr/bin/python3 hostile.py affinity $(cat node.pid)"),
+    // The supervisor is the command's parent: its descriptor limit lowered
+    // would stop it reading the command's status.
+    ("supervisor_prlimit", "exec /usr/bin/python3 hostile.py prlimit $PPID"),
+    ("net_table", "/usr/bin/python3 hostile.py net_table"),
+];
+
+/// A command that runs past a small limit of its template.
+fn bounded(id: &str, script: &str, limits: CommandLimits) -> WorkspaceCommand {
+    WorkspaceCommand { limits, ..command(id, script) }
+}
+
+fn small_limits() -> CommandLimits {
+    CommandLimits {
+        max_processes: 16,
+        max_memory_bytes: 64 << 20,
+        max_cpu_seconds: 2,
+        max_file_size_bytes: 1 << 20,
+        max_disk_bytes: 4 << 20,
     }
 }
 
@@ -55,7 +99,7 @@ fn site(root: &Path, outside: &Path, node_key: &Path) -> WorkspaceEntry {
         node: NODE.into(),
         root: root.to_str().unwrap().into(),
         operations: vec![Op::Read, Op::List, Op::Write, Op::Command],
-        commands: vec![
+        commands: [
             command("inside", "echo made > made.txt && cat made.txt"),
             // Each exits 42 when its own operation is refused (not 126/127
             // for a shell or program that could not start).
@@ -71,7 +115,29 @@ fn site(root: &Path, outside: &Path, node_key: &Path) -> WorkspaceEntry {
                 "linger",
                 &format!("{SETSID} sleep 3000 </dev/null >/dev/null 2>&1 & echo $! > lingering.pid; wait"),
             ),
-        ],
+            // A fork bomb whose processes wait for their children, a memory
+            // hog, a disk filler of many small files. Each is finite (255
+            // processes, 50 MB), so a broken limit fails the test instead
+            // of taking the machine down.
+            bounded(
+                "bomb",
+                "bomb() { if [ $1 -lt 7 ]; then bomb $(($1 + 1)) & bomb $(($1 + 1)) & fi; wait; }; bomb 0",
+                small_limits(),
+            ),
+            bounded(
+                "hog",
+                "exec /usr/bin/python3 -c 'import time; b = b\"x\" * (1 << 30); time.sleep(60)'",
+                small_limits(),
+            ),
+            bounded(
+                "filler",
+                "for i in $(seq 200); do head -c 262144 /dev/zero > fill$i; done; sleep 60",
+                small_limits(),
+            ),
+        ]
+        .into_iter()
+        .chain(ATTACKS.iter().map(|(name, script)| command(&format!("attack-{name}"), script)))
+        .collect(),
         env_allowlist: vec!["PATH".into()],
         limits: Default::default(),
         network: false,
@@ -95,15 +161,26 @@ async fn start() -> Fixture {
     start_with(Vec::new(), false).await
 }
 
-/// The fixture's node started with `node_args` and the owner's
-/// `unsandboxed_commands`.
 async fn start_with(node_args: Vec<&'static str>, unsandboxed_commands: bool) -> Fixture {
+    start_on(node_args, unsandboxed_commands, None).await
+}
+
+/// The fixture's node started with `node_args`, the owner's
+/// `unsandboxed_commands`, and `terminal` (a pseudo-terminal's side) as
+/// its controlling terminal and stdin, and inherited again as fd 9, as a
+/// node run in the foreground of a shell has it.
+async fn start_on(
+    node_args: Vec<&'static str>,
+    unsandboxed_commands: bool,
+    terminal: Option<std::os::fd::RawFd>,
+) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let base = std::fs::canonicalize(tmp.path()).unwrap();
     let (allowed, outside) = (base.join("allowed"), base.join("outside"));
     let root = allowed.join("site");
     std::fs::create_dir_all(&root).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(root.join("hostile.py"), HOSTILE).unwrap();
     // The stack writes the node's key into its own directory; its path is
     // only known once it runs, so the command reads a link to it.
     let key_link = base.join("node-key-link");
@@ -120,7 +197,30 @@ async fn start_with(node_args: Vec<&'static str>, unsandboxed_commands: bool) ->
     .await;
     std::os::unix::fs::symlink(stack.pki.dir.join(format!("node-{NODE}-key.pem")), &key_link).unwrap();
     let pair = stack.pki.node_cert(NODE, iop_e2e::pki::Validity::Current).unwrap();
-    let (node, metrics) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
+    let ca = stack.pki.ca_file.clone();
+    let (node, metrics) = match terminal {
+        None => stack.spawn_node(&pair, &ca).await,
+        Some(tty) => {
+            stack
+                .spawn_node_with(&pair, &ca, move |command| {
+                    // SAFETY: only async-signal-safe calls between fork and
+                    // exec, on a descriptor the test keeps open.
+                    unsafe {
+                        command.pre_exec(move || {
+                            if libc::setsid() < 0
+                                || libc::dup2(tty, 0) < 0
+                                || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0
+                                || libc::dup2(tty, 9) < 0
+                            {
+                                return Err(std::io::Error::last_os_error());
+                            }
+                            Ok(())
+                        });
+                    }
+                })
+                .await
+        }
+    };
     std::fs::write(root.join("node.pid"), node.pid().to_string()).unwrap();
     std::fs::write(root.join("edge.port"), stack.http.port().to_string()).unwrap();
     stack.nodes.push(node);
@@ -265,4 +365,101 @@ async fn a_command_does_not_outlive_a_killed_node() {
     node.child.kill().await.unwrap();
     wait_until("the lingering process is gone", WAIT, || async { !alive(pid) }).await;
     pending.abort();
+}
+
+/// The command's stand-in for "the node's owner would let this through":
+/// every attack of `hostile.py` is refused, the node keeps serving, and
+/// `/admin/v1/nodes` says what this machine's sandbox cannot refuse.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_command_has_no_privilege_and_cannot_touch_the_node_or_its_supervisor() {
+    let f = start().await;
+    let stack = &f.stack;
+    let node = stack.node(NODE).await;
+    if node["command_sandbox"] == "unavailable" {
+        no_sandbox_here();
+        return;
+    }
+    let gaps: Vec<&str> = node["sandbox_gaps"].as_array().unwrap().iter().map(|g| g.as_str().unwrap()).collect();
+    let known = ["signal_scope", "tcp", "reserved_writable", "bounding_set", "priority"];
+    assert!(gaps.iter().all(|g| known.contains(g)), "{gaps:?}");
+    // The bounding set is cleared wherever the node could (the gap says
+    // where it could not).
+    let bounding = if gaps.contains(&"bounding_set") { "" } else { "bounding" };
+    std::fs::write(f.root.join("bounding"), bounding).unwrap();
+    let ids: Vec<String> = ATTACKS.iter().map(|(name, _)| format!("attack-{name}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let results = run(stack, &ids).await;
+    for (result, id) in results.iter().zip(&ids) {
+        assert_eq!(result["exit_code"], 1, "`{id}` was not refused: {result}");
+    }
+    assert!(!f.root.join("kmsg").exists(), "a device node was made");
+    // The node's limits are its own: it still answers, after more than a
+    // second of CPU since the RLIMIT_CPU attempt.
+    assert!(alive(stack.nodes[0].pid() as i32));
+    let response = stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await;
+    assert_eq!(response.status(), 200);
+}
+
+/// The node runs in the foreground of a terminal (its controlling
+/// terminal and stdin, and a descriptor on it the node inherited): the
+/// command has no terminal, types nothing into the owner's, and gets none
+/// of the node's descriptors.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_command_cannot_type_into_the_terminal_the_node_runs_in() {
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors; no name, settings or size.
+    let opened =
+        unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(opened, 0, "openpty");
+    let f = start_on(Vec::new(), false, Some(slave)).await;
+    if f.stack.node(NODE).await["command_sandbox"] == "unavailable" {
+        no_sandbox_here();
+        return;
+    }
+    let results =
+        run(&f.stack, &["attack-tty", "attack-tiocsti", "attack-tiocsti_high_bits", "attack-descriptors"]).await;
+    for result in &results {
+        assert_eq!(result["exit_code"], 1, "not refused: {results:?}");
+    }
+    // Nothing was typed into the terminal: its input queue is empty.
+    // SAFETY: fcntl and read on the descriptor opened above.
+    unsafe {
+        let flags = libc::fcntl(slave, libc::F_GETFL);
+        libc::fcntl(slave, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        let mut buf = [0u8; 64];
+        let n = libc::read(slave, buf.as_mut_ptr().cast(), buf.len());
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert!(n < 0 && errno == Some(libc::EAGAIN), "the terminal has input: {:?}", &buf[..n.max(0) as usize]);
+        libc::close(slave);
+        libc::close(master);
+    }
+    assert_eq!(f.stack.node(NODE).await["phase"], "ready");
+}
+
+/// A fork bomb, a memory hog and a disk filler each end at their
+/// template's limit with a typed result naming it, counted by the node.
+#[tokio::test]
+async fn each_limit_ends_its_command_with_a_typed_result() {
+    let f = start().await;
+    let stack = &f.stack;
+    let results = run(stack, &["bomb", "hog", "filler"]).await;
+    if results[0]["result"] == "sandbox_unavailable" {
+        no_sandbox_here();
+        return;
+    }
+    let named: Vec<(&str, &str)> =
+        results.iter().map(|r| (r["result"].as_str().unwrap(), r["limit"].as_str().unwrap_or("-"))).collect();
+    assert_eq!(
+        named,
+        [("limit_exceeded", "processes"), ("limit_exceeded", "memory"), ("limit_exceeded", "disk")],
+        "{results:?}"
+    );
+    for limit in ["processes", "memory", "disk"] {
+        let metric = format!("iop_node_workspace_command_limit_exceeded_total{{limit=\"{limit}\"}}");
+        assert_eq!(stack.metric_at(stack.node_metrics.as_ref().unwrap(), &metric).await, 1.0, "{metric}");
+    }
+    let response = stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await;
+    assert_eq!(response.status(), 200);
 }

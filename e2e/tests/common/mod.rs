@@ -180,6 +180,34 @@ pub async fn spawn_mock_with(listen: &str, args: &[&str]) -> (Proc, String) {
     (mock, line.split_whitespace().last().unwrap().to_string())
 }
 
+/// Makes a workspace root usable by the commands the node runs there, as
+/// README "Security" tells an owner who runs the node as root: the root
+/// (and what is in it) belongs to `workspaces.command_user`, and every
+/// directory above it may be passed through. A node that is not root runs
+/// commands as itself: nothing to do.
+pub fn let_commands_use(root: &std::path::Path) {
+    // SAFETY: geteuid has no preconditions.
+    let Some(user) = iop_node::workspace::sandbox::command_user(unsafe { libc::geteuid() }, None).unwrap() else {
+        return;
+    };
+    if !root.exists() {
+        return;
+    }
+    let status = std::process::Command::new("chown")
+        .args(["-R", "--no-dereference", &format!("{}:{}", user.uid, user.gid)])
+        .arg(root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "chown {}", root.display());
+    for dir in root.ancestors().skip(1) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o011)).unwrap();
+        }
+    }
+}
+
 /// A plain HTTP client for talking to the Edge and the mock.
 pub fn http_client() -> reqwest::Client {
     // reqwest is built without a bundled crypto provider (IOP uses ring).
@@ -224,6 +252,9 @@ impl Stack {
             config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file), ..Default::default() };
         }
         config.workspaces = options.workspaces.clone();
+        for workspace in &config.workspaces {
+            let_commands_use(std::path::Path::new(&workspace.root));
+        }
         if config.auth.mode == AuthMode::Disabled {
             config.auth.anonymous_workspaces = match &options.anonymous_workspaces {
                 Some(refs) => refs.iter().map(|r| r.to_string()).collect(),
@@ -310,6 +341,17 @@ impl Stack {
     /// Starts an `iop-node` with the given certificate, trusting `ca_file`,
     /// serving its metrics on a free port (returned as a URL).
     pub async fn spawn_node(&self, pair: &PairFiles, ca_file: &std::path::Path) -> (Proc, String) {
+        self.spawn_node_with(pair, ca_file, |_| {}).await
+    }
+
+    /// [`Stack::spawn_node`], with the process set up further by
+    /// `configure` (a controlling terminal, an inherited descriptor).
+    pub async fn spawn_node_with(
+        &self,
+        pair: &PairFiles,
+        ca_file: &std::path::Path,
+        configure: impl FnOnce(&mut tokio::process::Command),
+    ) -> (Proc, String) {
         let mut config = harness::node_config(self.grpc, ca_file, pair, (50, 500));
         config.metrics = Some(iop_node::config::MetricsConfig { listen: "127.0.0.1:0".parse().unwrap() });
         config.workspaces.allowed_roots = self.allowed_roots.clone();
@@ -325,8 +367,15 @@ impl Stack {
         }
         args.extend(self.node_args.iter().copied());
         let log = self.capture_logs.then(|| self.dir.path().join(format!("{name}.log")));
-        let (node, mut lines) =
-            spawn_logged_until_lines("iop-node", &bin("iop-node"), &args, "iop-node metrics on", log.as_deref()).await;
+        let (node, mut lines) = harness::spawn_configured_until_lines(
+            "iop-node",
+            &bin("iop-node"),
+            &args,
+            "iop-node metrics on",
+            log.as_deref(),
+            configure,
+        )
+        .await;
         let line = lines.pop().expect("the marker line");
         let url = line.split_whitespace().last().unwrap().to_string();
         (node, format!("{url}/metrics"))

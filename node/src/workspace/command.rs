@@ -683,7 +683,13 @@ mod tests {
         let cases: [(&str, &str, CommandLimit); 5] = [
             // A fork bomb whose processes wait for their children: held at
             // the limit by RLIMIT_NPROC, ended at the supervisor's next look.
-            ("processes", "bomb() { bomb & bomb & wait; }; bomb", CommandLimit::Processes),
+            // Finite (255 processes; the filler 50 MB), so a broken limit
+            // fails the test instead of taking the machine down.
+            (
+                "processes",
+                "bomb() { if [ $1 -lt 7 ]; then bomb $(($1 + 1)) & bomb $(($1 + 1)) & fi; wait; }; bomb 0",
+                CommandLimit::Processes,
+            ),
             (
                 "memory",
                 "exec /usr/bin/python3 -c 'import time; b = b\"x\" * (1 << 30); time.sleep(60)'",
@@ -691,7 +697,7 @@ mod tests {
             ),
             ("cpu", "while :; do :; done", CommandLimit::Cpu),
             ("file_size", "exec head -c 100000000 /dev/zero > big", CommandLimit::FileSize),
-            ("disk", "i=0; while :; do head -c 262144 /dev/zero > f$i; i=$((i+1)); done", CommandLimit::Disk),
+            ("disk", "for i in $(seq 200); do head -c 262144 /dev/zero > f$i; done; sleep 60", CommandLimit::Disk),
         ];
         for (name, script, limit) in cases {
             let line = argv(&["bash", "-c", script]);
