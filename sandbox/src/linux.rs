@@ -67,6 +67,7 @@ pub fn apply(policy: &Policy, user: Option<CommandUser>, root: BorrowedFd<'_>) -
     // `clone3` passes its flags in memory, where seccomp cannot look:
     // refused as absent, so libc falls back to `clone`, whose flags it can.
     install(&[(libc::SYS_clone3, vec![])], SeccompAction::Errno(libc::ENOSYS as u32))?;
+    deny_x32()?;
     if !policy.network {
         deny_sockets()?;
     }
@@ -190,12 +191,12 @@ fn deny_rules() -> Result<Rules, ApplyError> {
     // The terminal: typing into it (`TIOCSTI`) or its console tricks. The
     // request is an `int`: only its low 32 bits are compared, so high bits
     // set by the caller do not slip past.
+    // (The requests' type differs between libc targets: cast, not From.)
+    #[allow(clippy::unnecessary_cast)]
+    let (tiocsti, tioclinux) = (libc::TIOCSTI as u64, libc::TIOCLINUX as u64);
     rules.push((
         libc::SYS_ioctl,
-        vec![
-            rule(vec![cond(1, Len::Dword, Op::Eq, libc::TIOCSTI as u64)?])?,
-            rule(vec![cond(1, Len::Dword, Op::Eq, libc::TIOCLINUX as u64)?])?,
-        ],
+        vec![rule(vec![cond(1, Len::Dword, Op::Eq, tiocsti)?])?, rule(vec![cond(1, Len::Dword, Op::Eq, tioclinux)?])?],
     ));
     // Device nodes (a FIFO or a plain file is fine).
     let device = |arg: u8| -> Result<Vec<SeccompRule>, ApplyError> {
@@ -255,6 +256,36 @@ fn deny_rules() -> Result<Rules, ApplyError> {
         .collect();
     rules.push((libc::SYS_clone, clone?));
     Ok(rules)
+}
+
+/// On x86-64, the x32 calling convention: the same calls under numbers with
+/// bit 30 set, which a filter keyed on the 64-bit numbers would let
+/// through on a kernel built with x32. (The i386 convention has an
+/// architecture of its own, and every filter above kills a process that
+/// uses it.) Written by hand: `seccompiler` matches numbers, not a range.
+#[cfg(target_arch = "x86_64")]
+fn deny_x32() -> Result<(), ApplyError> {
+    use seccompiler::sock_filter;
+    const X32_BIT: u32 = 0x4000_0000;
+    let program: BpfProgram = vec![
+        // A = seccomp_data.nr
+        sock_filter { code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, jt: 0, jf: 0, k: 0 },
+        // if A >= X32_BIT: next, else skip it
+        sock_filter { code: (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16, jt: 0, jf: 1, k: X32_BIT },
+        sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        },
+        sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+    ];
+    seccompiler::apply_filter(&program).map_err(|e| ApplyError::Seccomp(e.to_string()))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn deny_x32() -> Result<(), ApplyError> {
+    Ok(())
 }
 
 /// Installs one filter: `rules` answer `action`, everything else passes.
@@ -408,6 +439,8 @@ pub fn probe() -> Result<crate::Probe, ApplyError> {
     // SAFETY: prctl with integer arguments.
     let bounding_cleared = unsafe { libc::prctl(libc::PR_CAPBSET_READ, 0, 0, 0, 0) } == 0;
     install(&deny_rules()?, SeccompAction::Errno(libc::EPERM as u32))?;
+    install(&[(libc::SYS_clone3, vec![])], SeccompAction::Errno(libc::ENOSYS as u32))?;
+    deny_x32()?;
     deny_sockets()?;
     let abi = match status.landlock {
         landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,

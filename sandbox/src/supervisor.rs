@@ -385,9 +385,11 @@ struct Proc {
     ppid: libc::pid_t,
     start: u64,
     uid: libc::uid_t,
-    /// Linux: resident bytes and CPU seconds (its own and its reaped
-    /// children's), read with the rest of its `stat`.
+    /// Resident bytes and CPU seconds (its own and its reaped children's),
+    /// read with the rest of its `stat`; macOS asks per descendant.
+    #[cfg(target_os = "linux")]
     resident_bytes: u64,
+    #[cfg(target_os = "linux")]
     cpu_seconds: f64,
 }
 
@@ -480,14 +482,7 @@ fn processes() -> BTreeMap<libc::pid_t, Proc> {
         };
         if got == size {
             let start = info.pbi_start_tvsec.wrapping_mul(1_000_000).wrapping_add(info.pbi_start_tvusec);
-            let proc = Proc {
-                ppid: info.pbi_ppid as libc::pid_t,
-                start,
-                uid: info.pbi_ruid,
-                resident_bytes: 0,
-                cpu_seconds: 0.0,
-            };
-            table.insert(pid, proc);
+            table.insert(pid, Proc { ppid: info.pbi_ppid as libc::pid_t, start, uid: info.pbi_ruid });
         }
     }
     table
