@@ -332,7 +332,7 @@ impl Tree {
 
     /// Records the current descendants.
     fn refresh(&mut self) {
-        let table = processes();
+        let table = candidates(self.me);
         let mut below: BTreeSet<libc::pid_t> = BTreeSet::from([self.me]);
         // Roots: this process, and what was seen before and still runs as
         // the same process (it may have been re-parented away).
@@ -427,39 +427,86 @@ fn member_usage(_: libc::pid_t, _: &Proc) -> (u64, f64) {
     (0, 0.0)
 }
 
+/// The processes that may be below `me`: on Linux its descendants, read
+/// from the kernel's `children` lists (every orphan of the tree is a child
+/// of this subreaper), so a look costs the tree's size, not the machine's;
+/// the whole table where the kernel has no such list, and on macOS.
+fn candidates(me: libc::pid_t) -> BTreeMap<libc::pid_t, Proc> {
+    #[cfg(target_os = "linux")]
+    if let Some(below) = descendants(me) {
+        return below;
+    }
+    let _ = me;
+    processes()
+}
+
+/// `me`'s descendants, or `None` without `/proc/<pid>/task/<tid>/children`
+/// (a kernel built without `CONFIG_PROC_CHILDREN`).
+#[cfg(target_os = "linux")]
+fn descendants(me: libc::pid_t) -> Option<BTreeMap<libc::pid_t, Proc>> {
+    let children = |pid: libc::pid_t| -> Option<Vec<libc::pid_t>> {
+        let mut found = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let list = std::fs::read_to_string(task.path().join("children")).ok()?;
+            found.extend(list.split_whitespace().filter_map(|p| p.parse::<libc::pid_t>().ok()));
+        }
+        Some(found)
+    };
+    let (ticks, page) = clock();
+    let mut table = BTreeMap::new();
+    let mut queue = children(me)?;
+    while let Some(pid) = queue.pop() {
+        if table.contains_key(&pid) {
+            continue;
+        }
+        let Some(proc) = read_proc(pid, ticks, page) else { continue };
+        table.insert(pid, proc);
+        // A process that went away between the two reads has no list.
+        queue.extend(children(pid).unwrap_or_default());
+    }
+    Some(table)
+}
+
+/// Clock ticks per second and the page size, for `stat`'s fields.
+#[cfg(target_os = "linux")]
+fn clock() -> (f64, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let (ticks, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (ticks.max(1) as f64, page.max(1) as u64)
+}
+
+/// One process from `/proc/<pid>/stat` (and its owner).
+#[cfg(target_os = "linux")]
+fn read_proc(pid: libc::pid_t, ticks: f64, page: u64) -> Option<Proc> {
+    use std::os::unix::fs::MetadataExt;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let uid = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    // After the command name (which may hold spaces and parentheses) come
+    // the fields from the 3rd (state) on: field N is at N - 3.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    // utime, stime, cutime, cstime (14-17), in clock ticks; rss (24), in pages.
+    let cpu: u64 = (14..=17).filter_map(field).sum();
+    Some(Proc {
+        ppid: field(4)? as libc::pid_t,
+        start: field(22)?,
+        uid,
+        resident_bytes: field(24).unwrap_or(0).saturating_mul(page),
+        cpu_seconds: cpu as f64 / ticks,
+    })
+}
+
 /// Every process this user can see.
 #[cfg(target_os = "linux")]
 fn processes() -> BTreeMap<libc::pid_t, Proc> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: sysconf has no preconditions.
-    let (page, ticks) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_CLK_TCK)) };
-    let (page, ticks) = (page.max(1) as u64, ticks.max(1) as f64);
-    let mut table = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return table };
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Ok(meta) = entry.metadata() else { continue };
-        // After the command name (which may hold spaces and parentheses)
-        // come the fields from the 3rd (state) on: field N is at N - 3.
-        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
-        let (Some(ppid), Some(start)) = (field(4), field(22)) else { continue };
-        // utime, stime, cutime, cstime (14-17), in clock ticks; rss (24), in pages.
-        let cpu: u64 = (14..=17).filter_map(field).sum();
-        table.insert(
-            pid,
-            Proc {
-                ppid: ppid as libc::pid_t,
-                start,
-                uid: meta.uid(),
-                resident_bytes: field(24).unwrap_or(0).saturating_mul(page),
-                cpu_seconds: cpu as f64 / ticks,
-            },
-        );
-    }
-    table
+    let (ticks, page) = clock();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return BTreeMap::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()))
+        .filter_map(|pid| read_proc(pid, ticks, page).map(|proc| (pid, proc)))
+        .collect()
 }
 
 /// Every process this user can see.
