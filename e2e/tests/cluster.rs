@@ -854,6 +854,20 @@ fn secret_value(plane: &ControlPlane, ns: &str, secret: &str, key: &str) -> Vec<
     base64::engine::general_purpose::STANDARD.decode(encoded).expect("base64")
 }
 
+/// Two loopback addresses of this run's own for the stand-in Edge pods
+/// (Linux answers on all of 127.0.0.0/8), each with [`ADMIN_PORT`] free:
+/// the operator reads every replica at `<pod IP>:ADMIN_PORT`, and a fixed
+/// pair (127.0.0.2, .3) collided with whatever else held that port there.
+fn pod_ips() -> [String; 2] {
+    loop {
+        let (a, b, c) = (fastrand::u8(16..=250), fastrand::u8(..), fastrand::u8(1..=250));
+        let ips = [format!("127.{a}.{b}.{c}"), format!("127.{a}.{b}.{}", c + 1)];
+        if ips.iter().all(|ip| std::net::TcpListener::bind((ip.as_str(), ADMIN_PORT)).is_ok()) {
+            return ips;
+        }
+    }
+}
+
 fn free_port_on(ip: &str) -> SocketAddr {
     std::net::TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap()
 }
@@ -983,7 +997,8 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     for object in [&node_catalog, &provider, &key_secret, &keyed] {
         plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &object.to_string());
     }
-    let pods = [("iop-edge-a", "127.0.0.2"), ("iop-edge-b", "127.0.0.3")];
+    let [ip_a, ip_b] = pod_ips();
+    let pods = [("iop-edge-a", ip_a.as_str()), ("iop-edge-b", ip_b.as_str())];
     for (pod, ip) in pods {
         stand_in_pod(plane, &ns.name, pod, ip);
     }

@@ -78,8 +78,9 @@ fn workspaces(root: &Path) -> Vec<WorkspaceEntry> {
             command("test", "echo all tests pass"),
             command("hang", "sleep 300 & echo $! > grandchild.pid; wait"),
             command("slow", "sleep 0.5"),
-            // Runs until the test creates `release` in the workspace.
-            command("gate", "while [ ! -e release ]; do sleep 0.05; done"),
+            // Says it runs, then runs until the test creates `release` in
+            // the workspace.
+            command("gate", "touch gate.running; while [ ! -e release ]; do sleep 0.05; done"),
             // Tries to plant a link to /etc in the job's own state directory
             // (the sandbox keeps `.iop` read-only), then waits until the
             // test has planted one from outside.
@@ -286,7 +287,10 @@ async fn concurrent_jobs_are_bounded_per_workspace_and_per_principal() {
         async move { request.send().await.unwrap() }
     };
     let first = tokio::spawn(send(ONE, "quick", "iop-mock-script:gated"));
-    wait_until("the first job's command runs", WAIT, || async { job_dirs(&job.root).len() == 1 }).await;
+    // The command runs: the job's model call that asked for it is made,
+    // and the next waits for the command (the job's directory appears
+    // before the first model call, so waiting for it raced that call).
+    wait_until("the first job's command runs", WAIT, || async { job.root.join("gate.running").exists() }).await;
     let provider_calls = stack.mock_stats().await["requests_total"].clone();
 
     for (key, reference, busy) in [(OTHER, "quick", "the workspace"), (ONE, "site", "this caller")] {

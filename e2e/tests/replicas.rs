@@ -48,9 +48,11 @@ impl Replica {
             self.id,
             "--test-heartbeat-profile",
             FAST_HEARTBEAT,
-            // HAProxy checks /readyz every 100 ms.
+            // HAProxy checks /readyz every 100 ms and takes a replica out
+            // after two failed checks of up to 1 s each: a draining replica
+            // keeps answering well past that.
             "--drain-delay-ms",
-            "400",
+            "2000",
         ];
         let (process, _) = spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await;
         self.process = Some(process);
@@ -178,11 +180,15 @@ impl Fleet {
         let servers = |port: fn(&Replica) -> SocketAddr| -> String {
             replicas
                 .iter()
-                .map(|r| format!("  server {} {} check inter 100ms fall 1 rise 1\n", r.id, port(r)))
+                // `fall 2` and a check timeout of its own: one slow /readyz
+                // under load is not a down replica (with `fall 1` and the
+                // 100 ms interval as the timeout it took the last replica
+                // out mid-rollout and 503'd a third of the requests).
+                .map(|r| format!("  server {} {} check inter 100ms fall 2 rise 1\n", r.id, port(r)))
                 .collect()
         };
         let haproxy_config = format!(
-            "global\n  maxconn 256\ndefaults\n  retries 0\n  timeout connect 2s\n  timeout client 1h\n  timeout server 1h\n\
+            "global\n  maxconn 256\ndefaults\n  retries 0\n  timeout connect 2s\n  timeout check 1s\n  timeout client 1h\n  timeout server 1h\n\
              frontend grpc\n  mode tcp\n  bind {lb}\n  default_backend edges_grpc\n\
              backend edges_grpc\n  mode tcp\n  balance roundrobin\n{grpc}\
              frontend http\n  mode http\n  bind {lb_http}\n  default_backend edges_http\n\
