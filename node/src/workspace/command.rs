@@ -282,6 +282,28 @@ mod tests {
         args.iter().map(|a| a.to_string()).collect()
     }
 
+    /// A sandboxed command of the tests below: a minute, 64 KiB of output.
+    fn sandboxed<'a>(
+        argv: &'a [String],
+        env_allowlist: &'a [String],
+        supervisor: &'a Path,
+        policy: &'a Policy,
+        user: Option<CommandUser>,
+        limits: CommandLimits,
+    ) -> CommandSpec<'a> {
+        CommandSpec {
+            argv,
+            env_allowlist,
+            timeout: Duration::from_secs(60),
+            max_output_bytes: 65_536,
+            grace: Duration::from_millis(200),
+            supervisor,
+            policy: Some(policy),
+            user,
+            limits,
+        }
+    }
+
     async fn run_in(dir: &std::path::Path, args: &[&str], env: &[&str], timeout_ms: u64, cap: usize) -> CommandResult {
         let root = File::open(dir).unwrap();
         let (argv, env) = (argv(args), argv(env));
@@ -557,17 +579,8 @@ mod tests {
             script.push_str(&format!("try {name} '{command}'\n"));
         }
         let (argv, env) = (argv(&["bash", "-c", &script]), argv(&["PATH"]));
-        let spec = CommandSpec {
-            argv: &argv,
-            env_allowlist: &env,
-            timeout: Duration::from_secs(30),
-            max_output_bytes: 65_536,
-            grace: Duration::from_millis(200),
-            supervisor: &super::super::sandbox::test_supervisor(),
-            policy: Some(&policy),
-            user: None,
-            limits: CommandLimits::default(),
-        };
+        let supervisor = super::super::sandbox::test_supervisor();
+        let spec = sandboxed(&argv, &env, &supervisor, &policy, None, CommandLimits::default());
         let dir = File::open(&root).unwrap();
         let result = run(&dir, &spec, &CancellationToken::new()).await.unwrap();
         let text = String::from_utf8(result.output).unwrap();
@@ -601,26 +614,19 @@ mod tests {
         // SAFETY: geteuid has no preconditions.
         let bounding = if unsafe { libc::geteuid() } == 0 { "bounding" } else { "" };
         let supervisor = super::super::sandbox::test_supervisor();
-        fn spec<'a>(argv: &'a [String], supervisor: &'a Path, policy: &'a Policy) -> CommandSpec<'a> {
-            CommandSpec {
-                argv,
-                env_allowlist: &[],
-                timeout: Duration::from_secs(60),
-                max_output_bytes: 65_536,
-                grace: Duration::from_millis(200),
-                supervisor,
-                policy: Some(policy),
-                user: None,
-                limits: CommandLimits::default(),
-            }
-        }
         let dir = File::open(&root).unwrap();
         // Run as the command's first process: only it reads its own
         // `/proc/self` (see `iop_sandbox::policy::system_read_paths`).
         for first in [vec!["capabilities", bounding], vec!["descriptors"]] {
             let mut line = argv(&["/usr/bin/python3", "hostile.py"]);
             line.extend(first.iter().filter(|a| !a.is_empty()).map(|a| a.to_string()));
-            let result = run(&dir, &spec(&line, &supervisor, &policy), &CancellationToken::new()).await.unwrap();
+            let result = run(
+                &dir,
+                &sandboxed(&line, &[], &supervisor, &policy, None, CommandLimits::default()),
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap();
             let output = String::from_utf8_lossy(&result.output);
             assert_eq!(result.exit, Exit::Code(1), "{first:?} was not refused: {output}");
         }
@@ -646,7 +652,13 @@ mod tests {
         let script: String =
             attacks.iter().map(|a| format!("/usr/bin/python3 hostile.py {a}; echo \"{a}=$?\"\n")).collect();
         let line = argv(&["bash", "-c", &script]);
-        let result = run(&dir, &spec(&line, &supervisor, &policy), &CancellationToken::new()).await.unwrap();
+        let result = run(
+            &dir,
+            &sandboxed(&line, &[], &supervisor, &policy, None, CommandLimits::default()),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
         // SAFETY: closes the descriptor dup'ed above.
         unsafe { libc::close(inherited) };
         let text = String::from_utf8(result.output).unwrap();
@@ -699,20 +711,10 @@ mod tests {
             ("file_size", "exec head -c 100000000 /dev/zero > big", CommandLimit::FileSize),
             ("disk", "for i in $(seq 200); do head -c 262144 /dev/zero > f$i; done; sleep 60", CommandLimit::Disk),
         ];
+        let env = argv(&["PATH"]);
         for (name, script, limit) in cases {
             let line = argv(&["bash", "-c", script]);
-            let env = argv(&["PATH"]);
-            let spec = CommandSpec {
-                argv: &line,
-                env_allowlist: &env,
-                timeout: Duration::from_secs(120),
-                max_output_bytes: 4096,
-                grace: Duration::from_millis(200),
-                supervisor: &supervisor,
-                policy: Some(&policy),
-                user,
-                limits: small,
-            };
+            let spec = sandboxed(&line, &env, &supervisor, &policy, user, small);
             let result = run(&File::open(&root).unwrap(), &spec, &CancellationToken::new()).await.unwrap();
             let output = String::from_utf8_lossy(&result.output);
             assert_eq!(result.limit_exceeded, Some(limit), "{name}: {:?} {output}", result.exit);
@@ -721,17 +723,7 @@ mod tests {
         // Within every limit: no limit named, and the command ran as the
         // command user.
         let line = argv(&["bash", "-c", "id -u; echo ok > ok.txt"]);
-        let spec = CommandSpec {
-            argv: &line,
-            env_allowlist: &argv(&["PATH"]),
-            timeout: Duration::from_secs(60),
-            max_output_bytes: 4096,
-            grace: Duration::from_millis(200),
-            supervisor: &supervisor,
-            policy: Some(&policy),
-            user,
-            limits: small,
-        };
+        let spec = sandboxed(&line, &env, &supervisor, &policy, user, small);
         let result = run(&File::open(&root).unwrap(), &spec, &CancellationToken::new()).await.unwrap();
         assert_eq!((result.exit, result.limit_exceeded), (Exit::Code(0), None));
         // SAFETY: getuid has no preconditions.

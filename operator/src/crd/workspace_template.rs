@@ -144,12 +144,18 @@ impl CommandLimits {
 
 impl Default for CommandLimits {
     fn default() -> Self {
+        iop_proto::config::CommandLimits::default().into()
+    }
+}
+
+impl From<iop_proto::config::CommandLimits> for CommandLimits {
+    fn from(l: iop_proto::config::CommandLimits) -> Self {
         Self {
-            max_processes: Self::default_max_processes(),
-            max_memory_bytes: Self::default_max_memory_bytes(),
-            max_cpu_seconds: Self::default_max_cpu_seconds(),
-            max_file_size_bytes: Self::default_max_file_size_bytes(),
-            max_disk_bytes: Self::default_max_disk_bytes(),
+            max_processes: l.max_processes,
+            max_memory_bytes: l.max_memory_bytes,
+            max_cpu_seconds: l.max_cpu_seconds,
+            max_file_size_bytes: l.max_file_size_bytes,
+            max_disk_bytes: l.max_disk_bytes,
         }
     }
 }
