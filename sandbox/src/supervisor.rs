@@ -182,11 +182,15 @@ fn limit_signal(exit: Report) -> Option<Limit> {
 /// (a core dump would be written into the root, past the disk budget).
 /// Resident memory has no rlimit that means it (`RLIMIT_AS` counts address
 /// space that runtimes such as V8, Go and the JVM reserve and never use):
-/// the supervisor's poll bounds it.
+/// the supervisor's poll bounds it. A lower hard limit the node already
+/// runs under wins (only root may raise one).
 fn set_limits(limits: &Limits, nproc: u64) -> std::io::Result<()> {
     let set = |resource, soft: u64, hard: u64| {
+        // SAFETY: getrlimit and setrlimit with valid structs.
+        let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let ceiling = if unsafe { libc::getrlimit(resource, &mut current) } == 0 { current.rlim_max } else { u64::MAX };
+        let (soft, hard) = (soft.min(ceiling), hard.min(ceiling));
         let limit = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
-        // SAFETY: setrlimit with a valid struct.
         if unsafe { libc::setrlimit(resource, &limit) } == 0 {
             Ok(())
         } else {
