@@ -233,6 +233,7 @@ async fn official_sdks_run_workspace_jobs() {
     let workspace = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::write(workspace.join("README.md"), "# A project\n").unwrap();
     std::fs::write(workspace.join("hang.sh"), "sleep 300 & echo $! > grandchild.pid\nwait\n").unwrap();
+    common::let_commands_use(&workspace);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mock-script.yaml");
     let args = [
         "--workspace",
