@@ -570,6 +570,12 @@ mod tests {
             probes.push(("read_sys", "ls /sys/kernel".into(), "denied"));
             probes.push(("read_cpus", "cat /sys/devices/system/cpu/online".into(), "ok"));
             probes.push(("open_tty", "exec 3<>/dev/tty".into(), "denied"));
+            // The machine's private keys (a node run as root could read
+            // them before): only where this machine has the directory, so
+            // the denial means something.
+            if Path::new("/etc/ssl/private").is_dir() {
+                probes.push(("list_ssl_private", "ls /etc/ssl/private".into(), "denied"));
+            }
         }
         let mut script = String::from(
             "try() { if eval \"$2\" >/dev/null 2>&1; then echo \"$1=ok\"; else echo \"$1=denied\"; fi; }\n",
