@@ -9,7 +9,7 @@
 //! running call, and one `Cleanup` that ends the request. Every request is
 //! cleaned exactly once however its call ends: by `Cleanup`, by the Edge
 //! dropping the call, or by the session ending ([`WorkspaceRuntime::close`]).
-//! The running call is cancelled (a command's whole process group ends) and
+//! The running call is cancelled (every process a command started ends) and
 //! awaited before the cleanup starts.
 
 use std::collections::{HashMap, HashSet};

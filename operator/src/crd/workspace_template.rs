@@ -81,7 +81,7 @@ pub struct CommandTemplate {
     /// Program and arguments, passed verbatim; the program is resolved on the node.
     #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 4096)))]
     pub argv: Vec<String>,
-    /// The command's process group is killed after this long.
+    /// Every process the command started is killed after this long.
     #[serde(default = "CommandTemplate::default_timeout_ms")]
     #[schemars(range(min = 1000, max = 3600000))]
     pub timeout_ms: u64,
