@@ -749,3 +749,26 @@ fn the_schemas_apply_without_warnings_and_speak_plainly() {
         assert!(errors.iter().any(|e| e.starts_with("/metadata/name: ")), "{kind}: {errors:?}");
     }
 }
+
+/// A command's limits have one set of ranges: the CRD's schema says what
+/// `iop_proto::config::CommandLimits::ranges` (the Edge config's check)
+/// says, field for field, and both default to the same values.
+#[test]
+fn command_limit_ranges_and_defaults_are_the_edge_configs() {
+    let schema = schema_of("WorkspaceTemplate");
+    let limits = &schema["properties"]["spec"]["properties"]["commands"]["items"]["properties"]["limits"]["properties"];
+    let defaults = iop_proto::config::CommandLimits::default();
+    for (field, default, min, max) in defaults.ranges() {
+        let camel: String = field
+            .split('_')
+            .enumerate()
+            .map(|(i, w)| if i == 0 { w.to_string() } else { w[..1].to_uppercase() + &w[1..] })
+            .collect();
+        let property = &limits[&camel];
+        // The schema writes its bounds as numbers with a fraction.
+        let bounds = (property["minimum"].as_f64(), property["maximum"].as_f64());
+        assert_eq!(bounds, (Some(min as f64), Some(max as f64)), "{camel}");
+        assert_eq!(property["default"].as_u64(), Some(default), "{camel}");
+    }
+    assert_eq!(iop_proto::config::CommandLimits::from(crd::workspace_template::CommandLimits::default()), defaults);
+}

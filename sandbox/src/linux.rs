@@ -63,12 +63,19 @@ pub fn apply(policy: &Policy, user: Option<CommandUser>, root: BorrowedFd<'_>) -
     reserved_read_only(root);
     restrict(policy, root)?;
     drop_privileges(user)?;
+    filter(policy.network)
+}
+
+/// Every seccomp filter of a command (the probe installs the same, so what
+/// it finds is what a command gets): the refusals of [`deny_rules`],
+/// `clone3`, the x32 convention, and sockets without `network`.
+fn filter(network: bool) -> Result<(), ApplyError> {
     install(&deny_rules()?, SeccompAction::Errno(libc::EPERM as u32))?;
     // `clone3` passes its flags in memory, where seccomp cannot look:
     // refused as absent, so libc falls back to `clone`, whose flags it can.
     install(&[(libc::SYS_clone3, vec![])], SeccompAction::Errno(libc::ENOSYS as u32))?;
     deny_x32()?;
-    if !policy.network {
+    if !network {
         deny_sockets()?;
     }
     Ok(())
@@ -438,10 +445,7 @@ pub fn probe() -> Result<crate::Probe, ApplyError> {
     drop_privileges(None)?;
     // SAFETY: prctl with integer arguments.
     let bounding_cleared = unsafe { libc::prctl(libc::PR_CAPBSET_READ, 0, 0, 0, 0) } == 0;
-    install(&deny_rules()?, SeccompAction::Errno(libc::EPERM as u32))?;
-    install(&[(libc::SYS_clone3, vec![])], SeccompAction::Errno(libc::ENOSYS as u32))?;
-    deny_x32()?;
-    deny_sockets()?;
+    filter(false)?;
     let abi = match status.landlock {
         landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,
         _ => 0,

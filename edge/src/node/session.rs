@@ -127,6 +127,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
     let generation = state.generations.next();
     let close = CancellationToken::new();
     let close_reason: Arc<std::sync::OnceLock<CloseReason>> = Default::default();
+    let sandbox_gaps = sandbox_gap_labels(&register.sandbox_gaps);
     let session = Session {
         generation,
         phase: SessionPhase::Registered,
@@ -140,7 +141,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
             .then(|| Arc::from(register.lease_public_key.as_slice())),
         workspaces: Default::default(),
         command_sandbox: command_sandbox_label(register.command_sandbox),
-        sandbox_gaps: sandbox_gap_labels(&register.sandbox_gaps),
+        sandbox_gaps: sandbox_gaps.clone(),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
@@ -150,7 +151,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         generation,
         version = %register.node_version,
         command_sandbox = command_sandbox_label(register.command_sandbox),
-        sandbox_gaps = ?sandbox_gap_labels(&register.sandbox_gaps),
+        sandbox_gaps = ?sandbox_gaps,
         "node registered"
     );
     let config = state.config.current();

@@ -621,18 +621,16 @@ mod tests {
         let bounding = if unsafe { libc::geteuid() } == 0 { "bounding" } else { "" };
         let supervisor = super::super::sandbox::test_supervisor();
         let dir = File::open(&root).unwrap();
+        async fn attempt(dir: &File, line: &[String], supervisor: &Path, policy: &Policy) -> CommandResult {
+            let spec = sandboxed(line, &[], supervisor, policy, None, CommandLimits::default());
+            run(dir, &spec, &CancellationToken::new()).await.unwrap()
+        }
         // Run as the command's first process: only it reads its own
         // `/proc/self` (see `iop_sandbox::policy::system_read_paths`).
         for first in [vec!["capabilities", bounding], vec!["descriptors"]] {
             let mut line = argv(&["/usr/bin/python3", "hostile.py"]);
             line.extend(first.iter().filter(|a| !a.is_empty()).map(|a| a.to_string()));
-            let result = run(
-                &dir,
-                &sandboxed(&line, &[], &supervisor, &policy, None, CommandLimits::default()),
-                &CancellationToken::new(),
-            )
-            .await
-            .unwrap();
+            let result = attempt(&dir, &line, &supervisor, &policy).await;
             let output = String::from_utf8_lossy(&result.output);
             assert_eq!(result.exit, Exit::Code(1), "{first:?} was not refused: {output}");
         }
@@ -657,14 +655,7 @@ mod tests {
         ];
         let script: String =
             attacks.iter().map(|a| format!("/usr/bin/python3 hostile.py {a}; echo \"{a}=$?\"\n")).collect();
-        let line = argv(&["bash", "-c", &script]);
-        let result = run(
-            &dir,
-            &sandboxed(&line, &[], &supervisor, &policy, None, CommandLimits::default()),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        let result = attempt(&dir, &argv(&["bash", "-c", &script]), &supervisor, &policy).await;
         // SAFETY: closes the descriptor dup'ed above.
         unsafe { libc::close(inherited) };
         let text = String::from_utf8(result.output).unwrap();
@@ -673,6 +664,7 @@ mod tests {
         assert_eq!(verdicts, want, "{text}");
         assert!(!root.join("kmsg").exists(), "a device node was made");
     }
+
     /// Each limit of a template ends a command that runs past it, and the
     /// result names which; the command runs as the command user when the
     /// test runs as root (as a node run as root would run it), so the
