@@ -20,6 +20,15 @@
 //!    through their limits. Sockets Landlock does not cover (UDP, UNIX,
 //!    raw) when the workspace has no network.
 //!
+//! Why no PID namespace for "the node out of reach": the command would be
+//! the namespace's init, which ignores the node's `SIGTERM` unless it set a
+//! handler and takes every process with it when it exits, so the supervisor
+//! would need an init of its own inside the sandbox to forward signals and
+//! report the command's exit. The seccomp rules above refuse the same
+//! calls on every kernel that has seccomp, and Landlock's signal scope
+//! keeps signals inside the tree (a kernel without it reports the gap
+//! `signal_scope`).
+//!
 //! [`apply`] runs in the supervisor's child between `fork` and `exec`; the
 //! supervisor is single-threaded, so allocating there is safe.
 
