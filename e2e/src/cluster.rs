@@ -3,8 +3,8 @@
 //! script of `../shared/k8s/` (its README), driven with the real `kubectl`
 //! and `helm`.
 //!
-//! - [`locate`] finds the script and the tools, or says why the suite is
-//!   skipped ([`Missing`]); with `IOP_REQUIRE_K8S=1` (CI) that is a failure.
+//! - [`crate::parts::kubernetes`] finds the script and the tools (where the
+//!   control plane is absent, the suite is reported as skipped).
 //! - [`ControlPlane::start`] starts one in a temporary directory; dropping
 //!   it stops exactly what was started (the script's `stop`), on a panic too.
 //!   A watchdog process stops it as well if the test process dies without
@@ -24,83 +24,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Where the `control-plane` script is: this variable, else
-/// `<repo>/../shared/k8s/control-plane`, else `/work/shared/k8s/control-plane`.
-pub const CONTROL_PLANE_ENV: &str = "IOP_K8S_CONTROL_PLANE";
-/// Set (CI does) to fail instead of skipping when something is missing.
-pub const REQUIRE_ENV: &str = "IOP_REQUIRE_K8S";
-/// A directory holding `kubectl` and `helm`; else the newest
-/// `<repo>/target/tools/kubectl-layer-*/` (what `scripts/chart-check`
-/// installs), else `PATH`.
-pub const TOOLS_ENV: &str = "IOP_KUBE_TOOLS";
+pub use crate::parts::repo_root;
 
-/// The repository root (the e2e crate's parent).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the e2e crate is in the workspace").to_path_buf()
-}
-
-/// What the cluster suite needs.
-#[derive(Debug, Clone)]
-pub struct Tools {
-    pub control_plane: PathBuf,
-    pub kubectl: PathBuf,
-    pub helm: PathBuf,
-}
-
-/// Why the cluster suite cannot run here.
-#[derive(Debug)]
-pub struct Missing(pub String);
-
-/// Finds the control-plane script, `kubectl` and `helm`.
-pub fn locate() -> Result<Tools, Missing> {
-    let script_candidates: Vec<PathBuf> = match std::env::var_os(CONTROL_PLANE_ENV) {
-        Some(path) => vec![PathBuf::from(path)],
-        None => vec![repo_root().join("../shared/k8s/control-plane"), PathBuf::from("/work/shared/k8s/control-plane")],
-    };
-    let control_plane = script_candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        Missing(format!(
-            "no Kubernetes control-plane script (looked at {}; set {CONTROL_PLANE_ENV})",
-            script_candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        ))
-    })?;
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(dir) = std::env::var_os(TOOLS_ENV) {
-        dirs.push(dir.into());
-    }
-    if let Ok(entries) = std::fs::read_dir(repo_root().join("target/tools")) {
-        let mut layers: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("kubectl-layer-")))
-            .collect();
-        layers.sort();
-        dirs.extend(layers.into_iter().rev());
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&path));
-    }
-    let find = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
-    let kubectl = find("kubectl");
-    let helm = find("helm");
-    match (kubectl, helm) {
-        (Some(kubectl), Some(helm)) => Ok(Tools { control_plane, kubectl, helm }),
-        _ => Err(Missing(format!(
-            "kubectl and helm are needed (scripts/chart-check installs both into target/tools/; or set {TOOLS_ENV})"
-        ))),
-    }
-}
-
-/// [`locate`], skipping (`None`, with the reason printed) unless
-/// `IOP_REQUIRE_K8S` is set, where a missing part fails the test.
-pub fn available() -> Option<Tools> {
-    match locate() {
-        Ok(tools) => Some(tools),
-        Err(Missing(why)) => {
-            assert!(std::env::var_os(REQUIRE_ENV).is_none(), "{REQUIRE_ENV} is set but {why}");
-            eprintln!("skipping: {why}");
-            None
-        }
-    }
-}
+/// What the cluster suite needs ([`crate::parts::kubernetes`] finds it).
+pub use crate::parts::KubeTools as Tools;
 
 /// A running control plane in its own temporary directory.
 pub struct ControlPlane {

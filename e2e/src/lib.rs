@@ -4,5 +4,6 @@
 pub mod cluster;
 pub mod harness;
 pub mod mock_provider;
+pub mod parts;
 pub mod pki;
 pub mod schema_example;

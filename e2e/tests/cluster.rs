@@ -10,8 +10,8 @@
 //! one test per file keeps that cost to one start). Each step works in a
 //! namespace of its own.
 //!
-//! Skipped (printing why) without the control-plane script, kubectl or
-//! helm; `IOP_REQUIRE_K8S=1` (CI) makes that a failure.
+//! Reported as skipped without the control-plane script, kubectl, helm or
+//! haproxy (`iop_e2e::parts`; `IOP_REQUIRE_ALL=1` makes that a failure).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -22,13 +22,18 @@ use std::time::{Duration, Instant};
 
 use iop_e2e::cluster::{self, AuditEvent, ControlPlane, Namespace, Spawned, wait_until};
 use iop_e2e::harness::bin;
+use iop_e2e::parts::{self, Part};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 #[test]
+#[cfg_attr(
+    any(iop_absent_kubernetes, iop_absent_haproxy),
+    ignore = "needs a Kubernetes control plane and haproxy: scripts/test-deps --kubernetes --haproxy"
+)]
 fn operator_on_a_real_api_server() {
-    let Some(tools) = cluster::available() else { return };
+    let tools = Part::Kubernetes.require(parts::kubernetes());
     let started = Instant::now();
     let plane = ControlPlane::start(tools).unwrap_or_else(|e| panic!("{e}"));
     plane.apply_crds();
@@ -958,12 +963,8 @@ fn chat(edge: SocketAddr, model: &str) -> (u16, String) {
 }
 
 fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
-    let haproxy = Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
-    if !haproxy {
-        assert!(std::env::var_os("IOP_REQUIRE_HAPROXY").is_none(), "IOP_REQUIRE_HAPROXY is set but haproxy is missing");
-        eprintln!("skipping the Edge replica steps: haproxy is not installed (the gRPC Service's stand-in)");
-        return;
-    }
+    // The gRPC Service's stand-in.
+    let haproxy = Part::Haproxy.require(parts::haproxy());
     let ns = plane.namespace("fleet");
     let dir = plane.dir.path().join("fleet");
     std::fs::create_dir_all(&dir).unwrap();
@@ -1040,7 +1041,7 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
         ),
     )
     .unwrap();
-    let mut command = Command::new("haproxy");
+    let mut command = Command::new(&haproxy);
     command.args(["-db", "-f", haproxy_file.to_str().unwrap()]);
     let _haproxy = Spawned::spawn(command, dir.join("haproxy.log"));
     wait_until("haproxy listening", WAIT, || TcpStream::connect(lb).is_ok());

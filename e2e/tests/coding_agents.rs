@@ -6,9 +6,10 @@
 //! update checks are off, by each
 //! client's documented switches, and each runs in a throwaway `HOME`.
 //!
-//! The clients come from npm: `.ci/run` installs them into
-//! `~/.cache/iop/agents` (or `IOP_AGENTS_DIR`) and sets `IOP_REQUIRE_AGENTS=1`;
-//! elsewhere the tests skip (saying why) when they are not installed.
+//! The clients come from npm (`@anthropic-ai/claude-code`, `@openai/codex`):
+//! `scripts/test-deps --agents` installs them at the pinned versions into
+//! `<cache>/agents` (or `IOP_AGENTS_DIR`); without them, their tests are
+//! reported as skipped.
 //!
 //! Also here: the hosted tools these clients send by default (`web_search`)
 //! are named in `iop-dropped-tools`, or refused under `api.hosted_tools:
@@ -21,32 +22,14 @@ use std::time::Duration;
 
 use common::*;
 use iop_e2e::harness::{bin, spawn_until, wait_until};
+use iop_e2e::parts::{self, Part};
 use serde_json::{Value, json};
 
-/// The versions CI installs (`.ci/run` pins the same).
+/// The versions `scripts/test-deps --agents` installs (it pins the same).
 const CLAUDE_CODE: &str = "2.1.332";
 const CODEX: &str = "0.171.0";
 /// An agent run's bound: a slow machine, never a hang.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// The client's executable, or `None` (test skipped) when it is not
-/// installed and CI did not require it.
-fn agent(name: &str, version: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("IOP_AGENTS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/iop/agents")))?;
-    let path = dir.join("node_modules/.bin").join(name);
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("IOP_REQUIRE_AGENTS").is_none(),
-        "IOP_REQUIRE_AGENTS is set but {} is missing",
-        path.display()
-    );
-    eprintln!("skipping: {name} not installed (npm install --prefix {} {name}@{version})", dir.display());
-    None
-}
 
 const SCRIPT: &str = r#"
 scripts:
@@ -149,8 +132,9 @@ fn claude_env(base: &str) -> [(&str, &str); 4] {
 }
 
 #[tokio::test]
+#[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn claude_code_answers_and_runs_a_tool_through_iop() {
-    let Some(claude) = agent("claude", CLAUDE_CODE) else { return };
+    let claude = Part::CodingAgents.require(parts::agent("claude"));
     let dev = Dev::start().await;
     let version = dev.run(&claude, &["--version"], &[]).await;
     assert!(version.starts_with(CLAUDE_CODE), "the pinned version: {version}");
@@ -175,8 +159,9 @@ async fn claude_code_answers_and_runs_a_tool_through_iop() {
 }
 
 #[tokio::test]
+#[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn codex_cli_answers_and_runs_a_tool_through_iop() {
-    let Some(codex) = agent("codex", CODEX) else { return };
+    let codex = Part::CodingAgents.require(parts::agent("codex"));
     let dev = Dev::start().await;
     let version = dev.run(&codex, &["--version"], &[]).await;
     assert!(version.contains(CODEX), "the pinned version: {version}");

@@ -4,7 +4,8 @@
 //! Seatbelt on macOS: `.github/workflows/macos.yml`) denies each escape the
 //! README's threat model names, and a command's processes never outlive
 //! it. Where this machine has no sandbox the node refuses every command,
-//! and the test checks that instead, unless `IOP_REQUIRE_SANDBOX` is set.
+//! and the test checks that instead, unless `IOP_REQUIRE_SANDBOX` or
+//! `IOP_REQUIRE_ALL` is set.
 
 mod common;
 
@@ -80,12 +81,12 @@ const NODE_ENVIRON: &str = if cfg!(target_os = "macos") {
 
 /// A machine without a command sandbox passes these tests by showing that
 /// every command is refused; CI on a machine that has one (the macOS
-/// workflow) sets `IOP_REQUIRE_SANDBOX`, so that a node that found none
-/// fails them instead.
+/// workflow) sets `IOP_REQUIRE_SANDBOX` (and Linux CI `IOP_REQUIRE_ALL`),
+/// so that a node that found none fails them instead.
 fn no_sandbox_here() {
     assert!(
-        std::env::var_os("IOP_REQUIRE_SANDBOX").is_none(),
-        "IOP_REQUIRE_SANDBOX is set but the node found no command sandbox"
+        std::env::var_os("IOP_REQUIRE_SANDBOX").is_none() && !iop_e2e::parts::require_all(),
+        "IOP_REQUIRE_SANDBOX or IOP_REQUIRE_ALL is set but the node found no command sandbox"
     );
     eprintln!("no command sandbox on this machine: checking that every command is refused instead");
 }

@@ -410,10 +410,8 @@ async fn embeddings_come_back_from_both_providers() {
 /// The official openai and anthropic SDKs, unmodified, exercise every
 /// client-fidelity item through both adapters (`e2e/sdk/fidelity.py`).
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_sdks_exercise_every_field_through_both_adapters() {
-    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
-        return;
-    }
     let small = provider("small", iop_proto::config::Adapter::Openai, "mock@context_window=5", "mock-small", "");
     let large = provider("large", iop_proto::config::Adapter::Ollama, "mock", "mock-large", "");
     let stack = Stack::start(StackOptions {

@@ -224,10 +224,8 @@ async fn a_cut_tunnel_is_logged_once_with_its_provider() {
 /// `code == "provider_stream_cut"` mid-stream; `anthropic` a
 /// `BadRequestError` whose message leads with the code (`e2e/sdk/honest_errors.py`).
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_sdks_see_the_providers_code_and_the_cut() {
-    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
-        return;
-    }
     let stack = stack().await;
     run_script("honest_errors.py", &[stack.url("").trim_end_matches('/'), "mock-policy", "mock-cut"]).await;
 }

@@ -415,10 +415,8 @@ async fn a_failed_cleanup_turns_success_into_a_failure() {
 /// The same through the official `openai` SDK, against separate processes:
 /// the SDK sees a typed, retryable 503.
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_openai_sdk_sees_a_lost_node_as_a_typed_503() {
-    if !sdk_installed("openai") {
-        return;
-    }
     let job = start(StackOptions { heartbeat: Some("50,300"), ..Default::default() }).await;
     let stack = &job.stack;
     let base = stack.url("");

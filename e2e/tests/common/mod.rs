@@ -519,24 +519,17 @@ pub fn chat_body(model: &str, content: &str, stream: bool) -> Value {
     serde_json::json!({ "model": model, "stream": stream, "messages": [ { "role": "user", "content": content } ] })
 }
 
-/// Whether python3 can import `package`; skipping is allowed only without
-/// IOP_REQUIRE_SDK.
-pub fn sdk_installed(package: &str) -> bool {
-    let has_sdk = std::process::Command::new("python3")
-        .args(["-c", &format!("import {package}")])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_sdk {
-        assert!(std::env::var_os("IOP_REQUIRE_SDK").is_none(), "IOP_REQUIRE_SDK is set but `import {package}` fails");
-        eprintln!("skipping: python3 `{package}` package not installed (pip install {package})");
-    }
-    has_sdk
-}
-
-/// Runs an SDK script and returns what it printed.
+/// Runs an SDK script (`e2e/sdk/`) with the tests' Python
+/// ([`iop_e2e::parts::python`]) and returns what it printed.
 pub async fn run_script(script: &str, args: &[&str]) -> String {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk").join(script);
-    let output = tokio::process::Command::new("python3").arg(script).args(args).output().await.unwrap();
+    let python = iop_e2e::parts::python();
+    let output = tokio::process::Command::new(&python)
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e} (`scripts/test-deps` makes it)", python.display()));
     assert!(
         output.status.success(),
         "sdk script failed:\n{}\n{}",

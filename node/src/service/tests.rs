@@ -88,19 +88,17 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
-/// The plist as python3's plistlib reads it, as JSON; `None` without python3.
-fn plistlib(path: &Path) -> Option<serde_json::Value> {
+/// The plist as python3's plistlib reads it, as JSON (python3 is a test
+/// prerequisite: scripts/test-deps installs it where it is missing).
+fn plistlib(path: &Path) -> serde_json::Value {
     let script = "import json, plistlib, sys; print(json.dumps(plistlib.load(open(sys.argv[1], 'rb'))))";
-    let output = match std::process::Command::new("python3").args(["-c", script]).arg(path).output() {
-        Ok(output) => output,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("python3 not found: the plist is not parsed by plistlib in this run");
-            return None;
-        }
-        Err(e) => panic!("python3: {e}"),
-    };
+    let output = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("python3: {e} (scripts/test-deps installs it)"));
     assert!(output.status.success(), "plistlib refused the plist: {}", String::from_utf8_lossy(&output.stderr));
-    Some(serde_json::from_slice(&output.stdout).unwrap())
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 #[test]
@@ -128,7 +126,7 @@ fn launchd_install_writes_a_plist_plistlib_reads_and_bootstraps_it() {
 
     let text = std::fs::read_to_string(&plist).unwrap();
     assert!(text.contains("&amp; &lt;co&gt;&apos;s"), "{text}");
-    let Some(parsed) = plistlib(&plist) else { return };
+    let parsed = plistlib(&plist);
     let expected = serde_json::json!({
         "Label": "dev.iop.node",
         "ProgramArguments": [f.spec.exe(), "--config", f.spec.config()],
@@ -360,21 +358,20 @@ fn systemd_status_summarizes_systemctl_show() {
 
 /// systemd reads the unit back: the quoting must yield the executable's
 /// real path (verify fails on a path that does not exist) whatever it holds.
+/// `systemd-analyze` is a Linux test prerequisite (scripts/test-deps).
 #[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "systemd-analyze is Linux's")]
 fn systemd_analyze_accepts_the_unit() {
     let f = Fixture::new();
     let path = f.dir.path().join(UNIT);
     std::fs::write(&path, unit(&f.spec)).unwrap();
     // System mode: `--user` needs a user manager, which CI containers lack;
     // nothing in the unit depends on the mode.
-    let output = match std::process::Command::new("systemd-analyze").arg("verify").arg(&path).output() {
-        Ok(output) => output,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("systemd-analyze not found: the unit is checked line by line only");
-            return;
-        }
-        Err(e) => panic!("systemd-analyze: {e}"),
-    };
+    let output = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("systemd-analyze: {e} (scripts/test-deps installs it)"));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "systemd-analyze verify: {stderr}");
     // Before systemd 254 the backoff keys are unknown (and ignored): nothing else may be reported.
