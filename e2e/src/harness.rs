@@ -158,9 +158,17 @@ pub fn bin(name: &str) -> PathBuf {
 pub struct Proc {
     pub child: Child,
     pub name: &'static str,
+    /// The child's `TMPDIR`, removed after it is killed: a process killed
+    /// with SIGKILL cannot remove its own temporary files (`iop-dev`'s PKI).
+    _tmp: Option<tempfile::TempDir>,
 }
 
 impl Proc {
+    /// A child that has no temporary directory of its own.
+    pub fn new(child: Child, name: &'static str) -> Self {
+        Self { child, name, _tmp: None }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id().expect("process is running")
     }
@@ -228,8 +236,9 @@ pub async fn spawn_configured_until_lines(
     log: Option<&Path>,
     configure: impl FnOnce(&mut Command),
 ) -> (Proc, Vec<String>) {
+    let tmp = tempfile::Builder::new().prefix("iop-proc-").tempdir().expect("creating a temporary directory");
     let mut command = Command::new(program);
-    command.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true);
+    command.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true).env("TMPDIR", tmp.path());
     if let Some(log) = log {
         let file = std::fs::File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
         command.stderr(file).env("RUST_LOG", "info").env_remove("NO_COLOR");
@@ -253,7 +262,7 @@ pub async fn spawn_configured_until_lines(
     .unwrap_or_else(|_| panic!("{name} did not print `{ready_marker}` within 30 s"));
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (Proc { child, name }, printed)
+    (Proc { child, name, _tmp: Some(tmp) }, printed)
 }
 
 /// Parses `key=ADDR` out of a ready line.

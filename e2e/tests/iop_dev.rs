@@ -6,8 +6,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{chat_body, free_port, http_client, json_body, run_script, sdk_installed, sse_events, streamed_text};
-use iop_e2e::harness::{bin, spawn_until, spawn_until_lines};
+use common::{chat_body, free_port, http_client, json_body, run_script, sse_events, streamed_text};
+use iop_e2e::harness::{bin, spawn_logged_until_lines, spawn_until, spawn_until_lines};
 use serde_json::{Value, json};
 
 /// A chat completion request to `iop-dev` at `base` (no key).
@@ -165,9 +165,15 @@ async fn iop_dev_with_a_keys_file_requires_a_key() {
     assert_eq!(send(Some("k-dev")).await, 200);
 }
 
+/// A streamed answer, then SIGTERM: exit 0, and the node's session ends
+/// as an INFO line (a normal stop is not a warning).
 #[tokio::test]
 async fn iop_dev_streams_an_answer_and_stops_cleanly() {
-    let (dev, base) = start_dev().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("iop-dev.log");
+    let args = ["--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
+    let (dev, lines) = spawn_logged_until_lines("iop-dev", &bin("iop-dev"), &args, "IOP dev is up", Some(&log)).await;
+    let base = lines.last().unwrap().split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_string();
     let response = post_chat(&base, &chat_body("mock", "Hello!", true)).await;
     assert_eq!(response.status(), 200);
     let events = sse_events(response).await;
@@ -175,42 +181,89 @@ async fn iop_dev_streams_an_answer_and_stops_cleanly() {
     assert_eq!(events.last().unwrap(), "[DONE]");
     let status = dev.terminate().await;
     assert!(status.success(), "iop-dev exits 0 on SIGTERM: {status:?}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    let fenced: Vec<&str> = log.lines().filter(|l| l.contains("generation fenced")).collect();
+    assert!(!fenced.is_empty(), "the session's end is logged: {log}");
+    assert!(fenced.iter().all(|l| l.contains(" INFO ")), "a normal stop logs at INFO: {fenced:?}");
 }
 
-/// Runs an SDK script against a fresh `iop-dev`. Runs only where the Python
-/// package is installed; CI installs the SDKs and sets IOP_REQUIRE_SDK=1 so a
-/// missing SDK fails instead of skipping.
-async fn run_sdk_script(package: &str, script: &str, base_suffix: &str) {
-    if !sdk_installed(package) {
-        return;
-    }
+/// With its provider down, `iop-dev` does not say it is up: it says what is
+/// wrong and how to fix it, keeps waiting, and is up once the provider
+/// (started after it) answers the node's probe.
+#[tokio::test]
+async fn iop_dev_is_up_only_once_its_provider_answers() {
+    use tokio::io::AsyncBufReadExt;
+    let provider = free_port();
+    let base_url = format!("http://{provider}");
+    let mut dev = tokio::process::Command::new(bin("iop-dev"))
+        .args(["--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args(["--openai-base", &base_url, "--model", "mock"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(dev.stdout.take().unwrap()).lines();
+    let mut next_line = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("iop-dev prints within 60 s")
+            .unwrap()
+            .expect("iop-dev is still running")
+    };
+    let waiting = next_line().await;
+    assert!(waiting.starts_with("iop-dev: not up yet"), "{waiting}");
+    assert!(waiting.contains("did not answer the node's health probe"), "{waiting}");
+    assert!(waiting.contains(&format!("is the OpenAI-compatible server running at {base_url}")), "{waiting}");
+    assert!(waiting.contains("Still waiting"), "{waiting}");
+
+    let (_mock, _) = spawn_until(
+        "iop-mock-provider",
+        &bin("iop-mock-provider"),
+        &["--listen", &provider.to_string()],
+        "listening on",
+    )
+    .await;
+    let up = loop {
+        let line = next_line().await;
+        if line.contains("IOP dev is up") {
+            break line;
+        }
+        assert!(line.starts_with("iop-dev: not up yet"), "only waiting lines come before `up`: {line}");
+    };
+    let base = up.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_string();
+    assert_eq!(post_chat(&base, &chat_body("mock", "Hello!", false)).await.status(), 200);
+}
+
+/// Runs an SDK script against a fresh `iop-dev`.
+async fn run_sdk_script(script: &str, base_suffix: &str) {
     let (_dev, base) = start_dev().await;
     let base = format!("{}{base_suffix}", base.trim_end_matches("/v1"));
     run_script(script, &[&base, "mock"]).await;
 }
 
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_openai_python_sdk_chat_completions() {
-    run_sdk_script("openai", "openai_chat.py", "/v1").await;
+    run_sdk_script("openai_chat.py", "/v1").await;
 }
 
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_openai_python_sdk_responses() {
-    run_sdk_script("openai", "openai_responses.py", "/v1").await;
+    run_sdk_script("openai_responses.py", "/v1").await;
 }
 
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_anthropic_python_sdk_messages() {
-    run_sdk_script("anthropic", "anthropic_messages.py", "").await;
+    run_sdk_script("anthropic_messages.py", "").await;
 }
 
 /// Both SDKs against `iop-dev --keys-file`: their own key headers work, and
 /// IOP's 401/403 become their typed errors.
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_sdks_send_keys_and_type_401_and_403() {
-    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.yaml");
     // SHA-256 of `k-dev`; the principal may use `mock` only.
@@ -225,10 +278,8 @@ async fn official_sdks_send_keys_and_type_401_and_403() {
 /// budgets, entry errors, and a client giving up mid-command (the command's
 /// process group dies, the job's state is removed).
 #[tokio::test]
+#[cfg_attr(iop_absent_python_sdks, ignore = "needs the Python SDKs: scripts/test-deps")]
 async fn official_sdks_run_workspace_jobs() {
-    if !(sdk_installed("openai") && sdk_installed("anthropic")) {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let workspace = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::write(workspace.join("README.md"), "# A project\n").unwrap();

@@ -149,6 +149,15 @@ impl EdgeState {
                 || self.started.elapsed() >= self.lifecycle.startup_grace)
     }
 
+    /// The effective health of the configured provider `id` (the one
+    /// definition, [`overlay::ProviderView`]); `None` when no provider has
+    /// that id.
+    pub fn provider_health(&self, id: &str) -> Option<overlay::OverlayState> {
+        let config = self.config.current();
+        let provider = config.providers.iter().find(|p| p.id == id)?;
+        Some(overlay::ProviderView::of(&self.registry, &self.overlay, self.config.credential_health(), provider).health)
+    }
+
     /// Every replica of the Edge as nodes are told it: the config's
     /// `replicas`, or this one alone when the config lists none.
     pub fn replica_set(&self, config: &EdgeConfig) -> Vec<String> {

@@ -234,7 +234,18 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let node_config_health = node_config.health.clone();
     let node_task = tokio::spawn(iop_node::run(node_config, HeartbeatProfile::default(), shutdown.clone()));
 
-    wait_ready(&state).await;
+    let provider_hint = provider_hint(adapter, &base_url, &model, mock.is_some());
+    let up = tokio::select! {
+        () = wait_up(&state, &provider_hint) => true,
+        () = iop_edge::shutdown_signal() => false,
+    };
+    if !up {
+        println!("iop-dev: stopping");
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(15), node_task).await;
+        let _ = tokio::time::timeout(Duration::from_secs(15), edge_task).await;
+        return Ok(());
+    }
     println!("IOP dev is up. Base URL: http://{http_addr}/v1   (model: {model})");
     println!("Admin and metrics: http://{admin_addr}/admin/v1/nodes, http://{admin_addr}/metrics");
     let health = &node_config_health;
@@ -274,15 +285,67 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Waits (bounded) until the node is ready, so the printed curl works at once.
-async fn wait_ready(state: &iop_edge::EdgeState) {
-    for _ in 0..200 {
-        if state.registry.ready_count() > 0 {
-            return;
+/// The one provider's id in the Edge config.
+const PROVIDER: &str = "dev-provider";
+
+/// What to do when the provider does not answer the node's probe.
+fn provider_hint(adapter: Adapter, base_url: &str, model: &str, mock: bool) -> String {
+    match (mock, adapter) {
+        (true, _) => "the mock provider runs in this process; this is a bug, please report it".into(),
+        (false, Adapter::Ollama) => format!(
+            "is Ollama running at {base_url}? Start it (`ollama serve`) and fetch the model \
+             (`ollama pull {model}`), or pass --ollama URL for another address"
+        ),
+        (false, Adapter::Openai) => format!(
+            "is the OpenAI-compatible server running at {base_url} (it must answer GET {base_url}/v1/models)? \
+             Start it, or pass --openai-base URL for another address"
+        ),
+    }
+}
+
+/// What `iop-dev` still waits for before it is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    NodeNotConnected,
+    NotProbedYet,
+    ProviderDown,
+}
+
+/// Waits until the node is ready and its provider answered the node's probe
+/// (so the printed curl works at once; before, a request would get 503
+/// `no_provider_available`). Meanwhile it says what is missing and how to
+/// fix it: at once when the provider did not answer, else after 2 s, and
+/// again every 10 s.
+async fn wait_up(state: &iop_edge::EdgeState, provider_hint: &str) {
+    use iop_edge::overlay::OverlayState;
+    let started = tokio::time::Instant::now();
+    let mut next_report = started + Duration::from_secs(2);
+    let mut last = None;
+    loop {
+        let waiting = match (state.registry.ready_count() > 0, state.provider_health(PROVIDER)) {
+            (true, Some(OverlayState::Available)) => return,
+            (false, _) => Waiting::NodeNotConnected,
+            (true, Some(OverlayState::Unavailable)) => Waiting::ProviderDown,
+            (true, _) => Waiting::NotProbedYet,
+        };
+        let now = tokio::time::Instant::now();
+        if now >= next_report || (waiting == Waiting::ProviderDown && last != Some(waiting)) {
+            let what = match waiting {
+                Waiting::NodeNotConnected => "the node has not connected to the Edge yet".to_string(),
+                Waiting::NotProbedYet => "the node has not probed the provider yet".to_string(),
+                Waiting::ProviderDown => {
+                    format!("the provider did not answer the node's health probe: {provider_hint}")
+                }
+            };
+            println!(
+                "iop-dev: not up yet ({} s): {what}. Still waiting (the node re-probes from 1 s up to every 30 s); Ctrl-C stops.",
+                started.elapsed().as_secs()
+            );
+            last = Some(waiting);
+            next_report = now + Duration::from_secs(10);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("iop-dev: warning: the node is not ready yet; requests answer 503 until it is");
 }
 
 #[cfg(test)]

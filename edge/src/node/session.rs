@@ -36,6 +36,16 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    /// Whether sessions normally end this way (the node or this Edge
+    /// stopping, a reload, a newer connection), logged at INFO when no run
+    /// was lost with it; a lost connection is a WARN.
+    pub fn orderly(self) -> bool {
+        match self {
+            Self::NodeClosed | Self::EdgeShutdown | Self::Replaced | Self::ConfigChanged | Self::Duplicate => true,
+            Self::HeartbeatTimeout | Self::TransportError | Self::ProtocolError => false,
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Self::HeartbeatTimeout => HEARTBEAT_TIMEOUT_REASON,
@@ -182,7 +192,11 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
     // Waiters queued for this node's providers fail fast or move elsewhere.
     state.admission.drain_queues();
     state.metrics.reason(&state.metrics.sessions_closed, reason.label());
-    tracing::warn!(%node, generation, reason = reason.label(), fenced_runs = fenced, "node session closed; generation fenced");
+    if reason.orderly() && fenced == 0 {
+        tracing::info!(%node, generation, reason = reason.label(), "node session closed; generation fenced");
+    } else {
+        tracing::warn!(%node, generation, reason = reason.label(), fenced_runs = fenced, "node session closed; generation fenced");
+    }
     let _ = out.try_send(Err(Status::unavailable(reason.label())));
 }
 
