@@ -43,7 +43,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager (about 10 s;
-    /// the unpacked binaries are cached in `~/.cache/iop/k8s-bin`).
+    /// the unpacked binaries are cached in `<cache>/k8s-bin`, [`crate::parts::cache_dir`]).
     pub fn start(tools: Tools) -> Result<Self, String> {
         let dir = tempfile::Builder::new().prefix("iop-k8s-").tempdir().map_err(|e| e.to_string())?;
         seed_binaries(&tools.control_plane, dir.path());
@@ -421,15 +421,14 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
 
 /// Cache of the unpacked control-plane binaries, valid for one
 /// `SHA256SUMS` (unpacking the xz files takes about 4 s of each start).
-fn binary_cache() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME")?;
-    Some(PathBuf::from(home).join(".cache/iop/k8s-bin"))
+fn binary_cache() -> PathBuf {
+    crate::parts::cache_dir().join("k8s-bin")
 }
 
 const BINARIES: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
 
 fn seed_binaries(script: &Path, dir: &Path) {
-    let (Some(cache), Some(sums)) = (binary_cache(), script.parent().map(|d| d.join("SHA256SUMS"))) else { return };
+    let (cache, Some(sums)) = (binary_cache(), script.parent().map(|d| d.join("SHA256SUMS"))) else { return };
     let (Ok(cached), Ok(wanted)) = (std::fs::read(cache.join("SHA256SUMS")), std::fs::read(&sums)) else { return };
     if cached != wanted {
         return;
@@ -447,7 +446,7 @@ fn seed_binaries(script: &Path, dir: &Path) {
 }
 
 fn cache_binaries(script: &Path, dir: &Path) {
-    let (Some(cache), Some(sums)) = (binary_cache(), script.parent().map(|d| d.join("SHA256SUMS"))) else { return };
+    let (cache, Some(sums)) = (binary_cache(), script.parent().map(|d| d.join("SHA256SUMS"))) else { return };
     if std::fs::read(cache.join("SHA256SUMS")).ok() == std::fs::read(&sums).ok() {
         return;
     }

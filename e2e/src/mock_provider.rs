@@ -243,6 +243,7 @@
 //! | `headers_delay_ms=MS`    | wait before sending the response headers                      |
 //! | `first_token_delay_ms=MS`| headers go out, then wait before the first content chunk      |
 //! | `chunk_delay_ms=MS`      | wait between content chunks                                   |
+//! | `end_delay_ms=MS`        | streams: after the last bytes (`[DONE]` too), keep the body open MS before it ends |
 //! | `stall_after=N`          | send N content chunks, then send nothing more (until shutdown)|
 //! | `cut_after=N`            | send N content chunks, then abort the body (see below)        |
 //! | `malformed_at=N`         | the Nth (1-based) content chunk becomes `{"broken":`          |
@@ -316,6 +317,7 @@ pub const KNOBS: &[&str] = &[
     "headers_delay_ms",
     "first_token_delay_ms",
     "chunk_delay_ms",
+    "end_delay_ms",
     "stall_after",
     "cut_after",
     "malformed_at",
@@ -369,6 +371,10 @@ pub struct Faults {
     /// Wait this many milliseconds between content chunks.
     #[arg(long, value_name = "MS")]
     pub chunk_delay_ms: Option<u64>,
+    /// After the reply's end (its last bytes, `[DONE]` included), keep the
+    /// body open this many milliseconds before it ends.
+    #[arg(long, value_name = "MS")]
+    pub end_delay_ms: Option<u64>,
     /// Send N content chunks, then stall (connection stays open, nothing more is sent).
     #[arg(long, value_name = "N")]
     pub stall_after: Option<usize>,
@@ -514,6 +520,7 @@ impl Faults {
             headers_delay_ms: over.headers_delay_ms.or(self.headers_delay_ms),
             first_token_delay_ms: over.first_token_delay_ms.or(self.first_token_delay_ms),
             chunk_delay_ms: over.chunk_delay_ms.or(self.chunk_delay_ms),
+            end_delay_ms: over.end_delay_ms.or(self.end_delay_ms),
             stall_after: over.stall_after.or(self.stall_after),
             cut_after: over.cut_after.or(self.cut_after),
             malformed_at: over.malformed_at.or(self.malformed_at),
@@ -560,6 +567,7 @@ impl Faults {
             "headers_delay_ms" => self.headers_delay_ms = Some(number(knob, value)?),
             "first_token_delay_ms" => self.first_token_delay_ms = Some(number(knob, value)?),
             "chunk_delay_ms" => self.chunk_delay_ms = Some(number(knob, value)?),
+            "end_delay_ms" => self.end_delay_ms = Some(number(knob, value)?),
             "stall_after" => self.stall_after = Some(number(knob, value)?),
             "cut_after" => self.cut_after = Some(number(knob, value)?),
             "malformed_at" => self.malformed_at = Some(number(knob, value)?),
@@ -2561,6 +2569,9 @@ fn schedule(parts: Vec<Part>, faults: &Faults, malformed: Bytes) -> VecDeque<Ste
             }
         }
     }
+    if let Some(ms) = faults.end_delay_ms.filter(|ms| *ms > 0) {
+        steps.push_back(Step::Delay(Duration::from_millis(ms)));
+    }
     steps
 }
 
@@ -2831,7 +2842,7 @@ mod tests {
     #[test]
     fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
         let faults = parse_faults(
-            "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,stall_after=4,cut_after=5,\
+            "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,end_delay_ms=10,stall_after=4,cut_after=5,\
              malformed_at=6,malformed_run=2,malformed_end,no_done,status=429,retry_after=7,fail_times=2,never_answer=false,exit=0,words=8,hold=h1,\
              context_window=9,sse_line_end=CR,echo_auth,set_cookie=false,error_code=content_policy_violation",
         )
@@ -2842,6 +2853,7 @@ mod tests {
                 headers_delay_ms: Some(1),
                 first_token_delay_ms: Some(2),
                 chunk_delay_ms: Some(3),
+                end_delay_ms: Some(10),
                 stall_after: Some(4),
                 cut_after: Some(5),
                 malformed_at: Some(6),

@@ -174,3 +174,52 @@ async fn usage_is_counted_per_principal_and_model() {
     assert_eq!(stack.metric("iop_edge_principal_errors_total{principal=\"team\"}").await, 1.0);
     assert_eq!(stack.metric("iop_edge_principal_errors_total{principal=\"other\"}").await, 0.0);
 }
+
+/// A client that reads a tunnelled stream to its `[DONE]` and closes at
+/// once, as the SDKs do, before the node's End frame (which carries the
+/// usage the node read) arrives: the provider did the work, so the tokens
+/// are still accounted, and the principal's request is not an error.
+#[tokio::test]
+async fn a_tunnel_client_that_closes_at_done_is_still_charged_its_tokens() {
+    let keys = format!("principals:\n  - {{ name: team, key_sha256: {}, models: ['*'] }}\n", hash("sk-team-0123"));
+    // The provider keeps its body open 300 ms after `[DONE]`.
+    let mut tunnel =
+        provider("tunnel-mock", iop_proto::config::Adapter::Openai, "mock@end_delay_ms=300", "mock-tunnel", "");
+    tunnel.mode = iop_proto::config::ProviderMode::Tunnel;
+    let stack =
+        Stack::start(StackOptions { keys: Some(keys), extra_providers: vec![tunnel], ..Default::default() }).await;
+    let mut body = chat_body("mock-tunnel", "hi", true);
+    body["stream_options"] = serde_json::json!({ "include_usage": true });
+    let mut response = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .bearer_auth("sk-team-0123")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut text = String::new();
+    while !text.contains("data: [DONE]") {
+        let chunk = response.chunk().await.unwrap().expect("the stream reaches [DONE]");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let usage: Value = text
+        .split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .find_map(|chunk| chunk.get("usage").filter(|u| u.is_object()).cloned())
+        .expect("the stream reports its usage");
+    drop(response);
+
+    wait_until("the request accounted", WAIT, || async {
+        stack.get_json("/admin/v1/usage").await["principals"]["team"]["requests"].as_u64() == Some(1)
+    })
+    .await;
+    let ledger = stack.get_json("/admin/v1/usage").await;
+    let counted = &ledger["principals"]["team"]["models"]["mock-tunnel"];
+    assert_eq!(counted["input_tokens"], usage["prompt_tokens"], "{ledger}");
+    assert_eq!(counted["output_tokens"], usage["completion_tokens"], "{ledger}");
+    assert_eq!(counted["errors"], 0, "{ledger}");
+}

@@ -662,6 +662,42 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
     response
 }
 
+/// How long a tunnel whose client stopped reading waits for the node's End
+/// frame ([`TunnelBody`]'s drop).
+const TUNNEL_END_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What relays a committed tunnel's body: its buffered bytes, the live run
+/// and the request's record.
+struct TunnelBody {
+    buffered: VecDeque<Bytes>,
+    rest: Option<LiveRun<pb::ProviderTunnelFrame>>,
+    record: Option<RequestRecord>,
+}
+
+impl Drop for TunnelBody {
+    /// The client stopped reading while the run was still open. It may
+    /// have had every byte: an SDK closes at `[DONE]` or at the
+    /// Content-Length, and the node's End frame, which carries the usage
+    /// the node read, comes after the last body bytes. So the next frame is
+    /// awaited briefly, off the client's path: an End is accounted with its
+    /// usage (the provider did that work); anything else ends the run as a
+    /// drop always did.
+    fn drop(&mut self) {
+        use pb::provider_tunnel_frame::Frame;
+        let (Some(mut rest), Some(mut record)) = (self.rest.take(), self.record.take()) else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            if let Ok(Some(Frame::End(end))) = tokio::time::timeout(TUNNEL_END_GRACE, rest.next()).await {
+                record.usage = end.usage;
+            }
+            // Accounted here, then the run ends (whole values: a field
+            // capture would drop the record at once).
+            drop(record);
+            drop(rest);
+        });
+    }
+}
+
 /// Relays a committed provider tunnel: the provider's status, headers and
 /// body bytes as they come. A failure after the commit aborts the body, so
 /// the client sees a broken response, never a complete one.
@@ -675,31 +711,35 @@ fn tunnel_response(
     record.outcome = if head.status < 400 { "ok" } else { "provider_http_status" };
     let status = StatusCode::from_u16(head.status as u16).unwrap_or(StatusCode::BAD_GATEWAY);
     record.status(status.as_u16());
-    let state = (VecDeque::from(buffered), rest, record);
-    let body = stream::unfold(state, |(mut buffered, mut rest, mut record)| async move {
-        if let Some(chunk) = buffered.pop_front() {
+    let state = TunnelBody { buffered: VecDeque::from(buffered), rest, record: Some(record) };
+    let body = stream::unfold(state, |mut body| async move {
+        let record = body.record.as_mut()?;
+        if let Some(chunk) = body.buffered.pop_front() {
             record.sent(chunk.len());
-            return Some((Ok(chunk), (buffered, rest, record)));
+            return Some((Ok(chunk), body));
         }
-        let item = match rest.as_mut()?.next().await? {
+        let item = match body.rest.as_mut()?.next().await? {
             Frame::Body(bytes) => Ok(Bytes::from(bytes)),
             Frame::End(end) => {
                 // Accounted (with the usage the node read) as the record drops.
                 record.usage = end.usage;
-                drop(record);
+                // The run is over: nothing for the drop to wait for.
+                drop(body.rest.take());
                 return None;
             }
             Frame::Failed(failed) => {
                 let error = ApiError::Execution(failed.failure.unwrap_or_default());
                 record.outcome = error.code();
-                record.stream_failed(rest.as_ref().map(LiveRun::provider_id), &error);
+                record.stream_failed(body.rest.as_ref().map(LiveRun::provider_id), &error);
                 Err(std::io::Error::other("provider tunnel failed after the response started"))
             }
             Frame::Cancelled(_) | Frame::Head(_) => Err(std::io::Error::other("provider tunnel broken")),
         };
-        let end = item.is_err();
         record.sent(item.as_ref().map_or(0, Bytes::len));
-        Some((item, (buffered, if end { None } else { rest }, record)))
+        if item.is_err() {
+            body.rest = None;
+        }
+        Some((item, body))
     });
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
