@@ -315,6 +315,46 @@ async fn config_reload_applies_valid_changes_keeps_the_old_config_on_errors_and_
     assert_eq!(stack.get_json("/readyz").await["ready_nodes"], 0);
 }
 
+/// Removing a node from `nodes` cuts it off, not only its session: a node
+/// that keeps its open connection after the reload (a modified binary; the
+/// real one dials anew and is refused at the handshake) and opens a new
+/// Control call on it is not registered again, and the connection itself
+/// is gone.
+#[tokio::test]
+async fn a_removed_node_cannot_register_again_on_the_connection_it_kept() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let mut fake = FakeNode::register(&stack).await;
+    let connections = format!("iop_edge_node_connections{{node=\"{NODE}\"}}");
+    assert_eq!(stack.metric(&connections).await, 1.0);
+
+    let mut config =
+        iop_proto::config::EdgeConfig::from_yaml(&std::fs::read_to_string(&stack.edge_config).unwrap()).unwrap();
+    config.nodes.clear();
+    config.providers.clear();
+    std::fs::write(&stack.edge_config, config.to_yaml()).unwrap();
+    // The session ends (with `config_changed`, or the connection under it).
+    while let Ok(Some(_)) = tokio::time::timeout(WAIT, fake.inbound.message()).await.expect("the session ends") {}
+    stack.wait_metric_at_least("iop_edge_node_sessions_closed_total{reason=\"config_changed\"}", 1.0).await;
+
+    // The same client again: a new Control call with a Register.
+    let (out, rx) = mpsc::channel(16);
+    out.send(msg(node_to_edge::Msg::Register(pb::Register { node_version: "fake".into(), ..Default::default() })))
+        .await
+        .unwrap();
+    let answer = async {
+        let mut inbound = fake.client.control(ReceiverStream::new(rx)).await?.into_inner();
+        inbound.message().await
+    };
+    match tokio::time::timeout(WAIT, answer).await.expect("an answer to the second Register") {
+        Ok(Some(pb::EdgeToNode { msg: Some(Msg::RegisterResponse(r)) })) => {
+            panic!("a removed node registered again (generation {})", r.generation)
+        }
+        other => assert!(other.is_err(), "refused with a status: {other:?}"),
+    }
+    wait_until("the removed node's connection is closed", WAIT, || async { stack.metric(&connections).await == 0.0 })
+        .await;
+}
+
 /// A large prompt travels on its run's own call: while 32 MiB sit unread in
 /// transit there, the control stream keeps carrying heartbeats and other
 /// runs' assignments, and the prompt arrives intact once read.

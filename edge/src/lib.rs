@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod node;
 pub mod outlier;
 pub mod overlay;
+pub mod pki;
 pub mod ratelimit;
 pub mod recovery;
 pub mod reload;

@@ -1,6 +1,8 @@
 //! `iop-edge --config FILE`: runs the Edge until SIGTERM/Ctrl-C.
 //! `iop-edge new-key --name NAME` / `iop-edge hash-key`: API keys for the
 //! keys file (README "Security").
+//! `iop-edge pki init|edge|node`: certificates for an Edge without
+//! Kubernetes (docs/standalone.md).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,11 +82,115 @@ enum Command {
     /// Prints the SHA-256 (the keys file's `key_sha256`) of the API key read
     /// from stdin, so the key stays out of shell history.
     HashKey,
+    /// Certificates for an Edge without Kubernetes: a CA, the Edge's server
+    /// certificate and node bundles (docs/standalone.md).
+    Pki {
+        #[command(subcommand)]
+        command: PkiCommand,
+    },
 }
 
-fn key_command(command: Command) -> ExitCode {
+/// Lifetimes take a number and a unit, as `new-key --expires-in` does.
+fn lifetime(text: &str) -> Result<std::time::Duration, String> {
+    let d = iop_edge::auth::parse_expires_in(text)?;
+    Ok(std::time::Duration::from_secs(d.whole_seconds().unsigned_abs()))
+}
+
+#[derive(clap::Subcommand)]
+enum PkiCommand {
+    /// Creates DIR (0700) with a new CA (ca.pem, ca-key.pem) and the Edge's
+    /// server certificate (edge.pem, edge-key.pem); the keys are 0600.
+    /// Refuses to replace a CA that is there (see --force).
+    Init {
+        /// Directory to write into (created if missing).
+        dir: PathBuf,
+        /// A DNS name or IP address nodes dial the Edge at (the host of
+        /// their --edge-url). Repeatable.
+        #[arg(long = "name", value_name = "HOST", required = true)]
+        names: Vec<String>,
+        /// Lifetime of the CA (s, m, h, d, w).
+        #[arg(long, default_value = "3650d", value_parser = lifetime)]
+        ca_validity: std::time::Duration,
+        /// Lifetime of the Edge's certificate.
+        #[arg(long, default_value = "90d", value_parser = lifetime)]
+        edge_validity: std::time::Duration,
+        /// Replace a CA that is there. Every node certificate it signed
+        /// stops working: each node needs a new bundle.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issues the Edge's server certificate again from the CA in DIR, for
+    /// the names of the current one (or --name). The Edge reloads it.
+    Edge {
+        /// The directory `pki init` wrote.
+        dir: PathBuf,
+        /// A DNS name or IP address for the certificate; repeatable.
+        /// Default: the names of the current edge.pem.
+        #[arg(long = "name", value_name = "HOST")]
+        names: Vec<String>,
+        /// Lifetime of the certificate.
+        #[arg(long, default_value = "90d", value_parser = lifetime)]
+        validity: std::time::Duration,
+    },
+    /// Writes a node bundle (ca.pem, node.pem, node-key.pem, node.yaml: the
+    /// format of `iop-operator node-bundle`) with a new certificate from the
+    /// CA in --dir, and prints the Edge config entry that admits the node.
+    Node {
+        /// The node's name (its identity; the Edge config's `nodes[].name`).
+        name: String,
+        /// The directory `pki init` wrote.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The Edge's node-facing gRPC endpoint, https://HOST[:PORT].
+        #[arg(long)]
+        edge_url: String,
+        /// Name on the Edge's certificate, when it differs from the URL's host.
+        #[arg(long)]
+        server_name: Option<String>,
+        /// The Edge config's `trust_domain`.
+        #[arg(long, default_value = "iop.local")]
+        trust_domain: String,
+        /// Lifetime of the node certificate.
+        #[arg(long, default_value = "30d", value_parser = lifetime)]
+        validity: std::time::Duration,
+        /// Directory to write the bundle into. Default: DIR/nodes/NAME.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn pki_command(command: PkiCommand) -> ExitCode {
+    use iop_edge::pki;
+    let now = time::OffsetDateTime::now_utc();
+    let (what, result) = match command {
+        PkiCommand::Init { dir, names, ca_validity, edge_validity, force } => {
+            let options = pki::InitOptions { names, ca_validity, edge_validity, force };
+            ("init", pki::init(&dir, &options, now).map(|issued| pki::issued_report(&dir, &issued)))
+        }
+        PkiCommand::Edge { dir, names, validity } => {
+            ("edge", pki::renew_edge(&dir, &names, validity, now).map(|issued| pki::issued_report(&dir, &issued)))
+        }
+        PkiCommand::Node { name, dir, edge_url, server_name, trust_domain, validity, out } => {
+            let options = pki::NodeOptions { name, edge_url, server_name, trust_domain, validity, out };
+            ("node", pki::node(&dir, &options, now).map(|written| pki::node_report(&written)))
+        }
+    };
+    match result {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("iop-edge pki {what}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn subcommand(command: Command) -> ExitCode {
     use iop_edge::auth::{sha256, to_hex};
     match command {
+        Command::Pki { command } => return pki_command(command),
         Command::NewKey { name, expires_in } => {
             let expires_at = match expires_in.as_deref().map(iop_edge::auth::parse_expires_in).transpose() {
                 Ok(d) => d.map(|d| {
@@ -129,7 +235,7 @@ fn key_command(command: Command) -> ExitCode {
 async fn main() -> ExitCode {
     let args = Args::parse();
     let config_path = match (args.command, args.config) {
-        (Some(command), _) => return key_command(command),
+        (Some(command), _) => return subcommand(command),
         (None, Some(path)) => path,
         (None, None) => unreachable!("clap requires --config without a subcommand"),
     };
@@ -183,5 +289,31 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         <super::Args as clap::CommandFactory>::command().debug_assert();
+    }
+
+    /// `iop-edge pki`'s default lifetimes are the operator's.
+    #[test]
+    fn pki_defaults_are_the_operators() {
+        use clap::Parser;
+        let args = super::Args::parse_from(["iop-edge", "pki", "init", "dir", "--name", "edge.example.lan"]);
+        let Some(super::Command::Pki { command: super::PkiCommand::Init { ca_validity, edge_validity, .. } }) =
+            args.command
+        else {
+            panic!("pki init")
+        };
+        assert_eq!((ca_validity, edge_validity), (iop_pki::CA_VALIDITY, iop_pki::EDGE_VALIDITY));
+        let args = super::Args::parse_from(["iop-edge", "pki", "edge", "dir"]);
+        let Some(super::Command::Pki { command: super::PkiCommand::Edge { validity, .. } }) = args.command else {
+            panic!("pki edge")
+        };
+        assert_eq!(validity, iop_pki::EDGE_VALIDITY);
+        let args = super::Args::parse_from(["iop-edge", "pki", "node", "mac", "--dir", "d", "--edge-url", "https://e"]);
+        let Some(super::Command::Pki { command: super::PkiCommand::Node { validity, trust_domain, .. } }) =
+            args.command
+        else {
+            panic!("pki node")
+        };
+        assert_eq!(validity, iop_pki::NODE_VALIDITY);
+        assert_eq!(trust_domain, "iop.local");
     }
 }

@@ -16,7 +16,9 @@
 //! keep theirs), replaces the node accept rules, resizes admission, and
 //! closes the sessions of nodes that were removed or whose providers changed
 //! (their generation is fenced; a still-listed node reconnects and receives
-//! its new providers at registration).
+//! its new providers at registration). A node that is no longer admitted
+//! (removed from `nodes`, or the trust domain changed) also loses its open
+//! connections, and its next handshake is refused (`unknown_node`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -114,6 +116,11 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
     let closed = nodes_to_close(&previous, &current);
     for node in &closed {
         state.registry.close(node, CloseReason::ConfigChanged);
+    }
+    // Then the connections of the nodes no longer admitted: a node that kept
+    // its connection open could otherwise register again on it.
+    for node in policy.cut_off() {
+        tracing::warn!(%node, "the config no longer admits this node; its connections are closed");
     }
     for (node, capacities) in capacity_changes(&previous, &current, &closed) {
         if let Some(control) = state.registry.control_in_any_phase(&node) {

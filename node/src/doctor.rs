@@ -39,6 +39,12 @@ use crate::transport::tls::{self, ClientConfigError, KeyPem, TlsFiles};
 
 pub use cert::EXPIRY_WARNING_SECS;
 
+/// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
+/// `node.yaml`), named by every fix that points to a fresh one.
+pub const BUNDLE_SOURCES: &str = "`iop-operator node-bundle NODE ...` where the Edge runs in Kubernetes, \
+                                  `iop-edge pki node NODE ...` on the machine of a standalone Edge \
+                                  (docs/standalone.md)";
+
 /// Default bound of the TCP connect and of each TLS read and write.
 pub const EDGE_TIMEOUT: Duration = Duration::from_secs(5);
 

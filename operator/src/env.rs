@@ -139,10 +139,7 @@ impl RunConfig {
 
         let trust_domain = get(TRUST_DOMAIN)?;
         // The same rule the Edge config applies to `trust_domain`.
-        let td_ok = !trust_domain.is_empty()
-            && trust_domain.len() <= 255
-            && trust_domain.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
-        if !td_ok {
+        if iop_proto::identity::validate_trust_domain(&trust_domain).is_err() {
             return Err(invalid(TRUST_DOMAIN, &trust_domain, "must be a lowercase DNS-like name (a-z, 0-9, '.', '-')"));
         }
 

@@ -1,9 +1,8 @@
 //! IOP operator: CRD types, the pure reconcile stages (validate, build the
-//! Edge config), certificate issuance, status mirroring, the Edge's replicas
-//! and the node bundle (pure), and the controller that runs them against the
-//! Kubernetes API ([`runtime`]).
+//! Edge config), certificate issuance (the certificates and the node bundle
+//! are `iop_pki`'s), status mirroring, the Edge's replicas, and the
+//! controller that runs them against the Kubernetes API ([`runtime`]).
 
-pub mod bundle;
 pub mod certs;
 pub mod crd;
 pub mod env;

@@ -4,10 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use iop_operator::bundle;
-use iop_operator::certs::PrivateKeyPem;
 use iop_operator::env::RunConfig;
 use iop_operator::runtime;
+use iop_pki::{PrivateKeyPem, bundle};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -187,6 +186,7 @@ fn node_bundle(args: &NodeBundleArgs) -> Result<String, String> {
             (read("ca", &args.ca)?, read("cert", &args.cert)?, PrivateKeyPem::new(read("key", &args.key)?))
         }
     };
+    let written_by = format!("iop-operator node-bundle {}", args.name);
     let input = bundle::Input {
         node: &args.name,
         edge_url: &args.edge_url,
@@ -194,6 +194,7 @@ fn node_bundle(args: &NodeBundleArgs) -> Result<String, String> {
         ca_pem: &ca_pem,
         cert_pem: &cert_pem,
         key: &key,
+        written_by: &written_by,
     };
     let bundle = bundle::build(&input, time::OffsetDateTime::now_utc()).map_err(|e| e.to_string())?;
     bundle.write(&args.out).map_err(|e| e.to_string())?;

@@ -1105,12 +1105,7 @@ impl EdgeConfig {
 
     /// Checks every cross-field rule; the error names the offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.trust_domain.is_empty()
-            || !self
-                .trust_domain
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        {
+        if identity::validate_trust_domain(&self.trust_domain).is_err() {
             return Err(invalid("trust_domain", "must be a non-empty lowercase DNS-like name"));
         }
         let mut nodes = BTreeSet::new();

@@ -17,6 +17,8 @@ pub enum IdentityError {
     NotANode(String),
     #[error("name `{0}` is not a valid node name (1-63 of a-z, 0-9, '-', starting with a letter or digit)")]
     InvalidName(String),
+    #[error("trust domain `{0}` is not a lowercase DNS-like name (1-255 of a-z, 0-9, '.', '-')")]
+    InvalidTrustDomain(String),
 }
 
 impl NodeIdentity {
@@ -52,6 +54,16 @@ pub fn validate_name(name: &str) -> Result<(), IdentityError> {
     if ok { Ok(()) } else { Err(IdentityError::InvalidName(name.to_string())) }
 }
 
+/// A trust domain is a lowercase DNS-like name: the Edge config's
+/// `trust_domain`, the operator's `IOP_TRUST_DOMAIN` and `iop-edge pki node
+/// --trust-domain` all hold to this rule.
+pub fn validate_trust_domain(trust_domain: &str) -> Result<(), IdentityError> {
+    let ok = !trust_domain.is_empty()
+        && trust_domain.len() <= 255
+        && trust_domain.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if ok { Ok(()) } else { Err(IdentityError::InvalidTrustDomain(trust_domain.to_string())) }
+}
+
 impl fmt::Display for NodeIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.uri())
@@ -76,5 +88,15 @@ mod tests {
         assert!(matches!(NodeIdentity::parse("spiffe:///node/a"), Err(IdentityError::NotANode(_))));
         assert!(matches!(NodeIdentity::parse("spiffe://x/node/A_b"), Err(IdentityError::InvalidName(_))));
         assert!(matches!(NodeIdentity::parse("spiffe://x/node/a/b"), Err(IdentityError::InvalidName(_))));
+    }
+
+    #[test]
+    fn trust_domains_are_lowercase_dns_like_names() {
+        for ok in ["iop.local", "iop-edge.example.com", "a", &"a".repeat(255)] {
+            assert_eq!(validate_trust_domain(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "IOP.local", "iop_local", "iop local", "spiffe://iop.local", &"a".repeat(256)] {
+            assert!(matches!(validate_trust_domain(bad), Err(IdentityError::InvalidTrustDomain(_))), "{bad}");
+        }
     }
 }

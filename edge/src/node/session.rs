@@ -215,6 +215,10 @@ async fn serve(
     let mut phase = SessionPhase::Registered;
     loop {
         tokio::select! {
+            // A close comes first: a reload closes a session and then ends
+            // its connection (`reload::apply`), and the session ends for the
+            // reason it was closed, not as the transport error that follows.
+            biased;
             _ = close.cancelled() => {
                 return match close_reason.get() {
                     Some(reason) => *reason,

@@ -3,11 +3,18 @@
 //! a log line and a metric, and so the node identity is parsed once per
 //! connection and handed to the gRPC service as connection info.
 //!
+//! Who may connect is decided once per identity by [`admit`]: at the
+//! handshake, and again for the connections already open when a reload
+//! changes the rules. A node the config no longer lists loses its open
+//! connections at that reload, not only its session, so a node that kept
+//! its connection cannot open new calls on it ([`AcceptPolicy::cut_off`]).
+//!
 //! It also keeps the certificate expiry gauges: the notAfter of the
 //! certificate each node presented at its last accepted handshake (until a
 //! reload unlists the node) and of the Edge's own serving certificate.
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -26,6 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 use super::limits::{ConnectionGuard, MAX_CONNECTIONS_PER_NODE, NodeLoad};
@@ -291,23 +299,64 @@ pub fn identify(
         return Err(HandshakeRejection::MissingIdentity);
     };
     let identity = NodeIdentity::parse(uri).map_err(|_| HandshakeRejection::MissingIdentity)?;
+    admit(&identity, trust_domain, allowed)?;
+    Ok(Identified { identity, not_after: cert.validity().not_after.timestamp() })
+}
+
+/// Whether a node identity may use this Edge: its trust domain is the
+/// configured one and the config lists its name. The one rule for a new
+/// connection's handshake and for the connections a reload keeps open.
+pub fn admit(
+    identity: &NodeIdentity,
+    trust_domain: &str,
+    allowed: &BTreeSet<String>,
+) -> Result<(), HandshakeRejection> {
     if identity.trust_domain != trust_domain {
         return Err(HandshakeRejection::ForeignTrustDomain);
     }
     if !allowed.contains(&identity.name) {
         return Err(HandshakeRejection::UnknownNode);
     }
-    Ok(Identified { identity, not_after: cert.validity().not_after.timestamp() })
+    Ok(())
+}
+
+/// Ends a node's connection once a reload stops admitting the node
+/// ([`AcceptPolicy::cut_off`]): from then on every read and write of the
+/// connection fails, so the gRPC server closes it with every call on it.
+struct Revocation {
+    token: CancellationToken,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl Revocation {
+    fn new(token: CancellationToken) -> Self {
+        Self { cancelled: Box::pin(token.clone().cancelled_owned()), token }
+    }
+
+    /// The error to end the connection with, once revoked; until then it
+    /// wakes the task of the read or write that asked.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        // The future is not polled again once it completed.
+        let revoked = self.token.is_cancelled() || self.cancelled.as_mut().poll(cx).is_ready();
+        revoked.then(|| io::Error::new(io::ErrorKind::ConnectionAborted, "the edge config no longer admits this node"))
+    }
 }
 
 /// An accepted, verified and identified node connection.
 pub struct NodeConn {
     stream: TlsStream<TcpStream>,
     peer: NodePeer,
+    revoked: Revocation,
+    /// Counts the connection against its node's limit while it is open.
+    _held: ConnectionGuard,
+}
+
+/// A connection whose handshake and identity check passed.
+struct Handshaken {
+    stream: TlsStream<TcpStream>,
+    peer: NodePeer,
     /// notAfter of the certificate the node presented (Unix seconds).
     not_after: i64,
-    /// Counts the connection against its node's limit while it is open.
-    _held: Option<ConnectionGuard>,
 }
 
 impl Connected for NodeConn {
@@ -319,15 +368,24 @@ impl Connected for NodeConn {
 
 impl AsyncRead for NodeConn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if let Some(revoked) = self.revoked.poll(cx) {
+            return Poll::Ready(Err(revoked));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for NodeConn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(revoked) = self.revoked.poll(cx) {
+            return Poll::Ready(Err(revoked));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(revoked) = self.revoked.poll(cx) {
+            return Poll::Ready(Err(revoked));
+        }
         Pin::new(&mut self.stream).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -338,6 +396,9 @@ impl AsyncWrite for NodeConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(revoked) = self.revoked.poll(cx) {
+            return Poll::Ready(Err(revoked));
+        }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
@@ -352,14 +413,26 @@ pub struct PolicyRules {
     pub allowed_nodes: BTreeSet<String>,
 }
 
-/// The current rules; a config reload replaces them (new connections only).
+impl PolicyRules {
+    pub fn admits(&self, identity: &NodeIdentity) -> Result<(), HandshakeRejection> {
+        admit(identity, &self.trust_domain, &self.allowed_nodes)
+    }
+}
+
+/// The current rules; a config reload replaces them. New connections are
+/// judged by the rules of the moment; the open connections of a node the
+/// new rules no longer admit are ended by [`AcceptPolicy::cut_off`].
 pub struct AcceptPolicy {
     rules: std::sync::RwLock<Arc<PolicyRules>>,
+    /// One token per node identity admitted since it was last cut off,
+    /// shared by its connections: cancelling it ends them all. Bounded by
+    /// the identities the config lists.
+    admitted: Mutex<HashMap<NodeIdentity, CancellationToken>>,
 }
 
 impl AcceptPolicy {
     pub fn new(rules: PolicyRules) -> Self {
-        Self { rules: std::sync::RwLock::new(Arc::new(rules)) }
+        Self { rules: std::sync::RwLock::new(Arc::new(rules)), admitted: Mutex::default() }
     }
 
     pub fn current(&self) -> Arc<PolicyRules> {
@@ -377,17 +450,47 @@ impl AcceptPolicy {
         *current = Arc::new(rules);
     }
 
-    /// Records the notAfter of the certificate `node` presented at an
-    /// accepted handshake, if the current rules still list it. The series
-    /// stays after the node disconnects. It is set under the read lock and
-    /// removed under the write lock of `replace`, so a handshake that ends
-    /// while a reload unlists its node leaves no series behind: either it
-    /// sets the series before `replace` removes it, or it sees the new rules.
-    fn record_node_certificate(&self, metrics: &EdgeMetrics, node: &str, not_after: i64) {
+    /// Admits a connection of `identity` whose handshake passed, if the
+    /// current rules still admit it (a reload may have come in between),
+    /// and records the notAfter of the certificate it presented (the series
+    /// stays after the node disconnects). Returns the token that ends the
+    /// connection when a reload stops admitting the node.
+    ///
+    /// Done under the read lock, while `replace` writes under the write
+    /// lock and `cut_off` runs after it, so a handshake that ends while a
+    /// reload unlists its node leaves neither a series nor a connection
+    /// behind: either it is admitted before `replace` (and `cut_off` ends
+    /// it), or it sees the new rules and is refused.
+    fn admit_connection(
+        &self,
+        metrics: &EdgeMetrics,
+        identity: &NodeIdentity,
+        not_after: i64,
+    ) -> Result<CancellationToken, HandshakeRejection> {
         let rules = self.rules.read().unwrap();
-        if rules.allowed_nodes.contains(node) {
-            metrics.node_certificate_expiry.get_or_create(&NodeLabels { node: node.to_string() }).set(not_after);
-        }
+        rules.admits(identity)?;
+        let node = NodeLabels { node: identity.name.clone() };
+        metrics.node_certificate_expiry.get_or_create(&node).set(not_after);
+        Ok(self.admitted.lock().unwrap().entry(identity.clone()).or_default().clone())
+    }
+
+    /// Ends every open connection of the nodes the current rules no longer
+    /// admit (removed from `nodes`, or of another trust domain); returns
+    /// their names. A reload calls it after `replace`, once it has closed
+    /// those nodes' sessions (so they end as `config_changed`).
+    pub fn cut_off(&self) -> Vec<String> {
+        let rules = self.rules.read().unwrap();
+        let mut admitted = self.admitted.lock().unwrap();
+        let mut cut = Vec::new();
+        admitted.retain(|identity, token| {
+            let keep = rules.admits(identity).is_ok();
+            if !keep {
+                token.cancel();
+                cut.push(identity.name.clone());
+            }
+            keep
+        });
+        cut
     }
 }
 
@@ -431,15 +534,19 @@ pub fn accept_loop(
                 let result = handshake(&acceptor, tcp, remote, &rules, &profile).await;
                 metrics.node_handshakes_in_progress.dec();
                 drop((permit, source_slot));
-                match result {
-                    Ok(mut conn) => {
-                        let node = conn.peer.identity.name.clone();
-                        policy.record_node_certificate(&metrics, &node, conn.not_after);
-                        match load.open_connection(&node, MAX_CONNECTIONS_PER_NODE) {
-                            Ok(held) => conn._held = Some(held),
+                let admitted = result.and_then(|shaken| {
+                    let token = policy.admit_connection(&metrics, &shaken.peer.identity, shaken.not_after)?;
+                    Ok((shaken, token))
+                });
+                match admitted {
+                    Ok((Handshaken { stream, peer, not_after: _ }, token)) => {
+                        let node = peer.identity.name.clone();
+                        let held = match load.open_connection(&node, MAX_CONNECTIONS_PER_NODE) {
+                            Ok(held) => held,
                             Err(refusal) => return load.refused(&node, refusal, "connection"),
-                        }
+                        };
                         tracing::info!(%node, %remote, "node connection accepted");
+                        let conn = NodeConn { stream, peer, revoked: Revocation::new(token), _held: held };
                         let _ = tx.send(Ok(conn)).await;
                     }
                     Err(HandshakeRejection::FirstByteTimeout) => {
@@ -472,7 +579,7 @@ async fn handshake(
     remote: SocketAddr,
     policy: &PolicyRules,
     profile: &HandshakeProfile,
-) -> Result<NodeConn, HandshakeRejection> {
+) -> Result<Handshaken, HandshakeRejection> {
     let started = tokio::time::Instant::now();
     tokio::time::timeout(profile.first_byte, first_byte(&tcp))
         .await
@@ -488,7 +595,7 @@ async fn handshake(
         .and_then(|certs| certs.first())
         .ok_or(HandshakeRejection::NoClientCertificate)?;
     let Identified { identity, not_after } = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
-    Ok(NodeConn { stream, peer: NodePeer { identity, remote }, not_after, _held: None })
+    Ok(Handshaken { stream, peer: NodePeer { identity, remote }, not_after })
 }
 
 #[cfg(test)]
@@ -577,6 +684,7 @@ mod tests {
     struct Listener {
         pki: Pki,
         addr: SocketAddr,
+        policy: Arc<AcceptPolicy>,
         metrics: Arc<EdgeMetrics>,
         incoming: mpsc::Receiver<Result<NodeConn, io::Error>>,
         task: tokio::task::JoinHandle<()>,
@@ -593,8 +701,8 @@ mod tests {
             let addr = listener.local_addr().unwrap();
             let metrics = EdgeMetrics::new();
             let load = NodeLoad::new(metrics.clone());
-            let (incoming, task) = accept_loop(listener, policy, metrics.clone(), load, profile);
-            Self { pki, addr, metrics, incoming, task }
+            let (incoming, task) = accept_loop(listener, policy.clone(), metrics.clone(), load, profile);
+            Self { pki, addr, policy, metrics, incoming, task }
         }
 
         /// A node `name` completes its mTLS handshake from `from`.
@@ -850,9 +958,59 @@ mod tests {
         assert_eq!(node_expiry_lines(&metrics), expected, "a reload that keeps the node keeps it");
         policy.replace(node_rules(tls, &["mac-2"]), &metrics);
         assert!(node_expiry_lines(&metrics).is_empty(), "a reload that unlists the node removes it");
-        policy.record_node_certificate(&metrics, "mac-1", jan_1(2092));
-        assert!(node_expiry_lines(&metrics).is_empty(), "a handshake that ends after the reload records nothing");
+        let identity = NodeIdentity::new("iop.local", "mac-1").unwrap();
+        let late = policy.admit_connection(&metrics, &identity, jan_1(2092));
+        assert_eq!(late.err(), Some(HandshakeRejection::UnknownNode), "a handshake that ends after the reload");
+        assert!(node_expiry_lines(&metrics).is_empty(), "records nothing");
         task.abort();
+    }
+
+    /// The open connections of a node a reload no longer admits end at
+    /// `cut_off`, whatever is under way on them; a node the reload keeps
+    /// keeps its connection.
+    #[tokio::test]
+    async fn a_reload_that_unlists_a_node_ends_its_open_connections() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut edge = Listener::start(&["mac-1", "mac-2"], patient()).await;
+        let mut gone = Vec::new();
+        for _ in 0..2 {
+            let client = edge.node("mac-1", [127, 0, 0, 1]).await;
+            gone.push((client, edge.incoming.recv().await.unwrap().unwrap()));
+        }
+        let mut kept_client = edge.node("mac-2", [127, 0, 0, 1]).await;
+        let mut kept = edge.incoming.recv().await.unwrap().unwrap();
+        // A read under way on the Edge's side of each connection.
+        let reads: Vec<_> = gone
+            .into_iter()
+            .map(|(client, mut conn)| {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 8];
+                    let read = conn.read(&mut buf).await;
+                    (client, conn, read)
+                })
+            })
+            .collect();
+        assert!(edge.policy.cut_off().is_empty(), "the rules still admit every node");
+
+        edge.policy.replace(node_rules(edge.pki.server_config(), &["mac-2"]), &edge.metrics);
+        assert_eq!(edge.policy.cut_off(), ["mac-1"]);
+        for read in reads {
+            let (mut client, mut conn, read) =
+                tokio::time::timeout(Duration::from_secs(10), read).await.unwrap().unwrap();
+            assert_eq!(read.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+            assert!(conn.write_all(b"x").await.is_err(), "no write either");
+            drop(conn);
+            let mut buf = [0u8; 1];
+            assert!(matches!(client.read(&mut buf).await, Ok(0) | Err(_)), "the node sees its connection end");
+        }
+        assert!(edge.policy.cut_off().is_empty(), "once");
+
+        kept_client.write_all(b"ping").await.unwrap();
+        kept_client.flush().await.unwrap();
+        let mut buf = [0u8; 4];
+        kept.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping", "the node the reload keeps is untouched");
+        edge.task.abort();
     }
 
     /// The serving certificate's notAfter, at start and after a reload

@@ -4,7 +4,7 @@
 use iop_proto::identity::NodeIdentity;
 use rustls::pki_types::CertificateDer;
 
-use super::{Check, Level};
+use super::{BUNDLE_SOURCES, Check, Level};
 
 /// A certificate within this long of its end is a warning.
 pub const EXPIRY_WARNING_SECS: i64 = 7 * 24 * 3600;
@@ -80,11 +80,11 @@ pub fn expiry_check(facts: &CertFacts, now: i64) -> Check {
     let fix = match level {
         Level::Ok | Level::Skip => None,
         _ if now < facts.not_before => Some("check this machine's clock".to_string()),
-        _ => Some(
-            "get a fresh certificate: `iop-operator node-bundle <node> ...` (the operator renews the Secret \
-             iop-node-<node>), copy node.pem and node-key.pem over the old ones and restart the node"
-                .to_string(),
-        ),
+        _ => Some(format!(
+            "get a fresh certificate from a new bundle ({BUNDLE_SOURCES}; in Kubernetes the operator renews \
+             the Secret iop-node-<node> by itself), copy its node.pem and node-key.pem over the old ones and \
+             restart the node"
+        )),
     };
     Check { name: "certificate".into(), level, detail, fix }
 }
@@ -93,9 +93,11 @@ pub fn expiry_check(facts: &CertFacts, now: i64) -> Check {
 /// `spiffe://<trust-domain>/node/<name>`, client authentication allowed,
 /// not a CA (what the Edge requires; README "Configuration").
 pub fn identity_check(facts: &CertFacts) -> Check {
-    let reissue = "issue the node a certificate with exactly one URI SAN spiffe://<trust-domain>/node/<name> \
-                   and the client-auth EKU (`iop-operator node-bundle`, or see README \"Configuration\")";
-    let fail = |detail: String| Check::fail("identity", detail, reissue);
+    let reissue = format!(
+        "issue the node a certificate with exactly one URI SAN spiffe://<trust-domain>/node/<name> and the \
+         client-auth EKU: a node bundle ({BUNDLE_SOURCES}), or see README \"Configuration\""
+    );
+    let fail = |detail: String| Check::fail("identity", detail, reissue.clone());
     let [uri] = facts.uri_sans.as_slice() else {
         return fail(format!(
             "the node certificate carries {} URI SANs ({}); the Edge requires exactly one \

@@ -130,8 +130,12 @@ fn classify(err: &io::Error, after_handshake: bool) -> TlsOutcome {
 pub fn tls_check(outcome: &TlsOutcome, server_name: &str, timeout: Duration) -> Check {
     const NAME: &str = "edge tls";
     let bundle_ca = "set tls.ca_file to the CA that signed the Edge's certificate (ca.pem of the node bundle)";
-    let node_cert = "use the certificate the Edge's CA issued for this node (node.pem and node-key.pem of a \
-                     fresh `iop-operator node-bundle`)";
+    let node_cert = format!(
+        "use the certificate the Edge's CA issued for this node (node.pem and node-key.pem of a fresh bundle: \
+         {})",
+        super::BUNDLE_SOURCES
+    );
+    let node_cert = node_cert.as_str();
     let secs = timeout.as_secs_f32();
     match outcome {
         TlsOutcome::Accepted => Check::ok(

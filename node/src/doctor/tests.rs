@@ -255,7 +255,8 @@ async fn expiry_is_judged_with_the_injected_clock() {
     let report = run(&s.config(&unreachable_url().await, "localhost"), &later).await;
     assert_eq!(level(&report, "certificate"), Level::Fail, "{report}");
     assert!(detail(&report, "certificate").contains("expired 2099-01-01T00:00:00Z"), "{report}");
-    assert!(report.get("certificate").unwrap().fix.as_ref().unwrap().contains("node-bundle"));
+    let fix = report.get("certificate").unwrap().fix.clone().unwrap();
+    assert!(fix.contains("iop-operator node-bundle") && fix.contains("iop-edge pki node"), "both ways: {fix}");
     assert_eq!(report.exit_code(), 1);
 }
 

@@ -238,7 +238,7 @@ async fn probe(supervisor: &Path) -> Result<Probe, String> {
 /// The node's own files and the directories that hold them, except `/` and
 /// the home directory (a key kept in `~` protects the key, not all of `~`).
 /// Keep the node's files in a directory of their own, as `iop-operator
-/// node-bundle` writes them.
+/// node-bundle` and `iop-edge pki node` write them.
 fn protected(files: impl Iterator<Item = PathBuf>, home: Option<&Path>) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for file in files {

@@ -3,7 +3,6 @@
 //! (get, create, apply) lives in `runtime::pki`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use iop_proto::identity::NodeIdentity;
 use k8s_openapi::ByteString;
@@ -12,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use rcgen::{KeyPair, PublicKeyData};
 use time::OffsetDateTime;
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{
     CA_CERT_KEY, CA_KEY_KEY, CA_SECRET, Ca, CertError, CertifiedKey, EDGE_CERT_KEY, EDGE_KEY_KEY, EDGE_TLS_SECRET,
@@ -20,14 +19,9 @@ use super::{
 };
 use crate::crd::NodeCatalog;
 
-/// Lifetime of a CA the operator generates.
-pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 86_400);
-/// Lifetime of the Edge server certificate, and how long before its expiry
-/// a new one is issued.
-pub const EDGE_VALIDITY: Duration = Duration::from_secs(90 * 86_400);
-pub const EDGE_RENEW_BEFORE: Duration = Duration::from_secs(30 * 86_400);
-/// Both, as the Edge certificate's [`Renewal`].
-pub const EDGE_RENEWAL: Renewal = Renewal { validity: EDGE_VALIDITY, renew_before: EDGE_RENEW_BEFORE };
+/// Lifetimes (the same for `iop-edge pki`): a generated CA's, the Edge
+/// server certificate's and how long before its expiry it is renewed.
+pub use iop_pki::{CA_VALIDITY, EDGE_RENEW_BEFORE, EDGE_RENEWAL, EDGE_VALIDITY};
 /// Common name of a CA the operator generates.
 pub const CA_COMMON_NAME: &str = "iop operator CA";
 
@@ -182,22 +176,8 @@ fn leaf_names(cert_pem: &str, key_pem: &str, ca: &Ca) -> Option<Vec<String>> {
     if key.subject_public_key_info() != cert.public_key().raw {
         return None;
     }
-    let san = cert.subject_alternative_name().ok().flatten()?;
-    let mut names: Vec<String> = san
-        .value
-        .general_names
-        .iter()
-        .filter_map(|n| match n {
-            GeneralName::DNSName(d) => Some(d.to_string()),
-            GeneralName::URI(u) => Some(u.to_string()),
-            GeneralName::IPAddress(b) => match b.len() {
-                4 => Some(std::net::IpAddr::from(<[u8; 4]>::try_from(*b).ok()?).to_string()),
-                16 => Some(std::net::IpAddr::from(<[u8; 16]>::try_from(*b).ok()?).to_string()),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect();
+    cert.subject_alternative_name().ok().flatten()?;
+    let mut names = iop_pki::san_names(&cert);
     names.sort();
     Some(names)
 }

@@ -86,10 +86,10 @@ impl CertificateSettings {
     }
 
     fn default_validity_hours() -> u32 {
-        720
+        (iop_pki::NODE_VALIDITY.as_secs() / 3600) as u32
     }
     fn default_renew_before_hours() -> u32 {
-        240
+        (iop_pki::NODE_RENEW_BEFORE.as_secs() / 3600) as u32
     }
 }
 

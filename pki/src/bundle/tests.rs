@@ -3,7 +3,7 @@ use std::time::Duration;
 use iop_node::config::NodeConfig;
 
 use super::*;
-use crate::certs::{Ca, CertifiedKey};
+use crate::{Ca, CertifiedKey};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -30,6 +30,7 @@ fn input<'a>(p: &'a Parts, node: &'a str) -> Input<'a> {
         ca_pem: p.ca.cert_pem(),
         cert_pem: &p.node.cert_pem,
         key: &p.node.key,
+        written_by: "iop-operator node-bundle studio-mac",
     }
 }
 
@@ -39,6 +40,13 @@ fn the_written_bundle_is_a_loadable_node_config() {
     let bundle = build(&input(&p, "studio-mac"), now()).unwrap();
     assert_eq!(bundle.identity.uri(), "spiffe://iop.example/node/studio-mac");
     assert_eq!(bundle.not_after, now() + 30 * DAY);
+    assert!(
+        bundle
+            .node_yaml
+            .contains("# Written by `iop-operator node-bundle studio-mac` for spiffe://iop.example/node/studio-mac.\n"),
+        "{}",
+        bundle.node_yaml
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bundle");

@@ -238,5 +238,15 @@ fn serials_are_hex_and_distinct() {
     let b = inspect(&ca.node_client_cert(&node_id("mac"), NOW, DAY).unwrap().cert_pem).unwrap();
     assert_ne!(a.serial, b.serial);
     assert!(a.serial.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) && !a.serial.is_empty());
-    assert_eq!(node_secret_name("studio-mac"), "iop-node-studio-mac");
+}
+
+#[test]
+fn inspect_lists_the_names_a_certificate_is_for() {
+    let ca = ca();
+    let names = ["edge.example.lan".to_string(), "192.168.1.10".to_string(), "2001:db8::7".to_string()];
+    let edge = ca.edge_server_cert(&names, NOW, DAY).unwrap();
+    assert_eq!(inspect(&edge.cert_pem).unwrap().names, names);
+    let node = ca.node_client_cert(&node_id("mac"), NOW, DAY).unwrap();
+    assert_eq!(inspect(&node.cert_pem).unwrap().names, ["spiffe://iop.example/node/mac"]);
+    assert!(inspect(ca.cert_pem()).unwrap().names.is_empty());
 }

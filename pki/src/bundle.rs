@@ -1,10 +1,10 @@
-//! `iop-operator node-bundle NAME`: what a Mac needs to run `iop-node`, in
-//! one directory: `ca.pem`, `node.pem`, `node-key.pem` (mode 0600) and a
-//! ready `node.yaml`. [`build`] checks the parts belong together (the
-//! certificate is the node's, signed by the CA, matching the key, current);
-//! [`Bundle::write`] puts them on disk.
+//! A node bundle: what a Mac needs to run `iop-node`, in one directory:
+//! `ca.pem`, `node.pem`, `node-key.pem` (mode 0600) and a ready
+//! `node.yaml`. `iop-operator node-bundle NAME` writes one from the node's
+//! Secret, `iop-edge pki node NAME` from a CA of its own. [`build`] checks
+//! the parts belong together (the certificate is the node's, signed by the
+//! CA, matching the key, current); [`Bundle::write`] puts them on disk.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use iop_proto::identity::NodeIdentity;
@@ -15,11 +15,12 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-use crate::certs::PrivateKeyPem;
+use crate::PrivateKeyPem;
+use crate::files::{self, Access};
 
-pub const CA_FILE: &str = "ca.pem";
-pub const CERT_FILE: &str = "node.pem";
-pub const KEY_FILE: &str = "node-key.pem";
+pub const CA_FILE: &str = crate::CA_CERT_FILE;
+pub const CERT_FILE: &str = crate::NODE_CERT_FILE;
+pub const KEY_FILE: &str = crate::NODE_KEY_FILE;
 pub const CONFIG_FILE: &str = "node.yaml";
 
 /// The parts of a bundle, as read from the node's Secret or from files.
@@ -32,6 +33,9 @@ pub struct Input<'a> {
     pub ca_pem: &'a str,
     pub cert_pem: &'a str,
     pub key: &'a PrivateKeyPem,
+    /// The command that makes the bundle, named in `node.yaml`'s header
+    /// (`iop-operator node-bundle NAME`).
+    pub written_by: &'a str,
 }
 
 #[derive(Debug)]
@@ -147,9 +151,9 @@ pub fn build(input: &Input<'_>, now: OffsetDateTime) -> Result<Bundle, BundleErr
     };
     let node_yaml = format!(
         "# iop-node --config {CONFIG_FILE}\n\
-         # Written by `iop-operator node-bundle {node}` for {identity}.\n\
+         # Written by `{written_by}` for {identity}.\n\
          # The TLS files are resolved against this file's directory.\n{body}",
-        node = input.node,
+        written_by = input.written_by,
         body = serde_saphyr::to_string(&doc).expect("the node config always serializes"),
     );
     Ok(Bundle {
@@ -163,47 +167,28 @@ pub fn build(input: &Input<'_>, now: OffsetDateTime) -> Result<Bundle, BundleErr
 }
 
 impl Bundle {
-    /// Writes the four files into `dir` (created if missing); the key is
-    /// readable by its owner only. Returns the paths written.
+    /// Writes the four files into `dir` (created if missing, its owner's
+    /// only); the key is readable by its owner only. Each file is replaced
+    /// whole ([`files::write`]). Returns the paths written.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, BundleError> {
         let err = |path: &Path| {
             let path = path.display().to_string();
             move |source| BundleError::Write { path, source }
         };
-        std::fs::create_dir_all(dir).map_err(err(dir))?;
-        let files = [
-            (CA_FILE, self.ca_pem.as_str(), false),
-            (CERT_FILE, self.cert_pem.as_str(), false),
-            (KEY_FILE, self.key.expose(), true),
-            (CONFIG_FILE, self.node_yaml.as_str(), false),
+        files::create_private_dir(dir).map_err(err(dir))?;
+        let parts = [
+            (CA_FILE, self.ca_pem.as_str(), Access::Public),
+            (CERT_FILE, self.cert_pem.as_str(), Access::Public),
+            (KEY_FILE, self.key.expose(), Access::Private),
+            (CONFIG_FILE, self.node_yaml.as_str(), Access::Public),
         ];
-        let mut written = Vec::with_capacity(files.len());
-        for (name, contents, private) in files {
+        let mut written = Vec::with_capacity(parts.len());
+        for (name, contents, access) in parts {
             let path = dir.join(name);
-            write_file(&path, contents, private).map_err(err(&path))?;
+            files::write(&path, contents, access).map_err(err(&path))?;
             written.push(path);
         }
         Ok(written)
-    }
-}
-
-fn write_file(path: &Path, contents: &str, private: bool) -> std::io::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let mode = if private { 0o600 } else { 0o644 };
-        options.mode(mode);
-        let mut file = options.open(path)?;
-        // An existing file keeps its old mode on open; set it explicitly.
-        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        file.write_all(contents.as_bytes())
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = private;
-        options.open(path)?.write_all(contents.as_bytes())
     }
 }
 
