@@ -165,7 +165,7 @@ fn start_node(bundle: &Path) -> Proc {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    Proc { child, name: "iop-node" }
+    Proc::new(child, "iop-node")
 }
 
 /// A chat request with the key `new-key` made, the way the page's
