@@ -154,6 +154,38 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// A loopback port that is free and stays this test process's: no other
+/// test process picks it while this one runs.
+///
+/// Chosen up front (not by binding port 0) because an Edge comes back on
+/// its ports after a restart, and below the kernel's ephemeral range, which
+/// any outgoing connection of a test running alongside may take. Checking
+/// that a port binds is not enough: between the check and the binary's own
+/// bind another test process could pick the same port (CI saw `Address
+/// already in use` with two suites running side by side). So each chosen
+/// port is also claimed by an advisory lock on a file named after it, held
+/// until this process exits, and a port whose file is locked is passed over.
+pub fn free_port() -> SocketAddr {
+    static CLAIMED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let claims = std::env::temp_dir().join("iop-test-ports");
+    std::fs::create_dir_all(&claims).unwrap_or_else(|e| panic!("creating {}: {e}", claims.display()));
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let ephemeral_low = range.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32768u16);
+    let low = 10_000.min(ephemeral_low / 2);
+    loop {
+        let addr = SocketAddr::from(([127, 0, 0, 1], fastrand::u16(low..ephemeral_low)));
+        let path = claims.join(addr.port().to_string());
+        let Ok(claim) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path) else {
+            continue;
+        };
+        if claim.try_lock().is_err() || std::net::TcpListener::bind(addr).is_err() {
+            continue;
+        }
+        CLAIMED.lock().unwrap().push(claim);
+        return addr;
+    }
+}
+
 /// A child process that is killed when dropped.
 pub struct Proc {
     pub child: Child,

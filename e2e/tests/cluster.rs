@@ -398,11 +398,6 @@ fn crds_refuse_the_documented_invalid_objects(plane: &ControlPlane) {
 // ---------------------------------------------------------------------------
 // The operator, as its ServiceAccount.
 
-/// A free loopback port for the operator's metrics listener.
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// `GET path` on a plain HTTP listener, the body ("" when unreachable).
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return String::new() };
@@ -441,7 +436,7 @@ impl Operator {
     fn start_with(plane: &ControlPlane, ns: &Namespace, pod: &str, marker: &str, env: &[(&str, &str)]) -> Self {
         let rendered = plane.helm_template(&ns.name, &["--show-only", "templates/operator-deployment.yaml"]);
         let deployment: Value = serde_saphyr::from_str(&rendered).expect("the operator Deployment renders");
-        let metrics = free_addr();
+        let metrics = iop_e2e::harness::free_port();
         let mut command = Command::new(bin("iop-operator"));
         command.arg("run").env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default());
         for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("env") {
@@ -1019,7 +1014,7 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     let mut edges: Vec<EdgeReplica> = pods.iter().map(|(pod, ip)| start_edge(plane, &ns.name, pod, ip)).collect();
 
     // The gRPC Service: TCP passthrough to both replicas.
-    let lb = free_addr();
+    let lb = iop_e2e::harness::free_port();
     let grpc_ports: Vec<SocketAddr> = pods
         .iter()
         .map(|(pod, _)| {

@@ -18,22 +18,7 @@ pub const NODE: &str = "mac-1";
 pub const FAST_HEARTBEAT: &str = "100,400";
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// A port free now, below the kernel's ephemeral range. An Edge comes back
-/// on its ports after a restart, so they are chosen up front; a port from
-/// the ephemeral range (what binding port 0 hands out) can be taken by any
-/// outgoing connection of a test running alongside before the Edge binds
-/// it, which CI once saw as `Address already in use`.
-pub fn free_port() -> SocketAddr {
-    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let ephemeral_low = range.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32768u16);
-    let low = 10_000.min(ephemeral_low / 2);
-    loop {
-        let addr = SocketAddr::from(([127, 0, 0, 1], fastrand::u16(low..ephemeral_low)));
-        if std::net::TcpListener::bind(addr).is_ok() {
-            return addr;
-        }
-    }
-}
+pub use iop_e2e::harness::free_port;
 
 pub struct StackOptions {
     pub heartbeat: Option<&'static str>,
