@@ -97,7 +97,7 @@ impl Part {
         }
     }
 
-    /// The command that brings the part (README "Tests").
+    /// The command that brings the part (README "Two commands").
     pub fn fix(self) -> &'static str {
         match self {
             Part::PythonSdks => "scripts/test-deps",

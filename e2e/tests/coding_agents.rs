@@ -165,7 +165,7 @@ async fn codex_cli_answers_and_runs_a_tool_through_iop() {
     let dev = Dev::start().await;
     let version = dev.run(&codex, &["--version"], &[]).await;
     assert!(version.contains(CODEX), "the pinned version: {version}");
-    // The README's setup: IOP as a model provider speaking Responses (Codex's
+    // docs/clients.md's setup: IOP as a model provider speaking Responses (Codex's
     // only wire API); update checks and analytics off.
     let config = format!(
         "model = \"mock\"\nmodel_provider = \"iop\"\ncheck_for_update_on_startup = false\n\n\

@@ -2,7 +2,7 @@
 //! hostile commands through real `iop-edge` and `iop-node` processes (the
 //! admin workspace diagnostic runs them): the sandbox (Landlock on Linux,
 //! Seatbelt on macOS: `.github/workflows/macos.yml`) denies each escape the
-//! README's threat model names, and a command's processes never outlive
+//! threat model of docs/security.md names, and a command's processes never outlive
 //! it. Where this machine has no sandbox the node refuses every command,
 //! and the test checks that instead, unless `IOP_REQUIRE_SANDBOX` or
 //! `IOP_REQUIRE_ALL` is set.

@@ -1,4 +1,4 @@
-//! The Edge's node-facing limits (README "Security").
+//! The Edge's node-facing limits (docs/security.md "Node-facing limits").
 //!
 //! Issue 25 item 2: idle connections that never send a TLS byte, from one
 //! address, do not keep a real node from becoming ready.

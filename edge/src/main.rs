@@ -1,6 +1,6 @@
 //! `iop-edge --config FILE`: runs the Edge until SIGTERM/Ctrl-C.
 //! `iop-edge new-key --name NAME` / `iop-edge hash-key`: API keys for the
-//! keys file (README "Security").
+//! keys file (docs/security.md "Keys").
 //! `iop-edge pki init|edge|node`: certificates for an Edge without
 //! Kubernetes (docs/standalone.md).
 
@@ -11,8 +11,8 @@ use clap::Parser;
 use iop_proto::liveness::HeartbeatProfile;
 
 /// mimalloc rather than glibc malloc: per-request allocations were about a
-/// tenth of the CPU under load (measured with `scripts/bench`, see README
-/// "Performance").
+/// tenth of the CPU under load (measured with `scripts/bench`, see
+/// docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -58,7 +58,7 @@ pub struct ModelsConfig {
     pub allow_keep_warm: bool,
 }
 
-/// The owner's consent for workspaces (README "Workspaces", "Security").
+/// The owner's consent for workspaces (docs/workspaces.md, docs/security.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspacesConfig {
@@ -77,7 +77,7 @@ pub struct WorkspacesConfig {
     /// The user commands run as when the node runs as root (default
     /// `nobody`); never root. Ignored when the node is not root: commands
     /// then run as the node's own user. The workspace roots must be
-    /// writable by this user (README "Security").
+    /// writable by this user (docs/security.md "A node run as root").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command_user: Option<String>,
 }

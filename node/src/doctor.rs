@@ -220,7 +220,7 @@ pub async fn run(config_path: &Path, options: &Options) -> Report {
             checks.push(Check::fail(
                 "config",
                 e.to_string(),
-                "fix the file (see examples/node.yaml; every field is in README \"Configuration\")",
+                "fix the file (see examples/node.yaml; every field is in docs/configuration.md)",
             ));
             return report;
         }

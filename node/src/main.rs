@@ -12,8 +12,8 @@ use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc rather than glibc malloc: per-request allocations were about a
-/// tenth of the CPU under load (measured with `scripts/bench`, see README
-/// "Performance").
+/// tenth of the CPU under load (measured with `scripts/bench`, see
+/// docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -362,7 +362,7 @@ pub struct WorkspaceCommand {
     pub argv: Vec<String>,
     #[serde(default = "WorkspaceCommand::default_timeout_ms")]
     pub timeout_ms: u64,
-    /// What one run may use (README "Security").
+    /// What one run may use (docs/security.md "Command limits").
     #[serde(default, skip_serializing_if = "CommandLimits::is_default")]
     pub limits: CommandLimits,
 }
@@ -380,7 +380,7 @@ impl WorkspaceCommand {
 
 /// The bounds of one run of a command template: its whole process tree
 /// together. Hitting one ends the command with `limit_exceeded` naming it
-/// (README "Security" says how each is enforced on Linux and macOS).
+/// (docs/security.md "Command limits" says how each is enforced on Linux and macOS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CommandLimits {

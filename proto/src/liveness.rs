@@ -42,7 +42,7 @@ const _: () = assert!(DEFAULT_FIRST_BYTE_TIMEOUT_MS < DEFAULT_RESPONSE_STALL_TIM
 /// warm-up and the prompt's prefill, which Ollama finishes before it sends
 /// its headers) fits with room to spare, while a provider that accepts the
 /// connection and never answers is abandoned after a minute, not five
-/// (README, "Routing, admission and retries").
+/// (docs/routing.md, "Retries before the first byte").
 pub const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 60_000;
 
 /// A `first_byte_timeout_ms` outside the one rule both sides apply (the

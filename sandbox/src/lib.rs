@@ -1,4 +1,4 @@
-//! The workspace command sandbox (README "Security"): what a command a
+//! The workspace command sandbox (docs/security.md): what a command a
 //! model may run on the owner's machine can reach, and the guarantee that
 //! nothing it started outlives it.
 //!
@@ -94,7 +94,7 @@ pub enum Report {
     SandboxFailed,
 }
 
-/// A denial of the README's threat model this machine cannot make (the
+/// A denial of docs/security.md's threat model this machine cannot make (the
 /// node logs each at start and reports them to the Edge).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

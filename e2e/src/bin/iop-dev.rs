@@ -31,7 +31,7 @@ struct Args {
     /// Address of the admin API and metrics (keep it on loopback).
     #[arg(long, default_value = "127.0.0.1:8081")]
     admin_addr: SocketAddr,
-    /// Require API keys from this keys file (README "Security"); without it
+    /// Require API keys from this keys file (docs/security.md "Keys"); without it
     /// anyone reaching the HTTP address may call.
     #[arg(long)]
     keys_file: Option<std::path::PathBuf>,
@@ -62,7 +62,7 @@ struct Args {
     /// (split at spaces; no shell). Repeatable.
     #[arg(long, requires = "workspace", value_parser = parse_command)]
     workspace_command: Vec<WorkspaceCommand>,
-    /// Scripted turns for the mock provider (README "Mock provider"): a
+    /// Scripted turns for the mock provider (docs/mock-provider.md "Scripted turns"): a
     /// message containing `iop-mock-script:<name>` gets the script's next turn.
     #[arg(long, conflicts_with_all = ["ollama", "openai_base"])]
     mock_script_file: Option<std::path::PathBuf>,
@@ -94,7 +94,7 @@ fn adapter_name(adapter: Adapter) -> &'static str {
     }
 }
 
-/// How the node probes the provider: the documented defaults (README
+/// How the node probes the provider: the documented defaults (docs/failure-handling.md
 /// "Provider health": idle probe every 60 s, re-probe from 1 s doubling to
 /// 30 s), for a real server and the mock alike. The tests' fast profile
 /// (`harness::node_config`) is for tests that restart providers; no test of
@@ -352,7 +352,7 @@ async fn wait_up(state: &iop_edge::EdgeState, provider_hint: &str) {
 mod tests {
     use super::*;
 
-    /// A user's server is probed as README "Provider health" documents, not
+    /// A user's server is probed as docs/failure-handling.md "Provider health" documents, not
     /// on the tests' one-second profile.
     #[test]
     fn iop_dev_probes_on_the_documented_intervals() {

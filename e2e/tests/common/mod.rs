@@ -166,7 +166,7 @@ pub async fn spawn_mock_with(listen: &str, args: &[&str]) -> (Proc, String) {
 }
 
 /// Makes a workspace root usable by the commands the node runs there, as
-/// README "Security" tells an owner who runs the node as root: the root
+/// docs/security.md ("A node run as root") tells an owner who runs the node as root: the root
 /// (and what is in it) belongs to `workspaces.command_user`, and every
 /// directory above it may be passed through. A node that is not root runs
 /// commands as itself: nothing to do.

@@ -70,7 +70,7 @@ trait UplinkMessage: Send + 'static {
 /// then at most one status. Its items are boxed in the channel because an
 /// mpsc allocates a block of 32 slots up front: with the ~200-byte downlink
 /// message inline that block was about 6 KiB of every open run's memory
-/// (`cargo bench -p iop-e2e --bench overhead`, README "Benchmark").
+/// (`cargo bench -p iop-e2e --bench overhead`, docs/performance.md "Benchmark").
 type DownlinkStream<D> = Map<ReceiverStream<Result<Box<D>, Status>>, fn(Result<Box<D>, Status>) -> Result<D, Status>>;
 
 fn unbox<D>(item: Result<Box<D>, Status>) -> Result<D, Status> {

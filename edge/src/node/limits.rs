@@ -98,7 +98,7 @@ pub struct NodeLimits {
 }
 
 impl NodeLimits {
-    /// The formula (README "Security"):
+    /// The formula (docs/security.md "Node-facing limits"):
     ///
     /// - streams = one control stream per allowed connection plus
     ///   2 x slots (one call per run or tunnel in a provider slot, and as

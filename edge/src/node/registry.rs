@@ -93,8 +93,8 @@ pub struct NodeSnapshot {
     /// `landlock`, `seatbelt`, `unsandboxed` (the owner allowed commands
     /// without a sandbox), `unavailable` (commands refused) or `unknown`.
     pub command_sandbox: Option<&'static str>,
-    /// What that sandbox cannot refuse on the node's machine (README
-    /// "Security"): `signal_scope`, `tcp`, `reserved_writable`,
+    /// What that sandbox cannot refuse on the node's machine (docs/security.md
+    /// "What the node says it cannot refuse"): `signal_scope`, `tcp`, `reserved_writable`,
     /// `bounding_set`, `priority`; empty when nothing.
     pub sandbox_gaps: Vec<&'static str>,
 }

@@ -91,11 +91,11 @@ pub fn expiry_check(facts: &CertFacts, now: i64) -> Check {
 
 /// The node identity the certificate presents: exactly one URI SAN
 /// `spiffe://<trust-domain>/node/<name>`, client authentication allowed,
-/// not a CA (what the Edge requires; README "Configuration").
+/// not a CA (what the Edge requires; docs/configuration.md).
 pub fn identity_check(facts: &CertFacts) -> Check {
     let reissue = format!(
         "issue the node a certificate with exactly one URI SAN spiffe://<trust-domain>/node/<name> and the \
-         client-auth EKU: a node bundle ({BUNDLE_SOURCES}), or see README \"Configuration\""
+         client-auth EKU: a node bundle ({BUNDLE_SOURCES}), or see docs/configuration.md"
     );
     let fail = |detail: String| Check::fail("identity", detail, reissue.clone());
     let [uri] = facts.uri_sans.as_slice() else {

@@ -1,5 +1,5 @@
 //! How this node runs workspace commands, decided once at start
-//! (README "Security"): in the OS sandbox this machine has (Landlock on
+//! (docs/security.md): in the OS sandbox this machine has (Landlock on
 //! Linux, Seatbelt on macOS, found by running the supervisor's probe for
 //! real), without one only when the owner set
 //! `workspaces.unsandboxed_commands: true`, or not at all. The decision is
@@ -88,7 +88,7 @@ impl CommandEnvironment {
                 for gap in &probe.gaps {
                     tracing::warn!(
                         gap = wire_gap(*gap).label(),
-                        "the command sandbox cannot refuse this here (README \"Security\")"
+                        "the command sandbox cannot refuse this here (docs/security.md)"
                     );
                 }
                 SandboxMode::Sandboxed(probe)
