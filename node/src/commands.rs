@@ -10,8 +10,8 @@ use iop_proto::wire::closed_enum;
 use reqwest::Method;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
+use crate::adapter::Providers;
 use crate::adapter::{self, AdapterKind};
-use crate::transport::session::Providers;
 
 /// Bound on one OLLAMA_API call, connect to last body byte.
 pub const OLLAMA_API_TIMEOUT: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@
 //! early by a `Cancel`, by the Edge ending the call, or by the session ending.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iop_proto::pb::{self, node_gateway_client::NodeGatewayClient};
@@ -15,17 +15,18 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::adapters::Map;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::adapter::ProviderTarget;
+use crate::adapter::Providers;
 use crate::adapter::probe::probe;
-use crate::health::HealthMonitor;
 use crate::lease::SessionLeases;
 use crate::liveness::{self, FirstByte, Progress, StallWatchdog};
-use crate::metrics::{ExecutionKind, NodeMetrics};
-use crate::transport::sequence::SessionSequence;
-use crate::transport::session::Providers;
+use crate::metrics::ExecutionKind;
+
+pub mod handles;
+
+use handles::{Cancel, Observer};
 
 pub use iop_proto::liveness::MAX_RESPONSE_STALL_TIMEOUT_MS;
 /// Frames buffered toward the Edge per execution; beyond this the HTTP/2
@@ -52,39 +53,6 @@ pub struct ExecutionContext {
     pub admission: crate::capacity::LocalAdmission,
     /// Where the execution's `provider call` span goes (`crate::trace`).
     pub tracer: iop_telemetry::Tracer,
-}
-
-/// Where an execution's liveness observations go.
-#[derive(Clone)]
-pub struct Observer {
-    /// The connection's health observation sequence; `None` on paths bound
-    /// to no connection (the key is then omitted).
-    pub sequence: Option<Arc<SessionSequence>>,
-    pub metrics: Arc<NodeMetrics>,
-    /// The connection's health monitor, told when this execution's evidence
-    /// lowers its provider so it probes the provider's return.
-    pub health: Option<Arc<HealthMonitor>>,
-    /// The connection's residency monitor: says whether a run starts cold
-    /// (then its first byte ends a load) and observes the provider again
-    /// after every run.
-    pub residency: Option<Arc<crate::residency::ResidencyMonitor>>,
-}
-
-impl Observer {
-    pub fn unbound() -> Self {
-        Self { sequence: None, metrics: NodeMetrics::new(), health: None, residency: None }
-    }
-
-    /// Evidence about `provider` is final: sequence it and, when it says the
-    /// provider is down, have the monitor probe its return.
-    fn observed(&self, provider: &str, health: pb::ProviderHealth) -> Option<u64> {
-        if health == pb::ProviderHealth::Unavailable
-            && let Some(monitor) = &self.health
-        {
-            monitor.lowered(provider);
-        }
-        self.sequence.as_deref().map(SessionSequence::next)
-    }
 }
 
 // ------------------------------------------------------------ validation
@@ -184,44 +152,6 @@ pub fn validate<'a>(
     let first_byte = iop_proto::liveness::first_byte_timeout(request.first_byte_timeout_ms)
         .map_err(|e| Rejection::InvalidFirstByteTimeout(e.0))?;
     Ok((target, Timeouts { stall, first_byte }))
-}
-
-// ---------------------------------------------------------------- cancel
-
-/// Cancels one execution and remembers why (the first reason wins).
-#[derive(Debug, Clone, Default)]
-pub struct Cancel {
-    token: CancellationToken,
-    reason: Arc<OnceLock<pb::CancelReason>>,
-}
-
-impl Cancel {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn cancel(&self, reason: pb::CancelReason) {
-        let _ = self.reason.set(reason);
-        self.token.cancel();
-    }
-
-    pub async fn cancelled(&self) {
-        self.token.cancelled().await
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.token.is_cancelled()
-    }
-
-    /// The reason given to [`Cancel::cancel`]; `ClientDisconnected` if none was.
-    pub fn reason(&self) -> pb::CancelReason {
-        self.reason.get().copied().unwrap_or(pb::CancelReason::ClientDisconnected)
-    }
-
-    /// Whether both handles cancel the same execution.
-    pub fn same(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.reason, &other.reason)
-    }
 }
 
 // ---------------------------------------------------------------- uplink

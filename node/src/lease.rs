@@ -25,7 +25,7 @@ use reqwest::header::HeaderValue;
 use zeroize::Zeroizing;
 
 use crate::adapter::ProviderTarget;
-use crate::execution::Observer;
+use crate::execution::handles::Observer;
 use crate::scrub::SecretScrubber;
 
 /// An opened lease, for one execution: the header to send, and the scrubber

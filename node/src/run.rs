@@ -9,12 +9,13 @@ use iop_proto::pb::{self, run_event::Event};
 use tokio::sync::mpsc;
 
 use crate::adapter;
+use crate::adapter::Providers;
 use crate::capacity::LocalAdmission;
-use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Settled, UPLINK_CAPACITY, Uplink, Watched};
+use crate::execution::handles::{Cancel, Observer};
+use crate::execution::{self, ExecutionContext, Producer, Settled, UPLINK_CAPACITY, Uplink, Watched};
 use crate::lease::{self, SessionLeases};
 use crate::liveness::FirstByte;
 use crate::metrics::ExecutionKind;
-use crate::transport::session::Providers;
 
 pub use crate::execution::{Rejection as RunRejection, validate};
 

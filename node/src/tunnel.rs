@@ -24,13 +24,14 @@ use iop_proto::wire::{relayable_request_header, relayable_response_header};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 
+use crate::adapter::Providers;
 use crate::adapter::{self, AdapterError, ProviderTarget};
-use crate::execution::{self, Cancel, ExecutionContext, Observer, Producer, Rejection, Settled, Uplink, Watched};
+use crate::execution::handles::{Cancel, Observer};
+use crate::execution::{self, ExecutionContext, Producer, Rejection, Settled, Uplink, Watched};
 use crate::lease::{self, SessionLeases};
 use crate::liveness::FirstByte;
 use crate::metrics::ExecutionKind;
 use crate::scrub::SecretScrubber;
-use crate::transport::session::Providers;
 use crate::usage::TunnelUsage;
 
 /// Largest body frame; bigger provider chunks are split so that one frame

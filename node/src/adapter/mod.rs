@@ -73,6 +73,10 @@ impl AdapterKind {
     }
 }
 
+/// Providers assigned by the Edge, by id. Assignments that fail validation
+/// are kept as errors so readiness reports them unavailable.
+pub type Providers = std::collections::HashMap<String, Result<ProviderTarget, String>>;
+
 /// One provider the edge assigned to this node, validated from pb::ProviderAssignment.
 #[derive(Debug, Clone)]
 pub struct ProviderTarget {

@@ -23,11 +23,12 @@ use tonic::transport::Channel;
 
 use super::replicas::{ReplicaClaim, ReplicaHold, Replicas};
 use super::sequence::SessionSequence;
-use crate::adapter::ProviderTarget;
 use crate::adapter::probe::probe;
+use crate::adapter::{ProviderTarget, Providers};
 use crate::capacity::LocalAdmission;
 use crate::config::NodeConfig;
-use crate::execution::{Cancel, ExecutionContext, Observer};
+use crate::execution::ExecutionContext;
+use crate::execution::handles::{Cancel, Observer};
 use crate::health::{HealthMonitor, HealthSchedule, provider_status};
 use crate::lease::{LeaseLedger, SessionLeases};
 use crate::metrics::NodeMetrics;
@@ -78,10 +79,6 @@ pub struct Ours {
 fn closed(was_ready: bool, reason: impl Into<String>) -> SessionEnd {
     SessionEnd::Closed { was_ready, reason: reason.into() }
 }
-
-/// Providers assigned by the Edge, by id. Assignments that fail validation
-/// are kept as errors so readiness reports them unavailable.
-pub type Providers = HashMap<String, Result<ProviderTarget, String>>;
 
 pub fn apply_config(payload: &pb::NodeConfigPayload, config: &NodeConfig) -> Providers {
     payload
