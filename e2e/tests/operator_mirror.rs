@@ -22,10 +22,11 @@ use std::collections::BTreeMap;
 use common::*;
 use iop_e2e::harness::wait_until;
 use iop_operator::crd::provider::{Classification, Health, Residency};
-use iop_operator::mirror::{self, EdgeHealth, EdgeView, NodeMirror, ProviderMirror};
+use iop_operator::mirror::{self, EdgeView, NodeMirror, ProviderMirror};
 use iop_operator::replicas::Replica;
 use iop_operator::runtime::admin::{AdminClient, EdgeAdminUrl};
 use iop_operator::runtime::metrics::Metrics;
+use iop_proto::admin::{EdgeHealth, NodesSnapshot, ProvidersSnapshot};
 use k8s_openapi::jiff::Timestamp;
 
 const PROVIDER: &str = "ollama-mock";
@@ -150,7 +151,7 @@ struct Admin {
     url: EdgeAdminUrl,
 }
 
-async fn mirror_fetch(admin: &Admin) -> (mirror::ProvidersSnapshot, mirror::NodesSnapshot) {
+async fn mirror_fetch(admin: &Admin) -> (ProvidersSnapshot, NodesSnapshot) {
     iop_operator::runtime::mirror::fetch(&admin.client, &admin.url).await.expect("the Edge admin API parses")
 }
 

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use iop_proto::admin;
 use iop_proto::config::{EdgeConfig, ProviderEntry};
 use iop_proto::lease::{CredentialValueError, check_credential};
 use iop_proto::pb::{self, FailureKind};
@@ -152,6 +153,18 @@ impl CredentialState {
     /// evidence that it works again); a disabled or invalid one never.
     pub fn leasable(self) -> bool {
         matches!(self, Self::Ok | Self::Rejected)
+    }
+}
+
+/// As `/admin/v1/providers` shows it.
+impl From<CredentialState> for admin::CredentialState {
+    fn from(state: CredentialState) -> Self {
+        match state {
+            CredentialState::Ok => Self::Ok,
+            CredentialState::Disabled => Self::Disabled,
+            CredentialState::Invalid => Self::Invalid,
+            CredentialState::Rejected => Self::Rejected,
+        }
     }
 }
 

@@ -32,17 +32,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use iop_proto::admin;
 use iop_proto::config::ProviderEntry;
 use iop_proto::pb::{self, FailureKind, ProviderHealth};
-use serde::Serialize;
 
 use crate::admission::Lease;
 use crate::credentials::{CredentialHealth, CredentialState};
 use crate::metrics::{EdgeMetrics, EvidenceLabels, TransitionLabels};
 use crate::node::registry::NodeRegistry;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverlayState {
     Available,
     Unavailable,
@@ -71,13 +70,32 @@ impl OverlayState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// As the admin API shows a provider's health and overlay state.
+impl From<OverlayState> for admin::EdgeHealth {
+    fn from(state: OverlayState) -> Self {
+        match state {
+            OverlayState::Available => Self::Available,
+            OverlayState::Unavailable => Self::Unavailable,
+            OverlayState::Unknown => Self::Unknown,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverlayEntry {
     pub state: OverlayState,
     /// Generation and sequence of the last applied evidence.
     pub generation: u64,
     pub sequence: u64,
     pub since_ms: u64,
+}
+
+/// As `/admin/v1/providers` shows it.
+impl From<OverlayEntry> for admin::Overlay {
+    fn from(entry: OverlayEntry) -> Self {
+        let OverlayEntry { state, generation, sequence, since_ms } = entry;
+        Self { generation, sequence, since_ms, state: state.into() }
+    }
 }
 
 /// Where evidence came from.

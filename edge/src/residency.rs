@@ -22,11 +22,11 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use iop_proto::admin;
 use iop_proto::config::{EdgeConfig, ProviderEntry};
 use iop_proto::liveness::{DEFAULT_FIRST_BYTE_TIMEOUT_MS, MAX_RESPONSE_STALL_TIMEOUT_MS};
 use iop_proto::pb;
 use iop_proto::wire::closed_enum;
-use serde::Serialize;
 
 use crate::node::registry::NodeRegistry;
 
@@ -34,8 +34,7 @@ use crate::node::registry::NodeRegistry;
 /// it sends (the node's own range for `first_byte_timeout_ms`).
 pub const MAX_LOAD_MS: u64 = MAX_RESPONSE_STALL_TIMEOUT_MS;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Residency {
     Loaded,
     NotLoaded,
@@ -52,6 +51,17 @@ impl Residency {
             Self::Loaded => "loaded",
             Self::NotLoaded => "not_loaded",
             Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// As `/admin/v1/providers` shows it.
+impl From<Residency> for admin::Residency {
+    fn from(residency: Residency) -> Self {
+        match residency {
+            Residency::Loaded => Self::Loaded,
+            Residency::NotLoaded => Self::NotLoaded,
+            Residency::Unknown => Self::Unknown,
         }
     }
 }

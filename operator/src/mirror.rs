@@ -1,7 +1,10 @@
 //! Status mirroring (pure): from the admin API snapshots of every Edge
 //! replica (`GET /admin/v1/providers`, `GET /admin/v1/nodes`) to the fields
 //! of `Provider.status` and `NodeCatalog.status` the mirror owns (field
-//! manager `iop-operator/status`), and which objects need a write.
+//! manager `iop-operator/status`), and which objects need a write. The
+//! snapshots are [`iop_proto::admin`]'s types, the Edge's own definition;
+//! how they read an Edge newer or older than this operator (what is read
+//! closed, what tolerantly) is in that module's docs.
 //!
 //! # One replica's view of a provider
 //!
@@ -78,9 +81,10 @@
 //! `rejected`, then `disabled`, then `ok`. It becomes the condition
 //! [`CREDENTIAL_ACCEPTED`]: `True`/`Accepted`, or `False` with
 //! `CredentialInvalid`, `CredentialRejected` or `CredentialDisabled`. The
-//! field is read tolerantly: absent, or a state this operator does not know,
-//! is no information; with no information from any replica (no managed
-//! credential) the condition is left out (and so removed).
+//! field is read tolerantly (`iop_proto::admin`): absent, or a state this
+//! operator does not know, is no information; with no information from any
+//! replica (no managed credential) the condition is left out (and so
+//! removed).
 //!
 //! # Outlier ejection
 //!
@@ -91,7 +95,8 @@
 //! replica that lists the provider has a say (ejection is the replica's
 //! own judgement, not a node session's); `ejectedUntil` is the latest of
 //! theirs, in whole seconds, and absent when none has it ejected (the
-//! `EJECTED` column). Read tolerantly like `credential`.
+//! `EJECTED` column). Read tolerantly like `credential` (a time that does not
+//! parse is none).
 //!
 //! # Model residency
 //!
@@ -130,163 +135,43 @@
 
 use std::collections::BTreeMap;
 
+use iop_proto::admin::{
+    self, CredentialState, EdgeCredential, EdgeHealth, EdgeNode, EdgeProvider, NodesSnapshot, ProvidersSnapshot,
+    SessionPhase,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use serde::Deserialize;
 
 use crate::crd::provider::{Classification, Health, Residency};
 use crate::crd::{NodeCatalogStatus, ProviderStatus};
-
-/// `GET /admin/v1/providers` (only the fields the mirror reads).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct ProvidersSnapshot {
-    pub providers: Vec<EdgeProvider>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct EdgeProvider {
-    pub id: String,
-    pub node: String,
-    /// The node's current connection completed readiness.
-    pub node_ready: bool,
-    /// The provider's effective health (config, node readiness and overlay
-    /// combined).
-    pub health: EdgeHealth,
-    /// The runtime overlay: absent until evidence arrived.
-    #[serde(default)]
-    pub overlay: Option<Overlay>,
-    /// The managed credential's state on this replica: absent when the
-    /// provider has none, and when the field does not parse (an Edge newer
-    /// or older than this operator): no information either way.
-    #[serde(default, deserialize_with = "tolerant_credential")]
-    pub credential: Option<EdgeCredential>,
-    /// Until when this replica has the provider ejected (outlier
-    /// ejection); absent, `null` or unparsable: not ejected.
-    #[serde(default, deserialize_with = "tolerant_time")]
-    pub ejected_until: Option<Time>,
-    /// The node's last residency report as this replica holds it; absent,
-    /// `null` or a value this operator does not know: no information.
-    #[serde(default, deserialize_with = "tolerant_residency")]
-    pub residency: Option<Residency>,
-    /// `last_load_seconds`, in whole milliseconds: the node's last measured
-    /// load; absent, `null` or not a number: none.
-    #[serde(default, rename = "last_load_seconds", deserialize_with = "tolerant_seconds_as_ms")]
-    pub last_load_ms: Option<u64>,
-    /// When that load ended.
-    #[serde(default, deserialize_with = "tolerant_time")]
-    pub last_load_at: Option<Time>,
-}
-
-fn tolerant_residency<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Residency>, D::Error> {
-    let value = Option::<serde_json::Value>::deserialize(d)?;
-    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
-}
-
-fn tolerant_seconds_as_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    let value = Option::<serde_json::Value>::deserialize(d)?;
-    let seconds = value.and_then(|v| v.as_f64()).filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e12);
-    // In range above: the cast neither saturates nor wraps.
-    Ok(seconds.map(|s| (s * 1000.0).round() as u64))
-}
-
-fn tolerant_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
-    let value = Option::<serde_json::Value>::deserialize(d)?;
-    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
-}
-
-/// `credential` of `GET /admin/v1/providers`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct EdgeCredential {
-    pub profile: String,
-    pub state: CredentialState,
-}
-
-/// A managed credential's state on one replica, best first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CredentialState {
-    Ok,
-    /// Disabled in the Edge config.
-    Disabled,
-    /// The provider answered 401/403 to it (until its revision changes).
-    Rejected,
-    /// The replica could not load the value.
-    Invalid,
-}
-
-fn tolerant_credential<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<EdgeCredential>, D::Error> {
-    let value = Option::<serde_json::Value>::deserialize(d)?;
-    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
-}
 
 /// Condition type the status mirror writes on a Provider with a managed
 /// credential (field manager `iop-operator/status`).
 pub const CREDENTIAL_ACCEPTED: &str = "CredentialAccepted";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EdgeHealth {
-    Available,
-    Unavailable,
-    Unknown,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Overlay {
-    pub state: OverlayState,
-    pub generation: u64,
-    pub sequence: u64,
-    pub since_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OverlayState {
-    Available,
-    Unavailable,
-    /// The node's probe could not tell (e.g. it timed out).
-    Unknown,
-}
-
-impl OverlayState {
-    /// The health this overlay state stands for: [`classify`] of the same
-    /// Edge health.
-    fn health(self) -> Health {
-        let edge = match self {
-            Self::Available => EdgeHealth::Available,
-            Self::Unavailable => EdgeHealth::Unavailable,
-            Self::Unknown => EdgeHealth::Unknown,
-        };
-        classify(edge).0
+/// The residency a replica reports, as the status shows it.
+impl From<admin::Residency> for Residency {
+    fn from(residency: admin::Residency) -> Self {
+        match residency {
+            admin::Residency::Loaded => Self::Loaded,
+            admin::Residency::NotLoaded => Self::NotLoaded,
+            admin::Residency::Unknown => Self::Unknown,
+        }
     }
 }
 
-/// `GET /admin/v1/nodes`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct NodesSnapshot {
-    pub nodes: Vec<EdgeNode>,
+/// An RFC 3339 time of the snapshot (`ejected_until`, `last_load_at`);
+/// `None` when it does not parse (as absent).
+fn parse_time(text: &str) -> Option<Time> {
+    text.parse::<Timestamp>().ok().map(Time)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct EdgeNode {
-    pub name: String,
-    pub connected: bool,
-    #[serde(default)]
-    pub phase: Option<SessionPhase>,
-    #[serde(default)]
-    pub generation: Option<u64>,
-    #[serde(default)]
-    pub connected_at_ms: Option<u64>,
-    /// What the node reported at registration.
-    #[serde(default)]
-    pub version: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionPhase {
-    Registered,
-    Ready,
+/// `last_load_seconds` in whole milliseconds; `None` when absent or out of
+/// range (negative, not finite, absurdly large).
+fn last_load_ms(p: &EdgeProvider) -> Option<u64> {
+    let seconds = p.last_load_seconds.filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e12);
+    // In range above: the cast neither saturates nor wraps.
+    seconds.map(|s| (s * 1000.0).round() as u64)
 }
 
 /// The `Provider.status` fields the mirror owns.
@@ -441,7 +326,7 @@ pub fn merge_residency(seen: &[Option<Residency>]) -> Option<Residency> {
 pub fn latest_load(seen: &[&EdgeProvider]) -> (Option<f64>, Option<Time>) {
     let latest = seen
         .iter()
-        .filter_map(|p| Some((p.last_load_at.as_ref()?, p.last_load_ms?)))
+        .filter_map(|p| Some((parse_time(p.last_load_at.as_deref()?)?, last_load_ms(p)?)))
         .max_by(|(a, _), (b, _)| a.0.cmp(&b.0));
     match latest {
         Some((at, ms)) => (Some(ms as f64 / 1000.0), Some(seconds(at.0))),
@@ -460,7 +345,14 @@ pub fn merge_credential(
     now: Timestamp,
 ) -> Option<Condition> {
     use crate::reconcile::conditions::{Status, next};
-    let worst = seen.iter().map(|c| c.state).max()?;
+    // Best first: the worst state wins.
+    let rank = |state: CredentialState| match state {
+        CredentialState::Ok => 0,
+        CredentialState::Disabled => 1,
+        CredentialState::Rejected => 2,
+        CredentialState::Invalid => 3,
+    };
+    let worst = seen.iter().map(|c| c.state).max_by_key(|s| rank(*s))?;
     let profile = seen.iter().find(|c| c.state == worst).map_or("", |c| c.profile.as_str());
     let of = seen.iter().filter(|c| c.state == worst).count();
     let on = if replicas > 1 { format!(" (on {of} of {replicas} Edge replicas)") } else { String::new() };
@@ -531,7 +423,7 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
             // The overlay's own transition, when it is this one (never one
             // older than the transition already recorded).
             let overlay_since = overlay
-                .filter(|o| o.state.health() == health)
+                .filter(|o| classify(o.state).0 == health)
                 .and_then(|o| from_ms(o.since_ms))
                 .filter(|t| since.as_ref().is_none_or(|s| t.0 > s.0));
             overlay_since.or_else(|| Some(seconds(now)))
@@ -539,8 +431,9 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
     };
     let credentials: Vec<&EdgeCredential> = views.iter().filter_map(|(p, _)| p.credential.as_ref()).collect();
     let credential = merge_credential(&credentials, views.len(), previous.credential.as_ref(), now);
-    let ejected_until = views.iter().filter_map(|(p, _)| p.ejected_until.as_ref()).map(|t| seconds(t.0)).max();
-    let residency = merge_residency(&views.iter().map(|(p, _)| p.residency).collect::<Vec<_>>());
+    let ejected_until =
+        views.iter().filter_map(|(p, _)| parse_time(p.ejected_until.as_deref()?)).map(|t| seconds(t.0)).max();
+    let residency = merge_residency(&views.iter().map(|(p, _)| p.residency.map(Into::into)).collect::<Vec<_>>());
     let (last_load_seconds, last_load_time) = latest_load(&views.iter().map(|(p, _)| *p).collect::<Vec<_>>());
     ProviderMirror {
         health: Some(health),

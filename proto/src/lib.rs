@@ -1,8 +1,10 @@
 //! The contract both sides of the Edge-Node boundary agree on: the gRPC wire
 //! (generated from `proto/iop/v1/node_gateway.proto`), closed-enum decoding,
-//! node identities, the liveness profile, and the Edge config document (which
-//! the operator renders and the Edge loads).
+//! node identities, the liveness profile, the Edge config document (which
+//! the operator renders and the Edge loads), and the Edge admin API's
+//! snapshots (which the Edge writes and the operator reads).
 
+pub mod admin;
 pub mod config;
 pub mod identity;
 pub mod lease;

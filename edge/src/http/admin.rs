@@ -1,20 +1,22 @@
-//! Admin endpoints: JSON snapshots of nodes and providers, node commands
+//! Admin endpoints: JSON snapshots of nodes and providers (their types are
+//! [`iop_proto::admin`]'s, which the operator reads), node commands
 //! (CAPABILITIES, TRANSPORT_STATUS, the read-only OLLAMA_API calls), and,
 //! when enabled, the workspace diagnostic.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use iop_proto::admin::{self, SessionPhase};
 use iop_proto::config::Adapter;
 use iop_proto::pb;
 use serde_json::json;
 
 use crate::EdgeState;
 use crate::node::commands::CommandError;
+use crate::node::registry::NodeSnapshot;
 use crate::overlay::{ProviderView, health_label};
 use crate::residency::Figures;
 use crate::workspace::tools::{self, ToolCall};
@@ -79,112 +81,138 @@ pub async fn ollama_api(State(state): State<Arc<EdgeState>>, Path((id, call)): P
     }
 }
 
+/// `GET /admin/v1/nodes`: every configured node and this replica's session
+/// with it ([`admin::NodesSnapshot`]).
 pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
     let config = state.config.current();
     let names: Vec<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
-    let nodes: Vec<_> = state
+    let nodes = state
         .registry
         .snapshot(&names)
         .into_iter()
         .map(|node| {
             // Each provider's effective health, as in `/admin/v1/providers`.
-            let providers: BTreeMap<&str, &str> = config
+            let providers = config
                 .providers
                 .iter()
                 .filter(|p| p.node == node.name)
                 .map(|p| {
-                    (
-                        p.id.as_str(),
-                        ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p)
-                            .health
-                            .label(),
-                    )
+                    let view = ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p);
+                    (p.id.clone(), view.health.into())
                 })
                 .collect();
-            let mut value = json!(node);
-            value["providers"] = json!(providers);
-            value
+            let NodeSnapshot {
+                name,
+                connected,
+                phase,
+                generation,
+                connected_at_ms,
+                version,
+                workspaces,
+                command_sandbox,
+                sandbox_gaps,
+            } = node;
+            admin::EdgeNode {
+                command_sandbox: command_sandbox.map(str::to_string),
+                connected,
+                connected_at_ms,
+                generation,
+                name,
+                phase,
+                providers,
+                sandbox_gaps: sandbox_gaps.into_iter().map(str::to_string).collect(),
+                version,
+                workspaces: workspaces
+                    .into_iter()
+                    .map(|(reference, verdict)| (reference, verdict.to_string()))
+                    .collect(),
+            }
         })
         .collect();
-    axum::Json(json!({ "nodes": nodes })).into_response()
+    axum::Json(admin::NodesSnapshot { nodes }).into_response()
 }
 
+/// `GET /admin/v1/providers`: every configured provider as this replica
+/// sees it, and its admission load ([`admin::ProvidersSnapshot`]).
 pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
     let config = state.config.current();
     let nodes = state.registry.snapshot(&config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
     let load = state.admission.snapshot();
     let now = std::time::Instant::now();
-    let providers: Vec<_> = config
+    let providers = config
         .providers
         .iter()
         .map(|p| {
             let node = nodes.iter().find(|n| n.name == p.node);
-            let node_ready = node.is_some_and(|n| n.phase == Some(crate::node::registry::SessionPhase::Ready));
+            let node_ready = node.is_some_and(|n| n.phase == Some(SessionPhase::Ready));
             let view = ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p);
             let outlier = state.admission.outlier_status(&p.id, now);
-            let mut value = json!({
-                "id": p.id,
-                "node": p.node,
-                "adapter": p.adapter,
-                "target_model": p.target.model,
-                "models": p.models.iter().map(|m| json!({ "name": m.name, "priority": m.priority })).collect::<Vec<_>>(),
-                "node_ready": node_ready,
-                // Effective health (config, readiness and overlay combined;
-                // `iop_edge_provider_health` publishes the same view) and the
-                // admission's own verdict.
-                "health": view.health.label(),
-                "dispatchable": view.dispatchable_on.is_some(),
-                // The managed credential (absent without one): `ok`,
-                // `disabled`, `invalid` (its file gave no usable value) or
-                // `rejected` (the provider answered 401/403 to it).
-                "credential": p.credential.as_ref().zip(view.credential).map(|(c, credential)| json!({
-                    "profile": c.profile,
-                    "state": credential.label(),
-                    "problem": state.config.credential_health().problem(&c.profile).map(|p| p.to_string()),
-                })),
-                "capacity": p.capacity,
-                // The runtime overlay (absent until evidence arrived).
-                "overlay": state.overlay.get(&p.id),
-                "in_flight": load.providers.get(&p.id).map_or(0, |l| l.in_flight),
-                // Outlier ejection (separate from `health`): out of selection
-                // until then (RFC 3339, null when selectable), generation
-                // failures in a row, ejections in a row.
-                "ejected_until": outlier.ejected_until.map(|until| rfc3339(until, now)),
-                "consecutive_failures": outlier.consecutive_failures,
-                "ejections": outlier.ejections,
+            let credential = p.credential.as_ref().zip(view.credential).map(|(c, credential)| admin::EdgeCredential {
+                problem: state.config.credential_health().problem(&c.profile).map(|p| p.to_string()),
+                profile: c.profile.clone(),
+                state: credential.into(),
             });
-            residency_fields(&mut value, &state.residency.of(&state.registry, p));
-            value
+            let residency = state.residency.of(&state.registry, p);
+            let (last_load_seconds, last_load_at) = last_load(&residency);
+            admin::EdgeProvider {
+                adapter: Some(p.adapter),
+                capacity: p.capacity,
+                consecutive_failures: outlier.consecutive_failures,
+                credential,
+                dispatchable: view.dispatchable_on.is_some(),
+                ejected_until: outlier.ejected_until.map(|until| rfc3339(until, now)),
+                ejections: outlier.ejections,
+                health: view.health.into(),
+                id: p.id.clone(),
+                in_flight: load.providers.get(&p.id).map_or(0, |l| l.in_flight),
+                last_load_at,
+                last_load_seconds,
+                model_memory: model_memory(&residency),
+                models: p
+                    .models
+                    .iter()
+                    .map(|m| admin::ProviderModel { name: m.name.clone(), priority: m.priority })
+                    .collect(),
+                node: p.node.clone(),
+                node_ready,
+                overlay: state.overlay.get(&p.id).map(Into::into),
+                residency: Some(residency.residency.into()),
+                target_model: p.target.model.clone(),
+            }
         })
         .collect();
-    axum::Json(json!({
-        "providers": providers,
-        "queued": load.queued,
-        "in_flight_runs": state.runs.in_flight(),
-        "workspace_calls": state.workspace_calls.in_flight(),
-        "leases": { "acquired": load.acquired, "released": load.released, "double_releases": load.double_releases },
-    }))
+    axum::Json(admin::ProvidersSnapshot {
+        in_flight_runs: state.runs.in_flight() as u64,
+        leases: admin::Leases {
+            acquired: load.acquired,
+            double_releases: load.double_releases,
+            released: load.released,
+        },
+        providers,
+        queued: load.queued.into_iter().map(|(model, waiting)| (model, waiting as u64)).collect(),
+        workspace_calls: state.workspace_calls.in_flight() as u64,
+    })
     .into_response()
 }
 
-/// A provider's model residency ([`crate::residency`]): `residency`
-/// (`loaded` | `not_loaded` | `unknown`: no report, node not Ready, or the
-/// server cannot say), `model_memory` (`{size_bytes, vram_bytes}`, null when
-/// both are 0), `last_load_seconds` and `last_load_at` (RFC 3339) of the
-/// node's last measured load, null when none.
-fn residency_fields(value: &mut serde_json::Value, figures: &Figures) {
+/// A provider's `model_memory` ([`crate::residency`]): `None` when both
+/// figures are 0.
+fn model_memory(figures: &Figures) -> Option<admin::ModelMemory> {
+    (figures.size_bytes > 0 || figures.vram_bytes > 0)
+        .then_some(admin::ModelMemory { size_bytes: figures.size_bytes, vram_bytes: figures.vram_bytes })
+}
+
+/// The node's last measured load of a provider's model
+/// ([`crate::residency`]): `(last_load_seconds, last_load_at)` (RFC 3339),
+/// `None` when none.
+fn last_load(figures: &Figures) -> (Option<f64>, Option<String>) {
     let measured = figures.last_load_ms > 0;
-    let memory = (figures.size_bytes > 0 || figures.vram_bytes > 0)
-        .then(|| json!({ "size_bytes": figures.size_bytes, "vram_bytes": figures.vram_bytes }));
     let at = i128::from(figures.last_loaded_at_unix_ms) * 1_000_000;
     let at = (measured && figures.last_loaded_at_unix_ms > 0)
         .then(|| time::OffsetDateTime::from_unix_timestamp_nanos(at).ok())
         .flatten()
         .and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
-    value["residency"] = json!(figures.residency.label());
-    value["model_memory"] = json!(memory);
-    value["last_load_seconds"] = json!(measured.then(|| figures.last_load_ms as f64 / 1000.0));
-    value["last_load_at"] = json!(at);
+    (measured.then(|| figures.last_load_ms as f64 / 1000.0), at)
 }
 
 /// `at` on the wall clock, as RFC 3339 in UTC (whole milliseconds).
@@ -372,9 +400,14 @@ mod tests {
     #[test]
     fn residency_fields_as_the_contract_says() {
         let fields = |figures: Figures| {
-            let mut value = json!({ "id": "p" });
-            residency_fields(&mut value, &figures);
-            value
+            let (last_load_seconds, last_load_at) = last_load(&figures);
+            json!({
+                "id": "p",
+                "residency": admin::Residency::from(figures.residency),
+                "model_memory": model_memory(&figures),
+                "last_load_seconds": last_load_seconds,
+                "last_load_at": last_load_at,
+            })
         };
         assert_eq!(
             fields(Figures::UNKNOWN),

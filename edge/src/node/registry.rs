@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use iop_proto::admin::SessionPhase;
 use iop_proto::pb;
-use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -39,18 +39,10 @@ impl GenerationSource {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionPhase {
-    /// Register answered; waiting for NodeReady. Not dispatchable.
-    Registered,
-    /// Readiness completed on this connection: dispatchable.
-    Ready,
-}
-
 #[derive(Debug, Clone)]
 pub struct Session {
     pub generation: u64,
+    /// As `/admin/v1/nodes` shows it.
     pub phase: SessionPhase,
     pub connected_at_ms: u64,
     /// What the node reported in Register (`iop-node` version).
@@ -79,7 +71,9 @@ pub struct NodeRegistry {
     sessions: Mutex<BTreeMap<String, Session>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A configured node and its current session, if any (what
+/// `/admin/v1/nodes` shows, [`iop_proto::admin::EdgeNode`]).
+#[derive(Debug, Clone)]
 pub struct NodeSnapshot {
     pub name: String,
     pub connected: bool,

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use iop_proto::admin::SessionPhase;
 use iop_proto::liveness::{HEARTBEAT_TIMEOUT_REASON, HeartbeatMonitor};
 use iop_proto::pb::{self, node_to_edge::Msg};
 use tokio::time::Instant;
@@ -13,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use super::health;
-use super::registry::{ControlSender, Session, SessionPhase};
+use super::registry::{ControlSender, Session};
 use super::tls::NodePeer;
 use crate::EdgeState;
 use crate::overlay::Source;

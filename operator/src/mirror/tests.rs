@@ -1,3 +1,4 @@
+use iop_proto::admin::Overlay;
 use serde_json::json;
 
 use super::*;
@@ -20,12 +21,21 @@ fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>)
         credential: None,
         ejected_until: None,
         residency: None,
-        last_load_ms: None,
+        last_load_seconds: None,
         last_load_at: None,
+        adapter: None,
+        capacity: 0,
+        consecutive_failures: 0,
+        dispatchable: false,
+        ejections: 0,
+        in_flight: 0,
+        model_memory: None,
+        models: vec![],
+        target_model: String::new(),
     }
 }
 
-fn overlay(state: OverlayState, generation: u64, sequence: u64, since_s: u64) -> Option<Overlay> {
+fn overlay(state: EdgeHealth, generation: u64, sequence: u64, since_s: u64) -> Option<Overlay> {
     Some(Overlay { state, generation, sequence, since_ms: since_s * 1000 + 250 })
 }
 
@@ -42,6 +52,10 @@ fn edge_node(connected: bool, generation: Option<u64>, connected_at_s: Option<u6
         generation,
         connected_at_ms: connected_at_s.map(|s| s * 1000 + 999),
         version: connected.then(|| "0.1.0".to_string()),
+        command_sandbox: None,
+        providers: BTreeMap::new(),
+        sandbox_gaps: vec![],
+        workspaces: BTreeMap::new(),
     }
 }
 
@@ -59,10 +73,20 @@ fn parses_the_edge_admin_snapshots() {
         "queued": 0, "in_flight_runs": 0, "leases": {"acquired": 0, "released": 0, "double_releases": 0}
     }))
     .unwrap();
-    assert_eq!(providers.providers[0], edge_provider(true, EdgeHealth::Available, None));
+    assert_eq!(
+        providers.providers[0],
+        EdgeProvider {
+            adapter: Some(iop_proto::config::Adapter::Ollama),
+            target_model: "llama3.2:3b".into(),
+            models: vec![iop_proto::admin::ProviderModel { name: "llama3.2".into(), priority: 0 }],
+            dispatchable: true,
+            capacity: 4,
+            ..edge_provider(true, EdgeHealth::Available, None)
+        }
+    );
     assert_eq!(
         providers.providers[1].overlay,
-        Some(Overlay { state: OverlayState::Unavailable, generation: 3, sequence: 7, since_ms: 1_700_000_000_000 })
+        Some(Overlay { state: EdgeHealth::Unavailable, generation: 3, sequence: 7, since_ms: 1_700_000_000_000 })
     );
 
     // The overlay's `unknown` (a probe that could not tell), as the Edge writes it.
@@ -72,7 +96,7 @@ fn parses_the_edge_admin_snapshots() {
                        "overlay": {"state": "unknown", "generation": 4, "sequence": 2, "since_ms": 5000}}]
     }))
     .unwrap();
-    assert_eq!(unknown.providers[0].overlay.as_ref().unwrap().state, OverlayState::Unknown);
+    assert_eq!(unknown.providers[0].overlay.as_ref().unwrap().state, EdgeHealth::Unknown);
     assert_eq!(unknown.providers[0].health, EdgeHealth::Unknown);
 
     let nodes: NodesSnapshot = serde_json::from_value(json!({
@@ -94,6 +118,10 @@ fn parses_the_edge_admin_snapshots() {
             generation: None,
             connected_at_ms: None,
             version: None,
+            command_sandbox: None,
+            providers: BTreeMap::new(),
+            sandbox_gaps: vec![],
+            workspaces: BTreeMap::new(),
         }
     );
 
@@ -110,7 +138,7 @@ fn the_health_table() {
     // overlay combined): taken as it is; the overlay gives the evidence position.
     let cases = [
         (
-            edge_provider(true, EdgeHealth::Unavailable, overlay(OverlayState::Unavailable, 4, 2, 50)),
+            edge_provider(true, EdgeHealth::Unavailable, overlay(EdgeHealth::Unavailable, 4, 2, 50)),
             (Health::Unavailable, Some(Classification::ProviderUnhealthy), Some(4), Some(2)),
         ),
         (
@@ -124,18 +152,18 @@ fn the_health_table() {
             (Health::Unknown, Some(Classification::HealthUnknown), Some(4), None),
         ),
         (
-            edge_provider(false, EdgeHealth::Unknown, overlay(OverlayState::Unavailable, 3, 7, 50)),
+            edge_provider(false, EdgeHealth::Unknown, overlay(EdgeHealth::Unavailable, 3, 7, 50)),
             (Health::Unknown, Some(Classification::HealthUnknown), Some(3), Some(7)),
         ),
         // The node's probe could not tell: the overlay says `unknown`.
         (
-            edge_provider(true, EdgeHealth::Unknown, overlay(OverlayState::Unknown, 4, 9, 50)),
+            edge_provider(true, EdgeHealth::Unknown, overlay(EdgeHealth::Unknown, 4, 9, 50)),
             (Health::Unknown, Some(Classification::HealthUnknown), Some(4), Some(9)),
         ),
         (edge_provider(true, EdgeHealth::Available, None), (Health::Available, None, Some(4), None)),
         // A recovered overlay is available again, with its evidence position.
         (
-            edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 12, 50)),
+            edge_provider(true, EdgeHealth::Available, overlay(EdgeHealth::Available, 4, 12, 50)),
             (Health::Available, None, Some(4), Some(12)),
         ),
     ];
@@ -152,7 +180,7 @@ fn the_health_table() {
 #[test]
 fn provider_transition_time_moves_only_when_health_changes() {
     let node = edge_node(true, Some(4), Some(100));
-    let up = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 0, 900));
+    let up = edge_provider(true, EdgeHealth::Available, overlay(EdgeHealth::Available, 4, 0, 900));
     let first = provider(&up, Some(&node), &ProviderMirror::default(), at(1000));
     assert_eq!(first.last_transition_time, time(900), "the overlay's own time (whole seconds)");
 
@@ -161,24 +189,24 @@ fn provider_transition_time_moves_only_when_health_changes() {
     assert_eq!(again, first);
 
     // The overlay lowers it: the overlay's own time.
-    let down = edge_provider(true, EdgeHealth::Unavailable, overlay(OverlayState::Unavailable, 4, 3, 1500));
+    let down = edge_provider(true, EdgeHealth::Unavailable, overlay(EdgeHealth::Unavailable, 4, 3, 1500));
     let lowered = provider(&down, Some(&node), &again, at(3000));
     assert_eq!((lowered.health, lowered.last_transition_time.clone()), (Some(Health::Unavailable), time(1500)));
 
     // New evidence, same health: sequence moves, time stays.
-    let still_down = edge_provider(true, EdgeHealth::Unavailable, overlay(OverlayState::Unavailable, 4, 5, 2900));
+    let still_down = edge_provider(true, EdgeHealth::Unavailable, overlay(EdgeHealth::Unavailable, 4, 5, 2900));
     let later = provider(&still_down, Some(&node), &lowered, at(4000));
     assert_eq!((later.last_observation_sequence, later.last_transition_time.clone()), (Some(5), time(1500)));
 
     // Node gone: Unknown at `now`.
-    let away = edge_provider(false, EdgeHealth::Unknown, overlay(OverlayState::Unavailable, 4, 6, 1500));
+    let away = edge_provider(false, EdgeHealth::Unknown, overlay(EdgeHealth::Unavailable, 4, 6, 1500));
     let unknown = provider(&away, None, &later, at(5000));
     assert_eq!((unknown.health, unknown.last_transition_time.clone()), (Some(Health::Unknown), time(5000)));
 
     // Back, and available again: the overlay's `since` (kept across
     // connections while its state did not change) is older than the last
     // transition, so the transition is `now`, never a step back in time.
-    let back = edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 6, 0, 900));
+    let back = edge_provider(true, EdgeHealth::Available, overlay(EdgeHealth::Available, 6, 0, 900));
     let recovered = provider(&back, Some(&edge_node(true, Some(6), Some(5500))), &unknown, at(6000));
     assert_eq!((recovered.health, recovered.last_transition_time), (Some(Health::Available), time(6000)));
 }
@@ -193,8 +221,9 @@ fn a_new_observation_sequence_alone_is_not_written() {
         providers: vec![edge_provider(
             true,
             EdgeHealth::Unavailable,
-            overlay(OverlayState::Unavailable, 4, sequence, 1500),
+            overlay(EdgeHealth::Unavailable, 4, sequence, 1500),
         )],
+        ..Default::default()
     };
     let nodes = NodesSnapshot { nodes: vec![node] };
     let mut current = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
@@ -210,7 +239,8 @@ fn a_new_observation_sequence_alone_is_not_written() {
 
     // Health changes: written, with the sequence of that evidence.
     let up = ProvidersSnapshot {
-        providers: vec![edge_provider(true, EdgeHealth::Available, overlay(OverlayState::Available, 4, 41, 3300))],
+        providers: vec![edge_provider(true, EdgeHealth::Available, overlay(EdgeHealth::Available, 4, 41, 3300))],
+        ..Default::default()
     };
     let writes = plan(&one(&up, &nodes), &current, &none, at(3400));
     assert_eq!(writes.providers.len(), 1);
@@ -275,6 +305,7 @@ fn plan_writes_only_what_changed_and_only_existing_objects() {
             edge_provider(true, EdgeHealth::Available, None),
             EdgeProvider { id: "orphan".into(), ..edge_provider(true, EdgeHealth::Available, None) },
         ],
+        ..Default::default()
     };
     let nodes = NodesSnapshot { nodes: vec![edge_node(true, Some(4), Some(100))] };
     let mut current_providers = BTreeMap::from([
@@ -298,7 +329,7 @@ fn plan_writes_only_what_changed_and_only_existing_objects() {
     assert_eq!(plan(&one(&providers, &nodes), &current_providers, &current_nodes, at(2000)), Writes::default());
 
     // The Edge no longer has them (left out of its config): cleared.
-    let empty = (ProvidersSnapshot { providers: vec![] }, NodesSnapshot { nodes: vec![] });
+    let empty = (ProvidersSnapshot::default(), NodesSnapshot { nodes: vec![] });
     let writes = plan(&one(&empty.0, &empty.1), &current_providers, &current_nodes, at(3000));
     assert_eq!(writes.providers, [("llama".to_string(), ProviderMirror::default())]);
     assert_eq!(writes.nodes, [("mac-1".to_string(), NodeMirror::default())]);
@@ -389,7 +420,9 @@ fn replica_provider(health: EdgeHealth, overlay: Option<Overlay>) -> EdgeProvide
 /// Two replicas as `plan` reads them: (id, answered snapshots) each.
 fn two(a: Option<(EdgeProvider, EdgeNode)>, b: Option<(EdgeProvider, EdgeNode)>) -> EdgeView {
     let answer = |x: Option<(EdgeProvider, EdgeNode)>| {
-        x.map(|(p, n)| (ProvidersSnapshot { providers: vec![p] }, NodesSnapshot { nodes: vec![n] }))
+        x.map(|(p, n)| {
+            (ProvidersSnapshot { providers: vec![p], ..Default::default() }, NodesSnapshot { nodes: vec![n] })
+        })
     };
     EdgeView { replicas: BTreeMap::from([("edge-a".to_string(), answer(a)), ("edge-b".to_string(), answer(b))]) }
 }
@@ -407,8 +440,8 @@ fn planned(edge: &EdgeView) -> (ProviderMirror, NodeMirror) {
 fn two_replicas_are_merged_into_one_status() {
     let connected = |generation: u64| edge_node(true, Some(generation), Some(generation * 10));
     let away = edge_node(false, None, None);
-    let up = |g| overlay(OverlayState::Available, g, 1, 50);
-    let down = |g, seq| overlay(OverlayState::Unavailable, g, seq, 60);
+    let up = |g| overlay(EdgeHealth::Available, g, 1, 50);
+    let down = |g, seq| overlay(EdgeHealth::Unavailable, g, seq, 60);
 
     // Both connected, both see it available.
     let (p, n) = planned(&two(
@@ -556,7 +589,7 @@ fn the_credential_field_is_parsed_tolerantly() {
     ] {
         assert_eq!(
             parsed(Some(json!({"profile": "llama", "state": state, "revision": 3}))),
-            Some(EdgeCredential { profile: "llama".into(), state: expected })
+            Some(EdgeCredential { problem: None, profile: "llama".into(), state: expected })
         );
     }
     // A state or shape this operator does not know: no information, and the rest still parses.
@@ -670,14 +703,17 @@ fn outlier_ejection_is_mirrored_from_every_answering_replica() {
     }))
     .unwrap();
     let ejected = parsed.providers[0].ejected_until.clone();
-    assert_eq!(ejected.as_ref().map(|t| t.0.as_millisecond()), Some(1_000_250));
+    assert_eq!(ejected.as_deref().and_then(parse_time).map(|t| t.0.as_millisecond()), Some(1_000_250));
     assert_eq!(parsed.providers[1].ejected_until, None);
     assert_eq!(parsed.providers[2].ejected_until, None, "read tolerantly");
 
     let node = edge_node(true, Some(4), Some(1));
-    let with = |until: Option<Time>| EdgeProvider { ejected_until: until, ..replica_provider(Up, None) };
+    let with = |until: Option<String>| EdgeProvider { ejected_until: until, ..replica_provider(Up, None) };
     let healthy = ProviderMirror::default();
-    let view = two(Some((with(ejected.clone()), node.clone())), Some((with(time(900)), node.clone())));
+    let view = two(
+        Some((with(ejected.clone()), node.clone())),
+        Some((with(Some("1970-01-01T00:15:00Z".into())), node.clone())),
+    );
     let current = BTreeMap::from([("llama".to_string(), healthy.clone())]);
     let writes = plan(&view, &current, &BTreeMap::new(), at(950));
     let (_, mirrored) = &writes.providers[0];
@@ -713,8 +749,17 @@ fn residency_fields_are_read_tolerantly() {
         ]
     }))
     .unwrap();
-    let fields: Vec<_> =
-        parsed.providers.iter().map(|p| (p.residency, p.last_load_ms, p.last_load_at.is_some())).collect();
+    let fields: Vec<_> = parsed
+        .providers
+        .iter()
+        .map(|p| {
+            (
+                p.residency.map(Residency::from),
+                last_load_ms(p),
+                p.last_load_at.as_deref().and_then(parse_time).is_some(),
+            )
+        })
+        .collect();
     assert_eq!(
         fields,
         [
@@ -755,10 +800,14 @@ fn the_residency_merge_table() {
 #[test]
 fn residency_and_the_latest_load_are_mirrored_across_replicas() {
     let node = edge_node(true, Some(4), Some(1));
-    let with = |residency, load: Option<(u64, i64)>| EdgeProvider {
-        residency,
-        last_load_ms: load.map(|(ms, _)| ms),
-        last_load_at: load.and_then(|(_, at)| time(at)),
+    let with = |residency: Option<Residency>, load: Option<(u64, i64)>| EdgeProvider {
+        residency: residency.map(|r| match r {
+            Residency::Loaded => admin::Residency::Loaded,
+            Residency::NotLoaded => admin::Residency::NotLoaded,
+            Residency::Unknown => admin::Residency::Unknown,
+        }),
+        last_load_seconds: load.map(|(ms, _)| ms as f64 / 1000.0),
+        last_load_at: load.map(|(_, seconds)| at(seconds).to_string()),
         ..replica_provider(Up, None)
     };
     // edge-a: not connected to the node yet (unknown), holds an older load;
@@ -798,7 +847,7 @@ fn residency_and_the_latest_load_are_mirrored_across_replicas() {
     let reloaded = two(
         Some((
             EdgeProvider {
-                last_load_at: Some(Time(Timestamp::from_millisecond(2_000_400).unwrap())),
+                last_load_at: Some(Timestamp::from_millisecond(2_000_400).unwrap().to_string()),
                 ..with(Some(Residency::Loaded), Some((20_500, 0)))
             },
             node.clone(),

@@ -11,9 +11,8 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use iop_proto::admin::{NodesSnapshot, ProvidersSnapshot};
 use serde::de::DeserializeOwned;
-
-use crate::mirror::{NodesSnapshot, ProvidersSnapshot};
 
 pub const PROVIDERS_PATH: &str = "/admin/v1/providers";
 pub const NODES_PATH: &str = "/admin/v1/nodes";

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use iop_proto::admin::{EdgeHealth, EdgeNode, EdgeProvider, NodesSnapshot, Overlay, ProvidersSnapshot, SessionPhase};
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
@@ -12,9 +13,6 @@ use tokio::net::TcpListener;
 
 use super::*;
 use crate::crd::provider::Health;
-use crate::mirror::{
-    EdgeHealth, EdgeNode, EdgeProvider, NodesSnapshot, Overlay, OverlayState, ProvidersSnapshot, SessionPhase,
-};
 use crate::reconcile::fixtures::{node, provider};
 use crate::replicas::Replica;
 use crate::runtime::metrics::Metrics;
@@ -142,18 +140,26 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
         credential: None,
         ejected_until: None,
         residency: None,
-        last_load_ms: None,
+        last_load_seconds: None,
         last_load_at: None,
+        adapter: None,
+        capacity: 4,
+        consecutive_failures: 0,
+        dispatchable: true,
+        ejections: 0,
+        in_flight: 0,
+        model_memory: None,
+        models: vec![],
+        target_model: String::new(),
     };
     // The Edge's effective health follows its overlay here.
-    let health = match overlay.as_ref().map(|o| o.state) {
-        Some(OverlayState::Unavailable) => EdgeHealth::Unavailable,
-        Some(OverlayState::Unknown) => EdgeHealth::Unknown,
-        _ => EdgeHealth::Available,
-    };
+    let health = overlay.as_ref().map_or(EdgeHealth::Available, |o| o.state);
     EdgeView::one(
         "iop-edge-0",
-        ProvidersSnapshot { providers: vec![EdgeProvider { overlay, health, ..p("llama") }, p("qwen")] },
+        ProvidersSnapshot {
+            providers: vec![EdgeProvider { overlay, health, ..p("llama") }, p("qwen")],
+            ..Default::default()
+        },
         NodesSnapshot {
             nodes: vec![EdgeNode {
                 name: "mac-1".to_string(),
@@ -162,6 +168,10 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
                 generation: Some(4),
                 connected_at_ms: Some(1_793_534_000_000),
                 version: Some("0.1.0".to_string()),
+                command_sandbox: None,
+                providers: Default::default(),
+                sandbox_gaps: vec![],
+                workspaces: Default::default(),
             }],
         },
     )
@@ -187,7 +197,7 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     let (client, mut server) = mock();
     let ctx = context(client, NOW);
     let metrics = ctx.metrics.clone();
-    let down = Overlay { state: OverlayState::Unavailable, generation: 4, sequence: 9, since_ms: 1_793_534_450_000 };
+    let down = Overlay { state: EdgeHealth::Unavailable, generation: 4, sequence: 9, since_ms: 1_793_534_450_000 };
 
     let task = tokio::spawn(async move {
         let mut state = MirrorState::default();
