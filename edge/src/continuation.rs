@@ -13,7 +13,7 @@
 //! go on), one role chunk (Chat).
 //!
 //! What is continued ([`Splice::on_break`]): a break the gate would retry
-//! before the commit (`gate::retryable`: cut, reset, stall, unreachable,
+//! before the commit (`retry::retryable`: cut, reset, stall, unreachable,
 //! provider error status, node connection lost) after the answer has text,
 //! while it is plain text: an answer with a tool call, or inside a
 //! reasoning block, ends with the API's error event as before (a partial
@@ -156,7 +156,7 @@ impl Splice {
     /// Whether a run that failed with `failure` is continued: the prefill
     /// (the answer's text so far), or why not.
     pub fn on_break(&self, failure: &pb::ExecutionFailure, max: u32) -> Result<String, NotContinued> {
-        if !gate::retryable(failure) {
+        if !crate::retry::retryable(failure) {
             return Err(NotContinued::NotRetryable);
         }
         let blocks = self.transcript.blocks();
