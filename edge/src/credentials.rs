@@ -10,7 +10,7 @@
 //! closed: a lease that cannot be sealed (a node that sent no lease key, a
 //! profile disabled since admission) ends the attempt with
 //! `credential_rejected`, which is never retried elsewhere
-//! (`gate::retryable`). A credential never appears in logs, metrics, admin
+//! (`retry::retryable`). A credential never appears in logs, metrics, admin
 //! output or error messages: errors name the profile or the file only.
 
 use std::collections::HashMap;
