@@ -50,7 +50,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::auth::{Caller, PrincipalLimits};
-use crate::ingress::error::ApiError;
 
 /// What every per-minute limit counts over.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -337,13 +336,14 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl RateLimits {
     /// Admits one request of `caller`, or says which limit it is over and
-    /// when to retry. `replicas`: how many replicas share the limits.
-    pub fn admit(&self, caller: &Caller, replicas: usize) -> Result<Permit, ApiError> {
+    /// when to retry (a domain [`Refusal`]; the HTTP layer maps it once, to
+    /// `ApiError::RateLimited`). `replicas`: how many replicas share the limits.
+    pub fn admit(&self, caller: &Caller, replicas: usize) -> Result<Permit, Box<Refusal>> {
         self.admit_at(caller, replicas, Instant::now())
     }
 
     /// [`Self::admit`] at `now`.
-    pub fn admit_at(&self, caller: &Caller, replicas: usize, now: Instant) -> Result<Permit, ApiError> {
+    pub fn admit_at(&self, caller: &Caller, replicas: usize, now: Instant) -> Result<Permit, Box<Refusal>> {
         let limits = caller.limits();
         let shares = Shares::of(limits, replicas);
         if !shares.any() {
@@ -371,14 +371,14 @@ impl RateLimits {
                     Limit::Tokens => (shares.tokens, limits.tokens_per_minute),
                     Limit::Concurrency => (shares.concurrent, limits.max_concurrent_requests),
                 };
-                Err(ApiError::RateLimited(Box::new(Refusal {
+                Err(Box::new(Refusal {
                     limit,
                     share: share.unwrap_or_default(),
                     configured: configured.unwrap_or_default(),
                     replicas: u32::try_from(replicas.max(1)).unwrap_or(u32::MAX),
                     retry_after,
                     status,
-                })))
+                }))
             }
         }
     }
@@ -521,10 +521,10 @@ mod tests {
         keys.authenticate(&headers).unwrap()
     }
 
-    fn refusal(result: Result<Permit, ApiError>) -> Refusal {
+    fn refusal(result: Result<Permit, Box<Refusal>>) -> Refusal {
         match result {
-            Err(ApiError::RateLimited(r)) => *r,
-            other => panic!("expected a refusal, got {other:?}"),
+            Err(r) => *r,
+            Ok(_) => panic!("expected a refusal, the request was admitted"),
         }
     }
 

@@ -319,13 +319,11 @@ fn admit(
     let replicas = state.replica_set(config).len();
     match state.rate_limits.admit(caller, replicas) {
         Ok(permit) => record.permit = Some(permit),
-        Err(refused) => {
-            if let ApiError::RateLimited(refusal) = &refused {
-                let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
-                tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
-                state.metrics.rate_limited.get_or_create(&labels).inc();
-            }
-            return Err(refused);
+        Err(refusal) => {
+            let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
+            tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
+            state.metrics.rate_limited.get_or_create(&labels).inc();
+            return Err(ApiError::RateLimited(refusal));
         }
     }
     Ok(())
