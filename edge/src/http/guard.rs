@@ -165,9 +165,9 @@ fn refuse(guard: &Guard, refusal: Refusal, path: &str) -> Response {
         Listener::Admin => super::admin::admin_error(error.status(), error.code(), error.message()),
         // Each client API answers in its own shape.
         Listener::Client if path.starts_with("/v1/messages") => {
-            super::error_response::<super::surface::Messages>(&error)
+            super::respond::error_response::<super::surface::Messages>(&error)
         }
-        Listener::Client => super::error_response::<super::surface::ChatCompletions>(&error),
+        Listener::Client => super::respond::error_response::<super::surface::ChatCompletions>(&error),
     }
 }
 

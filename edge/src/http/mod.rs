@@ -6,6 +6,7 @@
 mod admin;
 pub mod guard;
 pub mod listener;
+mod respond;
 mod surface;
 
 use std::collections::VecDeque;
@@ -32,6 +33,7 @@ use crate::ingress::hosted_tools;
 use crate::metrics::{Api, ApiLabels, ApiRouteLabels, PrincipalLabels, RateLimitedLabels, RequestLabels};
 use crate::route;
 use iop_proto::config::HostedTools;
+use respond::{error_response, set_limit_headers};
 use surface::{ChatCompletions, Messages, Responses, Surface};
 
 /// The client listener (`listen.http`): what API keys buy, and probes.
@@ -71,40 +73,6 @@ pub fn admin_router(state: Arc<EdgeState>) -> Router {
         .layer(from_fn_with_state(guard.clone(), guard::json_only))
         .layer(from_fn_with_state(guard.clone(), guard::no_browser_origin))
         .layer(from_fn_with_state(guard, guard::local_host_only))
-}
-
-fn error_response<S: Surface>(err: &ApiError) -> Response {
-    let mut response = (err.status(), axum::Json(S::error_body(err))).into_response();
-    if let Some(secs) = err.retry_after_secs() {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    if let ApiError::RateLimited(refusal) = err {
-        set_limit_headers(response.headers_mut(), S::API, &refusal.status, Some(refusal.retry_after));
-    }
-    response
-}
-
-/// The caller's per-key limits as the rate-limit headers its API's clients
-/// read (`crate::ratelimit::headers`: Anthropic's for Messages, OpenAI's
-/// for the others); they replace any a tunnelled provider answer carried.
-fn set_limit_headers(
-    headers: &mut HeaderMap,
-    api: Api,
-    status: &crate::ratelimit::Status,
-    retry_after: Option<std::time::Duration>,
-) {
-    use crate::ratelimit::{HEADER_PREFIXES, HeaderForm};
-    let form = if api == Api::messages { HeaderForm::Anthropic } else { HeaderForm::OpenAi };
-    let relayed: Vec<HeaderName> =
-        headers.keys().filter(|name| HEADER_PREFIXES.iter().any(|p| name.as_str().starts_with(p))).cloned().collect();
-    for name in relayed {
-        headers.remove(name);
-    }
-    for (name, value) in crate::ratelimit::headers(form, status, retry_after, std::time::SystemTime::now()) {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-            headers.insert(name, value);
-        }
-    }
 }
 
 /// Records one client request's outcome, time to first byte and duration
