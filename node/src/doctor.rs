@@ -20,6 +20,7 @@
 //! [`KeyPem`](crate::transport::tls::KeyPem) and only rustls sees their bytes.
 
 mod cert;
+mod check;
 mod edge;
 #[cfg(test)]
 mod tests;
@@ -38,70 +39,10 @@ use crate::config::{NodeConfig, NodeTlsConfig};
 use crate::transport::tls::{self, ClientConfigError, KeyPem, TlsFiles};
 
 pub use cert::EXPIRY_WARNING_SECS;
-
-/// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
-/// `node.yaml`), named by every fix that points to a fresh one.
-pub const BUNDLE_SOURCES: &str = "`iop-operator node-bundle NODE ...` where the Edge runs in Kubernetes, \
-                                  `iop-edge pki node NODE ...` on the machine of a standalone Edge \
-                                  (docs/standalone.md)";
+pub use check::{BUNDLE_SOURCES, Check, Level};
 
 /// Default bound of the TCP connect and of each TLS read and write.
 pub const EDGE_TIMEOUT: Duration = Duration::from_secs(5);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Ok,
-    Warn,
-    Fail,
-    /// Not checked: it needs something an earlier check found missing.
-    Skip,
-}
-
-impl Level {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Ok => "OK",
-            Self::Warn => "WARN",
-            Self::Fail => "FAIL",
-            Self::Skip => "SKIP",
-        }
-    }
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Check {
-    pub name: String,
-    pub level: Level,
-    pub detail: String,
-    /// What to do about a WARN or FAIL.
-    pub fix: Option<String>,
-}
-
-impl Check {
-    fn ok(name: &str, detail: impl Into<String>) -> Self {
-        Self { name: name.into(), level: Level::Ok, detail: detail.into(), fix: None }
-    }
-    fn warn(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self { name: name.into(), level: Level::Warn, detail: detail.into(), fix: Some(fix.into()) }
-    }
-    fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self { name: name.into(), level: Level::Fail, detail: detail.into(), fix: Some(fix.into()) }
-    }
-    fn skip(name: &str, detail: impl Into<String>) -> Self {
-        Self { name: name.into(), level: Level::Skip, detail: detail.into(), fix: None }
-    }
-}
-
-impl fmt::Display for Check {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:<4}  {:<15} {}", self.level.label(), self.name, self.detail)?;
-        match &self.fix {
-            Some(fix) => write!(f, ". Fix: {fix}"),
-            None => Ok(()),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Report {

@@ -4,7 +4,7 @@
 use iop_proto::identity::NodeIdentity;
 use rustls::pki_types::CertificateDer;
 
-use super::{BUNDLE_SOURCES, Check, Level};
+use super::check::{BUNDLE_SOURCES, Check, Level};
 
 /// A certificate within this long of its end is a warning.
 pub const EXPIRY_WARNING_SECS: i64 = 7 * 24 * 3600;

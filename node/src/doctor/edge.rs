@@ -18,7 +18,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use rustls::{AlertDescription, CertificateError};
 
-use super::Check;
+use super::check::{BUNDLE_SOURCES, Check};
 use crate::transport::tls::ALPN_H2;
 
 /// What became of the TLS attempt.
@@ -133,7 +133,7 @@ pub fn tls_check(outcome: &TlsOutcome, server_name: &str, timeout: Duration) -> 
     let node_cert = format!(
         "use the certificate the Edge's CA issued for this node (node.pem and node-key.pem of a fresh bundle: \
          {})",
-        super::BUNDLE_SOURCES
+        BUNDLE_SOURCES
     );
     let node_cert = node_cert.as_str();
     let secs = timeout.as_secs_f32();

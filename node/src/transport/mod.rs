@@ -2,6 +2,7 @@
 //! reconnect loop, and one control session per connection.
 
 pub mod backoff;
+mod error;
 #[cfg(test)]
 pub(crate) mod fake_edge;
 pub mod replicas;
@@ -21,19 +22,11 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use backoff::Backoff;
+pub use error::TransportError;
 use replicas::Replicas;
 use session::SessionEnd;
 use std::sync::Arc;
 
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    #[error("{field}: cannot read {path}: {source}")]
-    ReadTls { field: &'static str, path: String, source: std::io::Error },
-    #[error("edge endpoint: {0}")]
-    Endpoint(String),
-    #[error("cannot connect to the edge: {0}")]
-    Connect(String),
-}
 
 /// The pieces a session needs to dial the Edge; built once from config.
 #[derive(Clone)]

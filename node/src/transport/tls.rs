@@ -17,7 +17,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use zeroize::Zeroizing;
 
-use super::TransportError;
+use super::error::TransportError;
 use crate::config::NodeTlsConfig;
 
 /// The ALPN protocol the node speaks to the Edge (gRPC over HTTP/2).
