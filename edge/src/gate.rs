@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use iop_proto::config::{EdgeConfig, ProviderEntry, ProviderMode};
+use iop_proto::config::{EdgeConfig, ProviderMode};
 use iop_proto::pb::{self, FailureKind, provider_tunnel_frame::Frame, run_event::Event};
 use iop_proto::provider_error::rejects_credential;
 use tokio::time::Instant;
@@ -39,7 +39,7 @@ use crate::credentials::{LeaseScope, lease_for};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
 use crate::metrics::{AttemptLabels, RecoveryLabels, RetryPathLabels};
-use crate::retry::{self, RetryInput, RetryPlan, context_fallback, retry_delay, retryable, same_credential};
+use crate::retry::{self, RetryInput, RetryPlan, context_fallback, retryable, same_credential};
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -880,13 +880,6 @@ fn admit_error(error: AdmitError, model: &str) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn failure(kind: FailureKind, status: u32, retry_after_ms: u64) -> pb::ExecutionFailure {
-        let mut f = pb::ExecutionFailure::new(kind, "x");
-        f.provider_status = status;
-        f.retry_after_ms = retry_after_ms;
-        f
-    }
 
     /// Issue 8 item 5: a held answer is bounded.
     #[test]

@@ -27,7 +27,6 @@ use replicas::Replicas;
 use session::SessionEnd;
 use std::sync::Arc;
 
-
 /// The pieces a session needs to dial the Edge; built once from config.
 #[derive(Clone)]
 pub struct Dialer {
