@@ -195,9 +195,12 @@ async fn iop_dev_is_up_only_once_its_provider_answers() {
     use tokio::io::AsyncBufReadExt;
     let provider = free_port();
     let base_url = format!("http://{provider}");
+    // iop-dev's own PKI goes here, removed after it is killed (as the harness does).
+    let tmp = tempfile::tempdir().unwrap();
     let mut dev = tokio::process::Command::new(bin("iop-dev"))
         .args(["--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
         .args(["--openai-base", &base_url, "--model", "mock"])
+        .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
