@@ -8,7 +8,9 @@
 //! `launchctl` / `systemctl` through a [`Runner`], which tests replace to
 //! see which commands would run.
 
+mod error;
 mod render;
+mod spec;
 #[cfg(test)]
 mod tests;
 
@@ -17,36 +19,17 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use error::ServiceError;
 pub use render::{log_files, plist, systemd_exe_problem, systemd_quote, unit, xml_escape};
+use spec::check_path;
+pub use spec::{LABEL, ServiceSpec};
 
-use crate::config::{NodeConfig, NodeConfigError};
-
-/// The LaunchAgent's label (and plist file name).
-pub const LABEL: &str = "dev.iop.node";
 /// The systemd user unit's name.
 pub const UNIT: &str = "iop-node.service";
 
 /// How long `install` waits for launchd to let go of a booted-out service.
 const BOOTOUT_WAIT: Duration = Duration::from_secs(5);
 const BOOTOUT_POLL: Duration = Duration::from_millis(250);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    #[error("iop-node service supports macOS (launchd) and Linux (systemd --user) only")]
-    Unsupported,
-    #[error("{0}")]
-    Environment(String),
-    #[error("refusing to install: {0}")]
-    Config(#[from] NodeConfigError),
-    #[error("{what} {path}: {reason}")]
-    Path { what: &'static str, path: String, reason: String },
-    #[error("cannot {action} {path}: {source}")]
-    Io { action: &'static str, path: String, source: std::io::Error },
-    #[error("cannot run {program}: {source}")]
-    Spawn { program: String, source: std::io::Error },
-    #[error("`{command}` failed ({status}): {stderr}{hint}")]
-    Command { command: String, status: String, stderr: String, hint: String },
-}
 
 /// The service manager this runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,52 +98,6 @@ impl Host {
     fn launchd_target(&self) -> String {
         format!("gui/{}/{LABEL}", self.uid)
     }
-}
-
-/// What the service runs: `<exe> --config <config>`, both absolute,
-/// UTF-8 and free of control characters (so both file formats can carry
-/// them exactly).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceSpec {
-    exe: String,
-    config: String,
-}
-
-impl ServiceSpec {
-    /// Refuses a config the node itself would refuse (the loader checks the
-    /// file, not the certificates: `iop-node doctor` does) and makes both
-    /// paths absolute without resolving symlinks, so a service installed
-    /// through a stable link keeps following it.
-    pub fn prepare(exe: &Path, config: &Path) -> Result<Self, ServiceError> {
-        let absolute = |what, p: &Path| {
-            std::path::absolute(p).map_err(|e| ServiceError::Path {
-                what,
-                path: p.display().to_string(),
-                reason: e.to_string(),
-            })
-        };
-        let exe = absolute("executable", exe)?;
-        let config = absolute("config file", config)?;
-        NodeConfig::load(&config)?;
-        Ok(Self { exe: check_path("executable", &exe)?, config: check_path("config file", &config)? })
-    }
-
-    pub fn exe(&self) -> &str {
-        &self.exe
-    }
-
-    pub fn config(&self) -> &str {
-        &self.config
-    }
-}
-
-fn check_path(what: &'static str, path: &Path) -> Result<String, ServiceError> {
-    let invalid = |reason: &str| ServiceError::Path { what, path: path.display().to_string(), reason: reason.into() };
-    let text = path.to_str().ok_or_else(|| invalid("is not valid UTF-8"))?;
-    if text.chars().any(char::is_control) {
-        return Err(invalid("contains a control character"));
-    }
-    Ok(text.to_string())
 }
 
 /// What a command printed and how it ended.

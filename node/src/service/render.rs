@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::{LABEL, ServiceSpec};
+use super::spec::{LABEL, ServiceSpec};
 
 /// launchd's plist for `spec`, logging into `log_dir`.
 ///
