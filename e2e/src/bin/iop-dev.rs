@@ -21,6 +21,8 @@ use iop_proto::liveness::HeartbeatProfile;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "dev-node";
+/// The one provider's id in the Edge config.
+const PROVIDER: &str = "dev-provider";
 
 #[derive(Parser)]
 #[command(name = "iop-dev", about = "Run Edge + Node + a provider locally")]
@@ -186,7 +188,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let pki = DevPki::create(dir.path())?;
     let node_pair = pki.node_cert(NODE, Validity::Current)?;
     let provider = ProviderSpec {
-        id: "dev-provider".into(),
+        id: PROVIDER.into(),
         node: NODE.into(),
         adapter,
         base_url: base_url.clone(),
@@ -239,42 +241,38 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         () = wait_up(&state, &provider_hint) => true,
         () = iop_edge::shutdown_signal() => false,
     };
-    if !up {
-        println!("iop-dev: stopping");
-        shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(15), node_task).await;
-        let _ = tokio::time::timeout(Duration::from_secs(15), edge_task).await;
-        return Ok(());
-    }
-    println!("IOP dev is up. Base URL: http://{http_addr}/v1   (model: {model})");
-    println!("Admin and metrics: http://{admin_addr}/admin/v1/nodes, http://{admin_addr}/metrics");
-    let health = &node_config_health;
-    println!(
-        "Provider: {} adapter -> {base_url} (health probe every {} s; when down, re-probed from {} s up to {} s)",
-        adapter_name(adapter),
-        health.idle_interval_ms / 1000,
-        health.retry_initial_ms / 1000,
-        health.retry_max_ms / 1000,
-    );
-    if mock.is_some() {
+    // Ctrl-C while waiting stops it as Ctrl-C after does.
+    if up {
+        println!("IOP dev is up. Base URL: http://{http_addr}/v1   (model: {model})");
+        println!("Admin and metrics: http://{admin_addr}/admin/v1/nodes, http://{admin_addr}/metrics");
+        let health = &node_config_health;
         println!(
-            "Mock provider: {base_url} (what it received: {base_url}/mock/requests, counters: {base_url}/mock/stats)"
+            "Provider: {} adapter -> {base_url} (health probe every {} s; when down, re-probed from {} s up to {} s)",
+            adapter_name(adapter),
+            health.idle_interval_ms / 1000,
+            health.retry_initial_ms / 1000,
+            health.retry_max_ms / 1000,
         );
-    }
-    let key_header = if args.keys_file.is_some() { " -H \"authorization: Bearer $IOP_KEY\"" } else { "" };
-    println!("Try:");
-    println!(
-        "  curl -N http://{http_addr}/v1/chat/completions{key_header} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
-    );
-    if workspace.is_some() {
-        println!("A job in the workspace `dev` (it plans, works with tools, reviews, answers):");
+        if mock.is_some() {
+            println!(
+                "Mock provider: {base_url} (what it received: {base_url}/mock/requests, counters: {base_url}/mock/stats)"
+            );
+        }
+        let key_header = if args.keys_file.is_some() { " -H \"authorization: Bearer $IOP_KEY\"" } else { "" };
+        println!("Try:");
         println!(
-            "  curl http://{http_addr}/v1/messages{key_header} -H 'content-type: application/json' -H 'iop-workspace: dev' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":1024,\"messages\":[{{\"role\":\"user\",\"content\":\"Summarize README.md\"}}]}}'"
+            "  curl -N http://{http_addr}/v1/chat/completions{key_header} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
         );
-    }
-    println!("Press Ctrl-C to stop.");
+        if workspace.is_some() {
+            println!("A job in the workspace `dev` (it plans, works with tools, reviews, answers):");
+            println!(
+                "  curl http://{http_addr}/v1/messages{key_header} -H 'content-type: application/json' -H 'iop-workspace: dev' \\\n    -d '{{\"model\":\"{model}\",\"max_tokens\":1024,\"messages\":[{{\"role\":\"user\",\"content\":\"Summarize README.md\"}}]}}'"
+            );
+        }
+        println!("Press Ctrl-C to stop.");
 
-    iop_edge::shutdown_signal().await;
+        iop_edge::shutdown_signal().await;
+    }
     println!("iop-dev: stopping");
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(15), node_task).await;
@@ -284,9 +282,6 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
-
-/// The one provider's id in the Edge config.
-const PROVIDER: &str = "dev-provider";
 
 /// What to do when the provider does not answer the node's probe.
 fn provider_hint(adapter: Adapter, base_url: &str, model: &str, mock: bool) -> String {

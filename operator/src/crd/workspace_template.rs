@@ -103,43 +103,25 @@ impl CommandTemplate {
 #[serde(rename_all = "camelCase")]
 pub struct CommandLimits {
     /// Processes at once.
-    #[serde(default = "CommandLimits::default_max_processes")]
+    #[serde(default = "iop_proto::config::CommandLimits::default_max_processes")]
     #[schemars(range(min = 1, max = 65536))]
     pub max_processes: u32,
     /// Resident memory of the process tree.
-    #[serde(default = "CommandLimits::default_max_memory_bytes")]
+    #[serde(default = "iop_proto::config::CommandLimits::default_max_memory_bytes")]
     #[schemars(range(min = 16777216, max = 1099511627776u64))]
     pub max_memory_bytes: u64,
     /// CPU time of the process tree, finished children included.
-    #[serde(default = "CommandLimits::default_max_cpu_seconds")]
+    #[serde(default = "iop_proto::config::CommandLimits::default_max_cpu_seconds")]
     #[schemars(range(min = 1, max = 86400))]
     pub max_cpu_seconds: u64,
     /// Largest file one process may write.
-    #[serde(default = "CommandLimits::default_max_file_size_bytes")]
+    #[serde(default = "iop_proto::config::CommandLimits::default_max_file_size_bytes")]
     #[schemars(range(min = 1024, max = 1099511627776u64))]
     pub max_file_size_bytes: u64,
     /// How much the workspace root may grow during the run.
-    #[serde(default = "CommandLimits::default_max_disk_bytes")]
+    #[serde(default = "iop_proto::config::CommandLimits::default_max_disk_bytes")]
     #[schemars(range(min = 1024, max = 1099511627776u64))]
     pub max_disk_bytes: u64,
-}
-
-impl CommandLimits {
-    fn default_max_processes() -> u32 {
-        iop_proto::config::CommandLimits::default_max_processes()
-    }
-    fn default_max_memory_bytes() -> u64 {
-        iop_proto::config::CommandLimits::default_max_memory_bytes()
-    }
-    fn default_max_cpu_seconds() -> u64 {
-        iop_proto::config::CommandLimits::default_max_cpu_seconds()
-    }
-    fn default_max_file_size_bytes() -> u64 {
-        iop_proto::config::CommandLimits::default_max_file_size_bytes()
-    }
-    fn default_max_disk_bytes() -> u64 {
-        iop_proto::config::CommandLimits::default_max_disk_bytes()
-    }
 }
 
 impl Default for CommandLimits {
