@@ -13,7 +13,7 @@
 //! already tried by this request are avoided while any alternative is
 //! eligible.
 //!
-//! Providers the outlier detector ejected ([`crate::outlier`]) are chosen
+//! Providers the outlier detector ejected ([`crate::core::outlier`]) are chosen
 //! like providers the request already tried: only when no other candidate
 //! is eligible (panic routing, so ejection never empties a route).
 //!
@@ -25,84 +25,19 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use iop_proto::config::{Adapter, EdgeConfig, ProviderEntry};
+use iop_proto::config::{EdgeConfig, ProviderEntry};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::core::health::ProviderView;
+use crate::core::lease::{Lease, ReleaseReason};
+use crate::core::outlier::{OutlierDetector, OutlierPolicy, OutlierStatus, Transition, Verdict};
+use crate::core::selection::{Candidate, CandidateView, Choice, choose};
 use crate::credentials::CredentialHealth;
 use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
 use crate::node::registry::NodeRegistry;
-use crate::outlier::{OutlierDetector, OutlierPolicy, OutlierStatus, Transition, Verdict};
-use crate::overlay::{HealthOverlay, ProviderView};
+use crate::overlay::HealthOverlay;
 use crate::residency::ResidencyTable;
-
-/// Immutable record of what a run was admitted to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    run_id: String,
-    provider_id: String,
-    adapter: Adapter,
-    target_model: String,
-    node: String,
-    generation: u64,
-    slot: u32,
-}
-
-impl Lease {
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-    pub fn provider_id(&self) -> &str {
-        &self.provider_id
-    }
-    pub fn adapter(&self) -> Adapter {
-        self.adapter
-    }
-    pub fn target_model(&self) -> &str {
-        &self.target_model
-    }
-    pub fn node(&self) -> &str {
-        &self.node
-    }
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-    pub fn slot(&self) -> u32 {
-        self.slot
-    }
-}
-
-/// Why a lease was released; the metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReleaseReason {
-    Completed,
-    ProviderError,
-    ClientDisconnected,
-    /// The node's connection ended (fenced generation) during the run.
-    NodeDisconnected,
-    /// The attempt failed before the first byte and the request moved on.
-    Retried,
-    /// Granted to a waiter that had already given up (queue timeout).
-    QueueTimeout,
-    EdgeShutdown,
-    /// The request's time budget ran out before the run's terminal.
-    Deadline,
-}
-
-impl ReleaseReason {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Completed => "completed",
-            Self::ProviderError => "provider_error",
-            Self::ClientDisconnected => "client_disconnected",
-            Self::NodeDisconnected => "node_disconnected",
-            Self::Retried => "retried",
-            Self::QueueTimeout => "queue_timeout",
-            Self::EdgeShutdown => "edge_shutdown",
-            Self::Deadline => "deadline",
-        }
-    }
-}
 
 /// Owns one provider slot until dropped.
 pub struct LeaseGuard {
@@ -128,12 +63,12 @@ impl LeaseGuard {
     /// Its provider's outlier state now (for tests of the recording).
     #[cfg(test)]
     pub fn outlier_status(&self) -> OutlierStatus {
-        self.pool.outlier_status(&self.lease.provider_id, std::time::Instant::now())
+        self.pool.outlier_status(self.lease.provider_id(), std::time::Instant::now())
     }
 
     /// Records how the run's generation ended for outlier ejection.
     pub fn record_generation(&self, verdict: Verdict) {
-        self.pool.record_generation(&self.lease.provider_id, verdict, std::time::Instant::now());
+        self.pool.record_generation(self.lease.provider_id(), verdict, std::time::Instant::now());
     }
 }
 
@@ -141,67 +76,6 @@ impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.pool.release(&self.lease, self.reason);
     }
-}
-
-/// One candidate as the pure selection sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CandidateView {
-    pub priority: u32,
-    /// Its node's current connection is Ready and the provider is available.
-    pub eligible: bool,
-    /// Already tried by this request.
-    pub avoided: bool,
-    /// An avoided candidate may still be chosen when nothing else is
-    /// eligible (false only after stall evidence did not clear it).
-    pub fallback_allowed: bool,
-    pub in_flight: u32,
-    pub capacity: u32,
-    /// Its node reports its model `not_loaded`: a run would load it first.
-    pub cold: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Choice {
-    Admit(usize),
-    /// Eligible providers exist but all are at capacity: queue.
-    AllBusy,
-    NoneEligible,
-}
-
-/// Picks a candidate (the module's rule). `load_penalty` is what a cold
-/// candidate is charged, in runs in flight. `rotate(priority, n)` returns
-/// the round-robin position among `n` tied candidates of that priority group.
-pub fn choose(candidates: &[CandidateView], load_penalty: u32, mut rotate: impl FnMut(u32, usize) -> usize) -> Choice {
-    // First pass: untried candidates only. Second pass, when none is
-    // eligible: tried ones too, where fallback to them is allowed.
-    let usable = |strict: bool| {
-        candidates
-            .iter()
-            .enumerate()
-            .filter(move |(_, c)| c.eligible && (!c.avoided || (!strict && c.fallback_allowed)))
-    };
-    let avoid = usable(true).next().is_some();
-    let mut priorities: Vec<u32> = usable(avoid).map(|(_, c)| c.priority).collect();
-    if priorities.is_empty() {
-        return Choice::NoneEligible;
-    }
-    priorities.sort_unstable();
-    priorities.dedup();
-    for priority in priorities {
-        // Ordered by (cost, cold, in flight): lowest wins, the rest is a tie.
-        let free: Vec<(usize, (u64, bool, u32))> = usable(avoid)
-            .filter(|(_, c)| c.priority == priority && c.in_flight < c.capacity)
-            .map(|(i, c)| {
-                let cold = c.cold && load_penalty > 0;
-                let cost = u64::from(c.in_flight) + if cold { u64::from(load_penalty) } else { 0 };
-                (i, (cost, cold, c.in_flight))
-            })
-            .collect();
-        let Some(least) = free.iter().map(|(_, key)| *key).min() else { continue };
-        let tied: Vec<usize> = free.iter().filter(|(_, key)| *key == least).map(|(i, _)| *i).collect();
-        return Choice::Admit(tied[rotate(priority, tied.len()) % tied.len()]);
-    }
-    Choice::AllBusy
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -245,13 +119,6 @@ impl Slots {
     fn release(&mut self, slot: u32) -> bool {
         self.held.remove(&slot)
     }
-}
-
-/// A provider serving a route, with its priority for that route.
-#[derive(Debug, Clone)]
-pub struct Candidate {
-    pub priority: u32,
-    pub provider: ProviderEntry,
 }
 
 /// What a request asks admission for; kept by a queued waiter.
@@ -463,15 +330,8 @@ impl AdmissionPool {
                     .and_then(Slots::acquire)
                     .expect("chosen provider has a free slot");
                 state.acquired += 1;
-                Attempt::Granted(Lease {
-                    run_id: request.run_id.clone(),
-                    provider_id: c.provider.id.clone(),
-                    adapter: c.provider.adapter,
-                    target_model: c.provider.target.model.clone(),
-                    node: c.provider.node.clone(),
-                    generation: generations[i].expect("chosen provider is eligible"),
-                    slot,
-                })
+                let generation = generations[i].expect("chosen provider is eligible");
+                Attempt::Granted(Lease::new(request.run_id.clone(), &c.provider, generation, slot))
             }
         }
     }
@@ -480,10 +340,10 @@ impl AdmissionPool {
         let grants = {
             let mut state = self.state.lock().unwrap();
             // A provider a reload removed retired its slots with it.
-            let released = state.slots.get_mut(&lease.provider_id).is_none_or(|slots| slots.release(lease.slot));
+            let released = state.slots.get_mut(lease.provider_id()).is_none_or(|slots| slots.release(lease.slot()));
             if !released {
                 state.double_releases += 1;
-                tracing::error!(provider = %lease.provider_id, "lease released twice");
+                tracing::error!(provider = %lease.provider_id(), "lease released twice");
             }
             state.released += 1;
             let grants = self.drain(&mut state);
@@ -527,7 +387,7 @@ impl AdmissionPool {
         self.deliver(grants);
     }
 
-    /// Records how a generation on `provider` ended ([`crate::outlier`]);
+    /// Records how a generation on `provider` ended ([`crate::core::outlier`]);
     /// an ejection or a return is counted and logged, naming the provider.
     pub fn record_generation(&self, provider: &str, verdict: Verdict, now: std::time::Instant) {
         let transition = {
@@ -557,7 +417,7 @@ impl AdmissionPool {
     }
 
     /// The node saw `provider` recover (the overlay moved it to
-    /// `available`): its ejection history is cleared ([`crate::outlier`]).
+    /// `available`): its ejection history is cleared ([`crate::core::outlier`]).
     pub fn forgive(&self, provider: &str) {
         if self.state.lock().unwrap().outliers.forgive(provider) {
             let labels = ProviderLabels { provider: provider.to_string() };
@@ -937,7 +797,7 @@ providers:
     /// they are still used (panic routing), never `NoneEligible`.
     #[tokio::test]
     async fn ejected_providers_are_skipped_unless_every_candidate_is_ejected() {
-        use crate::outlier::Verdict;
+        use crate::core::outlier::Verdict;
         let f = fixture();
         let now = std::time::Instant::now();
         let admit = |run: &'static str| {
@@ -1010,12 +870,12 @@ providers:
         drop((first, second));
 
         f.registry.remove("n2", 20);
-        assert_eq!(f.residency.on("b", 20).residency, crate::residency::Residency::Loaded);
+        assert_eq!(f.residency.on("b", 20).residency, crate::core::residency::Residency::Loaded);
         let mut gone = config.clone();
         gone.providers.retain(|p| p.id == "a");
         f.pool.reconfigure(&gone);
-        assert_eq!(f.residency.on("b", 20).residency, crate::residency::Residency::Unknown, "removed: forgotten");
-        assert_eq!(f.residency.on("a", 10).residency, crate::residency::Residency::NotLoaded);
+        assert_eq!(f.residency.on("b", 20).residency, crate::core::residency::Residency::Unknown, "removed: forgotten");
+        assert_eq!(f.residency.on("a", 10).residency, crate::core::residency::Residency::NotLoaded);
     }
 
     #[tokio::test]

@@ -388,7 +388,7 @@ impl Source {
     }
 
     /// Gives up on the live run (see [`LiveRun::stop`]).
-    pub fn stop(&mut self, reason: crate::admission::ReleaseReason) {
+    pub fn stop(&mut self, reason: crate::core::lease::ReleaseReason) {
         self.pending.clear();
         if let Some(live) = self.live.take() {
             live.stop(reason);

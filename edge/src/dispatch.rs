@@ -17,10 +17,11 @@ use iop_proto::wire::WireError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{LeaseGuard, ReleaseReason};
+use crate::admission::LeaseGuard;
+use crate::core::lease::ReleaseReason;
+use crate::core::outlier::{self, Verdict};
 use crate::metrics::{EdgeMetrics, OutcomeLabels};
 use crate::node::registry::ControlSender;
-use crate::outlier::{self, Verdict};
 use crate::overlay::StallHandoff;
 
 /// Events buffered per run between the node stream and the client.
@@ -341,7 +342,7 @@ pub struct RunStream<F: NodeFrame> {
 }
 
 impl<F: NodeFrame> RunStream<F> {
-    pub fn lease(&self) -> &crate::admission::Lease {
+    pub fn lease(&self) -> &crate::core::lease::Lease {
         self.lease.lease()
     }
 

@@ -33,8 +33,9 @@ use tokio::time::Instant;
 
 use crate::EdgeState;
 use crate::admission::LeaseGuard;
-use crate::admission::{AdmitError, AdmitRequest, Candidate};
+use crate::admission::{AdmitError, AdmitRequest};
 use crate::auth::Caller;
+use crate::core::selection::Candidate;
 use crate::credentials::{LeaseScope, lease_for};
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
@@ -123,7 +124,7 @@ impl<F: NodeFrame> LiveRun<F> {
     }
 
     /// Gives up on the run (see [`RunStream::stop`]).
-    pub fn stop(mut self, reason: crate::admission::ReleaseReason) {
+    pub fn stop(mut self, reason: crate::core::lease::ReleaseReason) {
         self.run.stop(reason);
     }
 
@@ -509,7 +510,7 @@ fn attempt_span(
     parent: Option<iop_telemetry::SpanContext>,
     attempt: u32,
     route: &str,
-    lease: &crate::admission::Lease,
+    lease: &crate::core::lease::Lease,
 ) -> iop_telemetry::Span {
     let mut span = state.tracer.start("attempt", iop_telemetry::Kind::Client, parent);
     if span.context().is_some() {
@@ -567,7 +568,7 @@ where
     F::Item: Send,
 {
     fn release(mut self: Box<Self>, retried: bool, failure: &pb::ExecutionFailure) {
-        use crate::admission::ReleaseReason;
+        use crate::core::lease::ReleaseReason;
         let reason = match failure.kind() {
             _ if retried => ReleaseReason::Retried,
             FailureKind::DeadlineExceeded => ReleaseReason::Deadline,
@@ -632,7 +633,7 @@ async fn attempt_run(
             return failed_run(failure_of(&event), run);
         }
         if let Err(failure) = budget.charge(&event) {
-            run.stop(crate::admission::ReleaseReason::ProviderError);
+            run.stop(crate::core::lease::ReleaseReason::ProviderError);
             return failed(failure);
         }
         let commit = is_commit(&event, point);
@@ -662,7 +663,7 @@ fn stall_timeout(provider: Option<&iop_proto::config::ProviderEntry>) -> Duratio
 fn address_run(
     request: &mut pb::RunRequest,
     provider: Option<&iop_proto::config::ProviderEntry>,
-    lease: &crate::admission::Lease,
+    lease: &crate::core::lease::Lease,
     residency: &crate::residency::ResidencyTable,
 ) {
     request.run_id = lease.run_id().to_string();
@@ -676,14 +677,14 @@ fn address_run(
 
 /// The first-byte timeout sent with a request on `lease`: the provider's,
 /// extended by its model's last measured load when the lease's connection
-/// reports the model `not_loaded` ([`crate::residency::first_byte_timeout_ms`]).
+/// reports the model `not_loaded` ([`crate::core::residency::first_byte_timeout_ms`]).
 fn first_byte_timeout_ms(
     provider: Option<&iop_proto::config::ProviderEntry>,
-    lease: &crate::admission::Lease,
+    lease: &crate::core::lease::Lease,
     residency: &crate::residency::ResidencyTable,
 ) -> u64 {
     let residency = residency.on(lease.provider_id(), lease.generation());
-    crate::residency::first_byte_timeout_ms(provider.map_or(0, |p| p.first_byte_timeout_ms), &residency)
+    crate::core::residency::first_byte_timeout_ms(provider.map_or(0, |p| p.first_byte_timeout_ms), &residency)
 }
 
 /// The Edge's own bound on a tunnel's first frame (its response head): the

@@ -10,6 +10,7 @@ pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod continuation;
+pub mod core;
 pub mod credentials;
 pub mod dispatch;
 pub mod gate;
@@ -19,7 +20,6 @@ pub mod ingress;
 pub mod job;
 pub mod metrics;
 pub mod node;
-pub mod outlier;
 pub mod overlay;
 pub mod pki;
 pub mod ratelimit;
@@ -151,12 +151,15 @@ impl EdgeState {
     }
 
     /// The effective health of the configured provider `id` (the one
-    /// definition, [`overlay::ProviderView`]); `None` when no provider has
+    /// definition, [`core::health::ProviderView`]); `None` when no provider has
     /// that id.
-    pub fn provider_health(&self, id: &str) -> Option<overlay::OverlayState> {
+    pub fn provider_health(&self, id: &str) -> Option<core::health::OverlayState> {
         let config = self.config.current();
         let provider = config.providers.iter().find(|p| p.id == id)?;
-        Some(overlay::ProviderView::of(&self.registry, &self.overlay, self.config.credential_health(), provider).health)
+        Some(
+            core::health::ProviderView::of(&self.registry, &self.overlay, self.config.credential_health(), provider)
+                .health,
+        )
     }
 
     /// Every replica of the Edge as nodes are told it: the config's

@@ -11,9 +11,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::credentials::CredentialState;
-use crate::overlay::OverlayState;
-use crate::residency::Residency;
+use crate::core::credential::CredentialState;
+use crate::core::health::OverlayState;
+use crate::core::residency::Residency;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]

@@ -11,8 +11,8 @@ use std::time::Duration;
 use iop_proto::pb;
 
 use crate::EdgeState;
+use crate::core::health::Source;
 use crate::node::health;
-use crate::overlay::Source;
 
 const FIRST_DELAY: Duration = Duration::from_secs(1);
 const MAX_DELAY: Duration = Duration::from_secs(30);

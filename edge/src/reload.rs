@@ -32,7 +32,8 @@ use crate::EdgeState;
 use crate::config::Secrets;
 use crate::credentials::Credentials;
 use crate::metrics::RecoveryLabels;
-use crate::node::session::{CloseReason, config_payload};
+use crate::node::registry::CloseReason;
+use crate::node::session::config_payload;
 use crate::node::tls::{AcceptPolicy, PolicyRules};
 
 pub fn rules(config: &EdgeConfig, tls: Arc<ServerConfig>) -> PolicyRules {

@@ -19,8 +19,8 @@ use iop_proto::config::{EdgeConfig, ProviderEntry};
 use iop_proto::pb::{self, FailureKind};
 use iop_proto::provider_error::rejects_credential;
 
-use crate::admission::Candidate;
 use crate::auth::Caller;
+use crate::core::selection::Candidate;
 
 /// The wait before retrying a provider that answered a 5xx without
 /// `Retry-After` or was unreachable: long enough for a restarting server's

@@ -312,7 +312,7 @@ enum Waiting {
 /// fix it: at once when the provider did not answer, else after 2 s, and
 /// again every 10 s.
 async fn wait_up(state: &iop_edge::EdgeState, provider_hint: &str) {
-    use iop_edge::overlay::OverlayState;
+    use iop_edge::core::health::OverlayState;
     let started = tokio::time::Instant::now();
     let mut next_report = started + Duration::from_secs(2);
     let mut last = None;

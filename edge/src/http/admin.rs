@@ -15,10 +15,10 @@ use iop_proto::pb;
 use serde_json::json;
 
 use crate::EdgeState;
+use crate::core::health::{ProviderView, health_label};
+use crate::core::residency::Figures;
 use crate::node::commands::CommandError;
 use crate::node::registry::NodeSnapshot;
-use crate::overlay::{ProviderView, health_label};
-use crate::residency::Figures;
 use crate::workspace::tools::{self, ToolCall};
 use crate::workspace::{self, WorkspaceCall, WorkspaceError};
 
@@ -394,7 +394,7 @@ pub(super) async fn usage(State(state): State<Arc<EdgeState>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::residency::Residency;
+    use crate::core::residency::Residency;
 
     /// Issue 29: the residency fields of `/admin/v1/providers`.
     #[test]

@@ -737,7 +737,7 @@ impl<S: Surface> SseStream<S> {
         if let Some(budget) = &mut self.budget
             && let Err(failure) = budget.charge(&event)
         {
-            self.source.stop(crate::admission::ReleaseReason::ProviderError);
+            self.source.stop(crate::core::lease::ReleaseReason::ProviderError);
             return Some(Event::Failed(pb::RunFailed { failure: Some(failure) }));
         }
         Some(event)

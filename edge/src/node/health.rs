@@ -10,7 +10,8 @@ use iop_proto::pb;
 use iop_proto::wire::closed_enum;
 
 use crate::EdgeState;
-use crate::overlay::{self, Applied, Evidence, Source};
+use crate::core::health::{Applied, Evidence, Source};
+use crate::overlay;
 
 /// One provider's evidence from a node's status list, after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,12 +9,55 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use iop_proto::admin::SessionPhase;
+use iop_proto::liveness::HEARTBEAT_TIMEOUT_REASON;
 use iop_proto::pb;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Messages the Edge sends to one node's control stream.
 pub type ControlSender = mpsc::Sender<Result<pb::EdgeToNode, tonic::Status>>;
+
+/// Why a session ended; the metric label and the status the node receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    HeartbeatTimeout,
+    NodeClosed,
+    TransportError,
+    ProtocolError,
+    /// A newer connection of the same node took over.
+    Replaced,
+    EdgeShutdown,
+    /// A config reload removed the node or changed its providers.
+    ConfigChanged,
+    /// The node holds a session with this replica already; the new one
+    /// was answered and never registered.
+    Duplicate,
+}
+
+impl CloseReason {
+    /// Whether sessions normally end this way (the node or this Edge
+    /// stopping, a reload, a newer connection), logged at INFO when no run
+    /// was lost with it; a lost connection is a WARN.
+    pub fn orderly(self) -> bool {
+        match self {
+            Self::NodeClosed | Self::EdgeShutdown | Self::Replaced | Self::ConfigChanged | Self::Duplicate => true,
+            Self::HeartbeatTimeout | Self::TransportError | Self::ProtocolError => false,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::HeartbeatTimeout => HEARTBEAT_TIMEOUT_REASON,
+            Self::NodeClosed => "node_closed",
+            Self::TransportError => "transport_error",
+            Self::ProtocolError => "protocol_error",
+            Self::Replaced => "replaced",
+            Self::EdgeShutdown => "edge_shutdown",
+            Self::ConfigChanged => "config_changed",
+            Self::Duplicate => "duplicate",
+        }
+    }
+}
 
 /// Hands out connection generations that are unique across Edge restarts:
 /// each is `max(now in microseconds since the epoch, previous + 1)`, so a
@@ -51,7 +94,7 @@ pub struct Session {
     /// Cancelled to make the session task close this connection.
     pub close: CancellationToken,
     /// Why `close` was cancelled, when it was not a newer connection.
-    pub close_reason: Arc<std::sync::OnceLock<super::session::CloseReason>>,
+    pub close_reason: Arc<std::sync::OnceLock<CloseReason>>,
     /// The X25519 key this connection's node sent in Register for sealing
     /// credential leases; `None` when it sent none (or not 32 bytes).
     pub lease_key: Option<Arc<[u8]>>,
@@ -148,7 +191,7 @@ impl NodeRegistry {
 
     /// The generation of the node's current connection if it completed
     /// readiness (whether a provider of it may receive runs is
-    /// `crate::overlay::ProviderView`'s to say).
+    /// `crate::core::health::ProviderView`'s to say).
     pub fn ready_generation(&self, node: &str) -> Option<u64> {
         let sessions = self.sessions.lock().unwrap();
         sessions.get(node).filter(|s| s.phase == SessionPhase::Ready).map(|s| s.generation)
@@ -199,7 +242,7 @@ impl NodeRegistry {
     }
 
     /// Closes `node`'s current session for `reason`; its generation is fenced.
-    pub fn close(&self, node: &str, reason: super::session::CloseReason) {
+    pub fn close(&self, node: &str, reason: CloseReason) {
         if let Some(s) = self.sessions.lock().unwrap().get(node) {
             let _ = s.close_reason.set(reason);
             s.close.cancel();

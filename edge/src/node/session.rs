@@ -7,59 +7,17 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use iop_proto::admin::SessionPhase;
-use iop_proto::liveness::{HEARTBEAT_TIMEOUT_REASON, HeartbeatMonitor};
+use iop_proto::liveness::HeartbeatMonitor;
 use iop_proto::pb::{self, node_to_edge::Msg};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use super::health;
-use super::registry::{ControlSender, Session};
+use super::registry::{CloseReason, ControlSender, Session};
 use super::tls::NodePeer;
 use crate::EdgeState;
-use crate::overlay::Source;
-
-/// Why a session ended; the metric label and the status the node receives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseReason {
-    HeartbeatTimeout,
-    NodeClosed,
-    TransportError,
-    ProtocolError,
-    /// A newer connection of the same node took over.
-    Replaced,
-    EdgeShutdown,
-    /// A config reload removed the node or changed its providers.
-    ConfigChanged,
-    /// The node holds a session with this replica already; the new one
-    /// was answered and never registered.
-    Duplicate,
-}
-
-impl CloseReason {
-    /// Whether sessions normally end this way (the node or this Edge
-    /// stopping, a reload, a newer connection), logged at INFO when no run
-    /// was lost with it; a lost connection is a WARN.
-    pub fn orderly(self) -> bool {
-        match self {
-            Self::NodeClosed | Self::EdgeShutdown | Self::Replaced | Self::ConfigChanged | Self::Duplicate => true,
-            Self::HeartbeatTimeout | Self::TransportError | Self::ProtocolError => false,
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::HeartbeatTimeout => HEARTBEAT_TIMEOUT_REASON,
-            Self::NodeClosed => "node_closed",
-            Self::TransportError => "transport_error",
-            Self::ProtocolError => "protocol_error",
-            Self::Replaced => "replaced",
-            Self::EdgeShutdown => "edge_shutdown",
-            Self::ConfigChanged => "config_changed",
-            Self::Duplicate => "duplicate",
-        }
-    }
-}
+use crate::core::health::Source;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
