@@ -51,12 +51,12 @@ use std::sync::Arc;
 use iop_proto::config::EdgeConfig;
 use iop_proto::pb::{self, run_event::Event};
 
-use crate::EdgeState;
 use crate::auth::Caller;
 use crate::gate::{self, Answer, CommitPoint, LiveRun};
 use crate::ingress::error::ApiError;
 use crate::ingress::transcript::{BlockKind, Transcript};
 use crate::metrics::RecoveryLabels;
+use crate::state::EdgeState;
 
 /// Why a break was not continued (the metric's other label values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

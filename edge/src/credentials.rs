@@ -22,9 +22,10 @@ use iop_proto::lease::{CredentialValueError, check_credential};
 use iop_proto::pb::{self, FailureKind};
 use zeroize::Zeroizing;
 
-use crate::EdgeState;
 use crate::core::credential::CredentialState;
 use crate::core::lease::Lease;
+use crate::metrics::EdgeMetrics;
+use crate::node::registry::NodeRegistry;
 
 /// How long a lease may be opened after it was sealed. It is sealed right
 /// before dispatch and opened right after, so this only has to cover the
@@ -212,6 +213,14 @@ pub enum LeaseFault {
     Replay,
 }
 
+/// The test-only lease fault of one Edge process (`iop-edge
+/// --test-lease-fault`), and the lease a [`LeaseFault::Replay`] repeats.
+#[derive(Debug, Default)]
+pub struct LeaseFaults {
+    pub fault: Option<LeaseFault>,
+    pub first: std::sync::OnceLock<pb::SealedLease>,
+}
+
 /// What a lease is sealed for besides the slot lease: who asked for what.
 pub struct LeaseScope<'a> {
     pub principal: &'a str,
@@ -224,83 +233,94 @@ pub struct Sealed {
     pub used: CredentialUse,
 }
 
-/// The lease for the execution `lease` on `provider`, or `None` when the
-/// provider has no managed credential.
-pub fn lease_for(
-    state: &EdgeState,
-    scope: &LeaseScope<'_>,
-    provider: Option<&ProviderEntry>,
-    lease: &Lease,
-) -> Result<Option<Sealed>, pb::ExecutionFailure> {
-    let Some((provider, credential)) = provider.and_then(|p| p.credential.as_ref().map(|c| (p, c))) else {
-        return Ok(None);
-    };
-    let rejected = |reason: &'static str| {
-        state.metrics.reason(&state.metrics.lease_refusals, reason);
-        pb::ExecutionFailure::new(
-            FailureKind::CredentialRejected,
-            format!("the provider's managed credential could not be leased ({reason})"),
-        )
-    };
-    let secrets = state.config.secrets();
-    let profile = secrets.credentials.profiles.get(&credential.profile).ok_or_else(|| rejected("unknown_profile"))?;
-    if profile.disabled {
-        return Err(rejected("disabled"));
-    }
-    let Ok(secret) = profile.secret.as_ref() else {
-        return Err(rejected("invalid_value"));
-    };
-    let key = match state.registry.lease_key(lease.node(), lease.generation()) {
-        Some(Some(key)) => key,
-        Some(None) => return Err(rejected("no_node_key")),
-        // The connection ended since admission: the same (retryable) failure
-        // dispatching on it would have given.
-        None => {
-            return Err(pb::ExecutionFailure::new(
-                FailureKind::TransportLost,
-                "node connection closed before dispatch",
-            ));
+/// What sealing a lease reads: the current credentials and trust domain,
+/// the node's lease key, where refusals are counted, and the test faults.
+pub struct Sealer<'a> {
+    pub credentials: &'a Credentials,
+    pub trust_domain: &'a str,
+    pub registry: &'a NodeRegistry,
+    pub metrics: &'a EdgeMetrics,
+    pub faults: &'a LeaseFaults,
+}
+
+impl Sealer<'_> {
+    /// The lease for the execution `lease` on `provider`, or `None` when the
+    /// provider has no managed credential.
+    pub fn lease_for(
+        &self,
+        scope: &LeaseScope<'_>,
+        provider: Option<&ProviderEntry>,
+        lease: &Lease,
+    ) -> Result<Option<Sealed>, pb::ExecutionFailure> {
+        let Some((provider, credential)) = provider.and_then(|p| p.credential.as_ref().map(|c| (p, c))) else {
+            return Ok(None);
+        };
+        let rejected = |reason: &'static str| {
+            self.metrics.reason(&self.metrics.lease_refusals, reason);
+            pb::ExecutionFailure::new(
+                FailureKind::CredentialRejected,
+                format!("the provider's managed credential could not be leased ({reason})"),
+            )
+        };
+        let profile = self.credentials.profiles.get(&credential.profile).ok_or_else(|| rejected("unknown_profile"))?;
+        if profile.disabled {
+            return Err(rejected("disabled"));
         }
-    };
-    let identity = iop_proto::identity::NodeIdentity::new(state.config.current().trust_domain.clone(), lease.node())
-        .map_err(|_| rejected("invalid_node"))?;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let fault = state.lease_fault;
-    let mut binding = pb::LeaseBinding {
-        lease_id: crate::ids::new_uuid().simple().to_string(),
-        principal: scope.principal.to_string(),
-        route: scope.route.to_string(),
-        slot: lease.slot(),
-        profile: credential.profile.clone(),
-        provider_id: provider.id.clone(),
-        adapter: pb::AdapterKind::from(provider.adapter).into(),
-        target_model: provider.target.model.clone(),
-        base_url: provider.target.base_url.clone(),
-        node: lease.node().to_string(),
-        credential_revision: profile.revision,
-        generation: lease.generation(),
-        expires_at_unix_ms: (now + LEASE_TTL).as_millis() as u64,
-        execution_id: lease.run_id().to_string(),
-    };
-    match fault {
-        Some(LeaseFault::StaleGeneration) => binding.generation = binding.generation.saturating_sub(1),
-        Some(LeaseFault::Expired) => binding.expires_at_unix_ms = (now.as_millis() as u64).saturating_sub(1),
-        _ => {}
+        let Ok(secret) = profile.secret.as_ref() else {
+            return Err(rejected("invalid_value"));
+        };
+        let key = match self.registry.lease_key(lease.node(), lease.generation()) {
+            Some(Some(key)) => key,
+            Some(None) => return Err(rejected("no_node_key")),
+            // The connection ended since admission: the same (retryable) failure
+            // dispatching on it would have given.
+            None => {
+                return Err(pb::ExecutionFailure::new(
+                    FailureKind::TransportLost,
+                    "node connection closed before dispatch",
+                ));
+            }
+        };
+        let identity = iop_proto::identity::NodeIdentity::new(self.trust_domain.to_string(), lease.node())
+            .map_err(|_| rejected("invalid_node"))?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let fault = self.faults.fault;
+        let mut binding = pb::LeaseBinding {
+            lease_id: crate::ids::new_uuid().simple().to_string(),
+            principal: scope.principal.to_string(),
+            route: scope.route.to_string(),
+            slot: lease.slot(),
+            profile: credential.profile.clone(),
+            provider_id: provider.id.clone(),
+            adapter: pb::AdapterKind::from(provider.adapter).into(),
+            target_model: provider.target.model.clone(),
+            base_url: provider.target.base_url.clone(),
+            node: lease.node().to_string(),
+            credential_revision: profile.revision,
+            generation: lease.generation(),
+            expires_at_unix_ms: (now + LEASE_TTL).as_millis() as u64,
+            execution_id: lease.run_id().to_string(),
+        };
+        match fault {
+            Some(LeaseFault::StaleGeneration) => binding.generation = binding.generation.saturating_sub(1),
+            Some(LeaseFault::Expired) => binding.expires_at_unix_ms = (now.as_millis() as u64).saturating_sub(1),
+            _ => {}
+        }
+        let recipient = match fault {
+            Some(LeaseFault::OtherKey) => iop_proto::lease::LeaseKey::generate().public_key().to_vec(),
+            _ => key.to_vec(),
+        };
+        let mut sealed = iop_proto::lease::seal(&recipient, &identity.uri(), &binding, secret)
+            .map_err(|_| rejected("seal_failed"))?;
+        match fault {
+            Some(LeaseFault::Tamper) => sealed.ciphertext[0] ^= 1,
+            Some(LeaseFault::Replay) => sealed = self.faults.first.get_or_init(|| sealed.clone()).clone(),
+            _ => {}
+        }
+        self.metrics.leases_sealed.inc();
+        let used = CredentialUse { profile: credential.profile.clone(), value: fingerprint(secret) };
+        Ok(Some(Sealed { lease: sealed, used }))
     }
-    let recipient = match fault {
-        Some(LeaseFault::OtherKey) => iop_proto::lease::LeaseKey::generate().public_key().to_vec(),
-        _ => key.to_vec(),
-    };
-    let mut sealed =
-        iop_proto::lease::seal(&recipient, &identity.uri(), &binding, secret).map_err(|_| rejected("seal_failed"))?;
-    match fault {
-        Some(LeaseFault::Tamper) => sealed.ciphertext[0] ^= 1,
-        Some(LeaseFault::Replay) => sealed = state.first_lease.get_or_init(|| sealed.clone()).clone(),
-        _ => {}
-    }
-    state.metrics.leases_sealed.inc();
-    let used = CredentialUse { profile: credential.profile.clone(), value: fingerprint(secret) };
-    Ok(Some(Sealed { lease: sealed, used }))
 }
 
 #[cfg(test)]

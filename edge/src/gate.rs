@@ -31,16 +31,16 @@ use iop_proto::pb::{self, FailureKind, provider_tunnel_frame::Frame, run_event::
 use iop_proto::provider_error::rejects_credential;
 use tokio::time::Instant;
 
-use crate::EdgeState;
 use crate::admission::LeaseGuard;
 use crate::admission::{AdmitError, AdmitRequest};
 use crate::auth::Caller;
 use crate::core::selection::Candidate;
-use crate::credentials::{LeaseScope, lease_for};
+use crate::credentials::LeaseScope;
 use crate::dispatch::{self, NodeFrame, RunStream};
 use crate::ingress::error::ApiError;
 use crate::metrics::{AttemptLabels, RecoveryLabels, RetryPathLabels};
 use crate::retry::{self, RetryInput, RetryPlan, context_fallback, retryable, same_credential};
+use crate::state::EdgeState;
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,13 +310,13 @@ pub async fn execute_in(
         let restricted = match only.take() {
             Some(c) => {
                 let request = AdmitRequest { candidates: Arc::from(vec![c]), avoid: HashMap::new(), ..admit.clone() };
-                state.admission.admit(request, 0, Duration::ZERO).await.ok()
+                state.routing.admission.admit(request, 0, Duration::ZERO).await.ok()
             }
             None => None,
         };
         let admitted = match restricted {
             Some(lease) => Ok(lease),
-            None => state.admission.admit(admit, queue_depth, wait).await,
+            None => state.routing.admission.admit(admit, queue_depth, wait).await,
         };
         let lease = match admitted {
             Ok(lease) => lease,
@@ -332,7 +332,7 @@ pub async fn execute_in(
         let provider_id = lease.lease().provider_id().to_string();
         let provider = candidates.iter().map(|c| &c.provider).find(|p| p.id == provider_id);
         let scope = LeaseScope { principal: caller.name(), route };
-        let leased = lease_for(state, &scope, provider, lease.lease());
+        let leased = state.seal(&scope, provider, lease.lease());
         let used = leased.as_ref().ok().and_then(Option::as_ref).map(|s| s.used.clone());
         let sealed = leased.map(|s| s.map(|s| s.lease));
         let outcome = match (sealed, provider.map(|p| p.mode), &tunnel) {
@@ -459,7 +459,7 @@ pub async fn execute_in(
         let failed_candidate = candidates.iter().find(|c| c.provider.id == provider_id);
         let untried: Vec<u32> = candidates
             .iter()
-            .filter(|c| !avoid.contains_key(&c.provider.id) && state.admission.dispatchable(&c.provider))
+            .filter(|c| !avoid.contains_key(&c.provider.id) && state.routing.admission.dispatchable(&c.provider))
             .map(|c| c.priority)
             .collect();
         let plan = retry::plan(&RetryInput {
@@ -613,15 +613,17 @@ async fn attempt_run(
         Err(failure) => return failed(failure),
     };
     let l = lease.lease();
-    address_run(&mut request, provider, l, &state.residency);
+    address_run(&mut request, provider, l, &state.routing.residency);
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
-    let mut run = match dispatch::start_run(&state.runs, &state.metrics, &state.handoff, lease, control, request).await
-    {
-        Ok(run) => run,
-        Err(failure) => return failed(failure),
-    };
+    let mut run =
+        match dispatch::start_run(&state.link.runs, &state.metrics, &state.routing.handoff, lease, control, request)
+            .await
+        {
+            Ok(run) => run,
+            Err(failure) => return failed(failure),
+        };
     let mut buffered = Vec::new();
     let mut budget = AnswerBudget::new(max_response_bytes);
     loop {
@@ -762,7 +764,7 @@ async fn attempt_tunnel(
         headers: form.headers.clone(),
         body,
         response_stall_timeout_ms: provider.map_or(0, |p| p.response_stall_timeout_ms),
-        first_byte_timeout_ms: first_byte_timeout_ms(provider, l, &state.residency),
+        first_byte_timeout_ms: first_byte_timeout_ms(provider, l, &state.routing.residency),
         lease: sealed,
         traceparent,
     };
@@ -771,7 +773,9 @@ async fn attempt_tunnel(
     // first frame is bounded by the first-byte timeout too.
     let mut bound = first_byte_timeout(request.first_byte_timeout_ms).min(stall);
     let mut run =
-        match dispatch::start_run(&state.tunnels, &state.metrics, &state.handoff, lease, control, request).await {
+        match dispatch::start_run(&state.link.tunnels, &state.metrics, &state.routing.handoff, lease, control, request)
+            .await
+        {
             Ok(run) => run,
             Err(failure) => return failed(failure),
         };

@@ -35,11 +35,11 @@ use iop_proto::pb::{self, run_event::Event};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::EdgeState;
 use crate::gate::{self, Answer, CommitPoint, Committed};
 use crate::ingress::error::ApiError;
 use crate::ingress::openai_chat::{CompletionAggregator, ResponseMeta};
 use crate::metrics::{ResultLabels, StageLabels, StateLabels, ToolLabels};
+use crate::state::EdgeState;
 use crate::workspace::{self, Admitted, WorkspaceCall, WorkspaceError};
 use standing::{Revocation, Standing};
 use state::{Job, JobEvent, JobFailure, JobState, Pending, Stage, StageBudget, StagePlan};

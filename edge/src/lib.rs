@@ -1,10 +1,12 @@
-//! IOP Edge: the in-cluster gateway. Clients speak OpenAI (and later
-//! Anthropic) HTTP to it; it routes each request to a provider running on a
-//! node that dialed in over mTLS gRPC.
+//! IOP Edge: the in-cluster gateway. Clients speak OpenAI Chat Completions,
+//! OpenAI Responses or Anthropic Messages over HTTP; the Edge routes each
+//! request to a provider running on a node that dialed in over mTLS gRPC.
 //!
-//! Request path: `http` (ingress) -> `ingress::*` (parse/normalize) ->
-//! `route` (model -> candidates) -> `dispatch` (run table, events) ->
-//! `node` (sessions, gRPC) -> back through `ingress::*` renderers.
+//! The layers, bottom up, are in `docs/architecture.md` ("Layers"): the
+//! pure [`core`], the owners of state, [`state::EdgeState`], the node
+//! transport ([`node`]) and the request path (`http` -> [`ingress`] ->
+//! [`gate`] (admission, retries) -> [`dispatch`] -> the node, and back
+//! through the [`ingress`] renderers), with [`Edge`] (bind and serve) on top.
 
 pub mod admission;
 pub mod auth;
@@ -28,6 +30,7 @@ pub mod reload;
 pub mod residency;
 pub mod retry;
 pub mod route;
+pub mod state;
 pub mod trace;
 pub mod usage;
 pub mod workspace;
@@ -43,6 +46,8 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::state::{EdgeState, Lifecycle};
+
 use crate::admission::AdmissionPool;
 use crate::config::ConfigHandle;
 use crate::dispatch::RunTable;
@@ -52,6 +57,7 @@ use crate::node::limits::NodeLoad;
 use crate::node::registry::{GenerationSource, NodeRegistry};
 use crate::node::tls::{AcceptPolicy, HandshakeProfile, TlsSetupError};
 use crate::overlay::{HealthOverlay, StallHandoff};
+use crate::state::{NodeLink, Replica, Routing};
 
 /// HTTP/2 receive window per run stream from a node.
 const RUN_STREAM_WINDOW: u32 = 256 * 1024;
@@ -66,129 +72,6 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 4096;
 
 /// How long the listeners may take to close once the drain is over.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
-
-/// How a replica starts and stops (`iop-edge --startup-grace-ms
-/// --drain-delay-ms --drain-timeout-ms`), so a rolling update drops nothing.
-///
-/// Starting, `/readyz` waits until a node is ready (or the config lists
-/// none, or `startup_grace` passed): a load balancer then sends requests
-/// only once there is someone to run them. On the shutdown signal the
-/// replica drains: `/readyz` fails and its nodes are told (they reach the
-/// other replicas for new work), it keeps serving for `drain_delay` (the
-/// time a load balancer takes to see `/readyz`), then stops taking
-/// connections and lets the requests in flight finish, all within
-/// `drain_timeout`; only then are node sessions closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lifecycle {
-    pub startup_grace: Duration,
-    pub drain_delay: Duration,
-    pub drain_timeout: Duration,
-}
-
-impl Default for Lifecycle {
-    fn default() -> Self {
-        Self {
-            startup_grace: Duration::from_secs(30),
-            drain_delay: Duration::ZERO,
-            drain_timeout: Duration::from_secs(25),
-        }
-    }
-}
-
-/// Shared state of one Edge process.
-pub struct EdgeState {
-    pub config: ConfigHandle,
-    pub registry: Arc<NodeRegistry>,
-    pub admission: Arc<AdmissionPool>,
-    pub overlay: Arc<HealthOverlay>,
-    /// Model residency as the nodes report it ([`residency`]).
-    pub residency: Arc<residency::ResidencyTable>,
-    pub handoff: Arc<StallHandoff>,
-    /// Wakes the CAPABILITIES recovery loop (a node became ready, a provider
-    /// was lowered).
-    pub recovery: Arc<tokio::sync::Notify>,
-    pub runs: Arc<RunTable<pb::RunEvent>>,
-    pub tunnels: Arc<RunTable<pb::ProviderTunnelFrame>>,
-    pub workspace_calls: Arc<workspace::WorkspaceCalls>,
-    /// Jobs running now, per workspace and per principal.
-    pub job_slots: Arc<job::slots::JobSlots>,
-    /// Per-principal request and token limits ([`ratelimit`]).
-    pub rate_limits: Arc<ratelimit::RateLimits>,
-    /// Per-principal usage since start ([`usage`]).
-    pub usage: Arc<usage::UsageLedger>,
-    pub commands: CommandTable,
-    pub generations: GenerationSource,
-    pub metrics: Arc<EdgeMetrics>,
-    pub heartbeat: HeartbeatProfile,
-    pub shutting_down: CancellationToken,
-    /// Cancelled when the shutdown signal arrives: the replica drains
-    /// ([`Lifecycle`]) before `shutting_down`.
-    pub draining: CancellationToken,
-    pub lifecycle: Lifecycle,
-    pub started: std::time::Instant,
-    /// Test-only: make every credential lease bad in this way.
-    pub lease_fault: Option<credentials::LeaseFault>,
-    /// `POST /admin/v1/workspaces/{ref}/calls` is served (`iop-edge
-    /// --admin-workspace-calls`); off by default.
-    pub admin_workspace_calls: bool,
-    /// The lease a `Replay` fault repeats.
-    pub first_lease: std::sync::OnceLock<pb::SealedLease>,
-    /// This replica's id (`iop-edge --replica-id`), told to every node.
-    pub replica_id: String,
-    /// Where spans go ([`trace`]); off unless `telemetry.otlp_endpoint`
-    /// was set at start (a reload does not change it).
-    pub tracer: iop_telemetry::Tracer,
-}
-
-impl EdgeState {
-    /// `/readyz`: not draining, and a node is ready, or the config lists
-    /// none, or the startup grace passed ([`Lifecycle`]).
-    pub fn ready(&self) -> bool {
-        !self.draining.is_cancelled()
-            && (self.registry.ready_count() > 0
-                || self.config.current().nodes.is_empty()
-                || self.started.elapsed() >= self.lifecycle.startup_grace)
-    }
-
-    /// The effective health of the configured provider `id` (the one
-    /// definition, [`core::health::ProviderView`]); `None` when no provider has
-    /// that id.
-    pub fn provider_health(&self, id: &str) -> Option<core::health::OverlayState> {
-        let config = self.config.current();
-        let provider = config.providers.iter().find(|p| p.id == id)?;
-        Some(
-            core::health::ProviderView::of(&self.registry, &self.overlay, self.config.credential_health(), provider)
-                .health,
-        )
-    }
-
-    /// Every replica of the Edge as nodes are told it: the config's
-    /// `replicas`, or this one alone when the config lists none.
-    pub fn replica_set(&self, config: &EdgeConfig) -> Vec<String> {
-        if config.replicas.is_empty() { vec![self.replica_id.clone()] } else { config.replicas.clone() }
-    }
-
-    /// At start and on each reload: nodes keep dialing for the listed
-    /// replicas while holding one that is not listed, a deployment mistake
-    /// worth a loud line.
-    pub fn warn_if_unlisted(&self, config: &EdgeConfig) {
-        if !config.replicas.is_empty() && !config.replicas.contains(&self.replica_id) {
-            tracing::warn!(replica_id = %self.replica_id, "this replica is not in the config's `replicas`");
-        }
-    }
-}
-
-/// The replica id when `--replica-id` is not given: the host name (in a
-/// pod, the pod name), else `iop-edge`.
-pub fn default_replica_id() -> String {
-    let from_file = |path| std::fs::read_to_string(path).ok().map(|s: String| s.trim().to_string());
-    std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| from_file("/proc/sys/kernel/hostname"))
-        .or_else(|| from_file("/etc/hostname"))
-        .filter(|id| iop_proto::config::is_replica_id(id))
-        .unwrap_or_else(|| "iop-edge".to_string())
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
@@ -216,8 +99,79 @@ pub struct Edge {
     exporter: Option<iop_telemetry::Exporter>,
 }
 
-impl Edge {
-    pub async fn bind(config: EdgeConfig, heartbeat: HeartbeatProfile) -> Result<Self, EdgeError> {
+/// How an Edge starts besides its config, fixed for the life of the
+/// process: [`Edge::builder`], then [`EdgeBuilder::bind`].
+pub struct EdgeBuilder {
+    config: EdgeConfig,
+    heartbeat: HeartbeatProfile,
+    lifecycle: Lifecycle,
+    replica_id: Option<String>,
+    admin_workspace_calls: bool,
+    lease_fault: Option<credentials::LeaseFault>,
+    handshakes: HandshakeProfile,
+    reload: Option<(std::path::PathBuf, Duration)>,
+}
+
+impl EdgeBuilder {
+    /// The node transport's heartbeat (tests shorten it).
+    pub fn heartbeat(mut self, heartbeat: HeartbeatProfile) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    pub fn lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
+    }
+
+    /// This process's replica id (`iop-edge --replica-id`); the host name
+    /// when not given ([`state::default_replica_id`]).
+    pub fn replica_id(mut self, id: String) -> Self {
+        self.replica_id = Some(id);
+        self
+    }
+
+    /// Serves the admin API's workspace diagnostic
+    /// (`POST /admin/v1/workspaces/{ref}/calls`).
+    pub fn admin_workspace_calls(mut self) -> Self {
+        self.admin_workspace_calls = true;
+        self
+    }
+
+    /// Test-only: every credential lease this Edge seals is bad in the way
+    /// `fault` says (`iop-edge --test-lease-fault`).
+    pub fn test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
+        self.lease_fault = Some(fault);
+        self
+    }
+
+    /// How the node listener bounds connections before they are
+    /// identified (tests shorten the deadlines).
+    pub fn handshake_profile(mut self, profile: HandshakeProfile) -> Self {
+        self.handshakes = profile;
+        self
+    }
+
+    /// Reloads the config from `path` when its content changes (checked
+    /// every `interval`, and at once on SIGHUP).
+    pub fn watch_config(mut self, path: std::path::PathBuf, interval: Duration) -> Self {
+        self.reload = Some((path, interval));
+        self
+    }
+
+    /// Loads the secrets the config names, binds the listeners and builds
+    /// the Edge's state.
+    pub async fn bind(self) -> Result<Edge, EdgeError> {
+        let EdgeBuilder {
+            config,
+            heartbeat,
+            lifecycle,
+            replica_id,
+            admin_workspace_calls,
+            lease_fault,
+            handshakes,
+            reload,
+        } = self;
         let tls = node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)?;
         let bind = |what, addr| async move {
             TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { what, addr, source })
@@ -246,80 +200,61 @@ impl Edge {
         );
         let handoff =
             Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
-        let state = Arc::new(EdgeState {
-            config,
-            registry,
+        let routing = Routing {
             admission,
-            overlay,
             residency,
             handoff,
             recovery: Arc::new(tokio::sync::Notify::new()),
+            rate_limits: Default::default(),
+            usage: Default::default(),
+        };
+        let link = NodeLink {
             runs: Arc::new(RunTable::default()),
             tunnels: Arc::new(RunTable::default()),
             workspace_calls: Default::default(),
             job_slots: Default::default(),
-            rate_limits: Default::default(),
-            usage: Default::default(),
             commands: CommandTable::default(),
             generations: GenerationSource::default(),
-            metrics,
             heartbeat,
-            shutting_down: CancellationToken::new(),
-            draining: CancellationToken::new(),
-            lifecycle: Lifecycle::default(),
+        };
+        let replica = Replica {
+            id: replica_id.unwrap_or_else(state::default_replica_id),
+            lifecycle,
             started: std::time::Instant::now(),
-            lease_fault: None,
+            draining: CancellationToken::new(),
+            shutting_down: CancellationToken::new(),
+            admin_workspace_calls,
+        };
+        let lease_faults = credentials::LeaseFaults { fault: lease_fault, first: Default::default() };
+        let state =
+            Arc::new(EdgeState { config, registry, overlay, metrics, tracer, routing, link, replica, lease_faults });
+        state.record_config_revision();
+        Ok(Edge { state, http, grpc, admin, policy, reload, handshakes, exporter })
+    }
+}
+
+impl Edge {
+    /// An Edge of `config` with every option at its default.
+    pub fn builder(config: EdgeConfig) -> EdgeBuilder {
+        EdgeBuilder {
+            config,
+            heartbeat: HeartbeatProfile::default(),
+            lifecycle: Lifecycle::default(),
+            replica_id: None,
             admin_workspace_calls: false,
-            first_lease: std::sync::OnceLock::new(),
-            replica_id: default_replica_id(),
-            tracer,
-        });
-        metrics_revision(&state);
-        let handshakes = HandshakeProfile::default();
-        Ok(Self { state, http, grpc, admin, policy, reload: None, handshakes, exporter })
+            lease_fault: None,
+            handshakes: HandshakeProfile::default(),
+            reload: None,
+        }
     }
 
-    /// Reloads the config from `path` when its content changes (checked
-    /// every `interval`, and at once on SIGHUP).
-    pub fn watch_config(mut self, path: std::path::PathBuf, interval: Duration) -> Self {
-        self.reload = Some((path, interval));
-        self
+    /// `Edge::builder(config).heartbeat(heartbeat).bind()`.
+    pub async fn bind(config: EdgeConfig, heartbeat: HeartbeatProfile) -> Result<Self, EdgeError> {
+        Self::builder(config).heartbeat(heartbeat).bind().await
     }
 
     pub fn http_addr(&self) -> SocketAddr {
         self.http.local_addr().expect("bound listener has an address")
-    }
-
-    /// Test-only: every credential lease this Edge seals is bad in the way
-    /// `fault` says (`iop-edge --test-lease-fault`).
-    pub fn with_test_lease_fault(mut self, fault: credentials::LeaseFault) -> Self {
-        Arc::get_mut(&mut self.state).expect("set before serving").lease_fault = Some(fault);
-        self
-    }
-
-    /// How the node listener bounds connections before they are
-    /// identified (tests shorten the deadlines).
-    pub fn with_handshake_profile(mut self, profile: HandshakeProfile) -> Self {
-        self.handshakes = profile;
-        self
-    }
-
-    pub fn with_lifecycle(mut self, lifecycle: Lifecycle) -> Self {
-        Arc::get_mut(&mut self.state).expect("set before serving").lifecycle = lifecycle;
-        self
-    }
-
-    /// This process's replica id (`iop-edge --replica-id`).
-    pub fn with_replica_id(mut self, id: String) -> Self {
-        Arc::get_mut(&mut self.state).expect("set before serving").replica_id = id;
-        self
-    }
-
-    /// Serves the admin API's workspace diagnostic
-    /// (`POST /admin/v1/workspaces/{ref}/calls`).
-    pub fn with_admin_workspace_calls(mut self) -> Self {
-        Arc::get_mut(&mut self.state).expect("set before serving").admin_workspace_calls = true;
-        self
     }
 
     pub fn state(&self) -> Arc<EdgeState> {
@@ -341,7 +276,7 @@ impl Edge {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), EdgeError> {
         let Edge { state, http, grpc, admin, policy, reload, handshakes, exporter } = self;
-        let draining = state.draining.clone();
+        let draining = state.replica.draining.clone();
         tokio::spawn(async move {
             shutdown.await;
             draining.cancel();
@@ -350,7 +285,7 @@ impl Edge {
         let load = NodeLoad::new(state.metrics.clone());
         let (incoming, accept_task) =
             node::tls::accept_loop(grpc, policy.clone(), state.metrics.clone(), load.clone(), handshakes);
-        let grpc_stop = state.shutting_down.clone();
+        let grpc_stop = state.replica.shutting_down.clone();
         let grpc_server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             // Each run is its own HTTP/2 stream; a client that stops reading
@@ -393,16 +328,16 @@ impl Edge {
         let http_router = http::router(state.clone());
         let http_task = tokio::spawn(http::listener::serve(http, http_router, limits, open, http_stop.clone()));
         // Admin connections are not client connections: their own (unexported) count.
-        let stop = state.shutting_down.clone();
+        let stop = state.replica.shutting_down.clone();
         let admin_server =
             http::listener::serve(admin, http::admin_router(state.clone()), limits, Default::default(), stop);
         let admin_task = tokio::spawn(admin_server);
         tracing::info!(%http_addr, %admin_addr, "edge serving");
 
         state.warn_if_unlisted(&state.config.current());
-        state.draining.cancelled().await;
+        state.replica.draining.cancelled().await;
         let started = tokio::time::Instant::now();
-        let drain = state.lifecycle;
+        let drain = state.replica.lifecycle;
         tracing::info!(delay_ms = drain.drain_delay.as_millis() as u64, "edge draining: not ready, telling nodes");
         for control in state.registry.controls() {
             node::session::send_now(&control, pb::edge_to_node::Msg::Draining(pb::Draining {}));
@@ -411,9 +346,9 @@ impl Edge {
         http_stop.cancel();
         let in_flight = tokio::time::timeout(drain.drain_timeout.saturating_sub(started.elapsed()), http_task).await;
         tracing::info!(finished = in_flight.is_ok(), "client connections closed; edge shutting down");
-        state.shutting_down.cancel();
-        state.runs.begin_shutdown();
-        state.tunnels.begin_shutdown();
+        state.replica.shutting_down.cancel();
+        state.link.runs.begin_shutdown();
+        state.link.tunnels.begin_shutdown();
         state.registry.close_all();
         accept_task.abort();
         recovery_task.abort();
@@ -428,10 +363,6 @@ impl Edge {
         }
         Ok(())
     }
-}
-
-fn metrics_revision(state: &EdgeState) {
-    state.metrics.config_revision.set(state.config.status().revision as i64);
 }
 
 /// rustls needs exactly one process-wide crypto provider; IOP uses ring.

@@ -248,26 +248,26 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let edge = match iop_edge::Edge::bind(config, args.test_heartbeat_profile.unwrap_or_default()).await {
-        Ok(edge) => {
-            let mut edge = edge.watch_config(config_path, std::time::Duration::from_millis(args.reload_interval_ms));
-            if args.admin_workspace_calls {
-                edge = edge.with_admin_workspace_calls();
-            }
-            if let Some(id) = args.replica_id {
-                edge = edge.with_replica_id(id);
-            }
-            let ms = std::time::Duration::from_millis;
-            edge = edge.with_lifecycle(iop_edge::Lifecycle {
-                startup_grace: ms(args.startup_grace_ms),
-                drain_delay: ms(args.drain_delay_ms),
-                drain_timeout: ms(args.drain_timeout_ms.max(args.drain_delay_ms)),
-            });
-            match args.test_lease_fault {
-                Some(fault) => edge.with_test_lease_fault(fault),
-                None => edge,
-            }
-        }
+    let ms = std::time::Duration::from_millis;
+    let mut builder = iop_edge::Edge::builder(config)
+        .heartbeat(args.test_heartbeat_profile.unwrap_or_default())
+        .watch_config(config_path, ms(args.reload_interval_ms))
+        .lifecycle(iop_edge::Lifecycle {
+            startup_grace: ms(args.startup_grace_ms),
+            drain_delay: ms(args.drain_delay_ms),
+            drain_timeout: ms(args.drain_timeout_ms.max(args.drain_delay_ms)),
+        });
+    if args.admin_workspace_calls {
+        builder = builder.admin_workspace_calls();
+    }
+    if let Some(id) = args.replica_id {
+        builder = builder.replica_id(id);
+    }
+    if let Some(fault) = args.test_lease_fault {
+        builder = builder.test_lease_fault(fault);
+    }
+    let edge = match builder.bind().await {
+        Ok(edge) => edge,
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::from(1);

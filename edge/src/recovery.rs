@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use iop_proto::pb;
 
-use crate::EdgeState;
 use crate::core::health::Source;
 use crate::node::health;
+use crate::state::EdgeState;
 
 const FIRST_DELAY: Duration = Duration::from_secs(1);
 const MAX_DELAY: Duration = Duration::from_secs(30);
@@ -23,7 +23,7 @@ pub async fn run(state: Arc<EdgeState>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = state.recovery.notified() => delay = FIRST_DELAY,
+            _ = state.routing.recovery.notified() => delay = FIRST_DELAY,
         }
         let lowered = state.overlay.unavailable();
         if lowered.is_empty() {
@@ -48,9 +48,9 @@ async fn probe_node(state: &EdgeState, node: &str) {
         return;
     };
     let command = pb::NodeCommand { kind: pb::CommandKind::Capabilities.into(), ..Default::default() };
-    let Ok(result) = state.commands.send(&control, command, COMMAND_TIMEOUT).await else { return };
+    let Ok(result) = state.link.commands.send(&control, command, COMMAND_TIMEOUT).await else { return };
     let Some(pb::node_command_result::Result::Capabilities(answer)) = result.result else { return };
     if health::apply_statuses(state, node, generation, Source::Capabilities, &answer.providers) {
-        state.admission.drain_queues();
+        state.routing.admission.drain_queues();
     }
 }

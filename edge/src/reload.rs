@@ -28,13 +28,13 @@ use iop_proto::config::EdgeConfig;
 use iop_proto::pb;
 use rustls::ServerConfig;
 
-use crate::EdgeState;
 use crate::config::Secrets;
 use crate::credentials::Credentials;
 use crate::metrics::RecoveryLabels;
 use crate::node::registry::CloseReason;
 use crate::node::session::config_payload;
 use crate::node::tls::{AcceptPolicy, PolicyRules};
+use crate::state::EdgeState;
 
 pub fn rules(config: &EdgeConfig, tls: Arc<ServerConfig>) -> PolicyRules {
     PolicyRules {
@@ -107,7 +107,7 @@ pub fn capacity_changes(
 pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, tls, secrets }: Loaded) {
     // Also removes the node certificate expiry series of the nodes removed.
     policy.replace(rules(&next, tls), &state.metrics);
-    state.admission.reconfigure(&next);
+    state.routing.admission.reconfigure(&next);
     let before = state.config.current();
     if next.auth.mode != before.auth.mode || next.auth.anonymous_workspaces != before.auth.anonymous_workspaces {
         crate::auth::log_mode(&next.auth);
@@ -137,7 +137,7 @@ pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: nex
             crate::node::session::send_now(&control, pb::edge_to_node::Msg::ReplicaSet(update));
         }
     }
-    super::metrics_revision(state);
+    state.record_config_revision();
     crate::node::tls::record_server_certificate(&state.metrics, &current.tls.cert_file);
     state.metrics.config_reloads.get_or_create(&RecoveryLabels { result: "applied" }).inc();
     tracing::info!(revision = state.config.status().revision, "config reloaded");

@@ -1,9 +1,7 @@
-//! Route: public model name -> ordered candidate providers. Pure; the caller
-//! asks the node registry which candidate is dispatchable right now.
-//!
-//! Within this walking skeleton the first dispatchable candidate in priority
-//! order wins; load-aware selection inside a priority group and fallback on
-//! pre-first-byte failures come with the gateway execution work.
+//! Route: public model name -> ordered candidate providers. Pure; which
+//! candidate runs the request is admission's choice
+//! ([`crate::core::selection::choose`]), and where a failed attempt goes
+//! next is the gate's ([`crate::retry`]).
 
 use iop_proto::config::{EdgeConfig, ProviderEntry};
 

@@ -27,9 +27,9 @@ use std::sync::Mutex;
 use iop_proto::pb;
 use serde::Serialize;
 
-use crate::EdgeState;
 use crate::auth::Caller;
-use crate::metrics::{PrincipalLabels, TokenLabels};
+use crate::metrics::{EdgeMetrics, PrincipalLabels, TokenLabels};
+use crate::ratelimit::RateLimits;
 
 /// Outcomes that are not the gateway's or the provider's error.
 const NOT_ERRORS: [&str; 2] = ["ok", "client_disconnected"];
@@ -118,21 +118,29 @@ impl UsageLedger {
 
 /// Accounts one finished request of `caller` on `model` (`unknown` when it
 /// named none), that ended as `outcome`, with the usage its answer reported.
-pub fn finished(state: &EdgeState, caller: &Caller, model: &str, outcome: &str, usage: Option<&pb::Usage>) {
+pub fn finished(
+    ledger: &UsageLedger,
+    rate_limits: &RateLimits,
+    metrics: &EdgeMetrics,
+    caller: &Caller,
+    model: &str,
+    outcome: &str,
+    usage: Option<&pb::Usage>,
+) {
     let principal = caller.name();
     let tokens = Tokens::of(usage);
     let error = !NOT_ERRORS.contains(&outcome);
-    state.usage.add(principal, model, error, &tokens);
+    ledger.add(principal, model, error, &tokens);
     if error {
-        state.metrics.principal_errors.get_or_create(&PrincipalLabels { principal: principal.to_string() }).inc();
+        metrics.principal_errors.get_or_create(&PrincipalLabels { principal: principal.to_string() }).inc();
     }
     for (kind, n) in [("input", tokens.input), ("output", tokens.output), ("reasoning", tokens.reasoning)] {
         let labels = TokenLabels { principal: principal.to_string(), model: model.to_string(), kind };
         // Created even at 0, so every principal's series exist once it asked.
-        state.metrics.tokens.get_or_create(&labels).inc_by(n);
+        metrics.tokens.get_or_create(&labels).inc_by(n);
     }
     if tokens.billed() > 0 {
-        state.rate_limits.charge_tokens(principal, tokens.billed());
+        rate_limits.charge_tokens(principal, tokens.billed());
     }
 }
 

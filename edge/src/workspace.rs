@@ -13,21 +13,18 @@
 //! one at a time, each matched by its ids; an answer that matches nothing
 //! pending is dropped and counted.
 
+pub mod calls;
 pub mod tools;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use iop_proto::pb::{self, workspace_uplink::Msg as Up};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::EdgeState;
-use crate::dispatch::AttachError;
 use crate::metrics::EdgeMetrics;
-
-/// Answers buffered from a node per workspace call.
-const UPLINK_CAPACITY: usize = 4;
+use crate::state::EdgeState;
+use calls::{Pending, WorkspaceCalls};
 
 /// Why a workspace request could not be admitted or went on no further.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -112,70 +109,6 @@ pub fn admit(state: &EdgeState, reference: &str) -> Result<Admitted, WorkspaceEr
     })
 }
 
-/// The Edge's end of an attached call.
-struct Attached {
-    downlink: mpsc::Sender<Result<pb::WorkspaceDownlink, tonic::Status>>,
-    uplink: mpsc::Receiver<pb::WorkspaceUplink>,
-}
-
-struct Pending {
-    node: String,
-    generation: u64,
-    fence: CancellationToken,
-    attach: Option<oneshot::Sender<Attached>>,
-}
-
-/// Workspace calls waiting for, or bound to, their node's call.
-#[derive(Default)]
-pub struct WorkspaceCalls {
-    calls: Mutex<HashMap<String, Pending>>,
-}
-
-/// The gRPC service's end of an attached call.
-pub struct AttachedCall {
-    pub downlink: mpsc::Receiver<Result<pb::WorkspaceDownlink, tonic::Status>>,
-    pub uplink: mpsc::Sender<pb::WorkspaceUplink>,
-    pub fence: CancellationToken,
-}
-
-impl WorkspaceCalls {
-    /// Binds a node's call for `request_id` (same node, same generation,
-    /// once).
-    pub fn attach(&self, request_id: &str, node: &str, generation: u64) -> Result<AttachedCall, AttachError> {
-        let mut calls = self.calls.lock().unwrap();
-        let pending = calls.get_mut(request_id).ok_or(AttachError::UnknownRun)?;
-        if pending.node != node {
-            return Err(AttachError::WrongNode);
-        }
-        if pending.generation != generation || pending.fence.is_cancelled() {
-            return Err(AttachError::FencedGeneration);
-        }
-        let attach = pending.attach.take().ok_or(AttachError::AlreadyAttached)?;
-        let (downlink_tx, downlink) = mpsc::channel(2);
-        let (uplink, uplink_rx) = mpsc::channel(UPLINK_CAPACITY);
-        attach.send(Attached { downlink: downlink_tx, uplink: uplink_rx }).map_err(|_| AttachError::UnknownRun)?;
-        Ok(AttachedCall { downlink, uplink, fence: pending.fence.clone() })
-    }
-
-    /// Fences every call bound to `node`'s `generation`.
-    pub fn fence_generation(&self, node: &str, generation: u64) -> usize {
-        let mut calls = self.calls.lock().unwrap();
-        let before = calls.len();
-        calls.retain(|_, c| {
-            let fenced = c.node == node && c.generation == generation;
-            if fenced {
-                c.fence.cancel();
-            }
-            !fenced
-        });
-        before - calls.len()
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.calls.lock().unwrap().len()
-    }
-}
-
 /// One request's workspace call, bound to the generation it was admitted on.
 /// Dropping it ends the call; the node then cancels and cleans by itself.
 pub struct WorkspaceCall {
@@ -209,7 +142,7 @@ impl WorkspaceCall {
             attach: Some(attach),
         };
         {
-            let mut calls = state.workspace_calls.calls.lock().unwrap();
+            let mut calls = state.link.workspace_calls.calls.lock().unwrap();
             if calls.contains_key(request_id) {
                 return Err(WorkspaceError::Protocol);
             }
@@ -217,7 +150,7 @@ impl WorkspaceCall {
         }
         // Until the call attached, this guard removes the entry on every
         // return; then the `WorkspaceCall` does.
-        let mut unregister = Unregister { calls: &state.workspace_calls, request_id, armed: true };
+        let mut unregister = Unregister { calls: &state.link.workspace_calls, request_id, armed: true };
         // The session could have ended between the lookup and the insert.
         if !state.registry.is_current(&admitted.node, admitted.generation) {
             return Err(WorkspaceError::Fenced);
@@ -228,7 +161,7 @@ impl WorkspaceCall {
         }
         let attached = tokio::select! {
             _ = fence.cancelled() => return Err(WorkspaceError::Fenced),
-            attached = tokio::time::timeout(state.heartbeat.wait, attached) => match attached {
+            attached = tokio::time::timeout(state.link.heartbeat.wait, attached) => match attached {
                 Ok(Ok(attached)) => attached,
                 Ok(Err(_)) => return Err(WorkspaceError::Fenced),
                 Err(_) => return Err(WorkspaceError::AttachTimeout),
@@ -238,7 +171,7 @@ impl WorkspaceCall {
         Ok(Self {
             request_id: request_id.to_string(),
             generation: admitted.generation,
-            calls: state.workspace_calls.clone(),
+            calls: state.link.workspace_calls.clone(),
             metrics: state.metrics.clone(),
             fence,
             downlink: attached.downlink,
@@ -381,7 +314,9 @@ impl Drop for Unregister<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::calls::Attached;
     use super::*;
+    use crate::dispatch::AttachError;
 
     fn pending(calls: &WorkspaceCalls, id: &str) -> (CancellationToken, oneshot::Receiver<Attached>) {
         let (attach, attached) = oneshot::channel();

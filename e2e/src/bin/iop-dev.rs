@@ -221,10 +221,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // The Edge logs this loudly too; without keys nobody else could use it.
         config.auth.anonymous_workspaces.push(workspace.reference.clone());
     }
-    let mut edge = iop_edge::Edge::bind(config, HeartbeatProfile::default()).await?;
+    let mut builder = iop_edge::Edge::builder(config);
     if args.admin_workspace_calls {
-        edge = edge.with_admin_workspace_calls();
+        builder = builder.admin_workspace_calls();
     }
+    let edge = builder.bind().await?;
     let (http_addr, grpc_addr, admin_addr, state) =
         (edge.http_addr(), edge.grpc_addr(), edge.admin_addr(), edge.state());
     let edge_stop = shutdown.clone();

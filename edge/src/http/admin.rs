@@ -14,11 +14,11 @@ use iop_proto::config::Adapter;
 use iop_proto::pb;
 use serde_json::json;
 
-use crate::EdgeState;
 use crate::core::health::{ProviderView, health_label};
 use crate::core::residency::Figures;
 use crate::node::commands::CommandError;
 use crate::node::registry::NodeSnapshot;
+use crate::state::EdgeState;
 use crate::workspace::tools::{self, ToolCall};
 use crate::workspace::{self, WorkspaceCall, WorkspaceError};
 
@@ -68,7 +68,7 @@ pub async fn ollama_api(State(state): State<Arc<EdgeState>>, Path((id, call)): P
         ollama_call: call.into(),
         ..Default::default()
     };
-    match state.commands.send(&control, command, COMMAND_TIMEOUT).await {
+    match state.link.commands.send(&control, command, COMMAND_TIMEOUT).await {
         Ok(pb::NodeCommandResult { result: Some(pb::node_command_result::Result::Error(e)), .. }) => {
             let status = match e.code() {
                 pb::CommandErrorCode::InvalidTarget | pb::CommandErrorCode::Unsupported => StatusCode::BAD_REQUEST,
@@ -137,7 +137,7 @@ pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
 pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
     let config = state.config.current();
     let nodes = state.registry.snapshot(&config.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>());
-    let load = state.admission.snapshot();
+    let load = state.routing.admission.snapshot();
     let now = std::time::Instant::now();
     let providers = config
         .providers
@@ -146,13 +146,13 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
             let node = nodes.iter().find(|n| n.name == p.node);
             let node_ready = node.is_some_and(|n| n.phase == Some(SessionPhase::Ready));
             let view = ProviderView::of(&state.registry, &state.overlay, state.config.credential_health(), p);
-            let outlier = state.admission.outlier_status(&p.id, now);
+            let outlier = state.routing.admission.outlier_status(&p.id, now);
             let credential = p.credential.as_ref().zip(view.credential).map(|(c, credential)| admin::EdgeCredential {
                 problem: state.config.credential_health().problem(&c.profile).map(|p| p.to_string()),
                 profile: c.profile.clone(),
                 state: credential.into(),
             });
-            let residency = state.residency.of(&state.registry, p);
+            let residency = state.routing.residency.of(&state.registry, p);
             let (last_load_seconds, last_load_at) = last_load(&residency);
             admin::EdgeProvider {
                 adapter: Some(p.adapter),
@@ -182,7 +182,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         })
         .collect();
     axum::Json(admin::ProvidersSnapshot {
-        in_flight_runs: state.runs.in_flight() as u64,
+        in_flight_runs: state.link.runs.in_flight() as u64,
         leases: admin::Leases {
             acquired: load.acquired,
             double_releases: load.double_releases,
@@ -190,7 +190,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
         },
         providers,
         queued: load.queued.into_iter().map(|(model, waiting)| (model, waiting as u64)).collect(),
-        workspace_calls: state.workspace_calls.in_flight() as u64,
+        workspace_calls: state.link.workspace_calls.in_flight() as u64,
     })
     .into_response()
 }
@@ -244,7 +244,7 @@ pub async fn node_command(
             .into_response();
     };
     let command = pb::NodeCommand { kind: kind.into(), ..Default::default() };
-    match state.commands.send(&control, command, COMMAND_TIMEOUT).await {
+    match state.link.commands.send(&control, command, COMMAND_TIMEOUT).await {
         Ok(result) => axum::Json(command_json(&result)).into_response(),
         Err(e) => (StatusCode::GATEWAY_TIMEOUT, axum::Json(json!({ "error": e.to_string() }))).into_response(),
     }
@@ -295,7 +295,7 @@ pub async fn workspace_calls(
     Path(reference): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    if !state.admin_workspace_calls {
+    if !state.replica.admin_workspace_calls {
         return admin_error(
             StatusCode::FORBIDDEN,
             "workspace_calls_disabled",
@@ -388,7 +388,7 @@ fn authority_json(authority: &pb::WorkspaceAuthority) -> serde_json::Value {
 /// since this replica started, in total and per public model
 /// (`crate::usage`).
 pub(super) async fn usage(State(state): State<Arc<EdgeState>>) -> Response {
-    axum::Json(state.usage.snapshot()).into_response()
+    axum::Json(state.routing.usage.snapshot()).into_response()
 }
 
 #[cfg(test)]

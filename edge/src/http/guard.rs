@@ -29,8 +29,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use iop_proto::config::AuthMode;
 
-use crate::EdgeState;
 use crate::ingress::error::ApiError;
+use crate::state::EdgeState;
 
 /// The address a connection reached (its local socket address), set by the
 /// listener on every request.

@@ -1,7 +1,8 @@
 //! HTTP ingress (axum): the client APIs and health on the client listener;
 //! admin snapshots, node commands and metrics on the admin listener.
-//! Handlers are thin: authenticate with `auth`, parse with `ingress::*`, pick
-//! a provider with `route`, run it with `dispatch`, render with `ingress::*`.
+//! Handlers are thin: authenticate with `auth`, parse with `ingress::*`, hand
+//! the run to the `gate` (route, admission, retries, `dispatch`), render with
+//! `ingress::*` (the layers: `docs/architecture.md`).
 
 mod admin;
 pub mod guard;
@@ -25,13 +26,13 @@ use iop_proto::pb::{self, run_event::Event};
 use iop_proto::wire::{relayable_request_header, relayable_response_header};
 use serde_json::json;
 
-use crate::EdgeState;
 use crate::auth::Caller;
 use crate::gate::{self, Answer, CommitPoint, LiveRun, TunnelForm};
 use crate::ingress::error::ApiError;
 use crate::ingress::hosted_tools;
 use crate::metrics::{Api, ApiLabels, ApiRouteLabels, PrincipalLabels, RateLimitedLabels, RequestLabels};
 use crate::route;
+use crate::state::EdgeState;
 use iop_proto::config::HostedTools;
 use respond::{error_response, set_limit_headers};
 use surface::{ChatCompletions, Messages, Responses, Surface};
@@ -194,7 +195,9 @@ impl Drop for RequestRecord {
         }
         let route = self.route.take().unwrap_or_else(|| "unknown".to_string());
         if let Some(caller) = &self.caller {
-            crate::usage::finished(&self.state, caller, &route, self.outcome, self.usage.as_ref());
+            let routing = &self.state.routing;
+            let (ledger, limits, metrics) = (&routing.usage, &routing.rate_limits, &self.state.metrics);
+            crate::usage::finished(ledger, limits, metrics, caller, &route, self.outcome, self.usage.as_ref());
         }
         let metrics = &self.state.metrics;
         let labels = ApiRouteLabels { api: self.api, route: route.clone() };
@@ -285,7 +288,7 @@ fn admit(
     record.caller = Some(caller.clone());
     record.span.set("iop.principal", caller.name().to_string());
     let replicas = state.replica_set(config).len();
-    match state.rate_limits.admit(caller, replicas) {
+    match state.routing.rate_limits.admit(caller, replicas) {
         Ok(permit) => record.permit = Some(permit),
         Err(refusal) => {
             let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
@@ -490,6 +493,7 @@ fn job_spec<S: Surface>(
     })?;
     let principal_limit = caller.max_concurrent_jobs(config.limits.max_jobs_per_principal);
     let slot = state
+        .link
         .job_slots
         .acquire(reference, admitted.max_concurrent_jobs, caller.name(), principal_limit)
         .map_err(ApiError::TooManyJobs)?;
@@ -958,7 +962,7 @@ async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
     // `EdgeState::ready`: a replica that drains, or that starts and has no
     // node yet (within the startup grace), sends load balancers elsewhere.
     let ready_nodes = state.registry.ready_count();
-    let status = match (state.ready(), state.draining.is_cancelled()) {
+    let status = match (state.ready(), state.replica.draining.is_cancelled()) {
         (true, _) => return axum::Json(json!({ "status": "ready", "ready_nodes": ready_nodes })).into_response(),
         (false, true) => "draining",
         (false, false) => "starting",
@@ -975,8 +979,13 @@ async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {
         state.config.credential_health(),
         &state.config.current().providers,
     );
-    crate::residency::publish(&state.metrics, &state.registry, &state.residency, &state.config.current().providers);
-    state.admission.publish_ejections(std::time::Instant::now());
+    crate::residency::publish(
+        &state.metrics,
+        &state.registry,
+        &state.routing.residency,
+        &state.config.current().providers,
+    );
+    state.routing.admission.publish_ejections(std::time::Instant::now());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
 }

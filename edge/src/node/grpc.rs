@@ -13,8 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::NodePeer;
-use crate::EdgeState;
 use crate::dispatch::{AttachError, NodeFrame, RunTable};
+use crate::state::EdgeState;
 
 /// Control messages queued per node connection.
 const CONTROL_CHANNEL_CAPACITY: usize = 256;
@@ -131,7 +131,7 @@ impl NodeGateway for GatewayService {
         request: Request<Streaming<pb::RunUplink>>,
     ) -> Result<Response<Self::RunEventsStream>, Status> {
         let peer = peer(&request)?;
-        Ok(Response::new(self.spawn_relay(self.state.runs.clone(), peer, request.into_inner())))
+        Ok(Response::new(self.spawn_relay(self.state.link.runs.clone(), peer, request.into_inner())))
     }
 
     async fn tunnel_frames(
@@ -139,7 +139,7 @@ impl NodeGateway for GatewayService {
         request: Request<Streaming<pb::TunnelUplink>>,
     ) -> Result<Response<Self::TunnelFramesStream>, Status> {
         let peer = peer(&request)?;
-        Ok(Response::new(self.spawn_relay(self.state.tunnels.clone(), peer, request.into_inner())))
+        Ok(Response::new(self.spawn_relay(self.state.link.tunnels.clone(), peer, request.into_inner())))
     }
 
     /// Binds a request's workspace call (its node, its generation, once),
@@ -156,7 +156,7 @@ impl NodeGateway for GatewayService {
             Some(pb::WorkspaceUplink { msg: Some(Msg::Attach(a)) }) => (a.request_id, a.generation),
             _ => return Err(Status::invalid_argument("the first frame must attach the workspace call")),
         };
-        let attached = match self.state.workspace_calls.attach(&request_id, &peer.identity.name, generation) {
+        let attached = match self.state.link.workspace_calls.attach(&request_id, &peer.identity.name, generation) {
             Ok(attached) => attached,
             Err(reason) => {
                 self.count_dropped(reason);

@@ -9,9 +9,9 @@ use iop_proto::config::EdgeConfig;
 use iop_proto::pb;
 use iop_proto::wire::closed_enum;
 
-use crate::EdgeState;
 use crate::core::health::{Applied, Evidence, Source};
 use crate::overlay;
+use crate::state::EdgeState;
 
 /// One provider's evidence from a node's status list, after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub fn apply_statuses(
         let applied = overlay::record(&state.overlay, &state.metrics, &c.provider_id, evidence);
         if applied == Applied::Recovered {
             // Seen down and up again: its outlier history is stale.
-            state.admission.forgive(&c.provider_id);
+            state.routing.admission.forgive(&c.provider_id);
         }
         recovered |= applied == Applied::Recovered;
     }

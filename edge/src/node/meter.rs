@@ -30,7 +30,7 @@ use tonic::body::Body;
 
 use super::limits::{LimitRefusal, NodeLimits, NodeLoad, NodeMethod, StreamGuard};
 use super::tls::NodePeer;
-use crate::EdgeState;
+use crate::state::EdgeState;
 
 /// One step of a request body's gRPC framing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

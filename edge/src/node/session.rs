@@ -16,8 +16,8 @@ use tonic::{Status, Streaming};
 use super::health;
 use super::registry::{CloseReason, ControlSender, Session};
 use super::tls::NodePeer;
-use crate::EdgeState;
 use crate::core::health::Source;
+use crate::state::EdgeState;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -58,7 +58,7 @@ pub fn config_payload(config: &iop_proto::config::EdgeConfig, node: &str) -> pb:
 
 pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<pb::NodeToEdge>, out: ControlSender) {
     let node = peer.identity.name.clone();
-    let profile = state.heartbeat;
+    let profile = state.link.heartbeat;
 
     // Register must come first, within one heartbeat wait.
     let register = match tokio::time::timeout(profile.wait, inbound.message()).await {
@@ -77,13 +77,13 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         }
     };
 
-    if register.held_replicas.contains(&state.replica_id) {
+    if register.held_replicas.contains(&state.replica.id) {
         // The load balancer brought the node here again: the session it
         // holds with this replica stays registered.
         let config = state.config.current();
         let answer = pb::RegisterResponse {
             duplicate: true,
-            replica_id: state.replica_id.clone(),
+            replica_id: state.replica.id.clone(),
             replicas: state.replica_set(&config),
             ..Default::default()
         };
@@ -93,7 +93,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         return;
     }
 
-    let generation = state.generations.next();
+    let generation = state.link.generations.next();
     let close = CancellationToken::new();
     let close_reason: Arc<std::sync::OnceLock<CloseReason>> = Default::default();
     let sandbox_gaps = sandbox_gap_labels(&register.sandbox_gaps);
@@ -130,26 +130,26 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
             generation,
             config: Some(config_payload(&config, &node)),
             node_identity: peer.identity.uri(),
-            replica_id: state.replica_id.clone(),
+            replica_id: state.replica.id.clone(),
             replicas: state.replica_set(&config),
             duplicate: false,
         }),
     );
     drop(config);
     // A replica that drains takes no new work, from a late node neither.
-    if state.draining.is_cancelled() {
+    if state.replica.draining.is_cancelled() {
         send_now(&out, pb::edge_to_node::Msg::Draining(pb::Draining {}));
     }
 
     let reason = serve(&state, &node, generation, &mut inbound, &out, &close, &close_reason).await;
 
     state.registry.remove(&node, generation);
-    let fenced = state.runs.fence_generation(&node, generation)
-        + state.tunnels.fence_generation(&node, generation)
-        + state.workspace_calls.fence_generation(&node, generation);
+    let fenced = state.link.runs.fence_generation(&node, generation)
+        + state.link.tunnels.fence_generation(&node, generation)
+        + state.link.workspace_calls.fence_generation(&node, generation);
     state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
     // Waiters queued for this node's providers fail fast or move elsewhere.
-    state.admission.drain_queues();
+    state.routing.admission.drain_queues();
     state.metrics.reason(&state.metrics.sessions_closed, reason.label());
     if reason.orderly() && fenced == 0 {
         tracing::info!(%node, generation, reason = reason.label(), "node session closed; generation fenced");
@@ -168,8 +168,8 @@ async fn serve(
     close: &CancellationToken,
     close_reason: &std::sync::OnceLock<CloseReason>,
 ) -> CloseReason {
-    let mut monitor = HeartbeatMonitor::new(state.heartbeat, Instant::now());
-    let mut ticker = tokio::time::interval(state.heartbeat.interval);
+    let mut monitor = HeartbeatMonitor::new(state.link.heartbeat, Instant::now());
+    let mut ticker = tokio::time::interval(state.link.heartbeat.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut phase = SessionPhase::Registered;
     loop {
@@ -181,7 +181,7 @@ async fn serve(
             _ = close.cancelled() => {
                 return match close_reason.get() {
                     Some(reason) => *reason,
-                    None if state.shutting_down.is_cancelled() => CloseReason::EdgeShutdown,
+                    None if state.replica.shutting_down.is_cancelled() => CloseReason::EdgeShutdown,
                     None => CloseReason::Replaced,
                 };
             }
@@ -217,22 +217,22 @@ async fn serve(
                         phase = SessionPhase::Ready;
                         state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
                         tracing::info!(%node, generation, "node ready");
-                        state.admission.drain_queues();
+                        state.routing.admission.drain_queues();
                         // A reconnect is a chance to recover lowered providers.
-                        state.recovery.notify_one();
+                        state.routing.recovery.notify_one();
                         send_now(out, pb::edge_to_node::Msg::ReadyResponse(pb::NodeReadyResponse { generation }));
                     }
                     (SessionPhase::Ready, Msg::CommandResult(result)) => {
-                        state.commands.complete(result);
+                        state.link.commands.complete(result);
                     }
                     (SessionPhase::Ready, Msg::ResidencyReport(report)) => {
                         // Advisory: changes selection and first-byte deadlines, never health.
                         let config = state.config.current();
-                        state.residency.apply(&config, &state.registry, node, generation, &report.providers);
+                        state.routing.residency.apply(&config, &state.registry, node, generation, &report.providers);
                     }
                     (SessionPhase::Ready, Msg::HealthReport(report)) => {
                         if health::apply_statuses(state, node, generation, Source::Probe, &report.providers) {
-                            state.admission.drain_queues();
+                            state.routing.admission.drain_queues();
                         }
                     }
                     (_, other) => {

@@ -41,7 +41,7 @@ use crate::metrics::{EdgeMetrics, NodeLabels};
 
 /// How the node listener treats connections before they are identified.
 /// The defaults serve production; tests shorten the times
-/// (`Edge::with_handshake_profile`).
+/// (`EdgeBuilder::handshake_profile`).
 ///
 /// Nobody is authenticated before the handshake ends, so what one source
 /// can hold is bounded: its connection must start its ClientHello within
