@@ -20,9 +20,14 @@
 //! A [`LeaseGuard`] owns one slot. Its `Drop` returns the slot, so every
 //! terminal path (success, provider error, client or node disconnect,
 //! fencing, queue timeout, shutdown) releases exactly once, and records why.
+//!
+//! The pool's lock guards slots, queues and outlier state only. What
+//! selection reads from the other owners (each candidate's effective health
+//! and residency, its "standing") is read before that lock is taken, so no
+//! owner's lock is ever held under the pool's.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use iop_proto::config::{EdgeConfig, ProviderEntry};
@@ -133,6 +138,16 @@ pub struct AdmitRequest {
     pub avoid: HashMap<String, bool>,
 }
 
+/// A provider's health view and residency, as selection reads them.
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    view: ProviderView,
+    cold: bool,
+}
+
+/// Provider id -> its standing, read before the pool's lock is taken.
+type Standings = HashMap<String, Standing>;
+
 struct Waiter {
     id: u64,
     request: AdmitRequest,
@@ -211,8 +226,8 @@ impl AdmissionPool {
         wait: Duration,
     ) -> Result<LeaseGuard, AdmitError> {
         let (ticket, granted) = {
-            let mut state = self.state.lock().unwrap();
-            match self.try_acquire(&mut state, &request) {
+            let (mut state, standings) = self.lock_with_standings(&request.candidates);
+            match self.try_acquire(&mut state, &standings, &request) {
                 Attempt::Granted(lease) => {
                     self.publish(&mut state);
                     drop(state);
@@ -283,19 +298,57 @@ impl AdmissionPool {
         LeaseGuard { lease, pool: self.clone(), reason: ReleaseReason::ClientDisconnected }
     }
 
-    fn try_acquire(&self, state: &mut PoolState, request: &AdmitRequest) -> Attempt {
-        let provider_views: Vec<ProviderView> = request
-            .candidates
-            .iter()
-            .map(|c| ProviderView::of(&self.registry, &self.overlay, &self.credentials, &c.provider))
-            .collect();
-        let generations: Vec<Option<u64>> = provider_views.iter().map(|v| v.dispatchable_on).collect();
+    /// The standing of each provider of `providers` not in `into` yet,
+    /// read from its owners (registry, overlay, credentials, residency),
+    /// each under its own lock, never under the pool's.
+    fn read_standings<'a>(&self, providers: impl Iterator<Item = &'a ProviderEntry>, into: &mut Standings) {
+        for provider in providers {
+            if into.contains_key(&provider.id) {
+                continue;
+            }
+            let view = ProviderView::of(&self.registry, &self.overlay, &self.credentials, provider);
+            let cold = view.dispatchable_on.is_some_and(|g| self.residency.on(&provider.id, g).cold());
+            into.insert(provider.id.clone(), Standing { view, cold });
+        }
+    }
+
+    /// The pool's lock, with the standing of every candidate of `extra`
+    /// and of every queued request, read before it was taken. Should a
+    /// request queue while the standings are read, its candidates are read
+    /// too and the lock taken again: selection always has a standing for
+    /// every provider it may choose, and no owner's lock is taken under the
+    /// pool's.
+    fn lock_with_standings(&self, extra: &[Candidate]) -> (MutexGuard<'_, PoolState>, Standings) {
+        let mut standings = Standings::new();
+        self.read_standings(extra.iter().map(|c| &c.provider), &mut standings);
+        loop {
+            let state = self.state.lock().unwrap();
+            let missing: Vec<ProviderEntry> = state
+                .queues
+                .values()
+                .flatten()
+                .flat_map(|waiter| waiter.request.candidates.iter())
+                .filter(|c| !standings.contains_key(&c.provider.id))
+                .map(|c| c.provider.clone())
+                .collect();
+            if missing.is_empty() {
+                return (state, standings);
+            }
+            drop(state);
+            self.read_standings(missing.iter(), &mut standings);
+        }
+    }
+
+    fn try_acquire(&self, state: &mut PoolState, standings: &Standings, request: &AdmitRequest) -> Attempt {
+        let provider_views: Vec<Standing> =
+            request.candidates.iter().map(|c| standings[c.provider.id.as_str()]).collect();
+        let generations: Vec<Option<u64>> = provider_views.iter().map(|s| s.view.dispatchable_on).collect();
         let now = std::time::Instant::now();
         let views: Vec<CandidateView> = request
             .candidates
             .iter()
             .zip(&provider_views)
-            .map(|(c, view)| {
+            .map(|(c, Standing { view, cold })| {
                 let slots = state.slots.get(&c.provider.id);
                 let avoided = request.avoid.get(&c.provider.id);
                 let ejected = state.outliers.is_ejected(&c.provider.id, now);
@@ -309,7 +362,7 @@ impl AdmissionPool {
                     fallback_allowed: avoided.copied().unwrap_or(true),
                     in_flight: slots.map_or(0, Slots::in_flight),
                     capacity: slots.map_or(0, |s| s.capacity),
-                    cold: view.dispatchable_on.is_some_and(|g| self.residency.on(&c.provider.id, g).cold()),
+                    cold: *cold,
                 }
             })
             .collect();
@@ -338,7 +391,7 @@ impl AdmissionPool {
 
     fn release(self: &Arc<Self>, lease: &Lease, reason: ReleaseReason) {
         let grants = {
-            let mut state = self.state.lock().unwrap();
+            let (mut state, standings) = self.lock_with_standings(&[]);
             // A provider a reload removed retired its slots with it.
             let released = state.slots.get_mut(lease.provider_id()).is_none_or(|slots| slots.release(lease.slot()));
             if !released {
@@ -346,7 +399,7 @@ impl AdmissionPool {
                 tracing::error!(provider = %lease.provider_id(), "lease released twice");
             }
             state.released += 1;
-            let grants = self.drain(&mut state);
+            let grants = self.drain(&mut state, &standings);
             self.publish(&mut state);
             grants
         };
@@ -359,8 +412,9 @@ impl AdmissionPool {
     /// slots in use (a shrink takes effect as they are released). Queues
     /// are re-evaluated; a removed route's loses its gauge once empty.
     pub fn reconfigure(self: &Arc<Self>, config: &EdgeConfig) {
+        self.residency.retain(|id| config.providers.iter().any(|p| p.id == id));
         let grants = {
-            let mut state = self.state.lock().unwrap();
+            let (mut state, standings) = self.lock_with_standings(&[]);
             let mut slots = HashMap::new();
             for p in &config.providers {
                 let next = match state.slots.remove(&p.id) {
@@ -378,9 +432,8 @@ impl AdmissionPool {
             outliers.retain(&policy, |id| slots.contains_key(id));
             *outlier_policy = policy;
             state.load_penalty = config.scheduling.load_penalty;
-            self.residency.retain(|id| state.slots.contains_key(id));
             state.routes = configured_routes(config);
-            let grants = self.drain(&mut state);
+            let grants = self.drain(&mut state, &standings);
             self.publish(&mut state);
             grants
         };
@@ -445,19 +498,21 @@ impl AdmissionPool {
 
     /// Re-evaluates queued requests, e.g. after a node became ready.
     pub fn drain_queues(self: &Arc<Self>) {
-        let grants = self.drain(&mut self.state.lock().unwrap());
+        let (mut state, standings) = self.lock_with_standings(&[]);
+        let grants = self.drain(&mut state, &standings);
+        drop(state);
         self.deliver(grants);
     }
 
     /// Admits queue heads (FIFO per route) while capacity allows. Waiters
     /// whose providers are no longer eligible are dropped (they see
     /// `NoneEligible`). Returns grants to deliver outside the lock.
-    fn drain(&self, state: &mut PoolState) -> Vec<(oneshot::Sender<LeaseGuard>, Lease)> {
+    fn drain(&self, state: &mut PoolState, standings: &Standings) -> Vec<(oneshot::Sender<LeaseGuard>, Lease)> {
         let mut grants = Vec::new();
         let routes: Vec<String> = state.queues.keys().cloned().collect();
         for route in routes {
             while let Some(head) = state.queues.get(&route).and_then(|q| q.front()).map(|w| w.request.clone()) {
-                match self.try_acquire(state, &head) {
+                match self.try_acquire(state, standings, &head) {
                     Attempt::Busy => break,
                     Attempt::NoneEligible => {
                         state.queues.get_mut(&route).and_then(VecDeque::pop_front);
@@ -565,8 +620,10 @@ providers:
         let candidates: Arc<[Candidate]> =
             Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
         let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashMap::new() };
-        let mut state = pool.state.lock().unwrap();
-        let Attempt::Granted(lease) = pool.try_acquire(&mut state, &request) else { panic!("test pool admits") };
+        let (mut state, standings) = pool.lock_with_standings(&request.candidates);
+        let Attempt::Granted(lease) = pool.try_acquire(&mut state, &standings, &request) else {
+            panic!("test pool admits")
+        };
         drop(state);
         pool.guard(lease)
     }
