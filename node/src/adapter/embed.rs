@@ -7,7 +7,8 @@ use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{AdapterError, AdapterKind, EventSink, ProviderTarget, json_error_summary, post_json, read_capped};
+use super::error::{AdapterError, json_error_summary};
+use super::{AdapterKind, EventSink, ProviderTarget, post_json, read_capped};
 
 pub(super) const OLLAMA_PATH: &str = "/api/embed";
 pub(super) const OPENAI_PATH: &str = "/v1/embeddings";

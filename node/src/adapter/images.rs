@@ -19,7 +19,8 @@ use std::time::Duration;
 use iop_proto::pb;
 use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
-use super::{AdapterError, ProviderTarget, read_capped};
+use super::error::AdapterError;
+use super::{ProviderTarget, read_capped};
 
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -8,12 +8,12 @@ use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::error::{AdapterError, json_error_summary, stream_error};
 use super::forced_tool::{self, ForcedTool};
 use super::malformed::MalformedRun;
 use super::{
-    AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, message_role, parse_arguments_object, reasoning_effort, response_format, stream_error,
-    to_json_body, tool_choice, wire_tools,
+    Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, message_role,
+    parse_arguments_object, reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/api/chat";

@@ -7,12 +7,12 @@ use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::error::{AdapterError, json_error_summary, stream_error};
 use super::malformed::MalformedRun;
 use super::sse::SseParser;
 use super::{
-    AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, leading_system, message_role, reasoning_effort, response_format, stream_error, to_json_body,
-    tool_choice, wire_tools,
+    Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, leading_system,
+    message_role, reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
 };
 
 pub(super) const CHAT_PATH: &str = "/v1/chat/completions";

@@ -13,7 +13,8 @@ use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{AdapterError, AdapterKind, EventSink, ProviderTarget, json_error_summary, post_json, read_capped};
+use super::error::{AdapterError, json_error_summary};
+use super::{AdapterKind, EventSink, ProviderTarget, post_json, read_capped};
 
 pub(super) const TEMPLATE_PATH: &str = "/apply-template";
 pub(super) const TOKENIZE_PATH: &str = "/tokenize";
