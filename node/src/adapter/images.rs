@@ -20,7 +20,8 @@ use iop_proto::pb;
 use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
 use super::error::AdapterError;
-use super::{ProviderTarget, read_capped};
+use super::read_capped;
+use super::target::ProviderTarget;
 
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -11,12 +11,11 @@ use serde_json::Value;
 use super::error::{AdapterError, json_error_summary, stream_error};
 use super::forced_tool::{self, ForcedTool};
 use super::malformed::MalformedRun;
+use super::target::ProviderTarget;
 use super::{
-    Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, message_role,
-    parse_arguments_object, reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
+    Events, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, message_role, parse_arguments_object,
+    reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
 };
-
-pub(super) const CHAT_PATH: &str = "/api/chat";
 
 // ------------------------------------------------------------- request
 

@@ -10,12 +10,11 @@ use serde_json::{Value, json};
 use super::error::{AdapterError, json_error_summary, stream_error};
 use super::malformed::MalformedRun;
 use super::sse::SseParser;
+use super::target::ProviderTarget;
 use super::{
-    Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, leading_system,
-    message_role, reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
+    Events, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, leading_system, message_role,
+    reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
 };
-
-pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
 
 // ------------------------------------------------------------- request
 

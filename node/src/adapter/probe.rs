@@ -28,7 +28,7 @@ use std::time::Duration;
 use iop_proto::pb;
 
 use super::error::error_chain;
-use super::{AdapterKind, ProviderTarget};
+use super::target::{AdapterKind, ProviderTarget};
 
 /// Upper bound of one probe.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
