@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapter::error::error_chain;
-use crate::adapter::read_capped;
+use crate::adapter::http::read_capped;
 use crate::adapter::target::{AdapterKind, ProviderTarget};
 
 /// How long Ollama keeps a kept-warm model after a run or touch. Bounded on

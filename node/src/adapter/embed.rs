@@ -7,9 +7,10 @@ use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::EventSink;
 use super::error::{AdapterError, json_error_summary};
+use super::http::{post_json, read_capped};
 use super::target::{AdapterKind, ProviderTarget};
-use super::{EventSink, post_json, read_capped};
 
 pub(super) const OLLAMA_PATH: &str = "/api/embed";
 pub(super) const OPENAI_PATH: &str = "/v1/embeddings";

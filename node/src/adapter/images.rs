@@ -20,7 +20,7 @@ use iop_proto::pb;
 use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
 use super::error::AdapterError;
-use super::read_capped;
+use super::http::read_capped;
 use super::target::ProviderTarget;
 
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -183,7 +183,7 @@ fn image_client(policy: Policy, lookup: impl Lookup) -> reqwest::Client {
     };
     // Without the platform's root certificates only http:// URLs work.
     builder().build().unwrap_or_else(|_| {
-        builder().tls_backend_preconfigured(super::fallback_tls_config()).build().expect("an image client builds")
+        builder().tls_backend_preconfigured(super::http::fallback_tls_config()).build().expect("an image client builds")
     })
 }
 

@@ -14,6 +14,7 @@
 mod embed;
 pub(crate) mod error;
 mod forced_tool;
+pub(crate) mod http;
 mod images;
 mod lines;
 mod malformed;
@@ -30,70 +31,27 @@ pub(crate) mod fake;
 mod fuzz;
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use iop_proto::pb;
 use iop_proto::wire::closed_enum;
-use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::header::HeaderValue;
 
-use error::{error_chain, json_error_summary, provider_error_message};
+use error::json_error_summary;
+use http::post_json;
 use lines::LineSplitter;
 
 use crate::metrics::NodeMetrics;
 
 pub use error::AdapterError;
 pub(crate) use error::{stream_cut, transport_error};
+pub use http::http_client;
+pub(crate) use http::read_capped;
 pub use target::{AdapterKind, ProviderTarget, Providers};
-
-/// Most of a non-2xx body we read looking for the provider's error message.
-const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// Sink for the non-terminal events of a run (Started, Text, ToolCall, Usage).
 /// The caller adds seq numbers and the terminal.
 pub type EventSink = tokio::sync::mpsc::Sender<pb::run_event::Event>;
-
-/// The HTTP client the adapters share: no overall timeout (responses stream
-/// for as long as the model generates; the caller owns the stall timeout).
-pub fn http_client() -> reqwest::Client {
-    // `rustls-no-provider`: reqwest panics at build time unless a process
-    // default crypto provider is installed. Err means one already is.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let builder = || {
-        reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(90))
-    };
-    match builder().build() {
-        Ok(client) => client,
-        Err(e) => {
-            // Typically: no CA certificates on this system. Plain-HTTP
-            // providers (the common local case) still work; HTTPS ones will
-            // fail certificate verification and report Unreachable.
-            tracing::warn!(
-                error = %error_chain(&e),
-                "TLS setup with the platform's root certificates failed; HTTPS providers will be unreachable"
-            );
-            builder()
-                .tls_backend_preconfigured(fallback_tls_config())
-                .build()
-                .expect("an HTTP client with a preconfigured rustls config always builds")
-        }
-    }
-}
-
-fn fallback_tls_config() -> rustls::ClientConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default TLS versions")
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    config
-}
 
 /// Runs one normalized chat request against the provider, streaming events
 /// into `sink`. Returns the finish reason on success; the caller emits the
@@ -150,70 +108,6 @@ pub async fn execute(
             drive(response, decoder, sink, Tally { provider: &target.provider_id, metrics, reported: 0 }).await
         }
     }
-}
-
-// ------------------------------------------------------------------ HTTP
-
-async fn post_json(
-    client: &reqwest::Client,
-    url: reqwest::Url,
-    body: Vec<u8>,
-    authorization: Option<HeaderValue>,
-) -> Result<reqwest::Response, AdapterError> {
-    let mut request = client.post(url).header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Some(value) = authorization {
-        request = request.header(reqwest::header::AUTHORIZATION, value);
-    }
-    let response = request
-        .body(body)
-        .send()
-        .await
-        // The message reaches the client: it never names the provider's
-        // (internal) address.
-        .map_err(|e| transport_error("sending the request to the provider", e))?;
-    // The response headers are the provider's first byte (for the
-    // execution's first-byte deadline).
-    crate::liveness::FirstByte::mark();
-    check_status(response).await
-}
-
-/// Passes 2xx responses through; turns anything else into `HttpStatus`.
-async fn check_status(response: reqwest::Response) -> Result<reqwest::Response, AdapterError> {
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    let retry_after_ms = response.headers().get(RETRY_AFTER).and_then(parse_retry_after);
-    // A transport error here only costs us the message.
-    let (body, _) = read_capped(response, ERROR_BODY_LIMIT).await;
-    let message = provider_error_message(&body)
-        .unwrap_or_else(|| status.canonical_reason().unwrap_or("unrecognized status").to_owned());
-    let context_length = iop_proto::provider_error::context_length_exceeded(status.as_u16(), &body);
-    let code = iop_proto::provider_error::code(status.as_u16(), &body);
-    Err(AdapterError::HttpStatus { status: status.as_u16(), retry_after_ms, message, context_length, code })
-}
-
-/// `Retry-After` in milliseconds, read as the Edge reads a tunnel's.
-fn parse_retry_after(value: &HeaderValue) -> Option<u64> {
-    iop_proto::provider_error::retry_after_ms(value.to_str().ok()?)
-}
-
-/// Reads at most `cap` bytes of the body, then drops the response (which
-/// closes the connection if more was coming). Returns what was read and the
-/// transport error that ended the read early, if one did.
-pub(crate) async fn read_capped(mut response: reqwest::Response, cap: usize) -> (Vec<u8>, Option<reqwest::Error>) {
-    let mut body = Vec::new();
-    while body.len() < cap {
-        match response.chunk().await {
-            Ok(Some(chunk)) => {
-                let take = chunk.len().min(cap - body.len());
-                body.extend_from_slice(&chunk[..take]);
-            }
-            Ok(None) => break,
-            Err(e) => return (body, Some(e)),
-        }
-    }
-    (body, None)
 }
 
 // ------------------------------------------------------------ streaming
@@ -739,22 +633,6 @@ mod option_tests {
 mod tests {
     use super::fake::assignment;
     use super::*;
-
-    #[test]
-    fn retry_after_headers_are_read_as_delta_seconds() {
-        let parse = |s: &'static str| parse_retry_after(&HeaderValue::from_static(s));
-        assert_eq!(parse("2"), Some(2000));
-        assert_eq!(parse("Wed, 21 Oct 2015 07:28:00 GMT"), None);
-        assert_eq!(parse_retry_after(&HeaderValue::from_bytes(b"\xff").unwrap()), None, "not text");
-    }
-
-    #[test]
-    fn http_client_builds() {
-        let _client = http_client();
-        let _again = http_client(); // provider already installed: still fine
-        // The fallback used when the platform has no root certificates.
-        reqwest::Client::builder().tls_backend_preconfigured(fallback_tls_config()).build().unwrap();
-    }
 
     #[tokio::test]
     async fn execute_rejects_a_mismatched_adapter_and_a_closed_sink() {
