@@ -13,6 +13,7 @@
 
 mod embed;
 pub(crate) mod error;
+mod events;
 mod forced_tool;
 pub(crate) mod http;
 mod images;
@@ -38,6 +39,7 @@ use iop_proto::wire::closed_enum;
 use reqwest::header::HeaderValue;
 
 use error::json_error_summary;
+use events::Events;
 use http::post_json;
 use lines::LineSplitter;
 
@@ -45,13 +47,10 @@ use crate::metrics::NodeMetrics;
 
 pub use error::AdapterError;
 pub(crate) use error::{stream_cut, transport_error};
+pub use events::EventSink;
 pub use http::http_client;
 pub(crate) use http::read_capped;
 pub use target::{AdapterKind, ProviderTarget, Providers};
-
-/// Sink for the non-terminal events of a run (Started, Text, ToolCall, Usage).
-/// The caller adds seq numbers and the terminal.
-pub type EventSink = tokio::sync::mpsc::Sender<pb::run_event::Event>;
 
 /// Runs one normalized chat request against the provider, streaming events
 /// into `sink`. Returns the finish reason on success; the caller emits the
@@ -111,8 +110,6 @@ pub async fn execute(
 }
 
 // ------------------------------------------------------------ streaming
-
-type Events = Vec<pb::run_event::Event>;
 
 /// A provider's streaming format, decoded one line at a time. Decoders are
 /// pure (no I/O), so the driver owns all awaiting.
@@ -214,18 +211,6 @@ async fn forward(sink: &EventSink, events: &mut Events) -> Result<(), AdapterErr
 
 // ------------------------------------------------- shared translation
 
-fn started(model: &str) -> pb::run_event::Event {
-    pb::run_event::Event::Started(pb::RunStarted { model: model.to_owned() })
-}
-
-fn text(text: &str) -> pb::run_event::Event {
-    pb::run_event::Event::Text(pb::TextDelta { text: text.to_owned() })
-}
-
-fn reasoning(text: &str) -> pb::run_event::Event {
-    pb::run_event::Event::Reasoning(pb::ReasoningDelta { text: text.to_owned() })
-}
-
 /// The run's reasoning switch: `None` when the client did not ask.
 fn reasoning_effort(options: &pb::GenerationOptions) -> Result<Option<pb::ReasoningEffort>, AdapterError> {
     options
@@ -235,24 +220,6 @@ fn reasoning_effort(options: &pb::GenerationOptions) -> Result<Option<pb::Reason
                 .map_err(|e| AdapterError::InvalidRequest(e.to_string()))
         })
         .transpose()
-}
-
-fn tool_call(index: u32, id: &str, name: &str, arguments_delta: &str) -> pb::run_event::Event {
-    pb::run_event::Event::ToolCall(pb::ToolCallDelta {
-        index,
-        id: id.to_owned(),
-        name: name.to_owned(),
-        arguments_delta: arguments_delta.to_owned(),
-    })
-}
-
-fn usage(prompt_tokens: u64, completion_tokens: u64) -> pb::run_event::Event {
-    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    pb::run_event::Event::Usage(pb::Usage {
-        prompt_tokens: clamp(prompt_tokens),
-        completion_tokens: clamp(completion_tokens),
-        ..Default::default()
-    })
 }
 
 /// The conversation with every SYSTEM message's text joined (in order, by a
