@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use super::events::Events;
 use super::lines::LineSplitter;
 use super::sse::SseParser;
-use super::{AdapterError, StreamDecoder, StreamReader, ollama, openai};
+use super::stream::{StreamDecoder, StreamReader};
+use super::{AdapterError, ollama, openai};
 
 // ------------------------------------------------------------ helpers
 

@@ -12,10 +12,11 @@ use super::error::{AdapterError, json_error_summary, stream_error};
 use super::events::Events;
 use super::forced_tool::{self, ForcedTool};
 use super::malformed::MalformedRun;
+use super::stream::StreamDecoder;
 use super::target::ProviderTarget;
 use super::{
-    ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options, message_role, parse_arguments_object,
-    reasoning_effort, response_format, to_json_body, tool_choice, wire_tools,
+    ResponseFormat, Tool, ToolChoice, check_options, message_role, parse_arguments_object, reasoning_effort,
+    response_format, to_json_body, tool_choice, wire_tools,
 };
 
 // ------------------------------------------------------------- request
