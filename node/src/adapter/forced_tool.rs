@@ -22,7 +22,7 @@
 use serde_json::{Value, json};
 
 use super::error::AdapterError;
-use super::{ResponseFormat, ToolChoice, response_format, tool_choice, tool_parameters};
+use super::request::{ResponseFormat, ToolChoice, response_format, tool_choice, tool_parameters};
 use iop_proto::pb;
 
 /// How the run's answer becomes its one tool call.

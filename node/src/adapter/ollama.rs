@@ -12,12 +12,12 @@ use super::error::{AdapterError, json_error_summary, stream_error};
 use super::events::Events;
 use super::forced_tool::{self, ForcedTool};
 use super::malformed::MalformedRun;
-use super::stream::StreamDecoder;
-use super::target::ProviderTarget;
-use super::{
+use super::request::{
     ResponseFormat, Tool, ToolChoice, check_options, message_role, parse_arguments_object, reasoning_effort,
     response_format, to_json_body, tool_choice, wire_tools,
 };
+use super::stream::StreamDecoder;
+use super::target::ProviderTarget;
 
 // ------------------------------------------------------------- request
 

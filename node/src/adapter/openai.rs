@@ -10,13 +10,13 @@ use serde_json::{Value, json};
 use super::error::{AdapterError, json_error_summary, stream_error};
 use super::events::Events;
 use super::malformed::MalformedRun;
-use super::sse::SseParser;
-use super::stream::StreamDecoder;
-use super::target::ProviderTarget;
-use super::{
+use super::request::{
     ResponseFormat, Tool, ToolChoice, check_options, leading_system, message_role, reasoning_effort, response_format,
     to_json_body, tool_choice, wire_tools,
 };
+use super::sse::SseParser;
+use super::stream::StreamDecoder;
+use super::target::ProviderTarget;
 
 // ------------------------------------------------------------- request
 
