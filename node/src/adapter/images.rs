@@ -434,7 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_ollama_model_without_vision_refuses_images_and_not_knowing_does_not() {
-        let client = crate::adapter::http_client();
+        let client = crate::adapter::http::http_client();
         let text_only = r#"{"capabilities":["completion","tools"]}"#;
         let server = fake::serve(Reply::json(200, text_only)).await;
         let refused = ensure_ollama_takes_images(&client, &fake::target(AdapterKind::Ollama, &server.base_url)).await;
