@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{AdapterKind, ProviderTarget, error_chain, read_capped};
+use crate::adapter::error::error_chain;
+use crate::adapter::http::read_capped;
+use crate::adapter::target::{AdapterKind, ProviderTarget};
 
 /// How long Ollama keeps a kept-warm model after a run or touch. Bounded on
 /// purpose, never "forever" (`-1`): a node that dies, or a cluster that

@@ -7,7 +7,10 @@ use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{AdapterError, AdapterKind, EventSink, ProviderTarget, json_error_summary, post_json, read_capped};
+use super::error::{AdapterError, json_error_summary};
+use super::events::EventSink;
+use super::http::{post_json, read_capped};
+use super::target::{AdapterKind, ProviderTarget};
 
 pub(super) const OLLAMA_PATH: &str = "/api/embed";
 pub(super) const OPENAI_PATH: &str = "/v1/embeddings";
@@ -111,7 +114,7 @@ pub(super) async fn execute(
     let result =
         pb::EmbeddingResult { embeddings: vectors.into_iter().map(|values| pb::Embedding { values }).collect() };
     let events = [
-        super::started(&target.target_model),
+        super::events::started(&target.target_model),
         pb::run_event::Event::Embeddings(result),
         pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0, ..Default::default() }),
     ];

@@ -192,6 +192,19 @@ pub(crate) async fn refused_base_url() -> String {
     format!("http://{addr}")
 }
 
+pub(crate) fn assignment(adapter: i32, model: &str, base_url: &str) -> pb::ProviderAssignment {
+    pb::ProviderAssignment {
+        provider_id: "p1".into(),
+        adapter,
+        target_model: model.into(),
+        base_url: base_url.into(),
+        response_stall_timeout_ms: 0,
+        credential_profile: String::new(),
+        capacity: 0,
+        keep_warm: false,
+    }
+}
+
 pub(crate) fn target(adapter: AdapterKind, base_url: &str) -> ProviderTarget {
     ProviderTarget::new("p1", adapter, "test-model", base_url).expect("a valid test base URL")
 }

@@ -21,7 +21,8 @@
 
 use serde_json::{Value, json};
 
-use super::{AdapterError, ResponseFormat, ToolChoice, response_format, tool_choice, tool_parameters};
+use super::error::AdapterError;
+use super::request::{ResponseFormat, ToolChoice, response_format, tool_choice, tool_parameters};
 use iop_proto::pb;
 
 /// How the run's answer becomes its one tool call.

@@ -12,9 +12,11 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Value, json};
 
+use super::events::Events;
 use super::lines::LineSplitter;
 use super::sse::SseParser;
-use super::{AdapterError, Events, StreamDecoder, StreamReader, ollama, openai};
+use super::stream::{StreamDecoder, StreamReader};
+use super::{AdapterError, ollama, openai};
 
 // ------------------------------------------------------------ helpers
 
@@ -359,8 +361,8 @@ proptest! {
     ) {
         let reason = if length { "length" } else { "stop" };
         let mut expected = vec![pb::run_event::Event::Started(pb::RunStarted { model: "m".into() })];
-        expected.extend(pieces.iter().filter(|p| !p.is_empty()).map(|p| super::text(p)));
-        expected.push(super::usage(usage.0, usage.1));
+        expected.extend(pieces.iter().filter(|p| !p.is_empty()).map(|p| super::events::text(p)));
+        expected.push(super::events::usage(usage.0, usage.1));
         let finish = if length { pb::FinishReason::Length } else { pb::FinishReason::Stop };
 
         let mut ndjson: Vec<String> = pieces
@@ -419,8 +421,8 @@ proptest! {
         let bytes = join_lines(&ndjson, "\n");
         let expected = vec![
             pb::run_event::Event::Started(pb::RunStarted { model: "m".into() }),
-            super::tool_call(0, "call_run-1_0", "f", &value.to_string()),
-            super::usage(3, 5),
+            super::events::tool_call(0, "call_run-1_0", "f", &value.to_string()),
+            super::events::usage(3, 5),
         ];
         let decoded = decode(forced(), &chunks(&bytes, &cuts), 16 * 1024 * 1024);
         prop_assert_eq!(decoded, (expected, Ok(pb::FinishReason::ToolCalls)));

@@ -19,7 +19,9 @@ use std::time::Duration;
 use iop_proto::pb;
 use iop_proto::wire::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES};
 
-use super::{AdapterError, ProviderTarget, read_capped};
+use super::error::AdapterError;
+use super::http::read_capped;
+use super::target::ProviderTarget;
 
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -181,7 +183,7 @@ fn image_client(policy: Policy, lookup: impl Lookup) -> reqwest::Client {
     };
     // Without the platform's root certificates only http:// URLs work.
     builder().build().unwrap_or_else(|_| {
-        builder().tls_backend_preconfigured(super::fallback_tls_config()).build().expect("an image client builds")
+        builder().tls_backend_preconfigured(super::http::fallback_tls_config()).build().expect("an image client builds")
     })
 }
 
@@ -432,7 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_ollama_model_without_vision_refuses_images_and_not_knowing_does_not() {
-        let client = crate::adapter::http_client();
+        let client = crate::adapter::http::http_client();
         let text_only = r#"{"capabilities":["completion","tools"]}"#;
         let server = fake::serve(Reply::json(200, text_only)).await;
         let refused = ensure_ollama_takes_images(&client, &fake::target(AdapterKind::Ollama, &server.base_url)).await;

@@ -1,7 +1,7 @@
 //! Incremental line splitting for streamed provider bodies (Ollama NDJSON and
 //! OpenAI SSE both arrive as lines cut at arbitrary network-chunk borders).
 
-use super::AdapterError;
+use super::error::AdapterError;
 
 /// Longest line (an NDJSON object, an SSE field) we buffer before failing the
 /// run as `response_too_large`. Generous: a single chunk may carry a whole

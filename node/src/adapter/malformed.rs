@@ -4,7 +4,7 @@
 //! counted), the run fails only after [`MAX_MALFORMED_IN_A_ROW`] in a row or
 //! when the stream ends right after one (no valid terminal followed it).
 
-use super::AdapterError;
+use super::error::AdapterError;
 
 /// Undecodable events in a row that end a run as `provider_protocol`. One
 /// bad event amid good ones is a glitch (a proxy that mangled a line, a

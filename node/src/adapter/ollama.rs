@@ -8,15 +8,16 @@ use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::error::{AdapterError, json_error_summary, stream_error};
+use super::events::Events;
 use super::forced_tool::{self, ForcedTool};
 use super::malformed::MalformedRun;
-use super::{
-    AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, message_role, parse_arguments_object, reasoning_effort, response_format, stream_error,
-    to_json_body, tool_choice, wire_tools,
+use super::request::{
+    ResponseFormat, Tool, ToolChoice, check_options, message_role, parse_arguments_object, reasoning_effort,
+    response_format, to_json_body, tool_choice, wire_tools,
 };
-
-pub(super) const CHAT_PATH: &str = "/api/chat";
+use super::stream::StreamDecoder;
+use super::target::ProviderTarget;
 
 // ------------------------------------------------------------- request
 
@@ -284,13 +285,13 @@ impl Decoder {
         }
         match forced.call(&answer) {
             Ok((name, arguments)) => {
-                out.push(super::tool_call(0, &self.call_id(0), &name, &arguments));
+                out.push(super::events::tool_call(0, &self.call_id(0), &name, &arguments));
                 self.tool_calls = 1;
                 Ok(None)
             }
             Err(_) if truncated => {
                 if !answer.is_empty() {
-                    out.push(super::text(&answer));
+                    out.push(super::events::text(&answer));
                 }
                 Ok(Some(pb::FinishReason::Length))
             }
@@ -315,11 +316,11 @@ impl StreamDecoder for Decoder {
         if !self.started {
             self.started = true;
             let model = chunk.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.fallback_model);
-            out.push(super::started(model));
+            out.push(super::events::started(model));
         }
         if let Some(message) = &chunk.message {
             if let Some(thinking) = message.thinking.as_deref().filter(|t| !t.is_empty()) {
-                out.push(super::reasoning(thinking));
+                out.push(super::events::reasoning(thinking));
             }
             if let Some(content) = message.content.as_deref().filter(|c| !c.is_empty()) {
                 match &mut self.forced {
@@ -331,7 +332,7 @@ impl StreamDecoder for Decoder {
                         }
                         answer.push_str(content);
                     }
-                    None => out.push(super::text(content)),
+                    None => out.push(super::events::text(content)),
                 }
             }
             for call in message.tool_calls.iter().flatten() {
@@ -344,7 +345,7 @@ impl StreamDecoder for Decoder {
                     other => other.to_string(),
                 };
                 let id = self.call_id(index);
-                out.push(super::tool_call(index, &id, &call.function.name, &arguments));
+                out.push(super::events::tool_call(index, &id, &call.function.name, &arguments));
             }
         }
         if !chunk.done {
@@ -352,10 +353,10 @@ impl StreamDecoder for Decoder {
         }
         let truncated = chunk.done_reason.as_deref() == Some("length");
         if let Some(reason) = self.finish_forced(truncated, out)? {
-            out.push(super::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
+            out.push(super::events::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
             return Ok(Some(reason));
         }
-        out.push(super::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
+        out.push(super::events::usage(chunk.prompt_eval_count.unwrap_or(0), chunk.eval_count.unwrap_or(0)));
         let reason = if self.tool_calls > 0 {
             pb::FinishReason::ToolCalls
         } else {
@@ -382,8 +383,9 @@ mod tests {
     use iop_proto::pb::run_event::Event;
     use serde_json::json;
 
+    use super::super::AdapterKind;
+    use super::super::events::{tool_call, usage};
     use super::super::fake::{self, Reply};
-    use super::super::{AdapterKind, usage};
     use super::*;
 
     const NDJSON: &str = "application/x-ndjson";
@@ -393,11 +395,11 @@ mod tests {
     }
 
     fn started(model: &str) -> Event {
-        super::super::started(model)
+        super::super::events::started(model)
     }
 
     fn text(t: &str) -> Event {
-        super::super::text(t)
+        super::super::events::text(t)
     }
 
     #[tokio::test]
@@ -506,8 +508,8 @@ mod tests {
             events,
             vec![
                 started("m"),
-                super::super::tool_call(0, "", "get_weather", r#"{"city":"Berlin"}"#),
-                super::super::tool_call(1, "", "get_time", "{}"),
+                tool_call(0, "", "get_weather", r#"{"city":"Berlin"}"#),
+                tool_call(1, "", "get_time", "{}"),
                 usage(30, 9),
             ]
         );
@@ -745,10 +747,7 @@ mod tests {
         let (result, events) = fake::run(&target(&server.base_url), &request).await;
         assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
         let id = format!("call_{}_0", request.run_id);
-        assert_eq!(
-            events,
-            vec![started("m"), super::super::tool_call(0, &id, "get_weather", r#"{"city":"Oslo"}"#), usage(7, 5)]
-        );
+        assert_eq!(events, vec![started("m"), tool_call(0, &id, "get_weather", r#"{"city":"Oslo"}"#), usage(7, 5)]);
         let body = server.request().await.json();
         assert_eq!(
             body["format"],
@@ -768,10 +767,7 @@ mod tests {
         let (result, events) = fake::run(&target(&server.base_url), &request).await;
         assert_eq!(result.unwrap(), pb::FinishReason::ToolCalls);
         let id = format!("call_{}_0", request.run_id);
-        assert_eq!(
-            events,
-            vec![started("m"), super::super::tool_call(0, &id, "get_weather", r#"{"city":"Oslo"}"#), usage(7, 5)]
-        );
+        assert_eq!(events, vec![started("m"), tool_call(0, &id, "get_weather", r#"{"city":"Oslo"}"#), usage(7, 5)]);
         let body = server.request().await.json();
         assert_eq!(body["format"]["anyOf"][1]["properties"]["name"], json!({"const": "get_weather"}));
         assert_eq!(body["tools"].as_array().map(Vec::len), Some(2));
@@ -789,7 +785,7 @@ mod tests {
         d.line(r#"{"message":{"tool_calls":[{"function":{"name":"b","arguments":{"x":1}}}]},"done":false}"#, &mut out)
             .unwrap();
         assert_eq!(d.line(&done("stop"), &mut out).unwrap(), Some(pb::FinishReason::ToolCalls));
-        assert_eq!(out, vec![started("m"), super::super::tool_call(0, "call_r_0", "b", r#"{"x":1}"#), usage(0, 3)]);
+        assert_eq!(out, vec![started("m"), tool_call(0, "call_r_0", "b", r#"{"x":1}"#), usage(0, 3)]);
 
         // Cut by the length limit: the partial answer is text, finish length.
         let mut d = Decoder::new("m", "r").forcing(forced());

@@ -7,15 +7,16 @@ use iop_proto::pb;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::error::{AdapterError, json_error_summary, stream_error};
+use super::events::Events;
 use super::malformed::MalformedRun;
-use super::sse::SseParser;
-use super::{
-    AdapterError, Events, ProviderTarget, ResponseFormat, StreamDecoder, Tool, ToolChoice, check_options,
-    json_error_summary, leading_system, message_role, reasoning_effort, response_format, stream_error, to_json_body,
-    tool_choice, wire_tools,
+use super::request::{
+    ResponseFormat, Tool, ToolChoice, check_options, leading_system, message_role, reasoning_effort, response_format,
+    to_json_body, tool_choice, wire_tools,
 };
-
-pub(super) const CHAT_PATH: &str = "/v1/chat/completions";
+use super::sse::SseParser;
+use super::stream::StreamDecoder;
+use super::target::ProviderTarget;
 
 // ------------------------------------------------------------- request
 
@@ -268,19 +269,19 @@ impl Decoder {
         if !self.started {
             self.started = true;
             let model = chunk.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.fallback_model);
-            out.push(super::started(model));
+            out.push(super::events::started(model));
         }
         if let Some(choice) = chunk.choices.iter().flatten().next() {
             if let Some(delta) = &choice.delta {
                 if let Some(reasoning) = delta.reasoning_content.as_deref().filter(|r| !r.is_empty()) {
-                    out.push(super::reasoning(reasoning));
+                    out.push(super::events::reasoning(reasoning));
                 }
                 if let Some(content) = delta.content.as_deref().filter(|c| !c.is_empty()) {
-                    out.push(super::text(content));
+                    out.push(super::events::text(content));
                 }
                 for (position, call) in delta.tool_calls.iter().flatten().enumerate() {
                     let function = call.function.as_ref();
-                    out.push(super::tool_call(
+                    out.push(super::events::tool_call(
                         call.index.unwrap_or(position as u32),
                         call.id.as_deref().unwrap_or(""),
                         function.and_then(|f| f.name.as_deref()).unwrap_or(""),
@@ -344,8 +345,9 @@ mod tests {
     use iop_proto::pb::run_event::Event;
     use serde_json::json;
 
+    use super::super::AdapterKind;
+    use super::super::events::{tool_call, usage};
     use super::super::fake::{self, Reply};
-    use super::super::{AdapterKind, tool_call, usage};
     use super::*;
 
     const SSE: &str = "text/event-stream";
@@ -355,11 +357,11 @@ mod tests {
     }
 
     fn started(model: &str) -> Event {
-        super::super::started(model)
+        super::super::events::started(model)
     }
 
     fn text(t: &str) -> Event {
-        super::super::text(t)
+        super::super::events::text(t)
     }
 
     fn content_chunk(content: &str) -> String {

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use iop_proto::pb;
 
-use super::{AdapterKind, ProviderTarget, error_chain};
+use super::error::error_chain;
+use super::target::{AdapterKind, ProviderTarget};
 
 /// Upper bound of one probe.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

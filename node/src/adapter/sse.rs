@@ -6,7 +6,7 @@
 //! `\n`; a blank line dispatches the event. One event's data is bounded like
 //! one line (a provider that never ends its event cannot grow it forever).
 
-use super::AdapterError;
+use super::error::AdapterError;
 use super::lines::MAX_LINE_BYTES;
 
 #[derive(Debug)]

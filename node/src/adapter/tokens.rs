@@ -13,7 +13,10 @@ use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{AdapterError, AdapterKind, EventSink, ProviderTarget, json_error_summary, post_json, read_capped};
+use super::error::{AdapterError, json_error_summary};
+use super::events::EventSink;
+use super::http::{post_json, read_capped};
+use super::target::{AdapterKind, ProviderTarget};
 
 pub(super) const TEMPLATE_PATH: &str = "/apply-template";
 pub(super) const TOKENIZE_PATH: &str = "/tokenize";
@@ -46,7 +49,7 @@ pub(super) async fn execute(
     let tokens: Tokens = call(client, target, TOKENIZE_PATH, body, authorization).await?;
     let prompt_tokens = u32::try_from(tokens.tokens.len()).unwrap_or(u32::MAX);
     let events = [
-        super::started(&target.target_model),
+        super::events::started(&target.target_model),
         pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0, ..Default::default() }),
     ];
     for event in events {
