@@ -55,21 +55,13 @@ impl Dialer {
     /// A fresh connection: every session is its own connection and therefore
     /// its own generation at the Edge.
     pub async fn connect(&self) -> Result<NodeGatewayClient<Channel>, TransportError> {
-        let channel = self.endpoint.connect().await.map_err(|e| TransportError::Connect(error_chain(&e)))?;
+        let channel = self
+            .endpoint
+            .connect()
+            .await
+            .map_err(|e| TransportError::Connect(crate::adapter::error::error_chain(&e)))?;
         Ok(NodeGatewayClient::new(channel))
     }
-}
-
-/// Full error chain in one line (tonic's top-level message alone says little).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// Keeps one session with every Edge replica until `shutdown`. It dials
