@@ -1,0 +1,447 @@
+use super::*;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    SanType, date_time_ymd,
+};
+
+fn leaf(sans: Vec<SanType>) -> CertificateDer<'static> {
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = sans;
+    params.self_signed(&KeyPair::generate().unwrap()).unwrap().der().clone()
+}
+
+fn uri(u: &str) -> SanType {
+    SanType::URI(u.try_into().unwrap())
+}
+
+fn allowed() -> BTreeSet<String> {
+    BTreeSet::from(["mac-1".to_string()])
+}
+
+/// Issue 8 item 5: connections that never finish their handshake occupy
+/// at most `max_handshakes` slots; the next waits to be accepted until
+/// one ends.
+#[tokio::test]
+async fn concurrent_handshakes_are_bounded() {
+    crate::install_crypto_provider();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+    let key = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+    let tls = ServerConfig::builder().with_no_client_auth().with_single_cert(vec![cert.der().clone()], key).unwrap();
+    let rules = PolicyRules { tls: Arc::new(tls), trust_domain: "iop.local".into(), allowed_nodes: allowed() };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics = EdgeMetrics::new();
+    let profile = HandshakeProfile { max_handshakes: 2, ..patient() };
+    let load = NodeLoad::new(metrics.clone());
+    let (_incoming, task) = accept_loop(listener, Arc::new(AcceptPolicy::new(rules)), metrics.clone(), load, profile);
+    let in_progress = || metrics.node_handshakes_in_progress.get();
+
+    // Three connections that never send a ClientHello.
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    wait_for(|| in_progress() == 2).await;
+    // The third stays in the backlog, however long we look (a slow
+    // machine can only make this pass, never fail wrongly).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(in_progress(), 2);
+    // One gives up: its handshake fails and the third is taken up.
+    drop(silent.remove(0));
+    let rejected = || {
+        let labels = crate::metrics::ReasonLabels { reason: HandshakeRejection::Tls.label() };
+        metrics.handshake_rejections.get_or_create(&labels).get()
+    };
+    wait_for(|| rejected() >= 1).await;
+    wait_for(|| in_progress() == 2).await;
+    task.abort();
+}
+
+/// A profile whose deadlines never pass within a test.
+fn patient() -> HandshakeProfile {
+    let hour = Duration::from_secs(3600);
+    HandshakeProfile { first_byte: hour, handshake: hour, ..HandshakeProfile::default() }
+}
+
+fn rejections(metrics: &EdgeMetrics, reason: HandshakeRejection) -> u64 {
+    metrics.handshake_rejections.get_or_create(&crate::metrics::ReasonLabels { reason: reason.label() }).get()
+}
+
+/// A TCP connection to `addr` from the loopback address `from` (Linux
+/// routes all of 127/8 to loopback), so a test has many sources.
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((from, 0))).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// An Edge listener with real mTLS for the nodes `nodes`, and the PKI.
+struct Listener {
+    pki: Pki,
+    addr: SocketAddr,
+    policy: Arc<AcceptPolicy>,
+    metrics: Arc<EdgeMetrics>,
+    incoming: mpsc::Receiver<Result<NodeConn, io::Error>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Listener {
+    async fn start(nodes: &[&str], profile: HandshakeProfile) -> Self {
+        crate::install_crypto_provider();
+        let pki = Pki::new();
+        let dns = SanType::DnsName("localhost".try_into().unwrap());
+        pki.issue("edge", dns, ExtendedKeyUsagePurpose::ServerAuth, 2091);
+        let policy = Arc::new(AcceptPolicy::new(node_rules(pki.server_config(), nodes)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = EdgeMetrics::new();
+        let load = NodeLoad::new(metrics.clone());
+        let (incoming, task) = accept_loop(listener, policy.clone(), metrics.clone(), load, profile);
+        Self { pki, addr, policy, metrics, incoming, task }
+    }
+
+    /// A node `name` completes its mTLS handshake from `from`.
+    async fn node(&self, name: &str, from: [u8; 4]) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let san = uri(&format!("spiffe://iop.local/node/{name}"));
+        let (cert, key) = self.pki.issue(name, san, ExtendedKeyUsagePurpose::ClientAuth, 2092);
+        let mut roots = RootCertStore::empty();
+        roots.add(self.pki.ca.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert], key)
+            .unwrap();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let server = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        connector.connect(server, connect_from(from, self.addr).await).await.unwrap()
+    }
+}
+
+/// Issue 25 item 2: idle connections from one source (they never send
+/// a TLS byte) take at most `max_per_source` handshake slots; the rest
+/// are closed at once and counted, and a node from another address
+/// gets through while the flood stays connected. The deadlines are an
+/// hour: the per-source bound alone lets the node in.
+#[tokio::test]
+async fn an_idle_flood_from_one_source_does_not_keep_a_node_out() {
+    let profile = HandshakeProfile { max_handshakes: 16, max_per_source: 4, ..patient() };
+    let mut edge = Listener::start(&["mac-1"], profile).await;
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        flood.push(connect_from([127, 0, 0, 2], edge.addr).await);
+    }
+    let metrics = edge.metrics.clone();
+    wait_for(|| rejections(&metrics, HandshakeRejection::SourceBusy) == 36).await;
+    assert_eq!(metrics.node_handshakes_in_progress.get(), 4);
+
+    let _node = edge.node("mac-1", [127, 0, 0, 1]).await;
+    let conn = edge.incoming.recv().await.unwrap().unwrap();
+    assert_eq!(conn.peer.identity.name, "mac-1");
+    assert_eq!(metrics.node_handshakes_in_progress.get(), 4, "the flood is still connected");
+    let text = metrics.encode();
+    assert!(text.contains(r#"iop_edge_node_handshake_rejections_total{reason="source_busy"} 36"#), "{text}");
+    drop(flood);
+    edge.task.abort();
+}
+
+/// A connection that sends no byte is closed at the first-byte deadline
+/// (`first_byte_timeout`); one that started its ClientHello and stalled
+/// is closed at the handshake deadline (`handshake_timeout`).
+#[tokio::test]
+async fn silent_connections_end_at_the_first_byte_deadline_and_slow_ones_at_the_handshake_deadline() {
+    let quick = HandshakeProfile { first_byte: Duration::from_millis(50), ..patient() };
+    let edge = Listener::start(&["mac-1"], quick).await;
+    let mut silent = TcpStream::connect(edge.addr).await.unwrap();
+    let metrics = edge.metrics.clone();
+    wait_for(|| rejections(&metrics, HandshakeRejection::FirstByteTimeout) == 1).await;
+    let mut buf = [0u8; 1];
+    assert_eq!(tokio::io::AsyncReadExt::read(&mut silent, &mut buf).await.unwrap_or(0), 0, "closed");
+    assert_eq!(metrics.node_handshakes_in_progress.get(), 0);
+    edge.task.abort();
+
+    let slow = HandshakeProfile { handshake: Duration::from_millis(100), ..patient() };
+    let edge = Listener::start(&["mac-1"], slow).await;
+    let mut started = TcpStream::connect(edge.addr).await.unwrap();
+    // The first byte of a TLS handshake record, and nothing more.
+    tokio::io::AsyncWriteExt::write_all(&mut started, &[0x16]).await.unwrap();
+    let metrics = edge.metrics.clone();
+    wait_for(|| rejections(&metrics, HandshakeRejection::Timeout) == 1).await;
+    assert_eq!(rejections(&metrics, HandshakeRejection::FirstByteTimeout), 0);
+    edge.task.abort();
+}
+
+/// Nodes reconnecting at once (an Edge restart) from their own
+/// addresses are all let in by the default profile.
+#[tokio::test]
+async fn a_burst_of_reconnecting_nodes_is_not_refused() {
+    let names: Vec<String> = (0..24).map(|i| format!("mac-{i}")).collect();
+    let listed: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut edge = Listener::start(&listed, HandshakeProfile::default()).await;
+    let clients = futures_util::future::join_all(
+        names.iter().enumerate().map(|(i, name)| edge.node(name, [127, 0, 1, i as u8 + 1])),
+    )
+    .await;
+    let mut seen = BTreeSet::new();
+    for _ in &clients {
+        seen.insert(edge.incoming.recv().await.unwrap().unwrap().peer.identity.name.clone());
+    }
+    assert_eq!(seen.len(), names.len());
+    assert!(!edge.metrics.encode().contains("iop_edge_node_handshake_rejections_total{"));
+    edge.task.abort();
+}
+
+/// Issue 25 item 1: a node holds at most MAX_CONNECTIONS_PER_NODE
+/// connections; the next is closed after its handshake and counted,
+/// and once one of them ends the node may connect again.
+#[tokio::test]
+async fn a_node_holds_a_bounded_number_of_connections() {
+    let mut edge = Listener::start(&["mac-1"], patient()).await;
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS_PER_NODE {
+        let client = edge.node("mac-1", [127, 0, 0, 1]).await;
+        held.push((client, edge.incoming.recv().await.unwrap().unwrap()));
+    }
+    let refusals = || {
+        let labels = crate::metrics::NodeLimitLabels { node: "mac-1".into(), limit: "connections" };
+        edge.metrics.node_limit_refusals.get_or_create(&labels).get()
+    };
+    let mut extra = edge.node("mac-1", [127, 0, 0, 1]).await;
+    wait_for(|| refusals() == 1).await;
+    let mut buf = [0u8; 1];
+    assert_eq!(tokio::io::AsyncReadExt::read(&mut extra, &mut buf).await.unwrap_or(0), 0, "closed");
+    assert!(edge.metrics.encode().contains(r#"iop_edge_node_connections{node="mac-1"} 4"#));
+
+    drop(held.pop());
+    let _again = edge.node("mac-1", [127, 0, 0, 1]).await;
+    assert_eq!(edge.incoming.recv().await.unwrap().unwrap().peer.identity.name, "mac-1");
+    assert_eq!(refusals(), 1);
+    edge.task.abort();
+}
+
+#[test]
+fn sources_are_addresses_and_ipv6_64s() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert_eq!(source_of(ip("10.1.2.3")), ip("10.1.2.3"));
+    assert_eq!(source_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+    assert_eq!(source_of(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")), ip("2001:db8:1:2::"));
+    assert_eq!(source_of(ip("2001:db8:1:2::1")), source_of(ip("2001:db8:1:2:ffff::9")));
+    assert_ne!(source_of(ip("2001:db8:1:2::1")), source_of(ip("2001:db8:1:3::1")));
+}
+
+async fn wait_for(check: impl Fn() -> bool) {
+    for _ in 0..2000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out");
+}
+
+#[test]
+fn a_listed_spiffe_node_is_identified() {
+    let id = identify(&leaf(vec![uri("spiffe://iop.local/node/mac-1")]), "iop.local", &allowed()).unwrap();
+    assert_eq!(id.identity.name, "mac-1");
+}
+
+/// A CA and the leaves it signs, real certificates written as PEM files.
+struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let pki = Self { ca, dir: tempfile::tempdir().unwrap() };
+        std::fs::write(pki.path("ca.pem"), pki.ca.pem()).unwrap();
+        pki
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A leaf valid from 2020 to January 1st of `until`, written as
+    /// `<name>.pem` and `<name>.key`; returns its DER and key.
+    fn issue(
+        &self,
+        name: &str,
+        san: SanType,
+        usage: ExtendedKeyUsagePurpose,
+        until: i32,
+    ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = vec![san];
+        params.extended_key_usages = vec![usage];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.not_before = date_time_ymd(2020, 1, 1);
+        params.not_after = date_time_ymd(until, 1, 1);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        std::fs::write(self.path(&format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{name}.key")), key.serialize_pem()).unwrap();
+        (cert.der().clone(), PrivateKeyDer::try_from(key.serialize_der()).unwrap())
+    }
+
+    /// The Edge's server config from the files, as a reload loads it.
+    fn server_config(&self) -> Arc<ServerConfig> {
+        server_config(&self.path("ca.pem"), &self.path("edge.pem"), &self.path("edge.key")).unwrap()
+    }
+}
+
+fn jan_1(year: i32) -> i64 {
+    date_time_ymd(year, 1, 1).unix_timestamp()
+}
+
+fn node_rules(tls: Arc<ServerConfig>, nodes: &[&str]) -> PolicyRules {
+    let allowed_nodes = nodes.iter().map(|n| n.to_string()).collect();
+    PolicyRules { tls, trust_domain: "iop.local".into(), allowed_nodes }
+}
+
+fn node_expiry_lines(metrics: &EdgeMetrics) -> Vec<String> {
+    let text = metrics.encode();
+    text.lines()
+        .filter(|l| l.starts_with("iop_edge_node_certificate_expiry_timestamp_seconds{"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A real mTLS handshake through the accept loop records the notAfter of
+/// the certificate the node presented; the series outlives the
+/// connection and a reload that keeps the node, and goes with the
+/// reload that unlists it. A handshake that ends after that records
+/// nothing.
+#[tokio::test]
+async fn an_accepted_handshake_records_the_node_certificate_until_a_reload_unlists_the_node() {
+    crate::install_crypto_provider();
+    let pki = Pki::new();
+    let dns = SanType::DnsName("localhost".try_into().unwrap());
+    pki.issue("edge", dns, ExtendedKeyUsagePurpose::ServerAuth, 2091);
+    let node = uri("spiffe://iop.local/node/mac-1");
+    let (node_cert, node_key) = pki.issue("mac-1", node, ExtendedKeyUsagePurpose::ClientAuth, 2092);
+    let tls = pki.server_config();
+    let policy = Arc::new(AcceptPolicy::new(node_rules(tls.clone(), &["mac-1", "mac-2"])));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics = EdgeMetrics::new();
+    let load = NodeLoad::new(metrics.clone());
+    let (mut incoming, task) = accept_loop(listener, policy.clone(), metrics.clone(), load, patient());
+    assert!(node_expiry_lines(&metrics).is_empty());
+
+    let mut roots = RootCertStore::empty();
+    roots.add(pki.ca.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![node_cert], node_key)
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let client = connector.connect(name, tcp).await.unwrap();
+    let conn = incoming.recv().await.unwrap().unwrap();
+    assert_eq!(conn.peer.identity.name, "mac-1");
+    let expected = [format!(r#"iop_edge_node_certificate_expiry_timestamp_seconds{{node="mac-1"}} {}"#, jan_1(2092))];
+    assert_eq!(node_expiry_lines(&metrics), expected);
+
+    drop((conn, client));
+    assert_eq!(node_expiry_lines(&metrics), expected, "kept after the node disconnects");
+    policy.replace(node_rules(tls.clone(), &["mac-1"]), &metrics);
+    assert_eq!(node_expiry_lines(&metrics), expected, "a reload that keeps the node keeps it");
+    policy.replace(node_rules(tls, &["mac-2"]), &metrics);
+    assert!(node_expiry_lines(&metrics).is_empty(), "a reload that unlists the node removes it");
+    let identity = NodeIdentity::new("iop.local", "mac-1").unwrap();
+    let late = policy.admit_connection(&metrics, &identity, jan_1(2092));
+    assert_eq!(late.err(), Some(HandshakeRejection::UnknownNode), "a handshake that ends after the reload");
+    assert!(node_expiry_lines(&metrics).is_empty(), "records nothing");
+    task.abort();
+}
+
+/// The open connections of a node a reload no longer admits end at
+/// `cut_off`, whatever is under way on them; a node the reload keeps
+/// keeps its connection.
+#[tokio::test]
+async fn a_reload_that_unlists_a_node_ends_its_open_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut edge = Listener::start(&["mac-1", "mac-2"], patient()).await;
+    let mut gone = Vec::new();
+    for _ in 0..2 {
+        let client = edge.node("mac-1", [127, 0, 0, 1]).await;
+        gone.push((client, edge.incoming.recv().await.unwrap().unwrap()));
+    }
+    let mut kept_client = edge.node("mac-2", [127, 0, 0, 1]).await;
+    let mut kept = edge.incoming.recv().await.unwrap().unwrap();
+    // A read under way on the Edge's side of each connection.
+    let reads: Vec<_> = gone
+        .into_iter()
+        .map(|(client, mut conn)| {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 8];
+                let read = conn.read(&mut buf).await;
+                (client, conn, read)
+            })
+        })
+        .collect();
+    assert!(edge.policy.cut_off().is_empty(), "the rules still admit every node");
+
+    edge.policy.replace(node_rules(edge.pki.server_config(), &["mac-2"]), &edge.metrics);
+    assert_eq!(edge.policy.cut_off(), ["mac-1"]);
+    for read in reads {
+        let (mut client, mut conn, read) = tokio::time::timeout(Duration::from_secs(10), read).await.unwrap().unwrap();
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+        assert!(conn.write_all(b"x").await.is_err(), "no write either");
+        drop(conn);
+        let mut buf = [0u8; 1];
+        assert!(matches!(client.read(&mut buf).await, Ok(0) | Err(_)), "the node sees its connection end");
+    }
+    assert!(edge.policy.cut_off().is_empty(), "once");
+
+    kept_client.write_all(b"ping").await.unwrap();
+    kept_client.flush().await.unwrap();
+    let mut buf = [0u8; 4];
+    kept.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"ping", "the node the reload keeps is untouched");
+    edge.task.abort();
+}
+
+/// The serving certificate's notAfter, at start and after a reload
+/// renewed the file; an unreadable file keeps the last value.
+#[test]
+fn the_server_certificate_expiry_follows_the_loaded_file() {
+    let pki = Pki::new();
+    let metrics = EdgeMetrics::new();
+    let dns = || SanType::DnsName("localhost".try_into().unwrap());
+    pki.issue("edge", dns(), ExtendedKeyUsagePurpose::ServerAuth, 2091);
+    record_server_certificate(&metrics, &pki.path("edge.pem"));
+    assert_eq!(metrics.server_certificate_expiry.get(), jan_1(2091));
+    let line = format!("iop_edge_server_certificate_expiry_timestamp_seconds {}", jan_1(2091));
+    assert!(metrics.encode().lines().any(|l| l == line), "{}", metrics.encode());
+    pki.issue("edge", dns(), ExtendedKeyUsagePurpose::ServerAuth, 2093);
+    record_server_certificate(&metrics, &pki.path("edge.pem"));
+    assert_eq!(metrics.server_certificate_expiry.get(), jan_1(2093), "renewed");
+    record_server_certificate(&metrics, &pki.path("missing.pem"));
+    std::fs::write(pki.path("garbage.pem"), "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").unwrap();
+    record_server_certificate(&metrics, &pki.path("garbage.pem"));
+    assert_eq!(metrics.server_certificate_expiry.get(), jan_1(2093), "unchanged by a file it cannot read");
+}
+
+#[test]
+fn identity_rules_are_enforced_with_typed_reasons() {
+    let cases = [
+        (vec![], HandshakeRejection::MissingIdentity),
+        (vec![SanType::DnsName("mac-1".try_into().unwrap())], HandshakeRejection::MissingIdentity),
+        (
+            vec![uri("spiffe://iop.local/node/mac-1"), uri("spiffe://iop.local/node/mac-2")],
+            HandshakeRejection::MissingIdentity,
+        ),
+        (vec![uri("spiffe://iop.local/edge/mac-1")], HandshakeRejection::MissingIdentity),
+        (vec![uri("spiffe://other.domain/node/mac-1")], HandshakeRejection::ForeignTrustDomain),
+        (vec![uri("spiffe://iop.local/node/mac-9")], HandshakeRejection::UnknownNode),
+    ];
+    for (sans, expected) in cases {
+        assert_eq!(identify(&leaf(sans.clone()), "iop.local", &allowed()).err(), Some(expected), "{sans:?}");
+    }
+}
