@@ -8,8 +8,6 @@ pub(crate) mod fake_edge;
 pub mod replicas;
 pub mod sequence;
 pub mod session;
-#[cfg(test)]
-mod session_tests;
 pub mod tls;
 
 use std::time::Duration;

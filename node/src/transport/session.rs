@@ -500,3 +500,5 @@ fn msg_name(msg: &Msg) -> &'static str {
 
 #[cfg(test)]
 mod executions_tests;
+#[cfg(test)]
+mod tests;

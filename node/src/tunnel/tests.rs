@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use iop_proto::pb::node_gateway_server::NodeGateway;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -11,6 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::*;
 use crate::adapter::AdapterKind;
 use crate::adapter::fake::{self, Reply};
+use crate::transport::fake_edge::{self, Downlink};
 
 const TEST_WAIT: Duration = Duration::from_secs(5);
 
@@ -579,37 +579,12 @@ struct FakeEdge {
     answer_after: Option<usize>,
 }
 
-type Downlink<D> = ReceiverStream<Result<D, Status>>;
-
 #[tonic::async_trait]
-impl NodeGateway for FakeEdge {
-    type ControlStream = ReceiverStream<Result<pb::EdgeToNode, Status>>;
-    type RunEventsStream = Downlink<pb::RunDownlink>;
-    type TunnelFramesStream = Downlink<pb::TunnelDownlink>;
-    type WorkspaceCallsStream = Downlink<pb::WorkspaceDownlink>;
-
-    async fn workspace_calls(
-        &self,
-        _: Request<Streaming<pb::WorkspaceUplink>>,
-    ) -> Result<Response<Self::WorkspaceCallsStream>, Status> {
-        Err(Status::unimplemented("workspace_calls"))
-    }
-
-    async fn control(&self, _: Request<Streaming<pb::NodeToEdge>>) -> Result<Response<Self::ControlStream>, Status> {
-        Err(Status::unimplemented("control"))
-    }
-
-    async fn run_events(
-        &self,
-        _: Request<Streaming<pb::RunUplink>>,
-    ) -> Result<Response<Self::RunEventsStream>, Status> {
-        Err(Status::unimplemented("run_events"))
-    }
-
+impl fake_edge::FakeEdge for FakeEdge {
     async fn tunnel_frames(
         &self,
         request: Request<Streaming<pb::TunnelUplink>>,
-    ) -> Result<Response<Self::TunnelFramesStream>, Status> {
+    ) -> Result<Response<Downlink<pb::TunnelDownlink>>, Status> {
         let mut stream = request.into_inner();
         let (downlink, rx) = mpsc::channel(1);
         let (calls, answer_after) = (self.calls.clone(), self.answer_after);
@@ -642,7 +617,7 @@ async fn fake_edge(
     answer_after: Option<usize>,
 ) -> (NodeGatewayClient, mpsc::UnboundedReceiver<Vec<pb::TunnelUplink>>) {
     let (calls, received) = mpsc::unbounded_channel();
-    (crate::transport::fake_edge::serve(FakeEdge { request, calls, answer_after }).await, received)
+    (fake_edge::serve(FakeEdge { request, calls, answer_after }).await, received)
 }
 
 type NodeGatewayClient = pb::node_gateway_client::NodeGatewayClient<tonic::transport::Channel>;

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use iop_proto::pb::node_gateway_server::NodeGateway;
 use iop_proto::pb::workspace_downlink::Msg as Down;
 use iop_proto::pb::workspace_tool_request::Op as ToolOp;
 use iop_proto::pb::workspace_uplink::Msg as Up;
@@ -15,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
+use crate::transport::fake_edge::{self, Downlink};
 use crate::workspace::sandbox::SandboxMode;
 
 const GENERATION: u64 = 7;
@@ -81,37 +81,12 @@ struct FakeEdge {
     calls: mpsc::UnboundedSender<Call>,
 }
 
-type Downlink<D> = ReceiverStream<Result<D, Status>>;
-
 #[tonic::async_trait]
-impl NodeGateway for FakeEdge {
-    type ControlStream = Downlink<pb::EdgeToNode>;
-    type RunEventsStream = Downlink<pb::RunDownlink>;
-    type TunnelFramesStream = Downlink<pb::TunnelDownlink>;
-    type WorkspaceCallsStream = Downlink<pb::WorkspaceDownlink>;
-
-    async fn control(&self, _: Request<Streaming<pb::NodeToEdge>>) -> Result<Response<Self::ControlStream>, Status> {
-        Err(Status::unimplemented("control"))
-    }
-
-    async fn run_events(
-        &self,
-        _: Request<Streaming<pb::RunUplink>>,
-    ) -> Result<Response<Self::RunEventsStream>, Status> {
-        Err(Status::unimplemented("run_events"))
-    }
-
-    async fn tunnel_frames(
-        &self,
-        _: Request<Streaming<pb::TunnelUplink>>,
-    ) -> Result<Response<Self::TunnelFramesStream>, Status> {
-        Err(Status::unimplemented("tunnel_frames"))
-    }
-
+impl fake_edge::FakeEdge for FakeEdge {
     async fn workspace_calls(
         &self,
         request: Request<Streaming<pb::WorkspaceUplink>>,
-    ) -> Result<Response<Self::WorkspaceCallsStream>, Status> {
+    ) -> Result<Response<Downlink<pb::WorkspaceDownlink>>, Status> {
         let mut up = request.into_inner();
         let Some(pb::WorkspaceUplink { msg: Some(Up::Attach(attach)) }) = up.message().await? else {
             return Err(Status::invalid_argument("attach first"));
@@ -159,7 +134,7 @@ impl Fixture {
         let runtime = WorkspaceRuntime::new(GENERATION, catalog, metrics.clone(), Arc::new(commands));
 
         let (tx, calls) = mpsc::unbounded_channel();
-        let client = crate::transport::fake_edge::serve(FakeEdge { calls: tx }).await;
+        let client = fake_edge::serve(FakeEdge { calls: tx }).await;
         Self { _tmp: tmp, root, runtime, metrics, client, calls }
     }
 

@@ -3,17 +3,17 @@
 
 use std::time::Duration;
 
-use iop_proto::pb::node_gateway_server::NodeGateway;
 use iop_proto::pb::{self, edge_to_node::Msg as Down, node_to_edge::Msg as Up};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::session::{self, Ours, Shared};
 use crate::adapter::fake::{self, Reply};
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
+use crate::transport::fake_edge::{self, Downlink};
+use crate::transport::session::{self, Ours, Shared};
 use crate::workspace::sandbox::{CommandEnvironment, SandboxMode};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -26,19 +26,12 @@ struct FakeEdge {
     seen: mpsc::UnboundedSender<Up>,
 }
 
-type Downlink<D> = ReceiverStream<Result<D, Status>>;
-
 #[tonic::async_trait]
-impl NodeGateway for FakeEdge {
-    type ControlStream = Downlink<pb::EdgeToNode>;
-    type RunEventsStream = Downlink<pb::RunDownlink>;
-    type TunnelFramesStream = Downlink<pb::TunnelDownlink>;
-    type WorkspaceCallsStream = Downlink<pb::WorkspaceDownlink>;
-
+impl fake_edge::FakeEdge for FakeEdge {
     async fn control(
         &self,
         request: Request<Streaming<pb::NodeToEdge>>,
-    ) -> Result<Response<Self::ControlStream>, Status> {
+    ) -> Result<Response<Downlink<pb::EdgeToNode>>, Status> {
         let mut inbound = request.into_inner();
         let (down, rx) = mpsc::channel(16);
         let (providers, seen) = (self.providers.clone(), self.seen.clone());
@@ -72,27 +65,6 @@ impl NodeGateway for FakeEdge {
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
-
-    async fn run_events(
-        &self,
-        _: Request<Streaming<pb::RunUplink>>,
-    ) -> Result<Response<Self::RunEventsStream>, Status> {
-        Err(Status::unimplemented("run_events"))
-    }
-
-    async fn tunnel_frames(
-        &self,
-        _: Request<Streaming<pb::TunnelUplink>>,
-    ) -> Result<Response<Self::TunnelFramesStream>, Status> {
-        Err(Status::unimplemented("tunnel_frames"))
-    }
-
-    async fn workspace_calls(
-        &self,
-        _: Request<Streaming<pb::WorkspaceUplink>>,
-    ) -> Result<Response<Self::WorkspaceCallsStream>, Status> {
-        Err(Status::unimplemented("workspace_calls"))
-    }
 }
 
 fn assignment(id: &str, adapter: pb::AdapterKind, base_url: &str, keep_warm: bool) -> pb::ProviderAssignment {
@@ -112,7 +84,7 @@ async fn connect(
     allow_keep_warm: bool,
 ) -> (mpsc::UnboundedReceiver<Up>, tokio_util::sync::DropGuard) {
     let (seen, rx) = mpsc::unbounded_channel();
-    let client = super::fake_edge::serve(FakeEdge { providers, seen }).await;
+    let client = fake_edge::serve(FakeEdge { providers, seen }).await;
     let yaml = format!(
         "edge: {{ url: \"https://edge.example:7443\" }}\ntls: {{ ca_file: ca.pem, cert_file: n.pem, key_file: n-key.pem }}\nmodels: {{ allow_keep_warm: {allow_keep_warm} }}\n"
     );
