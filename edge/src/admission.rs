@@ -389,6 +389,15 @@ impl AdmissionPool {
         }
     }
 
+    /// Test-only: a lease for `request` now, if one is free (no queue).
+    #[cfg(test)]
+    pub(crate) fn try_admit_now(self: &Arc<Self>, request: &AdmitRequest) -> Option<LeaseGuard> {
+        let (mut state, standings) = self.lock_with_standings(&request.candidates);
+        let Attempt::Granted(lease) = self.try_acquire(&mut state, &standings, request) else { return None };
+        drop(state);
+        Some(self.guard(lease))
+    }
+
     fn release(self: &Arc<Self>, lease: &Lease, reason: ReleaseReason) {
         let grants = {
             let (mut state, standings) = self.lock_with_standings(&[]);
@@ -582,50 +591,6 @@ struct WaitTicket {
 impl Drop for WaitTicket {
     fn drop(&mut self) {
         self.pool.remove_waiter(&self.route, self.id);
-    }
-}
-
-/// Leases for unit tests of modules that hold one (dispatch).
-#[cfg(test)]
-pub(crate) mod test_support {
-    use super::*;
-    use crate::node::registry::Session;
-
-    /// One ollama provider `p` (public model `chat`) on `node`.
-    pub fn one_provider_config(node: &str) -> EdgeConfig {
-        EdgeConfig::from_yaml(&format!(
-            r#"
-listen: {{ http: "127.0.0.1:0", grpc: "127.0.0.1:0" }}
-tls: {{ ca_file: a, cert_file: b, key_file: c }}
-trust_domain: t
-auth: {{ mode: disabled }}
-nodes: [ {{ name: {node} }} ]
-providers:
-  - {{ id: p, node: {node}, adapter: ollama, target: {{ model: m, base_url: "http://x" }}, models: [ {{ name: chat }} ] }}
-"#
-        ))
-        .unwrap()
-    }
-
-    /// A real lease on a one-provider pool whose node `node` is ready on `generation`.
-    pub fn lease(run_id: &str, node: &str, generation: u64) -> LeaseGuard {
-        let config = one_provider_config(node);
-        let registry = Arc::new(NodeRegistry::default());
-        let (control, _rx) = tokio::sync::mpsc::channel(1);
-        registry.register(node, Session::registered(generation, control));
-        let overlay = Arc::new(HealthOverlay::default());
-        crate::overlay::test_support::ready(&registry, &overlay, node, generation, &["p"]);
-        let pool =
-            AdmissionPool::new(&config, registry, overlay, Default::default(), Default::default(), EdgeMetrics::new());
-        let candidates: Arc<[Candidate]> =
-            Arc::from(vec![Candidate { priority: 0, provider: config.providers[0].clone() }]);
-        let request = AdmitRequest { route: "chat".into(), run_id: run_id.into(), candidates, avoid: HashMap::new() };
-        let (mut state, standings) = pool.lock_with_standings(&request.candidates);
-        let Attempt::Granted(lease) = pool.try_acquire(&mut state, &standings, &request) else {
-            panic!("test pool admits")
-        };
-        drop(state);
-        pool.guard(lease)
     }
 }
 

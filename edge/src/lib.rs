@@ -31,6 +31,8 @@ pub mod residency;
 pub mod retry;
 pub mod route;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod trace;
 pub mod usage;
 pub mod workspace;

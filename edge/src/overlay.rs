@@ -184,27 +184,4 @@ impl StallHandoff {
 }
 
 #[cfg(test)]
-pub(crate) mod test_support {
-    use super::*;
-    use crate::core::health::Source;
-    use iop_proto::pb::ProviderHealth;
-
-    /// Makes `node`'s registered session on `generation` Ready with
-    /// `providers` available, as a NodeReady does.
-    pub fn ready(registry: &NodeRegistry, overlay: &HealthOverlay, node: &str, generation: u64, providers: &[&str]) {
-        for provider in providers {
-            let evidence = Evidence {
-                source: Source::Readiness,
-                generation,
-                current_generation: registry.current_generation(node),
-                sequence: Some(0),
-                health: ProviderHealth::Available,
-            };
-            assert_eq!(overlay.apply(provider, evidence), Applied::Recovered);
-        }
-        assert!(registry.mark_ready(node, generation));
-    }
-}
-
-#[cfg(test)]
 mod tests;

@@ -117,10 +117,6 @@ fn penalty_zero_is_the_old_rule_ties_rotate_whatever_the_residency() {
 }
 
 const CONFIG: &str = r#"
-listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
-tls: { ca_file: a, cert_file: b, key_file: c }
-trust_domain: t
-auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 } ]
 providers:
   - { id: a, node: n1, adapter: ollama, capacity: 2, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }
@@ -140,7 +136,7 @@ fn fixture() -> Fixture {
 }
 
 fn fixture_of(yaml: &str) -> Fixture {
-    let config = EdgeConfig::from_yaml(yaml).unwrap();
+    let config = crate::testing::config(yaml);
     let registry = Arc::new(NodeRegistry::default());
     let overlay = Arc::new(HealthOverlay::default());
     let mut controls = Vec::new();
@@ -148,7 +144,7 @@ fn fixture_of(yaml: &str) -> Fixture {
         let (control, rx) = mpsc::channel(1);
         controls.push(rx);
         registry.register(node, Session::registered(generation, control));
-        crate::overlay::test_support::ready(&registry, &overlay, node, generation, &[provider]);
+        crate::testing::ready(&registry, &overlay, node, generation, &[provider]);
     }
     let candidates = crate::route::candidates(&config, "chat")
         .unwrap()
@@ -244,7 +240,7 @@ async fn the_pool_prefers_the_loaded_provider_by_the_configured_penalty() {
     use iop_proto::pb;
     let equal = CONFIG.replace("priority: 1", "priority: 0").replace("capacity: 1", "capacity: 8");
     let f = fixture_of(&equal);
-    let config = EdgeConfig::from_yaml(&equal).unwrap();
+    let config = crate::testing::config(&equal);
     let report = |id: &str, residency: pb::ModelResidency| pb::ProviderResidency {
         provider_id: id.into(),
         residency: residency.into(),
@@ -287,7 +283,7 @@ async fn reconfigure_keeps_slots_in_use_and_retires_removed_ones() {
     let f = fixture();
     let held = f.pool.admit(f.request("r1"), 8, Duration::from_secs(1)).await.unwrap();
     let slot = held.lease().slot();
-    let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+    let mut config = crate::testing::config(CONFIG);
     config.providers[0].capacity = 1;
     config.providers.retain(|p| p.id == "a");
     f.pool.reconfigure(&config);
@@ -339,7 +335,7 @@ async fn reconfigure_removes_the_gauges_of_removed_providers_and_routes() {
     assert_eq!(gauge_lines(&f.pool, "iop_edge_queue_depth"), [r#"iop_edge_queue_depth{route="chat"} 1"#]);
 
     // Provider b goes; a serves `chat2` instead of `chat`.
-    let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+    let mut config = crate::testing::config(CONFIG);
     config.providers.retain(|p| p.id == "a");
     config.providers[0].models[0].name = "chat2".into();
     f.pool.reconfigure(&config);
@@ -363,7 +359,7 @@ async fn reconfigure_removes_the_gauges_of_removed_providers_and_routes() {
 #[tokio::test]
 async fn capacity_lowered_then_raised_with_runs_in_flight_never_over_commits() {
     let f = fixture();
-    let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+    let mut config = crate::testing::config(CONFIG);
     config.providers.retain(|p| p.id == "a");
     config.providers[0].capacity = 4;
     f.pool.reconfigure(&config);

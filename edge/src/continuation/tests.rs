@@ -126,7 +126,7 @@ fn the_prefill_extends_a_clients_own_prefill() {
 
 #[test]
 fn only_a_route_with_a_continuation_provider_is_capable() {
-    let mut config = crate::admission::test_support::one_provider_config("n1");
+    let mut config = crate::testing::one_provider_config("n1");
     let model = config.providers[0].models[0].name.clone();
     assert!(!capable(&config, &model));
     config.providers[0].continuation = true;

@@ -5,7 +5,7 @@ use super::*;
 /// Profiles `good`, `spaced` (a space inside), `control` (a control
 /// byte), `missing` (no file) and `off` (disabled) in `dir`.
 fn config(dir: &std::path::Path) -> EdgeConfig {
-    let mut config = crate::admission::test_support::one_provider_config("n1");
+    let mut config = crate::testing::one_provider_config("n1");
     let mut profile = |name: &str, content: Option<&[u8]>, disabled: bool| {
         let file = dir.join(name);
         if let Some(content) = content {

@@ -17,7 +17,7 @@ async fn started_with(
     request: pb::RunRequest,
 ) -> (RunStream<pb::RunEvent>, mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
     let (control, control_rx) = mpsc::channel(8);
-    let lease = crate::admission::test_support::lease("r1", "n1", 5);
+    let lease = crate::testing::lease("r1", "n1", 5);
     let handoff = Arc::new(StallHandoff {
         registry: Arc::new(crate::node::registry::NodeRegistry::default()),
         overlay: Default::default(),
@@ -184,7 +184,7 @@ async fn a_tunnelled_5xx_response_counts_as_a_failure() {
         overlay: Default::default(),
         metrics: EdgeMetrics::new(),
     });
-    let lease = crate::admission::test_support::lease("r1", "n1", 5);
+    let lease = crate::testing::lease("r1", "n1", 5);
     let request = pb::ProviderTunnelRequest { tunnel_id: "r1".into(), ..Default::default() };
     let mut stream = start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
     let attached = table.attach("r1", "n1", 5).unwrap();

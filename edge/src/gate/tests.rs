@@ -42,7 +42,7 @@ async fn the_node_receives_the_extended_first_byte_timeout_for_a_cold_model() {
     use crate::metrics::EdgeMetrics;
     use crate::residency::ResidencyTable;
 
-    let mut config = crate::admission::test_support::one_provider_config("n1");
+    let mut config = crate::testing::one_provider_config("n1");
     config.providers[0].first_byte_timeout_ms = 30_000;
     let provider = config.providers[0].clone();
     let registry = crate::node::registry::NodeRegistry::default();
@@ -56,7 +56,7 @@ async fn the_node_receives_the_extended_first_byte_timeout_for_a_cold_model() {
         ..Default::default()
     };
     let sent = |residency: &ResidencyTable, generation: u64| {
-        let lease = crate::admission::test_support::lease("r1", "n1", generation);
+        let lease = crate::testing::lease("r1", "n1", generation);
         let mut request = pb::RunRequest::default();
         address_run(&mut request, Some(&provider), lease.lease(), residency);
         let (control, mut control_rx) = tokio::sync::mpsc::channel(8);

@@ -115,7 +115,7 @@ fn stale_generations_and_sequences_are_ignored() {
 
 #[test]
 fn the_view_is_unknown_and_undispatchable_off_the_ready_connection() {
-    let config = crate::admission::test_support::one_provider_config("n1");
+    let config = crate::testing::one_provider_config("n1");
     let provider = &config.providers[0];
     let registry = NodeRegistry::default();
     let o = HealthOverlay::default();
@@ -159,7 +159,7 @@ fn the_view_is_unknown_and_undispatchable_off_the_ready_connection() {
 /// reload removed.
 #[test]
 fn provider_health_series_follow_the_view_and_the_config() {
-    let mut config = crate::admission::test_support::one_provider_config("n1");
+    let mut config = crate::testing::one_provider_config("n1");
     let mut q = config.providers[0].clone();
     q.id = "q".into();
     config.providers.push(q);

@@ -1,10 +1,6 @@
 use super::*;
 
 const BASE: &str = r#"
-listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
-tls: { ca_file: a, cert_file: b, key_file: c }
-trust_domain: t
-auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 }, { name: n3 } ]
 providers:
   - { id: a, node: n1, adapter: ollama, target: { model: m, base_url: "http://x" }, models: [ { name: chat } ] }
@@ -13,7 +9,7 @@ providers:
 
 #[test]
 fn only_removed_nodes_and_nodes_with_changed_providers_are_closed() {
-    let previous = EdgeConfig::from_yaml(BASE).unwrap();
+    let previous = crate::testing::config(BASE);
     let mut next = previous.clone();
     next.nodes.retain(|n| n.name != "n3");
     next.providers[1].target.model = "m2".into();
@@ -27,7 +23,7 @@ fn only_removed_nodes_and_nodes_with_changed_providers_are_closed() {
 
 #[test]
 fn a_capacity_change_alone_keeps_the_session_and_tells_the_node() {
-    let previous = EdgeConfig::from_yaml(BASE).unwrap();
+    let previous = crate::testing::config(BASE);
     let mut next = previous.clone();
     next.providers[0].capacity += 3;
     assert!(nodes_to_close(&previous, &next).is_empty());

@@ -1,7 +1,7 @@
 use super::*;
 use crate::core::residency::{MAX_LOAD_MS, first_byte_timeout_ms};
-use crate::node::health::tests::config;
 use crate::node::registry::Session;
+use crate::testing::two_nodes as config;
 
 fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency {
     pb::ProviderResidency {

@@ -94,7 +94,7 @@ fn labels_are_a_closed_set() {
 /// length moves, and only where the route names a fallback.
 #[test]
 fn only_context_length_errors_move_to_a_configured_fallback() {
-    let mut config = crate::admission::test_support::one_provider_config("n1");
+    let mut config = crate::testing::one_provider_config("n1");
     config.context_fallbacks.insert("small".into(), "large".into());
     let mut too_long = failure(FailureKind::ProviderHttpStatus, 400, 0);
     too_long.context_length_exceeded = true;
@@ -112,7 +112,7 @@ fn only_context_length_errors_move_to_a_configured_fallback() {
 /// model list like the model the client named.
 #[test]
 fn a_fallback_the_principal_may_not_use_is_not_taken() {
-    let mut config = crate::admission::test_support::one_provider_config("n1");
+    let mut config = crate::testing::one_provider_config("n1");
     config.context_fallbacks.insert("small".into(), "large".into());
     let mut too_long = failure(FailureKind::ProviderHttpStatus, 400, 0);
     too_long.context_length_exceeded = true;
@@ -137,7 +137,7 @@ fn a_fallback_the_principal_may_not_use_is_not_taken() {
 #[test]
 fn the_providers_sharing_a_refused_credential() {
     let entry = |id: &str, profile: Option<&str>| {
-        let mut p = crate::admission::test_support::one_provider_config("n1").providers.remove(0);
+        let mut p = crate::testing::one_provider_config("n1").providers.remove(0);
         p.id = id.into();
         p.credential = profile.map(|profile| iop_proto::config::CredentialRef { profile: profile.into() });
         Candidate { priority: 0, provider: p }

@@ -1,19 +1,14 @@
 use super::*;
 
 fn config() -> EdgeConfig {
-    EdgeConfig::from_yaml(
+    crate::testing::config(
         r#"
-listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
-tls: { ca_file: a, cert_file: b, key_file: c }
-trust_domain: t
-auth: { mode: disabled }
 nodes: [ { name: n1 }, { name: n2 } ]
 providers:
   - { id: backup, node: n2, adapter: openai, target: { model: m, base_url: "http://x" }, models: [ { name: chat, priority: 1 } ] }
   - { id: main, node: n1, adapter: ollama, target: { model: m, base_url: "http://x" }, models: [ { name: chat, priority: 0 }, { name: other } ] }
 "#,
     )
-    .unwrap()
 }
 
 #[test]

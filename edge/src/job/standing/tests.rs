@@ -3,9 +3,6 @@ use crate::auth::{sha256, to_hex};
 use axum::http::{HeaderMap, HeaderValue};
 
 const CONFIG: &str = r#"
-listen: { http: "127.0.0.1:0", grpc: "127.0.0.1:0" }
-tls: { ca_file: a, cert_file: b, key_file: c }
-trust_domain: t
 auth: { mode: disabled, anonymous_workspaces: [site] }
 nodes: [ { name: n1 } ]
 providers:
@@ -39,7 +36,7 @@ fn caller(keys: &Keys) -> Caller {
 }
 
 fn config(edit: impl FnOnce(&mut EdgeConfig)) -> EdgeConfig {
-    let mut config = EdgeConfig::from_yaml(CONFIG).unwrap();
+    let mut config = crate::testing::config(CONFIG);
     edit(&mut config);
     config
 }

@@ -4,11 +4,7 @@ const MIB: usize = 1024 * 1024;
 
 /// Providers (node, capacity) and workspaces (node, max_concurrent_jobs).
 fn config(providers: &[(&str, u32)], workspaces: &[(&str, u32)]) -> EdgeConfig {
-    let mut yaml = String::from(
-        "listen: { http: \"127.0.0.1:0\", grpc: \"127.0.0.1:0\" }\n\
-             tls: { ca_file: a, cert_file: b, key_file: c }\n\
-             trust_domain: t\nauth: { mode: disabled }\nnodes: [ { name: mac-1 }, { name: mac-2 } ]\nproviders:\n",
-    );
+    let mut yaml = String::from("nodes: [ { name: mac-1 }, { name: mac-2 } ]\nproviders:\n");
     for (i, (node, capacity)) in providers.iter().enumerate() {
         yaml += &format!(
             "  - {{ id: p{i}, node: {node}, adapter: ollama, capacity: {capacity}, target: {{ model: m, \
@@ -21,7 +17,7 @@ fn config(providers: &[(&str, u32)], workspaces: &[(&str, u32)]) -> EdgeConfig {
             "  - {{ ref: w{i}, node: {node}, root: /w{i}, operations: [read], limits: {{ max_concurrent_jobs: {jobs} }} }}\n"
         );
     }
-    EdgeConfig::from_yaml(&yaml).unwrap()
+    crate::testing::config(&yaml)
 }
 
 #[test]
