@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use iop_proto::config::{EdgeConfig, ProviderMode};
+use iop_proto::config::ProviderMode;
 use iop_proto::pb::{self, FailureKind, provider_tunnel_frame::Frame, run_event::Event};
 use iop_proto::provider_error::rejects_credential;
 use tokio::time::Instant;
@@ -211,20 +211,6 @@ fn deadline_failure<F: NodeFrame>() -> F::Item {
     F::failed(FailureKind::DeadlineExceeded, "the request's time budget ran out".into())
 }
 
-/// Providers serving `model` with their priority for it, best first.
-pub fn candidates(config: &EdgeConfig, model: &str) -> Option<Arc<[Candidate]>> {
-    let providers = crate::route::candidates(config, model)?;
-    Some(
-        providers
-            .into_iter()
-            .map(|p| Candidate {
-                priority: p.models.iter().find(|m| m.name == model).map_or(0, |m| m.priority),
-                provider: p.clone(),
-            })
-            .collect(),
-    )
-}
-
 fn is_commit(event: &Event, point: CommitPoint) -> bool {
     match point {
         // Reasoning is content: it reaches the client as it comes.
@@ -260,7 +246,7 @@ pub async fn execute_in(
 ) -> Result<Committed, ApiError> {
     let config = state.config.current();
     let candidates_of = |model| {
-        let all = candidates(&config, model)?;
+        let all = crate::route::admission_candidates(&config, model)?;
         if !scope.continuation_only {
             return Some(all);
         }

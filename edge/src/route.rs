@@ -3,11 +3,17 @@
 //! ([`crate::core::selection::choose`]), and where a failed attempt goes
 //! next is the gate's ([`crate::retry`]).
 
+use std::sync::Arc;
+
 use iop_proto::config::{EdgeConfig, ProviderEntry};
 
-/// Providers serving `model`, lowest priority value first (config order breaks
-/// ties). `None` when no provider serves the model at all.
-pub fn candidates<'a>(config: &'a EdgeConfig, model: &str) -> Option<Vec<&'a ProviderEntry>> {
+use crate::core::selection::Candidate;
+
+/// Providers serving `model` with their priority for it, lowest priority
+/// value first (config order breaks ties). `None` when no provider serves
+/// the model at all. The one ordering: [`candidates`] and
+/// [`admission_candidates`] are views of it.
+fn ranked<'a>(config: &'a EdgeConfig, model: &str) -> Option<Vec<(u32, &'a ProviderEntry)>> {
     let mut found: Vec<(u32, usize, &ProviderEntry)> = config
         .providers
         .iter()
@@ -18,7 +24,19 @@ pub fn candidates<'a>(config: &'a EdgeConfig, model: &str) -> Option<Vec<&'a Pro
         return None;
     }
     found.sort_by_key(|(priority, index, _)| (*priority, *index));
-    Some(found.into_iter().map(|(_, _, p)| p).collect())
+    Some(found.into_iter().map(|(priority, _, p)| (priority, p)).collect())
+}
+
+/// Providers serving `model`, best first; `None` when none does.
+pub fn candidates<'a>(config: &'a EdgeConfig, model: &str) -> Option<Vec<&'a ProviderEntry>> {
+    Some(ranked(config, model)?.into_iter().map(|(_, p)| p).collect())
+}
+
+/// The same providers as admission takes them: each with its priority for
+/// `model`.
+pub fn admission_candidates(config: &EdgeConfig, model: &str) -> Option<Arc<[Candidate]>> {
+    let ranked = ranked(config, model)?;
+    Some(ranked.into_iter().map(|(priority, p)| Candidate { priority, provider: p.clone() }).collect())
 }
 
 /// Every public model name, sorted and deduplicated.
