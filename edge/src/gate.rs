@@ -211,6 +211,42 @@ fn deadline_failure<F: NodeFrame>() -> F::Item {
     F::failed(FailureKind::DeadlineExceeded, "the request's time budget ran out".into())
 }
 
+/// A lease for `request`: on `only` alone when a same-provider retry names
+/// it and it has a free slot now, else on any candidate (queued up to
+/// `wait`, behind at most `queue_depth` others).
+async fn admit_attempt(
+    state: &EdgeState,
+    request: AdmitRequest,
+    only: Option<Candidate>,
+    queue_depth: usize,
+    wait: Duration,
+) -> Result<LeaseGuard, AdmitError> {
+    if let Some(candidate) = only {
+        let restricted =
+            AdmitRequest { candidates: Arc::from(vec![candidate]), avoid: HashMap::new(), ..request.clone() };
+        if let Ok(lease) = state.routing.admission.admit(restricted, 0, Duration::ZERO).await {
+            return Ok(lease);
+        }
+    }
+    state.routing.admission.admit(request, queue_depth, wait).await
+}
+
+/// Counts and logs a stall before the first byte, and whether the request
+/// may still be replayed elsewhere (`eligible`).
+fn observe_stall(state: &EdgeState, provider_id: &str, failure: &pb::ExecutionFailure, eligible: bool) {
+    let label = if eligible { "eligible" } else { "attempts_exhausted" };
+    state.metrics.recovery_eligibility.get_or_create(&RecoveryLabels { result: label }).inc();
+    tracing::info!(
+        target: "edge_liveness_recovery_observation",
+        provider = %provider_id,
+        stage = if failure.first_byte_timeout { "first_byte" } else { "stall" },
+        eligibility = label,
+        provider_health = failure.provider_health().as_str_name(),
+        handoff = failure.recovery_handoff().as_str_name(),
+        "stall before the first byte"
+    );
+}
+
 fn is_commit(event: &Event, point: CommitPoint) -> bool {
     match point {
         // Reasoning is content: it reaches the client as it comes.
@@ -290,21 +326,8 @@ pub async fn execute_in(
         // A token count takes a free slot or none: it never waits behind
         // generations (the caller answers an estimate instead).
         let queue_depth = if request.count_tokens { 0 } else { limits.queue_depth };
-        // A same-provider retry takes that provider's free slot or falls
-        // back to every candidate.
         let mut waiting = state.tracer.start("admission wait", iop_telemetry::Kind::Internal, parent);
-        let restricted = match only.take() {
-            Some(c) => {
-                let request = AdmitRequest { candidates: Arc::from(vec![c]), avoid: HashMap::new(), ..admit.clone() };
-                state.routing.admission.admit(request, 0, Duration::ZERO).await.ok()
-            }
-            None => None,
-        };
-        let admitted = match restricted {
-            Some(lease) => Ok(lease),
-            None => state.routing.admission.admit(admit, queue_depth, wait).await,
-        };
-        let lease = match admitted {
+        let lease = match admit_attempt(state, admit, only.take(), queue_depth, wait).await {
             Ok(lease) => lease,
             // After a failed attempt, the provider's own answer says more
             // than "nothing else is available".
@@ -398,18 +421,7 @@ pub async fn execute_in(
         let exhausted = credential_refused && candidates.iter().all(|c| avoid.contains_key(&c.provider.id));
         let last = !retryable(&failure) || attempt == max_attempts || exhausted;
         if stalled {
-            let eligible = !last && Instant::now() < deadline;
-            let label = if eligible { "eligible" } else { "attempts_exhausted" };
-            state.metrics.recovery_eligibility.get_or_create(&RecoveryLabels { result: label }).inc();
-            tracing::info!(
-                target: "edge_liveness_recovery_observation",
-                provider = %provider_id,
-                stage = if failure.first_byte_timeout { "first_byte" } else { "stall" },
-                eligibility = label,
-                provider_health = failure.provider_health().as_str_name(),
-                handoff = failure.recovery_handoff().as_str_name(),
-                "stall before the first byte"
-            );
+            observe_stall(state, &provider_id, &failure, !last && Instant::now() < deadline);
         }
         if replaying_stall_of.is_some() && last {
             recovery_result(state, "exhausted");
