@@ -1,0 +1,63 @@
+use super::*;
+
+#[test]
+fn context_window_errors_are_recognized_and_nothing_else() {
+    let yes: [&[u8]; 5] = [
+        br#"{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
+        br#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+        br#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"}"#,
+        br#"{"error":"input length exceeds the context length"}"#,
+        br#"{"error":{"message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+    ];
+    for body in yes {
+        assert!(context_length_exceeded(400, body), "{}", String::from_utf8_lossy(body));
+    }
+    assert!(!context_length_exceeded(500, yes[0]), "only client errors");
+    for body in [br#"{"error":{"message":"model not found"}}"#.as_slice(), b"<html>context length</html>"] {
+        assert!(!context_length_exceeded(400, body));
+    }
+}
+
+#[test]
+fn only_closed_alphabet_codes_pass() {
+    for good in ["content_policy_violation", "context_length_exceeded", "rate-limit.v2", "x"] {
+        assert_eq!(sanitize_code(good), Some(good));
+    }
+    let long = "a".repeat(MAX_CODE_CHARS + 1);
+    for bad in ["", "Content_Policy", "a b", "a\nb", "<script>", "code=1", "é", long.as_str()] {
+        assert_eq!(sanitize_code(bad), None, "{bad:?}");
+    }
+    assert_eq!(sanitize_code(&"a".repeat(MAX_CODE_CHARS)).map(str::len), Some(MAX_CODE_CHARS));
+}
+
+#[test]
+fn a_providers_code_is_read_from_its_error_body() {
+    let openai = br#"{"error":{"message":"no","type":"invalid_request_error","code":"content_policy_violation"}}"#;
+    assert_eq!(code(400, openai).as_deref(), Some("content_policy_violation"));
+    // A numeric code (llama.cpp repeats the status) or a bad one is no code.
+    assert_eq!(code(400, br#"{"error":{"code":400,"message":"bad"}}"#), None);
+    assert_eq!(code(400, br#"{"error":{"code":"Bad Code!","message":"bad"}}"#), None);
+    // Ollama's plain string: a code only when classified.
+    assert_eq!(code(400, br#"{"error":"model 'x' not found"}"#), None);
+    let ollama_long = br#"{"error":"input length exceeds the context length"}"#;
+    assert_eq!(code(400, ollama_long).as_deref(), Some("context_length_exceeded"));
+    assert_eq!(code(500, b"<html>oops</html>"), None);
+}
+
+#[test]
+fn messages_are_found_in_every_common_shape() {
+    let of = |body: &str| message(&serde_json::from_str(body).unwrap()).map(str::to_string);
+    assert_eq!(of(r#"{"error":{"message":"bad model","type":"x"}}"#).as_deref(), Some("bad model"));
+    assert_eq!(of(r#"{"error":"model 'x' not found"}"#).as_deref(), Some("model 'x' not found"));
+    assert_eq!(of(r#"{"object":"error","message":"vllm says no"}"#).as_deref(), Some("vllm says no"));
+    assert_eq!(of(r#"{"detail":"  "}"#), None);
+}
+
+#[test]
+fn retry_after_takes_delta_seconds_only() {
+    assert_eq!(retry_after_ms("2"), Some(2000));
+    assert_eq!(retry_after_ms(" 0 "), Some(0));
+    assert_eq!(retry_after_ms("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+    assert_eq!(retry_after_ms("-1"), None);
+    assert_eq!(retry_after_ms(&u64::MAX.to_string()), Some(u64::MAX), "saturates");
+}
