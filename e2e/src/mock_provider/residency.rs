@@ -16,7 +16,8 @@ use axum::{Json, extract};
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{AppState, MODEL_NAME, fnv1a, sleep_ms};
+use super::faults::sleep_ms;
+use super::{AppState, MODEL_NAME, fnv1a};
 
 /// What `/api/ps` says the resident model takes (`size`; all of it in
 /// unified memory: `size_vram` is the same, as on a Mac).
