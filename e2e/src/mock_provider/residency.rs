@@ -16,8 +16,9 @@ use axum::{Json, extract};
 use http::StatusCode;
 use serde_json::{Value, json};
 
+use super::embeddings::fnv1a;
 use super::faults::sleep_ms;
-use super::{AppState, MODEL_NAME, fnv1a};
+use super::{AppState, MODEL_NAME};
 
 /// What `/api/ps` says the resident model takes (`size`; all of it in
 /// unified memory: `size_vram` is the same, as on a Mac).
