@@ -304,36 +304,27 @@ use tokio::task::JoinHandle;
 mod api;
 mod embeddings;
 mod faults;
+mod ollama;
+mod openai;
 mod plan;
 mod residency;
+mod responses;
 mod scripts;
 use api::{Api, ChatMessage, ChatRequest};
 pub use embeddings::{EMBEDDING_DIMENSIONS, TOKEN_VOCABULARY, embedding, tokenize};
-use embeddings::{EmbedPlan, EmbedRequest, base64_f32s};
+use embeddings::{EmbedPlan, EmbedRequest};
 pub use faults::{FAULTS_HEADER, FaultError, Faults, KNOBS, LineEnd, parse_faults};
 use faults::{MALFORMED_JSON, on, request_faults, sleep_ms};
-use plan::{Finish, Part, Reply, ReplyPlan, ToolCall, Usage, prompt_tokens, reasoning_text};
-pub use residency::{MODEL_CONTEXT_LENGTH, MODEL_SIZE_BYTES, ResidencyApi, ResidencyConfig, base_model};
+use plan::{Part, Reply, ReplyPlan, prompt_tokens, reasoning_text};
+pub use residency::{MODEL_CONTEXT_LENGTH, MODEL_NAME, MODEL_SIZE_BYTES, ResidencyApi, ResidencyConfig, base_model};
 use scripts::requested_script;
 pub use scripts::{SCRIPT_MARKER, ScriptError, ScriptToolCall, ScriptTurn, Scripts};
 
-/// The only model the mock lists.
-pub const MODEL_NAME: &str = "mock";
 /// How many requests `GET /mock/requests` keeps (the oldest go first).
 pub const REQUEST_LOG_LIMIT: usize = 100;
 
-const CREATED_AT: &str = "2026-01-01T00:00:00Z";
-const CREATED_UNIX: u64 = 1_767_225_600;
 /// Like real model servers, accept the largest prompt an Edge may send.
 const BODY_LIMIT: usize = iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES;
-
-// ---------------------------------------------------------------------------
-// Fault knobs
-// ---------------------------------------------------------------------------
-
-// ---------------------------------------------------------------------------
-// Scripted turns
-// ---------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------
 // Server, handle and stats
@@ -1108,384 +1099,6 @@ impl Reply {
 }
 
 // ---------------------------------------------------------------------------
-// Renderers
-// ---------------------------------------------------------------------------
-
-mod ollama {
-    use super::*;
-
-    pub(super) fn tags() -> Value {
-        json!({ "models": [{
-            "name": MODEL_NAME,
-            "model": MODEL_NAME,
-            "modified_at": CREATED_AT,
-            "size": 0,
-            "digest": MODEL_NAME,
-            "details": {},
-        }] })
-    }
-
-    pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
-        let thinking = reply.plan.reasoning.iter().map(|piece| thinking(assistant(""), piece));
-        let pieces = reply.plan.pieces.iter().map(|piece| assistant(piece));
-        let mut parts: Vec<Part> =
-            thinking.chain(pieces).map(|message| Part::Content(line(&chunk(reply, message)))).collect();
-        if !reply.plan.tool_calls.is_empty() {
-            parts.push(Part::Content(line(&chunk(reply, tool_message(&reply.plan.tool_calls)))));
-        }
-        parts.push(Part::Tail(line(&done(reply, assistant("")))));
-        parts
-    }
-
-    pub(super) fn full_body(reply: &Reply) -> Value {
-        let message = match reply.plan.tool_calls.as_slice() {
-            [] => assistant(&reply.plan.text()),
-            calls => tool_message(calls),
-        };
-        match reply.plan.reasoning.as_slice() {
-            [] => done(reply, message),
-            _ => done(reply, thinking(message, &reply.plan.reasoning_text())),
-        }
-    }
-
-    pub(super) fn embed(model: &str, plan: &EmbedPlan) -> Value {
-        json!({
-            "model": model,
-            "embeddings": plan.vectors,
-            "total_duration": 0,
-            "load_duration": 0,
-            "prompt_eval_count": plan.prompt_tokens,
-        })
-    }
-
-    fn assistant(content: &str) -> Value {
-        json!({ "role": "assistant", "content": content })
-    }
-
-    fn thinking(mut message: Value, thinking: &str) -> Value {
-        message["thinking"] = json!(thinking);
-        message
-    }
-
-    fn tool_message(calls: &[ToolCall]) -> Value {
-        let tool_calls: Vec<Value> = calls
-            .iter()
-            .map(|call| {
-                let arguments: Value =
-                    serde_json::from_str(&call.argument_pieces.concat()).expect("tool arguments are JSON");
-                json!({ "function": { "name": call.name, "arguments": arguments } })
-            })
-            .collect();
-        json!({ "role": "assistant", "content": "", "tool_calls": tool_calls })
-    }
-
-    fn chunk(reply: &Reply, message: Value) -> Value {
-        json!({ "model": reply.model, "created_at": CREATED_AT, "message": message, "done": false })
-    }
-
-    fn done(reply: &Reply, message: Value) -> Value {
-        let done_reason = match reply.plan.finish {
-            Finish::Length => "length",
-            Finish::Stop | Finish::ToolCalls => "stop",
-        };
-        json!({
-            "model": reply.model,
-            "created_at": CREATED_AT,
-            "message": message,
-            "done": true,
-            "done_reason": done_reason,
-            "total_duration": 0,
-            "prompt_eval_count": reply.plan.usage.prompt,
-            "eval_count": reply.plan.usage.completion,
-        })
-    }
-
-    fn line(value: &Value) -> Bytes {
-        Bytes::from(format!("{value}\n"))
-    }
-}
-
-mod openai {
-    use super::*;
-
-    pub(super) fn models() -> Value {
-        let data = json!([{ "id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "iop-mock" }]);
-        json!({ "object": "list", "data": data })
-    }
-
-    pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
-        let plan = &reply.plan;
-        let mut parts = vec![Part::Lead(event(&chunk(reply, json!({ "role": "assistant", "content": "" }), None)))];
-        for piece in &plan.reasoning {
-            parts.push(Part::Content(event(&chunk(reply, json!({ "reasoning_content": piece }), None))));
-        }
-        for piece in &plan.pieces {
-            parts.push(Part::Content(event(&chunk(reply, json!({ "content": piece }), None))));
-        }
-        for (index, call) in plan.tool_calls.iter().enumerate() {
-            let head = json!({ "tool_calls": [{
-                "index": index, "id": call.id, "type": "function",
-                "function": { "name": call.name, "arguments": "" },
-            }] });
-            parts.push(Part::Content(event(&chunk(reply, head, None))));
-            for piece in &call.argument_pieces {
-                let delta = json!({ "tool_calls": [{ "index": index, "function": { "arguments": piece } }] });
-                parts.push(Part::Content(event(&chunk(reply, delta, None))));
-            }
-        }
-        parts.push(Part::Tail(event(&chunk(reply, json!({}), Some(finish_reason(plan.finish))))));
-        if reply.include_usage {
-            parts.push(Part::Tail(event(&envelope(
-                reply,
-                "chat.completion.chunk",
-                json!([]),
-                Some(usage(plan.usage)),
-            ))));
-        }
-        if !reply.no_done {
-            parts.push(Part::Tail(Bytes::from_static(b"data: [DONE]\n\n")));
-        }
-        parts
-    }
-
-    pub(super) fn full_body(reply: &Reply) -> Value {
-        let plan = &reply.plan;
-        let mut message = if plan.tool_calls.is_empty() {
-            json!({ "role": "assistant", "content": plan.text() })
-        } else {
-            let tool_calls: Vec<Value> = plan
-                .tool_calls
-                .iter()
-                .map(|call| {
-                    json!({
-                        "id": call.id, "type": "function",
-                        "function": { "name": call.name, "arguments": call.argument_pieces.concat() },
-                    })
-                })
-                .collect();
-            json!({ "role": "assistant", "content": null, "tool_calls": tool_calls })
-        };
-        if !plan.reasoning.is_empty() {
-            message["reasoning_content"] = json!(plan.reasoning_text());
-        }
-        let choices = json!([{
-            "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(plan.finish),
-        }]);
-        envelope(reply, "chat.completion", choices, Some(usage(plan.usage)))
-    }
-
-    pub(super) fn embeddings(model: &str, plan: &EmbedPlan) -> Value {
-        let data: Vec<Value> = plan
-            .vectors
-            .iter()
-            .enumerate()
-            .map(|(index, vector)| {
-                let embedding = if plan.base64 { json!(base64_f32s(vector)) } else { json!(vector) };
-                json!({ "object": "embedding", "index": index, "embedding": embedding })
-            })
-            .collect();
-        let usage = json!({ "prompt_tokens": plan.prompt_tokens, "total_tokens": plan.prompt_tokens });
-        json!({ "object": "list", "data": data, "model": model, "usage": usage })
-    }
-
-    fn chunk(reply: &Reply, delta: Value, finish: Option<&str>) -> Value {
-        let choices = json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]);
-        envelope(reply, "chat.completion.chunk", choices, None)
-    }
-
-    fn envelope(reply: &Reply, object: &str, choices: Value, usage: Option<Value>) -> Value {
-        let mut value = json!({
-            "id": reply.id,
-            "object": object,
-            "created": CREATED_UNIX,
-            "model": reply.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            value["usage"] = usage;
-        }
-        value
-    }
-
-    fn usage(usage: Usage) -> Value {
-        json!({
-            "prompt_tokens": usage.prompt,
-            "completion_tokens": usage.completion,
-            "total_tokens": usage.prompt + usage.completion,
-        })
-    }
-
-    fn finish_reason(finish: Finish) -> &'static str {
-        match finish {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-            Finish::ToolCalls => "tool_calls",
-        }
-    }
-
-    fn event(value: &Value) -> Bytes {
-        Bytes::from(format!("data: {value}\n\n"))
-    }
-}
-
-/// OpenAI Responses: a reply as `response` object, or as its typed
-/// stream events (`response.created`, the output items with their deltas,
-/// `response.completed`), each with its `sequence_number`.
-mod responses {
-    use super::*;
-
-    pub(super) fn full_body(reply: &Reply) -> Value {
-        response(reply, status(reply.plan.finish), output(reply))
-    }
-
-    pub(super) fn stream_parts(reply: &Reply) -> Vec<Part> {
-        let plan = &reply.plan;
-        let mut events = Events::default();
-        let mut parts = vec![Part::Lead(
-            events.next("response.created", json!({ "response": response(reply, "in_progress", json!([])) })),
-        )];
-        let mut index = 0;
-        if !plan.reasoning.is_empty() {
-            let item = json!({ "type": "reasoning", "id": "rs_mock", "summary": [], "content": [] });
-            parts.push(Part::Lead(
-                events.next("response.output_item.added", json!({ "output_index": index, "item": item })),
-            ));
-            for piece in &plan.reasoning {
-                let delta = json!({ "output_index": index, "item_id": "rs_mock", "content_index": 0, "delta": piece });
-                parts.push(Part::Content(events.next("response.reasoning_text.delta", delta)));
-            }
-            let done = json!({ "output_index": index, "item": reasoning_item(plan) });
-            parts.push(Part::Tail(events.next("response.output_item.done", done)));
-            index += 1;
-        }
-        if plan.tool_calls.is_empty() {
-            let item = json!({ "type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": [] });
-            parts.push(Part::Lead(
-                events.next("response.output_item.added", json!({ "output_index": index, "item": item })),
-            ));
-            let part = json!({ "type": "output_text", "text": "", "annotations": [] });
-            let at = json!({ "output_index": index, "item_id": "msg_mock", "content_index": 0 });
-            parts.push(Part::Lead(events.next("response.content_part.added", with(&at, "part", part))));
-            for piece in &plan.pieces {
-                parts.push(Part::Content(events.next("response.output_text.delta", with(&at, "delta", json!(piece)))));
-            }
-            parts.push(Part::Tail(events.next("response.output_text.done", with(&at, "text", json!(plan.text())))));
-            let part = json!({ "type": "output_text", "text": plan.text(), "annotations": [] });
-            parts.push(Part::Tail(events.next("response.content_part.done", with(&at, "part", part))));
-            let done = json!({ "output_index": index, "item": message_item(plan) });
-            parts.push(Part::Tail(events.next("response.output_item.done", done)));
-        }
-        for call in &plan.tool_calls {
-            let mut item = call_item(call);
-            item["arguments"] = json!("");
-            item["status"] = json!("in_progress");
-            parts.push(Part::Content(
-                events.next("response.output_item.added", json!({ "output_index": index, "item": item })),
-            ));
-            for piece in &call.argument_pieces {
-                let delta = json!({ "output_index": index, "item_id": format!("fc_{}", call.id), "delta": piece });
-                parts.push(Part::Content(events.next("response.function_call_arguments.delta", delta)));
-            }
-            let done = json!({ "output_index": index, "item": call_item(call) });
-            parts.push(Part::Tail(events.next("response.output_item.done", done)));
-            index += 1;
-        }
-        let finished = response(reply, status(plan.finish), output(reply));
-        let kind = if plan.finish == Finish::Length { "response.incomplete" } else { "response.completed" };
-        parts.push(Part::Tail(events.next(kind, json!({ "response": finished }))));
-        parts
-    }
-
-    /// Numbers the stream's events in order.
-    #[derive(Default)]
-    struct Events {
-        sequence: u64,
-    }
-
-    impl Events {
-        fn next(&mut self, kind: &str, mut data: Value) -> Bytes {
-            data["type"] = json!(kind);
-            data["sequence_number"] = json!(self.sequence);
-            self.sequence += 1;
-            Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
-        }
-    }
-
-    fn with(base: &Value, key: &str, value: Value) -> Value {
-        let mut out = base.clone();
-        out[key] = value;
-        out
-    }
-
-    fn response(reply: &Reply, status: &str, output: Value) -> Value {
-        let mut value = json!({
-            "id": reply.id,
-            "object": "response",
-            "created_at": CREATED_UNIX,
-            "status": status,
-            "model": reply.model,
-            "output": output,
-            "usage": null,
-        });
-        if status != "in_progress" {
-            let usage = reply.plan.usage;
-            value["usage"] = json!({
-                "input_tokens": usage.prompt,
-                "output_tokens": usage.completion,
-                "total_tokens": usage.prompt + usage.completion,
-            });
-        }
-        if status == "incomplete" {
-            value["incomplete_details"] = json!({ "reason": "max_output_tokens" });
-        }
-        value
-    }
-
-    fn status(finish: Finish) -> &'static str {
-        match finish {
-            Finish::Stop | Finish::ToolCalls => "completed",
-            Finish::Length => "incomplete",
-        }
-    }
-
-    fn output(reply: &Reply) -> Value {
-        let plan = &reply.plan;
-        let mut items = Vec::new();
-        if !plan.reasoning.is_empty() {
-            items.push(reasoning_item(plan));
-        }
-        if plan.tool_calls.is_empty() {
-            items.push(message_item(plan));
-        }
-        items.extend(plan.tool_calls.iter().map(call_item));
-        Value::Array(items)
-    }
-
-    fn reasoning_item(plan: &ReplyPlan) -> Value {
-        let content = json!([{ "type": "reasoning_text", "text": plan.reasoning_text() }]);
-        json!({ "type": "reasoning", "id": "rs_mock", "summary": [], "content": content })
-    }
-
-    /// `incomplete` when cut at the token limit, as OpenAI marks it.
-    fn message_item(plan: &ReplyPlan) -> Value {
-        let content = json!([{ "type": "output_text", "text": plan.text(), "annotations": [] }]);
-        let status = status(plan.finish);
-        json!({ "type": "message", "id": "msg_mock", "status": status, "role": "assistant", "content": content })
-    }
-
-    fn call_item(call: &ToolCall) -> Value {
-        json!({
-            "type": "function_call",
-            "id": format!("fc_{}", call.id),
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": call.argument_pieces.concat(),
-            "status": "completed",
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Streaming: fault schedule and the lazy body
 // ---------------------------------------------------------------------------
 
@@ -1639,7 +1252,8 @@ impl BodyScript {
 
 #[cfg(test)]
 mod tests {
-    use super::embeddings::shortened_embedding;
+    use super::embeddings::{base64_f32s, shortened_embedding};
+    use super::openai::CREATED_UNIX;
     use super::plan::TOOL_CALL_ID;
     use super::scripts::tests::SCRIPT_FILE;
     use super::*;

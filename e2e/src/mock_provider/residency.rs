@@ -16,10 +16,12 @@ use axum::{Json, extract};
 use http::StatusCode;
 use serde_json::{Value, json};
 
+use super::AppState;
 use super::embeddings::fnv1a;
 use super::faults::sleep_ms;
-use super::{AppState, MODEL_NAME};
 
+/// The only model the mock lists.
+pub const MODEL_NAME: &str = "mock";
 /// What `/api/ps` says the resident model takes (`size`; all of it in
 /// unified memory: `size_vram` is the same, as on a Mac).
 pub const MODEL_SIZE_BYTES: u64 = 2_019_393_189;
