@@ -278,11 +278,11 @@
 //! delays and stalls are real on the wire and a client disconnect drops the
 //! body (counted in [`MockStats::aborted_streams`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -295,7 +295,7 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -310,6 +310,7 @@ mod plan;
 mod residency;
 mod responses;
 mod scripts;
+mod state;
 use api::{Api, ChatMessage, ChatRequest};
 pub use embeddings::{EMBEDDING_DIMENSIONS, TOKEN_VOCABULARY, embedding, tokenize};
 use embeddings::{EmbedPlan, EmbedRequest};
@@ -319,9 +320,8 @@ use plan::{Part, Reply, ReplyPlan, prompt_tokens, reasoning_text};
 pub use residency::{MODEL_CONTEXT_LENGTH, MODEL_NAME, MODEL_SIZE_BYTES, ResidencyApi, ResidencyConfig, base_model};
 use scripts::requested_script;
 pub use scripts::{SCRIPT_MARKER, ScriptError, ScriptToolCall, ScriptTurn, Scripts};
-
-/// How many requests `GET /mock/requests` keeps (the oldest go first).
-pub const REQUEST_LOG_LIMIT: usize = 100;
+use state::{AppState, Counters, LoggedRequest};
+pub use state::{MockStats, REQUEST_LOG_LIMIT, RecordedRequest};
 
 /// Like real model servers, accept the largest prompt an Edge may send.
 const BODY_LIMIT: usize = iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES;
@@ -345,133 +345,6 @@ pub struct MockConfig {
     /// Whether the model is resident, how long a load takes, which
     /// residency endpoints answer (see *Residency*).
     pub residency: ResidencyConfig,
-}
-
-/// Counters served on `GET /mock/stats`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MockStats {
-    /// Chat requests received (both APIs, including rejected ones).
-    pub requests_total: u64,
-    /// Streaming bodies the mock produced to their end (or to a `cut_after` abort).
-    pub completed_streams: u64,
-    /// Streaming bodies dropped (client went away) before the mock finished them.
-    pub aborted_streams: u64,
-    /// Bytes of streaming bodies handed to the HTTP server so far; stops
-    /// growing when a client's backpressure reaches the mock.
-    pub stream_bytes: u64,
-    /// Turns taken per script since start or `POST /mock/scripts/reset`
-    /// (the cursor; omitted from the JSON while empty).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub scripts: BTreeMap<String, u64>,
-    /// Model loads performed (see *Residency*).
-    #[serde(default)]
-    pub loads: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    /// When set, the metadata endpoints (`/api/tags`, `/api/show`, `/api/ps`,
-    /// `/api/version`, `/v1/models`) answer 503: health probes fail while
-    /// chat keeps its knobs. Toggled by `POST /mock/health`.
-    metadata_down: std::sync::atomic::AtomicBool,
-    requests_total: AtomicU64,
-    completed_streams: AtomicU64,
-    aborted_streams: AtomicU64,
-    stream_bytes: AtomicU64,
-    next_completion_id: AtomicU64,
-    /// Scripted tool calls so far: their ids are `call_<n>`.
-    next_tool_call_id: AtomicU64,
-    /// Script cursors (turns taken); rewound by `POST /mock/scripts/reset`.
-    script_cursors: std::sync::Mutex<BTreeMap<String, u64>>,
-    /// `hold` names released by `POST /mock/release/NAME`, and a wake-up
-    /// for the requests holding on them.
-    released: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    release: tokio::sync::Notify,
-    /// The last [`REQUEST_LOG_LIMIT`] provider requests, oldest first.
-    request_log: std::sync::Mutex<VecDeque<LoggedRequest>>,
-    /// `fail_times`: requests seen per exact knob set.
-    failures: std::sync::Mutex<std::collections::HashMap<String, u64>>,
-    /// Whether the model is resident, the names requests named, loads.
-    residency: residency::Residency,
-}
-
-/// One entry of the request log (`GET /mock/requests`, [`MockHandle::requests`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RecordedRequest {
-    pub method: String,
-    /// Without the query.
-    pub path: String,
-    /// The body as JSON, or as a string (lossy UTF-8, `""` when empty) when
-    /// it is not JSON.
-    pub body: Value,
-    /// The request's headers in order, names in lower case (values that
-    /// are not UTF-8 lossily).
-    #[serde(default)]
-    pub headers: Vec<(String, String)>,
-}
-
-/// A request log entry as kept: the body is parsed only when read.
-#[derive(Debug)]
-struct LoggedRequest {
-    method: http::Method,
-    path: String,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl LoggedRequest {
-    fn recorded(&self) -> RecordedRequest {
-        let body = serde_json::from_slice(&self.body)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&self.body).into_owned()));
-        let headers = self
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
-            .collect();
-        RecordedRequest { method: self.method.to_string(), path: self.path.clone(), body, headers }
-    }
-}
-
-impl Counters {
-    fn snapshot(&self) -> MockStats {
-        MockStats {
-            requests_total: self.requests_total.load(Ordering::Relaxed),
-            completed_streams: self.completed_streams.load(Ordering::Relaxed),
-            aborted_streams: self.aborted_streams.load(Ordering::Relaxed),
-            stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
-            scripts: self.script_cursors.lock().unwrap().clone(),
-            loads: self.residency.loads.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Appends to the request log, dropping the oldest entry past the limit.
-    fn log_request(&self, entry: LoggedRequest) {
-        let mut log = self.request_log.lock().unwrap();
-        if log.len() >= REQUEST_LOG_LIMIT {
-            log.pop_front();
-        }
-        log.push_back(entry);
-    }
-
-    fn logged_requests(&self) -> Vec<RecordedRequest> {
-        self.request_log.lock().unwrap().iter().map(LoggedRequest::recorded).collect()
-    }
-
-    /// Counts one more request with exactly `faults` (`fail_times`); returns the count.
-    fn count_failure(&self, faults: &Faults) -> u64 {
-        let mut failures = self.failures.lock().unwrap();
-        let count = failures.entry(format!("{faults:?}")).or_default();
-        *count += 1;
-        *count
-    }
-
-    /// Advances the cursor of script `name`; returns where it was.
-    fn take_turn(&self, name: &str) -> u64 {
-        let mut cursors = self.script_cursors.lock().unwrap();
-        let cursor = cursors.entry(name.to_owned()).or_default();
-        *cursor += 1;
-        *cursor - 1
-    }
 }
 
 /// A running mock server (see [`start`]). Dropping it starts a graceful
@@ -570,69 +443,16 @@ async fn serve_with(
         .await
 }
 
-#[derive(Clone)]
-struct AppState {
-    /// Process defaults; replaced at runtime by `POST /mock/faults`.
-    defaults: Arc<RwLock<Faults>>,
-    api_key: Arc<RwLock<Option<String>>>,
-    /// Loaded once at start; the cursors are in `counters`.
-    scripts: Option<Arc<Scripts>>,
-    counters: Arc<Counters>,
-    /// Becomes `true` (or closed) when the server shuts down.
-    stopping: watch::Receiver<bool>,
-}
-
-impl AppState {
-    /// Waits until `name` is released (or the server stops).
-    async fn until_released(&self, name: &str) {
-        loop {
-            let notified = self.counters.release.notified();
-            if self.counters.released.lock().unwrap().contains(name) {
-                return;
-            }
-            tokio::select! {
-                _ = notified => {}
-                _ = self.until_stopping() => return,
-            }
-        }
-    }
-
-    /// Whether script `name` is loaded, else the 400 message.
-    fn check_script(&self, name: &str) -> Result<(), String> {
-        match self.scripts.as_deref() {
-            None => Err(format!("no script `{name}`: the mock provider has no script file (--script-file)")),
-            Some(scripts) if scripts.turn(name, 0).is_none() => {
-                let known = scripts.names().collect::<Vec<_>>().join(", ");
-                Err(format!("no script `{name}` in the script file (scripts: {known})"))
-            }
-            Some(_) => Ok(()),
-        }
-    }
-
-    /// The next turn of script `name` (its cursor advances).
-    fn take_turn(&self, name: &str) -> Result<ScriptTurn, String> {
-        self.check_script(name)?;
-        let cursor = self.counters.take_turn(name);
-        let turn = self.scripts.as_deref().and_then(|scripts| scripts.turn(name, cursor));
-        turn.cloned().ok_or_else(|| format!("no script `{name}`"))
-    }
-
-    async fn until_stopping(&self) {
-        let mut stopping = self.stopping.clone();
-        let _ = stopping.wait_for(|stop| *stop).await;
-    }
-}
-
 fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/api/tags", get(|| async { Json(ollama::tags()) }))
         // The read-only metadata calls the Edge's OLLAMA_API command may make.
-        .route("/api/ps", get(residency::ollama_ps))
-        .route("/props", get(residency::llama_props))
-        .route("/api/v0/models", get(residency::lm_studio_models))
-        .route("/api/v0/models/{*model}", get(residency::lm_studio_model_one))
-        .route("/mock/residency", post(residency::set_residency))
+        .route("/api/ps", get(residency::endpoints::ollama_ps))
+        .route("/props", get(residency::endpoints::llama_props))
+        .route("/api/v0/models", get(residency::endpoints::lm_studio_models))
+        .route("/api/v0/models/{*model}", get(residency::endpoints::lm_studio_model_one))
+        .route("/mock/residency", post(residency::endpoints::set_residency))
         .route("/api/version", get(|| async { Json(serde_json::json!({ "version": "0.0.0-mock" })) }))
         .route("/api/show", post(ollama_show))
         .route("/mock/health", post(set_health))
@@ -887,7 +707,7 @@ async fn chat(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Res
         return api.error(StatusCode::BAD_REQUEST, &message);
     }
     tracing::debug!(?api, model = %req.model, ?faults, ?script, "chat request");
-    residency::until_resident(&state).await;
+    residency::endpoints::until_resident(&state).await;
     let echoed = on(faults.echo_auth).then(|| auth_quote(&headers));
     if let Some(answer) = before_answer(api, &state, &faults, echoed.as_deref()).await {
         return answer;
@@ -1063,7 +883,7 @@ async fn embed(api: Api, state: AppState, headers: HeaderMap, body: Bytes) -> Re
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
     };
     tracing::debug!(?api, model = %req.model, ?faults, inputs = plan.vectors.len(), "embeddings request");
-    residency::until_resident(&state).await;
+    residency::endpoints::until_resident(&state).await;
     if let Some(answer) = before_answer(api, &state, &faults, None).await {
         return answer;
     }
@@ -1257,6 +1077,7 @@ mod tests {
     use super::plan::TOOL_CALL_ID;
     use super::scripts::tests::SCRIPT_FILE;
     use super::*;
+    use std::collections::BTreeMap;
     use std::time::Instant;
 
     const HELLO: &str = "Hello from the IOP mock provider. You said: ";
