@@ -278,7 +278,6 @@
 //! delays and stalls are real on the wire and a client disconnect drops the
 //! body (counted in [`MockStats::aborted_streams`]).
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -311,6 +310,7 @@ mod residency;
 mod responses;
 mod scripts;
 mod state;
+mod streaming;
 use api::{Api, ChatMessage, ChatRequest};
 pub use embeddings::{EMBEDDING_DIMENSIONS, TOKEN_VOCABULARY, embedding, tokenize};
 use embeddings::{EmbedPlan, EmbedRequest};
@@ -322,6 +322,7 @@ use scripts::requested_script;
 pub use scripts::{SCRIPT_MARKER, ScriptError, ScriptToolCall, ScriptTurn, Scripts};
 use state::{AppState, Counters, LoggedRequest};
 pub use state::{MockStats, REQUEST_LOG_LIMIT, RecordedRequest};
+use streaming::{BodyScript, Step, cut_error, schedule};
 
 /// Like real model servers, accept the largest prompt an Edge may send.
 const BODY_LIMIT: usize = iop_proto::wire::MAX_RUN_REQUEST_MESSAGE_BYTES;
@@ -914,154 +915,6 @@ impl Reply {
             Api::Ollama => ollama::full_body(self),
             Api::OpenAi => openai::full_body(self),
             Api::Responses => responses::full_body(self),
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Streaming: fault schedule and the lazy body
-// ---------------------------------------------------------------------------
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Step {
-    Send(Bytes),
-    Delay(Duration),
-    /// Send nothing more until the server shuts down.
-    Stall,
-    /// End the body with an error (abnormal end on the wire).
-    Cut,
-}
-
-/// Applies the chunk-level knobs to the rendered parts.
-fn schedule(parts: Vec<Part>, faults: &Faults, malformed: Bytes) -> VecDeque<Step> {
-    let mut steps = VecDeque::new();
-    let mut sent = 0usize;
-    for part in parts {
-        match part {
-            Part::Lead(bytes) => steps.push_back(Step::Send(bytes)),
-            Part::Content(bytes) => {
-                if let Some(stop) = interruption(faults, sent, false) {
-                    steps.push_back(stop);
-                    return steps;
-                }
-                let delay = if sent == 0 { faults.first_token_delay_ms } else { faults.chunk_delay_ms };
-                if let Some(ms) = delay.filter(|ms| *ms > 0) {
-                    steps.push_back(Step::Delay(Duration::from_millis(ms)));
-                }
-                sent += 1;
-                let bytes = if faults.malformed(sent) { malformed.clone() } else { bytes };
-                steps.push_back(Step::Send(bytes));
-            }
-            Part::Tail(bytes) => {
-                if let Some(stop) = interruption(faults, sent, true) {
-                    steps.push_back(stop);
-                    return steps;
-                }
-                if on(faults.malformed_end) {
-                    steps.push_back(Step::Send(malformed));
-                    return steps;
-                }
-                steps.push_back(Step::Send(bytes));
-            }
-        }
-    }
-    if let Some(ms) = faults.end_delay_ms.filter(|ms| *ms > 0) {
-        steps.push_back(Step::Delay(Duration::from_millis(ms)));
-    }
-    steps
-}
-
-/// Stall or cut once `sent` content chunks are out; at the tail a set knob
-/// always applies (the reply was shorter than N).
-fn interruption(faults: &Faults, sent: usize, at_tail: bool) -> Option<Step> {
-    let reached = |after: Option<usize>| after.is_some_and(|n| at_tail || sent >= n);
-    if reached(faults.stall_after) {
-        Some(Step::Stall)
-    } else if reached(faults.cut_after) {
-        Some(Step::Cut)
-    } else {
-        None
-    }
-}
-
-/// The error that aborts a body for `cut_after`. It is returned one scheduler
-/// turn late: hyper flushes what it has buffered while the body is pending,
-/// whereas a body error closes the connection and discards unflushed bytes.
-async fn cut_error() -> io::Result<Bytes> {
-    tokio::task::yield_now().await;
-    Err(io::Error::other("cut_after fault"))
-}
-
-/// Counts a streaming body as completed once the mock produced all of it,
-/// or as aborted if it is dropped before that (the client went away).
-struct StreamGuard {
-    counters: Arc<Counters>,
-    finished: bool,
-}
-
-impl StreamGuard {
-    fn finish(&mut self) {
-        if !self.finished {
-            self.finished = true;
-            self.counters.completed_streams.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.counters.aborted_streams.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The state of a lazily produced streaming body.
-struct BodyScript {
-    steps: VecDeque<Step>,
-    guard: StreamGuard,
-    state: AppState,
-}
-
-impl BodyScript {
-    fn new(steps: VecDeque<Step>, state: &AppState) -> Self {
-        BodyScript {
-            steps,
-            guard: StreamGuard { counters: state.counters.clone(), finished: false },
-            state: state.clone(),
-        }
-    }
-
-    fn into_body(self) -> Body {
-        Body::from_stream(futures_util::stream::unfold(self, BodyScript::next))
-    }
-
-    async fn next(mut self) -> Option<(io::Result<Bytes>, Self)> {
-        loop {
-            let Some(step) = self.steps.pop_front() else {
-                self.guard.finish();
-                return None;
-            };
-            match step {
-                Step::Delay(delay) => tokio::time::sleep(delay).await,
-                Step::Send(bytes) => {
-                    self.guard.counters.stream_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    if self.steps.is_empty() {
-                        self.guard.finish();
-                    }
-                    return Some((Ok(bytes), self));
-                }
-                Step::Stall => {
-                    self.state.until_stopping().await;
-                    self.guard.finish();
-                    let error = io::Error::other("mock provider shut down during a stall");
-                    return Some((Err(error), self));
-                }
-                Step::Cut => {
-                    self.guard.finish();
-                    return Some((cut_error().await, self));
-                }
-            }
         }
     }
 }
