@@ -24,7 +24,7 @@ const KEEP_ALIVE_S: i64 = 300;
 /// waits for that load to end. The load runs in its own task, so a client
 /// that leaves does not cancel it (a real server keeps loading); the task
 /// ends after the delay (or with the runtime).
-pub(in crate::mock_provider) async fn until_resident(state: &AppState) {
+pub(crate) async fn until_resident(state: &AppState) {
     let residency = &state.counters.residency;
     loop {
         let changed = residency.changed.notified();
@@ -82,7 +82,7 @@ fn now_unix_s() -> i64 {
 
 /// `GET /api/ps` (Ollama): while resident, every model a request named,
 /// as Ollama lists a loaded model; nothing while not.
-pub(in crate::mock_provider) async fn ollama_ps(State(state): State<AppState>) -> Response {
+pub(crate) async fn ollama_ps(State(state): State<AppState>) -> Response {
     let residency = &state.counters.residency;
     if !residency.api().answers(ResidencyApi::Ollama) {
         return absent();
@@ -119,7 +119,7 @@ pub(in crate::mock_provider) async fn ollama_ps(State(state): State<AppState>) -
 /// `GET /props` (llama.cpp's server, one model): its settings while
 /// resident; `503 Loading model` while not (a llama-server answers so
 /// while it loads).
-pub(in crate::mock_provider) async fn llama_props(State(state): State<AppState>) -> Response {
+pub(crate) async fn llama_props(State(state): State<AppState>) -> Response {
     let residency = &state.counters.residency;
     if !residency.api().answers(ResidencyApi::LlamaCpp) {
         return absent();
@@ -166,7 +166,7 @@ fn lm_studio_model(name: &str, loaded: bool) -> Value {
 }
 
 /// `GET /api/v0/models` (LM Studio): every model a request named, with its `state`.
-pub(in crate::mock_provider) async fn lm_studio_models(State(state): State<AppState>) -> Response {
+pub(crate) async fn lm_studio_models(State(state): State<AppState>) -> Response {
     let residency = &state.counters.residency;
     if !residency.api().answers(ResidencyApi::LmStudio) {
         return absent();
@@ -177,7 +177,7 @@ pub(in crate::mock_provider) async fn lm_studio_models(State(state): State<AppSt
 }
 
 /// `GET /api/v0/models/{model}` (LM Studio): any name, which is learned.
-pub(in crate::mock_provider) async fn lm_studio_model_one(
+pub(crate) async fn lm_studio_model_one(
     State(state): State<AppState>,
     extract::Path(model): extract::Path<String>,
 ) -> Response {
@@ -190,7 +190,7 @@ pub(in crate::mock_provider) async fn lm_studio_model_one(
 }
 
 /// `POST /mock/residency {"loaded": bool, "load_delay_ms": N?}`.
-pub(in crate::mock_provider) async fn set_residency(State(state): State<AppState>, body: Bytes) -> Response {
+pub(crate) async fn set_residency(State(state): State<AppState>, body: Bytes) -> Response {
     let parsed = serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
         let loaded = v.get("loaded")?.as_bool()?;
         let delay = match v.get("load_delay_ms") {
