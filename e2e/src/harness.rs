@@ -92,7 +92,7 @@ pub fn edge_config(
 ) -> EdgeConfig {
     EdgeConfig {
         // Any free port: tests and benches read it from the Edge's first line.
-        listen: ListenConfig { http, grpc, admin: SocketAddr::from(([127, 0, 0, 1], 0)) },
+        listen: ListenConfig::new(http, grpc, SocketAddr::from(([127, 0, 0, 1], 0))),
         tls: EdgeTlsConfig {
             ca_file: pki.ca_file.clone(),
             cert_file: pki.edge.cert.clone(),

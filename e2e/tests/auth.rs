@@ -280,6 +280,39 @@ async fn the_admin_listener_serves_no_web_page_and_no_foreign_host_without_keys(
     }
 }
 
+/// The admin listener has no keys of its own, so with keys required on the
+/// client listener it still answers only the names it was given (issue 41
+/// item 5): a rebound `Host` is `403`, as is a name merely ending like a
+/// listed one, while its own address, `localhost`, a listed Service name and
+/// a name below a listed `*.` parent are served. The client listener, with
+/// keys, serves any name.
+#[tokio::test]
+async fn with_keys_the_admin_listener_still_answers_only_its_own_names() {
+    let (keys, all_key) = keys_file();
+    let stack = Stack::start(StackOptions {
+        keys: Some(keys),
+        start_node: false,
+        admin_hosts: vec!["iop-edge-admin.iop.svc", "*.iop-edge-replicas.iop.svc"],
+        ..Default::default()
+    })
+    .await;
+    let get = |url: String, host: String| {
+        let request = stack.client.get(url).header("host", host).bearer_auth(&all_key);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let own = stack.admin.to_string();
+    for path in ["/metrics", "/admin/v1/nodes", "/admin/v1/usage"] {
+        for host in ["evil.example", "rebound.example:8081", "xiop-edge-admin.iop.svc", "iop-edge-replicas.iop.svc"] {
+            assert_eq!(get(stack.admin_url(path), host.into()).await, 403, "{path} {host}");
+        }
+        for host in [&own, "localhost:8081", "IOP-EDGE-ADMIN.iop.svc:8081", "edge-0.iop-edge-replicas.iop.svc"] {
+            assert_eq!(get(stack.admin_url(path), host.into()).await, 200, "{path} {host}");
+        }
+    }
+    assert_eq!(stack.metric("iop_edge_http_refusals_total{reason=\"foreign_host\"}").await, 12.0);
+    assert_eq!(get(stack.url("/v1/models"), "api.example.com".into()).await, 200);
+}
+
 /// A context fallback is a model like any other (issue 25 item 7): a
 /// principal allowed only the small model whose request overflows it gets
 /// the small model's context error, never an answer from the fallback it

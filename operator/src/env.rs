@@ -30,6 +30,10 @@ pub const EDGE_GRPC_LISTEN: &str = "0.0.0.0:7443";
 /// NetworkPolicy to the operator (and the metrics scraper). The operator
 /// reads each replica's admin API at `<pod IP>:<this port>`.
 pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
+/// Optional: the names the Edge's admin listener answers to besides its
+/// own address (`listen.admin_hosts`), comma-separated: the chart's admin
+/// Services. A lowercase DNS name each, or `*.` and one.
+pub const EDGE_ADMIN_HOSTS: &str = "IOP_EDGE_ADMIN_HOSTS";
 /// Optional: `required` (default) or `disabled` (no client API keys).
 pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
 /// Optional: `drop` (default) or `refuse`, the Edge's `api.hosted_tools`.
@@ -65,6 +69,8 @@ pub struct RunConfig {
     pub edge_pod_selector: String,
     /// DNS names (or IP addresses) on the Edge server certificate.
     pub edge_server_names: Vec<String>,
+    /// The Edge's `listen.admin_hosts` ([`EDGE_ADMIN_HOSTS`]).
+    pub edge_admin_hosts: Vec<String>,
     /// SPIFFE trust domain of node identities.
     pub trust_domain: String,
     /// The metrics and probe listener ([`DEFAULT_METRICS_ADDR`] when unset).
@@ -135,6 +141,19 @@ impl RunConfig {
         }
         if edge_server_names.iter().any(|n| n.parse::<std::net::IpAddr>().is_err() && !is_dns_name(n)) {
             return Err(invalid(EDGE_SERVER_NAMES, &names_raw, "every entry must be a DNS name or an IP address"));
+        }
+
+        let hosts_raw = lookup(EDGE_ADMIN_HOSTS).unwrap_or_default();
+        let edge_admin_hosts: Vec<String> =
+            hosts_raw.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect();
+        // The rule the Edge config applies to `listen.admin_hosts`.
+        if edge_admin_hosts.iter().any(|n| !iop_proto::config::is_lowercase_dns_name(n.strip_prefix("*.").unwrap_or(n)))
+        {
+            return Err(invalid(
+                EDGE_ADMIN_HOSTS,
+                &hosts_raw,
+                "every entry must be a lowercase DNS name, or `*.` and one",
+            ));
         }
 
         let trust_domain = get(TRUST_DOMAIN)?;
@@ -230,6 +249,7 @@ impl RunConfig {
             pod_name,
             edge_pod_selector,
             edge_server_names,
+            edge_admin_hosts,
             trust_domain,
             metrics_addr,
             edge_auth,
@@ -245,8 +265,8 @@ impl RunConfig {
     /// addresses, TLS and keys paths, and the auth mode.
     pub fn settings(&self) -> Settings {
         let addr = |s: &str| s.parse::<SocketAddr>().expect("constant listen addresses parse");
-        let listen =
-            ListenConfig { http: addr(EDGE_HTTP_LISTEN), grpc: addr(EDGE_GRPC_LISTEN), admin: addr(EDGE_ADMIN_LISTEN) };
+        let mut listen = ListenConfig::new(addr(EDGE_HTTP_LISTEN), addr(EDGE_GRPC_LISTEN), addr(EDGE_ADMIN_LISTEN));
+        listen.admin_hosts = self.edge_admin_hosts.clone();
         let mut settings = Settings::new(self.trust_domain.clone(), listen);
         if self.edge_auth == AuthMode::Disabled {
             settings.auth = AuthConfig { mode: AuthMode::Disabled, ..Default::default() };

@@ -272,7 +272,7 @@ fn examples_are_accepted_by_the_schema_and_read_into_the_types() {
 
 fn settings() -> Settings {
     let addr = |a: &str| a.parse().unwrap();
-    let listen = ListenConfig { http: addr("0.0.0.0:8080"), grpc: addr("0.0.0.0:7443"), admin: addr("0.0.0.0:8081") };
+    let listen = ListenConfig::new(addr("0.0.0.0:8080"), addr("0.0.0.0:7443"), addr("0.0.0.0:8081"));
     Settings::new("iop.example", listen)
 }
 

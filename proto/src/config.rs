@@ -593,12 +593,47 @@ pub struct ListenConfig {
     /// exposed to clients. Loopback unless set.
     #[serde(default = "ListenConfig::default_admin")]
     pub admin: SocketAddr,
+    /// Names the admin listener answers to besides this machine's own
+    /// (`localhost`, `127.0.0.1`, `[::1]` and the address a connection
+    /// reached): its Service names in a cluster. `*.name` allows every name
+    /// below `name` (a headless Service's per-replica names). A request
+    /// addressed to any other name is refused (`403`) whatever the auth
+    /// mode: a web page of a name that rebinds to the admin address sends
+    /// its own name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admin_hosts: Vec<String>,
 }
 
 impl ListenConfig {
+    pub fn new(http: SocketAddr, grpc: SocketAddr, admin: SocketAddr) -> Self {
+        Self { http, grpc, admin, admin_hosts: Vec::new() }
+    }
+
     pub fn default_admin() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 8081))
     }
+
+    /// Whether `name` (a `Host` without its port, lowercase) is one of
+    /// [`Self::admin_hosts`].
+    pub fn is_admin_host(&self, name: &str) -> bool {
+        self.admin_hosts.iter().any(|pattern| match pattern.strip_prefix("*.") {
+            Some(parent) => name.strip_suffix(parent).is_some_and(|below| below.len() > 1 && below.ends_with('.')),
+            None => pattern == name,
+        })
+    }
+}
+
+/// A lowercase DNS name: labels of `[a-z0-9-]`, neither starting nor
+/// ending with `-`, at most 253 characters.
+pub fn is_lowercase_dns_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            let edge = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+            (1..=63).contains(&label.len())
+                && edge(label.bytes().next())
+                && edge(label.bytes().last())
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1105,6 +1140,14 @@ impl EdgeConfig {
 
     /// Checks every cross-field rule; the error names the offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, host) in self.listen.admin_hosts.iter().enumerate() {
+            if !is_lowercase_dns_name(host.strip_prefix("*.").unwrap_or(host)) {
+                return Err(invalid(
+                    format!("listen.admin_hosts[{i}]"),
+                    "must be a lowercase DNS name, or `*.` and one (no port)",
+                ));
+            }
+        }
         if identity::validate_trust_domain(&self.trust_domain).is_err() {
             return Err(invalid("trust_domain", "must be a non-empty lowercase DNS-like name"));
         }

@@ -151,6 +151,23 @@ edge.grpcService.publicUrl and edge.grpcService.serverNames.
 {{- end }}
 
 {{/*
+The names the Edge's admin listener answers to besides its own address (the operator's
+IOP_EDGE_ADMIN_HOSTS, the Edge's listen.admin_hosts): the admin Service and the headless
+replicas Service in each form a resolver accepts, every replica's name below the headless
+one, and edge.adminService.hosts.
+*/}}
+{{- define "iop.edge.adminHosts" -}}
+{{- $ns := .Release.Namespace }}
+{{- $names := list }}
+{{- range $service := list (include "iop.edge.adminName" .) (include "iop.edge.replicasName" .) }}
+{{- $names = concat $names (list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (printf "%s.%s.svc.%s" $service $ns $.Values.clusterDomain)) }}
+{{- end }}
+{{- $replicas := include "iop.edge.replicasName" . }}
+{{- $names = concat $names (list (printf "*.%s.%s.svc" $replicas $ns) (printf "*.%s.%s.svc.%s" $replicas $ns .Values.clusterDomain)) }}
+{{- concat $names .Values.edge.adminService.hosts | uniq | join "," }}
+{{- end }}
+
+{{/*
 Whether the ServiceMonitor is rendered: the value AND the Prometheus Operator API.
 */}}
 {{- define "iop.serviceMonitor.enabled" -}}

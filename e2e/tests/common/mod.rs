@@ -64,6 +64,8 @@ pub struct StackOptions {
     pub scheduling: Option<iop_proto::config::SchedulingConfig>,
     /// `telemetry` of the Edge's and every node's config (default: off).
     pub telemetry: iop_proto::config::TelemetryConfig,
+    /// The Edge config's `listen.admin_hosts`.
+    pub admin_hosts: Vec<&'static str>,
 }
 
 /// A managed credential of [`StackOptions::credentials`].
@@ -98,6 +100,7 @@ impl Default for StackOptions {
             outlier: None,
             scheduling: None,
             telemetry: Default::default(),
+            admin_hosts: Vec::new(),
         }
     }
 }
@@ -256,6 +259,7 @@ impl Stack {
             options.context_fallbacks.iter().map(|(from, to)| (from.to_string(), to.to_string())).collect();
         config.retry = options.retry.clone();
         config.telemetry = options.telemetry.clone();
+        config.listen.admin_hosts = options.admin_hosts.iter().map(|h| h.to_string()).collect();
         for managed in &options.credentials {
             let file = dir.path().join(format!("{}.key", managed.profile));
             std::fs::write(&file, managed.secret).unwrap();

@@ -8,12 +8,14 @@
 //!   no type.
 //! - [`no_browser_origin`] (admin listener): a request carrying `Origin`
 //!   comes from a web page; no origin is allowed, so it is `403`.
-//! - [`local_host_only`] (while `auth.mode` is `disabled`): the `Host` must
-//!   be the listener's own address (the one the connection reached),
-//!   `localhost`, `127.0.0.1` or `[::1]` (any port), else `403`. A page of
-//!   a name that rebinds to 127.0.0.1 (DNS rebinding) sends its own name.
-//!   A request without `Host` (HTTP/1.0 health checks) is not a browser's
-//!   and passes.
+//! - [`local_host_only`] (client listener, while `auth.mode` is
+//!   `disabled`; admin listener, always): the `Host` must be the listener's
+//!   own address (the one the connection reached), `localhost`, `127.0.0.1`
+//!   or `[::1]` (any port), or on the admin listener one of
+//!   `listen.admin_hosts`, else `403`. A page of a name that rebinds to
+//!   127.0.0.1 (DNS rebinding) sends its own name; the admin listener needs
+//!   it whatever the auth mode, since its API has no key. A request without
+//!   `Host` (HTTP/1.0 health checks) is not a browser's and passes.
 //!
 //! Refusals come in the listener's error shape (the client API's own per
 //! path, a small JSON error on the admin listener) and are counted in
@@ -88,11 +90,17 @@ pub fn is_json(content_type: &HeaderValue) -> bool {
 /// Whether a `Host` (`name[:port]`) names this machine: `localhost`,
 /// `127.0.0.1`, `[::1]` or the address the connection reached (`local`).
 pub fn is_local_host(host: &str, local: Option<SocketAddr>) -> bool {
+    host_name(host).is_some_and(|name| is_local_name(&name, local))
+}
+
+/// The name of a `Host` (`name[:port]`), lowercase; `None` when the port
+/// is not one.
+fn host_name(host: &str) -> Option<String> {
     // `name` and what follows it: nothing, or `:` and the port.
     let (name, rest) = match host.strip_prefix('[') {
         Some(inner) => match inner.split_once(']') {
             Some((ip, rest)) => (format!("[{ip}]"), rest),
-            None => return false,
+            None => return None,
         },
         None => match host.find(':') {
             Some(at) => (host[..at].to_string(), &host[at..]),
@@ -103,16 +111,17 @@ pub fn is_local_host(host: &str, local: Option<SocketAddr>) -> bool {
         Some(digits) => !digits.is_empty() && digits.len() <= 5 && digits.bytes().all(|b| b.is_ascii_digit()),
         None => rest.is_empty(),
     };
-    if !port_ok {
-        return false;
-    }
-    let name = name.to_ascii_lowercase();
+    port_ok.then(|| name.to_ascii_lowercase())
+}
+
+/// Whether `name` (lowercase, no port) is this machine's.
+fn is_local_name(name: &str, local: Option<SocketAddr>) -> bool {
     // A v4 client of a dual-stack listener reached `[::ffff:a.b.c.d]`.
     let own = local.map(|addr| match addr.ip().to_canonical() {
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("[{ip}]"),
     });
-    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]") || own.is_some_and(|own| own == name)
+    matches!(name, "localhost" | "127.0.0.1" | "[::1]") || own.is_some_and(|own| own == name)
 }
 
 /// `415` for a `POST` whose body is not JSON.
@@ -138,10 +147,12 @@ pub async fn no_browser_origin(State(guard): State<Guard>, request: Request, nex
     next.run(request).await
 }
 
-/// `403`, while authentication is disabled, for a request addressed to a
-/// name other than this machine's.
+/// `403` for a request addressed to a name other than this machine's (or,
+/// on the admin listener, one of `listen.admin_hosts`): on the client
+/// listener while authentication is disabled, on the admin listener always.
 pub async fn local_host_only(State(guard): State<Guard>, request: Request, next: Next) -> Response {
-    if guard.state.config.current().auth.mode == AuthMode::Disabled {
+    let config = guard.state.config.current();
+    if guard.listener == Listener::Admin || config.auth.mode == AuthMode::Disabled {
         let host = match request.headers().get(header::HOST) {
             Some(value) => value.to_str().ok().map(str::to_string),
             // HTTP/2 carries it as the `:authority`.
@@ -151,7 +162,10 @@ pub async fn local_host_only(State(guard): State<Guard>, request: Request, next:
         // No Host at all is no browser (a browser always sends one, which
         // is what a rebound name shows): an HTTP/1.0 health check, say
         // HAProxy's `option httpchk`, passes.
-        if host.is_some_and(|host| !is_local_host(&host, local)) {
+        let known = |name: String| {
+            is_local_name(&name, local) || (guard.listener == Listener::Admin && config.listen.is_admin_host(&name))
+        };
+        if host.is_some_and(|host| !host_name(&host).is_some_and(known)) {
             return refuse(&guard, Refusal::ForeignHost, request.uri().path());
         }
     }

@@ -121,6 +121,22 @@ fn otlp_endpoint_setting() {
     }
 }
 
+/// Issue 41 item 5: the chart's admin Service names reach the Edge
+/// config's `listen.admin_hosts`; unset is none; a name that is not one is
+/// refused naming the variable.
+#[test]
+fn admin_hosts_setting() {
+    let mut env = chart_env();
+    assert!(parse(&env).unwrap().settings().listen.admin_hosts.is_empty());
+    env.insert(EDGE_ADMIN_HOSTS, "iop-edge-admin, iop-edge-admin.iop.svc,*.iop-edge-replicas.iop.svc,");
+    let listen = parse(&env).unwrap().settings().listen;
+    assert_eq!(listen.admin_hosts, ["iop-edge-admin", "iop-edge-admin.iop.svc", "*.iop-edge-replicas.iop.svc"]);
+    for bad in ["Admin", "admin:8081", "*", "a b"] {
+        env.insert(EDGE_ADMIN_HOSTS, bad);
+        assert!(matches!(parse(&env), Err(EnvError::Invalid { var: EDGE_ADMIN_HOSTS, .. })), "{bad}");
+    }
+}
+
 /// Issue 28 item 6: the chart's `edge.outlier` reaches the Edge config;
 /// unset keeps the Edge's defaults; out of range names the variable.
 #[test]

@@ -20,7 +20,7 @@ pub fn at(seconds: i64) -> Timestamp {
 
 pub fn settings() -> Settings {
     let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
-    let listen = ListenConfig { http: addr("0.0.0.0:8080"), grpc: addr("0.0.0.0:7443"), admin: addr("0.0.0.0:8081") };
+    let listen = ListenConfig::new(addr("0.0.0.0:8080"), addr("0.0.0.0:7443"), addr("0.0.0.0:8081"));
     Settings::new("iop.example", listen)
 }
 

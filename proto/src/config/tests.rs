@@ -63,6 +63,38 @@ fn retry_defaults_to_three_seconds_with_route_overrides_for_public_models() {
     }
 }
 
+/// Issue 41 item 5: the admin listener's extra names are DNS names or `*.`
+/// and one; `*.name` matches names below `name`, never `name` itself nor a
+/// name that merely ends like it.
+#[test]
+fn admin_hosts_are_dns_names_and_parents() {
+    let ok = EdgeConfig::from_yaml(
+        &VALID
+            .replace("listen: {", "listen: { admin_hosts: [iop-edge-admin.iop.svc, \"*.iop-edge-replicas.iop.svc\"],"),
+    )
+    .unwrap();
+    assert_eq!(EdgeConfig::from_yaml(&ok.to_yaml()).unwrap(), ok);
+    assert!(EdgeConfig::from_yaml(VALID).unwrap().listen.admin_hosts.is_empty());
+    assert!(!EdgeConfig::from_yaml(VALID).unwrap().to_yaml().contains("admin_hosts"), "empty is not written out");
+    for (name, known) in [
+        ("iop-edge-admin.iop.svc", true),
+        ("edge-0.iop-edge-replicas.iop.svc", true),
+        ("a.b.iop-edge-replicas.iop.svc", true),
+        ("iop-edge-replicas.iop.svc", false),
+        ("xiop-edge-replicas.iop.svc", false),
+        (".iop-edge-replicas.iop.svc", false),
+        ("iop-edge-admin.iop.svc.evil.example", false),
+        ("evil.example", false),
+    ] {
+        assert_eq!(ok.listen.is_admin_host(name), known, "{name}");
+    }
+    for bad in ["Admin.iop", "admin:8081", "*.", "*", "a..b", "-a.b", "a.*.b", "10.0.0.1:80"] {
+        let yaml = VALID.replace("listen: {", &format!("listen: {{ admin_hosts: [\"{bad}\"],"));
+        let err = EdgeConfig::from_yaml(&yaml).unwrap_err().to_string();
+        assert!(err.starts_with("listen.admin_hosts[0]"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn replicas_are_unique_host_names() {
     let ok = EdgeConfig::from_yaml(&format!("{VALID}replicas: [iop-edge-7d9f-abc12, iop-edge-7d9f-def34]\n")).unwrap();
