@@ -202,6 +202,71 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
     }
 }
 
+/// `count_tokens` is a request like any other for the caller's limits
+/// (issue 41 item 4): a key allowed 2 requests a minute gets 2 counts and
+/// then Anthropic's 429, which its chats share; a key allowed one request
+/// at once gets no count while its chat is running, and one after.
+#[tokio::test]
+async fn count_tokens_counts_against_the_callers_limits() {
+    let stack = stack().await;
+    let count = |key: &'static str| {
+        let body = json!({ "model": "mock-ollama", "messages": [{ "role": "user", "content": "hi" }] });
+        let request = stack
+            .client
+            .post(stack.url("/v1/messages/count_tokens"))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        async move {
+            let response = request.send().await.unwrap();
+            let headers = response.headers().clone();
+            let (status, body) = json_body(response).await;
+            (status, headers, body)
+        }
+    };
+    for _ in 0..2 {
+        let (status, _, body) = count(RPM_KEY).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["input_tokens"].as_u64().unwrap() > 0, "{body}");
+    }
+    let (status, headers, body) = count(RPM_KEY).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (429, Some("rate_limit_error")), "{body}");
+    assert!(header(&headers, "retry-after").parse::<u64>().unwrap() >= 1);
+    let (status, _, body) = call(&stack, "/v1/messages", "mock-ollama", RPM_KEY).await;
+    assert_eq!(status, 429, "the counts used the minute's requests: {body}");
+
+    let held = {
+        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
+        tokio::spawn(async move {
+            let request = client
+                .post(url)
+                .bearer_auth(ONE_AT_ONCE_KEY)
+                .header("content-type", "application/json")
+                .body(chat_body("mock-held", "hi", false).to_string());
+            json_body(request.send().await.unwrap()).await
+        })
+    };
+    wait_until("the chat is held at the provider", WAIT, || async {
+        let log = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
+        let log: Value = serde_json::from_slice(&log.bytes().await.unwrap()).unwrap();
+        log.as_array().unwrap().iter().any(|r| r["path"] == "/api/chat" && r["body"]["model"] == "mock@hold=held")
+    })
+    .await;
+    let (status, _, body) = count(ONE_AT_ONCE_KEY).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("requests at once"), "{body}");
+    let response = stack.client.post(format!("{}/mock/release/held", stack.mock_url)).send().await.unwrap();
+    assert_eq!(response.status(), 204);
+    assert_eq!(held.await.unwrap().0, 200);
+    let (status, _, body) = count(ONE_AT_ONCE_KEY).await;
+    assert_eq!(status, 200, "{body}");
+
+    for (principal, limit) in [("rpm", "requests"), ("one-at-once", "concurrency")] {
+        let sample = format!("iop_edge_rate_limited_total{{principal=\"{principal}\",limit=\"{limit}\"}}");
+        assert_eq!(stack.metric(&sample).await, if principal == "rpm" { 2.0 } else { 1.0 }, "{sample}");
+    }
+}
+
 /// The official SDKs (`max_retries=0`) raise their `RateLimitError` with
 /// status 429 and read the headers (e2e/sdk/rate_limits.py).
 #[tokio::test]

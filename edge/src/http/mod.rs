@@ -207,18 +207,20 @@ impl Drop for RequestRecord {
 }
 
 /// The caller, the config the request runs under, and its body: the caller
-/// is authenticated before the body is read, so an unknown caller costs no
+/// is authenticated and `admit`ted (counted against its limits) before the
+/// body is read, so a caller that is unknown or over its limits costs no
 /// more than its headers.
 async fn authenticated_body(
     state: &EdgeState,
     headers: &HeaderMap,
     body: Body,
+    admit: impl FnOnce(&Caller, &iop_proto::config::EdgeConfig) -> Result<(), ApiError>,
 ) -> Result<(Caller, Arc<iop_proto::config::EdgeConfig>, Bytes), ApiError> {
     let config = state.config.current();
     let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
     let limit = config.limits.max_body_bytes;
     let mut chunks = body.into_data_stream();
-    let caller = match authenticate(state, headers) {
+    let caller = match authenticate(state, headers).and_then(|caller| admit(&caller, &config).map(|()| caller)) {
         Ok(caller) => caller,
         Err(refusal) => {
             discard_body(&mut chunks, limit, idle).await;
@@ -287,17 +289,24 @@ fn admit(
 ) -> Result<(), ApiError> {
     record.caller = Some(caller.clone());
     record.span.set("iop.principal", caller.name().to_string());
-    let replicas = state.replica_set(config).len();
-    match state.routing.rate_limits.admit(caller, replicas) {
-        Ok(permit) => record.permit = Some(permit),
-        Err(refusal) => {
-            let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
-            tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
-            state.metrics.rate_limited.get_or_create(&labels).inc();
-            return Err(ApiError::RateLimited(refusal));
-        }
-    }
+    record.permit = Some(limit(state, config, caller)?);
     Ok(())
+}
+
+/// A request of `caller` counted against its limits: the permit to hold
+/// for the response's life, or the refusal (counted).
+fn limit(
+    state: &EdgeState,
+    config: &iop_proto::config::EdgeConfig,
+    caller: &Caller,
+) -> Result<crate::ratelimit::Permit, ApiError> {
+    let replicas = state.replica_set(config).len();
+    state.routing.rate_limits.admit(caller, replicas).map_err(|refusal| {
+        let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
+        tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
+        state.metrics.rate_limited.get_or_create(&labels).inc();
+        ApiError::RateLimited(refusal)
+    })
 }
 
 /// The request header that makes a request a single-request job.
@@ -381,8 +390,8 @@ async fn serve<S: Surface>(
     job_id: Option<String>,
     dropped_tools: &mut String,
 ) -> Result<Reply<S>, ApiError> {
-    let (caller, config, bytes) = authenticated_body(state, &headers, body).await?;
-    admit(state, &config, &caller, record)?;
+    let admit = |caller: &Caller, config: &_| admit(state, config, caller, record);
+    let (caller, config, bytes) = authenticated_body(state, &headers, body, admit).await?;
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
     if let Some(first) = parsed.dropped_tools.first() {
@@ -857,8 +866,8 @@ async fn embed(
     body: Body,
     record: &mut RequestRecord,
 ) -> Result<serde_json::Value, ApiError> {
-    let (caller, config, bytes) = authenticated_body(state, headers, body).await?;
-    admit(state, &config, &caller, record)?;
+    let admit = |caller: &Caller, config: &_| admit(state, config, caller, record);
+    let (caller, config, bytes) = authenticated_body(state, headers, body, admit).await?;
     let request = crate::ingress::embeddings::parse_request(&bytes)?;
     if !caller.may_use(&request.model) {
         return Err(ApiError::ModelNotAllowed(request.model));
@@ -891,9 +900,16 @@ pub const TOKEN_COUNT_HEADER: &str = "iop-token-count";
 /// same routing and credential leases as a chat, that never queues: it
 /// takes a free slot or none), else estimated (about four characters per
 /// token over every text, tool definition and tool call). The header
-/// `iop-token-count` says which.
+/// `iop-token-count` says which. A count is a request like any other for
+/// the caller's limits: over them it is refused, and it holds a place in
+/// its concurrency limit until answered.
 async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, body: Body) -> Response {
-    let (caller, config, bytes) = match authenticated_body(&state, &headers, body).await {
+    let mut permit = None;
+    let admit = |caller: &Caller, config: &_| {
+        permit = Some(limit(&state, config, caller)?);
+        Ok(())
+    };
+    let (caller, config, bytes) = match authenticated_body(&state, &headers, body, admit).await {
         Ok(read) => read,
         Err(err) => return error_response::<Messages>(&err),
     };
@@ -931,6 +947,8 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
     };
     let mut response = axum::Json(json!({ "input_tokens": tokens })).into_response();
     response.headers_mut().insert(TOKEN_COUNT_HEADER, HeaderValue::from_static(how));
+    // The caller's place in its concurrency limit, held until answered.
+    drop(permit);
     response
 }
 
