@@ -323,16 +323,18 @@ impl Edge {
         let admin_addr = admin.local_addr().map_err(|e| EdgeError::Serve(e.to_string()))?;
         // The listeners' bounds are read once at start (a reload does not rebind them).
         let limits = http::listener::ListenLimits::of(&state.config.current().limits);
-        let open = state.metrics.http_connections.clone();
+        let (open, refused) = (state.metrics.http_connections.clone(), state.metrics.http_connections_refused.clone());
         // Client connections stop before node sessions: the answers in
         // flight need their nodes.
         let http_stop = CancellationToken::new();
         let http_router = http::router(state.clone());
-        let http_task = tokio::spawn(http::listener::serve(http, http_router, limits, open, http_stop.clone()));
-        // Admin connections are not client connections: their own (unexported) count.
+        let http_server = http::listener::serve(http, http_router, limits, open, refused, http_stop.clone());
+        let http_task = tokio::spawn(http_server);
+        // Admin connections are not client connections: their own (unexported) counts.
         let stop = state.replica.shutting_down.clone();
+        let admin_router = http::admin_router(state.clone());
         let admin_server =
-            http::listener::serve(admin, http::admin_router(state.clone()), limits, Default::default(), stop);
+            http::listener::serve(admin, admin_router, limits, Default::default(), Default::default(), stop);
         let admin_task = tokio::spawn(admin_server);
         tracing::info!(%http_addr, %admin_addr, "edge serving");
 

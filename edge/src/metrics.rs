@@ -242,6 +242,7 @@ pub struct EdgeMetrics {
     pub node_streams: Family<NodeLabels, Gauge>,
     pub node_in_transit_bytes: Family<NodeLabels, Gauge>,
     pub http_connections: Gauge,
+    pub http_connections_refused: Family<ReasonLabels, Counter>,
     pub auth_rejections: Family<ReasonLabels, Counter>,
     pub http_refusals: Family<ReasonLabels, Counter>,
     pub principal_requests: Family<PrincipalLabels, Counter>,
@@ -419,6 +420,13 @@ impl EdgeMetrics {
             "Open client HTTP connections (bounded by limits.max_http_connections)",
             http_connections.clone(),
         );
+        let http_connections_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "http_connections_refused",
+            "HTTP connections closed by the listener for others: source_limit (its source held \
+             limits.max_http_connections_per_source), shed_idle (idle the longest when a new one needed its slot)",
+            http_connections_refused.clone(),
+        );
         let auth_rejections = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "auth_rejections",
@@ -536,6 +544,7 @@ impl EdgeMetrics {
             node_streams,
             node_in_transit_bytes,
             http_connections,
+            http_connections_refused,
             auth_rejections,
             http_refusals,
             principal_requests,

@@ -864,13 +864,23 @@ pub struct Limits {
     /// event. Past it the client gets `response_too_large`.
     #[serde(default = "Limits::default_max_response_bytes")]
     pub max_response_bytes: usize,
-    /// Client HTTP connections open at once; past it new connections wait
-    /// to be accepted until one closes.
+    /// Client HTTP connections open at once. Past it a new connection takes
+    /// the slot of the connection idle the longest (closed), or waits while
+    /// every connection is answering a request.
     #[serde(default = "Limits::default_max_http_connections")]
     pub max_http_connections: usize,
-    /// A client connection must send its request headers (and each chunk of
-    /// its body) within this long; an idle keep-alive connection is closed
-    /// after it.
+    /// Connections one source (an IPv4 address, an IPv6 /64) may hold at
+    /// once; past it a new one is closed. Behind a load balancer or Ingress
+    /// every connection comes from its few addresses: raise it there.
+    #[serde(default = "Limits::default_max_http_connections_per_source")]
+    pub max_http_connections_per_source: usize,
+    /// A connection must send its first bytes, and each request's headers,
+    /// within this long.
+    #[serde(default = "Limits::default_http_header_timeout_ms")]
+    pub http_header_timeout_ms: u64,
+    /// A connection answering nothing (between keep-alive requests, or
+    /// HTTP/2 without an open stream, PINGs or not) is closed after this
+    /// long; each chunk of a request body must arrive within it too.
     #[serde(default = "Limits::default_http_idle_timeout_ms")]
     pub http_idle_timeout_ms: u64,
     /// A streaming request that has not committed (no content yet) after
@@ -912,6 +922,12 @@ impl Limits {
     fn default_max_http_connections() -> usize {
         4096
     }
+    fn default_max_http_connections_per_source() -> usize {
+        1024
+    }
+    fn default_http_header_timeout_ms() -> u64 {
+        10_000
+    }
     fn default_http_idle_timeout_ms() -> u64 {
         30_000
     }
@@ -941,6 +957,8 @@ impl Default for Limits {
             request_timeout_ms: Self::default_request_timeout_ms(),
             max_response_bytes: Self::default_max_response_bytes(),
             max_http_connections: Self::default_max_http_connections(),
+            max_http_connections_per_source: Self::default_max_http_connections_per_source(),
+            http_header_timeout_ms: Self::default_http_header_timeout_ms(),
             http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
             stream_keepalive_ms: Self::default_stream_keepalive_ms(),
             max_jobs_per_principal: Self::default_max_jobs_per_principal(),
@@ -1285,6 +1303,12 @@ impl EdgeConfig {
         }
         if !(100..=3_600_000).contains(&l.http_idle_timeout_ms) {
             return Err(invalid("limits.http_idle_timeout_ms", "must be between 100 and 3600000"));
+        }
+        if !(1..=1_000_000).contains(&l.max_http_connections_per_source) {
+            return Err(invalid("limits.max_http_connections_per_source", "must be between 1 and 1000000"));
+        }
+        if !(100..=3_600_000).contains(&l.http_header_timeout_ms) {
+            return Err(invalid("limits.http_header_timeout_ms", "must be between 100 and 3600000"));
         }
         if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
             return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));

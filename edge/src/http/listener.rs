@@ -2,42 +2,58 @@
 //! `axum::serve`, which has neither a connection cap nor read timeouts) so
 //! that a slow or idle client cannot hold the Edge's resources:
 //!
-//! - at most `limits.max_http_connections` connections are open at once;
-//!   past it the loop waits for one to close before accepting the next;
-//! - a connection must start its request, and finish its request headers,
-//!   within `limits.http_idle_timeout_ms` (this is also how long an idle
-//!   keep-alive connection stays open);
-//! - request bodies are read with the same bound between chunks
+//! - the connection slots are kept by a [`ConnectionTable`]: at most
+//!   `limits.max_http_connections` open at once and
+//!   `limits.max_http_connections_per_source` per source; when full, the
+//!   connection idle the longest gives its slot to a new one, and only
+//!   when every connection is answering something does the loop wait;
+//! - a connection must send its first bytes, and each request's headers,
+//!   within `limits.http_header_timeout_ms`;
+//! - a connection that answers nothing (between keep-alive requests, an
+//!   HTTP/2 connection without a stream, PINGs or not) for
+//!   `limits.http_idle_timeout_ms` is closed;
+//! - request bodies are read with the idle bound between chunks
 //!   (`read_body` in the handler), so a trickling body is cut too.
 //!
 //! Responses are never timed here: a stream waiting on a long prefill is
 //! the request deadline's business.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
-use prometheus_client::metrics::gauge::Gauge;
+use super::connections::{Busy, ConnectionLimits, ConnectionTable, Slot, Source};
+use crate::metrics::ReasonLabels;
 
-/// Bounds of the client listener (from `limits`).
+/// Bounds of a listener (from `limits`).
 #[derive(Debug, Clone, Copy)]
 pub struct ListenLimits {
-    pub max_connections: usize,
+    pub connections: ConnectionLimits,
+    pub header_timeout: Duration,
     pub idle_timeout: Duration,
 }
 
 impl ListenLimits {
     pub fn of(limits: &iop_proto::config::Limits) -> Self {
         Self {
-            max_connections: limits.max_http_connections,
+            connections: ConnectionLimits {
+                max_connections: limits.max_http_connections,
+                max_per_source: limits.max_http_connections_per_source,
+            },
+            header_timeout: Duration::from_millis(limits.http_header_timeout_ms),
             idle_timeout: Duration::from_millis(limits.http_idle_timeout_ms),
         }
     }
@@ -45,23 +61,27 @@ impl ListenLimits {
 
 /// Serves `app` on `listener` until `stop` is cancelled, then lets open
 /// connections finish (the caller bounds how long it waits for that).
-/// `open` counts the listener's open connections.
-pub async fn serve(listener: TcpListener, app: Router, limits: ListenLimits, open: Gauge, stop: CancellationToken) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
+/// `open` counts the listener's open connections, `refused` the
+/// connections refused or shed.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ListenLimits,
+    open: Gauge,
+    refused: Family<ReasonLabels, Counter>,
+    stop: CancellationToken,
+) {
+    let table = ConnectionTable::new(limits.connections);
+    let connections = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.idle_timeout);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     builder.http2().timer(TokioTimer::new()).keep_alive_interval(limits.idle_timeout);
     let builder = Arc::new(builder);
     loop {
-        let permit = tokio::select! {
-            _ = stop.cancelled() => break,
-            permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-        };
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Typically out of file descriptors: back off, keep serving.
                     tracing::warn!(error = %e, "http listener accept failed");
@@ -70,37 +90,142 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ListenLimits, ope
                 }
             },
         };
+        let slot = tokio::select! {
+            _ = stop.cancelled() => break,
+            slot = table.enter(Source::of(peer.ip())) => slot,
+        };
+        let Some(slot) = slot else {
+            refused.get_or_create(&ReasonLabels { reason: "source_limit" }).inc();
+            continue;
+        };
         // Headers and body are written separately; without it a reused
         // connection waits on the client's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
+        let slot = Arc::new(slot);
         // The address the connection reached, for the Host check
-        // (`guard::local_host_only`).
+        // (`guard::local_host_only`); and the connection is busy while a
+        // request on it is answered, its response body included.
         let local = tcp.local_addr().ok().map(super::guard::LocalAddr);
-        let app = app.clone().map_request(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+        let (router, on_request) = (app.clone(), slot.clone());
+        let app = tower::service_fn(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+            let busy = on_request.busy();
             if let Some(local) = local {
                 request.extensions_mut().insert(local);
             }
-            request
-        });
-        let (builder, open, service) = (builder.clone(), open.clone(), TowerToHyperService::new(app));
-        let watcher = graceful.watcher();
-        open.inc();
-        tokio::spawn(async move {
-            // hyper's protocol detection waits for the first bytes without
-            // a bound: a connection that sends nothing is closed here.
-            let mut first = [0u8; 1];
-            if let Ok(Ok(n)) = tokio::time::timeout(limits.idle_timeout, tcp.peek(&mut first)).await
-                && n > 0
-            {
-                let connection = builder.serve_connection(TokioIo::new(tcp), service);
-                if let Err(e) = watcher.watch(connection).await {
-                    tracing::debug!(error = %e, "http connection ended with an error");
-                }
+            let router = router.clone();
+            async move {
+                let response = router.oneshot(request).await?;
+                Ok::<_, Infallible>(response.map(|inner| Body::new(BusyBody { inner, _busy: busy })))
             }
+        });
+        let (builder, open, refused) = (builder.clone(), open.clone(), refused.clone());
+        let (service, stop) = (TowerToHyperService::new(app), stop.clone());
+        open.inc();
+        connections.spawn(async move {
+            serve_connection(&builder, tcp, service, &slot, limits, &refused, &stop).await;
             open.dec();
-            drop(permit);
+            drop(slot);
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
+}
+
+/// Serves one connection until it ends, closing it gracefully once it is
+/// shed for a newer one, idle too long, or the listener stops.
+async fn serve_connection<S>(
+    builder: &auto::Builder<TokioExecutor>,
+    tcp: TcpStream,
+    service: S,
+    slot: &Slot,
+    limits: ListenLimits,
+    refused: &Family<ReasonLabels, Counter>,
+    stop: &CancellationToken,
+) where
+    S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = axum::response::Response>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // hyper's protocol detection waits for the first bytes without a
+    // bound: a connection that sends nothing in time is closed here.
+    let mut first = [0u8; 1];
+    let sent = tokio::select! {
+        peeked = tokio::time::timeout(limits.header_timeout, tcp.peek(&mut first)) => matches!(peeked, Ok(Ok(n)) if n > 0),
+        () = slot.shed.cancelled() => false,
+        () = stop.cancelled() => false,
+    };
+    if !sent {
+        if slot.shed.is_cancelled() {
+            refused.get_or_create(&ReasonLabels { reason: "shed_idle" }).inc();
+        }
+        return;
+    }
+    let connection = builder.serve_connection(TokioIo::new(tcp), service);
+    tokio::pin!(connection);
+    let mut closing = false;
+    // When an idle connection is closed, how long its peer has to take the
+    // GOAWAY (HTTP/2 waits for a PING answer a silent peer never sends).
+    let mut hard_close: Option<tokio::time::Instant> = None;
+    loop {
+        let grace_over = async {
+            match hard_close {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let idle = tokio::select! {
+            ended = connection.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "http connection ended with an error");
+                }
+                return;
+            }
+            () = grace_over => return,
+            () = slot.shed.cancelled(), if !closing => {
+                refused.get_or_create(&ReasonLabels { reason: "shed_idle" }).inc();
+                true
+            }
+            () = slot.idle_for(limits.idle_timeout), if !closing => true,
+            // Requests in flight finish: the caller bounds the drain.
+            () = stop.cancelled(), if !closing => false,
+        };
+        closing = true;
+        if idle {
+            hard_close = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+        }
+        connection.as_mut().graceful_shutdown();
+    }
+}
+
+/// How long an idle connection being closed has to go on its own.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// A response body that keeps its connection busy until it is sent or
+/// dropped ([`Slot::busy`]).
+struct BusyBody {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for BusyBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -5,6 +5,7 @@
 //! `ingress::*` (the layers: `docs/architecture.md`).
 
 mod admin;
+pub mod connections;
 pub mod guard;
 pub mod listener;
 mod respond;

@@ -1,0 +1,127 @@
+//! An Edge no unauthenticated party can hold (issue 41), against a real
+//! `iop-edge` with test-sized bounds: connections that do nothing lose
+//! their slot to ones that do, one source holds only its share, and
+//! request headers have a deadline. Each flood is bounded in count; the
+//! tests wait on outcomes, never on time.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::*;
+use iop_e2e::harness::wait_until;
+use iop_proto::config::Limits;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Connection slots of the test Edge's client listener.
+const SLOTS: usize = 8;
+/// Connections one source may hold.
+const PER_SOURCE: usize = 6;
+
+fn limits() -> Limits {
+    Limits {
+        max_http_connections: SLOTS,
+        max_http_connections_per_source: PER_SOURCE,
+        http_header_timeout_ms: 60_000,
+        ..Limits::default()
+    }
+}
+
+/// A connection to `edge` from the loopback address `127.0.0.<from>`.
+async fn connect_from(from: u8, edge: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, from], 0))).unwrap();
+    socket.connect(edge).await.unwrap()
+}
+
+/// An HTTP/2 connection that sends the preface and an empty SETTINGS
+/// frame, and never opens a stream.
+async fn idle_http2(from: u8, edge: SocketAddr) -> TcpStream {
+    let mut tcp = connect_from(from, edge).await;
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    // Length 0, type SETTINGS (4), no flags, stream 0.
+    tcp.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    tcp
+}
+
+/// An HTTP/1 request whose headers never end.
+async fn partial_http1(from: u8, edge: SocketAddr) -> TcpStream {
+    let mut tcp = connect_from(from, edge).await;
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: ").await.unwrap();
+    tcp
+}
+
+/// Whether the Edge closed `tcp` (reads to its end, dropping what came).
+async fn closed(tcp: &mut TcpStream) -> bool {
+    let mut sink = [0u8; 4096];
+    loop {
+        match tcp.read(&mut sink).await {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Idle HTTP/2 connections and unfinished HTTP/1 headers from many
+/// sources, far more than the listener's slots, take no slot from a client
+/// with a request: each new connection takes the slot of the one idle the
+/// longest, so the flood sheds itself and the authenticated request is
+/// answered. A source past its share gets its extra connections closed at
+/// once.
+#[tokio::test]
+async fn connections_that_do_nothing_lose_their_slot_to_a_request() {
+    let (key, entry) = new_key("client", &[]);
+    let keys = format!("principals:\n{entry}\n");
+    let stack = Stack::start(StackOptions { keys: Some(keys), limits: Some(limits()), ..Default::default() }).await;
+    let mut flood = Vec::new();
+    for i in 0..(4 * SLOTS) as u8 {
+        let from = 10 + i % 20;
+        flood.push(if i % 2 == 0 { idle_http2(from, stack.http).await } else { partial_http1(from, stack.http).await });
+    }
+    wait_until("the flood filled the listener and shed itself", WAIT, || async {
+        stack.metric("iop_edge_http_connections_refused_total{reason=\"shed_idle\"}").await >= (3 * SLOTS) as f64
+    })
+    .await;
+    wait_until("the shed connections closed", WAIT, || async {
+        stack.metric("iop_edge_http_connections").await == SLOTS as f64
+    })
+    .await;
+
+    let response = stack
+        .client
+        .post(stack.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(chat_body("mock-ollama", "hi", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_body(response).await;
+    assert_eq!(status, 200, "{body}");
+    // The oldest of the flood went first: its first connection is closed.
+    assert!(closed(&mut flood[0]).await);
+
+    // One source holds at most its share; the rest are closed at once.
+    let mut one_source = Vec::new();
+    for _ in 0..PER_SOURCE + 2 {
+        one_source.push(idle_http2(99, stack.http).await);
+    }
+    wait_until("the source's extra connections refused", WAIT, || async {
+        stack.metric("iop_edge_http_connections_refused_total{reason=\"source_limit\"}").await >= 2.0
+    })
+    .await;
+    assert!(closed(&mut one_source[PER_SOURCE + 1]).await);
+}
+
+/// Request headers have a deadline: an HTTP/1 request whose headers never
+/// end is closed at `limits.http_header_timeout_ms`, whether or not the
+/// listener is full.
+#[tokio::test]
+async fn unfinished_request_headers_are_cut_at_their_deadline() {
+    let limits = Limits { http_header_timeout_ms: 300, ..Limits::default() };
+    let stack = Stack::start(StackOptions { limits: Some(limits), start_node: false, ..Default::default() }).await;
+    let mut partial = partial_http1(2, stack.http).await;
+    assert!(closed(&mut partial).await, "the partial request is closed");
+    wait_until("its slot given back", WAIT, || async { stack.metric("iop_edge_http_connections").await == 0.0 }).await;
+}
