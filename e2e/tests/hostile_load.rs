@@ -125,3 +125,91 @@ async fn unfinished_request_headers_are_cut_at_their_deadline() {
     assert!(closed(&mut partial).await, "the partial request is closed");
     wait_until("its slot given back", WAIT, || async { stack.metric("iop_edge_http_connections").await == 0.0 }).await;
 }
+
+/// A chat request's head with `Content-Length: length`, sent on a raw
+/// connection, and `sent` bytes of its body.
+async fn held_body(edge: SocketAddr, key: Option<&str>, length: usize, sent: usize) -> TcpStream {
+    let mut tcp = TcpStream::connect(edge).await.unwrap();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&vec![b' '; sent]).await.unwrap();
+    tcp
+}
+
+/// The status line's code of what the Edge answered on `tcp`.
+async fn status_of(tcp: &mut TcpStream) -> u16 {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&answer);
+    line.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("no status: {line}"))
+}
+
+/// A body trickled a byte at a time, each byte within the idle bound, is
+/// cut once it falls behind the minimum rate: `408`, its slot given back.
+#[tokio::test]
+async fn a_trickled_body_is_cut_at_the_minimum_rate() {
+    let limits = Limits { http_idle_timeout_ms: 1_000, min_body_bytes_per_s: 1_000, ..Limits::default() };
+    let stack = Stack::start(StackOptions { limits: Some(limits), start_node: false, ..Default::default() }).await;
+    let mut tcp = held_body(stack.http, None, 1_000, 1).await;
+    let mut answer = [0u8; 1];
+    let status = loop {
+        // One byte every 200 ms until the Edge answers.
+        match tokio::time::timeout(std::time::Duration::from_millis(200), tcp.peek(&mut answer)).await {
+            Ok(_) => break status_of(&mut tcp).await,
+            Err(_) => tcp.write_all(b" ").await.unwrap(),
+        }
+    };
+    assert_eq!(status, 408);
+    assert_eq!(stack.metric("iop_edge_http_body_bytes_in_flight").await, 0.0);
+}
+
+/// Bodies share a budget: with room for two, a third body is refused at
+/// once with `503` and `Retry-After` in its API's shape (the two held
+/// bodies read nothing more); a key limited to one request at once holds
+/// at most one body, its second request refused before its body is read.
+#[tokio::test]
+async fn bodies_share_a_budget_and_a_key_holds_only_its_share() {
+    const MIB: usize = 1 << 20;
+    let (key, entry) = new_key("one", &[]);
+    let (open_key, open_entry) = new_key("open", &[]);
+    let keys =
+        format!("principals:\n{entry}\n{open_entry}\n").replace("name: one,", "name: one, max_concurrent_requests: 1,");
+    let limits = Limits {
+        max_body_bytes: MIB,
+        max_body_bytes_in_flight: 2 * MIB,
+        http_idle_timeout_ms: 60_000,
+        ..Limits::default()
+    };
+    let stack = Stack::start(StackOptions { keys: Some(keys), limits: Some(limits), ..Default::default() }).await;
+
+    let in_flight = || stack.metric("iop_edge_http_body_bytes_in_flight");
+    let _first = held_body(stack.http, Some(&key), MIB, 10).await;
+    wait_until("the first body holds its share", WAIT, || async { in_flight().await == MIB as f64 }).await;
+    // The same key again, its whole body sent: refused, the body dropped.
+    let mut second = held_body(stack.http, Some(&key), MIB, MIB).await;
+    assert_eq!(status_of(&mut second).await, 429, "one request at once for this key: no second body");
+    assert_eq!(in_flight().await, MIB as f64);
+    let _third = held_body(stack.http, Some(&open_key), MIB, 10).await;
+    wait_until("two bodies hold the budget", WAIT, || async { in_flight().await == (2 * MIB) as f64 }).await;
+    let response = stack
+        .client
+        .post(stack.url("/v1/messages"))
+        .bearer_auth(&open_key)
+        .header("content-type", "application/json")
+        .body(serde_json::json!({ "model": "mock-ollama", "max_tokens": 8, "messages": [] }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string()), Some("1".into()));
+    let (status, body) = json_body(response).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (503, Some("overloaded_error")), "{body}");
+}

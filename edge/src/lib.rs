@@ -209,6 +209,7 @@ impl EdgeBuilder {
             recovery: Arc::new(tokio::sync::Notify::new()),
             rate_limits: Default::default(),
             usage: Default::default(),
+            body_budget: Default::default(),
         };
         let link = NodeLink {
             runs: Arc::new(RunTable::default()),

@@ -243,6 +243,7 @@ pub struct EdgeMetrics {
     pub node_in_transit_bytes: Family<NodeLabels, Gauge>,
     pub http_connections: Gauge,
     pub http_connections_refused: Family<ReasonLabels, Counter>,
+    pub http_body_bytes_in_flight: Gauge,
     pub auth_rejections: Family<ReasonLabels, Counter>,
     pub http_refusals: Family<ReasonLabels, Counter>,
     pub principal_requests: Family<PrincipalLabels, Counter>,
@@ -427,6 +428,12 @@ impl EdgeMetrics {
              limits.max_http_connections_per_source), shed_idle (idle the longest when a new one needed its slot)",
             http_connections_refused.clone(),
         );
+        let http_body_bytes_in_flight = Gauge::default();
+        registry.register(
+            "http_body_bytes_in_flight",
+            "Request body bytes held now, read or being answered (bounded by limits.max_body_bytes_in_flight)",
+            http_body_bytes_in_flight.clone(),
+        );
         let auth_rejections = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "auth_rejections",
@@ -545,6 +552,7 @@ impl EdgeMetrics {
             node_in_transit_bytes,
             http_connections,
             http_connections_refused,
+            http_body_bytes_in_flight,
             auth_rejections,
             http_refusals,
             principal_requests,

@@ -17,6 +17,7 @@ use crate::core::health::{OverlayState, ProviderView};
 use crate::core::lease::Lease;
 use crate::credentials::{LeaseFaults, LeaseScope, Sealed, Sealer};
 use crate::dispatch::RunTable;
+use crate::http::body::BodyBudget;
 use crate::job::slots::JobSlots;
 use crate::metrics::EdgeMetrics;
 use crate::node::commands::CommandTable;
@@ -88,6 +89,8 @@ pub struct Routing {
     pub rate_limits: Arc<RateLimits>,
     /// Per-principal usage since start ([`crate::usage`]).
     pub usage: Arc<UsageLedger>,
+    /// The request body bytes held across the Edge ([`crate::http::body`]).
+    pub body_budget: Arc<BodyBudget>,
 }
 
 /// What is in flight on the nodes' connections.

@@ -883,6 +883,15 @@ pub struct Limits {
     /// long; each chunk of a request body must arrive within it too.
     #[serde(default = "Limits::default_http_idle_timeout_ms")]
     pub http_idle_timeout_ms: u64,
+    /// A request body must arrive at this many bytes per second on average
+    /// once `http_idle_timeout_ms` has passed (a body trickled a byte at a
+    /// time is cut with `408`); 0: no minimum.
+    #[serde(default = "Limits::default_min_body_bytes_per_s")]
+    pub min_body_bytes_per_s: u64,
+    /// Request body bytes the Edge holds at once, across requests being
+    /// read or answered; a body that does not fit is refused with `503`.
+    #[serde(default = "Limits::default_max_body_bytes_in_flight")]
+    pub max_body_bytes_in_flight: usize,
     /// A streaming request that has not committed (no content yet) after
     /// this long gets its response head and then keepalives in its API's
     /// form at this interval; 0 disables.
@@ -931,6 +940,12 @@ impl Limits {
     fn default_http_idle_timeout_ms() -> u64 {
         30_000
     }
+    fn default_min_body_bytes_per_s() -> u64 {
+        1024
+    }
+    fn default_max_body_bytes_in_flight() -> usize {
+        256 * 1024 * 1024
+    }
     fn default_stream_keepalive_ms() -> u64 {
         10_000
     }
@@ -960,6 +975,8 @@ impl Default for Limits {
             max_http_connections_per_source: Self::default_max_http_connections_per_source(),
             http_header_timeout_ms: Self::default_http_header_timeout_ms(),
             http_idle_timeout_ms: Self::default_http_idle_timeout_ms(),
+            min_body_bytes_per_s: Self::default_min_body_bytes_per_s(),
+            max_body_bytes_in_flight: Self::default_max_body_bytes_in_flight(),
             stream_keepalive_ms: Self::default_stream_keepalive_ms(),
             max_jobs_per_principal: Self::default_max_jobs_per_principal(),
             max_continuations: Self::default_max_continuations(),
@@ -1309,6 +1326,15 @@ impl EdgeConfig {
         }
         if !(100..=3_600_000).contains(&l.http_header_timeout_ms) {
             return Err(invalid("limits.http_header_timeout_ms", "must be between 100 and 3600000"));
+        }
+        if l.min_body_bytes_per_s > 1_000_000_000 {
+            return Err(invalid("limits.min_body_bytes_per_s", "must be between 0 and 1000000000"));
+        }
+        if l.max_body_bytes_in_flight < l.max_body_bytes || l.max_body_bytes_in_flight > 64 << 30 {
+            return Err(invalid(
+                "limits.max_body_bytes_in_flight",
+                "must be at least limits.max_body_bytes and at most 64 GiB",
+            ));
         }
         if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
             return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));

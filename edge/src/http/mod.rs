@@ -5,6 +5,7 @@
 //! `ingress::*` (the layers: `docs/architecture.md`).
 
 mod admin;
+pub mod body;
 pub mod connections;
 pub mod guard;
 pub mod listener;
@@ -90,6 +91,9 @@ struct RequestRecord {
     /// The caller's place in its concurrency limit, held until the
     /// response is done (`crate::ratelimit`).
     permit: Option<crate::ratelimit::Permit>,
+    /// The body's share of the Edge's body budget, held until the
+    /// response is done (`body::BodyBudget`).
+    body: Option<body::BodyPermit>,
     /// Set once the request named a configured model.
     route: Option<String>,
     started: Instant,
@@ -112,6 +116,7 @@ impl RequestRecord {
             caller: None,
             usage: None,
             permit: None,
+            body: None,
             route: None,
             started: Instant::now(),
             first_byte: false,
@@ -207,76 +212,43 @@ impl Drop for RequestRecord {
     }
 }
 
-/// The caller, the config the request runs under, and its body: the caller
-/// is authenticated and `admit`ted (counted against its limits) before the
-/// body is read, so a caller that is unknown or over its limits costs no
-/// more than its headers.
+/// What a request brought: who sent it, the config it runs under, its
+/// body, and the body's share of the Edge's budget (held with the
+/// response).
+type Read = (Caller, Arc<iop_proto::config::EdgeConfig>, Bytes, body::BodyPermit);
+
+/// The caller, the config the request runs under, and its body
+/// ([`body::read`]): the caller is authenticated and `admit`ted (counted
+/// against its limits) before the body is read, so a caller that is
+/// unknown or over its limits costs no more than its headers.
 async fn authenticated_body(
     state: &EdgeState,
     headers: &HeaderMap,
-    body: Body,
+    request_body: Body,
     admit: impl FnOnce(&Caller, &iop_proto::config::EdgeConfig) -> Result<(), ApiError>,
-) -> Result<(Caller, Arc<iop_proto::config::EdgeConfig>, Bytes), ApiError> {
+) -> Result<Read, ApiError> {
     let config = state.config.current();
-    let idle = std::time::Duration::from_millis(config.limits.http_idle_timeout_ms);
-    let limit = config.limits.max_body_bytes;
-    let mut chunks = body.into_data_stream();
+    let limits = body::BodyLimits::of(&config.limits);
+    let mut chunks = request_body.into_data_stream();
     let caller = match authenticate(state, headers).and_then(|caller| admit(&caller, &config).map(|()| caller)) {
         Ok(caller) => caller,
         Err(refusal) => {
-            discard_body(&mut chunks, limit, idle).await;
+            body::discard(&mut chunks, limits.max_bytes, limits.idle).await;
             return Err(refusal);
         }
     };
-    let bytes = match read_body(&mut chunks, limit, idle).await {
-        Err(too_large @ ApiError::PayloadTooLarge { .. }) => {
-            discard_body(&mut chunks, limit, idle).await;
-            return Err(too_large);
+    let content_length = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let (bytes, permit) = match body::read(&mut chunks, content_length, limits, &state.routing.body_budget).await {
+        Err(refused @ (ApiError::PayloadTooLarge { .. } | ApiError::Overloaded)) => {
+            body::discard(&mut chunks, limits.max_bytes, limits.idle).await;
+            return Err(refused);
         }
         read => read?,
     };
-    Ok((caller, config, bytes))
-}
-
-type BodyChunks = axum::body::BodyDataStream;
-
-/// The request body, at most `limit` bytes, each chunk arriving within
-/// `idle` of the previous one (a trickling client cannot hold its slot).
-async fn read_body(chunks: &mut BodyChunks, limit: usize, idle: std::time::Duration) -> Result<Bytes, ApiError> {
-    use futures_util::StreamExt;
-    let mut out = Vec::new();
-    loop {
-        match tokio::time::timeout(idle, chunks.next()).await {
-            Err(_) => return Err(ApiError::BodyTimeout),
-            Ok(None) => return Ok(out.into()),
-            Ok(Some(Err(_))) => return Err(ApiError::invalid("the request body could not be read")),
-            Ok(Some(Ok(chunk))) => {
-                if out.len() + chunk.len() > limit {
-                    return Err(ApiError::PayloadTooLarge { limit });
-                }
-                out.extend_from_slice(&chunk);
-            }
-        }
-    }
-}
-
-/// Reads and drops what is left of a refused request's body, up to
-/// `limit` more bytes (each chunk within `idle`), before the refusal is
-/// answered. A client that writes its whole body before reading (Python's
-/// `requests` and `http.client`) would otherwise meet a connection the
-/// server closed with its data unread, a reset, and report "broken pipe"
-/// instead of the 401 or 413. Nothing is kept, so an unauthenticated
-/// client costs bandwidth, never memory; past the bound the connection
-/// closes as before.
-async fn discard_body(chunks: &mut BodyChunks, limit: usize, idle: std::time::Duration) {
-    use futures_util::StreamExt;
-    let mut read = 0;
-    while read <= limit {
-        match tokio::time::timeout(idle, chunks.next()).await {
-            Ok(Some(Ok(chunk))) => read += chunk.len(),
-            _ => return,
-        }
-    }
+    Ok((caller, config, bytes, permit))
 }
 
 /// Counts the request against its caller's limits (`crate::ratelimit`);
@@ -392,7 +364,8 @@ async fn serve<S: Surface>(
     dropped_tools: &mut String,
 ) -> Result<Reply<S>, ApiError> {
     let admit = |caller: &Caller, config: &_| admit(state, config, caller, record);
-    let (caller, config, bytes) = authenticated_body(state, &headers, body, admit).await?;
+    let (caller, config, bytes, held) = authenticated_body(state, &headers, body, admit).await?;
+    record.body = Some(held);
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
     let parsed = S::parse(&bytes)?;
     if let Some(first) = parsed.dropped_tools.first() {
@@ -868,7 +841,8 @@ async fn embed(
     record: &mut RequestRecord,
 ) -> Result<serde_json::Value, ApiError> {
     let admit = |caller: &Caller, config: &_| admit(state, config, caller, record);
-    let (caller, config, bytes) = authenticated_body(state, headers, body, admit).await?;
+    let (caller, config, bytes, held) = authenticated_body(state, headers, body, admit).await?;
+    record.body = Some(held);
     let request = crate::ingress::embeddings::parse_request(&bytes)?;
     if !caller.may_use(&request.model) {
         return Err(ApiError::ModelNotAllowed(request.model));
@@ -910,7 +884,7 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
         permit = Some(limit(&state, config, caller)?);
         Ok(())
     };
-    let (caller, config, bytes) = match authenticated_body(&state, &headers, body, admit).await {
+    let (caller, config, bytes, held) = match authenticated_body(&state, &headers, body, admit).await {
         Ok(read) => read,
         Err(err) => return error_response::<Messages>(&err),
     };
@@ -948,8 +922,9 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
     };
     let mut response = axum::Json(json!({ "input_tokens": tokens })).into_response();
     response.headers_mut().insert(TOKEN_COUNT_HEADER, HeaderValue::from_static(how));
-    // The caller's place in its concurrency limit, held until answered.
-    drop(permit);
+    // The caller's place in its concurrency limit and the body's share of
+    // the budget, held until answered.
+    drop((permit, held));
     response
 }
 
@@ -1005,6 +980,7 @@ async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {
         &state.config.current().providers,
     );
     state.routing.admission.publish_ejections(std::time::Instant::now());
+    state.metrics.http_body_bytes_in_flight.set(state.routing.body_budget.held() as i64);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
 }

@@ -33,6 +33,10 @@ pub enum ApiError {
     /// Every provider of the model is at capacity and its queue is full.
     #[error("too many requests for model `{0}`: its queue is full, retry later")]
     QueueFull(String),
+    /// The Edge holds as many request bodies as `limits.max_body_bytes_in_flight`
+    /// allows (`crate::http::body`).
+    #[error("the gateway is holding as many request bodies as it may right now, retry shortly")]
+    Overloaded,
     /// The request waited its whole queue timeout without a free slot.
     #[error("no capacity for model `{0}` became free within the queue timeout, retry later")]
     QueueTimeout(String),
@@ -196,7 +200,7 @@ impl ApiError {
             Self::WorkspaceRevoked(_) => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
-            Self::NoProviderAvailable(_) | Self::QueueTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoProviderAvailable(_) | Self::QueueTimeout(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueFull(_) | Self::TooManyJobs(_) | Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
@@ -233,7 +237,7 @@ impl ApiError {
     /// Seconds for a `Retry-After` header, when the client should retry later.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            Self::NoProviderAvailable(_) | Self::QueueFull(_) | Self::QueueTimeout(_) => Some(1),
+            Self::NoProviderAvailable(_) | Self::QueueFull(_) | Self::QueueTimeout(_) | Self::Overloaded => Some(1),
             Self::WorkspaceUnavailable(_) | Self::Job(JobFailure::WorkspaceLost) => Some(1),
             // Jobs take minutes: a client polling each second gains nothing.
             Self::TooManyJobs(_) => Some(TOO_MANY_JOBS_RETRY_SECS),
@@ -256,6 +260,7 @@ impl ApiError {
             Self::NoProviderAvailable(_) => "no_provider_available",
             Self::QueueFull(_) => "queue_full",
             Self::QueueTimeout(_) => "queue_timeout",
+            Self::Overloaded => "overloaded",
             Self::Internal => "internal",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::OriginNotAllowed => "origin_not_allowed",
