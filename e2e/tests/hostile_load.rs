@@ -213,3 +213,73 @@ async fn bodies_share_a_budget_and_a_key_holds_only_its_share() {
     let (status, body) = json_body(response).await;
     assert_eq!((status, body["error"]["type"].as_str()), (503, Some("overloaded_error")), "{body}");
 }
+
+/// Sources of the handshake flood (each its own /24) and stalled
+/// handshakes per source: more than the node listener's 512 places.
+const FLOOD_SOURCES: u8 = 40;
+const FLOOD_PER_SOURCE: usize = 15;
+
+/// Raises this process's open-file limit to its hard limit (the flood's
+/// sockets are more than some systems' default soft limit).
+fn raise_open_files() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write `limit`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Keeps `per_source` handshakes stalled from `127.0.<from>.2`: each sends
+/// a TLS record header and the start of a ClientHello, then nothing; one
+/// the Edge closes is opened again at once, until `stop`.
+async fn stalled_hellos(from: u8, edge: SocketAddr, per_source: usize, stop: tokio_util::sync::CancellationToken) {
+    let source = SocketAddr::from(([127, 0, from, 2], 0));
+    let mut open = tokio::task::JoinSet::new();
+    loop {
+        while open.len() < per_source {
+            open.spawn(async move {
+                let socket = TcpSocket::new_v4().unwrap();
+                socket.bind(source).unwrap();
+                let Ok(mut tcp) = socket.connect(edge).await else { return };
+                // Handshake record, TLS 1.0 framing, 512 bytes announced; 4 sent.
+                let _ = tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc]).await;
+                let _ = closed(&mut tcp).await;
+            });
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = open.join_next() => {}
+        }
+    }
+}
+
+/// A flood of stalled TLS handshakes from many networks, more than the
+/// node listener's places, keeps no node out: the listener keeps accepting,
+/// the oldest stalled handshake gives its place to each new connection, and
+/// a real node dialing during the flood becomes ready; once it has shown
+/// its certificate its address is a node's, never evicted for a stranger.
+#[tokio::test]
+async fn a_node_gets_in_under_a_handshake_flood() {
+    raise_open_files();
+    let mut stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let flood: Vec<_> = (1..=FLOOD_SOURCES)
+        .map(|from| tokio::spawn(stalled_hellos(from, stack.grpc, FLOOD_PER_SOURCE, stop.clone())))
+        .collect();
+    wait_until("the flood holds every handshake place and is evicting", WAIT, || async {
+        stack.metric("iop_edge_node_handshake_rejections_total{reason=\"evicted\"}").await >= 100.0
+    })
+    .await;
+
+    let pair = stack.pki.node_cert(NODE, iop_e2e::pki::Validity::Current).unwrap();
+    let (node, _) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
+    stack.nodes.push(node);
+    stack.wait_node_ready(NODE).await;
+    stop.cancel();
+    for source in flood {
+        source.await.unwrap();
+    }
+}

@@ -7,6 +7,7 @@
 pub mod credential;
 pub mod health;
 pub mod lease;
+pub mod net;
 pub mod outlier;
 pub mod residency;
 pub mod selection;

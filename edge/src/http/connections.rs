@@ -27,22 +27,11 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Where a connection comes from, for the per-source cap: an IPv4 address,
-/// or the /64 of an IPv6 one (one subscriber's usual allocation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    V4(std::net::Ipv4Addr),
-    V6Prefix(u64),
-}
+pub use crate::core::net::source_of;
 
-impl Source {
-    pub fn of(ip: IpAddr) -> Self {
-        match ip.to_canonical() {
-            IpAddr::V4(ip) => Self::V4(ip),
-            IpAddr::V6(ip) => Self::V6Prefix((ip.to_bits() >> 64) as u64),
-        }
-    }
-}
+/// Where a connection comes from, for the per-source cap
+/// ([`source_of`]: an IPv4 address, or the /64 of an IPv6 one).
+pub type Source = IpAddr;
 
 /// The listener's bounds on connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

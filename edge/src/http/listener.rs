@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
-use super::connections::{Busy, ConnectionLimits, ConnectionTable, Slot, Source};
+use super::connections::{Busy, ConnectionLimits, ConnectionTable, Slot, source_of};
 use crate::metrics::ReasonLabels;
 
 /// Bounds of a listener (from `limits`).
@@ -92,7 +92,7 @@ pub async fn serve(
         };
         let slot = tokio::select! {
             _ = stop.cancelled() => break,
-            slot = table.enter(Source::of(peer.ip())) => slot,
+            slot = table.enter(source_of(peer.ip())) => slot,
         };
         let Some(slot) = slot else {
             refused.get_or_create(&ReasonLabels { reason: "source_limit" }).inc();

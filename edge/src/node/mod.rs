@@ -3,6 +3,7 @@
 
 pub mod commands;
 pub mod grpc;
+pub mod handshakes;
 pub mod health;
 pub mod limits;
 pub mod meter;

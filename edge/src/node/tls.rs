@@ -16,7 +16,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -36,6 +36,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
+use super::handshakes::{Decision, HandshakeLimits, HandshakeTable};
 use super::limits::{ConnectionGuard, MAX_CONNECTIONS_PER_NODE, NodeLoad};
 use crate::metrics::{EdgeMetrics, NodeLabels};
 
@@ -46,9 +47,11 @@ use crate::metrics::{EdgeMetrics, NodeLabels};
 /// Nobody is authenticated before the handshake ends, so what one source
 /// can hold is bounded: its connection must start its ClientHello within
 /// `first_byte` and finish the handshake within `handshake`, and it may
-/// have `max_per_source` handshakes under way (more are closed at once).
-/// `max_handshakes` bounds all of them together (past it the accept loop
-/// waits for one to end); it is far above what a fleet of reconnecting
+/// have `max_per_source` handshakes under way (its network,
+/// `max_per_network`; more are closed at once). `max_handshakes` bounds
+/// all of them together: past it the oldest stranger's handshake gives its
+/// place to the new one, and a node's address never gives its place
+/// (`super::handshakes`). It is far above what a fleet of reconnecting
 /// nodes needs, since a node's handshake takes a round trip or two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandshakeProfile {
@@ -60,6 +63,8 @@ pub struct HandshakeProfile {
     /// `externalTrafficPolicy: Cluster`) the source is the balancer's, so
     /// keep client addresses (`Local`) for this bound to mean a client.
     pub max_per_source: usize,
+    /// Per network: an IPv4 /24 or an IPv6 /48 (`super::handshakes`).
+    pub max_per_network: usize,
 }
 
 impl Default for HandshakeProfile {
@@ -69,55 +74,7 @@ impl Default for HandshakeProfile {
             handshake: Duration::from_secs(10),
             max_handshakes: 512,
             max_per_source: 16,
-        }
-    }
-}
-
-/// The source a per-source bound counts by: the IPv4 address (also when
-/// it arrives mapped into IPv6), or the /64 of an IPv6 address (one host
-/// commonly has a whole /64).
-pub fn source_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
-    }
-}
-
-/// Handshakes under way per source.
-#[derive(Debug, Default)]
-struct Sources {
-    busy: Mutex<HashMap<IpAddr, usize>>,
-}
-
-impl Sources {
-    /// A handshake slot of `source`, unless it has `max` under way.
-    fn claim(self: &Arc<Self>, source: IpAddr, max: usize) -> Option<SourceSlot> {
-        let mut busy = self.busy.lock().unwrap();
-        let held = busy.entry(source).or_default();
-        if *held >= max {
-            return None;
-        }
-        *held += 1;
-        Some(SourceSlot { sources: self.clone(), source })
-    }
-}
-
-struct SourceSlot {
-    sources: Arc<Sources>,
-    source: IpAddr,
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut busy = self.sources.busy.lock().unwrap();
-        if let Some(held) = busy.get_mut(&self.source) {
-            *held -= 1;
-            if *held == 0 {
-                busy.remove(&self.source);
-            }
+            max_per_network: 64,
         }
     }
 }
@@ -219,6 +176,12 @@ pub enum HandshakeRejection {
     FirstByteTimeout,
     #[error("the source address has as many handshakes under way as it may")]
     SourceBusy,
+    #[error("the source's network has as many handshakes under way as it may")]
+    NetworkBusy,
+    #[error("every handshake place is held by a node's address")]
+    Busy,
+    #[error("a newer connection took the place of this unfinished handshake")]
+    Evicted,
 }
 
 impl HandshakeRejection {
@@ -237,6 +200,9 @@ impl HandshakeRejection {
             Self::Timeout => "handshake_timeout",
             Self::FirstByteTimeout => "first_byte_timeout",
             Self::SourceBusy => "source_busy",
+            Self::NetworkBusy => "network_busy",
+            Self::Busy => "busy",
+            Self::Evicted => "evicted",
         }
     }
 
@@ -505,11 +471,16 @@ pub fn accept_loop(
     profile: HandshakeProfile,
 ) -> (mpsc::Receiver<Result<NodeConn, io::Error>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(16);
-    let slots = Arc::new(tokio::sync::Semaphore::new(profile.max_handshakes));
-    let sources = Arc::new(Sources::default());
+    let limits = HandshakeLimits {
+        max_handshakes: profile.max_handshakes,
+        max_per_source: profile.max_per_source,
+        max_per_network: profile.max_per_network,
+    };
+    let table = HandshakeTable::new(limits);
     let task = tokio::spawn(async move {
         loop {
-            let permit = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+            // Never waiting for a place: a full backlog would keep a node
+            // from even completing TCP.
             let (tcp, remote) = match listener.accept().await {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -518,22 +489,38 @@ pub fn accept_loop(
                     continue;
                 }
             };
-            let Some(source_slot) = sources.claim(source_of(remote.ip()), profile.max_per_source) else {
-                // Closed at once, without a log line per connection: a
-                // flood would otherwise turn into a flood of logs.
-                metrics.reason(&metrics.handshake_rejections, HandshakeRejection::SourceBusy.label());
-                tracing::debug!(%remote, "node connection refused: {}", HandshakeRejection::SourceBusy);
-                continue;
+            let place = match table.enter(remote.ip()) {
+                Ok(place) => place,
+                Err(decision) => {
+                    let reason = match decision {
+                        Decision::NetworkBusy => HandshakeRejection::NetworkBusy,
+                        Decision::Busy => HandshakeRejection::Busy,
+                        _ => HandshakeRejection::SourceBusy,
+                    };
+                    // Closed at once, without a log line per connection: a
+                    // flood would otherwise turn into a flood of logs.
+                    metrics.reason(&metrics.handshake_rejections, reason.label());
+                    tracing::debug!(%remote, "node connection refused: {reason}");
+                    continue;
+                }
             };
             let _ = tcp.set_nodelay(true);
             let rules = policy.current();
             let acceptor = TlsAcceptor::from(rules.tls.clone());
             let (policy, metrics, load, tx) = (policy.clone(), metrics.clone(), load.clone(), tx.clone());
+            let table = table.clone();
             metrics.node_handshakes_in_progress.inc();
             tokio::spawn(async move {
-                let result = handshake(&acceptor, tcp, remote, &rules, &profile).await;
+                let result = tokio::select! {
+                    result = handshake(&acceptor, tcp, remote, &rules, &profile) => result,
+                    () = place.evicted.cancelled() => Err(HandshakeRejection::Evicted),
+                };
                 metrics.node_handshakes_in_progress.dec();
-                drop((permit, source_slot));
+                drop(place);
+                if result.is_ok() {
+                    // A valid node certificate: this address is a node's.
+                    table.known_node(remote.ip());
+                }
                 let admitted = result.and_then(|shaken| {
                     let token = policy.admit_connection(&metrics, &shaken.peer.identity, shaken.not_after)?;
                     Ok((shaken, token))
@@ -549,8 +536,7 @@ pub fn accept_loop(
                         let conn = NodeConn { stream, peer, revoked: Revocation::new(token), _held: held };
                         let _ = tx.send(Ok(conn)).await;
                     }
-                    Err(HandshakeRejection::FirstByteTimeout) => {
-                        let reason = HandshakeRejection::FirstByteTimeout;
+                    Err(reason @ (HandshakeRejection::FirstByteTimeout | HandshakeRejection::Evicted)) => {
                         metrics.reason(&metrics.handshake_rejections, reason.label());
                         tracing::debug!(reason = reason.label(), %remote, "node connection refused: {reason}");
                     }
