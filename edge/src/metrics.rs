@@ -396,7 +396,7 @@ impl EdgeMetrics {
         let node_handshakes_in_progress = Gauge::default();
         registry.register(
             "node_handshakes_in_progress",
-            "Node TLS handshakes under way (bounded; more connections wait to be accepted)",
+            "Node TLS handshakes under way (bounded: past it the oldest stranger's unfinished handshake is evicted)",
             node_handshakes_in_progress.clone(),
         );
         let node_limit_refusals = Family::<NodeLimitLabels, Counter>::default();
