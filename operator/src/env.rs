@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use iop_proto::config::{
-    AuthConfig, AuthMode, HostedTools, ListenConfig, OutlierConfig, SchedulingConfig, TelemetryConfig,
+    AuthConfig, AuthMode, HostedTools, Limits, ListenConfig, OutlierConfig, SchedulingConfig, TelemetryConfig,
 };
 
 use crate::reconcile::Settings;
@@ -34,6 +34,17 @@ pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
 /// own address (`listen.admin_hosts`), comma-separated: the chart's admin
 /// Services. A lowercase DNS name each, or `*.` and one.
 pub const EDGE_ADMIN_HOSTS: &str = "IOP_EDGE_ADMIN_HOSTS";
+/// Optional: the Edge's bounds on client connections and request bodies
+/// (`limits.*`), each unset one the Edge's default: the chart's
+/// `edge.limits`.
+pub const EDGE_HTTP_LIMITS: [(&str, fn(&mut Limits, u64)); 6] = [
+    ("IOP_EDGE_MAX_HTTP_CONNECTIONS", |l, n| l.max_http_connections = n as usize),
+    ("IOP_EDGE_MAX_HTTP_CONNECTIONS_PER_SOURCE", |l, n| l.max_http_connections_per_source = n as usize),
+    ("IOP_EDGE_HTTP_HEADER_TIMEOUT_MS", |l, n| l.http_header_timeout_ms = n),
+    ("IOP_EDGE_HTTP_IDLE_TIMEOUT_MS", |l, n| l.http_idle_timeout_ms = n),
+    ("IOP_EDGE_MIN_BODY_BYTES_PER_S", |l, n| l.min_body_bytes_per_s = n),
+    ("IOP_EDGE_MAX_BODY_BYTES_IN_FLIGHT", |l, n| l.max_body_bytes_in_flight = n as usize),
+];
 /// Optional: `required` (default) or `disabled` (no client API keys).
 pub const EDGE_AUTH_MODE: &str = "IOP_EDGE_AUTH_MODE";
 /// Optional: `drop` (default) or `refuse`, the Edge's `api.hosted_tools`.
@@ -71,6 +82,8 @@ pub struct RunConfig {
     pub edge_server_names: Vec<String>,
     /// The Edge's `listen.admin_hosts` ([`EDGE_ADMIN_HOSTS`]).
     pub edge_admin_hosts: Vec<String>,
+    /// The Edge's `limits` ([`EDGE_HTTP_LIMITS`]; the others default).
+    pub edge_limits: Limits,
     /// SPIFFE trust domain of node identities.
     pub trust_domain: String,
     /// The metrics and probe listener ([`DEFAULT_METRICS_ADDR`] when unset).
@@ -154,6 +167,15 @@ impl RunConfig {
                 &hosts_raw,
                 "every entry must be a lowercase DNS name, or `*.` and one",
             ));
+        }
+
+        let mut edge_limits = Limits::default();
+        for (var, set) in EDGE_HTTP_LIMITS {
+            let Some(value) = lookup(var).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) else { continue };
+            let n = value.parse::<u64>().map_err(|_| invalid(var, &value, "must be a whole number"))?;
+            set(&mut edge_limits, n);
+            // The Edge config's own rule for the field.
+            edge_limits.validate().map_err(|_| invalid(var, &value, "out of range (see docs/configuration.md)"))?;
         }
 
         let trust_domain = get(TRUST_DOMAIN)?;
@@ -250,6 +272,7 @@ impl RunConfig {
             edge_pod_selector,
             edge_server_names,
             edge_admin_hosts,
+            edge_limits,
             trust_domain,
             metrics_addr,
             edge_auth,
@@ -268,6 +291,7 @@ impl RunConfig {
         let mut listen = ListenConfig::new(addr(EDGE_HTTP_LISTEN), addr(EDGE_GRPC_LISTEN), addr(EDGE_ADMIN_LISTEN));
         listen.admin_hosts = self.edge_admin_hosts.clone();
         let mut settings = Settings::new(self.trust_domain.clone(), listen);
+        settings.limits = self.edge_limits.clone();
         if self.edge_auth == AuthMode::Disabled {
             settings.auth = AuthConfig { mode: AuthMode::Disabled, ..Default::default() };
         }

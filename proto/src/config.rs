@@ -839,7 +839,7 @@ pub struct PublicModel {
     pub priority: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Largest accepted request body.
@@ -959,6 +959,56 @@ impl Limits {
     /// on.
     fn default_max_continuations() -> u32 {
         2
+    }
+}
+
+impl Limits {
+    /// Checks every bound; the error names the offending field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let l = self;
+        if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
+            return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
+        }
+        if l.queue_depth > 100_000 {
+            return Err(invalid("limits.queue_depth", "must be at most 100000"));
+        }
+        if !(1..=10).contains(&l.max_attempts) {
+            return Err(invalid("limits.max_attempts", "must be between 1 and 10"));
+        }
+        if l.queue_timeout_ms == 0 || l.request_timeout_ms < 1_000 {
+            return Err(invalid("limits", "queue_timeout_ms must be > 0 and request_timeout_ms at least 1000"));
+        }
+        if !(1024..=1024 * 1024 * 1024).contains(&l.max_response_bytes) {
+            return Err(invalid("limits.max_response_bytes", "must be between 1024 and 1073741824"));
+        }
+        if !(1..=1_000_000).contains(&l.max_http_connections) {
+            return Err(invalid("limits.max_http_connections", "must be between 1 and 1000000"));
+        }
+        if !(100..=3_600_000).contains(&l.http_idle_timeout_ms) {
+            return Err(invalid("limits.http_idle_timeout_ms", "must be between 100 and 3600000"));
+        }
+        if !(1..=1_000_000).contains(&l.max_http_connections_per_source) {
+            return Err(invalid("limits.max_http_connections_per_source", "must be between 1 and 1000000"));
+        }
+        if !(100..=3_600_000).contains(&l.http_header_timeout_ms) {
+            return Err(invalid("limits.http_header_timeout_ms", "must be between 100 and 3600000"));
+        }
+        if l.min_body_bytes_per_s > 1_000_000_000 {
+            return Err(invalid("limits.min_body_bytes_per_s", "must be between 0 and 1000000000"));
+        }
+        if l.max_body_bytes_in_flight < l.max_body_bytes || l.max_body_bytes_in_flight > 64 << 30 {
+            return Err(invalid(
+                "limits.max_body_bytes_in_flight",
+                "must be at least limits.max_body_bytes and at most 64 GiB",
+            ));
+        }
+        if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
+            return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));
+        }
+        if !(1..=1_000).contains(&l.max_jobs_per_principal) {
+            return Err(invalid("limits.max_jobs_per_principal", "must be between 1 and 1000"));
+        }
+        Ok(())
     }
 }
 
@@ -1299,49 +1349,7 @@ impl EdgeConfig {
                 return Err(invalid(format!("replicas[{i}]"), format!("duplicate replica `{id}`")));
             }
         }
-        let l = &self.limits;
-        if !(1024..=crate::wire::MAX_REQUEST_BODY_BYTES).contains(&l.max_body_bytes) {
-            return Err(invalid("limits.max_body_bytes", "must be between 1024 and 67108864 (64 MiB)"));
-        }
-        if l.queue_depth > 100_000 {
-            return Err(invalid("limits.queue_depth", "must be at most 100000"));
-        }
-        if !(1..=10).contains(&l.max_attempts) {
-            return Err(invalid("limits.max_attempts", "must be between 1 and 10"));
-        }
-        if l.queue_timeout_ms == 0 || l.request_timeout_ms < 1_000 {
-            return Err(invalid("limits", "queue_timeout_ms must be > 0 and request_timeout_ms at least 1000"));
-        }
-        if !(1024..=1024 * 1024 * 1024).contains(&l.max_response_bytes) {
-            return Err(invalid("limits.max_response_bytes", "must be between 1024 and 1073741824"));
-        }
-        if !(1..=1_000_000).contains(&l.max_http_connections) {
-            return Err(invalid("limits.max_http_connections", "must be between 1 and 1000000"));
-        }
-        if !(100..=3_600_000).contains(&l.http_idle_timeout_ms) {
-            return Err(invalid("limits.http_idle_timeout_ms", "must be between 100 and 3600000"));
-        }
-        if !(1..=1_000_000).contains(&l.max_http_connections_per_source) {
-            return Err(invalid("limits.max_http_connections_per_source", "must be between 1 and 1000000"));
-        }
-        if !(100..=3_600_000).contains(&l.http_header_timeout_ms) {
-            return Err(invalid("limits.http_header_timeout_ms", "must be between 100 and 3600000"));
-        }
-        if l.min_body_bytes_per_s > 1_000_000_000 {
-            return Err(invalid("limits.min_body_bytes_per_s", "must be between 0 and 1000000000"));
-        }
-        if l.max_body_bytes_in_flight < l.max_body_bytes || l.max_body_bytes_in_flight > 64 << 30 {
-            return Err(invalid(
-                "limits.max_body_bytes_in_flight",
-                "must be at least limits.max_body_bytes and at most 64 GiB",
-            ));
-        }
-        if l.stream_keepalive_ms != 0 && !(100..=3_600_000).contains(&l.stream_keepalive_ms) {
-            return Err(invalid("limits.stream_keepalive_ms", "must be 0 (off) or between 100 and 3600000"));
-        }
-        if !(1..=1_000).contains(&l.max_jobs_per_principal) {
-            return Err(invalid("limits.max_jobs_per_principal", "must be between 1 and 1000"));
-        }
+        self.limits.validate()?;
         self.outlier.validate()?;
         self.scheduling.validate()?;
         self.telemetry.validate()?;

@@ -137,6 +137,32 @@ fn admin_hosts_setting() {
     }
 }
 
+/// Issue 41 item 1: the chart's `edge.limits` reach the Edge config's
+/// `limits`; unset keeps the Edge's defaults; a value the Edge would refuse
+/// names its variable.
+#[test]
+fn connection_and_body_limits_setting() {
+    let mut env = chart_env();
+    assert_eq!(parse(&env).unwrap().settings().limits, Limits::default());
+    env.insert("IOP_EDGE_MAX_HTTP_CONNECTIONS", "100");
+    env.insert("IOP_EDGE_MIN_BODY_BYTES_PER_S", "0");
+    env.insert("IOP_EDGE_MAX_BODY_BYTES_IN_FLIGHT", " 8388608 ");
+    let limits = parse(&env).unwrap().settings().limits;
+    assert_eq!((limits.max_http_connections, limits.min_body_bytes_per_s), (100, 0));
+    assert_eq!(limits.max_body_bytes_in_flight, 8 << 20);
+    assert_eq!(limits.http_header_timeout_ms, Limits::default().http_header_timeout_ms);
+    for (var, bad) in [
+        ("IOP_EDGE_MAX_HTTP_CONNECTIONS", "0"),
+        ("IOP_EDGE_HTTP_HEADER_TIMEOUT_MS", "10"),
+        ("IOP_EDGE_MAX_BODY_BYTES_IN_FLIGHT", "1024"),
+        ("IOP_EDGE_HTTP_IDLE_TIMEOUT_MS", "soon"),
+    ] {
+        let mut env = env.clone();
+        env.insert(var, bad);
+        assert!(matches!(parse(&env), Err(EnvError::Invalid { var: v, .. }) if v == var), "{var}={bad}");
+    }
+}
+
 /// Issue 28 item 6: the chart's `edge.outlier` reaches the Edge config;
 /// unset keeps the Edge's defaults; out of range names the variable.
 #[test]
