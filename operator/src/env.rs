@@ -34,10 +34,13 @@ pub const EDGE_ADMIN_LISTEN: &str = "0.0.0.0:8081";
 /// own address (`listen.admin_hosts`), comma-separated: the chart's admin
 /// Services. A lowercase DNS name each, or `*.` and one.
 pub const EDGE_ADMIN_HOSTS: &str = "IOP_EDGE_ADMIN_HOSTS";
+/// Sets one field of the Edge's `limits`.
+pub type SetLimit = fn(&mut Limits, u64);
+
 /// Optional: the Edge's bounds on client connections and request bodies
 /// (`limits.*`), each unset one the Edge's default: the chart's
 /// `edge.limits`.
-pub const EDGE_HTTP_LIMITS: [(&str, fn(&mut Limits, u64)); 6] = [
+pub const EDGE_HTTP_LIMITS: [(&str, SetLimit); 6] = [
     ("IOP_EDGE_MAX_HTTP_CONNECTIONS", |l, n| l.max_http_connections = n as usize),
     ("IOP_EDGE_MAX_HTTP_CONNECTIONS_PER_SOURCE", |l, n| l.max_http_connections_per_source = n as usize),
     ("IOP_EDGE_HTTP_HEADER_TIMEOUT_MS", |l, n| l.http_header_timeout_ms = n),
