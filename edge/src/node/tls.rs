@@ -536,7 +536,15 @@ pub fn accept_loop(
                         let conn = NodeConn { stream, peer, revoked: Revocation::new(token), _held: held };
                         let _ = tx.send(Ok(conn)).await;
                     }
-                    Err(reason @ (HandshakeRejection::FirstByteTimeout | HandshakeRejection::Evicted)) => {
+                    // What a scan or a flood produces by the thousand (connections
+                    // that say nothing, give their place up, or are not TLS at
+                    // all): counted, logged at debug only, so that a flood of
+                    // connections is not a flood of log lines.
+                    Err(
+                        reason @ (HandshakeRejection::FirstByteTimeout
+                        | HandshakeRejection::Evicted
+                        | HandshakeRejection::Tls),
+                    ) => {
                         metrics.reason(&metrics.handshake_rejections, reason.label());
                         tracing::debug!(reason = reason.label(), %remote, "node connection refused: {reason}");
                     }
