@@ -229,6 +229,14 @@ impl Proc {
     }
 }
 
+/// `iop-fast-upstream` on a free loopback port: the process and its base URL.
+pub async fn spawn_fast_upstream() -> (Proc, String) {
+    let (upstream, line) =
+        spawn_until("iop-fast-upstream", &bin("iop-fast-upstream"), &["127.0.0.1:0"], "listening on").await;
+    let url = line.rsplit(' ').next().expect("the upstream's address").to_string();
+    (upstream, url)
+}
+
 /// Spawns `program` and returns it once a stdout line contains `ready_marker`,
 /// together with that line. Stderr is inherited so failures are visible.
 pub async fn spawn_until(name: &'static str, program: &Path, args: &[&str], ready_marker: &str) -> (Proc, String) {

@@ -67,6 +67,28 @@ async fn call(stack: &Stack, path: &str, model: &str, key: &str) -> (u16, reqwes
     (status, headers, body)
 }
 
+/// A chat of the one-at-once key to `mock-held`, once the provider holds
+/// it (until `POST /mock/release/held`): its (status, body) when it ends.
+async fn hold_one_at_once(stack: &Stack) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
+    let held = tokio::spawn(async move {
+        let request = client
+            .post(url)
+            .bearer_auth(ONE_AT_ONCE_KEY)
+            .header("content-type", "application/json")
+            .body(chat_body("mock-held", "hi", false).to_string());
+        json_body(request.send().await.unwrap()).await
+    });
+    wait_until("the chat is held at the provider", WAIT, || async {
+        let log = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
+        let log: Value = serde_json::from_slice(&log.bytes().await.unwrap()).unwrap();
+        // The chat itself (the node's probes name the model too).
+        log.as_array().unwrap().iter().any(|r| r["path"] == "/api/chat" && r["body"]["model"] == "mock@hold=held")
+    })
+    .await;
+    held
+}
+
 fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
     headers.get(name).unwrap_or_else(|| panic!("no `{name}` in {headers:?}")).to_str().unwrap()
 }
@@ -160,24 +182,7 @@ async fn per_key_limits_refuse_in_each_apis_shape_with_the_headers_clients_read(
 
     // Requests at once: one held at the provider, the next refused until
     // it ends.
-    let first = {
-        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
-        tokio::spawn(async move {
-            let request = client
-                .post(url)
-                .bearer_auth(ONE_AT_ONCE_KEY)
-                .header("content-type", "application/json")
-                .body(chat_body("mock-held", "hi", false).to_string());
-            json_body(request.send().await.unwrap()).await
-        })
-    };
-    wait_until("the first request is held at the provider", WAIT, || async {
-        let log = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
-        let log: Value = serde_json::from_slice(&log.bytes().await.unwrap()).unwrap();
-        // The chat itself (the node's probes name the model too).
-        log.as_array().unwrap().iter().any(|r| r["path"] == "/api/chat" && r["body"]["model"] == "mock@hold=held")
-    })
-    .await;
+    let first = hold_one_at_once(&stack).await;
     let (status, headers, body) = call(&stack, "/v1/chat/completions", "mock-ollama", ONE_AT_ONCE_KEY).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["type"], "requests", "{body}");
@@ -235,23 +240,7 @@ async fn count_tokens_counts_against_the_callers_limits() {
     let (status, _, body) = call(&stack, "/v1/messages", "mock-ollama", RPM_KEY).await;
     assert_eq!(status, 429, "the counts used the minute's requests: {body}");
 
-    let held = {
-        let (client, url) = (stack.client.clone(), stack.url("/v1/chat/completions"));
-        tokio::spawn(async move {
-            let request = client
-                .post(url)
-                .bearer_auth(ONE_AT_ONCE_KEY)
-                .header("content-type", "application/json")
-                .body(chat_body("mock-held", "hi", false).to_string());
-            json_body(request.send().await.unwrap()).await
-        })
-    };
-    wait_until("the chat is held at the provider", WAIT, || async {
-        let log = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
-        let log: Value = serde_json::from_slice(&log.bytes().await.unwrap()).unwrap();
-        log.as_array().unwrap().iter().any(|r| r["path"] == "/api/chat" && r["body"]["model"] == "mock@hold=held")
-    })
-    .await;
+    let held = hold_one_at_once(&stack).await;
     let (status, _, body) = count(ONE_AT_ONCE_KEY).await;
     assert_eq!(status, 429, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("requests at once"), "{body}");

@@ -134,10 +134,7 @@ async fn run(args: Args) -> Result<(), Error> {
     let clock_ticks = clock_ticks();
     let dir = tempfile::Builder::new().prefix("iop-bench-").tempdir()?;
 
-    let (upstream, line) =
-        harness::spawn_until("iop-fast-upstream", &harness::bin("iop-fast-upstream"), &["127.0.0.1:0"], "listening on")
-            .await;
-    let upstream_url = line.rsplit(' ').next().ok_or("no upstream address")?.to_string();
+    let (upstream, upstream_url) = harness::spawn_fast_upstream().await;
 
     let pki = DevPki::create(dir.path())?;
     let node_pair = pki.node_cert(NODE, Validity::Current)?;

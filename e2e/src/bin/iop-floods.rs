@@ -50,10 +50,7 @@ struct Gateway {
 
 async fn run() -> Result<String, Error> {
     let dir = tempfile::Builder::new().prefix("iop-floods-").tempdir()?;
-    let (_upstream, line) =
-        harness::spawn_until("iop-fast-upstream", &harness::bin("iop-fast-upstream"), &["127.0.0.1:0"], "listening on")
-            .await;
-    let upstream = line.rsplit(' ').next().ok_or("no upstream address")?.to_string();
+    let (_upstream, upstream) = harness::spawn_fast_upstream().await;
     let pki = DevPki::create(dir.path())?;
     let provider = ProviderSpec {
         id: MODEL.into(),
