@@ -424,8 +424,7 @@ impl EdgeMetrics {
         let http_connections_refused = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "http_connections_refused",
-            "HTTP connections closed by the listener for others: source_limit (its source held \
-             limits.max_http_connections_per_source), shed_idle (idle the longest when a new one needed its slot)",
+            "HTTP connections closed for others: source_limit (its source's share is full), shed_idle (idle the longest)",
             http_connections_refused.clone(),
         );
         let http_body_bytes_in_flight = Gauge::default();

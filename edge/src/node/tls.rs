@@ -24,6 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use iop_proto::identity::NodeIdentity;
+use rustls::server::Acceptor;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{CertificateError, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -31,7 +32,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
@@ -45,8 +46,8 @@ use crate::metrics::{EdgeMetrics, NodeLabels};
 /// (`EdgeBuilder::handshake_profile`).
 ///
 /// Nobody is authenticated before the handshake ends, so what one source
-/// can hold is bounded: its connection must start its ClientHello within
-/// `first_byte` and finish the handshake within `handshake`, and it may
+/// can hold is bounded: its connection must send its whole ClientHello
+/// within `first_byte` and finish the handshake within `handshake`, and it may
 /// have `max_per_source` handshakes under way (its network,
 /// `max_per_network`; more are closed at once). `max_handshakes` bounds
 /// all of them together: past it the oldest stranger's handshake gives its
@@ -174,6 +175,8 @@ pub enum HandshakeRejection {
     Timeout,
     #[error("no TLS bytes arrived in time")]
     FirstByteTimeout,
+    #[error("the TLS ClientHello did not arrive whole in time")]
+    HelloTimeout,
     #[error("the source address has as many handshakes under way as it may")]
     SourceBusy,
     #[error("the source's network has as many handshakes under way as it may")]
@@ -199,6 +202,7 @@ impl HandshakeRejection {
             Self::Tls => "tls_error",
             Self::Timeout => "handshake_timeout",
             Self::FirstByteTimeout => "first_byte_timeout",
+            Self::HelloTimeout => "hello_timeout",
             Self::SourceBusy => "source_busy",
             Self::NetworkBusy => "network_busy",
             Self::Busy => "busy",
@@ -506,13 +510,12 @@ pub fn accept_loop(
             };
             let _ = tcp.set_nodelay(true);
             let rules = policy.current();
-            let acceptor = TlsAcceptor::from(rules.tls.clone());
             let (policy, metrics, load, tx) = (policy.clone(), metrics.clone(), load.clone(), tx.clone());
             let table = table.clone();
             metrics.node_handshakes_in_progress.inc();
             tokio::spawn(async move {
                 let result = tokio::select! {
-                    result = handshake(&acceptor, tcp, remote, &rules, &profile) => result,
+                    result = handshake(tcp, remote, &rules, &profile) => result,
                     () = place.evicted.cancelled() => Err(HandshakeRejection::Evicted),
                 };
                 metrics.node_handshakes_in_progress.dec();
@@ -542,6 +545,7 @@ pub fn accept_loop(
                     // connections is not a flood of log lines.
                     Err(
                         reason @ (HandshakeRejection::FirstByteTimeout
+                        | HandshakeRejection::HelloTimeout
                         | HandshakeRejection::Evicted
                         | HandshakeRejection::Tls),
                     ) => {
@@ -568,7 +572,6 @@ async fn first_byte(tcp: &TcpStream) -> Result<(), HandshakeRejection> {
 }
 
 async fn handshake(
-    acceptor: &TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
     policy: &PolicyRules,
@@ -578,7 +581,15 @@ async fn handshake(
     tokio::time::timeout(profile.first_byte, first_byte(&tcp))
         .await
         .map_err(|_| HandshakeRejection::FirstByteTimeout)??;
-    let stream = tokio::time::timeout_at(started + profile.handshake, acceptor.accept(tcp))
+    // The whole ClientHello within the first-byte window too: a hello
+    // started and never finished holds no place for the whole handshake.
+    let (hello_by, handshake_by) = (started + profile.first_byte, started + profile.handshake);
+    let late = if hello_by < handshake_by { HandshakeRejection::HelloTimeout } else { HandshakeRejection::Timeout };
+    let hello = tokio::time::timeout_at(hello_by.min(handshake_by), LazyConfigAcceptor::new(Acceptor::default(), tcp))
+        .await
+        .map_err(|_| late)?
+        .map_err(|e| HandshakeRejection::from_io(&e))?;
+    let stream = tokio::time::timeout_at(handshake_by, hello.into_stream(policy.tls.clone()))
         .await
         .map_err(|_| HandshakeRejection::Timeout)?
         .map_err(|e| HandshakeRejection::from_io(&e))?;

@@ -169,6 +169,26 @@ async fn silent_connections_end_at_the_first_byte_deadline_and_slow_ones_at_the_
     edge.task.abort();
 }
 
+/// Issue 41 item 3: a ClientHello started within the first-byte window
+/// must also be whole within it (`hello_timeout`), not hold its place for
+/// the whole handshake deadline.
+#[tokio::test]
+async fn a_hello_started_and_never_finished_ends_at_the_first_byte_deadline() {
+    let quick = HandshakeProfile { first_byte: Duration::from_millis(100), ..patient() };
+    let edge = Listener::start(&["mac-1"], quick).await;
+    let mut started = TcpStream::connect(edge.addr).await.unwrap();
+    // A handshake record announcing 512 bytes, and 4 of them.
+    tokio::io::AsyncWriteExt::write_all(&mut started, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc])
+        .await
+        .unwrap();
+    let metrics = edge.metrics.clone();
+    wait_for(|| rejections(&metrics, HandshakeRejection::HelloTimeout) == 1).await;
+    let mut buf = [0u8; 1];
+    assert_eq!(tokio::io::AsyncReadExt::read(&mut started, &mut buf).await.unwrap_or(0), 0, "closed");
+    assert_eq!(rejections(&metrics, HandshakeRejection::Timeout), 0);
+    edge.task.abort();
+}
+
 /// Nodes reconnecting at once (an Edge restart) from their own
 /// addresses are all let in by the default profile.
 #[tokio::test]
