@@ -286,3 +286,17 @@ async fn a_node_gets_in_under_a_handshake_flood() {
         source.await.unwrap();
     }
 }
+
+/// Request headers are bounded (64 KiB) before anyone is authenticated: a
+/// connection that keeps sending one header gets `431` and is closed,
+/// holding no more than that; headers of a usual size pass.
+#[tokio::test]
+async fn oversized_headers_are_refused_before_they_are_held() {
+    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let mut tcp = TcpStream::connect(stack.http).await.unwrap();
+    let _ = tcp.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: ").await;
+    let _ = tcp.write_all(&vec![b'a'; 100 * 1024]).await;
+    assert_eq!(status_of(&mut tcp).await, 431);
+    let response = stack.client.get(stack.url("/v1/models")).header("x-usual", "a".repeat(16 * 1024)).send().await;
+    assert_eq!(response.unwrap().status().as_u16(), 200);
+}

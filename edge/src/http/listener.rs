@@ -38,6 +38,12 @@ use tower::ServiceExt as _;
 use super::connections::{Busy, ConnectionLimits, ConnectionTable, Slot, source_of};
 use crate::metrics::ReasonLabels;
 
+/// The most a request's headers may take, HTTP/1 (hyper's read buffer,
+/// about 400 KiB by default) and HTTP/2 (16 MiB by default) alike: what
+/// an unauthenticated connection can make the Edge hold before its
+/// request is even read (`431` past it). Clients send a few KiB.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
 /// Bounds of a listener (from `limits`).
 #[derive(Debug, Clone, Copy)]
 pub struct ListenLimits {
@@ -74,8 +80,12 @@ pub async fn serve(
     let table = ConnectionTable::new(limits.connections);
     let connections = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-    builder.http2().timer(TokioTimer::new()).keep_alive_interval(limits.idle_timeout);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.idle_timeout)
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
     let builder = Arc::new(builder);
     loop {
         let (tcp, peer) = tokio::select! {
