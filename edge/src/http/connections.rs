@@ -20,14 +20,18 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::core::net::source_of;
+use crate::metrics::ReasonLabels;
 
 /// Where a connection comes from, for the per-source cap
 /// ([`source_of`]: an IPv4 address, or the /64 of an IPv6 one).
@@ -94,7 +98,10 @@ struct Entry {
 pub struct ConnectionTable {
     limits: ConnectionLimits,
     entries: Mutex<HashMap<u64, Entry>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
+    /// Connections refused (`source_limit`) or shed (`shed_idle`), counted
+    /// where it is decided.
+    refused: Family<ReasonLabels, Counter>,
     /// A connection ended or became idle: there may be room.
     room: Notify,
 }
@@ -109,8 +116,8 @@ pub struct Slot {
 }
 
 impl ConnectionTable {
-    pub fn new(limits: ConnectionLimits) -> Arc<Self> {
-        Arc::new(Self { limits, entries: Mutex::default(), next_id: Mutex::default(), room: Notify::new() })
+    pub fn new(limits: ConnectionLimits, refused: Family<ReasonLabels, Counter>) -> Arc<Self> {
+        Arc::new(Self { limits, entries: Mutex::default(), next_id: AtomicU64::new(0), refused, room: Notify::new() })
     }
 
     /// A slot for a new connection from `source`, once the rules allow one
@@ -136,14 +143,17 @@ impl ConnectionTable {
             .collect();
         match admit(&held, source, self.limits) {
             Verdict::Accept => {}
-            Verdict::Shed(id) => entries[&id].shed.cancel(),
-            refused => return Err(refused),
+            Verdict::Shed(id) => {
+                entries[&id].shed.cancel();
+                self.refused.get_or_create(&ReasonLabels { reason: "shed_idle" }).inc();
+            }
+            Verdict::SourceFull => {
+                self.refused.get_or_create(&ReasonLabels { reason: "source_limit" }).inc();
+                return Err(Verdict::SourceFull);
+            }
+            Verdict::Full => return Err(Verdict::Full),
         }
-        let id = {
-            let mut next = self.next_id.lock().unwrap();
-            *next += 1;
-            *next
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (activity, watching) = watch::channel(Activity { in_flight: 0, idle_since: Some(Instant::now()) });
         let shed = CancellationToken::new();
         entries.insert(id, Entry { source, activity: watching, shed: shed.clone() });

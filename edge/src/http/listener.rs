@@ -77,7 +77,7 @@ pub async fn serve(
     refused: Family<ReasonLabels, Counter>,
     stop: CancellationToken,
 ) {
-    let table = ConnectionTable::new(limits.connections);
+    let table = ConnectionTable::new(limits.connections, refused);
     let connections = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(MAX_HEADER_BYTES);
@@ -104,10 +104,8 @@ pub async fn serve(
             _ = stop.cancelled() => break,
             slot = table.enter(source_of(peer.ip())) => slot,
         };
-        let Some(slot) = slot else {
-            refused.get_or_create(&ReasonLabels { reason: "source_limit" }).inc();
-            continue;
-        };
+        // Refused: its source's share is full (counted by the table).
+        let Some(slot) = slot else { continue };
         // Headers and body are written separately; without it a reused
         // connection waits on the client's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
@@ -128,11 +126,11 @@ pub async fn serve(
                 Ok::<_, Infallible>(response.map(|inner| Body::new(BusyBody { inner, _busy: busy })))
             }
         });
-        let (builder, open, refused) = (builder.clone(), open.clone(), refused.clone());
+        let (builder, open) = (builder.clone(), open.clone());
         let (service, stop) = (TowerToHyperService::new(app), stop.clone());
         open.inc();
         connections.spawn(async move {
-            serve_connection(&builder, tcp, service, &slot, limits, &refused, &stop).await;
+            serve_connection(&builder, tcp, service, &slot, limits, &stop).await;
             open.dec();
             drop(slot);
         });
@@ -150,7 +148,6 @@ async fn serve_connection<S>(
     service: S,
     slot: &Slot,
     limits: ListenLimits,
-    refused: &Family<ReasonLabels, Counter>,
     stop: &CancellationToken,
 ) where
     S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = axum::response::Response>
@@ -168,9 +165,6 @@ async fn serve_connection<S>(
         () = stop.cancelled() => false,
     };
     if !sent {
-        if slot.shed.is_cancelled() {
-            refused.get_or_create(&ReasonLabels { reason: "shed_idle" }).inc();
-        }
         return;
     }
     let connection = builder.serve_connection(TokioIo::new(tcp), service);
@@ -194,10 +188,7 @@ async fn serve_connection<S>(
                 return;
             }
             () = grace_over => return,
-            () = slot.shed.cancelled(), if !closing => {
-                refused.get_or_create(&ReasonLabels { reason: "shed_idle" }).inc();
-                true
-            }
+            () = slot.shed.cancelled(), if !closing => true,
             () = slot.idle_for(limits.idle_timeout), if !closing => true,
             // Requests in flight finish: the caller bounds the drain.
             () = stop.cancelled(), if !closing => false,

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,7 +98,7 @@ pub struct HandshakeTable {
     limits: HandshakeLimits,
     entries: Mutex<HashMap<u64, Entry>>,
     known: Mutex<HashMap<IpAddr, Instant>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
 }
 
 /// A handshake's place, given back when dropped.
@@ -110,7 +111,7 @@ pub struct Place {
 
 impl HandshakeTable {
     pub fn new(limits: HandshakeLimits) -> Arc<Self> {
-        Arc::new(Self { limits, entries: Mutex::default(), known: Mutex::default(), next_id: Mutex::default() })
+        Arc::new(Self { limits, entries: Mutex::default(), known: Mutex::default(), next_id: AtomicU64::new(0) })
     }
 
     /// A place for the handshake of a connection from `ip`, or why not.
@@ -130,11 +131,7 @@ impl HandshakeTable {
             }
             refused => return Err(refused),
         }
-        let id = {
-            let mut next = self.next_id.lock().unwrap();
-            *next += 1;
-            *next
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let evicted = CancellationToken::new();
         let under_way = UnderWay { id, source, network: arrival.network, started: now, known };
         entries.insert(id, Entry { under_way, evicted: evicted.clone() });

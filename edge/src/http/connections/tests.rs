@@ -35,7 +35,8 @@ fn a_new_connection_takes_a_free_slot_then_the_longest_idle_one() {
 /// connection waiting for room gets it when a busy one becomes idle.
 #[tokio::test(start_paused = true)]
 async fn the_table_sheds_the_idle_and_makes_room_as_requests_end() {
-    let table = ConnectionTable::new(ConnectionLimits { max_connections: 2, max_per_source: 10 });
+    let refused = Family::<ReasonLabels, Counter>::default();
+    let table = ConnectionTable::new(ConnectionLimits { max_connections: 2, max_per_source: 10 }, refused.clone());
     let busy_one = table.enter(source(2)).await.unwrap();
     let working = busy_one.busy();
     tokio::time::advance(Duration::from_millis(10)).await;
@@ -43,6 +44,7 @@ async fn the_table_sheds_the_idle_and_makes_room_as_requests_end() {
     let third = table.enter(source(4)).await.unwrap();
     assert!(idle_one.shed.is_cancelled() && !busy_one.shed.is_cancelled());
     assert!(!third.shed.is_cancelled());
+    assert_eq!(refused.get_or_create(&ReasonLabels { reason: "shed_idle" }).get(), 1, "counted where decided");
     // Both slots busy now: the next waits until a request ends.
     let _third_working = third.busy();
     let waiting = tokio::spawn({
@@ -60,7 +62,7 @@ async fn the_table_sheds_the_idle_and_makes_room_as_requests_end() {
 /// while one is being answered.
 #[tokio::test(start_paused = true)]
 async fn idle_for_counts_from_the_last_answer() {
-    let table = ConnectionTable::new(LIMITS);
+    let table = ConnectionTable::new(LIMITS, Default::default());
     let slot = table.enter(source(2)).await.unwrap();
     let working = slot.busy();
     let idle = tokio::time::timeout(Duration::from_secs(60), slot.idle_for(Duration::from_secs(1)));
