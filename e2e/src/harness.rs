@@ -237,6 +237,32 @@ pub async fn spawn_fast_upstream() -> (Proc, String) {
     (upstream, url)
 }
 
+/// `iop-edge` with `config`, written to `dir/edge.yaml`: the process and
+/// its marker line ([`addr_field`] reads its listeners from it).
+pub async fn spawn_edge(dir: &Path, config: &EdgeConfig) -> (Proc, String) {
+    let path = dir.join("edge.yaml");
+    std::fs::write(&path, config.to_yaml()).expect("writing the edge config");
+    let args = ["--config", path.to_str().expect("a UTF-8 temp path")];
+    spawn_until("iop-edge", &bin("iop-edge"), &args, "iop-edge listening").await
+}
+
+/// Writes `config` to `dir/node.yaml` with its metrics on a free port (the
+/// line [`spawn_node`] waits for), and returns the file.
+pub fn write_node_config(dir: &Path, mut config: iop_node::config::NodeConfig) -> PathBuf {
+    config.metrics = Some(iop_node::config::MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)) });
+    let path = dir.join("node.yaml");
+    std::fs::write(&path, serde_saphyr::to_string(&config).expect("the node config serializes"))
+        .expect("writing the node config");
+    path
+}
+
+/// `iop-node` with the config file `config` ([`write_node_config`]), once
+/// its metrics listener is up.
+pub async fn spawn_node(config: &Path) -> Proc {
+    let args = ["--config", config.to_str().expect("a UTF-8 temp path")];
+    spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await.0
+}
+
 /// Spawns `program` and returns it once a stdout line contains `ready_marker`,
 /// together with that line. Stderr is inherited so failures are visible.
 pub async fn spawn_until(name: &'static str, program: &Path, args: &[&str], ready_marker: &str) -> (Proc, String) {

@@ -156,23 +156,11 @@ async fn run(args: Args) -> Result<(), Error> {
     let any = "127.0.0.1:0".parse()?;
     let mut config = harness::edge_config(&pki, any, any, &[NODE], &providers);
     config.limits = Limits { queue_depth: 2048, ..Limits::default() };
-    let edge_yaml = dir.path().join("edge.yaml");
-    std::fs::write(&edge_yaml, config.to_yaml())?;
-    let edge_yaml = edge_yaml.to_str().ok_or("temp path is not UTF-8")?;
-    let (edge, line) =
-        harness::spawn_until("iop-edge", &harness::bin("iop-edge"), &["--config", edge_yaml], "iop-edge listening")
-            .await;
+    let (edge, line) = harness::spawn_edge(dir.path(), &config).await;
     let (http, grpc) = (harness::addr_field(&line, "http"), harness::addr_field(&line, "grpc"));
 
-    let mut node_config = harness::node_config(grpc, &pki.ca_file, &node_pair, (50, 500));
-    // Its ready line on stdout is the metrics listener's.
-    node_config.metrics = Some(iop_node::config::MetricsConfig { listen: any });
-    let node_yaml = dir.path().join("node.yaml");
-    std::fs::write(&node_yaml, serde_saphyr::to_string(&node_config)?)?;
-    let node_yaml = node_yaml.to_str().ok_or("temp path is not UTF-8")?;
-    let (node, _) =
-        harness::spawn_until("iop-node", &harness::bin("iop-node"), &["--config", node_yaml], "iop-node metrics on")
-            .await;
+    let node_config = harness::node_config(grpc, &pki.ca_file, &node_pair, (50, 500));
+    let node = harness::spawn_node(&harness::write_node_config(dir.path(), node_config)).await;
 
     let gateway = format!("http://{http}/v1/chat/completions");
     let direct = format!("{upstream_url}/v1/chat/completions");

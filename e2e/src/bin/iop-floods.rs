@@ -77,12 +77,7 @@ async fn run() -> Result<String, Error> {
     let keys_file = dir.path().join("keys.yaml");
     std::fs::write(&keys_file, keys)?;
     config.auth = AuthConfig { mode: AuthMode::Required, keys_file: Some(keys_file), ..Default::default() };
-    let edge_yaml = dir.path().join("edge.yaml");
-    std::fs::write(&edge_yaml, config.to_yaml())?;
-    let edge_yaml = edge_yaml.to_str().ok_or("temp path is not UTF-8")?;
-    let (edge, line) =
-        harness::spawn_until("iop-edge", &harness::bin("iop-edge"), &["--config", edge_yaml], "iop-edge listening")
-            .await;
+    let (edge, line) = harness::spawn_edge(dir.path(), &config).await;
     let gateway = Gateway {
         http: harness::addr_field(&line, "http"),
         grpc: harness::addr_field(&line, "grpc"),
@@ -91,12 +86,9 @@ async fn run() -> Result<String, Error> {
         client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?,
     };
     let node_pair = pki.node_cert(NODE, Validity::Current)?;
-    let mut node_config = harness::node_config(gateway.grpc, &pki.ca_file, &node_pair, (50, 500));
-    node_config.metrics = Some(iop_node::config::MetricsConfig { listen: any });
-    let node_yaml = dir.path().join("node.yaml");
-    std::fs::write(&node_yaml, serde_saphyr::to_string(&node_config)?)?;
-    let node_yaml = node_yaml.to_str().ok_or("temp path is not UTF-8")?.to_string();
-    let mut node = spawn_node(&node_yaml).await;
+    let node_config = harness::node_config(gateway.grpc, &pki.ca_file, &node_pair, (50, 500));
+    let node_yaml = harness::write_node_config(dir.path(), node_config);
+    let mut node = harness::spawn_node(&node_yaml).await;
     gateway.wait_ready().await?;
 
     let mut report = String::from(
@@ -141,7 +133,7 @@ async fn run() -> Result<String, Error> {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let dialed = Instant::now();
-    node = spawn_node(&node_yaml).await;
+    node = harness::spawn_node(&node_yaml).await;
     gateway.wait_ready().await?;
     let took = dialed.elapsed();
     writeln!(
@@ -154,11 +146,6 @@ async fn run() -> Result<String, Error> {
     while flood.join_next().await.is_some() {}
     node.terminate().await;
     Ok(report)
-}
-
-async fn spawn_node(config: &str) -> Proc {
-    let args = ["--config", config];
-    harness::spawn_until("iop-node", &harness::bin("iop-node"), &args, "iop-node metrics on").await.0
 }
 
 /// A JSON request body.
