@@ -205,6 +205,11 @@ impl Proc {
         self.child.id().expect("process is running")
     }
 
+    /// The process's resident memory in KiB (Linux `/proc`; 0 elsewhere).
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.pid())
+    }
+
     fn signal(&self, signal: &str) {
         let status = std::process::Command::new("kill").arg(signal).arg(self.pid().to_string()).status();
         assert!(status.is_ok_and(|s| s.success()), "kill {signal} {} failed", self.name);
@@ -227,6 +232,16 @@ impl Proc {
             .expect("process exits after SIGTERM")
             .expect("wait")
     }
+}
+
+/// The resident memory of process `pid` in KiB (Linux `/proc`; 0 elsewhere).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `iop-fast-upstream` on a free loopback port: the process and its base URL.

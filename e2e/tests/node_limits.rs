@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use hyper::body::Frame;
-use iop_e2e::harness::wait_until;
+use iop_e2e::harness::{rss_kib, wait_until};
 use iop_e2e::pki::Validity;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -101,15 +101,6 @@ async fn status_code(response: http::Response<tonic::body::Body>) -> i32 {
     let collected = http_body_util::BodyExt::collect(response.into_body()).await.unwrap();
     let trailers = collected.trailers().cloned().unwrap_or_default();
     tonic::Status::from_header_map(&trailers).map(|s| s.code() as i32).unwrap_or(0)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn refusals(limit: &str) -> String {

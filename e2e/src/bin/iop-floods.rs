@@ -204,13 +204,7 @@ impl Gateway {
 }
 
 fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    kib / 1024
+    harness::rss_kib(pid) / 1024
 }
 
 async fn connect_from(source: u8, to: SocketAddr) -> Option<TcpStream> {
