@@ -110,10 +110,17 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
     // Chat Completions.
     let (text, usage) = chat_answer(&stream_chat(&stack, "story", json!({})).await);
     assert_eq!(text, WORDS);
-    // The broken run reported no usage: the continuation's prompt (which
-    // read the six prefilled words) and its fourteen words.
-    assert_eq!(usage["prompt_tokens"], PROMPT.split_whitespace().count() + 6, "{usage}");
-    assert_eq!(usage["completion_tokens"], 14, "{usage}");
+    // The answer's usage is the sum over its runs: the broken one's as its
+    // node counted it (the six words it relayed; its prompt estimated from
+    // the request's size) and the continuation's (its prompt read the six
+    // prefilled words; fourteen words): twenty words, as the client got.
+    let estimate = iop_proto::usage::estimate_input_tokens(
+        &[iop_proto::pb::ChatMessage { content: PROMPT.into(), ..Default::default() }],
+        &[],
+    );
+    let continuation_prompt = PROMPT.split_whitespace().count() as u64 + 6;
+    assert_eq!(usage["prompt_tokens"], estimate + continuation_prompt, "{usage}");
+    assert_eq!(usage["completion_tokens"], 20, "{usage}");
     let prefill = stack.last_provider_request("/v1/chat/completions").await;
     let last = prefill["messages"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["role"], "assistant", "{prefill}");
@@ -135,7 +142,7 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
     let completed = events.iter().find(|(n, _)| n == "response.completed").map(|(_, d)| json_of(d)).unwrap();
     assert_eq!(created["response"]["id"], completed["response"]["id"], "one response");
     assert_eq!(completed["response"]["output"][0]["content"][0]["text"], WORDS);
-    assert_eq!(completed["response"]["usage"]["output_tokens"], 14);
+    assert_eq!(completed["response"]["usage"]["output_tokens"], 20);
     assert_eq!(continued(&stack).await, 2.0);
 
     // Anthropic Messages.

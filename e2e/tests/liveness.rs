@@ -238,7 +238,21 @@ async fn metric_labels_are_closed_sets() {
                 "config_changed",
             ]),
         ),
-        ("source", BTreeSet::from(["readiness", "probe", "stall", "unreachable", "stream_cut", "capabilities"])),
+        // Health evidence sources; how a token count was obtained (`iop_edge_tokens_total`).
+        (
+            "source",
+            BTreeSet::from([
+                "readiness",
+                "probe",
+                "stall",
+                "unreachable",
+                "stream_cut",
+                "capabilities",
+                "provider",
+                "counted",
+                "estimated",
+            ]),
+        ),
         ("health", BTreeSet::from(["available", "unavailable", "unknown"])),
         // Model residency and managed credential state sets.
         ("state", BTreeSet::from(["loaded", "not_loaded", "unknown", "ok", "disabled", "invalid", "rejected"])),

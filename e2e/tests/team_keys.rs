@@ -162,7 +162,9 @@ async fn usage_is_counted_per_principal_and_model() {
         input += saw["input"].as_u64().unwrap();
         output += saw["output"].as_u64().unwrap();
         for (kind, n) in [("input", &saw["input"]), ("output", &saw["output"])] {
-            let sample = format!("iop_edge_tokens_total{{principal=\"team\",model=\"{model}\",kind=\"{kind}\"}}");
+            let sample = format!(
+                "iop_edge_tokens_total{{principal=\"team\",model=\"{model}\",kind=\"{kind}\",source=\"provider\"}}"
+            );
             assert_eq!(stack.metric(&sample).await, n.as_f64().unwrap(), "{sample}");
         }
     }

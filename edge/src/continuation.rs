@@ -32,11 +32,12 @@
 //!   is dropped and the rest passes; as soon as it departs from it, all of it
 //!   passes (it was the continuation). Held text that is still a part of
 //!   the prefill when anything but text comes is dropped as a repeat;
-//! - usage is reported once for the whole answer: `prompt_tokens` is the
-//!   first prompt count any run reported (the original request's when the
-//!   broken run reported usage before it broke; otherwise the
-//!   continuation's, which counts the prefilled text the provider read as
-//!   prompt), `completion_tokens` the sum of every run's completion count;
+//! - usage is reported once for the whole answer, the sum over its runs
+//!   (what the Edge charges: each run is charged its own, however it
+//!   ended; a broken run's is the node's count when its provider reported
+//!   none): every prompt the providers read (a continuation's includes the
+//!   prefilled answer) and every token they generated, reasoning a
+//!   continuation dropped included;
 //! - text, tool calls and the terminal pass as they come.
 //!
 //! The broken run is finished (its slot and lease released by its own
@@ -97,11 +98,10 @@ pub struct Splice {
     transcript: Transcript,
     /// Continuations so far.
     continuations: u32,
-    first_prompt: Option<u32>,
-    /// Completion tokens of the runs before the current one.
-    completion_before: u32,
-    /// The current run's completion tokens (its latest usage).
-    completion_now: u32,
+    /// The usage of the runs before the current one, summed.
+    before: pb::Usage,
+    /// The current run's latest usage.
+    now: pb::Usage,
     /// The prefill the continuing run may repeat first, and what of its
     /// text is held back as matching it so far.
     echo: Option<(String, String)>,
@@ -114,17 +114,8 @@ impl Splice {
             Event::Started(_) | Event::Reasoning(_) if self.continuations > 0 => return None,
             Event::Text(t) if self.echo.is_some() => Event::Text(pb::TextDelta { text: self.unrepeated(t.text)? }),
             Event::Usage(u) => {
-                let prompt = *self.first_prompt.get_or_insert(u.prompt_tokens);
-                self.completion_now = u.completion_tokens;
-                let completion = self.completion_before.saturating_add(u.completion_tokens);
-                // Reasoning is the current run's: a continued run's
-                // reasoning events are dropped, and so is the count of them.
-                let reasoning = u.reasoning_tokens;
-                Event::Usage(pb::Usage {
-                    prompt_tokens: prompt,
-                    completion_tokens: completion,
-                    reasoning_tokens: reasoning,
-                })
+                self.now = u;
+                Event::Usage(self.before.plus(&u))
             }
             // Anything else ends a repeat: what was held of it is dropped.
             event => {
@@ -177,8 +168,7 @@ impl Splice {
     pub fn continued(&mut self, prefill: &str) {
         self.echo = (!prefill.is_empty()).then(|| (prefill.to_string(), String::new()));
         self.continuations += 1;
-        self.completion_before = self.completion_before.saturating_add(self.completion_now);
-        self.completion_now = 0;
+        self.before = self.before.plus(&std::mem::take(&mut self.now));
     }
 }
 

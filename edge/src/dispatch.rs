@@ -23,11 +23,15 @@ use crate::core::outlier::{self, Verdict};
 use crate::metrics::{EdgeMetrics, OutcomeLabels};
 use crate::node::registry::ControlSender;
 use crate::overlay::StallHandoff;
+use crate::usage::Account;
 
 /// Events buffered per run between the node stream and the client.
 const RUN_CHANNEL_CAPACITY: usize = 32;
 /// How long handing a run to a node's control stream may take.
 const DISPATCH_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a run the Edge stopped reading (its client left, the Edge
+/// gave up) is still read for the usage its node reports on cancelling.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A frame type a node streams for one run: normalized `RunEvent`s or
 /// `ProviderTunnelFrame`s.
@@ -59,6 +63,9 @@ pub trait NodeFrame: Send + 'static {
     fn usage(_item: &Self::Item) -> Option<&pb::Usage> {
         None
     }
+    /// Bytes of answer an item carries (what bounds its run's output
+    /// tokens: `usage::Bounds`).
+    fn relayed(item: &Self::Item) -> usize;
 }
 
 impl NodeFrame for pb::RunEvent {
@@ -92,6 +99,15 @@ impl NodeFrame for pb::RunEvent {
         match item {
             pb::run_event::Event::Usage(usage) => Some(usage),
             _ => None,
+        }
+    }
+    fn relayed(item: &Self::Item) -> usize {
+        use pb::run_event::Event;
+        match item {
+            Event::Text(t) => t.text.len(),
+            Event::Reasoning(r) => r.text.len(),
+            Event::ToolCall(c) => c.id.len() + c.name.len() + c.arguments_delta.len(),
+            _ => 0,
         }
     }
     fn outcome(item: &Self::Item) -> Option<RunOutcome> {
@@ -144,6 +160,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
         match item {
             pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_ref(),
             _ => None,
+        }
+    }
+    fn relayed(item: &Self::Item) -> usize {
+        match item {
+            pb::provider_tunnel_frame::Frame::Body(bytes) => bytes.len(),
+            _ => 0,
         }
     }
     fn outcome(item: &Self::Item) -> Option<RunOutcome> {
@@ -278,6 +300,9 @@ pub fn inline<R: prost::Message>(request: &R) -> bool {
 /// `request` when it is small) to the node session behind `control` (which
 /// must belong to the lease's node and generation); a larger request is kept
 /// for the run's own call.
+/// `account` is charged the run's usage when it ends (none for a run that
+/// generates nothing, a token count).
+#[allow(clippy::too_many_arguments)]
 pub async fn start_run<F: NodeFrame>(
     table: &Arc<RunTable<F>>,
     metrics: &Arc<EdgeMetrics>,
@@ -285,6 +310,7 @@ pub async fn start_run<F: NodeFrame>(
     lease: LeaseGuard,
     control: ControlSender,
     request: F::Request,
+    account: Option<Account>,
 ) -> Result<RunStream<F>, pb::ExecutionFailure> {
     let run_id = lease.lease().run_id().to_string();
     let (events, rx) = mpsc::channel(RUN_CHANNEL_CAPACITY);
@@ -311,6 +337,8 @@ pub async fn start_run<F: NodeFrame>(
         next_seq: 1,
         finished: false,
         response_status: None,
+        account,
+        seen: Seen::default(),
     };
     let assign = pb::EdgeToNode { msg: Some(F::assign(stream.run_id.clone(), assigned)) };
     // Bounded: a node that stopped reading is about to be fenced anyway.
@@ -336,9 +364,32 @@ pub struct RunStream<F: NodeFrame> {
     /// The provider slot this run holds; returned when the stream ends.
     lease: LeaseGuard,
     next_seq: u64,
+    /// The run's outcome is settled (its terminal came, or the Edge gave up).
     finished: bool,
     /// A tunnel's provider response status, once its head arrived.
     response_status: Option<u32>,
+    /// Charged when the run's terminal comes, or by its [`Drain`] (taken
+    /// once charged).
+    account: Option<Account>,
+    seen: Seen,
+}
+
+/// What a run reported and relayed so far: its charge when it ends.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The last usage the node reported.
+    usage: Option<pb::Usage>,
+    /// Bytes of answer relayed.
+    relayed: u64,
+}
+
+impl Seen {
+    fn note<F: NodeFrame>(&mut self, item: &F::Item) {
+        if let Some(usage) = F::usage(item) {
+            self.usage = Some(*usage);
+        }
+        self.relayed += F::relayed(item) as u64;
+    }
 }
 
 impl<F: NodeFrame> RunStream<F> {
@@ -381,7 +432,11 @@ impl<F: NodeFrame> RunStream<F> {
         if let Some(status) = F::response_status(&item) {
             self.response_status = Some(status);
         }
+        self.seen.note::<F>(&item);
         if let Some(outcome) = F::outcome(&item) {
+            if let Some(account) = self.account.take() {
+                account.charge(self.lease.lease().node(), self.seen.usage.as_ref(), self.seen.relayed);
+            }
             // Every generation's end, before or after the commit, passes
             // here once: the one place outlier ejection learns outcomes.
             // (A run the Edge gives up on itself, `stop`, says nothing
@@ -437,13 +492,65 @@ impl<F: NodeFrame> RunStream<F> {
 
 impl<F: NodeFrame> Drop for RunStream<F> {
     fn drop(&mut self) {
-        if self.finished {
-            return;
+        if !self.finished {
+            // The client went away (or the handler gave up) before a
+            // terminal: tell the node to stop.
+            self.send_cancel();
+            self.finish(RunOutcome::ClientDisconnected);
         }
-        // The client went away (or the handler gave up) before a terminal:
-        // tell the node to stop; the run's own RunEvents stream closes too.
-        self.send_cancel();
-        self.finish(RunOutcome::ClientDisconnected);
+        let Some(account) = self.account.take() else { return };
+        // The node reports what the run used when it cancels: read on
+        // until its terminal (bounded) to charge it.
+        let drain = Drain {
+            rx: std::mem::replace(&mut self.rx, mpsc::channel(1).1),
+            fence: self.fence.clone(),
+            next_seq: self.next_seq,
+            seen: std::mem::take(&mut self.seen),
+            node: self.lease.lease().node().to_string(),
+            account,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(drain.run())),
+            Err(_) => drain.charge(),
+        }
+    }
+}
+
+/// The rest of a run nobody reads any more, read until its terminal, its
+/// connection's fence, or [`DRAIN_WAIT`], for its charge. The run's call
+/// stays open meanwhile (closing it would stop the node's report).
+struct Drain<F: NodeFrame> {
+    rx: mpsc::Receiver<F>,
+    fence: CancellationToken,
+    next_seq: u64,
+    seen: Seen,
+    node: String,
+    account: Account,
+}
+
+impl<F: NodeFrame> Drain<F> {
+    async fn run(mut self) {
+        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        loop {
+            let frame = tokio::select! {
+                frame = self.rx.recv() => frame,
+                _ = self.fence.cancelled() => None,
+                _ = tokio::time::sleep_until(deadline) => None,
+            };
+            // Out of order or invalid: the run's report cannot be trusted.
+            let Some(frame) = frame.filter(|f| f.seq() == self.next_seq && f.validate().is_ok()) else { break };
+            self.next_seq += 1;
+            let terminal = frame.is_terminal();
+            self.seen.note::<F>(&frame.into_item());
+            if terminal {
+                break;
+            }
+        }
+        self.charge();
+    }
+
+    fn charge(self) {
+        self.account.charge(&self.node, self.seen.usage.as_ref(), self.seen.relayed);
     }
 }
 

@@ -41,6 +41,7 @@ use crate::ingress::error::ApiError;
 use crate::metrics::{AttemptLabels, RecoveryLabels, RetryPathLabels};
 use crate::retry::{self, RetryInput, RetryPlan, context_fallback, retryable, same_credential};
 use crate::state::EdgeState;
+use crate::usage::Account;
 
 /// Where the client-visible response starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +311,10 @@ pub async fn execute_in(
     // this request: a second miss is not replayed on them again.
     let mut missed_first_byte: HashSet<String> = HashSet::new();
 
+    // Who pays for each attempt (a token count generates nothing).
+    let body_bytes = tunnel.as_ref().map_or(0, |t| t.body.len());
+    let account = (!request.count_tokens)
+        .then(|| state.routing.usage.account(caller, model, crate::usage::Bounds::of(&request, body_bytes)));
     // The request's span, if traced: each admission and attempt is its child.
     let parent = crate::trace::current();
     let mut max_attempts = limits.max_attempts;
@@ -348,11 +353,13 @@ pub async fn execute_in(
             // No lease, no dispatch: the attempt fails closed (not retried).
             (Err(failure), _, _) => failed(failure),
             (Ok(sealed), Some(ProviderMode::Tunnel), Some(form)) => {
-                attempt_tunnel(state, provider, lease, form, sealed, deadline, span.traceparent()).await
+                let traceparent = span.traceparent();
+                attempt_tunnel(state, provider, lease, form, sealed, deadline, traceparent, account.clone()).await
             }
             (Ok(sealed), _, _) => {
                 let request = pb::RunRequest { lease: sealed, traceparent: span.traceparent(), ..request.clone() };
-                attempt_run(state, provider, lease, request, point, deadline, limits.max_response_bytes).await
+                let max_response_bytes = limits.max_response_bytes;
+                attempt_run(state, provider, lease, request, point, deadline, max_response_bytes, account.clone()).await
             }
         };
         let count = |span: &mut iop_telemetry::Span, outcome| {
@@ -597,6 +604,7 @@ fn control_for(
         .ok_or_else(|| pb::ExecutionFailure::new(FailureKind::TransportLost, "node connection closed before dispatch"))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn attempt_run(
     state: &Arc<EdgeState>,
     provider: Option<&iop_proto::config::ProviderEntry>,
@@ -605,6 +613,7 @@ async fn attempt_run(
     point: CommitPoint,
     deadline: Instant,
     max_response_bytes: usize,
+    account: Option<Account>,
 ) -> Attempt {
     let control = match control_for(state, &lease) {
         Ok(control) => control,
@@ -616,7 +625,7 @@ async fn attempt_run(
     let stall = stall_timeout(provider);
 
     let mut run =
-        match dispatch::start_run(&state.link.runs, &state.metrics, &state.routing.handoff, lease, control, request)
+        match dispatch::start_run(&state.link.runs, &state.metrics, &state.routing.handoff, lease, control, request, account)
             .await
         {
             Ok(run) => run,
@@ -733,6 +742,7 @@ async fn next_before_commit<F: NodeFrame>(
 /// Largest provider error body kept to decide about (and relay) an error.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
+#[allow(clippy::too_many_arguments)]
 async fn attempt_tunnel(
     state: &Arc<EdgeState>,
     provider: Option<&iop_proto::config::ProviderEntry>,
@@ -741,6 +751,7 @@ async fn attempt_tunnel(
     sealed: Option<pb::SealedLease>,
     deadline: Instant,
     traceparent: String,
+    account: Option<Account>,
 ) -> Attempt {
     let control = match control_for(state, &lease) {
         Ok(control) => control,
@@ -771,7 +782,7 @@ async fn attempt_tunnel(
     // first frame is bounded by the first-byte timeout too.
     let mut bound = first_byte_timeout(request.first_byte_timeout_ms).min(stall);
     let mut run =
-        match dispatch::start_run(&state.link.tunnels, &state.metrics, &state.routing.handoff, lease, control, request)
+        match dispatch::start_run(&state.link.tunnels, &state.metrics, &state.routing.handoff, lease, control, request, account)
             .await
         {
             Ok(run) => run,

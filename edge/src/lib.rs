@@ -202,13 +202,14 @@ impl EdgeBuilder {
         );
         let handoff =
             Arc::new(StallHandoff { registry: registry.clone(), overlay: overlay.clone(), metrics: metrics.clone() });
+        let rate_limits = Arc::new(ratelimit::RateLimits::default());
         let routing = Routing {
             admission,
             residency,
             handoff,
             recovery: Arc::new(tokio::sync::Notify::new()),
-            rate_limits: Default::default(),
-            usage: Default::default(),
+            usage: usage::Accounting::new(rate_limits.clone(), metrics.clone()),
+            rate_limits,
             body_budget: Default::default(),
         };
         let link = NodeLink {

@@ -145,13 +145,16 @@ pub struct PrincipalLabels {
     pub principal: String,
 }
 
-/// A principal, a configured public model and a token kind
-/// (`input`, `output`, `reasoning`): every value is configured or closed.
+/// A principal, a configured public model, a token kind (`input`,
+/// `output`, `reasoning`) and how the count was obtained
+/// (`usage::Source::label`: provider | counted | estimated): every value
+/// is configured or closed.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
     pub principal: String,
     pub model: String,
     pub kind: &'static str,
+    pub source: &'static str,
 }
 
 /// A principal and the per-key limit that refused it
@@ -249,6 +252,7 @@ pub struct EdgeMetrics {
     pub principal_requests: Family<PrincipalLabels, Counter>,
     pub principal_errors: Family<PrincipalLabels, Counter>,
     pub tokens: Family<TokenLabels, Counter>,
+    pub node_usage_rejected: Family<NodeLabels, Counter>,
     pub leases_sealed: Counter,
     pub lease_refusals: Family<ReasonLabels, Counter>,
     /// Requests refused by a principal's per-key limits (`ratelimit`).
@@ -460,8 +464,14 @@ impl EdgeMetrics {
         let tokens = Family::<TokenLabels, Counter>::default();
         registry.register(
             "tokens",
-            "Tokens of finished answers per principal and public model: input, output (reasoning included), reasoning",
+            "Tokens charged per principal and public model, every attempt however it ended: input, output (reasoning included), reasoning; source provider, counted (the node's count) or estimated",
             tokens.clone(),
+        );
+        let node_usage_rejected = Family::<NodeLabels, Counter>::default();
+        registry.register(
+            "node_usage_rejected",
+            "Usage reports a node sent beyond what their run could have used, charged at the bound instead",
+            node_usage_rejected.clone(),
         );
         let leases_sealed = Counter::default();
         registry.register(
@@ -557,6 +567,7 @@ impl EdgeMetrics {
             principal_requests,
             principal_errors,
             tokens,
+            node_usage_rejected,
             leases_sealed,
             lease_refusals,
             rate_limited,

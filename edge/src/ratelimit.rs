@@ -31,10 +31,16 @@
 //! bucket is full again) and OpenAI's `x-ratelimit-reset-*` (when the
 //! limit is back to its initial state) are both the drain instant.
 //!
-//! Tokens are known only when an answer ends: a request is refused while
-//! the tokens already charged fill the bucket, and one answer may take
-//! it past full (it is charged whole, up to [`MAX_BACKLOG`] of debt),
-//! which later requests then wait out.
+//! Tokens are known only when an answer ends, so they are reserved, then
+//! settled: once its body is read, a request reserves its input estimate
+//! and its `max_tokens` (or `usage::DEFAULT_OUTPUT_RESERVE`), refused while
+//! the tokens charged and reserved fill the bucket; when it ends the
+//! reservation is given back, and each of its attempts was charged what it
+//! used (`crate::usage`). Parallel requests therefore take the bucket past
+//! full by at most one reservation, plus what answers in flight use
+//! beyond theirs (an input estimate that fell short; output past the
+//! default of a request without `max_tokens`). An answer is charged whole,
+//! up to [`MAX_BACKLOG`] of debt, which later requests then wait out.
 //!
 //! # Replicas
 //!
@@ -262,6 +268,28 @@ impl Meter {
         Ok(self.status(shares, now))
     }
 
+    /// Reserves `tokens` for a request admitted under `shares` (its input
+    /// estimate and `max_tokens`), refused while the tokens already charged
+    /// and reserved fill the bucket: parallel requests take the bucket past
+    /// full by at most one reservation. Given back by [`Self::refund`] when
+    /// the request ends; its attempts are charged what they used meanwhile.
+    pub fn reserve(&mut self, shares: Shares, tokens: u64, now: Instant) -> Result<Status, (Duration, Status)> {
+        let Some(share) = shares.tokens else { return Ok(self.status(shares, now)) };
+        let (_, capacity) = unit(share);
+        let backlog = self.tokens.saturating_duration_since(now);
+        if backlog >= capacity {
+            return Err((backlog - capacity + Duration::from_nanos(1), self.status(shares, now)));
+        }
+        self.charge(tokens, now);
+        Ok(self.status(shares, now))
+    }
+
+    /// Gives back a reservation of `tokens` (never below empty).
+    pub fn refund(&mut self, tokens: u64, now: Instant) {
+        let Some(share) = self.token_share else { return };
+        self.tokens = self.tokens.checked_sub(cost(share, tokens)).map_or(now, |t| t.max(now));
+    }
+
     /// Charges a finished answer's tokens (nothing without a tokens limit).
     pub fn charge(&mut self, tokens: u64, now: Instant) {
         let Some(share) = self.token_share else { return };
@@ -312,6 +340,8 @@ pub struct RateLimits {
 pub struct Permit {
     meter: Option<SharedMeter>,
     status: Option<Status>,
+    /// Tokens reserved for the request ([`RateLimits::reserve`]).
+    reserved: u64,
 }
 
 impl Permit {
@@ -325,7 +355,9 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(meter) = &self.meter {
-            lock(meter).release();
+            let mut meter = lock(meter);
+            meter.refund(self.reserved, Instant::now());
+            meter.release();
         }
     }
 }
@@ -364,22 +396,43 @@ impl RateLimits {
         };
         let admitted = lock(&meter).admit(shares, now);
         match admitted {
-            Ok(status) => Ok(Permit { meter: Some(meter), status: Some(status) }),
-            Err((limit, retry_after, status)) => {
-                let (share, configured) = match limit {
-                    Limit::Requests => (shares.requests, limits.requests_per_minute),
-                    Limit::Tokens => (shares.tokens, limits.tokens_per_minute),
-                    Limit::Concurrency => (shares.concurrent, limits.max_concurrent_requests),
-                };
-                Err(Box::new(Refusal {
-                    limit,
-                    share: share.unwrap_or_default(),
-                    configured: configured.unwrap_or_default(),
-                    replicas: u32::try_from(replicas.max(1)).unwrap_or(u32::MAX),
-                    retry_after,
-                    status,
-                }))
+            Ok(status) => Ok(Permit { meter: Some(meter), status: Some(status), reserved: 0 }),
+            Err((limit, retry_after, status)) => Err(refusal(limit, limits, replicas, retry_after, status)),
+        }
+    }
+
+    /// Reserves `tokens` of `caller`'s tokens per minute for the request
+    /// `permit` admitted (see [`Meter::reserve`]); refused with
+    /// [`Limit::Tokens`] while the bucket is full.
+    pub fn reserve(
+        &self,
+        permit: &mut Permit,
+        caller: &Caller,
+        replicas: usize,
+        tokens: u64,
+    ) -> Result<(), Box<Refusal>> {
+        self.reserve_at(permit, caller, replicas, tokens, Instant::now())
+    }
+
+    /// [`Self::reserve`] at `now`.
+    pub fn reserve_at(
+        &self,
+        permit: &mut Permit,
+        caller: &Caller,
+        replicas: usize,
+        tokens: u64,
+        now: Instant,
+    ) -> Result<(), Box<Refusal>> {
+        let Some(meter) = &permit.meter else { return Ok(()) };
+        let limits = caller.limits();
+        let reserved = lock(meter).reserve(Shares::of(limits, replicas), tokens, now);
+        match reserved {
+            Ok(status) => {
+                permit.reserved += tokens;
+                permit.status = Some(status);
+                Ok(())
             }
+            Err((retry_after, status)) => Err(refusal(Limit::Tokens, limits, replicas, retry_after, status)),
         }
     }
 
@@ -406,6 +459,30 @@ impl RateLimits {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The refusal of `limit`, one of `limits`, shared by `replicas`.
+fn refusal(
+    limit: Limit,
+    limits: PrincipalLimits,
+    replicas: usize,
+    retry_after: Duration,
+    status: Status,
+) -> Box<Refusal> {
+    let configured = match limit {
+        Limit::Requests => limits.requests_per_minute,
+        Limit::Tokens => limits.tokens_per_minute,
+        Limit::Concurrency => limits.max_concurrent_requests,
+    };
+    let configured = configured.unwrap_or_default();
+    Box::new(Refusal {
+        limit,
+        share: share(configured, replicas),
+        configured,
+        replicas: u32::try_from(replicas.max(1)).unwrap_or(u32::MAX),
+        retry_after,
+        status,
+    })
 }
 
 impl Table {

@@ -25,7 +25,7 @@ use crate::node::registry::{GenerationSource, NodeRegistry};
 use crate::overlay::{HealthOverlay, StallHandoff};
 use crate::ratelimit::RateLimits;
 use crate::residency::ResidencyTable;
-use crate::usage::UsageLedger;
+use crate::usage::Accounting;
 use crate::workspace::calls::WorkspaceCalls;
 
 /// How a replica starts and stops (`iop-edge --startup-grace-ms
@@ -87,8 +87,8 @@ pub struct Routing {
     pub recovery: Arc<tokio::sync::Notify>,
     /// Per-principal request and token limits ([`crate::ratelimit`]).
     pub rate_limits: Arc<RateLimits>,
-    /// Per-principal usage since start ([`crate::usage`]).
-    pub usage: Arc<UsageLedger>,
+    /// Per-principal requests and tokens ([`crate::usage`]).
+    pub usage: Arc<Accounting>,
     /// The request body bytes held across the Edge ([`crate::http::body`]).
     pub body_budget: Arc<BodyBudget>,
 }

@@ -171,10 +171,19 @@ pub(crate) trait UplinkFrame: std::fmt::Debug + Send + 'static {
     }
     /// Notes what the span learns from an item going up (`crate::trace`).
     fn observe(item: &Self::Item);
+    /// What the execution is charged by, kept by its [`Uplink`].
+    type Meter: Default + Send;
+    /// Counts `item` as the provider produced it (before any coalescing).
+    fn meter(meter: &mut Self::Meter, item: &Self::Item);
 }
 
 impl UplinkFrame for pb::RunUplink {
     type Item = pb::run_event::Event;
+    type Meter = crate::usage::RunMeter;
+
+    fn meter(meter: &mut Self::Meter, event: &Self::Item) {
+        meter.observe(event);
+    }
 
     fn open(id: &str, generation: u64) -> Self {
         Self { frame: Some(pb::run_uplink::Frame::Open(pb::RunOpen { run_id: id.to_owned(), generation })) }
@@ -218,6 +227,9 @@ impl UplinkFrame for pb::RunUplink {
 
 impl UplinkFrame for pb::TunnelUplink {
     type Item = pb::provider_tunnel_frame::Frame;
+    type Meter = ();
+
+    fn meter((): &mut (), _frame: &Self::Item) {}
 
     fn open(id: &str, generation: u64) -> Self {
         Self { msg: Some(pb::tunnel_uplink::Msg::Open(pb::TunnelOpen { tunnel_id: id.to_owned(), generation })) }
@@ -241,14 +253,25 @@ impl UplinkFrame for pb::TunnelUplink {
 /// Frames are boxed in the channel: a tokio mpsc allocates a block of 32
 /// slots up front, and with the ~110-byte frame inline that block was
 /// about 3.5 KiB of every open execution (`cargo bench --bench overhead`).
-pub(crate) struct Uplink<U> {
+pub(crate) struct Uplink<U: UplinkFrame> {
     tx: mpsc::Sender<Box<U>>,
     seq: u64,
+    meter: U::Meter,
 }
 
 impl<U: UplinkFrame> Uplink<U> {
     pub(crate) fn new(tx: mpsc::Sender<Box<U>>) -> Self {
-        Self { tx, seq: 0 }
+        Self { tx, seq: 0, meter: U::Meter::default() }
+    }
+
+    /// Counts an item the provider produced, sent or not.
+    fn count(&mut self, item: &U::Item) {
+        U::meter(&mut self.meter, item);
+    }
+
+    /// What the execution relayed so far.
+    pub(crate) fn meter(&self) -> &U::Meter {
+        &self.meter
     }
 
     /// False when the call is gone (the Edge ended it).
@@ -433,7 +456,7 @@ impl<D: DownlinkMessage> Downlink<D> {
 }
 
 /// Closes the uplink and waits (bounded) for the Edge to end the call.
-pub(crate) async fn await_ack<U, D: DownlinkMessage>(
+pub(crate) async fn await_ack<U: UplinkFrame, D: DownlinkMessage>(
     uplink: Uplink<U>,
     mut downlink: Downlink<D>,
     what: &'static str,
@@ -510,6 +533,7 @@ async fn forward<'a, U: UplinkFrame, T>(
             _ = cancel.cancelled() => return Driven::Cancelled,
             _ = &mut edge_gone => return Driven::EdgeGone,
             Some(item) = items.recv() => {
+                uplink.count(&item);
                 if watchdog.progress(tokio::time::Instant::now()) == Progress::Fenced {
                     fenced();
                     continue;
@@ -526,6 +550,7 @@ async fn forward<'a, U: UplinkFrame, T>(
             result = &mut producer.0 => {
                 let mut rest = Vec::new();
                 while let Ok(item) = items.try_recv() {
+                    uplink.count(&item);
                     rest.extend(coalescer.push::<U>(item));
                 }
                 rest.extend(coalescer.flush());

@@ -67,6 +67,8 @@ async fn serve(
         let credential = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
         Ok((target, timeouts, credential, permit))
     });
+    // Whether the provider got the prompt (only a run admitted here calls it).
+    let called = admitted.is_ok();
     let outcome = match admitted {
         Err(failure) => Settled::Finished(Err(failure)),
         Ok((target, timeouts, credential, _permit)) => {
@@ -91,6 +93,17 @@ async fn serve(
             settled
         }
     };
+    // However the run ended, what the provider did not count is charged by
+    // the node's (count_tokens runs generate nothing and charge nothing).
+    let unreported = (!request.count_tokens)
+        .then(|| uplink.meter().unreported(iop_proto::usage::estimate_request_input(request), called && prompt_spent(&outcome)))
+        .flatten();
+    if let Some(usage) = unreported
+        && !matches!(outcome, Settled::EdgeGone)
+        && !uplink.send(Event::Usage(usage)).await
+    {
+        return false;
+    }
     let terminal = match outcome {
         Settled::Finished(Ok(finish)) => Event::Completed(pb::RunCompleted { finish_reason: finish.into() }),
         Settled::Finished(Err(failure)) => Event::Failed(pb::RunFailed { failure: Some(failure) }),
@@ -101,4 +114,23 @@ async fn serve(
         }
     };
     uplink.send(terminal).await
+}
+
+/// Whether a run that ended as `outcome` had its prompt read by the
+/// provider: it answered, was cancelled or cut while working, or stalled;
+/// not when the provider refused it (an HTTP error status) or could not
+/// be reached. Pure.
+fn prompt_spent<T>(outcome: &Settled<T>) -> bool {
+    use pb::FailureKind;
+    match outcome {
+        Settled::Finished(Ok(_)) | Settled::Cancelled | Settled::EdgeGone => true,
+        Settled::Finished(Err(failure)) => matches!(
+            failure.kind(),
+            FailureKind::ResponseStalled
+                | FailureKind::ProviderStreamCut
+                | FailureKind::ProviderProtocol
+                | FailureKind::ResponseTooLarge
+                | FailureKind::DeadlineExceeded
+        ),
+    }
 }

@@ -2,7 +2,9 @@
 //! ([`ProviderUsage`], for normalized runs and tunnels alike) and the
 //! reader that finds it in a tunnel's relayed answer ([`TunnelUsage`]), so
 //! the Edge can account and limit tunnelled requests too
-//! (`TunnelEnd.usage`).
+//! (`TunnelEnd.usage`); and what a run is charged when its provider
+//! reported nothing, because the run was cut, cancelled or the provider
+//! does not count ([`RunMeter`]).
 //!
 //! The forms read: OpenAI Chat Completions (`prompt_tokens`,
 //! `completion_tokens`, `completion_tokens_details.reasoning_tokens`), OpenAI
@@ -50,11 +52,11 @@ impl ProviderUsage {
     /// As the wire carries it (counts past `u32::MAX` are clamped).
     pub fn to_pb(self) -> pb::Usage {
         let clamp = |n: Option<u64>| u32::try_from(n.unwrap_or(0)).unwrap_or(u32::MAX);
-        pb::Usage {
-            prompt_tokens: clamp(self.prompt_tokens),
-            completion_tokens: clamp(self.completion_tokens),
-            reasoning_tokens: clamp(self.reasoning_tokens()),
-        }
+        pb::Usage::provider(
+            clamp(self.prompt_tokens),
+            clamp(self.completion_tokens),
+            clamp(self.reasoning_tokens()),
+        )
     }
 }
 
@@ -143,6 +145,61 @@ impl TunnelUsage {
         for usage in usages_in(&value) {
             self.found.get_or_insert_with(ProviderUsage::default).merge(usage);
         }
+    }
+}
+
+/// What a normalized run relayed, for its charge however it ends: the
+/// provider's last usage report, and otherwise the node's own count. Every
+/// event the adapter emits passes [`RunMeter::observe`] before it is
+/// coalesced or sent, so a client that left, a cut stream and a stall are
+/// charged what the provider generated up to then.
+#[derive(Debug, Default)]
+pub struct RunMeter {
+    /// The provider's last report.
+    reported: Option<pb::Usage>,
+    /// Non-empty content deltas (text, reasoning, tool-call pieces):
+    /// providers stream one token per delta.
+    deltas: u64,
+}
+
+impl RunMeter {
+    pub fn observe(&mut self, event: &pb::run_event::Event) {
+        use pb::run_event::Event;
+        let delta = match event {
+            Event::Usage(usage) => {
+                self.reported = Some(*usage);
+                false
+            }
+            Event::Text(t) => !t.text.is_empty(),
+            Event::Reasoning(r) => !r.text.is_empty(),
+            Event::ToolCall(c) => !c.arguments_delta.is_empty() || !c.name.is_empty(),
+            _ => false,
+        };
+        self.deltas += u64::from(delta);
+    }
+
+    /// The usage to send before the run's terminal when the provider
+    /// reported none: the streamed deltas counted, and `prompt` (the
+    /// request's estimate, [`iop_proto::usage::estimate_input_tokens`])
+    /// when the provider took the prompt in (`prompt_spent`). `None` when
+    /// the provider reported its own (already sent) or there is nothing to
+    /// charge.
+    pub fn unreported(&self, prompt: u64, prompt_spent: bool) -> Option<pb::Usage> {
+        if self.reported.is_some() {
+            return None;
+        }
+        let prompt = if prompt_spent { prompt } else { 0 };
+        if prompt == 0 && self.deltas == 0 {
+            return None;
+        }
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        Some(pb::Usage {
+            prompt_tokens: clamp(prompt),
+            completion_tokens: clamp(self.deltas),
+            reasoning_tokens: 0,
+            prompt_source: pb::UsageSource::Estimated.into(),
+            completion_source: pb::UsageSource::Counted.into(),
+        })
     }
 }
 

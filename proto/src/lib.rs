@@ -10,6 +10,7 @@ pub mod identity;
 pub mod lease;
 pub mod liveness;
 pub mod provider_error;
+pub mod usage;
 pub mod wire;
 
 /// Generated protobuf messages and the tonic client/server for `iop.v1.NodeGateway`.

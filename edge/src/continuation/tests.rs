@@ -8,7 +8,7 @@ fn reasoning(s: &str) -> Event {
     Event::Reasoning(pb::ReasoningDelta { text: s.into() })
 }
 fn usage(prompt: u32, completion: u32) -> Event {
-    Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion, ..Default::default() })
+    Event::Usage(pb::Usage::provider(prompt, completion, 0))
 }
 fn started() -> Event {
     Event::Started(pb::RunStarted { model: "m".into() })
@@ -97,16 +97,29 @@ fn a_repeat_of_the_prefill_is_dropped_and_a_real_continuation_passes() {
 }
 
 #[test]
-fn usage_is_the_first_prompt_and_the_sum_of_completions() {
+fn usage_is_the_sum_over_the_answers_runs() {
     let (mut splice, out) = sent(vec![text("a"), usage(10, 3)]);
     assert_eq!(out[1], usage(10, 3), "one run: as reported");
     splice.continued("w1");
-    assert_eq!(splice.pass(usage(13, 4)), Some(usage(10, 7)));
-    assert_eq!(splice.pass(usage(13, 5)), Some(usage(10, 8)), "a run's latest usage replaces its earlier one");
-    // A broken run that reported nothing: the continuation's prompt.
+    assert_eq!(splice.pass(usage(13, 4)), Some(usage(23, 7)));
+    assert_eq!(splice.pass(usage(13, 5)), Some(usage(23, 8)), "a run's latest usage replaces its earlier one");
+    // A broken run that reported nothing: the continuation's alone.
     let (mut splice, _) = sent(vec![text("a")]);
     splice.continued("w1");
     assert_eq!(splice.pass(usage(13, 4)), Some(usage(13, 4)));
+    // A broken run its node counted: summed, the sum as inexact as its least exact part.
+    let counted = pb::Usage {
+        prompt_tokens: 10,
+        completion_tokens: 6,
+        prompt_source: pb::UsageSource::Estimated.into(),
+        completion_source: pb::UsageSource::Counted.into(),
+        ..Default::default()
+    };
+    let (mut splice, _) = sent(vec![text("a"), Event::Usage(counted)]);
+    splice.continued("w1");
+    let Some(Event::Usage(sum)) = splice.pass(Event::Usage(pb::Usage::provider(16, 4, 0))) else { panic!() };
+    assert_eq!((sum.prompt_tokens, sum.completion_tokens), (26, 10));
+    assert_eq!((sum.input_source(), sum.output_source()), (pb::UsageSource::Estimated, pb::UsageSource::Counted));
 }
 
 #[test]

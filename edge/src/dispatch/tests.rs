@@ -23,7 +23,7 @@ async fn started_with(
         overlay: Default::default(),
         metrics: EdgeMetrics::new(),
     });
-    let stream = start_run(table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
+    let stream = start_run(table, &EdgeMetrics::new(), &handoff, lease, control, request, None).await.unwrap();
     (stream, control_rx)
 }
 
@@ -186,7 +186,7 @@ async fn a_tunnelled_5xx_response_counts_as_a_failure() {
     });
     let lease = crate::testing::lease("r1", "n1", 5);
     let request = pb::ProviderTunnelRequest { tunnel_id: "r1".into(), ..Default::default() };
-    let mut stream = start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request).await.unwrap();
+    let mut stream = start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request, None).await.unwrap();
     let attached = table.attach("r1", "n1", 5).unwrap();
     let frame = |seq, frame| pb::ProviderTunnelFrame { seq, frame: Some(frame) };
     attached.events.send(frame(1, Frame::Head(pb::TunnelResponseHead { status: 502, headers: vec![] }))).await.unwrap();

@@ -388,7 +388,7 @@ fn authority_json(authority: &pb::WorkspaceAuthority) -> serde_json::Value {
 /// since this replica started, in total and per public model
 /// (`crate::usage`).
 pub(super) async fn usage(State(state): State<Arc<EdgeState>>) -> Response {
-    axum::Json(state.routing.usage.snapshot()).into_response()
+    axum::Json(state.routing.usage.ledger.snapshot()).into_response()
 }
 
 #[cfg(test)]

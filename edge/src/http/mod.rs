@@ -201,9 +201,7 @@ impl Drop for RequestRecord {
         }
         let route = self.route.take().unwrap_or_else(|| "unknown".to_string());
         if let Some(caller) = &self.caller {
-            let routing = &self.state.routing;
-            let (ledger, limits, metrics) = (&routing.usage, &routing.rate_limits, &self.state.metrics);
-            crate::usage::finished(ledger, limits, metrics, caller, &route, self.outcome, self.usage.as_ref());
+            self.state.routing.usage.finished(caller, &route, self.outcome);
         }
         let metrics = &self.state.metrics;
         let labels = ApiRouteLabels { api: self.api, route: route.clone() };
@@ -274,12 +272,29 @@ fn limit(
     caller: &Caller,
 ) -> Result<crate::ratelimit::Permit, ApiError> {
     let replicas = state.replica_set(config).len();
-    state.routing.rate_limits.admit(caller, replicas).map_err(|refusal| {
-        let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
-        tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
-        state.metrics.rate_limited.get_or_create(&labels).inc();
-        ApiError::RateLimited(refusal)
-    })
+    state.routing.rate_limits.admit(caller, replicas).map_err(|refusal| refused(state, caller, refusal))
+}
+
+/// Reserves the tokens `request` may use of its caller's tokens per
+/// minute, held by the record's permit (`crate::ratelimit`).
+fn reserve(
+    state: &EdgeState,
+    config: &iop_proto::config::EdgeConfig,
+    caller: &Caller,
+    record: &mut RequestRecord,
+    request: &pb::RunRequest,
+) -> Result<(), ApiError> {
+    let Some(permit) = record.permit.as_mut() else { return Ok(()) };
+    let (replicas, tokens) = (state.replica_set(config).len(), crate::usage::reservation(request));
+    state.routing.rate_limits.reserve(permit, caller, replicas, tokens).map_err(|refusal| refused(state, caller, refusal))
+}
+
+/// A request a per-key limit refused: counted, and its error.
+fn refused(state: &EdgeState, caller: &Caller, refusal: Box<crate::ratelimit::Refusal>) -> ApiError {
+    let labels = RateLimitedLabels { principal: caller.name().to_string(), limit: refusal.limit.label() };
+    tracing::debug!(principal = %labels.principal, limit = labels.limit, "request refused by a per-key limit");
+    state.metrics.rate_limited.get_or_create(&labels).inc();
+    ApiError::RateLimited(refusal)
 }
 
 /// The request header that makes a request a single-request job.
@@ -382,6 +397,7 @@ async fn serve<S: Surface>(
     if route::candidates(&config, &parsed.model).is_some() {
         record.route = Some(parsed.model.clone());
     }
+    reserve(state, &config, &caller, record, &parsed.run)?;
     let point = if parsed.stream { CommitPoint::FirstContent } else { CommitPoint::Terminal };
     // A stream that breaks after text may be continued (not a job's: its
     // runs are the job's own).
@@ -851,6 +867,7 @@ async fn embed(
         record.route = Some(request.model.clone());
     }
     let run = pb::RunRequest { embed: Some(request.embed.clone()), ..Default::default() };
+    reserve(state, &config, &caller, record, &run)?;
     let execution = gate::execute(state, &caller, &request.model, run, None, CommitPoint::Terminal);
     let committed = crate::trace::scope(record.span.context(), execution).await?;
     let Answer::Normalized { buffered, .. } = committed.answer else { return Err(ApiError::Internal) };
@@ -918,7 +935,7 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
     };
     let (tokens, how) = match counted {
         Some(tokens) => (tokens, "exact"),
-        None => (crate::ingress::estimate_input_tokens(&request.messages, &request.tools), "estimate"),
+        None => (iop_proto::usage::estimate_input_tokens(&request.messages, &request.tools), "estimate"),
     };
     let mut response = axum::Json(json!({ "input_tokens": tokens })).into_response();
     response.headers_mut().insert(TOKEN_COUNT_HEADER, HeaderValue::from_static(how));

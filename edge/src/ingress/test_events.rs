@@ -12,7 +12,7 @@ pub(super) fn tool(index: u32, id: &str, name: &str, args: &str) -> Event {
 }
 
 pub(super) fn usage(prompt: u32, completion: u32) -> Event {
-    Event::Usage(pb::Usage { prompt_tokens: prompt, completion_tokens: completion, ..Default::default() })
+    Event::Usage(pb::Usage::provider(prompt, completion, 0))
 }
 
 pub(super) fn completed(reason: pb::FinishReason) -> Event {

@@ -319,3 +319,66 @@ fn reset_durations_in_gos_form() {
         assert_eq!(go_duration(d), want, "{d:?}");
     }
 }
+
+/// 20 parallel requests, each reserving 120 tokens of a 1,000-token
+/// minute: admitted while the bucket has room, so the bucket passes full
+/// by at most one reservation; the rest refused for tokens.
+#[test]
+fn reservations_refuse_parallel_requests_beyond_one_reserve() {
+    let limits = RateLimits::default();
+    let who = caller("parallel", None, Some(1_000), None);
+    let now = Instant::now();
+    let (mut held, mut refused) = (Vec::new(), 0);
+    for _ in 0..20 {
+        // The full bucket refuses at admission already, or at the reservation.
+        let admitted = limits.admit_at(&who, 1, now).and_then(|mut permit| {
+            limits.reserve_at(&mut permit, &who, 1, 120, now)?;
+            Ok(permit)
+        });
+        match admitted {
+            Ok(permit) => held.push(permit),
+            Err(refusal) => {
+                assert_eq!(refusal.limit, Limit::Tokens);
+                refused += 1;
+            }
+        }
+    }
+    // 8 x 120 = 960 < 1,000: a ninth fits while there is room, the tenth does not.
+    assert_eq!((held.len(), refused), (9, 11));
+    let status = lock(held[0].meter.as_ref().unwrap()).status(shares(None, Some(1_000), None), now);
+    assert_eq!(status.tokens.unwrap().remaining, 0);
+}
+
+/// A reservation is given back when the request ends; what its attempts
+/// used stays charged.
+#[test]
+fn a_reservation_is_settled_by_what_was_used() {
+    let limits = RateLimits::default();
+    let who = caller("settled", None, Some(1_000), None);
+    let now = Instant::now();
+    let mut permit = limits.admit_at(&who, 1, now).unwrap();
+    limits.reserve_at(&mut permit, &who, 1, 600, now).unwrap();
+    assert_eq!(permit.status().unwrap().tokens.unwrap().remaining, 400);
+    limits.charge_tokens_at("settled", 150, now);
+    let meter = permit.meter.clone().unwrap();
+    drop(permit);
+    let status = lock(&meter).status(shares(None, Some(1_000), None), Instant::now());
+    // 150 used; a moment has passed since, so 850 or a token more.
+    assert!((850..=851).contains(&status.tokens.unwrap().remaining), "{status:?}");
+    // A refund never makes the bucket more than full.
+    let mut meter = Meter::new(now);
+    meter.token_share = Some(1_000);
+    meter.refund(5_000, now);
+    assert_eq!(meter.status(shares(None, Some(1_000), None), now).tokens.unwrap().remaining, 1_000);
+}
+
+/// A caller without a tokens limit reserves nothing and is never refused.
+#[test]
+fn without_a_tokens_limit_nothing_is_reserved() {
+    let limits = RateLimits::default();
+    let who = caller("requests-only", Some(100), None, None);
+    let mut permit = limits.admit(&who, 1).unwrap();
+    limits.reserve(&mut permit, &who, 1, u64::MAX).unwrap();
+    let mut anonymous = Permit::default();
+    limits.reserve(&mut anonymous, &who, 1, 10).unwrap();
+}

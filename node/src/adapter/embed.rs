@@ -116,7 +116,7 @@ pub(super) async fn execute(
     let events = [
         super::events::started(&target.target_model),
         pb::run_event::Event::Embeddings(result),
-        pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0, ..Default::default() }),
+        pb::run_event::Event::Usage(pb::Usage::provider(prompt_tokens, 0, 0)),
     ];
     for event in events {
         sink.send(event).await.map_err(|_| AdapterError::SinkClosed)?;

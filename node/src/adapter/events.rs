@@ -31,9 +31,5 @@ pub(super) fn tool_call(index: u32, id: &str, name: &str, arguments_delta: &str)
 
 pub(super) fn usage(prompt_tokens: u64, completion_tokens: u64) -> pb::run_event::Event {
     let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    pb::run_event::Event::Usage(pb::Usage {
-        prompt_tokens: clamp(prompt_tokens),
-        completion_tokens: clamp(completion_tokens),
-        ..Default::default()
-    })
+    pb::run_event::Event::Usage(pb::Usage::provider(clamp(prompt_tokens), clamp(completion_tokens), 0))
 }

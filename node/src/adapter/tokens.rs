@@ -50,7 +50,7 @@ pub(super) async fn execute(
     let prompt_tokens = u32::try_from(tokens.tokens.len()).unwrap_or(u32::MAX);
     let events = [
         super::events::started(&target.target_model),
-        pb::run_event::Event::Usage(pb::Usage { prompt_tokens, completion_tokens: 0, ..Default::default() }),
+        pb::run_event::Event::Usage(pb::Usage::provider(prompt_tokens, 0, 0)),
     ];
     for event in events {
         sink.send(event).await.map_err(|_| AdapterError::SinkClosed)?;

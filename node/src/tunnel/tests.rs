@@ -185,12 +185,12 @@ async fn the_end_carries_the_usage_the_answer_reported() {
     let provider = fake::serve(Reply::chunks(200, "text/event-stream", chunks)).await;
     let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/chat/completions")).await;
     assert_eq!(body(&frames), chunks.concat().as_bytes(), "read as it passes, relayed unchanged");
-    assert_eq!(end_usage(&frames), Some(pb::Usage { prompt_tokens: 12, completion_tokens: 5, reasoning_tokens: 2 }));
+    assert_eq!(end_usage(&frames), Some(pb::Usage::provider(12, 5, 2)));
 
     let answer = r#"{"type":"message","usage":{"input_tokens":8,"output_tokens":3}}"#;
     let provider = fake::serve(Reply::json(200, answer)).await;
     let frames = relay_all(providers(&provider.base_url), tunnel_request("POST", "/v1/messages")).await;
-    assert_eq!(end_usage(&frames), Some(pb::Usage { prompt_tokens: 8, completion_tokens: 3, reasoning_tokens: 0 }));
+    assert_eq!(end_usage(&frames), Some(pb::Usage::provider(8, 3, 0)));
 
     let refused = r#"{"error":{"message":"no"},"usage":{"prompt_tokens":8}}"#;
     let provider = fake::serve(Reply::json(400, refused)).await;

@@ -54,3 +54,29 @@ fn holds_at_most_the_bound() {
     assert!(reader.kept.is_empty() && reader.overflowed);
     assert_eq!(reader.finish(), None);
 }
+
+#[test]
+fn a_run_the_provider_did_not_count_is_charged_its_deltas_and_its_estimate() {
+    use pb::run_event::Event;
+    let mut meter = RunMeter::default();
+    for event in [
+        Event::Started(pb::RunStarted { model: "m".into() }),
+        Event::Text(pb::TextDelta { text: "one".into() }),
+        Event::Text(pb::TextDelta { text: String::new() }),
+        Event::Reasoning(pb::ReasoningDelta { text: "hmm".into() }),
+        Event::ToolCall(pb::ToolCallDelta { index: 0, name: "f".into(), ..Default::default() }),
+        Event::ToolCall(pb::ToolCallDelta { index: 0, arguments_delta: "{}".into(), ..Default::default() }),
+    ] {
+        meter.observe(&event);
+    }
+    let usage = meter.unreported(40, true).unwrap();
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (40, 4), "empty deltas count nothing");
+    assert_eq!((usage.input_source(), usage.output_source()), (pb::UsageSource::Estimated, pb::UsageSource::Counted));
+    // The provider never had the prompt: only what it generated.
+    assert_eq!(meter.unreported(40, false).unwrap().prompt_tokens, 0);
+    // Nothing at all: nothing to send.
+    assert_eq!(RunMeter::default().unreported(40, false), None);
+    // The provider's own report stands (it was sent as it came).
+    meter.observe(&Event::Usage(pb::Usage::provider(9, 3, 0)));
+    assert_eq!(meter.unreported(40, true), None);
+}

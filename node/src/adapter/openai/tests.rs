@@ -49,7 +49,7 @@ async fn usage_keeps_the_reasoning_tokens() {
     ))
     .await;
     let (_, events) = fake::run(&target(&server.base_url), &fake::request(vec![fake::user("hi")])).await;
-    let reported = pb::Usage { prompt_tokens: 4, completion_tokens: 9, reasoning_tokens: 6 };
+    let reported = pb::Usage::provider(4, 9, 6);
     assert_eq!(events.last(), Some(&pb::run_event::Event::Usage(reported)));
 }
 
