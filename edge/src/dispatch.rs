@@ -63,6 +63,10 @@ pub trait NodeFrame: Send + 'static {
     fn usage(_item: &Self::Item) -> Option<&pb::Usage> {
         None
     }
+    /// The token usage an item reports, to bound in place.
+    fn usage_mut(_item: &mut Self::Item) -> Option<&mut pb::Usage> {
+        None
+    }
     /// Bytes of answer an item carries (what bounds its run's output
     /// tokens: `usage::Bounds`).
     fn relayed(item: &Self::Item) -> usize;
@@ -96,6 +100,12 @@ impl NodeFrame for pb::RunEvent {
         }
     }
     fn usage(item: &Self::Item) -> Option<&pb::Usage> {
+        match item {
+            pb::run_event::Event::Usage(usage) => Some(usage),
+            _ => None,
+        }
+    }
+    fn usage_mut(item: &mut Self::Item) -> Option<&mut pb::Usage> {
         match item {
             pb::run_event::Event::Usage(usage) => Some(usage),
             _ => None,
@@ -159,6 +169,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn usage(item: &Self::Item) -> Option<&pb::Usage> {
         match item {
             pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_ref(),
+            _ => None,
+        }
+    }
+    fn usage_mut(item: &mut Self::Item) -> Option<&mut pb::Usage> {
+        match item {
+            pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_mut(),
             _ => None,
         }
     }
@@ -384,11 +400,17 @@ struct Seen {
 }
 
 impl Seen {
-    fn note<F: NodeFrame>(&mut self, item: &F::Item) {
-        if let Some(usage) = F::usage(item) {
+    /// Notes `item` of the run on `node`; a usage it reports is first
+    /// bounded by `account` (so the client, the ledger and the limits all
+    /// see the bounded figures).
+    fn note<F: NodeFrame>(&mut self, item: &mut F::Item, account: Option<&Account>, node: &str) {
+        self.relayed += F::relayed(item) as u64;
+        if let Some(usage) = F::usage_mut(item) {
+            if let Some(account) = account {
+                account.bound(node, usage, self.relayed);
+            }
             self.usage = Some(*usage);
         }
-        self.relayed += F::relayed(item) as u64;
     }
 }
 
@@ -432,10 +454,10 @@ impl<F: NodeFrame> RunStream<F> {
         if let Some(status) = F::response_status(&item) {
             self.response_status = Some(status);
         }
-        self.seen.note::<F>(&item);
+        self.seen.note::<F>(&mut item, self.account.as_ref(), self.lease.lease().node());
         if let Some(outcome) = F::outcome(&item) {
             if let Some(account) = self.account.take() {
-                account.charge(self.lease.lease().node(), self.seen.usage.as_ref(), self.seen.relayed);
+                account.charge(self.seen.usage.as_ref(), self.seen.relayed);
             }
             // Every generation's end, before or after the commit, passes
             // here once: the one place outlier ejection learns outcomes.
@@ -541,7 +563,7 @@ impl<F: NodeFrame> Drain<F> {
             let Some(frame) = frame.filter(|f| f.seq() == self.next_seq && f.validate().is_ok()) else { break };
             self.next_seq += 1;
             let terminal = frame.is_terminal();
-            self.seen.note::<F>(&frame.into_item());
+            self.seen.note::<F>(&mut frame.into_item(), Some(&self.account), &self.node);
             if terminal {
                 break;
             }
@@ -550,7 +572,7 @@ impl<F: NodeFrame> Drain<F> {
     }
 
     fn charge(self) {
-        self.account.charge(&self.node, self.seen.usage.as_ref(), self.seen.relayed);
+        self.account.charge(self.seen.usage.as_ref(), self.seen.relayed);
     }
 }
 

@@ -624,13 +624,20 @@ async fn attempt_run(
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
-    let mut run =
-        match dispatch::start_run(&state.link.runs, &state.metrics, &state.routing.handoff, lease, control, request, account)
-            .await
-        {
-            Ok(run) => run,
-            Err(failure) => return failed(failure),
-        };
+    let mut run = match dispatch::start_run(
+        &state.link.runs,
+        &state.metrics,
+        &state.routing.handoff,
+        lease,
+        control,
+        request,
+        account,
+    )
+    .await
+    {
+        Ok(run) => run,
+        Err(failure) => return failed(failure),
+    };
     let mut buffered = Vec::new();
     let mut budget = AnswerBudget::new(max_response_bytes);
     loop {
@@ -781,13 +788,20 @@ async fn attempt_tunnel(
     // The response head is the provider's first byte, relayed at once: the
     // first frame is bounded by the first-byte timeout too.
     let mut bound = first_byte_timeout(request.first_byte_timeout_ms).min(stall);
-    let mut run =
-        match dispatch::start_run(&state.link.tunnels, &state.metrics, &state.routing.handoff, lease, control, request, account)
-            .await
-        {
-            Ok(run) => run,
-            Err(failure) => return failed(failure),
-        };
+    let mut run = match dispatch::start_run(
+        &state.link.tunnels,
+        &state.metrics,
+        &state.routing.handoff,
+        lease,
+        control,
+        request,
+        account,
+    )
+    .await
+    {
+        Ok(run) => run,
+        Err(failure) => return failed(failure),
+    };
     let mut head: Option<pb::TunnelResponseHead> = None;
     let mut buffered: Vec<Bytes> = Vec::new();
     let mut buffered_len = 0;

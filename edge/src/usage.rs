@@ -267,11 +267,10 @@ impl Accounting {
         Account { accounting: self.clone(), principal: caller.name().to_string(), model: model.to_string(), bounds }
     }
 
-    fn charge(&self, account: &Account, node: &str, usage: &pb::Usage, relayed: u64) {
-        let (charge, clamped) = account.bounds.clamp(usage, relayed);
-        if clamped {
-            self.rejected(node, usage, &account.bounds, relayed);
-        }
+    fn charge(&self, account: &Account, usage: &pb::Usage, relayed: u64) {
+        // Bounded as it arrived (`Account::bound`); bounded again in case
+        // it came before the answer it counts.
+        let (charge, _) = account.bounds.clamp(usage, relayed);
         let (principal, model) = (&account.principal, &account.model);
         self.ledger.charge(principal, model, &charge);
         for (kind, n, source) in [
@@ -282,7 +281,8 @@ impl Accounting {
             if n == 0 {
                 continue;
             }
-            let labels = TokenLabels { principal: principal.clone(), model: model.clone(), kind, source: source.label() };
+            let labels =
+                TokenLabels { principal: principal.clone(), model: model.clone(), kind, source: source.label() };
             self.metrics.tokens.get_or_create(&labels).inc_by(n);
         }
         if charge.billed() > 0 {
@@ -324,11 +324,25 @@ pub struct Account {
 }
 
 impl Account {
-    /// Charges one attempt on `node` the last `usage` its run reported
-    /// (nothing without one), having relayed `relayed` bytes of answer.
-    pub fn charge(&self, node: &str, usage: Option<&pb::Usage>, relayed: u64) {
+    /// Bounds a `usage` the run on `node` reported, having relayed
+    /// `relayed` bytes of answer so far: counted and logged when it had to.
+    pub fn bound(&self, node: &str, usage: &mut pb::Usage, relayed: u64) {
+        let (charge, clamped) = self.bounds.clamp(usage, relayed);
+        if !clamped {
+            return;
+        }
+        self.accounting.rejected(node, usage, &self.bounds, relayed);
+        let to_u32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        usage.prompt_tokens = to_u32(charge.input);
+        usage.completion_tokens = to_u32(charge.output);
+        usage.reasoning_tokens = to_u32(charge.reasoning);
+    }
+
+    /// Charges one attempt the last `usage` its run reported (nothing
+    /// without one), having relayed `relayed` bytes of answer.
+    pub fn charge(&self, usage: Option<&pb::Usage>, relayed: u64) {
         if let Some(usage) = usage {
-            self.accounting.charge(self, node, usage, relayed);
+            self.accounting.charge(self, usage, relayed);
         }
     }
 }

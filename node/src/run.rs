@@ -96,7 +96,11 @@ async fn serve(
     // However the run ended, what the provider did not count is charged by
     // the node's (count_tokens runs generate nothing and charge nothing).
     let unreported = (!request.count_tokens)
-        .then(|| uplink.meter().unreported(iop_proto::usage::estimate_request_input(request), called && prompt_spent(&outcome)))
+        .then(|| {
+            uplink
+                .meter()
+                .unreported(iop_proto::usage::estimate_request_input(request), called && prompt_spent(&outcome))
+        })
         .flatten();
     if let Some(usage) = unreported
         && !matches!(outcome, Settled::EdgeGone)

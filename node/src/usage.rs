@@ -52,11 +52,7 @@ impl ProviderUsage {
     /// As the wire carries it (counts past `u32::MAX` are clamped).
     pub fn to_pb(self) -> pb::Usage {
         let clamp = |n: Option<u64>| u32::try_from(n.unwrap_or(0)).unwrap_or(u32::MAX);
-        pb::Usage::provider(
-            clamp(self.prompt_tokens),
-            clamp(self.completion_tokens),
-            clamp(self.reasoning_tokens()),
-        )
+        pb::Usage::provider(clamp(self.prompt_tokens), clamp(self.completion_tokens), clamp(self.reasoning_tokens()))
     }
 }
 

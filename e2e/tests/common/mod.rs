@@ -2,6 +2,8 @@
 //! Nodes as real child processes talking real mTLS on loopback.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod fake_node;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -67,8 +67,9 @@ async fn the_node_receives_the_extended_first_byte_timeout_for_a_cold_model() {
         });
         async move {
             let table = Arc::new(RunTable::<pb::RunEvent>::default());
-            let _run =
-                dispatch::start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request, None).await.unwrap();
+            let _run = dispatch::start_run(&table, &EdgeMetrics::new(), &handoff, lease, control, request, None)
+                .await
+                .unwrap();
             match control_rx.try_recv() {
                 Ok(Ok(pb::EdgeToNode { msg: Some(pb::edge_to_node::Msg::RunAssign(a)) })) => {
                     a.request.expect("a small request rides the assignment").first_byte_timeout_ms

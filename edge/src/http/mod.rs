@@ -286,7 +286,11 @@ fn reserve(
 ) -> Result<(), ApiError> {
     let Some(permit) = record.permit.as_mut() else { return Ok(()) };
     let (replicas, tokens) = (state.replica_set(config).len(), crate::usage::reservation(request));
-    state.routing.rate_limits.reserve(permit, caller, replicas, tokens).map_err(|refusal| refused(state, caller, refusal))
+    state
+        .routing
+        .rate_limits
+        .reserve(permit, caller, replicas, tokens)
+        .map_err(|refusal| refused(state, caller, refusal))
 }
 
 /// A request a per-key limit refused: counted, and its error.

@@ -18,4 +18,3 @@ mod outcome;
 #[cfg(test)]
 mod test_events;
 pub mod transcript;
-
