@@ -9,6 +9,10 @@ usage:
   python3 usage_truth.py give-up BASE_URL KEY MODEL
       a Chat Completions stream whose client gives up (a 1 s timeout)
       before the first token: APITimeoutError.
+  python3 usage_truth.py quiet-stream BASE_URL KEY MODEL
+      a Chat Completions stream that asks for no usage: no chunk carries
+      one (the Edge asked the provider on its behalf and the node left it
+      out); prints the number of text deltas.
   python3 usage_truth.py parallel BASE_URL KEY MODEL N
       N chat completions at once (max_tokens 100); prints
       {"ok": A, "rate_limited": R}.
@@ -51,6 +55,12 @@ elif mode == "give-up":
     impatient = oai.with_options(timeout=1.0)
     expect("APITimeoutError", lambda: impatient.chat.completions.create(model=model, messages=messages, stream=True))
     print("give-up: ok")
+elif mode == "quiet-stream":
+    deltas = 0
+    for chunk in oai.chat.completions.create(model=model, messages=messages, stream=True):
+        assert chunk.usage is None and chunk.choices, chunk
+        deltas += bool(chunk.choices[0].delta.content)
+    print(deltas)
 elif mode == "parallel":
     n = int(sys.argv[5])
 

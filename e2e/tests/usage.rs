@@ -96,6 +96,38 @@ async fn a_prefill_the_client_gave_up_on_is_charged_its_input() {
     assert_eq!(impatient["input_tokens_unreported"], story_estimate());
 }
 
+/// A tunnelled Chat Completions stream that asks for no usage is charged
+/// the provider's own count (the Edge asked for it on the client's
+/// behalf), and the client sees no usage chunk.
+#[tokio::test]
+async fn a_tunnel_stream_without_include_usage_is_charged_and_sees_no_usage() {
+    let (key, keys) = keys_with("quiet", "tokens_per_minute: 100000");
+    let mut tunnel = provider("tunnel-mock", iop_proto::config::Adapter::Openai, "mock", "mock-tunnel", "");
+    tunnel.mode = iop_proto::config::ProviderMode::Tunnel;
+    let stack =
+        Stack::start(StackOptions { keys: Some(keys), extra_providers: vec![tunnel], ..Default::default() }).await;
+    let base = stack.url("");
+    let printed =
+        run_script("usage_truth.py", &["quiet-stream", base.trim_end_matches('/'), &key, "mock-tunnel"]).await;
+    let deltas: u64 = printed.trim().parse().unwrap();
+    assert!(deltas > 0, "{printed}");
+    let asked = stack.last_provider_request("/v1/chat/completions").await;
+    assert_eq!(asked["stream_options"]["include_usage"], true, "{asked}");
+    wait_until("the tunnel's tokens charged", WAIT, || async {
+        totals(&stack, "quiet").await["output_tokens"].as_u64().is_some_and(|n| n > 0)
+    })
+    .await;
+    let quiet = totals(&stack, "quiet").await;
+    assert_eq!(
+        (quiet["output_tokens_unreported"].as_u64(), quiet["input_tokens_unreported"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(quiet["input_tokens"].as_u64().unwrap() > 0, "{quiet}");
+    let provider =
+        "iop_edge_tokens_total{principal=\"quiet\",model=\"mock-tunnel\",kind=\"output\",source=\"provider\"}";
+    assert_eq!(stack.metric(provider).await, quiet["output_tokens"].as_f64().unwrap());
+}
+
 /// Twenty answers at once under 1,000 tokens a minute, each reserving
 /// its estimate and `max_tokens` (100): the bucket takes them while it has
 /// room, one reservation past full at most; the rest are refused before

@@ -70,6 +70,11 @@ pub trait NodeFrame: Send + 'static {
     /// Bytes of answer an item carries (what bounds its run's output
     /// tokens: `usage::Bounds`).
     fn relayed(item: &Self::Item) -> usize;
+    /// Whether an item only reports usage: noted, never yielded by
+    /// [`RunStream::next`].
+    fn accounting_only(_item: &Self::Item) -> bool {
+        false
+    }
 }
 
 impl NodeFrame for pb::RunEvent {
@@ -169,14 +174,19 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn usage(item: &Self::Item) -> Option<&pb::Usage> {
         match item {
             pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_ref(),
+            pb::provider_tunnel_frame::Frame::Usage(usage) => Some(usage),
             _ => None,
         }
     }
     fn usage_mut(item: &mut Self::Item) -> Option<&mut pb::Usage> {
         match item {
             pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_mut(),
+            pb::provider_tunnel_frame::Frame::Usage(usage) => Some(usage),
             _ => None,
         }
+    }
+    fn accounting_only(item: &Self::Item) -> bool {
+        matches!(item, pb::provider_tunnel_frame::Frame::Usage(_))
     }
     fn relayed(item: &Self::Item) -> usize {
         match item {
@@ -190,7 +200,7 @@ impl NodeFrame for pb::ProviderTunnelFrame {
             Frame::End(_) => Some(RunOutcome::Completed),
             Frame::Failed(f) => Some(RunOutcome::of_failure(f)),
             Frame::Cancelled(_) => Some(RunOutcome::Cancelled),
-            Frame::Head(_) | Frame::Body(_) => None,
+            Frame::Head(_) | Frame::Body(_) | Frame::Usage(_) => None,
         }
     }
 }
@@ -426,6 +436,16 @@ impl<F: NodeFrame> RunStream<F> {
     }
 
     pub async fn next(&mut self) -> Option<F::Item> {
+        loop {
+            let item = self.next_frame().await?;
+            if !F::accounting_only(&item) {
+                return Some(item);
+            }
+        }
+    }
+
+    /// The next item, accounting-only ones included.
+    async fn next_frame(&mut self) -> Option<F::Item> {
         if self.finished {
             return None;
         }

@@ -16,8 +16,10 @@
 //! backoff, so the gate never loops tightly.
 //!
 //! An attempt on a provider in `tunnel` mode relays the client's request
-//! byte-for-byte (only `model` is rewritten to the target) when the client's
-//! API has a tunnel form; its commit point is the first body byte of a 2xx
+//! byte-for-byte (only `model` is rewritten to the target, and a Chat
+//! Completions stream is asked for its usage, which the node then leaves
+//! out of the relayed stream: [`ask_for_usage`]) when the client's API has
+//! a tunnel form; its commit point is the first body byte of a 2xx
 //! response. A provider error response is retried like a failure when it is
 //! retryable, and otherwise relayed to the client as the provider sent it.
 
@@ -766,8 +768,8 @@ async fn attempt_tunnel(
     };
     let l = lease.lease();
     let target_model = l.target_model().to_string();
-    let body = match rewrite_model(&form.body, &target_model) {
-        Ok(body) => body,
+    let (body, strip_usage_chunk) = match rewrite_model(&form.body, &target_model, form.path) {
+        Ok(rewritten) => rewritten,
         Err(failure) => return failed(failure),
     };
     let request = pb::ProviderTunnelRequest {
@@ -783,6 +785,7 @@ async fn attempt_tunnel(
         first_byte_timeout_ms: first_byte_timeout_ms(provider, l, &state.routing.residency),
         lease: sealed,
         traceparent,
+        strip_usage_chunk,
     };
     let stall = stall_timeout(provider);
     // The response head is the provider's first byte, relayed at once: the
@@ -849,14 +852,39 @@ async fn attempt_tunnel(
 }
 
 /// The client's JSON body with `model` set to the provider's target.
-fn rewrite_model(body: &[u8], target_model: &str) -> Result<Vec<u8>, pb::ExecutionFailure> {
+fn rewrite_model(body: &[u8], target_model: &str, path: &str) -> Result<(Vec<u8>, bool), pb::ExecutionFailure> {
     let mut value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|_| pb::ExecutionFailure::new(FailureKind::InvalidRequest, "request body is not JSON"))?;
     let object = value
         .as_object_mut()
         .ok_or_else(|| pb::ExecutionFailure::new(FailureKind::InvalidRequest, "request body is not a JSON object"))?;
     object.insert("model".into(), serde_json::Value::String(target_model.to_string()));
-    Ok(serde_json::to_vec(&value).expect("a JSON value serializes"))
+    let strip_usage = path == CHAT_COMPLETIONS_PATH && ask_for_usage(object);
+    Ok((serde_json::to_vec(&value).expect("a JSON value serializes"), strip_usage))
+}
+
+/// The tunnel path whose streams report usage only when asked.
+const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
+
+/// A Chat Completions stream that did not ask for usage
+/// (`stream_options.include_usage`) is made to, so that its tokens are
+/// charged; true when the client did not ask (the node then leaves the
+/// usage chunk out of what it relays). Pure.
+fn ask_for_usage(request: &mut serde_json::Map<String, serde_json::Value>) -> bool {
+    use serde_json::Value;
+    if request.get("stream") != Some(&Value::Bool(true)) {
+        return false;
+    }
+    let options = request.entry("stream_options").or_insert(Value::Null);
+    if options.is_null() {
+        *options = Value::Object(Default::default());
+    }
+    let Value::Object(options) = options else { return false };
+    if options.get("include_usage") == Some(&Value::Bool(true)) {
+        return false;
+    }
+    options.insert("include_usage".into(), Value::Bool(true));
+    true
 }
 
 /// The failure a tunnelled error response stands for (for the retry decision).

@@ -679,6 +679,25 @@ async fn drive_watched<U: UplinkFrame, T>(
     }
 }
 
+/// Whether an execution that ended as `outcome` had its prompt read by the
+/// provider: it answered, was cancelled or cut while working, or stalled;
+/// not when the provider refused it (an HTTP error status) or could not
+/// be reached. Pure.
+pub(crate) fn prompt_spent<T>(outcome: &Settled<T>) -> bool {
+    use pb::FailureKind;
+    match outcome {
+        Settled::Finished(Ok(_)) | Settled::Cancelled | Settled::EdgeGone => true,
+        Settled::Finished(Err(failure)) => matches!(
+            failure.kind(),
+            FailureKind::ResponseStalled
+                | FailureKind::ProviderStreamCut
+                | FailureKind::ProviderProtocol
+                | FailureKind::ResponseTooLarge
+                | FailureKind::DeadlineExceeded
+        ),
+    }
+}
+
 /// Whether the provider's transport failed: refused or reset before its
 /// response, or its stream cut after it started. Pure.
 fn transport_failure(failure: &pb::ExecutionFailure) -> bool {

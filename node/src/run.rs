@@ -97,9 +97,10 @@ async fn serve(
     // the node's (count_tokens runs generate nothing and charge nothing).
     let unreported = (!request.count_tokens)
         .then(|| {
-            uplink
-                .meter()
-                .unreported(iop_proto::usage::estimate_request_input(request), called && prompt_spent(&outcome))
+            uplink.meter().unreported(
+                iop_proto::usage::estimate_request_input(request),
+                called && execution::prompt_spent(&outcome),
+            )
         })
         .flatten();
     if let Some(usage) = unreported
@@ -118,23 +119,4 @@ async fn serve(
         }
     };
     uplink.send(terminal).await
-}
-
-/// Whether a run that ended as `outcome` had its prompt read by the
-/// provider: it answered, was cancelled or cut while working, or stalled;
-/// not when the provider refused it (an HTTP error status) or could not
-/// be reached. Pure.
-fn prompt_spent<T>(outcome: &Settled<T>) -> bool {
-    use pb::FailureKind;
-    match outcome {
-        Settled::Finished(Ok(_)) | Settled::Cancelled | Settled::EdgeGone => true,
-        Settled::Finished(Err(failure)) => matches!(
-            failure.kind(),
-            FailureKind::ResponseStalled
-                | FailureKind::ProviderStreamCut
-                | FailureKind::ProviderProtocol
-                | FailureKind::ResponseTooLarge
-                | FailureKind::DeadlineExceeded
-        ),
-    }
 }

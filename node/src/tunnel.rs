@@ -32,7 +32,7 @@ use crate::lease::{self, SessionLeases};
 use crate::liveness::FirstByte;
 use crate::metrics::ExecutionKind;
 use crate::scrub::SecretScrubber;
-use crate::usage::TunnelUsage;
+use crate::usage::{TunnelUsage, UsageChunkFilter};
 
 /// Largest body frame; bigger provider chunks are split so that one frame
 /// stays small on the shared connection.
@@ -108,10 +108,14 @@ pub(crate) async fn serve(
         }
         Ok((prepared, scrubber, permit))
     });
+    // The prompt's estimate: its size, about four bytes a token (a GET
+    // generates nothing).
+    let prompt = if request.method == "POST" { request.body.len().div_ceil(4) as u64 } else { 0 };
     let (outcome, usage) = match admitted {
         Err(failure) => (Settled::Finished(Err(failure)), None),
         Ok((prepared, scrubber, _permit)) => {
             let body = Bytes::from(std::mem::take(&mut request.body));
+            let strip = request.strip_usage_chunk;
             let (sink, mut frames) = mpsc::channel(RELAY_CAPACITY);
             let (target, timeouts) = (prepared.target.clone(), prepared.timeouts);
             let relay_scrubber = scrubber.clone();
@@ -120,20 +124,26 @@ pub(crate) async fn serve(
             let first_byte = FirstByte::default();
             let usage = UsageSlot::default();
             let relay_usage = usage.clone();
-            let producer = Producer::new(
-                first_byte
-                    .clone()
-                    .scope(async move { relay(http, prepared, body, relay_scrubber, &sink, &relay_usage).await }),
-            );
+            let producer =
+                Producer::new(first_byte.clone().scope(async move {
+                    relay(http, (prepared, body, strip), relay_scrubber, &sink, &relay_usage).await
+                }));
             let watched =
                 Watched { http, target: &target, timeouts, first_byte, observer, kind: ExecutionKind::tunnel };
             let mut settled = execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await;
             if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
                 scrubber.scrub_failure(failure);
             }
-            (settled, usage.take())
+            let usage = usage.usage(&settled, prompt);
+            (settled, usage)
         }
     };
+    // A tunnel that did not finish reports its usage before its terminal.
+    if let (Some(usage), Settled::Finished(Err(_)) | Settled::Cancelled) = (usage, &outcome)
+        && !uplink.send(Frame::Usage(usage)).await
+    {
+        return false;
+    }
     let terminal = match outcome {
         Settled::Finished(Ok(())) => Frame::End(pb::TunnelEnd { usage }),
         Settled::Finished(Err(failure)) => Frame::Failed(pb::RunFailed { failure: Some(failure) }),
@@ -238,16 +248,49 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Where `relay` leaves the usage it read from the answer, for the terminal.
+/// What `relay` read of the answer, shared with the tunnel's end: the usage
+/// the provider reported, or the deltas it relayed, however the tunnel
+/// ends.
 #[derive(Debug, Clone, Default)]
-struct UsageSlot(std::sync::Arc<std::sync::Mutex<Option<pb::Usage>>>);
+struct UsageSlot(std::sync::Arc<std::sync::Mutex<Answered>>);
+
+#[derive(Debug, Default)]
+enum Answered {
+    /// No response head yet (the provider may be reading the prompt).
+    #[default]
+    NotYet,
+    /// An error status: the provider refused the request.
+    Refused,
+    /// A 2xx answer, read as it passes.
+    Answer(TunnelUsage),
+}
 
 impl UsageSlot {
-    fn set(&self, usage: Option<pb::Usage>) {
-        *self.0.lock().expect("usage slot lock") = usage;
+    fn lock(&self) -> std::sync::MutexGuard<'_, Answered> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    fn take(&self) -> Option<pb::Usage> {
-        self.0.lock().expect("usage slot lock").take()
+
+    fn answered(&self, status: u32, content_type: Option<&str>) {
+        *self.lock() = if status < 300 { Answered::Answer(TunnelUsage::new(content_type)) } else { Answered::Refused };
+    }
+
+    fn push(&self, chunk: &[u8]) {
+        if let Answered::Answer(reader) = &mut *self.lock() {
+            reader.push(chunk);
+        }
+    }
+
+    /// The usage of a tunnel that ended as `outcome`, whose request's
+    /// prompt is estimated at `prompt`: the provider's report, else the
+    /// deltas counted and the estimate once the provider had the prompt.
+    fn usage<T>(&self, outcome: &Settled<T>, prompt: u64) -> Option<pb::Usage> {
+        match &mut *self.lock() {
+            Answered::Refused => None,
+            Answered::NotYet => crate::usage::unreported(prompt, execution::prompt_spent(outcome), 0),
+            Answered::Answer(reader) => reader
+                .finish()
+                .or_else(|| crate::usage::unreported(prompt, execution::prompt_spent(outcome), reader.deltas())),
+        }
     }
 }
 
@@ -260,8 +303,7 @@ impl UsageSlot {
 /// sent does not hand it to the client.
 async fn relay(
     http: &reqwest::Client,
-    prepared: Prepared,
-    body: Bytes,
+    (prepared, body, strip_usage_chunk): (Prepared, Bytes, bool),
     scrubber: Option<SecretScrubber>,
     sink: &mpsc::Sender<Frame>,
     usage: &UsageSlot,
@@ -286,25 +328,33 @@ async fn relay(
     log_error_head(&target.provider_id, head.status);
     let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     // Only a 2xx answer's usage is an answer's.
-    let mut reader = (head.status < 300).then(|| TunnelUsage::new(content_type));
+    usage.answered(head.status, content_type);
+    let mut filter = (strip_usage_chunk && head.status < 300).then(UsageChunkFilter::default);
     emit(sink, Frame::Head(head)).await?;
     let mut scrub = scrubber.as_ref().map(SecretScrubber::stream);
+    let mut pass = |chunk: Bytes, filter: &mut Option<UsageChunkFilter>| {
+        let chunk = match filter {
+            Some(filter) => Bytes::from(filter.push(&chunk)),
+            None => chunk,
+        };
+        match &mut scrub {
+            Some(scrub) => Bytes::from(scrub.push(&chunk)),
+            None => chunk,
+        }
+    };
     while let Some(chunk) =
         response.chunk().await.map_err(|e| adapter::stream_cut("reading the provider's response", e))?
     {
-        if let Some(reader) = &mut reader {
-            reader.push(&chunk);
-        }
-        let chunk = match &mut scrub {
-            Some(scrub) => Bytes::from(scrub.push(&chunk)),
-            None => chunk,
-        };
+        usage.push(&chunk);
+        let chunk = pass(chunk, &mut filter);
         emit_body(sink, &chunk).await?;
     }
+    let rest = filter.take().map(UsageChunkFilter::finish).unwrap_or_default();
+    let rest = pass(Bytes::from(rest), &mut None);
+    emit_body(sink, &rest).await?;
     if let Some(mut scrub) = scrub {
         emit_body(sink, &scrub.finish()).await?;
     }
-    usage.set(reader.and_then(TunnelUsage::finish));
     Ok(())
 }
 

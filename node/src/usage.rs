@@ -81,13 +81,17 @@ pub struct TunnelUsage {
     /// The kept line or body outgrew [`MAX_KEPT`]: skip to the next line.
     overflowed: bool,
     found: Option<ProviderUsage>,
+    /// SSE events that carry a piece of the answer (`"delta"`: Chat
+    /// Completions chunks, Messages `content_block_delta`, Responses
+    /// `*.delta`), the count charged when the answer reported no usage.
+    deltas: u64,
 }
 
 impl TunnelUsage {
     /// For a response whose `Content-Type` is `content_type`.
     pub fn new(content_type: Option<&str>) -> Self {
         let sse = content_type.is_some_and(|t| t.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
-        Self { sse, kept: Vec::new(), overflowed: false, found: None }
+        Self { sse, kept: Vec::new(), overflowed: false, found: None, deltas: 0 }
     }
 
     pub fn push(&mut self, mut chunk: &[u8]) {
@@ -104,7 +108,7 @@ impl TunnelUsage {
     }
 
     /// The usage the answer reported, if it reported any.
-    pub fn finish(mut self) -> Option<pb::Usage> {
+    pub fn finish(&mut self) -> Option<pb::Usage> {
         if self.sse {
             self.line();
         } else if !self.overflowed && mentions_usage(&self.kept) {
@@ -112,6 +116,12 @@ impl TunnelUsage {
             self.read(&kept);
         }
         self.found.map(ProviderUsage::to_pb)
+    }
+
+    /// What the answer relayed so far, for a tunnel whose provider reported
+    /// no usage ([`unreported`]).
+    pub fn deltas(&self) -> u64 {
+        self.deltas
     }
 
     fn keep(&mut self, bytes: &[u8]) {
@@ -130,6 +140,9 @@ impl TunnelUsage {
     /// prefix, are read the same).
     fn line(&mut self) {
         let line = std::mem::take(&mut self.kept);
+        if line.starts_with(b"data:") && contains(&line, b"\"delta\"") {
+            self.deltas += 1;
+        }
         if !std::mem::replace(&mut self.overflowed, false) && mentions_usage(&line) {
             let data = line.strip_prefix(b"data:").unwrap_or(&line);
             self.read(data);
@@ -181,26 +194,107 @@ impl RunMeter {
     /// the provider reported its own (already sent) or there is nothing to
     /// charge.
     pub fn unreported(&self, prompt: u64, prompt_spent: bool) -> Option<pb::Usage> {
-        if self.reported.is_some() {
-            return None;
+        match self.reported {
+            Some(_) => None,
+            None => unreported(prompt, prompt_spent, self.deltas),
         }
-        let prompt = if prompt_spent { prompt } else { 0 };
-        if prompt == 0 && self.deltas == 0 {
-            return None;
-        }
-        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-        Some(pb::Usage {
-            prompt_tokens: clamp(prompt),
-            completion_tokens: clamp(self.deltas),
-            reasoning_tokens: 0,
-            prompt_source: pb::UsageSource::Estimated.into(),
-            completion_source: pb::UsageSource::Counted.into(),
-        })
     }
 }
 
+/// The usage of an execution whose provider reported none: `deltas`
+/// counted, and `prompt` (the request's estimate) when the provider took
+/// the prompt in (`prompt_spent`). `None` when there is nothing to charge.
+pub fn unreported(prompt: u64, prompt_spent: bool, deltas: u64) -> Option<pb::Usage> {
+    let prompt = if prompt_spent { prompt } else { 0 };
+    if prompt == 0 && deltas == 0 {
+        return None;
+    }
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    Some(pb::Usage {
+        prompt_tokens: clamp(prompt),
+        completion_tokens: clamp(deltas),
+        reasoning_tokens: 0,
+        prompt_source: pb::UsageSource::Estimated.into(),
+        completion_source: pb::UsageSource::Counted.into(),
+    })
+}
+
+/// Leaves the usage chunk the Edge asked for (and the client did not) out
+/// of a relayed Chat Completions stream: the `data:` line whose chunk has
+/// no choices and a usage, and the blank line ending its event. Every
+/// other byte passes unchanged, a line at a time (a partial line waits for
+/// its end, or passes once longer than [`MAX_KEPT`]: a usage chunk is
+/// small).
+#[derive(Debug, Default)]
+pub struct UsageChunkFilter {
+    partial: Vec<u8>,
+    /// The partial line is passing unread (it outgrew [`MAX_KEPT`]).
+    passing: bool,
+    /// The event's `data:` line was left out: leave out its blank line too.
+    dropped: bool,
+}
+
+impl UsageChunkFilter {
+    /// What of `chunk` is relayed now.
+    pub fn push(&mut self, mut chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(chunk.len());
+        while let Some(end) = chunk.iter().position(|&b| b == b'\n') {
+            let (line, rest) = chunk.split_at(end + 1);
+            chunk = rest;
+            if std::mem::replace(&mut self.passing, false) {
+                out.extend_from_slice(line);
+                continue;
+            }
+            self.partial.extend_from_slice(line);
+            let line = std::mem::take(&mut self.partial);
+            self.line(line, &mut out);
+        }
+        if self.passing {
+            out.extend_from_slice(chunk);
+        } else {
+            self.partial.extend_from_slice(chunk);
+            if self.partial.len() > MAX_KEPT {
+                out.append(&mut self.partial);
+                self.passing = true;
+            }
+        }
+        out
+    }
+
+    /// What is left once the body ended (a last line without its end).
+    pub fn finish(self) -> Vec<u8> {
+        self.partial
+    }
+
+    fn line(&mut self, line: Vec<u8>, out: &mut Vec<u8>) {
+        if std::mem::replace(&mut self.dropped, false) && line.trim_ascii().is_empty() {
+            return;
+        }
+        if is_usage_chunk(&line) {
+            self.dropped = true;
+            return;
+        }
+        out.extend_from_slice(&line);
+    }
+}
+
+/// A Chat Completions stream's usage chunk: `data: {"choices": [], "usage": {...}}`.
+fn is_usage_chunk(line: &[u8]) -> bool {
+    let Some(data) = line.trim_ascii().strip_prefix(b"data:") else { return false };
+    if !mentions_usage(data) {
+        return false;
+    }
+    let Ok(chunk) = serde_json::from_slice::<Value>(data.trim_ascii()) else { return false };
+    let no_choices = chunk.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
+    no_choices && chunk.get("usage").is_some_and(Value::is_object)
+}
+
 fn mentions_usage(bytes: &[u8]) -> bool {
-    bytes.windows(7).any(|w| w == b"\"usage\"")
+    contains(bytes, b"\"usage\"")
+}
+
+fn contains(bytes: &[u8], needle: &[u8]) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]

@@ -130,7 +130,7 @@ impl pb::ProviderTunnelFrame {
                 closed_enum::<pb::FailureKind>("failure.kind", failure.kind).map(drop)
             }
             Frame::Cancelled(c) => closed_enum::<pb::CancelReason>("cancelled.reason", c.reason).map(drop),
-            Frame::Head(_) | Frame::Body(_) | Frame::End(_) => Ok(()),
+            Frame::Head(_) | Frame::Body(_) | Frame::End(_) | Frame::Usage(_) => Ok(()),
         }
     }
 }

@@ -103,7 +103,7 @@ mod fuzz {
         /// Any bytes: a rewritten body or an invalid-request failure.
         #[test]
         fn fuzz_rewrite_model_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256), target in ".*") {
-            if let Err(failure) = rewrite_model(&body, &target) {
+            if let Err(failure) = rewrite_model(&body, &target, "/v1/messages") {
                 prop_assert_eq!(failure.kind(), FailureKind::InvalidRequest);
             }
         }
@@ -122,9 +122,9 @@ mod fuzz {
                 object.insert("model".into(), model);
             }
             let body = if pretty { serde_json::to_vec_pretty(&object) } else { serde_json::to_vec(&object) };
-            let rewritten = rewrite_model(&body.unwrap(), &target);
+            let rewritten = rewrite_model(&body.unwrap(), &target, "/v1/messages");
             prop_assert!(rewritten.is_ok(), "{:?}", rewritten);
-            let rewritten: Value = serde_json::from_slice(&rewritten.unwrap()).unwrap();
+            let rewritten: Value = serde_json::from_slice(&rewritten.unwrap().0).unwrap();
             object.insert("model".into(), Value::String(target));
             prop_assert_eq!(rewritten, Value::Object(object));
         }
@@ -132,8 +132,37 @@ mod fuzz {
         /// Any other JSON value is an invalid request.
         #[test]
         fn fuzz_rewrite_model_rejects_non_objects(value in json_value().prop_filter("not an object", |v| !v.is_object())) {
-            let failure = rewrite_model(&serde_json::to_vec(&value).unwrap(), "t").unwrap_err();
+            let failure = rewrite_model(&serde_json::to_vec(&value).unwrap(), "t", "/v1/messages").unwrap_err();
             prop_assert_eq!(failure.kind(), FailureKind::InvalidRequest);
         }
+    }
+}
+
+/// A Chat Completions stream is asked for usage unless it asked itself;
+/// anything else is left as the client sent it.
+#[test]
+fn a_chat_stream_is_asked_for_its_usage() {
+    let rewrite = |body: serde_json::Value, path| {
+        let (bytes, strip) = rewrite_model(body.to_string().as_bytes(), "t", path).unwrap();
+        (serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(), strip)
+    };
+    let chat = "/v1/chat/completions";
+    let (body, strip) = rewrite(serde_json::json!({ "model": "m", "stream": true }), chat);
+    assert_eq!((body["stream_options"]["include_usage"].as_bool(), strip), (Some(true), true));
+    let (body, strip) = rewrite(serde_json::json!({ "stream": true, "stream_options": { "x": 1 } }), chat);
+    assert_eq!((&body["stream_options"], strip), (&serde_json::json!({ "x": 1, "include_usage": true }), true));
+    let (body, strip) = rewrite(serde_json::json!({ "stream": true, "stream_options": null }), chat);
+    assert_eq!((body["stream_options"]["include_usage"].as_bool(), strip), (Some(true), true));
+    let asked = serde_json::json!({ "stream": true, "stream_options": { "include_usage": true } });
+    assert!(!rewrite(asked, chat).1, "the client asked: its chunk is its own");
+    for (body, path) in [
+        (serde_json::json!({ "stream": false }), chat),
+        (serde_json::json!({}), chat),
+        (serde_json::json!({ "stream": true }), "/v1/messages"),
+        (serde_json::json!({ "stream": true, "stream_options": "odd" }), chat),
+    ] {
+        let (rewritten, strip) = rewrite(body.clone(), path);
+        assert!(!strip, "{body}");
+        assert_eq!(rewritten.get("stream_options"), body.get("stream_options"), "{body}");
     }
 }

@@ -623,7 +623,8 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                         record.usage = end.usage;
                         Phase::Done
                     }
-                    Frame::Cancelled(_) | Frame::Head(_) => Phase::Done,
+                    // (Usage frames are the run's own: `RunStream::next`.)
+                    Frame::Cancelled(_) | Frame::Head(_) | Frame::Usage(_) => Phase::Done,
                 },
             };
         }
@@ -706,7 +707,9 @@ fn tunnel_response(
                 record.stream_failed(body.rest.as_ref().map(LiveRun::provider_id), &error);
                 Err(std::io::Error::other("provider tunnel failed after the response started"))
             }
-            Frame::Cancelled(_) | Frame::Head(_) => Err(std::io::Error::other("provider tunnel broken")),
+            Frame::Cancelled(_) | Frame::Head(_) | Frame::Usage(_) => {
+                Err(std::io::Error::other("provider tunnel broken"))
+            }
         };
         record.sent(item.as_ref().map_or(0, Bytes::len));
         if item.is_err() {

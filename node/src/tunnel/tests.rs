@@ -36,6 +36,7 @@ fn tunnel_request(method: &str, path: &str) -> pb::ProviderTunnelRequest {
         first_byte_timeout_ms: 0,
         lease: None,
         traceparent: String::new(),
+        strip_usage_chunk: false,
     }
 }
 
@@ -200,6 +201,29 @@ async fn the_end_carries_the_usage_the_answer_reported() {
     let provider = fake::serve(Reply::json(200, r#"{"data":[]}"#)).await;
     let frames = relay_all(providers(&provider.base_url), tunnel_request("GET", "/v1/models")).await;
     assert_eq!(end_usage(&frames), None);
+}
+
+/// The usage chunk the Edge asked for on the client's behalf is read for
+/// the end and left out of the relayed stream; a stream the provider ends
+/// without usage is charged its deltas and its prompt's estimate.
+#[tokio::test]
+async fn a_usage_chunk_the_client_did_not_ask_for_is_read_and_left_out() {
+    let text = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5}}\n\n";
+    let provider = fake::serve(Reply::chunks(200, "text/event-stream", [text, usage, "data: [DONE]\n\n"])).await;
+    let request =
+        pb::ProviderTunnelRequest { strip_usage_chunk: true, ..tunnel_request("POST", "/v1/chat/completions") };
+    let frames = relay_all(providers(&provider.base_url), request).await;
+    assert_eq!(body(&frames), format!("{text}data: [DONE]\n\n").as_bytes());
+    assert_eq!(end_usage(&frames), Some(pb::Usage::provider(12, 5, 0)));
+
+    let provider = fake::serve(Reply::chunks(200, "text/event-stream", [text, text, "data: [DONE]\n\n"])).await;
+    let request = tunnel_request("POST", "/v1/chat/completions");
+    let estimate = request.body.len().div_ceil(4) as u32;
+    let frames = relay_all(providers(&provider.base_url), request).await;
+    let usage = end_usage(&frames).unwrap();
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (estimate, 2));
+    assert_eq!((usage.input_source(), usage.output_source()), (pb::UsageSource::Estimated, pb::UsageSource::Counted));
 }
 
 #[tokio::test]
@@ -543,8 +567,13 @@ async fn cancel_sends_cancelled_and_closes_the_provider_connection() {
     cancel.cancel(pb::CancelReason::Deadline);
     let (frames, terminal_sent) = relay.finish().await;
     assert!(terminal_sent);
-    assert_eq!(frames.len(), 1, "{frames:?}");
-    assert_eq!((frames[0].seq, &frames[0].frame), (3, &Some(Frame::Cancelled(pb::RunCancelled { reason: 3 }))));
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    // The provider had the prompt and relayed no delta: the prompt's estimate.
+    let Some(Frame::Usage(usage)) = &frames[0].frame else { panic!("{frames:?}") };
+    let estimate = tunnel_request("POST", "/v1/x").body.len().div_ceil(4) as u32;
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (estimate, 0));
+    assert_eq!(usage.input_source(), pb::UsageSource::Estimated);
+    assert_eq!((frames[1].seq, &frames[1].frame), (4, &Some(Frame::Cancelled(pb::RunCancelled { reason: 3 }))));
     tokio::time::timeout(TEST_WAIT, provider_closed).await.expect("provider saw the close").unwrap();
 }
 

@@ -80,3 +80,49 @@ fn a_run_the_provider_did_not_count_is_charged_its_deltas_and_its_estimate() {
     meter.observe(&Event::Usage(pb::Usage::provider(9, 3, 0)));
     assert_eq!(meter.unreported(40, true), None);
 }
+
+#[test]
+fn a_tunnel_stream_counts_its_deltas() {
+    let mut reader = TunnelUsage::new(Some("text/event-stream"));
+    let chunks = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"con",
+        "tent\":\"b\"}}]}\n\n: keepalive\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"c\"}}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    for chunk in chunks {
+        reader.push(chunk.as_bytes());
+    }
+    assert_eq!((reader.deltas(), reader.finish()), (3, None));
+}
+
+#[test]
+fn the_usage_chunk_the_edge_asked_for_is_left_out() {
+    let stream = concat!(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\r\n\r\n",
+        "data: [DONE]\n\n",
+    );
+    let want = concat!("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n", "data: [DONE]\n\n");
+    // However the network cuts it.
+    for cut in 0..stream.len() {
+        let mut filter = UsageChunkFilter::default();
+        let mut out = filter.push(&stream.as_bytes()[..cut]);
+        out.extend(filter.push(&stream.as_bytes()[cut..]));
+        out.extend(filter.finish());
+        assert_eq!(String::from_utf8(out).unwrap(), want, "cut at {cut}");
+    }
+    // A last line without its end passes at the finish.
+    let mut filter = UsageChunkFilter::default();
+    assert!(filter.push(b"data: [DONE]").is_empty());
+    assert_eq!(filter.finish(), b"data: [DONE]");
+}
+
+#[test]
+fn a_long_line_passes_unread() {
+    let mut filter = UsageChunkFilter::default();
+    let long = vec![b'x'; MAX_KEPT + 1];
+    assert_eq!(filter.push(&long).len(), long.len(), "past the bound it passes at once");
+    assert_eq!(filter.push(b"yy\ndata: z\n"), b"yy\ndata: z\n");
+}

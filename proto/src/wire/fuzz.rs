@@ -101,6 +101,7 @@ fn tunnel_frame() -> impl Strategy<Value = pb::ProviderTunnelFrame> {
         Just(Frame::End(pb::TunnelEnd::default())),
         failure().prop_map(|failure| Frame::Failed(pb::RunFailed { failure })),
         enum_value().prop_map(|reason| Frame::Cancelled(pb::RunCancelled { reason })),
+        (any::<u32>(), any::<u32>()).prop_map(|(p, c)| Frame::Usage(pb::Usage::provider(p, c, 0))),
     ];
     (any::<u64>(), prop::option::of(frame)).prop_map(|(seq, frame)| pb::ProviderTunnelFrame { seq, frame })
 }
@@ -132,7 +133,7 @@ fn tunnel_frame_is_valid(f: &pb::ProviderTunnelFrame) -> bool {
         Some(Frame::Head(h)) => (100..=599).contains(&h.status),
         Some(Frame::Failed(f)) => f.failure.as_ref().is_some_and(|f| known(f.kind, pb::FailureKind::is_valid)),
         Some(Frame::Cancelled(c)) => known(c.reason, pb::CancelReason::is_valid),
-        Some(Frame::Body(_) | Frame::End(_)) => true,
+        Some(Frame::Body(_) | Frame::End(_) | Frame::Usage(_)) => true,
     }
 }
 
