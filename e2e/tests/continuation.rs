@@ -121,6 +121,13 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
     let continuation_prompt = PROMPT.split_whitespace().count() as u64 + 6;
     assert_eq!(usage["prompt_tokens"], estimate + continuation_prompt, "{usage}");
     assert_eq!(usage["completion_tokens"], 20, "{usage}");
+    // The accounting agrees with what the client was told.
+    iop_e2e::harness::wait_until("both runs charged", WAIT, || async {
+        let anonymous = &stack.get_json("/admin/v1/usage").await["principals"]["anonymous"];
+        (anonymous["input_tokens"] == usage["prompt_tokens"])
+            && (anonymous["output_tokens"] == usage["completion_tokens"])
+    })
+    .await;
     let prefill = stack.last_provider_request("/v1/chat/completions").await;
     let last = prefill["messages"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["role"], "assistant", "{prefill}");
