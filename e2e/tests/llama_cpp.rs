@@ -578,7 +578,10 @@ async fn context_overflow_is_the_apis_error_and_the_fallback_takes_it(stack: &St
 /// A client that stops reading and closes its connection mid-stream ends
 /// the generation on the server (llama.cpp's `/slots` shows no slot busy),
 /// normalized or tunnelled: the tiny model never stops by itself, so an
-/// abandoned run would otherwise keep the Mac busy until `max_tokens`.
+/// abandoned run would otherwise keep the Mac busy until `max_tokens`. The
+/// abandoned run is charged what it used (issue 42): the tokens it
+/// streamed, counted by the node, and its prompt as the server's own
+/// tokenizer counts it.
 async fn a_client_that_leaves_frees_the_servers_slot(stack: &Stack, server: &Llama) {
     let slots = format!("{}/slots", server.url());
     let busy = || async {
@@ -586,6 +589,16 @@ async fn a_client_that_leaves_frees_the_servers_slot(stack: &Stack, server: &Lla
         assert_eq!(status, 200, "{slots}");
         slots.as_array().unwrap().iter().filter(|s| s["is_processing"] == true).count()
     };
+    let mut count = request("/v1/messages", "gemma", "Count to ten thousand.", false);
+    count.as_object_mut().unwrap().retain(|k, _| ["model", "system", "messages"].contains(&k.as_str()));
+    let (status, counted) =
+        json_body(stack.client.post(stack.url("/v1/messages/count_tokens")).json_body(&count).send().await.unwrap())
+            .await;
+    assert_eq!(status, 200, "{counted}");
+    let prompt = counted["input_tokens"].as_u64().unwrap();
+    let ledger =
+        || async { stack.get_json("/admin/v1/usage").await["principals"]["anonymous"]["models"]["gemma"].clone() };
+    let before = ledger().await;
     for model in ["gemma", "gemma-tunnel"] {
         let mut body = request("/v1/chat/completions", model, "Count to ten thousand.", true);
         body["max_tokens"] = json!(4000);
@@ -596,6 +609,15 @@ async fn a_client_that_leaves_frees_the_servers_slot(stack: &Stack, server: &Lla
         wait_until(&format!("{model}: the server generating"), WAIT, || async { busy().await == 1 }).await;
         drop(response);
         wait_until(&format!("{model}: no slot busy after the client left"), WAIT, || async { busy().await == 0 }).await;
+        if model == "gemma" {
+            let grown = |after: &Value, field: &str| after[field].as_u64().unwrap() - before[field].as_u64().unwrap();
+            wait_until("the abandoned run charged", WAIT, || async { grown(&ledger().await, "input_tokens") > 0 })
+                .await;
+            let after = ledger().await;
+            assert_eq!(grown(&after, "input_tokens"), prompt, "the tokenizer's count: {after}");
+            assert_eq!(grown(&after, "input_tokens_unreported"), 0, "{after}");
+            assert!(grown(&after, "output_tokens_unreported") >= 1, "the streamed tokens, counted: {after}");
+        }
     }
 }
 

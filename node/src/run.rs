@@ -67,12 +67,11 @@ async fn serve(
         let credential = lease::admit(leases, &request.run_id, target, request.lease.as_ref(), observer)?;
         Ok((target, timeouts, credential, permit))
     });
-    // Whether the provider got the prompt (only a run admitted here calls it).
-    let called = admitted.is_ok();
-    let outcome = match admitted {
-        Err(failure) => Settled::Finished(Err(failure)),
+    let (outcome, unreported) = match admitted {
+        Err(failure) => (Settled::Finished(Err(failure)), None),
         Ok((target, timeouts, credential, _permit)) => {
             let (authorization, scrubber) = lease::split(credential);
+            let counting = authorization.clone();
             let (sink, mut events) = mpsc::channel(UPLINK_CAPACITY);
             let metrics = &observer.metrics;
             // The adapter marks the provider's response headers as its first byte.
@@ -90,21 +89,11 @@ async fn serve(
             if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
                 scrubber.scrub_failure(failure);
             }
-            settled
+            let unreported = unreported(http, target, request, counting, uplink.meter(), &settled).await;
+            (settled, unreported)
         }
     };
-    // However the run ended, what the provider did not count is charged by
-    // the node's (count_tokens runs generate nothing and charge nothing).
-    let unreported = (!request.count_tokens)
-        .then(|| {
-            uplink.meter().unreported(
-                iop_proto::usage::estimate_request_input(request),
-                called && execution::prompt_spent(&outcome),
-            )
-        })
-        .flatten();
     if let Some(usage) = unreported
-        && !matches!(outcome, Settled::EdgeGone)
         && !uplink.send(Event::Usage(usage)).await
     {
         return false;
@@ -119,4 +108,36 @@ async fn serve(
         }
     };
     uplink.send(terminal).await
+}
+
+/// How long a run's end waits for its provider's tokenizer to count a
+/// prompt the provider did not report.
+const PROMPT_COUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a run that ended as `outcome` used and its provider did not report
+/// (none for a token count, which generates nothing): the deltas `meter`
+/// counted, and the prompt once the provider had it, by the provider's own
+/// tokenizer where it has one (llama.cpp's; bounded by
+/// [`PROMPT_COUNT_WAIT`]), else estimated from the request's size.
+async fn unreported<T>(
+    http: &reqwest::Client,
+    target: &adapter::ProviderTarget,
+    request: &pb::RunRequest,
+    authorization: Option<reqwest::header::HeaderValue>,
+    meter: &crate::usage::RunMeter,
+    outcome: &Settled<T>,
+) -> Option<pb::Usage> {
+    if request.count_tokens || matches!(outcome, Settled::EdgeGone) {
+        return None;
+    }
+    let estimate = iop_proto::usage::estimate_request_input(request);
+    let mut usage = meter.unreported(estimate, execution::prompt_spent(outcome))?;
+    if usage.prompt_tokens > 0 && request.embed.is_none() {
+        let counted = adapter::count_prompt(http, target, request, authorization);
+        if let Ok(Ok(prompt)) = tokio::time::timeout(PROMPT_COUNT_WAIT, counted).await {
+            usage.prompt_tokens = prompt;
+            usage.prompt_source = pb::UsageSource::Provider.into();
+        }
+    }
+    Some(usage)
 }

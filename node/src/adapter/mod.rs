@@ -47,6 +47,7 @@ pub use events::EventSink;
 pub use http::http_client;
 pub(crate) use http::read_capped;
 pub use target::{AdapterKind, ProviderTarget, Providers};
+pub(crate) use tokens::count_prompt;
 
 /// Runs one normalized chat request against the provider, streaming events
 /// into `sink`. Returns the finish reason on success; the caller emits the

@@ -5,7 +5,8 @@
 //! one the chat would report. Ollama has no tokenizer endpoint, and neither
 //! has an OpenAI-compatible server without these two; both fail the run with
 //! `InvalidRequest` without generating anything, and the Edge then answers
-//! its documented estimate.
+//! its documented estimate. The same count is a run's prompt when its
+//! provider reported no usage (`crate::run`).
 
 use iop_proto::pb;
 use reqwest::StatusCode;
@@ -40,14 +41,7 @@ pub(super) async fn execute(
     authorization: Option<HeaderValue>,
     sink: &EventSink,
 ) -> Result<pb::FinishReason, AdapterError> {
-    if target.adapter == AdapterKind::Ollama {
-        return Err(no_tokenizer(target, "Ollama has no tokenizer endpoint"));
-    }
-    let chat = super::openai::request_body(target, request)?;
-    let template: Template = call(client, target, TEMPLATE_PATH, chat, authorization.clone()).await?;
-    let body = json!({ "content": template.prompt, "add_special": true }).to_string().into_bytes();
-    let tokens: Tokens = call(client, target, TOKENIZE_PATH, body, authorization).await?;
-    let prompt_tokens = u32::try_from(tokens.tokens.len()).unwrap_or(u32::MAX);
+    let prompt_tokens = count_prompt(client, target, request, authorization).await?;
     let events = [
         super::events::started(&target.target_model),
         pb::run_event::Event::Usage(pb::Usage::provider(prompt_tokens, 0, 0)),
@@ -56,6 +50,24 @@ pub(super) async fn execute(
         sink.send(event).await.map_err(|_| AdapterError::SinkClosed)?;
     }
     Ok(pb::FinishReason::Stop)
+}
+
+/// The prompt tokens of `request` by the provider's own tokenizer (see the
+/// module's doc), or why it has none.
+pub(crate) async fn count_prompt(
+    client: &reqwest::Client,
+    target: &ProviderTarget,
+    request: &pb::RunRequest,
+    authorization: Option<HeaderValue>,
+) -> Result<u32, AdapterError> {
+    if target.adapter == AdapterKind::Ollama {
+        return Err(no_tokenizer(target, "Ollama has no tokenizer endpoint"));
+    }
+    let chat = super::openai::request_body(target, request)?;
+    let template: Template = call(client, target, TEMPLATE_PATH, chat, authorization.clone()).await?;
+    let body = json!({ "content": template.prompt, "add_special": true }).to_string().into_bytes();
+    let tokens: Tokens = call(client, target, TOKENIZE_PATH, body, authorization).await?;
+    Ok(u32::try_from(tokens.tokens.len()).unwrap_or(u32::MAX))
 }
 
 /// One tokenizer call; a provider that does not serve `path` (404, 405,
