@@ -59,11 +59,8 @@ pub trait NodeFrame: Send + 'static {
     fn response_status(_item: &Self::Item) -> Option<u32> {
         None
     }
-    /// The token usage an item reports.
-    fn usage(_item: &Self::Item) -> Option<&pb::Usage> {
-        None
-    }
-    /// The token usage an item reports, to bound in place.
+    /// The token usage an item reports (mutable: the Edge bounds it in
+    /// place, `usage::Account::bound`).
     fn usage_mut(_item: &mut Self::Item) -> Option<&mut pb::Usage> {
         None
     }
@@ -101,12 +98,6 @@ impl NodeFrame for pb::RunEvent {
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure> {
         match item {
             pb::run_event::Event::Failed(f) => f.failure.as_mut(),
-            _ => None,
-        }
-    }
-    fn usage(item: &Self::Item) -> Option<&pb::Usage> {
-        match item {
-            pb::run_event::Event::Usage(usage) => Some(usage),
             _ => None,
         }
     }
@@ -168,13 +159,6 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn response_status(item: &Self::Item) -> Option<u32> {
         match item {
             pb::provider_tunnel_frame::Frame::Head(h) => Some(h.status),
-            _ => None,
-        }
-    }
-    fn usage(item: &Self::Item) -> Option<&pb::Usage> {
-        match item {
-            pb::provider_tunnel_frame::Frame::End(end) => end.usage.as_ref(),
-            pb::provider_tunnel_frame::Frame::Usage(usage) => Some(usage),
             _ => None,
         }
     }

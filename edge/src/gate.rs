@@ -111,7 +111,7 @@ impl<F: NodeFrame> LiveRun<F> {
         if self.span.context().is_some()
             && let Some(item) = &mut item
         {
-            if let Some(usage) = F::usage(item) {
+            if let Some(usage) = F::usage_mut(item) {
                 crate::trace::set_usage(&mut self.span, usage);
             }
             if let Some(failure) = F::failure_mut(item) {
@@ -626,17 +626,7 @@ async fn attempt_run(
     let target_model = l.target_model().to_string();
     let stall = stall_timeout(provider);
 
-    let mut run = match dispatch::start_run(
-        &state.link.runs,
-        &state.metrics,
-        &state.routing.handoff,
-        lease,
-        control,
-        request,
-        account,
-    )
-    .await
-    {
+    let mut run = match start(state, &state.link.runs, lease, control, request, account).await {
         Ok(run) => run,
         Err(failure) => return failed(failure),
     };
@@ -665,6 +655,18 @@ async fn attempt_run(
             }));
         }
     }
+}
+
+/// Starts an attempt's run (or tunnel) in `table`, charged to `account`.
+async fn start<F: NodeFrame>(
+    state: &EdgeState,
+    table: &Arc<dispatch::RunTable<F>>,
+    lease: LeaseGuard,
+    control: crate::node::registry::ControlSender,
+    request: F::Request,
+    account: Option<Account>,
+) -> Result<RunStream<F>, pb::ExecutionFailure> {
+    dispatch::start_run(table, &state.metrics, &state.routing.handoff, lease, control, request, account).await
 }
 
 /// The Edge's own bound on silence before the first byte: the provider's
@@ -791,17 +793,7 @@ async fn attempt_tunnel(
     // The response head is the provider's first byte, relayed at once: the
     // first frame is bounded by the first-byte timeout too.
     let mut bound = first_byte_timeout(request.first_byte_timeout_ms).min(stall);
-    let mut run = match dispatch::start_run(
-        &state.link.tunnels,
-        &state.metrics,
-        &state.routing.handoff,
-        lease,
-        control,
-        request,
-        account,
-    )
-    .await
-    {
+    let mut run = match start(state, &state.link.tunnels, lease, control, request, account).await {
         Ok(run) => run,
         Err(failure) => return failed(failure),
     };
