@@ -39,7 +39,8 @@ fn keys_with(name: &str, limits: &str) -> (String, String) {
 async fn dropped_streams_are_charged_what_was_generated() {
     const N: u64 = 12;
     let (key, keys) = keys_with("dropper", "tokens_per_minute: 30");
-    let stalls = provider("stalls", iop_proto::config::Adapter::Openai, "mock@words=400,stall_after=12", "story", "");
+    // Through the Ollama adapter: no tokenizer, so the prompt is estimated.
+    let stalls = provider("stalls", iop_proto::config::Adapter::Ollama, "mock@words=400,stall_after=12", "story", "");
     let stack =
         Stack::start(StackOptions { keys: Some(keys), extra_providers: vec![stalls], ..Default::default() }).await;
     let base = stack.url("");
@@ -77,7 +78,7 @@ async fn dropped_streams_are_charged_what_was_generated() {
 #[tokio::test]
 async fn a_prefill_the_client_gave_up_on_is_charged_its_input() {
     let (key, keys) = keys_with("impatient", "tokens_per_minute: 100000");
-    let slow = provider("slow", iop_proto::config::Adapter::Openai, "mock@first_token_delay_ms=60000", "slow", "");
+    let slow = provider("slow", iop_proto::config::Adapter::Ollama, "mock@first_token_delay_ms=60000", "slow", "");
     let stack =
         Stack::start(StackOptions { keys: Some(keys), extra_providers: vec![slow], ..Default::default() }).await;
     let base = stack.url("");
