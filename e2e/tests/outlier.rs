@@ -139,3 +139,81 @@ async fn when_every_provider_is_ejected_requests_still_reach_them() {
     ask(&stack).await;
     assert!(stack.provider_admin("only").await["ejected_until"].is_null(), "a success brings it back");
 }
+
+/// Issue 46 item 2: the failure that ejects a provider is recorded before
+/// the retry is planned, so the retry never goes to the provider that
+/// failure just ejected (it used to wait its backoff and try it again).
+#[tokio::test]
+async fn a_retry_never_goes_to_the_provider_its_failure_ejected() {
+    let (_bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
+    let mut bad = provider("bad", Adapter::Openai, "mock", MODEL, &bad_url);
+    bad.priority = 0;
+    let mut good = provider("good", Adapter::Openai, "mock", MODEL, "");
+    good.priority = 1;
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![bad, good],
+        outlier: Some(OutlierConfig { consecutive_failures: 1, ..Default::default() }),
+        ..Default::default()
+    })
+    .await;
+    set_faults(&stack, &bad_url, "status=500").await;
+    let body = ask(&stack).await;
+    assert_eq!(generations(&stack, &bad_url).await, 1, "one failed attempt on it, no retry there: {body}");
+    assert!(!stack.provider_admin("bad").await["ejected_until"].is_null());
+    let path = r#"iop_edge_retry_paths_total{path="lower_priority"}"#;
+    assert_eq!(stack.metric(path).await, 1.0);
+}
+
+/// Issue 46 item 1: half-open recovery through real processes. While the
+/// preferred provider keeps failing, requests sent back to back reach it
+/// only as one trial per ejection time; once it is fixed, the next trial
+/// returns it, within the longest ejection.
+#[tokio::test]
+async fn an_ejected_provider_gets_one_trial_per_ejection_and_returns_after_its_fix() {
+    const BASE_MS: u64 = 1_000;
+    let (_bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
+    let mut bad = provider("bad", Adapter::Openai, "mock", MODEL, &bad_url);
+    bad.priority = 0;
+    let mut good = provider("good", Adapter::Openai, "mock", MODEL, "");
+    good.priority = 1;
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![bad, good],
+        outlier: Some(OutlierConfig {
+            consecutive_failures: 2,
+            base_ejection_ms: BASE_MS,
+            max_ejection_ms: 2 * BASE_MS,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await;
+    set_faults(&stack, &bad_url, "status=500").await;
+    // Back to back for a while: its two failures, then one trial per
+    // ejection time (1 s, then 2 s), each a failure that ejects it again.
+    let started = std::time::Instant::now();
+    let mut asked = 0;
+    while stack.provider_admin("bad").await["ejections"].as_u64() < Some(3) {
+        ask(&stack).await;
+        asked += 1;
+        assert!(started.elapsed() < WAIT, "no third ejection after {asked} requests");
+    }
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let trials = generations(&stack, &bad_url).await - 2;
+    assert!(trials <= (elapsed_ms / BASE_MS + 1) as usize, "{trials} trials in {elapsed_ms} ms ({asked} requests)");
+    assert!(asked > trials + 2, "the other requests went to the healthy provider");
+
+    // Fixed: the next trial succeeds and it takes traffic again.
+    set_faults(&stack, &bad_url, "").await;
+    let fixed = std::time::Instant::now();
+    wait_until("back in selection", WAIT, || async {
+        ask(&stack).await;
+        stack.provider_admin("bad").await["consecutive_failures"] == 0
+            && stack.provider_admin("bad").await["ejected_until"].is_null()
+            && !stack.provider_admin("bad").await["on_trial"].as_bool().unwrap_or(true)
+    })
+    .await;
+    let bad_before = generations(&stack, &bad_url).await;
+    ask(&stack).await;
+    assert_eq!(generations(&stack, &bad_url).await, bad_before + 1, "the preferred provider answers again");
+    eprintln!("back {:?} after the fix (the longest ejection is {} ms)", fixed.elapsed(), 2 * BASE_MS);
+}

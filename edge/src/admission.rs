@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 
 use crate::core::health::ProviderView;
 use crate::core::lease::{Lease, ReleaseReason};
-use crate::core::outlier::{OutlierDetector, OutlierPolicy, OutlierStatus, Transition, Verdict};
+use crate::core::outlier::{Gate, OutlierDetector, OutlierPolicy, OutlierStatus, Transition, Verdict};
 use crate::core::selection::{Candidate, CandidateView, Choice, choose};
 use crate::credentials::CredentialHealth;
 use crate::metrics::{EdgeMetrics, ProviderLabels, RouteLabels};
@@ -73,7 +73,8 @@ impl LeaseGuard {
 
     /// Records how the run's generation ended for outlier ejection.
     pub fn record_generation(&self, verdict: Verdict) {
-        self.pool.record_generation(self.lease.provider_id(), verdict, std::time::Instant::now());
+        let (provider, run) = (self.lease.provider_id(), self.lease.run_id());
+        self.pool.record_generation(provider, run, verdict, std::time::Instant::now());
     }
 }
 
@@ -344,6 +345,11 @@ impl AdmissionPool {
             request.candidates.iter().map(|c| standings[c.provider.id.as_str()]).collect();
         let generations: Vec<Option<u64>> = provider_views.iter().map(|s| s.view.dispatchable_on).collect();
         let now = std::time::Instant::now();
+        let policy = state.outlier_policy;
+        let gates: Vec<Gate> =
+            request.candidates.iter().map(|c| state.outliers.gate(&c.provider.id, now, &policy)).collect();
+        let gates_of =
+            |id: &str| request.candidates.iter().position(|c| c.provider.id == id).map_or(Gate::Open, |i| gates[i]);
         let views: Vec<CandidateView> = request
             .candidates
             .iter()
@@ -351,7 +357,7 @@ impl AdmissionPool {
             .map(|(c, Standing { view, cold })| {
                 let slots = state.slots.get(&c.provider.id);
                 let avoided = request.avoid.get(&c.provider.id);
-                let ejected = state.outliers.is_ejected(&c.provider.id, now);
+                let ejected = gates_of(&c.provider.id) == Gate::Closed;
                 CandidateView {
                     priority: c.priority,
                     eligible: view.dispatchable_on.is_some() && slots.is_some(),
@@ -383,6 +389,12 @@ impl AdmissionPool {
                     .and_then(Slots::acquire)
                     .expect("chosen provider has a free slot");
                 state.acquired += 1;
+                self.metrics.leases_acquired.inc();
+                if gates[i] == Gate::Trial {
+                    // The one request that tries the ejected provider again.
+                    state.outliers.begin_trial(&c.provider.id, &request.run_id, now);
+                    tracing::info!(provider = %c.provider.id, "provider ejection over: one request tries it");
+                }
                 let generation = generations[i].expect("chosen provider is eligible");
                 Attempt::Granted(Lease::new(request.run_id.clone(), &c.provider, generation, slot))
             }
@@ -451,11 +463,11 @@ impl AdmissionPool {
 
     /// Records how a generation on `provider` ended ([`crate::core::outlier`]);
     /// an ejection or a return is counted and logged, naming the provider.
-    pub fn record_generation(&self, provider: &str, verdict: Verdict, now: std::time::Instant) {
+    pub fn record_generation(&self, provider: &str, run: &str, verdict: Verdict, now: std::time::Instant) {
         let transition = {
             let mut state = self.state.lock().unwrap();
             let policy = state.outlier_policy;
-            state.outliers.record(provider, verdict, now, &policy)
+            state.outliers.record(provider, run, verdict, now, &policy)
         };
         let labels = ProviderLabels { provider: provider.to_string() };
         match transition {
@@ -499,7 +511,7 @@ impl AdmissionPool {
     pub fn publish_ejections(&self, now: std::time::Instant) {
         let state = self.state.lock().unwrap();
         for provider in state.slots.keys() {
-            let ejected = state.outliers.is_ejected(provider, now);
+            let ejected = state.outliers.is_ejected(provider, now, &state.outlier_policy);
             let labels = ProviderLabels { provider: provider.clone() };
             self.metrics.provider_ejected.get_or_create(&labels).set(i64::from(ejected));
         }

@@ -474,6 +474,12 @@ pub async fn execute_in(
             failed_priority: failed_candidate.map_or(u32::MAX, |c| c.priority),
             untried: &untried,
             same_provider_used: same_retried.contains(&provider_id),
+            failed_ejected: state
+                .routing
+                .admission
+                .outlier_status(&provider_id, std::time::Instant::now())
+                .ejected_until
+                .is_some(),
             attempt,
             attempts_left: max_attempts - attempt,
             remaining: deadline.saturating_duration_since(Instant::now()),

@@ -204,6 +204,7 @@ pub struct EdgeMetrics {
     pub fenced_frames: Family<ReasonLabels, Counter>,
     pub runs: Family<OutcomeLabels, Counter>,
     pub lease_releases: Family<ReasonLabels, Counter>,
+    pub leases_acquired: Counter,
     pub attempts: Family<AttemptLabels, Counter>,
     pub in_flight: Family<ProviderLabels, Gauge>,
     /// `iop_edge_provider_ejections_total`: outlier ejections per provider.
@@ -313,6 +314,12 @@ impl EdgeMetrics {
         registry.register("runs", "Runs dispatched to nodes, by terminal outcome", runs.clone());
         let lease_releases = Family::<ReasonLabels, Counter>::default();
         registry.register("lease_releases", "Provider slot leases released, by terminal path", lease_releases.clone());
+        let leases_acquired = Counter::default();
+        registry.register(
+            "leases_acquired",
+            "Provider slot leases acquired (each released once: lease_releases)",
+            leases_acquired.clone(),
+        );
         let attempts = Family::<AttemptLabels, Counter>::default();
         registry.register("attempts", "Provider attempts by outcome", attempts.clone());
         let in_flight = Family::<ProviderLabels, Gauge>::default();
@@ -533,6 +540,7 @@ impl EdgeMetrics {
             fenced_frames,
             runs,
             lease_releases,
+            leases_acquired,
             attempts,
             in_flight,
             provider_ejections,

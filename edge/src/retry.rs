@@ -71,6 +71,9 @@ pub struct RetryInput<'a> {
     pub untried: &'a [u32],
     /// This request already retried the failed provider once.
     pub same_provider_used: bool,
+    /// The failure (with those before it) ejected the failed provider
+    /// (`core::outlier`, recorded as the run ended): never retried on it.
+    pub failed_ejected: bool,
     /// The failed attempt's number (1-based).
     pub attempt: u32,
     /// Attempts left after the failed one (`limits.max_attempts` bound).
@@ -93,6 +96,7 @@ pub fn plan(input: &RetryInput<'_>) -> RetryPlan {
     match same_provider_wait(input.failure) {
         Some(wait)
             if !input.same_provider_used
+                && !input.failed_ejected
                 && input.attempts_left >= 2
                 && wait <= input.max_wait
                 && wait < input.remaining =>

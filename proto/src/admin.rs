@@ -122,6 +122,10 @@ pub struct EdgeProvider {
     pub node: String,
     /// The node's current session completed readiness.
     pub node_ready: bool,
+    /// One request is trying the ejected provider again (its ejection time
+    /// passed; it stays out of selection until that request's outcome).
+    #[serde(default, deserialize_with = "lenient")]
+    pub on_trial: bool,
     /// The runtime overlay: what the latest evidence says; `None` until
     /// evidence arrived.
     #[serde(default)]

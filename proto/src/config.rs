@@ -170,11 +170,13 @@ impl OutlierConfig {
     fn default_consecutive_failures() -> u32 {
         5
     }
+    /// With half-open trials (the Edge's `core::outlier`), 10, 20 and then
+    /// 30 s between trials: a provider that recovered is back within 30 s.
     fn default_base_ejection_ms() -> u64 {
-        30_000
+        10_000
     }
     fn default_max_ejection_ms() -> u64 {
-        300_000
+        30_000
     }
     pub fn is_default(&self) -> bool {
         *self == Self::default()

@@ -207,7 +207,7 @@ async fn ejected_providers_are_skipped_unless_every_candidate_is_ejected() {
     };
     assert_eq!(admit("r0").await, "a", "the primary");
     for _ in 0..5 {
-        f.pool.record_generation("a", Verdict::Failure, now);
+        f.pool.record_generation("a", "old-run", Verdict::Failure, now);
     }
     assert!(f.pool.outlier_status("a", now).ejected_until.is_some());
     assert_eq!(admit("r1").await, "b", "the ejected primary is skipped for the lower priority");
@@ -216,7 +216,7 @@ async fn ejected_providers_are_skipped_unless_every_candidate_is_ejected() {
         ["iop_edge_provider_ejections_total{provider=\"a\"} 1"]
     );
     for _ in 0..5 {
-        f.pool.record_generation("b", Verdict::Failure, now);
+        f.pool.record_generation("b", "old-run", Verdict::Failure, now);
     }
     assert_eq!(admit("r2").await, "a", "all ejected: panic routing, by priority as usual");
     f.pool.publish_ejections(now);
@@ -224,7 +224,7 @@ async fn ejected_providers_are_skipped_unless_every_candidate_is_ejected() {
         gauge_lines(&f.pool, "iop_edge_provider_ejected"),
         ["iop_edge_provider_ejected{provider=\"a\"} 1", "iop_edge_provider_ejected{provider=\"b\"} 1"]
     );
-    f.pool.record_generation("a", Verdict::Success, now);
+    f.pool.record_generation("a", "old-run", Verdict::Success, now);
     assert!(f.pool.outlier_status("a", now).ejected_until.is_none(), "a success brings it back");
     f.pool.forgive("b");
     assert!(f.pool.outlier_status("b", now).ejected_until.is_none(), "a recovery the node saw too");

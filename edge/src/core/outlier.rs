@@ -23,11 +23,18 @@
 //! - `consecutive_failures` failures in a row eject the provider for
 //!   `base_ejection_ms × 2^(n − 1)`, capped at `max_ejection_ms`, where `n`
 //!   counts its ejections in a row. A success resets the count of failures.
-//! - When the ejection time has passed, the provider is selectable again and
-//!   its next outcome is the trial: a failure ejects it again at once (with
-//!   the doubled time), a success returns it to service. Requests are not
-//!   held back while the trial runs (as in Envoy): a few may reach it before
-//!   its outcome is known, and only the first failure counts.
+//! - Half-open recovery (a circuit breaker's half-open state): when the
+//!   ejection time has passed, exactly one request may go to the provider as
+//!   its trial ([`OutlierDetector::gate`], [`OutlierDetector::begin_trial`]);
+//!   the provider stays out of selection while the trial runs. The trial
+//!   succeeding returns the provider to service; the trial failing ejects it
+//!   again, for the doubled time (capped at `max_ejection_ms`: on defaults
+//!   10, 20, then 30 s, so a provider that recovered is back within 30 s);
+//!   a trial that ends saying nothing (its client left) lets the next request
+//!   be the trial, and so does a trial still running after `base_ejection_ms`.
+//!   Only the trial's own failure counts: runs admitted before the ejection
+//!   that fail meanwhile change nothing. So while its failures continue, a
+//!   provider gets one request (its trial) per ejection time.
 //! - Decay, like Envoy's ejection multiplier: the count of ejections in a
 //!   row drops by one for every `base_ejection_ms` the provider has served
 //!   since it last returned, so a provider that failed once a day is not
@@ -168,16 +175,29 @@ impl OutlierPolicy {
 }
 
 /// Where a provider is in the ejection cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
     /// In selection, with this many generation failures in a row.
     Serving { failures: u32 },
-    /// Out of selection until `until`; once it passed, the next outcome is
-    /// the trial.
+    /// Out of selection until `until`; then one request may be its trial.
     Ejected { until: Instant },
+    /// Run `run`, admitted at `since`, is the trial: out of selection until
+    /// its outcome.
+    Trial { run: String, since: Instant },
 }
 
-#[derive(Debug, Clone, Copy)]
+/// What admission may do with a provider now ([`OutlierDetector::gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// In selection.
+    Open,
+    /// Out of selection (ejected, or its trial is running).
+    Closed,
+    /// The ejection time passed: the next request to it is its trial.
+    Trial,
+}
+
+#[derive(Debug, Clone)]
 struct Record {
     phase: Phase,
     /// Ejections in a row (before decay).
@@ -209,8 +229,10 @@ pub enum Transition {
 /// A provider's ejection state, as the admin API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutlierStatus {
-    /// Out of selection until then (`None`: selectable, possibly on trial).
+    /// Out of selection until then (`None`: selectable, or on trial).
     pub ejected_until: Option<Instant>,
+    /// A request is its trial now.
+    pub on_trial: bool,
     /// Generation failures in a row (0 while ejected or on trial).
     pub consecutive_failures: u32,
     /// Ejections in a row, before decay.
@@ -224,52 +246,93 @@ pub struct OutlierDetector {
 }
 
 impl OutlierDetector {
-    /// Records the end of one generation on `provider` at `now`.
-    pub fn record(&mut self, provider: &str, verdict: Verdict, now: Instant, policy: &OutlierPolicy) -> Transition {
-        if !policy.enabled() || verdict == Verdict::Neutral {
+    /// Records the end of run `run`'s generation on `provider` at `now`.
+    pub fn record(
+        &mut self,
+        provider: &str,
+        run: &str,
+        verdict: Verdict,
+        now: Instant,
+        policy: &OutlierPolicy,
+    ) -> Transition {
+        if !policy.enabled() {
             return Transition::None;
         }
-        let record = self.providers.entry(provider.to_string()).or_default();
-        match (record.phase, verdict) {
+        let Some(record) = self.providers.get_mut(provider) else {
+            if verdict != Verdict::Failure {
+                return Transition::None;
+            }
+            let record = self.providers.entry(provider.to_string()).or_default();
+            return fail(record, now, policy);
+        };
+        let trial = matches!(&record.phase, Phase::Trial { run: trial, .. } if trial == run);
+        match (&record.phase, verdict) {
             (Phase::Serving { .. }, Verdict::Success) => {
                 record.phase = Phase::Serving { failures: 0 };
                 Transition::None
             }
-            (Phase::Ejected { .. }, Verdict::Success) => {
+            // A success ends an ejection whenever it comes.
+            (Phase::Ejected { .. } | Phase::Trial { .. }, Verdict::Success) => {
                 record.phase = Phase::Serving { failures: 0 };
                 record.returned_at = Some(now);
                 Transition::Returned
             }
-            (Phase::Serving { failures }, Verdict::Failure) if failures + 1 < policy.consecutive_failures => {
-                record.phase = Phase::Serving { failures: failures + 1 };
+            (Phase::Serving { .. }, Verdict::Failure) => fail(record, now, policy),
+            // The trial failed: ejected again, for longer.
+            (Phase::Trial { .. }, Verdict::Failure) if trial => eject(record, now, policy),
+            // The trial said nothing: the next request may be the trial.
+            (Phase::Trial { .. }, Verdict::Neutral) if trial => {
+                record.phase = Phase::Ejected { until: now };
                 Transition::None
             }
-            // The threshold, or a failed trial: eject (again).
-            (Phase::Serving { .. }, Verdict::Failure) => eject(record, now, policy),
-            (Phase::Ejected { until }, Verdict::Failure) if now >= until => eject(record, now, policy),
-            (Phase::Ejected { .. }, Verdict::Failure) => Transition::None,
-            (_, Verdict::Neutral) => Transition::None,
+            // Runs admitted before the ejection (or sent by panic routing).
+            (Phase::Ejected { .. } | Phase::Trial { .. }, _) | (Phase::Serving { .. }, Verdict::Neutral) => {
+                Transition::None
+            }
+        }
+    }
+
+    /// What admission may do with `provider` at `now`.
+    pub fn gate(&self, provider: &str, now: Instant, policy: &OutlierPolicy) -> Gate {
+        match self.providers.get(provider).map(|r| &r.phase) {
+            None | Some(Phase::Serving { .. }) => Gate::Open,
+            Some(Phase::Ejected { until }) if now < *until => Gate::Closed,
+            Some(Phase::Ejected { .. }) => Gate::Trial,
+            // A trial that has run as long as an ejection is not waited for.
+            Some(Phase::Trial { since, .. }) if now.saturating_duration_since(*since) >= policy.base_ejection => {
+                Gate::Trial
+            }
+            Some(Phase::Trial { .. }) => Gate::Closed,
+        }
+    }
+
+    /// Run `run` was admitted to `provider` as its trial (its gate said
+    /// [`Gate::Trial`]).
+    pub fn begin_trial(&mut self, provider: &str, run: &str, now: Instant) {
+        if let Some(record) = self.providers.get_mut(provider) {
+            record.phase = Phase::Trial { run: run.to_string(), since: now };
         }
     }
 
     /// Whether `provider` is out of selection at `now`.
-    pub fn is_ejected(&self, provider: &str, now: Instant) -> bool {
-        self.status(provider, now).ejected_until.is_some()
+    pub fn is_ejected(&self, provider: &str, now: Instant, policy: &OutlierPolicy) -> bool {
+        self.gate(provider, now, policy) == Gate::Closed
     }
 
     pub fn status(&self, provider: &str, now: Instant) -> OutlierStatus {
         let Some(record) = self.providers.get(provider) else { return OutlierStatus::default() };
-        let (ejected_until, consecutive_failures) = match record.phase {
-            Phase::Serving { failures } => (None, failures),
-            Phase::Ejected { until } => ((now < until).then_some(until), 0),
+        let (ejected_until, consecutive_failures, on_trial) = match &record.phase {
+            Phase::Serving { failures } => (None, *failures, false),
+            Phase::Ejected { until } => ((now < *until).then_some(*until), 0, false),
+            Phase::Trial { .. } => (None, 0, true),
         };
-        OutlierStatus { ejected_until, consecutive_failures, ejections: record.ejections }
+        OutlierStatus { ejected_until, consecutive_failures, ejections: record.ejections, on_trial }
     }
 
     /// The node saw the provider recover (see the module docs): its history
     /// is cleared. Returns whether it was ejected or on trial.
     pub fn forgive(&mut self, provider: &str) -> bool {
-        self.providers.remove(provider).is_some_and(|r| matches!(r.phase, Phase::Ejected { .. }))
+        self.providers.remove(provider).is_some_and(|r| !matches!(r.phase, Phase::Serving { .. }))
     }
 
     /// Keeps only the providers `keep` accepts (a reload removed the others),
@@ -280,6 +343,16 @@ impl OutlierDetector {
         }
         self.providers.retain(|id, _| keep(id));
     }
+}
+
+/// A failure while serving: counted, and at the threshold an ejection.
+fn fail(record: &mut Record, now: Instant, policy: &OutlierPolicy) -> Transition {
+    let Phase::Serving { failures } = record.phase else { return Transition::None };
+    if failures + 1 < policy.consecutive_failures {
+        record.phase = Phase::Serving { failures: failures + 1 };
+        return Transition::None;
+    }
+    eject(record, now, policy)
 }
 
 fn eject(record: &mut Record, now: Instant, policy: &OutlierPolicy) -> Transition {

@@ -175,6 +175,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                     .collect(),
                 node: p.node.clone(),
                 node_ready,
+                on_trial: outlier.on_trial,
                 overlay: state.overlay.get(&p.id).map(Into::into),
                 residency: Some(residency.residency.into()),
                 target_model: p.target.model.clone(),

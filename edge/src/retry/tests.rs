@@ -67,12 +67,18 @@ fn the_plan_table() {
             failed_priority: *failed_priority,
             untried,
             same_provider_used: *used,
+            failed_ejected: false,
             attempt: 1,
             attempts_left: *left,
             remaining: Duration::from_secs(*remaining),
             max_wait: Duration::from_secs(*max_wait),
         };
         assert_eq!(plan(&input), *want, "row {i}: {:?}", failure.kind());
+        // A provider its failure ejected is never the next try: it goes
+        // down the groups (or alone, when nothing else is left).
+        let ejected = plan(&RetryInput { failed_ejected: true, ..input });
+        let want = if matches!(want, SameProviderAfter(_)) { LowerPriority } else { *want };
+        assert_eq!(ejected, want, "row {i} ejected: {:?}", failure.kind());
     }
 }
 

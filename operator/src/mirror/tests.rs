@@ -16,6 +16,7 @@ fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>)
         id: "llama".to_string(),
         node: "mac-1".to_string(),
         node_ready,
+        on_trial: false,
         health,
         overlay,
         credential: None,

@@ -24,6 +24,7 @@ fn provider() -> EdgeProvider {
         models: vec![ProviderModel { name: "llama3.2".into(), priority: 0 }],
         node: "mac-1".into(),
         node_ready: true,
+        on_trial: false,
         overlay: Some(Overlay { generation: 3, sequence: 7, since_ms: 1_700_000_000_000, state: EdgeHealth::Unknown }),
         residency: Some(Residency::NotLoaded),
         target_model: "llama3.2:3b".into(),
@@ -66,7 +67,7 @@ fn snapshots_are_written_in_full_and_read_back() {
             r#""ejected_until":"2026-11-01T12:00:00.250Z","ejections":1,"health":"unavailable","id":"llama","#,
             r#""in_flight":2,"last_load_at":"2026-11-01T11:59:00.750Z","last_load_seconds":18.25,"#,
             r#""model_memory":{"size_bytes":42000000000,"vram_bytes":41000000000},"models":[{"name":"llama3.2","#,
-            r#""priority":0}],"node":"mac-1","node_ready":true,"overlay":{"generation":3,"sequence":7,"#,
+            r#""priority":0}],"node":"mac-1","node_ready":true,"on_trial":false,"overlay":{"generation":3,"sequence":7,"#,
             r#""since_ms":1700000000000,"state":"unknown"},"residency":"not_loaded","target_model":"llama3.2:3b"}],"#,
             r#""queued":{"llama3.2":1},"workspace_calls":0}"#,
         )

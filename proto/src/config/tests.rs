@@ -242,7 +242,7 @@ fn outlier_defaults_and_ranges() {
     let config = EdgeConfig::from_yaml(VALID).unwrap();
     assert_eq!(
         config.outlier,
-        OutlierConfig { enabled: true, consecutive_failures: 5, base_ejection_ms: 30_000, max_ejection_ms: 300_000 }
+        OutlierConfig { enabled: true, consecutive_failures: 5, base_ejection_ms: 10_000, max_ejection_ms: 30_000 }
     );
     assert!(!config.to_yaml().contains("outlier"), "defaults are not written");
     let with = |o: &str| EdgeConfig::from_yaml(&format!("{VALID}outlier: {o}\n"));

@@ -135,6 +135,7 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
         id: id.to_string(),
         node: "mac-1".to_string(),
         node_ready: true,
+        on_trial: false,
         health: EdgeHealth::Available,
         overlay: None,
         credential: None,
