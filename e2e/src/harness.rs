@@ -54,7 +54,7 @@ impl ProviderSpec {
             capacity: self.capacity,
             mode: self.mode,
             credential: None,
-            continuation: false,
+            continuation: None,
             keep_warm: self.keep_warm,
         }
     }

@@ -160,7 +160,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "dispatchable": true, "ejected_until": null, "ejections": 0, "health": "available",
                 "id": "ollama-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>",
                 "model_memory": {"size_bytes": "<u64>", "vram_bytes": "<u64>"},
-                "models": [{"name": "mock-ollama", "priority": 0}], "node": "mac-1", "node_ready": true,
+                "models": [{"name": "mock-ollama", "priority": 0}], "node": "mac-1", "node_ready": true, "on_trial": false,
                 "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
                 "residency": "loaded", "target_model": "mock"
             },
@@ -169,7 +169,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "dispatchable": true, "ejected_until": null, "ejections": 0, "health": "available",
                 "id": "openai-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>",
                 "model_memory": null, "models": [{"name": "mock-openai", "priority": 0}], "node": "mac-1",
-                "node_ready": true,
+                "node_ready": true, "on_trial": false,
                 "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
                 "residency": "loaded", "target_model": "mock"
             },
@@ -178,7 +178,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "credential": {"problem": null, "profile": "lm", "state": "ok"}, "dispatchable": true,
                 "ejected_until": null, "ejections": 0, "health": "available", "id": "keyed", "in_flight": 0,
                 "last_load_at": "<string>", "last_load_seconds": "<f64>", "model_memory": null,
-                "models": [{"name": "keyed", "priority": 0}], "node": "mac-1", "node_ready": true,
+                "models": [{"name": "keyed", "priority": 0}], "node": "mac-1", "node_ready": true, "on_trial": false,
                 "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
                 "residency": "unknown", "target_model": "mock"
             },
@@ -187,7 +187,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "dispatchable": true, "ejected_until": "<string>", "ejections": 1, "health": "available",
                 "id": "bad", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>",
                 "model_memory": null, "models": [{"name": "flaky", "priority": 0}], "node": "mac-1",
-                "node_ready": true,
+                "node_ready": true, "on_trial": false,
                 "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
                 "residency": "loaded", "target_model": "mock"
             },
@@ -199,7 +199,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "dispatchable": false, "ejected_until": null, "ejections": 0, "health": "unavailable",
                 "id": "away", "in_flight": 0, "last_load_at": null, "last_load_seconds": null,
                 "model_memory": null, "models": [{"name": "away", "priority": 0}], "node": "mac-2",
-                "node_ready": false, "overlay": null, "residency": "unknown", "target_model": "mock"
+                "node_ready": false, "on_trial": false, "overlay": null, "residency": "unknown", "target_model": "mock"
             },
         ],
     });

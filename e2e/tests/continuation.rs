@@ -106,6 +106,9 @@ async fn a_stream_cut_after_text_is_continued_as_one_answer_in_every_api() {
     })
     .await;
     stack.declare_continuation(&["cuts", "whole", "cuts-l", "repeats"]).await;
+    // An Ollama server the config says never to continue on (by default its
+    // node's detection would).
+    stack.set_continuation(&["plain"], false).await;
 
     // Chat Completions.
     let (text, usage) = chat_answer(&stream_chat(&stack, "story", json!({})).await);
@@ -234,5 +237,39 @@ async fn continuations_stop_at_the_limit() {
     assert_eq!(text, "w1 w2 w3 w4 w5 w6 w7 w8 w9", "six words, then three of the continuation, each once");
     assert_eq!(continued(&stack).await, 1.0);
     assert_eq!(stack.metric("iop_edge_continuations_total{result=\"limit\"}").await, 1.0);
+    no_leaks(&stack).await;
+}
+
+/// Issue 46 item 4: with nothing declared, a stream cut on an Ollama
+/// server goes on, since each node detects which servers continue a
+/// prefill; an LM Studio-style server (the OpenAI adapter on a server
+/// answering LM Studio's model endpoint) is never asked, so a model with
+/// only such a provider ends with the error event.
+#[tokio::test]
+async fn a_cut_stream_is_continued_on_defaults_where_the_server_continues() {
+    let stack = Stack::start(StackOptions {
+        extra_providers: vec![
+            on("cuts", Adapter::Ollama, "mock@words=20,cut_after=6", "story", 0),
+            on("whole", Adapter::Ollama, "mock@words=20", "story", 1),
+            on("studio", Adapter::Openai, "mock@words=20,cut_after=6", "studio", 0),
+        ],
+        ..StackOptions::default()
+    })
+    .await;
+    // What each node detected arrives with its first residency report.
+    for id in ["cuts", "whole", "studio"] {
+        wait_until(&format!("{id}'s server detected"), WAIT, || async {
+            stack.provider_admin(id).await["residency"] != "unknown"
+        })
+        .await;
+    }
+    let (text, usage) = chat_answer(&stream_chat(&stack, "story", json!({})).await);
+    assert_eq!(text, WORDS);
+    assert_eq!(usage["completion_tokens"], 20, "{usage}");
+    assert_eq!(continued(&stack).await, 1.0);
+
+    let events = stream_chat(&stack, "studio", json!({})).await;
+    assert!(json_of(&events.last().unwrap().1)["error"].is_object(), "{events:?}");
+    assert_eq!(stack.metric("iop_edge_continuations_total{result=\"no_capable_provider\"}").await, 1.0);
     no_leaks(&stack).await;
 }

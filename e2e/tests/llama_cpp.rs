@@ -310,7 +310,9 @@ async fn a_real_llama_cpp_server_behind_iop() {
         ..Default::default()
     })
     .await;
-    stack.declare_continuation(&["cut-first", "llama-cont"]).await;
+    // Nothing declared: the node detects that both servers continue a
+    // prefill (the mock in Ollama's dialect, the real llama.cpp server by its
+    // `/props`), reported with their residency.
     for id in ["llama", "llama-tunnel", "llama-small", "llama-small-fb", "llama-small-tunnel", "llama-cont"] {
         wait_until(&format!("{id} available"), WAIT, || async {
             stack.provider_admin(id).await["health"] == "available"
@@ -319,10 +321,14 @@ async fn a_real_llama_cpp_server_behind_iop() {
     }
     // The node reads the real server's residency from its `/props` (a
     // single-model llama-server holds its model whenever it answers).
-    for id in ["llama", "llama-small"] {
+    for id in ["llama", "llama-small", "llama-cont"] {
         wait_until(&format!("{id} loaded"), WAIT, || async { stack.provider_admin(id).await["residency"] == "loaded" })
             .await;
     }
+    wait_until("the mock's server detected", WAIT, || async {
+        stack.provider_admin("cut-first").await["residency"] != "unknown"
+    })
+    .await;
 
     let mut section = Instant::now();
     let mut timed = |name: &str| {

@@ -49,7 +49,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use iop_proto::config::EdgeConfig;
+use iop_proto::config::{EdgeConfig, ProviderEntry};
 use iop_proto::pb::{self, run_event::Event};
 
 use crate::auth::Caller;
@@ -189,11 +189,13 @@ pub fn with_prefill(mut request: pb::RunRequest, text: &str) -> pb::RunRequest {
     request
 }
 
-/// Whether any provider of `model` continues prefills (and continuations
-/// are allowed at all). Pure.
-pub fn capable(config: &EdgeConfig, model: &str) -> bool {
+/// Whether any provider of `model` continues prefills (`continues`, which
+/// reads the config and what the nodes detected:
+/// `residency::ResidencyTable::continues`) and continuations are allowed
+/// at all. Pure.
+pub fn capable(config: &EdgeConfig, model: &str, continues: impl Fn(&ProviderEntry) -> bool) -> bool {
     config.limits.max_continuations > 0
-        && crate::route::candidates(config, model).is_some_and(|providers| providers.iter().any(|p| p.continuation))
+        && crate::route::candidates(config, model).is_some_and(|providers| providers.iter().any(|p| continues(p)))
 }
 
 /// What a continuation needs to run a streaming request again.
@@ -218,7 +220,8 @@ impl Again {
             state: state.clone(),
             caller: caller.clone(),
             model: model.to_string(),
-            request: capable(&config, model).then(|| request.clone()),
+            request: capable(&config, model, |p| state.routing.residency.continues(&state.registry, p))
+                .then(|| request.clone()),
             max: config.limits.max_continuations,
             trace: None,
         }

@@ -162,7 +162,7 @@ pub struct Scope {
     /// The request's deadline, when it started earlier (a continuation);
     /// else `limits.request_timeout_ms` from now.
     pub deadline: Option<Instant>,
-    /// Only providers with `continuation: true` (see `crate::continuation`).
+    /// Only providers that continue prefills (see `crate::continuation`).
     pub continuation_only: bool,
     /// Providers tried last (`true`) or not at all (`false`), as after a
     /// failed attempt.
@@ -289,7 +289,8 @@ pub async fn execute_in(
         if !scope.continuation_only {
             return Some(all);
         }
-        let capable: Arc<[Candidate]> = all.iter().filter(|c| c.provider.continuation).cloned().collect();
+        let continues = |c: &&Candidate| state.routing.residency.continues(&state.registry, &c.provider);
+        let capable: Arc<[Candidate]> = all.iter().filter(continues).cloned().collect();
         (!capable.is_empty()).then_some(capable)
     };
     let mut candidates = candidates_of(model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;

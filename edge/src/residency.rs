@@ -80,6 +80,13 @@ impl ResidencyTable {
         table.get(provider).filter(|e| e.generation == generation).map_or(Figures::UNKNOWN, |e| e.figures)
     }
 
+    /// Whether a broken stream may be continued on `provider` now: as its
+    /// config says, else as its node detected its server (read like its
+    /// residency: from its Ready connection; unknown is no).
+    pub fn continues(&self, registry: &NodeRegistry, provider: &ProviderEntry) -> bool {
+        provider.continuation.unwrap_or_else(|| self.of(registry, provider).continues_prefill)
+    }
+
     /// Forgets providers `keep` rejects (a reload removed them).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.entries.lock().unwrap().retain(|id, _| keep(id));

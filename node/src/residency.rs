@@ -242,7 +242,7 @@ impl LoadMemory {
 // ------------------------------------------------------------ reports
 
 /// The figures a report carries; a change of any is owed a report.
-fn residency_of(id: &str, observation: Observation, load: Load) -> pb::ProviderResidency {
+fn residency_of(id: &str, observation: Observation, load: Load, continues_prefill: bool) -> pb::ProviderResidency {
     pb::ProviderResidency {
         provider_id: id.to_owned(),
         residency: observation.residency.into(),
@@ -250,6 +250,22 @@ fn residency_of(id: &str, observation: Observation, load: Load) -> pb::ProviderR
         vram_bytes: observation.vram_bytes,
         last_load_ms: load.ms,
         last_loaded_at_unix_ms: load.at_unix_ms,
+        continues_prefill,
+    }
+}
+
+/// Whether the server behind `adapter`, detected as `dialect`, continues a
+/// prefilled final assistant turn. Ollama does on both its APIs (its chat
+/// template ends with the assistant's text), and so does llama.cpp's
+/// server (it answers with the prefill and its continuation; the Edge
+/// drops the repeat): both verified by the e2e suites, llama.cpp's against
+/// the real server. LM Studio and servers none of the dialects describe
+/// (vLLM needs `continue_final_message`) are never asked. Pure.
+pub fn continues_prefill(adapter: AdapterKind, dialect: Dialect) -> bool {
+    match (adapter, dialect) {
+        (AdapterKind::Ollama, _) => true,
+        (AdapterKind::OpenAi, Dialect::LlamaCpp | Dialect::Ollama) => true,
+        (AdapterKind::OpenAi, Dialect::LmStudio | Dialect::Silent) => false,
     }
 }
 
@@ -320,7 +336,7 @@ impl ResidencyMonitor {
             let (observation, dialect) = observe(http, target, known).await;
             self.dialects.lock().unwrap().insert(target.provider_id.clone(), dialect);
             let load = LoadMemory::global().last(&target.target_model);
-            residency_of(&target.provider_id, observation, load)
+            residency_of(&target.provider_id, observation, load, continues_prefill(target.adapter, dialect))
         });
         let current = futures_util::future::join_all(calls).await;
         let mut reports = self.reports.lock().unwrap();

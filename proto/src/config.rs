@@ -690,15 +690,17 @@ pub struct ProviderEntry {
     /// the node; absent for a server that needs none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<CredentialRef>,
-    /// The provider continues a prefilled final assistant turn (the answer
-    /// goes on from the assistant message's text instead of starting a new
-    /// turn), so a committed stream broken on any provider of the same
-    /// public model may be continued here (`limits.max_continuations`).
-    /// Ollama and llama.cpp's server do; vLLM only with
-    /// `continue_final_message`. False by default: a server that starts a
-    /// new turn would repeat the answer.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub continuation: bool,
+    /// Whether a committed stream broken on any provider of the same public
+    /// model may be continued here (`limits.max_continuations`): the
+    /// provider continues a prefilled final assistant turn (the answer goes
+    /// on from the assistant message's text instead of starting a new turn).
+    /// Unset (the default): as its node detects the server (Ollama and
+    /// llama.cpp's server continue; LM Studio, vLLM and unknown servers are
+    /// never asked, since a server that starts a new turn would repeat the
+    /// answer). `false` turns it off, `true` declares a server the node
+    /// cannot detect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<bool>,
     /// Ask the provider to keep its model resident (Ollama only: `keep_alive`
     /// on runs and a periodic zero-token touch). The node honours it only
     /// where its owner opted in (the node's config); it pins memory on
@@ -906,7 +908,7 @@ pub struct Limits {
     pub max_jobs_per_principal: u32,
     /// Continuations per streaming request: how often a committed stream
     /// that broke after text is continued on a provider with
-    /// `continuation: true` (0: never).
+    /// continuation (0: never).
     #[serde(default = "Limits::default_max_continuations")]
     pub max_continuations: u32,
 }

@@ -443,13 +443,19 @@ impl Stack {
     }
 
     /// Marks providers `ids` `continuation: true` (they continue a
-    /// prefilled assistant turn) and waits for the Edge to reload.
+    /// prefilled assistant turn, whatever their nodes detect) and waits for
+    /// the Edge to reload.
     pub async fn declare_continuation(&self, ids: &[&str]) {
+        self.set_continuation(ids, true).await;
+    }
+
+    /// Sets providers `ids`' `continuation` and waits for the Edge to reload.
+    pub async fn set_continuation(&self, ids: &[&str], continues: bool) {
         let text = std::fs::read_to_string(&self.edge_config).unwrap();
         let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
         let revision = self.get_json("/admin/v1/config").await["config"]["revision"].as_u64().unwrap();
         for p in config.providers.iter_mut().filter(|p| ids.contains(&p.id.as_str())) {
-            p.continuation = true;
+            p.continuation = Some(continues);
         }
         std::fs::write(&self.edge_config, config.to_yaml()).unwrap();
         wait_until("the reload is applied", WAIT, || async {

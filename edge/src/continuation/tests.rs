@@ -141,10 +141,12 @@ fn the_prefill_extends_a_clients_own_prefill() {
 fn only_a_route_with_a_continuation_provider_is_capable() {
     let mut config = crate::testing::one_provider_config("n1");
     let model = config.providers[0].models[0].name.clone();
-    assert!(!capable(&config, &model));
-    config.providers[0].continuation = true;
-    assert!(capable(&config, &model));
-    assert!(!capable(&config, "other"));
+    let declared = |p: &ProviderEntry| p.continuation.unwrap_or(false);
+    assert!(!capable(&config, &model, declared));
+    assert!(capable(&config, &model, |_| true), "as the node detected it");
+    config.providers[0].continuation = Some(true);
+    assert!(capable(&config, &model, declared));
+    assert!(!capable(&config, "other", declared));
     config.limits.max_continuations = 0;
-    assert!(!capable(&config, &model), "0 turns continuation off");
+    assert!(!capable(&config, &model, declared), "0 turns continuation off");
 }

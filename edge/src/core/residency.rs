@@ -55,6 +55,8 @@ pub struct Figures {
     /// The node's last measured load of the provider's model; 0: none.
     pub last_load_ms: u64,
     pub last_loaded_at_unix_ms: u64,
+    /// The node detected a server that continues a prefilled answer.
+    pub continues_prefill: bool,
 }
 
 impl Figures {
@@ -64,6 +66,7 @@ impl Figures {
         vram_bytes: 0,
         last_load_ms: 0,
         last_loaded_at_unix_ms: 0,
+        continues_prefill: false,
     };
 
     /// Its model would have to be loaded first (selection's "cold").
@@ -97,6 +100,7 @@ pub fn check_report(config: &EdgeConfig, node: &str, entries: &[pb::ProviderResi
                 vram_bytes: e.vram_bytes,
                 last_load_ms: if believable { e.last_load_ms } else { 0 },
                 last_loaded_at_unix_ms: if believable { e.last_loaded_at_unix_ms } else { 0 },
+                continues_prefill: e.continues_prefill,
             };
             Some((e.provider_id.clone(), figures))
         })

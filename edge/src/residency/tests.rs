@@ -11,6 +11,7 @@ fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency 
         vram_bytes: 39 << 30,
         last_load_ms,
         last_loaded_at_unix_ms: if last_load_ms > 0 { 1_700_000_000_000 } else { 0 },
+        continues_prefill: true,
     }
 }
 
@@ -34,7 +35,8 @@ fn only_the_nodes_own_providers_named_once_with_a_known_residency_count() {
             size_bytes: 40 << 30,
             vram_bytes: 39 << 30,
             last_load_ms: 0,
-            last_loaded_at_unix_ms: 0
+            last_loaded_at_unix_ms: 0,
+            continues_prefill: true,
         }
     );
     let rejected = [
@@ -122,6 +124,30 @@ fn reports_are_bound_to_the_nodes_current_ready_connection() {
 
     table.retain(|id| id != "a");
     assert_eq!(table.on("a", 5).residency, Residency::Unknown);
+}
+
+/// A broken stream is continued on a provider as its config says, else as
+/// its node detected the server on its Ready connection (unknown: no).
+#[test]
+fn continuation_follows_the_config_then_the_nodes_detection() {
+    let config = config();
+    let registry = NodeRegistry::default();
+    let (control, _rx) = tokio::sync::mpsc::channel(1);
+    registry.register("n1", Session::registered(5, control));
+    let table = ResidencyTable::default();
+    let a = config.providers[0].clone();
+    assert!(!table.continues(&registry, &a), "nothing detected yet");
+    table.apply(&config, &registry, "n1", 5, &[report("a", LOADED, 0)]);
+    assert!(!table.continues(&registry, &a), "not Ready yet");
+    assert!(registry.mark_ready("n1", 5));
+    assert!(table.continues(&registry, &a), "the node detected a server that continues");
+    let off = ProviderEntry { continuation: Some(false), ..a.clone() };
+    assert!(!table.continues(&registry, &off), "the config turned it off");
+    let silent = pb::ProviderResidency { continues_prefill: false, ..report("a", LOADED, 0) };
+    table.apply(&config, &registry, "n1", 5, &[silent]);
+    assert!(!table.continues(&registry, &a), "a server that cannot is never asked");
+    let declared = ProviderEntry { continuation: Some(true), ..a };
+    assert!(table.continues(&registry, &declared), "declared for a server the node cannot detect");
 }
 
 /// `iop_edge_provider_residency`: a state set per configured provider;

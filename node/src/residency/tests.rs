@@ -84,15 +84,32 @@ fn lm_studio_and_llama_cpp_tables() {
 #[test]
 fn reports_are_owed_once_per_change() {
     let mut reports = ResidencyReports::default();
-    let cold = residency_of("p1", obs(NotLoaded, 0, 0), Load::default());
+    let cold = residency_of("p1", obs(NotLoaded, 0, 0), Load::default(), true);
     assert!(reports.owed(cold.clone()).is_some(), "the first is always owed");
     assert!(reports.owed(cold.clone()).is_none());
     assert_eq!(reports.residency("p1"), Some(NotLoaded));
-    let warm = residency_of("p1", obs(Loaded, 10, 8), Load::default());
+    let warm = residency_of("p1", obs(Loaded, 10, 8), Load::default(), true);
     assert!(reports.owed(warm.clone()).is_some());
-    let loaded_after = residency_of("p1", obs(Loaded, 10, 8), Load { ms: 1500, at_unix_ms: 7 });
+    let loaded_after = residency_of("p1", obs(Loaded, 10, 8), Load { ms: 1500, at_unix_ms: 7 }, true);
     assert!(reports.owed(loaded_after).is_some(), "a new load is owed");
-    assert!(reports.owed(residency_of("p2", obs(Unknown, 0, 0), Load::default())).is_some());
+    assert!(reports.owed(residency_of("p2", obs(Unknown, 0, 0), Load::default(), true)).is_some());
+    let detected_otherwise = residency_of("p1", obs(Loaded, 10, 8), Load { ms: 1500, at_unix_ms: 7 }, false);
+    assert!(reports.owed(detected_otherwise).is_some(), "what the server continues is owed too");
+}
+
+/// Which servers are asked to continue a prefilled answer.
+#[test]
+fn ollama_and_llama_cpp_continue_prefills() {
+    use AdapterKind::{Ollama, OpenAi};
+    for (adapter, dialect, continues) in [
+        (Ollama, Dialect::Ollama, true),
+        (OpenAi, Dialect::LlamaCpp, true),
+        (OpenAi, Dialect::Ollama, true),
+        (OpenAi, Dialect::LmStudio, false),
+        (OpenAi, Dialect::Silent, false),
+    ] {
+        assert_eq!(continues_prefill(adapter, dialect), continues, "{adapter:?} {dialect:?}");
+    }
 }
 
 #[tokio::test]

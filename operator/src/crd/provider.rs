@@ -118,12 +118,14 @@ pub struct ProviderSpec {
     /// byte-for-byte; other APIs are still normalized.
     #[serde(default)]
     pub mode: ProviderMode,
-    /// The server continues a prefilled final assistant turn (Ollama and
-    /// llama.cpp's server do; vLLM only with `continue_final_message`), so
-    /// the Edge may continue a stream of the same public model that broke
-    /// after text here (`limits.max_continuations`). Default false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub continuation: bool,
+    /// Whether the Edge may continue a stream of the same public model that
+    /// broke after text here (`limits.max_continuations`): the server
+    /// continues a prefilled final assistant turn. Unset (the default): as
+    /// the node detects the server (Ollama and llama.cpp's server do; LM
+    /// Studio, vLLM and unknown servers are never asked). `false` turns it
+    /// off; `true` declares a server the node cannot detect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<bool>,
     /// Ask the node to keep the model resident in the server's memory
     /// (Ollama `keep_alive` on runs and a periodic zero-token touch), so it
     /// never goes cold between requests. Ollama adapter only. The node

@@ -44,7 +44,7 @@ pub fn provider(name: &str, node: &str) -> Provider {
             response_stall_timeout_ms: 0,
             first_byte_timeout_ms: 0,
             mode: ProviderMode::Normalized,
-            continuation: false,
+            continuation: None,
             keep_warm: false,
             credential_secret_ref: None,
         },

@@ -24,6 +24,7 @@ fn residency_fields_as_the_contract_says() {
         vram_bytes: 41_000_000_000,
         last_load_ms: 18_250,
         last_loaded_at_unix_ms: 1_764_825_600_123,
+        continues_prefill: false,
     };
     assert_eq!(
         fields(loaded),

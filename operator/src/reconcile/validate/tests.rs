@@ -32,10 +32,10 @@ fn a_valid_provider_becomes_its_edge_entry() {
     assert_eq!(entry.first_byte_timeout_ms, 90_000);
     assert_eq!(entry.capacity, 4);
     assert_eq!(entry.models[0].name, "llama3.2");
-    assert!(!entry.continuation, "a provider continues prefills only when its spec says so");
-    p.spec.continuation = true;
+    assert_eq!(entry.continuation, None, "unset: as the node detects the server");
+    p.spec.continuation = Some(false);
     let entry = validate::provider(&p, &ready_nodes(&[("studio-mac", true)]), &settings()).unwrap();
-    assert!(entry.continuation);
+    assert_eq!(entry.continuation, Some(false), "turned off by the spec");
 }
 
 #[test]
