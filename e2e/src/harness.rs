@@ -55,6 +55,7 @@ impl ProviderSpec {
             mode: self.mode,
             credential: None,
             continuation: None,
+            context_window: None,
             keep_warm: self.keep_warm,
         }
     }

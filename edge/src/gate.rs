@@ -70,6 +70,11 @@ pub struct Committed {
     /// The provider target that answered (the response's `model`).
     pub target_model: String,
     pub answer: Answer,
+    /// The answering provider's context window, when providers of the
+    /// route whose windows the prompt exceeds were left out
+    /// ([`crate::route::fit_context`]; the response's
+    /// `iop-context-window` header).
+    pub context_window: Option<u32>,
 }
 
 pub enum Answer {
@@ -293,7 +298,16 @@ pub async fn execute_in(
         let capable: Arc<[Candidate]> = all.iter().filter(continues).cloned().collect();
         (!capable.is_empty()).then_some(capable)
     };
-    let mut candidates = candidates_of(model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?;
+    // Within a route, only providers whose context window fits the prompt
+    // (a token count asks for no generation).
+    let prompt = iop_proto::usage::estimate_request_input(&request);
+    let window = |p: &iop_proto::config::ProviderEntry| state.routing.residency.context_window(&state.registry, p);
+    let fit = |all: Arc<[Candidate]>| match request.count_tokens {
+        true => (all, false),
+        false => crate::route::fit_context(&all, prompt, |c| window(&c.provider)),
+    };
+    let (mut candidates, mut context_fitted) =
+        fit(candidates_of(model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?);
     // The route being tried: the client's model, or its context fallback.
     let mut route = model;
     let limits = &config.limits;
@@ -373,6 +387,9 @@ pub async fn execute_in(
         let (failure, relay, run) = match outcome {
             Attempt::Committed(mut committed) => {
                 count(&mut span, "committed");
+                if context_fitted {
+                    committed.context_window = provider.and_then(window);
+                }
                 committed.attach_span(span);
                 if let Some(used) = &used {
                     state.config.credential_health().record_acceptance(used);
@@ -417,7 +434,7 @@ pub async fn execute_in(
             settle(run, true, &failure);
             tracing::info!(provider = %provider_id, "the request exceeds the model's context window; trying its fallback");
             route = next;
-            candidates = next_candidates;
+            (candidates, context_fitted) = fit(next_candidates);
             avoid.clear();
             max_attempts += 1;
             last_failure = Some(failure);
@@ -659,6 +676,7 @@ async fn attempt_run(
             return Attempt::Committed(Box::new(Committed {
                 target_model,
                 answer: Answer::Normalized { buffered, rest },
+                context_window: None,
             }));
         }
     }
@@ -814,7 +832,8 @@ async fn attempt_tunnel(
         };
         bound = stall;
         let commit = |head: pb::TunnelResponseHead, buffered, rest| {
-            Box::new(Committed { target_model: target_model.clone(), answer: Answer::Tunnel { head, buffered, rest } })
+            let answer = Answer::Tunnel { head, buffered, rest };
+            Box::new(Committed { target_model: target_model.clone(), answer, context_window: None })
         };
         match (frame, head.take()) {
             (Frame::Head(h), None) => head = Some(h),

@@ -250,7 +250,7 @@ fn answer(target_model: String, text: String, usage: pb::Usage) -> Committed {
         Event::Usage(usage),
         Event::Completed(pb::RunCompleted { finish_reason: pb::FinishReason::Stop.into() }),
     ];
-    Committed { target_model, answer: Answer::Normalized { buffered: events, rest: None } }
+    Committed { target_model, answer: Answer::Normalized { buffered: events, rest: None }, context_window: None }
 }
 
 /// One model turn's answer.

@@ -87,6 +87,12 @@ impl ResidencyTable {
         provider.continuation.unwrap_or_else(|| self.of(registry, provider).continues_prefill)
     }
 
+    /// `provider`'s context window in tokens: as its config declares, else
+    /// as its server said to its node; `None` when unknown.
+    pub fn context_window(&self, registry: &NodeRegistry, provider: &ProviderEntry) -> Option<u32> {
+        provider.context_window.or_else(|| Some(self.of(registry, provider).context_window).filter(|w| *w > 0))
+    }
+
     /// Forgets providers `keep` rejects (a reload removed them).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.entries.lock().unwrap().retain(|id, _| keep(id));

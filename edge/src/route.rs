@@ -39,6 +39,25 @@ pub fn admission_candidates(config: &EdgeConfig, model: &str) -> Option<Arc<[Can
     Some(ranked.into_iter().map(|(priority, p)| Candidate { priority, provider: p.clone() }).collect())
 }
 
+/// The candidates of one route whose context window fits a prompt of about
+/// `prompt` tokens: a candidate whose window (`window`: declared, or as its
+/// server said) is known and smaller is left out, unless that would leave
+/// none (every provider then answers the prompt as it would, its own
+/// context error included, which a declared `context_fallbacks` route
+/// takes). Returns the kept candidates and whether any was left out. Pure.
+pub fn fit_context(
+    candidates: &Arc<[Candidate]>,
+    prompt: u64,
+    window: impl Fn(&Candidate) -> Option<u32>,
+) -> (Arc<[Candidate]>, bool) {
+    let fits = |c: &&Candidate| window(c).is_none_or(|w| prompt <= u64::from(w));
+    let kept: Arc<[Candidate]> = candidates.iter().filter(fits).cloned().collect();
+    if kept.is_empty() || kept.len() == candidates.len() {
+        return (candidates.clone(), false);
+    }
+    (kept, true)
+}
+
 /// Every public model name, sorted and deduplicated.
 pub fn public_models(config: &EdgeConfig) -> Vec<&str> {
     let mut names: Vec<&str> = config.providers.iter().flat_map(|p| p.models.iter().map(|m| m.name.as_str())).collect();

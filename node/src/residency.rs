@@ -47,13 +47,20 @@ pub struct Observation {
     pub size_bytes: u64,
     /// Of which in GPU / unified memory; 0 likewise.
     pub vram_bytes: u64,
+    /// The context window the server runs the model with; 0 when unsaid.
+    pub context_window: u32,
 }
 
 impl Observation {
     pub const UNKNOWN: Self = Self::bare(ModelResidency::Unknown);
 
     const fn bare(residency: ModelResidency) -> Self {
-        Self { residency, size_bytes: 0, vram_bytes: 0 }
+        Self { residency, size_bytes: 0, vram_bytes: 0, context_window: 0 }
+    }
+
+    fn with_window(self, window: Option<&Value>) -> Self {
+        let window = window.and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+        Self { context_window: window, ..self }
     }
 }
 
@@ -92,7 +99,9 @@ pub fn ollama_ps(body: &[u8], target: &str) -> Option<Observation> {
             residency: ModelResidency::Loaded,
             size_bytes: m.get("size").and_then(Value::as_u64).unwrap_or(0),
             vram_bytes: m.get("size_vram").and_then(Value::as_u64).unwrap_or(0),
-        },
+            context_window: 0,
+        }
+        .with_window(m.get("context_length")),
     })
 }
 
@@ -101,9 +110,11 @@ pub fn lm_studio(status: u16, body: &[u8]) -> Option<Observation> {
     if status != 200 {
         return None;
     }
-    match json_object(body)?.get("state")?.as_str()? {
-        "loaded" => Some(Observation::bare(ModelResidency::Loaded)),
-        "not-loaded" => Some(Observation::bare(ModelResidency::NotLoaded)),
+    let model = json_object(body)?;
+    let window = model.get("loaded_context_length").or_else(|| model.get("max_context_length"));
+    match model.get("state")?.as_str()? {
+        "loaded" => Some(Observation::bare(ModelResidency::Loaded).with_window(window)),
+        "not-loaded" => Some(Observation::bare(ModelResidency::NotLoaded).with_window(window)),
         _ => None,
     }
 }
@@ -113,7 +124,8 @@ pub fn llama_cpp_props(status: u16, body: &[u8]) -> Option<Observation> {
     let object = json_object(body)?;
     match status {
         200 if object.contains_key("default_generation_settings") || object.contains_key("model_path") => {
-            Some(Observation::bare(ModelResidency::Loaded))
+            let window = object.get("default_generation_settings").and_then(|s| s.get("n_ctx"));
+            Some(Observation::bare(ModelResidency::Loaded).with_window(window.or_else(|| object.get("n_ctx"))))
         }
         503 if object.get("error").and_then(|e| e.get("message")).and_then(Value::as_str) == Some("Loading model") => {
             Some(Observation::bare(ModelResidency::NotLoaded))
@@ -251,6 +263,7 @@ fn residency_of(id: &str, observation: Observation, load: Load, continues_prefil
         last_load_ms: load.ms,
         last_loaded_at_unix_ms: load.at_unix_ms,
         continues_prefill,
+        context_window: observation.context_window,
     }
 }
 

@@ -701,6 +701,12 @@ pub struct ProviderEntry {
     /// cannot detect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuation: Option<bool>,
+    /// The model's context window in tokens, where its node cannot read it
+    /// from the server (it reads Ollama's, llama.cpp's and LM Studio's).
+    /// Within a public model, a prompt longer than a provider's window (by
+    /// the Edge's estimate) goes to a provider whose window fits instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
     /// Ask the provider to keep its model resident (Ollama only: `keep_alive`
     /// on runs and a periodic zero-token touch). The node honours it only
     /// where its owner opted in (the node's config); it pins memory on

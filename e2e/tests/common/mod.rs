@@ -451,11 +451,17 @@ impl Stack {
 
     /// Sets providers `ids`' `continuation` and waits for the Edge to reload.
     pub async fn set_continuation(&self, ids: &[&str], continues: bool) {
+        self.edit_providers(ids, |p| p.continuation = Some(continues)).await;
+    }
+
+    /// Applies `edit` to providers `ids` in the Edge's config file and waits
+    /// for the Edge to reload it.
+    pub async fn edit_providers(&self, ids: &[&str], edit: impl Fn(&mut iop_proto::config::ProviderEntry)) {
         let text = std::fs::read_to_string(&self.edge_config).unwrap();
         let mut config = iop_proto::config::EdgeConfig::from_yaml(&text).unwrap();
         let revision = self.get_json("/admin/v1/config").await["config"]["revision"].as_u64().unwrap();
         for p in config.providers.iter_mut().filter(|p| ids.contains(&p.id.as_str())) {
-            p.continuation = Some(continues);
+            edit(p);
         }
         std::fs::write(&self.edge_config, config.to_yaml()).unwrap();
         wait_until("the reload is applied", WAIT, || async {

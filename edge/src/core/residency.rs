@@ -57,6 +57,8 @@ pub struct Figures {
     pub last_loaded_at_unix_ms: u64,
     /// The node detected a server that continues a prefilled answer.
     pub continues_prefill: bool,
+    /// The context window the server said (tokens); 0: unknown.
+    pub context_window: u32,
 }
 
 impl Figures {
@@ -67,6 +69,7 @@ impl Figures {
         last_load_ms: 0,
         last_loaded_at_unix_ms: 0,
         continues_prefill: false,
+        context_window: 0,
     };
 
     /// Its model would have to be loaded first (selection's "cold").
@@ -101,6 +104,7 @@ pub fn check_report(config: &EdgeConfig, node: &str, entries: &[pb::ProviderResi
                 last_load_ms: if believable { e.last_load_ms } else { 0 },
                 last_loaded_at_unix_ms: if believable { e.last_loaded_at_unix_ms } else { 0 },
                 continues_prefill: e.continues_prefill,
+                context_window: e.context_window,
             };
             Some((e.provider_id.clone(), figures))
         })

@@ -88,6 +88,9 @@ struct RequestRecord {
     /// The answer's token usage, as the last usage event (or a tunnel's
     /// end) reported it; accounted when the record drops (`crate::usage`).
     usage: Option<pb::Usage>,
+    /// The answering provider's context window, when the route's providers
+    /// too small for the prompt were left out (`gate::Committed`).
+    context_window: Option<u32>,
     /// The caller's place in its concurrency limit, held until the
     /// response is done (`crate::ratelimit`).
     permit: Option<crate::ratelimit::Permit>,
@@ -115,6 +118,7 @@ impl RequestRecord {
             api,
             caller: None,
             usage: None,
+            context_window: None,
             permit: None,
             body: None,
             route: None,
@@ -316,6 +320,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
     let limits = record.limit_status();
     // A tunnel relays the client's body as it came: nothing was dropped.
     let relayed = matches!(reply, Ok(Reply::Tunnel(_)));
+    let context_window = record.context_window;
     let mut response = match reply {
         Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
@@ -351,8 +356,16 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
             response.headers_mut().insert(hosted_tools::DROPPED_TOOLS_HEADER, value);
         }
     }
+    if let Some(window) = context_window {
+        response.headers_mut().insert(CONTEXT_WINDOW_HEADER, HeaderValue::from(window));
+    }
     with_limit_headers(response, S::API, limits)
 }
+
+/// The response header naming the answering provider's context window (in
+/// tokens) when the prompt was too long for other providers of its model
+/// and went to one whose window fits.
+pub const CONTEXT_WINDOW_HEADER: &str = "iop-context-window";
 
 enum Reply<S: Surface> {
     Complete(serde_json::Value),
@@ -454,6 +467,7 @@ async fn serve<S: Surface>(
     if let Answer::Normalized { buffered, .. } = &committed.answer {
         record.usage = last_usage(buffered);
     }
+    record.context_window = committed.context_window;
     committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes, again)
 }
 

@@ -12,6 +12,7 @@ fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency 
         last_load_ms,
         last_loaded_at_unix_ms: if last_load_ms > 0 { 1_700_000_000_000 } else { 0 },
         continues_prefill: true,
+        context_window: 8192,
     }
 }
 
@@ -37,6 +38,7 @@ fn only_the_nodes_own_providers_named_once_with_a_known_residency_count() {
             last_load_ms: 0,
             last_loaded_at_unix_ms: 0,
             continues_prefill: true,
+            context_window: 8192,
         }
     );
     let rejected = [

@@ -23,3 +23,32 @@ fn candidates_are_ordered_by_priority() {
 fn public_models_are_unique() {
     assert_eq!(public_models(&config()), ["chat", "other"]);
 }
+
+/// Within a route, a prompt goes to the providers whose window fits it;
+/// windows unknown fit anything; when none would be left, all stay.
+#[test]
+fn a_prompt_goes_to_the_providers_whose_window_fits() {
+    let all = admission_candidates(&config(), "chat").unwrap();
+    let windows = |main: Option<u32>, backup: Option<u32>| {
+        move |c: &Candidate| if c.provider.id == "main" { main } else { backup }
+    };
+    let ids = |kept: &Arc<[Candidate]>| kept.iter().map(|c| c.provider.id.clone()).collect::<Vec<_>>();
+    // (prompt, main's window, backup's window, kept, any left out)
+    type Case<'a> = (u64, Option<u32>, Option<u32>, &'a [&'a str], bool);
+    let cases: &[Case] = &[
+        (1_000, Some(2_048), Some(32_768), &["main", "backup"], false),
+        (4_000, Some(2_048), Some(32_768), &["backup"], true),
+        (4_000, Some(2_048), None, &["backup"], true),
+        (2_048, Some(2_048), Some(1_024), &["main"], true),
+        (40_000, Some(2_048), Some(32_768), &["main", "backup"], false),
+        (40_000, None, None, &["main", "backup"], false),
+    ];
+    for &(prompt, main, backup, kept, left_out) in cases {
+        let (got, skipped) = fit_context(&all, prompt, windows(main, backup));
+        assert_eq!(
+            (ids(&got), skipped),
+            (kept.iter().map(|s| s.to_string()).collect(), left_out),
+            "{prompt} {main:?} {backup:?}"
+        );
+    }
+}

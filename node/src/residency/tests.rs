@@ -4,21 +4,26 @@ use crate::adapter::http_client;
 use ModelResidency::{Loaded, NotLoaded, Unknown};
 
 fn obs(residency: ModelResidency, size_bytes: u64, vram_bytes: u64) -> Observation {
-    Observation { residency, size_bytes, vram_bytes }
+    Observation { residency, size_bytes, vram_bytes, context_window: 0 }
+}
+
+/// `obs` with the context window the server said.
+fn window(observation: Observation, context_window: u32) -> Observation {
+    Observation { context_window, ..observation }
 }
 
 // A real `ollama ps` answer (0.5.x).
 const PS: &str = r#"{"models":[{"name":"llama3.2:latest","model":"llama3.2:latest","size":3622320128,
         "digest":"a80c4f17acd5","details":{"parent_model":"","format":"gguf","family":"llama"},
-        "expires_at":"2026-12-04T06:40:07.543Z","size_vram":3622320128},
+        "expires_at":"2026-12-04T06:40:07.543Z","size_vram":3622320128,"context_length":8192},
         {"name":"qwen2.5:32b","model":"qwen2.5:32b","size":21500000000,"size_vram":20000000000,
         "expires_at":"2026-12-04T06:45:00Z"}]}"#;
 
 #[test]
 fn ollama_ps_table() {
     let cases: &[(&str, &str, Option<Observation>)] = &[
-        (PS, "llama3.2", Some(obs(Loaded, 3622320128, 3622320128))),
-        (PS, "llama3.2:latest", Some(obs(Loaded, 3622320128, 3622320128))),
+        (PS, "llama3.2", Some(window(obs(Loaded, 3622320128, 3622320128), 8192))),
+        (PS, "llama3.2:latest", Some(window(obs(Loaded, 3622320128, 3622320128), 8192))),
         (PS, "qwen2.5:32b", Some(obs(Loaded, 21500000000, 20000000000))),
         (PS, "qwen2.5", Some(obs(NotLoaded, 0, 0))),
         (PS, "qwen2.5:7b", Some(obs(NotLoaded, 0, 0))),
@@ -48,8 +53,9 @@ fn lm_studio_and_llama_cpp_tables() {
             "arch":"qwen2_vl","compatibility_type":"mlx","quantization":"4bit","state":"loaded","max_context_length":32768}"#;
     let lms_cold = lms_loaded.replace(r#""state":"loaded""#, r#""state":"not-loaded""#);
     let cases: &[(u16, &str, Option<Observation>)] = &[
-        (200, lms_loaded, Some(obs(Loaded, 0, 0))),
-        (200, &lms_cold, Some(obs(NotLoaded, 0, 0))),
+        (200, lms_loaded, Some(window(obs(Loaded, 0, 0), 32768))),
+        (200, &lms_cold, Some(window(obs(NotLoaded, 0, 0), 32768))),
+        (200, &lms_loaded.replace("}", r#","loaded_context_length":4096}"#), Some(window(obs(Loaded, 0, 0), 4096))),
         (200, r#"{"state":"loading"}"#, None),
         (404, r#"{"error":"Model not found"}"#, None),
         (200, r#"{"default_generation_settings":{}}"#, None),
@@ -63,7 +69,7 @@ fn lm_studio_and_llama_cpp_tables() {
             200,
             r#"{"default_generation_settings":{"n_ctx":4096,"params":{}},"total_slots":1,
                 "model_path":"/models/qwen.gguf","chat_template":"{{ x }}","build_info":"b4600"}"#,
-            Some(obs(Loaded, 0, 0)),
+            Some(window(obs(Loaded, 0, 0), 4096)),
         ),
         (200, r#"{"model_path":"m.gguf"}"#, Some(obs(Loaded, 0, 0))),
         (

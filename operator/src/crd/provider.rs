@@ -126,6 +126,13 @@ pub struct ProviderSpec {
     /// off; `true` declares a server the node cannot detect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuation: Option<bool>,
+    /// The model's context window in tokens, where the node cannot read it
+    /// from the server (it reads Ollama's, llama.cpp's and LM Studio's).
+    /// Within a public model, a prompt longer than a provider's window goes
+    /// to a provider whose window fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub context_window: Option<u32>,
     /// Ask the node to keep the model resident in the server's memory
     /// (Ollama `keep_alive` on runs and a periodic zero-token touch), so it
     /// never goes cold between requests. Ollama adapter only. The node

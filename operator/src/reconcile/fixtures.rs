@@ -45,6 +45,7 @@ pub fn provider(name: &str, node: &str) -> Provider {
             first_byte_timeout_ms: 0,
             mode: ProviderMode::Normalized,
             continuation: None,
+            context_window: None,
             keep_warm: false,
             credential_secret_ref: None,
         },

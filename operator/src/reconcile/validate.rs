@@ -316,6 +316,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         capacity: spec.capacity,
         mode: spec.mode.into(),
         continuation: spec.continuation,
+        context_window: spec.context_window,
         keep_warm: spec.keep_warm,
         // The profile is the Provider's own: its secret is checked and copied
         // by the build stage (`super::credentials`).

@@ -25,6 +25,7 @@ fn residency_fields_as_the_contract_says() {
         last_load_ms: 18_250,
         last_loaded_at_unix_ms: 1_764_825_600_123,
         continues_prefill: false,
+        context_window: 0,
     };
     assert_eq!(
         fields(loaded),
