@@ -158,37 +158,37 @@ async fn the_admin_snapshots_keep_their_json() {
             {
                 "adapter": "ollama", "capacity": 4, "consecutive_failures": 0, "credential": null,
                 "dispatchable": true, "ejected_until": null, "ejections": 0, "health": "available",
-                "id": "ollama-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>",
+                "id": "ollama-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null,
                 "model_memory": {"size_bytes": "<u64>", "vram_bytes": "<u64>"},
                 "models": [{"name": "mock-ollama", "priority": 0}], "node": "mac-1", "node_ready": true, "on_trial": false,
-                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
+                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"}, "prefill_ms_per_1k_tokens": null,
                 "residency": "loaded", "target_model": "mock"
             },
             {
                 "adapter": "openai", "capacity": 4, "consecutive_failures": 0, "credential": null,
                 "dispatchable": true, "ejected_until": null, "ejections": 0, "health": "available",
-                "id": "openai-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>",
+                "id": "openai-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null,
                 "model_memory": null, "models": [{"name": "mock-openai", "priority": 0}], "node": "mac-1",
                 "node_ready": true, "on_trial": false,
-                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
+                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"}, "prefill_ms_per_1k_tokens": null,
                 "residency": "loaded", "target_model": "mock"
             },
             {
                 "adapter": "openai", "capacity": 4, "consecutive_failures": 0,
                 "credential": {"problem": null, "profile": "lm", "state": "ok"}, "dispatchable": true,
                 "ejected_until": null, "ejections": 0, "health": "available", "id": "keyed", "in_flight": 0,
-                "last_load_at": "<string>", "last_load_seconds": "<f64>", "model_memory": null,
+                "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null, "model_memory": null,
                 "models": [{"name": "keyed", "priority": 0}], "node": "mac-1", "node_ready": true, "on_trial": false,
-                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
+                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"}, "prefill_ms_per_1k_tokens": null,
                 "residency": "unknown", "target_model": "mock"
             },
             {
                 "adapter": "openai", "capacity": 4, "consecutive_failures": 0, "credential": null,
                 "dispatchable": true, "ejected_until": "<string>", "ejections": 1, "health": "available",
-                "id": "bad", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>",
+                "id": "bad", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null,
                 "model_memory": null, "models": [{"name": "flaky", "priority": 0}], "node": "mac-1",
                 "node_ready": true, "on_trial": false,
-                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"},
+                "overlay": {"generation": "<u64>", "sequence": "<u64>", "since_ms": "<u64>", "state": "available"}, "prefill_ms_per_1k_tokens": null,
                 "residency": "loaded", "target_model": "mock"
             },
             {
@@ -197,9 +197,9 @@ async fn the_admin_snapshots_keep_their_json() {
                     "problem": "the value must be printable ASCII without spaces", "profile": "broken", "state": "invalid"
                 },
                 "dispatchable": false, "ejected_until": null, "ejections": 0, "health": "unavailable",
-                "id": "away", "in_flight": 0, "last_load_at": null, "last_load_seconds": null,
+                "id": "away", "in_flight": 0, "last_load_at": null, "last_load_seconds": null, "learned_stall_ms": null,
                 "model_memory": null, "models": [{"name": "away", "priority": 0}], "node": "mac-2",
-                "node_ready": false, "on_trial": false, "overlay": null, "residency": "unknown", "target_model": "mock"
+                "node_ready": false, "on_trial": false, "overlay": null, "prefill_ms_per_1k_tokens": null, "residency": "unknown", "target_model": "mock"
             },
         ],
     });

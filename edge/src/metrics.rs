@@ -59,6 +59,14 @@ pub struct ProviderHealthLabels {
     pub health: &'static str,
 }
 
+/// A configured provider and one figure of its learned pace
+/// (`prefill_per_1k_tokens` | `stall`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderPaceLabels {
+    pub provider: String,
+    pub figure: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderResidencyLabels {
     /// A configured provider id.
@@ -225,6 +233,8 @@ pub struct EdgeMetrics {
     /// Set through [`EdgeMetrics::set_provider_residency`] only.
     provider_residency: Family<ProviderResidencyLabels, Gauge>,
     provider_residency_series: Mutex<BTreeSet<String>>,
+    /// Set through [`EdgeMetrics::set_provider_pace`] only.
+    provider_pace: Family<ProviderPaceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// notAfter (Unix seconds) of the certificate each node presented at its
     /// last accepted handshake.
     pub node_certificate_expiry: Family<NodeLabels, Gauge>,
@@ -357,6 +367,12 @@ impl EdgeMetrics {
             "provider_credential",
             "State of each configured provider's managed credential (ok, disabled, invalid, rejected), as /admin/v1/providers reports it: 1 on its state, 0 on the others",
             provider_credential.clone(),
+        );
+        let provider_pace = Family::<ProviderPaceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "provider_learned_seconds",
+            "What each provider's node learned of its pace: the p95 time to read 1,000 prompt tokens (figure prefill_per_1k_tokens) and the inter-token deadline that follows (figure stall); absent while not learned",
+            provider_pace.clone(),
         );
         let provider_residency = Family::<ProviderResidencyLabels, Gauge>::default();
         registry.register(
@@ -554,6 +570,7 @@ impl EdgeMetrics {
             provider_credential_series: Mutex::default(),
             provider_residency,
             provider_residency_series: Mutex::default(),
+            provider_pace,
             node_certificate_expiry,
             server_certificate_expiry,
             recovery_eligibility,
@@ -624,6 +641,21 @@ impl EdgeMetrics {
         set_state_set(&self.provider_residency, &self.provider_residency_series, &states, &all, |provider, state| {
             ProviderResidencyLabels { provider, state }
         });
+    }
+
+    /// Makes `iop_edge_provider_learned_seconds` the learned pace of
+    /// `providers` (id, ms per 1k prompt tokens, stall ms; 0: not learned,
+    /// no series), dropping every other series.
+    pub fn set_provider_pace(&self, providers: &[(&str, u64, u64)]) {
+        self.provider_pace.clear();
+        for &(provider, prefill_ms, stall_ms) in providers {
+            for (figure, ms) in [("prefill_per_1k_tokens", prefill_ms), ("stall", stall_ms)] {
+                if ms > 0 {
+                    let labels = ProviderPaceLabels { provider: provider.to_string(), figure };
+                    self.provider_pace.get_or_create(&labels).set(ms as f64 / 1000.0);
+                }
+            }
+        }
     }
 
     /// Prometheus text exposition.

@@ -111,9 +111,12 @@ pub fn publish(
     table: &ResidencyTable,
     providers: &[ProviderEntry],
 ) {
-    let states: Vec<(&str, Residency)> =
-        providers.iter().map(|p| (p.id.as_str(), table.of(registry, p).residency)).collect();
+    let figures: Vec<(&str, Figures)> = providers.iter().map(|p| (p.id.as_str(), table.of(registry, p))).collect();
+    let states: Vec<(&str, Residency)> = figures.iter().map(|(id, f)| (*id, f.residency)).collect();
     metrics.set_provider_residency(&states);
+    let paces: Vec<(&str, u64, u64)> =
+        figures.iter().map(|(id, f)| (*id, f.prefill_ms_per_1k_tokens, f.learned_stall_ms)).collect();
+    metrics.set_provider_pace(&paces);
 }
 
 #[cfg(test)]

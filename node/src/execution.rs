@@ -21,7 +21,7 @@ use crate::adapter::ProviderTarget;
 use crate::adapter::Providers;
 use crate::adapter::probe::probe;
 use crate::lease::SessionLeases;
-use crate::liveness::{self, FirstByte, Progress, StallWatchdog};
+use crate::liveness::{self, FirstByte, Missed, Progress, StallWatchdog};
 use crate::metrics::ExecutionKind;
 
 pub mod handles;
@@ -126,8 +126,11 @@ impl Rejection {
 /// The effective liveness timeouts of one execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    /// Response-stall timeout (wire 0 means the 300 s default).
+    /// Response-stall timeout (wire 0 means the 300 s default, or the
+    /// provider's learned one: `crate::pace`).
     pub stall: Duration,
+    /// The request left the stall timeout to the node (wire 0).
+    pub stall_default: bool,
     /// First-byte timeout (wire 0 means the 60 s default).
     pub first_byte: Duration,
 }
@@ -151,7 +154,7 @@ pub fn validate<'a>(
         .map_err(|e| Rejection::InvalidStallTimeout(e.0))?;
     let first_byte = iop_proto::liveness::first_byte_timeout(request.first_byte_timeout_ms)
         .map_err(|e| Rejection::InvalidFirstByteTimeout(e.0))?;
-    Ok((target, Timeouts { stall, first_byte }))
+    Ok((target, Timeouts { stall, stall_default: request.response_stall_timeout_ms == 0, first_byte }))
 }
 
 // ---------------------------------------------------------------- uplink
@@ -171,6 +174,9 @@ pub(crate) trait UplinkFrame: std::fmt::Debug + Send + 'static {
     }
     /// Notes what the span learns from an item going up (`crate::trace`).
     fn observe(item: &Self::Item);
+    /// Whether an item is a piece of the answer itself (ends the
+    /// first-token deadline), not headers or metadata.
+    fn is_content(item: &Self::Item) -> bool;
     /// What the execution is charged by, kept by its [`Uplink`].
     type Meter: Default + Send;
     /// Counts `item` as the provider produced it (before any coalescing).
@@ -183,6 +189,11 @@ impl UplinkFrame for pb::RunUplink {
 
     fn meter(meter: &mut Self::Meter, event: &Self::Item) {
         meter.observe(event);
+    }
+
+    fn is_content(event: &Self::Item) -> bool {
+        use pb::run_event::Event;
+        matches!(event, Event::Text(_) | Event::Reasoning(_) | Event::ToolCall(_) | Event::Embeddings(_))
     }
 
     fn open(id: &str, generation: u64) -> Self {
@@ -230,6 +241,11 @@ impl UplinkFrame for pb::TunnelUplink {
     type Meter = ();
 
     fn meter((): &mut (), _frame: &Self::Item) {}
+
+    /// A body chunk (for a stream, its first events).
+    fn is_content(frame: &Self::Item) -> bool {
+        matches!(frame, pb::provider_tunnel_frame::Frame::Body(_))
+    }
 
     fn open(id: &str, generation: u64) -> Self {
         Self { msg: Some(pb::tunnel_uplink::Msg::Open(pb::TunnelOpen { tunnel_id: id.to_owned(), generation })) }
@@ -496,8 +512,8 @@ pub(crate) enum Driven<'a, T> {
     /// is handed back so its close can be confirmed within the close grace.
     Stalled {
         silent_for: Duration,
-        /// Nothing at all arrived by the first-byte deadline.
-        first_byte: bool,
+        /// Which deadline it was.
+        missed: Missed,
         producer: Producer<'a, T>,
     },
 }
@@ -534,9 +550,13 @@ async fn forward<'a, U: UplinkFrame, T>(
             _ = &mut edge_gone => return Driven::EdgeGone,
             Some(item) = items.recv() => {
                 uplink.count(&item);
-                if watchdog.progress(tokio::time::Instant::now()) == Progress::Fenced {
+                let now = tokio::time::Instant::now();
+                if watchdog.progress(now) == Progress::Fenced {
                     fenced();
                     continue;
+                }
+                if U::is_content(&item) {
+                    watchdog.content(now);
                 }
                 let Some(item) = coalescer.push::<U>(item) else { continue };
                 match uplink.send_unless_cancelled(item, cancel).await {
@@ -572,7 +592,8 @@ async fn forward<'a, U: UplinkFrame, T>(
                     while items.try_recv().is_ok() {
                         fenced();
                     }
-                    return Driven::Stalled { silent_for, first_byte: watchdog.missed_first_byte(), producer };
+                    let missed = watchdog.missed().unwrap_or(Missed::Stall);
+                    return Driven::Stalled { silent_for, missed, producer };
                 }
             }
         }
@@ -598,6 +619,8 @@ pub(crate) struct Watched<'a> {
     pub first_byte: FirstByte,
     pub observer: &'a Observer,
     pub kind: ExecutionKind,
+    /// The prompt's size in tokens (estimated), for its first-token deadline.
+    pub prompt_tokens: u64,
 }
 
 /// [`forward`] under a fresh [`StallWatchdog`], then settles the outcome the
@@ -613,19 +636,39 @@ pub(crate) async fn drive<U: UplinkFrame, T>(
     watched: Watched<'_>,
     coalesce: bool,
 ) -> Settled<T> {
-    let Watched { http, target, timeouts, first_byte, observer, kind } = watched;
+    let Watched { http, target, timeouts, first_byte, observer, kind, prompt_tokens } = watched;
     let cold = observer.residency.as_ref().is_some_and(|r| r.cold(&target.provider_id));
     let started = tokio::time::Instant::now();
+    // The deadlines this provider's pace asks for (`crate::pace`).
+    let paces = crate::pace::PaceMemory::global();
+    let (pace, profile) = (paces.get(&target.provider_id), paces.profile());
+    let load = if cold { crate::residency::LoadMemory::global().last(&target.target_model).ms } else { 0 };
+    let first_token = pace.first_token_deadline(prompt_tokens, Duration::from_millis(load), &profile);
+    let stall = match timeouts.stall_default {
+        true => pace.stall_deadline(timeouts.stall, &profile).unwrap_or(timeouts.stall),
+        false => timeouts.stall,
+    };
+    let mut watchdog =
+        StallWatchdog::new(stall, started).with_first_byte(timeouts.first_byte).with_first_token(first_token);
     let settled = drive_watched(
         producer,
         items,
         uplink,
         cancel,
         edge_gone,
-        (http, target, timeouts, &first_byte, observer, kind),
+        (http, target, &mut watchdog, &first_byte, observer, kind),
         coalesce,
     )
     .await;
+    // A finished answer teaches the provider's pace.
+    if let (Settled::Finished(Ok(_)), (Some(first), longest_gap)) = (&settled, watchdog.pace()) {
+        paces.update(&target.provider_id, |pace| {
+            pace.record_first_token(prompt_tokens, first);
+            if let Some(gap) = longest_gap {
+                pace.record_longest_gap(gap);
+            }
+        });
+    }
     if let Some(at) = first_byte.arrived_at() {
         crate::trace::note_first_byte(at);
     }
@@ -647,21 +690,19 @@ async fn drive_watched<U: UplinkFrame, T>(
     uplink: &mut Uplink<U>,
     cancel: &Cancel,
     edge_gone: impl Future<Output = ()>,
-    (http, target, timeouts, first_byte, observer, kind): (
+    (http, target, watchdog, first_byte, observer, kind): (
         &reqwest::Client,
         &ProviderTarget,
-        Timeouts,
+        &mut StallWatchdog,
         &FirstByte,
         &Observer,
         ExecutionKind,
     ),
     coalesce: bool,
 ) -> Settled<T> {
-    let mut watchdog =
-        StallWatchdog::new(timeouts.stall, tokio::time::Instant::now()).with_first_byte(timeouts.first_byte);
     let mut coalescer = Coalescer::new(coalesce);
     let fenced = || observer.metrics.fenced(kind);
-    let watch = (&mut watchdog, first_byte);
+    let watch = (watchdog, first_byte);
     match forward(producer, items, uplink, cancel, edge_gone, watch, &mut coalescer, fenced).await {
         Driven::Finished(Ok(done)) => Settled::Finished(Ok(done)),
         Driven::Finished(Err(e)) => {
@@ -670,8 +711,8 @@ async fn drive_watched<U: UplinkFrame, T>(
             unreachable_evidence(http, target, &mut failure, observer).await;
             Settled::Finished(Err(failure))
         }
-        Driven::Stalled { silent_for, first_byte, producer } => {
-            let stall = Stall { silent_for, first_byte };
+        Driven::Stalled { silent_for, missed, producer } => {
+            let stall = Stall { silent_for, missed };
             Settled::Finished(Err(stall_failure(http, target, producer, stall, observer, kind).await))
         }
         Driven::Cancelled => Settled::Cancelled,
@@ -754,12 +795,12 @@ async fn unreachable_evidence(
     failure.health_observation_seq = observer.observed(&target.provider_id, health);
 }
 
-/// A claimed stall: how long the provider was silent, and whether nothing at
-/// all arrived by the first-byte deadline (stage `first_byte`).
+/// A claimed stall: how long the provider was silent, and which deadline
+/// it missed (a first-byte or first-token miss is stage `first_byte`).
 #[derive(Debug, Clone, Copy)]
 struct Stall {
     silent_for: Duration,
-    first_byte: bool,
+    missed: Missed,
 }
 
 /// After a stall claim: joins the close-grace fence on `producer` with the
@@ -769,10 +810,11 @@ async fn stall_failure<T>(
     http: &reqwest::Client,
     target: &ProviderTarget,
     producer: Producer<'_, T>,
-    Stall { silent_for, first_byte }: Stall,
+    Stall { silent_for, missed }: Stall,
     observer: &Observer,
     kind: ExecutionKind,
 ) -> pb::ExecutionFailure {
+    let first_byte = missed != Missed::Stall;
     let evidence = liveness::join_evidence(
         producer.close(),
         async { probe(http, target).await.health },
@@ -789,7 +831,11 @@ async fn stall_failure<T>(
         target: "node_response_stall_observation",
         provider = %target.provider_id,
         kind = kind.label(),
-        stage = if first_byte { "first_byte" } else { "stall" },
+        stage = match missed {
+            Missed::FirstByte => "first_byte",
+            Missed::FirstToken => "first_token",
+            Missed::Stall => "stall",
+        },
         provider_health = evidence.health.as_str_name(),
         liveness_classification = evidence.classification.as_str_name(),
         retryable = evidence.retryable,
@@ -798,10 +844,17 @@ async fn stall_failure<T>(
         "response stalled"
     );
     let mut failure = evidence.to_failure(silent_for, seq);
-    if first_byte {
-        failure.first_byte_timeout = true;
-        failure.message =
-            format!("nothing from the provider within its first-byte timeout ({} ms)", silent_for.as_millis());
+    let ms = silent_for.as_millis();
+    match missed {
+        Missed::FirstByte => {
+            failure.first_byte_timeout = true;
+            failure.message = format!("nothing from the provider within its first-byte timeout ({ms} ms)");
+        }
+        Missed::FirstToken => {
+            failure.first_byte_timeout = true;
+            failure.message = format!("no token from the provider within its first-token deadline ({ms} ms)");
+        }
+        Missed::Stall => {}
     }
     failure
 }

@@ -19,6 +19,7 @@ pub mod keep_warm;
 pub mod lease;
 pub mod liveness;
 pub mod metrics;
+pub mod pace;
 pub mod residency;
 pub mod run;
 pub mod scrub;

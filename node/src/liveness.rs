@@ -49,12 +49,31 @@ enum Phase {
 #[derive(Debug, Clone)]
 pub struct StallWatchdog {
     timeout: Duration,
+    started: Instant,
     last_progress: Instant,
     /// Until the provider's first byte: when the first-byte deadline passes.
     first_byte_by: Option<Instant>,
-    /// The claim was for the first-byte deadline.
-    missed_first_byte: bool,
+    /// Until the provider's first content: when the first-token deadline
+    /// passes (`crate::pace`).
+    first_token_by: Option<Instant>,
+    /// What the claim was for.
+    missed: Option<Missed>,
     phase: Phase,
+    /// The first content, and the last, and the longest gap between two.
+    first_content: Option<Instant>,
+    last_content: Option<Instant>,
+    longest_gap: Duration,
+}
+
+/// Which deadline a claim was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// Nothing at all (not even headers) by the first-byte deadline.
+    FirstByte,
+    /// No content by the first-token deadline.
+    FirstToken,
+    /// Silence for the stall timeout after progress.
+    Stall,
 }
 
 /// What happened to one piece of provider output.
@@ -68,13 +87,48 @@ pub enum Progress {
 
 impl StallWatchdog {
     pub fn new(timeout: Duration, now: Instant) -> Self {
-        Self { timeout, last_progress: now, first_byte_by: None, missed_first_byte: false, phase: Phase::Watching }
+        Self {
+            timeout,
+            started: now,
+            last_progress: now,
+            first_byte_by: None,
+            first_token_by: None,
+            missed: None,
+            phase: Phase::Watching,
+            first_content: None,
+            last_content: None,
+            longest_gap: Duration::ZERO,
+        }
     }
 
     /// With a first-byte deadline `first_byte` after the start.
     pub fn with_first_byte(mut self, first_byte: Duration) -> Self {
-        self.first_byte_by = Some(self.last_progress + first_byte);
+        self.first_byte_by = Some(self.started + first_byte);
         self
+    }
+
+    /// With a first-token deadline `first_token` after the start.
+    pub fn with_first_token(mut self, first_token: Duration) -> Self {
+        self.first_token_by = Some(self.started + first_token);
+        self
+    }
+
+    /// A piece of the answer itself (content, not headers or metadata)
+    /// arrived at `now`: the first-token deadline no longer applies.
+    pub fn content(&mut self, now: Instant) {
+        self.first_token_by = None;
+        self.first_content.get_or_insert(now);
+        if let Some(last) = self.last_content.replace(now) {
+            self.longest_gap = self.longest_gap.max(now.saturating_duration_since(last));
+        }
+    }
+
+    /// Time to the first content, and the longest gap between two contents
+    /// (`None` before two): what `crate::pace` learns from a finished run.
+    pub fn pace(&self) -> (Option<Duration>, Option<Duration>) {
+        let first = self.first_content.map(|at| at.saturating_duration_since(self.started));
+        let two = self.first_content.is_some() && self.last_content != self.first_content;
+        (first, two.then_some(self.longest_gap))
     }
 
     /// The provider's first byte arrived (its response headers): the
@@ -99,7 +153,8 @@ impl StallWatchdog {
     /// nothing else happens; `None` once claimed or finished.
     pub fn deadline(&self) -> Option<Instant> {
         let stall = self.last_progress + self.timeout;
-        (self.phase == Phase::Watching).then(|| self.first_byte_by.map_or(stall, |at| at.min(stall)))
+        let earliest = [self.first_byte_by, self.first_token_by].into_iter().flatten().fold(stall, Instant::min);
+        (self.phase == Phase::Watching).then_some(earliest)
     }
 
     /// Claims the stall if the provider has been silent for the timeout, or
@@ -110,15 +165,27 @@ impl StallWatchdog {
         if now < deadline {
             return None;
         }
-        self.missed_first_byte = self.first_byte_by.is_some_and(|at| now >= at);
+        self.missed = Some(if self.first_byte_by.is_some_and(|at| now >= at) {
+            Missed::FirstByte
+        } else if self.first_token_by.is_some_and(|at| now >= at) {
+            Missed::FirstToken
+        } else {
+            Missed::Stall
+        });
         self.phase = Phase::Claimed;
         Some(now - self.last_progress)
     }
 
-    /// The claim was for the first-byte deadline (stage `first_byte`), not
-    /// for silence after the first byte.
+    /// What the claim was for (`None` before one).
+    pub fn missed(&self) -> Option<Missed> {
+        self.missed
+    }
+
+    /// The claim was for a deadline before the answer started (the first
+    /// byte, or the first token: stage `first_byte` on the wire), not for
+    /// silence after it.
     pub fn missed_first_byte(&self) -> bool {
-        self.missed_first_byte
+        matches!(self.missed, Some(Missed::FirstByte | Missed::FirstToken))
     }
 
     /// The provider's terminal arrived. It wins unless the stall was already

@@ -35,6 +35,10 @@ struct Args {
     /// Test-only: act as a machine without a command sandbox.
     #[arg(long, hide = true)]
     test_no_sandbox: bool,
+    /// Test-only: the learned deadlines' floor (and a fallback of four
+    /// times it), in milliseconds, instead of 10 s and 120 s.
+    #[arg(long, hide = true, value_name = "MS")]
+    test_pace_floor_ms: Option<u64>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -111,6 +115,10 @@ fn main() -> ExitCode {
         }
         None => {
             let config = args.config.expect("clap requires --config without a subcommand");
+            if let Some(ms) = args.test_pace_floor_ms {
+                let profile = iop_node::pace::PaceProfile::with_floor(std::time::Duration::from_millis(ms));
+                iop_node::pace::PaceMemory::global().set_profile(profile);
+            }
             let sandbox = match args.test_no_sandbox {
                 true => iop_node::workspace::sandbox::Detection::AssumeNone,
                 false => iop_node::workspace::sandbox::Detection::Probe,

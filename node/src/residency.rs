@@ -255,7 +255,14 @@ impl LoadMemory {
 
 /// The figures a report carries; a change of any is owed a report.
 fn residency_of(id: &str, observation: Observation, load: Load, continues_prefill: bool) -> pb::ProviderResidency {
+    // Rounded, so that a report is owed when the pace changed, not with
+    // every run's jitter.
+    let paces = crate::pace::PaceMemory::global();
+    let ceiling = std::time::Duration::from_millis(iop_proto::liveness::DEFAULT_RESPONSE_STALL_TIMEOUT_MS);
+    let (prefill, stall) = paces.get(id).figures(ceiling, &paces.profile());
     pb::ProviderResidency {
+        prefill_ms_per_1k_tokens: prefill.div_ceil(10) * 10,
+        learned_stall_ms: stall.div_ceil(100) * 100,
         provider_id: id.to_owned(),
         residency: observation.residency.into(),
         size_bytes: observation.size_bytes,

@@ -80,7 +80,9 @@ async fn serve(
                 Producer::new(first_byte.clone().scope(async move {
                     adapter::execute(http, target, request, authorization, &sink, metrics).await
                 }));
-            let watched = Watched { http, target, timeouts, first_byte, observer, kind: ExecutionKind::run };
+            let prompt_tokens = iop_proto::usage::estimate_request_input(request);
+            let kind = ExecutionKind::run;
+            let watched = Watched { http, target, timeouts, first_byte, observer, kind, prompt_tokens };
             // A client that does not stream gets the answer as a whole: its
             // deltas need not cross the wire one by one.
             let mut settled =

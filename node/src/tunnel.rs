@@ -128,8 +128,15 @@ pub(crate) async fn serve(
                 Producer::new(first_byte.clone().scope(async move {
                     relay(http, (prepared, body, strip), relay_scrubber, &sink, &relay_usage).await
                 }));
-            let watched =
-                Watched { http, target: &target, timeouts, first_byte, observer, kind: ExecutionKind::tunnel };
+            let watched = Watched {
+                http,
+                target: &target,
+                timeouts,
+                first_byte,
+                observer,
+                kind: ExecutionKind::tunnel,
+                prompt_tokens: prompt,
+            };
             let mut settled = execution::drive(producer, &mut frames, uplink, cancel, edge_gone, watched, false).await;
             if let (Settled::Finished(Err(failure)), Some(scrubber)) = (&mut settled, &scrubber) {
                 scrubber.scrub_failure(failure);

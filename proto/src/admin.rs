@@ -112,6 +112,10 @@ pub struct EdgeProvider {
     /// How long that load took, in seconds (millisecond precision).
     #[serde(default, deserialize_with = "lenient")]
     pub last_load_seconds: Option<f64>,
+    /// Its node's learned inter-token deadline in ms (`None` while not
+    /// learned): a stream silent this long is cut.
+    #[serde(default, deserialize_with = "lenient")]
+    pub learned_stall_ms: Option<u64>,
     /// Memory the loaded model takes; `None` when the node reported none.
     #[serde(default, deserialize_with = "lenient")]
     pub model_memory: Option<ModelMemory>,
@@ -130,6 +134,10 @@ pub struct EdgeProvider {
     /// evidence arrived.
     #[serde(default)]
     pub overlay: Option<Overlay>,
+    /// Its node's learned p95 time to read 1,000 prompt tokens (to the
+    /// first token), in ms; `None` while not learned.
+    #[serde(default, deserialize_with = "lenient")]
+    pub prefill_ms_per_1k_tokens: Option<u64>,
     /// The node's last residency report (the Edge writes `unknown` without
     /// one); `None` only when read from an Edge that did not say, or said
     /// what this reader does not know.

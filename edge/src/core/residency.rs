@@ -59,6 +59,10 @@ pub struct Figures {
     pub continues_prefill: bool,
     /// The context window the server said (tokens); 0: unknown.
     pub context_window: u32,
+    /// The node's learned pace: p95 ms to read 1,000 prompt tokens, and
+    /// its inter-token deadline in ms; 0: not learned.
+    pub prefill_ms_per_1k_tokens: u64,
+    pub learned_stall_ms: u64,
 }
 
 impl Figures {
@@ -70,6 +74,8 @@ impl Figures {
         last_loaded_at_unix_ms: 0,
         continues_prefill: false,
         context_window: 0,
+        prefill_ms_per_1k_tokens: 0,
+        learned_stall_ms: 0,
     };
 
     /// Its model would have to be loaded first (selection's "cold").
@@ -105,6 +111,8 @@ pub fn check_report(config: &EdgeConfig, node: &str, entries: &[pb::ProviderResi
                 last_loaded_at_unix_ms: if believable { e.last_loaded_at_unix_ms } else { 0 },
                 continues_prefill: e.continues_prefill,
                 context_window: e.context_window,
+                prefill_ms_per_1k_tokens: e.prefill_ms_per_1k_tokens,
+                learned_stall_ms: e.learned_stall_ms,
             };
             Some((e.provider_id.clone(), figures))
         })

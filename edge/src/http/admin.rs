@@ -167,6 +167,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 in_flight: load.providers.get(&p.id).map_or(0, |l| l.in_flight),
                 last_load_at,
                 last_load_seconds,
+                learned_stall_ms: Some(residency.learned_stall_ms).filter(|ms| *ms > 0),
                 model_memory: model_memory(&residency),
                 models: p
                     .models
@@ -177,6 +178,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
                 node_ready,
                 on_trial: outlier.on_trial,
                 overlay: state.overlay.get(&p.id).map(Into::into),
+                prefill_ms_per_1k_tokens: Some(residency.prefill_ms_per_1k_tokens).filter(|ms| *ms > 0),
                 residency: Some(residency.residency.into()),
                 target_model: p.target.model.clone(),
             }

@@ -13,6 +13,8 @@ fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency 
         last_loaded_at_unix_ms: if last_load_ms > 0 { 1_700_000_000_000 } else { 0 },
         continues_prefill: true,
         context_window: 8192,
+        prefill_ms_per_1k_tokens: 0,
+        learned_stall_ms: 0,
     }
 }
 
@@ -39,6 +41,8 @@ fn only_the_nodes_own_providers_named_once_with_a_known_residency_count() {
             last_loaded_at_unix_ms: 0,
             continues_prefill: true,
             context_window: 8192,
+            prefill_ms_per_1k_tokens: 0,
+            learned_stall_ms: 0,
         }
     );
     let rejected = [

@@ -44,6 +44,40 @@ async fn the_first_byte_deadline_applies_until_any_byte_and_is_labelled() {
     assert!(!short.missed_first_byte());
 }
 
+/// Headers, then nothing: the first-token deadline (learned, `crate::pace`)
+/// claims it, labelled as a miss before the answer; content ends it, and
+/// the watchdog keeps what the pace learns (time to first content, the
+/// longest gap between two).
+#[tokio::test(start_paused = true)]
+async fn the_first_token_deadline_applies_until_content() {
+    let t0 = Instant::now();
+    let fresh = || {
+        StallWatchdog::new(Duration::from_millis(1000), t0)
+            .with_first_byte(Duration::from_millis(300))
+            .with_first_token(Duration::from_millis(600))
+    };
+    let mut headers_only = fresh();
+    headers_only.first_byte();
+    assert_eq!(headers_only.progress(at(50, t0)), Progress::Accepted, "a started event is progress");
+    assert_eq!(headers_only.deadline(), Some(at(600, t0)), "progress is not content");
+    assert_eq!(headers_only.claim(at(600, t0)), Some(Duration::from_millis(550)));
+    assert_eq!(headers_only.missed(), Some(Missed::FirstToken));
+    assert!(headers_only.missed_first_byte(), "a miss before the answer on the wire");
+
+    let mut answering = fresh();
+    answering.progress(at(100, t0));
+    answering.content(at(100, t0));
+    assert_eq!(answering.deadline(), Some(at(1100, t0)), "only the stall timeout is left");
+    for ms in [150, 400, 450] {
+        answering.progress(at(ms, t0));
+        answering.content(at(ms, t0));
+    }
+    assert_eq!(answering.pace(), (Some(Duration::from_millis(100)), Some(Duration::from_millis(250))));
+    assert_eq!(answering.claim(at(1450, t0)), Some(Duration::from_millis(1000)));
+    assert_eq!(answering.missed(), Some(Missed::Stall));
+    assert_eq!(fresh().pace(), (None, None));
+}
+
 #[tokio::test]
 async fn the_first_byte_mark_reaches_only_its_own_scope() {
     let mine = FirstByte::default();

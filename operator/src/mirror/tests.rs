@@ -19,10 +19,12 @@ fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>)
         on_trial: false,
         health,
         overlay,
+        prefill_ms_per_1k_tokens: None,
         credential: None,
         ejected_until: None,
         residency: None,
         last_load_seconds: None,
+        learned_stall_ms: None,
         last_load_at: None,
         adapter: None,
         capacity: 0,
@@ -808,6 +810,7 @@ fn residency_and_the_latest_load_are_mirrored_across_replicas() {
             Residency::Unknown => admin::Residency::Unknown,
         }),
         last_load_seconds: load.map(|(ms, _)| ms as f64 / 1000.0),
+        learned_stall_ms: None,
         last_load_at: load.map(|(_, seconds)| at(seconds).to_string()),
         ..replica_provider(Up, None)
     };

@@ -20,12 +20,14 @@ fn provider() -> EdgeProvider {
         in_flight: 2,
         last_load_at: Some("2026-11-01T11:59:00.750Z".into()),
         last_load_seconds: Some(18.25),
+        learned_stall_ms: None,
         model_memory: Some(ModelMemory { size_bytes: 42_000_000_000, vram_bytes: 41_000_000_000 }),
         models: vec![ProviderModel { name: "llama3.2".into(), priority: 0 }],
         node: "mac-1".into(),
         node_ready: true,
         on_trial: false,
         overlay: Some(Overlay { generation: 3, sequence: 7, since_ms: 1_700_000_000_000, state: EdgeHealth::Unknown }),
+        prefill_ms_per_1k_tokens: None,
         residency: Some(Residency::NotLoaded),
         target_model: "llama3.2:3b".into(),
     }
@@ -65,10 +67,10 @@ fn snapshots_are_written_in_full_and_read_back() {
             r#""adapter":"ollama","capacity":4,"consecutive_failures":0,"credential":{"problem":"the value "#,
             r#"must be printable ASCII without spaces","profile":"lm","state":"invalid"},"dispatchable":false,"#,
             r#""ejected_until":"2026-11-01T12:00:00.250Z","ejections":1,"health":"unavailable","id":"llama","#,
-            r#""in_flight":2,"last_load_at":"2026-11-01T11:59:00.750Z","last_load_seconds":18.25,"#,
+            r#""in_flight":2,"last_load_at":"2026-11-01T11:59:00.750Z","last_load_seconds":18.25,"learned_stall_ms":null,"#,
             r#""model_memory":{"size_bytes":42000000000,"vram_bytes":41000000000},"models":[{"name":"llama3.2","#,
             r#""priority":0}],"node":"mac-1","node_ready":true,"on_trial":false,"overlay":{"generation":3,"sequence":7,"#,
-            r#""since_ms":1700000000000,"state":"unknown"},"residency":"not_loaded","target_model":"llama3.2:3b"}],"#,
+            r#""since_ms":1700000000000,"state":"unknown"},"prefill_ms_per_1k_tokens":null,"residency":"not_loaded","target_model":"llama3.2:3b"}],"#,
             r#""queued":{"llama3.2":1},"workspace_calls":0}"#,
         )
     );
@@ -79,8 +81,10 @@ fn snapshots_are_written_in_full_and_read_back() {
         ejected_until: None,
         last_load_at: None,
         last_load_seconds: None,
+        learned_stall_ms: None,
         model_memory: None,
         overlay: None,
+        prefill_ms_per_1k_tokens: None,
         ..provider()
     };
     let value = serde_json::to_value(&none).unwrap();

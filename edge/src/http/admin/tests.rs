@@ -26,6 +26,8 @@ fn residency_fields_as_the_contract_says() {
         last_loaded_at_unix_ms: 1_764_825_600_123,
         continues_prefill: false,
         context_window: 0,
+        prefill_ms_per_1k_tokens: 0,
+        learned_stall_ms: 0,
     };
     assert_eq!(
         fields(loaded),
