@@ -667,7 +667,8 @@ pub struct ProviderEntry {
     /// Public model names clients use to reach this provider.
     pub models: Vec<PublicModel>,
     /// No progress from the provider for this long ends the run as stalled.
-    /// 0 means the default (300000 ms).
+    /// 0 means learned per provider by its node (`iop-node`'s pace: 10000 to
+    /// 300000 ms, 300000 until learned).
     #[serde(default)]
     pub response_stall_timeout_ms: u64,
     /// Nothing at all from the provider (headers included) for this long

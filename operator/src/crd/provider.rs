@@ -96,7 +96,8 @@ pub struct ProviderSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueLimits>,
     /// No progress from the provider for this long ends a run as stalled.
-    /// 0 means the default (300000 ms); otherwise 1000 to 3600000.
+    /// 0 means learned per provider by its node (10000 to 300000 ms; 300000
+    /// until learned); otherwise 1000 to 3600000.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "self == 0 || (self >= 1000 && self <= 3600000)",
