@@ -47,21 +47,26 @@ fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-#[tokio::test]
-async fn a_provider_failing_every_generation_is_ejected_then_returns() {
-    let (_bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
+/// A stack whose model has a preferred provider `bad` on its own mock
+/// (returned with its URL) and a healthy `good` one, under `outlier`.
+async fn bad_and_good(outlier: OutlierConfig) -> (Stack, iop_e2e::harness::Proc, String) {
+    let (bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
     let mut bad = provider("bad", Adapter::Openai, "mock", MODEL, &bad_url);
     bad.priority = 0;
     let mut good = provider("good", Adapter::Openai, "mock", MODEL, "");
     good.priority = 1;
-    let stack = Stack::start(StackOptions {
-        extra_providers: vec![bad, good],
-        outlier: Some(OutlierConfig {
-            consecutive_failures: THRESHOLD,
-            base_ejection_ms: EJECTION_MS,
-            max_ejection_ms: 4 * EJECTION_MS,
-            ..Default::default()
-        }),
+    let stack =
+        Stack::start(StackOptions { extra_providers: vec![bad, good], outlier: Some(outlier), ..Default::default() })
+            .await;
+    (stack, bad_mock, bad_url)
+}
+
+#[tokio::test]
+async fn a_provider_failing_every_generation_is_ejected_then_returns() {
+    let (stack, _bad_mock, bad_url) = bad_and_good(OutlierConfig {
+        consecutive_failures: THRESHOLD,
+        base_ejection_ms: EJECTION_MS,
+        max_ejection_ms: 4 * EJECTION_MS,
         ..Default::default()
     })
     .await;
@@ -145,17 +150,8 @@ async fn when_every_provider_is_ejected_requests_still_reach_them() {
 /// failure just ejected (it used to wait its backoff and try it again).
 #[tokio::test]
 async fn a_retry_never_goes_to_the_provider_its_failure_ejected() {
-    let (_bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
-    let mut bad = provider("bad", Adapter::Openai, "mock", MODEL, &bad_url);
-    bad.priority = 0;
-    let mut good = provider("good", Adapter::Openai, "mock", MODEL, "");
-    good.priority = 1;
-    let stack = Stack::start(StackOptions {
-        extra_providers: vec![bad, good],
-        outlier: Some(OutlierConfig { consecutive_failures: 1, ..Default::default() }),
-        ..Default::default()
-    })
-    .await;
+    let (stack, _bad_mock, bad_url) =
+        bad_and_good(OutlierConfig { consecutive_failures: 1, ..Default::default() }).await;
     set_faults(&stack, &bad_url, "status=500").await;
     let body = ask(&stack).await;
     assert_eq!(generations(&stack, &bad_url).await, 1, "one failed attempt on it, no retry there: {body}");
@@ -171,19 +167,10 @@ async fn a_retry_never_goes_to_the_provider_its_failure_ejected() {
 #[tokio::test]
 async fn an_ejected_provider_gets_one_trial_per_ejection_and_returns_after_its_fix() {
     const BASE_MS: u64 = 1_000;
-    let (_bad_mock, bad_url) = spawn_mock("127.0.0.1:0").await;
-    let mut bad = provider("bad", Adapter::Openai, "mock", MODEL, &bad_url);
-    bad.priority = 0;
-    let mut good = provider("good", Adapter::Openai, "mock", MODEL, "");
-    good.priority = 1;
-    let stack = Stack::start(StackOptions {
-        extra_providers: vec![bad, good],
-        outlier: Some(OutlierConfig {
-            consecutive_failures: 2,
-            base_ejection_ms: BASE_MS,
-            max_ejection_ms: 2 * BASE_MS,
-            ..Default::default()
-        }),
+    let (stack, _bad_mock, bad_url) = bad_and_good(OutlierConfig {
+        consecutive_failures: 2,
+        base_ejection_ms: BASE_MS,
+        max_ejection_ms: 2 * BASE_MS,
         ..Default::default()
     })
     .await;
