@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Stack, StackOptions, WAIT, provider};
+use common::{Stack, StackOptions, WAIT, provider, spawn_mock_with};
 use iop_e2e::harness::{ProviderSpec, wait_until};
 use iop_proto::config::{Adapter, Limits};
 use serde_json::{Value, json};
@@ -241,23 +241,30 @@ async fn continuations_stop_at_the_limit() {
 }
 
 /// Issue 46 item 4: with nothing declared, a stream cut on an Ollama
-/// server goes on, since each node detects which servers continue a
-/// prefill; an LM Studio-style server (the OpenAI adapter on a server
+/// server or a llama.cpp-style one goes on, since each node detects which
+/// servers continue a prefill; an LM Studio-style server (the OpenAI adapter on a server
 /// answering LM Studio's model endpoint) is never asked, so a model with
 /// only such a provider ends with the error event.
 #[tokio::test]
 async fn a_cut_stream_is_continued_on_defaults_where_the_server_continues() {
+    // A llama.cpp-style server: only `/props` answers (the node detects it
+    // by that), and it repeats the prefill before continuing.
+    let (_llama_mock, llama_url) = spawn_mock_with("127.0.0.1:0", &["--residency-api", "llama_cpp"]).await;
+    let on_llama =
+        |id, target, priority| ProviderSpec { priority, ..provider(id, Adapter::Openai, target, "llama", &llama_url) };
     let stack = Stack::start(StackOptions {
         extra_providers: vec![
             on("cuts", Adapter::Ollama, "mock@words=20,cut_after=6", "story", 0),
             on("whole", Adapter::Ollama, "mock@words=20", "story", 1),
             on("studio", Adapter::Openai, "mock@words=20,cut_after=6", "studio", 0),
+            on_llama("llama-cuts", "mock@words=20,cut_after=6", 0),
+            on_llama("llama-whole", "mock@words=20,repeat_prefill", 1),
         ],
         ..StackOptions::default()
     })
     .await;
     // What each node detected arrives with its first residency report.
-    for id in ["cuts", "whole", "studio"] {
+    for id in ["cuts", "whole", "studio", "llama-cuts", "llama-whole"] {
         wait_until(&format!("{id}'s server detected"), WAIT, || async {
             stack.provider_admin(id).await["residency"] != "unknown"
         })
@@ -267,6 +274,10 @@ async fn a_cut_stream_is_continued_on_defaults_where_the_server_continues() {
     assert_eq!(text, WORDS);
     assert_eq!(usage["completion_tokens"], 20, "{usage}");
     assert_eq!(continued(&stack).await, 1.0);
+
+    let (text, _) = chat_answer(&stream_chat(&stack, "llama", json!({})).await);
+    assert_eq!(text, WORDS, "the llama.cpp-style server continued, its repeat of the prefill dropped");
+    assert_eq!(continued(&stack).await, 2.0);
 
     let events = stream_chat(&stack, "studio", json!({})).await;
     assert!(json_of(&events.last().unwrap().1)["error"].is_object(), "{events:?}");
