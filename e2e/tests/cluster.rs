@@ -1005,9 +1005,11 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
                 && c["nodes"][0]["name"] == "mac-1"
                 && c["providers"][0]["id"] == "keyed"
                 && c["providers"][1]["id"] == "mock"
-                && c["credentials"][0]["revision"] == 1
+                && c["credentials"][0]["revision"].as_u64().is_some_and(|r| r >= 1)
         })
     });
+    // A first revision is the time it was given (issue 43 D1: never reused).
+    let first_revision = edge_config(plane, &ns.name).unwrap()["credentials"][0]["revision"].as_u64().unwrap();
     wait_until("Secret iop-node-mac-1", WAIT, || {
         plane.get_json(&["-n", &ns.name, "secret", "iop-node-mac-1"]).is_some()
     });
@@ -1105,14 +1107,25 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     assert!(answer.starts_with("HTTP/1.0 2") || answer.starts_with("HTTP/1.1 2"), "{answer}");
     assert_ne!(chat(edges[0].http, "mock-keyed").0, 200, "the old key is refused");
     plane.kubectl(&["-n", &ns.name, "patch", "secret", "mock-key", "-p", r#"{"stringData":{"api-key":"sk-new"}}"#]);
-    wait_until("revision 2 in the Edge config", WAIT, || {
-        edge_config(plane, &ns.name).is_some_and(|c| c["credentials"][0]["revision"] == 2)
-    });
+    let revision = || edge_config(plane, &ns.name).and_then(|c| c["credentials"][0]["revision"].as_u64());
+    wait_until("a later revision in the Edge config", WAIT, || revision() > Some(first_revision));
+    let rotated = revision().unwrap();
     for (pod, ip) in pods {
         write_mounts(plane, &ns.name, pod, ip);
     }
     for edge in &edges {
         wait_until("the new key through the replica", WAIT, || chat(edge.http, "mock-keyed").0 == 200);
+    }
+    // Issue 43 D1: `iop-edge-credentials` deleted (documented as restorable):
+    // restored with a revision that still goes up, so the node, which has
+    // seen the last one, takes the next lease instead of refusing them all.
+    plane.kubectl(&["-n", &ns.name, "delete", "secret", "iop-edge-credentials"]);
+    wait_until("the credentials restored with a later revision", WAIT, || revision() > Some(rotated));
+    for (pod, ip) in pods {
+        write_mounts(plane, &ns.name, pod, ip);
+    }
+    for edge in &edges {
+        wait_until("the key through the replica after the restore", WAIT, || chat(edge.http, "mock-keyed").0 == 200);
     }
 
     // The provider dies: HEALTH unavailable; it comes back: available.

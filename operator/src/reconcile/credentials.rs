@@ -15,8 +15,10 @@
 //! Secret and key (never the value), and everything else reconciles.
 //!
 //! Revisions: each profile's revision is kept in the annotation
-//! [`REVISIONS_ANNOTATION`] of that Secret and raised whenever its value
-//! changes, so a node refuses leases of an older value after a rotation.
+//! [`REVISIONS_ANNOTATION`] of that Secret (and in the Edge config) and
+//! raised whenever its value changes, so a node refuses leases of an older
+//! value after a rotation; it never goes back, even when that Secret or the
+//! Provider is deleted and re-created ([`revisions`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -75,21 +77,34 @@ pub fn value<'a>(
     check_credential(&value.0).map_err(CredentialProblem::InvalidValue)
 }
 
-/// Each profile's revision: the previous one while its value is unchanged,
-/// one more when it changed, 1 for a new profile.
-pub fn revisions(previous: Option<&Secret>, values: &BTreeMap<String, Vec<u8>>) -> BTreeMap<String, u64> {
+/// Each profile's revision, which only ever goes up: the previous one
+/// while its value is unchanged; otherwise (a changed value, a new profile,
+/// or one whose previous value is gone because [`EDGE_CREDENTIALS_SECRET`]
+/// or its Provider was deleted and re-created) the later of one more than
+/// any revision still known for it (`previous`'s annotation, or
+/// `previous_config`, the Edge config's current profiles) and `now_unix_s`.
+/// A node refuses a lease older than the newest revision it has seen, so a
+/// revision that went back would make it refuse every request; a Unix time
+/// is past every revision given before, even those nothing remembers.
+pub fn revisions(
+    previous: Option<&Secret>,
+    previous_config: &[CredentialProfile],
+    values: &BTreeMap<String, Vec<u8>>,
+    now_unix_s: u64,
+) -> BTreeMap<String, u64> {
     let old_revisions: BTreeMap<String, u64> = previous
         .and_then(|s| s.metadata.annotations.as_ref()?.get(REVISIONS_ANNOTATION))
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_default();
     let old_value = |profile: &str| previous.and_then(|s| s.data.as_ref()?.get(profile)).map(|v| v.0.as_slice());
+    let configured = |profile: &str| previous_config.iter().find(|c| c.profile == profile).map(|c| c.revision);
     values
         .iter()
         .map(|(profile, value)| {
+            let known = old_revisions.get(profile).copied().max(configured(profile));
             let revision = match (old_revisions.get(profile), old_value(profile)) {
-                (Some(&revision), Some(old)) if old == value.as_slice() => revision,
-                (Some(&revision), _) => revision + 1,
-                (None, _) => 1,
+                (Some(&revision), Some(old)) if old == value.as_slice() => revision.max(known.unwrap_or(0)),
+                _ => known.map_or(0, |k| k.saturating_add(1)).max(now_unix_s).max(1),
             };
             (profile.clone(), revision)
         })

@@ -210,7 +210,18 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     if let Some((depth, timeout)) = queue {
         config.limits = Limits { queue_depth: depth, queue_timeout_ms: timeout, ..settings.limits.clone() };
     }
-    let revisions = credentials::revisions(snapshot.edge_credentials.as_ref(), &credential_values);
+    // The profiles the Edge config holds now: their revisions outlive a
+    // deleted credentials Secret.
+    let current_profiles = snapshot
+        .edge_config_map
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref()?.get(CONFIG_KEY))
+        .and_then(|yaml| EdgeConfig::from_yaml(yaml).ok())
+        .map(|c| c.credentials)
+        .unwrap_or_default();
+    let now_unix_s = u64::try_from(now.as_second()).unwrap_or(0);
+    let revisions =
+        credentials::revisions(snapshot.edge_credentials.as_ref(), &current_profiles, &credential_values, now_unix_s);
     config.credentials = credentials::profiles(&revisions);
     config.validate().map_err(BuildError::Config)?;
 

@@ -73,7 +73,7 @@ fn managed_credentials_go_to_their_own_secret_never_to_the_config_map() {
     assert_eq!(prepared.config.providers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["keyed"]);
     assert_eq!(prepared.config.providers[0].credential.as_ref().unwrap().profile, "keyed");
     let profile = &prepared.config.credentials[0];
-    assert_eq!((profile.profile.as_str(), profile.revision), ("keyed", 1));
+    assert_eq!((profile.profile.as_str(), profile.revision), ("keyed", 1000), "a new profile: the time");
     assert_eq!(profile.file, std::path::Path::new("/etc/iop/credentials/keyed"));
     assert_eq!(provider_ready(&prepared, "orphan"), ("False", "CredentialSecretMissing"));
     let yaml = &prepared.config_map.data.as_ref().unwrap()[CONFIG_KEY];
@@ -82,10 +82,18 @@ fn managed_credentials_go_to_their_own_secret_never_to_the_config_map() {
     assert_eq!(stored["keyed"].0, b"sk-secret-1");
     assert_eq!(prepared.credentials.metadata.name.as_deref(), Some("iop-edge-credentials"));
 
-    // Rotated in the referenced Secret: the same profile, the next revision.
+    // Rotated in the referenced Secret: the same profile, a later revision.
     s.edge_credentials = Some(prepared.credentials.clone());
+    s.edge_config_map = Some(prepared.config_map.clone());
     s.secrets.insert("lmstudio".into(), credential_secret(true, b"sk-secret-2"));
-    assert_eq!(build(&s, &settings(), at(1001)).unwrap().config.credentials[0].revision, 2);
+    let rotated = build(&s, &settings(), at(1000)).unwrap();
+    assert_eq!(rotated.config.credentials[0].revision, 1001, "one more, even within the same second");
+
+    // Issue 43 D1: `iop-edge-credentials` deleted; the revision still goes
+    // up (the Edge config remembers it), never back to a first one.
+    s.edge_credentials = None;
+    s.edge_config_map = Some(rotated.config_map.clone());
+    assert_eq!(build(&s, &settings(), at(1000)).unwrap().config.credentials[0].revision, 1002);
 }
 
 /// A Secret with `api-key`, labelled `iop.dev/credential: "true"` or not.
