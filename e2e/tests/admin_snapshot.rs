@@ -85,11 +85,6 @@ async fn get_exact(stack: &Stack, path: &str) -> Value {
     value
 }
 
-async fn set_faults(url: &str, faults: &str) {
-    let response = http_client().post(format!("{url}/mock/faults")).body(faults.to_string()).send().await.unwrap();
-    assert!(response.status().is_success());
-}
-
 #[tokio::test]
 async fn the_admin_snapshots_keep_their_json() {
     const KEY: &str = "sk-admin-1";
@@ -137,7 +132,7 @@ async fn the_admin_snapshots_keep_their_json() {
         stack.provider_admin("ollama-mock").await["last_load_at"].is_string()
     })
     .await;
-    set_faults(&bad_url, "status=500").await;
+    stack.set_mock_faults(&bad_url, "status=500").await;
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("flaky", "hi", false)).await).await;
     assert_ne!(status, 200, "{body}");
     wait_until("every run ended", WAIT, || async {

@@ -11,18 +11,10 @@ mod common;
 use common::*;
 use iop_e2e::harness::{ProviderSpec, wait_until};
 use iop_proto::config::Adapter;
-use serde_json::Value;
 
 const MODEL: &str = "fit";
 /// The small provider's target: the mock refuses prompts over 50 words.
 const SMALL_TARGET: &str = "mock@context_window=50";
-
-/// Chat requests (generations, not metadata calls) the mock got for `target`.
-async fn asked(stack: &Stack, target: &str) -> usize {
-    let response = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
-    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    log.as_array().unwrap().iter().filter(|r| r["path"] == "/api/chat" && r["body"]["model"] == target).count()
-}
 
 #[tokio::test]
 async fn a_prompt_too_long_for_one_provider_goes_to_the_one_whose_window_fits() {
@@ -44,7 +36,11 @@ async fn a_prompt_too_long_for_one_provider_goes_to_the_one_whose_window_fits() 
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], "mock", "the large provider answered: {body}");
     assert_eq!(window.as_deref(), Some("8192"), "the answering provider's window");
-    assert_eq!(asked(&stack, SMALL_TARGET).await, 0, "never sent where it does not fit");
+    assert_eq!(
+        stack.mock_requests(&stack.mock_url, "/api/chat", Some(SMALL_TARGET)).await,
+        0,
+        "never sent where it does not fit"
+    );
 
     let response = stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await;
     assert!(response.headers().get("iop-context-window").is_none());

@@ -12,7 +12,6 @@ mod common;
 use common::*;
 use iop_e2e::harness::ProviderSpec;
 use iop_proto::config::{Adapter, Limits, ProviderMode};
-use serde_json::Value;
 
 /// Short in tests; the real default is 60 s.
 const FIRST_BYTE_MS: u64 = 1_000;
@@ -32,12 +31,6 @@ async fn stack(providers: Vec<ProviderSpec>) -> Stack {
     Stack::start(StackOptions { extra_providers: providers, limits: Some(limits), ..Default::default() }).await
 }
 
-async fn requests_for(stack: &Stack, path: &str, target: &str) -> usize {
-    let response = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
-    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    log.as_array().unwrap().iter().filter(|r| r["path"] == path && r["body"]["model"] == target).count()
-}
-
 async fn node_first_byte_timeouts(stack: &Stack, kind: &str) -> f64 {
     let url = stack.node_metrics.clone().unwrap();
     stack.metric_at(&url, &format!("iop_node_first_byte_timeouts_total{{kind=\"{kind}\"}}")).await
@@ -50,7 +43,7 @@ async fn a_provider_that_never_answers_is_abandoned_at_its_first_byte_deadline()
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("fb", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], FALLBACK, "answered by the other provider");
-    assert_eq!(requests_for(&stack, "/v1/chat/completions", silent).await, 1);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(silent)).await, 1);
     assert_eq!(node_first_byte_timeouts(&stack, "run").await, 1.0, "labelled first_byte on the node");
     assert!(stack.metric("iop_edge_attempts_total{provider=\"silent\",outcome=\"retried\"}").await >= 1.0);
 }
@@ -75,7 +68,7 @@ async fn late_headers_within_the_deadline_are_waited_for() {
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("fb", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], slow, "the slow provider answered");
-    assert_eq!(requests_for(&stack, "/v1/chat/completions", FALLBACK).await, 0);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await, 0);
 }
 
 #[tokio::test]
@@ -86,7 +79,7 @@ async fn headers_are_the_first_byte_so_a_long_prefill_is_not_abandoned() {
     let stack = stack(vec![p("prefill", prefill, "fb", 0, FIRST_BYTE_MS), p("spare", FALLBACK, "fb", 1, 0)]).await;
     let events = sse_events(stack.post("/v1/chat/completions", &chat_body("fb", "hi", true)).await).await;
     assert_eq!(streamed_text(&events), "w1 w2 w3");
-    assert_eq!(requests_for(&stack, "/v1/chat/completions", FALLBACK).await, 0);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await, 0);
     assert_eq!(node_first_byte_timeouts(&stack, "run").await, 0.0);
 }
 
@@ -99,6 +92,10 @@ async fn a_lone_silent_provider_is_replayed_on_once_then_the_client_gets_the_sta
     let stack = stack(vec![p("lone", silent, "fb-lone", 0, FIRST_BYTE_MS)]).await;
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("fb-lone", "hi", false)).await).await;
     assert_eq!(body["error"]["code"], "response_stalled", "{status} {body}");
-    assert_eq!(requests_for(&stack, "/v1/chat/completions", silent).await, 2, "the first try and one replay");
+    assert_eq!(
+        stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(silent)).await,
+        2,
+        "the first try and one replay"
+    );
     assert_eq!(node_first_byte_timeouts(&stack, "run").await, 2.0);
 }

@@ -17,18 +17,6 @@ use serde_json::{Value, json};
 
 const MODEL: &str = "paced";
 
-async fn set_faults(stack: &Stack, url: &str, faults: &str) {
-    let response = stack.client.post(format!("{url}/mock/faults")).body(faults.to_string()).send().await.unwrap();
-    assert!(response.status().is_success());
-}
-
-/// Chat requests the mock at `url` received.
-async fn generations(stack: &Stack, url: &str) -> usize {
-    let response = stack.client.get(format!("{url}/mock/requests")).send().await.unwrap();
-    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    log.as_array().unwrap().iter().filter(|r| r["path"] == "/api/chat").count()
-}
-
 /// A stack whose model has a preferred provider on its own mock (returned)
 /// and a fallback on the stack's, its node on the test pace floor.
 async fn stack() -> (Stack, Proc, String) {
@@ -67,14 +55,14 @@ async fn learn_the_pace(stack: &Stack) {
 #[tokio::test]
 async fn headers_then_nothing_is_left_at_the_learned_first_token_deadline() {
     let (stack, _primary_mock, primary_url) = stack().await;
-    set_faults(&stack, &primary_url, "words=8,chunk_delay_ms=5").await;
+    stack.set_mock_faults(&primary_url, "words=8,chunk_delay_ms=5").await;
     learn_the_pace(&stack).await;
 
-    set_faults(&stack, &primary_url, "first_token_delay_ms=600000").await;
-    let fallback_before = generations(&stack, &stack.mock_url).await;
+    stack.set_mock_faults(&primary_url, "first_token_delay_ms=600000").await;
+    let fallback_before = stack.mock_requests(&stack.mock_url, "/api/chat", None).await;
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
     assert_eq!(status, 200, "the fallback answers: {body}");
-    assert_eq!(generations(&stack, &stack.mock_url).await, fallback_before + 1);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/api/chat", None).await, fallback_before + 1);
     let retried = "iop_edge_attempts_total{provider=\"primary\",outcome=\"retried\"}";
     assert_eq!(stack.metric(retried).await, 1.0, "one attempt left at its deadline");
 }
@@ -85,14 +73,14 @@ async fn headers_then_nothing_is_left_at_the_learned_first_token_deadline() {
 #[tokio::test]
 async fn a_stall_is_cut_at_the_learned_inter_token_deadline() {
     let (stack, _primary_mock, primary_url) = stack().await;
-    set_faults(&stack, &primary_url, "words=20,chunk_delay_ms=5").await;
+    stack.set_mock_faults(&primary_url, "words=20,chunk_delay_ms=5").await;
     learn_the_pace(&stack).await;
     wait_until("the fallback's server detected", WAIT, || async {
         stack.provider_admin("fallback").await["residency"] != "unknown"
     })
     .await;
 
-    set_faults(&stack, &primary_url, "words=20,stall_after=3").await;
+    stack.set_mock_faults(&primary_url, "words=20,stall_after=3").await;
     let body = json!({ "model": MODEL, "stream": true, "messages": [{ "role": "user", "content": "count" }] });
     let events = stack.post("/v1/chat/completions", &body).await.text().await.unwrap();
     let text: String = events

@@ -20,18 +20,6 @@ const THRESHOLD: u32 = 3;
 /// did not run out while it asserted the ejection.
 const EJECTION_MS: u64 = 6_000;
 
-/// Chat requests the mock at `url` received.
-async fn generations(stack: &Stack, url: &str) -> usize {
-    let response = stack.client.get(format!("{url}/mock/requests")).send().await.unwrap();
-    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    log.as_array().unwrap().iter().filter(|r| r["path"] == "/v1/chat/completions").count()
-}
-
-async fn set_faults(stack: &Stack, url: &str, faults: &str) {
-    let response = stack.client.post(format!("{url}/mock/faults")).body(faults.to_string()).send().await.unwrap();
-    assert!(response.status().is_success());
-}
-
 async fn ask(stack: &Stack) -> Value {
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
     assert_eq!(status, 200, "the healthy provider answers every request: {body}");
@@ -74,7 +62,7 @@ async fn a_provider_failing_every_generation_is_ejected_then_returns() {
     let retried = r#"iop_edge_attempts_total{provider="bad",outcome="retried"}"#;
 
     // The preferred provider refuses every generation; its probe still answers.
-    set_faults(&stack, &bad_url, "status=500").await;
+    stack.set_mock_faults(&bad_url, "status=500").await;
     let mut asked = 0;
     while stack.provider_admin("bad").await["ejected_until"].is_null() {
         assert!(asked < 2 * THRESHOLD, "still not ejected after {asked} requests");
@@ -90,25 +78,36 @@ async fn a_provider_failing_every_generation_is_ejected_then_returns() {
     assert_eq!(stack.metric(r#"iop_edge_provider_ejected{provider="bad"}"#).await, 1.0);
 
     // Ejected: straight to the healthy provider, no failed attempt first.
-    let (failed_before, bad_before, good_before) =
-        (stack.metric(retried).await, generations(&stack, &bad_url).await, generations(&stack, &good_url).await);
+    let (failed_before, bad_before, good_before) = (
+        stack.metric(retried).await,
+        stack.mock_requests(&bad_url, "/v1/chat/completions", None).await,
+        stack.mock_requests(&good_url, "/v1/chat/completions", None).await,
+    );
     for _ in 0..4 {
         ask(&stack).await;
     }
     assert!(now_ms() < until, "the ejection ran out while the test asserted it: raise EJECTION_MS");
-    assert_eq!(generations(&stack, &bad_url).await, bad_before, "the ejected provider got no generation");
+    assert_eq!(
+        stack.mock_requests(&bad_url, "/v1/chat/completions", None).await,
+        bad_before,
+        "the ejected provider got no generation"
+    );
     assert_eq!(stack.metric(retried).await, failed_before, "no request paid a failed attempt");
-    assert_eq!(generations(&stack, &good_url).await, good_before + 4);
+    assert_eq!(stack.mock_requests(&good_url, "/v1/chat/completions", None).await, good_before + 4);
 
     // Fixed, and the ejection time passed: its trial request succeeds and it
     // takes traffic again.
-    set_faults(&stack, &bad_url, "").await;
+    stack.set_mock_faults(&bad_url, "").await;
     wait_until("the ejection ends", WAIT, || async { stack.provider_admin("bad").await["ejected_until"].is_null() })
         .await;
-    let bad_before = generations(&stack, &bad_url).await;
+    let bad_before = stack.mock_requests(&bad_url, "/v1/chat/completions", None).await;
     ask(&stack).await;
     ask(&stack).await;
-    assert_eq!(generations(&stack, &bad_url).await, bad_before + 2, "the preferred provider answers again");
+    assert_eq!(
+        stack.mock_requests(&bad_url, "/v1/chat/completions", None).await,
+        bad_before + 2,
+        "the preferred provider answers again"
+    );
     let admin = stack.provider_admin("bad").await;
     assert_eq!((admin["ejected_until"].clone(), admin["consecutive_failures"].clone()), (Value::Null, 0.into()));
     assert_eq!(stack.metric(r#"iop_edge_provider_ejected{provider="bad"}"#).await, 0.0);
@@ -132,15 +131,18 @@ async fn when_every_provider_is_ejected_requests_still_reach_them() {
         ..Default::default()
     })
     .await;
-    set_faults(&stack, &url, "status=500").await;
+    stack.set_mock_faults(&url, "status=500").await;
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
     assert_ne!(status, 200, "{body}");
     assert!(!stack.provider_admin("only").await["ejected_until"].is_null());
-    let before = generations(&stack, &url).await;
+    let before = stack.mock_requests(&url, "/v1/chat/completions", None).await;
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(MODEL, "hi", false)).await).await;
     assert_ne!(body["error"]["code"], "no_provider_available", "{status} {body}");
-    assert!(generations(&stack, &url).await > before, "panic routing: the ejected provider is still asked");
-    set_faults(&stack, &url, "").await;
+    assert!(
+        stack.mock_requests(&url, "/v1/chat/completions", None).await > before,
+        "panic routing: the ejected provider is still asked"
+    );
+    stack.set_mock_faults(&url, "").await;
     ask(&stack).await;
     assert!(stack.provider_admin("only").await["ejected_until"].is_null(), "a success brings it back");
 }
@@ -152,9 +154,13 @@ async fn when_every_provider_is_ejected_requests_still_reach_them() {
 async fn a_retry_never_goes_to_the_provider_its_failure_ejected() {
     let (stack, _bad_mock, bad_url) =
         bad_and_good(OutlierConfig { consecutive_failures: 1, ..Default::default() }).await;
-    set_faults(&stack, &bad_url, "status=500").await;
+    stack.set_mock_faults(&bad_url, "status=500").await;
     let body = ask(&stack).await;
-    assert_eq!(generations(&stack, &bad_url).await, 1, "one failed attempt on it, no retry there: {body}");
+    assert_eq!(
+        stack.mock_requests(&bad_url, "/v1/chat/completions", None).await,
+        1,
+        "one failed attempt on it, no retry there: {body}"
+    );
     assert!(!stack.provider_admin("bad").await["ejected_until"].is_null());
     let path = r#"iop_edge_retry_paths_total{path="lower_priority"}"#;
     assert_eq!(stack.metric(path).await, 1.0);
@@ -174,7 +180,7 @@ async fn an_ejected_provider_gets_one_trial_per_ejection_and_returns_after_its_f
         ..Default::default()
     })
     .await;
-    set_faults(&stack, &bad_url, "status=500").await;
+    stack.set_mock_faults(&bad_url, "status=500").await;
     // Back to back for a while: its two failures, then one trial per
     // ejection time (1 s, then 2 s), each a failure that ejects it again.
     let started = std::time::Instant::now();
@@ -185,12 +191,12 @@ async fn an_ejected_provider_gets_one_trial_per_ejection_and_returns_after_its_f
         assert!(started.elapsed() < WAIT, "no third ejection after {asked} requests");
     }
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    let trials = generations(&stack, &bad_url).await - 2;
+    let trials = stack.mock_requests(&bad_url, "/v1/chat/completions", None).await - 2;
     assert!(trials <= (elapsed_ms / BASE_MS + 1) as usize, "{trials} trials in {elapsed_ms} ms ({asked} requests)");
     assert!(asked > trials + 2, "the other requests went to the healthy provider");
 
     // Fixed: the next trial succeeds and it takes traffic again.
-    set_faults(&stack, &bad_url, "").await;
+    stack.set_mock_faults(&bad_url, "").await;
     let fixed = std::time::Instant::now();
     wait_until("back in selection", WAIT, || async {
         ask(&stack).await;
@@ -199,8 +205,12 @@ async fn an_ejected_provider_gets_one_trial_per_ejection_and_returns_after_its_f
             && !stack.provider_admin("bad").await["on_trial"].as_bool().unwrap_or(true)
     })
     .await;
-    let bad_before = generations(&stack, &bad_url).await;
+    let bad_before = stack.mock_requests(&bad_url, "/v1/chat/completions", None).await;
     ask(&stack).await;
-    assert_eq!(generations(&stack, &bad_url).await, bad_before + 1, "the preferred provider answers again");
+    assert_eq!(
+        stack.mock_requests(&bad_url, "/v1/chat/completions", None).await,
+        bad_before + 1,
+        "the preferred provider answers again"
+    );
     eprintln!("back {:?} after the fix (the longest ejection is {} ms)", fixed.elapsed(), 2 * BASE_MS);
 }

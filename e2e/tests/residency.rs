@@ -26,9 +26,7 @@ const LOAD_MS: u64 = 1_500;
 
 /// Chat requests the mock at `url` received.
 async fn generations(stack: &Stack, url: &str) -> usize {
-    let response = stack.client.get(format!("{url}/mock/requests")).send().await.unwrap();
-    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    log.as_array().unwrap().iter().filter(|r| r["path"] == "/api/chat" || r["path"] == "/v1/chat/completions").count()
+    stack.mock_requests(url, "/api/chat", None).await + stack.mock_requests(url, "/v1/chat/completions", None).await
 }
 
 async fn stats(stack: &Stack, url: &str) -> Value {
@@ -53,11 +51,6 @@ async fn set_residency(stack: &Stack, url: &str, loaded: bool) {
         .await
         .unwrap();
     assert!(response.status().is_success(), "{}", response.status());
-}
-
-async fn set_faults(stack: &Stack, url: &str, faults: &str) {
-    let response = stack.client.post(format!("{url}/mock/faults")).body(faults.to_string()).send().await.unwrap();
-    assert!(response.status().is_success());
 }
 
 async fn ask(stack: &Stack, model: &str) -> Value {
@@ -96,7 +89,7 @@ async fn the_loaded_provider_takes_the_traffic_and_the_cold_one_only_under_load(
 
     // Busy: three runs held on the warm Mac (its in-flight 0, 1, 2 all cost
     // no more than the cold one's penalty of 2), then a fourth goes cold.
-    set_faults(&stack, &warm_url, "hold=busy").await;
+    stack.set_mock_faults(&warm_url, "hold=busy").await;
     let held: Vec<_> = (0..3)
         .map(|_| {
             let client = stack.client.clone();
@@ -122,7 +115,7 @@ async fn the_loaded_provider_takes_the_traffic_and_the_cold_one_only_under_load(
     // it after the fault was cleared would end and free its place.
     wait_until("the three runs held at the warm mock", WAIT, || async { generations(&stack, &warm_url).await == 9 })
         .await;
-    set_faults(&stack, &warm_url, "").await;
+    stack.set_mock_faults(&warm_url, "").await;
     assert_eq!(generations(&stack, &cold_url).await, 0, "three in flight is not yet past the penalty");
     let body = ask(&stack, MODEL).await;
     assert!(body["choices"][0]["message"]["content"].as_str().unwrap().contains("mock provider"), "{body}");

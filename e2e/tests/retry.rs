@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use common::*;
 use iop_e2e::harness::ProviderSpec;
 use iop_proto::config::{Adapter, RetryConfig, RouteRetry};
-use serde_json::Value;
 
 fn p(id: &str, target: &str, public: &str, priority: u32) -> ProviderSpec {
     let mut spec = provider(id, Adapter::Openai, target, public, "");
@@ -22,17 +21,6 @@ fn p(id: &str, target: &str, public: &str, priority: u32) -> ProviderSpec {
 
 async fn stack_with(providers: Vec<ProviderSpec>, retry: RetryConfig) -> Stack {
     Stack::start(StackOptions { extra_providers: providers, retry, ..Default::default() }).await
-}
-
-/// How many chat requests the mock saw for target model `target`.
-async fn requests_for(stack: &Stack, target: &str) -> usize {
-    let response = stack.client.get(format!("{}/mock/requests", stack.mock_url)).send().await.unwrap();
-    let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    log.as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["path"] == "/v1/chat/completions" && r["body"]["model"] == target)
-        .count()
 }
 
 async fn path_count(stack: &Stack, path: &str) -> f64 {
@@ -52,8 +40,16 @@ async fn primary_answers_after_one_failure(knobs: &str) {
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], primary.as_str(), "answered by the primary");
-    assert_eq!(requests_for(&stack, &primary).await, 2, "the primary failed once, then answered");
-    assert_eq!(requests_for(&stack, FALLBACK).await, 0, "the fallback saw no request");
+    assert_eq!(
+        stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(&primary)).await,
+        2,
+        "the primary failed once, then answered"
+    );
+    assert_eq!(
+        stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await,
+        0,
+        "the fallback saw no request"
+    );
     assert_eq!(path_count(&stack, "same_provider").await, 1.0);
     assert_eq!(path_count(&stack, "lower_priority").await, 0.0);
 }
@@ -77,7 +73,11 @@ async fn a_retry_after_past_the_max_wait_drops_to_the_fallback_at_once() {
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], FALLBACK);
-    assert_eq!(requests_for(&stack, primary).await, 1, "no retry on the primary");
+    assert_eq!(
+        stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(primary)).await,
+        1,
+        "no retry on the primary"
+    );
     assert_eq!(path_count(&stack, "lower_priority").await, 1.0);
     assert_eq!(path_count(&stack, "same_provider").await, 0.0);
 }
@@ -93,7 +93,7 @@ async fn a_route_override_of_zero_drops_to_the_fallback_at_once() {
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], FALLBACK);
-    assert_eq!(requests_for(&stack, primary).await, 1);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(primary)).await, 1);
     assert_eq!(path_count(&stack, "lower_priority").await, 1.0);
 }
 
@@ -113,14 +113,20 @@ async fn an_equal_provider_answers_at_once_without_a_same_provider_retry() {
         let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("eq", "hi", false)).await).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["model"], equal);
-        if requests_for(&stack, flaky).await > 0 {
+        if stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(flaky)).await > 0 {
             break;
         }
     }
-    assert!(requests_for(&stack, flaky).await > 0, "round robin reached the flaky provider");
-    assert_eq!(path_count(&stack, "equal_provider").await, requests_for(&stack, flaky).await as f64);
+    assert!(
+        stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(flaky)).await > 0,
+        "round robin reached the flaky provider"
+    );
+    assert_eq!(
+        path_count(&stack, "equal_provider").await,
+        stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(flaky)).await as f64
+    );
     assert_eq!(path_count(&stack, "same_provider").await, 0.0, "no wait for the flaky provider");
-    assert_eq!(requests_for(&stack, FALLBACK).await, 0);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await, 0);
 }
 
 #[tokio::test]
@@ -131,5 +137,5 @@ async fn a_streaming_request_is_retried_on_the_primary_too() {
             .await;
     let events = sse_events(stack.post("/v1/chat/completions", &chat_body("pri", "hi", true)).await).await;
     assert_eq!(streamed_text(&events), "w1 w2 w3");
-    assert_eq!(requests_for(&stack, FALLBACK).await, 0);
+    assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await, 0);
 }

@@ -470,6 +470,21 @@ impl Stack {
         .await;
     }
 
+    /// Requests the mock at `url` logged on `path` (`GET /mock/requests`),
+    /// only those naming `target` as their model when given.
+    pub async fn mock_requests(&self, url: &str, path: &str, target: Option<&str>) -> usize {
+        let response = self.client.get(format!("{url}/mock/requests")).send().await.unwrap();
+        let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        let log = log.as_array().unwrap().iter().filter(|r| r["path"] == path);
+        log.filter(|r| target.is_none_or(|t| r["body"]["model"] == t)).count()
+    }
+
+    /// Replaces the default fault knobs of the mock at `url` (`POST /mock/faults`).
+    pub async fn set_mock_faults(&self, url: &str, faults: &str) {
+        let response = self.client.post(format!("{url}/mock/faults")).body(faults.to_string()).send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+    }
+
     /// `/admin/v1/providers` entry of provider `id`.
     pub async fn provider_admin(&self, id: &str) -> Value {
         let all = self.get_json("/admin/v1/providers").await;
