@@ -348,16 +348,15 @@ impl AdmissionPool {
         let policy = state.outlier_policy;
         let gates: Vec<Gate> =
             request.candidates.iter().map(|c| state.outliers.gate(&c.provider.id, now, &policy)).collect();
-        let gates_of =
-            |id: &str| request.candidates.iter().position(|c| c.provider.id == id).map_or(Gate::Open, |i| gates[i]);
         let views: Vec<CandidateView> = request
             .candidates
             .iter()
             .zip(&provider_views)
-            .map(|(c, Standing { view, cold })| {
+            .zip(&gates)
+            .map(|((c, Standing { view, cold }), gate)| {
                 let slots = state.slots.get(&c.provider.id);
                 let avoided = request.avoid.get(&c.provider.id);
-                let ejected = gates_of(&c.provider.id) == Gate::Closed;
+                let ejected = *gate == Gate::Closed;
                 CandidateView {
                     priority: c.priority,
                     eligible: view.dispatchable_on.is_some() && slots.is_some(),

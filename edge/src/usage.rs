@@ -268,8 +268,8 @@ impl Accounting {
     }
 
     fn charge(&self, account: &Account, usage: &pb::Usage, relayed: u64) {
-        // Bounded as it arrived (`Account::bound`); bounded again in case
-        // it came before the answer it counts.
+        // Bounded as it arrived (`Account::bound`): here the clamp only
+        // reads it into a charge.
         let (charge, _) = account.bounds.clamp(usage, relayed);
         let (principal, model) = (&account.principal, &account.model);
         self.ledger.charge(principal, model, &charge);

@@ -86,7 +86,8 @@ struct RequestRecord {
     /// Set once the request was authenticated.
     caller: Option<Caller>,
     /// The answer's token usage, as the last usage event (or a tunnel's
-    /// end) reported it; accounted when the record drops (`crate::usage`).
+    /// end) reported it, for the request's span. Tokens are charged per
+    /// attempt by the attempt's run (`crate::dispatch`, `crate::usage`).
     usage: Option<pb::Usage>,
     /// The answering provider's context window, when the route's providers
     /// too small for the prompt were left out (`gate::Committed`).
@@ -667,9 +668,10 @@ impl Drop for TunnelBody {
     /// have had every byte: an SDK closes at `[DONE]` or at the
     /// Content-Length, and the node's End frame, which carries the usage
     /// the node read, comes after the last body bytes. So the next frame is
-    /// awaited briefly, off the client's path: an End is accounted with its
-    /// usage (the provider did that work); anything else ends the run as a
-    /// drop always did.
+    /// awaited briefly, off the client's path: an End completes the run (its
+    /// lease released as completed, its usage charged by the run and noted
+    /// on the span); anything else ends the run as a drop always did (the
+    /// run then drains for its usage: `crate::dispatch`).
     fn drop(&mut self) {
         use pb::provider_tunnel_frame::Frame;
         let (Some(mut rest), Some(mut record)) = (self.rest.take(), self.record.take()) else { return };
@@ -678,7 +680,7 @@ impl Drop for TunnelBody {
             if let Ok(Some(Frame::End(end))) = tokio::time::timeout(TUNNEL_END_GRACE, rest.next()).await {
                 record.usage = end.usage;
             }
-            // Accounted here, then the run ends (whole values: a field
+            // Counted here, then the run ends (whole values: a field
             // capture would drop the record at once).
             drop(record);
             drop(rest);
@@ -709,7 +711,7 @@ fn tunnel_response(
         let item = match body.rest.as_mut()?.next().await? {
             Frame::Body(bytes) => Ok(Bytes::from(bytes)),
             Frame::End(end) => {
-                // Accounted (with the usage the node read) as the record drops.
+                // For the span; the run charged it.
                 record.usage = end.usage;
                 // The run is over: nothing for the drop to wait for.
                 drop(body.rest.take());
