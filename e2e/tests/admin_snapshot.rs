@@ -170,7 +170,7 @@ async fn the_admin_snapshots_keep_their_json() {
             },
             {
                 "adapter": "openai", "capacity": 4, "consecutive_failures": 0,
-                "credential": {"problem": null, "profile": "lm", "state": "ok"}, "dispatchable": true,
+                "credential": {"node_refusal": null, "problem": null, "profile": "lm", "state": "ok"}, "dispatchable": true,
                 "ejected_until": null, "ejections": 0, "health": "available", "id": "keyed", "in_flight": 0,
                 "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null, "model_memory": null,
                 "models": [{"name": "keyed", "priority": 0}], "node": "mac-1", "node_ready": true, "on_trial": false,
@@ -189,7 +189,8 @@ async fn the_admin_snapshots_keep_their_json() {
             {
                 "adapter": "ollama", "capacity": 4, "consecutive_failures": 0,
                 "credential": {
-                    "problem": "the value must be printable ASCII without spaces", "profile": "broken", "state": "invalid"
+                    "node_refusal": null, "problem": "the value must be printable ASCII without spaces",
+                    "profile": "broken", "state": "invalid"
                 },
                 "dispatchable": false, "ejected_until": null, "ejections": 0, "health": "unavailable",
                 "id": "away", "in_flight": 0, "last_load_at": null, "last_load_seconds": null, "learned_stall_ms": null,

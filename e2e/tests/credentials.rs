@@ -126,6 +126,27 @@ async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_with
     })
     .await;
     assert_eq!(node_metric(&stack, "iop_node_credential_lease_rejections_total{reason=\"revoked\"}").await, 1.0);
+    // Issue 43 D1: what users see says so, not `available`.
+    let admin = stack.provider_admin("keyed").await;
+    assert_eq!(
+        (admin["credential"]["state"].as_str(), admin["credential"]["node_refusal"].as_str()),
+        (Some("refused_by_node"), Some("revoked")),
+        "{admin}"
+    );
+    assert_eq!(admin["health"], "unavailable", "{admin}");
+    let health = stack.metric("iop_edge_provider_credential{provider=\"keyed\",state=\"refused_by_node\"}").await;
+    assert_eq!(health, 1.0);
+    // The working key at a later revision (what the operator gives after
+    // any restore) is taken: the refusal is over.
+    std::fs::write(stack.dir.path().join("lm.key"), "sk-lmstudio-2\n").unwrap();
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    std::fs::write(&stack.edge_config, text.replace("revision: 1", "revision: 3")).unwrap();
+    wait_until("the later revision accepted", WAIT, || async {
+        stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await.status() == 200
+    })
+    .await;
+    let admin = stack.provider_admin("keyed").await;
+    assert_eq!((admin["credential"]["state"].as_str(), admin["health"].as_str()), (Some("ok"), Some("available")));
 }
 
 /// Every request through a stack whose Edge seals leases wrongly in one way:
@@ -146,6 +167,14 @@ async fn refused_with(fault: &'static str, reason: &str, answered_first: bool) {
     assert_eq!(keyed_requests(&stack, &url).await, before, "{fault}: the provider was not called");
     let sample = format!("iop_node_credential_lease_rejections_total{{reason=\"{reason}\"}}");
     assert_eq!(node_metric(&stack, &sample).await, 1.0, "{fault}");
+    // The Edge shows the node's refusal and its reason (issue 43 D1).
+    let admin = stack.provider_admin("keyed").await;
+    let credential = &admin["credential"];
+    assert_eq!(
+        (credential["state"].as_str(), credential["node_refusal"].as_str()),
+        (Some("refused_by_node"), Some(reason))
+    );
+    assert_eq!(admin["health"], "unavailable", "{fault}: {admin}");
     // Its sibling serves the same model under the same profile: it was not
     // tried instead.
     let failed = "iop_edge_attempts_total{provider=\"keyed\",outcome=\"failed\"}";
@@ -190,7 +219,10 @@ async fn a_disabled_profile_takes_its_providers_out() {
     wait_until("the reload", WAIT, || async { stack.get_json("/admin/v1/config").await["config"]["revision"] == 2 })
         .await;
     let admin = stack.provider_admin("keyed").await;
-    assert_eq!(admin["credential"], serde_json::json!({"profile": "lm", "state": "disabled", "problem": null}));
+    assert_eq!(
+        admin["credential"],
+        serde_json::json!({"profile": "lm", "state": "disabled", "problem": null, "node_refusal": null})
+    );
     let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await).await;
     assert_eq!((status, body["error"]["code"].as_str()), (503, Some("no_provider_available")), "{body}");
     assert_eq!(keyed_requests(&stack, &url).await, 0);

@@ -101,7 +101,9 @@ impl Credentials {
             None => Loaded::Invalid(ValueProblem::Unreadable),
             Some(p) if p.disabled => Loaded::Disabled,
             Some(Profile { secret: Err(problem), .. }) => Loaded::Invalid(*problem),
-            Some(Profile { secret: Ok(secret), .. }) => Loaded::Usable(fingerprint(secret)),
+            Some(Profile { secret: Ok(secret), revision, .. }) => {
+                Loaded::Usable(Issued { value: fingerprint(secret), revision: *revision })
+            }
         }
     }
 }
@@ -114,17 +116,25 @@ fn fingerprint(secret: &[u8]) -> Fingerprint {
     crate::auth::sha256(secret)
 }
 
+/// One issued credential: its value and the revision it was leased with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Issued {
+    value: Fingerprint,
+    revision: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Loaded {
-    Usable(Fingerprint),
+    Usable(Issued),
     Disabled,
     Invalid(ValueProblem),
 }
 
 /// What the Edge knows about each profile's credential: what its file gave
-/// (installed with every config) and the providers' rejections of it. The
-/// one definition of [`CredentialState`], shared by admission, the admin
-/// snapshot and the metric.
+/// (installed with every config), the providers' rejections of it and the
+/// nodes' refusals of its leases. The one definition of
+/// [`CredentialState`], shared by admission, the admin snapshot and the
+/// metric.
 #[derive(Debug, Default)]
 pub struct CredentialHealth {
     inner: std::sync::Mutex<HealthInner>,
@@ -135,31 +145,46 @@ struct HealthInner {
     loaded: HashMap<String, Loaded>,
     /// Profile -> the value a provider rejected.
     rejected: HashMap<String, Fingerprint>,
+    /// (profile, node) -> the issue that node refused to open, and why. Per
+    /// node: a node's refusal (a revision older than one it has seen, say)
+    /// says nothing of the profile's providers on other nodes.
+    refused: HashMap<(String, String), (Issued, pb::LeaseRefusal)>,
 }
 
 impl CredentialHealth {
-    /// Takes the profiles of a newly applied config. A rejection stays only
-    /// while the profile still holds the rejected value.
+    /// Takes the profiles of a newly applied config. A provider's rejection
+    /// stays only while the profile still holds the rejected value; a node's
+    /// refusal only while it holds the refused value and revision (a new
+    /// revision is what a node that refused an older one takes).
     pub fn install(&self, credentials: &Credentials) {
         let mut inner = self.inner.lock().unwrap();
         inner.loaded = credentials.profiles.keys().map(|p| (p.clone(), credentials.loaded(p))).collect();
-        let HealthInner { loaded, rejected } = &mut *inner;
-        rejected.retain(|profile, value| loaded.get(profile) == Some(&Loaded::Usable(*value)));
+        let HealthInner { loaded, rejected, refused } = &mut *inner;
+        rejected.retain(|profile, value| matches!(loaded.get(profile), Some(Loaded::Usable(i)) if i.value == *value));
+        refused.retain(|(profile, _), (issued, _)| loaded.get(profile) == Some(&Loaded::Usable(*issued)));
     }
 
-    pub fn state(&self, profile: &str) -> CredentialState {
+    /// The state of `profile` as used by providers on `node`.
+    pub fn state(&self, profile: &str, node: &str) -> CredentialState {
         let inner = self.inner.lock().unwrap();
         match inner.loaded.get(profile) {
             None | Some(Loaded::Invalid(_)) => CredentialState::Invalid,
             Some(Loaded::Disabled) => CredentialState::Disabled,
-            Some(Loaded::Usable(value)) if inner.rejected.get(profile) == Some(value) => CredentialState::Rejected,
-            Some(Loaded::Usable(_)) => CredentialState::Ok,
+            Some(Loaded::Usable(issued)) => {
+                if inner.refused.get(&(profile.to_string(), node.to_string())).is_some_and(|(i, _)| i == issued) {
+                    CredentialState::RefusedByNode
+                } else if inner.rejected.get(profile) == Some(&issued.value) {
+                    CredentialState::Rejected
+                } else {
+                    CredentialState::Ok
+                }
+            }
         }
     }
 
     /// The state of `provider`'s managed credential; `None` without one.
     pub fn of_provider(&self, provider: &ProviderEntry) -> Option<CredentialState> {
-        provider.credential.as_ref().map(|c| self.state(&c.profile))
+        provider.credential.as_ref().map(|c| self.state(&c.profile, &provider.node))
     }
 
     /// Why a profile is invalid, for the admin snapshot.
@@ -171,30 +196,60 @@ impl CredentialHealth {
         }
     }
 
+    /// Why `node` refused the leases of `profile`, while it does.
+    pub fn refusal(&self, profile: &str, node: &str) -> Option<pb::LeaseRefusal> {
+        let inner = self.inner.lock().unwrap();
+        inner.refused.get(&(profile.to_string(), node.to_string())).map(|(_, reason)| *reason)
+    }
+
     /// A provider answered 401/403 to a run sealed with `used`.
     pub fn record_rejection(&self, used: &CredentialUse) {
-        let newly = self.inner.lock().unwrap().rejected.insert(used.profile.clone(), used.value) != Some(used.value);
+        let value = used.issued.value;
+        let newly = self.inner.lock().unwrap().rejected.insert(used.profile.clone(), value) != Some(value);
         if newly {
             tracing::warn!(profile = %used.profile, "a provider rejected its managed credential (HTTP 401/403)");
         }
     }
 
-    /// A provider accepted a run sealed with `used`: a rejection of that
-    /// same value is over.
+    /// The node refused to open a lease of `used` (`reason`, its own closed
+    /// reason): no provider was called.
+    pub fn record_refusal(&self, used: &CredentialUse, reason: pb::LeaseRefusal) {
+        let key = (used.profile.clone(), used.node.clone());
+        let newly =
+            self.inner.lock().unwrap().refused.insert(key, (used.issued, reason)) != Some((used.issued, reason));
+        if newly {
+            tracing::warn!(
+                profile = %used.profile,
+                node = %used.node,
+                revision = used.issued.revision,
+                reason = reason.label(),
+                "a node refused the leases of a managed credential; its providers there are unavailable \
+                 until the node accepts one or the credential's revision changes"
+            );
+        }
+    }
+
+    /// A provider accepted a run sealed with `used` (so its node opened the
+    /// lease): a rejection of that same value, and the node's refusal of it,
+    /// are over.
     pub fn record_acceptance(&self, used: &CredentialUse) {
         let mut inner = self.inner.lock().unwrap();
-        if inner.rejected.get(&used.profile) == Some(&used.value) {
+        if inner.rejected.get(&used.profile) == Some(&used.issued.value) {
             inner.rejected.remove(&used.profile);
             tracing::info!(profile = %used.profile, "a provider accepted its managed credential again");
+        }
+        if inner.refused.remove(&(used.profile.clone(), used.node.clone())).is_some() {
+            tracing::info!(profile = %used.profile, node = %used.node, "a node opened a managed credential's lease again");
         }
     }
 }
 
-/// Which credential value an attempt's lease carried.
+/// Which credential a lease carried, to which node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CredentialUse {
     pub profile: String,
-    value: Fingerprint,
+    pub node: String,
+    issued: Issued,
 }
 
 /// A test-only way to make the Edge send bad leases, so that end-to-end
@@ -318,7 +373,11 @@ impl Sealer<'_> {
             _ => {}
         }
         self.metrics.leases_sealed.inc();
-        let used = CredentialUse { profile: credential.profile.clone(), value: fingerprint(secret) };
+        let used = CredentialUse {
+            profile: credential.profile.clone(),
+            node: lease.node().to_string(),
+            issued: Issued { value: fingerprint(secret), revision: profile.revision },
+        };
         Ok(Some(Sealed { lease: sealed, used }))
     }
 }

@@ -413,6 +413,15 @@ pub async fn execute_in(
         // the client's bad key).
         let credential_refused =
             failure.kind() == FailureKind::ProviderHttpStatus && rejects_credential(failure.provider_status);
+        // The node refused the lease itself (no provider was called): the
+        // provider is shown unavailable there until the node opens one.
+        if failure.kind() == FailureKind::CredentialRejected
+            && let Ok(refusal) = pb::LeaseRefusal::try_from(failure.lease_refusal)
+            && refusal != pb::LeaseRefusal::Unspecified
+            && let Some(used) = &used
+        {
+            state.config.credential_health().record_refusal(used, refusal);
+        }
         let relay = if credential_refused {
             if let Some(used) = &used {
                 state.config.credential_health().record_rejection(used);

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use iop_proto::lease::LeaseKey;
 use iop_proto::pb;
+use iop_proto::pb::LeaseRefusal;
 use reqwest::header::HeaderValue;
 use zeroize::Zeroizing;
 
@@ -48,52 +49,6 @@ pub fn split(credential: Option<Credential>) -> (Option<HeaderValue>, Option<Sec
 
 /// How often spent lease ids past their expiry are forgotten.
 const PRUNE_EVERY_MS: u64 = 10_000;
-
-/// Why a lease was refused; the closed metric label and the reason in the
-/// terminal's message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseRejection {
-    /// The provider's credential is managed but the execution carries none.
-    Missing,
-    /// A lease for a provider whose credential is not managed.
-    Unexpected,
-    /// Not sealed to this connection's key for this node, or altered.
-    Unopenable,
-    Expired,
-    /// A lease id already used.
-    Replayed,
-    /// Sealed for another connection generation of this node.
-    StaleGeneration,
-    /// Sealed for another node.
-    WrongNode,
-    /// Another execution, provider, target or profile.
-    Mismatched,
-    /// An older credential revision than one already seen for the profile.
-    Revoked,
-}
-
-impl LeaseRejection {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Missing => "missing",
-            Self::Unexpected => "unexpected",
-            Self::Unopenable => "unopenable",
-            Self::Expired => "expired",
-            Self::Replayed => "replayed",
-            Self::StaleGeneration => "stale_generation",
-            Self::WrongNode => "wrong_node",
-            Self::Mismatched => "mismatched",
-            Self::Revoked => "revoked",
-        }
-    }
-
-    pub fn to_failure(self) -> pb::ExecutionFailure {
-        pb::ExecutionFailure::new(
-            pb::FailureKind::CredentialRejected,
-            format!("the node refused the credential lease ({})", self.label()),
-        )
-    }
-}
 
 /// Spent lease ids and revisions, for the whole node process (a lease of an
 /// earlier connection is refused by its generation anyway).
@@ -136,25 +91,25 @@ impl SessionLeases {
         expected: &Expected<'_>,
         lease: Option<&pb::SealedLease>,
         now_ms: u64,
-    ) -> Result<Option<Credential>, LeaseRejection> {
+    ) -> Result<Option<Credential>, LeaseRefusal> {
         let profile = expected.target.credential_profile.as_deref();
         let sealed = match (profile, lease) {
             (None, None) => return Ok(None),
-            (None, Some(_)) => return Err(LeaseRejection::Unexpected),
-            (Some(_), None) => return Err(LeaseRejection::Missing),
+            (None, Some(_)) => return Err(LeaseRefusal::Unexpected),
+            (Some(_), None) => return Err(LeaseRefusal::Missing),
             (Some(_), Some(sealed)) => sealed,
         };
-        let opened = self.key.open(&self.identity, sealed).map_err(|_| LeaseRejection::Unopenable)?;
+        let opened = self.key.open(&self.identity, sealed).map_err(|_| LeaseRefusal::Unopenable)?;
         let b = &opened.binding;
         if b.expires_at_unix_ms <= now_ms {
-            return Err(LeaseRejection::Expired);
+            return Err(LeaseRefusal::Expired);
         }
         self.ledger.spend(&b.lease_id, b.expires_at_unix_ms, now_ms)?;
         if b.generation != self.generation {
-            return Err(LeaseRejection::StaleGeneration);
+            return Err(LeaseRefusal::StaleGeneration);
         }
         if b.node != self.node {
-            return Err(LeaseRejection::WrongNode);
+            return Err(LeaseRefusal::WrongNode);
         }
         let t = expected.target;
         let matches = b.execution_id == expected.execution_id
@@ -164,12 +119,12 @@ impl SessionLeases {
             && b.base_url.trim_end_matches('/') == t.base_url
             && Some(b.profile.as_str()) == profile;
         if !matches {
-            return Err(LeaseRejection::Mismatched);
+            return Err(LeaseRefusal::Mismatched);
         }
         self.ledger.accept_revision(&b.profile, b.credential_revision)?;
         let mut value = Zeroizing::new(b"Bearer ".to_vec());
         value.extend_from_slice(&opened.credential);
-        let mut header = HeaderValue::from_bytes(&value).map_err(|_| LeaseRejection::Unopenable)?;
+        let mut header = HeaderValue::from_bytes(&value).map_err(|_| LeaseRefusal::Unopenable)?;
         header.set_sensitive(true);
         Ok(Some(Credential { authorization: header, scrubber: SecretScrubber::new(&opened.credential) }))
     }
@@ -177,24 +132,24 @@ impl SessionLeases {
 
 impl LeaseLedger {
     /// Records `lease_id` as used; refuses one used before.
-    fn spend(&self, lease_id: &str, expires_at_ms: u64, now_ms: u64) -> Result<(), LeaseRejection> {
+    fn spend(&self, lease_id: &str, expires_at_ms: u64, now_ms: u64) -> Result<(), LeaseRefusal> {
         let mut state = self.state.lock().unwrap();
         if now_ms >= state.next_prune_ms {
             state.spent.retain(|_, expiry| *expiry > now_ms);
             state.next_prune_ms = now_ms + PRUNE_EVERY_MS;
         }
         if state.spent.insert(lease_id.to_string(), expires_at_ms).is_some() {
-            return Err(LeaseRejection::Replayed);
+            return Err(LeaseRefusal::Replayed);
         }
         Ok(())
     }
 
     /// Refuses a revision older than the newest seen for `profile`.
-    fn accept_revision(&self, profile: &str, revision: u64) -> Result<(), LeaseRejection> {
+    fn accept_revision(&self, profile: &str, revision: u64) -> Result<(), LeaseRefusal> {
         let mut state = self.state.lock().unwrap();
         let newest = state.revisions.entry(profile.to_string()).or_insert(revision);
         if revision < *newest {
-            return Err(LeaseRejection::Revoked);
+            return Err(LeaseRefusal::Revoked);
         }
         *newest = revision;
         Ok(())
@@ -215,7 +170,7 @@ pub fn admit(
     let decision = match leases {
         Some(leases) => leases.admit(&expected, lease, unix_now_ms()),
         None if target.credential_profile.is_none() && lease.is_none() => Ok(None),
-        None => Err(LeaseRejection::Unopenable),
+        None => Err(LeaseRefusal::Unopenable),
     };
     decision.map_err(|rejection| {
         observer.metrics.lease_refused(rejection.label());

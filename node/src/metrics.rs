@@ -53,7 +53,7 @@ pub struct KindLabels {
     pub kind: ExecutionKind,
 }
 
-/// A closed reason (`lease::LeaseRejection::label`).
+/// A closed reason (`pb::LeaseRefusal::label`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,

@@ -74,13 +74,17 @@
 //! Each replica lists, for a provider with a managed credential, its
 //! profile and state (`credential: {profile, state}`): `ok`, `disabled` (the
 //! profile is disabled in the config), `invalid` (that replica could not
-//! load the value) or `rejected` (the provider answered 401/403 to it; it
-//! stays so until the credential's revision changes). Every answering
+//! load the value), `rejected` (the provider answered 401/403 to it; it
+//! stays so until the credential's revision changes) or `refused_by_node`
+//! (the provider's node refused to open its leases, `node_refusal` saying
+//! why: a revision older than one it has seen, say). Every answering
 //! replica that lists the provider has a say (a credential is the Edge's,
 //! not a node session's), and the worst state wins: `invalid`, then
-//! `rejected`, then `disabled`, then `ok`. It becomes the condition
-//! [`CREDENTIAL_ACCEPTED`]: `True`/`Accepted`, or `False` with
-//! `CredentialInvalid`, `CredentialRejected` or `CredentialDisabled`. The
+//! `refused_by_node`, then `rejected`, then `disabled`, then `ok`. It becomes
+//! the condition [`CREDENTIAL_ACCEPTED`]: `True`/`Accepted`, or `False` with
+//! `CredentialInvalid`, `CredentialRefusedByNode`, `CredentialRejected` or
+//! `CredentialDisabled`. A provider not available while its node refuses its
+//! credential's leases is classified `credential_refused_by_node`. The
 //! field is read tolerantly (`iop_proto::admin`): absent, or a state this
 //! operator does not know, is no information; with no information from any
 //! replica (no managed credential) the condition is left out (and so
@@ -350,10 +354,12 @@ pub fn merge_credential(
         CredentialState::Ok => 0,
         CredentialState::Disabled => 1,
         CredentialState::Rejected => 2,
-        CredentialState::Invalid => 3,
+        CredentialState::RefusedByNode => 3,
+        CredentialState::Invalid => 4,
     };
     let worst = seen.iter().map(|c| c.state).max_by_key(|s| rank(*s))?;
-    let profile = seen.iter().find(|c| c.state == worst).map_or("", |c| c.profile.as_str());
+    let example = seen.iter().find(|c| c.state == worst);
+    let profile = example.map_or("", |c| c.profile.as_str());
     let of = seen.iter().filter(|c| c.state == worst).count();
     let on = if replicas > 1 { format!(" (on {of} of {replicas} Edge replicas)") } else { String::new() };
     let (status, reason, message) = match worst {
@@ -369,6 +375,15 @@ pub fn merge_credential(
             format!(
                 "the provider answered 401/403 to credential profile `{profile}`{on}: its key is wrong or \
                  revoked; put a working key in the Secret (a new revision clears this)"
+            ),
+        ),
+        CredentialState::RefusedByNode => (
+            Status::False,
+            "CredentialRefusedByNode",
+            format!(
+                "the provider's node refused the leases of credential profile `{profile}` ({}){on}; runs fail \
+                 until the node accepts one or the Edge config's revision of the credential changes",
+                example.and_then(|c| c.node_refusal.as_deref()).unwrap_or("no reason given")
             ),
         ),
         CredentialState::Invalid => (
@@ -431,6 +446,13 @@ pub fn merged_provider(views: &[ProviderView<'_>], previous: &ProviderMirror, no
     };
     let credentials: Vec<&EdgeCredential> = views.iter().filter_map(|(p, _)| p.credential.as_ref()).collect();
     let credential = merge_credential(&credentials, views.len(), previous.credential.as_ref(), now);
+    // A provider unavailable because its node refuses its credential says so.
+    let refused = credentials.iter().any(|c| c.state == CredentialState::RefusedByNode);
+    let classification = if refused && health != Health::Available {
+        Some(Classification::CredentialRefusedByNode)
+    } else {
+        classification
+    };
     let ejected_until =
         views.iter().filter_map(|(p, _)| parse_time(p.ejected_until.as_deref()?)).map(|t| seconds(t.0)).max();
     let residency = merge_residency(&views.iter().map(|(p, _)| p.residency.map(Into::into)).collect::<Vec<_>>());

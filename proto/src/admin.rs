@@ -167,6 +167,10 @@ pub struct ModelMemory {
 /// A provider's managed credential on one replica.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EdgeCredential {
+    /// With `refused_by_node`: the node's closed reason (`revoked`,
+    /// `expired`, ...).
+    #[serde(default, deserialize_with = "lenient")]
+    pub node_refusal: Option<String>,
     /// Why the value is not usable (with `invalid`); never the value.
     #[serde(default, deserialize_with = "lenient")]
     pub problem: Option<String>,
@@ -185,6 +189,9 @@ pub enum CredentialState {
     Invalid,
     /// The provider answered 401/403 to it (until its revision changes).
     Rejected,
+    /// The provider's node refused its leases (until the node opens one or
+    /// its revision changes); `node_refusal` says why.
+    RefusedByNode,
 }
 
 /// A provider's health as an Edge replica sees it: its effective health,

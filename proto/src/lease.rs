@@ -169,3 +169,33 @@ impl LeaseKey {
 
 #[cfg(test)]
 mod tests;
+
+/// A node's refusal of a lease: the closed label (metrics, logs, the Edge's
+/// admin API) and the terminal the execution ends with.
+impl pb::LeaseRefusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unspecified => "unspecified",
+            Self::Missing => "missing",
+            Self::Unexpected => "unexpected",
+            Self::Unopenable => "unopenable",
+            Self::Expired => "expired",
+            Self::Replayed => "replayed",
+            Self::StaleGeneration => "stale_generation",
+            Self::WrongNode => "wrong_node",
+            Self::Mismatched => "mismatched",
+            Self::Revoked => "revoked",
+        }
+    }
+
+    /// The `credential_rejected` terminal that carries this refusal.
+    pub fn to_failure(self) -> pb::ExecutionFailure {
+        pb::ExecutionFailure {
+            lease_refusal: self.into(),
+            ..pb::ExecutionFailure::new(
+                pb::FailureKind::CredentialRejected,
+                format!("the node refused the credential lease ({})", self.label()),
+            )
+        }
+    }
+}

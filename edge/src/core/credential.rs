@@ -16,11 +16,15 @@ pub enum CredentialState {
     /// The provider answered 401/403 to this value; cleared by a run it
     /// accepts or by a new value.
     Rejected,
+    /// The provider's node refused to open this value's leases (a revision
+    /// older than one it has seen, say); cleared by a lease it opens or by a
+    /// new revision.
+    RefusedByNode,
 }
 
 impl CredentialState {
     /// Every state, in the order of the metric's state set.
-    pub const ALL: [Self; 4] = [Self::Ok, Self::Disabled, Self::Invalid, Self::Rejected];
+    pub const ALL: [Self; 5] = [Self::Ok, Self::Disabled, Self::Invalid, Self::Rejected, Self::RefusedByNode];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -28,14 +32,21 @@ impl CredentialState {
             Self::Disabled => "disabled",
             Self::Invalid => "invalid",
             Self::Rejected => "rejected",
+            Self::RefusedByNode => "refused_by_node",
         }
     }
 
-    /// Whether runs may be sealed with it at all. A rejected credential
-    /// still may (as a last resort: the provider's next answer is the only
-    /// evidence that it works again); a disabled or invalid one never.
+    /// Whether runs may be sealed with it at all. A rejected or refused
+    /// credential still may (as a last resort: the provider's, or node's,
+    /// next answer is the only evidence that it works again); a disabled or
+    /// invalid one never.
     pub fn leasable(self) -> bool {
-        matches!(self, Self::Ok | Self::Rejected)
+        matches!(self, Self::Ok | Self::Rejected | Self::RefusedByNode)
+    }
+
+    /// Chosen only when no other provider of the route is eligible.
+    pub fn last_resort(self) -> bool {
+        matches!(self, Self::Rejected | Self::RefusedByNode)
     }
 }
 
@@ -47,6 +58,7 @@ impl From<CredentialState> for admin::CredentialState {
             CredentialState::Disabled => Self::Disabled,
             CredentialState::Invalid => Self::Invalid,
             CredentialState::Rejected => Self::Rejected,
+            CredentialState::RefusedByNode => Self::RefusedByNode,
         }
     }
 }

@@ -202,9 +202,9 @@ pub struct ProviderView {
     /// Ready, the provider is not unavailable on that connection and its
     /// managed credential, if any, can be leased.
     pub dispatchable_on: Option<u64>,
-    /// Its credential was rejected by the provider: chosen only when no
-    /// other provider of the route is eligible (its next answer is the only
-    /// evidence that the credential works again).
+    /// Its credential was rejected by the provider or refused by its node:
+    /// chosen only when no other provider of the route is eligible (its next
+    /// answer is the only evidence that the credential works again).
     pub last_resort: bool,
     /// Its managed credential's state; `None` without one.
     pub credential: Option<CredentialState>,
@@ -244,7 +244,7 @@ impl ProviderView {
             Some(state) => Self {
                 health: OverlayState::Unavailable,
                 dispatchable_on: dispatchable_on.filter(|_| state.leasable()),
-                last_resort: state == CredentialState::Rejected,
+                last_resort: state.last_resort(),
                 credential,
             },
         }

@@ -21,6 +21,11 @@ fn config(dir: &std::path::Path) -> EdgeConfig {
     config
 }
 
+/// A lease of `value` at `revision` of `profile`, sealed for `node`.
+fn usage(profile: &str, node: &str, value: &[u8], revision: u64) -> CredentialUse {
+    CredentialUse { profile: profile.into(), node: node.into(), issued: Issued { value: fingerprint(value), revision } }
+}
+
 #[test]
 fn an_unusable_value_makes_only_its_own_profile_invalid() {
     let dir = tempfile::tempdir().unwrap();
@@ -28,7 +33,7 @@ fn an_unusable_value_makes_only_its_own_profile_invalid() {
     let health = CredentialHealth::default();
     health.install(&credentials);
     let states: Vec<_> =
-        ["good", "spaced", "control", "missing", "off", "unknown"].map(|p| (p, health.state(p).label())).to_vec();
+        ["good", "spaced", "control", "missing", "off", "unknown"].map(|p| (p, health.state(p, "n1").label())).to_vec();
     assert_eq!(
         states,
         [
@@ -52,22 +57,54 @@ fn a_rejection_lasts_until_an_acceptance_or_a_new_value() {
     let mut config = config(dir.path());
     let health = CredentialHealth::default();
     health.install(&Credentials::load(&config));
-    let used = CredentialUse { profile: "good".into(), value: fingerprint(b"sk-good") };
+    let used = usage("good", "n1", b"sk-good", 1);
     health.record_rejection(&used);
-    assert_eq!(health.state("good"), CredentialState::Rejected);
+    assert_eq!(health.state("good", "n1"), CredentialState::Rejected);
     assert!(CredentialState::Rejected.leasable() && !CredentialState::Invalid.leasable());
     // A reload with the same value keeps it; an acceptance of another
     // (older) value does not clear it.
     health.install(&Credentials::load(&config));
-    assert_eq!(health.state("good"), CredentialState::Rejected);
-    health.record_acceptance(&CredentialUse { profile: "good".into(), value: fingerprint(b"sk-older") });
-    assert_eq!(health.state("good"), CredentialState::Rejected);
+    assert_eq!(health.state("good", "n1"), CredentialState::Rejected);
+    health.record_acceptance(&usage("good", "n1", b"sk-older", 1));
+    assert_eq!(health.state("good", "n1"), CredentialState::Rejected);
     health.record_acceptance(&used);
-    assert_eq!(health.state("good"), CredentialState::Ok);
+    assert_eq!(health.state("good", "n1"), CredentialState::Ok);
     // A new value clears a rejection of the old one.
     health.record_rejection(&used);
     std::fs::write(dir.path().join("good"), "sk-rotated").unwrap();
     config.credentials[0].revision = 2;
     health.install(&Credentials::load(&config));
-    assert_eq!(health.state("good"), CredentialState::Ok);
+    assert_eq!(health.state("good", "n1"), CredentialState::Ok);
+}
+
+#[test]
+fn a_node_refusal_lasts_until_the_node_opens_a_lease_or_a_new_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    let health = CredentialHealth::default();
+    health.install(&Credentials::load(&config));
+    let used = usage("good", "n1", b"sk-good", 1);
+    health.record_refusal(&used, pb::LeaseRefusal::Revoked);
+    assert_eq!(health.state("good", "n1"), CredentialState::RefusedByNode);
+    assert_eq!(health.refusal("good", "n1"), Some(pb::LeaseRefusal::Revoked));
+    assert!(CredentialState::RefusedByNode.leasable() && CredentialState::RefusedByNode.last_resort());
+    // Only that node: the profile's providers elsewhere are fine.
+    assert_eq!(health.state("good", "n2"), CredentialState::Ok);
+    // A reload with the same value and revision keeps it; a lease the node
+    // opens ends it.
+    health.install(&Credentials::load(&config));
+    assert_eq!(health.state("good", "n1"), CredentialState::RefusedByNode);
+    health.record_acceptance(&used);
+    assert_eq!(health.state("good", "n1"), CredentialState::Ok);
+    assert_eq!(health.refusal("good", "n1"), None);
+    // The same value at a new revision (the operator raised it) clears it.
+    health.record_refusal(&used, pb::LeaseRefusal::Revoked);
+    config.credentials[0].revision = 2;
+    health.install(&Credentials::load(&config));
+    assert_eq!(health.state("good", "n1"), CredentialState::Ok);
+    // A refusal shows before a provider's rejection of the same value.
+    let used = usage("good", "n1", b"sk-good", 2);
+    health.record_rejection(&used);
+    health.record_refusal(&used, pb::LeaseRefusal::Expired);
+    assert_eq!(health.state("good", "n1"), CredentialState::RefusedByNode);
 }

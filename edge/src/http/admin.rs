@@ -14,6 +14,7 @@ use iop_proto::config::Adapter;
 use iop_proto::pb;
 use serde_json::json;
 
+use crate::core::credential::CredentialState;
 use crate::core::health::{ProviderView, health_label};
 use crate::core::residency::Figures;
 use crate::node::commands::CommandError;
@@ -149,6 +150,10 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
             let outlier = state.routing.admission.outlier_status(&p.id, now);
             let credential = p.credential.as_ref().zip(view.credential).map(|(c, credential)| admin::EdgeCredential {
                 problem: state.config.credential_health().problem(&c.profile).map(|p| p.to_string()),
+                node_refusal: (credential == CredentialState::RefusedByNode)
+                    .then(|| state.config.credential_health().refusal(&c.profile, &p.node))
+                    .flatten()
+                    .map(|r| r.label().to_string()),
                 profile: c.profile.clone(),
                 state: credential.into(),
             });

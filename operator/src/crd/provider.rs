@@ -372,13 +372,16 @@ pub enum Residency {
 }
 
 /// The node's liveness classification pairs: `available`/`request_stalled`,
-/// `unavailable`/`provider_unhealthy`, `unknown`/`health_unknown`.
+/// `unavailable`/`provider_unhealthy`, `unknown`/`health_unknown`; and
+/// `credential_refused_by_node` for a provider not available because its
+/// node refuses its managed credential's leases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Classification {
     RequestStalled,
     ProviderUnhealthy,
     HealthUnknown,
+    CredentialRefusedByNode,
 }
 
 impl From<Adapter> for iop_proto::config::Adapter {

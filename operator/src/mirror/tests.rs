@@ -589,12 +589,18 @@ fn the_credential_field_is_parsed_tolerantly() {
         ("disabled", CredentialState::Disabled),
         ("invalid", CredentialState::Invalid),
         ("rejected", CredentialState::Rejected),
+        ("refused_by_node", CredentialState::RefusedByNode),
     ] {
         assert_eq!(
             parsed(Some(json!({"profile": "llama", "state": state, "revision": 3}))),
-            Some(EdgeCredential { problem: None, profile: "llama".into(), state: expected })
+            Some(EdgeCredential { problem: None, node_refusal: None, profile: "llama".into(), state: expected })
         );
     }
+    assert_eq!(
+        parsed(Some(json!({"profile": "llama", "state": "refused_by_node", "node_refusal": "revoked"})))
+            .and_then(|c| c.node_refusal),
+        Some("revoked".to_string())
+    );
     // A state or shape this operator does not know: no information, and the rest still parses.
     for odd in [json!({"profile": "llama", "state": "expiring"}), json!({"state": "ok"}), json!("ok"), json!(3)] {
         let snapshot = snapshot_with_credential(Some(odd.clone()));
@@ -610,6 +616,7 @@ fn one_replica_credential_states_become_the_credential_accepted_condition() {
         ("disabled", "False", "CredentialDisabled"),
         ("invalid", "False", "CredentialInvalid"),
         ("rejected", "False", "CredentialRejected"),
+        ("refused_by_node", "False", "CredentialRefusedByNode"),
     ];
     for (state, status, reason) in cases {
         let view = one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": state}))), &ready_node());
@@ -679,6 +686,8 @@ fn across_replicas_any_replicas_rejected_or_invalid_wins() {
     assert_eq!(reason(&view(Some("rejected"), Some("invalid"))).as_deref(), Some("CredentialInvalid"));
     assert_eq!(reason(&view(Some("disabled"), Some("ok"))).as_deref(), Some("CredentialDisabled"));
     assert_eq!(reason(&view(Some("ok"), Some("invalid"))).as_deref(), Some("CredentialInvalid"));
+    assert_eq!(reason(&view(Some("rejected"), Some("refused_by_node"))).as_deref(), Some("CredentialRefusedByNode"));
+    assert_eq!(reason(&view(Some("refused_by_node"), Some("invalid"))).as_deref(), Some("CredentialInvalid"));
     // A replica without the field (an older Edge mid-rollout) says nothing.
     assert_eq!(reason(&view(None, Some("rejected"))).as_deref(), Some("CredentialRejected"));
     assert_eq!(reason(&view(None, None)), None);
@@ -866,4 +875,31 @@ fn residency_and_the_latest_load_are_mirrored_across_replicas() {
     // An Edge without the fields: nothing about residency.
     let (older, _) = planned(&two(Some((with(None, None), node)), None));
     assert_eq!((older.residency, older.last_load_seconds, older.last_load_time), (None, None, None));
+}
+
+/// Issue 43 D1: a provider whose node refuses its credential's leases is
+/// shown so: `unavailable`, classification `credential_refused_by_node`,
+/// `CredentialAccepted=False` with the node's reason.
+#[test]
+fn a_node_refusing_the_credential_is_the_classification_and_the_condition() {
+    let mut snapshot = snapshot_with_credential(Some(
+        json!({"profile": "llama", "state": "refused_by_node", "node_refusal": "revoked"}),
+    ));
+    snapshot.providers[0].health = EdgeHealth::Unavailable;
+    let view = one(&snapshot, &ready_node());
+    let providers = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
+    let writes = plan(&view, &providers, &BTreeMap::new(), at(1000));
+    let mirror = &writes.providers[0].1;
+    assert_eq!(mirror.health, Some(Health::Unavailable));
+    assert_eq!(mirror.classification, Some(Classification::CredentialRefusedByNode));
+    let c = mirror.credential.clone().unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "CredentialRefusedByNode"));
+    assert!(c.message.contains("(revoked)"), "{}", c.message);
+    // The node accepts again: available, no classification, Accepted.
+    let view = one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": "ok"}))), &ready_node());
+    let providers = BTreeMap::from([("llama".to_string(), mirror.clone())]);
+    let writes = plan(&view, &providers, &BTreeMap::new(), at(2000));
+    let mirror = &writes.providers[0].1;
+    assert_eq!((mirror.health, mirror.classification), (Some(Health::Available), None));
+    assert_eq!(mirror.credential.as_ref().unwrap().reason, "Accepted");
 }

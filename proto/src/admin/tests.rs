@@ -8,6 +8,7 @@ fn provider() -> EdgeProvider {
         capacity: 4,
         consecutive_failures: 0,
         credential: Some(EdgeCredential {
+            node_refusal: None,
             problem: Some("the value must be printable ASCII without spaces".into()),
             profile: "lm".into(),
             state: CredentialState::Invalid,
@@ -64,7 +65,7 @@ fn snapshots_are_written_in_full_and_read_back() {
         text,
         concat!(
             r#"{"in_flight_runs":2,"leases":{"acquired":5,"double_releases":0,"released":3},"providers":[{"#,
-            r#""adapter":"ollama","capacity":4,"consecutive_failures":0,"credential":{"problem":"the value "#,
+            r#""adapter":"ollama","capacity":4,"consecutive_failures":0,"credential":{"node_refusal":null,"problem":"the value "#,
             r#"must be printable ASCII without spaces","profile":"lm","state":"invalid"},"dispatchable":false,"#,
             r#""ejected_until":"2026-11-01T12:00:00.250Z","ejections":1,"health":"unavailable","id":"llama","#,
             r#""in_flight":2,"last_load_at":"2026-11-01T11:59:00.750Z","last_load_seconds":18.25,"learned_stall_ms":null,"#,
