@@ -213,6 +213,16 @@ OPERATOR_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "providers.iop.dev", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "nodecatalogs.iop.dev", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "workspacetemplates.iop.dev", "get"),
+    # controller.rs: watch of its own Namespace by name; ownership.rs: get it (its uid, and
+    # whether it is terminating at shutdown). The rendered namespace is `iop`.
+    ("", "namespaces", "iop", "get"),
+    ("", "namespaces", "iop", "list"),
+    ("", "namespaces", "iop", "watch"),
+    # ownership.rs: its ClusterRole and ClusterRoleBinding, owned by the Namespace.
+    ("rbac.authorization.k8s.io", "clusterroles", "iop-iop-operator", "get"),
+    ("rbac.authorization.k8s.io", "clusterroles", "iop-iop-operator", "patch"),
+    ("rbac.authorization.k8s.io", "clusterrolebindings", "iop-iop-operator", "get"),
+    ("rbac.authorization.k8s.io", "clusterrolebindings", "iop-iop-operator", "patch"),
 }
 
 

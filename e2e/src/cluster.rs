@@ -183,6 +183,11 @@ impl ControlPlane {
         String::from_utf8(output.stdout).expect("helm prints UTF-8")
     }
 
+    /// `helm ARGS` as admin (the control plane's kubeconfig), whatever its status.
+    pub fn helm(&self, args: &[&str]) -> Output {
+        Command::new(&self.tools.helm).env("KUBECONFIG", &self.kubeconfig).args(args).output().expect("spawning helm")
+    }
+
     /// Applies `crds/` (as a user installs them) and waits until established.
     pub fn apply_crds(&self) {
         let crds = repo_root().join("crds");

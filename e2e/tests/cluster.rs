@@ -58,6 +58,14 @@ fn operator_on_a_real_api_server() {
     let step = Instant::now();
     edges_and_a_node_fed_from_the_cluster(&plane);
     eprintln!("Edge replicas and node: {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    deleting_the_namespace_completes(&plane);
+    eprintln!("namespace deletion: {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    helm_install_refuses_what_the_operator_would(&plane);
+    eprintln!("refused chart values: {:.1} s", step.elapsed().as_secs_f64());
     eprintln!("cluster suite: {:.1} s in all", started.elapsed().as_secs_f64());
 }
 
@@ -1142,4 +1150,115 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     assert!(stopped.terminate().success());
     wait_until("REPLICAS 1/2", WAIT, || node_status("replicasSummary") == "1/2");
     edges.clear();
+}
+
+// ---------------------------------------------------------------------------
+// Issue 43 D2: `kubectl delete namespace` completes with NodeCatalogs in it,
+// and takes the operator's cluster-scoped RBAC with it.
+
+fn deleting_the_namespace_completes(plane: &ControlPlane) {
+    let ns = plane.namespace("doomed");
+    for name in ["mac-1", "mac-2"] {
+        let catalog = json!({
+            "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": name }, "spec": {},
+        });
+        plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &catalog.to_string());
+    }
+    let operator = Operator::start(plane, &ns, "iop-operator-a");
+    wait_until("both NodeCatalogs holding the finalizer, in the config", WAIT, || {
+        ["mac-1", "mac-2"].iter().all(|n| {
+            plane
+                .get_json(&["-n", &ns.name, "nodecatalog", n])
+                .is_some_and(|o| names(&o["metadata"]["finalizers"]) == ["iop.dev/node-identity"])
+        }) && edge_config(plane, &ns.name).is_some_and(|c| c["nodes"].as_array().is_some_and(|n| n.len() == 2))
+    });
+    // The chart's cluster-scoped objects are owned by the namespace.
+    let rbac_name = format!("{}-iop-operator", ns.name);
+    let uid = plane.get_json(&["namespace", &ns.name]).unwrap()["metadata"]["uid"].clone();
+    for kind in ["clusterrole", "clusterrolebinding"] {
+        wait_until(&format!("{kind} {rbac_name} owned by the namespace"), WAIT, || {
+            plane.get_json(&[kind, &rbac_name]).is_some_and(|o| {
+                o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| {
+                    refs.iter().any(|r| r["kind"] == "Namespace" && r["uid"] == uid && r["name"] == ns.name.as_str())
+                })
+            })
+        });
+    }
+    // As Kubernetes deletes a namespace: its pods first (the kubelet sends
+    // the operator SIGTERM), everything else once they are gone.
+    let deleted = Instant::now();
+    plane.kubectl(&["delete", "namespace", &ns.name, "--wait=false"]);
+    wait_until("the operator sees its namespace terminating", WAIT, || {
+        operator.process.log_text().contains("namespace terminating: finalizer released")
+    });
+    assert!(operator.process.terminate().success(), "the operator exits cleanly");
+    wait_until("the namespace gone", Duration::from_secs(120), || plane.get_json(&["namespace", &ns.name]).is_none());
+    eprintln!("namespace deleted in {:.1} s", deleted.elapsed().as_secs_f64());
+    for kind in ["clusterrole", "clusterrolebinding"] {
+        wait_until(&format!("{kind} {rbac_name} collected"), Duration::from_secs(60), || {
+            plane.get_json(&[kind, &rbac_name]).is_none()
+        });
+    }
+
+    // The operator stopped before it saw the deletion (the kubelet was
+    // first): releasing at shutdown is what lets the namespace go.
+    let ns = plane.namespace("doomed-fast");
+    let catalog =
+        json!({ "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-1" }, "spec": {} });
+    plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &catalog.to_string());
+    let operator = Operator::start(plane, &ns, "iop-operator-a");
+    wait_until("the finalizer held", WAIT, || {
+        plane
+            .get_json(&["-n", &ns.name, "nodecatalog", "mac-1"])
+            .is_some_and(|o| names(&o["metadata"]["finalizers"]) == ["iop.dev/node-identity"])
+    });
+    plane.kubectl(&["delete", "namespace", &ns.name, "--wait=false"]);
+    assert!(operator.process.terminate().success(), "the operator exits cleanly");
+    wait_until("the namespace gone", Duration::from_secs(120), || plane.get_json(&["namespace", &ns.name]).is_none());
+}
+
+// ---------------------------------------------------------------------------
+// Issue 43 D5: every value of charts/iop/ci/refused-values.txt is refused by
+// a real `helm install`, and nothing is installed.
+
+fn helm_install_refuses_what_the_operator_would(plane: &ControlPlane) {
+    let ns = "refused";
+    plane.kubectl(&["create", "namespace", ns]);
+    let chart = cluster::repo_root().join("charts/iop");
+    let cases = std::fs::read_to_string(chart.join("ci/refused-values.txt")).expect("the refused values");
+    let mut tried = 0;
+    for line in cases.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+        let [what, pattern, args] = line.splitn(3, '\t').collect::<Vec<_>>()[..] else {
+            panic!("not 3 fields: {line}")
+        };
+        let mut command = vec!["install", "iop", chart.to_str().unwrap(), "--namespace", ns];
+        command.extend(args.split(' '));
+        let output = plane.helm(&command);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "helm install accepted {what}: {}", String::from_utf8_lossy(&output.stdout));
+        assert!(matches_extended(pattern, &stderr), "{what}: the error does not match `{pattern}`: {stderr}");
+        tried += 1;
+    }
+    assert!(tried >= 30, "only {tried} cases");
+    let releases = plane.helm(&["list", "--namespace", ns, "--short"]);
+    assert!(releases.status.success(), "helm list: {}", String::from_utf8_lossy(&releases.stderr));
+    assert_eq!(String::from_utf8_lossy(&releases.stdout).trim(), "", "nothing was installed");
+    let left = plane.get_json(&["-n", ns, "deployments,secrets,configmaps,services"]).expect("a list");
+    let names: Vec<&str> = left["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .filter(|n| *n != "kube-root-ca.crt")
+        .collect();
+    assert!(names.is_empty(), "objects left by refused installs: {names:?}");
+}
+
+/// Whether `text` matches the extended regular expression `pattern` (the
+/// file's patterns are `grep -E`'s, as scripts/chart-check reads them).
+fn matches_extended(pattern: &str, text: &str) -> bool {
+    let mut grep =
+        Command::new("grep").args(["-Eq", "--", pattern]).stdin(std::process::Stdio::piped()).spawn().expect("grep");
+    grep.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    grep.wait().unwrap().success()
 }

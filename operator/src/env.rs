@@ -18,6 +18,10 @@ pub const POD_NAME: &str = "IOP_POD_NAME";
 pub const EDGE_POD_SELECTOR: &str = "IOP_EDGE_POD_SELECTOR";
 pub const EDGE_SERVER_NAMES: &str = "IOP_EDGE_SERVER_NAMES";
 pub const TRUST_DOMAIN: &str = "IOP_TRUST_DOMAIN";
+/// Optional: the name of the operator's ClusterRole and ClusterRoleBinding
+/// (the chart gives both the same name). Set, the operator makes its
+/// namespace their owner, so deleting the namespace removes them too.
+pub const CLUSTER_RBAC_NAME: &str = "IOP_CLUSTER_RBAC_NAME";
 /// Optional: where `/metrics`, `/healthz` and `/readyz` are served.
 pub const METRICS_ADDR: &str = "IOP_METRICS_ADDR";
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
@@ -89,6 +93,8 @@ pub struct RunConfig {
     pub edge_limits: Limits,
     /// SPIFFE trust domain of node identities.
     pub trust_domain: String,
+    /// The operator's ClusterRole and ClusterRoleBinding ([`CLUSTER_RBAC_NAME`]).
+    pub cluster_rbac_name: Option<String>,
     /// The metrics and probe listener ([`DEFAULT_METRICS_ADDR`] when unset).
     pub metrics_addr: SocketAddr,
     /// Whether the Edge requires client API keys ([`EDGE_AUTH_MODE`]).
@@ -187,6 +193,13 @@ impl RunConfig {
             return Err(invalid(TRUST_DOMAIN, &trust_domain, "must be a lowercase DNS-like name (a-z, 0-9, '.', '-')"));
         }
 
+        let cluster_rbac_name = lookup(CLUSTER_RBAC_NAME).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        if let Some(name) = &cluster_rbac_name
+            && !is_dns_name(name)
+        {
+            return Err(invalid(CLUSTER_RBAC_NAME, name, "not a ClusterRole name (a DNS subdomain)"));
+        }
+
         let metrics_addr = match lookup(METRICS_ADDR).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
             None => DEFAULT_METRICS_ADDR.parse().expect("the default metrics address parses"),
             Some(value) => value
@@ -277,6 +290,7 @@ impl RunConfig {
             edge_admin_hosts,
             edge_limits,
             trust_domain,
+            cluster_rbac_name,
             metrics_addr,
             edge_auth,
             hosted_tools,

@@ -107,6 +107,11 @@ app.kubernetes.io/component: edge
 {{- printf "%s-operator" (include "iop.fullname" .) }}
 {{- end }}
 
+{{- /* The operator's ClusterRole and ClusterRoleBinding: one name per release namespace. */ -}}
+{{- define "iop.operator.clusterRbacName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "iop.operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "iop.operator.metricsName" -}}
 {{- printf "%s-operator-metrics" (include "iop.fullname" .) }}
 {{- end }}

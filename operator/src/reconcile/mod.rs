@@ -133,6 +133,9 @@ pub struct Snapshot {
     /// The Edge's replica ids: its pods' names, sorted
     /// ([`crate::replicas::replica_ids`]); the config's `replicas`.
     pub replicas: Vec<String>,
+    /// The namespace is being deleted: everything in it goes, the Edge
+    /// included, so nothing is rendered and every finalizer is released.
+    pub namespace_terminating: bool,
 }
 
 #[cfg(test)]

@@ -24,6 +24,10 @@
 //! wakes one more reconcile, which finds nothing to do (and sends no
 //! write: [`crate::reconcile::unchanged`]).
 //!
+//! The operator's own Namespace is watched by name: when it is being
+//! deleted, the reconcile only releases the NodeCatalogs' finalizers
+//! ([`super::namespace`]), so the namespace's deletion completes.
+//!
 //! The Edge pods (label selector `IOP_EDGE_POD_SELECTOR`) are watched too:
 //! their names are the Edge config's `replicas` ([`crate::replicas`]), and
 //! their IPs where the status mirror reads each replica's admin API. A pod
@@ -54,7 +58,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{self, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -94,11 +98,13 @@ pub enum Kind {
     CaSecret,
     /// Secrets labelled `app.kubernetes.io/managed-by: iop-operator`.
     OwnedSecret,
+    /// The operator's own Namespace (by name): its deletion.
+    Namespace,
 }
 
 impl Kind {
     /// Every watched kind: a reconcile waits until each one is listed.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Provider,
         Self::NodeCatalog,
         Self::WorkspaceTemplate,
@@ -107,6 +113,7 @@ impl Kind {
         Self::EdgeConfigMap,
         Self::CaSecret,
         Self::OwnedSecret,
+        Self::Namespace,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -119,6 +126,7 @@ impl Kind {
             Self::EdgeConfigMap => "ConfigMap",
             Self::CaSecret => "CaSecret",
             Self::OwnedSecret => "OwnedSecret",
+            Self::Namespace => "Namespace",
         }
     }
 
@@ -148,6 +156,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// `iop-edge-config` (at most one object).
     pub config_map: Store<ConfigMap>,
+    /// The operator's own Namespace (at most one object).
+    pub namespace: Store<Namespace>,
 }
 
 /// An object that did not decode: only its metadata is known.
@@ -189,6 +199,8 @@ impl Stores {
         split(Kind::WorkspaceTemplate, self.templates.state(), &mut read.snapshot.templates, &mut read.undecodable);
         read.snapshot.replicas = replica_ids(self.pods.state().iter().map(|p| p.as_ref()));
         read.snapshot.edge_config_map = self.config_map.state().first().map(|c| c.as_ref().clone());
+        read.snapshot.namespace_terminating =
+            self.namespace.state().first().is_some_and(|n| n.metadata.deletion_timestamp.is_some());
         read
     }
 }
@@ -439,8 +451,18 @@ pub fn watch(client: &Client, namespace: &str, pod_selector: &str) -> (Stores, S
         .default_backoff()
         .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None);
     let c = meta_signals(Kind::EdgeConfigMap, |_| true, reflector::reflector(writer, events));
-    let signals = stream::select_all([p, n, t, e, s, owned, ca, c]).boxed();
-    (Stores { providers, nodes, templates, pods, config_map }, signals)
+    // The namespace, by name (the chart's ClusterRole grants get/list/watch
+    // of this one): when it is being deleted the reconcile releases every
+    // finalizer (issue 43 D2).
+    let (namespace_store, writer) = reflector::store();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let by_name = format!("metadata.name={namespace}");
+    let events = watcher::watcher(namespaces, watcher::Config::default().fields(&by_name))
+        .default_backoff()
+        .modify(|ns: &mut Namespace| ns.metadata.managed_fields = None);
+    let ns = meta_signals(Kind::Namespace, |_| true, reflector::reflector(writer, events));
+    let signals = stream::select_all([p, n, t, e, s, owned, ca, c, ns]).boxed();
+    (Stores { providers, nodes, templates, pods, config_map, namespace: namespace_store }, signals)
 }
 
 /// Exponential backoff without jitter (one reconciler per namespace has

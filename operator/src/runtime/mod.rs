@@ -21,6 +21,7 @@ pub mod listener;
 pub mod metrics;
 pub mod mirror;
 pub mod namespace;
+pub mod ownership;
 pub mod pki;
 
 use std::net::SocketAddr;
@@ -238,6 +239,11 @@ async fn operate(
         led = true;
         ctx.metrics.set_leader(true);
         let term = shutdown.child_token();
+        if let Some(name) = &config.cluster_rbac_name
+            && let Err(e) = ownership::own_cluster_rbac(&client, &config.namespace, name).await
+        {
+            tracing::warn!(error = %e, name, "cannot make the namespace the owner of the operator's ClusterRole and ClusterRoleBinding; deleting the namespace will leave them");
+        }
         let (stores, signals) = controller::watch(&client, &config.namespace, &config.edge_pod_selector);
         let reconcile_ctx = ctx.clone();
         let mut tasks = tokio::task::JoinSet::new();
@@ -253,7 +259,7 @@ async fn operate(
         ));
         tasks.spawn(mirror::run(ctx.clone(), stores, admin.clone(), mirror::MirrorConfig::default(), term.clone()));
         match term_end(&shutdown, &mut leading, &mut tasks).await {
-            TermEnd::Shutdown => {}
+            TermEnd::Shutdown => release_if_terminating(&ctx).await,
             TermEnd::LostLeadership => tracing::warn!("lost leadership: stopping the leader tasks"),
             TermEnd::TaskEnded => {
                 result = Err(Error::TaskEnded("controller or mirror"));
@@ -275,6 +281,31 @@ async fn operate(
         }
     }
     result
+}
+
+/// How long a stopping leader spends releasing finalizers (the pod's grace
+/// period is 30 s).
+const RELEASE_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// At shutdown, as leader: when the namespace is being deleted (the
+/// operator's pod goes first, before its NodeCatalogs), release every
+/// NodeCatalog's finalizer now: no operator will be left to do it
+/// ([`namespace::release_every_finalizer`]).
+pub async fn release_if_terminating(ctx: &Context) {
+    let release = async {
+        if !ownership::terminating(&ctx.client, &ctx.namespace).await? {
+            return Ok(());
+        }
+        // Read now (metadata only: an object that does not decode too).
+        let api = kube::Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        let nodes = api.list_metadata(&Default::default()).await?;
+        namespace::release_every_finalizer(&api, nodes.items.iter().map(|n| &n.metadata)).await
+    };
+    match tokio::time::timeout(RELEASE_AT_SHUTDOWN, release).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "releasing the finalizers of a terminating namespace failed"),
+        Err(_) => tracing::warn!("releasing the finalizers of a terminating namespace timed out"),
+    }
 }
 
 /// Why a leadership term ended.

@@ -72,6 +72,11 @@ pub async fn reconcile_with_timeout(ctx: &Context, read: Read) -> Result<(), Err
 pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result<(), Error> {
     let Read { mut snapshot, undecodable } = read;
     let nodes: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    if snapshot.namespace_terminating {
+        let metas = snapshot.nodes.iter().map(|n| &n.metadata);
+        let undecodable = undecodable.iter().filter(|u| u.kind == Kind::NodeCatalog).map(|u| &u.metadata);
+        return release_every_finalizer(&nodes, metas.chain(undecodable)).await;
+    }
 
     for n in snapshot.nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
         if !has_finalizer(&n.metadata) {
@@ -285,6 +290,26 @@ async fn set_finalizers(api: &Api<NodeCatalog>, meta: &ObjectMeta, finalizers: V
         Err(e) if is_status(&e, 404) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The namespace is being deleted: Kubernetes deletes its Pods first (the
+/// operator's and the Edge's) and its NodeCatalogs only once they are gone,
+/// so an operator waiting for each NodeCatalog's deletion would never see
+/// it and the namespace would never finish. With the Edge going too there
+/// is no config to take the node out of: every NodeCatalog loses the
+/// finalizer now (deleted or not yet). Called by the reconcile (the
+/// namespace watch) and at shutdown ([`super::release_if_terminating`]), whichever
+/// comes first.
+pub async fn release_every_finalizer(
+    api: &Api<NodeCatalog>,
+    nodes: impl Iterator<Item = &ObjectMeta>,
+) -> Result<(), Error> {
+    for meta in nodes.filter(|m| has_finalizer(m)) {
+        let rest = meta.finalizers.iter().flatten().filter(|f| *f != NODE_FINALIZER).cloned().collect();
+        set_finalizers(api, meta, rest).await?;
+        tracing::info!(node = meta.name.as_deref().unwrap_or_default(), "namespace terminating: finalizer released");
+    }
+    Ok(())
 }
 
 /// Stage 5: NodeCatalogs being deleted whose identity is not in the applied

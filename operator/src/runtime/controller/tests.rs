@@ -92,15 +92,18 @@ fn start(results: Vec<Result<(), Error>>) -> Harness {
     let (config_map, c) = owned_channel(Kind::EdgeConfigMap, vec![meta(CONFIG_MAP_NAME, "1")]);
     let (ca, a) = owned_channel(Kind::CaSecret, vec![secret(CA_SECRET, "2")]);
     let (owned, o) = owned_channel(Kind::OwnedSecret, vec![secret("iop-node-mac-1", "3"), secret("iop-edge-tls", "4")]);
+    let (_namespace, ns) = owned_channel::<Namespace>(Kind::Namespace, vec![]);
     let (config_map_store, _) = reflector::store();
+    let (namespace_store, _) = reflector::store();
     let stores = Stores {
         providers: p_store,
         nodes: n_store,
         templates: t_store,
         pods: pod_store,
         config_map: config_map_store,
+        namespace: namespace_store,
     };
-    let signals = stream::select_all([p, n, t, e, s, c, a, o]).boxed();
+    let signals = stream::select_all([p, n, t, e, s, c, a, o, ns]).boxed();
     let (calls_tx, calls) = mpsc::unbounded_channel();
     let results = Arc::new(Mutex::new(VecDeque::from(results)));
     let replicas = Arc::new(Mutex::new(Vec::new()));
@@ -463,7 +466,7 @@ async fn the_first_reconcile_waits_for_the_owned_objects_lists() {
     tx.send(Ok(Event::InitApply(meta(CONFIG_MAP_NAME, "1")))).unwrap();
     tx.send(Ok(Event::InitDone)).unwrap();
     assert!(matches!(signals.next().await, Some(Signal::Listed(Kind::EdgeConfigMap))));
-    assert_eq!(Kind::ALL.len(), 8);
+    assert_eq!(Kind::ALL.len(), 9);
     assert!(Kind::ALL.iter().enumerate().all(|(i, k)| k.index() == i));
 }
 
@@ -555,8 +558,32 @@ async fn the_watches_ask_only_for_what_they_select() {
         (format!("{core}/secrets"), s("app.kubernetes.io/managed-by=iop-operator"), s(""), true),
         (format!("{core}/secrets"), s(""), s("metadata.name=iop-ca"), true),
         (format!("{core}/configmaps"), s(""), s("metadata.name=iop-edge-config"), false),
+        (s("/api/v1/namespaces"), s(""), format!("metadata.name={NS}"), false),
     ]
     .into();
     assert_eq!(seen, expected);
     poller.abort();
+}
+
+/// Issue 43 D2: the namespace's deletion reaches the reconcile's snapshot
+/// (which then only releases finalizers).
+#[test]
+fn a_terminating_namespace_is_in_the_snapshot() {
+    let (namespace, mut writer) = reflector::store::<Namespace>();
+    let stores = Stores {
+        providers: reflector::store().0,
+        nodes: reflector::store().0,
+        templates: reflector::store().0,
+        pods: reflector::store().0,
+        config_map: reflector::store().0,
+        namespace,
+    };
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(NS.into());
+    writer.apply_watcher_event(&Event::Apply(ns.clone()));
+    assert!(!stores.read(NS).snapshot.namespace_terminating);
+    ns.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    writer.apply_watcher_event(&Event::Apply(ns));
+    assert!(stores.read(NS).snapshot.namespace_terminating);
 }

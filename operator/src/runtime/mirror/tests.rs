@@ -127,7 +127,8 @@ fn stores(providers: Vec<Provider>, nodes: Vec<NodeCatalog>) -> Stores {
     let (templates, _) = reflector::store();
     let (pods, _) = reflector::store();
     let (config_map, _) = reflector::store();
-    Stores { providers: p_store, nodes: n_store, templates, pods, config_map }
+    let (namespace, _) = reflector::store();
+    Stores { providers: p_store, nodes: n_store, templates, pods, config_map, namespace }
 }
 
 fn view(overlay: Option<Overlay>) -> EdgeView {
