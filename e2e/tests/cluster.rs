@@ -173,6 +173,19 @@ fn invalid_examples() -> Vec<Invalid> {
             field: "spec.target.baseUrl",
             message: BASE_URL_MESSAGE,
         },
+        // Issue 43 item 6: the node adds `/v1` itself.
+        Invalid {
+            what: "a base URL ending in /v1",
+            object: url("http://127.0.0.1:1234/v1"),
+            field: "spec.target.baseUrl",
+            message: "must not end in /v1",
+        },
+        Invalid {
+            what: "a base URL ending in /v1/",
+            object: url("http://lmstudio.local:1234/v1/"),
+            field: "spec.target.baseUrl",
+            message: "must not end in /v1",
+        },
         Invalid {
             what: "a URL without a host",
             object: url("http://:11434"),
@@ -327,6 +340,13 @@ fn invalid_examples() -> Vec<Invalid> {
             object: with(node_catalog(), "/spec/certificate", json!({ "validityHours": 24, "renewBeforeHours": 24 })),
             field: "spec.certificate.renewBeforeHours",
             message: "renewBeforeHours must be less than validityHours",
+        },
+        // Issue 43 item 6: at least one hour (a reconcile interval).
+        Invalid {
+            what: "no renewal window",
+            object: with(node_catalog(), "/spec/certificate", json!({ "validityHours": 24, "renewBeforeHours": 0 })),
+            field: "spec.certificate.renewBeforeHours",
+            message: "should be greater than or equal to 1",
         },
         Invalid {
             what: "a validity of 8761 hours",
@@ -596,6 +616,18 @@ fn operator_reconciles_as_its_service_account(plane: &ControlPlane) {
     });
     edge_config(plane, &ns.name).expect("the config");
 
+    // A key someone else adds to the credentials Secret is kept, and is no
+    // reason to write at every reconcile (issue 43 item 6): the restart below
+    // sends no write with it there.
+    plane.kubectl(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "secret",
+        "iop-edge-credentials",
+        "-p",
+        r#"{"stringData":{"note":"kept"}}"#,
+    ]);
     // A restart of the operator writes nothing: every object keeps its
     // resourceVersion, and the new process sends no write request but its
     // Lease's.
@@ -608,6 +640,7 @@ fn operator_reconciles_as_its_service_account(plane: &ControlPlane) {
     // has nothing to write).
     operator.wait_reconciled(1.0);
     assert_eq!(resource_versions(plane, &ns.name), versions, "an operator restart changed objects");
+    assert_eq!(secret_value(plane, &ns.name, "iop-edge-credentials", "note"), b"kept");
     let writes: Vec<AuditEvent> = plane.audit()[mark..]
         .iter()
         .filter(|e| e.user == user && e.is_write() && e.resource != "leases")

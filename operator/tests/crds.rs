@@ -157,9 +157,9 @@ fn every_cel_rule_compiles_and_stays_in_scope() {
         }
     }
     assert_eq!(
-        count, 11,
+        count, 12,
         "names of nodes and providers, stall and first-byte timeouts, credentials, keepWarm, contextFallback, \
-         renewBefore, commands, target model and base URL"
+         renewBefore, commands, target model and base URL (and its /v1 suffix)"
     );
 }
 
@@ -420,6 +420,20 @@ fn the_schema_and_the_validate_stage_reject_the_same_mistakes() {
             "/spec/target/baseUrl",
             json!("http://999.999.999.999:1"),
             "CEL: spec.target.baseUrl: must be http(s)://host[:port][/path]",
+        ),
+        (
+            "Provider",
+            "studio-llama",
+            "/spec/target/baseUrl",
+            json!("http://127.0.0.1:1234/v1"),
+            "CEL: spec.target.baseUrl: must not end in /v1",
+        ),
+        (
+            "NodeCatalog",
+            "studio-mac",
+            "/spec/certificate/renewBeforeHours",
+            json!(0),
+            "/spec/certificate/renewBeforeHours: ",
         ),
         ("Provider", "studio-llama", "/spec/models", json!([]), "/spec/models: [] has less than 1 item"),
         ("Provider", "studio-llama", "/spec/models/0/name", json!("two words"), "/spec/models/0/name: "),

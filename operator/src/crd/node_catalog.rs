@@ -73,8 +73,11 @@ pub struct CertificateSettings {
     #[schemars(range(min = 1, max = 8760))]
     pub validity_hours: u32,
     /// A new certificate is issued this long before the current one expires.
+    /// At least 1 hour: the operator checks certificates at every reconcile,
+    /// at the latest every 5 minutes, and a smaller window could let the
+    /// Secret hold an expired certificate until the next check.
     #[serde(default = "CertificateSettings::default_renew_before_hours")]
-    #[schemars(range(min = 0, max = 8759))]
+    #[schemars(range(min = 1, max = 8759))]
     pub renew_before_hours: u32,
 }
 

@@ -197,6 +197,15 @@ pub const BASE_URL_MESSAGE: &str = "must be http(s)://host[:port][/path]: a DNS 
      [bracketed] IPv6 address, a port of 1-65535, no user:password@, query (?) or fragment (#), no spaces or \
      control characters";
 
+/// A `target.baseUrl` whose path ends in `/v1`: the node adds `/v1/...`
+/// itself, so such a provider would be asked for `/v1/v1/models` and be
+/// unavailable with only the node's log to say why.
+pub const API_SUFFIX_PATTERN: &str = r"/v1/?$";
+
+/// What the API server says of a `target.baseUrl` ending in `/v1`.
+pub const API_SUFFIX_MESSAGE: &str =
+    "must not end in /v1: give the server's root (e.g. http://127.0.0.1:1234); the node adds the API path itself";
+
 /// What the API server says of a `target.model` that breaks [`TARGET_MODEL_PATTERN`].
 pub const TARGET_MODEL_MESSAGE: &str =
     "must be 1-256 characters without control characters, not starting or ending with whitespace";
@@ -227,7 +236,10 @@ pub struct ProviderTarget {
     /// API path (`/api/...`, `/v1/...`) itself.
     #[schemars(
         length(max = 2048),
-        extend("x-kubernetes-validations" = [{"rule": matches_rule(BASE_URL_PATTERN), "message": BASE_URL_MESSAGE}])
+        extend("x-kubernetes-validations" = [
+            {"rule": matches_rule(BASE_URL_PATTERN), "message": BASE_URL_MESSAGE},
+            {"rule": format!("!{}", matches_rule(API_SUFFIX_PATTERN)), "message": API_SUFFIX_MESSAGE},
+        ])
     )]
     pub base_url: String,
 }

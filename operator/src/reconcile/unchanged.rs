@@ -11,7 +11,9 @@
 //! an apply would leave theirs); it has the same owner references (an apply
 //! removes ones an older version of the operator set); and its data is
 //! exactly the desired data (an apply removes a key the operator no longer
-//! sets, e.g. a Provider's credential once the Provider is gone). Anything
+//! sets, e.g. a Provider's credential once the Provider is gone), except, in
+//! a Secret, keys another field manager wrote (an apply leaves those, so
+//! comparing them would apply again at every resync, forever). Anything
 //! else is applied as before.
 
 use std::collections::BTreeMap;
@@ -41,14 +43,34 @@ pub fn config_map_holds(current: Option<&ConfigMap>, desired: &ConfigMap) -> boo
     })
 }
 
-/// Whether applying `desired` over `current` would change nothing.
-pub fn secret_holds(current: Option<&Secret>, desired: &Secret) -> bool {
+/// Whether applying `desired` over `current` (as field manager
+/// `manager`) would change nothing: every desired key holds its value, and
+/// every other key is another manager's (an apply keeps it).
+pub fn secret_holds(current: Option<&Secret>, desired: &Secret, manager: &str) -> bool {
     current.is_some_and(|c| {
+        let empty = BTreeMap::new();
+        let (have, want) = (c.data.as_ref().unwrap_or(&empty), desired.data.as_ref().unwrap_or(&empty));
+        let foreign = foreign_data_keys(&c.metadata, manager);
         meta_holds(&c.metadata, &desired.metadata)
             && (desired.type_.is_none() || c.type_ == desired.type_)
-            && c.data.as_ref().filter(|d| !d.is_empty()) == desired.data.as_ref().filter(|d| !d.is_empty())
+            && want.iter().all(|(k, v)| have.get(k) == Some(v))
+            && have.keys().all(|k| want.contains_key(k) || foreign.contains(k))
             && desired.string_data.as_ref().is_none_or(|d| d.is_empty())
     })
+}
+
+/// The `data` keys of an object that field managers other than `manager`
+/// own and `manager` does not (from `metadata.managedFields`). Without
+/// managed fields, none: every key counts as the operator's.
+fn foreign_data_keys(meta: &ObjectMeta, manager: &str) -> std::collections::BTreeSet<String> {
+    let keys = |fields: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
+        let data = fields.fields_v1.as_ref().and_then(|f| f.0.get("f:data")).and_then(|d| d.as_object());
+        data.into_iter().flatten().filter_map(|(k, _)| k.strip_prefix("f:").map(str::to_string)).collect::<Vec<_>>()
+    };
+    let entries = meta.managed_fields.iter().flatten();
+    let ours: std::collections::BTreeSet<String> =
+        entries.clone().filter(|f| f.manager.as_deref() == Some(manager)).flat_map(keys).collect();
+    entries.filter(|f| f.manager.as_deref() != Some(manager)).flat_map(keys).filter(|k| !ours.contains(k)).collect()
 }
 
 #[cfg(test)]

@@ -228,6 +228,12 @@ pub fn node_catalog(n: &NodeCatalog, templates: &Readiness<'_>) -> Result<(NodeE
     if !(1..=8760).contains(&cert.validity_hours) {
         return Err(spec_error("certificate.validityHours", "must be between 1 and 8760"));
     }
+    if cert.renew_before_hours == 0 {
+        return Err(spec_error(
+            "certificate.renewBeforeHours",
+            "must be at least 1 (certificates are checked every 5 minutes)",
+        ));
+    }
     if cert.renew_before_hours >= cert.validity_hours {
         return Err(spec_error("certificate.renewBeforeHours", "must be less than validityHours"));
     }
@@ -337,6 +343,11 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
     // Target model and base URL included: `iop_proto::config::check_base_url`
     // and `check_target_model`, the rules the CRD schema's patterns restate.
     alone.validate().map_err(edge_rule_error)?;
+    // The CRD's CEL rule, for objects stored before it.
+    let path = spec.target.base_url.trim_end_matches('/');
+    if path.ends_with("/v1") {
+        return Err(spec_error("target.baseUrl", crate::crd::provider::API_SUFFIX_MESSAGE));
+    }
     let mut names = BTreeSet::new();
     for (i, m) in spec.models.iter().enumerate() {
         if !names.insert(m.name.as_str()) {

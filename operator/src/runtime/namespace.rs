@@ -139,7 +139,7 @@ pub async fn apply(ctx: &Context, prepared: Prepared, current: &reconcile::Snaps
     // First: the config about to be applied names its files.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let params = PatchParams::apply(FIELD_MANAGER_CONFIG).force();
-    if !unchanged::secret_holds(current.edge_credentials.as_ref(), &credentials) {
+    if !unchanged::secret_holds(current.edge_credentials.as_ref(), &credentials, FIELD_MANAGER_CONFIG) {
         secrets.patch(credentials::EDGE_CREDENTIALS_SECRET, &params, &Patch::Apply(&credentials)).await?;
     }
     if unchanged::config_map_holds(current.edge_config_map.as_ref(), &config_map) {

@@ -57,6 +57,12 @@ fn provider_spec_errors_name_the_crd_field() {
         (Box::new(|p| p.spec.response_stall_timeout_ms = 999), Reason::InvalidSpec, "spec.responseStallTimeoutMs:"),
         (Box::new(|p| p.spec.first_byte_timeout_ms = 999), Reason::InvalidSpec, "spec.firstByteTimeoutMs:"),
         (Box::new(|p| p.spec.target.base_url = "ftp://x".into()), Reason::InvalidSpec, "spec.target.baseUrl:"),
+        // Stored before the CRD's `/v1` rule (issue 43 item 6).
+        (
+            Box::new(|p| p.spec.target.base_url = "http://127.0.0.1:1234/v1/".into()),
+            Reason::InvalidSpec,
+            "spec.target.baseUrl: must not end in /v1",
+        ),
         (
             Box::new(|p| p.spec.target.base_url = "http://u:pw@h:1".into()),
             Reason::InvalidSpec,
@@ -173,6 +179,9 @@ fn node_certificate_and_workspace_rules() {
     let mut n = node("mac");
     n.spec.certificate.renew_before_hours = n.spec.certificate.validity_hours;
     assert_eq!(reason_of(validate::node_catalog(&n, &Readiness::new())), Reason::InvalidSpec);
+    n.spec.certificate.renew_before_hours = 0;
+    let err = validate::node_catalog(&n, &Readiness::new()).unwrap_err();
+    assert!(err.message.contains("renewBeforeHours: must be at least 1"), "{err}");
 
     let mut n = node_with_workspace("mac", "tools");
     n.spec.workspaces[0].root_path = "relative/path".into();
