@@ -143,18 +143,17 @@ pub fn node_secret(namespace: &str, node: &NodeCatalog, ca: &Ca, cert: &Certifie
 }
 
 /// Whether an existing `iop-node-<node>` is one the operator made for that
-/// node: labelled `app.kubernetes.io/managed-by: iop-operator` and
-/// `iop.dev/node: <node>`, and controlled by a NodeCatalog of that name (of
-/// any uid: one re-created under the same name takes its Secret over).
-/// Anything else there (a user's Secret that happens to have the name) is
-/// never adopted or overwritten.
+/// node: controlled by a NodeCatalog of that name (its controller owner
+/// reference, of any uid: one re-created under the same name takes its
+/// Secret over). Judged by the owner reference, not the labels: someone
+/// removing a label does not make the operator abandon its own Secret (the
+/// next apply puts the label back). Anything else there (a user's Secret
+/// that happens to have the name, labels copied or not) is never adopted or
+/// overwritten.
 pub fn node_secret_is_ours(secret: &Secret, node: &str) -> bool {
-    let labels = secret.metadata.labels.as_ref();
-    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-    let controlled = secret.metadata.owner_references.iter().flatten().any(|o| {
+    secret.metadata.owner_references.iter().flatten().any(|o| {
         o.controller == Some(true) && o.kind == "NodeCatalog" && o.api_version.starts_with("iop.dev/") && o.name == node
-    });
-    label("app.kubernetes.io/managed-by") == Some("iop-operator") && label("iop.dev/node") == Some(node) && controlled
+    })
 }
 
 /// `ca.pem`, `node.pem` and `node-key.pem` of a node's Secret, when all are there.

@@ -116,9 +116,8 @@ pub fn node_refused(
         Status::False,
         REASON_SECRET_NOT_OWNED,
         format!(
-            "Secret {secret} exists but was not created by the operator for this node (no \
-             app.kubernetes.io/managed-by: iop-operator and iop.dev/node labels, or no owner reference to this \
-             NodeCatalog); it is left as it is and no certificate is issued: delete or rename it"
+            "Secret {secret} exists but was not created by the operator for this node (no controller owner \
+             reference to this NodeCatalog); it is left as it is and no certificate is issued: delete or rename it"
         ),
         None,
         timestamp,

@@ -104,6 +104,28 @@ fn node_secret_is_owned_by_its_node_and_checked_against_its_identity() {
     assert_eq!(node_reissue(None, &ca, &id, NOW, renew_before), Some(Reissue::Missing));
 }
 
+/// Issue 43 item 6: ownership is the controller owner reference, not the
+/// labels: a label removed by someone does not make the operator abandon its
+/// own Secret; labels copied onto someone else's Secret do not make it ours.
+#[test]
+fn a_node_secret_is_ours_by_its_owner_reference() {
+    let ca = ca();
+    let n = node("mac-1");
+    let id = NodeIdentity::new("iop.example", "mac-1").unwrap();
+    let ours = node_secret("iop", &n, &ca, &ca.node_client_cert(&id, NOW, 30 * DAY).unwrap());
+    assert!(node_secret_is_ours(&ours, "mac-1"));
+    assert!(!node_secret_is_ours(&ours, "mac-2"), "another node's");
+    let mut unlabelled = ours.clone();
+    unlabelled.metadata.labels.as_mut().unwrap().remove("iop.dev/node");
+    assert!(node_secret_is_ours(&unlabelled, "mac-1"));
+    let mut unowned = ours.clone();
+    unowned.metadata.owner_references = None;
+    assert!(!node_secret_is_ours(&unowned, "mac-1"));
+    let mut not_controller = ours;
+    not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+    assert!(!node_secret_is_ours(&not_controller, "mac-1"));
+}
+
 /// A CA that ends inside the renewal window (a user-supplied CA valid for 5
 /// days, or a generated one in its last 30): the certificates it signs end
 /// with it, so issuing again changes nothing. Issued once, then kept: never
