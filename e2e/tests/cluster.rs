@@ -1128,6 +1128,20 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
             .unwrap_or_default()
     };
     wait_until("HEALTH available", WAIT, || health() == "available");
+    // Status has one writer (issue 43 item 6): a hand edit of the health is
+    // corrected at the next poll of the status mirror.
+    plane.kubectl(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "provider",
+        "mock",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"health":"unavailable"}}"#,
+    ]);
+    wait_until("the hand-edited HEALTH corrected", WAIT, || health() == "available");
 
     // A chat through each replica, on the plain and the keyed provider.
     for edge in &edges {

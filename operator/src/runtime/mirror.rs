@@ -21,10 +21,16 @@
 //! writes are counted (`iop_operator_mirror_polls_total`,
 //! `iop_operator_status_writes_total` with `writer="mirror"`).
 //!
-//! The last written value of each object (by uid) is remembered; an object
-//! never written by this process compares against the status it carries, so
-//! a restart or a new leader does not rewrite everything. While no replica
-//! answers nothing is written (the last mirrored state stays).
+//! The last written value of each object (by uid) is remembered, with the
+//! object's resourceVersion before and after that write: while the cache
+//! still shows one of those two (it has not seen the write yet, or has seen
+//! only it), the remembered value is what the object holds. Once anyone
+//! else writes the object (a hand edit of `status.health`, say), the mirror
+//! compares against the status it carries, so the edit is corrected at the
+//! next poll. An object never written by this process compares against its
+//! status too, so a restart or a new leader does not rewrite everything.
+//! While no replica answers nothing is written (the last mirrored state
+//! stays).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -61,11 +67,31 @@ impl Default for MirrorConfig {
 /// What was last written, by object uid, and which replicas were silent.
 #[derive(Debug, Default)]
 pub struct MirrorState {
-    providers: HashMap<String, ProviderMirror>,
-    nodes: HashMap<String, NodeMirror>,
+    providers: HashMap<String, Written<ProviderMirror>>,
+    nodes: HashMap<String, Written<NodeMirror>>,
     /// Replicas that did not answer the last poll (for logging changes only).
     silent: BTreeSet<String>,
     none_answered: bool,
+}
+
+/// A value the mirror wrote, and the object's resourceVersion just before
+/// and just after that write.
+#[derive(Debug, Clone)]
+struct Written<M> {
+    value: M,
+    versions: [Option<String>; 2],
+}
+
+impl<M: Clone> Written<M> {
+    /// What the object holds: the value written, while the cached object is
+    /// the one written or the one before it; otherwise (written since by
+    /// someone else, or never by this process) its own status, `of_status`.
+    fn current(this: Option<&Self>, cached_version: &Option<String>, of_status: impl FnOnce() -> M) -> M {
+        match this {
+            Some(w) if w.versions.contains(cached_version) => w.value.clone(),
+            _ => of_status(),
+        }
+    }
 }
 
 /// Counts of one round (for logs and tests).
@@ -124,15 +150,18 @@ pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut 
     let current_providers: BTreeMap<String, ProviderMirror> = providers
         .iter()
         .map(|p| {
-            let current = state.providers.get(&uid(&p.metadata)).cloned();
-            (p.name_any(), current.unwrap_or_else(|| ProviderMirror::of(p.status.as_ref())))
+            let written = state.providers.get(&uid(&p.metadata));
+            let current =
+                Written::current(written, &p.metadata.resource_version, || ProviderMirror::of(p.status.as_ref()));
+            (p.name_any(), current)
         })
         .collect();
     let current_nodes: BTreeMap<String, NodeMirror> = nodes
         .iter()
         .map(|n| {
-            let current = state.nodes.get(&uid(&n.metadata)).cloned();
-            (n.name_any(), current.unwrap_or_else(|| NodeMirror::of(n.status.as_ref())))
+            let written = state.nodes.get(&uid(&n.metadata));
+            let current = Written::current(written, &n.metadata.resource_version, || NodeMirror::of(n.status.as_ref()));
+            (n.name_any(), current)
         })
         .collect();
     let writes = mirror::plan(edge, &current_providers, &current_nodes, now);
@@ -142,9 +171,10 @@ pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut 
     for (name, m) in writes.providers {
         let Some(p) = providers.iter().find(|p| p.name_any() == name) else { continue };
         match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
-            Ok(()) => {
+            Ok(after) => {
                 tracing::debug!(provider = %name, health = ?m.health, "mirrored provider health");
-                state.providers.insert(uid(&p.metadata), m);
+                let versions = [p.metadata.resource_version.clone(), after];
+                state.providers.insert(uid(&p.metadata), Written { value: m, versions });
                 round.written += 1;
             }
             Err(e) => {
@@ -157,9 +187,10 @@ pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut 
     for (name, m) in writes.nodes {
         let Some(n) = nodes.iter().find(|n| n.name_any() == name) else { continue };
         match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
-            Ok(()) => {
+            Ok(after) => {
                 tracing::debug!(node = %name, connected = ?m.connected, replicas = ?m.replicas_summary, "mirrored node connection");
-                state.nodes.insert(uid(&n.metadata), m);
+                let versions = [n.metadata.resource_version.clone(), after];
+                state.nodes.insert(uid(&n.metadata), Written { value: m, versions });
                 round.written += 1;
             }
             Err(e) => {

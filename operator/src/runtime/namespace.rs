@@ -227,7 +227,7 @@ where
     if meta.is_none_or(|m| m.deletion_timestamp.is_some()) || unchanged {
         return Ok(());
     }
-    apply_status(api, metrics, Writer::Reconcile, name, status).await
+    apply_status(api, metrics, Writer::Reconcile, name, status).await.map(|_| ())
 }
 
 /// Server-side apply of `status` (only the fields given) on the status
@@ -235,13 +235,14 @@ where
 /// [`STATUS_WRITE_TIMEOUT`] and counted in `iop_operator_status_writes_total`
 /// (`ok`, `failed`, `timeout`). A missing object is not an error (it was
 /// deleted meanwhile). Callers decide that the fields changed; this writes.
+/// Returns the object's resourceVersion after the write (`None` when gone).
 pub async fn apply_status<K>(
     api: &Api<K>,
     metrics: &Metrics,
     writer: Writer,
     name: &str,
     status: &impl Serialize,
-) -> Result<(), Error>
+) -> Result<Option<String>, Error>
 where
     K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
 {
@@ -250,14 +251,19 @@ where
         .await
         .unwrap_or(Err(Error::Timeout(STATUS_WRITE_TIMEOUT)));
     pending.finish(match &result {
-        Ok(()) => WriteResult::Ok,
+        Ok(_) => WriteResult::Ok,
         Err(Error::Timeout(_)) => WriteResult::Timeout,
         Err(_) => WriteResult::Failed,
     });
     result
 }
 
-async fn patch_status<K>(api: &Api<K>, manager: &str, name: &str, status: &impl Serialize) -> Result<(), Error>
+async fn patch_status<K>(
+    api: &Api<K>,
+    manager: &str,
+    name: &str,
+    status: &impl Serialize,
+) -> Result<Option<String>, Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
@@ -268,8 +274,8 @@ where
         "status": status,
     });
     match api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&body)).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 404) => Ok(()),
+        Ok(object) => Ok(object.meta().resource_version.clone()),
+        Err(e) if is_status(&e, 404) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

@@ -337,3 +337,17 @@ async fn polls_every_replica_at_its_pod_ip_at_once() {
     assert_eq!(task.await.unwrap(), Round { written: 1, failed: 0 });
     server.done().await;
 }
+
+/// Issue 43 item 6: what the mirror wrote stands for the object only while
+/// the cache shows the object as it was just before or just after that
+/// write; once another writer moved it, the object's own status counts (so
+/// a hand edit is corrected at the next poll).
+#[test]
+fn a_remembered_write_counts_only_until_someone_else_writes() {
+    let written = Written { value: 1, versions: [Some("10".to_string()), Some("11".to_string())] };
+    let v = |s: &str| Some(s.to_string());
+    assert_eq!(Written::current(Some(&written), &v("10"), || 7), 1, "the cache has not seen the write yet");
+    assert_eq!(Written::current(Some(&written), &v("11"), || 7), 1, "the cache has seen the write");
+    assert_eq!(Written::current(Some(&written), &v("12"), || 7), 7, "someone wrote since");
+    assert_eq!(Written::current(None, &v("10"), || 7), 7, "never written by this process");
+}
