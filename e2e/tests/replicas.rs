@@ -9,6 +9,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use common::*;
 use iop_e2e::harness::{self, Proc, ProviderSpec, bin, spawn_until, wait_until};
@@ -51,10 +52,23 @@ impl Replica {
     }
 
     async fn node(&self, client: &reqwest::Client) -> Value {
+        self.node_named(client, NODE).await
+    }
+
+    /// Node `name` as this replica's `/admin/v1/nodes` shows it.
+    async fn node_named(&self, client: &reqwest::Client, name: &str) -> Value {
         let url = format!("http://{}/admin/v1/nodes", self.admin);
         let Ok(response) = client.get(url).send().await else { return Value::Null };
         let nodes: Value = serde_json::from_slice(&response.bytes().await.unwrap_or_default()).unwrap_or_default();
-        nodes["nodes"].as_array().and_then(|n| n.iter().find(|n| n["name"] == NODE).cloned()).unwrap_or_default()
+        nodes["nodes"].as_array().and_then(|n| n.iter().find(|n| n["name"] == name).cloned()).unwrap_or_default()
+    }
+
+    /// `/readyz`: its status and body (status 0 when it does not answer).
+    async fn readyz(&self, client: &reqwest::Client) -> (u16, Value) {
+        match client.get(format!("http://{}/readyz", self.http)).send().await {
+            Ok(response) => json_body(response).await,
+            Err(_) => (0, Value::Null),
+        }
     }
 
     async fn wait_ready(&self, client: &reqwest::Client) -> u64 {
@@ -165,47 +179,10 @@ impl Fleet {
             replica.start().await;
         }
 
-        // gRPC: TCP passthrough (TLS stays end to end between node and
-        // Edge). HTTP: to replicas whose /readyz passes, a new server
-        // connection per request, never retried (as kube-proxy does not).
-        let (lb, lb_http) = (free_port(), free_port());
-        let servers = |port: fn(&Replica) -> SocketAddr| -> String {
-            replicas
-                .iter()
-                // `fall 2` and a check timeout of its own: one slow /readyz
-                // under load is not a down replica (with `fall 1` and the
-                // 100 ms interval as the timeout it took the last replica
-                // out mid-rollout and 503'd a third of the requests).
-                .map(|r| format!("  server {} {} check inter 100ms fall 2 rise 1\n", r.id, port(r)))
-                .collect()
-        };
-        let haproxy_config = format!(
-            "global\n  maxconn 256\ndefaults\n  retries 0\n  timeout connect 2s\n  timeout check 1s\n  timeout client 1h\n  timeout server 1h\n\
-             frontend grpc\n  mode tcp\n  bind {lb}\n  default_backend edges_grpc\n\
-             backend edges_grpc\n  mode tcp\n  balance roundrobin\n{grpc}\
-             frontend http\n  mode http\n  bind {lb_http}\n  default_backend edges_http\n\
-             backend edges_http\n  mode http\n  balance roundrobin\n  option httpclose\n  \
-             option httpchk GET /readyz\n  http-check expect status 200\n{http}",
-            grpc = servers(|r| r.grpc),
-            http = servers(|r| r.http),
-        );
-        let haproxy_file = dir.path().join("haproxy.cfg");
-        std::fs::write(&haproxy_file, haproxy_config).unwrap();
-        let child = tokio::process::Command::new(Part::Haproxy.require(parts::haproxy()))
-            .args(["-db", "-f", haproxy_file.to_str().unwrap()])
-            .kill_on_drop(true)
-            .spawn()
-            .expect("haproxy starts");
-        let haproxy = Proc::new(child, "haproxy");
-        wait_until("haproxy listening", WAIT, || async { tokio::net::TcpStream::connect(lb).await.is_ok() }).await;
-
-        let pair = pki.node_cert(NODE, Validity::Current).unwrap();
-        let mut node_config = harness::node_config(lb, &pki.ca_file, &pair, (50, 500));
-        node_config.metrics = Some(iop_node::config::MetricsConfig { listen: free_port() });
-        let node_file = dir.path().join("node.yaml");
-        std::fs::write(&node_file, serde_saphyr::to_string(&node_config).unwrap()).unwrap();
-        let args = ["--config", node_file.to_str().unwrap(), "--test-heartbeat-profile", FAST_HEARTBEAT];
-        let (node, _) = spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await;
+        let (haproxy, lb, lb_http) = start_haproxy(dir.path(), &replicas).await;
+        // Fast reconnects: a test that restarts a replica waits less.
+        let reconnect = iop_node::config::ReconnectConfig { initial_backoff_ms: 50, max_backoff_ms: 500 };
+        let node = start_node(dir.path(), &pki, NODE, lb, reconnect).await;
         let fleet = Fleet {
             _dir: dir,
             _mock: mock,
@@ -222,6 +199,63 @@ impl Fleet {
         }
         fleet
     }
+}
+
+/// HAProxy in front of `replicas`, started or not: returns it, its gRPC
+/// frontend (TCP passthrough: TLS stays end to end between node and Edge)
+/// and its HTTP frontend (to replicas whose `/readyz` passes, a new server
+/// connection per request, never retried, as kube-proxy does not).
+async fn start_haproxy(dir: &std::path::Path, replicas: &[Replica]) -> (Proc, SocketAddr, SocketAddr) {
+    let (lb, lb_http) = (free_port(), free_port());
+    let servers = |port: fn(&Replica) -> SocketAddr| -> String {
+        replicas
+            .iter()
+            // `fall 2` and a check timeout of its own: one slow /readyz
+            // under load is not a down replica (with `fall 1` and the
+            // 100 ms interval as the timeout it took the last replica
+            // out mid-rollout and 503'd a third of the requests). A
+            // server not up at start is out after its first check.
+            .map(|r| format!("  server {} {} check inter 100ms fall 2 rise 1\n", r.id, port(r)))
+            .collect()
+    };
+    let haproxy_config = format!(
+        "global\n  maxconn 256\ndefaults\n  retries 0\n  timeout connect 2s\n  timeout check 1s\n  timeout client 1h\n  timeout server 1h\n\
+         frontend grpc\n  mode tcp\n  bind {lb}\n  default_backend edges_grpc\n\
+         backend edges_grpc\n  mode tcp\n  balance roundrobin\n{grpc}\
+         frontend http\n  mode http\n  bind {lb_http}\n  default_backend edges_http\n\
+         backend edges_http\n  mode http\n  balance roundrobin\n  option httpclose\n  \
+         option httpchk GET /readyz\n  http-check expect status 200\n{http}",
+        grpc = servers(|r| r.grpc),
+        http = servers(|r| r.http),
+    );
+    let haproxy_file = dir.join("haproxy.cfg");
+    std::fs::write(&haproxy_file, haproxy_config).unwrap();
+    let child = tokio::process::Command::new(Part::Haproxy.require(parts::haproxy()))
+        .args(["-db", "-f", haproxy_file.to_str().unwrap()])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("haproxy starts");
+    let haproxy = Proc::new(child, "haproxy");
+    wait_until("haproxy listening", WAIT, || async { tokio::net::TcpStream::connect(lb).await.is_ok() }).await;
+    (haproxy, lb, lb_http)
+}
+
+/// An `iop-node` named `name` dialing the load balancer `lb`.
+async fn start_node(
+    dir: &std::path::Path,
+    pki: &harness::DevPki,
+    name: &str,
+    lb: SocketAddr,
+    reconnect: iop_node::config::ReconnectConfig,
+) -> Proc {
+    let pair = pki.node_cert(name, Validity::Current).unwrap();
+    let mut node_config = harness::node_config(lb, &pki.ca_file, &pair, (0, 0));
+    node_config.reconnect = reconnect;
+    node_config.metrics = Some(iop_node::config::MetricsConfig { listen: free_port() });
+    let node_file = dir.join(format!("node-{name}.yaml"));
+    std::fs::write(&node_file, serde_saphyr::to_string(&node_config).unwrap()).unwrap();
+    let args = ["--config", node_file.to_str().unwrap(), "--test-heartbeat-profile", FAST_HEARTBEAT];
+    spawn_until("iop-node", &bin("iop-node"), &args, "iop-node metrics on").await.0
 }
 
 /// The node holds one session with each replica through the load
@@ -386,13 +420,162 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
     drop(fleet.node.take());
 }
 
-/// `/readyz` says `starting` until a node is ready (a load balancer sends
-/// nothing to a replica that cannot run it), then `ready`; on SIGTERM it
-/// says `draining` while the replica still answers for the drain delay.
+/// A scale-up under load fails nothing (issue 43 D3): two nodes, each
+/// with a model of its own, hold edge-a and keep dialing for the listed
+/// edge-b, whose pod is not up yet (every dial lands on edge-a, a
+/// duplicate). edge-b then starts under a steady load of both models
+/// through the load balancer: the nodes reach it within seconds with the
+/// default reconnect backoff (a duplicate does not grow it), and it turns
+/// ready, so the load balancer sends it requests, only once both nodes hold
+/// it (before, the first node made it ready and the other node's model
+/// answered 503 `no_provider_available` there).
 #[tokio::test]
-async fn readyz_waits_for_a_node_and_fails_while_draining() {
+#[cfg_attr(iop_absent_haproxy, ignore = "needs haproxy: scripts/test-deps --haproxy")]
+async fn a_new_replica_takes_traffic_once_every_node_holds_it() {
+    const NODES: [&str; 2] = ["mac-1", "mac-2"];
+    const MODELS: [&str; 2] = ["mock-one", "mock-two"];
+    let dir = tempfile::tempdir().unwrap();
+    let pki = harness::DevPki::create(dir.path()).unwrap();
+    let (_mock, mock_url) = spawn_mock("127.0.0.1:0").await;
+    let providers: Vec<_> = NODES
+        .iter()
+        .zip(MODELS)
+        .map(|(node, model)| ProviderSpec {
+            node: node.to_string(),
+            ..provider(model, Adapter::Ollama, "mock", model, &mock_url)
+        })
+        .collect();
+    let ids = ["edge-a", "edge-b"];
+    let mut replicas = Vec::new();
+    for id in ids {
+        let (http, grpc, admin) = (free_port(), free_port(), free_port());
+        let mut config = harness::edge_config(&pki, http, grpc, &NODES, &providers);
+        config.listen.admin = admin;
+        config.replicas = ids.map(String::from).to_vec();
+        let path = dir.path().join(format!("{id}.yaml"));
+        std::fs::write(&path, config.to_yaml()).unwrap();
+        replicas.push(Replica { id, config: path, http, grpc, admin, process: None });
+    }
+    replicas[0].start().await;
+    let (_haproxy, lb, lb_http) = start_haproxy(dir.path(), &replicas).await;
+    let mut nodes = Vec::new();
+    for name in NODES {
+        // The default backoff (500 ms doubling to 30 s), as deployed.
+        nodes.push(start_node(dir.path(), &pki, name, lb, Default::default()).await);
+    }
+    let client = http_client();
+    let a = &replicas[0];
+    for name in NODES {
+        wait_until(&format!("{name} ready on edge-a"), WAIT, || async {
+            a.node_named(&client, name).await["phase"] == "ready"
+        })
+        .await;
+    }
+    assert_eq!(a.readyz(&client).await.0, 200, "edge-a is held by every node");
+    // Both nodes dial for edge-b and land on edge-a several times each (a
+    // pod that takes seconds to start): the backoff a duplicate used to
+    // grow (0.5, 1, 2, 4, then 8 to 16 s).
+    wait_until("ten duplicate dials on edge-a", Duration::from_secs(60), || async {
+        a.metric(&client, DUPLICATES).await >= 10.0
+    })
+    .await;
+
+    // A steady load of both nodes' models through the load balancer.
+    for model in MODELS {
+        wait_until(&format!("the load balancer routes {model}"), WAIT, || async {
+            streamed_through(&client, lb_http, model).await.is_ok()
+        })
+        .await;
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load: Vec<_> = MODELS
+        .into_iter()
+        .chain(MODELS)
+        .map(|model| {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u32, Vec::new());
+                while !stop.is_cancelled() {
+                    match streamed_through(&client, lb_http, model).await {
+                        Ok(()) => answered += 1,
+                        Err(e) => failed.push(format!("{model}: {e}")),
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+
+    replicas[1].start().await;
+    let listening = std::time::Instant::now();
+    let b = &replicas[1];
+    // Every /readyz answer edge-b gives until its first 200.
+    let watch = {
+        let (client, url) = (client.clone(), format!("http://{}/readyz", b.http));
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                let answer = match client.get(&url).send().await {
+                    Ok(response) => json_body(response).await,
+                    Err(_) => (0, Value::Null),
+                };
+                seen.push(answer.clone());
+                if answer.0 == 200 {
+                    return seen;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    wait_until("both nodes ready on edge-b", Duration::from_secs(60), || async {
+        let (one, two) = tokio::join!(b.node_named(&client, NODES[0]), b.node_named(&client, NODES[1]));
+        one["phase"] == "ready" && two["phase"] == "ready"
+    })
+    .await;
+    let held = listening.elapsed();
+    eprintln!("both nodes held edge-b {} ms after it listened", held.as_millis());
+    let readiness = tokio::time::timeout(WAIT, watch).await.expect("edge-b turns ready").unwrap();
+    // The load balancer sends edge-b both models (its counters move).
+    for model in MODELS {
+        let answered =
+            format!("iop_edge_http_requests_total{{api=\"chat_completions\",route=\"{model}\",outcome=\"ok\"}}");
+        wait_until(&format!("edge-b answering {model}"), WAIT, || async { b.metric(&client, &answered).await >= 2.0 })
+            .await;
+    }
+    stop.cancel();
+    let (mut answered, mut failed) = (0, Vec::new());
+    for task in load {
+        let (a, f) = task.await.unwrap();
+        answered += a;
+        failed.extend(f);
+    }
+    let first: Vec<_> = failed.iter().take(3).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed, first: {first:?}",
+        failed.len(),
+        answered as usize + failed.len()
+    );
+    let (ready, starting) = readiness.split_last().unwrap();
+    assert_eq!(ready.1["ready_nodes"], 2, "edge-b turned ready with both nodes held: {ready:?}");
+    for (status, body) in starting {
+        assert_ne!(*status, 200, "{body}");
+    }
+    assert!(held < Duration::from_secs(5), "both nodes hold edge-b within seconds, took {held:?}");
+    drop(nodes);
+}
+
+/// `/readyz` says `starting` until every node of the config is ready here
+/// (a load balancer sends nothing to a replica that cannot run what the
+/// others run), and why; then `ready`, which a node lost later does not
+/// undo (it is lost for every replica); on SIGTERM it says `draining`
+/// while the replica still answers for the drain delay.
+#[tokio::test]
+async fn readyz_waits_for_every_node_and_fails_while_draining() {
+    const OTHER: &str = "mac-2";
     let mut stack = Stack::start(StackOptions {
         start_node: false,
+        extra_nodes: vec![OTHER],
         edge_args: vec!["--drain-delay-ms", "2000"],
         ..Default::default()
     })
@@ -401,12 +584,34 @@ async fn readyz_waits_for_a_node_and_fails_while_draining() {
         let request = stack.client.get(stack.url("/readyz"));
         async move { json_body(request.send().await.unwrap()).await }
     };
-    assert_eq!(readyz(&stack).await, (503, json!({"status": "starting", "ready_nodes": 0})));
-    let pair = stack.pki.node_cert(NODE, iop_e2e::pki::Validity::Current).unwrap();
-    let (node, _) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
-    stack.nodes.push(node);
-    stack.wait_node_ready(NODE).await;
-    assert_eq!(readyz(&stack).await, (200, json!({"status": "ready", "ready_nodes": 1})));
+    let starts_with = |body: &Value, prefix: &str| body["reason"].as_str().is_some_and(|r| r.starts_with(prefix));
+    let (status, body) = readyz(&stack).await;
+    assert_eq!(
+        (status, &body["status"], &body["ready_nodes"], &body["configured_nodes"]),
+        (503, &json!("starting"), &json!(0), &json!(2))
+    );
+    assert!(starts_with(&body, "waiting for nodes: 0 of 2 ready (ready anyway in "), "{body}");
+    for name in [NODE, OTHER] {
+        let pair = stack.pki.node_cert(name, iop_e2e::pki::Validity::Current).unwrap();
+        let (node, _) = stack.spawn_node(&pair, &stack.pki.ca_file.clone()).await;
+        stack.nodes.push(node);
+        stack.wait_node_ready(name).await;
+        if name == NODE {
+            // One node of two: the other's models would answer 503 here.
+            let (status, body) = readyz(&stack).await;
+            assert_eq!((status, &body["status"], &body["ready_nodes"]), (503, &json!("starting"), &json!(1)), "{body}");
+            assert!(starts_with(&body, "waiting for nodes: 1 of 2 ready"), "{body}");
+        }
+    }
+    let every = json!({"status": "ready", "ready_nodes": 2, "configured_nodes": 2, "reason": "every node holds a ready session: 2 of 2"});
+    assert_eq!(readyz(&stack).await, (200, every));
+
+    // A node lost after the replica was ready leaves it ready.
+    drop(stack.nodes.pop());
+    wait_until("mac-2 gone", WAIT, || async { stack.node(OTHER).await["connected"] == false }).await;
+    let (status, body) = readyz(&stack).await;
+    assert_eq!((status, &body["ready_nodes"]), (200, &json!(1)), "{body}");
+    assert_eq!(body["reason"], "ready since every node was; 1 of 2 nodes ready now");
 
     let edge = stack.edge.as_ref().unwrap().pid();
     assert!(std::process::Command::new("kill").args(["-TERM", &edge.to_string()]).status().unwrap().success());

@@ -225,6 +225,7 @@ impl EdgeBuilder {
             id: replica_id.unwrap_or_else(state::default_replica_id),
             lifecycle,
             started: std::time::Instant::now(),
+            was_ready: Default::default(),
             draining: CancellationToken::new(),
             shutting_down: CancellationToken::new(),
             admin_workspace_calls,
@@ -233,6 +234,8 @@ impl EdgeBuilder {
         let state =
             Arc::new(EdgeState { config, registry, overlay, metrics, tracer, routing, link, replica, lease_faults });
         state.record_config_revision();
+        // A config without nodes is ready from the start.
+        state.readiness();
         Ok(Edge { state, http, grpc, admin, policy, reload, handshakes, exporter })
     }
 }

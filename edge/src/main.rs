@@ -40,8 +40,9 @@ struct Args {
     /// replica the config's `replicas` lists). Default: the host name.
     #[arg(long, value_parser = parse_replica_id)]
     replica_id: Option<String>,
-    /// At start, `/readyz` fails until a node is ready or this long passed
-    /// (a config without nodes is ready at once).
+    /// At start, `/readyz` fails until every node of the config holds a
+    /// ready session with this replica or this long passed (a config
+    /// without nodes is ready at once); once ready, only draining fails it.
     #[arg(long, default_value_t = 30_000)]
     startup_grace_ms: u64,
     /// On SIGTERM, keep serving this long with `/readyz` failing, so load

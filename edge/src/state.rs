@@ -4,6 +4,7 @@
 //! admin API. Each owner keeps its own lock; nothing here holds one.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use iop_proto::config::{EdgeConfig, ProviderEntry};
@@ -15,6 +16,7 @@ use crate::admission::AdmissionPool;
 use crate::config::ConfigHandle;
 use crate::core::health::{OverlayState, ProviderView};
 use crate::core::lease::Lease;
+use crate::core::readiness::{Inputs, Readiness, Ready};
 use crate::credentials::{LeaseFaults, LeaseScope, Sealed, Sealer};
 use crate::dispatch::RunTable;
 use crate::http::body::BodyBudget;
@@ -29,16 +31,19 @@ use crate::usage::Accounting;
 use crate::workspace::calls::WorkspaceCalls;
 
 /// How a replica starts and stops (`iop-edge --startup-grace-ms
-/// --drain-delay-ms --drain-timeout-ms`), so a rolling update drops nothing.
+/// --drain-delay-ms --drain-timeout-ms`), so a rolling update or a
+/// scale-up drops nothing.
 ///
-/// Starting, `/readyz` waits until a node is ready (or the config lists
-/// none, or `startup_grace` passed): a load balancer then sends requests
-/// only once there is someone to run them. On the shutdown signal the
-/// replica drains: `/readyz` fails and its nodes are told (they reach the
-/// other replicas for new work), it keeps serving for `drain_delay` (the
-/// time a load balancer takes to see `/readyz`), then stops taking
-/// connections and lets the requests in flight finish, all within
-/// `drain_timeout`; only then are node sessions closed.
+/// Starting, `/readyz` waits until every node of the config holds a Ready
+/// session with this replica (or the config lists none, or `startup_grace`
+/// passed): a load balancer then sends requests only once this replica can
+/// run each model the others run ([`crate::core::readiness`], which also
+/// says why a replica once ready stays so until it drains). On the
+/// shutdown signal the replica drains: `/readyz` fails and its nodes are
+/// told (they reach the other replicas for new work), it keeps serving for
+/// `drain_delay` (the time a load balancer takes to see `/readyz`), then
+/// stops taking connections and lets the requests in flight finish, all
+/// within `drain_timeout`; only then are node sessions closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifecycle {
     pub startup_grace: Duration,
@@ -111,6 +116,9 @@ pub struct Replica {
     pub id: String,
     pub lifecycle: Lifecycle,
     pub started: std::time::Instant,
+    /// Set the first time `/readyz` found this replica ready: it stays
+    /// ready until it drains ([`crate::core::readiness`]).
+    pub was_ready: AtomicBool,
     /// Cancelled when the shutdown signal arrives: the replica drains
     /// ([`Lifecycle`]) before `shutting_down`.
     pub draining: CancellationToken,
@@ -121,13 +129,37 @@ pub struct Replica {
 }
 
 impl EdgeState {
-    /// `/readyz`: not draining, and a node is ready, or the config lists
-    /// none, or the startup grace passed ([`Lifecycle`]).
-    pub fn ready(&self) -> bool {
-        !self.replica.draining.is_cancelled()
-            && (self.registry.ready_count() > 0
-                || self.config.current().nodes.is_empty()
-                || self.replica.started.elapsed() >= self.replica.lifecycle.startup_grace)
+    /// `/readyz`: whether this replica can serve, and why
+    /// ([`Readiness::of`]), with how many of the config's nodes hold a
+    /// Ready session with it and how many it lists. The first answer that
+    /// is ready sticks until draining, and is logged. Asked at start, by
+    /// each `/readyz` and whenever a node turns ready (so a node lost
+    /// between two probes cannot undo a readiness no probe saw yet).
+    pub fn readiness(&self) -> (Readiness, usize, usize) {
+        let config = self.config.current();
+        let held = self.registry.ready_among(config.nodes.iter().map(|n| n.name.as_str()));
+        let (ready_nodes, nodes) = (held.iter().filter(|h| **h).count(), held.len());
+        let readiness = Readiness::of(Inputs {
+            draining: self.replica.draining.is_cancelled(),
+            was_ready: self.replica.was_ready.load(Ordering::Relaxed),
+            nodes,
+            ready_nodes,
+            since_start: self.replica.started.elapsed(),
+            startup_grace: self.replica.lifecycle.startup_grace,
+        });
+        if let Readiness::Ready(why) = readiness
+            && !self.replica.was_ready.swap(true, Ordering::Relaxed)
+        {
+            let reason = readiness.reason(ready_nodes, nodes);
+            if why == Ready::StartupGrace {
+                let missing: Vec<&str> =
+                    config.nodes.iter().zip(&held).filter(|(_, h)| !**h).map(|(n, _)| n.name.as_str()).collect();
+                tracing::warn!(%reason, ?missing, "ready: their models answer 503 here until they connect");
+            } else {
+                tracing::info!(%reason, "ready");
+            }
+        }
+        (readiness, ready_nodes, nodes)
     }
 
     /// The effective health of the configured provider `id` (the one

@@ -158,10 +158,12 @@ pub struct NodeTlsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReconnectConfig {
-    /// First retry delay after a lost or refused connection.
+    /// First retry delay after a lost or refused connection; also the
+    /// pause after a dial that reached a replica held already
+    /// (`crate::transport::backoff::Redial`).
     #[serde(default = "ReconnectConfig::default_initial")]
     pub initial_backoff_ms: u64,
-    /// Cap of the exponential backoff.
+    /// Cap of the exponential backoff (and of the pause after duplicates).
     #[serde(default = "ReconnectConfig::default_max")]
     pub max_backoff_ms: u64,
 }

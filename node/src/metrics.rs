@@ -79,6 +79,11 @@ pub struct ProviderLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -105,6 +110,7 @@ pub struct NodeMetrics {
     malformed_events: Family<ProviderLabels, Counter>,
     model_loads: Family<ProviderLabels, Counter>,
     model_load_seconds: Family<ProviderLabels, Histogram>,
+    edge_dials: Family<OutcomeLabels, Counter>,
 }
 
 /// Buckets of `iop_node_model_load_seconds`: a small model loads in under a
@@ -181,7 +187,14 @@ impl NodeMetrics {
             "Time from the provider request to its first byte of a run that loaded the model, by provider",
             model_load_seconds.clone(),
         );
+        let edge_dials = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "edge_dials",
+            "Dials of the Edge URL, by outcome (held: a replica not held before; duplicate: one held already; failed)",
+            edge_dials.clone(),
+        );
         Arc::new(Self {
+            edge_dials,
             model_loads,
             model_load_seconds,
             registry,
@@ -231,6 +244,11 @@ impl NodeMetrics {
         let labels = ProviderLabels { provider: provider.to_owned() };
         self.model_loads.get_or_create(&labels).inc();
         self.model_load_seconds.get_or_create(&labels).observe(took.as_secs_f64());
+    }
+
+    /// A dial of the Edge came to `outcome` (`crate::transport::backoff::Dialed::label`).
+    pub fn edge_dial(&self, outcome: &'static str) {
+        self.edge_dials.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     pub fn lease_refused(&self, reason: &'static str) {

@@ -9,5 +9,6 @@ pub mod health;
 pub mod lease;
 pub mod net;
 pub mod outlier;
+pub mod readiness;
 pub mod residency;
 pub mod selection;

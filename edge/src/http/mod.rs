@@ -993,16 +993,18 @@ async fn model<S: Surface>(
 }
 
 async fn readyz(State(state): State<Arc<EdgeState>>) -> Response {
-    // `EdgeState::ready`: a replica that drains, or that starts and has no
-    // node yet (within the startup grace), sends load balancers elsewhere.
-    let ready_nodes = state.registry.ready_count();
-    let status = match (state.ready(), state.replica.draining.is_cancelled()) {
-        (true, _) => return axum::Json(json!({ "status": "ready", "ready_nodes": ready_nodes })).into_response(),
-        (false, true) => "draining",
-        (false, false) => "starting",
-    };
-    (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": status, "ready_nodes": ready_nodes })))
-        .into_response()
+    // `EdgeState::readiness`: a replica that drains, or that starts and
+    // does not hold every node yet (within the startup grace), sends load
+    // balancers elsewhere; the reason says which.
+    let (readiness, ready_nodes, nodes) = state.readiness();
+    let body = json!({
+        "status": readiness.status(),
+        "ready_nodes": ready_nodes,
+        "configured_nodes": nodes,
+        "reason": readiness.reason(ready_nodes, nodes),
+    });
+    let status = if readiness.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<Arc<EdgeState>>) -> Response {

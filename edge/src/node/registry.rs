@@ -224,6 +224,12 @@ impl NodeRegistry {
         self.sessions.lock().unwrap().values().filter(|s| s.phase == SessionPhase::Ready).count()
     }
 
+    /// Which of `nodes` have a Ready session (in their order).
+    pub fn ready_among<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) -> Vec<bool> {
+        let sessions = self.sessions.lock().unwrap();
+        nodes.into_iter().map(|n| sessions.get(n).is_some_and(|s| s.phase == SessionPhase::Ready)).collect()
+    }
+
     /// The control channel of `node`'s session, whatever its phase.
     pub fn control_in_any_phase(&self, node: &str) -> Option<ControlSender> {
         self.sessions.lock().unwrap().get(node).map(|s| s.control.clone())

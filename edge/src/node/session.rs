@@ -217,6 +217,9 @@ async fn serve(
                         phase = SessionPhase::Ready;
                         state.metrics.ready_nodes.set(state.registry.ready_count() as i64);
                         tracing::info!(%node, generation, "node ready");
+                        // The last node this replica waited for makes it
+                        // ready now, not at the next `/readyz`.
+                        state.readiness();
                         state.routing.admission.drain_queues();
                         // A reconnect is a chance to recover lowered providers.
                         state.routing.recovery.notify_one();

@@ -19,7 +19,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
-use backoff::Backoff;
+use backoff::{Dialed, Redial};
 pub use error::TransportError;
 use replicas::Replicas;
 use session::SessionEnd;
@@ -65,9 +65,11 @@ impl Dialer {
 /// Keeps one session with every Edge replica until `shutdown`. It dials
 /// the Edge URL (a new connection each time, so a load balancer may bring
 /// it to any replica) while [`Replicas::wants_dial`] says a replica is
-/// missing, one dial at a time: a session that registers with a replica
-/// already held is closed, and the next dial waits the capped exponential
-/// backoff. A dial that reaches a new replica resets the backoff.
+/// missing, one dial at a time, pausing between dials as [`Redial`] says:
+/// a session that registers with a replica already held is closed and the
+/// next dial follows after a short pause (bounded: see [`backoff`]); a
+/// failed dial or a refused session waits the capped exponential backoff;
+/// a dial that reaches a new replica resets both.
 pub async fn supervise(
     config: NodeConfig,
     heartbeat: HeartbeatProfile,
@@ -80,7 +82,7 @@ pub async fn supervise(
     let http = crate::adapter::http_client();
     let endpoint = config.telemetry.otlp_endpoint.as_deref();
     let (tracer, exporter) = iop_telemetry::Exporter::for_endpoint(endpoint, "iop-node", env!("CARGO_PKG_VERSION"));
-    let mut backoff = Backoff::new(config.reconnect.initial(), config.reconnect.max());
+    let mut redial = Redial::new(config.reconnect.initial(), config.reconnect.max());
     let shared = session::Shared {
         // Spent lease ids and credential revisions outlive each connection.
         ledger: Arc::new(crate::lease::LeaseLedger::default()),
@@ -93,13 +95,14 @@ pub async fn supervise(
     let mut next_session = 0u64;
     while !shutdown.is_cancelled() {
         if !shared.replicas.wants_dial() {
+            redial.settled();
             tokio::select! {
                 _ = shared.replicas.changed() => continue,
                 _ = shutdown.cancelled() => break,
             }
         }
         let (registered, verdict) = tokio::sync::oneshot::channel();
-        match dialer.connect().await {
+        let dialed = match dialer.connect().await {
             Ok(client) => {
                 next_session += 1;
                 let (config, http, metrics, shared) = (config.clone(), http.clone(), metrics.clone(), shared.clone());
@@ -114,16 +117,22 @@ pub async fn supervise(
                     }
                 });
                 match verdict.await {
-                    Ok(replicas::ReplicaClaim::Held) => backoff.reset(),
+                    Ok(replicas::ReplicaClaim::Held) => Dialed::Held,
                     Ok(replicas::ReplicaClaim::Duplicate) => {
-                        tracing::debug!("reached a replica already held; dialing again")
+                        tracing::debug!("reached a replica already held; dialing again");
+                        Dialed::Duplicate
                     }
-                    Err(_) => {}
+                    // The session ended before registering (refused).
+                    Err(_) => Dialed::Failed,
                 }
             }
-            Err(e) => tracing::warn!(reason = %e, "cannot reach the edge"),
-        }
-        let delay = backoff.next_delay(fastrand::f64());
+            Err(e) => {
+                tracing::warn!(reason = %e, "cannot reach the edge");
+                Dialed::Failed
+            }
+        };
+        metrics.edge_dial(dialed.label());
+        let delay = redial.next_delay(dialed, fastrand::f64());
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => break,

@@ -65,3 +65,16 @@ async fn holds_release_on_drop_and_wake_the_supervisor() {
     assert!(replicas.wants_dial());
     assert!(replicas.held().is_empty());
 }
+
+/// A replica set that grows on a held session (the Edge's `ReplicaSet` on a
+/// reload) wakes the supervisor, which then wants to dial.
+#[tokio::test]
+async fn a_replica_added_on_a_held_session_wakes_the_supervisor() {
+    let replicas = Replicas::default();
+    let hold = replicas.claim("a", 1, &set(&["a"])).expect("first");
+    replicas.changed().await;
+    assert!(!replicas.wants_dial());
+    hold.set_replicas(&set(&["a", "b"]));
+    tokio::time::timeout(std::time::Duration::from_secs(1), replicas.changed()).await.expect("woken");
+    assert!(replicas.wants_dial(), "b is listed and not held");
+}
