@@ -202,6 +202,9 @@ async fn metric_labels_are_closed_sets() {
                 "retried",
                 "relayed_error",
                 "rate_limit_exceeded",
+                // iop_node_edge_dials_total: what a dial of the Edge came to.
+                "held",
+                "duplicate",
             ]),
         ),
         (

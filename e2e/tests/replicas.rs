@@ -330,6 +330,45 @@ async fn the_node_enforces_capacity_across_replicas() {
 
 /// One streamed chat through HAProxy's HTTP frontend: whether it answered
 /// 200 and its stream ended with `[DONE]`.
+/// Streamed chats through the load balancer, one loop per model, until
+/// `stop`: how many answered, and what failed.
+struct Load(Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>);
+
+impl Load {
+    fn start(
+        client: &reqwest::Client,
+        lb_http: SocketAddr,
+        models: impl IntoIterator<Item = &'static str>,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Self {
+        let loop_on = |model: &'static str| {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0u32, Vec::new());
+                while !stop.is_cancelled() {
+                    match streamed_through(&client, lb_http, model).await {
+                        Ok(()) => answered += 1,
+                        Err(e) => failed.push(format!("{model}: {e}")),
+                    }
+                }
+                (answered, failed)
+            })
+        };
+        Self(models.into_iter().map(loop_on).collect())
+    }
+
+    /// Waits for every loop (after `stop`).
+    async fn finish(self) -> (u32, Vec<String>) {
+        let (mut answered, mut failed) = (0, Vec::new());
+        for task in self.0 {
+            let (a, f) = task.await.unwrap();
+            answered += a;
+            failed.extend(f);
+        }
+        (answered, failed)
+    }
+}
+
 async fn streamed_through(client: &reqwest::Client, lb_http: SocketAddr, model: &str) -> Result<(), String> {
     let body = json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let response = client
@@ -370,22 +409,7 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
     // connections while the load balancer still lists it (with
     // `--drain-delay-ms 0` they fail in every run tried).
     let models = ["mock-slow", "mock-slow", "mock-slow", "mock-slow", "mock-ollama", "mock-ollama"];
-    let load: Vec<_> = models
-        .into_iter()
-        .map(|model| {
-            let (client, stop) = (client.clone(), stop.clone());
-            tokio::spawn(async move {
-                let (mut answered, mut failed) = (0u32, Vec::new());
-                while !stop.is_cancelled() {
-                    match streamed_through(&client, lb_http, model).await {
-                        Ok(()) => answered += 1,
-                        Err(e) => failed.push(e),
-                    }
-                }
-                (answered, failed)
-            })
-        })
-        .collect();
+    let load = Load::start(&client, lb_http, models, &stop);
     // Both replicas answer before, between and after the restarts.
     let answered = "iop_edge_http_requests_total{api=\"chat_completions\",route=\"mock-slow\",outcome=\"ok\"}";
     for i in 0..fleet.replicas.len() {
@@ -409,12 +433,7 @@ async fn a_rolling_restart_under_streaming_load_fails_no_request() {
         .await;
     }
     stop.cancel();
-    let (mut answered, mut failed) = (0, Vec::new());
-    for task in load {
-        let (a, f) = task.await.unwrap();
-        answered += a;
-        failed.extend(f);
-    }
+    let (answered, failed) = load.finish().await;
     assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), answered as usize + failed.len());
     assert!(answered >= 20, "a steady load: {answered}");
     drop(fleet.node.take());
@@ -488,23 +507,7 @@ async fn a_new_replica_takes_traffic_once_every_node_holds_it() {
         .await;
     }
     let stop = tokio_util::sync::CancellationToken::new();
-    let load: Vec<_> = MODELS
-        .into_iter()
-        .chain(MODELS)
-        .map(|model| {
-            let (client, stop) = (client.clone(), stop.clone());
-            tokio::spawn(async move {
-                let (mut answered, mut failed) = (0u32, Vec::new());
-                while !stop.is_cancelled() {
-                    match streamed_through(&client, lb_http, model).await {
-                        Ok(()) => answered += 1,
-                        Err(e) => failed.push(format!("{model}: {e}")),
-                    }
-                }
-                (answered, failed)
-            })
-        })
-        .collect();
+    let load = Load::start(&client, lb_http, MODELS.into_iter().chain(MODELS), &stop);
 
     replicas[1].start().await;
     let listening = std::time::Instant::now();
@@ -543,12 +546,7 @@ async fn a_new_replica_takes_traffic_once_every_node_holds_it() {
             .await;
     }
     stop.cancel();
-    let (mut answered, mut failed) = (0, Vec::new());
-    for task in load {
-        let (a, f) = task.await.unwrap();
-        answered += a;
-        failed.extend(f);
-    }
+    let (answered, failed) = load.finish().await;
     let first: Vec<_> = failed.iter().take(3).collect();
     assert!(
         failed.is_empty(),
