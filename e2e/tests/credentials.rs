@@ -102,9 +102,7 @@ async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_with
     let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
     assert_eq!((status, body["error"]["type"].as_str()), (502, Some("api_error")), "{body}");
     // New secret, new revision: the Edge reloads it, the node accepts it.
-    std::fs::write(stack.dir.path().join("lm.key"), "sk-lmstudio-2\n").unwrap();
-    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
-    std::fs::write(&stack.edge_config, text.replace("revision: 1", "revision: 2")).unwrap();
+    set_credential(&stack, "sk-lmstudio-2", (1, 2));
     wait_until("the rotated credential", WAIT, || async {
         stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await.status() == 200
     })
@@ -116,9 +114,7 @@ async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_with
 
     // Going back to the old revision (an old Secret restored by mistake) is
     // refused by the node: revisions of a profile never go backwards.
-    std::fs::write(stack.dir.path().join("lm.key"), format!("{KEY}\n")).unwrap();
-    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
-    std::fs::write(&stack.edge_config, text.replace("revision: 2", "revision: 1")).unwrap();
+    set_credential(&stack, KEY, (2, 1));
     wait_until("the old revision's refusal", WAIT, || async {
         let (status, body) =
             json_body(stack.post("/v1/chat/completions", &chat_body("keyed", "hi", false)).await).await;
@@ -138,15 +134,21 @@ async fn a_keyed_provider_answers_through_sealed_leases_and_its_key_rotates_with
     assert_eq!(health, 1.0);
     // The working key at a later revision (what the operator gives after
     // any restore) is taken: the refusal is over.
-    std::fs::write(stack.dir.path().join("lm.key"), "sk-lmstudio-2\n").unwrap();
-    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
-    std::fs::write(&stack.edge_config, text.replace("revision: 1", "revision: 3")).unwrap();
+    set_credential(&stack, "sk-lmstudio-2", (1, 3));
     wait_until("the later revision accepted", WAIT, || async {
         stack.post("/v1/chat/completions", &chat_body("keyed", "hello", false)).await.status() == 200
     })
     .await;
     let admin = stack.provider_admin("keyed").await;
     assert_eq!((admin["credential"]["state"].as_str(), admin["health"].as_str()), (Some("ok"), Some("available")));
+}
+
+/// Profile `lm` gets `value` and its revision goes `from` -> `to` (the
+/// Edge reloads both).
+fn set_credential(stack: &Stack, value: &str, (from, to): (u64, u64)) {
+    std::fs::write(stack.dir.path().join("lm.key"), format!("{value}\n")).unwrap();
+    let text = std::fs::read_to_string(&stack.edge_config).unwrap();
+    std::fs::write(&stack.edge_config, text.replace(&format!("revision: {from}"), &format!("revision: {to}"))).unwrap();
 }
 
 /// Every request through a stack whose Edge seals leases wrongly in one way:

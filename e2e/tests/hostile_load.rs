@@ -88,16 +88,8 @@ async fn connections_that_do_nothing_lose_their_slot_to_a_request() {
     })
     .await;
 
-    let response = stack
-        .client
-        .post(stack.url("/v1/chat/completions"))
-        .bearer_auth(&key)
-        .header("content-type", "application/json")
-        .body(chat_body("mock-ollama", "hi", false).to_string())
-        .send()
-        .await
-        .unwrap();
-    let (status, body) = json_body(response).await;
+    let (status, body) =
+        json_body(stack.post_as(&key, "/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
     assert_eq!(status, 200, "{body}");
     // The oldest of the flood went first: its first connection is closed.
     assert!(closed(&mut flood[0]).await);
@@ -203,15 +195,8 @@ async fn bodies_share_a_budget_and_a_key_holds_only_its_share() {
     assert_eq!(in_flight().await, MIB as f64);
     let _third = held_body(stack.http, Some(&open_key), MIB, 10).await;
     wait_until("two bodies hold the budget", WAIT, || async { in_flight().await == (2 * MIB) as f64 }).await;
-    let response = stack
-        .client
-        .post(stack.url("/v1/messages"))
-        .bearer_auth(&open_key)
-        .header("content-type", "application/json")
-        .body(serde_json::json!({ "model": "mock-ollama", "max_tokens": 8, "messages": [] }).to_string())
-        .send()
-        .await
-        .unwrap();
+    let messages = serde_json::json!({ "model": "mock-ollama", "max_tokens": 8, "messages": [] });
+    let response = stack.post_as(&open_key, "/v1/messages", &messages).await;
     assert_eq!(response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string()), Some("1".into()));
     let (status, body) = json_body(response).await;
     assert_eq!((status, body["error"]["type"].as_str()), (503, Some("overloaded_error")), "{body}");

@@ -53,15 +53,7 @@ async fn call(stack: &Stack, path: &str, model: &str, key: &str) -> (u16, reqwes
     } else {
         chat_body(model, "hi", false)
     };
-    let response = stack
-        .client
-        .post(stack.url(path))
-        .bearer_auth(key)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let response = stack.post_as(key, path, &body).await;
     let headers = response.headers().clone();
     let (status, body) = json_body(response).await;
     (status, headers, body)

@@ -60,16 +60,8 @@ async fn dropped_streams_are_charged_what_was_generated() {
     assert_eq!(stack.metric(estimated).await, (2 * story_estimate()) as f64);
 
     // 2 x (12 + the estimate) is past the 30 a minute: not free any more.
-    let response = stack
-        .client
-        .post(stack.url("/v1/chat/completions"))
-        .bearer_auth(&key)
-        .header("content-type", "application/json")
-        .body(chat_body("story", "again", false).to_string())
-        .send()
-        .await
-        .unwrap();
-    let (status, body) = json_body(response).await;
+    let (status, body) =
+        json_body(stack.post_as(&key, "/v1/chat/completions", &chat_body("story", "again", false)).await).await;
     assert_eq!((status, body["error"]["type"].as_str()), (429, Some("tokens")), "{body}");
 }
 

@@ -433,13 +433,19 @@ impl Stack {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.json_post(path, body).send().await.expect("POST")
+    }
+
+    /// `POST path` of `body` with API key `key`.
+    pub async fn post_as(&self, key: &str, path: &str, body: &Value) -> reqwest::Response {
+        self.json_post(path, body).bearer_auth(key).send().await.expect("POST")
+    }
+
+    fn json_post(&self, path: &str, body: &Value) -> reqwest::RequestBuilder {
         self.client
             .post(self.url(path))
             .header("content-type", "application/json")
             .body(serde_json::to_vec(body).unwrap())
-            .send()
-            .await
-            .expect("POST")
     }
 
     /// Marks providers `ids` `continuation: true` (they continue a

@@ -200,7 +200,7 @@ impl Stores {
         read.snapshot.replicas = replica_ids(self.pods.state().iter().map(|p| p.as_ref()));
         read.snapshot.edge_config_map = self.config_map.state().first().map(|c| c.as_ref().clone());
         read.snapshot.namespace_terminating =
-            self.namespace.state().first().is_some_and(|n| n.metadata.deletion_timestamp.is_some());
+            self.namespace.state().first().is_some_and(|n| super::ownership::is_terminating(n));
         read
     }
 }

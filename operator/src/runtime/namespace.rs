@@ -73,9 +73,7 @@ pub async fn reconcile(ctx: &Context, read: Read, now: OffsetDateTime) -> Result
     let Read { mut snapshot, undecodable } = read;
     let nodes: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     if snapshot.namespace_terminating {
-        let metas = snapshot.nodes.iter().map(|n| &n.metadata);
-        let undecodable = undecodable.iter().filter(|u| u.kind == Kind::NodeCatalog).map(|u| &u.metadata);
-        return release_every_finalizer(&nodes, metas.chain(undecodable)).await;
+        return release_every_finalizer(&nodes, node_metas(&snapshot.nodes, &undecodable)).await;
     }
 
     for n in snapshot.nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
@@ -311,11 +309,22 @@ pub async fn release_every_finalizer(
     nodes: impl Iterator<Item = &ObjectMeta>,
 ) -> Result<(), Error> {
     for meta in nodes.filter(|m| has_finalizer(m)) {
-        let rest = meta.finalizers.iter().flatten().filter(|f| *f != NODE_FINALIZER).cloned().collect();
-        set_finalizers(api, meta, rest).await?;
+        drop_finalizer(api, meta).await?;
         tracing::info!(node = meta.name.as_deref().unwrap_or_default(), "namespace terminating: finalizer released");
     }
     Ok(())
+}
+
+/// Every NodeCatalog's metadata, undecodable ones included.
+fn node_metas<'a>(nodes: &'a [NodeCatalog], undecodable: &'a [Undecodable]) -> impl Iterator<Item = &'a ObjectMeta> {
+    let undecodable = undecodable.iter().filter(|u| u.kind == Kind::NodeCatalog).map(|u| &u.metadata);
+    nodes.iter().map(|n| &n.metadata).chain(undecodable)
+}
+
+/// Removes [`NODE_FINALIZER`] from the NodeCatalog `meta`, keeping the others.
+async fn drop_finalizer(api: &Api<NodeCatalog>, meta: &ObjectMeta) -> Result<(), Error> {
+    let rest = meta.finalizers.iter().flatten().filter(|f| *f != NODE_FINALIZER).cloned().collect();
+    set_finalizers(api, meta, rest).await
 }
 
 /// Stage 5: NodeCatalogs being deleted whose identity is not in the applied
@@ -326,18 +335,13 @@ async fn release_finalizers(
     undecodable: &[Undecodable],
     applied: &EdgeConfig,
 ) -> Result<(), Error> {
-    let deleting = nodes
-        .iter()
-        .map(|n| &n.metadata)
-        .chain(undecodable.iter().filter(|u| u.kind == Kind::NodeCatalog).map(|u| &u.metadata))
-        .filter(|m| m.deletion_timestamp.is_some() && has_finalizer(m));
+    let deleting = node_metas(nodes, undecodable).filter(|m| m.deletion_timestamp.is_some() && has_finalizer(m));
     for meta in deleting {
         let name = meta.name.as_deref().unwrap_or_default();
         if applied.nodes.iter().any(|n| n.name == name) {
             continue;
         }
-        let rest = meta.finalizers.iter().flatten().filter(|f| *f != NODE_FINALIZER).cloned().collect();
-        set_finalizers(api, meta, rest).await?;
+        drop_finalizer(api, meta).await?;
         tracing::info!(node = name, "node identity removed from the Edge config; finalizer released");
     }
     Ok(())

@@ -76,10 +76,15 @@ where
     Ok(())
 }
 
-/// The namespace is being deleted (read now, not from a cache).
+/// Whether `namespace` is being deleted.
+pub fn is_terminating(namespace: &Namespace) -> bool {
+    namespace.metadata.deletion_timestamp.is_some()
+}
+
+/// The namespace is being deleted, or gone (read now, not from a cache).
 pub async fn terminating(client: &Client, namespace: &str) -> Result<bool, Error> {
     let ns = Api::<Namespace>::all(client.clone()).get_opt(namespace).await?;
-    Ok(ns.is_none_or(|ns| ns.metadata.deletion_timestamp.is_some()))
+    Ok(ns.is_none_or(|ns| is_terminating(&ns)))
 }
 
 #[cfg(test)]
