@@ -244,6 +244,12 @@ pub struct EdgeNode {
     /// `unavailable` (commands refused) or `unknown`.
     #[serde(default, deserialize_with = "lenient")]
     pub command_sandbox: Option<String>,
+    /// The serial (lowercase hex) of the certificate the node presented
+    /// for this session; `None` without a session. Compared with the
+    /// NodeCatalog's issued serial, it tells whether the Mac runs the
+    /// current bundle.
+    #[serde(default, deserialize_with = "lenient")]
+    pub certificate_serial: Option<String>,
     /// This replica holds a session with the node.
     pub connected: bool,
     /// When that session connected (ms since the epoch).

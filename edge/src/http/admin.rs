@@ -115,6 +115,7 @@ pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
             } = node;
             admin::EdgeNode {
                 command_sandbox: command_sandbox.map(str::to_string),
+                certificate_serial: None,
                 connected,
                 connected_at_ms,
                 generation,

@@ -49,6 +49,7 @@ fn one(providers: &ProvidersSnapshot, nodes: &NodesSnapshot) -> EdgeView {
 
 fn edge_node(connected: bool, generation: Option<u64>, connected_at_s: Option<u64>) -> EdgeNode {
     EdgeNode {
+        certificate_serial: None,
         name: "mac-1".to_string(),
         connected,
         phase: connected.then_some(SessionPhase::Ready),
@@ -115,6 +116,7 @@ fn parses_the_edge_admin_snapshots() {
     assert_eq!(
         nodes.nodes[1],
         EdgeNode {
+            certificate_serial: None,
             name: "mac-2".into(),
             connected: false,
             phase: None,

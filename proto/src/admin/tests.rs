@@ -36,6 +36,7 @@ fn provider() -> EdgeProvider {
 
 fn node() -> EdgeNode {
     EdgeNode {
+        certificate_serial: None,
         command_sandbox: Some("landlock".into()),
         connected: true,
         connected_at_ms: Some(1_700_000_000_123),
@@ -100,6 +101,7 @@ fn snapshots_are_written_in_full_and_read_back() {
         nodes: vec![
             node(),
             EdgeNode {
+                certificate_serial: None,
                 command_sandbox: None,
                 connected: false,
                 connected_at_ms: None,

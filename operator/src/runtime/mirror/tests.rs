@@ -166,6 +166,7 @@ fn view(overlay: Option<Overlay>) -> EdgeView {
         },
         NodesSnapshot {
             nodes: vec![EdgeNode {
+                certificate_serial: None,
                 name: "mac-1".to_string(),
                 connected: true,
                 phase: Some(SessionPhase::Ready),
