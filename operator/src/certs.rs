@@ -2,6 +2,7 @@
 //! (shared with `iop-edge pki`); here are the Secrets that hold them
 //! ([`secrets`]) and what the operator reports about them ([`status`]).
 
+pub use iop_pki::rotation::{Authority, Retiring};
 pub use iop_pki::{
     BACKDATE, Ca, CertError, CertInfo, CertifiedKey, PrivateKeyPem, Renewal, ca_expiring, inspect, needs_rotation,
 };

@@ -73,6 +73,8 @@ pub enum CertError {
     InvalidName(String),
     #[error("validity must be at least one minute")]
     Validity,
+    #[error("the cross-signed CA certificate does not carry the CA's key, or is not signed by the retiring CA")]
+    CrossMismatch,
     #[error("certificate generation failed: {0}")]
     Generate(String),
 }
@@ -247,6 +249,14 @@ impl Ca {
 
     pub fn not_after(&self) -> OffsetDateTime {
         self.not_after
+    }
+
+    pub(crate) fn key_pair(&self) -> &KeyPair {
+        self.issuer.key()
+    }
+
+    pub(crate) fn issuer(&self) -> &Issuer<'static, KeyPair> {
+        &self.issuer
     }
 
     fn issue(

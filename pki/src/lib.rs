@@ -8,6 +8,8 @@
 //! - [`bundle`]: what a node needs (`ca.pem`, `node.pem`, `node-key.pem`,
 //!   `node.yaml`), checked to belong together.
 //! - [`files`]: writing them, private keys readable by their owner only.
+//! - [`rotation`]: replacing the CA with an overlap (both trusted, the new
+//!   one cross-signed by the old).
 //!
 //! Private keys live in [`PrivateKeyPem`], which never prints.
 
@@ -16,6 +18,7 @@ use std::time::Duration;
 pub mod bundle;
 mod certs;
 pub mod files;
+pub mod rotation;
 
 pub use certs::*;
 

@@ -14,16 +14,36 @@ use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{
-    CA_CERT_KEY, CA_KEY_KEY, CA_SECRET, Ca, CertError, CertifiedKey, EDGE_CERT_KEY, EDGE_KEY_KEY, EDGE_TLS_SECRET,
-    NODE_CERT_KEY, NODE_KEY_KEY, PrivateKeyPem, Renewal, needs_rotation, node_secret_name,
+    Authority, CA_CERT_KEY, CA_KEY_KEY, CA_SECRET, Ca, CertError, CertifiedKey, EDGE_CERT_KEY, EDGE_KEY_KEY,
+    EDGE_TLS_SECRET, NODE_CERT_KEY, NODE_KEY_KEY, PrivateKeyPem, Renewal, Retiring, needs_rotation, node_secret_name,
 };
 use crate::crd::NodeCatalog;
 
 /// Lifetimes (the same for `iop-edge pki`): a generated CA's, the Edge
 /// server certificate's and how long before its expiry it is renewed.
 pub use iop_pki::{CA_VALIDITY, EDGE_RENEW_BEFORE, EDGE_RENEWAL, EDGE_VALIDITY};
-/// Common name of a CA the operator generates.
-pub const CA_COMMON_NAME: &str = "iop operator CA";
+/// Common name of a CA the operator generates: named after its creation
+/// time, so the old and the new CA of a rotation differ by name and a
+/// certificate of the wrong one is refused as `untrusted_issuer`.
+pub fn ca_common_name(now: OffsetDateTime) -> String {
+    let t = now.to_offset(time::UtcOffset::UTC);
+    format!(
+        "iop operator CA {:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+/// Keys `iop-ca` holds while a CA rotation is under way
+/// (`iop-operator ca rotate`, until `iop-operator ca finish`): the CA being
+/// replaced (still trusted) and the new CA cross-signed by it
+/// ([`iop_pki::rotation`]).
+pub const RETIRING_CA_KEY: &str = "retiring-ca.pem";
+pub const RETIRING_CROSS_KEY: &str = "retiring-cross.pem";
 
 /// Keys a user-supplied CA Secret of type `kubernetes.io/tls` has instead.
 const TLS_CERT_KEY: &str = "tls.crt";
@@ -42,6 +62,10 @@ pub enum Reissue {
     /// The certificate does not match: other names or identity, not signed
     /// by the CA, or the key is not its own.
     Mismatch,
+    /// The certificate stands, but the trust bundle (`ca.pem`) or the chain
+    /// served after it changed (a CA rotation began or ended): the Secret is
+    /// written again with the same certificate and key.
+    Trust,
 }
 
 impl Reissue {
@@ -51,6 +75,7 @@ impl Reissue {
             Self::CaChanged => "ca_changed",
             Self::Rotation => "rotation",
             Self::Mismatch => "mismatch",
+            Self::Trust => "trust",
         }
     }
 }
@@ -61,6 +86,8 @@ pub enum CaSecretError {
     MissingKeys,
     #[error("Secret `{CA_SECRET}`: {0}")]
     Invalid(CertError),
+    #[error("Secret `{CA_SECRET}` has one of `{RETIRING_CA_KEY}` and `{RETIRING_CROSS_KEY}` without the other")]
+    RetiringIncomplete,
 }
 
 fn labels(component: &str) -> BTreeMap<String, String> {
@@ -115,25 +142,42 @@ pub fn load_ca(secret: &Secret, now: OffsetDateTime) -> Result<Ca, CaSecretError
     Ca::from_pem(&cert, &PrivateKeyPem::new(key), now).map_err(CaSecretError::Invalid)
 }
 
-/// `iop-edge-tls`: `ca.pem`, `edge.pem`, `edge-key.pem`.
-pub fn edge_tls_secret(namespace: &str, ca: &Ca, edge: &CertifiedKey) -> Secret {
+/// The CA and, while a rotation is under way, the CA it replaces.
+pub fn load_authority(secret: &Secret, now: OffsetDateTime) -> Result<Authority, CaSecretError> {
+    let signer = load_ca(secret, now)?;
+    match (value(secret, RETIRING_CA_KEY), value(secret, RETIRING_CROSS_KEY)) {
+        (None, None) => Ok(Authority::single(signer)),
+        (Some(ca_pem), Some(cross_pem)) => {
+            Authority::rotating(signer, Retiring { ca_pem, cross_pem }).map_err(CaSecretError::Invalid)
+        }
+        _ => Err(CaSecretError::RetiringIncomplete),
+    }
+}
+
+/// `iop-edge-tls`: `ca.pem` (the trust bundle), `edge.pem` (the leaf and,
+/// during a rotation, the cross-signed CA), `edge-key.pem`.
+pub fn edge_tls_secret(namespace: &str, authority: &Authority, edge: &CertifiedKey) -> Secret {
     secret(
         namespace,
         EDGE_TLS_SECRET,
         "edge-tls",
-        &[(CA_CERT_KEY, ca.cert_pem()), (EDGE_CERT_KEY, &edge.cert_pem), (EDGE_KEY_KEY, edge.key.expose())],
+        &[
+            (CA_CERT_KEY, &authority.trust_pem()),
+            (EDGE_CERT_KEY, &authority.serving_chain(&edge.cert_pem)),
+            (EDGE_KEY_KEY, edge.key.expose()),
+        ],
     )
 }
 
 /// `iop-node-<name>`: `ca.pem`, `node.pem`, `node-key.pem`, owned by its
 /// NodeCatalog (deleted with it).
-pub fn node_secret(namespace: &str, node: &NodeCatalog, ca: &Ca, cert: &CertifiedKey) -> Secret {
+pub fn node_secret(namespace: &str, node: &NodeCatalog, authority: &Authority, cert: &CertifiedKey) -> Secret {
     let name = node.meta().name.as_deref().unwrap_or_default();
     let mut s = secret(
         namespace,
         &node_secret_name(name),
         "node-certificate",
-        &[(CA_CERT_KEY, ca.cert_pem()), (NODE_CERT_KEY, &cert.cert_pem), (NODE_KEY_KEY, cert.key.expose())],
+        &[(CA_CERT_KEY, &authority.trust_pem()), (NODE_CERT_KEY, &cert.cert_pem), (NODE_KEY_KEY, cert.key.expose())],
     );
     if let Some(labels) = s.metadata.labels.as_mut() {
         labels.insert("iop.dev/node".to_string(), name.to_string());
@@ -181,45 +225,68 @@ fn leaf_names(cert_pem: &str, key_pem: &str, ca: &Ca) -> Option<Vec<String>> {
     Some(names)
 }
 
-/// Whether the certificate in a stored Secret must be issued again.
+/// The certificate and key a stored Secret holds, when both are there.
+pub fn stored_cert(secret: &Secret, cert_key: &str, key_key: &str) -> Option<CertifiedKey> {
+    Some(CertifiedKey { cert_pem: value(secret, cert_key)?, key: PrivateKeyPem::new(value(secret, key_key)?) })
+}
+
+/// Whether the certificate in a stored Secret must be issued again, or the
+/// Secret written again around it ([`Reissue::Trust`]). `served` is the
+/// certificate text the Secret should hold for its leaf (the Edge's chain).
 fn reissue(
     existing: Option<&Secret>,
-    cert_key: &str,
-    key_key: &str,
-    ca: &Ca,
+    (cert_key, key_key): (&str, &str),
+    authority: &Authority,
     expected_names: &[String],
     now: OffsetDateTime,
     renewal: Renewal,
+    served: impl Fn(&str) -> String,
 ) -> Option<Reissue> {
     let Some(s) = existing else { return Some(Reissue::Missing) };
     let (Some(ca_pem), Some(cert), Some(key)) = (value(s, CA_CERT_KEY), value(s, cert_key), value(s, key_key)) else {
         return Some(Reissue::Missing);
     };
-    if ca_pem != ca.cert_pem() {
-        return Some(Reissue::CaChanged);
-    }
+    // Compared without trailing whitespace: a Secret written before bundles
+    // were joined line by line reads the same.
+    let same = |a: &str, b: &str| a.trim_end() == b.trim_end();
+    let trusted = same(&ca_pem, &authority.trust_pem());
+    let ca = &authority.signer;
+    let Some(mut names) = leaf_names(&cert, &key, ca) else {
+        return Some(if trusted { Reissue::Mismatch } else { Reissue::CaChanged });
+    };
     let mut expected = expected_names.to_vec();
     expected.sort();
-    if leaf_names(&cert, &key, ca).is_none_or(|names| names != expected) {
+    names.sort();
+    if names != expected {
         return Some(Reissue::Mismatch);
     }
-    needs_rotation(&cert, now, renewal, ca.not_after()).then_some(Reissue::Rotation)
+    if needs_rotation(&cert, now, renewal, ca.not_after()) {
+        return Some(Reissue::Rotation);
+    }
+    (!trusted || !same(&cert, &served(&cert))).then_some(Reissue::Trust)
 }
 
-/// Whether `iop-edge-tls` must be issued again for `names`.
-pub fn edge_reissue(existing: Option<&Secret>, ca: &Ca, names: &[String], now: OffsetDateTime) -> Option<Reissue> {
-    reissue(existing, EDGE_CERT_KEY, EDGE_KEY_KEY, ca, names, now, EDGE_RENEWAL)
+/// Whether `iop-edge-tls` must be issued (or written) again for `names`.
+pub fn edge_reissue(
+    existing: Option<&Secret>,
+    authority: &Authority,
+    names: &[String],
+    now: OffsetDateTime,
+) -> Option<Reissue> {
+    let served = |cert: &str| authority.serving_chain(cert);
+    reissue(existing, (EDGE_CERT_KEY, EDGE_KEY_KEY), authority, names, now, EDGE_RENEWAL, served)
 }
 
-/// Whether a node's Secret must be issued again for `identity`.
+/// Whether a node's Secret must be issued (or written) again for `identity`.
 pub fn node_reissue(
     existing: Option<&Secret>,
-    ca: &Ca,
+    authority: &Authority,
     identity: &NodeIdentity,
     now: OffsetDateTime,
     renewal: Renewal,
 ) -> Option<Reissue> {
-    reissue(existing, NODE_CERT_KEY, NODE_KEY_KEY, ca, &[identity.uri()], now, renewal)
+    let leaf = |cert: &str| iop_pki::rotation::first_pem_block(cert).to_string();
+    reissue(existing, (NODE_CERT_KEY, NODE_KEY_KEY), authority, &[identity.uri()], now, renewal, leaf)
 }
 
 #[cfg(test)]

@@ -128,6 +128,12 @@ pub enum Error {
     #[error("certificate: {0}")]
     Cert(#[from] CertError),
     #[error(
+        "Secret `iop-ca` is missing while `iop-edge-tls` exists: the operator makes a CA at the first install only. \
+         Restore `iop-ca` or create it with your CA (every node then needs a new bundle; `iop-operator ca rotate` \
+         replaces a CA without cutting nodes off), or delete `iop-edge-tls` too to let the operator make a new CA"
+    )]
+    CaMissing,
+    #[error(
         "the IOP CustomResourceDefinitions are not established after {waited:?}: {missing}. \
          If they are not installed: kubectl apply -f crds/ (or `iop-operator crds | kubectl apply -f -`)"
     )]
@@ -146,6 +152,7 @@ impl Error {
             Self::Build(_) => "build",
             Self::CaSecret(_) => "ca_secret",
             Self::Cert(_) => "certificate",
+            Self::CaMissing => "ca_missing",
             Self::CrdsNotEstablished { .. } => "crds_not_established",
             Self::TaskEnded(_) => "task_ended",
             Self::Listen { .. } => "listen",

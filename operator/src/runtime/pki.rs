@@ -18,9 +18,12 @@ use time::OffsetDateTime;
 use super::metrics::{CertKind, Metrics, Writer};
 use super::namespace::apply_status;
 use super::{Context, Error, is_status, timestamp};
-use crate::certs::secrets::{self, CA_COMMON_NAME, CA_VALIDITY, EDGE_RENEW_BEFORE, EDGE_VALIDITY};
+use crate::certs::secrets::{self, CA_VALIDITY, EDGE_RENEW_BEFORE, EDGE_VALIDITY, Reissue};
 use crate::certs::status::{self, CaExpiry};
-use crate::certs::{CA_SECRET, Ca, EDGE_TLS_SECRET, NODE_CERT_KEY, inspect, node_secret_name};
+use crate::certs::{
+    Authority, CA_SECRET, Ca, CertifiedKey, EDGE_CERT_KEY, EDGE_KEY_KEY, EDGE_TLS_SECRET, NODE_CERT_KEY, NODE_KEY_KEY,
+    inspect, node_secret_name,
+};
 use crate::crd::NodeCatalog;
 use crate::crd::node_catalog::CertificateStatus;
 use crate::reconcile::FIELD_MANAGER_CERTS;
@@ -39,7 +42,8 @@ pub async fn reconcile(
 ) -> Result<(), Error> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let metrics = &ctx.metrics;
-    let ca = ensure_ca(&secrets, &ctx.namespace, metrics, now).await?;
+    let authority = ensure_ca(&secrets, &ctx.namespace, metrics, now).await?;
+    let ca = &authority.signer;
     let in_config = || applied.nodes.iter().filter_map(|entry| nodes.iter().find(|n| n.name_any() == entry.name));
     let window = in_config().map(|n| n.spec.certificate.renewal().renew_before).fold(EDGE_RENEW_BEFORE, std::cmp::max);
     let expiry = CaExpiry { not_after: ca.not_after(), window };
@@ -50,7 +54,7 @@ pub async fn reconcile(
             "the CA expires within the renewal window: certificates end with it; replace the CA"
         );
     }
-    ensure_edge_tls(&secrets, &ctx.namespace, &ca, &ctx.edge_server_names, metrics, now).await?;
+    ensure_edge_tls(&secrets, &ctx.namespace, &authority, &ctx.edge_server_names, metrics, now).await?;
 
     let api: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let mut result = Ok(());
@@ -58,7 +62,8 @@ pub async fn reconcile(
         let name = node.name_any();
         let outcome = async {
             let outcome =
-                ensure_node_cert(&secrets, &ctx.namespace, &ca, node, &ctx.settings.trust_domain, metrics, now).await?;
+                ensure_node_cert(&secrets, &ctx.namespace, &authority, node, &ctx.settings.trust_domain, metrics, now)
+                    .await?;
             let current = node.status.as_ref();
             let update = match outcome {
                 NodeCert::Current(cert) => status::node_update(current, cert, &expiry, now, timestamp(now)),
@@ -87,28 +92,37 @@ pub async fn reconcile(
     result
 }
 
-/// Loads the CA from `iop-ca`, or generates one and creates the Secret.
-/// When the create loses a race (409), the winner's CA is loaded instead.
+/// Loads the CA (and the one it replaces, during a rotation) from `iop-ca`,
+/// or generates one and creates the Secret. When the create loses a race
+/// (409), the winner's CA is loaded instead.
+///
+/// A CA is generated at the first install only: when `iop-ca` is missing
+/// but `iop-edge-tls` exists, someone deleted it (to replace it, or by
+/// mistake), and a CA made now would cut off every node and win the race
+/// against the user's own `kubectl create` ([`Error::CaMissing`]).
 pub async fn ensure_ca(
     secrets: &Api<Secret>,
     namespace: &str,
     metrics: &Metrics,
     now: OffsetDateTime,
-) -> Result<Ca, Error> {
+) -> Result<Authority, Error> {
     if let Some(existing) = secrets.get_opt(CA_SECRET).await? {
-        return Ok(secrets::load_ca(&existing, now)?);
+        return Ok(secrets::load_authority(&existing, now)?);
     }
-    let ca = Ca::generate(CA_COMMON_NAME, now, CA_VALIDITY)?;
+    if secrets.get_opt(EDGE_TLS_SECRET).await?.is_some() {
+        return Err(Error::CaMissing);
+    }
+    let ca = Ca::generate(&secrets::ca_common_name(now), now, CA_VALIDITY)?;
     let params = PostParams { field_manager: Some(FIELD_MANAGER_CERTS.to_string()), ..Default::default() };
     match secrets.create(&params, &secrets::ca_secret(namespace, &ca)).await {
         Ok(_) => {
             metrics.issued(CertKind::Ca);
             tracing::info!(secret = CA_SECRET, not_after = %ca.not_after(), "created a new CA");
-            Ok(ca)
+            Ok(Authority::single(ca))
         }
         Err(e) if is_status(&e, 409) => {
             let existing = secrets.get(CA_SECRET).await?;
-            Ok(secrets::load_ca(&existing, now)?)
+            Ok(secrets::load_authority(&existing, now)?)
         }
         Err(e) => Err(e.into()),
     }
@@ -119,28 +133,35 @@ fn apply_params() -> PatchParams {
 }
 
 /// Issues `iop-edge-tls` when it is missing, for other names, from another
-/// CA, or due for rotation.
+/// CA, or due for rotation; writes it again around the same certificate
+/// when only the trust bundle or the served chain changed.
 pub async fn ensure_edge_tls(
     secrets: &Api<Secret>,
     namespace: &str,
-    ca: &Ca,
+    authority: &Authority,
     names: &[String],
     metrics: &Metrics,
     now: OffsetDateTime,
 ) -> Result<(), Error> {
     let existing = secrets.get_opt(EDGE_TLS_SECRET).await?;
-    let Some(reason) = secrets::edge_reissue(existing.as_ref(), ca, names, now) else { return Ok(()) };
-    let edge = ca.edge_server_cert(names, now, EDGE_VALIDITY)?;
-    let secret = secrets::edge_tls_secret(namespace, ca, &edge);
+    let Some(reason) = secrets::edge_reissue(existing.as_ref(), authority, names, now) else { return Ok(()) };
+    let stored = existing.as_ref().and_then(|s| secrets::stored_cert(s, EDGE_CERT_KEY, EDGE_KEY_KEY));
+    let edge = match (reason, stored) {
+        (Reissue::Trust, Some(stored)) => stored,
+        _ => authority.signer.edge_server_cert(names, now, EDGE_VALIDITY)?,
+    };
+    let secret = secrets::edge_tls_secret(namespace, authority, &edge);
     secrets.patch(EDGE_TLS_SECRET, &apply_params(), &Patch::Apply(&secret)).await?;
-    metrics.issued(CertKind::Edge);
+    if reason != Reissue::Trust {
+        metrics.issued(CertKind::Edge);
+    }
     let info = inspect(&edge.cert_pem)?;
     tracing::info!(
         secret = EDGE_TLS_SECRET,
         reason = reason.as_str(),
         serial = %info.serial,
         not_after = %info.not_after,
-        "issued the Edge server certificate"
+        "wrote the Edge server certificate"
     );
     Ok(())
 }
@@ -180,7 +201,7 @@ pub enum NodeCert {
 pub async fn ensure_node_cert(
     secrets: &Api<Secret>,
     namespace: &str,
-    ca: &Ca,
+    authority: &Authority,
     node: &NodeCatalog,
     trust_domain: &str,
     metrics: &Metrics,
@@ -195,13 +216,19 @@ pub async fn ensure_node_cert(
     if existing.as_ref().is_some_and(|s| !secrets::node_secret_is_ours(s, &name)) {
         return Ok(NodeCert::NotOurs);
     }
-    let cert_pem = match secrets::node_reissue(existing.as_ref(), ca, &identity, now, renewal) {
+    let cert_pem = match secrets::node_reissue(existing.as_ref(), authority, &identity, now, renewal) {
         None => existing.as_ref().and_then(|s| secrets::value(s, NODE_CERT_KEY)).unwrap_or_default(),
         Some(reason) => {
-            let issued = ca.node_client_cert(&identity, now, renewal.validity)?;
-            let secret = secrets::node_secret(namespace, node, ca, &issued);
+            let stored = existing.as_ref().and_then(|s| secrets::stored_cert(s, NODE_CERT_KEY, NODE_KEY_KEY));
+            let issued: CertifiedKey = match (reason, stored) {
+                (Reissue::Trust, Some(stored)) => stored,
+                _ => authority.signer.node_client_cert(&identity, now, renewal.validity)?,
+            };
+            let secret = secrets::node_secret(namespace, node, authority, &issued);
             secrets.patch(&secret_name, &apply_params(), &Patch::Apply(&secret)).await?;
-            metrics.issued(CertKind::Node);
+            if reason != Reissue::Trust {
+                metrics.issued(CertKind::Node);
+            }
             let info = inspect(&issued.cert_pem)?;
             tracing::info!(
                 node = %name,
@@ -209,7 +236,7 @@ pub async fn ensure_node_cert(
                 reason = reason.as_str(),
                 serial = %info.serial,
                 not_after = %info.not_after,
-                "issued a node certificate"
+                "wrote a node certificate"
             );
             issued.cert_pem
         }

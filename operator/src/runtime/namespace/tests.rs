@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::certs::secrets::{EDGE_RENEW_BEFORE, ca_secret, edge_tls_secret, node_secret};
 use crate::certs::status::CaExpiry;
-use crate::certs::{self, Ca, inspect};
+use crate::certs::{self, Authority, Ca, inspect};
 use crate::crd::node_catalog::CertificateStatus;
 use crate::reconcile::fixtures::{node, provider, settings, snapshot};
 use crate::reconcile::{CONFIG_KEY, Snapshot};
@@ -72,7 +72,8 @@ struct Pki {
 }
 
 fn pki(s: &mut Snapshot, now: OffsetDateTime) -> Pki {
-    let ca = Ca::generate("test CA", now, 3650 * DAY).unwrap();
+    let authority = Authority::single(Ca::generate("test CA", now, 3650 * DAY).unwrap());
+    let ca = &authority.signer;
     let names: Vec<String> = EDGE_NAMES.iter().map(|n| n.to_string()).collect();
     let edge = ca.edge_server_cert(&names, now, 90 * DAY).unwrap();
     let mut node_secrets = BTreeMap::new();
@@ -85,9 +86,9 @@ fn pki(s: &mut Snapshot, now: OffsetDateTime) -> Pki {
             Some(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) });
         let expiry = CaExpiry { not_after: ca.not_after(), window: EDGE_RENEW_BEFORE };
         status.conditions.push(expiry.condition(&status.conditions, now, timestamp(now)));
-        node_secrets.insert(n.name_any(), node_secret(NS, n, &ca, &cert));
+        node_secrets.insert(n.name_any(), node_secret(NS, n, &authority, &cert));
     }
-    Pki { ca_secret: ca_secret(NS, &ca), edge_secret: edge_tls_secret(NS, &ca, &edge), node_secrets }
+    Pki { ca_secret: ca_secret(NS, ca), edge_secret: edge_tls_secret(NS, &authority, &edge), node_secrets }
 }
 
 fn secret_value(body: &Value, key: &str) -> String {
@@ -171,6 +172,7 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
 
     // 4. No CA yet: one is generated and created (POST), never applied.
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.not_found();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.not_found();
     let call = server.expect("POST", &format!("{CORE_PATH}/secrets"), &[("fieldManager", CERTS)]).await;
     assert_eq!(call.body["metadata"]["name"], "iop-ca");
     let ca_pem = secret_value(&call.body, "ca.pem");
@@ -355,14 +357,15 @@ async fn an_undecodable_node_being_deleted_is_released_and_the_rest_reconciles()
 async fn a_ca_ending_inside_the_renewal_window_issues_nothing_and_says_so_once() {
     let mut s = snapshot(vec![], vec![node("mac-1")], vec![]);
     settle(&mut s, NOW);
-    let ca = Ca::generate("user CA", NOW, 5 * DAY).unwrap();
+    let authority = Authority::single(Ca::generate("user CA", NOW, 5 * DAY).unwrap());
+    let ca = &authority.signer;
     let edge_names: Vec<String> = EDGE_NAMES.iter().map(|n| n.to_string()).collect();
-    let edge_secret = edge_tls_secret(NS, &ca, &ca.edge_server_cert(&edge_names, NOW, 90 * DAY).unwrap());
+    let edge_secret = edge_tls_secret(NS, &authority, &ca.edge_server_cert(&edge_names, NOW, 90 * DAY).unwrap());
     let id = NodeIdentity::new("iop.example", "mac-1").unwrap();
     let cert = ca.node_client_cert(&id, NOW, 30 * DAY).unwrap();
     let info = inspect(&cert.cert_pem).unwrap();
     assert_eq!(info.not_after, ca.not_after(), "cut short at the CA's end");
-    let node_secret = node_secret(NS, &s.nodes[0], &ca, &cert);
+    let node_secret = node_secret(NS, &s.nodes[0], &authority, &cert);
     s.nodes[0].status.as_mut().unwrap().certificate =
         Some(CertificateStatus { serial: info.serial.clone(), not_after: Time(timestamp(info.not_after)) });
 
@@ -372,7 +375,7 @@ async fn a_ca_ending_inside_the_renewal_window_issues_nothing_and_says_so_once()
     let metrics = ctx.metrics.clone();
     let task = spawn(ctx, s.clone(), later);
     expect_config_apply(&mut server).await.echo();
-    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, &ca));
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, ca));
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&edge_secret);
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&node_secret);
     // Nothing issued; only the condition, by the certificate writer.
@@ -402,7 +405,7 @@ async fn a_ca_ending_inside_the_renewal_window_issues_nothing_and_says_so_once()
     let (client, mut server) = mock();
     let task = spawn(context(client, even_later), s, even_later);
     expect_config_apply(&mut server).await.echo();
-    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, &ca));
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&ca_secret(NS, ca));
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&edge_secret);
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-node-mac-1"), &[]).await.ok(&node_secret);
     task.await.unwrap().unwrap();
@@ -417,9 +420,10 @@ async fn a_ca_create_race_loads_the_winner_and_a_bad_ca_secret_fails_without_tou
     let winner_secret = ca_secret(NS, &winner);
     let task = tokio::spawn({
         let secrets = secrets.clone();
-        async move { pki::ensure_ca(&secrets, NS, &Metrics::new(), NOW).await.map(|ca| ca.cert_pem().to_string()) }
+        async move { pki::ensure_ca(&secrets, NS, &Metrics::new(), NOW).await.map(|ca| ca.signer.cert_pem().to_string()) }
     });
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.not_found();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.not_found();
     server.expect("POST", &format!("{CORE_PATH}/secrets"), &[("fieldManager", CERTS)]).await.conflict();
     server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.ok(&winner_secret);
     assert_eq!(task.await.unwrap().unwrap(), winner.cert_pem());
@@ -432,6 +436,25 @@ async fn a_ca_create_race_loads_the_winner_and_a_bad_ca_secret_fails_without_tou
     let e = task.await.unwrap().unwrap_err();
     assert_eq!(e.label(), "ca_secret");
     assert!(e.to_string().contains("iop-ca"), "{e}");
+    server.done().await;
+}
+
+/// Issue 43 D4: `iop-ca` deleted after the install (to be replaced, or by
+/// mistake): the operator makes no CA of its own, which would win the race
+/// against the user's `kubectl create` and cut off every node; it says what
+/// to do instead and writes nothing.
+#[tokio::test]
+async fn a_deleted_ca_is_not_replaced_by_one_of_the_operators() {
+    let (client, mut server) = mock();
+    let secrets: Api<Secret> = Api::namespaced(client, NS);
+    let mut s = snapshot(vec![], vec![node("mac-1")], vec![]);
+    let issued = pki(&mut s, NOW);
+    let task = tokio::spawn(async move { pki::ensure_ca(&secrets, NS, &Metrics::new(), NOW).await.map(|_| ()) });
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-ca"), &[]).await.not_found();
+    server.expect("GET", &format!("{CORE_PATH}/secrets/iop-edge-tls"), &[]).await.ok(&issued.edge_secret);
+    let e = task.await.unwrap().unwrap_err();
+    assert_eq!(e.label(), "ca_missing");
+    assert!(e.to_string().contains("Restore `iop-ca`"), "{e}");
     server.done().await;
 }
 
