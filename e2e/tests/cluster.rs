@@ -1012,8 +1012,20 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
             "credentialSecretRef": { "name": "mock-key", "key": "api-key" },
         },
     });
-    let node_catalog =
-        json!({ "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-1" }, "spec": {} });
+    // Two workspaces: one inside the node's allowed root, one outside it
+    // (the node refuses it: WorkspacesReady=False).
+    let allowed = dir.join("allowed");
+    std::fs::create_dir_all(allowed.join("site")).unwrap();
+    let template = json!({
+        "apiVersion": "iop.dev/v1alpha1", "kind": "WorkspaceTemplate", "metadata": { "name": "files" },
+        "spec": { "operations": ["read", "list"] },
+    });
+    let site = json!({ "ref": "site", "rootPath": allowed.join("site"), "template": "files" });
+    let outside = json!({ "ref": "outside", "rootPath": dir.join("outside"), "template": "files" });
+    let node_catalog = json!({
+        "apiVersion": "iop.dev/v1alpha1", "kind": "NodeCatalog", "metadata": { "name": "mac-1" },
+        "spec": { "workspaces": [site, outside] },
+    });
     let provider = json!({
         "apiVersion": "iop.dev/v1alpha1", "kind": "Provider", "metadata": { "name": "mock" },
         "spec": {
@@ -1022,7 +1034,7 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
             "models": [ { "name": "mock-openai" } ],
         },
     });
-    for object in [&node_catalog, &provider, &key_secret, &keyed] {
+    for object in [&template, &node_catalog, &provider, &key_secret, &keyed] {
         plane.kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], &object.to_string());
     }
     let [ip_a, ip_b] = pod_ips();
@@ -1038,6 +1050,7 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
                 && c["providers"][0]["id"] == "keyed"
                 && c["providers"][1]["id"] == "mock"
                 && c["credentials"][0]["revision"].as_u64().is_some_and(|r| r >= 1)
+                && c["workspaces"].as_array().is_some_and(|w| w.len() == 2)
         })
     });
     // A first revision is the time it was given (issue 43 D1: never reused).
@@ -1092,6 +1105,9 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
          health: { idle_interval_ms: 1000, retry_initial_ms: 50, retry_max_ms: 500 }\n",
     );
     std::fs::write(&node_yaml, text).unwrap();
+    let mut text = std::fs::read_to_string(&node_yaml).unwrap();
+    text.push_str(&format!("workspaces: {{ allowed_roots: [{:?}] }}\n", allowed));
+    std::fs::write(&node_yaml, text).unwrap();
     let mut command = Command::new(bin("iop-node"));
     command.args(["--config", node_yaml.to_str().unwrap()]);
     let _node = Spawned::spawn(command, dir.join("node.log"));
@@ -1120,7 +1136,9 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     };
     wait_until("HEALTH available", WAIT, || health() == "available");
     // Status has one writer (issue 43 item 6): a hand edit of the health is
-    // corrected at the next poll of the status mirror.
+    // corrected at the next poll of the status mirror, and a classification
+    // the mirror does not set (another field manager's: server-side apply
+    // alone would leave it) is removed.
     plane.kubectl(&[
         "-n",
         &ns.name,
@@ -1130,9 +1148,42 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
         "--subresource=status",
         "--type=merge",
         "-p",
-        r#"{"status":{"health":"unavailable"}}"#,
+        r#"{"status":{"health":"unavailable","classification":"provider_unhealthy"}}"#,
     ]);
-    wait_until("the hand-edited HEALTH corrected", WAIT, || health() == "available");
+    let status = || plane.get_json(&["-n", &ns.name, "provider", "mock"]).map(|p| p["status"].clone());
+    wait_until("the hand-edited HEALTH corrected and CLASSIFICATION removed", WAIT, || {
+        status().is_some_and(|s| s["health"] == "available" && s.get("classification").is_none())
+    });
+
+    // WorkspacesReady is what the node accepted: it refuses the workspace
+    // outside its allowed root, naming it and its reason.
+    let node_condition = |kind: &str| {
+        let node = plane.get_json(&["-n", &ns.name, "nodecatalog", "mac-1"]).unwrap_or_default();
+        let (status, reason) = condition(&node, kind);
+        let found = node["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == kind);
+        (status, reason, found.and_then(|c| c["message"].as_str()).unwrap_or_default().to_string())
+    };
+    wait_until("WorkspacesReady=False WorkspaceRefused", WAIT, || {
+        let (status, reason, message) = node_condition("WorkspacesReady");
+        status == "False"
+            && reason == "WorkspaceRefused"
+            && message.contains("workspace `outside`: the node refused it (outside_allowed_roots)")
+    });
+    assert!(!node_condition("WorkspacesReady").2.contains("`site`"), "{:?}", node_condition("WorkspacesReady"));
+    // Without it (the Edges' mounts refreshed as the kubelet does): every
+    // workspace accepted, True.
+    let only_site = json!({ "spec": { "workspaces": [site] } }).to_string();
+    plane.kubectl(&["-n", &ns.name, "patch", "nodecatalog", "mac-1", "--type=merge", "-p", &only_site]);
+    wait_until("the config without the refused workspace", WAIT, || {
+        edge_config(plane, &ns.name).is_some_and(|c| c["workspaces"].as_array().is_some_and(|w| w.len() == 1))
+    });
+    for (pod, ip) in pods {
+        write_mounts(plane, &ns.name, pod, ip);
+    }
+    wait_until("WorkspacesReady=True", WAIT, || node_condition("WorkspacesReady").0 == "True");
+    wait_until("REPLICAS 2/2 after the node's reconnect", Duration::from_secs(60), || {
+        node_status("replicasSummary") == "2/2"
+    });
 
     // A chat through each replica, on the plain and the keyed provider.
     for edge in &edges {

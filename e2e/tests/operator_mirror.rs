@@ -70,7 +70,7 @@ async fn the_status_mirror_reads_health_from_a_running_edge() {
         tokio::time::sleep(std::time::Duration::from_millis(600)).await;
         let (providers, nodes) = mirror_fetch(&admin).await;
         let edge = EdgeView::one("edge", providers, nodes);
-        let planned = mirror::plan(&edge, &current, &BTreeMap::new(), Timestamp::now());
+        let planned = mirror::plan(&edge, &current, &BTreeMap::new(), &BTreeMap::new(), Timestamp::now());
         for (_, next) in &planned.providers {
             let health = |m: &ProviderMirror| {
                 (m.health, m.classification, m.generation, m.last_transition_time.clone(), m.credential.clone())
@@ -129,7 +129,7 @@ async fn replicas_views_merge_with_one_real_edge() {
 
     let providers = BTreeMap::from([(PROVIDER.to_string(), ProviderMirror::default())]);
     let nodes = BTreeMap::from([(NODE.to_string(), NodeMirror::default())]);
-    let writes = mirror::plan(&edge, &providers, &nodes, Timestamp::now());
+    let writes = mirror::plan(&edge, &providers, &nodes, &BTreeMap::new(), Timestamp::now());
     let (p, n) = (&writes.providers[0].1, &writes.nodes[0].1);
     assert_eq!((p.health, p.classification), (Some(Health::Available), None), "a silent replica sees nothing");
     assert_eq!((n.connected, n.replicas_summary.as_deref()), (Some(true), Some("1/2")));
@@ -140,7 +140,7 @@ async fn replicas_views_merge_with_one_real_edge() {
         p.health = EdgeHealth::Unavailable;
     }
     edge.replicas.insert("iop-edge-b".into(), Some((providers_b, nodes_b)));
-    let writes = mirror::plan(&edge, &providers, &nodes, Timestamp::now());
+    let writes = mirror::plan(&edge, &providers, &nodes, &BTreeMap::new(), Timestamp::now());
     let (p, n) = (&writes.providers[0].1, &writes.nodes[0].1);
     assert_eq!((p.health, p.classification), (Some(Health::Degraded), Some(Classification::ProviderUnhealthy)));
     assert_eq!((n.connected_replicas, n.replicas, n.replicas_summary.as_deref()), (Some(2), Some(2), Some("2/2")));

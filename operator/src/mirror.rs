@@ -136,6 +136,53 @@
 //! left out as not ready) get these fields cleared: the Edge has no live
 //! state for them. Objects that do not exist are not written; while no
 //! replica answers, nothing is written.
+//!
+//! # A node's workspaces ([`workspaces_ready`])
+//!
+//! The condition [`WORKSPACES_READY`] of a NodeCatalog the build renders
+//! ([`NodeFacts::workspaces`], from [`crate::reconcile::desired::node_workspaces`],
+//! the build's own judgement of the same objects) says whether its
+//! workspaces can take jobs. Each replica's ready session reports the
+//! node's verdict on every workspace that replica's config assigns it
+//! (`workspaces`: `accepted` or the closed reason; nothing before
+//! readiness). Of the workspaces the config assigns the node:
+//!
+//! | what the build and the sessions say                               | status    | reason                   |
+//! |-------------------------------------------------------------------|-----------|--------------------------|
+//! | a workspace left out (template missing or not ready, Edge rules)  | `False`   | that problem's           |
+//! | else one refused in any ready session                             | `False`   | `WorkspaceRefused`       |
+//! | else no workspaces at all                                         | `True`    | `Accepted`               |
+//! | else no ready session                                             | `Unknown` | `NotConnected`           |
+//! | else each accepted in some ready session                          | `True`    | `Accepted`               |
+//! | else (one no session reports: config not reloaded, older Edge)    | `Unknown` | `NotReported`            |
+//!
+//! The messages name each refused workspace and the node's reason. A node
+//! the build leaves out (not `Ready`) has no such condition; one no
+//! answering replica lists keeps it, judged without a session.
+//!
+//! # A node's bundle ([`bundle_current`])
+//!
+//! The condition [`BUNDLE_CURRENT`] compares the serial of the certificate
+//! each replica's session presented (`certificate_serial`) with the one the
+//! operator issued last (`status.certificate.serial`, the certificate
+//! writer's): `True` when every session presents it; `False`,
+//! `OlderBundle`, when any presents another (the Mac runs an older bundle;
+//! the message names the serial and says to make a new bundle and restart
+//! `iop-node`); `Unknown`, `NotConnected`, without a session, or when a
+//! session's serial is not reported (an Edge older than this operator).
+//! Written only once a certificate is issued, and, like the connection
+//! fields, only while an answering replica lists the node.
+//!
+//! # One writer ([`leftovers`], [`removal`])
+//!
+//! The mirror applies its fields with server-side apply, which removes a
+//! field the apply leaves out only when no other field manager owns it.
+//! A field of the mirror's that someone else set (`kubectl patch
+//! --subresource=status` has a field manager of its own) would stay: a
+//! `classification` beside `health: available`. So after each apply the
+//! object it returns is checked for the mirror's fields the apply did not
+//! set, and those are removed with a JSON merge patch. In the steady state
+//! the status holds exactly what the mirror applied: no second write.
 
 use std::collections::BTreeMap;
 
@@ -145,9 +192,13 @@ use iop_proto::admin::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
 
 use crate::crd::provider::{Classification, Health, Residency};
 use crate::crd::{NodeCatalogStatus, ProviderStatus};
+use crate::reconcile::conditions::{BUNDLE_CURRENT, Status, WORKSPACES_READY, next};
+use crate::reconcile::desired::NodeWorkspaces;
 
 /// Condition type the status mirror writes on a Provider with a managed
 /// credential (field manager `iop-operator/status`).
@@ -243,11 +294,18 @@ pub struct NodeMirror {
     pub generation: Option<u64>,
     pub since: Option<Time>,
     pub version: Option<String>,
+    /// The [`WORKSPACES_READY`] condition ([`workspaces_ready`]; none while
+    /// the node is not rendered).
+    pub workspaces_ready: Option<Condition>,
+    /// The [`BUNDLE_CURRENT`] condition ([`bundle_current`]; none while no
+    /// answering replica lists the node or no certificate is issued).
+    pub bundle_current: Option<Condition>,
 }
 
 impl NodeMirror {
     pub fn of(status: Option<&NodeCatalogStatus>) -> Self {
         let Some(s) = status else { return Self::default() };
+        let condition = |type_: &str| s.conditions.iter().find(|c| c.type_ == type_).cloned();
         Self {
             connected: s.connected,
             connected_replicas: s.connected_replicas,
@@ -256,11 +314,23 @@ impl NodeMirror {
             generation: s.generation,
             since: s.since.clone(),
             version: s.version.clone(),
+            workspaces_ready: condition(WORKSPACES_READY),
+            bundle_current: condition(BUNDLE_CURRENT),
         }
     }
 
     pub fn to_status(&self) -> NodeCatalogStatus {
-        let Self { connected, connected_replicas, replicas, replicas_summary, generation, since, version } = self;
+        let Self {
+            connected,
+            connected_replicas,
+            replicas,
+            replicas_summary,
+            generation,
+            since,
+            version,
+            workspaces_ready,
+            bundle_current,
+        } = self;
         NodeCatalogStatus {
             connected: *connected,
             connected_replicas: *connected_replicas,
@@ -269,9 +339,49 @@ impl NodeMirror {
             generation: *generation,
             since: since.clone(),
             version: version.clone(),
+            conditions: workspaces_ready.iter().chain(bundle_current).cloned().collect(),
             ..Default::default()
         }
     }
+}
+
+/// The mirror's part of a kind's status: read from a status, written as
+/// one (the apply body holds exactly these fields).
+pub trait Mirrored: Clone + Default + PartialEq {
+    type Status: Serialize;
+    fn of(status: Option<&Self::Status>) -> Self;
+    fn to_status(&self) -> Self::Status;
+}
+
+impl Mirrored for ProviderMirror {
+    type Status = ProviderStatus;
+    // The inherent functions (inherent items win over the trait's).
+    fn of(status: Option<&ProviderStatus>) -> Self {
+        Self::of(status)
+    }
+    fn to_status(&self) -> ProviderStatus {
+        Self::to_status(self)
+    }
+}
+
+impl Mirrored for NodeMirror {
+    type Status = NodeCatalogStatus;
+    fn of(status: Option<&NodeCatalogStatus>) -> Self {
+        Self::of(status)
+    }
+    fn to_status(&self) -> NodeCatalogStatus {
+        Self::to_status(self)
+    }
+}
+
+/// What a NodeCatalog's mirrored conditions need besides the Edge's view.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeFacts {
+    /// `status.certificate.serial`: the certificate the operator issued last.
+    pub issued_serial: Option<String>,
+    /// Its workspaces as the build renders them; `None` when the build
+    /// leaves the node out (no [`WORKSPACES_READY`] then).
+    pub workspaces: Option<NodeWorkspaces>,
 }
 
 /// Whole seconds: Kubernetes `Time` has no finer precision, and a value that
@@ -478,7 +588,7 @@ pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool 
     let ProviderMirror {
         health,
         classification,
-        last_observation_sequence: _,
+        last_observation_sequence,
         generation,
         last_transition_time,
         credential,
@@ -487,27 +597,36 @@ pub fn visible_change(previous: &ProviderMirror, next: &ProviderMirror) -> bool 
         last_load_seconds,
         last_load_time,
     } = next;
-    (health, classification, generation, last_transition_time, credential, ejected_until)
-        != (
-            &previous.health,
-            &previous.classification,
-            &previous.generation,
-            &previous.last_transition_time,
-            &previous.credential,
-            &previous.ejected_until,
-        )
+    // A sequence present where none should be (or the reverse) is not the
+    // newest evidence, it is a field to clear (or to set).
+    last_observation_sequence.is_some() != previous.last_observation_sequence.is_some()
+        || (health, classification, generation, last_transition_time, credential, ejected_until)
+            != (
+                &previous.health,
+                &previous.classification,
+                &previous.generation,
+                &previous.last_transition_time,
+                &previous.credential,
+                &previous.ejected_until,
+            )
         || (residency, last_load_seconds, last_load_time)
             != (&previous.residency, &previous.last_load_seconds, &previous.last_load_time)
 }
 
 /// The mirrored fields of one node as one replica (of one) sees it.
 pub fn node(n: &EdgeNode, previous: &NodeMirror, now: Timestamp) -> NodeMirror {
-    merged_node(&[n], 1, previous, now)
+    merged_node(&[n], 1, previous, &NodeFacts::default(), now)
 }
 
 /// The mirrored fields of one node from the views of every answering
 /// replica that lists it, of `replicas` replicas in all (see the module docs).
-pub fn merged_node(seen: &[&EdgeNode], replicas: usize, previous: &NodeMirror, now: Timestamp) -> NodeMirror {
+pub fn merged_node(
+    seen: &[&EdgeNode],
+    replicas: usize,
+    previous: &NodeMirror,
+    facts: &NodeFacts,
+    now: Timestamp,
+) -> NodeMirror {
     let connected_replicas = seen.iter().filter(|n| n.connected).count();
     let connected = connected_replicas > 0;
     // The newest session (the largest generation), of the connected replicas when any is.
@@ -524,6 +643,13 @@ pub fn merged_node(seen: &[&EdgeNode], replicas: usize, previous: &NodeMirror, n
     // The version of the last connection stays while the node is away.
     let version = newest.and_then(|n| n.version.clone()).or_else(|| previous.version.clone());
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let workspaces_ready =
+        facts.workspaces.as_ref().map(|w| workspaces_ready(w, seen, previous.workspaces_ready.as_ref(), now));
+    let name = seen.first().map_or("", |n| n.name.as_str());
+    let bundle_current = facts
+        .issued_serial
+        .as_deref()
+        .map(|issued| bundle_current(name, issued, seen, previous.bundle_current.as_ref(), now));
     NodeMirror {
         connected: Some(connected),
         connected_replicas: Some(count(connected_replicas)),
@@ -532,7 +658,127 @@ pub fn merged_node(seen: &[&EdgeNode], replicas: usize, previous: &NodeMirror, n
         generation,
         since,
         version,
+        workspaces_ready,
+        bundle_current,
     }
+}
+
+/// A node's verdict on a workspace it accepted (anything else is the
+/// closed reason it refused it for: `outside_allowed_roots`, `not_found`,
+/// ..., or the Edge's `not_reported` / `unknown_status`).
+pub const WORKSPACE_ACCEPTED: &str = "accepted";
+
+/// The [`WORKSPACES_READY`] condition of a rendered node from its
+/// workspaces as the build renders them and the replicas' sessions with it
+/// (see the module docs). `previous` is the condition written before (its
+/// transition time stays while its status does).
+pub fn workspaces_ready(
+    workspaces: &NodeWorkspaces,
+    seen: &[&EdgeNode],
+    previous: Option<&Condition>,
+    now: Timestamp,
+) -> Condition {
+    // The verdicts come with readiness: only ready sessions have them.
+    let ready: Vec<&EdgeNode> =
+        seen.iter().filter(|n| n.connected && n.phase == Some(SessionPhase::Ready)).copied().collect();
+    let verdicts = |reference: &str| -> Vec<&str> {
+        ready.iter().filter_map(|n| n.workspaces.get(reference).map(String::as_str)).collect()
+    };
+    let refused: Vec<String> = workspaces
+        .assigned
+        .iter()
+        .filter_map(|r| {
+            let mut why: Vec<&str> = verdicts(r).into_iter().filter(|v| *v != WORKSPACE_ACCEPTED).collect();
+            why.sort_unstable();
+            why.dedup();
+            (!why.is_empty()).then(|| format!("workspace `{r}`: the node refused it ({})", why.join(", ")))
+        })
+        .collect();
+    let unreported: Vec<&str> =
+        workspaces.assigned.iter().filter(|r| verdicts(r).is_empty()).map(String::as_str).collect();
+    let problems = workspaces.problems.iter().map(|p| p.message.clone());
+    let (status, reason, message) = if let Some(first) = workspaces.problems.first() {
+        (Status::False, first.reason.as_str(), problems.chain(refused).collect::<Vec<_>>().join("; "))
+    } else if !refused.is_empty() {
+        let message = format!(
+            "{}; no job runs there until the node accepts it (it checks again when it reconnects)",
+            refused.join("; ")
+        );
+        (Status::False, "WorkspaceRefused", message)
+    } else if workspaces.assigned.is_empty() {
+        (Status::True, "Accepted", "no workspaces".to_string())
+    } else if ready.is_empty() {
+        let message = "rendered into the Edge config; no Edge replica holds a ready session with the node, so \
+                       whether the node accepts its workspaces is not known";
+        (Status::Unknown, "NotConnected", message.to_string())
+    } else if unreported.is_empty() {
+        (
+            Status::True,
+            "Accepted",
+            "every workspace is rendered into the Edge config and accepted by the node".to_string(),
+        )
+    } else {
+        let message = format!(
+            "no Edge replica reports the node's verdict on workspace `{}` yet (its config does not assign it yet, \
+             or the Edge is older than this operator)",
+            unreported.join("`, `")
+        );
+        (Status::Unknown, "NotReported", message)
+    };
+    let current: Vec<Condition> = previous.cloned().into_iter().collect();
+    seconds_condition(next(&current, WORKSPACES_READY, status, reason, message, workspaces.generation, now))
+}
+
+/// Certificate serials as one: lowercase hex, without separators or
+/// leading zeros (DER may pad a serial with a zero byte).
+fn same_serial(a: &str, b: &str) -> bool {
+    let norm = |s: &str| {
+        let hex: String = s.chars().filter(char::is_ascii_hexdigit).map(|c| c.to_ascii_lowercase()).collect();
+        hex.trim_start_matches('0').to_string()
+    };
+    norm(a) == norm(b)
+}
+
+/// The [`BUNDLE_CURRENT`] condition of node `name` from the serial the
+/// operator issued last and the serials the replicas' sessions presented
+/// (see the module docs). `previous` is the condition written before.
+pub fn bundle_current(
+    name: &str,
+    issued: &str,
+    seen: &[&EdgeNode],
+    previous: Option<&Condition>,
+    now: Timestamp,
+) -> Condition {
+    let sessions: Vec<&EdgeNode> = seen.iter().filter(|n| n.connected).copied().collect();
+    // An empty serial is none reported.
+    let presented: Vec<&str> =
+        sessions.iter().filter_map(|n| n.certificate_serial.as_deref().filter(|s| !s.is_empty())).collect();
+    let older: Vec<&str> = presented.iter().copied().filter(|s| !same_serial(s, issued)).collect();
+    let (status, reason, message) = if sessions.is_empty() {
+        (Status::Unknown, "NotConnected", "no Edge replica holds a session with the node".to_string())
+    } else if !older.is_empty() {
+        let mut serials = older.clone();
+        serials.sort_unstable();
+        serials.dedup();
+        let message = format!(
+            "the node's session presents certificate serial {} (on {} of {} Edge replicas with a session), not \
+             {issued}, the one issued last: make a new bundle (iop-operator node-bundle {name}) and restart \
+             iop-node",
+            serials.join(", "),
+            older.len(),
+            sessions.len()
+        );
+        (Status::False, "OlderBundle", message)
+    } else if presented.len() < sessions.len() {
+        let message = "the Edge does not report which certificate the node's session presented (an Edge older \
+                       than this operator)";
+        (Status::Unknown, "NotConnected", message.to_string())
+    } else {
+        let message = format!("every session of the node presents certificate serial {issued}, the one issued last");
+        (Status::True, "Current", message)
+    };
+    let current: Vec<Condition> = previous.cloned().into_iter().collect();
+    seconds_condition(next(&current, BUNDLE_CURRENT, status, reason, message, None, now))
 }
 
 /// What to write after one poll.
@@ -567,11 +813,15 @@ impl EdgeView {
 /// Compares what the replicas say with the current mirrored fields of every
 /// existing object (by name) and returns only the ones that differ in what
 /// a user sees ([`visible_change`]). An object no answering replica lists
-/// gets its mirrored fields cleared. Nothing at all while no replica answered.
+/// gets its mirrored fields cleared (a rendered node keeps its
+/// [`WORKSPACES_READY`], judged without a session). `facts` are the nodes'
+/// [`NodeFacts`] by name (a node without an entry has none). Nothing at all
+/// while no replica answered.
 pub fn plan(
     edge: &EdgeView,
     current_providers: &BTreeMap<String, ProviderMirror>,
     current_nodes: &BTreeMap<String, NodeMirror>,
+    facts: &BTreeMap<String, NodeFacts>,
     now: Timestamp,
 ) -> Writes {
     let answered: Vec<&AdminSnapshots> = edge.answered().collect();
@@ -593,20 +843,86 @@ pub fn plan(
             visible_change(previous, &next).then(|| (name.clone(), next))
         })
         .collect();
+    let no_facts = NodeFacts::default();
     let nodes = current_nodes
         .iter()
         .filter_map(|(name, previous)| {
+            let facts = facts.get(name).unwrap_or(&no_facts);
             let seen: Vec<&EdgeNode> =
                 answered.iter().filter_map(|(_, nodes)| nodes.nodes.iter().find(|n| &n.name == name)).collect();
             let next = if seen.is_empty() {
-                NodeMirror::default()
+                let workspaces_ready = facts
+                    .workspaces
+                    .as_ref()
+                    .map(|w| workspaces_ready(w, &[], previous.workspaces_ready.as_ref(), now));
+                NodeMirror { workspaces_ready, ..NodeMirror::default() }
             } else {
-                merged_node(&seen, edge.replicas.len(), previous, now)
+                merged_node(&seen, edge.replicas.len(), previous, facts, now)
             };
             (&next != previous).then(|| (name.clone(), next))
         })
         .collect();
     Writes { providers, nodes }
+}
+
+/// What an object's status holds of the mirror's fields beyond what the
+/// mirror's apply set: top-level fields (JSON names) and condition types.
+/// Server-side apply removes a field the applier leaves out only when no
+/// other field manager owns it, so a value someone else wrote (`kubectl
+/// patch --subresource=status`, a field manager of its own) survives every
+/// apply; the mirror removes these with a second write ([`removal`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    pub fields: Vec<String>,
+    pub conditions: Vec<String>,
+}
+
+impl Leftovers {
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty() && self.conditions.is_empty()
+    }
+}
+
+/// The [`Leftovers`] of `held` (the status after the mirror's apply) given
+/// `applied` (what the mirror applied). Only the mirror's own fields count
+/// ([`Mirrored::of`] reads nothing else): other writers' fields and
+/// conditions are theirs.
+pub fn leftovers<M: Mirrored>(held: Option<&M::Status>, applied: &M) -> Leftovers {
+    let object = |m: &M| match serde_json::to_value(m.to_status()) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    let (held, applied) = (object(&M::of(held)), object(applied));
+    let types = |map: &Map<String, Value>| -> Vec<String> {
+        let list = map.get("conditions").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        list.iter().filter_map(|c| c["type"].as_str().map(str::to_string)).collect()
+    };
+    let fields = held.keys().filter(|k| *k != "conditions" && !applied.contains_key(*k)).cloned().collect();
+    let applied_types = types(&applied);
+    let conditions = types(&held).into_iter().filter(|t| !applied_types.contains(t)).collect();
+    Leftovers { fields, conditions }
+}
+
+/// The JSON merge patch (on the status subresource) that removes
+/// `leftovers` from `object`, the object as the API server returned it:
+/// each field set to `null`. A merge patch replaces a list whole, so when
+/// a condition goes the patch carries the object's conditions without it
+/// and the object's `resourceVersion`: a write in between fails the patch
+/// (409) instead of being undone, and the next poll tries again.
+pub fn removal(object: &Value, leftovers: &Leftovers) -> Value {
+    let mut status: Map<String, Value> = leftovers.fields.iter().map(|f| (f.clone(), Value::Null)).collect();
+    if leftovers.conditions.is_empty() {
+        return json!({ "status": status });
+    }
+    let kept: Vec<Value> = object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| !c["type"].as_str().is_some_and(|t| leftovers.conditions.iter().any(|l| l == t)))
+        .cloned()
+        .collect();
+    status.insert("conditions".to_string(), Value::Array(kept));
+    json!({ "metadata": { "resourceVersion": object["metadata"]["resourceVersion"] }, "status": status })
 }
 
 #[cfg(test)]

@@ -67,6 +67,12 @@ fn definitions_are_namespaced_v1alpha1_with_status() {
 
 /// The schema node a printer-column JSONPath reaches, or why it reaches none.
 fn resolve<'a>(schema: &'a Value, path: &str) -> Result<&'a Value, String> {
+    // A filter (`[?(@.type=="Ready")]`) selects items of a list, as `[*]` does.
+    let mut path = path.to_string();
+    while let Some(start) = path.find("[?(") {
+        let end = path[start..].find(")]").ok_or("an unclosed filter")? + start;
+        path.replace_range(start..end + 2, "[*]");
+    }
     let mut node = schema;
     for segment in path.strip_prefix('.').ok_or("must start with '.'")?.split('.') {
         let (name, each) = match segment.strip_suffix("[*]") {
@@ -84,7 +90,7 @@ fn resolve<'a>(schema: &'a Value, path: &str) -> Result<&'a Value, String> {
 #[test]
 fn printer_columns_point_into_the_schema() {
     let expected = BTreeMap::from([
-        ("NodeCatalog", vec!["Connected", "Replicas", "Generation", "Cert-Expiry", "Age"]),
+        ("NodeCatalog", vec!["Connected", "Replicas", "Generation", "Cert-Expiry", "Bundle-Current", "Age"]),
         ("Provider", vec!["Node", "Model", "Health", "Classification", "Ejected", "Loaded", "Age", "Public"]),
         ("WorkspaceTemplate", vec!["Operations", "Age"]),
     ]);
@@ -115,6 +121,7 @@ fn printer_columns_point_into_the_schema() {
     // The walker is not vacuous.
     assert!(resolve(&schema_of("Provider"), ".status.helth").is_err());
     assert!(resolve(&schema_of("Provider"), ".spec.node[*]").is_err());
+    assert!(resolve(&schema_of("NodeCatalog"), r#".status.conditions[?(@.type=="X")].stat"#).is_err());
 }
 
 fn rules(schema: &Value, out: &mut Vec<String>) {

@@ -47,6 +47,12 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.certificate.notAfter",
         description = "Client certificate expiry",
     ),
+    printcolumn(
+        name = "Bundle-Current",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="BundleCurrent")].status"#,
+        description = "Every session of the node presents the certificate issued last (condition BundleCurrent)",
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -117,9 +123,11 @@ pub struct Workspace {
     pub template: String,
 }
 
-/// Written by the operator only: connection state mirrors the Edge's
-/// sessions (`iop-operator/status`); certificate fields come from issuance
-/// (`iop-operator/certs`); conditions and `observedGeneration` from reconcile
+/// Written by the operator only: connection state and the conditions
+/// `WorkspacesReady` and `BundleCurrent` mirror the Edge's sessions
+/// (`iop-operator/status`); certificate fields and the conditions
+/// `CAExpiring` and `CertificateIssued` come from issuance
+/// (`iop-operator/certs`); `Ready` and `observedGeneration` from reconcile
 /// (`iop-operator/config`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -233,13 +233,17 @@ fn a_new_observation_sequence_alone_is_not_written() {
     let nodes = NodesSnapshot { nodes: vec![node] };
     let mut current = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
     let none = BTreeMap::new();
-    let writes = plan(&one(&down(3), &nodes), &current, &none, at(2000));
+    let writes = plan(&one(&down(3), &nodes), &current, &none, &BTreeMap::new(), at(2000));
     assert_eq!(writes.providers.len(), 1);
     current.insert("llama".into(), writes.providers[0].1.clone());
 
     for (i, sequence) in (4..40).enumerate() {
         let t = at(2000 + 30 * i as i64);
-        assert_eq!(plan(&one(&down(sequence), &nodes), &current, &none, t), Writes::default(), "sequence {sequence}");
+        assert_eq!(
+            plan(&one(&down(sequence), &nodes), &current, &none, &BTreeMap::new(), t),
+            Writes::default(),
+            "sequence {sequence}"
+        );
     }
 
     // Health changes: written, with the sequence of that evidence.
@@ -247,7 +251,7 @@ fn a_new_observation_sequence_alone_is_not_written() {
         providers: vec![edge_provider(true, EdgeHealth::Available, overlay(EdgeHealth::Available, 4, 41, 3300))],
         ..Default::default()
     };
-    let writes = plan(&one(&up, &nodes), &current, &none, at(3400));
+    let writes = plan(&one(&up, &nodes), &current, &none, &BTreeMap::new(), at(3400));
     assert_eq!(writes.providers.len(), 1);
     let m = &writes.providers[0].1;
     assert_eq!((m.health, m.last_observation_sequence), (Some(Health::Available), Some(41)));
@@ -320,7 +324,7 @@ fn plan_writes_only_what_changed_and_only_existing_objects() {
     ]);
     let mut current_nodes = BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]);
 
-    let writes = plan(&one(&providers, &nodes), &current_providers, &current_nodes, at(1000));
+    let writes = plan(&one(&providers, &nodes), &current_providers, &current_nodes, &BTreeMap::new(), at(1000));
     assert_eq!(writes.providers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["llama"], "no object: no write");
     assert_eq!(writes.nodes.len(), 1);
 
@@ -331,11 +335,14 @@ fn plan_writes_only_what_changed_and_only_existing_objects() {
     for (name, m) in writes.nodes {
         current_nodes.insert(name, m);
     }
-    assert_eq!(plan(&one(&providers, &nodes), &current_providers, &current_nodes, at(2000)), Writes::default());
+    assert_eq!(
+        plan(&one(&providers, &nodes), &current_providers, &current_nodes, &BTreeMap::new(), at(2000)),
+        Writes::default()
+    );
 
     // The Edge no longer has them (left out of its config): cleared.
     let empty = (ProvidersSnapshot::default(), NodesSnapshot { nodes: vec![] });
-    let writes = plan(&one(&empty.0, &empty.1), &current_providers, &current_nodes, at(3000));
+    let writes = plan(&one(&empty.0, &empty.1), &current_providers, &current_nodes, &BTreeMap::new(), at(3000));
     assert_eq!(writes.providers, [("llama".to_string(), ProviderMirror::default())]);
     assert_eq!(writes.nodes, [("mac-1".to_string(), NodeMirror::default())]);
 }
@@ -371,6 +378,7 @@ fn status_round_trip_keeps_only_the_mirrored_fields() {
         generation: Some(2),
         since: time(20),
         version: None,
+        ..Default::default()
     };
     let status = n.to_status();
     assert!(status.conditions.is_empty() && status.certificate.is_none());
@@ -435,7 +443,7 @@ fn two(a: Option<(EdgeProvider, EdgeNode)>, b: Option<(EdgeProvider, EdgeNode)>)
 fn planned(edge: &EdgeView) -> (ProviderMirror, NodeMirror) {
     let providers = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
     let nodes = BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]);
-    let writes = plan(edge, &providers, &nodes, at(1000));
+    let writes = plan(edge, &providers, &nodes, &BTreeMap::new(), at(1000));
     let p = writes.providers.first().map_or_else(ProviderMirror::default, |(_, m)| m.clone());
     let n = writes.nodes.first().map_or_else(NodeMirror::default, |(_, m)| m.clone());
     (p, n)
@@ -522,6 +530,7 @@ fn two_replicas_are_merged_into_one_status() {
             &two(None, None),
             &BTreeMap::from([("llama".to_string(), ProviderMirror::default())]),
             &BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]),
+            &BTreeMap::new(),
             at(1000)
         ),
         Writes::default()
@@ -531,7 +540,7 @@ fn two_replicas_are_merged_into_one_status() {
 #[test]
 fn a_node_keeps_its_newest_session_while_a_replica_restarts() {
     let connected = |generation: u64| edge_node(true, Some(generation), Some(generation * 10));
-    let both = merged_node(&[&connected(4), &connected(7)], 2, &NodeMirror::default(), at(1000));
+    let both = merged_node(&[&connected(4), &connected(7)], 2, &NodeMirror::default(), &NodeFacts::default(), at(1000));
     assert_eq!(
         (both.generation, both.since.clone(), both.replicas_summary.as_deref()),
         (Some(7), time(70), Some("2/2"))
@@ -540,19 +549,19 @@ fn a_node_keeps_its_newest_session_while_a_replica_restarts() {
     // Replica b (generation 7) restarts: still connected through a; the
     // generation does not go back and `since` stays.
     let away = edge_node(false, None, None);
-    let one = merged_node(&[&connected(4), &away], 2, &both, at(2000));
+    let one = merged_node(&[&connected(4), &away], 2, &both, &NodeFacts::default(), at(2000));
     assert_eq!((one.connected, one.generation, one.since.clone()), (Some(true), Some(7), time(70)));
     assert_eq!(one.replicas_summary.as_deref(), Some("1/2"));
 
     // Back with a new session: a newer generation, and `since` moves to it.
-    let back = merged_node(&[&connected(4), &connected(90)], 2, &one, at(3000));
+    let back = merged_node(&[&connected(4), &connected(90)], 2, &one, &NodeFacts::default(), at(3000));
     assert_eq!(
         (back.generation, back.since.clone(), back.replicas_summary.as_deref()),
         (Some(90), time(900), Some("2/2"))
     );
 
     // Gone from both: away since now, the last generation kept.
-    let gone = merged_node(&[&away, &away], 2, &back, at(4000));
+    let gone = merged_node(&[&away, &away], 2, &back, &NodeFacts::default(), at(4000));
     assert_eq!((gone.connected, gone.generation, gone.since), (Some(false), Some(90), time(4000)));
 }
 
@@ -570,7 +579,7 @@ fn snapshot_with_credential(credential: Option<serde_json::Value>) -> ProvidersS
 
 fn credential_condition(view: &EdgeView, previous: &ProviderMirror, now: i64) -> Option<Condition> {
     let providers = BTreeMap::from([("llama".to_string(), previous.clone())]);
-    let writes = plan(view, &providers, &BTreeMap::new(), at(now));
+    let writes = plan(view, &providers, &BTreeMap::new(), &BTreeMap::new(), at(now));
     match writes.providers.first() {
         Some((_, m)) => m.credential.clone(),
         None => previous.credential.clone(),
@@ -649,17 +658,25 @@ fn one_replica_credential_states_become_the_credential_accepted_condition() {
 fn a_rejected_credential_is_written_once_and_keeps_its_transition_time() {
     let state = |s: &str| one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": s}))), &ready_node());
     let providers = |m: &ProviderMirror| BTreeMap::from([("llama".to_string(), m.clone())]);
-    let first = plan(&state("ok"), &providers(&ProviderMirror::default()), &BTreeMap::new(), at(1000));
+    let first =
+        plan(&state("ok"), &providers(&ProviderMirror::default()), &BTreeMap::new(), &BTreeMap::new(), at(1000));
     let ok = first.providers[0].1.clone();
     // Rejected: a change a user sees.
-    let writes = plan(&state("rejected"), &providers(&ok), &BTreeMap::new(), at(2000));
+    let writes = plan(&state("rejected"), &providers(&ok), &BTreeMap::new(), &BTreeMap::new(), at(2000));
     let rejected = writes.providers[0].1.clone();
     let c = rejected.credential.clone().unwrap();
     assert_eq!((c.status.as_str(), c.last_transition_time.clone()), ("False", Time(at(2000))));
     // Still rejected at the next poll: nothing to write.
-    assert!(plan(&state("rejected"), &providers(&rejected), &BTreeMap::new(), at(3000)).providers.is_empty());
+    assert!(
+        plan(&state("rejected"), &providers(&rejected), &BTreeMap::new(), &BTreeMap::new(), at(3000))
+            .providers
+            .is_empty()
+    );
     // Invalid is False too: the reason changes, the transition time does not.
-    let invalid = plan(&state("invalid"), &providers(&rejected), &BTreeMap::new(), at(4000)).providers[0].1.clone();
+    let invalid = plan(&state("invalid"), &providers(&rejected), &BTreeMap::new(), &BTreeMap::new(), at(4000))
+        .providers[0]
+        .1
+        .clone();
     let c = invalid.credential.unwrap();
     assert_eq!((c.reason.as_str(), c.last_transition_time), ("CredentialInvalid", Time(at(2000))));
 
@@ -729,7 +746,7 @@ fn outlier_ejection_is_mirrored_from_every_answering_replica() {
         Some((with(Some("1970-01-01T00:15:00Z".into())), node.clone())),
     );
     let current = BTreeMap::from([("llama".to_string(), healthy.clone())]);
-    let writes = plan(&view, &current, &BTreeMap::new(), at(950));
+    let writes = plan(&view, &current, &BTreeMap::new(), &BTreeMap::new(), at(950));
     let (_, mirrored) = &writes.providers[0];
     assert_eq!(mirrored.health, Some(Health::Available), "health is untouched");
     assert_eq!(mirrored.ejected_until, time(1000), "the latest, in whole seconds");
@@ -737,9 +754,9 @@ fn outlier_ejection_is_mirrored_from_every_answering_replica() {
 
     // Nothing new: no write. Back in selection everywhere: cleared.
     let current = BTreeMap::from([("llama".to_string(), mirrored.clone())]);
-    assert!(plan(&view, &current, &BTreeMap::new(), at(960)).providers.is_empty());
+    assert!(plan(&view, &current, &BTreeMap::new(), &BTreeMap::new(), at(960)).providers.is_empty());
     let back = two(Some((with(None), node.clone())), Some((with(None), node)));
-    let writes = plan(&back, &current, &BTreeMap::new(), at(1001));
+    let writes = plan(&back, &current, &BTreeMap::new(), &BTreeMap::new(), at(1001));
     assert_eq!(writes.providers[0].1.ejected_until, None);
 }
 
@@ -845,14 +862,14 @@ fn residency_and_the_latest_load_are_mirrored_across_replicas() {
 
     // The same again: nothing to write.
     let current = BTreeMap::from([("llama".to_string(), mirrored.clone())]);
-    assert!(plan(&view, &current, &BTreeMap::new(), at(1000)).providers.is_empty());
+    assert!(plan(&view, &current, &BTreeMap::new(), &BTreeMap::new(), at(1000)).providers.is_empty());
 
     // Evicted everywhere: written, the last load stays.
     let evicted = two(
         Some((with(Some(Residency::NotLoaded), Some((12_345, 900))), node.clone())),
         Some((with(Some(Residency::NotLoaded), Some((12_345, 900))), node.clone())),
     );
-    let writes = plan(&evicted, &current, &BTreeMap::new(), at(1100));
+    let writes = plan(&evicted, &current, &BTreeMap::new(), &BTreeMap::new(), at(1100));
     let (_, next) = &writes.providers[0];
     assert_eq!((next.residency, next.last_load_seconds), (Some(Residency::NotLoaded), Some(12.345)));
     assert_eq!(next.health, Some(Health::Available), "residency never changes health");
@@ -869,7 +886,7 @@ fn residency_and_the_latest_load_are_mirrored_across_replicas() {
         )),
         None,
     );
-    let writes = plan(&reloaded, &current, &BTreeMap::new(), at(2100));
+    let writes = plan(&reloaded, &current, &BTreeMap::new(), &BTreeMap::new(), at(2100));
     let (_, next) = &writes.providers[0];
     assert_eq!((next.residency, next.last_load_seconds), (Some(Residency::Loaded), Some(20.5)));
     assert_eq!(next.last_load_time, time(2000));
@@ -890,7 +907,7 @@ fn a_node_refusing_the_credential_is_the_classification_and_the_condition() {
     snapshot.providers[0].health = EdgeHealth::Unavailable;
     let view = one(&snapshot, &ready_node());
     let providers = BTreeMap::from([("llama".to_string(), ProviderMirror::default())]);
-    let writes = plan(&view, &providers, &BTreeMap::new(), at(1000));
+    let writes = plan(&view, &providers, &BTreeMap::new(), &BTreeMap::new(), at(1000));
     let mirror = &writes.providers[0].1;
     assert_eq!(mirror.health, Some(Health::Unavailable));
     assert_eq!(mirror.classification, Some(Classification::CredentialRefusedByNode));
@@ -900,8 +917,250 @@ fn a_node_refusing_the_credential_is_the_classification_and_the_condition() {
     // The node accepts again: available, no classification, Accepted.
     let view = one(&snapshot_with_credential(Some(json!({"profile": "llama", "state": "ok"}))), &ready_node());
     let providers = BTreeMap::from([("llama".to_string(), mirror.clone())]);
-    let writes = plan(&view, &providers, &BTreeMap::new(), at(2000));
+    let writes = plan(&view, &providers, &BTreeMap::new(), &BTreeMap::new(), at(2000));
     let mirror = &writes.providers[0].1;
     assert_eq!((mirror.health, mirror.classification), (Some(Health::Available), None));
     assert_eq!(mirror.credential.as_ref().unwrap().reason, "Accepted");
+}
+
+// --- Node conditions: WorkspacesReady and BundleCurrent -------------------------
+
+/// A ready session of a replica with the node, with its verdicts on the
+/// workspaces and the serial its certificate has.
+fn session(verdicts: &[(&str, &str)], serial: Option<&str>) -> EdgeNode {
+    EdgeNode {
+        workspaces: verdicts.iter().map(|(r, v)| (r.to_string(), v.to_string())).collect(),
+        certificate_serial: serial.map(str::to_string),
+        ..edge_node(true, Some(4), Some(100))
+    }
+}
+
+fn assigned(refs: &[&str]) -> NodeWorkspaces {
+    NodeWorkspaces { assigned: refs.iter().map(|r| r.to_string()).collect(), problems: vec![], generation: Some(3) }
+}
+
+fn status_of(c: &Condition) -> (&str, &str) {
+    (c.status.as_str(), c.reason.as_str())
+}
+
+#[test]
+fn workspaces_ready_follows_the_nodes_verdicts() {
+    let both = assigned(&["site", "tmp"]);
+    let ready = |w: &NodeWorkspaces, seen: &[&EdgeNode]| workspaces_ready(w, seen, None, at(1000));
+
+    // Every assigned workspace accepted: True, at the spec's generation.
+    let ok = session(&[("site", "accepted"), ("tmp", "accepted")], None);
+    let c = ready(&both, &[&ok]);
+    assert_eq!(status_of(&c), ("True", "Accepted"));
+    assert_eq!((c.observed_generation, c.last_transition_time.clone()), (Some(3), Time(at(1000))));
+
+    // One refused on one replica of two: False, naming the workspace and the node's reason.
+    let refused = session(&[("site", "accepted"), ("tmp", "outside_allowed_roots")], None);
+    let c = ready(&both, &[&ok, &refused]);
+    assert_eq!(status_of(&c), ("False", "WorkspaceRefused"));
+    assert!(c.message.starts_with("workspace `tmp`: the node refused it (outside_allowed_roots)"), "{}", c.message);
+    assert!(!c.message.contains("`site`"), "{}", c.message);
+    // The Edge's own verdicts for a node that did not answer are refusals too.
+    let c = ready(&both, &[&session(&[("site", "not_reported"), ("tmp", "accepted")], None)]);
+    assert_eq!(status_of(&c), ("False", "WorkspaceRefused"));
+    assert!(c.message.contains("`site`: the node refused it (not_reported)"), "{}", c.message);
+
+    // No session, or sessions not ready yet (no verdicts before readiness): not known.
+    let registered = EdgeNode { phase: Some(SessionPhase::Registered), ..refused.clone() };
+    let away = edge_node(false, None, None);
+    for seen in [vec![], vec![&away], vec![&registered]] {
+        assert_eq!(status_of(&ready(&both, &seen)), ("Unknown", "NotConnected"), "{seen:?}");
+    }
+    // A replica that does not report a workspace (config not reloaded, older Edge): not known.
+    let c = ready(&both, &[&session(&[("site", "accepted")], None)]);
+    assert_eq!(status_of(&c), ("Unknown", "NotReported"));
+    assert!(c.message.contains("`tmp`"), "{}", c.message);
+    // ... unless another replica does.
+    assert_eq!(status_of(&ready(&both, &[&session(&[("site", "accepted")], None), &ok])), ("True", "Accepted"));
+    // Verdicts on workspaces the node no longer has do not count.
+    let c = ready(&assigned(&["site"]), &[&session(&[("site", "accepted"), ("old", "not_found")], None)]);
+    assert_eq!(status_of(&c), ("True", "Accepted"));
+
+    // No workspaces: True, connected or not.
+    assert_eq!(status_of(&ready(&assigned(&[]), &[])), ("True", "Accepted"));
+
+    // A workspace left out by the build: its problem first, whatever the node says.
+    let mut problems = assigned(&["site"]);
+    problems.problems = vec![crate::reconcile::Invalid {
+        reason: crate::reconcile::Reason::TemplateNotFound,
+        message: "workspace `tools`: WorkspaceTemplate `x` does not exist".into(),
+    }];
+    for seen in [vec![], vec![&refused]] {
+        let c = ready(&problems, &seen);
+        assert_eq!(status_of(&c), ("False", "TemplateNotFound"));
+        assert!(c.message.starts_with("workspace `tools`: WorkspaceTemplate `x` does not exist"), "{}", c.message);
+    }
+    let problems = NodeWorkspaces { assigned: vec!["tmp".into()], ..problems };
+    let c = ready(&problems, &[&refused]);
+    assert!(c.message.contains("; workspace `tmp`: the node refused it (outside_allowed_roots)"), "{}", c.message);
+
+    // The transition time moves only when the status flips.
+    let first = ready(&both, &[&ok]);
+    let same = workspaces_ready(&both, &[&ok], Some(&first), at(2000));
+    assert_eq!(same.last_transition_time, Time(at(1000)));
+    let flipped = workspaces_ready(&both, &[&refused], Some(&first), at(3000));
+    assert_eq!(flipped.last_transition_time, Time(at(3000)));
+}
+
+#[test]
+fn bundle_current_compares_each_sessions_serial_with_the_issued_one() {
+    let current = |seen: &[&EdgeNode]| bundle_current("mac-1", "0af3", seen, None, at(1000));
+
+    let issued = session(&[], Some("0af3"));
+    let c = current(&[&issued, &issued]);
+    assert_eq!(status_of(&c), ("True", "Current"));
+    assert!(c.message.contains("0af3"), "{}", c.message);
+    // The same number however written (case, a DER zero byte, colons).
+    assert_eq!(status_of(&current(&[&session(&[], Some("00:0A:F3"))])), ("True", "Current"));
+
+    // One replica's session presents another serial: False, naming it and what to do.
+    let old = session(&[], Some("7b"));
+    let c = current(&[&issued, &old]);
+    assert_eq!(status_of(&c), ("False", "OlderBundle"));
+    assert!(c.message.contains("serial 7b (on 1 of 2 Edge replicas"), "{}", c.message);
+    assert!(
+        c.message.contains("make a new bundle (iop-operator node-bundle mac-1) and restart iop-node"),
+        "{}",
+        c.message
+    );
+
+    // No session: not known. A session without a serial (an older Edge): not known either.
+    let away = edge_node(false, None, None);
+    for seen in [vec![], vec![&away]] {
+        assert_eq!(status_of(&current(&seen)), ("Unknown", "NotConnected"));
+    }
+    assert_eq!(status_of(&current(&[&session(&[], Some(""))])), ("Unknown", "NotConnected"), "empty: none");
+    let older_edge = session(&[], None);
+    let c = current(&[&issued, &older_edge]);
+    assert_eq!(status_of(&c), ("Unknown", "NotConnected"));
+    assert!(c.message.contains("older"), "{}", c.message);
+    // ... but an older bundle seen by another replica is still an older bundle.
+    assert_eq!(status_of(&current(&[&old, &older_edge])), ("False", "OlderBundle"));
+    // A session that has not reached readiness presented its certificate all the same.
+    let registered = EdgeNode { phase: Some(SessionPhase::Registered), ..old.clone() };
+    assert_eq!(status_of(&current(&[&registered])), ("False", "OlderBundle"));
+
+    // Renewed and the node restarted with the new bundle: True again, at that time.
+    let before = current(&[&old]);
+    let after = bundle_current("mac-1", "0af3", &[&issued], Some(&before), at(2000));
+    assert_eq!((status_of(&after), after.last_transition_time.clone()), (("True", "Current"), Time(at(2000))));
+}
+
+/// The plan: a rendered node gets `WorkspacesReady` (even while no replica
+/// lists it), `BundleCurrent` once a certificate is issued and a replica
+/// lists it; a node the build leaves out gets neither.
+#[test]
+fn node_conditions_in_the_plan() {
+    let nodes = BTreeMap::from([("mac-1".to_string(), NodeMirror::default())]);
+    let facts = |workspaces: Option<NodeWorkspaces>, serial: Option<&str>| {
+        BTreeMap::from([("mac-1".to_string(), NodeFacts { issued_serial: serial.map(str::to_string), workspaces })])
+    };
+    let listed = NodesSnapshot { nodes: vec![session(&[("site", "accepted")], Some("0af3"))] };
+    let view = one(&ProvidersSnapshot::default(), &listed);
+    let planned = |facts: &BTreeMap<String, NodeFacts>, view: &EdgeView| {
+        let writes = plan(view, &BTreeMap::new(), &nodes, facts, at(1000));
+        writes.nodes.into_iter().next().map(|(_, m)| m).unwrap_or_default()
+    };
+
+    let m = planned(&facts(Some(assigned(&["site"])), Some("0af3")), &view);
+    assert_eq!(m.workspaces_ready.as_ref().map(status_of), Some(("True", "Accepted")));
+    assert_eq!(m.bundle_current.as_ref().map(status_of), Some(("True", "Current")));
+    let types: Vec<String> = m.to_status().conditions.into_iter().map(|c| c.type_).collect();
+    assert_eq!(types, ["WorkspacesReady", "BundleCurrent"]);
+    assert_eq!(NodeMirror::of(Some(&m.to_status())), m, "read back as written");
+    // Written: the same view plans nothing.
+    let written = BTreeMap::from([("mac-1".to_string(), m)]);
+    let writes = plan(&view, &BTreeMap::new(), &written, &facts(Some(assigned(&["site"])), Some("0af3")), at(2000));
+    assert!(writes.nodes.is_empty());
+
+    // Not rendered (no workspaces fact), no certificate: neither condition.
+    let m = planned(&facts(None, None), &view);
+    assert_eq!((m.workspaces_ready, m.bundle_current, m.connected), (None, None, Some(true)));
+
+    // No answering replica lists the node: the connection fields are
+    // cleared, the workspaces judged without a session.
+    let unlisted = one(&ProvidersSnapshot::default(), &NodesSnapshot::default());
+    let m = planned(&facts(Some(assigned(&["site"])), Some("0af3")), &unlisted);
+    assert_eq!(m.workspaces_ready.as_ref().map(status_of), Some(("Unknown", "NotConnected")));
+    assert_eq!(NodeMirror { workspaces_ready: None, ..m }, NodeMirror::default());
+}
+
+/// Status has one writer: what a status holds of the mirror's fields
+/// beyond what the mirror applied is removed, and only that.
+#[test]
+fn leftovers_are_the_mirror_fields_the_apply_left_out() {
+    let applied = ProviderMirror { health: Some(Health::Available), generation: Some(4), ..Default::default() };
+    // After the apply: someone else's classification and sequence, and
+    // other writers' fields (reconcile's Ready, publicModels).
+    let other = crate::reconcile::conditions::next(
+        &[],
+        "Ready",
+        crate::reconcile::conditions::Status::True,
+        "Accepted",
+        "",
+        Some(1),
+        at(1),
+    );
+    let held = ProviderStatus {
+        classification: Some(Classification::ProviderUnhealthy),
+        last_observation_sequence: Some(9),
+        conditions: vec![other.clone()],
+        observed_generation: Some(1),
+        public_models: Some("llama".into()),
+        ..applied.to_status()
+    };
+    let left = leftovers(Some(&held), &applied);
+    assert_eq!(
+        left,
+        Leftovers { fields: vec!["classification".into(), "lastObservationSequence".into()], conditions: vec![] }
+    );
+    assert_eq!(
+        removal(&json!({}), &left),
+        json!({"status": {"classification": null, "lastObservationSequence": null}})
+    );
+    // Nothing beyond: nothing to remove (the steady state).
+    assert!(leftovers(Some(&applied.to_status()), &applied).is_empty());
+    assert!(leftovers(None, &applied).is_empty());
+
+    // A condition of the mirror's the apply left out: the list without it,
+    // guarded by the resourceVersion.
+    let foreign = crate::reconcile::conditions::next(
+        &[],
+        "CredentialAccepted",
+        crate::reconcile::conditions::Status::False,
+        "CredentialRejected",
+        "",
+        None,
+        at(1),
+    );
+    let held = ProviderStatus { conditions: vec![other.clone(), foreign.clone()], ..applied.to_status() };
+    let left = leftovers(Some(&held), &applied);
+    assert_eq!(left, Leftovers { fields: vec![], conditions: vec!["CredentialAccepted".into()] });
+    let object = json!({"metadata": {"name": "llama", "resourceVersion": "42"},
+                        "status": serde_json::to_value(&held).unwrap()});
+    assert_eq!(
+        removal(&object, &left),
+        json!({"metadata": {"resourceVersion": "42"},
+               "status": {"conditions": [serde_json::to_value(&other).unwrap()]}})
+    );
+
+    // The same for a NodeCatalog: its connection fields and its conditions.
+    let node = NodeMirror { connected: Some(false), ..Default::default() };
+    let held = NodeCatalogStatus { version: Some("0.1.0".into()), ..node.to_status() };
+    assert_eq!(leftovers(Some(&held), &node), Leftovers { fields: vec!["version".into()], conditions: vec![] });
+}
+
+#[test]
+fn a_sequence_where_none_belongs_is_a_visible_change() {
+    let applied = ProviderMirror { health: Some(Health::Available), generation: Some(4), ..Default::default() };
+    let with_sequence = ProviderMirror { last_observation_sequence: Some(3), ..applied.clone() };
+    assert!(visible_change(&with_sequence, &applied));
+    assert!(visible_change(&applied, &with_sequence));
+    let newer = ProviderMirror { last_observation_sequence: Some(4), ..applied.clone() };
+    assert!(!visible_change(&with_sequence, &newer), "a newer sequence alone is not written");
 }

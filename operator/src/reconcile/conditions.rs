@@ -6,9 +6,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 pub const READY: &str = "Ready";
-/// Condition of a NodeCatalog saying whether all its workspaces refer to
-/// ready templates. Workspace problems never take the node itself out.
+/// Condition of a rendered NodeCatalog saying whether its workspaces can
+/// take jobs: each renders (its template is ready, the Edge's rules accept
+/// it) and the node accepted it. Written by the status mirror
+/// (`iop-operator/status`): the node's verdicts reach it through the Edge
+/// ([`crate::mirror::workspaces_ready`]). Workspace problems never take the
+/// node itself out.
 pub const WORKSPACES_READY: &str = "WorkspacesReady";
+/// Condition of a NodeCatalog saying whether the node's sessions present
+/// the certificate the operator issued last (`status.certificate.serial`):
+/// `False` while a Mac runs an older bundle. Written by the status mirror
+/// ([`crate::mirror::bundle_current`]).
+pub const BUNDLE_CURRENT: &str = "BundleCurrent";
 /// Condition of a ready Provider that sets a `contextFallback`, saying
 /// whether each one is rendered. A fallback problem never takes the
 /// provider itself out.
@@ -16,8 +25,9 @@ pub const CONTEXT_FALLBACKS_READY: &str = "ContextFallbacksReady";
 
 /// The condition types reconcile writes (field manager `iop-operator/config`).
 /// Other writers own other types of the same list (server-side apply merges
-/// the list by `type`), e.g. `CAExpiring` (`iop-operator/certs`).
-pub const RECONCILE_TYPES: [&str; 3] = [READY, WORKSPACES_READY, CONTEXT_FALLBACKS_READY];
+/// the list by `type`), e.g. `CAExpiring` (`iop-operator/certs`),
+/// [`WORKSPACES_READY`] and [`BUNDLE_CURRENT`] (`iop-operator/status`).
+pub const RECONCILE_TYPES: [&str; 2] = [READY, CONTEXT_FALLBACKS_READY];
 
 /// Whether `current` already holds exactly the reconcile-owned conditions
 /// `desired`: conditions of other writers are not compared (else every

@@ -3,21 +3,21 @@
 //! should carry. Invalid objects are left out and reported; they never stop
 //! the others from being rendered.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use iop_proto::config::{ConfigError, EdgeConfig, Limits};
+use iop_proto::config::{ConfigError, EdgeConfig, Limits, NodeEntry, WorkspaceEntry};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+pub use super::conditions::CONTEXT_FALLBACKS_READY;
 use super::conditions::{self, READY, Status};
-pub use super::conditions::{CONTEXT_FALLBACKS_READY, WORKSPACES_READY};
 use super::credentials::CredentialProblem;
 use super::validate::{self, ACCEPTED, Invalid, Reason};
 use super::{CONFIG_KEY, CONFIG_MAP_NAME, Settings, Snapshot, credentials};
 use crate::crd::provider::SecretKeyRef;
-use crate::crd::{NodeCatalogStatus, ProviderStatus, WorkspaceTemplateStatus};
+use crate::crd::{NodeCatalog, NodeCatalogStatus, ProviderStatus, WorkspaceTemplate, WorkspaceTemplateStatus};
 
 /// Everything the apply stage writes for one namespace. Fields are public so
 /// apply can destructure it without `..`, proving each part is written.
@@ -88,16 +88,11 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         excluded.push(Excluded { kind, name: name.to_string(), reason: e.reason, message: e.message.clone() });
     };
 
+    let Verdicts { templates: template_verdicts, nodes: node_verdicts } = verdicts(snapshot, settings);
     let mut templates = Vec::new();
-    let mut template_ready = BTreeMap::new();
-    for t in sorted(&snapshot.templates) {
-        let verdict = validate::workspace_template(t, settings);
+    for (t, verdict) in template_verdicts {
         if let Err(e) = &verdict {
             exclude("WorkspaceTemplate", &t.name_any(), e);
-        }
-        // A template being deleted is "absent" to its workspaces, not "not ready".
-        if !matches!(&verdict, Err(Invalid { reason: Reason::Deleting, .. })) {
-            template_ready.insert(t.meta().name.as_deref().unwrap_or_default(), verdict.is_ok());
         }
         let current = t.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
         let generation = t.metadata.generation;
@@ -110,49 +105,35 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
         });
     }
 
+    // `WorkspacesReady` is the status mirror's (the node's verdicts decide
+    // it): reconcile writes `Ready` only.
     let mut nodes = Vec::new();
     let mut node_ready = BTreeMap::new();
-    let mut workspace_refs = std::collections::BTreeSet::new();
-    for n in sorted(&snapshot.nodes) {
-        let verdict = validate::node_catalog(n, &template_ready);
-        let current = n.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-        let generation = n.metadata.generation;
-        let mut conds = Vec::with_capacity(2);
-        match &verdict {
-            Ok((entry, problems)) => {
-                config.nodes.push(entry.clone());
-                let mut problems = problems.clone();
-                for w in &n.spec.workspaces {
-                    // A template that is missing or not ready is already a problem.
-                    let template = snapshot.templates.iter().find(|t| t.name_any() == w.template);
-                    let Some(template) = template.filter(|_| template_ready.get(w.template.as_str()) == Some(&true))
-                    else {
-                        continue;
-                    };
-                    match validate::workspace(&entry.name, w, &template.spec, &workspace_refs, settings) {
-                        Ok(rendered) => {
-                            workspace_refs.insert(rendered.reference.clone());
-                            config.workspaces.push(rendered);
-                        }
-                        Err(problem) => problems.push(problem),
-                    }
-                }
-                let problems = &problems;
-                conds.push(ready(current, None, "rendered into the Edge config", generation, now));
-                conds.push(workspaces_ready(current, problems, generation, now));
-            }
-            Err(e) => {
-                exclude("NodeCatalog", &n.name_any(), e);
-                conds.push(ready(current, Some(e), "", generation, now));
-            }
-        }
+    for (n, verdict) in node_verdicts {
         // A node being deleted is "absent" to its providers, not "not ready".
         if !matches!(&verdict, Err(Invalid { reason: Reason::Deleting, .. })) {
             node_ready.insert(n.meta().name.as_deref().unwrap_or_default(), verdict.is_ok());
         }
+        let current = n.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        let generation = n.metadata.generation;
+        let condition = match verdict {
+            Ok(rendered) => {
+                config.nodes.push(rendered.entry);
+                config.workspaces.extend(rendered.workspaces);
+                ready(current, None, "rendered into the Edge config", generation, now)
+            }
+            Err(e) => {
+                exclude("NodeCatalog", &n.name_any(), &e);
+                ready(current, Some(&e), "", generation, now)
+            }
+        };
         nodes.push(StatusUpdate {
             name: n.name_any(),
-            status: NodeCatalogStatus { conditions: conds, observed_generation: generation, ..Default::default() },
+            status: NodeCatalogStatus {
+                conditions: vec![condition],
+                observed_generation: generation,
+                ..Default::default()
+            },
         });
     }
 
@@ -230,6 +211,95 @@ pub fn build(snapshot: &Snapshot, settings: &Settings, now: Timestamp) -> Result
     Ok(Prepared { config, config_map, providers, nodes, templates, credentials, excluded })
 }
 
+/// A NodeCatalog that passed validation: its Edge config entry, the
+/// workspaces rendered for it, and the problems of those left out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedNode {
+    pub entry: NodeEntry,
+    pub workspaces: Vec<WorkspaceEntry>,
+    pub problems: Vec<Invalid>,
+}
+
+/// The verdicts on a snapshot's WorkspaceTemplates and NodeCatalogs, each
+/// in name order.
+#[derive(Debug)]
+pub struct Verdicts<'a> {
+    pub templates: Vec<(&'a WorkspaceTemplate, Result<(), Invalid>)>,
+    pub nodes: Vec<(&'a NodeCatalog, Result<RenderedNode, Invalid>)>,
+}
+
+/// Judges every template, then every node with its workspaces: a workspace
+/// is rendered when its template is ready and the Edge's own rules accept
+/// it (a ref is unique in the Edge config: the first node in name order
+/// keeps it). The one definition of what the build renders and of the
+/// workspace problems the status mirror reports in `WorkspacesReady`
+/// ([`node_workspaces`]).
+pub fn verdicts<'a>(snapshot: &'a Snapshot, settings: &Settings) -> Verdicts<'a> {
+    let templates: Vec<_> =
+        sorted(&snapshot.templates).into_iter().map(|t| (t, validate::workspace_template(t, settings))).collect();
+    let mut template_ready = BTreeMap::new();
+    for (t, verdict) in &templates {
+        // A template being deleted is "absent" to its workspaces, not "not ready".
+        if !matches!(verdict, Err(Invalid { reason: Reason::Deleting, .. })) {
+            template_ready.insert(t.meta().name.as_deref().unwrap_or_default(), verdict.is_ok());
+        }
+    }
+    let mut taken = BTreeSet::new();
+    let nodes = sorted(&snapshot.nodes)
+        .into_iter()
+        .map(|n| {
+            let verdict = validate::node_catalog(n, &template_ready).map(|(entry, mut problems)| {
+                let mut workspaces = Vec::new();
+                for w in &n.spec.workspaces {
+                    // A template that is missing or not ready is already a problem.
+                    let template = snapshot.templates.iter().find(|t| t.name_any() == w.template);
+                    let Some(template) = template.filter(|_| template_ready.get(w.template.as_str()) == Some(&true))
+                    else {
+                        continue;
+                    };
+                    match validate::workspace(&entry.name, w, &template.spec, &taken, settings) {
+                        Ok(rendered) => {
+                            taken.insert(rendered.reference.clone());
+                            workspaces.push(rendered);
+                        }
+                        Err(problem) => problems.push(problem),
+                    }
+                }
+                RenderedNode { entry, workspaces, problems }
+            });
+            (n, verdict)
+        })
+        .collect();
+    Verdicts { templates, nodes }
+}
+
+/// What the status mirror needs of a rendered NodeCatalog for its
+/// `WorkspacesReady` condition: the workspace refs the Edge config assigns
+/// to the node, the problems of the workspaces left out, and the
+/// `metadata.generation` they were judged at.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeWorkspaces {
+    pub assigned: Vec<String>,
+    pub problems: Vec<Invalid>,
+    pub generation: Option<i64>,
+}
+
+/// [`NodeWorkspaces`] of every NodeCatalog the build renders (by name);
+/// one it leaves out (not `Ready`) is absent.
+pub fn node_workspaces(snapshot: &Snapshot, settings: &Settings) -> BTreeMap<String, NodeWorkspaces> {
+    verdicts(snapshot, settings)
+        .nodes
+        .into_iter()
+        .filter_map(|(n, verdict)| {
+            let rendered = verdict.ok()?;
+            let assigned = rendered.workspaces.into_iter().map(|w| w.reference).collect();
+            let workspaces =
+                NodeWorkspaces { assigned, problems: rendered.problems, generation: n.metadata.generation };
+            Some((n.name_any(), workspaces))
+        })
+        .collect()
+}
+
 /// The Provider's `Ready=False` for a credential it cannot use: names the
 /// Secret and key, never the value.
 fn credential_invalid(reference: &SecretKeyRef, problem: CredentialProblem) -> Invalid {
@@ -277,16 +347,6 @@ fn ready(
     match error {
         None => conditions::next(current, READY, Status::True, ACCEPTED, ok, generation, now),
         Some(e) => conditions::next(current, READY, Status::False, e.reason.as_str(), &e.message, generation, now),
-    }
-}
-
-fn workspaces_ready(current: &[Condition], problems: &[Invalid], generation: Option<i64>, now: Timestamp) -> Condition {
-    match problems.first() {
-        None => conditions::next(current, WORKSPACES_READY, Status::True, ACCEPTED, "", generation, now),
-        Some(first) => {
-            let message = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
-            conditions::next(current, WORKSPACES_READY, Status::False, first.reason.as_str(), message, generation, now)
-        }
     }
 }
 

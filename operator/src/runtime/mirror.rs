@@ -29,6 +29,14 @@
 //! compares against the status it carries, so the edit is corrected at the
 //! next poll. An object never written by this process compares against its
 //! status too, so a restart or a new leader does not rewrite everything.
+//! A mirror field someone else set that the apply leaves out is removed
+//! right after it ([`crate::mirror::leftovers`]; the resourceVersion after
+//! that removal is remembered too).
+//!
+//! `WorkspacesReady` is judged from the NodeCatalogs and WorkspaceTemplates
+//! of the cache with the build's own function
+//! ([`crate::reconcile::desired::node_workspaces`]); the first round waits
+//! until both have listed.
 //! While no replica answers nothing is written (the last mirrored state
 //! stays).
 
@@ -38,17 +46,19 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use k8s_openapi::jiff::Timestamp;
+use kube::core::object::HasStatus;
 use kube::{Api, ResourceExt};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::admin::{AdminClient, AdminError, EdgeAdminUrl};
 use super::controller::Stores;
-use super::metrics::{Metrics, Writer};
-use super::namespace::apply_status;
-use super::{Context, timestamp};
+use super::metrics::{HasStatusKind, Metrics, Writer};
+use super::namespace::{apply_status, merge_status};
+use super::{Context, Error, timestamp};
 use crate::crd::{NodeCatalog, Provider};
-use crate::mirror::{self, AdminSnapshots, EdgeView, NodeMirror, ProviderMirror};
+use crate::mirror::{self, AdminSnapshots, EdgeView, Mirrored, NodeFacts, NodeMirror, ProviderMirror};
+use crate::reconcile::desired::node_workspaces;
 use crate::replicas::Replica;
 
 #[derive(Debug, Clone, Copy)]
@@ -74,12 +84,13 @@ pub struct MirrorState {
     none_answered: bool,
 }
 
-/// A value the mirror wrote, and the object's resourceVersion just before
-/// and just after that write.
+/// A value the mirror wrote, and the object's resourceVersions just before
+/// that write and after each of its requests (the apply, and the removal
+/// of leftovers when there were any).
 #[derive(Debug, Clone)]
 struct Written<M> {
     value: M,
-    versions: [Option<String>; 2],
+    versions: Vec<Option<String>>,
 }
 
 impl<M: Clone> Written<M> {
@@ -164,16 +175,25 @@ pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut 
             (n.name_any(), current)
         })
         .collect();
-    let writes = mirror::plan(edge, &current_providers, &current_nodes, now);
+    let snapshot = stores.read(&ctx.namespace).snapshot;
+    let mut workspaces = node_workspaces(&snapshot, &ctx.settings);
+    let facts: BTreeMap<String, NodeFacts> = nodes
+        .iter()
+        .map(|n| {
+            let issued_serial = n.status.as_ref().and_then(|s| s.certificate.as_ref()).map(|c| c.serial.clone());
+            (n.name_any(), NodeFacts { issued_serial, workspaces: workspaces.remove(&n.name_any()) })
+        })
+        .collect();
+    let writes = mirror::plan(edge, &current_providers, &current_nodes, &facts, now);
 
     let mut round = Round::default();
     let api: Api<Provider> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     for (name, m) in writes.providers {
         let Some(p) = providers.iter().find(|p| p.name_any() == name) else { continue };
-        match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
+        match write_one(&api, &ctx.metrics, &name, &m).await {
             Ok(after) => {
                 tracing::debug!(provider = %name, health = ?m.health, "mirrored provider health");
-                let versions = [p.metadata.resource_version.clone(), after];
+                let versions = std::iter::once(p.metadata.resource_version.clone()).chain(after).collect();
                 state.providers.insert(uid(&p.metadata), Written { value: m, versions });
                 round.written += 1;
             }
@@ -186,10 +206,10 @@ pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut 
     let api: Api<NodeCatalog> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     for (name, m) in writes.nodes {
         let Some(n) = nodes.iter().find(|n| n.name_any() == name) else { continue };
-        match apply_status(&api, &ctx.metrics, Writer::Mirror, &name, &m.to_status()).await {
+        match write_one(&api, &ctx.metrics, &name, &m).await {
             Ok(after) => {
                 tracing::debug!(node = %name, connected = ?m.connected, replicas = ?m.replicas_summary, "mirrored node connection");
-                let versions = [n.metadata.resource_version.clone(), after];
+                let versions = std::iter::once(n.metadata.resource_version.clone()).chain(after).collect();
                 state.nodes.insert(uid(&n.metadata), Written { value: m, versions });
                 round.written += 1;
             }
@@ -205,6 +225,41 @@ pub async fn write(ctx: &Context, stores: &Stores, edge: &EdgeView, state: &mut 
     state.providers.retain(|k, _| uids.contains(k));
     state.nodes.retain(|k, _| uids.contains(k));
     round
+}
+
+/// Writes the mirror's fields `m` of object `name`: a server-side apply,
+/// then, only when the object still holds a mirror field the apply left out
+/// (set by another field manager: [`mirror::leftovers`]), a merge patch
+/// that removes it ([`mirror::removal`]). Server-side apply cannot remove a
+/// field another manager owns, and a merge patch of every field would make
+/// the operator's fields an `Update` manager's instead of its apply's; so
+/// the apply stays the one write of the steady state, and the removal is a
+/// second write only after someone else wrote. Returns the object's
+/// resourceVersion after each request (`None` when it is gone).
+async fn write_one<K, M>(api: &Api<K>, metrics: &Metrics, name: &str, m: &M) -> Result<Vec<Option<String>>, Error>
+where
+    K: kube::Resource<DynamicType = ()>
+        + HasStatus<Status = M::Status>
+        + HasStatusKind
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    M: Mirrored,
+{
+    let version = |o: &Option<K>| o.as_ref().and_then(|o| o.meta().resource_version.clone());
+    let Some(after) = apply_status(api, metrics, Writer::Mirror, name, &m.to_status()).await? else {
+        return Ok(vec![None]);
+    };
+    let leftovers = mirror::leftovers(after.status(), m);
+    let applied = after.meta().resource_version.clone();
+    if leftovers.is_empty() {
+        return Ok(vec![applied]);
+    }
+    tracing::info!(name, fields = ?leftovers.fields, conditions = ?leftovers.conditions, "removing status fields another field manager set");
+    let object = serde_json::to_value(&after).unwrap_or_default();
+    let removed = merge_status(api, metrics, Writer::Mirror, name, &mirror::removal(&object, &leftovers)).await?;
+    Ok(vec![applied, version(&removed)])
 }
 
 /// Logs which replicas stopped or started answering (only changes).
@@ -236,6 +291,20 @@ pub async fn run(
     config: MirrorConfig,
     cancel: CancellationToken,
 ) {
+    // `WorkspacesReady` is judged from the NodeCatalogs and the templates
+    // together: a round before both have listed would judge a workspace
+    // without its template.
+    let listed = async {
+        let _ = tokio::join!(
+            stores.providers.wait_until_ready(),
+            stores.nodes.wait_until_ready(),
+            stores.templates.wait_until_ready()
+        );
+    };
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = listed => {}
+    }
     let mut interval = tokio::time::interval(config.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut state = MirrorState::default();

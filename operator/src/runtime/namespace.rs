@@ -233,37 +233,16 @@ where
 /// [`STATUS_WRITE_TIMEOUT`] and counted in `iop_operator_status_writes_total`
 /// (`ok`, `failed`, `timeout`). A missing object is not an error (it was
 /// deleted meanwhile). Callers decide that the fields changed; this writes.
-/// Returns the object's resourceVersion after the write (`None` when gone).
+/// Returns the object after the write (`None` when gone).
 pub async fn apply_status<K>(
     api: &Api<K>,
     metrics: &Metrics,
     writer: Writer,
     name: &str,
     status: &impl Serialize,
-) -> Result<Option<String>, Error>
+) -> Result<Option<K>, Error>
 where
     K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
-{
-    let pending = metrics.status_write(K::STATUS_KIND, writer);
-    let result = tokio::time::timeout(STATUS_WRITE_TIMEOUT, patch_status(api, writer.field_manager(), name, status))
-        .await
-        .unwrap_or(Err(Error::Timeout(STATUS_WRITE_TIMEOUT)));
-    pending.finish(match &result {
-        Ok(_) => WriteResult::Ok,
-        Err(Error::Timeout(_)) => WriteResult::Timeout,
-        Err(_) => WriteResult::Failed,
-    });
-    result
-}
-
-async fn patch_status<K>(
-    api: &Api<K>,
-    manager: &str,
-    name: &str,
-    status: &impl Serialize,
-) -> Result<Option<String>, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
     let body = json!({
         "apiVersion": K::api_version(&()),
@@ -271,11 +250,54 @@ where
         "metadata": { "name": name },
         "status": status,
     });
-    match api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&body)).await {
-        Ok(object) => Ok(object.meta().resource_version.clone()),
-        Err(e) if is_status(&e, 404) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    let params = PatchParams::apply(writer.field_manager()).force();
+    counted_status_write(api, metrics, writer, name, &params, &Patch::Apply(&body)).await
+}
+
+/// A JSON merge patch of the status subresource with `writer`'s field
+/// manager (the status mirror's removal of fields another manager set:
+/// [`crate::mirror::removal`]), bounded and counted like [`apply_status`].
+pub async fn merge_status<K>(
+    api: &Api<K>,
+    metrics: &Metrics,
+    writer: Writer,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
+{
+    let params = PatchParams { field_manager: Some(writer.field_manager().to_string()), ..Default::default() };
+    counted_status_write(api, metrics, writer, name, &params, &Patch::Merge(patch)).await
+}
+
+async fn counted_status_write<K>(
+    api: &Api<K>,
+    metrics: &Metrics,
+    writer: Writer,
+    name: &str,
+    params: &PatchParams,
+    patch: &Patch<impl Serialize + Debug>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<DynamicType = ()> + HasStatusKind + Clone + DeserializeOwned + Debug,
+{
+    let pending = metrics.status_write(K::STATUS_KIND, writer);
+    let write = async {
+        match api.patch_status(name, params, patch).await {
+            Ok(object) => Ok(Some(object)),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    };
+    let result =
+        tokio::time::timeout(STATUS_WRITE_TIMEOUT, write).await.unwrap_or(Err(Error::Timeout(STATUS_WRITE_TIMEOUT)));
+    pending.finish(match &result {
+        Ok(_) => WriteResult::Ok,
+        Err(Error::Timeout(_)) => WriteResult::Timeout,
+        Err(_) => WriteResult::Failed,
+    });
+    result
 }
 
 fn has_finalizer(meta: &ObjectMeta) -> bool {

@@ -23,16 +23,20 @@ fn transition_time_moves_only_when_the_status_flips() {
 #[test]
 fn only_the_reconciles_own_conditions_are_compared() {
     let ready = next(&[], READY, Status::True, "Accepted", "", Some(1), at(100));
-    let workspaces = next(&[], WORKSPACES_READY, Status::True, "Accepted", "", Some(1), at(100));
+    let fallbacks = next(&[], CONTEXT_FALLBACKS_READY, Status::True, "Accepted", "", Some(1), at(100));
     let ca = next(&[], "CAExpiring", Status::True, "WithinRenewalWindow", "", None, at(100));
-    let desired = [ready.clone(), workspaces.clone()];
-    assert!(same_reconcile_conditions(&[ready.clone(), workspaces.clone(), ca.clone()], &desired));
-    assert!(same_reconcile_conditions(&[ca.clone(), ready.clone(), workspaces.clone()], &desired));
+    // The status mirror's, on a NodeCatalog: not reconcile's to compare.
+    let workspaces = next(&[], WORKSPACES_READY, Status::False, "WorkspaceRefused", "", Some(1), at(100));
+    let bundle = next(&[], BUNDLE_CURRENT, Status::Unknown, "NotConnected", "", None, at(100));
+    let desired = [ready.clone(), fallbacks.clone()];
+    assert!(same_reconcile_conditions(&[ready.clone(), fallbacks.clone(), ca.clone()], &desired));
+    assert!(same_reconcile_conditions(&[ca.clone(), ready.clone(), fallbacks.clone()], &desired));
+    assert!(same_reconcile_conditions(&[ready.clone(), workspaces, bundle], std::slice::from_ref(&ready)));
     // One of its own is missing, extra, or different: not the same.
     assert!(!same_reconcile_conditions(&[ready.clone(), ca.clone()], &desired));
-    assert!(!same_reconcile_conditions(&[ready.clone(), workspaces.clone()], std::slice::from_ref(&ready)));
+    assert!(!same_reconcile_conditions(&[ready.clone(), fallbacks.clone()], std::slice::from_ref(&ready)));
     let older = Condition { observed_generation: Some(0), ..ready.clone() };
-    assert!(!same_reconcile_conditions(&[older, workspaces], &desired));
+    assert!(!same_reconcile_conditions(&[older, fallbacks], &desired));
 }
 
 #[test]

@@ -284,6 +284,16 @@ fn public_models_are_every_name_comma_joined_in_spec_order() {
     }
 }
 
+/// The problems [`node_workspaces`] reports for node `name`: the first
+/// problem's reason (`""` without one), every message, the assigned refs.
+fn workspaces_of(s: &Snapshot, name: &str) -> (String, String, Vec<String>) {
+    let all = node_workspaces(s, &settings());
+    let w = all.get(name).unwrap_or_else(|| panic!("{name} is rendered"));
+    let reason = w.problems.first().map_or("", |p| p.reason.as_str()).to_string();
+    let messages = w.problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
+    (reason, messages, w.assigned.clone())
+}
+
 #[test]
 fn workspace_problems_are_reported_without_taking_the_node_out() {
     let mut bad_template = template("broken");
@@ -300,24 +310,28 @@ fn workspace_problems_are_reported_without_taking_the_node_out() {
     let prepared = build(&s, &settings(), at(1)).unwrap();
     assert_eq!(prepared.config.nodes.len(), 3);
     assert_eq!(provider_ready(&prepared, "p"), ("True", "Accepted"));
-    let workspaces = |name: &str| {
-        let n = prepared.nodes.iter().find(|u| u.name == name).unwrap();
+    for n in &prepared.nodes {
+        // `WorkspacesReady` is the status mirror's.
+        assert_eq!(n.status.conditions.iter().map(|c| c.type_.as_str()).collect::<Vec<_>>(), ["Ready"]);
         assert_eq!(ready_of(&n.status.conditions), ("True", "Accepted"));
-        let c = n.status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
-        (c.status.clone(), c.reason.clone())
-    };
-    assert_eq!(workspaces("mac-1"), ("False".into(), "TemplateNotReady".into()));
-    assert_eq!(workspaces("mac-2"), ("True".into(), "Accepted".into()));
-    assert_eq!(workspaces("mac-3"), ("False".into(), "TemplateNotFound".into()));
+    }
+    let reason = |name: &str| workspaces_of(&s, name).0;
+    assert_eq!(reason("mac-1"), "TemplateNotReady");
+    assert_eq!(reason("mac-2"), "");
+    assert_eq!(workspaces_of(&s, "mac-2").2, ["site"]);
+    assert_eq!(reason("mac-3"), "TemplateNotFound");
+    assert!(workspaces_of(&s, "mac-3").2.is_empty());
     let t = prepared.templates.iter().find(|u| u.name == "broken").unwrap();
     assert_eq!(ready_of(&t.status.conditions), ("False", "InvalidSpec"));
 
     let mut leaving = template("tools");
     leaving.metadata.deletion_timestamp = Some(Time(at(1)));
     let s = snapshot(vec![], vec![node_with_workspace("mac-2", "tools")], vec![leaving]);
-    let prepared = build(&s, &settings(), at(2)).unwrap();
-    let c = prepared.nodes[0].status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "TemplateNotFound"));
+    assert_eq!(workspaces_of(&s, "mac-2").0, "TemplateNotFound");
+
+    // A node left out of the config has no workspaces to report.
+    let s = snapshot(vec![], vec![node_with_workspace("Bad_Name", "tools")], vec![template("tools")]);
+    assert!(node_workspaces(&s, &settings()).is_empty());
 }
 
 #[test]
@@ -331,8 +345,7 @@ fn a_template_with_invalid_stages_is_not_ready_and_its_workspaces_stay_out() {
     assert_eq!(ready_of(t), ("False", "InvalidSpec"));
     let message = &t.iter().find(|c| c.type_ == "Ready").unwrap().message;
     assert!(message.contains("spec.stages.maxRepairs"), "{message}");
-    let n = prepared.nodes[0].status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
-    assert_eq!((n.status.as_str(), n.reason.as_str()), ("False", "TemplateNotReady"));
+    assert_eq!(workspaces_of(&s, "mac-1").0, "TemplateNotReady");
 
     let mut good = template("tools");
     good.spec.stages.review = false;
@@ -365,18 +378,14 @@ fn workspaces_with_ready_templates_are_rendered_with_the_edges_own_rules() {
     assert_eq!(w.operations, [Op::Read, Op::List, Op::Command]);
     assert_eq!((w.commands[0].id.as_str(), w.commands[0].argv.len()), ("git-status", 2));
     assert_eq!(w.env_allowlist, ["PATH"]);
-    let problem = |name: &str| {
-        let n = prepared.nodes.iter().find(|u| u.name == name).unwrap();
-        let c = n.status.conditions.iter().find(|c| c.type_ == WORKSPACES_READY).unwrap();
-        (c.reason.clone(), c.message.clone())
-    };
-    let (reason, message) = problem("mac-2");
+    let (reason, message, assigned) = workspaces_of(&s, "mac-2");
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("already used by another NodeCatalog"), "{message}");
-    let (reason, message) = problem("mac-3");
+    assert!(assigned.is_empty());
+    let (reason, message, _) = workspaces_of(&s, "mac-3");
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("root"), "{message}");
-    assert_eq!(problem("mac-1").0, "Accepted");
+    assert_eq!(workspaces_of(&s, "mac-1"), (String::new(), String::new(), vec!["site".to_string()]));
 }
 
 #[test]

@@ -226,7 +226,10 @@ async fn writes_only_what_changed_with_the_status_field_manager() {
     assert_eq!(
         call.body["status"],
         json!({"connected": true, "connectedReplicas": 1, "replicas": 1, "replicasSummary": "1/1", "generation": 4,
-               "since": "2026-11-01T11:53:20Z", "version": "0.1.0"})
+               "since": "2026-11-01T11:53:20Z", "version": "0.1.0",
+               "conditions": [{"type": "WorkspacesReady", "status": "True", "reason": "Accepted",
+                               "message": "no workspaces", "observedGeneration": 1,
+                               "lastTransitionTime": "2026-11-01T12:00:00Z"}]})
     );
     call.ok(&mac);
 
@@ -345,10 +348,139 @@ async fn polls_every_replica_at_its_pod_ip_at_once() {
 /// a hand edit is corrected at the next poll).
 #[test]
 fn a_remembered_write_counts_only_until_someone_else_writes() {
-    let written = Written { value: 1, versions: [Some("10".to_string()), Some("11".to_string())] };
+    let written = Written { value: 1, versions: vec![Some("10".to_string()), Some("11".to_string())] };
     let v = |s: &str| Some(s.to_string());
     assert_eq!(Written::current(Some(&written), &v("10"), || 7), 1, "the cache has not seen the write yet");
     assert_eq!(Written::current(Some(&written), &v("11"), || 7), 1, "the cache has seen the write");
     assert_eq!(Written::current(Some(&written), &v("12"), || 7), 7, "someone wrote since");
     assert_eq!(Written::current(None, &v("10"), || 7), 7, "never written by this process");
+}
+
+/// Status has one writer (issue 43 item 6): a mirror field someone else set
+/// (`kubectl patch --subresource=status`, its own field manager) survives
+/// a server-side apply that leaves it out, so the mirror removes it with a
+/// merge patch right after the apply; a condition goes through the list,
+/// guarded by the resourceVersion the apply returned. Then nothing more.
+#[tokio::test]
+async fn fields_another_manager_set_are_removed_after_the_apply() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    let now = crate::runtime::timestamp(NOW);
+    let condition = |type_: &str, status: &str, reason: &str| Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: String::new(),
+        observed_generation: None,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+    };
+    // A hand edit: health and a classification the mirror does not set.
+    let mut llama = provider("llama", "mac-1");
+    llama.metadata.resource_version = Some("10".into());
+    llama.status = Some(crate::crd::ProviderStatus {
+        health: Some(Health::Unavailable),
+        classification: Some(crate::crd::provider::Classification::ProviderUnhealthy),
+        ..Default::default()
+    });
+    // A BundleCurrent beside reconcile's Ready, while no certificate is issued.
+    let mut mac = node("mac-1");
+    mac.metadata.resource_version = Some("20".into());
+    let ready = condition("Ready", "True", "Accepted");
+    mac.status = Some(crate::crd::NodeCatalogStatus {
+        conditions: vec![ready.clone(), condition("BundleCurrent", "True", "Current")],
+        ..Default::default()
+    });
+    let stores = stores(vec![llama.clone()], vec![mac.clone()]);
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let metrics = ctx.metrics.clone();
+    let task = tokio::spawn(async move {
+        let mut state = MirrorState::default();
+        let first = write(&ctx, &stores, &view(None), &mut state, now).await;
+        let again = write(&ctx, &stores, &view(None), &mut state, now).await;
+        (first, again)
+    });
+
+    let path = format!("{CRD_PATH}/providers/llama/status");
+    let call = server.expect_apply(&path, STATUS).await;
+    assert_eq!(call.body["status"]["health"], "available");
+    assert!(call.body["status"].get("classification").is_none());
+    // The API server keeps the other manager's classification.
+    let mut applied = llama.clone();
+    applied.metadata.resource_version = Some("11".into());
+    applied.status.as_mut().unwrap().health = Some(Health::Available);
+    call.ok(&applied);
+    let call = server.expect_merge(&path, STATUS).await;
+    assert_eq!(call.body, json!({"status": {"classification": null}}));
+    let mut cleaned = applied.clone();
+    cleaned.metadata.resource_version = Some("12".into());
+    cleaned.status.as_mut().unwrap().classification = None;
+    call.ok(&cleaned);
+
+    let path = format!("{CRD_PATH}/nodecatalogs/mac-1/status");
+    let call = server.expect_apply(&path, STATUS).await;
+    let types: Vec<&str> =
+        call.body["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["WorkspacesReady"]);
+    let mut applied = mac.clone();
+    applied.metadata.resource_version = Some("21".into());
+    let status = applied.status.as_mut().unwrap();
+    status.conditions.push(condition("WorkspacesReady", "True", "Accepted"));
+    call.ok(&applied);
+    let call = server.expect_merge(&path, STATUS).await;
+    let kept: Vec<&str> =
+        call.body["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(kept, ["Ready", "WorkspacesReady"], "the list without BundleCurrent, the others as they are");
+    assert_eq!(call.body["metadata"], json!({"resourceVersion": "21"}));
+    assert_eq!(call.body["status"]["conditions"][0], serde_json::to_value(&ready).unwrap());
+    let mut cleaned = applied.clone();
+    cleaned.metadata.resource_version = Some("22".into());
+    cleaned.status.as_mut().unwrap().conditions.remove(1);
+    call.ok(&cleaned);
+
+    let (first, again) = task.await.unwrap();
+    assert_eq!(first, Round { written: 2, failed: 0 });
+    assert_eq!(again, Round::default(), "the cache still shows the versions before: the written values count");
+    server.done().await;
+    assert_eq!(status_writes(&metrics, "provider", "mirror", "ok"), 2.0);
+    assert_eq!(status_writes(&metrics, "nodecatalog", "mirror", "ok"), 2.0);
+}
+
+/// The cache shows the object after the apply but before the removal (the
+/// watch is between the two): it counts as written, not as a stranger's edit.
+#[tokio::test]
+async fn the_version_between_the_apply_and_the_removal_counts_as_written() {
+    let now = crate::runtime::timestamp(NOW);
+    let mut llama = provider("llama", "mac-1");
+    llama.metadata.resource_version = Some("10".into());
+    llama.status = Some(crate::crd::ProviderStatus {
+        health: Some(Health::Available),
+        classification: Some(crate::crd::provider::Classification::ProviderUnhealthy),
+        ..Default::default()
+    });
+    let mut between = llama.clone();
+    between.metadata.resource_version = Some("11".into());
+    between.status.as_mut().unwrap().generation = Some(4);
+    between.status.as_mut().unwrap().last_transition_time =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+    let (client, mut server) = mock();
+    let ctx = context(client, NOW);
+    let task = {
+        let (llama, between) = (llama.clone(), between.clone());
+        tokio::spawn(async move {
+            let mut state = MirrorState::default();
+            let first = write(&ctx, &stores(vec![llama], vec![]), &view(None), &mut state, now).await;
+            let again = write(&ctx, &stores(vec![between], vec![]), &view(None), &mut state, now).await;
+            (first, again)
+        })
+    };
+    let path = format!("{CRD_PATH}/providers/llama/status");
+    server.expect_apply(&path, STATUS).await.ok(&between);
+    let mut cleaned = between.clone();
+    cleaned.metadata.resource_version = Some("12".into());
+    cleaned.status.as_mut().unwrap().classification = None;
+    server.expect_merge(&path, STATUS).await.ok(&cleaned);
+    let (first, again) = task.await.unwrap();
+    assert_eq!((first, again), (Round { written: 1, failed: 0 }, Round::default()));
+    server.done().await;
 }

@@ -166,7 +166,8 @@ async fn a_new_namespace_gets_config_status_ca_and_certificates_and_an_unchanged
             .iter()
             .map(|c| c["type"].as_str().unwrap())
             .collect::<Vec<_>>(),
-        ["Ready", "WorkspacesReady"]
+        ["Ready"],
+        "WorkspacesReady is the status mirror's"
     );
     call.ok(&mac);
 
