@@ -239,17 +239,17 @@ pub struct NodesSnapshot {
 /// fields are `None` while there is none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EdgeNode {
-    /// How the node runs workspace commands: `landlock`, `seatbelt`,
-    /// `unsandboxed` (its owner allowed commands without a sandbox),
-    /// `unavailable` (commands refused) or `unknown`.
-    #[serde(default, deserialize_with = "lenient")]
-    pub command_sandbox: Option<String>,
     /// The serial (lowercase hex) of the certificate the node presented
     /// for this session; `None` without a session. Compared with the
     /// NodeCatalog's issued serial, it tells whether the Mac runs the
     /// current bundle.
     #[serde(default, deserialize_with = "lenient")]
     pub certificate_serial: Option<String>,
+    /// How the node runs workspace commands: `landlock`, `seatbelt`,
+    /// `unsandboxed` (its owner allowed commands without a sandbox),
+    /// `unavailable` (commands refused) or `unknown`.
+    #[serde(default, deserialize_with = "lenient")]
+    pub command_sandbox: Option<String>,
     /// This replica holds a session with the node.
     pub connected: bool,
     /// When that session connected (ms since the epoch).

@@ -119,10 +119,12 @@ fn snapshots_are_written_in_full_and_read_back() {
     assert_eq!(
         text,
         concat!(
-            r#"{"nodes":[{"command_sandbox":"landlock","connected":true,"connected_at_ms":1700000000123,"#,
+            r#"{"nodes":[{"certificate_serial":null,"command_sandbox":"landlock","connected":true,"#,
+            r#""connected_at_ms":1700000000123,"#,
             r#""generation":1700000000123456,"name":"mac-1","phase":"ready","providers":{"llama":"unavailable"},"#,
             r#""sandbox_gaps":["tcp"],"version":"0.1.0","workspaces":{"site":"accepted"}},"#,
-            r#"{"command_sandbox":null,"connected":false,"connected_at_ms":null,"generation":null,"#,
+            r#"{"certificate_serial":null,"command_sandbox":null,"connected":false,"connected_at_ms":null,"#,
+            r#""generation":null,"#,
             r#""name":"mac-2","phase":null,"providers":{},"sandbox_gaps":[],"version":null,"workspaces":{}}]}"#,
         )
     );
