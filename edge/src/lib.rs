@@ -174,7 +174,7 @@ impl EdgeBuilder {
             handshakes,
             reload,
         } = self;
-        let tls = node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)?;
+        let rules = reload::rules(&config)?;
         let bind = |what, addr| async move {
             TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { what, addr, source })
         };
@@ -183,7 +183,7 @@ impl EdgeBuilder {
         let http = bind("http", config.listen.http).await?;
         let grpc = bind("grpc", config.listen.grpc).await?;
         let admin = bind("admin", config.listen.admin).await?;
-        let policy = Arc::new(AcceptPolicy::new(reload::rules(&config, tls)));
+        let policy = Arc::new(AcceptPolicy::new(rules));
         let registry = Arc::new(NodeRegistry::default());
         let metrics = EdgeMetrics::new();
         node::tls::record_server_certificate(&metrics, &config.tls.cert_file);

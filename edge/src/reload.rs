@@ -20,44 +20,45 @@
 //! (removed from `nodes`, or the trust domain changed) also loses its open
 //! connections, and its next handshake is refused (`unknown_node`).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use iop_proto::config::EdgeConfig;
 use iop_proto::pb;
-use rustls::ServerConfig;
 
 use crate::config::Secrets;
 use crate::credentials::Credentials;
 use crate::metrics::RecoveryLabels;
 use crate::node::registry::CloseReason;
 use crate::node::session::config_payload;
-use crate::node::tls::{AcceptPolicy, PolicyRules};
+use crate::node::tls::{AcceptPolicy, PolicyRules, TlsSetupError, server_config};
 use crate::state::EdgeState;
 
-pub fn rules(config: &EdgeConfig, tls: Arc<ServerConfig>) -> PolicyRules {
-    PolicyRules {
-        tls,
-        trust_domain: config.trust_domain.clone(),
-        allowed_nodes: config.nodes.iter().map(|n| n.name.clone()).collect(),
-    }
+/// Who may connect to the node listener under `config`: its TLS files, and
+/// the identities it admits, both in the server config's verifier (the
+/// handshake) and for the connections a reload keeps open.
+pub fn rules(config: &EdgeConfig) -> Result<PolicyRules, TlsSetupError> {
+    let allowed_nodes: BTreeSet<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
+    let files = &config.tls;
+    let tls = server_config(&files.ca_file, &files.cert_file, &files.key_file, &config.trust_domain, &allowed_nodes)?;
+    Ok(PolicyRules { tls, trust_domain: config.trust_domain.clone(), allowed_nodes })
 }
 
 /// A config loaded and validated completely, with the TLS and keys files it
 /// names.
 pub struct Loaded {
     pub config: EdgeConfig,
-    pub tls: Arc<ServerConfig>,
+    pub rules: PolicyRules,
     pub secrets: Secrets,
 }
 
 fn load(path: &std::path::Path) -> Result<Loaded, String> {
     let config = crate::config::load(path).map_err(|e| e.to_string())?;
-    let tls = crate::node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file)
-        .map_err(|e| e.to_string())?;
+    let rules = rules(&config).map_err(|e| e.to_string())?;
     let secrets = Secrets::load(&config)?;
-    Ok(Loaded { config, tls, secrets })
+    Ok(Loaded { config, rules, secrets })
 }
 
 /// Nodes whose sessions must close when `previous` becomes `next`. A
@@ -104,9 +105,9 @@ pub fn capacity_changes(
         .collect()
 }
 
-pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, tls, secrets }: Loaded) {
+pub fn apply(state: &Arc<EdgeState>, policy: &AcceptPolicy, Loaded { config: next, rules, secrets }: Loaded) {
     // Also removes the node certificate expiry series of the nodes removed.
-    policy.replace(rules(&next, tls), &state.metrics);
+    policy.replace(rules, &state.metrics);
     state.routing.admission.reconfigure(&next);
     let before = state.config.current();
     if next.auth.mode != before.auth.mode || next.auth.anonymous_workspaces != before.auth.anonymous_workspaces {

@@ -60,10 +60,9 @@ providers:
 }
 
 fn loaded(config: EdgeConfig) -> Loaded {
-    let tls =
-        iop_edge::node::tls::server_config(&config.tls.ca_file, &config.tls.cert_file, &config.tls.key_file).unwrap();
+    let rules = reload::rules(&config).unwrap();
     let secrets = iop_edge::config::Secrets::load(&config).unwrap();
-    Loaded { config, tls, secrets }
+    Loaded { config, rules, secrets }
 }
 
 /// The exposed lines of the metrics that name a configured thing.
@@ -93,7 +92,7 @@ async fn a_reload_removes_the_series_of_what_it_removed_and_records_the_new_serv
     let edge = iop_edge::Edge::bind(config(dir.path()), HeartbeatProfile::default()).await.unwrap();
     let state = edge.state();
     let metrics = state.metrics.clone();
-    let policy = AcceptPolicy::new(reload::rules(&config(dir.path()), loaded(config(dir.path())).tls));
+    let policy = AcceptPolicy::new(loaded(config(dir.path())).rules);
     // What `/metrics` does before encoding.
     let scrape = || {
         let config = state.config.current();

@@ -112,10 +112,11 @@ pub async fn nodes(State(state): State<Arc<EdgeState>>) -> Response {
                 workspaces,
                 command_sandbox,
                 sandbox_gaps,
+                certificate_serial,
             } = node;
             admin::EdgeNode {
                 command_sandbox: command_sandbox.map(str::to_string),
-                certificate_serial: None,
+                certificate_serial,
                 connected,
                 connected_at_ms,
                 generation,

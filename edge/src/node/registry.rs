@@ -32,6 +32,9 @@ pub enum CloseReason {
     /// The node holds a session with this replica already; the new one
     /// was answered and never registered.
     Duplicate,
+    /// The certificate the node presented on the connection reached its
+    /// notAfter; the connection ended with it (`super::tls`).
+    CertificateExpired,
 }
 
 impl CloseReason {
@@ -41,7 +44,7 @@ impl CloseReason {
     pub fn orderly(self) -> bool {
         match self {
             Self::NodeClosed | Self::EdgeShutdown | Self::Replaced | Self::ConfigChanged | Self::Duplicate => true,
-            Self::HeartbeatTimeout | Self::TransportError | Self::ProtocolError => false,
+            Self::HeartbeatTimeout | Self::TransportError | Self::ProtocolError | Self::CertificateExpired => false,
         }
     }
 
@@ -55,6 +58,7 @@ impl CloseReason {
             Self::EdgeShutdown => "edge_shutdown",
             Self::ConfigChanged => "config_changed",
             Self::Duplicate => "duplicate",
+            Self::CertificateExpired => "certificate_expired",
         }
     }
 }
@@ -107,6 +111,9 @@ pub struct Session {
     /// What the node's sandbox cannot refuse on its machine
     /// (`session::sandbox_gap_labels`).
     pub sandbox_gaps: Vec<&'static str>,
+    /// The serial of the certificate the node presented on this connection
+    /// (`super::tls::Presented::serial`).
+    pub certificate_serial: String,
 }
 
 #[derive(Debug, Default)]
@@ -134,6 +141,8 @@ pub struct NodeSnapshot {
     /// "What the node says it cannot refuse"): `signal_scope`, `tcp`, `reserved_writable`,
     /// `bounding_set`, `priority`; empty when nothing.
     pub sandbox_gaps: Vec<&'static str>,
+    /// The serial of the certificate the session's connection presented.
+    pub certificate_serial: Option<String>,
 }
 
 impl NodeRegistry {
@@ -271,6 +280,7 @@ impl NodeRegistry {
                     workspaces: s.map(|s| s.workspaces.clone()).unwrap_or_default(),
                     command_sandbox: s.map(|s| s.command_sandbox),
                     sandbox_gaps: s.map(|s| s.sandbox_gaps.clone()).unwrap_or_default(),
+                    certificate_serial: s.map(|s| s.certificate_serial.clone()),
                 }
             })
             .collect()
@@ -294,6 +304,7 @@ impl Session {
             workspaces: BTreeMap::new(),
             command_sandbox: "unknown",
             sandbox_gaps: Vec::new(),
+            certificate_serial: String::new(),
         }
     }
 }

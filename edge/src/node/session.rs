@@ -111,6 +111,7 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         workspaces: Default::default(),
         command_sandbox: command_sandbox_label(register.command_sandbox),
         sandbox_gaps: sandbox_gaps.clone(),
+        certificate_serial: peer.certificate.serial.clone(),
     };
     if let Some(previous) = state.registry.register(&node, session) {
         previous.close.cancel();
@@ -141,7 +142,8 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
         send_now(&out, pb::edge_to_node::Msg::Draining(pb::Draining {}));
     }
 
-    let reason = serve(&state, &node, generation, &mut inbound, &out, &close, &close_reason).await;
+    let ends = Ends { close: &close, close_reason: &close_reason, expired: &peer.certificate.expired };
+    let reason = serve(&state, &node, generation, &mut inbound, &out, ends).await;
 
     state.registry.remove(&node, generation);
     let fenced = state.link.runs.fence_generation(&node, generation)
@@ -159,14 +161,22 @@ pub async fn run(state: Arc<EdgeState>, peer: NodePeer, mut inbound: Streaming<p
     let _ = out.try_send(Err(Status::unavailable(reason.label())));
 }
 
+/// What ends a session besides the node and its heartbeats.
+struct Ends<'a> {
+    /// Cancelled to close it (`Session::close`), for `close_reason`.
+    close: &'a CancellationToken,
+    close_reason: &'a std::sync::OnceLock<CloseReason>,
+    /// The connection's certificate expired (`tls::Presented::expired`).
+    expired: &'a CancellationToken,
+}
+
 async fn serve(
     state: &Arc<EdgeState>,
     node: &str,
     generation: u64,
     inbound: &mut Streaming<pb::NodeToEdge>,
     out: &ControlSender,
-    close: &CancellationToken,
-    close_reason: &std::sync::OnceLock<CloseReason>,
+    Ends { close, close_reason, expired }: Ends<'_>,
 ) -> CloseReason {
     let mut monitor = HeartbeatMonitor::new(state.link.heartbeat, Instant::now());
     let mut ticker = tokio::time::interval(state.link.heartbeat.interval);
@@ -185,6 +195,8 @@ async fn serve(
                     None => CloseReason::Replaced,
                 };
             }
+            // Before the inbound stream: the connection fails right after.
+            _ = expired.cancelled() => return CloseReason::CertificateExpired,
             _ = tokio::time::sleep_until(monitor.deadline()) => {
                 if monitor.expired(Instant::now()) {
                     return CloseReason::HeartbeatTimeout;

@@ -9,10 +9,21 @@
 //! connections at that reload, not only its session, so a node that kept
 //! its connection cannot open new calls on it ([`AcceptPolicy::cut_off`]).
 //!
+//! The chain and the identity are both checked inside the handshake
+//! ([`NodeVerifier`]), so a refused node receives a TLS alert naming the
+//! kind of refusal (`certificate_expired`, `unknown_ca`, `access_denied`,
+//! ...), which the node logs, instead of a connection dropped after it.
+//! Every connection is verified whole: the listener resumes no TLS
+//! session (a resumed session skips the verifier). A connection ends once
+//! its certificate's notAfter has passed ([`validity_left`]), by the clock
+//! of the server config (`ServerConfig::time_provider`: the system's, or a
+//! test's), and its session with it (`certificate_expired`).
+//!
 //! It also keeps the certificate expiry gauges: the notAfter of the
 //! certificate each node presented at its last accepted handshake (until a
 //! reload unlists the node) and of the Edge's own serving certificate.
 
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::io;
@@ -24,11 +35,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use iop_proto::identity::NodeIdentity;
-use rustls::server::Acceptor;
-use rustls::server::WebPkiClientVerifier;
-use rustls::{CertificateError, RootCertStore, ServerConfig};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{Acceptor, NoServerSessionStorage, WebPkiClientVerifier};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -131,20 +145,108 @@ pub fn record_server_certificate(metrics: &EdgeMetrics, cert_file: &Path) {
     }
 }
 
-/// Server config that requires a client certificate chaining to `ca_file`.
-pub fn server_config(ca_file: &Path, cert_file: &Path, key_file: &Path) -> Result<Arc<ServerConfig>, TlsSetupError> {
+/// Server config that requires a client certificate chaining to `ca_file`
+/// whose identity is a node of `trust_domain` listed in `allowed_nodes`
+/// ([`NodeVerifier`]). It resumes no TLS session, so that every connection
+/// presents its certificate to the verifier (a resumed session would skip
+/// it: an expired certificate, or one of a CA no longer trusted, would get
+/// in again on the strength of an earlier handshake).
+pub fn server_config(
+    ca_file: &Path,
+    cert_file: &Path,
+    key_file: &Path,
+    trust_domain: &str,
+    allowed_nodes: &BTreeSet<String>,
+) -> Result<Arc<ServerConfig>, TlsSetupError> {
     let mut roots = RootCertStore::empty();
     for ca in load_certs("tls.ca_file", ca_file)? {
         roots.add(ca).map_err(|e| TlsSetupError::Rustls(format!("tls.ca_file: {e}")))?;
     }
-    let verifier =
+    let chain =
         WebPkiClientVerifier::builder(Arc::new(roots)).build().map_err(|e| TlsSetupError::Rustls(e.to_string()))?;
+    let verifier = NodeVerifier { chain, trust_domain: trust_domain.to_string(), allowed_nodes: allowed_nodes.clone() };
     let mut config = ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(Arc::new(verifier))
         .with_single_cert(load_certs("tls.cert_file", cert_file)?, load_key("tls.key_file", key_file)?)
         .map_err(|e| TlsSetupError::Rustls(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
+}
+
+tokio::task_local! {
+    /// Why [`NodeVerifier`] refused the certificate of the handshake this
+    /// task runs: the error it returns to rustls carries only the alert to
+    /// send (`access_denied` for a node not listed and for a foreign trust
+    /// domain alike), the Edge's log and metric want the reason.
+    static REFUSED: Cell<Option<HandshakeRejection>>;
+}
+
+/// The node listener's client certificate verifier: the chain (webpki,
+/// against `tls.ca_file`, at the server config's clock), then the
+/// identity rule ([`identify`]). Both refuse inside the handshake, with
+/// the most specific alert: rustls's for the chain (`certificate_expired`,
+/// `unknown_ca`, ...), and [`HandshakeRejection::alert`] for the identity.
+#[derive(Debug)]
+struct NodeVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    trust_domain: String,
+    allowed_nodes: BTreeSet<String>,
+}
+
+impl ClientCertVerifier for NodeVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.chain.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.chain.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.chain.verify_client_cert(end_entity, intermediates, now)?;
+        match identify(end_entity, &self.trust_domain, &self.allowed_nodes) {
+            Ok(_) => Ok(verified),
+            Err(reason) => {
+                // Outside a handshake of the accept loop (no scope) there is
+                // nobody to tell.
+                let _ = REFUSED.try_with(|refused| refused.set(Some(reason)));
+                Err(rustls::Error::InvalidCertificate(reason.alert()))
+            }
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
 }
 
 /// Why a node connection was refused before any gRPC call. The label is the
@@ -210,6 +312,19 @@ impl HandshakeRejection {
         }
     }
 
+    /// What the verifier refuses an identity with, for the alert rustls
+    /// sends the node: `access_denied` for a valid certificate whose
+    /// identity this Edge does not admit (not listed, another trust
+    /// domain), `bad_certificate` for one that names no node identity.
+    /// Only the identity's reasons reach here; the chain's carry rustls's
+    /// own errors.
+    fn alert(self) -> CertificateError {
+        match self {
+            Self::ForeignTrustDomain | Self::UnknownNode => CertificateError::ApplicationVerificationFailure,
+            _ => CertificateError::NotValidForName,
+        }
+    }
+
     fn from_io(err: &io::Error) -> Self {
         let Some(tls) = err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) else {
             return Self::Tls;
@@ -234,6 +349,22 @@ impl HandshakeRejection {
 pub struct NodePeer {
     pub identity: NodeIdentity,
     pub remote: SocketAddr,
+    /// The certificate the node presented on this connection.
+    pub certificate: Presented,
+}
+
+/// The certificate a node presented on its connection.
+#[derive(Debug, Clone)]
+pub struct Presented {
+    /// Its serial: the raw serial bytes in lowercase hex, no separators
+    /// (as `iop_pki::inspect` and the operator show it).
+    pub serial: String,
+    /// Its notAfter, Unix seconds.
+    pub not_after: i64,
+    /// Cancelled when the connection ends at that notAfter, before its
+    /// reads and writes fail: the session on it ends as
+    /// `certificate_expired`, not as the transport error that follows.
+    pub expired: CancellationToken,
 }
 
 /// What the verified leaf certificate of an accepted node says.
@@ -242,6 +373,20 @@ pub struct Identified {
     pub identity: NodeIdentity,
     /// The certificate's notAfter, Unix seconds.
     pub not_after: i64,
+    /// The certificate's serial ([`Presented::serial`]).
+    pub serial: String,
+}
+
+/// How long a certificate whose notAfter is `not_after` (Unix seconds)
+/// stays valid at `now`; `None` once it is not. X.509 validity includes
+/// the notAfter second itself, and webpki refuses a certificate only once
+/// the time (in whole seconds) is past it: the end is one second after
+/// the notAfter, so a node whose connection ended there is refused when it
+/// dials again, never let in for what is left of that second. (The clock
+/// counts whole seconds: a connection ends within a second after that.)
+pub fn validity_left(not_after: i64, now: UnixTime) -> Option<Duration> {
+    let end = u64::try_from(not_after).ok()?.checked_add(1)?;
+    end.checked_sub(now.as_secs()).filter(|left| *left > 0).map(Duration::from_secs)
 }
 
 /// Maps the verified leaf certificate to a listed node identity.
@@ -270,7 +415,8 @@ pub fn identify(
     };
     let identity = NodeIdentity::parse(uri).map_err(|_| HandshakeRejection::MissingIdentity)?;
     admit(&identity, trust_domain, allowed)?;
-    Ok(Identified { identity, not_after: cert.validity().not_after.timestamp() })
+    let serial = cert.tbs_certificate.raw_serial().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Identified { identity, not_after: cert.validity().not_after.timestamp(), serial })
 }
 
 /// Whether a node identity may use this Edge: its trust domain is the
@@ -290,25 +436,65 @@ pub fn admit(
     Ok(())
 }
 
+/// The longest a connection's expiry timer is armed ahead: tokio's timers
+/// reach about two years, a certificate may run for longer; the timer is
+/// armed again each time it fires early.
+const MAX_ARM: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// Ends a node's connection once a reload stops admitting the node
-/// ([`AcceptPolicy::cut_off`]): from then on every read and write of the
-/// connection fails, so the gRPC server closes it with every call on it.
-struct Revocation {
-    token: CancellationToken,
+/// ([`AcceptPolicy::cut_off`]) or the certificate it presented expires:
+/// from then on every read and write of the connection fails, so the gRPC
+/// server closes it with every call on it.
+struct Ending {
+    revoked: CancellationToken,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// When the certificate stops being valid ([`validity_left`]).
+    expires_at: tokio::time::Instant,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// [`Presented::expired`], cancelled before the connection fails.
+    expired: CancellationToken,
 }
 
-impl Revocation {
-    fn new(token: CancellationToken) -> Self {
-        Self { cancelled: Box::pin(token.clone().cancelled_owned()), token }
+impl Ending {
+    fn new(revoked: CancellationToken, validity_left: Duration, expired: CancellationToken) -> Self {
+        let now = tokio::time::Instant::now();
+        let expires_at = now + validity_left;
+        Self {
+            cancelled: Box::pin(revoked.clone().cancelled_owned()),
+            revoked,
+            expires_at,
+            timer: Box::pin(tokio::time::sleep_until(expires_at.min(now + MAX_ARM))),
+            expired,
+        }
     }
 
-    /// The error to end the connection with, once revoked; until then it
-    /// wakes the task of the read or write that asked.
+    /// The error to end the connection with, once revoked or expired;
+    /// until then it wakes the task of the read or write that asked.
     fn poll(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
         // The future is not polled again once it completed.
-        let revoked = self.token.is_cancelled() || self.cancelled.as_mut().poll(cx).is_ready();
-        revoked.then(|| io::Error::new(io::ErrorKind::ConnectionAborted, "the edge config no longer admits this node"))
+        let revoked = self.revoked.is_cancelled() || self.cancelled.as_mut().poll(cx).is_ready();
+        if revoked {
+            return Some(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the edge config no longer admits this node",
+            ));
+        }
+        self.expired(cx).then(|| io::Error::new(io::ErrorKind::ConnectionAborted, "the node's certificate expired"))
+    }
+
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.expired.is_cancelled() {
+            return true;
+        }
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            if now >= self.expires_at {
+                self.expired.cancel();
+                return true;
+            }
+            self.timer.as_mut().reset(self.expires_at.min(now + MAX_ARM));
+        }
+        false
     }
 }
 
@@ -316,7 +502,7 @@ impl Revocation {
 pub struct NodeConn {
     stream: TlsStream<TcpStream>,
     peer: NodePeer,
-    revoked: Revocation,
+    ending: Ending,
     /// Counts the connection against its node's limit while it is open.
     _held: ConnectionGuard,
 }
@@ -325,8 +511,8 @@ pub struct NodeConn {
 struct Handshaken {
     stream: TlsStream<TcpStream>,
     peer: NodePeer,
-    /// notAfter of the certificate the node presented (Unix seconds).
-    not_after: i64,
+    /// How long its certificate stays valid ([`validity_left`]).
+    validity_left: Duration,
 }
 
 impl Connected for NodeConn {
@@ -338,8 +524,8 @@ impl Connected for NodeConn {
 
 impl AsyncRead for NodeConn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if let Some(revoked) = self.revoked.poll(cx) {
-            return Poll::Ready(Err(revoked));
+        if let Some(ended) = self.ending.poll(cx) {
+            return Poll::Ready(Err(ended));
         }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
@@ -347,14 +533,14 @@ impl AsyncRead for NodeConn {
 
 impl AsyncWrite for NodeConn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        if let Some(revoked) = self.revoked.poll(cx) {
-            return Poll::Ready(Err(revoked));
+        if let Some(ended) = self.ending.poll(cx) {
+            return Poll::Ready(Err(ended));
         }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(revoked) = self.revoked.poll(cx) {
-            return Poll::Ready(Err(revoked));
+        if let Some(ended) = self.ending.poll(cx) {
+            return Poll::Ready(Err(ended));
         }
         Pin::new(&mut self.stream).poll_flush(cx)
     }
@@ -366,8 +552,8 @@ impl AsyncWrite for NodeConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let Some(revoked) = self.revoked.poll(cx) {
-            return Poll::Ready(Err(revoked));
+        if let Some(ended) = self.ending.poll(cx) {
+            return Poll::Ready(Err(ended));
         }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
@@ -525,18 +711,20 @@ pub fn accept_loop(
                     table.known_node(remote.ip());
                 }
                 let admitted = result.and_then(|shaken| {
-                    let token = policy.admit_connection(&metrics, &shaken.peer.identity, shaken.not_after)?;
+                    let (identity, not_after) = (&shaken.peer.identity, shaken.peer.certificate.not_after);
+                    let token = policy.admit_connection(&metrics, identity, not_after)?;
                     Ok((shaken, token))
                 });
                 match admitted {
-                    Ok((Handshaken { stream, peer, not_after: _ }, token)) => {
+                    Ok((Handshaken { stream, peer, validity_left }, token)) => {
                         let node = peer.identity.name.clone();
                         let held = match load.open_connection(&node, MAX_CONNECTIONS_PER_NODE) {
                             Ok(held) => held,
                             Err(refusal) => return load.refused(&node, refusal, "connection"),
                         };
                         tracing::info!(%node, %remote, "node connection accepted");
-                        let conn = NodeConn { stream, peer, revoked: Revocation::new(token), _held: held };
+                        let ending = Ending::new(token, validity_left, peer.certificate.expired.clone());
+                        let conn = NodeConn { stream, peer, ending, _held: held };
                         let _ = tx.send(Ok(conn)).await;
                     }
                     // What a scan or a flood produces by the thousand (connections
@@ -589,18 +777,28 @@ async fn handshake(
         .await
         .map_err(|_| late)?
         .map_err(|e| HandshakeRejection::from_io(&e))?;
-    let stream = tokio::time::timeout_at(handshake_by, hello.into_stream(policy.tls.clone()))
-        .await
+    let (shaken, refused) = REFUSED
+        .scope(Cell::new(None), async {
+            let shaken = tokio::time::timeout_at(handshake_by, hello.into_stream(policy.tls.clone())).await;
+            (shaken, REFUSED.with(Cell::get))
+        })
+        .await;
+    let stream = shaken
         .map_err(|_| HandshakeRejection::Timeout)?
-        .map_err(|e| HandshakeRejection::from_io(&e))?;
+        .map_err(|e| refused.unwrap_or_else(|| HandshakeRejection::from_io(&e)))?;
     let leaf = stream
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|certs| certs.first())
         .ok_or(HandshakeRejection::NoClientCertificate)?;
-    let Identified { identity, not_after } = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
-    Ok(Handshaken { stream, peer: NodePeer { identity, remote }, not_after })
+    let Identified { identity, not_after, serial } = identify(leaf, &policy.trust_domain, &policy.allowed_nodes)?;
+    // The verifier judged the chain at this clock a moment ago; a
+    // certificate past its end here can only be one that ended since.
+    let now = policy.tls.time_provider.current_time().ok_or(HandshakeRejection::Tls)?;
+    let validity_left = validity_left(not_after, now).ok_or(HandshakeRejection::Expired)?;
+    let certificate = Presented { serial, not_after, expired: CancellationToken::new() };
+    Ok(Handshaken { stream, peer: NodePeer { identity, remote, certificate }, validity_left })
 }
 
 #[cfg(test)]

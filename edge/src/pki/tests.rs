@@ -55,8 +55,8 @@ fn init_writes_a_ca_and_the_edge_certificate_with_private_keys() {
     assert_eq!(edge.names, ["edge.example.lan", "192.168.1.10"]);
     // The Edge loads the files as its TLS config.
     crate::install_crypto_provider();
-    crate::node::tls::server_config(&dir.join(CA_CERT_FILE), &dir.join(EDGE_CERT_FILE), &dir.join(EDGE_KEY_FILE))
-        .unwrap();
+    let (ca_file, cert_file, key_file) = (dir.join(CA_CERT_FILE), dir.join(EDGE_CERT_FILE), dir.join(EDGE_KEY_FILE));
+    crate::node::tls::server_config(&ca_file, &cert_file, &key_file, "iop.local", &Default::default()).unwrap();
     assert_eq!(ca.cert_pem(), read(&dir.join(CA_CERT_FILE)));
 
     let report = issued_report(&dir, &issued);

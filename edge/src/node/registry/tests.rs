@@ -39,3 +39,15 @@ fn a_replaced_session_is_returned_and_stale_removal_is_ignored() {
     assert!(registry.remove("mac-1", 2));
     assert!(!registry.is_current("mac-1", 2));
 }
+
+/// `/admin/v1/nodes` shows the serial of the certificate the current
+/// session presented, and none for a node without a session.
+#[test]
+fn the_snapshot_shows_the_serial_of_the_current_sessions_certificate() {
+    let registry = NodeRegistry::default();
+    registry.register("mac-1", Session { certificate_serial: "01ab".into(), ..session(1) });
+    registry.register("mac-1", Session { certificate_serial: "02cd".into(), ..session(2) });
+    let nodes = ["mac-1".to_string(), "mac-2".to_string()];
+    let serials: Vec<_> = registry.snapshot(&nodes).into_iter().map(|n| n.certificate_serial).collect();
+    assert_eq!(serials, [Some("02cd".to_string()), None], "the newer connection's; none without a session");
+}

@@ -75,6 +75,29 @@ async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
     socket.connect(addr).await.unwrap()
 }
 
+/// The Edge's clock for node certificates in a test: set by hand
+/// (`ServerConfig::time_provider`).
+#[derive(Debug)]
+struct TestClock(std::sync::atomic::AtomicU64);
+
+impl TestClock {
+    /// At the system's time.
+    fn now() -> Arc<Self> {
+        Arc::new(Self(UnixTime::now().as_secs().into()))
+    }
+
+    fn set(&self, unix_seconds: i64) {
+        self.0.store(unix_seconds as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl rustls::time_provider::TimeProvider for TestClock {
+    fn current_time(&self) -> Option<UnixTime> {
+        let secs = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        Some(UnixTime::since_unix_epoch(Duration::from_secs(secs)))
+    }
+}
+
 /// An Edge listener with real mTLS for the nodes `nodes`, and the PKI.
 struct Listener {
     pki: Pki,
@@ -83,6 +106,8 @@ struct Listener {
     metrics: Arc<EdgeMetrics>,
     incoming: mpsc::Receiver<Result<NodeConn, io::Error>>,
     task: tokio::task::JoinHandle<()>,
+    /// The clock the listener judges certificates by.
+    clock: Arc<TestClock>,
 }
 
 impl Listener {
@@ -91,28 +116,62 @@ impl Listener {
         let pki = Pki::new();
         let dns = SanType::DnsName("localhost".try_into().unwrap());
         pki.issue("edge", dns, ExtendedKeyUsagePurpose::ServerAuth, 2091);
-        let policy = Arc::new(AcceptPolicy::new(node_rules(pki.server_config(), nodes)));
+        let clock = TestClock::now();
+        let mut rules = pki.rules(nodes);
+        let mut tls = Arc::try_unwrap(rules.tls).unwrap();
+        tls.time_provider = clock.clone();
+        rules.tls = Arc::new(tls);
+        let policy = Arc::new(AcceptPolicy::new(rules));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = EdgeMetrics::new();
         let load = NodeLoad::new(metrics.clone());
         let (incoming, task) = accept_loop(listener, policy.clone(), metrics.clone(), load, profile);
-        Self { pki, addr, policy, metrics, incoming, task }
+        Self { pki, addr, policy, metrics, incoming, task, clock }
     }
 
     /// A node `name` completes its mTLS handshake from `from`.
     async fn node(&self, name: &str, from: [u8; 4]) -> tokio_rustls::client::TlsStream<TcpStream> {
-        let san = uri(&format!("spiffe://iop.local/node/{name}"));
-        let (cert, key) = self.pki.issue(name, san, ExtendedKeyUsagePurpose::ClientAuth, 2092);
+        let client = self.client(&self.pki, &format!("spiffe://iop.local/node/{name}"));
+        self.dial(&client, from).await.unwrap()
+    }
+
+    /// A node's TLS client config with a certificate for `uri` that `ca`
+    /// signed, valid from 2020 to 2092, trusting this Edge.
+    fn client(&self, ca: &Pki, uri_san: &str) -> Arc<rustls::ClientConfig> {
+        let (cert, key) = ca.issue("node", uri(uri_san), ExtendedKeyUsagePurpose::ClientAuth, 2092);
         let mut roots = RootCertStore::empty();
         roots.add(self.pki.ca.der().clone()).unwrap();
         let client = rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_client_auth_cert(vec![cert], key)
             .unwrap();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        Arc::new(client)
+    }
+
+    async fn dial(
+        &self,
+        client: &Arc<rustls::ClientConfig>,
+        from: [u8; 4],
+    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let connector = tokio_rustls::TlsConnector::from(client.clone());
         let server = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-        connector.connect(server, connect_from(from, self.addr).await).await.unwrap()
+        connector.connect(server, connect_from(from, self.addr).await).await
+    }
+
+    /// The alert the Edge refuses `client`'s connection with: TLS 1.3 ends
+    /// the client's handshake before the Edge has verified its
+    /// certificate, so the alert is what the client's first read gets.
+    async fn refusal(&self, client: &Arc<rustls::ClientConfig>) -> Option<rustls::AlertDescription> {
+        use tokio::io::AsyncReadExt;
+        let read = match self.dial(client, [127, 0, 0, 1]).await {
+            Ok(mut stream) => stream.read(&mut [0u8; 1]).await.map(drop),
+            Err(e) => Err(e),
+        };
+        match read.err()?.get_ref()?.downcast_ref::<rustls::Error>()? {
+            rustls::Error::AlertReceived(alert) => Some(*alert),
+            _ => None,
+        }
     }
 }
 
@@ -271,7 +330,13 @@ struct Pki {
 
 impl Pki {
     fn new() -> Self {
+        Self::named("rcgen self signed cert")
+    }
+
+    /// A CA whose subject's common name is `name`.
+    fn named(name: &str) -> Self {
         let mut params = CertificateParams::default();
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
         let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
@@ -306,19 +371,18 @@ impl Pki {
         (cert.der().clone(), PrivateKeyDer::try_from(key.serialize_der()).unwrap())
     }
 
-    /// The Edge's server config from the files, as a reload loads it.
-    fn server_config(&self) -> Arc<ServerConfig> {
-        server_config(&self.path("ca.pem"), &self.path("edge.pem"), &self.path("edge.key")).unwrap()
+    /// The rules of the Edge with these files for `nodes`, as a reload
+    /// loads them.
+    fn rules(&self, nodes: &[&str]) -> PolicyRules {
+        let allowed_nodes: BTreeSet<String> = nodes.iter().map(|n| n.to_string()).collect();
+        let (ca, cert, key) = (self.path("ca.pem"), self.path("edge.pem"), self.path("edge.key"));
+        let tls = server_config(&ca, &cert, &key, "iop.local", &allowed_nodes).unwrap();
+        PolicyRules { tls, trust_domain: "iop.local".into(), allowed_nodes }
     }
 }
 
 fn jan_1(year: i32) -> i64 {
     date_time_ymd(year, 1, 1).unix_timestamp()
-}
-
-fn node_rules(tls: Arc<ServerConfig>, nodes: &[&str]) -> PolicyRules {
-    let allowed_nodes = nodes.iter().map(|n| n.to_string()).collect();
-    PolicyRules { tls, trust_domain: "iop.local".into(), allowed_nodes }
 }
 
 fn node_expiry_lines(metrics: &EdgeMetrics) -> Vec<String> {
@@ -342,8 +406,7 @@ async fn an_accepted_handshake_records_the_node_certificate_until_a_reload_unlis
     pki.issue("edge", dns, ExtendedKeyUsagePurpose::ServerAuth, 2091);
     let node = uri("spiffe://iop.local/node/mac-1");
     let (node_cert, node_key) = pki.issue("mac-1", node, ExtendedKeyUsagePurpose::ClientAuth, 2092);
-    let tls = pki.server_config();
-    let policy = Arc::new(AcceptPolicy::new(node_rules(tls.clone(), &["mac-1", "mac-2"])));
+    let policy = Arc::new(AcceptPolicy::new(pki.rules(&["mac-1", "mac-2"])));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let metrics = EdgeMetrics::new();
@@ -368,9 +431,9 @@ async fn an_accepted_handshake_records_the_node_certificate_until_a_reload_unlis
 
     drop((conn, client));
     assert_eq!(node_expiry_lines(&metrics), expected, "kept after the node disconnects");
-    policy.replace(node_rules(tls.clone(), &["mac-1"]), &metrics);
+    policy.replace(pki.rules(&["mac-1"]), &metrics);
     assert_eq!(node_expiry_lines(&metrics), expected, "a reload that keeps the node keeps it");
-    policy.replace(node_rules(tls, &["mac-2"]), &metrics);
+    policy.replace(pki.rules(&["mac-2"]), &metrics);
     assert!(node_expiry_lines(&metrics).is_empty(), "a reload that unlists the node removes it");
     let identity = NodeIdentity::new("iop.local", "mac-1").unwrap();
     let late = policy.admit_connection(&metrics, &identity, jan_1(2092));
@@ -406,7 +469,7 @@ async fn a_reload_that_unlists_a_node_ends_its_open_connections() {
         .collect();
     assert!(edge.policy.cut_off().is_empty(), "the rules still admit every node");
 
-    edge.policy.replace(node_rules(edge.pki.server_config(), &["mac-2"]), &edge.metrics);
+    edge.policy.replace(edge.pki.rules(&["mac-2"]), &edge.metrics);
     assert_eq!(edge.policy.cut_off(), ["mac-1"]);
     for read in reads {
         let (mut client, mut conn, read) = tokio::time::timeout(Duration::from_secs(10), read).await.unwrap().unwrap();
@@ -463,4 +526,127 @@ fn identity_rules_are_enforced_with_typed_reasons() {
     for (sans, expected) in cases {
         assert_eq!(identify(&leaf(sans.clone()), "iop.local", &allowed()).err(), Some(expected), "{sans:?}");
     }
+}
+
+/// Issue 43 item 6: the Edge refuses inside the handshake, with the most
+/// specific alert, so the node can tell why: a foreign CA is `unknown_ca`
+/// (`decrypt_error` when it bears the name of the Edge's CA: the signature
+/// does not verify), an expired certificate `certificate_expired`, a node
+/// the config does not list and a foreign trust domain `access_denied`, a
+/// certificate without a node identity `bad_certificate`. The Edge counts
+/// its own, finer reason for each.
+#[tokio::test]
+async fn each_refused_handshake_sends_the_node_its_alert_and_counts_the_reason() {
+    use rustls::AlertDescription as A;
+    let edge = Listener::start(&["mac-1"], patient()).await;
+    let (rogue, namesake) = (Pki::named("rogue CA"), Pki::new());
+    let cases = [
+        (edge.client(&rogue, "spiffe://iop.local/node/mac-1"), A::UnknownCA, HandshakeRejection::UntrustedIssuer),
+        (edge.client(&namesake, "spiffe://iop.local/node/mac-1"), A::DecryptError, HandshakeRejection::UntrustedIssuer),
+        (edge.client(&edge.pki, "spiffe://iop.local/node/mac-9"), A::AccessDenied, HandshakeRejection::UnknownNode),
+        (
+            edge.client(&edge.pki, "spiffe://other.domain/node/mac-1"),
+            A::AccessDenied,
+            HandshakeRejection::ForeignTrustDomain,
+        ),
+        (
+            edge.client(&edge.pki, "spiffe://iop.local/edge/mac-1"),
+            A::BadCertificate,
+            HandshakeRejection::MissingIdentity,
+        ),
+    ];
+    for (client, alert, reason) in cases {
+        let before = rejections(&edge.metrics, reason);
+        assert_eq!(edge.refusal(&client).await, Some(alert), "{reason:?}");
+        let metrics = edge.metrics.clone();
+        wait_for(|| rejections(&metrics, reason) == before + 1).await;
+    }
+    // The listed node with a good certificate, once the Edge's clock is
+    // past its notAfter.
+    let listed = edge.client(&edge.pki, "spiffe://iop.local/node/mac-1");
+    edge.clock.set(jan_1(2092) + 1);
+    assert_eq!(edge.refusal(&listed).await, Some(A::CertificateExpired));
+    let metrics = edge.metrics.clone();
+    wait_for(|| rejections(&metrics, HandshakeRejection::Expired) == 1).await;
+    edge.task.abort();
+}
+
+/// No TLS session is resumed: a node that connected while its certificate
+/// was valid and comes back with the session tickets of that connection
+/// is verified again, and refused once the certificate has expired.
+#[tokio::test]
+async fn a_node_that_connected_before_its_certificate_expired_is_verified_again() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut edge = Listener::start(&["mac-1"], patient()).await;
+    let client = edge.client(&edge.pki, "spiffe://iop.local/node/mac-1");
+    let mut first = edge.dial(&client, [127, 0, 0, 1]).await.unwrap();
+    let mut conn = edge.incoming.recv().await.unwrap().unwrap();
+    assert_eq!(conn.peer.identity.name, "mac-1");
+    // The node reads what the Edge sent, tickets (if any) included.
+    conn.write_all(b"hi").await.unwrap();
+    conn.flush().await.unwrap();
+    let mut buf = [0u8; 2];
+    first.read_exact(&mut buf).await.unwrap();
+    drop((first, conn));
+
+    edge.clock.set(jan_1(2092) + 1);
+    assert_eq!(edge.refusal(&client).await, Some(rustls::AlertDescription::CertificateExpired));
+    edge.task.abort();
+}
+
+/// Issue 43 item 6: an open connection ends when its certificate does.
+/// The connection's `expired` token is cancelled first, then its reads and
+/// writes fail; the node sees its connection end. (tokio's clock is paused
+/// once the connection is open: the hour left passes at once.)
+#[tokio::test]
+async fn an_open_connection_ends_at_its_certificates_not_after() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut edge = Listener::start(&["mac-1"], patient()).await;
+    // An hour and a second before the end: the notAfter second is valid.
+    edge.clock.set(jan_1(2092) - 3600);
+    let mut client = edge.node("mac-1", [127, 0, 0, 1]).await;
+    let mut conn = edge.incoming.recv().await.unwrap().unwrap();
+    assert_eq!(conn.peer.certificate.not_after, jan_1(2092));
+    let expired = conn.peer.certificate.expired.clone();
+    assert!(!expired.is_cancelled());
+
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    let read = conn.read(&mut [0u8; 8]).await;
+    assert_eq!(read.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+    let waited = started.elapsed();
+    assert!(
+        waited > Duration::from_secs(3600) && waited < Duration::from_secs(3602),
+        "past the notAfter second: {waited:?}"
+    );
+    assert!(expired.is_cancelled(), "the session's token, before the read failed");
+    assert!(conn.write_all(b"x").await.is_err(), "no write either");
+    drop(conn);
+    tokio::time::resume();
+    let mut buf = [0u8; 1];
+    assert!(matches!(client.read(&mut buf).await, Ok(0) | Err(_)), "the node sees its connection end");
+    edge.task.abort();
+}
+
+#[test]
+fn a_certificate_is_valid_through_its_not_after_second() {
+    let at = |secs: u64| UnixTime::since_unix_epoch(Duration::from_secs(secs));
+    assert_eq!(validity_left(1_000, at(400)), Some(Duration::from_secs(601)));
+    assert_eq!(validity_left(1_000, at(1_000)), Some(Duration::from_secs(1)));
+    assert_eq!(validity_left(1_000, at(1_001)), None);
+    assert_eq!(validity_left(1_000, at(5_000)), None);
+    assert_eq!(validity_left(-5, at(0)), None, "before the epoch");
+}
+
+/// The serial the Edge records is the one `iop_pki::inspect` (and so the
+/// operator) reads from the same certificate.
+#[test]
+fn the_serial_is_written_as_iop_pki_writes_it() {
+    let pki = Pki::new();
+    let (der, _) = pki.issue("mac-1", uri("spiffe://iop.local/node/mac-1"), ExtendedKeyUsagePurpose::ClientAuth, 2092);
+    let identified = identify(&der, "iop.local", &allowed()).unwrap();
+    let pem = std::fs::read_to_string(pki.path("mac-1.pem")).unwrap();
+    let expected = iop_pki::inspect(&pem).unwrap().serial;
+    assert_eq!(identified.serial, expected);
+    assert!(!expected.is_empty() && expected.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')), "{expected}");
 }
