@@ -190,7 +190,7 @@ impl NodeMetrics {
         let edge_dials = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "edge_dials",
-            "Dials of the Edge URL, by outcome (held: a replica not held before; duplicate: one held already; failed)",
+            "Dials of the Edge URL, by outcome (held: a new replica; duplicate: one held already; refused: at the handshake; failed)",
             edge_dials.clone(),
         );
         Arc::new(Self {

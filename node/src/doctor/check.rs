@@ -4,11 +4,7 @@
 
 use std::fmt;
 
-/// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
-/// `node.yaml`), named by every fix that points to a fresh one.
-pub const BUNDLE_SOURCES: &str = "`iop-operator node-bundle NODE ...` where the Edge runs in Kubernetes, \
-                                  `iop-edge pki node NODE ...` on the machine of a standalone Edge \
-                                  (docs/standalone.md)";
+pub use crate::transport::tls::BUNDLE_SOURCES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {

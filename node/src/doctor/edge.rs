@@ -8,17 +8,19 @@
 //! handshake instead: the Edge hands a connection to its HTTP/2 server only
 //! once it accepted the node's certificate and identity, and an HTTP/2
 //! server speaks first (its SETTINGS). An alert there is the Edge refusing
-//! the certificate; a close without one is the Edge refusing the identity.
+//! the certificate or the identity ([`Refusal`]); a close without one is an
+//! Edge older than those alerts refusing the identity.
 
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::CertificateError;
 use rustls::pki_types::ServerName;
-use rustls::{AlertDescription, CertificateError};
 
-use super::check::{BUNDLE_SOURCES, Check};
+use super::check::Check;
+use crate::transport::refusal::Refusal;
 use crate::transport::tls::ALPN_H2;
 
 /// What became of the TLS attempt.
@@ -130,12 +132,6 @@ fn classify(err: &io::Error, after_handshake: bool) -> TlsOutcome {
 pub fn tls_check(outcome: &TlsOutcome, server_name: &str, timeout: Duration) -> Check {
     const NAME: &str = "edge tls";
     let bundle_ca = "set tls.ca_file to the CA that signed the Edge's certificate (ca.pem of the node bundle)";
-    let node_cert = format!(
-        "use the certificate the Edge's CA issued for this node (node.pem and node-key.pem of a fresh bundle: \
-         {})",
-        BUNDLE_SOURCES
-    );
-    let node_cert = node_cert.as_str();
     let secs = timeout.as_secs_f32();
     match outcome {
         TlsOutcome::Accepted => Check::ok(
@@ -151,7 +147,7 @@ pub fn tls_check(outcome: &TlsOutcome, server_name: &str, timeout: Duration) -> 
             "point edge.url at the Edge's node gRPC port; a load balancer in front must pass TLS through, not \
              terminate it",
         ),
-        TlsOutcome::Rustls { error, .. } => rustls_check(error, server_name, bundle_ca, node_cert),
+        TlsOutcome::Rustls { error, .. } => rustls_check(error, server_name, bundle_ca),
         TlsOutcome::Closed { after_handshake: true } => Check::fail(
             NAME,
             "the Edge closed the connection right after the handshake, without a TLS alert: it verified the \
@@ -180,7 +176,7 @@ pub fn tls_check(outcome: &TlsOutcome, server_name: &str, timeout: Duration) -> 
     }
 }
 
-fn rustls_check(error: &rustls::Error, server_name: &str, bundle_ca: &str, node_cert: &str) -> Check {
+fn rustls_check(error: &rustls::Error, server_name: &str, bundle_ca: &str) -> Check {
     use rustls::Error as E;
     let (detail, fix): (String, String) = match error {
         E::InvalidCertificate(cert) => match cert {
@@ -202,26 +198,12 @@ fn rustls_check(error: &rustls::Error, server_name: &str, bundle_ca: &str, node_
             }
             _ => ("the Edge's certificate was rejected".into(), bundle_ca.into()),
         },
-        E::AlertReceived(alert) => match alert {
-            AlertDescription::UnknownCA
-            | AlertDescription::BadCertificate
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::DecryptError => (
-                "the Edge refused this node's certificate: it is not signed by the CA the Edge trusts".into(),
-                node_cert.into(),
-            ),
-            AlertDescription::CertificateExpired => {
-                ("the Edge refused this node's certificate as expired".into(), node_cert.into())
-            }
-            AlertDescription::CertificateRevoked => {
-                ("the Edge refused this node's certificate as revoked".into(), node_cert.into())
-            }
-            AlertDescription::CertificateRequired => (
-                "the Edge wants a client certificate and got none".into(),
-                "set tls.cert_file and tls.key_file to this node's certificate and key".into(),
-            ),
-            _ => ("the Edge ended the handshake with an alert".into(), "see the Edge's log for the reason".into()),
-        },
+        // The Edge's refusal, as the supervisor logs it; the doctor's own
+        // certificate check says whether it is not valid yet.
+        E::AlertReceived(alert) => {
+            let refusal = Refusal::from_alert(*alert, None, 0);
+            (refusal.what(), refusal.fix())
+        }
         _ => ("TLS handshake failed".into(), "see the error; check edge.url and the tls.* files".into()),
     };
     // rustls's own text adds what was presented (names, alert); it never

@@ -58,6 +58,9 @@ pub enum Dialed {
     Duplicate,
     /// No connection, or the Edge refused the session before registering it.
     Failed,
+    /// The Edge refused the node's certificate or identity at the
+    /// handshake (`super::refusal`); backs off as a failure does.
+    Refused,
 }
 
 impl Dialed {
@@ -67,6 +70,7 @@ impl Dialed {
             Dialed::Held => "held",
             Dialed::Duplicate => "duplicate",
             Dialed::Failed => "failed",
+            Dialed::Refused => "refused",
         }
     }
 }
@@ -109,7 +113,7 @@ impl Redial {
     /// - duplicate: the initial backoff for the first [`QUICK_DUPLICATES`]
     ///   in a row, then [`DUPLICATE_CAP`] (never above the configured max);
     ///   the failure backoff neither grows nor resets;
-    /// - failed: the next step of the capped exponential backoff.
+    /// - failed or refused: the next step of the capped exponential backoff.
     pub fn next_delay(&mut self, dialed: Dialed, unit: f64) -> Duration {
         match dialed {
             Dialed::Held => {
@@ -122,7 +126,7 @@ impl Redial {
                 let step = if self.duplicates <= QUICK_DUPLICATES { self.initial } else { self.duplicate_cap };
                 jitter(step, unit)
             }
-            Dialed::Failed => self.failures.next_delay(unit),
+            Dialed::Failed | Dialed::Refused => self.failures.next_delay(unit),
         }
     }
 

@@ -7,6 +7,12 @@ pub enum TransportError {
     ReadTls { field: &'static str, path: String, source: std::io::Error },
     #[error("edge endpoint: {0}")]
     Endpoint(String),
+    /// The TLS files were read but hold no usable CA, certificate or key.
+    #[error(transparent)]
+    Tls(#[from] super::tls::ClientConfigError),
     #[error("cannot connect to the edge: {0}")]
     Connect(String),
+    /// The Edge refused the handshake; the reason its TLS alert gave.
+    #[error("{0}")]
+    Refused(super::refusal::Refusal),
 }

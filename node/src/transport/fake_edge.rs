@@ -46,7 +46,7 @@ pub(crate) trait FakeEdge: Send + Sync + 'static {
 }
 
 /// The gRPC service of a [`FakeEdge`].
-struct Gateway<F>(F);
+pub(crate) struct Gateway<F>(pub(crate) F);
 
 #[tonic::async_trait]
 impl<F: FakeEdge> NodeGateway for Gateway<F> {

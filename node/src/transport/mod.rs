@@ -2,64 +2,88 @@
 //! reconnect loop, and one control session per connection.
 
 pub mod backoff;
+mod connect;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake_edge;
+pub mod refusal;
 pub mod replicas;
 pub mod sequence;
 pub mod session;
 pub mod tls;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use iop_proto::liveness::HeartbeatProfile;
 use iop_proto::pb::node_gateway_client::NodeGatewayClient;
+use rustls::pki_types::ServerName;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use backoff::{Dialed, Redial};
+use connect::EdgeConnector;
 pub use error::TransportError;
+use refusal::Refusal;
 use replicas::Replicas;
 use session::SessionEnd;
 use std::sync::Arc;
 
 /// The pieces a session needs to dial the Edge; built once from config.
+/// Its clones share one TLS client config.
 #[derive(Clone)]
 pub struct Dialer {
     endpoint: Endpoint,
+    connector: EdgeConnector,
+    /// notBefore of this node's certificate (Unix seconds): tells a refusal
+    /// of a certificate not valid yet from one of an expired certificate.
+    not_before: Option<i64>,
 }
 
 impl Dialer {
     pub fn new(config: &NodeConfig) -> Result<Self, TransportError> {
         let files = tls::TlsFiles::read(&config.tls)?;
-        let server_name = config.server_name().ok_or_else(|| TransportError::Endpoint("no server name".into()))?;
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(files.ca))
-            .identity(Identity::from_pem(files.cert, files.key.expose()))
-            .domain_name(server_name);
-        let endpoint = Endpoint::from_shared(config.edge.url.clone())
+        let name = config.server_name().ok_or_else(|| TransportError::Endpoint("no server name".into()))?;
+        let server_name =
+            ServerName::try_from(name).map_err(|e| TransportError::Endpoint(format!("edge.server_name: {e}")))?;
+        let (host, port) = config.edge_host_port().ok_or_else(|| TransportError::Endpoint("no host".into()))?;
+        let client = tls::client_config(&files)?;
+        let not_before = tls::parse_certs(&files.cert).first().and_then(|leaf| {
+            let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+            Some(cert.validity().not_before.timestamp())
+        });
+        let url: Uri = config.edge.url.parse().map_err(|e| TransportError::Endpoint(format!("edge.url: {e}")))?;
+        // The connector does the TLS (tonic would insist on its own for an
+        // https:// endpoint); the requests name the configured URL.
+        let authority = url.authority().ok_or_else(|| TransportError::Endpoint("edge.url: no host".into()))?;
+        let endpoint = Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|e| TransportError::Endpoint(e.to_string()))?
-            .tls_config(tls)
-            .map_err(|e| TransportError::Endpoint(e.to_string()))?
-            .tcp_nodelay(true)
+            .origin(url)
+            // Covers the connector's TCP, TLS and the wait for the Edge's first bytes.
             .connect_timeout(Duration::from_secs(10))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
-        Ok(Self { endpoint })
+        Ok(Self { endpoint, connector: EdgeConnector::new(host, port, server_name, client), not_before })
     }
 
     /// A fresh connection: every session is its own connection and therefore
-    /// its own generation at the Edge.
+    /// its own generation at the Edge. A handshake the Edge refused is
+    /// [`TransportError::Refused`], with the reason its alert gave.
     pub async fn connect(&self) -> Result<NodeGatewayClient<Channel>, TransportError> {
-        let channel = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(|e| TransportError::Connect(crate::adapter::error::error_chain(&e)))?;
+        let channel =
+            self.endpoint.connect_with_connector(self.connector.clone()).await.map_err(
+                |e| match refusal::alert_in(&e) {
+                    Some(alert) => TransportError::Refused(Refusal::from_alert(alert, self.not_before, unix_now())),
+                    None => TransportError::Connect(crate::adapter::error::error_chain(&e)),
+                },
+            )?;
         Ok(NodeGatewayClient::new(channel))
     }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Keeps one session with every Edge replica until `shutdown`. It dials
@@ -125,6 +149,10 @@ pub async fn supervise(
                     // The session ended before registering (refused).
                     Err(_) => Dialed::Failed,
                 }
+            }
+            Err(TransportError::Refused(refusal)) => {
+                tracing::warn!(refused = refusal.label(), "{refusal}");
+                Dialed::Refused
             }
             Err(e) => {
                 tracing::warn!(reason = %e, "cannot reach the edge");

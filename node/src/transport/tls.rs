@@ -2,12 +2,11 @@
 //! those files and decodes them, used by the [`Dialer`](super::Dialer) and
 //! by `iop-node doctor`.
 //!
-//! The dialer hands the PEM to tonic (`ClientTlsConfig`), which builds its
-//! rustls client config itself; tonic 0.14 takes no rustls config from
-//! outside. [`client_config`] builds the same config from the same bytes for
-//! the doctor's handshake: roots = `tls.ca_file` only, client auth =
-//! `tls.cert_file` + `tls.key_file`, ALPN `h2`, ring, safe default protocol
-//! versions (tonic's `TlsConnector::new` with no native or webpki roots).
+//! [`client_config`] is the one rustls client config the node dials the Edge
+//! with (`super::connect`, which does the TLS itself to read the Edge's
+//! refusal alerts) and the doctor's handshake: roots = `tls.ca_file` only,
+//! client auth = `tls.cert_file` + `tls.key_file`, ALPN `h2`, ring, safe
+//! default protocol versions.
 
 use std::fmt;
 use std::path::Path;
@@ -22,6 +21,12 @@ use crate::config::NodeTlsConfig;
 
 /// The ALPN protocol the node speaks to the Edge (gRPC over HTTP/2).
 pub const ALPN_H2: &[u8] = b"h2";
+
+/// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
+/// `node.yaml`), named by every fix that points to a fresh one.
+pub const BUNDLE_SOURCES: &str = "`iop-operator node-bundle NODE ...` where the Edge runs in Kubernetes, \
+                                  `iop-edge pki node NODE ...` on the machine of a standalone Edge \
+                                  (docs/standalone.md)";
 
 /// A private key file's bytes: zeroized on drop, never printed.
 pub struct KeyPem(Zeroizing<Vec<u8>>);

@@ -1,3 +1,5 @@
+use rustls::AlertDescription;
+
 use super::*;
 use crate::doctor::Level;
 
