@@ -26,6 +26,9 @@ pub enum Validity {
     Current,
     /// Expired an hour ago.
     Expired,
+    /// Valid from an hour ago until this instant (a certificate that
+    /// expires while a test runs; X.509 keeps whole seconds).
+    Until(OffsetDateTime),
 }
 
 pub struct DevCa {
@@ -61,6 +64,7 @@ impl DevCa {
         (params.not_before, params.not_after) = match validity {
             Validity::Current => (now - Duration::hours(1), now + Duration::days(30)),
             Validity::Expired => (now - Duration::days(2), now - Duration::hours(1)),
+            Validity::Until(not_after) => (now - Duration::hours(1), not_after),
         };
         params.is_ca = IsCa::NoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];

@@ -199,8 +199,12 @@ async fn the_admin_snapshots_keep_their_json() {
             },
         ],
     });
+    // The serial of the certificate this test issued the node (issue 43
+    // item 6), as the operator reads it from the certificate it issued.
+    let serial = iop_pki::inspect(&std::fs::read_to_string(&pair.cert).unwrap()).unwrap().serial;
     let expected_nodes = json!({"nodes": [
         {
+            "certificate_serial": serial,
             "command_sandbox": "<string>", "connected": true, "connected_at_ms": "<u64>", "generation": "<u64>",
             "name": "mac-1", "phase": "ready",
             "providers": {
@@ -209,6 +213,7 @@ async fn the_admin_snapshots_keep_their_json() {
             "sandbox_gaps": "<strings>", "version": "<string>", "workspaces": {}
         },
         {
+            "certificate_serial": null,
             "command_sandbox": null, "connected": false, "connected_at_ms": null, "generation": null,
             "name": "mac-2", "phase": null, "providers": {"away": "unavailable"}, "sandbox_gaps": "<strings>",
             "version": null, "workspaces": {}

@@ -205,6 +205,7 @@ async fn metric_labels_are_closed_sets() {
                 // iop_node_edge_dials_total: what a dial of the Edge came to.
                 "held",
                 "duplicate",
+                "refused",
             ]),
         ),
         (
@@ -239,6 +240,7 @@ async fn metric_labels_are_closed_sets() {
                 "fenced_generation",
                 "already_attached",
                 "config_changed",
+                "certificate_expired",
             ]),
         ),
         // Health evidence sources; how a token count was obtained (`iop_edge_tokens_total`).

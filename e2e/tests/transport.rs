@@ -8,6 +8,7 @@ use common::fake_node::*;
 use common::*;
 use iop_e2e::harness::wait_until;
 use iop_e2e::pki::{DevCa, Validity};
+use iop_node::transport::TransportError;
 use iop_proto::pb::{self, edge_to_node::Msg, node_to_edge, run_event, run_uplink::Frame};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -37,36 +38,105 @@ async fn node_handshakes_to_ready_and_serves() {
 }
 
 /// Each refused certificate: the node process keeps retrying, the Edge counts
-/// the typed reason, and nothing is registered.
-async fn assert_refused(stack: &Stack, pair: iop_e2e::pki::PairFiles, ca_file: &std::path::Path, reason: &str) {
-    let _node = stack.spawn_node(&pair, ca_file).await;
+/// the typed reason, and nothing is registered. The node learns the reason
+/// from the Edge's TLS alert: it logs it as `refused` (`node_says`) with what
+/// to do, and counts its dials as `refused`.
+async fn assert_refused(
+    stack: &Stack,
+    pair: iop_e2e::pki::PairFiles,
+    ca_file: &std::path::Path,
+    reason: &str,
+    node_says: &str,
+) {
+    let (_node, node_metrics) = stack.spawn_node(&pair, ca_file).await;
     stack.wait_metric_at_least(&format!("iop_edge_node_handshake_rejections_total{{reason=\"{reason}\"}}"), 1.0).await;
+    let log = pair.cert.file_stem().unwrap().to_str().unwrap().to_string();
+    let field = format!("refused=\"{node_says}\"");
+    wait_until(&format!("the node logs {field}"), WAIT, || async { stack.log(&log).contains(&field) }).await;
+    let line = stack.log(&log).lines().find(|l| l.contains(&field)).unwrap().to_string();
+    assert!(line.contains("the Edge refused this node"), "{line}");
+    assert!(!line.contains(pair.cert.to_str().unwrap()) && !line.contains("BEGIN"), "no paths or keys: {line}");
+    let refused = stack.metric_at(&node_metrics, "iop_node_edge_dials_total{outcome=\"refused\"}").await;
+    assert!(refused >= 1.0, "the node counts the refused dial ({refused})");
     let node = stack.node(NODE).await;
     assert_eq!(node["connected"], false, "{node}");
     assert_eq!(stack.get_json("/readyz").await["ready_nodes"], 0);
 }
 
+fn refusal_stack() -> StackOptions {
+    StackOptions { start_node: false, capture_logs: true, ..Default::default() }
+}
+
 #[tokio::test]
 async fn certificate_from_another_ca_is_refused() {
-    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let stack = Stack::start(refusal_stack()).await;
     let rogue = DevCa::new("rogue CA");
     let identity = iop_proto::identity::NodeIdentity::new(iop_e2e::harness::TRUST_DOMAIN, NODE).unwrap();
     let pair = rogue.node_cert(&identity, Validity::Current).write(stack.dir.path(), "rogue").unwrap();
-    assert_refused(&stack, pair, &stack.pki.ca_file, "untrusted_issuer").await;
+    assert_refused(&stack, pair, &stack.pki.ca_file, "untrusted_issuer", "untrusted_issuer").await;
 }
 
 #[tokio::test]
 async fn unknown_node_identity_is_refused() {
-    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let stack = Stack::start(refusal_stack()).await;
     let pair = stack.pki.node_cert("stranger", Validity::Current).unwrap();
-    assert_refused(&stack, pair, &stack.pki.ca_file, "unknown_node").await;
+    assert_refused(&stack, pair, &stack.pki.ca_file, "unknown_node", "not_admitted").await;
 }
 
 #[tokio::test]
 async fn expired_certificate_is_refused() {
-    let stack = Stack::start(StackOptions { start_node: false, ..Default::default() }).await;
+    let stack = Stack::start(refusal_stack()).await;
     let pair = stack.pki.node_cert(NODE, Validity::Expired).unwrap();
-    assert_refused(&stack, pair, &stack.pki.ca_file, "expired").await;
+    assert_refused(&stack, pair, &stack.pki.ca_file, "expired", "expired").await;
+    let line = stack.log("node-mac-1").lines().find(|l| l.contains("refused=\"expired\"")).unwrap().to_string();
+    assert!(line.contains("it has expired") && line.contains("new bundle"), "says what to do: {line}");
+}
+
+/// Issue 43 item 6: a session does not outlive its certificate. The node
+/// connects with a certificate that expires seconds later; at its notAfter
+/// the Edge ends the connection and the session with the typed reason
+/// (counted, logged with the node's name), and the node's next dial is
+/// refused as `expired`, which the node reads from the Edge's TLS alert.
+#[tokio::test]
+async fn a_session_ends_when_its_certificate_expires() {
+    let stack = Stack::start(refusal_stack()).await;
+    let not_after = time::OffsetDateTime::now_utc() + time::Duration::seconds(3);
+    let pair = stack.pki.node_cert(NODE, Validity::Until(not_after)).unwrap();
+    let mut fake = FakeNode::register_with(&stack, &pair).await;
+    assert_eq!(stack.node(NODE).await["connected"], true);
+
+    // The control stream ends (the connection under it is gone) without
+    // the test doing anything but answering heartbeats.
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match fake.inbound.message().await {
+                Ok(Some(pb::EdgeToNode { msg: Some(Msg::Heartbeat(hb)) })) => {
+                    let ack = node_to_edge::Msg::HeartbeatAck(pb::HeartbeatAck { seq: hb.seq });
+                    let _ = fake.out.send(msg(ack)).await;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    });
+    ended.await.expect("the session ends at the certificate's notAfter");
+    assert!(time::OffsetDateTime::now_utc() >= not_after, "not before the notAfter");
+    stack.wait_metric_at_least("iop_edge_node_sessions_closed_total{reason=\"certificate_expired\"}", 1.0).await;
+    assert_eq!(stack.node(NODE).await["connected"], false);
+    let edge = stack.log("edge");
+    let line = edge.lines().find(|l| l.contains("certificate_expired")).expect("the Edge logs the close");
+    assert!(line.contains(NODE), "{line}");
+    assert!(!line.contains(stack.dir.path().to_str().unwrap()), "no paths: {line}");
+
+    // The node dials again, as it does (its TLS client config, with what it
+    // kept of the first connection): refused at the handshake as expired,
+    // and the node's dialer says so.
+    match fake.dialer.connect().await {
+        Err(TransportError::Refused(refusal)) => assert_eq!(refusal.label(), "expired", "{refusal}"),
+        Err(other) => panic!("not a refusal: {other}"),
+        Ok(_) => panic!("the Edge let an expired certificate in again"),
+    }
+    stack.wait_metric_at_least("iop_edge_node_handshake_rejections_total{reason=\"expired\"}", 1.0).await;
 }
 
 #[tokio::test]

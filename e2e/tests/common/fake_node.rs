@@ -2,7 +2,7 @@
 //! certificate the test PKI issued): what a modified or hostile node
 //! binary can send.
 
-use iop_e2e::pki::Validity;
+use iop_e2e::pki::{PairFiles, Validity};
 use iop_proto::pb::{self, edge_to_node::Msg, node_to_edge, run_event, run_uplink::Frame};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -16,13 +16,22 @@ pub struct FakeNode {
     pub out: mpsc::Sender<pb::NodeToEdge>,
     pub inbound: tonic::Streaming<pb::EdgeToNode>,
     pub generation: u64,
+    /// What it dialed with (the node's own dialer): dials again as the node
+    /// does, with the same TLS client config.
+    pub dialer: iop_node::transport::Dialer,
 }
 
 impl FakeNode {
     pub async fn register(stack: &Stack) -> FakeNode {
         let pair = stack.pki.node_cert(NODE, Validity::Current).unwrap();
-        let config = iop_e2e::harness::node_config(stack.grpc, &stack.pki.ca_file, &pair, (50, 500));
-        let mut client = iop_node::transport::Dialer::new(&config).unwrap().connect().await.unwrap();
+        Self::register_with(stack, &pair).await
+    }
+
+    /// [`FakeNode::register`] with the certificate `pair`.
+    pub async fn register_with(stack: &Stack, pair: &PairFiles) -> FakeNode {
+        let config = iop_e2e::harness::node_config(stack.grpc, &stack.pki.ca_file, pair, (50, 500));
+        let dialer = iop_node::transport::Dialer::new(&config).unwrap();
+        let mut client = dialer.connect().await.unwrap();
         let (out, rx) = mpsc::channel(16);
         out.send(msg(node_to_edge::Msg::Register(pb::Register { node_version: "fake".into(), ..Default::default() })))
             .await
@@ -32,7 +41,7 @@ impl FakeNode {
             Some(Msg::RegisterResponse(r)) => r.generation,
             other => panic!("expected RegisterResponse, got {other:?}"),
         };
-        FakeNode { client, out, inbound, generation }
+        FakeNode { client, out, inbound, generation, dialer }
     }
 
     /// Sends NodeReady and returns every control message up to the
