@@ -1185,6 +1185,24 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
         node_status("replicasSummary") == "2/2"
     });
 
+    // BundleCurrent: the node's sessions present the certificate issued
+    // last. Its Secret deleted, the operator issues another (a new
+    // serial) while the Mac still runs the old bundle: False, naming the
+    // serial in use and what to do.
+    wait_until("BundleCurrent=True", WAIT, || node_condition("BundleCurrent").1 == "Current");
+    let issued = node_status("certificate")["serial"].as_str().unwrap_or_default().to_string();
+    plane.kubectl(&["-n", &ns.name, "delete", "secret", "iop-node-mac-1"]);
+    wait_until("BundleCurrent=False OlderBundle", WAIT, || {
+        let (status, reason, message) = node_condition("BundleCurrent");
+        status == "False"
+            && reason == "OlderBundle"
+            && message.contains(&format!("serial {issued} "))
+            && message.contains("make a new bundle (iop-operator node-bundle mac-1) and restart iop-node")
+    });
+    let columns = plane.kubectl(&["-n", &ns.name, "get", "nodecatalog", "mac-1"]);
+    assert!(columns.lines().next().unwrap_or_default().contains("BUNDLE-CURRENT"), "{columns}");
+    assert!(columns.lines().nth(1).unwrap_or_default().contains("False"), "{columns}");
+
     // A chat through each replica, on the plain and the keyed provider.
     for edge in &edges {
         for model in ["mock-openai", "mock-keyed"] {
