@@ -25,6 +25,9 @@ use iop_e2e::harness::bin;
 use iop_e2e::parts::{self, Part};
 use serde_json::{Value, json};
 
+#[path = "cluster/ca_rotation.rs"]
+mod ca_rotation;
+
 const WAIT: Duration = Duration::from_secs(30);
 
 /// One step of the suite: its name and what it runs.
@@ -43,12 +46,13 @@ fn operator_on_a_real_api_server() {
     eprintln!("control plane up, CRDs established in {:.1} s", started.elapsed().as_secs_f64());
 
     // Each step, in sequence on the one control plane, timed.
-    let steps: [Step; 7] = [
+    let steps: [Step; 8] = [
         ("CRD validation", crds_refuse_the_documented_invalid_objects),
         ("operator steps", operator_reconciles_as_its_service_account),
         ("own CA", a_short_lived_ca_of_ones_own),
         ("certificate renewal", a_node_certificate_renewed_in_its_window),
         ("Edge replicas and node", edges_and_a_node_fed_from_the_cluster),
+        ("CA rotation", ca_rotation::a_ca_rotation_cuts_no_node_off),
         ("namespace deletion", deleting_the_namespace_completes),
         ("refused chart values", helm_install_refuses_what_the_operator_would),
     ];
@@ -1090,21 +1094,7 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
 
     // The node's bundle, as an administrator makes it (the admin kubeconfig
     // reads the node's Secret), with a fast probe for the test.
-    let bundle = dir.join("bundle");
-    let output = Command::new(bin("iop-operator"))
-        .env("KUBECONFIG", &plane.kubeconfig)
-        .args(["node-bundle", "mac-1", "-n", &ns.name, "--server-name", "iop-edge-grpc"])
-        .args(["--edge-url", &format!("https://{lb}"), "--out", bundle.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "node-bundle: {}", String::from_utf8_lossy(&output.stderr));
-    let node_yaml = bundle.join("node.yaml");
-    let mut text = std::fs::read_to_string(&node_yaml).unwrap();
-    text.push_str(
-        "reconnect: { initial_backoff_ms: 50, max_backoff_ms: 500 }\n\
-         health: { idle_interval_ms: 1000, retry_initial_ms: 50, retry_max_ms: 500 }\n",
-    );
-    std::fs::write(&node_yaml, text).unwrap();
+    let node_yaml = ca_rotation::node_bundle(plane, &ns.name, "mac-1", lb, &dir.join("bundle"));
     let mut text = std::fs::read_to_string(&node_yaml).unwrap();
     text.push_str(&format!("workspaces: {{ allowed_roots: [{:?}] }}\n", allowed));
     std::fs::write(&node_yaml, text).unwrap();

@@ -7,6 +7,7 @@ pub use iop_pki::{
     BACKDATE, Ca, CertError, CertInfo, CertifiedKey, PrivateKeyPem, Renewal, ca_expiring, inspect, needs_rotation,
 };
 
+pub mod rotation;
 pub mod secrets;
 pub mod status;
 

@@ -1,4 +1,4 @@
-//! `iop-operator run | crds | node-bundle NAME`.
+//! `iop-operator run | crds | node-bundle NAME | ca rotate | ca finish`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +29,46 @@ enum Command {
     /// Write what a Mac needs to run `iop-node` into a directory: ca.pem,
     /// node.pem, node-key.pem and a ready node.yaml.
     NodeBundle(NodeBundleArgs),
+    /// Replace the CA in Secret `iop-ca` with an overlap: `ca rotate` makes
+    /// a new CA the signer while the old one stays trusted (nodes keep
+    /// working on their old bundles); `ca finish` ends the overlap once
+    /// every node runs a new bundle.
+    #[command(subcommand)]
+    Ca(CaCommand),
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    /// Make a new CA (or the one given) the signer; the current CA stays
+    /// trusted until `ca finish`.
+    Rotate(RotateArgs),
+    /// End the overlap: the old CA is trusted no more. Refused while a
+    /// NodeCatalog's node does not run a bundle of the new CA.
+    Finish(FinishArgs),
+}
+
+#[derive(Args)]
+struct RotateArgs {
+    /// The namespace of the operator (and of Secret `iop-ca`).
+    #[arg(long, short = 'n')]
+    namespace: String,
+    /// Your new CA certificate (PEM) instead of a generated one.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Its private key (PKCS#8 PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct FinishArgs {
+    /// The namespace of the operator (and of Secret `iop-ca`).
+    #[arg(long, short = 'n')]
+    namespace: String,
+    /// Finish although some nodes do not run a bundle of the new CA: they
+    /// are cut off.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args)]
@@ -67,17 +107,48 @@ fn main() -> ExitCode {
             print!("{}", iop_operator::crd::render_yaml());
             ExitCode::SUCCESS
         }
-        Command::NodeBundle(args) => match node_bundle(&args) {
-            Ok(message) => {
-                println!("{message}");
-                ExitCode::SUCCESS
-            }
-            Err(message) => {
-                eprintln!("iop-operator node-bundle: {message}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::NodeBundle(args) => report("node-bundle", node_bundle(&args)),
+        Command::Ca(CaCommand::Rotate(args)) => report("ca rotate", rotate(&args)),
+        Command::Ca(CaCommand::Finish(args)) => {
+            let (namespace, force) = (args.namespace.clone(), args.force);
+            report(
+                "ca finish",
+                with_client(|client| async move {
+                    runtime::pki::finish_rotation(client, &namespace, force, time::OffsetDateTime::now_utc()).await
+                }),
+            )
+        }
     }
+}
+
+fn report(command: &str, outcome: Result<String, String>) -> ExitCode {
+    match outcome {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("iop-operator {command}: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn rotate(args: &RotateArgs) -> Result<String, String> {
+    let now = time::OffsetDateTime::now_utc();
+    let new = match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => {
+            let read = |flag: &str, path: &PathBuf| {
+                std::fs::read_to_string(path).map_err(|e| format!("--{flag} {}: {e}", path.display()))
+            };
+            let ca = iop_pki::Ca::from_pem(&read("cert", cert)?, &PrivateKeyPem::new(read("key", key)?), now)
+                .map_err(|e| format!("--cert/--key: {e}"))?;
+            Some(ca)
+        }
+        _ => None,
+    };
+    let namespace = args.namespace.clone();
+    with_client(|client| async move { runtime::pki::rotate_ca(client, &namespace, new, now).await })
 }
 
 fn run() -> ExitCode {
@@ -138,8 +209,12 @@ fn run() -> ExitCode {
     })
 }
 
-/// The node's Secret through the Kubernetes API (kubeconfig or in-cluster).
-fn read_secret(namespace: &str, node: &str) -> Result<(String, String, PrivateKeyPem), String> {
+/// Runs `call` with a Kubernetes API client (kubeconfig or in-cluster), for
+/// the commands an administrator runs from their own machine.
+fn with_client<T, F>(call: impl FnOnce(kube::Client) -> F) -> Result<T, String>
+where
+    F: std::future::Future<Output = Result<T, String>>,
+{
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -149,7 +224,7 @@ fn read_secret(namespace: &str, node: &str) -> Result<(String, String, PrivateKe
         let client = runtime::client()
             .await
             .map_err(|e| format!("no Kubernetes API client (kubeconfig or in-cluster config): {e}"))?;
-        runtime::pki::read_node_secret(client, namespace, node).await
+        call(client).await
     })
 }
 
@@ -177,7 +252,9 @@ async fn wait_for_signal() {
 
 fn node_bundle(args: &NodeBundleArgs) -> Result<String, String> {
     let (ca_pem, cert_pem, key) = match &args.namespace {
-        Some(namespace) => read_secret(namespace, &args.name)?,
+        Some(namespace) => {
+            with_client(|client| async move { runtime::pki::read_node_secret(client, namespace, &args.name).await })?
+        }
         None => {
             let read = |flag: &str, path: &Option<PathBuf>| {
                 let path = path.as_deref().ok_or_else(|| format!("--{flag} is required without --namespace"))?;

@@ -18,6 +18,7 @@ use time::OffsetDateTime;
 use super::metrics::{CertKind, Metrics, Writer};
 use super::namespace::apply_status;
 use super::{Context, Error, is_status, timestamp};
+use crate::certs::rotation;
 use crate::certs::secrets::{self, CA_VALIDITY, EDGE_RENEW_BEFORE, EDGE_VALIDITY, Reissue};
 use crate::certs::status::{self, CaExpiry};
 use crate::certs::{
@@ -243,4 +244,100 @@ pub async fn ensure_node_cert(
     };
     let info = inspect(&cert_pem)?;
     Ok(NodeCert::Current(CertificateStatus { serial: info.serial, not_after: Time(timestamp(info.not_after)) }))
+}
+
+/// The field manager of `iop-operator ca rotate` and `ca finish`.
+const FIELD_MANAGER_CA: &str = "iop-operator/ca";
+
+/// Replaces `iop-ca` with one guarded write (PUT with the resourceVersion
+/// read): a change by anyone in between fails it (409) instead of being lost.
+async fn replace_ca(secrets: &Api<Secret>, namespace: &str, secret: &Secret) -> Result<(), String> {
+    let params = PostParams { field_manager: Some(FIELD_MANAGER_CA.to_string()), ..Default::default() };
+    match secrets.replace(CA_SECRET, &params, secret).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => {
+            Err(format!("Secret {namespace}/{CA_SECRET} changed while this ran; nothing was written: run it again"))
+        }
+        Err(e) => Err(format!("writing Secret {namespace}/{CA_SECRET}: {e}")),
+    }
+}
+
+async fn read_ca(secrets: &Api<Secret>, namespace: &str) -> Result<Secret, String> {
+    match secrets.get_opt(CA_SECRET).await {
+        Ok(Some(secret)) => Ok(secret),
+        Ok(None) => Err(format!(
+            "Secret {namespace}/{CA_SECRET} does not exist: there is no CA to rotate from (the operator creates one at \
+             its first run; to start over with a new CA, create {CA_SECRET} with it: every node then needs a new bundle)"
+        )),
+        Err(e) => Err(format!("reading Secret {namespace}/{CA_SECRET}: {e}")),
+    }
+}
+
+/// `iop-operator ca rotate`: `new` (or a generated CA) becomes the signer,
+/// the current CA stays trusted until [`finish_rotation`]. Returns what was
+/// done and what to do next.
+pub async fn rotate_ca(
+    client: kube::Client,
+    namespace: &str,
+    new: Option<Ca>,
+    now: OffsetDateTime,
+) -> Result<String, String> {
+    let secrets: Api<Secret> = Api::namespaced(client, namespace);
+    let current = read_ca(&secrets, namespace).await?;
+    let new = match new {
+        Some(ca) => ca,
+        None => Ca::generate(&secrets::ca_common_name(now), now, CA_VALIDITY).map_err(|e| e.to_string())?,
+    };
+    let rotating = rotation::begin(&current, &new, now).map_err(|e| e.to_string())?;
+    replace_ca(&secrets, namespace, &rotating).await?;
+    Ok(format!(
+        "Secret {namespace}/{CA_SECRET} now signs with the new CA (valid until {not_after}); the CA it replaces stays \
+         trusted until `iop-operator ca finish -n {namespace}`.\n\
+         The operator re-issues iop-edge-tls and every iop-node-<name> now; the Edge takes them up without a restart \
+         once the kubelet has refreshed its volume (60-90 s). Nodes on their old bundles keep working.\n\
+         Next: make each node a new bundle (iop-operator node-bundle NAME -n {namespace} ...) and restart iop-node on \
+         its Mac; `kubectl -n {namespace} get nodecatalogs` shows BUNDLE-CURRENT True once it runs it. Then run \
+         `iop-operator ca finish -n {namespace}`.",
+        not_after = new.not_after(),
+    ))
+}
+
+/// `iop-operator ca finish`: the retiring CA leaves `iop-ca`, and so every
+/// trust bundle and the Edge's chain. Refused while a NodeCatalog's Mac does
+/// not run a bundle of the new CA (it would be cut off), unless `force`.
+pub async fn finish_rotation(
+    client: kube::Client,
+    namespace: &str,
+    force: bool,
+    now: OffsetDateTime,
+) -> Result<String, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let current = read_ca(&secrets, namespace).await?;
+    let done = rotation::finish(&current, now).map_err(|e| e.to_string())?;
+    let authority = secrets::load_authority(&current, now).map_err(|e| e.to_string())?;
+    let nodes: Api<NodeCatalog> = Api::namespaced(client, namespace);
+    let nodes = nodes.list(&Default::default()).await.map_err(|e| format!("listing NodeCatalogs: {e}"))?.items;
+    let mut node_secrets = std::collections::BTreeMap::new();
+    for node in &nodes {
+        let name = node_secret_name(&node.name_any());
+        if let Some(secret) = secrets.get_opt(&name).await.map_err(|e| format!("reading Secret {name}: {e}"))? {
+            node_secrets.insert(node.name_any(), secret);
+        }
+    }
+    let pending = rotation::pending(&authority.signer, &nodes, |name| node_secrets.get(name));
+    if !pending.is_empty() && !force {
+        let list: Vec<String> = pending.iter().map(|p| format!("  {}: {}", p.node, p.reason)).collect();
+        return Err(format!(
+            "not finished: {} node(s) do not run a bundle of the new CA yet and would be cut off:\n{}\n\
+             Give each a new bundle (iop-operator node-bundle NAME -n {namespace} ...) and restart iop-node, or pass \
+             --force to cut them off.",
+            pending.len(),
+            list.join("\n")
+        ));
+    }
+    replace_ca(&secrets, namespace, &done).await?;
+    Ok(format!(
+        "Secret {namespace}/{CA_SECRET} no longer holds the retiring CA: the operator rewrites every trust bundle and \
+         the Edge's chain now (same certificates); a bundle made before the rotation is refused from then on."
+    ))
 }
