@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-pub use crate::transport::tls::BUNDLE_SOURCES;
+pub use crate::transport::refusal::BUNDLE_SOURCES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {

@@ -9,10 +9,23 @@ pub enum TransportError {
     Endpoint(String),
     /// The TLS files were read but hold no usable CA, certificate or key.
     #[error(transparent)]
-    Tls(#[from] super::tls::ClientConfigError),
+    Tls(#[from] ClientConfigError),
     #[error("cannot connect to the edge: {0}")]
     Connect(String),
     /// The Edge refused the handshake; the reason its TLS alert gave.
     #[error("{0}")]
     Refused(super::refusal::Refusal),
+}
+
+/// Why [`super::tls::client_config`] could not be built (never quotes key material).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientConfigError {
+    #[error("tls.ca_file holds no PEM certificate")]
+    NoCaCertificate,
+    #[error("tls.cert_file holds no PEM certificate")]
+    NoCertificate,
+    #[error("tls.key_file holds no PEM private key")]
+    NoKey,
+    #[error("tls.cert_file and tls.key_file: {0}")]
+    Identity(rustls::Error),
 }

@@ -11,7 +11,11 @@ use std::io;
 
 use rustls::AlertDescription;
 
-use super::tls::BUNDLE_SOURCES;
+/// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
+/// `node.yaml`), named by every fix that points to a fresh one.
+pub const BUNDLE_SOURCES: &str = "`iop-operator node-bundle NODE ...` where the Edge runs in Kubernetes, \
+                                  `iop-edge pki node NODE ...` on the machine of a standalone Edge \
+                                  (docs/standalone.md)";
 
 /// A refusal of the Edge, by the alert it sent. Closed: an alert this node
 /// does not map is [`Refusal::Other`], with the alert.

@@ -16,17 +16,12 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use zeroize::Zeroizing;
 
+pub use super::error::ClientConfigError;
 use super::error::TransportError;
 use crate::config::NodeTlsConfig;
 
 /// The ALPN protocol the node speaks to the Edge (gRPC over HTTP/2).
 pub const ALPN_H2: &[u8] = b"h2";
-
-/// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
-/// `node.yaml`), named by every fix that points to a fresh one.
-pub const BUNDLE_SOURCES: &str = "`iop-operator node-bundle NODE ...` where the Edge runs in Kubernetes, \
-                                  `iop-edge pki node NODE ...` on the machine of a standalone Edge \
-                                  (docs/standalone.md)";
 
 /// A private key file's bytes: zeroized on drop, never printed.
 pub struct KeyPem(Zeroizing<Vec<u8>>);
@@ -80,19 +75,6 @@ pub fn parse_certs(pem: &[u8]) -> Vec<CertificateDer<'static>> {
 /// The first PEM private key (PKCS#8, PKCS#1 or SEC1) in `pem`.
 pub fn parse_key(key: &KeyPem) -> Option<PrivateKeyDer<'static>> {
     PrivateKeyDer::from_pem_slice(key.expose()).ok()
-}
-
-/// Why [`client_config`] could not be built (never quotes key material).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ClientConfigError {
-    #[error("tls.ca_file holds no PEM certificate")]
-    NoCaCertificate,
-    #[error("tls.cert_file holds no PEM certificate")]
-    NoCertificate,
-    #[error("tls.key_file holds no PEM private key")]
-    NoKey,
-    #[error("tls.cert_file and tls.key_file: {0}")]
-    Identity(rustls::Error),
 }
 
 /// The rustls client config the node dials the Edge with (see the module
