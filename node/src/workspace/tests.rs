@@ -1,5 +1,15 @@
 use super::*;
 
+/// A FIFO at `path`, for the tests of special files: mkfifo(3), since
+/// rustix has neither mknodat nor mkfifoat on macOS.
+pub(crate) fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo reads it only.
+    let made = unsafe { libc::mkfifo(path.as_ptr(), 0o644) };
+    assert_eq!(made, 0, "mkfifo: {}", std::io::Error::last_os_error());
+}
+
 fn assignment(reference: &str, root: &Path) -> pb::WorkspaceAssignment {
     pb::WorkspaceAssignment { r#ref: reference.into(), root: root.to_str().unwrap().into(), ..Default::default() }
 }

@@ -1,5 +1,4 @@
 use super::*;
-use rustix::fs::Mode;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -38,8 +37,7 @@ fn links_and_special_files_are_refused_and_their_targets_untouched() {
     std::fs::write(outside.join("precious"), "keep").unwrap();
     symlink(&outside, ws.join(".iop/job/r1/a/escape")).unwrap();
     symlink(outside.join("precious"), ws.join(".iop/job/r1/file-link")).unwrap();
-    rustix::fs::mknodat(rustix::fs::CWD, ws.join(".iop/job/r1/fifo"), FileType::Fifo, Mode::from_raw_mode(0o644), 0)
-        .unwrap();
+    crate::workspace::tests::mkfifo(&ws.join(".iop/job/r1/fifo"));
     let outcome = clean(&root(&ws), "r1");
     let CleanupOutcome::Partial { removed, refused } = outcome else { panic!("{outcome:?}") };
     assert_eq!(refused[&Refused::Symlink], 2);

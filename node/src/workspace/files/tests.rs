@@ -34,7 +34,7 @@ impl Fixture {
         symlink(base.join("outside/secret"), ws.join("out-file")).unwrap();
         symlink(ws.join("src"), ws.join("src-link")).unwrap();
         symlink("README.md", ws.join("readme-link")).unwrap();
-        nix_mkfifo(&ws.join("fifo"));
+        crate::workspace::tests::mkfifo(&ws.join("fifo"));
         let root = File::open(&ws).unwrap();
         Self { _tmp: tmp, base, root }
     }
@@ -71,10 +71,6 @@ impl Fixture {
         walk(&self.base, &mut out);
         out
     }
-}
-
-fn nix_mkfifo(path: &Path) {
-    rustix::fs::mknodat(rustix::fs::CWD, path, FileType::Fifo, Mode::from_raw_mode(0o644), 0).unwrap();
 }
 
 #[test]
