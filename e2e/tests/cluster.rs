@@ -1192,6 +1192,12 @@ fn edges_and_a_node_fed_from_the_cluster(plane: &ControlPlane) {
     let columns = plane.kubectl(&["-n", &ns.name, "get", "nodecatalog", "mac-1"]);
     assert!(columns.lines().next().unwrap_or_default().contains("BUNDLE-CURRENT"), "{columns}");
     assert!(columns.lines().nth(1).unwrap_or_default().contains("False"), "{columns}");
+    // NODE-VERSION: what the running iop-node reported at registration (the
+    // workspace's version, shared by this crate), so an operator sees which
+    // Macs run an older release.
+    assert!(columns.lines().next().unwrap_or_default().contains("NODE-VERSION"), "{columns}");
+    assert_eq!(node_status("version"), env!("CARGO_PKG_VERSION"), "{columns}");
+    assert!(columns.lines().nth(1).unwrap_or_default().contains(env!("CARGO_PKG_VERSION")), "{columns}");
 
     // A chat through each replica, on the plain and the keyed provider.
     for edge in &edges {

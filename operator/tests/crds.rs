@@ -90,7 +90,10 @@ fn resolve<'a>(schema: &'a Value, path: &str) -> Result<&'a Value, String> {
 #[test]
 fn printer_columns_point_into_the_schema() {
     let expected = BTreeMap::from([
-        ("NodeCatalog", vec!["Connected", "Replicas", "Generation", "Cert-Expiry", "Bundle-Current", "Age"]),
+        (
+            "NodeCatalog",
+            vec!["Connected", "Replicas", "Node-Version", "Generation", "Cert-Expiry", "Bundle-Current", "Age"],
+        ),
         ("Provider", vec!["Node", "Model", "Health", "Classification", "Ejected", "Loaded", "Age", "Public"]),
         ("WorkspaceTemplate", vec!["Operations", "Age"]),
     ]);

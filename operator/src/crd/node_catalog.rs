@@ -36,6 +36,12 @@ use serde::{Deserialize, Serialize};
         description = "Edge replicas the node holds a session with, of all replicas",
     ),
     printcolumn(
+        name = "Node-Version",
+        type_ = "string",
+        json_path = ".status.version",
+        description = "The iop-node version the node reported at registration (kept while it is away)",
+    ),
+    printcolumn(
         name = "Generation",
         type_ = "integer",
         json_path = ".status.generation",
@@ -150,7 +156,8 @@ pub struct NodeCatalogStatus {
     /// When `connected` last changed, or the newest connection began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
-    /// Version the node reported at registration.
+    /// The `iop-node` version the node reported at registration (the
+    /// NODE-VERSION column); kept from the last session while it is away.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
