@@ -32,7 +32,7 @@ class IopNode < Formula
       into #{etc}/iop-node/, check it and start the node (now and at every login):
         iop-node doctor --config #{etc}/iop-node/node.yaml
         brew services start iop-node
-      Log: ~/Library/Logs/iop-node/iop-node.log
+      Log: #{var}/log/iop-node.log
     EOS
   end
 
@@ -40,8 +40,10 @@ class IopNode < Formula
   # same label, so launchd never runs both: the one started last replaces the other's job
   # and plist file. Same keys: RunAtLoad (brew's default), KeepAlive {SuccessfulExit: false}
   # (a clean exit is a deliberate stop; a failure or crash is restarted), ThrottleInterval 10,
-  # ProcessType Interactive (no throttling of a process that relays every streamed token), the
-  # same two log files, and no EnvironmentVariables (launchd's default PATH). What differs:
+  # ProcessType Interactive (no throttling of a process that relays every streamed token), and
+  # no EnvironmentVariables (launchd's default PATH). What differs:
+  # - the logs are in var/log (iop-node.log, iop-node.out.log): launchd expands no `~`, and
+  #   brew's service DSL cannot name the user's ~/Library/Logs;
   # - the config path is fixed (etc/iop-node/node.yaml) where `install --config` records any;
   # - the executable is opt_bin/iop-node, which `brew upgrade` repoints to the new version
   #   (`brew services restart iop-node` runs it);
@@ -52,8 +54,8 @@ class IopNode < Formula
     keep_alive successful_exit: false
     throttle_interval 10
     process_type :interactive
-    log_path "~/Library/Logs/iop-node/iop-node.out.log"
-    error_log_path "~/Library/Logs/iop-node/iop-node.log"
+    log_path var/"log/iop-node.out.log"
+    error_log_path var/"log/iop-node.log"
   end
 
   test do
