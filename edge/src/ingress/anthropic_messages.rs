@@ -466,6 +466,45 @@ fn parse_tool(value: &Value, path: &str) -> Result<(pb::ToolDefinition, bool), A
     Ok((pb::ToolDefinition { name, description, parameters_json }, deferred))
 }
 
+/// `thinking.display`: every value the Messages API documents (an unknown one
+/// is a 400 naming them, so a typo does not silently change what comes back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingDisplay {
+    /// Thinking text comes back (summarized by Anthropic's own models).
+    Summarized,
+    /// Thinking blocks come back empty.
+    Omitted,
+    /// Only the short progress notes between tool calls come back (Claude
+    /// Code's `stream-json`, beta `thinking-display-updates-2026-08-18`).
+    Updates,
+}
+
+impl ThinkingDisplay {
+    const VALUES: &str = "summarized, omitted or updates";
+
+    fn parse(value: &str) -> Result<Self, ApiError> {
+        match value {
+            "summarized" => Ok(Self::Summarized),
+            "omitted" => Ok(Self::Omitted),
+            "updates" => Ok(Self::Updates),
+            other => {
+                let message = format!("thinking.display: unknown value `{other}`; expected {}", Self::VALUES);
+                Err(ApiError::invalid_param("thinking.display", message))
+            }
+        }
+    }
+
+    /// Whether thinking blocks go out without their text. A local model's
+    /// reasoning is neither summarized nor split into progress notes, so
+    /// `summarized` and `updates` both stream it as it comes.
+    pub fn omits_thinking(self) -> bool {
+        match self {
+            Self::Summarized | Self::Updates => false,
+            Self::Omitted => true,
+        }
+    }
+}
+
 /// The generation options, and whether thinking text is to be omitted.
 fn parse_options(obj: &Map<String, Value>) -> Result<(pb::GenerationOptions, bool), ApiError> {
     let mut options = pb::GenerationOptions {
@@ -490,15 +529,7 @@ fn parse_options(obj: &Map<String, Value>) -> Result<(pb::GenerationOptions, boo
         Some(Value::Object(thinking)) => {
             omit_thinking = match field(thinking, "display") {
                 None => false,
-                Some(v) => match JSON.string(v, "thinking.display")? {
-                    "summarized" => false,
-                    "omitted" => true,
-                    other => {
-                        let message =
-                            format!("thinking.display: unknown value `{other}`; expected summarized or omitted");
-                        return Err(ApiError::invalid_param("thinking.display", message));
-                    }
-                },
+                Some(v) => ThinkingDisplay::parse(JSON.string(v, "thinking.display")?)?.omits_thinking(),
             };
             let effort = match JSON.non_empty_string(thinking, "type", "thinking.type")? {
                 "disabled" => pb::ReasoningEffort::None,

@@ -322,6 +322,53 @@ fn adaptive_thinking_leaves_the_depth_to_the_provider_and_display_omitted_sends_
     assert_eq!(body["content"][1]["text"], "hi");
 }
 
+/// Every documented `thinking.display` parses (Claude Code's `stream-json`
+/// sends `updates`); `summarized`, `updates` and no display stream the
+/// reasoning as it comes, `omitted` sends empty thinking blocks, streaming
+/// and not.
+#[test]
+fn every_documented_thinking_display_is_accepted_and_rendered() {
+    let events = [
+        started(),
+        Event::Reasoning(pb::ReasoningDelta { text: "plan".into() }),
+        text("hi"),
+        usage(3, 2),
+        completed(pb::FinishReason::Stop),
+    ];
+    for (display, shown) in
+        [(Some("summarized"), true), (Some("updates"), true), (Some("omitted"), false), (None, true)]
+    {
+        let mut thinking = json!({"type": "adaptive"});
+        if let Some(display) = display {
+            thinking["display"] = json!(display);
+        }
+        let request =
+            parse(json!({"model": "m", "max_tokens": 8, "thinking": thinking, "messages": [{"role": "user", "content": "x"}]}))
+                .unwrap();
+        assert_eq!(request.omit_thinking, !shown, "{display:?}");
+        let meta = || ResponseMeta { omit_thinking: request.omit_thinking, ..meta() };
+        let expected = if shown { "plan" } else { "" };
+
+        let streamed = render_all(&mut EventRenderer::new(meta()), &events);
+        let deltas: String = streamed
+            .iter()
+            .filter(|(_, v)| v["delta"]["type"] == "thinking_delta")
+            .map(|(_, v)| v["delta"]["thinking"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(deltas, expected, "{display:?}: {streamed:?}");
+        assert_eq!(streamed[1].1["content_block"]["type"], "thinking", "{display:?}");
+
+        let mut aggregator = MessageAggregator::new(meta());
+        events.iter().for_each(|e| aggregator.push(e));
+        let body = aggregator.finish().unwrap();
+        assert_eq!(
+            body["content"][0],
+            json!({"type": "thinking", "thinking": expected, "signature": ""}),
+            "{display:?}"
+        );
+    }
+}
+
 #[test]
 fn an_image_a_tool_returned_follows_the_tool_results_in_the_user_turn() {
     let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
@@ -442,7 +489,7 @@ fn invalid_requests_name_the_field() {
         (
             with(json!({"thinking": {"type": "adaptive", "display": "full"}})),
             "thinking.display",
-            "thinking.display: unknown value `full`; expected summarized or omitted",
+            "thinking.display: unknown value `full`; expected summarized, omitted or updates",
         ),
         (
             with(json!({"tools": [{"name": "f", "input_schema": {}, "defer_loading": "yes"}]})),
