@@ -188,6 +188,7 @@ async fn metric_labels_are_closed_sets() {
                 "provider_stream_cut",
                 "provider_http_status",
                 "context_length_exceeded",
+                "unsupported_content",
                 "provider_protocol",
                 "transport_lost",
                 "response_stalled",

@@ -139,3 +139,35 @@ async fn a_streaming_request_is_retried_on_the_primary_too() {
     assert_eq!(streamed_text(&events), "w1 w2 w3");
     assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await, 0);
 }
+
+/// Issue 45 item 5: an image for a text-only model on an OpenAI-compatible
+/// server (llama.cpp without a projector answers 500 "image input is not
+/// supported") can never succeed there: the client's 400
+/// `unsupported_content` at once, one provider call per request (it was
+/// three, then a 502 clients retry), and the provider is not ejected for it.
+#[tokio::test]
+async fn an_image_for_a_text_only_model_is_the_clients_400_not_a_retry() {
+    let text_only = "mock@text_only";
+    let stack = stack_with(vec![p("llama", text_only, "pri", 0)], RetryConfig::default()).await;
+    let pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let image = serde_json::json!({
+        "model": "pri",
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": pixel}},
+        ]}],
+    });
+    // More requests than the outlier threshold (5 failures in a row).
+    for n in 1..=6 {
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &image).await).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "unsupported_content", "{body}");
+        assert!(body["error"]["message"].as_str().unwrap_or_default().contains("image input is not supported"));
+        assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(text_only)).await, n);
+    }
+    assert_eq!(path_count(&stack, "same_provider").await, 0.0);
+    assert_eq!(stack.metric("iop_edge_provider_ejections_total{provider=\"llama\"}").await, 0.0);
+    // The provider still serves text.
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
+    assert_eq!(status, 200, "{body}");
+}

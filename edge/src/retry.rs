@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use iop_proto::config::{EdgeConfig, ProviderEntry};
 use iop_proto::pb::{self, FailureKind};
-use iop_proto::provider_error::rejects_credential;
+use iop_proto::provider_error::{refuses_content, rejects_credential};
 
 use crate::auth::Caller;
 use crate::core::selection::Candidate;
@@ -144,6 +144,9 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         // A provider refusing its credential: another provider (with
         // another credential) may answer; the execute loop never retries
         // the same credential.
+        // A model that cannot take the request's content: no attempt on it
+        // can succeed, so it is the client's error at once.
+        FailureKind::ProviderHttpStatus if refuses_content(failure) => false,
         FailureKind::ProviderHttpStatus => {
             let status = failure.provider_status;
             status == 429 || status >= 500 || rejects_credential(status)

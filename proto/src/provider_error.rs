@@ -49,8 +49,48 @@ pub fn code(status: u16, body: &[u8]) -> Option<String> {
     let own = value.as_ref().and_then(|v| v.get("error")).and_then(|e| e.get("code")).and_then(Value::as_str);
     match own.and_then(sanitize_code) {
         Some(code) => Some(code.to_owned()),
-        None => context_length_exceeded(status, body).then(|| "context_length_exceeded".to_owned()),
+        None if context_length_exceeded(status, body) => Some("context_length_exceeded".to_owned()),
+        None => unsupported_content(status, body).then(|| UNSUPPORTED_CONTENT.to_owned()),
     }
+}
+
+/// The code of a provider's refusal of the request's kind of content (an
+/// image, audio or a file for a model that reads text only): [`code`] gives
+/// it, [`refuses_content`] reads it.
+pub const UNSUPPORTED_CONTENT: &str = "unsupported_content";
+
+/// Whether an error answer says the model cannot take an input of the
+/// request (llama.cpp's 500 "image input is not supported", Ollama's and LM
+/// Studio's "does not support images", vLLM's "is not a multimodal model").
+/// The request can never succeed on that provider, so it is the client's
+/// error: not retried, not held against the provider. Any 4xx but a
+/// refused credential or a rate limit, and 500/501 (llama.cpp answers 500).
+pub fn unsupported_content(status: u16, body: &[u8]) -> bool {
+    if !(matches!(status, 400..=499 | 500 | 501) && !matches!(status, 401 | 403 | 429)) {
+        return false;
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(body) else { return false };
+    const WORDING: [&str; 8] = [
+        "image input is not supported",
+        "audio input is not supported",
+        "file input is not supported",
+        "does not support image",
+        "does not support vision",
+        "does not support audio",
+        "is not a multimodal model",
+        "multimodal input is not supported",
+    ];
+    let said = message(&value).map(str::to_lowercase).unwrap_or_default();
+    WORDING.iter().any(|w| said.contains(w))
+}
+
+/// Whether a run failed because its provider cannot take the request's
+/// content ([`unsupported_content`], as the node or the Edge coded it).
+pub fn refuses_content(failure: &crate::pb::ExecutionFailure) -> bool {
+    failure.kind() == crate::pb::FailureKind::ProviderHttpStatus
+        && failure.provider_code == UNSUPPORTED_CONTENT
+        && !rejects_credential(failure.provider_status)
+        && failure.provider_status != 429
 }
 
 /// Whether a provider's HTTP status says it refused the credential it was

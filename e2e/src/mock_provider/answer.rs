@@ -37,6 +37,9 @@ pub(super) async fn chat(api: Api, state: AppState, headers: HeaderMap, body: By
         Ok(faults) => faults,
         Err(message) => return api.error(StatusCode::BAD_REQUEST, &message),
     };
+    if on(faults.text_only) && carries_image(&body) {
+        return api.error(StatusCode::INTERNAL_SERVER_ERROR, TEXT_ONLY_REFUSAL);
+    }
     let script = requested_script(&req.messages);
     if let Some(name) = &script
         && let Err(message) = state.check_script(name)
@@ -138,6 +141,18 @@ async fn before_answer(api: Api, state: &AppState, faults: &Faults, echoed: Opti
         return None;
     }
     faults.status.map(|code| fault_status(api, code, faults, echoed))
+}
+
+/// What llama.cpp's server answers (HTTP 500) to an image without a
+/// vision projector loaded.
+const TEXT_ONLY_REFUSAL: &str =
+    "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj";
+
+/// Whether a chat request carries an image: OpenAI `image_url` parts,
+/// Responses `input_image` items, Ollama `images`.
+fn carries_image(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body);
+    ["\"image_url\"", "\"input_image\"", "\"images\""].iter().any(|key| text.contains(key))
 }
 
 fn fault_status(api: Api, code: u16, faults: &Faults, message: Option<&str>) -> Response {

@@ -39,6 +39,7 @@ pub const KNOBS: &[&str] = &[
     "echo_auth",
     "set_cookie",
     "repeat_prefill",
+    "text_only",
 ];
 
 pub(super) const MALFORMED_JSON: &str = r#"{"broken":"#;
@@ -129,6 +130,10 @@ pub struct Faults {
     /// turn (`words`) starts with the prefill itself.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub repeat_prefill: Option<bool>,
+    /// A request carrying an image is refused as llama.cpp's server without
+    /// a vision projector refuses it: 500 `image input is not supported`.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub text_only: Option<bool>,
 }
 
 /// An SSE line terminator.
@@ -225,6 +230,7 @@ impl Faults {
             echo_auth: over.echo_auth.or(self.echo_auth),
             set_cookie: over.set_cookie.or(self.set_cookie),
             repeat_prefill: over.repeat_prefill.or(self.repeat_prefill),
+            text_only: over.text_only.or(self.text_only),
         }
     }
 
@@ -267,6 +273,7 @@ impl Faults {
             "echo_auth" => self.echo_auth = Some(flag(knob, value)?),
             "set_cookie" => self.set_cookie = Some(flag(knob, value)?),
             "repeat_prefill" => self.repeat_prefill = Some(flag(knob, value)?),
+            "text_only" => self.text_only = Some(flag(knob, value)?),
             "words" => self.words = Some(number(knob, value)?),
             "context_window" => self.context_window = Some(number(knob, value)?),
             "sse_line_end" => {

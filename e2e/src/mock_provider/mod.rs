@@ -260,6 +260,7 @@
 //! | `hold=NAME`              | before anything else, wait until `POST /mock/release/NAME`    |
 //! | `context_window=N`       | a prompt of more than N words gets a 400 context-length error |
 //! | `repeat_prefill[=BOOL]`  | a continued prefill (`words`) is repeated before its continuation |
+//! | `text_only[=BOOL]`       | a request with an image gets llama.cpp's 500 `image input is not supported` |
 //! | `sse_line_end=lf\|crlf\|cr`| OpenAI streams only: how SSE lines end (all three are valid)  |
 //!
 //! `stall_after` / `cut_after` with N at or beyond the number of content chunks

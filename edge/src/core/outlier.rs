@@ -67,7 +67,7 @@ use std::time::{Duration, Instant};
 
 use iop_proto::config::OutlierConfig;
 use iop_proto::pb::{self, FailureKind};
-use iop_proto::provider_error::rejects_credential;
+use iop_proto::provider_error::{refuses_content, rejects_credential};
 
 /// What one generation's end says about its provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,9 @@ pub fn verdict(failure: Option<&pb::ExecutionFailure>, head_status: Option<u32>)
         | FailureKind::ProviderStreamCut
         | FailureKind::ResponseStalled
         | FailureKind::ProviderProtocol => Verdict::Failure,
+        // A model that cannot take the request's content (an image for a
+        // text-only model) is the request's fault, whatever the status.
+        FailureKind::ProviderHttpStatus if refuses_content(failure) => Verdict::Neutral,
         FailureKind::ProviderHttpStatus => status_verdict(failure.provider_status),
         // The node's connection to the Edge, not the provider: the node's
         // providers are all out of selection while it is away anyway, and

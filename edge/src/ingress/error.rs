@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use iop_proto::pb::{self, FailureKind};
-use iop_proto::provider_error::{rejects_credential, sanitize_code};
+use iop_proto::provider_error::{refuses_content, rejects_credential, sanitize_code};
 use serde_json::{Value, json};
 
 use crate::auth::AuthFailure;
@@ -210,6 +210,9 @@ impl ApiError {
                 FailureKind::InvalidRequest => StatusCode::BAD_REQUEST,
                 // Client errors the provider reported keep their status so the
                 // client sees the provider's reason (context length, auth, ...).
+                // A model that cannot take the request's content (llama.cpp
+                // answers 500): the client's error, never retried.
+                FailureKind::ProviderHttpStatus if refuses_content(f) => StatusCode::BAD_REQUEST,
                 FailureKind::ProviderHttpStatus => match f.provider_status {
                     // The provider refused its own credential: a gateway
                     // failure, never the client's key (SDKs would report a
@@ -280,6 +283,7 @@ impl ApiError {
                 // A request too long for the model's context window, in
                 // OpenAI's own code (clients compact or truncate on it).
                 FailureKind::ProviderHttpStatus if context_length_exceeded(f) => "context_length_exceeded",
+                FailureKind::ProviderHttpStatus if refuses_content(f) => "unsupported_content",
                 FailureKind::ProviderHttpStatus => "provider_http_status",
                 FailureKind::ProviderProtocol => "provider_protocol",
                 FailureKind::ResponseTooLarge => "response_too_large",

@@ -61,3 +61,39 @@ fn retry_after_takes_delta_seconds_only() {
     assert_eq!(retry_after_ms("-1"), None);
     assert_eq!(retry_after_ms(&u64::MAX.to_string()), Some(u64::MAX), "saturates");
 }
+
+/// Issue 45 item 5: a model that cannot take the request's content. The
+/// request never succeeds there; it is the client's error.
+#[test]
+fn unsupported_content_is_recognized_and_coded() {
+    let yes: [(u16, &[u8]); 5] = [
+        // llama.cpp without a projector.
+        (500, br#"{"error":{"code":500,"message":"image input is not supported - hint: if this is unexpected, you may need to provide the mmproj","type":"server_error"}}"#),
+        (400, br#"{"error":"llama3.2 does not support images"}"#),
+        (400, br#"{"error":"Model does not support images. Please use a model that does."}"#),
+        (400, br#"{"object":"error","message":"Qwen/Qwen2-7B is not a multimodal model","type":"BadRequestError"}"#),
+        (501, br#"{"error":{"message":"audio input is not supported"}}"#),
+    ];
+    for (status, body) in yes {
+        assert!(unsupported_content(status, body), "{}", String::from_utf8_lossy(body));
+        assert_eq!(code(status, body).as_deref(), Some(UNSUPPORTED_CONTENT));
+    }
+    let image = br#"{"error":"image input is not supported"}"#;
+    // A refused credential, a rate limit and a gateway error are never it.
+    for status in [401, 403, 429, 502, 503] {
+        assert!(!unsupported_content(status, image), "{status}");
+    }
+    // Other errors, and a provider's own code, stay what they are.
+    assert!(!unsupported_content(500, br#"{"error":"out of memory"}"#));
+    let own = br#"{"error":{"message":"image input is not supported","code":"invalid_image"}}"#;
+    assert_eq!(code(400, own).as_deref(), Some("invalid_image"));
+
+    let mut failure = crate::pb::ExecutionFailure::new(crate::pb::FailureKind::ProviderHttpStatus, "x");
+    failure.provider_status = 500;
+    failure.provider_code = UNSUPPORTED_CONTENT.to_string();
+    assert!(refuses_content(&failure));
+    failure.provider_status = 403;
+    assert!(!refuses_content(&failure), "a refused credential stays the gateway's failure");
+    let unreachable = crate::pb::ExecutionFailure::new(crate::pb::FailureKind::ProviderUnreachable, "x");
+    assert!(!refuses_content(&unreachable));
+}

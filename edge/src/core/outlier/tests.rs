@@ -12,6 +12,12 @@ fn http(status: u32) -> pb::ExecutionFailure {
     f
 }
 
+fn unsupported_content(status: u32) -> pb::ExecutionFailure {
+    let mut f = http(status);
+    f.provider_code = iop_proto::provider_error::UNSUPPORTED_CONTENT.to_string();
+    f
+}
+
 /// Which outcomes are failures of the provider.
 #[test]
 fn verdicts() {
@@ -24,6 +30,8 @@ fn verdicts() {
         (Some(kind(FailureKind::ResponseStalled)), None, Verdict::Failure),
         (Some(kind(FailureKind::ProviderProtocol)), None, Verdict::Failure),
         (Some(http(429)), None, Verdict::Neutral),
+        // llama.cpp's 500 to an image for a text-only model: the request's fault.
+        (Some(unsupported_content(500)), None, Verdict::Neutral),
         (Some(http(400)), None, Verdict::Neutral),
         (Some(http(401)), None, Verdict::Neutral),
         (Some(http(403)), None, Verdict::Neutral),

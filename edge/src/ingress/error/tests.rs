@@ -18,6 +18,23 @@ fn provider_client_errors_keep_their_status_and_server_errors_become_502() {
     assert_eq!(too_large.anthropic_body()["error"]["type"], "api_error");
 }
 
+/// Issue 45 item 5: llama.cpp's 500 "image input is not supported" (coded
+/// `unsupported_content` by the node) is the client's 400, in each API.
+#[test]
+fn a_model_that_cannot_take_the_content_is_the_clients_400() {
+    let mut refused = pb::ExecutionFailure::new(FailureKind::ProviderHttpStatus, "image input is not supported");
+    refused.provider_status = 500;
+    refused.provider_code = iop_proto::provider_error::UNSUPPORTED_CONTENT.to_string();
+    let err = ApiError::Execution(refused);
+    assert_eq!((err.status(), err.code()), (StatusCode::BAD_REQUEST, "unsupported_content"));
+    assert_eq!(err.openai_body()["error"]["type"], "invalid_request_error");
+    assert_eq!(err.anthropic_body()["error"]["type"], "invalid_request_error");
+    assert!(!crate::retry::retryable(match &err {
+        ApiError::Execution(f) => f,
+        _ => unreachable!(),
+    }));
+}
+
 /// A provider's context-length 400 (what llama.cpp's server answers to a
 /// prompt longer than its context) is each API's own context error:
 /// OpenAI's `context_length_exceeded` code and Anthropic's `prompt is too
