@@ -348,14 +348,13 @@ async fn real_client_request_shapes_are_answered() {
             body["model"] = json!(model);
             let response = stack.post(path, &body).await;
             let status = response.status().as_u16();
+            // Codex asks for one tool call at a time: Ollama keeps the first
+            // (issue 45 item 3) and the answer says so.
+            let first_kept = response.headers().get("iop-parallel-tool-calls").cloned();
             let text = response.text().await.unwrap();
-            // Codex asks for one tool call at a time, which Ollama cannot enforce.
-            if file == "codex_cli.json" && model == "mock-ollama" {
-                assert_eq!(status, 400, "{file} {model}: {text}");
-                assert!(text.contains("parallel_tool_calls"), "{file} {model}: {text}");
-                continue;
-            }
             assert_eq!(status, 200, "{file} {model}: {text}");
+            let codex_on_ollama = file == "codex_cli.json" && model == "mock-ollama";
+            assert_eq!(first_kept.is_some(), codex_on_ollama, "{file} {model}");
             let failed = ["event: error", "response.failed", "data: {\"error\""].iter().any(|e| text.contains(e));
             assert!(!failed, "{file} {model}: {text}");
             let done = match path {
@@ -422,4 +421,74 @@ async fn official_sdks_exercise_every_field_through_both_adapters() {
     .await;
     run_script("fidelity.py", &[stack.url("").trim_end_matches('/')]).await;
     assert_eq!(stack.metric("iop_edge_attempts_total{provider=\"small\",outcome=\"context_fallback\"}").await, 1.0);
+}
+
+/// Issue 45 item 3: `parallel_tool_calls: false` (Chat, Responses) and
+/// `disable_parallel_tool_use` (Messages) are no-ops without tools on both
+/// adapters (Codex's compaction sends `tools: []` with it), and with tools
+/// on Ollama the first of the provider's calls is kept, the rest dropped,
+/// and `iop-parallel-tool-calls: first-kept` says so, streamed or not.
+#[tokio::test]
+async fn one_tool_call_at_a_time_is_a_no_op_without_tools_and_first_kept_on_ollama() {
+    let script =
+        "scripts:\n  two:\n    - tool_calls: [{name: lookup, arguments: {q: a}}, {name: other, arguments: {}}]\n";
+    let stack = Stack::start(StackOptions { mock_script: Some(script), ..Default::default() }).await;
+    let first_kept =
+        |r: &reqwest::Response| r.headers().get("iop-parallel-tool-calls").map(|v| v.to_str().unwrap().to_owned());
+    for model in ["mock-ollama", "mock-openai"] {
+        let compaction = [
+            (
+                "/v1/chat/completions",
+                json!({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                             "tools": [], "parallel_tool_calls": false}),
+            ),
+            (
+                "/v1/responses",
+                json!({"model": model, "input": "summarize", "tools": [], "parallel_tool_calls": false,
+                                     "stream": true}),
+            ),
+            (
+                "/v1/messages",
+                json!({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+                                    "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}}),
+            ),
+        ];
+        for (path, body) in compaction {
+            let response = stack.post(path, &body).await;
+            let (status, header) = (response.status().as_u16(), first_kept(&response));
+            let text = response.text().await.unwrap();
+            assert_eq!((status, header), (200, None), "{path} {model}: {text}");
+        }
+        let sent = stack.last_provider_entry(if model == "mock-ollama" { OLLAMA } else { OPENAI }).await;
+        assert!(sent["body"].get("parallel_tool_calls").is_none() && sent["body"].get("tools").is_none(), "{sent}");
+    }
+    let two = json!([
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}},
+    ]);
+    let chat = json!({"model": "mock-ollama", "messages": [{"role": "user", "content": "iop-mock-script:two"}],
+                      "tools": two, "parallel_tool_calls": false});
+    let response = stack.post("/v1/chat/completions", &chat).await;
+    assert_eq!(first_kept(&response).as_deref(), Some("first-kept"));
+    let (status, body) = json_body(response).await;
+    assert_eq!(status, 200, "{body}");
+    let calls = body["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!((calls.len(), &calls[0]["function"]["name"]), (1, &json!("lookup")), "{body}");
+    // Without the option both calls come back, and no header.
+    let mut both = chat.clone();
+    both.as_object_mut().unwrap().remove("parallel_tool_calls");
+    let response = stack.post("/v1/chat/completions", &both).await;
+    assert_eq!(first_kept(&response), None);
+    let (_, body) = json_body(response).await;
+    assert_eq!(body["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 2, "{body}");
+    // Streamed, through Messages.
+    let messages = json!({"model": "mock-ollama", "max_tokens": 64, "stream": true,
+        "messages": [{"role": "user", "content": "iop-mock-script:two"}],
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}, {"name": "other", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}});
+    let response = stack.post("/v1/messages", &messages).await;
+    assert_eq!(first_kept(&response).as_deref(), Some("first-kept"));
+    let text = response.text().await.unwrap();
+    assert_eq!(text.matches("\"type\":\"tool_use\"").count(), 1, "{text}");
+    assert!(text.contains("\"name\":\"lookup\"") && !text.contains("\"name\":\"other\""), "{text}");
 }

@@ -199,7 +199,9 @@ async fn frames_for_a_fenced_generation_are_dropped_and_counted() {
     })
     .await
     .unwrap();
-    tx.send(event(1, run_event::Event::Started(pb::RunStarted { model: "mock".into() }))).await.unwrap();
+    tx.send(event(1, run_event::Event::Started(pb::RunStarted { model: "mock".into(), ..Default::default() })))
+        .await
+        .unwrap();
     let mut events_client = fake.client.clone();
     let mut downlink = events_client.run_events(ReceiverStream::new(rx)).await.unwrap().into_inner();
     // A small request rides the assignment (issue 9); the call's answer

@@ -194,7 +194,7 @@ async fn answer(fake: &mut FakeNode, text: &str, usage: pb::Usage) {
     let open = pb::RunOpen { run_id: run.run_id.clone(), generation: fake.generation };
     tx.send(pb::RunUplink { frame: Some(Frame::Open(open)) }).await.unwrap();
     let events = [
-        run_event::Event::Started(pb::RunStarted { model: "mock".into() }),
+        run_event::Event::Started(pb::RunStarted { model: "mock".into(), ..Default::default() }),
         run_event::Event::Text(pb::TextDelta { text: text.into() }),
         run_event::Event::Usage(usage),
         run_event::Event::Completed(pb::RunCompleted { finish_reason: pb::FinishReason::Stop.into() }),

@@ -245,7 +245,7 @@ fn conversation(request: &pb::RunRequest) -> Vec<pb::ChatMessage> {
 /// text and the usage summed over every model turn.
 fn answer(target_model: String, text: String, usage: pb::Usage) -> Committed {
     let events = vec![
-        Event::Started(pb::RunStarted { model: target_model.clone() }),
+        Event::Started(pb::RunStarted { model: target_model.clone(), ..Default::default() }),
         Event::Text(pb::TextDelta { text }),
         Event::Usage(usage),
         Event::Completed(pb::RunCompleted { finish_reason: pb::FinishReason::Stop.into() }),

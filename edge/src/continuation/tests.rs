@@ -11,7 +11,7 @@ fn usage(prompt: u32, completion: u32) -> Event {
     Event::Usage(pb::Usage::provider(prompt, completion, 0))
 }
 fn started() -> Event {
-    Event::Started(pb::RunStarted { model: "m".into() })
+    Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() })
 }
 fn cut() -> pb::ExecutionFailure {
     pb::ExecutionFailure::new(FailureKind::ProviderUnreachable, "cut")

@@ -26,7 +26,7 @@ fn answer_budget_counts_content_and_fails_past_the_limit() {
 #[test]
 fn commit_points() {
     let text = Event::Text(pb::TextDelta { text: "a".into() });
-    let started = Event::Started(pb::RunStarted { model: "m".into() });
+    let started = Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() });
     assert!(is_commit(&text, CommitPoint::FirstContent));
     assert!(!is_commit(&started, CommitPoint::FirstContent), "headers alone commit nothing");
     assert!(!is_commit(&text, CommitPoint::Terminal));

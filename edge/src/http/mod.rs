@@ -92,6 +92,9 @@ struct RequestRecord {
     /// The answering provider's context window, when the route's providers
     /// too small for the prompt were left out (`gate::Committed`).
     context_window: Option<u32>,
+    /// The answering node relays only the answer's first tool call
+    /// (`RunStarted.first_tool_call_only`; [`PARALLEL_TOOL_CALLS_HEADER`]).
+    first_tool_call_only: bool,
     /// The caller's place in its concurrency limit, held until the
     /// response is done (`crate::ratelimit`).
     permit: Option<crate::ratelimit::Permit>,
@@ -120,6 +123,7 @@ impl RequestRecord {
             caller: None,
             usage: None,
             context_window: None,
+            first_tool_call_only: false,
             permit: None,
             body: None,
             route: None,
@@ -322,6 +326,7 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
     // A tunnel relays the client's body as it came: nothing was dropped.
     let relayed = matches!(reply, Ok(Reply::Tunnel(_)));
     let context_window = record.context_window;
+    let first_tool_call_only = record.first_tool_call_only;
     let mut response = match reply {
         Ok(Reply::Complete(body)) => {
             record.outcome = "ok";
@@ -360,6 +365,9 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
     if let Some(window) = context_window {
         response.headers_mut().insert(CONTEXT_WINDOW_HEADER, HeaderValue::from(window));
     }
+    if first_tool_call_only {
+        response.headers_mut().insert(PARALLEL_TOOL_CALLS_HEADER, HeaderValue::from_static(FIRST_KEPT));
+    }
     with_limit_headers(response, S::API, limits)
 }
 
@@ -367,6 +375,15 @@ async fn api<S: Surface>(State(state): State<Arc<EdgeState>>, headers: HeaderMap
 /// tokens) when the prompt was too long for other providers of its model
 /// and went to one whose window fits.
 pub const CONTEXT_WINDOW_HEADER: &str = "iop-context-window";
+
+/// The response header saying how `parallel_tool_calls: false` (Messages:
+/// `disable_parallel_tool_use`) was enforced when the provider cannot be told
+/// (Ollama): [`FIRST_KEPT`], the answer's first tool call was relayed and any
+/// others dropped. Set from the run's start, so on every committed answer;
+/// absent on a stream whose head went out before its commit point
+/// (`limits.stream_keepalive_ms`), since headers cannot follow a head.
+pub const PARALLEL_TOOL_CALLS_HEADER: &str = "iop-parallel-tool-calls";
+pub const FIRST_KEPT: &str = "first-kept";
 
 enum Reply<S: Surface> {
     Complete(serde_json::Value),
@@ -467,6 +484,7 @@ async fn serve<S: Surface>(
     };
     if let Answer::Normalized { buffered, .. } = &committed.answer {
         record.usage = last_usage(buffered);
+        record.first_tool_call_only = buffered.iter().any(|e| matches!(e, Event::Started(s) if s.first_tool_call_only));
     }
     record.context_window = committed.context_window;
     committed_reply::<S>(committed, parsed.stream, parsed.context, max_response_bytes, again)

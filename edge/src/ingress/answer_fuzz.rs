@@ -30,7 +30,7 @@ fn event() -> impl Strategy<Value = Event> {
         Event::Usage(pb::Usage { prompt_tokens, completion_tokens, ..Default::default() })
     });
     prop_oneof![
-        1 => Just(Event::Started(pb::RunStarted { model: "m".into() })),
+        1 => Just(Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() })),
         4 => text,
         2 => reasoning,
         4 => tool,

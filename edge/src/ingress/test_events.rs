@@ -20,5 +20,5 @@ pub(super) fn completed(reason: pb::FinishReason) -> Event {
 }
 
 pub(super) fn started() -> Event {
-    Event::Started(pb::RunStarted { model: "llama3.2:3b".into() })
+    Event::Started(pb::RunStarted { model: "llama3.2:3b".into(), ..Default::default() })
 }

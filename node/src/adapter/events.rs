@@ -9,7 +9,7 @@ pub type EventSink = tokio::sync::mpsc::Sender<pb::run_event::Event>;
 pub(super) type Events = Vec<pb::run_event::Event>;
 
 pub(super) fn started(model: &str) -> pb::run_event::Event {
-    pb::run_event::Event::Started(pb::RunStarted { model: model.to_owned() })
+    pb::run_event::Event::Started(pb::RunStarted { model: model.to_owned(), ..Default::default() })
 }
 
 pub(super) fn text(text: &str) -> pb::run_event::Event {

@@ -360,7 +360,7 @@ proptest! {
         cuts in cuts(),
     ) {
         let reason = if length { "length" } else { "stop" };
-        let mut expected = vec![pb::run_event::Event::Started(pb::RunStarted { model: "m".into() })];
+        let mut expected = vec![pb::run_event::Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() })];
         expected.extend(pieces.iter().filter(|p| !p.is_empty()).map(|p| super::events::text(p)));
         expected.push(super::events::usage(usage.0, usage.1));
         let finish = if length { pb::FinishReason::Length } else { pb::FinishReason::Stop };
@@ -420,7 +420,7 @@ proptest! {
         ndjson.push(json!({"done": true, "done_reason": "stop", "prompt_eval_count": 3, "eval_count": 5}).to_string());
         let bytes = join_lines(&ndjson, "\n");
         let expected = vec![
-            pb::run_event::Event::Started(pb::RunStarted { model: "m".into() }),
+            pb::run_event::Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() }),
             super::events::tool_call(0, "call_run-1_0", "f", &value.to_string()),
             super::events::usage(3, 5),
         ];

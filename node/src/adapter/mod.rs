@@ -92,9 +92,9 @@ pub async fn execute(
             } else {
                 request
             };
-            let (body, forced) = ollama::request_body(target, request)?;
+            let (body, plan) = ollama::request_body(target, request)?;
             let response = post_json(client, target.chat_url.clone(), body, authorization).await?;
-            let decoder = ollama::Decoder::new(&target.target_model, &request.run_id).forcing(forced);
+            let decoder = ollama::Decoder::new(&target.target_model, &request.run_id).planned(plan);
             drive(response, decoder, sink, Tally { provider: &target.provider_id, metrics, reported: 0 }).await
         }
         AdapterKind::OpenAi => {

@@ -87,12 +87,19 @@ struct Options<'a> {
     frequency_penalty: Option<f32>,
 }
 
-/// The `/api/chat` body for `request` (always `"stream": true`), and the
-/// forced tool choice its decoder turns the answer into, if any.
-pub(super) fn request_body(
-    target: &ProviderTarget,
-    request: &pb::RunRequest,
-) -> Result<(Vec<u8>, Option<ForcedTool>), AdapterError> {
+/// How the decoder of a run must read Ollama's answer.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    /// The forced tool choice the answer is turned into, if any.
+    pub forced: Option<ForcedTool>,
+    /// `parallel_tool_calls=false` with tools offered and no forced choice:
+    /// Ollama cannot be told, so only the answer's first tool call is relayed.
+    pub first_tool_call_only: bool,
+}
+
+/// The `/api/chat` body for `request` (always `"stream": true`), and how
+/// its answer is to be decoded.
+pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) -> Result<(Vec<u8>, Plan), AdapterError> {
     // Ollama matches tool results by name, not id: remember which name each
     // earlier assistant tool call id had.
     let mut call_names: HashMap<&str, &str> = HashMap::new();
@@ -156,14 +163,11 @@ pub(super) fn request_body(
     let default_options = pb::GenerationOptions::default();
     let o = request.options.as_ref().unwrap_or(&default_options);
     check_options(o)?;
-    // A forced choice is answered with exactly one call.
-    if o.parallel_tool_calls == Some(false) && forced.is_none() {
-        return Err(AdapterError::InvalidRequest(
-            "parallel_tool_calls=false cannot be enforced by Ollama; leave it unset or use an OpenAI-compatible \
-             provider"
-                .into(),
-        ));
-    }
+    // parallel_tool_calls=false: a forced choice is answered with exactly
+    // one call, and with no tools offered there is no call to limit (Codex's
+    // compaction sends `tools: []` with it); otherwise Ollama cannot be
+    // told, so the decoder keeps the first call and drops the rest.
+    let first_tool_call_only = o.parallel_tool_calls == Some(false) && forced.is_none() && !tools.is_empty();
     let (forced, format) = match (forced, response_format(o)?) {
         (Some((forced, schema, _)), _) => (Some(forced), Some(schema)),
         (None, ResponseFormat::Text) => (None, None),
@@ -189,7 +193,7 @@ pub(super) fn request_body(
     let keep_alive = target.keep_warm.then_some(crate::keep_warm::KEEP_ALIVE);
     let model = &target.target_model;
     let body = to_json_body(&ChatBody { model, messages, stream: true, tools, options, format, think, keep_alive })?;
-    Ok((body, forced))
+    Ok((body, Plan { forced, first_tool_call_only }))
 }
 
 // ------------------------------------------------------------ response
@@ -242,6 +246,8 @@ pub(super) struct Decoder {
     /// A forced tool choice: the answer text is held back here and becomes
     /// one tool call at the end, so none of it reaches the client as text.
     forced: Option<(ForcedTool, String)>,
+    /// Relay only the first tool call ([`Plan::first_tool_call_only`]).
+    first_tool_call_only: bool,
     malformed: MalformedRun,
 }
 
@@ -256,6 +262,7 @@ impl Decoder {
             started: false,
             tool_calls: 0,
             forced: None,
+            first_tool_call_only: false,
             malformed: MalformedRun::default(),
         }
     }
@@ -265,6 +272,11 @@ impl Decoder {
     pub(super) fn forcing(mut self, forced: Option<ForcedTool>) -> Self {
         self.forced = forced.map(|f| (f, String::new()));
         self
+    }
+
+    /// Reads the answer as [`request_body`] planned it.
+    pub(super) fn planned(self, plan: Plan) -> Self {
+        Self { first_tool_call_only: plan.first_tool_call_only, ..self.forcing(plan.forced) }
     }
 
     fn call_id(&self, index: u32) -> String {
@@ -316,7 +328,8 @@ impl StreamDecoder for Decoder {
         if !self.started {
             self.started = true;
             let model = chunk.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.fallback_model);
-            out.push(super::events::started(model));
+            let first_tool_call_only = self.first_tool_call_only;
+            out.push(pb::run_event::Event::Started(pb::RunStarted { model: model.to_owned(), first_tool_call_only }));
         }
         if let Some(message) = &chunk.message {
             if let Some(thinking) = message.thinking.as_deref().filter(|t| !t.is_empty()) {
@@ -336,6 +349,9 @@ impl StreamDecoder for Decoder {
                 }
             }
             for call in message.tool_calls.iter().flatten() {
+                if self.first_tool_call_only && self.tool_calls > 0 {
+                    continue;
+                }
                 let index = self.tool_calls;
                 self.tool_calls += 1;
                 let arguments = match &call.function.arguments {

@@ -167,7 +167,9 @@ pub(super) fn request_body(target: &ProviderTarget, request: &pb::RunRequest) ->
             ToolChoice::Required => Some(json!("required")),
             ToolChoice::Named(name) => Some(json!({"type": "function", "function": {"name": name}})),
         },
-        parallel_tool_calls: options.parallel_tool_calls,
+        // Only with tools: OpenAI refuses it without (Codex's compaction
+        // sends `tools: []` with `parallel_tool_calls: false`).
+        parallel_tool_calls: options.parallel_tool_calls.filter(|_| !request.tools.is_empty()),
         reasoning_effort: reasoning_effort(options)?.and_then(|effort| match effort {
             pb::ReasoningEffort::None | pb::ReasoningEffort::Unspecified => Some("none"),
             pb::ReasoningEffort::Low => Some("low"),

@@ -97,7 +97,7 @@ fn coalesced(enabled: bool, items: Vec<pb::run_event::Event>) -> Vec<pb::run_eve
 #[test]
 fn a_non_streaming_run_crosses_the_wire_as_merged_deltas() {
     use pb::run_event::Event;
-    let started = Event::Started(pb::RunStarted { model: "m".into() });
+    let started = Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() });
     let usage = Event::Usage(pb::Usage { prompt_tokens: 3, completion_tokens: 4, ..Default::default() });
     let items = vec![
         started.clone(),

@@ -60,7 +60,7 @@ fn a_run_the_provider_did_not_count_is_charged_its_deltas_and_its_estimate() {
     use pb::run_event::Event;
     let mut meter = RunMeter::default();
     for event in [
-        Event::Started(pb::RunStarted { model: "m".into() }),
+        Event::Started(pb::RunStarted { model: "m".into(), ..Default::default() }),
         Event::Text(pb::TextDelta { text: "one".into() }),
         Event::Text(pb::TextDelta { text: String::new() }),
         Event::Reasoning(pb::ReasoningDelta { text: "hmm".into() }),

@@ -73,7 +73,7 @@ fn failure() -> impl Strategy<Value = Option<pb::ExecutionFailure>> {
 fn run_event() -> impl Strategy<Value = pb::RunEvent> {
     use pb::run_event::Event;
     let event = prop_oneof![
-        ".{0,8}".prop_map(|model| Event::Started(pb::RunStarted { model })),
+        ".{0,8}".prop_map(|model| Event::Started(pb::RunStarted { model, ..Default::default() })),
         ".{0,8}".prop_map(|text| Event::Text(pb::TextDelta { text })),
         (any::<u32>(), ".{0,4}", ".{0,4}", ".{0,8}").prop_map(|(index, id, name, arguments_delta)| {
             Event::ToolCall(pb::ToolCallDelta { index, id, name, arguments_delta })

@@ -1019,3 +1019,17 @@ fn message_start_carries_the_input_tokens_reported_before_the_first_content() {
     let start: Value = serde_json::from_str(&failed[0].1).unwrap();
     assert_eq!(start["message"]["usage"]["input_tokens"], 5);
 }
+
+/// Issue 45 item 3: `disable_parallel_tool_use: true` without tools is
+/// accepted and carried; the adapters make it a no-op.
+#[test]
+fn disable_parallel_tool_use_without_tools_is_accepted() {
+    for tools in [json!({"tools": []}), json!({})] {
+        let mut body = json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}],
+                              "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}});
+        body.as_object_mut().unwrap().extend(tools.as_object().unwrap().clone());
+        let r = parse(body).unwrap();
+        assert!(r.tools.is_empty());
+        assert_eq!(r.options.parallel_tool_calls, Some(false));
+    }
+}

@@ -539,3 +539,17 @@ fn tool_choice_response_format_and_sampling_options_are_carried() {
         assert!(matches!(&err, ApiError::InvalidRequest { param: Some(p), .. } if p == param), "{extra}: {err:?}");
     }
 }
+
+/// Issue 45 item 3: `parallel_tool_calls: false` with `tools: []` (Codex's
+/// compaction) is accepted and carried; the adapters make it a no-op.
+#[test]
+fn parallel_tool_calls_false_without_tools_is_accepted() {
+    for tools in [json!({"tools": []}), json!({})] {
+        let mut body =
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": false});
+        body.as_object_mut().unwrap().extend(tools.as_object().unwrap().clone());
+        let r = parse(body).unwrap();
+        assert!(r.tools.is_empty());
+        assert_eq!(r.options.parallel_tool_calls, Some(false));
+    }
+}

@@ -1042,3 +1042,13 @@ fn reasoning_renders_as_a_summary_when_asked_and_as_content_otherwise() {
     assert_eq!(p(8)["item"]["summary"], json!([]));
     assert_eq!(p(8)["item"]["content"], json!([{"type": "reasoning_text", "text": "Thinking"}]));
 }
+
+/// Issue 45 item 3: `parallel_tool_calls: false` with `tools: []` (Codex's
+/// compaction) is accepted and carried; the adapters make it a no-op.
+#[test]
+fn parallel_tool_calls_false_without_tools_is_accepted() {
+    let r = parse(json!({"model": "m", "input": "summarize", "tools": [], "parallel_tool_calls": false})).unwrap();
+    assert!(r.tools.is_empty());
+    assert_eq!(r.options.parallel_tool_calls, Some(false));
+    assert!(!ResponseMeta::for_request(&r, 0).parallel_tool_calls);
+}

@@ -441,3 +441,25 @@ fn decoder_unit_edge_cases() {
     assert_eq!(d.line(r#"{"done":true,"done_reason":"unload"}"#, &mut out).unwrap(), Some(pb::FinishReason::Stop));
     assert_eq!(out, vec![started("fallback"), text("x"), usage(0, 0)]);
 }
+
+/// Issue 45 item 3: parallel_tool_calls=false with tools on Ollama keeps
+/// the first call, whether the rest come in the same chunk or later ones,
+/// and says so in the run's start (the Edge's `iop-parallel-tool-calls`).
+#[test]
+fn first_tool_call_only_keeps_the_first_call_and_drops_the_rest() {
+    let plan = Plan { forced: None, first_tool_call_only: true };
+    let mut d = Decoder::new("m", "r").planned(plan);
+    let mut out = Vec::new();
+    let calls = r#"{"message":{"tool_calls":[{"function":{"name":"a","arguments":{"x":1}}},{"function":{"name":"b","arguments":{}}}]},"done":false}"#;
+    d.line(calls, &mut out).unwrap();
+    d.line(r#"{"message":{"tool_calls":[{"function":{"name":"c","arguments":{}}}]},"done":false}"#, &mut out).unwrap();
+    let done = r#"{"done":true,"done_reason":"stop","eval_count":3}"#;
+    assert_eq!(d.line(done, &mut out).unwrap(), Some(pb::FinishReason::ToolCalls));
+    let started = Event::Started(pb::RunStarted { model: "m".into(), first_tool_call_only: true });
+    assert_eq!(out, vec![started, tool_call(0, "call_r_0", "a", r#"{"x":1}"#), usage(0, 3)]);
+    // Without the plan every call is relayed.
+    let mut d = Decoder::new("m", "r");
+    let mut out = Vec::new();
+    d.line(calls, &mut out).unwrap();
+    assert_eq!(out.len(), 3, "{out:?}");
+}

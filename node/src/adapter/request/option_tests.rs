@@ -147,12 +147,33 @@ fn ollama_gets_what_it_can_enforce_and_refuses_the_rest() {
         assert_eq!(sent["format"], json!({"type": "object", "properties": {}}));
         assert_eq!(sent["tools"][0]["function"]["name"], "lookup");
     }
-    for refused in [
-        pb::GenerationOptions { parallel_tool_calls: Some(false), ..Default::default() },
-        pb::GenerationOptions { tool_choice: choice(pb::ToolChoiceMode::Required, "").tool_choice, ..schema() },
-    ] {
-        assert!(matches!(body(AdapterKind::Ollama, &with(refused)), Err(AdapterError::InvalidRequest(_))));
-    }
+    let refused =
+        pb::GenerationOptions { tool_choice: choice(pb::ToolChoiceMode::Required, "").tool_choice, ..schema() };
+    assert!(matches!(body(AdapterKind::Ollama, &with(refused)), Err(AdapterError::InvalidRequest(_))));
+}
+
+/// Issue 45 item 3: parallel_tool_calls=false is a no-op without tools on
+/// every adapter (Codex's compaction sends `tools: []` with it); with tools
+/// Ollama keeps the first call (the decoder's part is in `ollama::tests`).
+#[test]
+fn parallel_tool_calls_false_without_tools_is_a_no_op_and_with_tools_keeps_the_first_on_ollama() {
+    let single = || pb::GenerationOptions { parallel_tool_calls: Some(false), ..Default::default() };
+    let mut toolless = with(single());
+    toolless.tools.clear();
+    let target = fake::target(AdapterKind::Ollama, "http://127.0.0.1:1");
+    let (sent, plan) = ollama::request_body(&target, &toolless).unwrap();
+    let sent: Value = serde_json::from_slice(&sent).unwrap();
+    assert!(sent.get("tools").is_none() && !plan.first_tool_call_only, "{sent}");
+    assert!(body(AdapterKind::OpenAi, &toolless).unwrap().get("parallel_tool_calls").is_none());
+    // `tool_choice: none` offers Ollama no tools either.
+    let none = with(pb::GenerationOptions { parallel_tool_calls: Some(false), ..choice(pb::ToolChoiceMode::None, "") });
+    assert!(!ollama::request_body(&target, &none).unwrap().1.first_tool_call_only);
+    let (sent, plan) = ollama::request_body(&target, &with(single())).unwrap();
+    let sent: Value = serde_json::from_slice(&sent).unwrap();
+    assert!(plan.first_tool_call_only && plan.forced.is_none());
+    assert_eq!(sent["tools"][0]["function"]["name"], "lookup");
+    assert!(sent.get("parallel_tool_calls").is_none(), "Ollama has no such field: {sent}");
+    assert!(!ollama::request_body(&target, &with(pb::GenerationOptions::default())).unwrap().1.first_tool_call_only);
 }
 
 #[test]
