@@ -215,9 +215,9 @@ pub(super) fn a_ca_rotation_cuts_no_node_off(plane: &ControlPlane) {
     }
 
     // A bundle of the first CA is refused now: the node no longer trusts
-    // what the Edge serves (no cross-signed CA), and says so.
+    // what the Edge serves (no cross-signed CA), and says why in its log.
     let mut stale = start_node(&old_yaml, dir.join("mac-old-stale.log"));
-    stale.wait_for_log("UnknownIssuer", WAIT);
+    stale.wait_for_log("edge_certificate=\"untrusted_issuer\"", WAIT);
     drop(stale);
     edge.process.take();
 }

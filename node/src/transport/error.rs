@@ -15,6 +15,9 @@ pub enum TransportError {
     /// The Edge refused the handshake; the reason its TLS alert gave.
     #[error("{0}")]
     Refused(super::refusal::Refusal),
+    /// This node refused the Edge's certificate; why.
+    #[error("{0}")]
+    EdgeDistrusted(super::refusal::EdgeDistrust),
 }
 
 /// Why [`super::tls::client_config`] could not be built (never quotes key material).

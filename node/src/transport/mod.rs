@@ -71,13 +71,13 @@ impl Dialer {
     /// its own generation at the Edge. A handshake the Edge refused is
     /// [`TransportError::Refused`], with the reason its alert gave.
     pub async fn connect(&self) -> Result<NodeGatewayClient<Channel>, TransportError> {
-        let channel =
-            self.endpoint.connect_with_connector(self.connector.clone()).await.map_err(
-                |e| match refusal::alert_in(&e) {
-                    Some(alert) => TransportError::Refused(Refusal::from_alert(alert, self.not_before, unix_now())),
-                    None => TransportError::Connect(crate::adapter::error::error_chain(&e)),
-                },
-            )?;
+        let channel = self.endpoint.connect_with_connector(self.connector.clone()).await.map_err(|e| {
+            match (refusal::alert_in(&e), refusal::edge_distrust_in(&e)) {
+                (Some(alert), _) => TransportError::Refused(Refusal::from_alert(alert, self.not_before, unix_now())),
+                (None, Some(distrust)) => TransportError::EdgeDistrusted(distrust),
+                (None, None) => TransportError::Connect(crate::adapter::error::error_chain(&e)),
+            }
+        })?;
         Ok(NodeGatewayClient::new(channel))
     }
 }
@@ -153,6 +153,10 @@ pub async fn supervise(
             Err(TransportError::Refused(refusal)) => {
                 tracing::warn!(refused = refusal.label(), "{refusal}");
                 Dialed::Refused
+            }
+            Err(TransportError::EdgeDistrusted(distrust)) => {
+                tracing::warn!(edge_certificate = distrust.label(), "{distrust}");
+                Dialed::Failed
             }
             Err(e) => {
                 tracing::warn!(reason = %e, "cannot reach the edge");

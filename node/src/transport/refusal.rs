@@ -9,7 +9,7 @@ use std::error::Error;
 use std::fmt;
 use std::io;
 
-use rustls::AlertDescription;
+use rustls::{AlertDescription, CertificateError};
 
 /// The two ways to get a node bundle (`ca.pem`, `node.pem`, `node-key.pem`,
 /// `node.yaml`), named by every fix that points to a fresh one.
@@ -122,6 +122,89 @@ impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}; {}", self.what(), self.fix())
     }
+}
+
+/// Why this node does not trust the Edge's certificate (its own check of
+/// the server, not the Edge's refusal). Closed, like [`Refusal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeDistrust {
+    /// Not signed by a CA in `tls.ca_file`.
+    UntrustedIssuer,
+    /// Its notAfter is past.
+    Expired,
+    /// Its notBefore is ahead.
+    NotYetValid,
+    /// Not a certificate for the name this node dials.
+    WrongName,
+    /// Anything else rustls refused in it.
+    Other,
+}
+
+impl EdgeDistrust {
+    fn from_error(error: &CertificateError) -> Self {
+        use CertificateError as E;
+        match error {
+            E::UnknownIssuer | E::BadSignature => Self::UntrustedIssuer,
+            E::Expired | E::ExpiredContext { .. } => Self::Expired,
+            E::NotValidYet | E::NotValidYetContext { .. } => Self::NotYetValid,
+            E::NotValidForName | E::NotValidForNameContext { .. } => Self::WrongName,
+            _ => Self::Other,
+        }
+    }
+
+    /// The log field's value (`edge_certificate = "untrusted_issuer"`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::UntrustedIssuer => "untrusted_issuer",
+            Self::Expired => "expired",
+            Self::NotYetValid => "not_yet_valid",
+            Self::WrongName => "wrong_name",
+            Self::Other => "invalid",
+        }
+    }
+}
+
+impl fmt::Display for EdgeDistrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let certificate = "this node does not trust the Edge's certificate";
+        match self {
+            Self::UntrustedIssuer => write!(
+                f,
+                "{certificate}: it is not signed by a CA in tls.ca_file (the Edge's CA was replaced and the \
+                 rotation has ended, or the bundle is another Edge's); make a new bundle ({BUNDLE_SOURCES}) and \
+                 restart iop-node"
+            ),
+            Self::Expired | Self::NotYetValid => write!(
+                f,
+                "{certificate}: it is {} by this machine's clock; check the clocks of this machine and of the Edge \
+                 (the operator renews the Edge's certificate 30 days before it expires)",
+                if *self == Self::Expired { "expired" } else { "not valid yet" }
+            ),
+            Self::WrongName => write!(
+                f,
+                "{certificate}: it is not for the name this node dials; set edge.server_name to a name on it (a \
+                 node bundle sets it)"
+            ),
+            Self::Other => write!(f, "{certificate}; make a new bundle ({BUNDLE_SOURCES})"),
+        }
+    }
+}
+
+/// Why this node refused the Edge's certificate, anywhere in `err`'s chain.
+pub fn edge_distrust_in(err: &(dyn Error + 'static)) -> Option<EdgeDistrust> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(rustls::Error::InvalidCertificate(cert)) = e.downcast_ref::<rustls::Error>() {
+            return Some(EdgeDistrust::from_error(cert));
+        }
+        if let Some(found) =
+            e.downcast_ref::<io::Error>().and_then(io::Error::get_ref).and_then(|inner| edge_distrust_in(inner))
+        {
+            return Some(found);
+        }
+        next = e.source();
+    }
+    None
 }
 
 /// The alert the peer ended the connection with, anywhere in `err`'s chain.

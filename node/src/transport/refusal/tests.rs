@@ -78,3 +78,20 @@ fn the_alert_is_found_anywhere_in_the_chain() {
     let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
     assert_eq!(alert_in(&Wrapper(Box::new(refused))), None);
 }
+
+/// The node's own verdict on the Edge's certificate (a CA rotation ended
+/// while this bundle trusts only the old CA): typed, with what to do.
+#[test]
+fn the_nodes_distrust_of_the_edge_is_typed() {
+    let ours = |e: CertificateError| {
+        Wrapper(Box::new(io::Error::new(io::ErrorKind::InvalidData, rustls::Error::InvalidCertificate(e))))
+    };
+    let found = edge_distrust_in(&ours(CertificateError::UnknownIssuer)).unwrap();
+    assert_eq!((found, found.label()), (EdgeDistrust::UntrustedIssuer, "untrusted_issuer"));
+    assert!(found.to_string().contains("make a new bundle"), "{found}");
+    assert_eq!(edge_distrust_in(&ours(CertificateError::Expired)), Some(EdgeDistrust::Expired));
+    assert_eq!(edge_distrust_in(&ours(CertificateError::NotValidForName)), Some(EdgeDistrust::WrongName));
+    // The Edge's alert is the Edge's refusal, not this.
+    let alert = io::Error::new(io::ErrorKind::InvalidData, rustls::Error::AlertReceived(AlertDescription::UnknownCA));
+    assert_eq!(edge_distrust_in(&alert), None);
+}
