@@ -12,6 +12,7 @@
 use iop_proto::pb;
 use serde_json::{Map, Value, json};
 
+use super::documents::{self, DocumentError};
 use super::error::ApiError;
 use super::hosted_tools::{self, DroppedTool};
 use super::json::{Wording, body_object, field, text_message};
@@ -65,6 +66,7 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
             return Err(ApiError::invalid_param("messages", "messages: at least one message is required"));
         }
         Some(Value::Array(items)) => {
+            documents::within_bound(&obj, "messages")?;
             for (i, m) in items.iter().enumerate() {
                 parse_message(m, i, &mut messages, &mut references)?;
             }
@@ -269,7 +271,7 @@ fn parse_message(
         _ => return Err(JSON.type_error(&content_path, "a string or an array of content blocks")),
     };
 
-    let mut texts: Vec<&str> = Vec::new();
+    let mut texts: Vec<std::borrow::Cow<'_, str>> = Vec::new();
     let mut tool_calls = Vec::new();
     let mut tool_results = Vec::new();
     let mut images = Vec::new();
@@ -281,7 +283,8 @@ fn parse_message(
         let type_path = format!("{block_path}.type");
         // `cache_control` and `citations` on any block are accepted and ignored.
         match JSON.string(JSON.required(b, "type", &type_path)?, &type_path)? {
-            "text" => texts.push(text_of(b, &block_path)?),
+            "text" => texts.push(text_of(b, &block_path)?.into()),
+            "document" if role == pb::Role::User => texts.push(parse_document(b, &block_path)?.into()),
             "tool_use" if role == pb::Role::Assistant => tool_calls.push(parse_tool_use(b, &block_path)?),
             // A client hands back the reasoning of earlier turns (Claude
             // Code does); no provider takes it back, so it is dropped.
@@ -337,6 +340,38 @@ fn parse_image(obj: &Map<String, Value>, path: &str) -> Result<pb::Image, ApiErr
     }
 }
 
+/// `{"type":"document","source":{...},"title"?,"context"?,"citations"?}`
+/// -> the text a local model reads (see [`documents`]). Sources: `base64`
+/// (a PDF, or a text media type), `text` (`data`) and `content` (a string
+/// or text blocks); a document by `url` or `file` id is refused (the Edge
+/// fetches nothing for a client).
+fn parse_document(obj: &Map<String, Value>, path: &str) -> Result<String, ApiError> {
+    let source_path = format!("{path}.source");
+    let Value::Object(source) = JSON.required(obj, "source", &source_path)? else {
+        return Err(JSON.type_error(&source_path, "an object"));
+    };
+    let title = match field(obj, "title") {
+        None => None,
+        Some(v) => Some(JSON.string(v, &format!("{path}.title"))?),
+    };
+    let data_path = format!("{source_path}.data");
+    match JSON.non_empty_string(source, "type", &format!("{source_path}.type"))? {
+        "base64" => {
+            let media_type = JSON.non_empty_string(source, "media_type", &format!("{source_path}.media_type"))?;
+            documents::from_base64(media_type, JSON.non_empty_string(source, "data", &data_path)?, title, path)
+        }
+        "text" => {
+            documents::from_text(JSON.string(JSON.required(source, "data", &data_path)?, &data_path)?, title, path)
+        }
+        "content" => {
+            let content_path = format!("{source_path}.content");
+            let text = parse_text_content(JSON.required(source, "content", &content_path)?, &content_path)?;
+            documents::from_text(&text, title, path)
+        }
+        other => Err(DocumentError::Source(other.to_string()).at(path)),
+    }
+}
+
 /// `{"type":"tool_use","id","name","input":{...}}` -> a tool call whose
 /// arguments are `input` as JSON text.
 fn parse_tool_use(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, ApiError> {
@@ -350,13 +385,14 @@ fn parse_tool_use(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, 
     Ok(pb::ToolCall { id, name, arguments_json })
 }
 
-/// `{"type":"tool_result","tool_use_id","content"?: string | [text, image
-/// or tool_reference blocks], "is_error"?}` -> a TOOL message. A
+/// `{"type":"tool_result","tool_use_id","content"?: string | [text, image,
+/// document or tool_reference blocks], "is_error"?}` -> a TOOL message. A
 /// `tool_reference` (`{"type":"tool_reference","tool_name"}`, what a tool
 /// search answers) loads that deferred tool for this request and reads as a
 /// line saying so. Images (Claude Code's Read of an image file) join
 /// `images`, the turn's user message after its tool results: the tool role
-/// carries text only at OpenAI-compatible servers.
+/// carries text only at OpenAI-compatible servers. Documents (Claude Code's
+/// Read of a PDF) read as their text, in place.
 fn parse_tool_result(
     obj: &Map<String, Value>,
     path: &str,
@@ -379,6 +415,10 @@ fn parse_tool_result(
                     }
                     Value::Object(b) if b.get("type").and_then(Value::as_str) == Some("image") => {
                         images.push(parse_image(b, &block_path)?);
+                    }
+                    // Claude Code's Read of a PDF.
+                    Value::Object(b) if b.get("type").and_then(Value::as_str) == Some("document") => {
+                        texts.push(parse_document(b, &block_path)?);
                     }
                     _ => texts.push(text_block(block, &block_path)?.to_string()),
                 }

@@ -4,6 +4,7 @@
 #[cfg(test)]
 mod answer_fuzz;
 pub mod anthropic_messages;
+mod documents;
 pub mod embeddings;
 pub mod error;
 #[cfg(test)]

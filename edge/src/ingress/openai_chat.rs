@@ -54,6 +54,7 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
             return Err(ApiError::invalid_param("messages", "`messages` must contain at least one message"));
         }
         Some(Value::Array(items)) => {
+            super::documents::within_bound(&obj, "messages")?;
             items.iter().enumerate().map(|(i, m)| parse_message(m, i)).collect::<Result<Vec<_>, _>>()?
         }
         Some(_) => return Err(JSON.type_error("messages", "an array")),
@@ -163,11 +164,15 @@ fn parse_message(value: &Value, i: usize) -> Result<pb::ChatMessage, ApiError> {
     Ok(pb::ChatMessage { role: role.into(), content, tool_calls, tool_call_id, images })
 }
 
-/// `{"type": "image_url", "image_url": {"url": ..., "detail"?: ...}}`.
+/// `{"type": "image_url", "image_url": {"url": ..., "detail"?: ...}}`;
+/// `{"type": "file", "file": {"file_data", "filename"?}}`.
 const IMAGE_PART: ImagePart = ImagePart {
     kind: "image_url",
     url_of: |part| part.get("image_url").and_then(|u| u.get("url")),
     url_path: ".image_url.url",
+    file_kind: "file",
+    file_of: |part| part.get("file").and_then(Value::as_object),
+    file_path: ".file",
 };
 
 /// `{"id","type":"function","function":{"name","arguments":<string>}}`.

@@ -4,9 +4,12 @@
 //! APIs nest them differently (Chat Completions under `function`, Responses
 //! flat), so each helper takes the object that holds the fields and its path.
 
+use std::borrow::Cow;
+
 use iop_proto::pb;
 use serde_json::{Map, Value};
 
+use super::documents::{self, DocumentError};
 use super::error::ApiError;
 use super::json::{Wording, field};
 
@@ -20,15 +23,23 @@ pub(super) fn text_content(value: &Value, path: &str, text_types: &[&str]) -> Re
     content_parts(value, path, text_types, None).map(|(text, _)| text)
 }
 
-/// How an API spells an image part: its `type`, and where the URL is in it.
+/// How an API spells its media parts: an image's `type` and where the URL
+/// is in it; a file's `type` and where its fields are.
 pub(super) struct ImagePart {
     pub kind: &'static str,
     pub url_of: fn(&Map<String, Value>) -> Option<&Value>,
     /// The URL's path below the part, for errors (e.g. `.image_url.url`).
     pub url_path: &'static str,
+    /// A document's part type (Responses `input_file`, Chat `file`).
+    pub file_kind: &'static str,
+    /// The object holding `file_data`, `filename`, `file_id` (the part
+    /// itself, or Chat's `file`) and its path below the part.
+    pub file_of: fn(&Map<String, Value>) -> Option<&Map<String, Value>>,
+    pub file_path: &'static str,
 }
 
-/// Like [`text_content`], with image parts too (a user message's content).
+/// Like [`text_content`], with image and file parts too (a user message's
+/// or tool output's content); a file reads as its text (see [`documents`]).
 pub(super) fn user_content(
     value: &Value,
     path: &str,
@@ -50,7 +61,7 @@ fn content_parts(
             Err(ApiError::invalid_param(path, format!("`{path}` must not be an empty array")))
         }
         Value::Array(parts) => {
-            let (mut texts, mut images) = (Vec::with_capacity(parts.len()), Vec::new());
+            let (mut texts, mut images): (Vec<Cow<'_, str>>, _) = (Vec::with_capacity(parts.len()), Vec::new());
             for (j, part) in parts.iter().enumerate() {
                 let part_path = format!("{path}[{j}]");
                 let Value::Object(p) = part else {
@@ -60,13 +71,21 @@ fn content_parts(
                 match JSON.string(JSON.required(p, "type", &type_path)?, &type_path)? {
                     ty if text_types.contains(&ty) => {
                         let text_path = format!("{part_path}.text");
-                        texts.push(JSON.string(JSON.required(p, "text", &text_path)?, &text_path)?);
+                        texts.push(JSON.string(JSON.required(p, "text", &text_path)?, &text_path)?.into());
                     }
                     ty if image.is_some_and(|i| i.kind == ty) => {
                         let image = image.expect("checked");
                         let url_path = format!("{part_path}{}", image.url_path);
                         let url = (image.url_of)(p).ok_or_else(|| JSON.missing(&url_path))?;
                         images.push(super::images::from_url(JSON.string(url, &url_path)?, &url_path)?);
+                    }
+                    ty if image.is_some_and(|i| i.file_kind == ty) => {
+                        let image = image.expect("checked");
+                        let file_path = format!("{part_path}{}", image.file_path);
+                        let Some(file) = (image.file_of)(p) else {
+                            return Err(JSON.type_error(&file_path, "an object"));
+                        };
+                        texts.push(file_text(file, &part_path, &file_path)?.into());
                     }
                     other => {
                         return Err(ApiError::invalid_param(
@@ -79,6 +98,24 @@ fn content_parts(
             Ok((texts.join("\n"), images))
         }
         _ => Err(JSON.type_error(path, "a string or an array of content parts")),
+    }
+}
+
+/// A file part's text: `file_data`, a base64 `data:` URL of a PDF or text
+/// file, read by [`documents`] and labelled with `filename`. A `file_id` or
+/// `file_url` is refused: IOP stores and fetches no files.
+fn file_text(file: &Map<String, Value>, part_path: &str, file_path: &str) -> Result<String, ApiError> {
+    let name = match field(file, "filename") {
+        None => None,
+        Some(v) => Some(JSON.string(v, &format!("{file_path}.filename"))?),
+    };
+    let data_path = format!("{file_path}.file_data");
+    match field(file, "file_data") {
+        Some(v) => documents::from_data_url(JSON.string(v, &data_path)?, name, part_path),
+        None => {
+            let source = ["file_id", "file_url"].into_iter().find(|k| field(file, k).is_some()).unwrap_or("none");
+            Err(DocumentError::Source(source.to_string()).at(part_path))
+        }
     }
 }
 

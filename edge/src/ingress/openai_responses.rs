@@ -117,6 +117,7 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
             return Err(ApiError::invalid_param("input", "`input` must contain at least one item"));
         }
         Some(Value::Array(items)) => {
+            super::documents::within_bound(&obj, "input")?;
             let mut tool_images = Vec::new();
             for (i, item) in items.iter().enumerate() {
                 parse_item(item, i, &mut messages, &mut tool_images)?;
@@ -328,9 +329,16 @@ fn parse_message_item(obj: &Map<String, Value>, path: &str) -> Result<pb::ChatMe
 }
 
 /// `{"type": "input_image", "image_url": <URL>, "detail"?: ...}` (a
-/// `file_id` image cannot be fetched: IOP stores no files).
-const IMAGE_PART: ImagePart =
-    ImagePart { kind: "input_image", url_of: |part| part.get("image_url"), url_path: ".image_url" };
+/// `file_id` image cannot be fetched: IOP stores no files);
+/// `{"type": "input_file", "file_data", "filename"?}`.
+const IMAGE_PART: ImagePart = ImagePart {
+    kind: "input_image",
+    url_of: |part| part.get("image_url"),
+    url_path: ".image_url",
+    file_kind: "input_file",
+    file_of: |part| Some(part),
+    file_path: "",
+};
 
 /// `{"type":"function_call","call_id","name","namespace"?,"arguments":<string>}`;
 /// `id` and `status` are ignored.

@@ -369,6 +369,40 @@ fn every_documented_thinking_display_is_accepted_and_rendered() {
     }
 }
 
+/// Claude Code's Read of a PDF answers a `document` block inside the
+/// `tool_result`; a user turn may carry documents too (base64 PDF, `text`
+/// and `content` sources). Each reads as its labelled text, in place.
+#[test]
+fn documents_in_user_turns_and_tool_results_read_as_their_text() {
+    use base64::Engine as _;
+    let pdf = base64::engine::general_purpose::STANDARD
+        .encode(crate::ingress::documents::tests::pdf(&["Invoice total 42 EUR"]));
+    let request = parse(json!({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/a/invoice.pdf"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": "PDF file read"},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}}
+            ]},
+            {"type": "document", "title": "notes.md", "source": {"type": "text", "media_type": "text/plain", "data": "plain notes"}},
+            {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "chunk one"}]}},
+            {"type": "text", "text": "summarize"}
+        ]}
+    ]}))
+    .unwrap();
+    let tool = &request.messages[2];
+    assert_eq!(tool.role, pb::Role::Tool as i32);
+    assert!(tool.content.starts_with("PDF file read\n<document type=\"PDF\" pages=\"1\">\n"), "{}", tool.content);
+    assert!(tool.content.contains("Invoice total 42 EUR"), "{}", tool.content);
+    let user = &request.messages[3];
+    assert_eq!(
+        user.content,
+        "<document name=\"notes.md\" type=\"text\">\nplain notes\n</document>\n\
+         <document type=\"text\">\nchunk one\n</document>\nsummarize"
+    );
+}
+
 #[test]
 fn an_image_a_tool_returned_follows_the_tool_results_in_the_user_turn() {
     let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
@@ -526,9 +560,22 @@ fn invalid_requests_name_the_field() {
             "`messages.0.content.1.source.data`: image type `image/bmp` is not supported (png, jpeg, gif or webp)",
         ),
         (
-            msgs(json!([{"role": "user", "content": [{"type": "document", "source": {}}]}])),
-            "messages.0.content.0.type",
-            "messages.0.content.0: content block type `document` is not supported",
+            msgs(json!([user.clone(), {"role": "assistant", "content": [{"type": "document", "source": {}}]}])),
+            "messages.1.content.0.type",
+            "messages.1.content.0: content block type `document` is not supported",
+        ),
+        (
+            msgs(
+                json!([{"role": "user", "content": [{"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}]}]),
+            ),
+            "messages.0.content.0",
+            "messages.0.content.0: document source `url` is not supported; send the document inline (base64 or text)",
+        ),
+        (
+            msgs(json!([{"role": "user", "content": [{"type": "document", "source": {
+                "type": "base64", "media_type": "application/msword", "data": "AA=="}}]}])),
+            "messages.0.content.0",
+            "messages.0.content.0: document type `application/msword` is not supported (application/pdf, or text/* as UTF-8)",
         ),
         (
             msgs(json!([{"role": "user", "content": [
@@ -583,9 +630,9 @@ fn invalid_requests_name_the_field() {
         ),
         (
             msgs(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
-                "content": [{"type": "document", "source": {}}]}]}])),
-            "messages.0.content.0.content.0.type",
-            "messages.0.content.0.content.0: content block type `document` is not supported",
+                "content": [{"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "bm90IGEgcGRm"}}]}]}])),
+            "messages.0.content.0.content.0",
+            "messages.0.content.0.content.0: PDF cannot be read (malformed or truncated)",
         ),
         (
             msgs(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",

@@ -16,6 +16,30 @@ fn render_all(renderer: &mut ChunkRenderer, events: &[Event]) -> Vec<Value> {
 
 // ------------------------------------------------------------ parse
 
+/// Chat's `file` part (`{"type":"file","file":{"file_data","filename"}}`)
+/// reads as its labelled text; a `file_id` is refused naming the part.
+#[test]
+fn file_parts_read_as_their_text() {
+    use base64::Engine as _;
+    let pdf =
+        base64::engine::general_purpose::STANDARD.encode(crate::ingress::documents::tests::pdf(&["Chat PDF text"]));
+    let file = |file: Value| {
+        parse(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "read"}, {"type": "file", "file": file}
+        ]}]}))
+    };
+    let request =
+        file(json!({"filename": "c.pdf", "file_data": format!("data:application/pdf;base64,{pdf}")})).unwrap();
+    assert!(request.messages[0].content.contains("<document name=\"c.pdf\" type=\"PDF\" pages=\"1\">\nChat PDF text"));
+    match file(json!({"file_id": "file-1"})).unwrap_err() {
+        ApiError::InvalidRequest { message, param } => {
+            assert_eq!(param.as_deref(), Some("messages[0].content[1]"));
+            assert!(message.contains("document source `file_id` is not supported"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn minimal_request_parses_with_defaults() {
     let req = parse(json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})).unwrap();

@@ -47,6 +47,41 @@ fn codex_requests_parse() {
     assert_eq!(round_trip.messages[n - 1].role(), pb::Role::Tool);
 }
 
+/// `input_file` with a PDF `file_data` (the openai SDKs' way to send a
+/// PDF), in a user message and in a tool output, reads as its labelled
+/// text; a text file as its text.
+#[test]
+fn input_files_read_as_their_text() {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let pdf = format!("data:application/pdf;base64,{}", b64(&crate::ingress::documents::tests::pdf(&["Totals: 42"])));
+    let notes = format!("data:text/markdown;base64,{}", b64(b"# Notes"));
+    let request = parse(json!({"model": "m", "input": [
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "compare"},
+            {"type": "input_file", "filename": "a.pdf", "file_data": pdf},
+            {"type": "input_file", "filename": "notes.md", "file_data": notes}
+        ]},
+        {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_file", "file_data": pdf}]}
+    ]}))
+    .unwrap();
+    let user = &request.messages[0];
+    assert!(
+        user.content.starts_with("compare\n<document name=\"a.pdf\" type=\"PDF\" pages=\"1\">\n"),
+        "{}",
+        user.content
+    );
+    assert!(user.content.contains("Totals: 42"), "{}", user.content);
+    assert!(
+        user.content.ends_with("<document name=\"notes.md\" type=\"text\">\n# Notes\n</document>"),
+        "{}",
+        user.content
+    );
+    let output = request.messages.iter().find(|m| m.role == pb::Role::Tool as i32).unwrap();
+    assert!(output.content.contains("Totals: 42"), "{}", output.content);
+}
+
 #[test]
 fn images_in_tool_outputs_follow_the_outputs_as_one_user_message() {
     let png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
@@ -414,8 +449,15 @@ fn invalid_requests_name_the_field() {
         ),
         (
             input(json!([user.clone(), {"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])),
-            "input[1].content[0].type",
-            "input[1].content[0]: content part type `input_file` is not supported",
+            "input[1].content[0]",
+            "input[1].content[0]: document source `file_id` is not supported; send the document inline (base64 or text)",
+        ),
+        (
+            input(
+                json!([{"role": "user", "content": [{"type": "input_file", "file_data": "data:application/pdf;base64,bm9wZQ=="}]}]),
+            ),
+            "input[0].content[0]",
+            "input[0].content[0]: PDF cannot be read (malformed or truncated)",
         ),
         (
             input(json!([{"role": "user", "content": [{"type": "input_text"}]}])),
