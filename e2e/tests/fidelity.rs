@@ -492,3 +492,84 @@ async fn one_tool_call_at_a_time_is_a_no_op_without_tools_and_first_kept_on_olla
     assert_eq!(text.matches("\"type\":\"tool_use\"").count(), 1, "{text}");
     assert!(text.contains("\"name\":\"lookup\"") && !text.contains("\"name\":\"other\""), "{text}");
 }
+
+/// Issue 45 item 4: Codex under a model name it knows (the hand-written
+/// `codex-0.171.0-gpt-5.5.json` fixture): its `custom` apply_patch tool is a
+/// function of one string to the provider, the model's call of it comes back
+/// as a `custom_tool_call` with `input` (streamed and not), the hosted
+/// `tool_search` and `web_search` are dropped and named, and the
+/// `custom_tool_call` / `custom_tool_call_output` handed back reach the
+/// provider as a call and its result; then the compaction request. Both
+/// adapters.
+#[tokio::test]
+async fn codex_custom_tools_round_trip_through_both_adapters() {
+    let script = "scripts:\n  codex-patch:\n    - tool_calls: [{name: apply_patch, arguments: {input: \"*** Begin Patch\\n*** Add File: hello.txt\\n+hello\\n*** End Patch\\n\"}}]\n";
+    let stack = Stack::start(StackOptions { mock_script: Some(script), ..Default::default() }).await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../edge/src/ingress/fixtures/codex-0.171.0-gpt-5.5.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n";
+    for (model, provider_path) in [("mock-ollama", OLLAMA), ("mock-openai", OPENAI)] {
+        for stream in [false, true] {
+            let mut first = fixture["first_turn"].clone();
+            (first["model"], first["stream"]) = (json!(model), json!(stream));
+            let response = stack.post("/v1/responses", &first).await;
+            let dropped = response.headers().get("iop-dropped-tools").map(|v| v.to_str().unwrap().to_owned());
+            assert_eq!(dropped.as_deref(), Some("tool_search, web_search"), "{model}");
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            assert_eq!(status, 200, "{model} {stream}: {text}");
+            let output = if stream {
+                assert!(text.contains("event: response.custom_tool_call_input.delta"), "{text}");
+                assert!(text.contains("event: response.custom_tool_call_input.done"), "{text}");
+                assert!(!text.contains("response.function_call_arguments"), "{text}");
+                let completed =
+                    text.lines().rev().find(|l| l.starts_with("data: ") && l.contains("response.completed"));
+                let completed: Value = serde_json::from_str(&completed.unwrap()["data: ".len()..]).unwrap();
+                completed["response"]["output"].clone()
+            } else {
+                serde_json::from_str::<Value>(&text).unwrap()["output"].clone()
+            };
+            let call = &output[0];
+            assert_eq!(
+                (&call["type"], &call["name"], &call["input"]),
+                (&json!("custom_tool_call"), &json!("apply_patch"), &json!(patch)),
+                "{output}"
+            );
+            assert!(call["call_id"].as_str().is_some_and(|id| !id.is_empty()), "{call}");
+            let sent = stack.last_provider_request(provider_path).await;
+            let tool =
+                sent["tools"].as_array().unwrap().iter().find(|t| t["function"]["name"] == "apply_patch").unwrap();
+            assert_eq!(tool["function"]["parameters"]["properties"]["input"]["type"], "string", "{tool}");
+            assert!(tool["function"]["description"].as_str().unwrap().contains("lark grammar"), "{tool}");
+            let names: Vec<&str> =
+                sent["tools"].as_array().unwrap().iter().filter_map(|t| t["function"]["name"].as_str()).collect();
+            assert!(!names.iter().any(|n| n.contains("search")), "{names:?}");
+        }
+        let mut round_trip = fixture["tool_round_trip"].clone();
+        round_trip["model"] = json!(model);
+        let response = stack.post("/v1/responses", &round_trip).await;
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, 200, "{model}: {text}");
+        let sent = stack.last_provider_request(provider_path).await;
+        let messages = sent["messages"].as_array().unwrap();
+        let result = &messages[messages.len() - 1];
+        assert_eq!(result["role"], "tool", "{sent}");
+        assert!(result["content"].as_str().unwrap().contains("A hello.txt"), "{result}");
+        let call = &messages[messages.len() - 2]["tool_calls"][0];
+        let arguments = match &call["function"]["arguments"] {
+            Value::String(s) => serde_json::from_str::<Value>(s).unwrap(),
+            other => other.clone(),
+        };
+        assert_eq!(call["function"]["name"], "apply_patch", "{call}");
+        assert!(arguments["input"].as_str().unwrap().starts_with("*** Begin Patch"), "{call}");
+
+        let mut compaction = fixture["compaction"].clone();
+        compaction["model"] = json!(model);
+        let response = stack.post("/v1/responses", &compaction).await;
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, 200, "{model}: {text}");
+    }
+}

@@ -30,6 +30,8 @@ pub fn openai_kind(ty: &str) -> Option<&'static str> {
         "image_generation" => "image_generation",
         "computer_use_preview" | "computer" => "computer",
         "mcp" => "mcp",
+        // Codex's deferred tool loading, done by the platform.
+        "tool_search" => "tool_search",
         _ => return None,
     })
 }

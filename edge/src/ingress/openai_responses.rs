@@ -17,8 +17,8 @@ use super::error::ApiError;
 use super::hosted_tools::{self, DroppedTool};
 use super::json::{Wording, body_object, field, text_message};
 use super::openai_common::{
-    ImagePart, expect_function_type, function_call, function_definition, reasoning_effort, refuse_unsupported,
-    response_format, text_content, tool_choice as openai_tool_choice, user_content,
+    ImagePart, expect_function_type, function_call, function_definition, named_tool_choice, reasoning_effort,
+    refuse_unsupported, response_format, text_content, tool_choice as openai_tool_choice, user_content,
 };
 use super::outcome::{synthetic_call_id, synthetic_id, usage_pair};
 use super::transcript::{BlockKind, Step, Transcript};
@@ -48,6 +48,8 @@ pub struct ResponsesRequest {
     pub dropped_tools: Vec<DroppedTool>,
     /// The functions that came from `namespace` tools.
     pub namespaces: Namespaces,
+    /// The functions that came from `custom` tools.
+    pub custom_tools: CustomTools,
     /// `reasoning.summary` (`auto`, `concise` or `detailed`) was asked for:
     /// reasoning is rendered as a summary (see [`ResponseMeta::reasoning_summary`]).
     pub reasoning_summary: bool,
@@ -82,6 +84,63 @@ impl Namespaces {
         Some((&function[..*at], &function[at + Self::SEPARATOR.len()..]))
     }
 }
+
+/// Custom tools (`{"type":"custom","name","description"?,"format"?}`, as
+/// Codex CLI sends its freeform `apply_patch`) are offered to the provider
+/// as functions of one string argument ([`CustomTools::ARGUMENT`]), the
+/// grammar (if any) noted in the description, bounded
+/// ([`GRAMMAR_NOTE_LIMIT`]); no provider behind IOP constrains output to a
+/// grammar. A call of one goes back to the client as a `custom_tool_call`
+/// with that string as `input`; `custom_tool_call` and
+/// `custom_tool_call_output` input items are read back as a call and its
+/// result.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CustomTools(Vec<String>);
+
+impl CustomTools {
+    /// The one argument of a custom tool's function.
+    pub const ARGUMENT: &str = "input";
+
+    pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        Self(names.into_iter().map(str::to_owned).collect())
+    }
+
+    pub fn contains(&self, function: &str) -> bool {
+        self.0.iter().any(|name| name == function)
+    }
+
+    /// A call's `input`: its string argument, or its arguments as the
+    /// model wrote them when they are not `{"input": <string>}`.
+    pub fn input(arguments: &str) -> String {
+        match serde_json::from_str::<Value>(arguments) {
+            Ok(Value::Object(mut args)) => match args.remove(Self::ARGUMENT) {
+                Some(Value::String(input)) => input,
+                _ => arguments.to_owned(),
+            },
+            _ => arguments.to_owned(),
+        }
+    }
+
+    /// The function arguments a custom call's `input` stands for.
+    fn arguments(input: &str) -> String {
+        let mut args = Map::new();
+        args.insert(Self::ARGUMENT.into(), Value::from(input));
+        Value::Object(args).to_string()
+    }
+
+    fn parameters_json() -> String {
+        json!({
+            "type": "object",
+            "properties": {Self::ARGUMENT: {"type": "string", "description": "The tool's input, as free text."}},
+            "required": [Self::ARGUMENT],
+        })
+        .to_string()
+    }
+}
+
+/// Most bytes of a custom tool's grammar noted in its description (Codex's
+/// `apply_patch` grammar is about 1 KiB); the rest is cut and the note says so.
+pub const GRAMMAR_NOTE_LIMIT: usize = 4096;
 
 /// Strict parse + validation. Every error is [`ApiError::InvalidRequest`]
 /// with a message saying exactly what is wrong and `param` naming the field
@@ -130,6 +189,9 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
     let mut tools = Vec::new();
     let mut namespaces = Namespaces::default();
     let mut dropped_tools = Vec::new();
+    let mut custom_tools = CustomTools::default();
+    // (path, index in `tools`) of each custom tool, for the name check.
+    let mut customs = Vec::new();
     match field(&obj, "tools") {
         None => {}
         Some(Value::Array(items)) => {
@@ -140,6 +202,11 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
                     dropped_tools.push(DroppedTool { path, kind });
                 } else if ty == "namespace" {
                     parse_namespace(item, &path, &mut namespaces, &mut tools)?;
+                } else if ty == "custom" {
+                    let tool = parse_custom_tool(item, &path)?;
+                    custom_tools.0.push(tool.name.clone());
+                    customs.push((path, tools.len()));
+                    tools.push(tool);
                 } else {
                     tools.push(parse_tool(item, &path)?);
                 }
@@ -147,11 +214,34 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         }
         Some(_) => return Err(JSON.type_error("tools", "an array")),
     }
+    // A custom tool's calls are told apart by name alone.
+    for (path, at) in &customs {
+        let name = &tools[*at].name;
+        if tools.iter().enumerate().any(|(other, t)| other != *at && &t.name == name) {
+            let name_path = format!("{path}.name");
+            return Err(ApiError::invalid_param(
+                &name_path,
+                format!("`{name_path}`: another tool is also named `{name}`; a custom tool's name must be unique"),
+            ));
+        }
+    }
 
     let stream = JSON.optional_bool(&obj, "stream", "stream")?.unwrap_or(false);
     let mut options = parse_options(&obj)?;
     if let Some(v) = field(&obj, "tool_choice") {
-        options.tool_choice = Some(openai_tool_choice(v, &tools, |f| f.get("name"))?);
+        options.tool_choice = Some(match v {
+            // `{"type":"custom","name"}` names a custom tool.
+            Value::Object(choice) if choice.get("type").and_then(Value::as_str) == Some("custom") => {
+                let name = JSON.non_empty_string(choice, "name", "tool_choice.name")?;
+                if !custom_tools.contains(name) {
+                    let message =
+                        format!("`tool_choice` names `{name}`, which is not one of the request's custom tools");
+                    return Err(ApiError::invalid_param("tool_choice.name", message));
+                }
+                named_tool_choice(name, &tools, "tool_choice")?
+            }
+            v => openai_tool_choice(v, &tools, |f| f.get("name"))?,
+        });
     }
     options.parallel_tool_calls = JSON.optional_bool(&obj, "parallel_tool_calls", "parallel_tool_calls")?;
     let mut reasoning_summary = false;
@@ -192,8 +282,68 @@ pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
         instructions,
         dropped_tools,
         namespaces,
+        custom_tools,
         reasoning_summary,
     })
+}
+
+/// `{"type":"custom","name","description"?,"format"?}`, the format `{"type":
+/// "text"}` or `{"type":"grammar","syntax":"lark"|"regex","definition"}`:
+/// a function of one string argument ([`CustomTools`]).
+fn parse_custom_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
+    let Value::Object(obj) = value else {
+        return Err(JSON.type_error(path, "an object"));
+    };
+    let name = JSON.non_empty_string(obj, "name", &format!("{path}.name"))?.to_string();
+    let mut description = match field(obj, "description") {
+        None => String::new(),
+        Some(v) => JSON.string(v, &format!("{path}.description"))?.to_string(),
+    };
+    match field(obj, "format") {
+        None => {}
+        Some(Value::Object(format)) => {
+            let type_path = format!("{path}.format.type");
+            match JSON.non_empty_string(format, "type", &type_path)? {
+                "text" => {}
+                "grammar" => {
+                    let syntax_path = format!("{path}.format.syntax");
+                    let syntax = match field(format, "syntax") {
+                        None => "grammar",
+                        Some(v) => match JSON.string(v, &syntax_path)? {
+                            syntax @ ("lark" | "regex") => syntax,
+                            other => {
+                                let message = format!("`{syntax_path}` is `{other}`; expected lark or regex");
+                                return Err(ApiError::invalid_param(&syntax_path, message));
+                            }
+                        },
+                    };
+                    let definition_path = format!("{path}.format.definition");
+                    let definition =
+                        JSON.string(JSON.required(format, "definition", &definition_path)?, &definition_path)?;
+                    description.push_str(&grammar_note(syntax, definition, description.is_empty()));
+                }
+                other => {
+                    let message = format!("`{type_path}` is `{other}`; expected text or grammar");
+                    return Err(ApiError::invalid_param(&type_path, message));
+                }
+            }
+        }
+        Some(_) => return Err(JSON.type_error(&format!("{path}.format"), "an object")),
+    }
+    Ok(pb::ToolDefinition { name, description, parameters_json: CustomTools::parameters_json() })
+}
+
+/// The description's note of a custom tool's grammar, at most
+/// [`GRAMMAR_NOTE_LIMIT`] bytes of it (cut at a character boundary).
+fn grammar_note(syntax: &str, definition: &str, alone: bool) -> String {
+    let mut end = definition.len().min(GRAMMAR_NOTE_LIMIT);
+    while !definition.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = if end < definition.len() { " (cut: only its start is shown)" } else { "" };
+    let gap = if alone { "" } else { "\n\n" };
+    let argument = CustomTools::ARGUMENT;
+    format!("{gap}The `{argument}` argument must follow this {syntax} grammar{cut}:\n{}", &definition[..end])
 }
 
 /// `{"type":"namespace","name","description"?,"tools":[function tools]}`:
@@ -255,13 +405,17 @@ fn parse_item(
         None => "message",
         Some(v) => JSON.string(v, &type_path)?,
     };
-    if ty != "function_call_output" {
+    if ty != "function_call_output" && ty != "custom_tool_call_output" {
         flush_tool_images(messages, tool_images);
     }
     match ty {
         "message" => messages.push(parse_message_item(obj, &path)?),
-        "function_call" => {
-            let call = parse_function_call(obj, &path)?;
+        "function_call" | "custom_tool_call" => {
+            let call = if ty == "custom_tool_call" {
+                parse_custom_call(obj, &path)?
+            } else {
+                parse_function_call(obj, &path)?
+            };
             match messages.last_mut() {
                 Some(last) if last.role == i32::from(pb::Role::Assistant) => last.tool_calls.push(call),
                 _ => messages.push(pb::ChatMessage {
@@ -274,7 +428,7 @@ fn parse_item(
         // Earlier turns' reasoning a client hands back (Codex CLI does, with
         // `store: false`): no provider takes it back, so it is dropped.
         "reasoning" => {}
-        "function_call_output" => {
+        "function_call_output" | "custom_tool_call_output" => {
             let tool_call_id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
             let output_path = format!("{path}.output");
             let output = JSON.required(obj, "output", &output_path)?;
@@ -286,7 +440,7 @@ fn parse_item(
             return Err(ApiError::invalid_param(
                 &type_path,
                 format!(
-                    "{path}: item type `{other}` is not supported; only message, function_call, function_call_output and reasoning are"
+                    "{path}: item type `{other}` is not supported; only message, function_call, function_call_output, custom_tool_call, custom_tool_call_output and reasoning are"
                 ),
             ));
         }
@@ -352,6 +506,16 @@ fn parse_function_call(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolC
     Ok(call)
 }
 
+/// `{"type":"custom_tool_call","call_id","name","input":<string>}`, as the
+/// call of its custom tool's function; `id` and `status` are ignored.
+fn parse_custom_call(obj: &Map<String, Value>, path: &str) -> Result<pb::ToolCall, ApiError> {
+    let id = JSON.non_empty_string(obj, "call_id", &format!("{path}.call_id"))?.to_string();
+    let name = JSON.non_empty_string(obj, "name", &format!("{path}.name"))?.to_string();
+    let input_path = format!("{path}.input");
+    let input = JSON.string(JSON.required(obj, "input", &input_path)?, &input_path)?;
+    Ok(pb::ToolCall { id, name, arguments_json: CustomTools::arguments(input) })
+}
+
 /// `{"type":"function","name","description"?,"parameters"?,"strict"?}`:
 /// Responses tools are flat, not nested under `function`. `strict` is ignored.
 fn parse_tool(value: &Value, path: &str) -> Result<pb::ToolDefinition, ApiError> {
@@ -407,6 +571,8 @@ pub struct ResponseMeta {
     pub tools: Vec<Value>,
     /// Which function names came from namespace tools.
     pub namespaces: Namespaces,
+    /// Which function names came from custom tools.
+    pub custom_tools: CustomTools,
     /// The client asked for `reasoning.summary`: each reasoning item
     /// carries the provider's reasoning text as its one `summary_text` (no
     /// `content`), streamed as `response.reasoning_summary_*` events.
@@ -431,6 +597,7 @@ impl ResponseMeta {
             top_p: None,
             tools: Vec::new(),
             namespaces: Namespaces::default(),
+            custom_tools: CustomTools::default(),
             reasoning_summary: false,
         }
     }
@@ -444,6 +611,9 @@ impl ResponseMeta {
             Some(choice) => match choice.mode() {
                 pb::ToolChoiceMode::None => json!("none"),
                 pb::ToolChoiceMode::Required => json!("required"),
+                pb::ToolChoiceMode::Named if request.custom_tools.contains(&choice.name) => {
+                    json!({ "type": "custom", "name": choice.name })
+                }
                 pb::ToolChoiceMode::Named => json!({ "type": "function", "name": choice.name }),
                 pb::ToolChoiceMode::Auto | pb::ToolChoiceMode::Unspecified => json!("auto"),
             },
@@ -452,6 +622,9 @@ impl ResponseMeta {
             .tools
             .iter()
             .map(|t| {
+                if request.custom_tools.contains(&t.name) {
+                    return json!({ "type": "custom", "name": t.name, "description": t.description });
+                }
                 let parameters: Value = serde_json::from_str(&t.parameters_json).unwrap_or(Value::Null);
                 json!({ "type": "function", "name": t.name, "description": t.description, "parameters": parameters })
             })
@@ -463,6 +636,7 @@ impl ResponseMeta {
             top_p: o.top_p,
             tools,
             namespaces: request.namespaces.clone(),
+            custom_tools: request.custom_tools.clone(),
             reasoning_summary: request.reasoning_summary,
             ..Self::new(request.model.clone(), created_at, request.instructions.clone(), o.max_tokens)
         }
@@ -491,11 +665,19 @@ struct ItemIds {
     summary: bool,
     /// Which function names came from namespace tools.
     namespaces: Namespaces,
+    /// Which function names came from custom tools.
+    custom_tools: CustomTools,
 }
 
 impl ItemIds {
     fn new(meta: &ResponseMeta) -> Self {
-        Self { ids: Vec::new(), summary: meta.reasoning_summary, namespaces: meta.namespaces.clone() }
+        let (namespaces, custom_tools) = (meta.namespaces.clone(), meta.custom_tools.clone());
+        Self { ids: Vec::new(), summary: meta.reasoning_summary, namespaces, custom_tools }
+    }
+
+    /// Whether output item `i` is a call of a custom tool.
+    fn is_custom(&self, transcript: &Transcript, i: usize) -> bool {
+        matches!(&transcript.block(i).kind, BlockKind::ToolCall { name, .. } if self.custom_tools.contains(name))
     }
 
     fn of(&mut self, transcript: &Transcript, i: usize) -> (String, String) {
@@ -538,6 +720,10 @@ impl ItemIds {
             BlockKind::Reasoning => json!({
                 "type": "reasoning", "id": id, "summary": [],
                 "content": [reasoning_text_part(&block.content)],
+            }),
+            BlockKind::ToolCall { name, .. } if self.custom_tools.contains(name) => json!({
+                "type": "custom_tool_call", "id": id, "call_id": call_id, "name": name,
+                "input": if added { String::new() } else { CustomTools::input(&block.content) }, "status": status,
             }),
             BlockKind::ToolCall { name, .. } => {
                 let mut item = json!({
@@ -647,6 +833,9 @@ impl EventRenderer {
                     events.push((kind, payload));
                 }
             }
+            // A custom call's input is inside the JSON arguments the
+            // provider streams: it goes out whole when the call closes.
+            Step::Delta(i, _) if self.ids.is_custom(t, i) => {}
             Step::Delta(i, delta) => {
                 let (id, _) = self.ids.of(t, i);
                 events.push(match t.block(i).kind {
@@ -712,6 +901,19 @@ impl EventRenderer {
                                 "item_id": id, "output_index": i, "content_index": 0,
                                 "part": reasoning_text_part(&block.content),
                             }),
+                        ));
+                    }
+                    BlockKind::ToolCall { .. } if self.ids.is_custom(t, i) => {
+                        let input = CustomTools::input(&block.content);
+                        if !input.is_empty() {
+                            events.push((
+                                "response.custom_tool_call_input.delta",
+                                json!({ "item_id": id, "output_index": i, "delta": input }),
+                            ));
+                        }
+                        events.push((
+                            "response.custom_tool_call_input.done",
+                            json!({ "item_id": id, "output_index": i, "input": input }),
                         ));
                     }
                     BlockKind::ToolCall { .. } => events.push((

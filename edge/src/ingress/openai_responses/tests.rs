@@ -467,7 +467,7 @@ fn invalid_requests_name_the_field() {
         (
             input(json!([{"type": "web_search_call", "id": "ws_1", "status": "completed"}])),
             "input[0].type",
-            "input[0]: item type `web_search_call` is not supported; only message, function_call, function_call_output and reasoning are",
+            "input[0]: item type `web_search_call` is not supported; only message, function_call, function_call_output, custom_tool_call, custom_tool_call_output and reasoning are",
         ),
         (
             input(json!([{"type": "function_call", "name": "f", "arguments": "{}"}])),
@@ -498,11 +498,6 @@ fn invalid_requests_name_the_field() {
         (with(json!({"tools": {}})), "tools", "`tools` must be an array"),
         (with(json!({"tools": ["f"]})), "tools[0]", "`tools[0]` must be an object"),
         (with(json!({"tools": [{"name": "f"}]})), "tools[0].type", "`tools[0].type` is required"),
-        (
-            with(json!({"tools": [{"type": "custom", "name": "apply_patch"}]})),
-            "tools[0].type",
-            "tools[0]: tool type `custom` is not supported; only `function` is",
-        ),
         (
             with(json!({"tools": [{"type": "function", "name": "f"}, {"type": "local_shell"}]})),
             "tools[1].type",
@@ -1093,4 +1088,213 @@ fn parallel_tool_calls_false_without_tools_is_accepted() {
     assert!(r.tools.is_empty());
     assert_eq!(r.options.parallel_tool_calls, Some(false));
     assert!(!ResponseMeta::for_request(&r, 0).parallel_tool_calls);
+}
+
+fn custom_request(tools: Value) -> Result<ResponsesRequest, ApiError> {
+    parse(json!({"model": "m", "input": "patch it", "tools": tools}))
+}
+
+fn param_of(err: ApiError) -> String {
+    match err {
+        ApiError::InvalidRequest { param, .. } => param.unwrap_or_default(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 45 item 4, abuse first: a huge grammar reaches the model bounded;
+/// a custom tool that clashes with a function's name, an unknown format
+/// or syntax, a missing name or definition, is a 400 naming the field.
+#[test]
+fn custom_tool_abuse_is_bounded_or_refused_by_field() {
+    let huge = "start: line+\nline: /.+/\n".repeat(100_000);
+    let r = custom_request(json!([{"type": "custom", "name": "apply_patch", "description": "Patch files.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": huge}}]))
+    .unwrap();
+    let tool = &r.tools[0];
+    assert!(tool.description.starts_with("Patch files."), "{}", tool.description);
+    assert!(tool.description.len() < GRAMMAR_NOTE_LIMIT + 512, "{}", tool.description.len());
+    assert!(tool.description.contains("lark") && tool.description.contains("cut"), "{}", &tool.description[..200]);
+    // A multi-byte character at the cut is not split.
+    let wide = "é".repeat(GRAMMAR_NOTE_LIMIT);
+    let r = custom_request(json!([{"type": "custom", "name": "t",
+        "format": {"type": "grammar", "syntax": "regex", "definition": wide}}]))
+    .unwrap();
+    assert!(r.tools[0].description.len() <= GRAMMAR_NOTE_LIMIT + 256);
+
+    for (tools, param) in [
+        (
+            json!([{"type": "function", "name": "apply_patch"}, {"type": "custom", "name": "apply_patch"}]),
+            "tools[1].name",
+        ),
+        (
+            json!([{"type": "custom", "name": "apply_patch"}, {"type": "function", "name": "apply_patch"}]),
+            "tools[0].name",
+        ),
+        (json!([{"type": "custom", "name": "a"}, {"type": "custom", "name": "a"}]), "tools[0].name"),
+        (json!([{"type": "custom", "name": "a", "format": {"type": "json"}}]), "tools[0].format.type"),
+        (json!([{"type": "custom", "name": "a", "format": "grammar"}]), "tools[0].format"),
+        (
+            json!([{"type": "custom", "name": "a", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]),
+            "tools[0].format.syntax",
+        ),
+        (
+            json!([{"type": "custom", "name": "a", "format": {"type": "grammar", "syntax": "lark"}}]),
+            "tools[0].format.definition",
+        ),
+        (json!([{"type": "custom"}]), "tools[0].name"),
+        (json!([{"type": "custom", "name": "a", "description": 7}]), "tools[0].description"),
+    ] {
+        assert_eq!(param_of(custom_request(tools.clone()).unwrap_err()), param, "{tools}");
+    }
+    // The items that carry custom calls back are checked the same way.
+    for (item, param) in [
+        (json!({"type": "custom_tool_call", "name": "apply_patch", "input": "x"}), "input[0].call_id"),
+        (json!({"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": 3}), "input[0].input"),
+        (json!({"type": "custom_tool_call_output", "output": "ok"}), "input[0].call_id"),
+        (json!({"type": "custom_tool_call_output", "call_id": "c"}), "input[0].output"),
+    ] {
+        let err = parse(json!({"model": "m", "input": [item]})).unwrap_err();
+        assert_eq!(param_of(err), param, "{item}");
+    }
+}
+
+/// Custom tools (with a grammar, plain text, or no format) become functions
+/// of one string argument `input`; `tool_search` is dropped like the other
+/// hosted tools; a custom tool can be named in `tool_choice`; earlier custom
+/// calls and their outputs read back as a call and its result.
+#[test]
+fn custom_tools_become_functions_of_one_string() {
+    let r = parse(json!({"model": "m", "tool_choice": {"type": "custom", "name": "apply_patch"},
+    "tools": [
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+        {"type": "custom", "name": "apply_patch", "description": "Patch files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch"}},
+        {"type": "custom", "name": "note", "format": {"type": "text"}},
+        {"type": "custom", "name": "plain"},
+        {"type": "tool_search"},
+    ],
+    "input": [
+        {"type": "message", "role": "user", "content": "patch it"},
+        {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_patch",
+         "input": "*** Begin Patch\n*** End Patch\n", "status": "completed"},
+        {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done!"},
+    ]}))
+    .unwrap();
+    let names: Vec<&str> = r.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["exec_command", "apply_patch", "note", "plain"]);
+    assert_eq!(r.dropped_tools, [DroppedTool { path: "tools[4]".into(), kind: "tool_search" }]);
+    let patch = &r.tools[1];
+    assert!(patch.description.starts_with("Patch files.") && patch.description.contains("start: begin_patch"));
+    let schema: Value = serde_json::from_str(&patch.parameters_json).unwrap();
+    assert_eq!(schema["properties"]["input"]["type"], "string");
+    assert_eq!(schema["required"], json!(["input"]));
+    assert_eq!(r.tools[3].parameters_json, patch.parameters_json);
+    assert!(r.custom_tools.contains("apply_patch") && !r.custom_tools.contains("exec_command"));
+    assert_eq!(
+        r.options.tool_choice.as_ref().map(|c| (c.mode(), c.name.as_str())),
+        Some((pb::ToolChoiceMode::Named, "apply_patch"))
+    );
+    let call = &r.messages[1].tool_calls[0];
+    assert_eq!((call.id.as_str(), call.name.as_str()), ("call_1", "apply_patch"));
+    assert_eq!(
+        serde_json::from_str::<Value>(&call.arguments_json).unwrap(),
+        json!({"input": "*** Begin Patch\n*** End Patch\n"})
+    );
+    assert_eq!(
+        (r.messages[2].role(), r.messages[2].tool_call_id.as_str(), r.messages[2].content.as_str()),
+        (pb::Role::Tool, "call_1", "Done!")
+    );
+    // The response echoes custom tools as custom.
+    let meta = ResponseMeta::for_request(&r, 0);
+    assert_eq!(meta.tools[1]["type"], "custom");
+    assert_eq!(meta.tool_choice, json!({"type": "custom", "name": "apply_patch"}));
+}
+
+/// A call of a custom tool goes back as a `custom_tool_call` with `input`,
+/// streamed as `response.custom_tool_call_input.delta`/`.done` (the whole
+/// input at the call's end: the provider streams JSON arguments) and the
+/// same in the non-streaming body; arguments that are not `{"input": "..."}`
+/// are passed on as the model wrote them (arguments that are no JSON object
+/// at all the transcript already refuses).
+#[test]
+fn custom_tool_calls_render_as_custom_tool_call_items() {
+    let meta = || {
+        let mut m = meta();
+        m.custom_tools = CustomTools::from_names(["apply_patch"]);
+        m
+    };
+    let events = [
+        started(),
+        tool(0, "call_7", "apply_patch", r#"{"input": "*** Begin"#),
+        tool(0, "", "", r#" Patch\n"}"#),
+        tool(1, "call_8", "apply_patch", r#"{"patch":"x"}"#),
+        tool(2, "call_9", "exec_command", r#"{"cmd":"ls"}"#),
+        usage(3, 4),
+        completed(pb::FinishReason::ToolCalls),
+    ];
+    let mut aggregator = ResponseAggregator::new(meta());
+    for e in &events {
+        aggregator.push(e);
+    }
+    let body = aggregator.finish().unwrap();
+    let output = body["output"].as_array().unwrap();
+    assert_eq!(output[0]["type"], "custom_tool_call");
+    assert_eq!((&output[0]["call_id"], &output[0]["name"]), (&json!("call_7"), &json!("apply_patch")));
+    assert_eq!(output[0]["input"], "*** Begin Patch\n");
+    assert!(output[0].get("arguments").is_none());
+    assert_eq!(output[1]["input"], r#"{"patch":"x"}"#);
+    assert_eq!(output[2]["type"], "function_call");
+
+    let mut renderer = EventRenderer::new(meta());
+    let streamed: Vec<(&str, Value)> = events
+        .iter()
+        .flat_map(|e| renderer.render(e))
+        .map(|(kind, data)| (kind, serde_json::from_str(&data).unwrap()))
+        .collect();
+    let kinds: Vec<&str> = streamed.iter().map(|(k, _)| *k).collect();
+    assert!(
+        !kinds[..kinds.iter().position(|k| *k == "response.output_item.done").unwrap()]
+            .contains(&"response.function_call_arguments.delta"),
+        "{kinds:?}"
+    );
+    let delta = streamed.iter().find(|(k, _)| *k == "response.custom_tool_call_input.delta").unwrap();
+    let done = streamed.iter().find(|(k, _)| *k == "response.custom_tool_call_input.done").unwrap();
+    assert_eq!((&delta.1["delta"], &done.1["input"]), (&json!("*** Begin Patch\n"), &json!("*** Begin Patch\n")));
+    assert_eq!(delta.1["output_index"], 0);
+    let added = streamed.iter().find(|(k, _)| *k == "response.output_item.added").unwrap();
+    assert_eq!((&added.1["item"]["type"], &added.1["item"]["input"]), (&json!("custom_tool_call"), &json!("")));
+    let completed = &streamed.last().unwrap().1["response"]["output"];
+    assert_eq!(completed[0]["input"], "*** Begin Patch\n");
+    assert!(kinds.contains(&"response.function_call_arguments.delta"), "the function call still streams: {kinds:?}");
+}
+
+/// What Codex CLI 0.171.0 sends under a model name it knows (`gpt-5.5`;
+/// written by hand from the shapes issue 45 names, see the fixture's
+/// `_note`): `apply_patch` as a custom grammar tool, the hosted
+/// `tool_search` (dropped and named), a custom call round trip, and the
+/// auto-compaction request (`tools: []` with `parallel_tool_calls: false`).
+#[test]
+fn codex_requests_under_a_known_model_name_parse() {
+    let recorded: Value = serde_json::from_str(include_str!("../fixtures/codex-0.171.0-gpt-5.5.json")).unwrap();
+    let first = parse(recorded["first_turn"].clone()).unwrap();
+    assert!(first.custom_tools.contains("apply_patch"));
+    let patch = first.tools.iter().find(|t| t.name == "apply_patch").unwrap();
+    assert!(patch.description.contains("lark grammar") && patch.description.contains("begin_patch"));
+    let kinds: Vec<&str> = first.dropped_tools.iter().map(|t| t.kind).collect();
+    assert_eq!(kinds, ["tool_search", "web_search"]);
+
+    let round_trip = parse(recorded["tool_round_trip"].clone()).unwrap();
+    let n = round_trip.messages.len();
+    let call = &round_trip.messages[n - 2].tool_calls[0];
+    assert_eq!(call.name, "apply_patch");
+    let items = recorded["tool_round_trip"]["input"].as_array().unwrap();
+    assert_eq!(CustomTools::input(&call.arguments_json), items[items.len() - 2]["input"]);
+    assert_eq!(
+        (round_trip.messages[n - 1].role(), &round_trip.messages[n - 1].tool_call_id),
+        (pb::Role::Tool, &call.id)
+    );
+
+    let compaction = parse(recorded["compaction"].clone()).unwrap();
+    assert!(compaction.tools.is_empty());
+    assert_eq!(compaction.options.parallel_tool_calls, Some(false));
 }
