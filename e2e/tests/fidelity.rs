@@ -214,6 +214,116 @@ async fn images_reach_both_providers_from_every_api() {
     );
 }
 
+/// A PDF with one page showing `text` (Helvetica), written by hand: what a
+/// client's file reader sends, not what the Edge's PDF crate writes.
+fn one_page_pdf(text: &str) -> Vec<u8> {
+    let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
+    let objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_string(),
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R \
+         /Resources << /Font << /F1 5 0 R >> >> >>"
+            .to_string(),
+        format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string(),
+    ];
+    let mut pdf = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(pdf.len());
+        pdf.extend_from_slice(format!("{} 0 obj\n{object}\nendobj\n", i + 1).as_bytes());
+    }
+    let xref = pdf.len();
+    pdf.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
+    for offset in offsets {
+        pdf.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    let trailer = format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1);
+    pdf.extend_from_slice(trailer.as_bytes());
+    pdf
+}
+
+/// Documents (issue 45): Claude Code's Read of a PDF (a `document` in a
+/// `tool_result`), a text document, Responses `input_file` and Chat `file`
+/// reach both providers as labelled text; an unreadable PDF is a 400 naming
+/// the block and the provider is never asked. With it, Claude Code's
+/// `stream-json` thinking (`display: "updates"`) streams the reasoning.
+#[tokio::test]
+async fn documents_reach_both_providers_as_text_and_display_updates_streams_thinking() {
+    use base64::Engine as _;
+    let stack = Stack::start(StackOptions::default()).await;
+    let pdf = base64::engine::general_purpose::STANDARD.encode(one_page_pdf("Invoice total 42 EUR"));
+    let sent_text = |sent: &Value| sent["messages"].to_string();
+    for (model, path) in [("mock-ollama", OLLAMA), ("mock-openai", OPENAI)] {
+        let messages = json!({"model": model, "max_tokens": 50, "messages": [
+            {"role": "user", "content": "read invoice.pdf"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "invoice.pdf"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}}
+                ]},
+                {"type": "document", "title": "notes.txt", "source": {"type": "text", "media_type": "text/plain", "data": "remember the VAT"}},
+                {"type": "text", "text": "summarize"}
+            ]}
+        ]});
+        let (status, body) = json_body(stack.post("/v1/messages", &messages).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        let sent = sent_text(&stack.last_provider_request(path).await);
+        assert!(sent.contains("<document type=\\\"PDF\\\" pages=\\\"1\\\">\\nInvoice total 42 EUR"), "{model}: {sent}");
+        assert!(
+            sent.contains("<document name=\\\"notes.txt\\\" type=\\\"text\\\">\\nremember the VAT"),
+            "{model}: {sent}"
+        );
+
+        let data_url = format!("data:application/pdf;base64,{pdf}");
+        let responses = json!({"model": model, "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "total?"}, {"type": "input_file", "filename": "invoice.pdf", "file_data": data_url}
+        ]}]});
+        let (status, body) = json_body(stack.post("/v1/responses", &responses).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        let sent = sent_text(&stack.last_provider_request(path).await);
+        assert!(sent.contains("invoice.pdf") && sent.contains("Invoice total 42 EUR"), "{model}: {sent}");
+
+        let chat = json!({"model": model, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "total?"}, {"type": "file", "file": {"filename": "invoice.pdf", "file_data": data_url}}
+        ]}]});
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert!(sent_text(&stack.last_provider_request(path).await).contains("Invoice total 42 EUR"), "{model}");
+
+        // `display: "updates"` (Claude Code's stream-json): thinking deltas
+        // stream as they come.
+        let thinking = json!({"model": model, "max_tokens": 100, "stream": true,
+            "thinking": {"type": "enabled", "budget_tokens": 2048, "display": "updates"},
+            "messages": [{"role": "user", "content": "why"}]});
+        let response = stack.post("/v1/messages", &thinking).await;
+        assert_eq!(response.status().as_u16(), 200, "{model}");
+        let text = response.text().await.unwrap();
+        let streamed: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter(|e| e["delta"]["type"] == "thinking_delta")
+            .map(|e| e["delta"]["thinking"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(streamed, "Thinking about: why", "{model}: {text}");
+        let adaptive = json!({"model": model, "max_tokens": 100,
+            "thinking": {"type": "adaptive", "display": "updates"}, "messages": [{"role": "user", "content": "why"}]});
+        let (status, body) = json_body(stack.post("/v1/messages", &adaptive).await).await;
+        assert_eq!(status, 200, "{model}: {body}");
+    }
+
+    let requests_before = stack.mock_stats().await["requests_total"].clone();
+    let broken = json!({"model": "mock-ollama", "max_tokens": 50, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "read"},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "bm90IGEgcGRm"}}
+    ]}]});
+    let (status, body) = json_body(stack.post("/v1/messages", &broken).await).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["message"], "messages.0.content.1: PDF cannot be read (malformed or truncated)", "{body}");
+    assert_eq!(stack.mock_stats().await["requests_total"], requests_before, "the model was never asked");
+}
+
 /// A request too long for a route's model moves to the route's
 /// larger-context fallback before the first byte; other 4xx never move.
 #[tokio::test]
