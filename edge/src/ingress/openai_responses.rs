@@ -685,8 +685,9 @@ impl ItemIds {
             let ids = match &transcript.block(self.ids.len()).kind {
                 BlockKind::Text => (synthetic_id("msg_"), String::new()),
                 BlockKind::Reasoning => (synthetic_id("rs_"), String::new()),
-                BlockKind::ToolCall { id, .. } => {
-                    (synthetic_id("fc_"), if id.is_empty() { synthetic_call_id() } else { id.clone() })
+                BlockKind::ToolCall { id, name, .. } => {
+                    let prefix = if self.custom_tools.contains(name) { "ctc_" } else { "fc_" };
+                    (synthetic_id(prefix), if id.is_empty() { synthetic_call_id() } else { id.clone() })
                 }
             };
             self.ids.push(ids);

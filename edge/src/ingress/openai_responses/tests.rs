@@ -1239,6 +1239,7 @@ fn custom_tool_calls_render_as_custom_tool_call_items() {
     let body = aggregator.finish().unwrap();
     let output = body["output"].as_array().unwrap();
     assert_eq!(output[0]["type"], "custom_tool_call");
+    assert!(output[0]["id"].as_str().unwrap().starts_with("ctc_"), "{}", output[0]);
     assert_eq!((&output[0]["call_id"], &output[0]["name"]), (&json!("call_7"), &json!("apply_patch")));
     assert_eq!(output[0]["input"], "*** Begin Patch\n");
     assert!(output[0].get("arguments").is_none());
@@ -1269,9 +1270,9 @@ fn custom_tool_calls_render_as_custom_tool_call_items() {
 }
 
 /// What Codex CLI 0.171.0 sends under a model name it knows (`gpt-5.5`;
-/// written by hand from the shapes issue 45 names, see the fixture's
-/// `_note`): `apply_patch` as a custom grammar tool, the hosted
-/// `tool_search` (dropped and named), a custom call round trip, and the
+/// recorded through a capturing proxy, see the fixture's `_note`):
+/// `apply_patch` as a custom grammar tool, `tool_search` (dropped and
+/// named), a custom call round trip, and the
 /// auto-compaction request (`tools: []` with `parallel_tool_calls: false`).
 #[test]
 fn codex_requests_under_a_known_model_name_parse() {
