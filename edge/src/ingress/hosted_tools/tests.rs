@@ -7,6 +7,9 @@ fn hosted_kinds_are_a_closed_list() {
     assert_eq!(openai_kind("file_search"), Some("file_search"));
     assert_eq!(openai_kind("function"), None);
     assert_eq!(openai_kind("namespace"), None);
+    // Issue 45 item 4: Codex's tool_search is dropped; custom tools are served.
+    assert_eq!(openai_kind("tool_search"), Some("tool_search"));
+    assert_eq!(openai_kind("custom"), None);
     assert_eq!(openai_kind("web_search_evil"), None);
     assert_eq!(anthropic_kind("web_search_20250305"), Some("web_search"));
     assert_eq!(anthropic_kind("web_fetch_20250910"), Some("web_fetch"));
