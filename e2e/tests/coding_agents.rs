@@ -45,6 +45,9 @@ scripts:
   codex-image:
     - tool_calls: [{name: view_image, arguments: {path: "PROJECT/pixel.png"}}]
     - text: "I saw the image."
+  codex-patch:
+    - tool_calls: [{name: apply_patch, arguments: {input: "*** Begin Patch\n*** Add File: agent-out.txt\n+patched-by-codex\n*** End Patch\n"}}]
+    - text: "The patch is applied."
 "#;
 
 /// A 1x1 PNG, for the tools that hand an image back.
@@ -64,6 +67,12 @@ struct Dev {
 
 impl Dev {
     async fn start() -> Dev {
+        Dev::serving("mock").await
+    }
+
+    /// `iop-dev` whose mock model is called `model` (as a team aliases a
+    /// local model under a name the client knows).
+    async fn serving(model: &str) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         for sub in ["home", "project"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
@@ -79,6 +88,8 @@ impl Dev {
             "127.0.0.1:0",
             "--mock-script-file",
             script.to_str().unwrap(),
+            "--model",
+            model,
         ];
         let (dev, line) = spawn_until("iop-dev", &bin("iop-dev"), &args, "IOP dev is up").await;
         let base = line.split_whitespace().find(|w| w.starts_with("http://")).expect("base URL printed");
@@ -191,6 +202,59 @@ async fn codex_cli_answers_and_runs_a_tool_through_iop() {
     // view_image: the function_call_output carries an input_image.
     let answer = dev.run(&codex, &["exec", "--skip-git-repo-check", "iop-mock-script:codex-image look"], &env).await;
     assert!(answer.contains("I saw the image."), "{answer}");
+}
+
+/// Issue 45 item 4 (and the compaction of item 3): under a model name Codex
+/// knows it sends `apply_patch` as a `custom` grammar tool and a
+/// `tool_search` tool. The model's call comes back as a `custom_tool_call`,
+/// Codex applies the patch (checked on disk) and hands back a
+/// `custom_tool_call_output`; a small `model_auto_compact_token_limit` makes
+/// it compact mid-turn (`tools: []` with `parallel_tool_calls: false`,
+/// through the Ollama adapter) and go on.
+#[tokio::test]
+#[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
+async fn codex_cli_under_a_known_model_name_patches_and_compacts() {
+    let codex = Part::CodingAgents.require(parts::agent("codex"));
+    let dev = Dev::serving("gpt-5.5").await;
+    let config = format!(
+        "model = \"gpt-5.5\"\nmodel_provider = \"iop\"\ncheck_for_update_on_startup = false\n\n\
+         [analytics]\nenabled = false\n\n\
+         [model_providers.iop]\nname = \"IOP\"\nbase_url = \"{}/v1\"\nenv_key = \"IOP_API_KEY\"\nwire_api = \"responses\"\n",
+        dev.base
+    );
+    std::fs::create_dir(dev.home().join(".codex")).unwrap();
+    std::fs::write(dev.home().join(".codex/config.toml"), config).unwrap();
+    let env = [("IOP_API_KEY", "unused-without-keys")];
+    let args = [
+        "exec",
+        "-c",
+        "model_auto_compact_token_limit=1000",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "workspace-write",
+        "iop-mock-script:codex-patch add the file",
+    ];
+    let answer = dev.run(&codex, &args, &env).await;
+    assert!(answer.contains("The patch is applied."), "{answer}");
+    assert_eq!(dev.written().as_deref(), Some("patched-by-codex\n"));
+    // Codex's session log records the compaction.
+    fn rollouts(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                rollouts(&path, out);
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                out.push(std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    let mut sessions = Vec::new();
+    rollouts(&dev.home().join(".codex/sessions"), &mut sessions);
+    assert!(
+        sessions.iter().any(|s| s.contains(r#""type":"compacted""#)),
+        "no compaction in {} sessions",
+        sessions.len()
+    );
 }
 
 /// A Responses request with Codex's hosted tool, and an Anthropic request
