@@ -121,6 +121,57 @@ impl CustomTools {
         }
     }
 
+    /// The part of a call's `input` readable from the start of its JSON
+    /// arguments as they stream (`{"input": "...`, complete escapes only);
+    /// `None` while they do not start that way.
+    pub fn partial_input(arguments: &str) -> Option<String> {
+        let rest = arguments.trim_start().strip_prefix('{')?.trim_start();
+        let rest = rest.strip_prefix("\"input\"")?.trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
+        let mut input = String::new();
+        let mut chars = rest.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => {
+                    let decoded = match chars.next() {
+                        None => break,
+                        Some('n') => '\n',
+                        Some('t') => '\t',
+                        Some('r') => '\r',
+                        Some('b') => '\u{8}',
+                        Some('f') => '\u{c}',
+                        Some('u') => {
+                            // Four hex digits, all there.
+                            let unit = |chars: &mut std::str::Chars<'_>| {
+                                let hex: String = chars.by_ref().take(4).collect();
+                                u16::from_str_radix(&hex, 16).ok().filter(|_| hex.len() == 4)
+                            };
+                            let Some(first) = unit(&mut chars) else { break };
+                            let units = if (0xd800..0xdc00).contains(&first) {
+                                // A surrogate pair: the low half follows as `\uXXXX`.
+                                if chars.next() != Some('\\') || chars.next() != Some('u') {
+                                    break;
+                                }
+                                let Some(second) = unit(&mut chars) else { break };
+                                vec![first, second]
+                            } else {
+                                vec![first]
+                            };
+                            match char::decode_utf16(units).next() {
+                                Some(Ok(c)) => c,
+                                _ => break,
+                            }
+                        }
+                        Some(other) => other,
+                    };
+                    input.push(decoded);
+                }
+                c => input.push(c),
+            }
+        }
+        Some(input)
+    }
+
     /// The function arguments a custom call's `input` stands for.
     fn arguments(input: &str) -> String {
         let mut args = Map::new();
@@ -765,12 +816,15 @@ pub struct EventRenderer {
     ids: ItemIds,
     next_sequence_number: u64,
     begun: bool,
+    /// Per open custom call (output index): its input streamed so far.
+    custom_streamed: Vec<(usize, String)>,
 }
 
 impl EventRenderer {
     pub fn new(meta: ResponseMeta) -> Self {
         let ids = ItemIds::new(&meta);
-        Self { meta, transcript: Transcript::default(), ids, next_sequence_number: 0, begun: false }
+        let custom_streamed = Vec::new();
+        Self { meta, transcript: Transcript::default(), ids, next_sequence_number: 0, begun: false, custom_streamed }
     }
 
     /// Zero or more `(event type, JSON payload)` pairs for one run event; the
@@ -835,8 +889,27 @@ impl EventRenderer {
                 }
             }
             // A custom call's input is inside the JSON arguments the
-            // provider streams: it goes out whole when the call closes.
-            Step::Delta(i, _) if self.ids.is_custom(t, i) => {}
+            // provider streams: what of it is readable so far goes out as it
+            // grows (a long patch from a slow model must not look idle).
+            Step::Delta(i, _) if self.ids.is_custom(t, i) => {
+                let Some(readable) = CustomTools::partial_input(&t.block(i).content) else { return };
+                let at = match self.custom_streamed.iter().position(|(index, _)| *index == i) {
+                    Some(at) => at,
+                    None => {
+                        self.custom_streamed.push((i, String::new()));
+                        self.custom_streamed.len() - 1
+                    }
+                };
+                let streamed = &mut self.custom_streamed[at].1;
+                if let Some(delta) = readable.strip_prefix(streamed.as_str()).filter(|d| !d.is_empty()) {
+                    let (id, _) = self.ids.of(t, i);
+                    events.push((
+                        "response.custom_tool_call_input.delta",
+                        json!({ "item_id": id, "output_index": i, "delta": delta }),
+                    ));
+                    *streamed = readable;
+                }
+            }
             Step::Delta(i, delta) => {
                 let (id, _) = self.ids.of(t, i);
                 events.push(match t.block(i).kind {
@@ -906,10 +979,17 @@ impl EventRenderer {
                     }
                     BlockKind::ToolCall { .. } if self.ids.is_custom(t, i) => {
                         let input = CustomTools::input(&block.content);
-                        if !input.is_empty() {
+                        let streamed = match self.custom_streamed.iter().position(|(index, _)| *index == i) {
+                            Some(at) => self.custom_streamed.swap_remove(at).1,
+                            None => String::new(),
+                        };
+                        // The rest; when what was streamed turns out not to
+                        // start the input (arguments of another shape), the
+                        // `.done` event's `input` is the one that counts.
+                        if let Some(rest) = input.strip_prefix(streamed.as_str()).filter(|r| !r.is_empty()) {
                             events.push((
                                 "response.custom_tool_call_input.delta",
-                                json!({ "item_id": id, "output_index": i, "delta": input }),
+                                json!({ "item_id": id, "output_index": i, "delta": rest }),
                             ));
                         }
                         events.push((

@@ -1211,8 +1211,8 @@ fn custom_tools_become_functions_of_one_string() {
 }
 
 /// A call of a custom tool goes back as a `custom_tool_call` with `input`,
-/// streamed as `response.custom_tool_call_input.delta`/`.done` (the whole
-/// input at the call's end: the provider streams JSON arguments) and the
+/// streamed as `response.custom_tool_call_input.delta`/`.done` (read out of
+/// the JSON arguments as the provider streams them) and the
 /// same in the non-streaming body; arguments that are not `{"input": "..."}`
 /// are passed on as the model wrote them (arguments that are no JSON object
 /// at all the transcript already refuses).
@@ -1258,10 +1258,19 @@ fn custom_tool_calls_render_as_custom_tool_call_items() {
             .contains(&"response.function_call_arguments.delta"),
         "{kinds:?}"
     );
-    let delta = streamed.iter().find(|(k, _)| *k == "response.custom_tool_call_input.delta").unwrap();
+    // The input streams as the arguments grow, then `.done` has all of it;
+    // arguments of another shape go out whole at the end.
+    let deltas = |index: u64| -> Vec<&str> {
+        streamed
+            .iter()
+            .filter(|(k, p)| *k == "response.custom_tool_call_input.delta" && p["output_index"] == index)
+            .map(|(_, p)| p["delta"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(deltas(0), ["*** Begin", " Patch\n"]);
+    assert_eq!(deltas(1), [r#"{"patch":"x"}"#]);
     let done = streamed.iter().find(|(k, _)| *k == "response.custom_tool_call_input.done").unwrap();
-    assert_eq!((&delta.1["delta"], &done.1["input"]), (&json!("*** Begin Patch\n"), &json!("*** Begin Patch\n")));
-    assert_eq!(delta.1["output_index"], 0);
+    assert_eq!((&done.1["output_index"], &done.1["input"]), (&json!(0), &json!("*** Begin Patch\n")));
     let added = streamed.iter().find(|(k, _)| *k == "response.output_item.added").unwrap();
     assert_eq!((&added.1["item"]["type"], &added.1["item"]["input"]), (&json!("custom_tool_call"), &json!("")));
     let completed = &streamed.last().unwrap().1["response"]["output"];
@@ -1298,4 +1307,25 @@ fn codex_requests_under_a_known_model_name_parse() {
     let compaction = parse(recorded["compaction"].clone()).unwrap();
     assert!(compaction.tools.is_empty());
     assert_eq!(compaction.options.parallel_tool_calls, Some(false));
+}
+
+/// The readable part of a custom call's input while its JSON arguments
+/// stream: only complete escapes, nothing before the `input` string starts.
+#[test]
+fn partial_custom_input_decodes_only_what_is_complete() {
+    for (arguments, want) in [
+        ("", None),
+        (r#"{"inp"#, None),
+        (r#"{"input":"#, None),
+        (r#" { "input" : ""#, Some("")),
+        (r#"{"input": "a\"#, Some("a")),
+        (r#"{"input": "a\n"#, Some("a\n")),
+        (r#"{"input": "a\"q\"\\"#, Some("a\"q\"\\")),
+        (r#"{"input": "\u00e"#, Some("")),
+        (r#"{"input": "\u00e9\ud83d"#, Some("é")),
+        (r#"{"input": "\u00e9\ud83d\ude00 done", "x": 1}"#, Some("é😀 done")),
+        (r#"{"other": "x", "input": "y"}"#, None),
+    ] {
+        assert_eq!(CustomTools::partial_input(arguments).as_deref(), want, "{arguments}");
+    }
 }
