@@ -5,7 +5,7 @@ fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
     let faults = parse_faults(
         "headers_delay_ms=1, first_token_delay_ms=2,chunk_delay_ms=3,end_delay_ms=10,stall_after=4,cut_after=5,\
          malformed_at=6,malformed_run=2,malformed_end,no_done,status=429,retry_after=7,fail_times=2,never_answer=false,exit=0,words=8,hold=h1,\
-         context_window=9,sse_line_end=CR,echo_auth,set_cookie=false,error_code=content_policy_violation",
+         context_window=9,sse_line_end=CR,echo_auth,set_cookie=false,error_code=content_policy_violation,text_only",
     )
     .unwrap();
     assert_eq!(
@@ -34,6 +34,7 @@ fn parse_faults_accepts_all_knobs_and_rejects_bad_ones() {
             echo_auth: Some(true),
             set_cookie: Some(false),
             repeat_prefill: None,
+            text_only: Some(true),
         }
     );
     assert_eq!(parse_faults("").unwrap(), Faults::default());
