@@ -201,6 +201,28 @@ fn pages_past_the_bound_are_named_not_read() {
 }
 
 #[test]
+fn page_contents_past_the_documents_inflate_budget_are_not_read_and_the_label_says_so() {
+    // Three pages, each ~3 MiB of content (a comment, quick to parse;
+    // deflated to a few KiB) before its text: the third is past the 8 MiB
+    // budget.
+    let mut doc = Document::load_mem(&pdf(&["one", "two", "three"])).unwrap();
+    for page in doc.get_pages().into_values().collect::<Vec<_>>() {
+        let mut drawing = [b"%".repeat(3 * 1024 * 1024), b"\n".to_vec()].concat();
+        let mut drawing = Stream::new(dictionary! {}, std::mem::take(&mut drawing));
+        drawing.compress().unwrap();
+        let drawing = doc.add_object(drawing);
+        let page = doc.get_object_mut(page).unwrap().as_dict_mut().unwrap();
+        let text = page.get(b"Contents").unwrap().clone();
+        page.set("Contents", vec![drawing.into(), text]);
+    }
+    let mut bytes = Vec::new();
+    doc.save_to(&mut bytes).unwrap();
+    let text = read_pdf(&bytes).unwrap();
+    assert!(text.contains("one") && text.contains("two") && !text.contains("three"), "{text}");
+    assert!(text.contains("[only the first 2 of 3 pages were read]"), "{text}");
+}
+
+#[test]
 fn text_documents_are_text_and_long_text_is_cut_saying_so() {
     let text = from_base64("text/plain; charset=utf-8", &b64("héllo\nworld".as_bytes()), None, "p").unwrap();
     assert_eq!(text, "<document type=\"text\">\nhéllo\nworld\n</document>");
@@ -210,4 +232,53 @@ fn text_documents_are_text_and_long_text_is_cut_saying_so() {
     let text = from_text(&long, None, "p").unwrap();
     assert_eq!(text.matches('é').count(), MAX_CHARS);
     assert!(text.ends_with(&format!("[the text was cut after {MAX_CHARS} characters]\n</document>")), "{text}");
+}
+
+/// Extraction time at the bounds (not a check): `cargo nextest run -p
+/// iop-edge --release measure_extraction_time --run-ignored only
+/// --no-capture`.
+#[test]
+#[ignore]
+fn measure_extraction_time() {
+    let line = "The quick brown fox jumps over the lazy dog 0123456789. ";
+    let page = line.repeat(60);
+    for n in [100usize, 400] {
+        let pages: Vec<&str> = (0..n).map(|_| page.as_str()).collect();
+        let bytes = pdf(&pages);
+        let started = std::time::Instant::now();
+        let text = read_pdf(&bytes).unwrap();
+        eprintln!(
+            "{n} pages, {} bytes PDF: {} chars out in {:?}",
+            bytes.len(),
+            text.chars().count(),
+            started.elapsed()
+        );
+    }
+    let big = "Lorem ipsum dolor sit amet consectetur ".repeat(7 * 1024 * 1024 / 40);
+    let bytes = pdf(&[big.as_str()]);
+    let started = std::time::Instant::now();
+    let text = read_pdf(&bytes).unwrap();
+    eprintln!(
+        "1 page of 7 MiB text, {} bytes PDF: {} chars out in {:?}",
+        bytes.len(),
+        text.chars().count(),
+        started.elapsed()
+    );
+    let mut doc = Document::load_mem(&pdf(&["drawn"])).unwrap();
+    let page = *doc.get_pages().values().next().unwrap();
+    let mut drawing = Stream::new(dictionary! {}, b"q Q\n".repeat(MAX_PAGE_CONTENT_BYTES / 4 - 64));
+    drawing.compress().unwrap();
+    let drawing = doc.add_object(drawing);
+    let page = doc.get_object_mut(page).unwrap().as_dict_mut().unwrap();
+    let text = page.get(b"Contents").unwrap().clone();
+    page.set("Contents", vec![drawing.into(), text]);
+    let mut bytes = Vec::new();
+    doc.save_to(&mut bytes).unwrap();
+    let started = std::time::Instant::now();
+    let _ = read_pdf(&bytes);
+    eprintln!("1 page of 8 MiB tiny operators, {} bytes PDF: read in {:?}", bytes.len(), started.elapsed());
+    let noise: Vec<u8> = (0..4_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let started = std::time::Instant::now();
+    let _ = read_pdf(&noise);
+    eprintln!("4 MB of noise refused in {:?}", started.elapsed());
 }
