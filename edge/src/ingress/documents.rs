@@ -18,7 +18,10 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use base64::Engine as _;
-use lopdf::{Document, LoadOptions};
+use std::collections::BTreeMap;
+
+use lopdf::content::Content;
+use lopdf::{Document, Encoding, LoadOptions, Object};
 
 use serde_json::{Map, Value};
 
@@ -40,6 +43,9 @@ const MAX_INFLATED_BYTES: usize = 16 * 1024 * 1024;
 /// text layer's (a page of text is a few KiB), and it bounds the time one
 /// PDF takes (measured: 15 MiB of page content read in ~90 ms, release).
 const MAX_PAGE_CONTENT_BYTES: usize = 8 * 1024 * 1024;
+/// What of them lopdf parses, all pages together: their text operations
+/// (a few bytes a character shown, so well above [`MAX_CHARS`]' worth).
+const MAX_TEXT_OPERATION_BYTES: usize = 1024 * 1024;
 
 /// Why a document cannot be read; the message follows the block's path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -157,6 +163,133 @@ fn read_base64(media_type: &str, data: &str, name: Option<&str>) -> Result<Strin
     }
 }
 
+/// Appends the text `kept` (a page's [`text_operations`]) shows, as lopdf's
+/// `extract_text` reads it: `Tf` picks the font's encoding, `Tj`/`TJ`/`'`/`"`
+/// show strings (a `TJ` gap wider than 100 units is a space), `T*`, `'`,
+/// `"` and `ET` end a line.
+fn page_text(doc: &Document, page: lopdf::ObjectId, kept: &[u8], text: &mut String) {
+    let Ok(fonts) = doc.get_page_fonts(page) else { return };
+    let encodings: BTreeMap<Vec<u8>, Encoding> = fonts
+        .into_iter()
+        .filter_map(|(name, font)| Some((name, font.get_font_encoding_with_limit(doc, MAX_INFLATED_BYTES).ok()?)))
+        .collect();
+    let Ok(content) = Content::decode(kept) else { return };
+    fn show(text: &mut String, encoding: &Encoding, operands: &[Object]) {
+        for operand in operands {
+            match operand {
+                Object::String(bytes, _) => {
+                    let _ = encoding.write_to_string(bytes, text);
+                }
+                Object::Array(items) => show(text, encoding, items),
+                Object::Integer(gap) if *gap < -100 => text.push(' '),
+                Object::Real(gap) if *gap < -100.0 => text.push(' '),
+                _ => {}
+            }
+        }
+    }
+    let new_line = |text: &mut String| {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+    };
+    let mut encoding = None;
+    for op in &content.operations {
+        match op.operator.as_str() {
+            "Tf" => encoding = op.operands.first().and_then(|f| f.as_name().ok()).and_then(|f| encodings.get(f)),
+            "Tj" | "TJ" => encoding.into_iter().for_each(|e| show(text, e, &op.operands)),
+            "'" | "\"" => {
+                new_line(text);
+                let shown = if op.operator == "'" { op.operands.first() } else { op.operands.get(2) };
+                encoding.into_iter().for_each(|e| show(text, e, shown.map(std::slice::from_ref).unwrap_or_default()));
+            }
+            "T*" | "ET" => new_line(text),
+            _ => {}
+        }
+    }
+    new_line(text);
+}
+
+/// The operations of a content stream that show text or pick its font
+/// (`Tf`, `Tj`, `TJ`, `'`, `"`, `T*`, `ET`), with their operands, one a
+/// line; drawing, images and the rest are dropped. A byte scan: lopdf's
+/// operator parser takes ~0.4 s per MiB of tiny drawing operators (a vector
+/// chart, or a hostile page), so it sees only what can be text. At most
+/// `limit` bytes are kept, whole operations; the flag says whether all were.
+fn text_operations(content: &[u8], limit: usize) -> (Vec<u8>, bool) {
+    const KEPT: [&[u8]; 7] = [b"Tf", b"Tj", b"TJ", b"'", b"\"", b"T*", b"ET"];
+    let is_space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' | 0);
+    let is_delimiter = |b: u8| matches!(b, b'(' | b')' | b'<' | b'>' | b'[' | b']' | b'{' | b'}' | b'/' | b'%');
+    let mut out = Vec::new();
+    let (mut i, mut operands) = (0, 0);
+    while i < content.len() {
+        match content[i] {
+            b if is_space(b) => i += 1,
+            b'%' => {
+                while i < content.len() && !matches!(content[i], b'\n' | b'\r') {
+                    i += 1;
+                }
+            }
+            b'(' => {
+                let mut depth = 0usize;
+                while i < content.len() {
+                    match content[i] {
+                        b'\\' => i += 1,
+                        b'(' => depth += 1,
+                        b')' => depth -= 1,
+                        _ => {}
+                    }
+                    i += 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+            }
+            b'<' if content.get(i + 1) != Some(&b'<') => {
+                while i < content.len() && content[i] != b'>' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'<' | b'>' => i += if content.get(i + 1) == Some(&content[i]) { 2 } else { 1 },
+            b'[' | b']' | b'{' | b'}' | b')' => i += 1,
+            _ => {
+                // A name, number or operator.
+                let start = i;
+                i += 1;
+                while i < content.len() && !is_space(content[i]) && !is_delimiter(content[i]) {
+                    i += 1;
+                }
+                let token = &content[start..i];
+                let operand = token[0] == b'/'
+                    || token.iter().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+'))
+                    || matches!(token, b"true" | b"false" | b"null");
+                if operand {
+                    continue;
+                }
+                if KEPT.contains(&token) {
+                    if out.len() + (i - operands) + 1 > limit {
+                        return (out, false);
+                    }
+                    out.extend_from_slice(&content[operands..i]);
+                    out.push(b'\n');
+                } else if token == b"ID" {
+                    // Inline image data runs to `EI` between white space.
+                    while i < content.len()
+                        && !(is_space(content[i - 1])
+                            && content[i..].starts_with(b"EI")
+                            && content.get(i + 2).is_none_or(|b| is_space(*b)))
+                    {
+                        i += 1;
+                    }
+                    i += 2;
+                }
+                operands = i.min(content.len());
+            }
+        }
+    }
+    (out, true)
+}
+
 /// A PDF's text layer: the text of its first [`MAX_PAGES`] pages.
 #[derive(Debug)]
 struct PdfText {
@@ -187,10 +320,12 @@ fn pdf_text_unguarded(bytes: &[u8]) -> Result<PdfText, DocumentError> {
     let pages = doc.get_pages();
     let mut text = String::new();
     let mut read = 0;
-    // What the page contents may inflate to, all pages together (each page
-    // is inflated twice: measured, then read). Past it, or past what the
-    // character bound keeps, the rest is not read; the label says so.
+    // What the page contents may inflate to, all pages together, and what
+    // of them lopdf parses (their text operations). Past either, or past
+    // what the character bound keeps, the rest is not read; the label says
+    // so.
     let mut inflate_budget = MAX_PAGE_CONTENT_BYTES;
+    let mut kept_budget = MAX_TEXT_OPERATION_BYTES;
     for &number in numbers.iter().take(MAX_PAGES) {
         if text.len() > MAX_CHARS * 4 {
             break;
@@ -199,12 +334,14 @@ fn pdf_text_unguarded(bytes: &[u8]) -> Result<PdfText, DocumentError> {
             break;
         };
         inflate_budget -= content.len().min(inflate_budget);
+        let (kept, whole) = text_operations(&content, kept_budget);
+        kept_budget -= kept.len();
         read += 1;
         // A page whose text cannot be decoded (an odd font) is skipped; the
         // document as a whole fails only if no page has text.
-        if let Ok(page) = doc.extract_text_with_limit(&[number], MAX_PAGE_CONTENT_BYTES) {
-            text.push_str(page.trim_end());
-            text.push('\n');
+        page_text(&doc, pages[&number], &kept, &mut text);
+        if !whole {
+            break;
         }
     }
     if text.trim().is_empty() {
