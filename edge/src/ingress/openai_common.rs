@@ -23,6 +23,8 @@ pub(super) fn text_content(value: &Value, path: &str, text_types: &[&str]) -> Re
     content_parts(value, path, text_types, None).map(|(text, _)| text)
 }
 
+type JsonObject = Map<String, Value>;
+
 /// How an API spells its media parts: an image's `type` and where the URL
 /// is in it; a file's `type` and where its fields are.
 pub(super) struct ImagePart {
@@ -34,7 +36,7 @@ pub(super) struct ImagePart {
     pub file_kind: &'static str,
     /// The object holding `file_data`, `filename`, `file_id` (the part
     /// itself, or Chat's `file`) and its path below the part.
-    pub file_of: fn(&Map<String, Value>) -> Option<&Map<String, Value>>,
+    pub file_of: fn(&JsonObject) -> Option<&JsonObject>,
     pub file_path: &'static str,
 }
 
