@@ -405,6 +405,22 @@ struct Early<S: Surface> {
     again: Option<crate::continuation::Again>,
 }
 
+/// Bodies larger than this are parsed on the blocking pool: a large body is
+/// where documents (a PDF's text layer: up to ~0.2 s each, 20 a request)
+/// and big JSON are, and a runtime worker must not stall on them.
+const PARSE_IN_PLACE_BYTES: usize = 256 * 1024;
+
+async fn parse<S: Surface>(bytes: &Bytes) -> Result<surface::Parsed<S::Context>, ApiError> {
+    if bytes.len() <= PARSE_IN_PLACE_BYTES {
+        return S::parse(bytes);
+    }
+    let bytes = bytes.clone();
+    match tokio::task::spawn_blocking(move || S::parse(&bytes)).await {
+        Ok(parsed) => parsed,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 async fn serve<S: Surface>(
     state: &Arc<EdgeState>,
     headers: HeaderMap,
@@ -417,7 +433,7 @@ async fn serve<S: Surface>(
     let (caller, config, bytes, held) = authenticated_body(state, &headers, body, admit).await?;
     record.body = Some(held);
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
-    let parsed = S::parse(&bytes)?;
+    let parsed = parse::<S>(&bytes).await?;
     if let Some(first) = parsed.dropped_tools.first() {
         if config.api.hosted_tools == HostedTools::Refuse {
             return Err(hosted_tools::refusal(first));
