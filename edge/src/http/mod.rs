@@ -410,12 +410,12 @@ struct Early<S: Surface> {
 /// and big JSON are, and a runtime worker must not stall on them.
 const PARSE_IN_PLACE_BYTES: usize = 256 * 1024;
 
-async fn parse<S: Surface>(bytes: &Bytes) -> Result<surface::Parsed<S::Context>, ApiError> {
+async fn parse<T: Send + 'static>(bytes: &Bytes, parse: fn(&[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
     if bytes.len() <= PARSE_IN_PLACE_BYTES {
-        return S::parse(bytes);
+        return parse(bytes);
     }
     let bytes = bytes.clone();
-    match tokio::task::spawn_blocking(move || S::parse(&bytes)).await {
+    match tokio::task::spawn_blocking(move || parse(&bytes)).await {
         Ok(parsed) => parsed,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
@@ -433,7 +433,7 @@ async fn serve<S: Surface>(
     let (caller, config, bytes, held) = authenticated_body(state, &headers, body, admit).await?;
     record.body = Some(held);
     // Parsed even when tunnelled: bad input gets a 400 in the API's own shape.
-    let parsed = parse::<S>(&bytes).await?;
+    let parsed = parse(&bytes, S::parse).await?;
     if let Some(first) = parsed.dropped_tools.first() {
         if config.api.hosted_tools == HostedTools::Refuse {
             return Err(hosted_tools::refusal(first));
@@ -962,7 +962,7 @@ async fn count_tokens(State(state): State<Arc<EdgeState>>, headers: HeaderMap, b
         Ok(read) => read,
         Err(err) => return error_response::<Messages>(&err),
     };
-    let request = match crate::ingress::anthropic_messages::parse_count_tokens_request(&bytes) {
+    let request = match parse(&bytes, crate::ingress::anthropic_messages::parse_count_tokens_request).await {
         Ok(request) => request,
         Err(err) => return error_response::<Messages>(&err),
     };
