@@ -66,7 +66,7 @@ pub const UNSUPPORTED_CONTENT: &str = "unsupported_content";
 /// error: not retried, not held against the provider. Any 4xx but a
 /// refused credential or a rate limit, and 500/501 (llama.cpp answers 500).
 pub fn unsupported_content(status: u16, body: &[u8]) -> bool {
-    if !(matches!(status, 400..=499 | 500 | 501) && !matches!(status, 401 | 403 | 429)) {
+    if !matches!(status, 400..=501) || matches!(status, 401 | 403 | 429) {
         return false;
     }
     let Ok(value) = serde_json::from_slice::<Value>(body) else { return false };
