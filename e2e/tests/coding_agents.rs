@@ -131,6 +131,20 @@ impl Dev {
     }
 }
 
+/// docs/clients.md's Codex setup in the test's home: IOP as a model provider
+/// speaking Responses (Codex's only wire API) serving `model`; update checks
+/// and analytics off.
+fn write_codex_config(dev: &Dev, model: &str) {
+    let config = format!(
+        "model = \"{model}\"\nmodel_provider = \"iop\"\ncheck_for_update_on_startup = false\n\n\
+         [analytics]\nenabled = false\n\n\
+         [model_providers.iop]\nname = \"IOP\"\nbase_url = \"{}/v1\"\nenv_key = \"IOP_API_KEY\"\nwire_api = \"responses\"\n",
+        dev.base
+    );
+    std::fs::create_dir(dev.home().join(".codex")).unwrap();
+    std::fs::write(dev.home().join(".codex/config.toml"), config).unwrap();
+}
+
 /// Claude Code's documented switches for telemetry, error reports and
 /// update checks (`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC` covers all three).
 fn claude_env(base: &str) -> [(&str, &str); 4] {
@@ -176,16 +190,7 @@ async fn codex_cli_answers_and_runs_a_tool_through_iop() {
     let dev = Dev::start().await;
     let version = dev.run(&codex, &["--version"], &[]).await;
     assert!(version.contains(CODEX), "the pinned version: {version}");
-    // docs/clients.md's setup: IOP as a model provider speaking Responses (Codex's
-    // only wire API); update checks and analytics off.
-    let config = format!(
-        "model = \"mock\"\nmodel_provider = \"iop\"\ncheck_for_update_on_startup = false\n\n\
-         [analytics]\nenabled = false\n\n\
-         [model_providers.iop]\nname = \"IOP\"\nbase_url = \"{}/v1\"\nenv_key = \"IOP_API_KEY\"\nwire_api = \"responses\"\n",
-        dev.base
-    );
-    std::fs::create_dir(dev.home().join(".codex")).unwrap();
-    std::fs::write(dev.home().join(".codex/config.toml"), config).unwrap();
+    write_codex_config(&dev, "mock");
     let env = [("IOP_API_KEY", "unused-without-keys")];
 
     // Default tools: a `namespace` tool and the hosted `web_search`.
@@ -216,14 +221,7 @@ async fn codex_cli_answers_and_runs_a_tool_through_iop() {
 async fn codex_cli_under_a_known_model_name_patches_and_compacts() {
     let codex = Part::CodingAgents.require(parts::agent("codex"));
     let dev = Dev::serving("gpt-5.5").await;
-    let config = format!(
-        "model = \"gpt-5.5\"\nmodel_provider = \"iop\"\ncheck_for_update_on_startup = false\n\n\
-         [analytics]\nenabled = false\n\n\
-         [model_providers.iop]\nname = \"IOP\"\nbase_url = \"{}/v1\"\nenv_key = \"IOP_API_KEY\"\nwire_api = \"responses\"\n",
-        dev.base
-    );
-    std::fs::create_dir(dev.home().join(".codex")).unwrap();
-    std::fs::write(dev.home().join(".codex/config.toml"), config).unwrap();
+    write_codex_config(&dev, "gpt-5.5");
     let env = [("IOP_API_KEY", "unused-without-keys")];
     let args = [
         "exec",

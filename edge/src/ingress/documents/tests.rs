@@ -239,20 +239,27 @@ fn text_operations_keep_what_shows_text_and_drop_the_rest() {
     assert_eq!((String::from_utf8_lossy(&kept).as_ref(), whole), (" /F1 12 Tf\n", false));
 }
 
-#[test]
-fn a_page_of_drawing_is_read_quickly() {
-    // A page of 8 MiB of tiny drawing operators (lopdf's parser alone takes
-    // seconds on it) before its text.
-    let mut doc = Document::load_mem(&pdf(&["caption"])).unwrap();
+/// A one-page PDF whose page draws 8 MiB of tiny operators (`q Q`) before
+/// its `text`: lopdf's own content parser takes seconds on it.
+fn drawing_then_text(text: &str) -> Vec<u8> {
+    let mut doc = Document::load_mem(&pdf(&[text])).unwrap();
     let page = *doc.get_pages().values().next().unwrap();
     let mut drawing = Stream::new(dictionary! {}, b"q Q\n".repeat(MAX_PAGE_CONTENT_BYTES / 4 - 64));
     drawing.compress().unwrap();
     let drawing = doc.add_object(drawing);
     let dict = doc.get_object_mut(page).unwrap().as_dict_mut().unwrap();
-    let text = dict.get(b"Contents").unwrap().clone();
-    dict.set("Contents", vec![drawing.into(), text]);
+    let contents = dict.get(b"Contents").unwrap().clone();
+    dict.set("Contents", vec![drawing.into(), contents]);
     let mut bytes = Vec::new();
     doc.save_to(&mut bytes).unwrap();
+    bytes
+}
+
+#[test]
+fn a_page_of_drawing_is_read_quickly() {
+    // A page of 8 MiB of tiny drawing operators (lopdf's parser alone takes
+    // seconds on it) before its text.
+    let bytes = drawing_then_text("caption");
     let started = std::time::Instant::now();
     assert!(read_pdf(&bytes).unwrap().contains("caption"));
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
@@ -290,16 +297,7 @@ fn measure_extraction_time() {
             started.elapsed()
         );
     }
-    let mut doc = Document::load_mem(&pdf(&["drawn"])).unwrap();
-    let page = *doc.get_pages().values().next().unwrap();
-    let mut drawing = Stream::new(dictionary! {}, b"q Q\n".repeat(MAX_PAGE_CONTENT_BYTES / 4 - 64));
-    drawing.compress().unwrap();
-    let drawing = doc.add_object(drawing);
-    let page = doc.get_object_mut(page).unwrap().as_dict_mut().unwrap();
-    let text = page.get(b"Contents").unwrap().clone();
-    page.set("Contents", vec![drawing.into(), text]);
-    let mut bytes = Vec::new();
-    doc.save_to(&mut bytes).unwrap();
+    let bytes = drawing_then_text("drawn");
     let started = std::time::Instant::now();
     let _ = read_pdf(&bytes);
     eprintln!("1 page of 8 MiB tiny operators, {} bytes PDF: read in {:?}", bytes.len(), started.elapsed());
