@@ -56,6 +56,7 @@ impl ProviderSpec {
             credential: None,
             continuation: None,
             context_window: None,
+            accepts_images: None,
             keep_warm: self.keep_warm,
         }
     }

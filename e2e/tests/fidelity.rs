@@ -151,7 +151,8 @@ async fn messages_and_responses_carry_tool_choice_and_clients_can_hand_back_reas
 /// Images from every API reach both providers (as Ollama `images` or
 /// OpenAI `image_url` parts; the mock counts them in its echo); an image URL
 /// cannot reach Ollama and says so, and neither can an image reach an Ollama
-/// model whose capabilities lack `vision`.
+/// model whose capabilities lack `vision` (the node reports them, and the
+/// Edge refuses before any provider is called).
 #[tokio::test]
 async fn images_reach_both_providers_from_every_api() {
     let text_only = provider("text-only", iop_proto::config::Adapter::Ollama, "text-model", "mock-text", "");
@@ -187,12 +188,17 @@ async fn images_reach_both_providers_from_every_api() {
     let sent = stack.last_provider_request(OLLAMA).await;
     assert_eq!(sent["messages"][0]["images"], json!([png]), "Ollama gets the image's base64");
 
+    iop_e2e::harness::wait_until("the node reported text-only's capabilities", WAIT, || async {
+        stack.provider_admin("text-only").await["accepts_images"] == false
+    })
+    .await;
     let requests_before = stack.mock_stats().await["requests_total"].clone();
     let to_text_only = json!({"model": "mock-text", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": data_url}}
     ]}]});
     let (status, body) = json_body(stack.post("/v1/chat/completions", &to_text_only).await).await;
     assert_eq!((status, body["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{body}");
+    assert_eq!(body["error"]["code"], "unsupported_content", "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("does not accept images"), "{body}");
     assert_eq!(stack.mock_stats().await["requests_total"], requests_before, "the model was never asked");
     let text = json!({"model": "mock-text", "messages": [{"role": "user", "content": "just text"}]});

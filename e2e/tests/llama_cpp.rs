@@ -351,6 +351,8 @@ async fn a_real_llama_cpp_server_behind_iop() {
     timed("continuation");
     a_client_that_leaves_frees_the_servers_slot(&stack, &main).await;
     timed("cancel");
+    an_image_is_refused_before_or_by_the_text_only_server(&stack).await;
+    timed("images");
     drop(small);
     a_killed_server_lowers_the_provider_and_its_restart_restores_it(&stack, &parts, main, dir.path()).await;
     timed("restart");
@@ -520,6 +522,49 @@ async fn tunnel_relays_the_servers_answer(stack: &Stack) {
     let (status, counted) = json_body(response).await;
     assert_eq!(status, 200, "{counted}");
     assert_eq!(counted["input_tokens"], body["usage"]["input_tokens"], "{counted} {body}");
+}
+
+/// The real server reads text only (no `--mmproj`): its `/props` says so
+/// (`modalities.vision: false`), so an image is the client's 400
+/// `unsupported_content` before any provider is called. Declared (wrongly)
+/// to read images, the server itself refuses (a 500 "image input is not
+/// supported"): the same 400, in normalized and tunnel mode, with nothing
+/// held against the provider. Changes the small server's providers' config:
+/// run after the sections that use them.
+async fn an_image_is_refused_before_or_by_the_text_only_server(stack: &Stack) {
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let image = |model: &str| {
+        json!({"model": model, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+        ]}]})
+    };
+    let refused = |body: &Value, says: &str| {
+        assert_eq!(body["error"]["code"], "unsupported_content", "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(says), "{body}");
+    };
+    for id in ["llama", "llama-tunnel", "llama-small"] {
+        wait_until(&format!("{id} reads no images"), WAIT, || async {
+            stack.provider_admin(id).await["accepts_images"] == false
+        })
+        .await;
+    }
+    for model in [ALIAS, "gemma-tunnel"] {
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &image(model)).await).await;
+        assert_eq!(status, 400, "{model}: {body}");
+        refused(&body, "does not accept images");
+    }
+
+    stack.edit_providers(&["llama-small", "llama-small-tunnel"], |p| p.accepts_images = Some(true)).await;
+    for (id, model) in [("llama-small", "gemma-small"), ("llama-small-tunnel", "gemma-small-tunnel")] {
+        for _ in 0..2 {
+            let (status, body) = json_body(stack.post("/v1/chat/completions", &image(model)).await).await;
+            assert_eq!(status, 400, "{model}: {body}");
+            refused(&body, "image input is not supported");
+        }
+        let admin = stack.provider_admin(id).await;
+        assert_eq!((&admin["consecutive_failures"], &admin["accepts_images"]), (&json!(0), &json!(true)), "{admin}");
+    }
 }
 
 /// A prompt longer than the small server's context: each API answers its

@@ -140,34 +140,104 @@ async fn a_streaming_request_is_retried_on_the_primary_too() {
     assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(FALLBACK)).await, 0);
 }
 
+const PIXEL: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
+/// A Chat Completions request for `model` with an image.
+fn image_chat(model: &str) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": PIXEL}},
+        ]}],
+    })
+}
+
+/// Waits until the Edge believes what provider `id`'s server says of images.
+async fn wait_accepts_images(stack: &Stack, id: &str, accepts: bool) {
+    iop_e2e::harness::wait_until(&format!("{id} accepts_images={accepts}"), WAIT, || async {
+        stack.provider_admin(id).await["accepts_images"] == accepts
+    })
+    .await;
+}
+
 /// Issue 45 item 5: an image for a text-only model on an OpenAI-compatible
 /// server (llama.cpp without a projector answers 500 "image input is not
 /// supported") can never succeed there: the client's 400
 /// `unsupported_content` at once, one provider call per request (it was
-/// three, then a 502 clients retry), and the provider is not ejected for it.
+/// three, then a 502 clients retry), and the provider is not ejected for it,
+/// in normalized and tunnel mode. The providers are declared to read images
+/// (wrongly), so that each request reaches them: what their servers say is
+/// the next test's.
 #[tokio::test]
 async fn an_image_for_a_text_only_model_is_the_clients_400_not_a_retry() {
     let text_only = "mock@text_only";
-    let stack = stack_with(vec![p("llama", text_only, "pri", 0)], RetryConfig::default()).await;
-    let pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
-    let image = serde_json::json!({
-        "model": "pri",
-        "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "what is this?"},
-            {"type": "image_url", "image_url": {"url": pixel}},
-        ]}],
-    });
-    // More requests than the outlier threshold (5 failures in a row).
-    for n in 1..=6 {
-        let (status, body) = json_body(stack.post("/v1/chat/completions", &image).await).await;
-        assert_eq!(status, 400, "{body}");
-        assert_eq!(body["error"]["code"], "unsupported_content", "{body}");
-        assert!(body["error"]["message"].as_str().unwrap_or_default().contains("image input is not supported"));
-        assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(text_only)).await, n);
+    let mut tunnel = p("tunnel", "mock@text_only,words=3", "tun", 0);
+    tunnel.mode = iop_proto::config::ProviderMode::Tunnel;
+    let stack = stack_with(vec![p("llama", text_only, "pri", 0), tunnel], RetryConfig::default()).await;
+    stack.edit_providers(&["llama", "tunnel"], |p| p.accepts_images = Some(true)).await;
+    for (id, model, target) in [("llama", "pri", text_only), ("tunnel", "tun", "mock@text_only,words=3")] {
+        // More requests than the outlier threshold (5 failures in a row).
+        for n in 1..=6 {
+            let (status, body) = json_body(stack.post("/v1/chat/completions", &image_chat(model)).await).await;
+            assert_eq!(status, 400, "{id}: {body}");
+            assert_eq!(body["error"]["code"], "unsupported_content", "{id}: {body}");
+            assert!(body["error"]["message"].as_str().unwrap_or_default().contains("image input is not supported"));
+            assert_eq!(stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(target)).await, n, "{id}");
+        }
+        assert_eq!(stack.metric(&format!("iop_edge_provider_ejections_total{{provider=\"{id}\"}}")).await, 0.0);
+        assert_eq!(stack.provider_admin(id).await["consecutive_failures"], 0, "{id}");
+        // The provider still serves text.
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi", false)).await).await;
+        assert_eq!(status, 200, "{id}: {body}");
     }
     assert_eq!(path_count(&stack, "same_provider").await, 0.0);
-    assert_eq!(stack.metric("iop_edge_provider_ejections_total{provider=\"llama\"}").await, 0.0);
-    // The provider still serves text.
-    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
+}
+
+/// Issue 45 item 5: what a provider's server says of images (here LM
+/// Studio's model `type`, reported with its residency) decides before
+/// anything is sent: an image goes to the provider of the route that reads
+/// images even when the text-only one is preferred, and a route whose every
+/// provider reads text only is the client's 400 `unsupported_content` with
+/// no provider called, in every API. Text still goes by priority.
+#[tokio::test]
+async fn an_image_goes_only_where_the_model_reads_images() {
+    let (text_only, vision) = ("mock@text_only,words=2", "mock@words=3");
+    let mut solo = p("solo", "mock@text_only,words=4", "solo", 0);
+    solo.mode = iop_proto::config::ProviderMode::Tunnel;
+    let providers = vec![p("text", text_only, "pri", 0), p("vision", vision, "pri", 1), solo];
+    let stack = stack_with(providers, RetryConfig::default()).await;
+    wait_accepts_images(&stack, "text", false).await;
+    wait_accepts_images(&stack, "vision", true).await;
+    wait_accepts_images(&stack, "solo", false).await;
+    let calls = |target: &'static str| {
+        let stack = &stack;
+        async move { stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(target)).await }
+    };
+
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &image_chat("pri")).await).await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "w1 w2 w3", "the vision provider answered");
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("pri", "hi", false)).await).await;
+    assert_eq!((status, &body["choices"][0]["message"]["content"]), (200, &serde_json::json!("w1 w2")), "{body}");
+    assert_eq!((calls(text_only).await, calls(vision).await), (1, 1), "the image never reached the text-only model");
+
+    let messages = serde_json::json!({"model": "solo", "max_tokens": 50, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL.split_once(',').unwrap().1}},
+        {"type": "text", "text": "and this"}
+    ]}]});
+    for (path, body) in [("/v1/chat/completions", image_chat("solo")), ("/v1/messages", messages)] {
+        let (status, answer) = json_body(stack.post(path, &body).await).await;
+        assert_eq!(status, 400, "{path}: {answer}");
+        let (code, message) = match path {
+            "/v1/messages" => (&answer["error"]["type"], &answer["error"]["message"]),
+            _ => (&answer["error"]["code"], &answer["error"]["message"]),
+        };
+        let expected = if path == "/v1/messages" { "invalid_request_error" } else { "unsupported_content" };
+        assert_eq!(code, expected, "{path}: {answer}");
+        assert!(message.as_str().unwrap().contains("does not accept images"), "{path}: {answer}");
+    }
+    assert_eq!(calls("mock@text_only,words=4").await, 0, "no provider was called");
+    let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body("solo", "hi", false)).await).await;
+    assert_eq!((status, &body["choices"][0]["message"]["content"]), (200, &serde_json::json!("w1 w2 w3 w4")), "{body}");
 }

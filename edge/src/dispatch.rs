@@ -59,6 +59,10 @@ pub trait NodeFrame: Send + 'static {
     fn response_status(_item: &Self::Item) -> Option<u32> {
         None
     }
+    /// The provider's response body bytes a tunnel's item carries.
+    fn body(_item: &Self::Item) -> Option<&[u8]> {
+        None
+    }
     /// The token usage an item reports (mutable: the Edge bounds it in
     /// place, `usage::Account::bound`).
     fn usage_mut(_item: &mut Self::Item) -> Option<&mut pb::Usage> {
@@ -159,6 +163,12 @@ impl NodeFrame for pb::ProviderTunnelFrame {
     fn response_status(item: &Self::Item) -> Option<u32> {
         match item {
             pb::provider_tunnel_frame::Frame::Head(h) => Some(h.status),
+            _ => None,
+        }
+    }
+    fn body(item: &Self::Item) -> Option<&[u8]> {
+        match item {
+            pb::provider_tunnel_frame::Frame::Body(bytes) => Some(bytes),
             _ => None,
         }
     }
@@ -347,6 +357,7 @@ pub async fn start_run<F: NodeFrame>(
         next_seq: 1,
         finished: false,
         response_status: None,
+        error_body: Vec::new(),
         account,
         seen: Seen::default(),
     };
@@ -378,6 +389,9 @@ pub struct RunStream<F: NodeFrame> {
     finished: bool,
     /// A tunnel's provider response status, once its head arrived.
     response_status: Option<u32>,
+    /// The start of a tunnel's error answer (a status other than 2xx), to
+    /// classify it ([`outlier::ERROR_BODY_READ`] bytes at most).
+    error_body: Vec<u8>,
     /// Charged when the run's terminal comes, or by its [`Drain`] (taken
     /// once charged).
     account: Option<Account>,
@@ -458,6 +472,12 @@ impl<F: NodeFrame> RunStream<F> {
         if let Some(status) = F::response_status(&item) {
             self.response_status = Some(status);
         }
+        if let Some(bytes) = F::body(&item)
+            && self.response_status.is_some_and(|s| !(200..300).contains(&s))
+        {
+            let room = outlier::ERROR_BODY_READ.saturating_sub(self.error_body.len());
+            self.error_body.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
         self.seen.note::<F>(&mut item, self.account.as_ref(), self.lease.lease().node());
         if let Some(outcome) = F::outcome(&item) {
             if let Some(account) = self.account.take() {
@@ -469,7 +489,9 @@ impl<F: NodeFrame> RunStream<F> {
             // about the provider: its deadline, its answer's size, or a
             // node that went quiet.)
             let verdict = match outcome {
-                RunOutcome::Completed => outlier::verdict(None, self.response_status),
+                RunOutcome::Completed => {
+                    outlier::verdict(None, self.response_status.map(|s| (s, self.error_body.as_slice())))
+                }
                 RunOutcome::Failed | RunOutcome::TransportLost => {
                     F::failure_mut(&mut item).map_or(Verdict::Neutral, |f| outlier::verdict(Some(f), None))
                 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use iop_proto::config::ProviderMode;
 use iop_proto::pb::{self, FailureKind, provider_tunnel_frame::Frame, run_event::Event};
-use iop_proto::provider_error::rejects_credential;
+use iop_proto::provider_error::{refuses_content, rejects_credential};
 use tokio::time::Instant;
 
 use crate::admission::LeaseGuard;
@@ -289,8 +289,13 @@ pub async fn execute_in(
     scope: Scope,
 ) -> Result<Committed, ApiError> {
     let config = state.config.current();
+    // Within a route, only providers that can read the request's images (a
+    // token count reads none).
+    let images = request.carries_images() && !request.count_tokens;
+    let accepts_images = |c: &Candidate| state.routing.residency.accepts_images(&state.registry, &c.provider);
+    let readable = |all| crate::route::fit_inputs(all, images, accepts_images);
     let candidates_of = |model| {
-        let all = crate::route::admission_candidates(&config, model)?;
+        let all = readable(crate::route::admission_candidates(&config, model)?)?;
         if !scope.continuation_only {
             return Some(all);
         }
@@ -306,6 +311,10 @@ pub async fn execute_in(
         true => (all, false),
         false => crate::route::fit_context(&all, prompt, |c| window(&c.provider)),
     };
+    let routed = crate::route::admission_candidates(&config, model);
+    if routed.is_some_and(|all| readable(all).is_none()) {
+        return Err(ApiError::ImagesNotAccepted(model.to_string()));
+    }
     let (mut candidates, mut context_fitted) =
         fit(candidates_of(model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?);
     // The route being tried: the client's model, or its context fallback.
@@ -429,6 +438,11 @@ pub async fn execute_in(
             for other in same_credential(&candidates, provider) {
                 avoid.insert(other.to_string(), false);
             }
+            None
+        } else if refuses_content(&failure) {
+            // The model cannot read the content: the client's 400 in its
+            // API's shape (a relayed llama.cpp 500 reads as temporary, and
+            // clients retry it).
             None
         } else {
             relay
@@ -917,7 +931,8 @@ fn ask_for_usage(request: &mut serde_json::Map<String, serde_json::Value>) -> bo
 /// The failure a tunnelled error response stands for (for the retry decision).
 pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
     // Enough of the body to read the provider's error object whole.
-    let whole: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).take(64 * 1024).collect();
+    let whole: Vec<u8> =
+        body.iter().flat_map(|b| b.iter().copied()).take(crate::core::outlier::ERROR_BODY_READ).collect();
     let text = &whole[..whole.len().min(512)];
     let mut failure = pb::ExecutionFailure::new(
         FailureKind::ProviderHttpStatus,

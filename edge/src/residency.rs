@@ -93,6 +93,12 @@ impl ResidencyTable {
         provider.context_window.or_else(|| Some(self.of(registry, provider).context_window).filter(|w| *w > 0))
     }
 
+    /// Whether `provider`'s model reads images: as its config declares, else
+    /// as its server said to its node; `None` when unknown.
+    pub fn accepts_images(&self, registry: &NodeRegistry, provider: &ProviderEntry) -> Option<bool> {
+        provider.accepts_images.or_else(|| self.of(registry, provider).images)
+    }
+
     /// Forgets providers `keep` rejects (a reload removed them).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.entries.lock().unwrap().retain(|id, _| keep(id));

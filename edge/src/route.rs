@@ -58,6 +58,23 @@ pub fn fit_context(
     (kept, true)
 }
 
+/// The candidates of one route that can read a request's inputs: with
+/// `images`, a candidate known not to read images (`accepts_images`:
+/// declared, or as its server said) is left out; one not known either way
+/// stays (its own answer then decides). `None` when none is left: no
+/// provider of the route can ever serve the request. Pure.
+pub fn fit_inputs(
+    candidates: Arc<[Candidate]>,
+    images: bool,
+    accepts_images: impl Fn(&Candidate) -> Option<bool>,
+) -> Option<Arc<[Candidate]>> {
+    if !images {
+        return Some(candidates);
+    }
+    let kept: Arc<[Candidate]> = candidates.iter().filter(|c| accepts_images(c) != Some(false)).cloned().collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
 /// Every public model name, sorted and deduplicated.
 pub fn public_models(config: &EdgeConfig) -> Vec<&str> {
     let mut names: Vec<&str> = config.providers.iter().flat_map(|p| p.models.iter().map(|m| m.name.as_str())).collect();

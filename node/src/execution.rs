@@ -746,11 +746,14 @@ fn transport_failure(failure: &pb::ExecutionFailure) -> bool {
 }
 
 /// Whether the node logs this provider failure ([`log_provider_failure`]):
-/// resets, cuts, 429s and 5xx, what an operator acts on. Pure.
+/// resets, cuts, 429s and 5xx, what an operator acts on; not a model's
+/// refusal of the request's content (llama.cpp's 500 to an image), which is
+/// the client's. Pure.
 pub(crate) fn logged_provider_failure(failure: &pb::ExecutionFailure) -> bool {
     transport_failure(failure)
         || (failure.kind() == pb::FailureKind::ProviderHttpStatus
-            && (failure.provider_status == 429 || failure.provider_status >= 500))
+            && (failure.provider_status == 429 || failure.provider_status >= 500)
+            && !iop_proto::provider_error::refuses_content(failure))
 }
 
 /// One warning per logged provider failure, naming the provider: closed

@@ -11,6 +11,11 @@
 //! |                   | 2. llama.cpp `GET /props`                     | 200 with `default_generation_settings`/`model_path`; 503 "Loading model": not loaded |
 //! |                   | 3. Ollama `GET /api/ps`                       | as above |
 //!
+//! The same answers say whether the model reads images (llama.cpp's
+//! `modalities.vision`, LM Studio's `type` `vlm`/`llm`); for Ollama that is
+//! `/api/show`'s `capabilities` (`vision`), asked until it answers once per
+//! connection.
+//!
 //! A server that answers none of them in its shape is `unknown`, and the
 //! node stops asking that target until the connection is re-established. A
 //! provider whose credential the Edge manages is asked without one: its
@@ -49,13 +54,15 @@ pub struct Observation {
     pub vram_bytes: u64,
     /// The context window the server runs the model with; 0 when unsaid.
     pub context_window: u32,
+    /// Whether the model reads images, where the same answer says.
+    pub image_input: pb::ImageInput,
 }
 
 impl Observation {
     pub const UNKNOWN: Self = Self::bare(ModelResidency::Unknown);
 
     const fn bare(residency: ModelResidency) -> Self {
-        Self { residency, size_bytes: 0, vram_bytes: 0, context_window: 0 }
+        Self { residency, size_bytes: 0, vram_bytes: 0, context_window: 0, image_input: pb::ImageInput::Unknown }
     }
 
     fn with_window(self, window: Option<&Value>) -> Self {
@@ -100,6 +107,7 @@ pub fn ollama_ps(body: &[u8], target: &str) -> Option<Observation> {
             size_bytes: m.get("size").and_then(Value::as_u64).unwrap_or(0),
             vram_bytes: m.get("size_vram").and_then(Value::as_u64).unwrap_or(0),
             context_window: 0,
+            image_input: pb::ImageInput::Unknown,
         }
         .with_window(m.get("context_length")),
     })
@@ -112,11 +120,18 @@ pub fn lm_studio(status: u16, body: &[u8]) -> Option<Observation> {
     }
     let model = json_object(body)?;
     let window = model.get("loaded_context_length").or_else(|| model.get("max_context_length"));
-    match model.get("state")?.as_str()? {
-        "loaded" => Some(Observation::bare(ModelResidency::Loaded).with_window(window)),
-        "not-loaded" => Some(Observation::bare(ModelResidency::NotLoaded).with_window(window)),
-        _ => None,
-    }
+    // `vlm` is a vision model; `llm` reads text only.
+    let image_input = match model.get("type").and_then(Value::as_str) {
+        Some("vlm") => pb::ImageInput::Accepted,
+        Some("llm") => pb::ImageInput::Refused,
+        _ => pb::ImageInput::Unknown,
+    };
+    let observation = match model.get("state")?.as_str()? {
+        "loaded" => Observation::bare(ModelResidency::Loaded),
+        "not-loaded" => Observation::bare(ModelResidency::NotLoaded),
+        _ => return None,
+    };
+    Some(Observation { image_input, ..observation.with_window(window) })
 }
 
 /// llama.cpp server `GET /props`. `None`: not in its shape.
@@ -125,7 +140,15 @@ pub fn llama_cpp_props(status: u16, body: &[u8]) -> Option<Observation> {
     match status {
         200 if object.contains_key("default_generation_settings") || object.contains_key("model_path") => {
             let window = object.get("default_generation_settings").and_then(|s| s.get("n_ctx"));
-            Some(Observation::bare(ModelResidency::Loaded).with_window(window.or_else(|| object.get("n_ctx"))))
+            // `modalities` (a server built with multimodal support):
+            // `vision` is true only with a projector (`--mmproj`) loaded.
+            let image_input = match object.get("modalities").and_then(|m| m.get("vision")).and_then(Value::as_bool) {
+                Some(true) => pb::ImageInput::Accepted,
+                Some(false) => pb::ImageInput::Refused,
+                None => pb::ImageInput::Unknown,
+            };
+            let loaded = Observation::bare(ModelResidency::Loaded).with_window(window.or_else(|| object.get("n_ctx")));
+            Some(Observation { image_input, ..loaded })
         }
         503 if object.get("error").and_then(|e| e.get("message")).and_then(Value::as_str) == Some("Loading model") => {
             Some(Observation::bare(ModelResidency::NotLoaded))
@@ -271,6 +294,7 @@ fn residency_of(id: &str, observation: Observation, load: Load, continues_prefil
         last_loaded_at_unix_ms: load.at_unix_ms,
         continues_prefill,
         context_window: observation.context_window,
+        image_input: observation.image_input.into(),
     }
 }
 
@@ -317,6 +341,10 @@ pub struct ResidencyMonitor {
     interval: Duration,
     reports: Mutex<ResidencyReports>,
     dialects: Mutex<HashMap<String, Dialect>>,
+    /// What Ollama's `/api/show` said of each provider's image input, once
+    /// it said (a model's capabilities do not change while it is served;
+    /// asked again on the next connection).
+    ollama_images: Mutex<HashMap<String, pb::ImageInput>>,
     /// Providers to observe again soon (a run or tunnel on them ended).
     pending: Mutex<BTreeSet<String>>,
     refresh: Notify,
@@ -329,6 +357,7 @@ impl ResidencyMonitor {
             interval,
             reports: Mutex::default(),
             dialects: Mutex::default(),
+            ollama_images: Mutex::default(),
             pending: Mutex::default(),
             refresh: Notify::new(),
         })
@@ -346,6 +375,21 @@ impl ResidencyMonitor {
         self.refresh.notify_one();
     }
 
+    /// Ollama's word on `target`'s image input: remembered once known, else
+    /// asked (`/api/show`, a metadata call; unknown until it answers, so a
+    /// server that starts after its node is asked again next time).
+    async fn ollama_image_input(&self, http: &reqwest::Client, target: &ProviderTarget) -> pb::ImageInput {
+        if let Some(known) = self.ollama_images.lock().unwrap().get(&target.provider_id) {
+            return *known;
+        }
+        let Some(capabilities) = crate::adapter::ollama_capabilities(http, target).await else {
+            return pb::ImageInput::Unknown;
+        };
+        let said = crate::adapter::ollama_image_input(&capabilities);
+        self.ollama_images.lock().unwrap().insert(target.provider_id.clone(), said);
+        said
+    }
+
     async fn observe_all<'t>(
         &self,
         http: &reqwest::Client,
@@ -353,8 +397,11 @@ impl ResidencyMonitor {
     ) -> Vec<pb::ProviderResidency> {
         let calls = targets.map(|target| async move {
             let known = self.dialects.lock().unwrap().get(&target.provider_id).copied();
-            let (observation, dialect) = observe(http, target, known).await;
+            let (mut observation, dialect) = observe(http, target, known).await;
             self.dialects.lock().unwrap().insert(target.provider_id.clone(), dialect);
+            if dialect == Dialect::Ollama {
+                observation.image_input = self.ollama_image_input(http, target).await;
+            }
             let load = LoadMemory::global().last(&target.target_model);
             residency_of(&target.provider_id, observation, load, continues_prefill(target.adapter, dialect))
         });

@@ -71,6 +71,11 @@ pub struct Leases {
 /// One configured provider as one Edge replica sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EdgeProvider {
+    /// Whether its model reads images: as its config declares, else as its
+    /// server said to its node; `None` when unknown. A request with an
+    /// image goes only where this is not `false`.
+    #[serde(default, deserialize_with = "lenient")]
+    pub accepts_images: Option<bool>,
     /// `None` only when read from an Edge with an adapter this reader does
     /// not know.
     #[serde(default, deserialize_with = "lenient")]

@@ -708,6 +708,13 @@ pub struct ProviderEntry {
     /// the Edge's estimate) goes to a provider whose window fits instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u32>,
+    /// Whether the model reads images, where its node cannot read it from
+    /// the server (it reads llama.cpp's `/props`, Ollama's `/api/show` and
+    /// LM Studio's model type). A request with an image goes only to
+    /// providers of its public model not known to refuse images, and is the
+    /// client's 400 `unsupported_content` when every one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepts_images: Option<bool>,
     /// Ask the provider to keep its model resident (Ollama only: `keep_alive`
     /// on runs and a periodic zero-token touch). The node honours it only
     /// where its owner opted in (the node's config); it pins memory on

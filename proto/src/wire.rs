@@ -73,6 +73,14 @@ where
     E::try_from(value).map_err(|_| WireError::UnknownEnumValue { field, value })
 }
 
+impl pb::RunRequest {
+    /// Whether any message carries an image (a user's, or a tool result's):
+    /// the request needs a provider whose model reads images.
+    pub fn carries_images(&self) -> bool {
+        self.messages.iter().any(|m| !m.images.is_empty())
+    }
+}
+
 impl pb::RunEvent {
     /// True for the three events that end a run (completed, failed, cancelled).
     pub fn is_terminal(&self) -> bool {

@@ -346,6 +346,15 @@ pub(super) fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap
     Ok(faults)
 }
 
+/// Whether the mock's model `model` (with its `@knobs`) reads images, as
+/// its metadata endpoints say (Ollama's `capabilities`, LM Studio's `type`):
+/// not when it is `text_only` (a knob of its name, or the default) or its
+/// base name starts with `text`. Its chat endpoints still answer it.
+pub(super) fn reads_images(defaults: &Faults, model: &str) -> bool {
+    let text_only = request_faults(defaults, model, &HeaderMap::new()).is_ok_and(|f| on(f.text_only));
+    !text_only && !base_model(model).starts_with("text")
+}
+
 pub(super) async fn sleep_ms(ms: Option<u64>) {
     if let Some(ms) = ms.filter(|ms| *ms > 0) {
         tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -52,8 +52,9 @@
 //! of images in all messages: `… You said: <last user message> [images: 2]`.
 //! `words`, `call tool` and scripted replies do not change. `POST /api/show`
 //! lists the model's `capabilities` as Ollama does: `completion`, `tools`,
-//! and `vision` unless the model's name starts with `text` (a text-only
-//! model; the chat endpoints still answer it).
+//! and `vision` unless the model is text-only: its name starts with `text`,
+//! or it has the `text_only` knob (the chat endpoints still answer it, but
+//! `text_only` refuses its images).
 //!
 //! # Structured output
 //!
@@ -222,12 +223,13 @@
 //!   `size` and `size_vram` [`MODEL_SIZE_BYTES`], `expires_at` five minutes
 //!   ahead, `details`, `digest`, `context_length`); `{"models": []}` while not.
 //! - llama.cpp `GET /props`: while resident `200` with
-//!   `default_generation_settings`, `total_slots`, `model_path`; while not
+//!   `default_generation_settings`, `total_slots`, `model_path`,
+//!   `modalities` (`vision` false once a text-only model was named); while not
 //!   `503 {"error": {"code": 503, "message": "Loading model", "type":
 //!   "unavailable_error"}}`.
 //! - LM Studio `GET /api/v0/models` (`{"object": "list", "data": [..]}`)
 //!   and `GET /api/v0/models/{model}` (any name, learned): `{"id", "object":
-//!   "model", "type": "llm", "state": "loaded" | "not-loaded",
+//!   "model", "type": "vlm" (`llm` for a text-only model), "state": "loaded" | "not-loaded",
 //!   "max_context_length", ..}`.
 //!
 //! # Fault knobs

@@ -177,9 +177,12 @@ async fn listings_health_and_stats() {
     let models = get_json(&mock, "/v1/models").await;
     assert_eq!(models["data"][0]["id"], "mock");
     assert_eq!(models["data"][0]["owned_by"], "iop-mock");
-    for (model, capabilities) in
-        [("mock", json!(["completion", "tools", "vision"])), ("text-only", json!(["completion", "tools"]))]
-    {
+    for (model, capabilities) in [
+        ("mock", json!(["completion", "tools", "vision"])),
+        ("text-only", json!(["completion", "tools"])),
+        ("mock@text_only", json!(["completion", "tools"])),
+        ("mock@text_only=false", json!(["completion", "tools", "vision"])),
+    ] {
         let shown = json_of(post(&mock, "/api/show", &json!({ "model": model }), None).await).await;
         assert_eq!(shown["capabilities"], capabilities);
     }
@@ -1394,13 +1397,14 @@ async fn residency_endpoints_in_each_servers_shape_while_resident() {
     assert_eq!(props["default_generation_settings"]["n_ctx"], MODEL_CONTEXT_LENGTH);
     assert_eq!(props["total_slots"], 1);
     assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"));
+    assert_eq!(props["modalities"], json!({ "vision": true, "audio": false }));
 
     // Any name, learned from the call (slashes included).
     let (status, one) = get(&mock, "/api/v0/models/lmstudio-community/gemma@words=1").await;
     assert_eq!(status, 200);
     assert_eq!(
         (&one["id"], &one["object"], &one["type"], &one["state"]),
-        (&json!("lmstudio-community/gemma"), &json!("model"), &json!("llm"), &json!("loaded"))
+        (&json!("lmstudio-community/gemma"), &json!("model"), &json!("vlm"), &json!("loaded"))
     );
     assert_eq!(one["max_context_length"], MODEL_CONTEXT_LENGTH);
     let (status, list) = get(&mock, "/api/v0/models").await;
@@ -1408,7 +1412,14 @@ async fn residency_endpoints_in_each_servers_shape_while_resident() {
     assert_eq!(list["object"], "list");
     let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["llama3.2:3b", "lmstudio-community/gemma", "mock", "nomic-embed", "qwen"]);
-    assert!(list["data"].as_array().unwrap().iter().all(|m| m["state"] == "loaded" && m["type"] == "llm"));
+    assert!(list["data"].as_array().unwrap().iter().all(|m| m["state"] == "loaded" && m["type"] == "vlm"));
+    // A text-only model (its knob), as LM Studio and llama.cpp say it.
+    let (_, text_only) = get(&mock, "/api/v0/models/gemma@text_only").await;
+    assert_eq!((&text_only["id"], &text_only["type"]), (&json!("gemma"), &json!("llm")));
+    // llama.cpp serves one model: once a text-only one was named, no images.
+    assert_eq!(get(&mock, "/props").await.1["modalities"]["vision"], json!(true), "knobs are not learned");
+    get(&mock, "/api/v0/models/text-model").await;
+    assert_eq!(get(&mock, "/props").await.1["modalities"]["vision"], json!(false));
     mock.shutdown().await;
 }
 

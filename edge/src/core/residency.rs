@@ -63,6 +63,8 @@ pub struct Figures {
     /// its inter-token deadline in ms; 0: not learned.
     pub prefill_ms_per_1k_tokens: u64,
     pub learned_stall_ms: u64,
+    /// Whether the model reads images, as the server said; `None`: unknown.
+    pub images: Option<bool>,
 }
 
 impl Figures {
@@ -76,6 +78,7 @@ impl Figures {
         context_window: 0,
         prefill_ms_per_1k_tokens: 0,
         learned_stall_ms: 0,
+        images: None,
     };
 
     /// Its model would have to be loaded first (selection's "cold").
@@ -113,6 +116,11 @@ pub fn check_report(config: &EdgeConfig, node: &str, entries: &[pb::ProviderResi
                 context_window: e.context_window,
                 prefill_ms_per_1k_tokens: e.prefill_ms_per_1k_tokens,
                 learned_stall_ms: e.learned_stall_ms,
+                images: match pb::ImageInput::try_from(e.image_input) {
+                    Ok(pb::ImageInput::Accepted) => Some(true),
+                    Ok(pb::ImageInput::Refused) => Some(false),
+                    Ok(pb::ImageInput::Unknown) | Err(_) => None,
+                },
             };
             Some((e.provider_id.clone(), figures))
         })

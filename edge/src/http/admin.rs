@@ -162,6 +162,7 @@ pub async fn providers(State(state): State<Arc<EdgeState>>) -> Response {
             let residency = state.routing.residency.of(&state.registry, p);
             let (last_load_seconds, last_load_at) = last_load(&residency);
             admin::EdgeProvider {
+                accepts_images: state.routing.residency.accepts_images(&state.registry, p),
                 adapter: Some(p.adapter),
                 capacity: p.capacity,
                 consecutive_failures: outlier.consecutive_failures,

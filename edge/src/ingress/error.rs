@@ -27,6 +27,11 @@ pub enum ApiError {
     BodyTimeout,
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
+    /// The request carries images and no provider of the model reads them
+    /// (as declared, or as their servers said): refused before any is
+    /// called.
+    #[error("the model `{0}` does not accept images: no provider serving it reads them")]
+    ImagesNotAccepted(String),
     /// The model is known but no provider for it is on a ready node.
     #[error("no provider for model `{0}` is available right now")]
     NoProviderAvailable(String),
@@ -192,7 +197,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::InvalidRequest { .. } | Self::ImagesNotAccepted(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
@@ -260,6 +265,8 @@ impl ApiError {
             Self::Unauthenticated(failure) => failure.label(),
             Self::ModelNotAllowed(_) => "model_not_allowed",
             Self::ModelNotFound(_) => "model_not_found",
+            // The code a provider's own refusal of the content gets too.
+            Self::ImagesNotAccepted(_) => "unsupported_content",
             Self::NoProviderAvailable(_) => "no_provider_available",
             Self::QueueFull(_) => "queue_full",
             Self::QueueTimeout(_) => "queue_timeout",

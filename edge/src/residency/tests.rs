@@ -15,6 +15,7 @@ fn report(id: &str, residency: i32, last_load_ms: u64) -> pb::ProviderResidency 
         context_window: 8192,
         prefill_ms_per_1k_tokens: 0,
         learned_stall_ms: 0,
+        image_input: pb::ImageInput::Refused.into(),
     }
 }
 
@@ -43,6 +44,7 @@ fn only_the_nodes_own_providers_named_once_with_a_known_residency_count() {
             context_window: 8192,
             prefill_ms_per_1k_tokens: 0,
             learned_stall_ms: 0,
+            images: Some(false),
         }
     );
     let rejected = [
@@ -154,6 +156,38 @@ fn continuation_follows_the_config_then_the_nodes_detection() {
     assert!(!table.continues(&registry, &a), "a server that cannot is never asked");
     let declared = ProviderEntry { continuation: Some(true), ..a };
     assert!(table.continues(&registry, &declared), "declared for a server the node cannot detect");
+}
+
+/// Whether a provider reads images: its config's declaration first, else
+/// what its server said on its Ready connection; an unknown value on the
+/// wire is unknown, not a refusal.
+#[test]
+fn image_input_follows_the_config_then_the_server() {
+    let config = config();
+    let registry = NodeRegistry::default();
+    let (control, _rx) = tokio::sync::mpsc::channel(1);
+    registry.register("n1", Session::registered(5, control));
+    let table = ResidencyTable::default();
+    let a = config.providers[0].clone();
+    assert_eq!(table.accepts_images(&registry, &a), None, "nothing said yet");
+    table.apply(&config, &registry, "n1", 5, &[report("a", LOADED, 0)]);
+    assert_eq!(table.accepts_images(&registry, &a), None, "not Ready yet");
+    assert!(registry.mark_ready("n1", 5));
+    assert_eq!(table.accepts_images(&registry, &a), Some(false), "its server reads text only");
+    let declared = ProviderEntry { accepts_images: Some(true), ..a.clone() };
+    assert_eq!(table.accepts_images(&registry, &declared), Some(true), "the declaration wins");
+    for (said, believed) in
+        [(pb::ImageInput::Accepted as i32, Some(true)), (pb::ImageInput::Unknown as i32, None), (99, None)]
+    {
+        table.apply(
+            &config,
+            &registry,
+            "n1",
+            5,
+            &[pb::ProviderResidency { image_input: said, ..report("a", LOADED, 0) }],
+        );
+        assert_eq!(table.accepts_images(&registry, &a), believed, "{said}");
+    }
 }
 
 /// `iop_edge_provider_residency`: a state set per configured provider;

@@ -52,3 +52,33 @@ fn a_prompt_goes_to_the_providers_whose_window_fits() {
         );
     }
 }
+
+/// Within a route, a request with images goes to the providers not known
+/// to refuse them; none left is `None` (the client's 400); a request
+/// without images keeps every provider.
+#[test]
+fn images_go_to_the_providers_that_read_them() {
+    let all = admission_candidates(&config(), "chat").unwrap();
+    let said = |main: Option<bool>, backup: Option<bool>| {
+        move |c: &Candidate| if c.provider.id == "main" { main } else { backup }
+    };
+    // (images, main reads them, backup reads them, kept)
+    type Case<'a> = (bool, Option<bool>, Option<bool>, Option<&'a [&'a str]>);
+    let cases: &[Case] = &[
+        (true, Some(false), Some(true), Some(&["backup"])),
+        (true, Some(false), None, Some(&["backup"])),
+        (true, None, None, Some(&["main", "backup"])),
+        (true, Some(true), Some(false), Some(&["main"])),
+        (true, Some(false), Some(false), None),
+        (false, Some(false), Some(false), Some(&["main", "backup"])),
+    ];
+    for &(images, main, backup, want) in cases {
+        let got = fit_inputs(all.clone(), images, said(main, backup));
+        let ids = got.map(|kept| kept.iter().map(|c| c.provider.id.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            ids.as_deref(),
+            want.map(|w| w.iter().map(|s| s.to_string()).collect::<Vec<_>>()).as_deref(),
+            "{images} {main:?} {backup:?}"
+        );
+    }
+}

@@ -29,10 +29,6 @@ pub(super) fn any_url(request: &pb::RunRequest) -> bool {
     request.messages.iter().flat_map(|m| &m.images).any(|i| i.data.is_empty() && !i.url.is_empty())
 }
 
-pub(super) fn any_image(request: &pb::RunRequest) -> bool {
-    request.messages.iter().any(|m| !m.images.is_empty())
-}
-
 /// Refuses a run with images for an Ollama model known not to take them:
 /// `/api/show` lists the model's capabilities and `vision` is not among
 /// them. Not knowing (an Ollama too old to list capabilities, a failed
@@ -41,6 +37,22 @@ pub(super) async fn ensure_ollama_takes_images(
     client: &reqwest::Client,
     target: &ProviderTarget,
 ) -> Result<(), AdapterError> {
+    match ollama_capabilities(client, target).await {
+        Some(capabilities) if ollama_image_input(&capabilities) == pb::ImageInput::Refused => {
+            Err(AdapterError::InvalidRequest(format!(
+                "model `{}` does not accept images (Ollama lists its capabilities as: {})",
+                target.target_model,
+                capabilities.join(", ")
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The model's capabilities as Ollama's `/api/show` lists them (`None`: an
+/// Ollama too old to list them, or no answer in its shape within
+/// [`super::probe::PROBE_TIMEOUT`]). A read-only metadata call.
+pub(crate) async fn ollama_capabilities(client: &reqwest::Client, target: &ProviderTarget) -> Option<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct Show {
         capabilities: Option<Vec<String>>,
@@ -53,15 +65,15 @@ pub(super) async fn ensure_ollama_takes_images(
         }
         serde_json::from_slice::<Show>(&body).ok()?.capabilities
     };
-    match tokio::time::timeout(super::probe::PROBE_TIMEOUT, show).await {
-        Ok(Some(capabilities)) if !capabilities.iter().any(|c| c == "vision") => {
-            Err(AdapterError::InvalidRequest(format!(
-                "model `{}` does not accept images (Ollama lists its capabilities as: {})",
-                target.target_model,
-                capabilities.join(", ")
-            )))
-        }
-        _ => Ok(()),
+    tokio::time::timeout(super::probe::PROBE_TIMEOUT, show).await.ok().flatten()
+}
+
+/// Whether a model with Ollama's `capabilities` reads images (`vision`).
+/// Pure; the one reading of them.
+pub(crate) fn ollama_image_input(capabilities: &[String]) -> pb::ImageInput {
+    match capabilities.iter().any(|c| c == "vision") {
+        true => pb::ImageInput::Accepted,
+        false => pb::ImageInput::Refused,
     }
 }
 

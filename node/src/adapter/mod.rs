@@ -46,6 +46,7 @@ pub(crate) use error::{stream_cut, transport_error};
 pub use events::EventSink;
 pub use http::http_client;
 pub(crate) use http::read_capped;
+pub(crate) use images::{ollama_capabilities, ollama_image_input};
 pub use target::{AdapterKind, ProviderTarget, Providers};
 pub(crate) use tokens::count_prompt;
 
@@ -82,7 +83,7 @@ pub async fn execute(
     }
     match target.adapter {
         AdapterKind::Ollama => {
-            if images::any_image(request) {
+            if request.carries_images() {
                 images::ensure_ollama_takes_images(client, target).await?;
             }
             let fetched;

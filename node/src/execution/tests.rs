@@ -39,6 +39,10 @@ fn the_node_logs_resets_cuts_429s_and_5xx() {
         failure(pb::FailureKind::ProviderProtocol, 0),
         failure(pb::FailureKind::InvalidRequest, 0),
         failure(pb::FailureKind::ResponseStalled, 0),
+        pb::ExecutionFailure {
+            provider_code: iop_proto::provider_error::UNSUPPORTED_CONTENT.into(),
+            ..failure(pb::FailureKind::ProviderHttpStatus, 500)
+        },
     ] {
         assert!(!logged_provider_failure(&quiet), "{quiet:?}");
     }

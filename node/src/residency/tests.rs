@@ -4,7 +4,12 @@ use crate::adapter::http_client;
 use ModelResidency::{Loaded, NotLoaded, Unknown};
 
 fn obs(residency: ModelResidency, size_bytes: u64, vram_bytes: u64) -> Observation {
-    Observation { residency, size_bytes, vram_bytes, context_window: 0 }
+    Observation { residency, size_bytes, vram_bytes, context_window: 0, image_input: pb::ImageInput::Unknown }
+}
+
+/// `obs` with what the server said of image input.
+fn images(observation: Observation, image_input: pb::ImageInput) -> Observation {
+    Observation { image_input, ..observation }
 }
 
 /// `obs` with the context window the server said.
@@ -52,10 +57,21 @@ fn lm_studio_and_llama_cpp_tables() {
     let lms_loaded = r#"{"id":"qwen2-vl-7b-instruct","object":"model","type":"vlm","publisher":"mlx-community",
             "arch":"qwen2_vl","compatibility_type":"mlx","quantization":"4bit","state":"loaded","max_context_length":32768}"#;
     let lms_cold = lms_loaded.replace(r#""state":"loaded""#, r#""state":"not-loaded""#);
+    let vlm = |o| images(o, pb::ImageInput::Accepted);
     let cases: &[(u16, &str, Option<Observation>)] = &[
-        (200, lms_loaded, Some(window(obs(Loaded, 0, 0), 32768))),
-        (200, &lms_cold, Some(window(obs(NotLoaded, 0, 0), 32768))),
-        (200, &lms_loaded.replace("}", r#","loaded_context_length":4096}"#), Some(window(obs(Loaded, 0, 0), 4096))),
+        (200, lms_loaded, Some(vlm(window(obs(Loaded, 0, 0), 32768)))),
+        (200, &lms_cold, Some(vlm(window(obs(NotLoaded, 0, 0), 32768)))),
+        (
+            200,
+            &lms_loaded.replace("}", r#","loaded_context_length":4096}"#),
+            Some(vlm(window(obs(Loaded, 0, 0), 4096))),
+        ),
+        (
+            200,
+            &lms_loaded.replace(r#""type":"vlm""#, r#""type":"llm""#),
+            Some(images(window(obs(Loaded, 0, 0), 32768), pb::ImageInput::Refused)),
+        ),
+        (200, &lms_loaded.replace(r#""type":"vlm""#, r#""type":"embeddings""#), Some(window(obs(Loaded, 0, 0), 32768))),
         (200, r#"{"state":"loading"}"#, None),
         (404, r#"{"error":"Model not found"}"#, None),
         (200, r#"{"default_generation_settings":{}}"#, None),
@@ -72,6 +88,17 @@ fn lm_studio_and_llama_cpp_tables() {
             Some(window(obs(Loaded, 0, 0), 4096)),
         ),
         (200, r#"{"model_path":"m.gguf"}"#, Some(obs(Loaded, 0, 0))),
+        // A text-only model, and one with a projector (`--mmproj`).
+        (
+            200,
+            r#"{"model_path":"m.gguf","modalities":{"vision":false,"audio":false}}"#,
+            Some(images(obs(Loaded, 0, 0), pb::ImageInput::Refused)),
+        ),
+        (
+            200,
+            r#"{"model_path":"m.gguf","modalities":{"vision":true,"audio":false}}"#,
+            Some(images(obs(Loaded, 0, 0), pb::ImageInput::Accepted)),
+        ),
         (
             503,
             r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
@@ -101,6 +128,13 @@ fn reports_are_owed_once_per_change() {
     assert!(reports.owed(residency_of("p2", obs(Unknown, 0, 0), Load::default(), true)).is_some());
     let detected_otherwise = residency_of("p1", obs(Loaded, 10, 8), Load { ms: 1500, at_unix_ms: 7 }, false);
     assert!(reports.owed(detected_otherwise).is_some(), "what the server continues is owed too");
+    let said_images = residency_of(
+        "p1",
+        images(obs(Loaded, 10, 8), pb::ImageInput::Refused),
+        Load { ms: 1500, at_unix_ms: 7 },
+        false,
+    );
+    assert!(reports.owed(said_images).is_some(), "what the model reads is owed too");
 }
 
 /// Which servers are asked to continue a prefilled answer.
@@ -211,5 +245,48 @@ async fn monitor_reports_all_once_then_only_changes() {
     };
     assert_eq!((next.providers[0].residency(), next.providers[0].size_bytes), (Loaded, 9));
     assert!(!monitor.cold("p1"));
+    stop.cancel();
+}
+
+/// Ollama's `/api/show` is asked for the model's image input until it
+/// answers (a server that starts after its node), then remembered for the
+/// connection; the report carries what it said.
+#[tokio::test]
+async fn ollama_image_input_is_asked_until_said_then_remembered() {
+    let ps = Arc::new(Mutex::new(serde_json::json!({"models": []})));
+    let shows = Arc::new(Mutex::new(0u32));
+    let (listed, counted) = (ps.clone(), shows.clone());
+    let app = axum::Router::new()
+        .route("/api/ps", axum::routing::get(move || std::future::ready(axum::Json(listed.lock().unwrap().clone()))))
+        .route(
+            "/api/show",
+            axum::routing::post(move || {
+                let mut shows = counted.lock().unwrap();
+                *shows += 1;
+                // Not up yet, then a text-only model.
+                std::future::ready(match *shows {
+                    1 => (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({}))),
+                    _ => (axum::http::StatusCode::OK, axum::Json(serde_json::json!({"capabilities": ["completion"]}))),
+                })
+            }),
+        );
+    let base = fake::serve_router(app).await;
+    let target = fake::target(AdapterKind::Ollama, &base);
+    let monitor = ResidencyMonitor::new(Duration::from_secs(3600));
+    let (out, mut rx) = mpsc::channel(8);
+    let stop = CancellationToken::new();
+    tokio::spawn(monitor.clone().run(http_client(), vec![target], out, stop.clone()));
+    let mut next = async || match rx.recv().await.unwrap().msg {
+        Some(pb::node_to_edge::Msg::ResidencyReport(r)) => (r.providers[0].residency(), r.providers[0].image_input()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(next().await, (NotLoaded, pb::ImageInput::Unknown));
+    monitor.refresh("p1");
+    assert_eq!(next().await, (NotLoaded, pb::ImageInput::Refused));
+    // The next change is observed without asking `/api/show` again.
+    *ps.lock().unwrap() = serde_json::json!({"models": [{"name": "test-model"}]});
+    monitor.refresh("p1");
+    assert_eq!(next().await, (Loaded, pb::ImageInput::Refused));
+    assert_eq!(*shows.lock().unwrap(), 2, "remembered once said");
     stop.cancel();
 }

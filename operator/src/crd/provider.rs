@@ -134,6 +134,13 @@ pub struct ProviderSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub context_window: Option<u32>,
+    /// Whether the model reads images, where the node cannot read it from
+    /// the server (it reads llama.cpp's, Ollama's and LM Studio's). A
+    /// request with an image goes only to providers of its model not known
+    /// to refuse images; when every one refuses, it is a 400
+    /// `unsupported_content` before any is called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepts_images: Option<bool>,
     /// Ask the node to keep the model resident in the server's memory
     /// (Ollama `keep_alive` on runs and a periodic zero-token touch), so it
     /// never goes cold between requests. Ollama adapter only. The node

@@ -13,6 +13,7 @@ fn time(seconds: i64) -> Option<Time> {
 
 fn edge_provider(node_ready: bool, health: EdgeHealth, overlay: Option<Overlay>) -> EdgeProvider {
     EdgeProvider {
+        accepts_images: None,
         id: "llama".to_string(),
         node: "mac-1".to_string(),
         node_ready,
@@ -80,6 +81,7 @@ fn parses_the_edge_admin_snapshots() {
     assert_eq!(
         providers.providers[0],
         EdgeProvider {
+            accepts_images: None,
             adapter: Some(iop_proto::config::Adapter::Ollama),
             target_model: "llama3.2:3b".into(),
             models: vec![iop_proto::admin::ProviderModel { name: "llama3.2".into(), priority: 0 }],

@@ -46,6 +46,7 @@ pub fn provider(name: &str, node: &str) -> Provider {
             mode: ProviderMode::Normalized,
             continuation: None,
             context_window: None,
+            accepts_images: None,
             keep_warm: false,
             credential_secret_ref: None,
         },

@@ -323,6 +323,7 @@ pub fn provider(p: &Provider, nodes: &Readiness<'_>, settings: &Settings) -> Res
         mode: spec.mode.into(),
         continuation: spec.continuation,
         context_window: spec.context_window,
+        accepts_images: spec.accepts_images,
         keep_warm: spec.keep_warm,
         // The profile is the Provider's own: its secret is checked and copied
         // by the build stage (`super::credentials`).

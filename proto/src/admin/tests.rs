@@ -4,6 +4,7 @@ use super::*;
 
 fn provider() -> EdgeProvider {
     EdgeProvider {
+        accepts_images: Some(false),
         adapter: Some(Adapter::Ollama),
         capacity: 4,
         consecutive_failures: 0,
@@ -66,7 +67,7 @@ fn snapshots_are_written_in_full_and_read_back() {
         text,
         concat!(
             r#"{"in_flight_runs":2,"leases":{"acquired":5,"double_releases":0,"released":3},"providers":[{"#,
-            r#""adapter":"ollama","capacity":4,"consecutive_failures":0,"credential":{"node_refusal":null,"problem":"the value "#,
+            r#""accepts_images":false,"adapter":"ollama","capacity":4,"consecutive_failures":0,"credential":{"node_refusal":null,"problem":"the value "#,
             r#"must be printable ASCII without spaces","profile":"lm","state":"invalid"},"dispatchable":false,"#,
             r#""ejected_until":"2026-11-01T12:00:00.250Z","ejections":1,"health":"unavailable","id":"llama","#,
             r#""in_flight":2,"last_load_at":"2026-11-01T11:59:00.750Z","last_load_seconds":18.25,"learned_stall_ms":null,"#,
@@ -79,6 +80,7 @@ fn snapshots_are_written_in_full_and_read_back() {
     assert_eq!(serde_json::from_str::<ProvidersSnapshot>(&text).unwrap(), providers);
 
     let none = EdgeProvider {
+        accepts_images: None,
         credential: None,
         ejected_until: None,
         last_load_at: None,
@@ -90,7 +92,7 @@ fn snapshots_are_written_in_full_and_read_back() {
         ..provider()
     };
     let value = serde_json::to_value(&none).unwrap();
-    for field in ["credential", "ejected_until", "last_load_at", "last_load_seconds", "model_memory", "overlay"] {
+    for field in ["accepts_images", "credential", "ejected_until", "last_load_at", "last_load_seconds", "model_memory", "overlay"] {
         assert_eq!(value[field], json!(null), "{field} is written as null");
     }
     // A whole number of seconds stays a float.

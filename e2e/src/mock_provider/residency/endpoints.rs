@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::{MODEL_CONTEXT_LENGTH, MODEL_NAME, MODEL_SIZE_BYTES, ResidencyApi, base_model};
 use crate::mock_provider::embeddings::fnv1a;
-use crate::mock_provider::faults::sleep_ms;
+use crate::mock_provider::faults::{reads_images, sleep_ms};
 use crate::mock_provider::state::AppState;
 
 /// Ollama's default `keep_alive`: `/api/ps`'s `expires_at` is this far ahead.
@@ -128,6 +128,10 @@ pub(crate) async fn llama_props(State(state): State<AppState>) -> Response {
         let error = json!({ "error": { "code": 503, "message": "Loading model", "type": "unavailable_error" } });
         return (StatusCode::SERVICE_UNAVAILABLE, Json(error)).into_response();
     }
+    // One model per llama.cpp server: it reads images unless one it was
+    // asked for does not (the knobs of a name are not in the models learned).
+    let defaults = state.defaults.read().expect("fault defaults lock").clone();
+    let vision = residency.models().iter().all(|m| reads_images(&defaults, m));
     Json(json!({
         "default_generation_settings": {
             "id": 0,
@@ -140,18 +144,19 @@ pub(crate) async fn llama_props(State(state): State<AppState>) -> Response {
         "total_slots": 1,
         "model_path": format!("/models/{MODEL_NAME}-Q4_K_M.gguf"),
         "chat_template": "{% for message in messages %}{{ message.content }}\n{% endfor %}",
-        "modalities": { "vision": false, "audio": false },
+        "modalities": { "vision": vision, "audio": false },
         "build_info": "b0000-mock",
     }))
     .into_response()
 }
 
-/// One LM Studio model object (`/api/v0/models`).
-fn lm_studio_model(name: &str, loaded: bool) -> Value {
+/// One LM Studio model object (`/api/v0/models`): `name` with its knobs.
+fn lm_studio_model(state: &AppState, name: &str, loaded: bool) -> Value {
+    let defaults = state.defaults.read().expect("fault defaults lock").clone();
     let mut model = json!({
-        "id": name,
+        "id": base_model(name),
         "object": "model",
-        "type": "llm",
+        "type": if reads_images(&defaults, name) { "vlm" } else { "llm" },
         "publisher": "iop-mock",
         "arch": "mock",
         "compatibility_type": "gguf",
@@ -172,7 +177,7 @@ pub(crate) async fn lm_studio_models(State(state): State<AppState>) -> Response 
         return absent();
     }
     let loaded = residency.loaded();
-    let data: Vec<Value> = residency.models().iter().map(|m| lm_studio_model(m, loaded)).collect();
+    let data: Vec<Value> = residency.models().iter().map(|m| lm_studio_model(&state, m, loaded)).collect();
     Json(json!({ "object": "list", "data": data })).into_response()
 }
 
@@ -186,7 +191,7 @@ pub(crate) async fn lm_studio_model_one(
         return absent();
     }
     residency.learn(&model);
-    Json(lm_studio_model(base_model(&model), residency.loaded())).into_response()
+    Json(lm_studio_model(&state, &model, residency.loaded())).into_response()
 }
 
 /// `POST /mock/residency {"loaded": bool, "load_delay_ms": N?}`.

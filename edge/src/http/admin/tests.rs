@@ -28,6 +28,7 @@ fn residency_fields_as_the_contract_says() {
         context_window: 0,
         prefill_ms_per_1k_tokens: 0,
         learned_stall_ms: 0,
+        images: None,
     };
     assert_eq!(
         fields(loaded),

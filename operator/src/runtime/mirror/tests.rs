@@ -133,6 +133,7 @@ fn stores(providers: Vec<Provider>, nodes: Vec<NodeCatalog>) -> Stores {
 
 fn view(overlay: Option<Overlay>) -> EdgeView {
     let p = |id: &str| EdgeProvider {
+        accepts_images: None,
         id: id.to_string(),
         node: "mac-1".to_string(),
         node_ready: true,
