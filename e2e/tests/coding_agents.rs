@@ -2,8 +2,10 @@
 //! against `iop-dev`: Claude Code (Anthropic Messages) and Codex CLI
 //! (OpenAI Responses), each with a text answer and one tool round trip
 //! driven by the mock's scripted turns (a shell command that writes a file,
-//! checked on disk) and a tool that hands back an image. Only telemetry and
-//! update checks are off, by each
+//! checked on disk) and a tool that hands back an image. Claude Code also
+//! reads a PDF (its text, not its bytes, reaches the provider; then
+//! `--continue` with the PDF in the history) and answers in `stream-json`.
+//! Only telemetry and update checks are off, by each
 //! client's documented switches, and each runs in a throwaway `HOME`.
 //!
 //! The clients come from npm (`@anthropic-ai/claude-code`, `@openai/codex`):
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use iop_e2e::harness::{bin, spawn_until, wait_until};
+use iop_e2e::harness::{bin, spawn_until_lines, wait_until};
 use iop_e2e::parts::{self, Part};
 use serde_json::{Value, json};
 
@@ -39,6 +41,12 @@ scripts:
   claude-image:
     - tool_calls: [{name: Read, arguments: {file_path: "PROJECT/pixel.png"}}]
     - text: "I saw the image."
+  claude-pdf:
+    - tool_calls: [{name: Read, arguments: {file_path: "PROJECT/report.pdf"}}]
+    - text: "I read the PDF."
+    - text: "The PDF is still in this conversation."
+  claude-stream:
+    - text: "Streamed as JSON."
   codex-exec:
     - tool_calls: [{name: exec_command, arguments: {cmd: "echo written-by-codex > agent-out.txt"}}]
     - text: "The file is written."
@@ -58,10 +66,46 @@ const PIXEL_PNG: &[u8] = &[
     0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
 ];
 
+/// The text layer of `report.pdf`: found in what the provider receives
+/// only if the Edge read the PDF Claude Code sent.
+const PDF_TEXT: &str = "Quarterly revenue rose by 7 percent in the IOP test report";
+
+/// A one-page PDF whose text layer is `text` (Helvetica, so plain WinAnsi
+/// text; `text` holds no parentheses or backslashes), written by hand with
+/// a correct cross-reference table.
+fn one_page_pdf(text: &str) -> Vec<u8> {
+    let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
+    let objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_string(),
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>"
+            .to_string(),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string(),
+        format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()),
+    ];
+    let mut pdf = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (number, body) in (1..).zip(&objects) {
+        offsets.push(pdf.len());
+        pdf.extend_from_slice(format!("{number} 0 obj\n{body}\nendobj\n").as_bytes());
+    }
+    let xref = pdf.len();
+    // Each entry is exactly 20 bytes, its line ending ` \n`.
+    pdf.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
+    for offset in offsets {
+        pdf.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    let trailer = format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1);
+    pdf.extend_from_slice(trailer.as_bytes());
+    pdf
+}
+
 /// A fresh `iop-dev` with the scripts above, a throwaway home and project.
 struct Dev {
     _dev: iop_e2e::harness::Proc,
     base: String,
+    /// The mock provider's base URL (its request log: `/mock/requests`).
+    mock: String,
     dir: tempfile::TempDir,
 }
 
@@ -79,6 +123,7 @@ impl Dev {
         }
         let project = dir.path().join("project");
         std::fs::write(project.join("pixel.png"), PIXEL_PNG).unwrap();
+        std::fs::write(project.join("report.pdf"), one_page_pdf(PDF_TEXT)).unwrap();
         let script = dir.path().join("script.yaml");
         std::fs::write(&script, SCRIPT.replace("PROJECT", project.to_str().unwrap())).unwrap();
         let args = [
@@ -91,9 +136,20 @@ impl Dev {
             "--model",
             model,
         ];
-        let (dev, line) = spawn_until("iop-dev", &bin("iop-dev"), &args, "IOP dev is up").await;
-        let base = line.split_whitespace().find(|w| w.starts_with("http://")).expect("base URL printed");
-        Dev { _dev: dev, base: base.trim_end_matches("/v1").to_string(), dir }
+        let (dev, lines) = spawn_until_lines("iop-dev", &bin("iop-dev"), &args, "Mock provider:").await;
+        let url = |marker: &str| {
+            let line = lines.iter().find(|l| l.starts_with(marker)).unwrap_or_else(|| panic!("{marker} in {lines:?}"));
+            line.split_whitespace().find(|w| w.starts_with("http://")).expect("a URL printed").to_string()
+        };
+        let base = url("IOP dev is up").trim_end_matches("/v1").to_string();
+        Dev { _dev: dev, base, mock: url("Mock provider:"), dir }
+    }
+
+    /// The mock provider's request log, oldest first (`GET /mock/requests`).
+    async fn provider_requests(&self) -> Vec<Value> {
+        let response = http_client().get(format!("{}/mock/requests", self.mock)).send().await.unwrap();
+        let log: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        log.as_array().expect("the log is an array").clone()
     }
 
     fn home(&self) -> PathBuf {
@@ -181,6 +237,100 @@ async fn claude_code_answers_and_runs_a_tool_through_iop() {
     let args = ["-p", "iop-mock-script:claude-image look", "--model", "mock", "--allowedTools", "Read"];
     let answer = dev.run(&claude, &args, &env).await;
     assert!(answer.contains("I saw the image."), "{answer}");
+}
+
+/// Claude Code's Read of a PDF hands the file back as a `document` block
+/// inside the `tool_result`; the Edge reads it into its text layer
+/// (`edge/src/ingress/documents.rs`), which is what the provider gets, never
+/// the PDF's bytes. `claude -p --continue` then sends the conversation
+/// again, the block still in it, and it is read again.
+#[tokio::test]
+#[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
+async fn claude_code_reads_a_pdf_through_iop() {
+    let claude = Part::CodingAgents.require(parts::agent("claude"));
+    let dev = Dev::start().await;
+    let env = claude_env(&dev.base);
+
+    let args = ["-p", "iop-mock-script:claude-pdf read the report", "--model", "mock", "--allowedTools", "Read"];
+    let answer = dev.run(&claude, &args, &env).await;
+    assert!(answer.contains("I read the PDF."), "{answer}");
+    let requests = dev.provider_requests().await;
+    assert_eq!(pdf_reads(&requests), 1, "{requests:#?}");
+
+    let args = ["-p", "--continue", "and now?", "--model", "mock", "--allowedTools", "Read"];
+    let answer = dev.run(&claude, &args, &env).await;
+    assert!(answer.contains("The PDF is still in this conversation."), "{answer}");
+    let requests = dev.provider_requests().await;
+    assert_eq!(pdf_reads(&requests), 2, "{requests:#?}");
+}
+
+/// How many chat requests the provider got carry a tool result that is the
+/// PDF read into text (labelled as the Edge labels a document); and no
+/// request carries the PDF's bytes (base64 of `%PDF-`).
+fn pdf_reads(requests: &[Value]) -> usize {
+    for request in requests {
+        assert!(!request["body"].to_string().contains("JVBERi0"), "the PDF's bytes reached the provider: {request}");
+    }
+    let chats = requests.iter().filter(|r| r["path"] == "/api/chat");
+    chats
+        .filter(|r| {
+            let messages = r["body"]["messages"].as_array().expect("an Ollama chat request");
+            messages.iter().any(|m| {
+                let content = m["content"].as_str().unwrap_or_default();
+                m["role"] == "tool" && content.contains(r#"type="PDF" pages="1">"#) && content.contains(PDF_TEXT)
+            })
+        })
+        .count()
+}
+
+/// `--output-format stream-json --verbose`, as an IDE or a script drives
+/// Claude Code (it then asks for `thinking: {"type": "adaptive", "display":
+/// "updates"}`): every stdout line is a JSON event, the thinking comes back
+/// with its text, the last event is a successful `result` with the scripted
+/// answer, and nothing was retried (no `api_retry` event, no error status,
+/// one chat request reached the provider).
+#[tokio::test]
+#[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
+async fn claude_code_streams_json_through_iop() {
+    let claude = Part::CodingAgents.require(parts::agent("claude"));
+    let dev = Dev::start().await;
+    let args = [
+        "-p",
+        "iop-mock-script:claude-stream say hello",
+        "--model",
+        "mock",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ];
+    let stdout = dev.run(&claude, &args, &claude_env(&dev.base)).await;
+    let events: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON event ({e}): {line}")))
+        .collect();
+    let kinds: Vec<(&str, &str)> =
+        events.iter().map(|e| (e["type"].as_str().unwrap_or("?"), e["subtype"].as_str().unwrap_or(""))).collect();
+    assert_eq!(kinds.first(), Some(&("system", "init")), "{stdout}");
+    assert!(!kinds.iter().any(|(_, subtype)| *subtype == "api_retry"), "{stdout}");
+
+    let blocks = events
+        .iter()
+        .filter(|e| e["type"] == "assistant")
+        .flat_map(|e| e["message"]["content"].as_array().expect("an assistant message's content").iter());
+    let thinking: Vec<&str> =
+        blocks.filter(|b| b["type"] == "thinking").map(|b| b["thinking"].as_str().unwrap()).collect();
+    assert!(matches!(thinking[..], [t] if t.starts_with("Thinking about: ")), "{thinking:?}");
+
+    let result = events.last().expect("events");
+    assert_eq!(
+        (&result["type"], &result["subtype"], &result["is_error"], &result["api_error_status"]),
+        (&json!("result"), &json!("success"), &json!(false), &json!(null)),
+        "{result}"
+    );
+    assert_eq!(result["result"], "Streamed as JSON.", "{result}");
+    let requests = dev.provider_requests().await;
+    let chats = requests.iter().filter(|r| r["path"] == "/api/chat").count();
+    assert_eq!(chats, 1, "{requests:#?}");
 }
 
 #[tokio::test]
