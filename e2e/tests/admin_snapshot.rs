@@ -151,7 +151,7 @@ async fn the_admin_snapshots_keep_their_json() {
         "workspace_calls": 0,
         "providers": [
             {
-                "adapter": "ollama", "capacity": 4, "consecutive_failures": 0, "credential": null,
+                "accepts_images": true, "adapter": "ollama", "capacity": 4, "consecutive_failures": 0, "credential": null,
                 "dispatchable": true, "ejected_until": null, "ejections": 0, "health": "available",
                 "id": "ollama-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null,
                 "model_memory": {"size_bytes": "<u64>", "vram_bytes": "<u64>"},
@@ -160,7 +160,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "residency": "loaded", "target_model": "mock"
             },
             {
-                "adapter": "openai", "capacity": 4, "consecutive_failures": 0, "credential": null,
+                "accepts_images": true, "adapter": "openai", "capacity": 4, "consecutive_failures": 0, "credential": null,
                 "dispatchable": true, "ejected_until": null, "ejections": 0, "health": "available",
                 "id": "openai-mock", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null,
                 "model_memory": null, "models": [{"name": "mock-openai", "priority": 0}], "node": "mac-1",
@@ -169,7 +169,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "residency": "loaded", "target_model": "mock"
             },
             {
-                "adapter": "openai", "capacity": 4, "consecutive_failures": 0,
+                "accepts_images": null, "adapter": "openai", "capacity": 4, "consecutive_failures": 0,
                 "credential": {"node_refusal": null, "problem": null, "profile": "lm", "state": "ok"}, "dispatchable": true,
                 "ejected_until": null, "ejections": 0, "health": "available", "id": "keyed", "in_flight": 0,
                 "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null, "model_memory": null,
@@ -178,7 +178,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "residency": "unknown", "target_model": "mock"
             },
             {
-                "adapter": "openai", "capacity": 4, "consecutive_failures": 0, "credential": null,
+                "accepts_images": true, "adapter": "openai", "capacity": 4, "consecutive_failures": 0, "credential": null,
                 "dispatchable": true, "ejected_until": "<string>", "ejections": 1, "health": "available",
                 "id": "bad", "in_flight": 0, "last_load_at": "<string>", "last_load_seconds": "<f64>", "learned_stall_ms": null,
                 "model_memory": null, "models": [{"name": "flaky", "priority": 0}], "node": "mac-1",
@@ -187,7 +187,7 @@ async fn the_admin_snapshots_keep_their_json() {
                 "residency": "loaded", "target_model": "mock"
             },
             {
-                "adapter": "ollama", "capacity": 4, "consecutive_failures": 0,
+                "accepts_images": null, "adapter": "ollama", "capacity": 4, "consecutive_failures": 0,
                 "credential": {
                     "node_refusal": null, "problem": "the value must be printable ASCII without spaces",
                     "profile": "broken", "state": "invalid"

@@ -4,7 +4,10 @@
 //! driven by the mock's scripted turns (a shell command that writes a file,
 //! checked on disk) and a tool that hands back an image. Claude Code also
 //! reads a PDF (its text, not its bytes, reaches the provider; then
-//! `--continue` with the PDF in the history) and answers in `stream-json`.
+//! `--continue` with the PDF in the history) and answers in `stream-json`;
+//! Codex also runs under a model name it knows (a `custom` patch tool, a
+//! compaction). Every agent test runs behind both node adapters (Ollama's
+//! and the OpenAI-compatible one).
 //! Only telemetry and update checks are off, by each
 //! client's documented switches, and each runs in a throwaway `HOME`.
 //!
@@ -30,6 +33,33 @@ use serde_json::{Value, json};
 /// The versions `scripts/test-deps --agents` installs (it pins the same).
 const CLAUDE_CODE: &str = "2.1.332";
 const CODEX: &str = "0.171.0";
+/// The node adapters in front of the mock (`iop-dev --mock-adapter`, the
+/// mock speaks both APIs): every agent test runs through each.
+#[derive(Debug, Clone, Copy)]
+enum MockAdapter {
+    Ollama,
+    Openai,
+}
+
+const ADAPTERS: [MockAdapter; 2] = [MockAdapter::Ollama, MockAdapter::Openai];
+
+impl MockAdapter {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Ollama => "ollama",
+            Self::Openai => "openai",
+        }
+    }
+
+    /// Where the adapter sends a chat.
+    fn chat_path(self) -> &'static str {
+        match self {
+            Self::Ollama => "/api/chat",
+            Self::Openai => "/v1/chat/completions",
+        }
+    }
+}
+
 /// An agent run's bound: a slow machine, never a hang.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -106,17 +136,18 @@ struct Dev {
     base: String,
     /// The mock provider's base URL (its request log: `/mock/requests`).
     mock: String,
+    adapter: MockAdapter,
     dir: tempfile::TempDir,
 }
 
 impl Dev {
-    async fn start() -> Dev {
-        Dev::serving("mock").await
+    async fn start(adapter: MockAdapter) -> Dev {
+        Dev::serving("mock", adapter).await
     }
 
     /// `iop-dev` whose mock model is called `model` (as a team aliases a
-    /// local model under a name the client knows).
-    async fn serving(model: &str) -> Dev {
+    /// local model under a name the client knows), behind `adapter`.
+    async fn serving(model: &str, adapter: MockAdapter) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         for sub in ["home", "project"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
@@ -135,6 +166,8 @@ impl Dev {
             script.to_str().unwrap(),
             "--model",
             model,
+            "--mock-adapter",
+            adapter.flag(),
         ];
         let (dev, lines) = spawn_until_lines("iop-dev", &bin("iop-dev"), &args, "Mock provider:").await;
         let url = |marker: &str| {
@@ -142,7 +175,7 @@ impl Dev {
             line.split_whitespace().find(|w| w.starts_with("http://")).expect("a URL printed").to_string()
         };
         let base = url("IOP dev is up").trim_end_matches("/v1").to_string();
-        Dev { _dev: dev, base, mock: url("Mock provider:"), dir }
+        Dev { _dev: dev, base, mock: url("Mock provider:"), adapter, dir }
     }
 
     /// The mock provider's request log, oldest first (`GET /mock/requests`).
@@ -216,27 +249,29 @@ fn claude_env(base: &str) -> [(&str, &str); 4] {
 #[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn claude_code_answers_and_runs_a_tool_through_iop() {
     let claude = Part::CodingAgents.require(parts::agent("claude"));
-    let dev = Dev::start().await;
-    let version = dev.run(&claude, &["--version"], &[]).await;
-    assert!(version.starts_with(CLAUDE_CODE), "the pinned version: {version}");
-    let env = claude_env(&dev.base);
+    for adapter in ADAPTERS {
+        let dev = Dev::start(adapter).await;
+        let version = dev.run(&claude, &["--version"], &[]).await;
+        assert!(version.starts_with(CLAUDE_CODE), "the pinned version: {version}");
+        let env = claude_env(&dev.base);
 
-    // Default settings: an unknown model name, adaptive thinking, a system
-    // turn inside the conversation, deferred tools.
-    let answer = dev.run(&claude, &["-p", "Say hello", "--model", "mock"], &env).await;
-    assert!(answer.contains("Hello from the IOP mock provider."), "{answer}");
+        // Default settings: an unknown model name, adaptive thinking, a system
+        // turn inside the conversation, deferred tools.
+        let answer = dev.run(&claude, &["-p", "Say hello", "--model", "mock"], &env).await;
+        assert!(answer.contains("Hello from the IOP mock provider."), "{adapter:?}: {answer}");
 
-    // One tool round trip: the mock asks for Bash, Claude Code runs it (the
-    // one tool allowed without a prompt) and sends the result back.
-    let args = ["-p", "iop-mock-script:claude-bash write the file", "--model", "mock", "--allowedTools", "Bash"];
-    let answer = dev.run(&claude, &args, &env).await;
-    assert!(answer.contains("The file is written."), "{answer}");
-    assert_eq!(dev.written().as_deref(), Some("written-by-claude\n"));
+        // One tool round trip: the mock asks for Bash, Claude Code runs it (the
+        // one tool allowed without a prompt) and sends the result back.
+        let args = ["-p", "iop-mock-script:claude-bash write the file", "--model", "mock", "--allowedTools", "Bash"];
+        let answer = dev.run(&claude, &args, &env).await;
+        assert!(answer.contains("The file is written."), "{adapter:?}: {answer}");
+        assert_eq!(dev.written().as_deref(), Some("written-by-claude\n"), "{adapter:?}");
 
-    // Read of an image: the tool result carries an image block.
-    let args = ["-p", "iop-mock-script:claude-image look", "--model", "mock", "--allowedTools", "Read"];
-    let answer = dev.run(&claude, &args, &env).await;
-    assert!(answer.contains("I saw the image."), "{answer}");
+        // Read of an image: the tool result carries an image block.
+        let args = ["-p", "iop-mock-script:claude-image look", "--model", "mock", "--allowedTools", "Read"];
+        let answer = dev.run(&claude, &args, &env).await;
+        assert!(answer.contains("I saw the image."), "{adapter:?}: {answer}");
+    }
 }
 
 /// Claude Code's Read of a PDF hands the file back as a `document` block
@@ -248,35 +283,41 @@ async fn claude_code_answers_and_runs_a_tool_through_iop() {
 #[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn claude_code_reads_a_pdf_through_iop() {
     let claude = Part::CodingAgents.require(parts::agent("claude"));
-    let dev = Dev::start().await;
-    let env = claude_env(&dev.base);
+    for adapter in ADAPTERS {
+        let dev = Dev::start(adapter).await;
+        let env = claude_env(&dev.base);
 
-    let args = ["-p", "iop-mock-script:claude-pdf read the report", "--model", "mock", "--allowedTools", "Read"];
-    let answer = dev.run(&claude, &args, &env).await;
-    assert!(answer.contains("I read the PDF."), "{answer}");
-    let requests = dev.provider_requests().await;
-    assert_eq!(pdf_reads(&requests), 1, "{requests:#?}");
+        let args = ["-p", "iop-mock-script:claude-pdf read the report", "--model", "mock", "--allowedTools", "Read"];
+        let answer = dev.run(&claude, &args, &env).await;
+        assert!(answer.contains("I read the PDF."), "{adapter:?}: {answer}");
+        let requests = dev.provider_requests().await;
+        assert_eq!(pdf_reads(adapter, &requests), 1, "{adapter:?}: {requests:#?}");
 
-    let args = ["-p", "--continue", "and now?", "--model", "mock", "--allowedTools", "Read"];
-    let answer = dev.run(&claude, &args, &env).await;
-    assert!(answer.contains("The PDF is still in this conversation."), "{answer}");
-    let requests = dev.provider_requests().await;
-    assert_eq!(pdf_reads(&requests), 2, "{requests:#?}");
+        let args = ["-p", "--continue", "and now?", "--model", "mock", "--allowedTools", "Read"];
+        let answer = dev.run(&claude, &args, &env).await;
+        assert!(answer.contains("The PDF is still in this conversation."), "{adapter:?}: {answer}");
+        let requests = dev.provider_requests().await;
+        assert_eq!(pdf_reads(adapter, &requests), 2, "{adapter:?}: {requests:#?}");
+    }
 }
 
 /// How many chat requests the provider got carry a tool result that is the
 /// PDF read into text (labelled as the Edge labels a document); and no
 /// request carries the PDF's bytes (base64 of `%PDF-`).
-fn pdf_reads(requests: &[Value]) -> usize {
+fn pdf_reads(adapter: MockAdapter, requests: &[Value]) -> usize {
     for request in requests {
         assert!(!request["body"].to_string().contains("JVBERi0"), "the PDF's bytes reached the provider: {request}");
     }
-    let chats = requests.iter().filter(|r| r["path"] == "/api/chat");
+    let chats = requests.iter().filter(|r| r["path"] == adapter.chat_path());
     chats
         .filter(|r| {
-            let messages = r["body"]["messages"].as_array().expect("an Ollama chat request");
+            let messages = r["body"]["messages"].as_array().expect("a chat request");
             messages.iter().any(|m| {
-                let content = m["content"].as_str().unwrap_or_default();
+                // A string on both APIs (OpenAI's content parts, if ever: their text).
+                let content = match &m["content"] {
+                    Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<String>(),
+                    other => other.as_str().unwrap_or_default().to_string(),
+                };
                 m["role"] == "tool" && content.contains(r#"type="PDF" pages="1">"#) && content.contains(PDF_TEXT)
             })
         })
@@ -293,7 +334,13 @@ fn pdf_reads(requests: &[Value]) -> usize {
 #[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn claude_code_streams_json_through_iop() {
     let claude = Part::CodingAgents.require(parts::agent("claude"));
-    let dev = Dev::start().await;
+    for adapter in ADAPTERS {
+        claude_code_streams_json_through(&claude, Dev::start(adapter).await).await;
+    }
+}
+
+async fn claude_code_streams_json_through(claude: &Path, dev: Dev) {
+    let adapter = dev.adapter;
     let args = [
         "-p",
         "iop-mock-script:claude-stream say hello",
@@ -303,15 +350,15 @@ async fn claude_code_streams_json_through_iop() {
         "stream-json",
         "--verbose",
     ];
-    let stdout = dev.run(&claude, &args, &claude_env(&dev.base)).await;
+    let stdout = dev.run(claude, &args, &claude_env(&dev.base)).await;
     let events: Vec<Value> = stdout
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON event ({e}): {line}")))
         .collect();
     let kinds: Vec<(&str, &str)> =
         events.iter().map(|e| (e["type"].as_str().unwrap_or("?"), e["subtype"].as_str().unwrap_or(""))).collect();
-    assert_eq!(kinds.first(), Some(&("system", "init")), "{stdout}");
-    assert!(!kinds.iter().any(|(_, subtype)| *subtype == "api_retry"), "{stdout}");
+    assert_eq!(kinds.first(), Some(&("system", "init")), "{adapter:?}: {stdout}");
+    assert!(!kinds.iter().any(|(_, subtype)| *subtype == "api_retry"), "{adapter:?}: {stdout}");
 
     let blocks = events
         .iter()
@@ -319,44 +366,52 @@ async fn claude_code_streams_json_through_iop() {
         .flat_map(|e| e["message"]["content"].as_array().expect("an assistant message's content").iter());
     let thinking: Vec<&str> =
         blocks.filter(|b| b["type"] == "thinking").map(|b| b["thinking"].as_str().unwrap()).collect();
-    assert!(matches!(thinking[..], [t] if t.starts_with("Thinking about: ")), "{thinking:?}");
+    assert!(matches!(thinking[..], [t] if t.starts_with("Thinking about: ")), "{adapter:?}: {thinking:?}");
 
     let result = events.last().expect("events");
     assert_eq!(
         (&result["type"], &result["subtype"], &result["is_error"], &result["api_error_status"]),
         (&json!("result"), &json!("success"), &json!(false), &json!(null)),
-        "{result}"
+        "{adapter:?}: {result}"
     );
-    assert_eq!(result["result"], "Streamed as JSON.", "{result}");
+    assert_eq!(result["result"], "Streamed as JSON.", "{adapter:?}: {result}");
     let requests = dev.provider_requests().await;
-    let chats = requests.iter().filter(|r| r["path"] == "/api/chat").count();
-    assert_eq!(chats, 1, "{requests:#?}");
+    let chats = requests.iter().filter(|r| r["path"] == adapter.chat_path()).count();
+    assert_eq!(chats, 1, "{adapter:?}: {requests:#?}");
 }
 
 #[tokio::test]
 #[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn codex_cli_answers_and_runs_a_tool_through_iop() {
     let codex = Part::CodingAgents.require(parts::agent("codex"));
-    let dev = Dev::start().await;
-    let version = dev.run(&codex, &["--version"], &[]).await;
-    assert!(version.contains(CODEX), "the pinned version: {version}");
-    write_codex_config(&dev, "mock");
-    let env = [("IOP_API_KEY", "unused-without-keys")];
+    for adapter in ADAPTERS {
+        let dev = Dev::start(adapter).await;
+        let version = dev.run(&codex, &["--version"], &[]).await;
+        assert!(version.contains(CODEX), "the pinned version: {version}");
+        write_codex_config(&dev, "mock");
+        let env = [("IOP_API_KEY", "unused-without-keys")];
 
-    // Default tools: a `namespace` tool and the hosted `web_search`.
-    let answer = dev.run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env).await;
-    assert!(answer.contains("Hello from the IOP mock provider. You said: Say hello"), "{answer}");
+        // Default tools: a `namespace` tool and the hosted `web_search`.
+        let answer = dev.run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env).await;
+        assert!(answer.contains("Hello from the IOP mock provider. You said: Say hello"), "{adapter:?}: {answer}");
 
-    // One tool round trip: exec_command in Codex's own workspace-write sandbox.
-    let args =
-        ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write", "iop-mock-script:codex-exec write the file"];
-    let answer = dev.run(&codex, &args, &env).await;
-    assert!(answer.contains("The file is written."), "{answer}");
-    assert_eq!(dev.written().as_deref(), Some("written-by-codex\n"));
+        // One tool round trip: exec_command in Codex's own workspace-write sandbox.
+        let args = [
+            "exec",
+            "--skip-git-repo-check",
+            "--sandbox",
+            "workspace-write",
+            "iop-mock-script:codex-exec write the file",
+        ];
+        let answer = dev.run(&codex, &args, &env).await;
+        assert!(answer.contains("The file is written."), "{adapter:?}: {answer}");
+        assert_eq!(dev.written().as_deref(), Some("written-by-codex\n"), "{adapter:?}");
 
-    // view_image: the function_call_output carries an input_image.
-    let answer = dev.run(&codex, &["exec", "--skip-git-repo-check", "iop-mock-script:codex-image look"], &env).await;
-    assert!(answer.contains("I saw the image."), "{answer}");
+        // view_image: the function_call_output carries an input_image.
+        let args = ["exec", "--skip-git-repo-check", "iop-mock-script:codex-image look"];
+        let answer = dev.run(&codex, &args, &env).await;
+        assert!(answer.contains("I saw the image."), "{adapter:?}: {answer}");
+    }
 }
 
 /// Issue 45 item 4 (and the compaction of item 3): under a model name Codex
@@ -364,13 +419,18 @@ async fn codex_cli_answers_and_runs_a_tool_through_iop() {
 /// `tool_search` tool. The model's call comes back as a `custom_tool_call`,
 /// Codex applies the patch (checked on disk) and hands back a
 /// `custom_tool_call_output`; a small `model_auto_compact_token_limit` makes
-/// it compact mid-turn (`tools: []` with `parallel_tool_calls: false`,
-/// through the Ollama adapter) and go on.
+/// it compact mid-turn (`tools: []` with `parallel_tool_calls: false`) and
+/// go on, through either adapter.
 #[tokio::test]
 #[cfg_attr(iop_absent_coding_agents, ignore = "needs Claude Code and Codex: scripts/test-deps --agents")]
 async fn codex_cli_under_a_known_model_name_patches_and_compacts() {
     let codex = Part::CodingAgents.require(parts::agent("codex"));
-    let dev = Dev::serving("gpt-5.5").await;
+    for adapter in ADAPTERS {
+        codex_patches_and_compacts(&codex, Dev::serving("gpt-5.5", adapter).await).await;
+    }
+}
+
+async fn codex_patches_and_compacts(codex: &Path, dev: Dev) {
     write_codex_config(&dev, "gpt-5.5");
     let env = [("IOP_API_KEY", "unused-without-keys")];
     let args = [
@@ -382,9 +442,9 @@ async fn codex_cli_under_a_known_model_name_patches_and_compacts() {
         "workspace-write",
         "iop-mock-script:codex-patch add the file",
     ];
-    let answer = dev.run(&codex, &args, &env).await;
-    assert!(answer.contains("The patch is applied."), "{answer}");
-    assert_eq!(dev.written().as_deref(), Some("patched-by-codex\n"));
+    let answer = dev.run(codex, &args, &env).await;
+    assert!(answer.contains("The patch is applied."), "{:?}: {answer}", dev.adapter);
+    assert_eq!(dev.written().as_deref(), Some("patched-by-codex\n"), "{:?}", dev.adapter);
     // Codex's session log records the compaction.
     fn rollouts(dir: &Path, out: &mut Vec<String>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -400,7 +460,8 @@ async fn codex_cli_under_a_known_model_name_patches_and_compacts() {
     rollouts(&dev.home().join(".codex/sessions"), &mut sessions);
     assert!(
         sessions.iter().any(|s| s.contains(r#""type":"compacted""#)),
-        "no compaction in {} sessions",
+        "{:?}: no compaction in {} sessions",
+        dev.adapter,
         sessions.len()
     );
 }
