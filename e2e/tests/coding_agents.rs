@@ -100,36 +100,6 @@ const PIXEL_PNG: &[u8] = &[
 /// only if the Edge read the PDF Claude Code sent.
 const PDF_TEXT: &str = "Quarterly revenue rose by 7 percent in the IOP test report";
 
-/// A one-page PDF whose text layer is `text` (Helvetica, so plain WinAnsi
-/// text; `text` holds no parentheses or backslashes), written by hand with
-/// a correct cross-reference table.
-fn one_page_pdf(text: &str) -> Vec<u8> {
-    let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
-    let objects = [
-        "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
-        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_string(),
-        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>"
-            .to_string(),
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string(),
-        format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()),
-    ];
-    let mut pdf = b"%PDF-1.4\n".to_vec();
-    let mut offsets = Vec::new();
-    for (number, body) in (1..).zip(&objects) {
-        offsets.push(pdf.len());
-        pdf.extend_from_slice(format!("{number} 0 obj\n{body}\nendobj\n").as_bytes());
-    }
-    let xref = pdf.len();
-    // Each entry is exactly 20 bytes, its line ending ` \n`.
-    pdf.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
-    for offset in offsets {
-        pdf.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
-    }
-    let trailer = format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1);
-    pdf.extend_from_slice(trailer.as_bytes());
-    pdf
-}
-
 /// A fresh `iop-dev` with the scripts above, a throwaway home and project.
 struct Dev {
     _dev: iop_e2e::harness::Proc,

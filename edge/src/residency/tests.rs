@@ -23,6 +23,15 @@ fn cold(last_load_ms: u64) -> Figures {
     Figures { residency: Residency::NotLoaded, last_load_ms, ..Figures::UNKNOWN }
 }
 
+/// A registry where node `n1` registered on connection 5 (not yet Ready);
+/// the receiver is its control stream, kept while the test runs.
+fn n1_registered_on_5() -> (NodeRegistry, tokio::sync::mpsc::Receiver<Result<pb::EdgeToNode, tonic::Status>>) {
+    let registry = NodeRegistry::default();
+    let (control, rx) = tokio::sync::mpsc::channel(1);
+    registry.register("n1", Session::registered(5, control));
+    (registry, rx)
+}
+
 const LOADED: i32 = pb::ModelResidency::Loaded as i32;
 const NOT_LOADED: i32 = pb::ModelResidency::NotLoaded as i32;
 
@@ -101,9 +110,7 @@ fn first_byte_extension_table() {
 #[test]
 fn reports_are_bound_to_the_nodes_current_ready_connection() {
     let config = config();
-    let registry = NodeRegistry::default();
-    let (control, _rx) = tokio::sync::mpsc::channel(1);
-    registry.register("n1", Session::registered(5, control));
+    let (registry, _control) = n1_registered_on_5();
     let table = ResidencyTable::default();
     let a = &config.providers[0];
     let b = &config.providers[1];
@@ -139,9 +146,7 @@ fn reports_are_bound_to_the_nodes_current_ready_connection() {
 #[test]
 fn continuation_follows_the_config_then_the_nodes_detection() {
     let config = config();
-    let registry = NodeRegistry::default();
-    let (control, _rx) = tokio::sync::mpsc::channel(1);
-    registry.register("n1", Session::registered(5, control));
+    let (registry, _control) = n1_registered_on_5();
     let table = ResidencyTable::default();
     let a = config.providers[0].clone();
     assert!(!table.continues(&registry, &a), "nothing detected yet");
@@ -164,9 +169,7 @@ fn continuation_follows_the_config_then_the_nodes_detection() {
 #[test]
 fn image_input_follows_the_config_then_the_server() {
     let config = config();
-    let registry = NodeRegistry::default();
-    let (control, _rx) = tokio::sync::mpsc::channel(1);
-    registry.register("n1", Session::registered(5, control));
+    let (registry, _control) = n1_registered_on_5();
     let table = ResidencyTable::default();
     let a = config.providers[0].clone();
     assert_eq!(table.accepts_images(&registry, &a), None, "nothing said yet");
@@ -195,9 +198,7 @@ fn image_input_follows_the_config_then_the_server() {
 #[test]
 fn the_metric_is_a_state_set_of_the_configured_providers() {
     let config = config();
-    let registry = NodeRegistry::default();
-    let (control, _rx) = tokio::sync::mpsc::channel(1);
-    registry.register("n1", Session::registered(5, control));
+    let (registry, _control) = n1_registered_on_5();
     assert!(registry.mark_ready("n1", 5));
     let table = ResidencyTable::default();
     table.apply(&config, &registry, "n1", 5, &[report("a", NOT_LOADED, 0)]);

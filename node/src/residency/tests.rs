@@ -210,6 +210,25 @@ fn a_model_name_is_one_path_segment() {
     assert_eq!(percent_encode_segment("lmstudio-community/qwen:7b"), "lmstudio-community%2Fqwen%3A7b");
 }
 
+/// A monitor of provider `p1` (an Ollama target served by `app`), polling
+/// hourly (the tests refresh it), sending its reports to the receiver.
+async fn monitoring(app: axum::Router) -> (Arc<ResidencyMonitor>, mpsc::Receiver<pb::NodeToEdge>, CancellationToken) {
+    let base = fake::serve_router(app).await;
+    let target = fake::target(AdapterKind::Ollama, &base);
+    let monitor = ResidencyMonitor::new(Duration::from_secs(3600));
+    let (out, rx) = mpsc::channel(8);
+    let stop = CancellationToken::new();
+    tokio::spawn(monitor.clone().run(http_client(), vec![target], out, stop.clone()));
+    (monitor, rx, stop)
+}
+
+async fn next_report(rx: &mut mpsc::Receiver<pb::NodeToEdge>) -> pb::ProviderResidencyReport {
+    match rx.recv().await.unwrap().msg {
+        Some(pb::node_to_edge::Msg::ResidencyReport(r)) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn monitor_reports_all_once_then_only_changes() {
     let state = Arc::new(Mutex::new(r#"{"models":[]}"#.to_string()));
@@ -221,16 +240,8 @@ async fn monitor_reports_all_once_then_only_changes() {
             async move { ([("content-type", "application/json")], body) }
         }),
     );
-    let base = fake::serve_router(app).await;
-    let target = fake::target(AdapterKind::Ollama, &base);
-    let monitor = ResidencyMonitor::new(Duration::from_secs(3600));
-    let (out, mut rx) = mpsc::channel(8);
-    let stop = CancellationToken::new();
-    tokio::spawn(monitor.clone().run(http_client(), vec![target], out, stop.clone()));
-    let first = match rx.recv().await.unwrap().msg {
-        Some(pb::node_to_edge::Msg::ResidencyReport(r)) => r,
-        other => panic!("{other:?}"),
-    };
+    let (monitor, mut rx, stop) = monitoring(app).await;
+    let first = next_report(&mut rx).await;
     assert_eq!(first.providers.len(), 1);
     assert_eq!(first.providers[0].residency(), NotLoaded);
     assert!(monitor.cold("p1"));
@@ -239,10 +250,7 @@ async fn monitor_reports_all_once_then_only_changes() {
     monitor.refresh("p1");
     *state.lock().unwrap() = r#"{"models":[{"name":"test-model","size":9,"size_vram":9}]}"#.into();
     monitor.refresh("p1");
-    let next = match rx.recv().await.unwrap().msg {
-        Some(pb::node_to_edge::Msg::ResidencyReport(r)) => r,
-        other => panic!("{other:?}"),
-    };
+    let next = next_report(&mut rx).await;
     assert_eq!((next.providers[0].residency(), next.providers[0].size_bytes), (Loaded, 9));
     assert!(!monitor.cold("p1"));
     stop.cancel();
@@ -270,15 +278,10 @@ async fn ollama_image_input_is_asked_until_said_then_remembered() {
                 })
             }),
         );
-    let base = fake::serve_router(app).await;
-    let target = fake::target(AdapterKind::Ollama, &base);
-    let monitor = ResidencyMonitor::new(Duration::from_secs(3600));
-    let (out, mut rx) = mpsc::channel(8);
-    let stop = CancellationToken::new();
-    tokio::spawn(monitor.clone().run(http_client(), vec![target], out, stop.clone()));
-    let mut next = async || match rx.recv().await.unwrap().msg {
-        Some(pb::node_to_edge::Msg::ResidencyReport(r)) => (r.providers[0].residency(), r.providers[0].image_input()),
-        other => panic!("{other:?}"),
+    let (monitor, mut rx, stop) = monitoring(app).await;
+    let mut next = async || {
+        let report = next_report(&mut rx).await;
+        (report.providers[0].residency(), report.providers[0].image_input())
     };
     assert_eq!(next().await, (NotLoaded, pb::ImageInput::Unknown));
     monitor.refresh("p1");
