@@ -92,7 +92,15 @@ fn snapshots_are_written_in_full_and_read_back() {
         ..provider()
     };
     let value = serde_json::to_value(&none).unwrap();
-    for field in ["accepts_images", "credential", "ejected_until", "last_load_at", "last_load_seconds", "model_memory", "overlay"] {
+    for field in [
+        "accepts_images",
+        "credential",
+        "ejected_until",
+        "last_load_at",
+        "last_load_seconds",
+        "model_memory",
+        "overlay",
+    ] {
         assert_eq!(value[field], json!(null), "{field} is written as null");
     }
     // A whole number of seconds stays a float.
