@@ -166,16 +166,20 @@ async fn wait_accepts_images(stack: &Stack, id: &str, accepts: bool) {
 /// supported") can never succeed there: the client's 400
 /// `unsupported_content` at once, one provider call per request (it was
 /// three, then a 502 clients retry), and the provider is not ejected for it,
-/// in normalized and tunnel mode. The providers are declared to read images
-/// (wrongly), so that each request reaches them: what their servers say is
-/// the next test's.
+/// in normalized and tunnel mode. With another provider in the route, the
+/// request goes there instead (never back to the refusing one). The
+/// text-only providers are declared to read images (wrongly), so that each
+/// request reaches them: what their servers say is the next test's.
 #[tokio::test]
 async fn an_image_for_a_text_only_model_is_the_clients_400_not_a_retry() {
     let text_only = "mock@text_only";
     let mut tunnel = p("tunnel", "mock@text_only,words=3", "tun", 0);
     tunnel.mode = iop_proto::config::ProviderMode::Tunnel;
-    let stack = stack_with(vec![p("llama", text_only, "pri", 0), tunnel], RetryConfig::default()).await;
-    stack.edit_providers(&["llama", "tunnel"], |p| p.accepts_images = Some(true)).await;
+    let mut wrong = p("wrong", "mock@text_only,words=5", "mixed", 0);
+    wrong.mode = iop_proto::config::ProviderMode::Tunnel;
+    let providers = vec![p("llama", text_only, "pri", 0), tunnel, wrong, p("seeing", "mock@words=6", "mixed", 1)];
+    let stack = stack_with(providers, RetryConfig::default()).await;
+    stack.edit_providers(&["llama", "tunnel", "wrong"], |p| p.accepts_images = Some(true)).await;
     for (id, model, target) in [("llama", "pri", text_only), ("tunnel", "tun", "mock@text_only,words=3")] {
         // More requests than the outlier threshold (5 failures in a row).
         for n in 1..=6 {
@@ -191,6 +195,17 @@ async fn an_image_for_a_text_only_model_is_the_clients_400_not_a_retry() {
         let (status, body) = json_body(stack.post("/v1/chat/completions", &chat_body(model, "hi", false)).await).await;
         assert_eq!(status, 200, "{id}: {body}");
     }
+    assert_eq!(path_count(&stack, "same_provider").await, 0.0);
+
+    // The preferred provider refuses the image; the other one reads it.
+    for n in 1..=6 {
+        let (status, body) = json_body(stack.post("/v1/chat/completions", &image_chat("mixed")).await).await;
+        assert_eq!((status, &body["choices"][0]["message"]["content"]), (200, &serde_json::json!("w1 w2 w3 w4 w5 w6")));
+        let wrong_calls =
+            stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some("mock@text_only,words=5")).await;
+        assert_eq!(wrong_calls, n, "one refusal per request, never a second");
+    }
+    assert_eq!(stack.provider_admin("wrong").await["consecutive_failures"], 0);
     assert_eq!(path_count(&stack, "same_provider").await, 0.0);
 }
 

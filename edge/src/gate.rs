@@ -431,6 +431,12 @@ pub async fn execute_in(
         {
             state.config.credential_health().record_refusal(used, refusal);
         }
+        // The model cannot read the request's content: never this provider
+        // again in this request; another of the route may read it.
+        let content_refused = refuses_content(&failure);
+        if content_refused {
+            avoid.insert(provider_id.clone(), false);
+        }
         let relay = if credential_refused {
             if let Some(used) = &used {
                 state.config.credential_health().record_rejection(used);
@@ -439,7 +445,7 @@ pub async fn execute_in(
                 avoid.insert(other.to_string(), false);
             }
             None
-        } else if refuses_content(&failure) {
+        } else if content_refused {
             // The model cannot read the content: the client's 400 in its
             // API's shape (a relayed llama.cpp 500 reads as temporary, and
             // clients retry it).
@@ -468,7 +474,8 @@ pub async fn execute_in(
         }
         let stalled = failure.kind() == FailureKind::ResponseStalled;
         // Nothing untried: a refused credential is not worth a backoff.
-        let exhausted = credential_refused && candidates.iter().all(|c| avoid.contains_key(&c.provider.id));
+        let exhausted =
+            (credential_refused || content_refused) && candidates.iter().all(|c| avoid.contains_key(&c.provider.id));
         let last = !retryable(&failure) || attempt == max_attempts || exhausted;
         if stalled {
             observe_stall(state, &provider_id, &failure, !last && Instant::now() < deadline);
@@ -498,6 +505,7 @@ pub async fn execute_in(
         // A second first-byte miss on the same provider is not replayed on it again.
         let missed_again = failure.first_byte_timeout && !missed_first_byte.insert(provider_id.clone());
         let fallback = !credential_refused
+            && !content_refused
             && (!stalled || failure.provider_health() == pb::ProviderHealth::Available)
             && !missed_again;
         if stalled {

@@ -112,9 +112,12 @@ pub fn plan(input: &RetryInput<'_>) -> RetryPlan {
 /// backoff on a 5xx without one, an unreachable provider or a reset
 /// (a stream cut before the commit). `None` for the
 /// rest: a 429 without `Retry-After`, a refused credential (never retried
-/// with the same credential), a stall (replayed per the spec), a full node
+/// with the same credential), a model's refusal of the content, a stall (replayed per the spec), a full node
 /// (waits like the queue), a protocol error, a lost node connection. Pure.
 pub fn same_provider_wait(failure: &pb::ExecutionFailure) -> Option<Duration> {
+    if refuses_content(failure) {
+        return None;
+    }
     match failure.kind() {
         FailureKind::ProviderHttpStatus => {
             let status = failure.provider_status;
@@ -145,8 +148,10 @@ pub fn retryable(failure: &pb::ExecutionFailure) -> bool {
         // another credential) may answer; the execute loop never retries
         // the same credential.
         // A model that cannot take the request's content: no attempt on it
-        // can succeed, so it is the client's error at once.
-        FailureKind::ProviderHttpStatus if refuses_content(failure) => false,
+        // can succeed, but another provider of the route may read it (one
+        // whose modalities were not known); the execute loop never retries
+        // the refusing provider, and with none left it is the client's error.
+        FailureKind::ProviderHttpStatus if refuses_content(failure) => true,
         FailureKind::ProviderHttpStatus => {
             let status = failure.provider_status;
             status == 429 || status >= 500 || rejects_credential(status)

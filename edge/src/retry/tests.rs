@@ -28,6 +28,11 @@ fn the_plan_table() {
     let full = failure(CapacityExhausted, 0, 0);
     let lost = failure(TransportLost, 0, 0);
     let protocol = failure(ProviderProtocol, 0, 0);
+    // llama.cpp's 500 to an image for a model without a projector.
+    let no_images = pb::ExecutionFailure {
+        provider_code: iop_proto::provider_error::UNSUPPORTED_CONTENT.into(),
+        ..failure(ProviderHttpStatus, 500, 0)
+    };
     let backoff = SameProviderAfter(SAME_PROVIDER_BACKOFF);
     // (failure, failed priority, untried, used, attempts left, remaining s, max wait s) -> plan
     #[rustfmt::skip]
@@ -55,6 +60,8 @@ fn the_plan_table() {
         (&full, 0, &[1], false, 2, 60, 3, LowerPriority),
         (&lost, 0, &[1], false, 2, 60, 3, LowerPriority),
         (&protocol, 0, &[1], false, 2, 60, 3, LowerPriority),
+        (&no_images, 0, &[1], false, 2, 60, 3, LowerPriority),
+        (&no_images, 0, &[0], false, 2, 60, 3, Equal),
         // Nothing untried: the old rule, bounded by the deadline.
         (&limited, 0, &[], false, 2, 60, 3, Alone(S)),
         (&limited_long, 0, &[], false, 2, 60, 3, Alone(30 * S)),
@@ -171,6 +178,14 @@ fn only_pre_byte_transient_failures_retry() {
     }
     assert!(!retryable(&failure(FailureKind::InvalidRequest, 0, 0)));
     assert!(!retryable(&failure(FailureKind::DeadlineExceeded, 0, 0)));
+    // A model's refusal of the content: another provider of the route may
+    // read it (the gate never asks the refusing one again).
+    let no_images = pb::ExecutionFailure {
+        provider_code: iop_proto::provider_error::UNSUPPORTED_CONTENT.into(),
+        ..failure(FailureKind::ProviderHttpStatus, 500, 0)
+    };
+    assert!(retryable(&no_images));
+    assert_eq!(same_provider_wait(&no_images), None);
 }
 
 #[test]

@@ -32,18 +32,27 @@ pub(super) fn any_url(request: &pb::RunRequest) -> bool {
 /// Refuses a run with images for an Ollama model known not to take them:
 /// `/api/show` lists the model's capabilities and `vision` is not among
 /// them. Not knowing (an Ollama too old to list capabilities, a failed
-/// call) is not refusing: the chat itself then decides.
+/// call) is not refusing: the chat itself then decides. The refusal is the
+/// one a provider's own gives (an HTTP 400 coded `unsupported_content`), so
+/// the Edge answers it alike whoever said it first: the client's 400, tried
+/// on another provider of the route, never held against this one.
 pub(super) async fn ensure_ollama_takes_images(
     client: &reqwest::Client,
     target: &ProviderTarget,
 ) -> Result<(), AdapterError> {
     match ollama_capabilities(client, target).await {
         Some(capabilities) if ollama_image_input(&capabilities) == pb::ImageInput::Refused => {
-            Err(AdapterError::InvalidRequest(format!(
-                "model `{}` does not accept images (Ollama lists its capabilities as: {})",
-                target.target_model,
-                capabilities.join(", ")
-            )))
+            Err(AdapterError::HttpStatus {
+                status: 400,
+                retry_after_ms: None,
+                message: format!(
+                    "model `{}` does not accept images (Ollama lists its capabilities as: {})",
+                    target.target_model,
+                    capabilities.join(", ")
+                ),
+                context_length: false,
+                code: Some(iop_proto::provider_error::UNSUPPORTED_CONTENT.into()),
+            })
         }
         _ => Ok(()),
     }

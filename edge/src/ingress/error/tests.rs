@@ -29,10 +29,7 @@ fn a_model_that_cannot_take_the_content_is_the_clients_400() {
     assert_eq!((err.status(), err.code()), (StatusCode::BAD_REQUEST, "unsupported_content"));
     assert_eq!(err.openai_body()["error"]["type"], "invalid_request_error");
     assert_eq!(err.anthropic_body()["error"]["type"], "invalid_request_error");
-    assert!(!crate::retry::retryable(match &err {
-        ApiError::Execution(f) => f,
-        _ => unreachable!(),
-    }));
+    assert_eq!(err.retry_after_secs(), None, "not a temporary failure");
 }
 
 /// A provider's context-length 400 (what llama.cpp's server answers to a

@@ -139,9 +139,12 @@ async fn an_ollama_model_without_vision_refuses_images_and_not_knowing_does_not(
     let text_only = r#"{"capabilities":["completion","tools"]}"#;
     let server = fake::serve(Reply::json(200, text_only)).await;
     let refused = ensure_ollama_takes_images(&client, &fake::target(AdapterKind::Ollama, &server.base_url)).await;
-    assert!(
-        matches!(&refused, Err(AdapterError::InvalidRequest(m)) if m == "model `test-model` does not accept images (Ollama lists its capabilities as: completion, tools)"),
-        "{refused:?}"
+    let failure = refused.expect_err("a text-only model").to_failure();
+    assert!(iop_proto::provider_error::refuses_content(&failure), "the Edge reads it as a refusal of the content");
+    assert_eq!(failure.provider_status, 400);
+    assert_eq!(
+        failure.message,
+        "provider answered HTTP 400: model `test-model` does not accept images (Ollama lists its capabilities as: completion, tools)"
     );
     for answer in [
         Reply::json(200, r#"{"capabilities":["completion","vision"]}"#),
