@@ -55,8 +55,8 @@ pub trait NodeFrame: Send + 'static {
     fn outcome(item: &Self::Item) -> Option<RunOutcome>;
     /// The failure a terminal item carries.
     fn failure_mut(item: &mut Self::Item) -> Option<&mut pb::ExecutionFailure>;
-    /// The provider's HTTP status, for a tunnel's response head.
-    fn response_status(_item: &Self::Item) -> Option<u32> {
+    /// A tunnel's provider response head.
+    fn response_head(_item: &Self::Item) -> Option<&pb::TunnelResponseHead> {
         None
     }
     /// The provider's response body bytes a tunnel's item carries.
@@ -160,9 +160,9 @@ impl NodeFrame for pb::ProviderTunnelFrame {
             _ => None,
         }
     }
-    fn response_status(item: &Self::Item) -> Option<u32> {
+    fn response_head(item: &Self::Item) -> Option<&pb::TunnelResponseHead> {
         match item {
-            pb::provider_tunnel_frame::Frame::Head(h) => Some(h.status),
+            pb::provider_tunnel_frame::Frame::Head(h) => Some(h),
             _ => None,
         }
     }
@@ -197,6 +197,34 @@ impl NodeFrame for pb::ProviderTunnelFrame {
             Frame::Head(_) | Frame::Body(_) | Frame::Usage(_) => None,
         }
     }
+}
+
+/// How much of a provider's error answer is read to decide about it
+/// (enough for its error object whole).
+pub const ERROR_BODY_READ: usize = 64 * 1024;
+
+/// The failure a tunnelled error response stands for: the one reading of
+/// it, for the retry decision, the client's error and outlier ejection.
+pub fn http_failure(head: &pb::TunnelResponseHead, body: &[impl AsRef<[u8]>]) -> pb::ExecutionFailure {
+    // Enough of the body to read the provider's error object whole.
+    let whole: Vec<u8> = body.iter().flat_map(|b| b.as_ref().iter().copied()).take(ERROR_BODY_READ).collect();
+    let text = &whole[..whole.len().min(512)];
+    let mut failure = pb::ExecutionFailure::new(
+        FailureKind::ProviderHttpStatus,
+        format!("provider answered HTTP {}: {}", head.status, String::from_utf8_lossy(text)),
+    );
+    failure.provider_status = head.status;
+    failure.context_length_exceeded =
+        u16::try_from(head.status).is_ok_and(|s| iop_proto::provider_error::context_length_exceeded(s, &whole));
+    failure.provider_code =
+        u16::try_from(head.status).ok().and_then(|s| iop_proto::provider_error::code(s, &whole)).unwrap_or_default();
+    failure.retry_after_ms = head
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("retry-after"))
+        .and_then(|h| iop_proto::provider_error::retry_after_ms(&h.value))
+        .unwrap_or(0);
+    failure
 }
 
 struct RunEntry<F: NodeFrame> {
@@ -356,7 +384,7 @@ pub async fn start_run<F: NodeFrame>(
         lease,
         next_seq: 1,
         finished: false,
-        response_status: None,
+        response_head: None,
         error_body: Vec::new(),
         account,
         seen: Seen::default(),
@@ -387,10 +415,10 @@ pub struct RunStream<F: NodeFrame> {
     next_seq: u64,
     /// The run's outcome is settled (its terminal came, or the Edge gave up).
     finished: bool,
-    /// A tunnel's provider response status, once its head arrived.
-    response_status: Option<u32>,
+    /// A tunnel's provider response head, once it arrived.
+    response_head: Option<pb::TunnelResponseHead>,
     /// The start of a tunnel's error answer (a status other than 2xx), to
-    /// classify it ([`outlier::ERROR_BODY_READ`] bytes at most).
+    /// classify it ([`ERROR_BODY_READ`] bytes at most).
     error_body: Vec<u8>,
     /// Charged when the run's terminal comes, or by its [`Drain`] (taken
     /// once charged).
@@ -469,13 +497,13 @@ impl<F: NodeFrame> RunStream<F> {
             // Stall evidence from this run's own reception stream.
             self.handoff.apply(self.lease.lease(), failure);
         }
-        if let Some(status) = F::response_status(&item) {
-            self.response_status = Some(status);
+        if let Some(head) = F::response_head(&item) {
+            self.response_head = Some(head.clone());
         }
         if let Some(bytes) = F::body(&item)
-            && self.response_status.is_some_and(|s| !(200..300).contains(&s))
+            && self.response_head.as_ref().is_some_and(|h| !(200..300).contains(&h.status))
         {
-            let room = outlier::ERROR_BODY_READ.saturating_sub(self.error_body.len());
+            let room = ERROR_BODY_READ.saturating_sub(self.error_body.len());
             self.error_body.extend_from_slice(&bytes[..bytes.len().min(room)]);
         }
         self.seen.note::<F>(&mut item, self.account.as_ref(), self.lease.lease().node());
@@ -489,9 +517,13 @@ impl<F: NodeFrame> RunStream<F> {
             // about the provider: its deadline, its answer's size, or a
             // node that went quiet.)
             let verdict = match outcome {
-                RunOutcome::Completed => {
-                    outlier::verdict(None, self.response_status.map(|s| (s, self.error_body.as_slice())))
-                }
+                // A tunnel's error answer is read as the gate reads it.
+                RunOutcome::Completed => match &self.response_head {
+                    Some(head) if !(200..300).contains(&head.status) => {
+                        outlier::verdict(Some(&http_failure(head, &[&self.error_body])), None)
+                    }
+                    head => outlier::verdict(None, head.as_ref().map(|h| h.status)),
+                },
                 RunOutcome::Failed | RunOutcome::TransportLost => {
                     F::failure_mut(&mut item).map_or(Verdict::Neutral, |f| outlier::verdict(Some(f), None))
                 }

@@ -311,12 +311,12 @@ pub async fn execute_in(
         true => (all, false),
         false => crate::route::fit_context(&all, prompt, |c| window(&c.provider)),
     };
-    let routed = crate::route::admission_candidates(&config, model);
-    if routed.is_some_and(|all| readable(all).is_none()) {
-        return Err(ApiError::ImagesNotAccepted(model.to_string()));
-    }
-    let (mut candidates, mut context_fitted) =
-        fit(candidates_of(model).ok_or_else(|| ApiError::ModelNotFound(model.to_string()))?);
+    // None for the client's model: no route, or none of it reads the images.
+    let none_for = |model: &str| match crate::route::admission_candidates(&config, model).map(readable) {
+        Some(None) => ApiError::ImagesNotAccepted(model.to_string()),
+        _ => ApiError::ModelNotFound(model.to_string()),
+    };
+    let (mut candidates, mut context_fitted) = fit(candidates_of(model).ok_or_else(|| none_for(model))?);
     // The route being tried: the client's model, or its context fallback.
     let mut route = model;
     let limits = &config.limits;
@@ -885,7 +885,7 @@ async fn attempt_tunnel(
                 head = Some(h);
             }
             (Frame::End(_), Some(h)) => {
-                let failure = http_failure(&h, &buffered);
+                let failure = crate::dispatch::http_failure(&h, &buffered);
                 let relay = Some(commit(h, buffered, None));
                 return Attempt::Failed { failure, relay, run: Some(Box::new(run)) };
             }
@@ -934,30 +934,6 @@ fn ask_for_usage(request: &mut serde_json::Map<String, serde_json::Value>) -> bo
     }
     options.insert("include_usage".into(), Value::Bool(true));
     true
-}
-
-/// The failure a tunnelled error response stands for (for the retry decision).
-pub fn http_failure(head: &pb::TunnelResponseHead, body: &[Bytes]) -> pb::ExecutionFailure {
-    // Enough of the body to read the provider's error object whole.
-    let whole: Vec<u8> =
-        body.iter().flat_map(|b| b.iter().copied()).take(crate::core::outlier::ERROR_BODY_READ).collect();
-    let text = &whole[..whole.len().min(512)];
-    let mut failure = pb::ExecutionFailure::new(
-        FailureKind::ProviderHttpStatus,
-        format!("provider answered HTTP {}: {}", head.status, String::from_utf8_lossy(text)),
-    );
-    failure.provider_status = head.status;
-    failure.context_length_exceeded =
-        u16::try_from(head.status).is_ok_and(|s| iop_proto::provider_error::context_length_exceeded(s, &whole));
-    failure.provider_code =
-        u16::try_from(head.status).ok().and_then(|s| iop_proto::provider_error::code(s, &whole)).unwrap_or_default();
-    failure.retry_after_ms = head
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("retry-after"))
-        .and_then(|h| iop_proto::provider_error::retry_after_ms(&h.value))
-        .unwrap_or(0);
-    failure
 }
 
 fn failure_of_frame(frame: &Frame) -> pb::ExecutionFailure {

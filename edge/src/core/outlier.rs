@@ -67,11 +67,7 @@ use std::time::{Duration, Instant};
 
 use iop_proto::config::OutlierConfig;
 use iop_proto::pb::{self, FailureKind};
-use iop_proto::provider_error::{UNSUPPORTED_CONTENT, code, refuses_content, rejects_credential};
-
-/// How much of a provider's error answer is read to classify it (enough
-/// for its error object whole).
-pub const ERROR_BODY_READ: usize = 64 * 1024;
+use iop_proto::provider_error::{refuses_content, rejects_credential};
 
 /// What one generation's end says about its provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,21 +82,14 @@ pub enum Verdict {
 }
 
 /// The verdict on a run that ended with `failure` (`None`: it completed).
-/// `answer` is a tunnel's provider response status and the start of its
-/// body (at most [`ERROR_BODY_READ`] bytes), when it sent one: a tunnel
-/// relays an error response as a complete exchange. Pure; the one
-/// classification of generation outcomes.
-pub fn verdict(failure: Option<&pb::ExecutionFailure>, answer: Option<(u32, &[u8])>) -> Verdict {
+/// `head_status` is a tunnel's provider response status, when it sent one
+/// (its error answers come as the failure they stand for,
+/// `dispatch::http_failure`). Pure; the one classification of generation
+/// outcomes.
+pub fn verdict(failure: Option<&pb::ExecutionFailure>, head_status: Option<u32>) -> Verdict {
     let Some(failure) = failure else {
-        return match answer {
-            // Read as the gate reads a tunnel's error answer (its
-            // `provider_code`), so a refusal of the content is neutral here too.
-            Some((status, body))
-                if u16::try_from(status).ok().and_then(|s| code(s, body)).as_deref() == Some(UNSUPPORTED_CONTENT) =>
-            {
-                Verdict::Neutral
-            }
-            Some((status, _)) => status_verdict(status),
+        return match head_status {
+            Some(status) => status_verdict(status),
             None => Verdict::Success,
         };
     };

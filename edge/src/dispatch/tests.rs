@@ -223,3 +223,20 @@ async fn dropping_before_the_terminal_sends_cancel_and_frees_the_entry() {
     }
     assert_eq!(table.in_flight(), 0);
 }
+
+/// A tunnel's error answer is judged as the gate reads it: llama.cpp's
+/// refusal of an image is the request's fault, its out-of-memory 500 the
+/// provider's; split across body frames, read whole.
+#[test]
+fn a_tunnel_error_answer_is_judged_as_the_gate_reads_it() {
+    let head = pb::TunnelResponseHead { status: 500, ..Default::default() };
+    let no_images: &[u8] = br#"{"error":{"code":500,"message":"image input is not supported - hint: if this is unexpected, you may need to provide the mmproj","type":"server_error"}}"#;
+    let (first, rest) = no_images.split_at(40);
+    let refused = http_failure(&head, &[first, rest]);
+    assert_eq!(refused.provider_code, iop_proto::provider_error::UNSUPPORTED_CONTENT);
+    assert_eq!(outlier::verdict(Some(&refused), None), Verdict::Neutral);
+    let out_of_memory = http_failure(&head, &[br#"{"error":{"code":500,"message":"out of memory"}}"#.as_slice()]);
+    assert_eq!(outlier::verdict(Some(&out_of_memory), None), Verdict::Failure);
+    let unavailable = pb::TunnelResponseHead { status: 502, ..Default::default() };
+    assert_eq!(outlier::verdict(Some(&http_failure(&unavailable, &[b"".as_slice()])), None), Verdict::Failure);
+}

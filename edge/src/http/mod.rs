@@ -629,7 +629,7 @@ fn early_response<S: Surface>(early: Early<S>, record: RequestRecord) -> Respons
                                         pending.extend(buffered);
                                         Phase::Tunnel(rest.map(Box::new))
                                     } else {
-                                        let error = ApiError::Execution(gate::http_failure(&head, &buffered));
+                                        let error = ApiError::Execution(crate::dispatch::http_failure(&head, &buffered));
                                         record.outcome = error.code();
                                         pending.extend(S::stream_error(&error));
                                         Phase::Done
