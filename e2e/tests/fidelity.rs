@@ -188,10 +188,7 @@ async fn images_reach_both_providers_from_every_api() {
     let sent = stack.last_provider_request(OLLAMA).await;
     assert_eq!(sent["messages"][0]["images"], json!([png]), "Ollama gets the image's base64");
 
-    iop_e2e::harness::wait_until("the node reported text-only's capabilities", WAIT, || async {
-        stack.provider_admin("text-only").await["accepts_images"] == false
-    })
-    .await;
+    stack.wait_accepts_images("text-only", false).await;
     let requests_before = stack.mock_stats().await["requests_total"].clone();
     let to_text_only = json!({"model": "mock-text", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": data_url}}

@@ -544,10 +544,7 @@ async fn an_image_is_refused_before_or_by_the_text_only_server(stack: &Stack) {
         assert!(body["error"]["message"].as_str().unwrap().contains(says), "{body}");
     };
     for id in ["llama", "llama-tunnel", "llama-small"] {
-        wait_until(&format!("{id} reads no images"), WAIT, || async {
-            stack.provider_admin(id).await["accepts_images"] == false
-        })
-        .await;
+        stack.wait_accepts_images(id, false).await;
     }
     for model in [ALIAS, "gemma-tunnel"] {
         let (status, body) = json_body(stack.post("/v1/chat/completions", &image(model)).await).await;

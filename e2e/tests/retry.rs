@@ -153,14 +153,6 @@ fn image_chat(model: &str) -> serde_json::Value {
     })
 }
 
-/// Waits until the Edge believes what provider `id`'s server says of images.
-async fn wait_accepts_images(stack: &Stack, id: &str, accepts: bool) {
-    iop_e2e::harness::wait_until(&format!("{id} accepts_images={accepts}"), WAIT, || async {
-        stack.provider_admin(id).await["accepts_images"] == accepts
-    })
-    .await;
-}
-
 /// Issue 45 item 5: an image for a text-only model on an OpenAI-compatible
 /// server (llama.cpp without a projector answers 500 "image input is not
 /// supported") can never succeed there: the client's 400
@@ -222,9 +214,9 @@ async fn an_image_goes_only_where_the_model_reads_images() {
     solo.mode = iop_proto::config::ProviderMode::Tunnel;
     let providers = vec![p("text", text_only, "pri", 0), p("vision", vision, "pri", 1), solo];
     let stack = stack_with(providers, RetryConfig::default()).await;
-    wait_accepts_images(&stack, "text", false).await;
-    wait_accepts_images(&stack, "vision", true).await;
-    wait_accepts_images(&stack, "solo", false).await;
+    stack.wait_accepts_images("text", false).await;
+    stack.wait_accepts_images("vision", true).await;
+    stack.wait_accepts_images("solo", false).await;
     let calls = |target: &'static str| {
         let stack = &stack;
         async move { stack.mock_requests(&stack.mock_url, "/v1/chat/completions", Some(target)).await }

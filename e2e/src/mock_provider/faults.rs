@@ -346,10 +346,11 @@ pub(super) fn request_faults(defaults: &Faults, model: &str, headers: &HeaderMap
     Ok(faults)
 }
 
-/// Whether the mock's model `model` (with its `@knobs`) reads images, as
-/// its metadata endpoints say (Ollama's `capabilities`, LM Studio's `type`):
-/// not when it is `text_only` (a knob of its name, or the default) or its
-/// base name starts with `text`. Its chat endpoints still answer it.
+/// Whether the mock's model `model` (with its `@knobs`) reads images under
+/// the fault `defaults`, as its metadata endpoints say (Ollama's
+/// `capabilities`, LM Studio's `type`, llama.cpp's `modalities`): not when
+/// it is `text_only` (a knob of its name, or the default) or its base name
+/// starts with `text`. Its chat endpoints still answer it.
 pub(super) fn reads_images(defaults: &Faults, model: &str) -> bool {
     let text_only = request_faults(defaults, model, &HeaderMap::new()).is_ok_and(|f| on(f.text_only));
     !text_only && !base_model(model).starts_with("text")

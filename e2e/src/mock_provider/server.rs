@@ -272,8 +272,7 @@ async fn ollama_show(State(state): State<AppState>, body: Bytes) -> Response {
     match serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_string)) {
         Some(model) => {
             state.counters.residency.learn(&model);
-            let defaults = state.defaults.read().expect("fault defaults lock").clone();
-            let capabilities: &[&str] = match super::faults::reads_images(&defaults, &model) {
+            let capabilities: &[&str] = match residency::endpoints::reads_images(&state, &model) {
                 true => &["completion", "tools", "vision"],
                 false => &["completion", "tools"],
             };

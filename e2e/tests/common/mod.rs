@@ -497,6 +497,16 @@ impl Stack {
         all["providers"].as_array().unwrap().iter().find(|p| p["id"] == id).cloned().expect("configured provider")
     }
 
+    /// Waits until the Edge believes provider `id` reads images or not
+    /// (`accepts_images` in `/admin/v1/providers`, as its node reported
+    /// what its server says).
+    pub async fn wait_accepts_images(&self, id: &str, accepts: bool) {
+        wait_until(&format!("{id} accepts_images={accepts}"), WAIT, || async {
+            self.provider_admin(id).await["accepts_images"] == accepts
+        })
+        .await;
+    }
+
     pub async fn mock_stats(&self) -> Value {
         let response = self.client.get(format!("{}/mock/stats", self.mock_url)).send().await.unwrap();
         serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()

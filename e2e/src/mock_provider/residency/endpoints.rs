@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::{MODEL_CONTEXT_LENGTH, MODEL_NAME, MODEL_SIZE_BYTES, ResidencyApi, base_model};
 use crate::mock_provider::embeddings::fnv1a;
-use crate::mock_provider::faults::{reads_images, sleep_ms};
+use crate::mock_provider::faults::sleep_ms;
 use crate::mock_provider::state::AppState;
 
 /// Ollama's default `keep_alive`: `/api/ps`'s `expires_at` is this far ahead.
@@ -130,8 +130,7 @@ pub(crate) async fn llama_props(State(state): State<AppState>) -> Response {
     }
     // One model per llama.cpp server: it reads images unless one it was
     // asked for does not (the knobs of a name are not in the models learned).
-    let defaults = state.defaults.read().expect("fault defaults lock").clone();
-    let vision = residency.models().iter().all(|m| reads_images(&defaults, m));
+    let vision = residency.models().iter().all(|m| reads_images(&state, m));
     Json(json!({
         "default_generation_settings": {
             "id": 0,
@@ -150,13 +149,19 @@ pub(crate) async fn llama_props(State(state): State<AppState>) -> Response {
     .into_response()
 }
 
+/// Whether the mock's model `model` (with its knobs) reads images, under
+/// the fault defaults now ([`crate::mock_provider::faults::reads_images`]).
+pub(crate) fn reads_images(state: &AppState, model: &str) -> bool {
+    let defaults = state.defaults.read().expect("fault defaults lock");
+    crate::mock_provider::faults::reads_images(&defaults, model)
+}
+
 /// One LM Studio model object (`/api/v0/models`): `name` with its knobs.
 fn lm_studio_model(state: &AppState, name: &str, loaded: bool) -> Value {
-    let defaults = state.defaults.read().expect("fault defaults lock").clone();
     let mut model = json!({
         "id": base_model(name),
         "object": "model",
-        "type": if reads_images(&defaults, name) { "vlm" } else { "llm" },
+        "type": if reads_images(state, name) { "vlm" } else { "llm" },
         "publisher": "iop-mock",
         "arch": "mock",
         "compatibility_type": "gguf",
