@@ -124,6 +124,13 @@ async fn the_admin_snapshots_keep_their_json() {
         .await;
     }
 
+    // The node measures a load only for a run on a model it last saw not
+    // loaded: its first residency report (after its metadata calls) must
+    // come before the request.
+    wait_until("ollama-mock reported not loaded", WAIT, || async {
+        stack.provider_admin("ollama-mock").await["residency"] == "not_loaded"
+    })
+    .await;
     // A request loads ollama-mock's model; one failed generation ejects `bad`.
     let (status, body) =
         json_body(stack.post("/v1/chat/completions", &chat_body("mock-ollama", "hi", false)).await).await;
